@@ -1,0 +1,34 @@
+"""pluggy hook specifications of the ``specdec`` project (DESIGN section 4).
+
+A plugin is a module with ``@specdec.hookimpl`` functions, found through an entry point in
+group ``specdec``. Factories should import their framework lazily, inside the factory.
+"""
+
+from __future__ import annotations
+
+import pluggy
+
+hookspec = pluggy.HookspecMarker("specdec")
+hookimpl = pluggy.HookimplMarker("specdec")
+
+
+@hookspec
+def specdec_register_backends(register):
+    """Call ``register(name, factory)``; ``factory()`` returns a ``Backend``."""
+
+
+@hookspec
+def specdec_register_drafters(register):
+    """Call ``register(name, backend, factory)``; ``factory(target, checkpoint, **options)``
+    returns a ``Drafter`` for ``target``; ``checkpoint`` is a path or None."""
+
+
+@hookspec
+def specdec_register_tree_builders(register):
+    """Call ``register(name, backend, factory)``; ``factory(**options)`` returns a ``TreeBuilder``."""
+
+
+@hookspec
+def specdec_register_verifiers(register):
+    """Call ``register(name, backend, factory, lossless=bool)``; ``factory(**options)`` returns a
+    ``Verifier``. ``lossless=False`` marks rules that change the output distribution."""

@@ -1,0 +1,234 @@
+"""Value objects that flow through one decode step.
+
+Shapes use one alphabet: B batch, N tree nodes, L beam length (the root included),
+W beam width, K heads, T top-T tokens per head, V vocabulary, H hidden size, D tree depth.
+
+Arrays inside these objects belong to the backend that made them (NumPy arrays for the
+reference, torch tensors for the torch backend, ...). Validators here check only what can
+be checked without reading device memory: ranks and shapes. The data invariants
+(``parents[b, i] < i`` ...) are checked by ``specdec.reference.tree.check_tree``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import attrs
+
+
+def _rank(n: int):
+    def check(instance, attribute, value):
+        if value is not None and len(value.shape) != n:
+            raise ValueError(
+                f"{type(instance).__name__}.{attribute.name} must have rank {n}, got shape {tuple(value.shape)}"
+            )
+
+    return check
+
+
+@attrs.frozen(kw_only=True)
+class SamplingConfig:
+    """How target (and sampled-draft) logits become probabilities.
+
+    ``temperature == 0`` means greedy: argmax, ties to the lowest token id.
+    """
+
+    temperature: float = attrs.field(default=0.0, converter=float)
+    top_k: int | None = None
+    top_p: float | None = None
+
+    @temperature.validator
+    def _check_temperature(self, attribute, value):
+        if not math.isfinite(value) or value < 0:
+            raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy), got {value}")
+
+    @top_k.validator
+    def _check_top_k(self, attribute, value):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise ValueError(f"top_k must be a positive integer or None, got {value!r}")
+
+    @top_p.validator
+    def _check_top_p(self, attribute, value):
+        if value is not None and not (0.0 < float(value) <= 1.0):
+            raise ValueError(f"top_p must be in (0, 1], got {value!r}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+@attrs.frozen(kw_only=True)
+class DraftContext:
+    """What a drafter sees at the start of a step.
+
+    ``root_tokens`` (B,) int64: the last emitted token of each row; its KV entry is not in the
+    cache yet, it is the root of this step's tree. ``hidden`` (B, H): the target's last-layer
+    hidden state (after the final norm) at the position that produced ``root_tokens``.
+    ``uniforms`` (B, W, L) float64 NumPy in [0, 1): randomness for drafters that sample their
+    proposal (None when decoding is greedy). ``num_generated`` (B,) int64 NumPy: tokens emitted
+    so far per row, the root included. ``want_draft_probs``: the verifier needs
+    ``Draft.draft_probs`` even for a deterministic proposal.
+    """
+
+    root_tokens: Any = attrs.field(validator=_rank(1))
+    hidden: Any = attrs.field(validator=_rank(2))
+    sampling: SamplingConfig = attrs.field(factory=SamplingConfig)
+    num_generated: Any = None
+    uniforms: Any = None
+    want_draft_probs: bool = False
+
+
+@attrs.frozen(kw_only=True)
+class Draft:
+    """A drafter's proposal; exactly one of ``beams`` or ``head_tokens`` is set.
+
+    beams (B, W, L) int64: candidate sequences, ``beams[:, :, 0] == root_tokens``; beam 0 is
+        the drafter's best. Produced by ReDrafter's beam search and by chain drafters.
+    head_tokens (B, K, T) int64: the top-T tokens of each of K heads (Medusa), best first.
+    draft_probs (B, W, L-1, V) or None: the drafter's distribution at each drafted position of
+        each beam (``draft_probs[b, i, k]`` scores ``beams[b, i, k+1]``).
+    sampled: True when each ``beams[b, i, k+1]`` was drawn from ``draft_probs[b, i, k]``
+        independently per beam (multi-draft rejection sampling is exact only then). False for
+        deterministic proposals (beam search, top-k), which the exact tree-walk verifier handles.
+    """
+
+    root_tokens: Any = attrs.field(validator=_rank(1))
+    beams: Any = attrs.field(default=None, validator=_rank(3))
+    head_tokens: Any = attrs.field(default=None, validator=_rank(3))
+    draft_probs: Any = attrs.field(default=None, validator=_rank(4))
+    sampled: bool = False
+
+    def __attrs_post_init__(self):
+        if (self.beams is None) == (self.head_tokens is None):
+            raise ValueError("Draft needs exactly one of beams (B, W, L) or head_tokens (B, K, T)")
+        if self.draft_probs is not None and self.beams is None:
+            raise ValueError("Draft.draft_probs is only meaningful for beams")
+        if self.sampled and self.draft_probs is None:
+            raise ValueError("a sampled Draft must carry the draft_probs its tokens were drawn from")
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.root_tokens.shape[0])
+
+
+@attrs.frozen(kw_only=True)
+class DraftTree:
+    """A token tree to verify in one target forward. Node 0 is the root of every row.
+
+    tokens (B, N) int64; parents (B, N) int64 with ``parents[:, 0] == -1`` and
+    ``parents[b, i] < i``; depth (B, N) int64 (root 0), the position offset of each node;
+    ancestor_mask (B, N, N) bool, ``ancestor_mask[b, i, j]`` iff node j is node i or one of
+    its ancestors; num_nodes (B,) int64, rows are padded to N with nodes whose parent is the
+    root and that nothing refers to.
+    beam_to_node (B, W, L) int64 or None: for trees packed from beams, the node of each beam
+        token (ReDrafter's "unpacker"); ``tokens[b, beam_to_node[b, i, k]] == beams[b, i, k]``.
+    """
+
+    tokens: Any = attrs.field(validator=_rank(2))
+    parents: Any = attrs.field(validator=_rank(2))
+    depth: Any = attrs.field(validator=_rank(2))
+    ancestor_mask: Any = attrs.field(validator=_rank(3))
+    num_nodes: Any = attrs.field(validator=_rank(1))
+    beam_to_node: Any = attrs.field(default=None, validator=_rank(3))
+
+    def __attrs_post_init__(self):
+        b, n = self.tokens.shape
+        for name in ("parents", "depth"):
+            if tuple(getattr(self, name).shape) != (b, n):
+                raise ValueError(f"DraftTree.{name} must have shape {(b, n)}, got {tuple(getattr(self, name).shape)}")
+        if tuple(self.ancestor_mask.shape) != (b, n, n):
+            raise ValueError(f"DraftTree.ancestor_mask must have shape {(b, n, n)}, got {tuple(self.ancestor_mask.shape)}")
+        if tuple(self.num_nodes.shape) != (b,):
+            raise ValueError(f"DraftTree.num_nodes must have shape {(b,)}, got {tuple(self.num_nodes.shape)}")
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.tokens.shape[0])
+
+    @property
+    def size(self) -> int:
+        """N, the padded number of nodes per row."""
+        return int(self.tokens.shape[1])
+
+
+@attrs.frozen(kw_only=True)
+class Verdict:
+    """What the verifier accepted.
+
+    path (B, D+1) int64: node indices of the accepted path, ``path[:, 0] == 0`` (the root),
+        entries past ``num_accepted[b]`` are -1.
+    num_accepted (B,) int64: drafted tokens accepted (the root and the bonus not counted).
+    bonus_tokens (B,) int64: the token the target chose after the last accepted node; it is
+        emitted now and becomes the next step's root.
+    """
+
+    path: Any = attrs.field(validator=_rank(2))
+    num_accepted: Any = attrs.field(validator=_rank(1))
+    bonus_tokens: Any = attrs.field(validator=_rank(1))
+
+
+@attrs.frozen(kw_only=True)
+class TargetOutput:
+    """logits (B, N, V) and last-layer hidden states after the final norm (B, N, H)."""
+
+    logits: Any = attrs.field(validator=_rank(3))
+    hidden: Any = attrs.field(validator=_rank(3))
+
+
+@attrs.frozen(kw_only=True)
+class StepResult:
+    """One target forward of the decode loop, already on the host.
+
+    new_tokens: per row, the tokens emitted by this step (empty for finished rows).
+    num_accepted (B,), num_drafted (B,), num_verified (B,): per-row counts (numpy int64).
+    Times in seconds: draft (drafter + tree building), verify (target forward + verifier),
+    other (commit, host transfer, bookkeeping).
+    """
+
+    step: int
+    new_tokens: list[list[int]]
+    num_accepted: Any
+    num_drafted: Any
+    num_verified: Any
+    time_draft: float = 0.0
+    time_verify: float = 0.0
+    time_other: float = 0.0
+
+
+@attrs.frozen(kw_only=True)
+class GenerationStats:
+    """Aggregates over a generation; ``tokens_per_step`` counts the bonus token (plain decoding = 1.0)."""
+
+    steps: int
+    new_tokens: int
+    row_steps: int
+    drafted_tokens: int
+    verified_tokens: int
+    accepted_tokens: int
+    time_draft: float
+    time_verify: float
+    time_other: float
+    time_prefill: float
+
+    @property
+    def tokens_per_step(self) -> float:
+        return self.new_tokens / self.row_steps if self.row_steps else 0.0
+
+    @property
+    def time_total(self) -> float:
+        return self.time_prefill + self.time_draft + self.time_verify + self.time_other
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.new_tokens / self.time_total if self.time_total > 0 else 0.0
+
+
+@attrs.frozen(kw_only=True)
+class GenerationResult:
+    """tokens: the new tokens of each row (a flat list when a single prompt was given)."""
+
+    tokens: list
+    stats: GenerationStats
+    text: Any = None
+    finish_reasons: list[str] = attrs.field(factory=list)
