@@ -35,8 +35,8 @@ class SamplingConfig:
     """
 
     temperature: float = attrs.field(default=0.0, converter=float)
-    top_k: int | None = None
-    top_p: float | None = None
+    top_k: int | None = attrs.field(default=None)
+    top_p: float | None = attrs.field(default=None)
 
     @temperature.validator
     def _check_temperature(self, attribute, value):
@@ -231,4 +231,3 @@ class GenerationResult:
     tokens: list
     stats: GenerationStats
     text: Any = None
-    finish_reasons: list[str] = attrs.field(factory=list)

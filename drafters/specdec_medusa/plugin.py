@@ -1,0 +1,36 @@
+"""Registers the Medusa drafter and its static tree builder with specdec (entry point ``specdec: medusa``)."""
+
+from __future__ import annotations
+
+from specdec.checkpoints import check_target, require_checkpoint
+from specdec.hookspecs import hookimpl
+
+
+def _numpy_medusa(target, checkpoint=None, *, top_t=None, choices=None):
+    import attrs
+
+    from specdec_medusa.checkpoint import check_compatible, load_medusa_checkpoint
+    from specdec_medusa.reference import MedusaDrafter
+
+    require_checkpoint("medusa", checkpoint)
+    config, weights = load_medusa_checkpoint(checkpoint)
+    check_target(config, target, check_compatible)
+    if choices is not None:
+        config = attrs.evolve(config, choices=choices)
+    return MedusaDrafter(config, weights, lm_head=target.lm_head, top_t=top_t)
+
+
+def _numpy_static_tree(choices):
+    from specdec_medusa.tree import StaticTreeBuilder
+
+    return StaticTreeBuilder(choices)
+
+
+@hookimpl
+def specdec_register_drafters(register):
+    register("medusa", "numpy", _numpy_medusa)
+
+
+@hookimpl
+def specdec_register_tree_builders(register):
+    register("medusa_tree", "numpy", _numpy_static_tree)

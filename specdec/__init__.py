@@ -1,0 +1,50 @@
+"""specdec: speculative decoding with pluggable drafters, tree builders, verifiers and backends.
+
+``import specdec`` loads neither torch nor mlx; backends import their framework when asked for.
+"""
+
+from specdec.errors import (
+    IncompatibleDrafterError,
+    InvalidInputError,
+    MissingDependencyError,
+    SpecdecError,
+    UnknownPluginError,
+)
+from specdec.generate import generate, load
+from specdec.hookspecs import hookimpl
+from specdec.plugins import PluginRegistry, default_registry
+from specdec.types import (
+    Draft,
+    DraftContext,
+    DraftTree,
+    GenerationResult,
+    GenerationStats,
+    SamplingConfig,
+    StepResult,
+    TargetOutput,
+    Verdict,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Draft",
+    "DraftContext",
+    "DraftTree",
+    "GenerationResult",
+    "GenerationStats",
+    "IncompatibleDrafterError",
+    "InvalidInputError",
+    "MissingDependencyError",
+    "PluginRegistry",
+    "SamplingConfig",
+    "SpecdecError",
+    "StepResult",
+    "TargetOutput",
+    "UnknownPluginError",
+    "Verdict",
+    "default_registry",
+    "generate",
+    "hookimpl",
+    "load",
+]

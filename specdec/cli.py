@@ -1,0 +1,142 @@
+"""Command line: ``specdec demo | generate | plugins``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+from specdec.errors import SpecdecError
+
+
+def _add_generation_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--backend", default=None, help="numpy | torch | mlx | any installed backend")
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--top-k", type=int, default=None)
+    parser.add_argument("--top-p", type=float, default=None)
+    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--dtype", default=None)
+    parser.add_argument("--device", default=None)
+    parser.add_argument("--beam-width", type=int, default=None)
+    parser.add_argument("--beam-length", type=int, default=None)
+    parser.add_argument("--verifier", default=None)
+
+
+def _options(args) -> dict:
+    options = {}
+    if args.beam_width is not None:
+        options["beam_width"] = args.beam_width
+    if args.beam_length is not None:
+        options["beam_length"] = args.beam_length
+    if args.verifier is not None:
+        options["verifier"] = args.verifier
+    return options
+
+
+def _common(args) -> dict:
+    return dict(
+        backend=args.backend, max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+        top_p=args.top_p, seed=args.seed, dtype=args.dtype, device=args.device,
+    )
+
+
+def _report(label: str, result, baseline_tps: float | None = None) -> str:
+    stats = result.stats
+    speed = f", {stats.tokens_per_second / baseline_tps:.2f}x plain" if baseline_tps else ""
+    return (
+        f"{label:>10}: {stats.new_tokens} tokens, {stats.tokens_per_step:.2f} tokens/step (bonus token counted), "
+        f"{stats.tokens_per_second:.1f} tokens/s{speed}"
+    )
+
+
+def cmd_generate(args) -> int:
+    import specdec
+
+    prompt = args.prompt if args.prompt is not None else json.loads(args.prompt_ids)
+    result = specdec.generate(args.model, prompt, drafter=args.drafter, **_common(args), **_options(args))
+    print(result.text if result.text is not None else result.tokens)
+    print(_report(str(args.drafter), result), file=sys.stderr)
+    return 0
+
+
+def cmd_demo(args) -> int:
+    """Make a small random model and drafters, and decode with each drafter side by side."""
+    import specdec
+    from specdec.testing import make_random_drafter, make_random_model
+
+    with tempfile.TemporaryDirectory() as tmp:
+        model = make_random_model(
+            Path(tmp) / "model", vocab_size=512, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
+            seed=0, with_tokenizer=True,
+        )
+        redrafter = make_random_drafter(Path(tmp) / "redrafter", model, kind="redrafter", seed=1)
+        medusa = make_random_drafter(Path(tmp) / "medusa", model, kind="medusa", seed=2)
+        backend = args.backend or "numpy"
+        target = specdec.load(model, backend=backend)
+        prompt = "the demo model is random so its text is too"
+        print(f"backend {backend}: random {target.vocab_size}-token model, untrained drafters "
+              "(a trained pair ships with the bundled model)")
+        plain = specdec.generate(target, prompt, drafter="none", backend=backend, max_new_tokens=args.max_new_tokens)
+        print(f"text: {plain.text}")
+        print(_report("none", plain))
+        for label, drafter in (("redrafter", redrafter), ("medusa", medusa)):
+            result = specdec.generate(target, prompt, drafter=drafter, backend=backend,
+                                      max_new_tokens=args.max_new_tokens)
+            same = "identical to plain decoding" if result.tokens == plain.tokens else "DIFFERS from plain decoding"
+            print(_report(label, result, plain.stats.tokens_per_second) + f"; output {same}")
+            if result.tokens != plain.tokens:
+                return 1
+    return 0
+
+
+def cmd_plugins(args) -> int:
+    from specdec.plugins import default_registry
+
+    rows = default_registry().describe()
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    for kind in ("backend", "drafter", "tree_builder", "verifier"):
+        print(f"{kind.replace('_', ' ')}s:")
+        for row in (r for r in rows if r["kind"] == kind):
+            backend = "" if row["backend"] is None else f" [{row['backend']}]"
+            flag = "" if row["lossless"] is None else (" lossless" if row["lossless"] else " LOSSY")
+            print(f"  {row['name']}{backend}{flag}  ({row['package']}, plugin {row['plugin']})")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="specdec", description="Speculative decoding with pluggable backends.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    demo = sub.add_parser("demo", help="decode with each drafter on a small model and compare")
+    demo.add_argument("--backend", default=None)
+    demo.add_argument("--max-new-tokens", type=int, default=32)
+    demo.set_defaults(func=cmd_demo)
+    gen = sub.add_parser("generate", help="generate from a model folder")
+    gen.add_argument("--model", required=True)
+    group = gen.add_mutually_exclusive_group(required=True)
+    group.add_argument("--prompt")
+    group.add_argument("--prompt-ids", help="JSON list of token ids")
+    gen.add_argument("--drafter", default="redrafter")
+    _add_generation_args(gen)
+    gen.set_defaults(func=cmd_generate)
+    plugins = sub.add_parser("plugins", help="list installed backends, drafters, tree builders and verifiers")
+    plugins.add_argument("--json", action="store_true")
+    plugins.set_defaults(func=cmd_plugins)
+    return parser
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except SpecdecError as exc:
+        print(f"specdec: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,215 @@
+"""``specdec.generate``: resolve names to plugins, check the input, run the decode loop.
+
+Every check happens before the target's cache is touched, so a rejected call leaves no state.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from specdec.errors import InvalidInputError
+from specdec.loop import DecodePlan, decode_steps
+from specdec.plugins import PluginRegistry, default_registry
+from specdec.types import GenerationResult, GenerationStats, SamplingConfig
+
+DRAFTER_MODEL_TYPES = {"specdec_redrafter": "redrafter", "specdec_medusa": "medusa"}
+
+
+def generate(
+    model: Any,
+    prompt: Any,
+    drafter: Any = "redrafter",
+    backend: str | None = None,
+    *,
+    max_new_tokens: int = 128,
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    seed: int | Sequence[int] | None = None,
+    dtype: str | None = None,
+    device: str | None = None,
+    registry: PluginRegistry | None = None,
+    **options: Any,
+) -> GenerationResult:
+    """Generate with speculative decoding; greedy output equals plain greedy decoding.
+
+    model: a local Hugging Face-format folder, a loaded target (``specdec.load``) or a
+        backend-native model object. prompt: a string (needs a tokenizer), a list of token ids,
+        or a list of those (a batch). drafter: a name ("redrafter", "medusa", "none"), a path to
+        a drafter checkpoint, or a Drafter object. backend: "numpy", "torch", "mlx" or any
+        installed plugin; None picks torch when installed, else numpy.
+    options: ``verifier`` and ``tree_builder`` (names or objects), ``stop_at_eos`` (default
+        True); everything else goes to the drafter (e.g. ``beam_width``, ``beam_length``).
+    """
+    plan, prompts, batched, tokenizer = prepare(
+        model, prompt, drafter, backend, max_new_tokens=max_new_tokens, temperature=temperature,
+        top_k=top_k, top_p=top_p, dtype=dtype, device=device, registry=registry, options=options,
+    )
+    return collect(decode_steps(plan, prompts, seed=seed), len(prompts), batched=batched, tokenizer=tokenizer)
+
+
+def prepare(model, prompt, drafter, backend, *, max_new_tokens, temperature, top_k, top_p, dtype, device,
+            registry, options):
+    """Resolve every name and check every argument; returns (plan, token prompts, batched, tokenizer)."""
+    registry = registry or default_registry()
+    options = dict(options)
+    try:
+        sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p)
+    except ValueError as exc:
+        raise InvalidInputError(str(exc)) from None
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 1:
+        raise InvalidInputError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+    backend_obj = load_backend(backend, registry)
+    target = backend_obj.load_target(model, dtype=dtype, device=device)
+    tokenizer = getattr(target, "tokenizer", None)
+    prompts, batched = encode_prompts(prompt, tokenizer, target.vocab_size)
+    stop_at_eos = options.pop("stop_at_eos", True)
+    verifier_choice = options.pop("verifier", None)
+    tree_choice = options.pop("tree_builder", None)
+    drafter_obj = load_drafter(drafter, target, backend_obj.name, registry, options, model)
+    tree_name, tree_options = getattr(drafter_obj, "tree_builder", ("prefix_tree", {}))
+    tree_builder = _component(registry, "tree_builder", tree_choice or tree_name, backend_obj.name, tree_options)
+    if verifier_choice is None:
+        verifier_choice = "greedy" if sampling.greedy else (
+            "rejection" if getattr(drafter_obj, "sampled_proposals", False) else "exact")
+    verifier = _component(registry, "verifier", verifier_choice, backend_obj.name, {})
+    eos = tuple(getattr(target, "eos_token_ids", ())) if stop_at_eos else ()
+    plan = DecodePlan(
+        backend=backend_obj, target=target, drafter=drafter_obj, tree_builder=tree_builder, verifier=verifier,
+        sampling=sampling, max_new_tokens=int(max_new_tokens), eos_token_ids=eos,
+    )
+    return plan, prompts, batched, tokenizer
+
+
+def load_backend(name: str | None, registry: PluginRegistry):
+    """The backend object for ``name`` (None: torch when it is installed, else numpy)."""
+    if name is None:
+        import importlib.util
+
+        name = "torch" if "torch" in registry.names("backend") and importlib.util.find_spec("torch") else "numpy"
+    return registry.get("backend", name).factory()
+
+
+def load(model: Any, backend: str | None = None, *, dtype: str | None = None, device: str | None = None,
+         registry: PluginRegistry | None = None):
+    """Load a target model once, to pass to ``generate`` many times."""
+    backend_obj = load_backend(backend, registry or default_registry())
+    return backend_obj.load_target(model, dtype=dtype, device=device)
+
+
+def encode_prompts(prompt: Any, tokenizer, vocab_size: int) -> tuple[list[list[int]], bool]:
+    """Token-id prompts and whether the input was a batch; checks emptiness and id range."""
+    if isinstance(prompt, (str, bytes)) or (isinstance(prompt, Sequence) and prompt and _is_token(prompt[0])):
+        prompts, batched = [prompt], False
+    elif isinstance(prompt, (Sequence, np.ndarray)) and len(prompt) > 0:
+        prompts, batched = list(prompt), True
+    else:
+        raise InvalidInputError("the prompt is empty: give a string, a list of token ids, or a list of those")
+    encoded = []
+    for row, p in enumerate(prompts):
+        where = f"prompt {row} of the batch" if batched else "the prompt"
+        if isinstance(p, str):
+            if tokenizer is None:
+                raise InvalidInputError(
+                    "a text prompt needs a tokenizer, and this model has none (no tokenizer.json in its folder): "
+                    "pass token ids instead"
+                )
+            p = tokenizer.encode(p).ids
+        ids = list(p) if isinstance(p, (Sequence, np.ndarray)) else None
+        if not ids:
+            raise InvalidInputError(f"{where} is empty: it needs at least one token")
+        if not all(_is_token(t) for t in ids):
+            raise InvalidInputError(f"{where} must hold integer token ids, got {ids[:8]!r}")
+        bad = [int(t) for t in ids if not 0 <= int(t) < vocab_size]
+        if bad:
+            raise InvalidInputError(
+                f"{where} has token ids outside the vocabulary [0, {vocab_size}): {bad[:8]}"
+            )
+        encoded.append([int(t) for t in ids])
+    return encoded, batched
+
+
+def _is_token(value) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
+def load_drafter(drafter, target, backend: str, registry: PluginRegistry, options: dict, model_source):
+    """A Drafter object from a name, a checkpoint path or an object."""
+    if hasattr(drafter, "propose"):
+        if options:
+            raise InvalidInputError(f"options {sorted(options)} cannot be applied to a Drafter object")
+        return drafter
+    checkpoint = None
+    name = drafter
+    if isinstance(drafter, (str, Path)) and Path(drafter).is_dir():
+        checkpoint = Path(drafter)
+        name = drafter_kind(checkpoint)
+    elif not isinstance(drafter, str):
+        raise InvalidInputError(f"drafter must be a name, a checkpoint folder or a Drafter object, got {drafter!r}")
+    return _component(registry, "drafter", name, backend, options, target=target, checkpoint=checkpoint)
+
+
+def drafter_kind(checkpoint: Path) -> str:
+    """The drafter name recorded in a checkpoint folder's config.json."""
+    config_file = checkpoint / "config.json"
+    if not config_file.is_file():
+        raise InvalidInputError(f"drafter checkpoint {checkpoint} has no config.json")
+    model_type = json.loads(config_file.read_text()).get("model_type")
+    if model_type not in DRAFTER_MODEL_TYPES:
+        raise InvalidInputError(
+            f"drafter checkpoint {checkpoint} has model_type {model_type!r}; known: {sorted(DRAFTER_MODEL_TYPES)}"
+        )
+    return DRAFTER_MODEL_TYPES[model_type]
+
+
+def _component(registry: PluginRegistry, kind: str, choice, backend: str, options: dict, **positional):
+    """Build a drafter / tree builder / verifier from a name, or pass an object through."""
+    if not isinstance(choice, str):
+        return choice
+    factory = registry.get(kind, choice, backend).factory
+    accepted = inspect.signature(factory).parameters
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in accepted.values())
+    unknown = sorted(set(options) - set(accepted)) if not takes_any else []
+    if unknown:
+        valid = sorted(k for k, p in accepted.items() if p.kind is p.KEYWORD_ONLY or k not in positional)
+        valid = [k for k in valid if k not in positional]
+        raise InvalidInputError(
+            f"{kind.replace('_', ' ')} {choice!r} does not take option(s) {unknown}; it takes: {', '.join(valid) or 'none'}"
+        )
+    return factory(**positional, **options)
+
+
+def collect(steps, batch_size: int, *, batched: bool, tokenizer=None) -> GenerationResult:
+    """Run the step generator to the end and aggregate tokens and stats."""
+    tokens: list[list[int]] = [[] for _ in range(batch_size)]
+    totals = dict(steps=0, row_steps=0, drafted=0, verified=0, accepted=0, draft=0.0, verify=0.0, other=0.0)
+    prefill = 0.0
+    for result in steps:
+        for row, new in enumerate(result.new_tokens):
+            tokens[row].extend(new)
+        if result.step == 0:
+            prefill = result.time_verify
+            totals["row_steps"] += batch_size
+            continue
+        totals["steps"] += 1
+        totals["row_steps"] += int(np.count_nonzero(result.num_verified))
+        totals["drafted"] += int(np.sum(result.num_drafted))
+        totals["verified"] += int(np.sum(result.num_verified))
+        totals["accepted"] += int(np.sum(result.num_accepted))
+        totals["draft"] += result.time_draft
+        totals["verify"] += result.time_verify
+        totals["other"] += result.time_other
+    stats = GenerationStats(
+        steps=totals["steps"] + 1, new_tokens=sum(map(len, tokens)), row_steps=totals["row_steps"],
+        drafted_tokens=totals["drafted"], verified_tokens=totals["verified"], accepted_tokens=totals["accepted"],
+        time_draft=totals["draft"], time_verify=totals["verify"], time_other=totals["other"], time_prefill=prefill,
+    )
+    text = [tokenizer.decode(t) for t in tokens] if tokenizer is not None else None
+    if not batched:
+        return GenerationResult(tokens=tokens[0], stats=stats, text=None if text is None else text[0])
+    return GenerationResult(tokens=tokens, stats=stats, text=text)
