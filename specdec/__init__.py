@@ -10,7 +10,7 @@ from specdec.errors import (
     SpecdecError,
     UnknownPluginError,
 )
-from specdec.generate import generate, load
+from specdec.generate import generate, load, stream
 from specdec.hookspecs import hookimpl
 from specdec.plugins import PluginRegistry, default_registry
 from specdec.types import (
@@ -47,4 +47,5 @@ __all__ = [
     "generate",
     "hookimpl",
     "load",
+    "stream",
 ]

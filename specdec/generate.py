@@ -8,14 +8,14 @@ from __future__ import annotations
 import inspect
 import json
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 
 from specdec.errors import InvalidInputError
 from specdec.loop import DecodePlan, decode_steps
 from specdec.plugins import PluginRegistry, default_registry
-from specdec.types import GenerationResult, GenerationStats, SamplingConfig
+from specdec.types import GenerationResult, GenerationStats, SamplingConfig, StepResult
 
 DRAFTER_MODEL_TYPES = {"specdec_redrafter": "redrafter", "specdec_medusa": "medusa"}
 
@@ -51,6 +51,21 @@ def generate(
         top_k=top_k, top_p=top_p, dtype=dtype, device=device, registry=registry, options=options,
     )
     return collect(decode_steps(plan, prompts, seed=seed), len(prompts), batched=batched, tokenizer=tokenizer)
+
+
+def stream(model: Any, prompt: Any, drafter: Any = "redrafter", backend: str | None = None, *,
+           max_new_tokens: int = 128, temperature: float = 0.0, top_k: int | None = None,
+           top_p: float | None = None, seed=None, dtype: str | None = None, device: str | None = None,
+           registry: PluginRegistry | None = None, **options: Any) -> Iterator[StepResult]:
+    """Like ``generate``, but yield one ``StepResult`` per target forward as it happens.
+
+    Arguments are checked when this is called, before the first step runs.
+    """
+    plan, prompts, _, _ = prepare(
+        model, prompt, drafter, backend, max_new_tokens=max_new_tokens, temperature=temperature,
+        top_k=top_k, top_p=top_p, dtype=dtype, device=device, registry=registry, options=options,
+    )
+    return decode_steps(plan, prompts, seed=seed)
 
 
 def prepare(model, prompt, drafter, backend, *, max_new_tokens, temperature, top_k, top_p, dtype, device,

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Create .venv (if missing) and install specdec with the extras given as arguments.
+# torch is pinned to the CPU build 2.13.0 so that no multi-GB CUDA build is pulled.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  "$PYTHON" -m venv .venv
+fi
+extras=${1:-dev}
+if [[ ",$extras," == *",torch,"* ]]; then
+  .venv/bin/pip install --quiet --disable-pip-version-check "torch==2.13.0"
+fi
+.venv/bin/pip install --quiet --disable-pip-version-check -e ".[$extras]"

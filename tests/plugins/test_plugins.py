@@ -1,0 +1,98 @@
+"""The plugin host: entry points, registration, listing, clear errors. Fresh registries per test."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import types
+
+import numpy as np
+import pytest
+
+import specdec
+from specdec.plugins import PluginRegistry
+from specdec.reference import plugin as numpy_plugin
+
+
+def test_builtins_register_through_entry_points():
+    registry = PluginRegistry(entry_points=True)
+    assert "numpy" in registry.names("backend")
+    assert {"none", "redrafter", "medusa"} <= set(registry.names("drafter", "numpy"))
+    assert {"prefix_tree", "medusa_tree"} <= set(registry.names("tree_builder", "numpy"))
+    verifiers = {r.name: r.lossless for r in registry.registrations if r.kind == "verifier" and r.backend == "numpy"}
+    assert verifiers == {"greedy": True, "exact": True, "rejection": True, "redrafter_published": False,
+                         "typical": False}
+    packages = {row["package"] for row in registry.describe()}
+    assert any(p.startswith("specdec ") for p in packages), packages
+
+
+def test_third_party_plugin_adds_a_drafter():
+    """A module with hookimpls is all a plugin needs; its drafter then works in generate()."""
+    class RepeatRootDrafter:
+        def propose(self, context):
+            roots = context.root_tokens
+            return specdec.Draft(root_tokens=roots, beams=np.repeat(roots[:, None, None], 3, axis=2))
+
+    plugin = types.ModuleType("repeat_plugin")
+
+    @specdec.hookimpl
+    def specdec_register_drafters(register):
+        register("repeat", "numpy", lambda target, checkpoint=None: RepeatRootDrafter())
+
+    plugin.specdec_register_drafters = specdec_register_drafters
+    registry = PluginRegistry([numpy_plugin, plugin])
+    assert registry.names("drafter", "numpy") == ["none", "repeat"]
+    assert registry.distribution("repeat_plugin") == "local"
+    assert "repeat" not in PluginRegistry([numpy_plugin]).names("drafter")
+
+
+def test_unknown_and_unavailable_names():
+    plugin = types.ModuleType("other_backend_plugin")
+
+    @specdec.hookimpl
+    def specdec_register_drafters(register):
+        register("special", "otherbackend", lambda target, checkpoint=None: None)
+
+    plugin.specdec_register_drafters = specdec_register_drafters
+    registry = PluginRegistry([numpy_plugin, plugin])
+    with pytest.raises(specdec.UnknownPluginError, match="installed backends: numpy"):
+        registry.get("backend", "jax")
+    with pytest.raises(specdec.UnknownPluginError, match="not available on backend 'numpy'; it is installed for: otherbackend"):
+        registry.get("drafter", "special", "numpy")
+
+
+def test_verifier_must_declare_lossless():
+    plugin = types.ModuleType("sloppy")
+
+    @specdec.hookimpl
+    def specdec_register_verifiers(register):
+        register("sloppy", "numpy", object)
+
+    plugin.specdec_register_verifiers = specdec_register_verifiers
+    with pytest.raises(TypeError, match="without lossless"):
+        PluginRegistry([plugin])
+
+
+def test_import_loads_neither_torch_nor_mlx():
+    code = (
+        "import sys, specdec, specdec.reference.plugin, specdec_redrafter.plugin, specdec_medusa.plugin;"
+        "specdec.default_registry();"
+        "bad = [m for m in ('torch', 'mlx', 'transformers', 'mlx_lm') if m in sys.modules];"
+        "print(bad); sys.exit(1 if bad else 0)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, f"import specdec loaded {done.stdout.strip()} {done.stderr[-500:]}"
+
+
+def test_cli_lists_plugins():
+    done = subprocess.run([sys.executable, "-m", "specdec.cli", "plugins"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    for expected in ("backends:", "numpy", "redrafter [numpy]", "typical [numpy] LOSSY", "exact [numpy] lossless"):
+        assert expected in done.stdout, f"`specdec plugins` output lacks {expected!r}:\n{done.stdout}"
+
+
+def test_cli_reports_unknown_backend_cleanly(tmp_path):
+    done = subprocess.run(
+        [sys.executable, "-m", "specdec.cli", "generate", "--model", str(tmp_path), "--prompt-ids", "[1]",
+         "--backend", "nope"], capture_output=True, text=True)
+    assert done.returncode == 2 and "unknown backend 'nope'; installed backends:" in done.stderr, done.stderr
