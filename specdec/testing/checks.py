@@ -1,0 +1,168 @@
+"""Check functions a backend plugin runs against the float64 NumPy reference.
+
+Each check raises ``AssertionError`` with a message naming the function, backend and inputs.
+Use them in a plugin's own test suite, e.g.::
+
+    from specdec.testing import checks, make_random_model
+    def test_my_backend(tmp_path):
+        model = make_random_model(tmp_path / "m", vocab_size=64, hidden_size=32, num_layers=2,
+                                  num_heads=4, num_kv_heads=2, seed=0)
+        checks.check_target(my_backend_name, model, dtype="float32")
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from specdec.plugins import PluginRegistry, default_registry
+from specdec.types import Draft, DraftTree, SamplingConfig, TargetOutput, Verdict
+
+FLOAT32 = dict(rtol=2e-4, atol=2e-4)
+FLOAT64 = dict(rtol=1e-9, atol=1e-9)
+
+
+def _tolerance(dtype: str | None) -> dict:
+    return FLOAT64 if dtype == "float64" else FLOAT32
+
+
+def _registry(registry: PluginRegistry | None) -> PluginRegistry:
+    return registry or default_registry()
+
+
+def to_backend_tree(tree: DraftTree, backend, target) -> DraftTree:
+    """Copy a reference DraftTree's arrays to ``backend``."""
+    convert = lambda a: None if a is None else backend.from_numpy(np.asarray(a), target)
+    return DraftTree(
+        tokens=convert(tree.tokens), parents=convert(tree.parents), depth=convert(tree.depth),
+        ancestor_mask=convert(tree.ancestor_mask), num_nodes=convert(tree.num_nodes),
+        beam_to_node=convert(tree.beam_to_node),
+    )
+
+
+def _compare(name: str, expected, actual, tolerance: dict) -> None:
+    expected, actual = np.asarray(expected, dtype=np.float64), np.asarray(actual, dtype=np.float64)
+    assert expected.shape == actual.shape, f"{name}: shape {actual.shape}, reference {expected.shape}"
+    if not np.allclose(actual, expected, **tolerance):
+        worst = float(np.max(np.abs(actual - expected)))
+        raise AssertionError(f"{name}: max abs difference {worst:.3g} exceeds {tolerance}")
+
+
+def random_beams(rng: np.random.Generator, roots: np.ndarray, width: int, length: int, vocab: int) -> np.ndarray:
+    """(B, W, L) beams sharing each row's root, drawn from a few tokens so prefixes repeat."""
+    alphabet = rng.choice(vocab, size=min(vocab, 3), replace=False)
+    beams = alphabet[rng.integers(0, len(alphabet), size=(len(roots), width, length))]
+    beams[:, :, 0] = roots[:, None]
+    return beams.astype(np.int64)
+
+
+def random_verdict(rng: np.random.Generator, tree: DraftTree, beams: np.ndarray) -> Verdict:
+    """An accepted path along a random beam, of random length, with a random bonus token."""
+    batch, _, length = beams.shape
+    path = np.full((batch, length), -1, dtype=np.int64)
+    num_accepted = rng.integers(0, length, size=batch)
+    for b in range(batch):
+        beam = rng.integers(0, beams.shape[1])
+        path[b, : num_accepted[b] + 1] = tree.beam_to_node[b, beam, : num_accepted[b] + 1]
+    return Verdict(path=path, num_accepted=num_accepted.astype(np.int64), bonus_tokens=beams[:, 0, 0].copy())
+
+
+def check_target(backend_name: str, model_path, *, dtype: str | None = "float32", device: str | None = None,
+                 prompts: Sequence[Sequence[int]] = ((1, 2, 3), (4,), (5, 6, 7, 8, 9)), steps: int = 3,
+                 width: int = 3, length: int = 4, seed: int = 0, registry: PluginRegistry | None = None) -> None:
+    """Prefill, tree forwards and commits of ``backend_name`` match the reference on ``model_path``."""
+    from specdec.reference.model import load_target
+    from specdec.reference.tree import build_prefix_tree
+
+    registry = _registry(registry)
+    backend = registry.get("backend", backend_name).factory()
+    reference = load_target(model_path)
+    target = backend.load_target(model_path, dtype=dtype, device=device)
+    tolerance = _tolerance(dtype)
+    where = f"check_target(backend={backend_name!r}, dtype={dtype!r}, model={model_path})"
+    expected, actual = reference.prefill(prompts), target.prefill(prompts)
+    _compare(f"{where} prefill logits", expected.logits, backend.to_numpy(actual.logits), tolerance)
+    _compare(f"{where} prefill hidden", expected.hidden, backend.to_numpy(actual.hidden), tolerance)
+    rng = np.random.default_rng(seed)
+    roots = np.argmax(expected.logits[:, 0], axis=-1)
+    for step in range(steps):
+        beams = random_beams(rng, roots, width, length, reference.vocab_size)
+        tree = build_prefix_tree(beams)
+        expected = reference.forward_tree(tree)
+        actual = target.forward_tree(to_backend_tree(tree, backend, target))
+        num_nodes = tree.num_nodes
+        mask = np.arange(tree.size)[None, :] < num_nodes[:, None]  # compare real nodes only
+        for field in ("logits", "hidden"):
+            got = backend.to_numpy(getattr(actual, field))
+            _compare(f"{where} step {step} tree {field}", getattr(expected, field)[mask], got[mask], tolerance)
+        verdict = random_verdict(rng, tree, beams)
+        reference.commit(tree, verdict)
+        target.commit(to_backend_tree(tree, backend, target),
+                      Verdict(path=backend.from_numpy(verdict.path, target),
+                              num_accepted=backend.from_numpy(verdict.num_accepted, target),
+                              bonus_tokens=backend.from_numpy(verdict.bonus_tokens, target)))
+        roots = verdict.bonus_tokens
+
+
+def check_tree_builder(backend_name: str, target, *, name: str = "prefix_tree", options: dict | None = None,
+                       drafts: Sequence[Draft] = (), registry: PluginRegistry | None = None) -> None:
+    """The backend's tree builder ``name`` gives the reference's trees for these (NumPy) drafts."""
+    registry = _registry(registry)
+    backend = registry.get("backend", backend_name).factory()
+    reference = registry.get("tree_builder", name, "numpy").factory(**(options or {}))
+    builder = registry.get("tree_builder", name, backend_name).factory(**(options or {}))
+    for i, draft in enumerate(drafts):
+        expected = reference.build(draft)
+        moved = Draft(
+            root_tokens=backend.from_numpy(draft.root_tokens, target),
+            beams=None if draft.beams is None else backend.from_numpy(draft.beams, target),
+            head_tokens=None if draft.head_tokens is None else backend.from_numpy(draft.head_tokens, target),
+        )
+        actual = builder.build(moved)
+        for field in ("tokens", "parents", "depth", "ancestor_mask", "num_nodes", "beam_to_node"):
+            want, got = getattr(expected, field), getattr(actual, field)
+            if want is None:
+                assert got is None, f"check_tree_builder({backend_name!r}, {name!r}) draft {i}: {field} should be None"
+                continue
+            got = backend.to_numpy(got)
+            assert np.array_equal(np.asarray(want), got), (
+                f"check_tree_builder({backend_name!r}, {name!r}) draft {i}: {field} differs\n"
+                f"reference {np.asarray(want).tolist()}\nbackend   {got.tolist()}"
+            )
+
+
+def check_verifier(backend_name: str, target, *, name: str, tree: DraftTree, draft: Draft, logits: np.ndarray,
+                   sampling: SamplingConfig, uniforms: np.ndarray | None, registry: PluginRegistry | None = None) -> None:
+    """The backend's verifier ``name`` gives the reference's verdict for the same logits and uniforms."""
+    registry = _registry(registry)
+    backend = registry.get("backend", backend_name).factory()
+    reference = registry.get("verifier", name, "numpy").factory()
+    verifier = registry.get("verifier", name, backend_name).factory()
+    hidden = np.zeros(logits.shape[:2] + (1,))
+    expected = reference.verify(tree, draft, TargetOutput(logits=logits, hidden=hidden), sampling, uniforms)
+    put = lambda a: None if a is None else backend.from_numpy(np.asarray(a), target)
+    moved_draft = Draft(root_tokens=put(draft.root_tokens), beams=put(draft.beams), head_tokens=put(draft.head_tokens),
+                        draft_probs=put(draft.draft_probs), sampled=draft.sampled)
+    actual = verifier.verify(to_backend_tree(tree, backend, target), moved_draft,
+                             TargetOutput(logits=put(logits), hidden=put(hidden)), sampling, put(uniforms))
+    for field in ("path", "num_accepted", "bonus_tokens"):
+        want, got = np.asarray(getattr(expected, field)), backend.to_numpy(getattr(actual, field))
+        assert np.array_equal(want, got), (
+            f"check_verifier({backend_name!r}, {name!r}, {sampling}): {field} {got.tolist()}, reference {want.tolist()}"
+        )
+
+
+def check_generation(backend_name: str, model_path, drafter, *, prompts, dtype: str | None = "float64",
+                     max_new_tokens: int = 8, registry: PluginRegistry | None = None, **options) -> None:
+    """``generate`` on ``backend_name`` emits the same tokens as on the numpy reference (same seed)."""
+    from specdec.generate import generate
+
+    expected = generate(model_path, prompts, drafter=drafter, backend="numpy", max_new_tokens=max_new_tokens,
+                        registry=registry, **options).tokens
+    actual = generate(model_path, prompts, drafter=drafter, backend=backend_name, dtype=dtype,
+                      max_new_tokens=max_new_tokens, registry=registry, **options).tokens
+    assert actual == expected, (
+        f"check_generation({backend_name!r}, drafter={drafter}, dtype={dtype}, {options}): tokens differ\n"
+        f"reference {expected}\nbackend   {actual}"
+    )
