@@ -9,12 +9,12 @@ from specdec.hookspecs import hookimpl
 def _numpy_medusa(target, checkpoint=None, *, top_t=None, choices=None):
     import attrs
 
-    from specdec_medusa.checkpoint import check_compatible, load_medusa_checkpoint
+    from specdec_medusa.checkpoint import load_medusa_checkpoint
     from specdec_medusa.reference import MedusaDrafter
 
     require_checkpoint("medusa", checkpoint)
     config, weights = load_medusa_checkpoint(checkpoint)
-    check_target(config, target, check_compatible)
+    check_target(config, target, drafter="Medusa")
     if choices is not None:
         config = attrs.evolve(config, choices=choices)
     return MedusaDrafter(config, weights, lm_head=target.lm_head, top_t=top_t)

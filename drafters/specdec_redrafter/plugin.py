@@ -7,12 +7,12 @@ from specdec.hookspecs import hookimpl
 
 
 def _numpy_redrafter(target, checkpoint=None, *, beam_width=None, beam_length=None, sample=False):
-    from specdec_redrafter.checkpoint import check_compatible, load_redrafter_checkpoint
+    from specdec_redrafter.checkpoint import load_redrafter_checkpoint
     from specdec_redrafter.reference import RedrafterDrafter
 
     require_checkpoint("redrafter", checkpoint)
     config, weights = load_redrafter_checkpoint(checkpoint)
-    check_target(config, target, check_compatible)
+    check_target(config, target, drafter="ReDrafter")
     return RedrafterDrafter(
         config, weights, embed_tokens=target.embed_tokens, lm_head=target.lm_head,
         beam_width=beam_width, beam_length=beam_length, sample=sample,

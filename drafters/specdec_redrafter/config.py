@@ -1,0 +1,153 @@
+"""ReDrafter drafter configuration and weight layout.
+
+Weights are stored as a flat dict of arrays with these names (``Linear`` weights are
+(out, in), applied as ``x @ weight.T + bias``; E is exit_dim, H the target's hidden size):
+
+| name | shape | present when |
+|---|---|---|
+| ``input_proj.weight``, ``input_proj.bias`` | (E, 2H), (E,) | ``exit_dim != 2H`` |
+| ``lm_head.{i}.linear.weight``, ``.bias`` | (E, E), (E,) | ``i < num_draft_layers`` (residual SiLU blocks) |
+| ``lm_head.{num_draft_layers}.weight`` | (V, E) | ``head == "full"`` |
+| ``head_proj.weight`` | (H, E) | ``head == "tied"`` (then the target's LM head (V, H)) |
+| ``rnn_w.weight`` | (H, H) | ``rnn`` |
+| ``rnn_u.weight``, ``rnn_u.bias`` | (H, H), (H,) | ``rnn`` |
+
+The token embedding is the target's own ``embed_tokens`` (V, H), so the RNN state has size H.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+import numpy as np
+
+__all__ = ["MODEL_TYPE", "RNN_VARIANTS", "HEADS", "RedrafterConfig", "check_weights"]
+
+MODEL_TYPE = "specdec_redrafter"
+RNN_VARIANTS = ("apple", "trtllm", "paper")
+HEADS = ("full", "tied")
+
+
+def _positive_int(instance, attribute, value):
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"RedrafterConfig.{attribute.name} must be a positive integer, got {value!r}")
+
+
+def _one_of(choices):
+    def check(instance, attribute, value):
+        if value not in choices:
+            raise ValueError(f"RedrafterConfig.{attribute.name} must be one of {choices}, got {value!r}")
+
+    return check
+
+
+@attrs.frozen(kw_only=True)
+class RedrafterConfig:
+    """Hyper-parameters of a ReDrafter drafter (DESIGN section 2; see docs/algorithms/redrafter.md).
+
+    vocab_size V, hidden_size H: the target's. exit_dim: width of the residual blocks
+    (default 2H; an ``input_proj`` 2H -> exit_dim exists only when it differs).
+    rnn_variant: the recurrence, used when ``rnn`` (otherwise the state is the cumulative sum
+    of the drafted tokens' embeddings):
+      "apple":  s_0 = 0,     s_t = SiLU(W e_t + U s_{t-1} + b)
+      "trtllm": s_1 = W e_1, s_t = W e_t + U s_{t-1} + b
+      "paper":  s_1 = e_1,   s_t = SiLU(W e_t + U s_{t-1} + b)
+    where e_t is the embedding of the t-th token of the beam (e_1: the root).
+    head: "full" (exit_dim -> V) or "tied" (exit_dim -> H, then the target's LM head).
+    draft_top_k: keep only the top-k drafter logits before ranking beams (None: no warp).
+    beam_width W, beam_length L (root included): defaults for beam search.
+    target: what the drafter was trained for (name, fingerprint, vocab_size, hidden_size).
+    """
+
+    vocab_size: int = attrs.field(validator=_positive_int)
+    hidden_size: int = attrs.field(validator=_positive_int)
+    exit_dim: int = attrs.field(
+        default=attrs.Factory(lambda self: 2 * self.hidden_size, takes_self=True), validator=_positive_int
+    )
+    num_draft_layers: int = attrs.field(default=1)
+    rnn: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool))
+    rnn_variant: str = attrs.field(default="apple", validator=_one_of(RNN_VARIANTS))
+    head: str = attrs.field(default="full", validator=_one_of(HEADS))
+    draft_top_k: int | None = attrs.field(default=None)
+    beam_width: int = attrs.field(default=4, validator=_positive_int)
+    beam_length: int = attrs.field(default=4)
+    target: dict = attrs.field(factory=dict, converter=dict)
+    model_type: str = attrs.field(default=MODEL_TYPE)
+
+    @num_draft_layers.validator
+    def _check_layers(self, attribute, value):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"RedrafterConfig.num_draft_layers must be an integer >= 0, got {value!r}")
+
+    @draft_top_k.validator
+    def _check_top_k(self, attribute, value):
+        if value is not None:
+            _positive_int(self, attribute, value)
+
+    @beam_length.validator
+    def _check_length(self, attribute, value):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 2:
+            raise ValueError(
+                "RedrafterConfig.beam_length must be an integer >= 2 (the root plus at least one drafted token), "
+                f"got {value!r}"
+            )
+
+    @model_type.validator
+    def _check_model_type(self, attribute, value):
+        if value != MODEL_TYPE:
+            raise ValueError(f"not a ReDrafter config: model_type is {value!r}, expected {MODEL_TYPE!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-serialisable dict (the content of ``config.json``)."""
+        return attrs.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RedrafterConfig:
+        """Inverse of ``to_dict``; unknown keys are an error so typos do not pass silently."""
+        data = dict(data)
+        data.setdefault("model_type", MODEL_TYPE)
+        known = {field.name for field in attrs.fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown ReDrafter config keys {unknown}; known keys are {sorted(known)}")
+        return cls(**data)
+
+    def weight_shapes(self) -> dict[str, tuple[int, ...]]:
+        """The name and shape of every weight this config needs (see the module docstring)."""
+        hidden, exit_dim = self.hidden_size, self.exit_dim
+        shapes: dict[str, tuple[int, ...]] = {}
+        if exit_dim != 2 * hidden:
+            shapes["input_proj.weight"] = (exit_dim, 2 * hidden)
+            shapes["input_proj.bias"] = (exit_dim,)
+        for i in range(self.num_draft_layers):
+            shapes[f"lm_head.{i}.linear.weight"] = (exit_dim, exit_dim)
+            shapes[f"lm_head.{i}.linear.bias"] = (exit_dim,)
+        if self.head == "full":
+            shapes[f"lm_head.{self.num_draft_layers}.weight"] = (self.vocab_size, exit_dim)
+        else:
+            shapes["head_proj.weight"] = (hidden, exit_dim)
+        if self.rnn:
+            shapes["rnn_w.weight"] = (hidden, hidden)
+            shapes["rnn_u.weight"] = (hidden, hidden)
+            shapes["rnn_u.bias"] = (hidden,)
+        return shapes
+
+
+def check_weights(config: RedrafterConfig, weights: dict[str, Any]) -> None:
+    """Raise ValueError listing missing, unexpected and wrongly shaped weights for ``config``."""
+    expected = config.weight_shapes()
+    missing = sorted(set(expected) - set(weights))
+    unexpected = sorted(set(weights) - set(expected))
+    wrong = sorted(
+        f"{name}: {tuple(np.shape(weights[name]))} != {shape}"
+        for name, shape in expected.items()
+        if name in weights and tuple(np.shape(weights[name])) != shape
+    )
+    if missing or unexpected or wrong:
+        raise ValueError(
+            "ReDrafter weights do not match the config "
+            f"(head={config.head!r}, rnn={config.rnn}, exit_dim={config.exit_dim}, "
+            f"num_draft_layers={config.num_draft_layers}): missing {missing}, unexpected {unexpected}, "
+            f"wrong shapes {wrong}; check that config.json belongs to these weights"
+        )

@@ -1,0 +1,307 @@
+"""The float64 reference target: a Llama-family decoder (llama, qwen2, mistral) with tree attention.
+
+One decoder layer (Touvron et al. 2023, "LLaMA", section 2.2):
+
+    h = x + o_proj(attention(rope(q_proj(rms_norm(x))), rope(k_proj(...)), v_proj(...)))
+    y = h + down_proj(silu(gate_proj(rms_norm(h))) * up_proj(rms_norm(h)))
+
+with grouped-query attention (each key/value head serves ``heads / kv_heads`` query heads) and
+rotary embeddings in the Hugging Face "rotate_half" convention. After the last layer a final
+RMSNorm gives the hidden state the drafters read, and the LM head gives the logits.
+
+Tree attention: node i of a draft tree sits at position ``cache_length + depth[i]`` and
+attends to every committed entry of its row plus the tree nodes j with ``ancestor_mask[i, j]``;
+a prompt is the special case of a chain with a causal mask.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any, Mapping, Sequence
+
+import attrs
+import numpy as np
+
+from specdec.errors import InvalidInputError
+from specdec.reference.kvcache import TreeKVCache
+from specdec.reference.loading import LlamaConfig, load_target  # noqa: F401  (re-exported)
+from specdec.types import DraftTree, TargetOutput, Verdict
+
+__all__ = [
+    "LlamaConfig", "ReferenceTarget", "apply_rotary", "attend", "load_target", "rms_norm",
+    "rotary_cos_sin", "rotary_inverse_frequencies", "silu",
+]
+
+PREFILL_CHUNK = 128  # prompt tokens per forward during prefill (bounds the attention matrix)
+
+
+def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+    """x (..., H) scaled to unit root-mean-square, then by ``weight`` (H,)."""
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * weight
+
+
+def silu(x: np.ndarray) -> np.ndarray:
+    return x / (1.0 + np.exp(-x))
+
+
+def rotary_inverse_frequencies(config: LlamaConfig) -> np.ndarray:
+    """(Dh/2,) rotation speeds ``theta ** (-2i / Dh)``, with llama3 scaling when configured."""
+    dim = config.head_dim
+    inv_freq = 1.0 / config.rope_theta ** (np.arange(0, dim, 2, dtype=np.float64) / dim)
+    scaling = config.rope_scaling
+    if scaling is None:
+        return inv_freq
+    # Llama 3.1: wavelengths longer than the original context / low_freq_factor are stretched by
+    # `factor`, shorter than original / high_freq_factor kept, and the band between blended.
+    wavelength = 2 * np.pi / inv_freq
+    original = scaling.original_max_position_embeddings
+    blend = (original / wavelength - scaling.low_freq_factor) / (scaling.high_freq_factor - scaling.low_freq_factor)
+    blended = (1 - blend) * inv_freq / scaling.factor + blend * inv_freq
+    stretched = np.where(wavelength > original / scaling.low_freq_factor, inv_freq / scaling.factor, inv_freq)
+    medium = (wavelength >= original / scaling.high_freq_factor) & (wavelength <= original / scaling.low_freq_factor)
+    return np.where(medium, blended, stretched)
+
+
+def rotary_cos_sin(positions: np.ndarray, inv_freq: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """positions (...) int -> cos, sin (..., Dh): each angle repeated for both halves of a head."""
+    angles = positions[..., None] * inv_freq  # (..., Dh/2)
+    angles = np.concatenate([angles, angles], axis=-1)
+    return np.cos(angles), np.sin(angles)
+
+
+def apply_rotary(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+    """Rotate pairs (x[i], x[i + Dh/2]) by the position's angle. x (..., Dh), cos/sin broadcastable."""
+    half = x.shape[-1] // 2
+    rotated_half = np.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+    return x * cos + rotated_half * sin
+
+
+def attend(
+    query: np.ndarray,
+    cached: tuple[np.ndarray, np.ndarray],
+    new: tuple[np.ndarray, np.ndarray],
+    cached_allowed: np.ndarray,
+    new_allowed: np.ndarray,
+) -> np.ndarray:
+    """Grouped-query attention of n new queries over S cached and n new keys.
+
+    query (Hq, n, Dh); cached = (keys, values) each (Hkv, S, Dh); new = (keys, values) each
+    (Hkv, n, Dh); cached_allowed (n, S) and new_allowed (n, n) bool. Returns (n, Hq * Dh).
+    """
+    heads, n, dim = query.shape
+    kv_heads = cached[0].shape[0]
+    grouped = query.reshape(kv_heads, (heads // kv_heads) * n, dim)  # (Hkv, G*n, Dh)
+    scores = np.concatenate([grouped @ cached[0].transpose(0, 2, 1), grouped @ new[0].transpose(0, 2, 1)], axis=-1)
+    scores = scores.reshape(heads, n, -1) / np.sqrt(dim)  # (Hq, n, S+n)
+    allowed = np.concatenate([cached_allowed, new_allowed], axis=-1)  # (n, S+n)
+    scores = np.where(allowed, scores, -np.inf)
+    weights = np.exp(scores - scores.max(axis=-1, keepdims=True))
+    weights = (weights / weights.sum(axis=-1, keepdims=True)).reshape(kv_heads, -1, scores.shape[-1])
+    split = cached[0].shape[1]
+    out = weights[..., :split] @ cached[1] + weights[..., split:] @ new[1]  # (Hkv, G*n, Dh)
+    return out.reshape(heads, n, dim).transpose(1, 0, 2).reshape(n, heads * dim)
+
+
+def _linear(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None) -> np.ndarray:
+    """x (..., in) @ weight (out, in).T + bias (out,) -> (..., out), as one matrix product."""
+    y = (x.reshape(-1, x.shape[-1]) @ weight.T).reshape(x.shape[:-1] + (weight.shape[0],))
+    return y if bias is None else y + bias
+
+
+@attrs.frozen(kw_only=True)
+class _Layer:
+    input_norm: np.ndarray
+    q_proj: np.ndarray
+    k_proj: np.ndarray
+    v_proj: np.ndarray
+    o_proj: np.ndarray
+    q_bias: np.ndarray | None
+    k_bias: np.ndarray | None
+    v_bias: np.ndarray | None
+    o_bias: np.ndarray | None
+    post_norm: np.ndarray
+    gate_proj: np.ndarray
+    up_proj: np.ndarray
+    down_proj: np.ndarray
+    gate_bias: np.ndarray | None
+    up_bias: np.ndarray | None
+    down_bias: np.ndarray | None
+
+
+class ReferenceTarget:
+    """A Llama-family target in float64 NumPy that satisfies ``specdec.protocols.TargetModel``.
+
+    ``tensors`` maps Hugging Face weight names (``model.layers.0.self_attn.q_proj.weight`` ...)
+    to arrays; ``lm_head.weight`` may be absent when ``config.tie_word_embeddings``.
+    Attributes: ``embed_tokens`` and ``lm_head`` (V, H) float64 (one array when tied),
+    ``eos_token_ids``, ``tokenizer`` (a ``tokenizers.Tokenizer`` or None), ``name``.
+    """
+
+    def __init__(self, *, config: LlamaConfig, tensors: Mapping[str, Any], tokenizer: Any = None, name: str = "reference"):
+        self.config = config
+        self.tokenizer = tokenizer
+        self.name = name
+        self.vocab_size = config.vocab_size
+        self.hidden_size = config.hidden_size
+        self.eos_token_ids = tuple(config.eos_token_ids)
+        self._tensors = {key: np.asarray(value, dtype=np.float64) for key, value in tensors.items()}
+        self._fingerprint: str | None = None
+
+        vocab, hidden, inner = config.vocab_size, config.hidden_size, config.intermediate_size
+        q_out = config.num_attention_heads * config.head_dim
+        kv_out = config.num_key_value_heads * config.head_dim
+        self.embed_tokens = self._weight("model.embed_tokens.weight", (vocab, hidden))
+        if config.tie_word_embeddings:
+            self.lm_head = self.embed_tokens
+        else:
+            self.lm_head = self._weight("lm_head.weight", (vocab, hidden), hint="or set tie_word_embeddings")
+        self.final_norm = self._weight("model.norm.weight", (hidden,))
+        self.layers = []
+        for i in range(config.num_hidden_layers):
+            attn, mlp = f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp."
+            qkv_bias, o_bias, mlp_bias = config.attention_bias, config.attention_out_bias, config.mlp_bias
+            self.layers.append(_Layer(
+                input_norm=self._weight(f"model.layers.{i}.input_layernorm.weight", (hidden,)),
+                q_proj=self._weight(attn + "q_proj.weight", (q_out, hidden)),
+                k_proj=self._weight(attn + "k_proj.weight", (kv_out, hidden)),
+                v_proj=self._weight(attn + "v_proj.weight", (kv_out, hidden)),
+                o_proj=self._weight(attn + "o_proj.weight", (hidden, q_out)),
+                q_bias=self._weight(attn + "q_proj.bias", (q_out,)) if qkv_bias else None,
+                k_bias=self._weight(attn + "k_proj.bias", (kv_out,)) if qkv_bias else None,
+                v_bias=self._weight(attn + "v_proj.bias", (kv_out,)) if qkv_bias else None,
+                o_bias=self._weight(attn + "o_proj.bias", (hidden,)) if o_bias else None,
+                post_norm=self._weight(f"model.layers.{i}.post_attention_layernorm.weight", (hidden,)),
+                gate_proj=self._weight(mlp + "gate_proj.weight", (inner, hidden)),
+                up_proj=self._weight(mlp + "up_proj.weight", (inner, hidden)),
+                down_proj=self._weight(mlp + "down_proj.weight", (hidden, inner)),
+                gate_bias=self._weight(mlp + "gate_proj.bias", (inner,)) if mlp_bias else None,
+                up_bias=self._weight(mlp + "up_proj.bias", (inner,)) if mlp_bias else None,
+                down_bias=self._weight(mlp + "down_proj.bias", (hidden,)) if mlp_bias else None,
+            ))
+        self.inv_freq = rotary_inverse_frequencies(config)
+        self.cache = TreeKVCache(
+            num_layers=config.num_hidden_layers, num_kv_heads=config.num_key_value_heads, head_dim=config.head_dim
+        )
+
+    def _weight(self, key: str, shape: tuple[int, ...], hint: str = "") -> np.ndarray:
+        if key not in self._tensors:
+            raise InvalidInputError(
+                f"the {self.config.model_type} checkpoint lacks tensor {key!r} of shape {shape}"
+                + (f" ({hint})" if hint else "")
+            )
+        value = self._tensors[key]
+        if value.shape != shape:
+            raise InvalidInputError(f"tensor {key!r} has shape {value.shape}, the config implies {shape}")
+        return value
+
+    @property
+    def fingerprint(self) -> str:
+        """Hex sha256 over the sorted tensor names, their shapes and their float32 bytes."""
+        if self._fingerprint is None:
+            digest = hashlib.sha256()
+            for key in sorted(self._tensors):
+                value = self._tensors[key]
+                digest.update(key.encode())
+                digest.update(repr(tuple(value.shape)).encode())
+                digest.update(np.ascontiguousarray(value, dtype="<f4").tobytes())
+            self._fingerprint = digest.hexdigest()
+        return self._fingerprint
+
+    @property
+    def cache_lengths(self) -> np.ndarray:
+        """(B,) int64: committed positions per row."""
+        return self.cache.lengths
+
+    def _forward(self, rows: Sequence[int], tokens: np.ndarray, depth: np.ndarray, mask: np.ndarray):
+        """Run new tokens of some rows on top of their committed caches.
+
+        tokens (R, n) int64 for cache rows ``rows``; depth (R, n): token i sits at position
+        ``cache_length + depth[r, i]``; mask (R, n, n) bool: token i sees new token j.
+        Returns hidden (R, n, H) after the final norm and the new keys and values
+        (R, layers, 2, Hkv, n, Dh), rotary already applied to the keys.
+        """
+        cfg = self.config
+        num_rows, n = tokens.shape
+        heads, kv_heads, dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        lengths = self.cache.lengths[list(rows)]
+        positions = lengths[:, None] + depth  # (R, n)
+        cos, sin = rotary_cos_sin(positions[:, None], self.inv_freq)  # (R, 1, n, Dh)
+        cached_allowed = [np.ones((n, lengths[r]), dtype=bool) for r in range(num_rows)]  # (n, S) each
+        if cfg.sliding_window is not None:
+            earliest = positions - cfg.sliding_window  # (R, n): a query sees keys at positions > this
+            mask = mask & (positions[:, None, :] > earliest[:, :, None])
+            cached_allowed = [
+                allowed & (np.arange(lengths[r])[None, :] > earliest[r][:, None])
+                for r, allowed in enumerate(cached_allowed)
+            ]
+
+        x = self.embed_tokens[tokens]  # (R, n, H)
+        entries = np.empty((num_rows, cfg.num_hidden_layers, 2, kv_heads, n, dim))
+        for index, layer in enumerate(self.layers):
+            # Attention block: pre-norm, projections, rotary, tree-masked attention, residual.
+            h = rms_norm(x, layer.input_norm, cfg.rms_norm_eps)
+            q = _linear(h, layer.q_proj, layer.q_bias).reshape(num_rows, n, heads, dim).transpose(0, 2, 1, 3)
+            k = _linear(h, layer.k_proj, layer.k_bias).reshape(num_rows, n, kv_heads, dim).transpose(0, 2, 1, 3)
+            v = _linear(h, layer.v_proj, layer.v_bias).reshape(num_rows, n, kv_heads, dim).transpose(0, 2, 1, 3)
+            q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)  # (R, Hq|Hkv, n, Dh)
+            entries[:, index, 0], entries[:, index, 1] = k, v
+            out = np.empty((num_rows, n, heads * dim))
+            for r, row in enumerate(rows):
+                cached = (self.cache.keys(index, row), self.cache.values(index, row))
+                out[r] = attend(q[r], cached, (k[r], v[r]), cached_allowed[r], mask[r])
+            x = x + _linear(out, layer.o_proj, layer.o_bias)
+            # MLP block: pre-norm, SwiGLU, residual.
+            h = rms_norm(x, layer.post_norm, cfg.rms_norm_eps)
+            gate = silu(_linear(h, layer.gate_proj, layer.gate_bias))
+            x = x + _linear(gate * _linear(h, layer.up_proj, layer.up_bias), layer.down_proj, layer.down_bias)
+        return rms_norm(x, self.final_norm, cfg.rms_norm_eps), entries
+
+    def _check_tokens(self, tokens: np.ndarray, what: str) -> None:
+        if tokens.size and (tokens.min() < 0 or tokens.max() >= self.vocab_size):
+            raise InvalidInputError(f"{what} holds token ids outside [0, {self.vocab_size}): {tokens.min()}..{tokens.max()}")
+
+    def prefill(self, prompts: Sequence[Sequence[int]]) -> TargetOutput:
+        """Start a new cache with these prompts (ragged lengths); logits (B, 1, V) and hidden
+        (B, 1, H) at each prompt's last token. Long prompts run in chunks of PREFILL_CHUNK."""
+        prompts = [np.asarray(prompt, dtype=np.int64) for prompt in prompts]
+        if not prompts:
+            raise InvalidInputError("prefill needs at least one prompt")
+        for b, prompt in enumerate(prompts):
+            if prompt.ndim != 1 or prompt.size == 0:
+                raise InvalidInputError(f"prompt {b} must be a non-empty sequence of token ids, got shape {prompt.shape}")
+            self._check_tokens(prompt, f"prompt {b}")
+        self.cache.reset(len(prompts))
+        hidden = np.empty((len(prompts), 1, self.hidden_size))
+        for b, prompt in enumerate(prompts):
+            for start in range(0, prompt.size, PREFILL_CHUNK):
+                chunk = prompt[start : start + PREFILL_CHUNK]
+                n = chunk.size
+                causal = np.tril(np.ones((n, n), dtype=bool))
+                chunk_hidden, entries = self._forward([b], chunk[None], np.arange(n)[None], causal[None])
+                self.cache.append(b, entries[0])
+            hidden[b, 0] = chunk_hidden[0, -1]
+        return TargetOutput(logits=hidden @ self.lm_head.T, hidden=hidden)
+
+    def forward_tree(self, tree: DraftTree) -> TargetOutput:
+        """Logits (B, N, V) and hidden (B, N, H) of every node; node i of row b sits at position
+        ``cache_length[b] + depth[b, i]`` and attends to the cache and to nodes j with
+        ``ancestor_mask[b, i, j]``. The nodes' keys and values are staged for ``commit``."""
+        if self.cache.batch_size == 0:
+            raise InvalidInputError("forward_tree needs a cache: call prefill(prompts) first")
+        if tree.batch_size != self.cache.batch_size:
+            raise InvalidInputError(f"tree has {tree.batch_size} rows but the cache holds {self.cache.batch_size}; "
+                             "prefill the same batch the tree was built for")
+        tokens = np.asarray(tree.tokens, dtype=np.int64)
+        depth = np.asarray(tree.depth, dtype=np.int64)
+        mask = np.asarray(tree.ancestor_mask, dtype=bool)
+        self._check_tokens(tokens, "tree.tokens")
+        if np.any(depth < 0) or not np.all(np.diagonal(mask, axis1=1, axis2=2)):
+            raise InvalidInputError("tree.depth must be >= 0 and tree.ancestor_mask[b, i, i] True for every node")
+        hidden, entries = self._forward(range(tree.batch_size), tokens, depth, mask)
+        self.cache.stage(tree, entries)
+        return TargetOutput(logits=hidden @ self.lm_head.T, hidden=hidden)
+
+    def commit(self, tree: DraftTree, verdict: Verdict) -> None:
+        """Append the keys and values of ``verdict.path[b, :num_accepted[b] + 1]`` (root first)
+        to each row's cache and drop the rest of the tree."""
+        self.cache.commit(tree, verdict)
