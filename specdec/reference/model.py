@@ -41,7 +41,8 @@ def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
 
 
 def silu(x: np.ndarray) -> np.ndarray:
-    return x / (1.0 + np.exp(-x))
+    """x * sigmoid(x), with sigmoid written through tanh so that no exp overflows."""
+    return x * 0.5 * (1.0 + np.tanh(0.5 * x))
 
 
 def rotary_inverse_frequencies(config: LlamaConfig) -> np.ndarray:

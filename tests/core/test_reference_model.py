@@ -309,3 +309,4 @@ def test_clear_errors(tmp_path, targets):
         target.prefill([[VOCAB]])
     with pytest.raises(ValueError, match="non-empty"):
         target.prefill([[]])
+
