@@ -38,7 +38,13 @@ class TargetModel(Protocol):
 
 @runtime_checkable
 class Drafter(Protocol):
-    """Proposes candidate continuations of each row's root token."""
+    """Proposes candidate continuations of each row's root token.
+
+    Optional attributes the decode loop reads: ``tree_builder = (name, options)`` (default
+    ``("prefix_tree", {})``); ``sample_shape = (W, L)`` when the drafter needs uniforms in
+    ``DraftContext.uniforms``; ``sampled_proposals = True`` when its beams are independent draws
+    from ``Draft.draft_probs`` (the loop then verifies with rejection sampling).
+    """
 
     def propose(self, context: DraftContext) -> Draft: ...
 

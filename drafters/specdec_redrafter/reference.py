@@ -267,6 +267,11 @@ class RedrafterDrafter:
         """(W, L): per-row shape of the ``context.uniforms`` a sampling drafter needs; None otherwise."""
         return (self.beam_width, self.beam_length) if self.sample else None
 
+    @property
+    def sampled_proposals(self) -> bool:
+        """True when sampled decoding gets independent sampled chains (verified by rejection sampling)."""
+        return self.sample
+
     def propose(self, context: DraftContext) -> Draft:
         """Beams (B, W, L) continuing ``context.root_tokens`` given ``context.hidden`` (B, H)."""
         root_tokens = np.asarray(context.root_tokens, dtype=np.int64)

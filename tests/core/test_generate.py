@@ -102,6 +102,14 @@ def test_sampling_is_reproducible_and_seed_dependent(target, drafters):
 
 
 def test_sampled_redrafter_uses_rejection_verifier(target, drafters):
+    from specdec.generate import prepare
+    from specdec.reference.verify import ExactTreeVerifier, RejectionVerifier
+
+    common = dict(max_new_tokens=4, top_k=None, top_p=None, dtype=None, device=None, registry=None)
+    plan = prepare(target, [1], drafters["redrafter"], "numpy", temperature=0.9, options={"sample": True}, **common)[0]
+    assert isinstance(plan.verifier, RejectionVerifier), type(plan.verifier)
+    plan = prepare(target, [1], drafters["redrafter"], "numpy", temperature=0.9, options={}, **common)[0]
+    assert isinstance(plan.verifier, ExactTreeVerifier), type(plan.verifier)
     result = specdec.generate(target, [[1, 2], [4]], drafter=drafters["redrafter"], backend="numpy",
                               max_new_tokens=10, temperature=0.9, seed=5, sample=True)
     again = specdec.generate(target, [[1, 2], [4]], drafter=drafters["redrafter"], backend="numpy",
