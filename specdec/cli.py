@@ -77,8 +77,8 @@ def cmd_demo(args) -> int:
         backend = args.backend or "numpy"
         target = specdec.load(model, backend=backend)
         prompt = "the demo model is random so its text is too"
-        print(f"backend {backend}: random {target.vocab_size}-token model, untrained drafters "
-              "(a trained pair ships with the bundled model)")
+        print(f"backend {backend}: random {target.vocab_size}-token model, random untrained "
+              "drafters, so expect no acceptance and no speedup")
         plain = specdec.generate(target, prompt, drafter="none", backend=backend, max_new_tokens=args.max_new_tokens)
         print(f"text: {plain.text}")
         print(_report("none", plain))
