@@ -12,6 +12,8 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
+from specdec.bundled import resolve_model
+from specdec.chat import is_messages, load_chat_template, render_chat
 from specdec.errors import InvalidInputError
 from specdec.loop import DecodePlan, decode_steps
 from specdec.plugins import PluginRegistry, default_registry
@@ -80,9 +82,11 @@ def prepare(model, prompt, drafter, backend, *, max_new_tokens, temperature, top
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 1:
         raise InvalidInputError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
     backend_obj = load_backend(backend, registry)
+    model = resolve_model(model)
     target = backend_obj.load_target(model, dtype=dtype, device=device)
     tokenizer = getattr(target, "tokenizer", None)
-    prompts, batched = encode_prompts(prompt, tokenizer, target.vocab_size)
+    template = load_chat_template(model) if isinstance(model, (str, Path)) else getattr(target, "chat_template", None)
+    prompts, batched = encode_prompts(prompt, tokenizer, target.vocab_size, chat_template=template)
     stop_at_eos = options.pop("stop_at_eos", True)
     verifier_choice = options.pop("verifier", None)
     tree_choice = options.pop("tree_builder", None)
@@ -114,12 +118,25 @@ def load(model: Any, backend: str | None = None, *, dtype: str | None = None, de
          registry: PluginRegistry | None = None):
     """Load a target model once, to pass to ``generate`` many times."""
     backend_obj = load_backend(backend, registry or default_registry())
-    return backend_obj.load_target(model, dtype=dtype, device=device)
+    target = backend_obj.load_target(resolve_model(model), dtype=dtype, device=device)
+    if isinstance(model, (str, Path)) and getattr(target, "chat_template", None) is None:
+        try:
+            target.chat_template = load_chat_template(resolve_model(model))
+        except AttributeError:  # a frozen target class: chat prompts then need the folder
+            pass
+    return target
 
 
-def encode_prompts(prompt: Any, tokenizer, vocab_size: int) -> tuple[list[list[int]], bool]:
-    """Token-id prompts and whether the input was a batch; checks emptiness and id range."""
-    if isinstance(prompt, (str, bytes)) or (isinstance(prompt, Sequence) and prompt and _is_token(prompt[0])):
+def encode_prompts(prompt: Any, tokenizer, vocab_size: int, *, chat_template: str | None = None
+                   ) -> tuple[list[list[int]], bool]:
+    """Token-id prompts and whether the input was a batch; checks emptiness and id range.
+
+    A prompt is text, token ids, or a chat (a list of {"role", "content"} messages, rendered with
+    the model's chat template); a batch is a list of prompts.
+    """
+    if isinstance(prompt, (str, bytes)) or is_messages(prompt) or (
+        isinstance(prompt, Sequence) and prompt and _is_token(prompt[0])
+    ):
         prompts, batched = [prompt], False
     elif isinstance(prompt, (Sequence, np.ndarray)) and len(prompt) > 0:
         prompts, batched = list(prompt), True
@@ -128,6 +145,8 @@ def encode_prompts(prompt: Any, tokenizer, vocab_size: int) -> tuple[list[list[i
     encoded = []
     for row, p in enumerate(prompts):
         where = f"prompt {row} of the batch" if batched else "the prompt"
+        if is_messages(p):
+            p = render_chat(chat_template, p)
         if isinstance(p, str):
             if tokenizer is None:
                 raise InvalidInputError(

