@@ -2,18 +2,25 @@
 
 from __future__ import annotations
 
+from importlib import resources
 from typing import Any
 
 from specdec.errors import IncompatibleDrafterError, InvalidInputError
 
 
-def require_checkpoint(name: str, checkpoint) -> None:
-    """Raise a clear error when a trained drafter is asked for without its checkpoint."""
-    if checkpoint is None:
-        raise InvalidInputError(
-            f"drafter {name!r} needs a checkpoint trained for this model: pass drafter='path/to/checkpoint' "
-            f"(a folder with config.json and model.safetensors), or train one with `specdec train {name}`"
-        )
+def require_checkpoint(name: str, checkpoint, target, *, package: str):
+    """The checkpoint to load: the one given, else the one shipped in ``package`` for this
+    target (``<package>/weights/<target.name>/``), else a clear error."""
+    if checkpoint is not None:
+        return checkpoint
+    shipped = resources.files(package) / "weights" / str(getattr(target, "name", ""))
+    if getattr(target, "name", None) and shipped.joinpath("config.json").is_file():
+        return shipped
+    raise InvalidInputError(
+        f"drafter {name!r} needs a checkpoint trained for this model, and none ships for "
+        f"{getattr(target, 'name', None)!r}: pass drafter='path/to/checkpoint' (a folder with config.json and "
+        f"model.safetensors), or train one with `specdec train {name}`"
+    )
 
 
 def _describe(name: Any, vocab_size: Any, hidden_size: Any) -> str:
