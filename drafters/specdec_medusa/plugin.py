@@ -12,7 +12,7 @@ def _numpy_medusa(target, checkpoint=None, *, top_t=None, choices=None):
     from specdec_medusa.checkpoint import load_medusa_checkpoint
     from specdec_medusa.reference import MedusaDrafter
 
-    require_checkpoint("medusa", checkpoint)
+    checkpoint = require_checkpoint("medusa", checkpoint, target, package="specdec_medusa")
     config, weights = load_medusa_checkpoint(checkpoint)
     check_target(config, target, drafter="Medusa")
     if choices is not None:

@@ -10,7 +10,7 @@ def _numpy_redrafter(target, checkpoint=None, *, beam_width=None, beam_length=No
     from specdec_redrafter.checkpoint import load_redrafter_checkpoint
     from specdec_redrafter.reference import RedrafterDrafter
 
-    require_checkpoint("redrafter", checkpoint)
+    checkpoint = require_checkpoint("redrafter", checkpoint, target, package="specdec_redrafter")
     config, weights = load_redrafter_checkpoint(checkpoint)
     check_target(config, target, drafter="ReDrafter")
     return RedrafterDrafter(
