@@ -1,4 +1,4 @@
-"""Command line: ``specdec demo | generate | plugins``."""
+"""Command line: ``specdec demo | generate | bench | plugins``."""
 
 from __future__ import annotations
 
@@ -92,6 +92,25 @@ def cmd_demo(args) -> int:
     return 0
 
 
+def cmd_bench(args) -> int:
+    """Run a benchmark grid and write bench.json, bench.md and plots to --out."""
+    from specdec.bench import load_prompt_set, parse_method, run_bench
+    from specdec.bench.report import markdown, write_outputs
+    from specdec.plugins import installed_distributions
+
+    prompts = load_prompt_set(args.prompts, per_category=args.per_category)
+    methods = [parse_method(m) for m in args.methods]
+    grid = [(item.partition(":")[0], item.partition(":")[2] or None) for item in args.backends]
+    records = run_bench(args.model, prompts, methods, grid=grid, temperatures=args.temperatures,
+                        max_new_tokens=args.max_new_tokens, repeats=args.repeats, warmup=args.warmup, seed=args.seed)
+    meta = dict(command=" ".join(sys.argv), versions=installed_distributions(), model=str(args.model),
+                prompts=args.prompts, per_category=args.per_category, max_new_tokens=args.max_new_tokens)
+    out = write_outputs(records, Path(args.out), meta=meta)
+    print(markdown(out["summary"], categories=args.categories))
+    print(f"wrote {args.out}/bench.json, bench.md, speedup.png, accepted.png", file=sys.stderr)
+    return 0
+
+
 def cmd_plugins(args) -> int:
     from specdec.plugins import default_registry
 
@@ -123,6 +142,22 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--drafter", default="redrafter")
     _add_generation_args(gen)
     gen.set_defaults(func=cmd_generate)
+    bench = sub.add_parser("bench", help="measure methods side by side on a prompt set")
+    bench.add_argument("--model", required=True, help="a bundled name (smollm2-135m), folder or .gguf")
+    bench.add_argument("--prompts", default="mt-bench", help="mt-bench | humaneval | a JSONL file")
+    bench.add_argument("--per-category", type=int, default=None, help="first N prompts of each category")
+    bench.add_argument("--methods", nargs="+", default=["plain", "redrafter", "medusa"],
+                       help="plain, redrafter[:w=4,l=5], medusa[:choices=cpu16], hf, hf-pld[:n=10], "
+                            "hf-assisted:draft=M, mlx-lm, mlx-lm-draft:draft=M")
+    bench.add_argument("--backends", nargs="+", default=["torch:bfloat16"], help="backend[:dtype] ...")
+    bench.add_argument("--temperatures", nargs="+", type=float, default=[0.0])
+    bench.add_argument("--max-new-tokens", type=int, default=128)
+    bench.add_argument("--repeats", type=int, default=3)
+    bench.add_argument("--warmup", type=int, default=1)
+    bench.add_argument("--seed", type=int, default=0)
+    bench.add_argument("--categories", action="store_true", help="print per-category rows too")
+    bench.add_argument("--out", default="bench-out")
+    bench.set_defaults(func=cmd_bench)
     plugins = sub.add_parser("plugins", help="list installed backends, drafters, tree builders and verifiers")
     plugins.add_argument("--json", action="store_true")
     plugins.set_defaults(func=cmd_plugins)

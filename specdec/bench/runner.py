@@ -1,0 +1,135 @@
+"""Run a grid of methods x (backend, dtype) x temperatures over prompts: warm-up, interleaved repeats."""
+
+from __future__ import annotations
+
+import time
+from typing import Callable, Iterable, Sequence
+
+import attrs
+import numpy as np
+
+from specdec.bench.methods import Method
+from specdec.bench.prompts import BenchPrompt
+
+
+@attrs.frozen(kw_only=True)
+class BenchRecord:
+    """One generation of one prompt by one method. ``accepted``: drafted tokens accepted per step
+    (after the prefill); tokens per step = new_tokens / (len(accepted) + 1), the bonus counted."""
+
+    method: str
+    backend: str
+    dtype: str
+    temperature: float
+    prompt_id: str
+    category: str
+    repeat: int
+    new_tokens: int
+    seconds: float
+    accepted: tuple = ()
+    verified: int = 0
+    beam_tokens: int = 0
+    time_draft: float = 0.0
+    time_verify: float = 0.0
+    time_other: float = 0.0
+    time_prefill: float = 0.0
+
+    @property
+    def steps(self) -> int:
+        return len(self.accepted) + 1 if self.accepted or self.verified else 0
+
+
+def specdec_runner(method: Method, model, target, backend: str, max_new_tokens: int) -> Callable[..., dict]:
+    """A callable(prompt ids, temperature, seed) -> dict of measurements, for a specdec method.
+    The drafter is loaded once; only decoding is timed."""
+    from specdec.generate import load_drafter, stream
+    from specdec.plugins import default_registry
+
+    options = dict(method.generate_options)
+    loop_options = {k: options.pop(k) for k in ("verifier", "tree_builder") if k in options}
+    drafter = load_drafter(method.drafter, target, backend, default_registry(), options, model)
+    width = getattr(drafter, "beam_width", 0)
+
+    def run(ids: list[int], temperature: float, seed: int) -> dict:
+        steps = stream(target, ids, drafter=drafter, backend=backend, max_new_tokens=max_new_tokens,
+                       temperature=temperature, seed=[seed], **loop_options)
+        accepted, verified, beam_tokens, tokens = [], 0, 0, 0
+        times = dict(time_draft=0.0, time_verify=0.0, time_other=0.0, time_prefill=0.0)
+        start = time.perf_counter()
+        for step in steps:
+            tokens += len(step.new_tokens[0])
+            if step.step == 0:
+                times["time_prefill"] = step.time_verify
+                continue
+            accepted.append(int(step.num_accepted[0]))
+            verified += int(step.num_verified[0])
+            if method.kind == "redrafter":  # W x L tokens before deduplication into the tree
+                beam_tokens += int(step.num_drafted[0]) + width
+            times["time_draft"] += step.time_draft
+            times["time_verify"] += step.time_verify
+            times["time_other"] += step.time_other
+        seconds = time.perf_counter() - start
+        return dict(new_tokens=tokens, seconds=seconds, accepted=tuple(accepted), verified=verified,
+                    beam_tokens=beam_tokens, **times)
+
+    return run
+
+
+def run_bench(
+    model,
+    prompts: Sequence[BenchPrompt],
+    methods: Sequence[Method],
+    *,
+    grid: Iterable[tuple[str, str | None]] = (("numpy", None),),
+    temperatures: Sequence[float] = (0.0,),
+    max_new_tokens: int = 128,
+    repeats: int = 3,
+    warmup: int = 1,
+    seed: int = 0,
+    progress: bool = True,
+) -> list[BenchRecord]:
+    """Every method on every prompt, ``repeats`` times, interleaved (repeat > prompt > method), after
+    ``warmup`` untimed runs of each method on the first prompt."""
+    from tqdm.auto import tqdm
+
+    import specdec
+    from specdec.bench.peers import peer_runner
+    from specdec.generate import encode_prompts
+    from specdec.chat import load_chat_template
+
+    records: list[BenchRecord] = []
+    grid = list(grid)
+    total = len(grid) * len(temperatures) * repeats * len(prompts) * len(methods)
+    bar = tqdm(total=total, desc="bench", disable=not progress)
+    for backend, dtype in grid:
+        target = specdec.load(model, backend=backend, dtype=dtype)
+        template = getattr(target, "chat_template", None)
+        encoded = [encode_prompts(p.prompt, target.tokenizer, target.vocab_size, chat_template=template)[0][0]
+                   for p in prompts]
+        runners = {}
+        for method in methods:
+            if method.is_peer:
+                if method.peer_backend != backend:
+                    continue
+                runners[method.label] = peer_runner(method, model, target, dtype, max_new_tokens)
+            else:
+                runners[method.label] = specdec_runner(method, model, target, backend, max_new_tokens)
+        for temperature in temperatures:
+            for label, run in runners.items():
+                for _ in range(warmup):
+                    run(encoded[0], temperature, seed)
+            for repeat in range(repeats):
+                for index, (prompt, ids) in enumerate(zip(prompts, encoded)):
+                    for label, run in runners.items():
+                        measured = run(ids, temperature, seed + 1000 * repeat + index)
+                        records.append(BenchRecord(
+                            method=label, backend=backend, dtype=str(dtype or "default"), temperature=temperature,
+                            prompt_id=prompt.id, category=prompt.category, repeat=repeat, **measured))
+                        bar.update(1)
+    bar.close()
+    return records
+
+
+def median(values) -> float:
+    values = list(values)
+    return float(np.median(values)) if values else float("nan")

@@ -1,0 +1,56 @@
+"""The benchmark harness on the numpy backend: records, side-by-side speedups, outputs."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from specdec.bench import load_prompt_set, parse_method, run_bench
+from specdec.bench.report import summarize, write_outputs
+from specdec.errors import InvalidInputError
+from specdec.testing import make_random_drafter
+
+
+def test_prompt_sets():
+    mt = load_prompt_set("mt-bench")
+    assert len(mt) == 80 and len({p.category for p in mt}) == 8
+    assert len(load_prompt_set("mt-bench", per_category=2)) == 16
+    with pytest.raises(InvalidInputError, match="unknown prompt set"):
+        load_prompt_set("nonexistent-set")
+
+
+def test_jsonl_prompts(tmp_path):
+    path = tmp_path / "p.jsonl"
+    path.write_text(json.dumps({"prompt": "hi", "category": "x"}) + "\n" +
+                    json.dumps({"messages": [{"role": "user", "content": "yo"}]}) + "\n")
+    prompts = load_prompt_set(str(path))
+    assert [p.category for p in prompts] == ["x", "all"] and prompts[0].prompt == "hi"
+
+
+def test_parse_method():
+    method = parse_method("redrafter:w=4,l=5,verifier=exact")
+    assert method.kind == "redrafter" and method.options == {"beam_width": 4, "beam_length": 5, "verifier": "exact"}
+    with pytest.raises(InvalidInputError, match="unknown method"):
+        parse_method("eagle")
+    with pytest.raises(InvalidInputError, match="needs a draft model"):
+        parse_method("hf-assisted")
+
+
+def test_run_bench_and_outputs(model_dir, tmp_path):
+    drafter = make_random_drafter(tmp_path / "d", model_dir, kind="redrafter", seed=1)
+    prompts = load_prompt_set("mt-bench", per_category=1)[:2]
+    methods = [parse_method("plain"), parse_method(f"redrafter:drafter={drafter},w=2,l=3")]
+    records = run_bench(model_dir, prompts, methods, grid=[("numpy", None)], max_new_tokens=6, repeats=2,
+                        temperatures=[0.0, 1.0], progress=False)
+    assert len(records) == 2 * 2 * 2 * 2
+    rows = summarize(records)
+    plain = [r for r in rows if r["method"] == "plain" and r["category"] == "all"]
+    assert all(r["speedup"] == 1.0 and r["tokens_per_step"] == 1.0 for r in plain), plain
+    spec = [r for r in rows if r["method"] != "plain" and r["category"] == "all"]
+    assert all(0.0 <= r["tree_reduction"] < 1.0 and r["verified_per_step"] <= 6 for r in spec), spec
+    write_outputs(records, tmp_path / "out", meta={"test": True})
+    for name in ("bench.json", "bench.md", "speedup.png", "accepted.png"):
+        assert (tmp_path / "out" / name).stat().st_size > 0, name
+    data = json.loads((tmp_path / "out" / "bench.json").read_text())
+    assert len(data["records"]) == len(records) and data["meta"] == {"test": True}
