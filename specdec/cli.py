@@ -1,4 +1,4 @@
-"""Command line: ``specdec demo | generate | bench | plugins``."""
+"""Command line: ``specdec demo | generate | bench | plan | plugins``."""
 
 from __future__ import annotations
 
@@ -111,6 +111,29 @@ def cmd_bench(args) -> int:
     return 0
 
 
+def cmd_plan(args) -> int:
+    """Predict the speedup of every beam configuration, recommend one, and check the best few."""
+    from specdec.bench import load_prompt_set
+    from specdec.bench.planner import measure, plan
+
+    prompts = [p.prompt for p in load_prompt_set(args.prompts, per_category=args.per_category)]
+    rows = plan(args.model, args.drafter, prompts, backend=args.backend, dtype=args.dtype, widths=args.widths,
+                lengths=args.lengths, max_new_tokens=args.max_new_tokens)
+    checked = measure(args.model, args.drafter, prompts, rows[: args.measure_top], backend=args.backend,
+                      dtype=args.dtype, max_new_tokens=args.max_new_tokens) if args.measure_top else []
+    measured = {(r.beam_width, r.beam_length): r.measured_speedup for r in checked}
+    print("| W | L | tokens/step (est.) | tree size | draft ms | verify ms | predicted speedup | measured |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        m = measured.get((r.beam_width, r.beam_length))
+        print(f"| {r.beam_width} | {r.beam_length} | {r.tokens_per_step:.2f} | {r.tree_size:.1f} | {r.draft_ms:.1f} "
+              f"| {r.verify_ms:.1f} | {r.predicted_speedup:.2f}x | {'-' if m is None else f'{m:.2f}x'} |")
+    best = rows[0]
+    print(f"recommended: beam_width={best.beam_width} beam_length={best.beam_length} "
+          f"(predicted {best.predicted_speedup:.2f}x over plain decoding, decode phase)")
+    return 0
+
+
 def cmd_plugins(args) -> int:
     from specdec.plugins import default_registry
 
@@ -158,6 +181,18 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--categories", action="store_true", help="print per-category rows too")
     bench.add_argument("--out", default="bench-out")
     bench.set_defaults(func=cmd_bench)
+    planner = sub.add_parser("plan", help="predict the best ReDrafter beam configuration on this machine")
+    planner.add_argument("--model", required=True)
+    planner.add_argument("--drafter", default="redrafter", help="redrafter (the shipped one) or a checkpoint")
+    planner.add_argument("--backend", default="torch")
+    planner.add_argument("--dtype", default=None)
+    planner.add_argument("--prompts", default="mt-bench")
+    planner.add_argument("--per-category", type=int, default=1)
+    planner.add_argument("--widths", nargs="+", type=int, default=[1, 2, 4, 8])
+    planner.add_argument("--lengths", nargs="+", type=int, default=[2, 3, 4, 5, 6])
+    planner.add_argument("--max-new-tokens", type=int, default=64)
+    planner.add_argument("--measure-top", type=int, default=3, help="run the best N for real and compare")
+    planner.set_defaults(func=cmd_plan)
     plugins = sub.add_parser("plugins", help="list installed backends, drafters, tree builders and verifiers")
     plugins.add_argument("--json", action="store_true")
     plugins.set_defaults(func=cmd_plugins)

@@ -54,3 +54,21 @@ def test_run_bench_and_outputs(model_dir, tmp_path):
         assert (tmp_path / "out" / name).stat().st_size > 0, name
     data = json.loads((tmp_path / "out" / "bench.json").read_text())
     assert len(data["records"]) == len(records) and data["meta"] == {"test": True}
+
+
+def test_planner_predicts_and_measures(model_dir, tmp_path):
+    from specdec.bench.planner import accepted_length, measure, plan, tree_size
+    import numpy as np
+
+    beams = np.array([[7, 1, 2, 3], [7, 1, 5, 6], [7, 4, 4, 4]])
+    assert accepted_length(beams, [1, 2, 9], width=3, length=4) == 2
+    assert accepted_length(beams, [1, 2, 9], width=3, length=2) == 1
+    assert accepted_length(beams, [4, 9], width=2, length=4) == 0
+    assert tree_size(beams, 3, 4) == 1 + 3 + 3 + 2 and tree_size(beams, 1, 2) == 2
+    drafter = make_random_drafter(tmp_path / "d", model_dir, kind="redrafter", seed=1)
+    rows = plan(model_dir, str(drafter), [[1, 2, 3], [4, 5]], backend="numpy", widths=(1, 2), lengths=(2, 3),
+                max_new_tokens=8)
+    assert len(rows) == 4 and rows == sorted(rows, key=lambda r: -r.predicted_speedup)
+    assert all(r.tokens_per_step >= 1.0 and r.predicted_speedup > 0 for r in rows)
+    checked = measure(model_dir, str(drafter), [[1, 2, 3]], rows[:1], backend="numpy", dtype=None, max_new_tokens=8)
+    assert checked[0].measured_speedup > 0

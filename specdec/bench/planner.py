@@ -1,0 +1,128 @@
+"""Pick a beam configuration from measurements on this machine.
+
+Prediction (greedy decoding): speedup(W, L) = tau(W, L) * t_plain / t_step(W, L), with
+  tau(W, L)   tokens per step, estimated from one recorded run at the widest, longest beams:
+              for every step, the accepted length that the first W beams cut to length L would
+              have had against the target's own tokens of that step (exact for that step; the
+              trajectory of a real (W, L) run differs, so this is an estimate),
+  t_step(W, L) the measured median time of one decode step (draft + verify + other) with those
+              beams on this machine, t_plain the same for plain decoding (one token per step).
+Both sides are decode-phase costs (the prefill is excluded), and ``measure`` reports measured
+speedups on the same footing.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import attrs
+import numpy as np
+
+
+@attrs.frozen(kw_only=True)
+class PlanRow:
+    beam_width: int
+    beam_length: int
+    tokens_per_step: float
+    tree_size: float
+    verify_ms: float
+    draft_ms: float
+    predicted_speedup: float
+    measured_speedup: float | None = None
+
+
+class RecordingDrafter:
+    """Wraps a drafter and keeps every step's beams on the host (the planner's recorder)."""
+
+    def __init__(self, inner, backend):
+        self.inner, self.backend, self.beams = inner, backend, []
+        self.tree_builder = getattr(inner, "tree_builder", ("prefix_tree", {}))
+
+    def propose(self, context):
+        draft = self.inner.propose(context)
+        self.beams.append(self.backend.to_numpy(draft.beams))
+        return draft
+
+
+def accepted_length(beams: np.ndarray, emitted: Sequence[int], width: int, length: int) -> int:
+    """Longest match of ``beams[:width, 1:length]`` (W, L) against the step's emitted tokens."""
+    best = 0
+    for beam in beams[:width, 1:length]:
+        n = 0
+        while n < len(beam) and n < len(emitted) and beam[n] == emitted[n]:
+            n += 1
+        best = max(best, n)
+    return min(best, len(emitted) - 1)
+
+
+def tree_size(beams: np.ndarray, width: int, length: int) -> int:
+    return len({tuple(beam[: k + 1]) for beam in beams[:width, :length] for k in range(length)})
+
+
+def step_costs(target, drafter, prompt, *, backend: str, steps: int = 12) -> tuple[float, float, float]:
+    """Median seconds of (draft, verify, other) per decode step of ``drafter`` on this machine."""
+    import specdec
+
+    records = list(specdec.stream(target, prompt, drafter=drafter, backend=backend, max_new_tokens=steps,
+                                  stop_at_eos=False))[1:]
+    return tuple(float(np.median([getattr(r, f"time_{part}") for r in records])) for part in ("draft", "verify", "other"))
+
+
+def plan(model, drafter: str, prompts: Sequence, *, backend: str = "torch", dtype: str | None = None,
+         widths: Sequence[int] = (1, 2, 4, 8), lengths: Sequence[int] = (2, 3, 4, 5, 6),
+         max_new_tokens: int = 64) -> list[PlanRow]:
+    """Predicted speedup of every (W, L), best first, from one recorded run at the widest, longest beams."""
+    import specdec
+    from specdec.generate import encode_prompts, load_drafter
+    from specdec.plugins import default_registry
+
+    registry = default_registry()
+    backend_obj = registry.get("backend", backend).factory()
+    target = specdec.load(model, backend=backend, dtype=dtype)
+    template = getattr(target, "chat_template", None)
+    ids = [encode_prompts(p, target.tokenizer, target.vocab_size, chat_template=template)[0][0] for p in prompts]
+    wide, long = max(widths), max(lengths)
+    recorder = RecordingDrafter(load_drafter(drafter, target, backend, registry,
+                                             dict(beam_width=wide, beam_length=long), model), backend_obj)
+    accepted = {(w, l): [] for w in widths for l in lengths}
+    sizes = {(w, l): [] for w in widths for l in lengths}
+    for prompt in ids:
+        recorder.beams.clear()
+        steps = list(specdec.stream(target, prompt, drafter=recorder, backend=backend, max_new_tokens=max_new_tokens))
+        for step, beams in zip(steps[1:], recorder.beams):
+            for w in widths:
+                for l in lengths:
+                    accepted[(w, l)].append(accepted_length(beams[0], step.new_tokens[0], w, l))
+                    sizes[(w, l)].append(tree_size(beams[0], w, l))
+    plain_step = sum(step_costs(target, "none", ids[0], backend=backend))
+    rows = []
+    for (w, l), values in accepted.items():
+        one = load_drafter(drafter, target, backend, registry, dict(beam_width=w, beam_length=l), model)
+        draft_s, verify_s, other_s = step_costs(target, one, ids[0], backend=backend)
+        tau = 1.0 + float(np.mean(values)) if values else 1.0
+        rows.append(PlanRow(beam_width=w, beam_length=l, tokens_per_step=tau, tree_size=float(np.mean(sizes[(w, l)])),
+                            verify_ms=verify_s * 1e3, draft_ms=draft_s * 1e3,
+                            predicted_speedup=tau * plain_step / (draft_s + verify_s + other_s)))
+    return sorted(rows, key=lambda r: -r.predicted_speedup)
+
+
+def measure(model, drafter: str, prompts: Sequence, rows: Sequence[PlanRow], *, backend: str, dtype: str | None,
+            max_new_tokens: int = 64) -> list[PlanRow]:
+    """Run the real decoder for ``rows``: measured speedup = decode-phase tokens/s (prefill excluded, as
+    in the prediction) over that of plain decoding, on the same target and prompts."""
+    import specdec
+
+    target = specdec.load(model, backend=backend, dtype=dtype)
+
+    def decode_rate(drafter_choice, options) -> float:
+        tokens, seconds = 0, 0.0
+        for prompt in prompts:
+            stats = specdec.generate(target, prompt, drafter=drafter_choice, backend=backend,
+                                     max_new_tokens=max_new_tokens, **options).stats
+            tokens += stats.new_tokens - 1
+            seconds += stats.time_draft + stats.time_verify + stats.time_other
+        return tokens / seconds
+
+    plain = decode_rate("none", {})
+    return [attrs.evolve(row, measured_speedup=decode_rate(
+        drafter, dict(beam_width=row.beam_width, beam_length=row.beam_length)) / plain) for row in rows]
