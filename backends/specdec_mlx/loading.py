@@ -1,0 +1,108 @@
+"""Loading mlx-lm targets: from a local Hugging Face-format folder (mlx-lm's own loader for the
+model, ``tokenizers`` for tokenizer.json) or from an mlx-lm model object, and the weights
+fingerprint computed exactly as ``specdec.reference.model.ReferenceTarget.fingerprint``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+import numpy as np
+
+from specdec.errors import InvalidInputError
+from specdec.reference.loading import LlamaConfig, load_tokenizer
+from specdec_mlx.target import MlxTarget
+
+
+def load_target(source: Any, *, dtype, requested_dtype: str | None = None) -> MlxTarget:
+    """An ``MlxTarget`` computing in ``dtype`` (an MLX dtype) from a folder path, an mlx-lm
+    ``Model``, a ``(model, tokenizer)`` pair or an ``MlxTarget`` (returned unchanged; asking it
+    for another dtype is an error)."""
+    if isinstance(source, MlxTarget):
+        if requested_dtype is not None and source.dtype != dtype:
+            raise InvalidInputError(f"this target was loaded in {source.dtype}; load it again with dtype={requested_dtype!r}")
+        return source
+    if isinstance(source, (str, os.PathLike)):
+        return load_folder(source, dtype=dtype)
+    model, tokenizer = source if isinstance(source, tuple) and len(source) == 2 else (source, None)
+    return wrap_model(model, tokenizer, dtype=dtype)
+
+
+def load_folder(path: str | os.PathLike, *, dtype) -> MlxTarget:
+    """Load a local folder (config.json, model.safetensors or shards, optional tokenizer.json)."""
+    from mlx_lm.utils import load_model
+
+    folder = Path(path)
+    config = LlamaConfig.from_folder(folder)  # checks the folder and the architecture
+    model, _ = load_model(folder)
+    model.set_dtype(dtype)
+    return MlxTarget(model, config=config, dtype=dtype, tokenizer=load_tokenizer(folder),
+                     name=folder.resolve().name, fingerprint_source=folder)
+
+
+def wrap_model(model, tokenizer: Any = None, *, dtype) -> MlxTarget:
+    """An mlx-lm llama / qwen2 / mistral ``Model`` object (its ``args`` give the config)."""
+    args = getattr(model, "args", None)
+    if args is None or not hasattr(model, "model") or not hasattr(model.model, "layers"):
+        raise InvalidInputError(
+            f"the mlx backend loads a model folder path, an mlx-lm Model object or a (model, tokenizer) "
+            f"pair; got {type(model).__name__}"
+        )
+    fields = dataclasses.asdict(args) if dataclasses.is_dataclass(args) else dict(vars(args))
+    if fields.get("rope_traditional"):
+        raise InvalidInputError("models with rope_traditional=True are not supported (Llama-family models use rotate_half)")
+    eos = list(getattr(tokenizer, "eos_token_ids", None) or [])
+    config = LlamaConfig.from_hf_dict(fields, {"eos_token_id": eos} if eos else None)
+    model.set_dtype(dtype)
+    return MlxTarget(model, config=config, dtype=dtype, tokenizer=as_tokenizers_tokenizer(tokenizer),
+                     name=str(fields.get("model_type", "mlx-model")))
+
+
+def as_tokenizers_tokenizer(tokenizer: Any):
+    """A ``tokenizers.Tokenizer`` for this tokenizer (itself, or the backend of a fast Hugging
+    Face tokenizer / mlx-lm ``TokenizerWrapper``), else None."""
+    if tokenizer is None:
+        return None
+    if hasattr(tokenizer, "encode") and hasattr(tokenizer, "token_to_id"):
+        return tokenizer
+    return getattr(tokenizer, "backend_tokenizer", None)
+
+
+def weight_files(folder: Path) -> list[Path]:
+    """``model.safetensors``, or the shards that ``model.safetensors.index.json`` lists."""
+    single = folder / "model.safetensors"
+    if single.is_file():
+        return [single]
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        return [folder / shard for shard in sorted(set(json.loads(index.read_text())["weight_map"].values()))]
+    raise FileNotFoundError(f"no weights in {str(folder)!r}: expected model.safetensors or an index of shards")
+
+
+def fingerprint_of(source: Any) -> str:
+    """Hex sha256 over the sorted tensor names, their shapes and their float32 little-endian bytes.
+
+    source: a model folder (its stored tensors, as the reference reads them) or an mlx module
+    (its parameters under their mlx names, which are the Hugging Face names for llama/qwen2).
+    """
+    if isinstance(source, (str, os.PathLike)):
+        tensors: dict[str, mx.array] = {}
+        for file in weight_files(Path(source)):
+            tensors.update(mx.load(str(file)))
+    else:
+        from mlx.utils import tree_flatten
+
+        tensors = dict(tree_flatten(source.parameters()))
+    digest = hashlib.sha256()
+    for key in sorted(tensors):
+        value = tensors[key]
+        digest.update(key.encode())
+        digest.update(repr(tuple(value.shape)).encode())
+        digest.update(np.ascontiguousarray(np.array(value.astype(mx.float32)), dtype="<f4").tobytes())
+    return digest.hexdigest()

@@ -1,0 +1,161 @@
+"""Exact array primitives shared by the MLX drafters, tree builders and verifiers.
+
+Every choice among equal values goes to the lowest index, as in the NumPy reference, without
+relying on the stability of ``mx.argsort`` (MLX does not promise it): ties are broken
+explicitly with an index minimum or a composite integer key. Probabilities are float32.
+Shapes: ``...`` any leading axes, V the last (vocabulary) axis.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+
+from specdec.types import SamplingConfig
+
+NEG_INF = float("-inf")
+
+
+def first_argmax(x: mx.array) -> mx.array:
+    """Index of the largest entry along the last axis, the lowest one among equal maxima.
+
+    x (..., V) -> (...) int32.
+    """
+    size = x.shape[-1]
+    top = mx.max(x, axis=-1, keepdims=True)
+    return mx.min(mx.where(x == top, mx.arange(size), size), axis=-1).astype(mx.int32)
+
+
+def top_indices(x: mx.array, count: int) -> mx.array:
+    """The ``count`` largest entries' indices, best first, equal values in ascending index order.
+
+    x (..., V) -> (..., count) int32. One masked maximum per pick (count passes over V),
+    the same order as ``np.argsort(-x, kind="stable")[..., :count]``.
+    """
+    size = x.shape[-1]
+    ids = mx.arange(size)
+    taken = mx.zeros(x.shape, dtype=mx.bool_)
+    picks = []
+    for _ in range(count):
+        best = mx.max(mx.where(taken, NEG_INF, x), axis=-1, keepdims=True)
+        candidate = (x == best) & ~taken
+        pick = mx.min(mx.where(candidate, ids, size), axis=-1, keepdims=True)  # (..., 1)
+        picks.append(pick)
+        taken = taken | (ids == pick)
+    return mx.concatenate(picks, axis=-1).astype(mx.int32)
+
+
+def top_k_mask(x: mx.array, k: int) -> mx.array:
+    """True for exactly the ``k`` best entries (ties at the k-th value go to the lower indices).
+
+    x (..., V) -> (..., V) bool, the set ``rank < k`` of a stable descending sort.
+    """
+    kth = mx.min(mx.topk(x, k, axis=-1), axis=-1, keepdims=True)  # the k-th largest value
+    above = x > kth
+    tied = x == kth
+    room = k - mx.sum(above, axis=-1, keepdims=True)
+    return above | (tied & (mx.cumsum(tied.astype(mx.int32), axis=-1) <= room))
+
+
+def stable_descending_order(x: mx.array) -> mx.array:
+    """``np.argsort(-x, kind="stable")`` for float x (..., V) -> (..., V) int32.
+
+    The float32 bits are mapped to integers of the same order (negative floats flipped), then
+    combined with the index into one distinct int64 key, so any correct sort gives this order.
+    """
+    size = x.shape[-1]
+    bits = mx.view(x.astype(mx.float32) + 0.0, mx.int32)  # + 0.0 turns -0.0 into +0.0
+    ordered = mx.where(bits < 0, bits ^ 0x7FFFFFFF, bits).astype(mx.int64)  # monotone in x
+    key = -ordered * size + mx.arange(size).astype(mx.int64)
+    return mx.argsort(key, axis=-1).astype(mx.int32)
+
+
+def softmax(logits: mx.array) -> mx.array:
+    """Softmax over the last axis in float32 (rows of all -inf but one are fine)."""
+    return mx.softmax(logits.astype(mx.float32), axis=-1, precise=True)
+
+
+def log_softmax(logits: mx.array) -> mx.array:
+    """log of ``softmax`` over the last axis, float32; -inf stays -inf."""
+    z = logits.astype(mx.float32)
+    return z - mx.logsumexp(z, axis=-1, keepdims=True)
+
+
+def one_hot(tokens: mx.array, size: int) -> mx.array:
+    """tokens (...) int -> (..., size) float32 with a 1 at each token."""
+    return (tokens[..., None] == mx.arange(size)).astype(mx.float32)
+
+
+def target_probs(logits: mx.array, sampling: SamplingConfig) -> mx.array:
+    """``specdec.reference.sampling.target_probs`` in MLX: logits (..., V) -> probs (..., V) float32.
+
+    Temperature, then the top-k logits, softmax, then the smallest prefix (stable descending
+    order of the tempered logits) whose mass reaches top-p. Temperature 0 is one-hot on the
+    argmax, ties to the lowest id.
+    """
+    logits = logits.astype(mx.float32)
+    vocab = logits.shape[-1]
+    if sampling.greedy:
+        return one_hot(first_argmax(logits), vocab)
+    z = logits / sampling.temperature
+    if sampling.top_k is not None and sampling.top_k < vocab:
+        z_kept = mx.where(top_k_mask(z, sampling.top_k), z, NEG_INF)
+    else:
+        z_kept = z
+    probs = softmax(z_kept)
+    if sampling.top_p is not None and sampling.top_p < 1.0:
+        order = stable_descending_order(z)  # (..., V) best first
+        sorted_probs = mx.take_along_axis(probs, order, axis=-1)
+        mass_before = mx.cumsum(sorted_probs, axis=-1) - sorted_probs  # mass of strictly better tokens
+        keep_sorted = mass_before < sampling.top_p  # always keeps rank 0
+        keep = mx.put_along_axis(mx.zeros(probs.shape, dtype=mx.bool_), order, keep_sorted, axis=-1)
+        probs = mx.where(keep, probs, 0.0)
+        probs = probs / mx.sum(probs, axis=-1, keepdims=True)
+    return probs
+
+
+def sample_from(probs: mx.array, uniforms: mx.array) -> mx.array:
+    """Inverse-CDF sampling as ``specdec.reference.sampling.sample_from``.
+
+    probs (..., V) non-negative (need not be normalised); uniforms (...) in [0, 1).
+    Returns int32 (...): the number of cdf entries <= u * total, never a token of mass 0.
+    """
+    probs = probs.astype(mx.float32)
+    cdf = mx.cumsum(probs, axis=-1)
+    threshold = uniforms.astype(mx.float32)[..., None] * cdf[..., -1:]
+    token = mx.sum(cdf <= threshold, axis=-1)
+    last_nonzero = mx.max(mx.where(probs > 0, mx.arange(probs.shape[-1]), 0), axis=-1)
+    return mx.minimum(token, last_nonzero).astype(mx.int32)
+
+
+def categorical(probs: mx.array, uniforms: mx.array | None) -> mx.array:
+    """A token per row of probs (..., V): ``sample_from`` with uniforms (...), or the argmax
+    (lowest id on ties) when uniforms is None (greedy decoding)."""
+    return first_argmax(probs) if uniforms is None else sample_from(probs, uniforms)
+
+
+def coin(probability: mx.array, uniforms: mx.array | None) -> mx.array:
+    """True with ``probability`` (...): ``u < probability``; greedy (None): probability >= 1."""
+    return probability >= 1.0 if uniforms is None else uniforms.astype(mx.float32) < probability
+
+
+def acceptance_probability(residual_probs: mx.array, draft_probs: mx.array, tokens: mx.array) -> mx.array:
+    """min(1, residual_probs[x] / draft_probs[x]) per row; 1 if the drafter gave x no mass but
+    the residual does, 0 if neither. residual_probs, draft_probs (..., V); tokens (...) -> (...)."""
+    numerator = mx.take_along_axis(residual_probs, tokens[..., None], axis=-1)[..., 0]
+    denominator = mx.take_along_axis(draft_probs, tokens[..., None], axis=-1)[..., 0]
+    ratio = mx.minimum(1.0, numerator / mx.where(denominator > 0, denominator, 1.0))
+    return mx.where(denominator > 0, ratio, mx.where(numerator > 0, 1.0, 0.0))
+
+
+def subtract_draft(residual_probs: mx.array, draft_probs: mx.array) -> mx.array:
+    """normalize(max(residual_probs - draft_probs, 0)) over the last axis; the residual itself
+    where nothing is left. Both (..., V)."""
+    leftover = mx.maximum(residual_probs - draft_probs, 0.0)
+    mass = mx.sum(leftover, axis=-1, keepdims=True)
+    return mx.where(mass > 0, leftover / mx.where(mass > 0, mass, 1.0), residual_probs)
+
+
+def entropy(probs: mx.array) -> mx.array:
+    """Shannon entropy in nats over the last axis, 0 log 0 = 0. (..., V) -> (...)."""
+    safe = mx.where(probs > 0, probs, 1.0)
+    return -mx.sum(mx.where(probs > 0, probs * mx.log(safe), 0.0), axis=-1)

@@ -1,0 +1,245 @@
+"""``MlxTarget``: an mlx-lm Llama-family model run as a ``specdec`` target with tree attention.
+
+The mlx-lm module supplies the weights and the pieces that carry them (embedding, per-layer
+q/k/v/o projections with their biases, RMSNorms, the MLP, the final norm, the LM head or the
+tied embedding's ``as_linear``); quantized mlx-lm layers work unchanged. Attention, rotary
+embeddings and the KV cache are this module's own, because a tree needs per-node positions
+(``length[b] + depth[b, i]``) and a per-row ancestor mask, which mlx-lm's cache and rope
+modules (one offset per row) do not express. The math is that of ``specdec.reference.model``
+(Hugging Face "rotate_half" rotary with the reference's frequencies, grouped-query attention).
+
+Everything is lazy; the decode loop's ``to_numpy`` evaluates a step at once (see ``MlxBackend``).
+Shapes: B batch, n new tokens, N tree nodes, S attended slots, H hidden, Dh head size, V vocab.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+import mlx.core as mx
+import numpy as np
+
+from specdec.errors import InvalidInputError
+from specdec.reference.loading import LlamaConfig
+from specdec.reference.model import rotary_inverse_frequencies
+from specdec.types import DraftTree, TargetOutput, Verdict
+from specdec_mlx.backend import to_mx
+from specdec_mlx.kvcache import MlxKVCache
+
+PREFILL_CHUNK = 128  # prompt tokens per forward during prefill (bounds the attention matrix)
+
+
+def rotate(x: mx.array, positions: mx.array, periods: mx.array) -> mx.array:
+    """Rotary embedding ("rotate_half" pairs (x[i], x[i + Dh/2])) at arbitrary per-token positions.
+
+    x (B, n, heads * Dh) as projected; positions (B, n) int; periods (Dh/2,) float32, the
+    reciprocal rotation speeds. ``mx.fast.rope`` takes one offset per batch entry, so every
+    token becomes its own batch entry of length 1. Returns (B, heads, n, Dh).
+    """
+    batch, n, _ = x.shape
+    head_dim = 2 * periods.shape[0]
+    tokens = x.reshape(batch * n, -1, 1, head_dim)  # (B*n, heads, 1, Dh)
+    rotated = mx.fast.rope(tokens, head_dim, traditional=False, base=None, scale=1.0,
+                           offset=positions.reshape(-1), freqs=periods)
+    return rotated.reshape(batch, n, -1, head_dim).transpose(0, 2, 1, 3)
+
+
+def _dequantized(module) -> mx.array:
+    """The (out, in) weight of an mlx Linear or Embedding, dequantized when it is quantized."""
+    if hasattr(module, "scales"):
+        return mx.dequantize(module.weight, module.scales, module.get("biases"), module.group_size, module.bits,
+                             mode=getattr(module, "mode", "affine"))
+    return module.weight
+
+
+class MlxTarget:
+    """Satisfies ``specdec.protocols.TargetModel`` for an mlx-lm llama / qwen2 / mistral model.
+
+    model: the mlx-lm ``Model`` (``.model.embed_tokens``, ``.model.layers``, ``.model.norm``,
+    optional ``.lm_head``); config: its ``LlamaConfig``. Attributes ``vocab_size``,
+    ``hidden_size``, ``eos_token_ids``, ``tokenizer`` (a ``tokenizers.Tokenizer`` or None),
+    ``name``, ``dtype``; ``embed_tokens`` and ``lm_head`` (V, H) MLX arrays; ``fingerprint``
+    (as the reference computes it, from ``fingerprint_source``: the model folder, else the
+    module's own parameters).
+    """
+
+    def __init__(self, model, *, config: LlamaConfig, dtype, tokenizer: Any = None, name: str = "mlx-model",
+                 fingerprint_source: Any = None):
+        self.model = model
+        self.config = config
+        self.dtype = dtype
+        self.tokenizer = tokenizer
+        self.name = name
+        self.vocab_size = config.vocab_size
+        self.hidden_size = config.hidden_size
+        self.eos_token_ids = tuple(config.eos_token_ids)
+        self._fingerprint_source = fingerprint_source
+        self._fingerprint: str | None = None
+        inner = model.model
+        self._embedding, self._layers, self._final_norm = inner.embed_tokens, inner.layers, inner.norm
+        self._lm_head_module = getattr(model, "lm_head", None)
+        self.embed_tokens = _dequantized(self._embedding)  # (V, H)
+        self.lm_head = self.embed_tokens if self._lm_head_module is None else _dequantized(self._lm_head_module)
+        self._periods = mx.array((1.0 / rotary_inverse_frequencies(config)).astype(np.float32))  # (Dh/2,)
+        self._scale = 1.0 / math.sqrt(config.head_dim)
+        self.cache = MlxKVCache(num_layers=config.num_hidden_layers, num_kv_heads=config.num_key_value_heads,
+                                head_dim=config.head_dim, dtype=dtype)
+        self._staged_size: int | None = None
+        self._pending = False  # the cache changed since the last evaluation point
+        self._pending_extra: list[mx.array] = []
+
+    # ------------------------------------------------------------------ attributes
+
+    @property
+    def fingerprint(self) -> str:
+        """Hex sha256 over sorted tensor names, shapes and float32 bytes (as the reference)."""
+        if self._fingerprint is None:
+            from specdec_mlx.loading import fingerprint_of
+
+            self._fingerprint = fingerprint_of(self._fingerprint_source if self._fingerprint_source else self.model)
+        return self._fingerprint
+
+    @property
+    def cache_lengths(self) -> np.ndarray:
+        """(B,) int64: committed positions per row (reads the device)."""
+        return self.cache.host_lengths()
+
+    def take_pending(self) -> list[mx.array]:
+        """Arrays changed since the last evaluation point (the backend evaluates them with the step)."""
+        if not self._pending:
+            return []
+        self._pending = False
+        extra, self._pending_extra = self._pending_extra, []
+        return self.cache.arrays() + extra
+
+    # ------------------------------------------------------------------ the forward
+
+    def _logits(self, hidden: mx.array) -> mx.array:
+        if self._lm_head_module is None:
+            return self._embedding.as_linear(hidden)
+        return self._lm_head_module(hidden)
+
+    def _run(self, tokens: mx.array, positions: mx.array, mask: mx.array, store) -> mx.array:
+        """The decoder over new tokens (B, n) at positions (B, n); mask (B, 1, n, S) bool over
+        the attended slots; ``store(layer, keys, values)`` writes the new entries (B, Hkv, n, Dh)
+        and returns the (B, Hkv, S, Dh) keys and values to attend to. Returns hidden (B, n, H)
+        after the final norm."""
+        cfg = self.config
+        batch, n = tokens.shape
+        x = self._embedding(tokens)  # (B, n, H)
+        for index, layer in enumerate(self._layers):
+            # Attention block: pre-norm, projections, rotary, masked attention, residual.
+            attention = layer.self_attn
+            h = layer.input_layernorm(x)
+            q = rotate(attention.q_proj(h), positions, self._periods)  # (B, Hq, n, Dh)
+            k = rotate(attention.k_proj(h), positions, self._periods)  # (B, Hkv, n, Dh)
+            v = attention.v_proj(h).reshape(batch, n, cfg.num_key_value_heads, cfg.head_dim).transpose(0, 2, 1, 3)
+            keys, values = store(index, k, v)
+            out = mx.fast.scaled_dot_product_attention(q, keys, values, scale=self._scale, mask=mask)
+            x = x + attention.o_proj(out.transpose(0, 2, 1, 3).reshape(batch, n, -1))
+            # MLP block: pre-norm, SwiGLU, residual.
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        return self._final_norm(x)
+
+    def _window(self, allowed: mx.array, query_positions: mx.array, key_positions: mx.array) -> mx.array:
+        """Apply the sliding window: a query sees keys at positions > its position - window."""
+        if self.config.sliding_window is None:
+            return allowed
+        return allowed & (key_positions > query_positions[..., None] - self.config.sliding_window)
+
+    # ------------------------------------------------------------------ the protocol
+
+    def prefill(self, prompts: Sequence[Sequence[int]]) -> TargetOutput:
+        """Start a new cache with these prompts (ragged lengths, one batched forward per chunk of
+        PREFILL_CHUNK positions); logits (B, 1, V) and hidden (B, 1, H) at each prompt's end."""
+        prompts = [np.asarray(prompt, dtype=np.int64) for prompt in prompts]
+        if not prompts:
+            raise InvalidInputError("prefill needs at least one prompt")
+        for b, prompt in enumerate(prompts):
+            if prompt.ndim != 1 or prompt.size == 0:
+                raise InvalidInputError(f"prompt {b} must be a non-empty sequence of token ids, got shape {prompt.shape}")
+            if prompt.min() < 0 or prompt.max() >= self.vocab_size:
+                raise InvalidInputError(f"prompt {b} holds token ids outside [0, {self.vocab_size}): "
+                                        f"{prompt.min()}..{prompt.max()}")
+        lengths_host = np.array([p.size for p in prompts])
+        longest = int(lengths_host.max())
+        padded = np.zeros((len(prompts), longest), dtype=np.int32)
+        for b, prompt in enumerate(prompts):
+            padded[b, : prompt.size] = prompt
+        self.cache.reset(len(prompts), longest + 64)
+        self._staged_size = None
+        lengths = mx.array(lengths_host.astype(np.int32))
+        hidden_chunks = []
+        for start in range(0, longest, PREFILL_CHUNK):
+            n = min(PREFILL_CHUNK, longest - start)
+            positions = mx.broadcast_to(mx.arange(start, start + n)[None], (len(prompts), n))
+            slots = mx.arange(start + n)[None, None, :]  # (1, 1, S): slot = position
+            allowed = (slots <= positions[..., None]) & (slots < lengths[:, None, None])  # (B, n, S)
+            allowed = self._window(allowed, positions, slots)
+
+            def store(layer, k, v, start=start, span=start + n):
+                self.cache.write_block(layer, start, k, v)
+                return self.cache.view(layer, span)
+
+            hidden_chunks.append(self._run(mx.array(padded[:, start : start + n]), positions, allowed[:, None], store))
+        hidden = mx.concatenate(hidden_chunks, axis=1)  # (B, P, H)
+        last = mx.take_along_axis(hidden, (lengths - 1)[:, None, None], axis=1)  # (B, 1, H)
+        self.cache.lengths = lengths
+        self._pending = True
+        return TargetOutput(logits=self._logits(last), hidden=last)
+
+    def forward_tree(self, tree: DraftTree) -> TargetOutput:
+        """Logits (B, N, V) and hidden (B, N, H) of every node; node i of row b sits at position
+        ``length[b] + depth[b, i]``, attends to the row's committed slots and to the nodes j with
+        ``ancestor_mask[b, i, j]``, and its keys and values are written at slot ``length[b] + i``."""
+        batch = self.cache.batch_size
+        if batch == 0:
+            raise InvalidInputError("forward_tree needs a cache: call prefill(prompts) first")
+        if tree.batch_size != batch:
+            raise InvalidInputError(f"tree has {tree.batch_size} rows but the cache holds {batch}; "
+                                    "prefill the same batch the tree was built for")
+        tokens, depth = to_mx(tree.tokens).astype(mx.int32), to_mx(tree.depth).astype(mx.int32)
+        ancestor_mask = to_mx(tree.ancestor_mask).astype(mx.bool_)
+        size = tree.size
+        span = int(self.cache.host_lengths().max()) + size
+        self.cache.reserve(span)
+        lengths = self.cache.lengths
+        positions = lengths[:, None] + depth  # (B, N)
+        slots = lengths[:, None] + mx.arange(size)[None, :]  # (B, N)
+        relative = mx.arange(span)[None, None, :] - lengths[:, None, None]  # (B, 1, S): node index of a slot
+        node = mx.clip(relative, 0, size - 1)
+        in_tree = (relative >= 0) & (relative < size)
+        sees_node = mx.take_along_axis(ancestor_mask, mx.broadcast_to(node, (batch, size, span)), axis=2)
+        allowed = (relative < 0) | (in_tree & sees_node)  # (B, N, S)
+        if self.config.sliding_window is not None:
+            key_positions = mx.where(relative < 0, mx.arange(span)[None, None, :],
+                                     lengths[:, None, None] + mx.take_along_axis(depth[:, None, :], node, axis=2))
+            allowed = self._window(allowed, positions, key_positions)
+
+        def store(layer, k, v):
+            self.cache.write_slots(layer, slots, k, v)
+            return self.cache.view(layer, span)
+
+        hidden = self._run(tokens, positions, allowed[:, None], store)
+        self._staged_size = size
+        return TargetOutput(logits=self._logits(hidden), hidden=hidden)
+
+    def commit(self, tree: DraftTree, verdict: Verdict) -> None:
+        """Keep the entries of ``verdict.path[b, :num_accepted[b] + 1]`` (root first) behind each
+        row's committed ones; the rest of the tree is dropped (its slots become scratch)."""
+        if self._staged_size is None:
+            raise InvalidInputError("commit(tree, verdict) needs a preceding forward_tree(tree); no tree is staged")
+        if tree.size != self._staged_size:
+            raise InvalidInputError(f"commit got a tree of {tree.size} nodes, the last forward_tree ran "
+                                    f"{self._staged_size}; pass the tree that was run")
+        path = to_mx(verdict.path).astype(mx.int32)
+        if path.ndim != 2 or path.shape[0] != self.cache.batch_size or path.shape[1] > tree.size:
+            raise InvalidInputError(f"verdict.path must be (B, D+1) with B = {self.cache.batch_size} and "
+                                    f"D+1 <= {tree.size}, got {tuple(path.shape)}")
+        self.cache.commit_path(path, to_mx(verdict.num_accepted).astype(mx.int32))
+        self._staged_size = None
+        self._pending = True
+        # The loop reads these right after commit: evaluate them with the cache, in one go.
+        self._pending_extra = [a for a in (verdict.path, verdict.num_accepted, verdict.bonus_tokens, tree.tokens,
+                                           tree.num_nodes) if isinstance(a, mx.array)]
