@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Set up and run the test suite. SPECDEC_TEST_BACKENDS selects the backends under test (default: numpy).
+# Set up and run the test suite. SPECDEC_TEST_BACKENDS selects the backends that must be tested (default:
+# numpy; the torch and mlx tests also run whenever their framework is installed, which this script does).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh dev,torch,bench
+bash scripts/setup.sh dev,torch,bench,mlx
 .venv/bin/python -m pytest -q "$@"

@@ -150,6 +150,36 @@ def cmd_plugins(args) -> int:
     return 0
 
 
+def cmd_train(args) -> int:
+    """Distil a drafter for a model (``specdec.training``); prints held-out tokens per step."""
+    from specdec.errors import InvalidInputError, require
+
+    if args.backend != "torch":
+        raise InvalidInputError(f"training runs on the torch backend only, got --backend {args.backend!r}")
+    if args.steps is None and args.minutes is None:
+        raise InvalidInputError("give a training budget: --minutes N or --steps N")
+    require("torch", extra="train", feature="specdec train")
+    require("transformers", extra="train", feature="specdec train")
+    options = dict(steps=args.steps, minutes=args.minutes, prompts=args.prompts, heldout_prompts=args.heldout_prompts,
+                   max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, lr=args.lr, seed=args.seed,
+                   resume=args.resume, threads=args.threads, save_dtype=args.save_dtype, bf16=args.bf16,
+                   progress=not args.quiet)
+    if args.drafter == "redrafter":
+        from specdec_redrafter.train import train_redrafter
+
+        report = train_redrafter(args.model, args.out, beam_width=args.beam_width, beam_length=args.beam_length,
+                                 **options)
+    else:
+        from specdec_medusa.train import train_medusa
+
+        report = train_medusa(args.model, args.out, **options)
+    for row in report["history"]:
+        print(f"step {row['step']:>6}  {row['minutes']:7.2f} min  loss {row['loss']:.3f}  held-out "
+              f"{row['tokens_per_step']:.2f} tokens/step (bonus token counted)")
+    print(f"saved {args.drafter} drafter to {args.out}", file=sys.stderr)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="specdec", description="Speculative decoding with pluggable backends.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -193,6 +223,27 @@ def build_parser() -> argparse.ArgumentParser:
     planner.add_argument("--max-new-tokens", type=int, default=64)
     planner.add_argument("--measure-top", type=int, default=3, help="run the best N for real and compare")
     planner.set_defaults(func=cmd_plan)
+    train = sub.add_parser("train", help="distil a ReDrafter or Medusa drafter from a model (needs specdec[train])")
+    train.add_argument("drafter", choices=("redrafter", "medusa"))
+    train.add_argument("--model", required=True, help="a bundled name (smollm2-135m) or a model folder")
+    train.add_argument("--backend", default="torch", help="torch (the only training backend)")
+    train.add_argument("--out", required=True, help="checkpoint folder (config.json, model.safetensors, state)")
+    train.add_argument("--minutes", type=float, default=None, help="training-time budget")
+    train.add_argument("--steps", type=int, default=None, help="optimiser-step budget")
+    train.add_argument("--beam-width", type=int, default=4)
+    train.add_argument("--beam-length", type=int, default=5, help="ReDrafter beam length, root included")
+    train.add_argument("--resume", action="store_true", help="continue from --out/trainer_state.pt")
+    train.add_argument("--prompts", type=int, default=512, help="training prompts for the teacher data")
+    train.add_argument("--heldout-prompts", type=int, default=64)
+    train.add_argument("--max-new-tokens", type=int, default=128, help="teacher continuation length")
+    train.add_argument("--batch-size", type=int, default=64, help="positions per optimiser step")
+    train.add_argument("--lr", type=float, default=1e-3)
+    train.add_argument("--seed", type=int, default=0)
+    train.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    train.add_argument("--save-dtype", default="float32", choices=("float32", "float16"))
+    train.add_argument("--bf16", action="store_true", help="bfloat16 autocast for the drafter")
+    train.add_argument("--quiet", action="store_true", help="no progress bars")
+    train.set_defaults(func=cmd_train)
     plugins = sub.add_parser("plugins", help="list installed backends, drafters, tree builders and verifiers")
     plugins.add_argument("--json", action="store_true")
     plugins.set_defaults(func=cmd_plugins)
