@@ -2,10 +2,62 @@
 
 from __future__ import annotations
 
+import json
 from importlib import resources
-from typing import Any
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
 
 from specdec.errors import IncompatibleDrafterError, InvalidInputError
+
+
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+
+
+def save_checkpoint(path, config: dict, weights: Mapping[str, np.ndarray], *, dtype=np.float32) -> Path:
+    """Write ``config.json`` and ``model.safetensors`` (``dtype``: float32, or float16 to ship small)."""
+    from safetensors.numpy import save_file
+
+    folder = Path(path)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
+    arrays = {name: np.ascontiguousarray(array, dtype=dtype) for name, array in weights.items()}
+    save_file(arrays, str(folder / WEIGHTS_FILE), metadata={"format": "np", "model_type": str(config.get("model_type"))})
+    return folder
+
+
+def read_checkpoint(path, *, label: str) -> tuple[dict, dict[str, np.ndarray]]:
+    """The config dict and float64 weights of a checkpoint folder; a clear error if files are missing."""
+    from safetensors.numpy import load_file
+
+    folder = Path(path)
+    for name in (CONFIG_FILE, WEIGHTS_FILE):
+        if not (folder / name).is_file():
+            raise InvalidInputError(
+                f"{folder} is not a {label} checkpoint: {name} is missing (expected {CONFIG_FILE} and {WEIGHTS_FILE})"
+            )
+    config = json.loads((folder / CONFIG_FILE).read_text())
+    weights = {name: array.astype(np.float64) for name, array in load_file(str(folder / WEIGHTS_FILE)).items()}
+    return config, weights
+
+
+def read_target_config(model_path, *, label: str) -> tuple[dict, dict]:
+    """The ``config.json`` of a target folder and the ``target`` record a drafter trained for it
+    stores (name, vocab_size, hidden_size)."""
+    folder = Path(model_path)
+    config_file = folder / CONFIG_FILE
+    if not config_file.is_file():
+        raise InvalidInputError(f"{folder} has no {CONFIG_FILE}; pass the folder of a Hugging Face-format target model")
+    config = json.loads(config_file.read_text())
+    missing = [key for key in ("hidden_size", "vocab_size") if key not in config]
+    if missing:
+        raise InvalidInputError(f"{config_file} lacks {missing}; a {label} drafter needs the target's hidden and "
+                                "vocabulary sizes")
+    record = {"name": folder.resolve().name, "vocab_size": int(config["vocab_size"]),
+              "hidden_size": int(config["hidden_size"])}
+    return config, record
 
 
 def require_checkpoint(name: str, checkpoint, target, *, package: str):

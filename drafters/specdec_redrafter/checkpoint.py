@@ -7,13 +7,13 @@ Also random (untrained) drafters for a target folder, scaled so their logits are
 
 from __future__ import annotations
 
-import json
-import struct
 from pathlib import Path
 from typing import Any, Mapping
 
 import numpy as np
-from safetensors.numpy import load_file, save_file
+
+from specdec.checkpoints import read_checkpoint, read_target_config, save_checkpoint
+from specdec.reference.loading import load_tensors
 
 from specdec_redrafter.config import MODEL_TYPE, RedrafterConfig, check_weights
 from specdec_redrafter.reference import drafter_features, rnn_step
@@ -25,31 +25,17 @@ __all__ = [
     "save_redrafter",
 ]
 
-CONFIG_FILE = "config.json"
-WEIGHTS_FILE = "model.safetensors"
-
-
-def save_redrafter(path: str | Path, config: RedrafterConfig, weights: Mapping[str, np.ndarray]) -> Path:
-    """Write ``config.json`` and ``model.safetensors`` (float32) into folder ``path``; return it."""
+def save_redrafter(path: str | Path, config: RedrafterConfig, weights: Mapping[str, np.ndarray], *,
+                   dtype=np.float32) -> Path:
+    """Write ``config.json`` and ``model.safetensors`` (float32, or float16 to ship) into ``path``; return it."""
     check_weights(config, weights)
-    folder = Path(path)
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / CONFIG_FILE).write_text(json.dumps(config.to_dict(), indent=2) + "\n")
-    arrays = {name: np.ascontiguousarray(array, dtype=np.float32) for name, array in weights.items()}
-    save_file(arrays, str(folder / WEIGHTS_FILE), metadata={"format": "np", "model_type": MODEL_TYPE})
-    return folder
+    return save_checkpoint(path, config.to_dict(), weights, dtype=dtype)
 
 
 def load_redrafter_checkpoint(path: str | Path) -> tuple[RedrafterConfig, dict[str, np.ndarray]]:
     """Read a folder written by ``save_redrafter``. -> (config, weights as float64 arrays)."""
-    folder = Path(path)
-    for name in (CONFIG_FILE, WEIGHTS_FILE):
-        if not (folder / name).is_file():
-            raise ValueError(
-                f"{folder} is not a ReDrafter checkpoint: {name} is missing (expected {CONFIG_FILE} and {WEIGHTS_FILE})"
-            )
-    config = RedrafterConfig.from_dict(json.loads((folder / CONFIG_FILE).read_text()))
-    weights = {name: array.astype(np.float64) for name, array in load_file(str(folder / WEIGHTS_FILE)).items()}
+    config, weights = read_checkpoint(path, label="ReDrafter")
+    config = RedrafterConfig.from_dict(config)
     check_weights(config, weights)
     return config, weights
 
@@ -102,34 +88,10 @@ def random_redrafter_weights(
     return weights
 
 
-_SAFETENSORS_DTYPES = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "BF16": "<u2"}
-
-
-def _tensor_rms(file: Path, name: str, max_values: int = 1 << 20) -> float | None:
-    """RMS of (a prefix of) tensor ``name`` in a safetensors file, read without loading the file."""
-    with open(file, "rb") as handle:
-        (header_size,) = struct.unpack("<Q", handle.read(8))
-        header = json.loads(handle.read(header_size))
-        info = header.get(name)
-        if info is None or info.get("dtype") not in _SAFETENSORS_DTYPES:
-            return None
-        dtype = np.dtype(_SAFETENSORS_DTYPES[info["dtype"]])
-        start, end = info["data_offsets"]
-        count = min((end - start) // dtype.itemsize, max_values)
-        handle.seek(8 + header_size + start)
-        values = np.frombuffer(handle.read(count * dtype.itemsize), dtype=dtype)
-    if info["dtype"] == "BF16":  # bfloat16 is the upper half of a float32
-        values = (values.astype(np.uint32) << 16).view(np.float32)
-    values = values.astype(np.float64)
-    return float(np.sqrt(np.mean(values**2))) if values.size else None
-
-
-def _target_rms(folder: Path, names: tuple[str, ...]) -> float | None:
-    for file in sorted(folder.glob("*.safetensors")):
-        for name in names:
-            rms = _tensor_rms(file, name)
-            if rms:
-                return rms
+def _rms(tensors: dict, names: tuple[str, ...]) -> float | None:
+    for name in names:
+        if name in tensors:
+            return float(np.sqrt(np.mean(tensors[name] ** 2)))
     return None
 
 
@@ -142,26 +104,18 @@ def make_random_redrafter(path: str | Path, model_path: str | Path, *, seed: int
     ``numpy.random.default_rng(seed)``, scaled with the RMS of the target's embedding and LM
     head read from its safetensors files (else its ``initializer_range``, default 0.02).
     """
-    model_folder = Path(model_path)
-    config_file = model_folder / CONFIG_FILE
-    if not config_file.is_file():
-        raise ValueError(f"{model_folder} has no {CONFIG_FILE}; pass the folder of a Hugging Face-format target model")
-    target_config = json.loads(config_file.read_text())
-    missing = [key for key in ("hidden_size", "vocab_size") if key not in target_config]
-    if missing:
-        raise ValueError(f"{config_file} lacks {missing}; a ReDrafter needs the target's hidden and vocabulary sizes")
-    hidden_size, vocab_size = int(target_config["hidden_size"]), int(target_config["vocab_size"])
-    fields: dict[str, Any] = dict(
-        vocab_size=vocab_size,
-        hidden_size=hidden_size,
-        head="tied",
-        target={"name": model_folder.resolve().name, "vocab_size": vocab_size, "hidden_size": hidden_size},
-    )
+    target_config, record = read_target_config(model_path, label="ReDrafter")
+    fields: dict[str, Any] = dict(vocab_size=record["vocab_size"], hidden_size=record["hidden_size"], head="tied",
+                                  target=record)
     fields.update(config_overrides)
     config = RedrafterConfig(**fields)
     fallback = float(target_config.get("initializer_range", 0.02))
-    embed_rms = _target_rms(model_folder, ("model.embed_tokens.weight", "embed_tokens.weight")) or fallback
-    lm_head_rms = _target_rms(model_folder, ("lm_head.weight",)) or embed_rms
+    try:
+        tensors = load_tensors(Path(model_path))
+    except (OSError, ValueError):
+        tensors = {}
+    embed_rms = _rms(tensors, ("model.embed_tokens.weight", "embed_tokens.weight")) or fallback
+    lm_head_rms = _rms(tensors, ("lm_head.weight",)) or embed_rms
     weights = random_redrafter_weights(
         config, np.random.default_rng(seed), embed_rms=embed_rms, lm_head_rms=lm_head_rms
     )

@@ -6,7 +6,6 @@ import functools
 import itertools
 import json
 import math
-import struct
 
 import numpy as np
 import pytest
@@ -20,7 +19,6 @@ from specdec.protocols import Drafter
 from specdec.reference.sampling import sample_from, target_probs
 from specdec.types import DraftContext, SamplingConfig
 from specdec_redrafter.checkpoint import (
-    _tensor_rms,
     load_redrafter_checkpoint,
     make_random_redrafter,
     random_redrafter_weights,
@@ -328,11 +326,3 @@ def test_make_random_redrafter_has_decisive_logits(tmp_path):
     std = drafter_logits(config, drafter.weights, hidden, state, lm_head=drafter.lm_head).std(axis=-1).mean()
     assert 2.0 <= std <= 5.0, f"make_random_redrafter logits std {std:.2f} outside [2, 5]"
 
-
-def test_tensor_rms_reads_bfloat16(tmp_path):
-    values = np.array([1.5, -2.0, 0.25, 3.0], dtype=np.float32)
-    data = (values.view(np.uint32) >> 16).astype("<u2").tobytes()  # exact: these values fit bfloat16
-    header = json.dumps({"w": {"dtype": "BF16", "shape": [4], "data_offsets": [0, len(data)]}}).encode()
-    (tmp_path / "m.safetensors").write_bytes(struct.pack("<Q", len(header)) + header + data)
-    assert _tensor_rms(tmp_path / "m.safetensors", "w") == pytest.approx(float(np.sqrt(np.mean(values.astype(float) ** 2))))
-    assert _tensor_rms(tmp_path / "m.safetensors", "absent") is None
