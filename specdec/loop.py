@@ -8,7 +8,7 @@ on the host in a fixed order, so every backend sees the same uniforms whatever t
 from __future__ import annotations
 
 import time
-from typing import Any, Iterator, Sequence
+from typing import Iterator, Sequence
 
 import attrs
 import numpy as np

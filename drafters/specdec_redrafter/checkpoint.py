@@ -15,7 +15,7 @@ import numpy as np
 from specdec.checkpoints import read_checkpoint, read_target_config, save_checkpoint
 from specdec.reference.loading import load_tensors
 
-from specdec_redrafter.config import MODEL_TYPE, RedrafterConfig, check_weights
+from specdec_redrafter.config import RedrafterConfig, check_weights
 from specdec_redrafter.reference import drafter_features, rnn_step
 
 __all__ = [

@@ -95,7 +95,6 @@ def run_bench(
     import specdec
     from specdec.bench.peers import peer_runner
     from specdec.generate import encode_prompts
-    from specdec.chat import load_chat_template
 
     records: list[BenchRecord] = []
     grid = list(grid)
