@@ -1,0 +1,166 @@
+"""Load a ``TorchTarget`` from a local Hugging Face-format folder or a ``transformers`` model object.
+
+Folders go through ``AutoModelForCausalLM.from_pretrained``; the architecture (heads, rope
+scaling, sliding window, eos ids) is parsed by the reference's ``LlamaConfig`` so both backends
+read a config the same way. The fingerprint is the reference's: sha256 over the sorted names
+of the stored tensors, their shapes and their float32 bytes, read from the folder's files
+(from the module's state dict, tied LM head left out, for a model object).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any, Iterable
+
+import torch
+
+from specdec.errors import InvalidInputError
+from specdec.reference.loading import SUPPORTED_MODEL_TYPES, LlamaConfig, load_tokenizer
+from specdec_torch.model import TorchTarget
+
+__all__ = ["DTYPES", "default_device", "load_torch_target", "resolve_dtype", "tensor_fingerprint"]
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
+
+
+def default_device() -> torch.device:
+    """cuda when available, else mps when available, else cpu."""
+    if torch.cuda.is_available():
+        return torch.device("cuda")
+    mps = getattr(torch.backends, "mps", None)
+    if mps is not None and mps.is_available():
+        return torch.device("mps")
+    return torch.device("cpu")
+
+
+def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
+    """A dtype name (or torch dtype) -> torch dtype; None: float32 on cpu, bfloat16 on cuda, float16 on mps."""
+    if dtype is None:
+        return {"cuda": torch.bfloat16, "mps": torch.float16}.get(device.type, torch.float32)
+    if isinstance(dtype, torch.dtype):
+        if dtype not in DTYPES.values():
+            raise InvalidInputError(f"dtype {dtype} is not supported by the torch backend; use one of {sorted(DTYPES)}")
+        return dtype
+    if dtype not in DTYPES:
+        raise InvalidInputError(f"unknown dtype {dtype!r} for the torch backend; use one of {sorted(DTYPES)}")
+    return DTYPES[dtype]
+
+
+def tensor_fingerprint(named_tensors: Iterable[tuple[str, Any]]) -> str:
+    """sha256 over (name, repr(shape), float32 little-endian bytes) in sorted name order."""
+    digest = hashlib.sha256()
+    for name, tensor in sorted(named_tensors, key=lambda item: item[0]):
+        digest.update(name.encode())
+        digest.update(repr(tuple(tensor.shape)).encode())
+        digest.update(tensor.detach().to(device="cpu", dtype=torch.float32).contiguous().numpy().astype("<f4").tobytes())
+    return digest.hexdigest()
+
+
+def _folder_tensors(folder: Path):
+    """(name, tensor) of every tensor stored in the folder's safetensors file(s)."""
+    from safetensors import safe_open
+
+    files = [folder / "model.safetensors"]
+    if not files[0].is_file():
+        index = json.loads((folder / "model.safetensors.index.json").read_text())
+        files = [folder / shard for shard in sorted(set(index.get("weight_map", {}).values()))]
+    for file in files:
+        with safe_open(str(file), framework="pt") as handle:
+            for name in handle.keys():
+                yield name, handle.get_tensor(name)
+
+
+def _module_tensors(model: Any, tied: bool):
+    """(name, tensor) of the module's state dict as ``save_pretrained`` would store it."""
+    for name, tensor in model.state_dict().items():
+        if tied and name == "lm_head.weight":
+            continue
+        yield name, tensor
+
+
+def _check_family(model: Any) -> None:
+    model_type = getattr(getattr(model, "config", None), "model_type", None)
+    if model_type not in SUPPORTED_MODEL_TYPES or not hasattr(model, "model") or not hasattr(model, "lm_head"):
+        raise InvalidInputError(
+            f"the torch backend runs Llama-family causal LMs ({', '.join(SUPPORTED_MODEL_TYPES)}); got "
+            f"{type(model).__name__} with model_type {model_type!r}"
+        )
+
+
+def _eos_ids(model: Any, config: LlamaConfig) -> tuple[int, ...]:
+    if config.eos_token_ids:
+        return config.eos_token_ids
+    generation = getattr(model, "generation_config", None)
+    eos = getattr(generation, "eos_token_id", None)
+    if eos is None:
+        return ()
+    return tuple(int(t) for t in (eos if isinstance(eos, (list, tuple)) else [eos]))
+
+
+def _from_folder(path: str | os.PathLike, dtype: torch.dtype, device: torch.device) -> TorchTarget:
+    from specdec.errors import require
+
+    transformers = require("transformers", extra="torch", feature="the torch backend's model loading")
+    folder = Path(path)
+    config = LlamaConfig.from_folder(folder)  # clear errors for missing folders and unsupported models
+    logging = transformers.utils.logging
+    bar_was_enabled = logging.is_progress_bar_enabled()
+    logging.disable_progress_bar()  # no progress output from a library call
+    try:
+        model = transformers.AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype)
+    finally:
+        if bar_was_enabled:
+            logging.enable_progress_bar()
+    model = model.to(device).eval()
+    return TorchTarget(
+        model, config=config, fingerprint_fn=lambda: tensor_fingerprint(_folder_tensors(folder)),
+        tokenizer=load_tokenizer(folder), name=folder.resolve().name, eos_token_ids=config.eos_token_ids,
+    )
+
+
+def _from_module(model: Any, dtype: torch.dtype | None, device: torch.device | None) -> TorchTarget:
+    """Wrap a ``transformers`` model object; given a dtype or device it is moved there (in place)."""
+    _check_family(model)
+    generation = getattr(model, "generation_config", None)
+    config = LlamaConfig.from_hf_dict(model.config.to_dict(), generation.to_dict() if generation is not None else None)
+    if dtype is not None or device is not None:
+        model.to(device=device, dtype=dtype)
+    model.eval()
+    tied = bool(config.tie_word_embeddings)
+    name = Path(str(getattr(model.config, "_name_or_path", "") or type(model).__name__)).name
+    return TorchTarget(
+        model, config=config, fingerprint_fn=lambda: tensor_fingerprint(_module_tensors(model, tied)),
+        name=name, eos_token_ids=_eos_ids(model, config),
+    )
+
+
+def load_torch_target(source: Any, *, dtype: str | torch.dtype | None = None, device: str | None = None) -> TorchTarget:
+    """A TorchTarget from a model folder, a ``transformers`` model object or a TorchTarget.
+
+    dtype: "float32" | "bfloat16" | "float16" | "float64" (None: float32 on cpu, bfloat16 on cuda,
+    float16 on mps; a model object keeps its own). device: "cpu", "cuda", "mps", ... (None: the
+    first available of cuda, mps, cpu; a model object stays where it is).
+    """
+    if isinstance(source, TorchTarget):
+        wanted_dtype = None if dtype is None else resolve_dtype(dtype, source.device)
+        wanted_device = None if device is None else torch.device(device)
+        other_device = wanted_device is not None and (
+            wanted_device.type != source.device.type or wanted_device.index not in (None, source.device.index))
+        if wanted_dtype not in (None, source.dtype) or other_device:
+            raise InvalidInputError(
+                f"this target is loaded as {source.dtype} on {source.device}; load it again for dtype={dtype!r}, "
+                f"device={device!r}"
+            )
+        return source
+    if isinstance(source, torch.nn.Module):
+        resolved_device = None if device is None else torch.device(device)
+        return _from_module(source, None if dtype is None else resolve_dtype(dtype, torch.device("cpu")), resolved_device)
+    if isinstance(source, (str, os.PathLike)):
+        resolved_device = torch.device(device) if device is not None else default_device()
+        return _from_folder(source, resolve_dtype(dtype, resolved_device), resolved_device)
+    raise InvalidInputError(
+        f"the torch backend loads a model folder, a transformers model or a TorchTarget; got {type(source).__name__}"
+    )

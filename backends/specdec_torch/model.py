@@ -1,0 +1,226 @@
+"""``TorchTarget``: a ``transformers`` Llama-family causal LM (llama, qwen2, mistral) as a
+``specdec.protocols.TargetModel``, with tree attention over its own KV cache.
+
+The Hugging Face module supplies the weights (embeddings, q/k/v/o projections with their
+biases, norms, MLP, final norm, LM head); the forward is ours: rotary embeddings at explicit
+positions, ``scaled_dot_product_attention`` with a 4D boolean mask over a preallocated cache
+(``specdec_torch.kvcache``), so no ``transformers`` cache class is involved. One code path for
+cpu, cuda and mps; every entry point runs under ``torch.inference_mode``.
+
+Shapes: B batch, N tree nodes, n new tokens, S key slots, V vocab, H hidden.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+
+from specdec.errors import InvalidInputError
+from specdec.types import DraftTree, TargetOutput, Verdict
+from specdec_torch.kvcache import TorchKVCache
+from specdec_torch.layers import apply_rotary, attend, inverse_frequencies, mlp, rms_norm, rotary_cos_sin
+
+__all__ = ["PREFILL_CHUNK", "TorchTarget", "tree_attention_mask"]
+
+PREFILL_CHUNK = 512  # prompt tokens per forward during prefill (bounds the attention matrix)
+
+
+def tree_attention_mask(lengths: torch.Tensor, ancestor_mask: torch.Tensor, size: int) -> torch.Tensor:
+    """Which key slots each tree node may attend to. lengths (B,), ancestor_mask (B, N, N) bool
+    -> (B, N, S) bool with S = ``size``: slot j is allowed for node i of row b iff
+    ``j < lengths[b]`` (committed) or ``j = lengths[b] + m`` with ``ancestor_mask[b, i, m]``."""
+    batch, nodes, _ = ancestor_mask.shape
+    slot = torch.arange(size, device=lengths.device)[None, :]  # (1, S)
+    committed = slot < lengths[:, None]  # (B, S)
+    relative = slot - lengths[:, None]  # (B, S): tree node stored at this slot
+    in_tree = (relative >= 0) & (relative < nodes)
+    index = relative.clamp(0, nodes - 1)[:, None, :].expand(batch, nodes, size)  # (B, N, S)
+    tree_part = torch.gather(ancestor_mask, 2, index) & in_tree[:, None, :]
+    return committed[:, None, :] | tree_part
+
+
+def _tree_key_positions(lengths: torch.Tensor, depth: torch.Tensor, size: int) -> torch.Tensor:
+    """Position of the entry in each key slot: committed slot j holds position j, tree slot
+    ``lengths[b] + m`` holds node m at ``lengths[b] + depth[b, m]``. -> (B, S) int64."""
+    slot = torch.arange(size, device=lengths.device)[None, :]  # (1, S)
+    node = (slot - lengths[:, None]).clamp(0, depth.shape[1] - 1)  # (B, S)
+    return torch.where(slot < lengths[:, None], slot, lengths[:, None] + torch.gather(depth, 1, node))
+
+
+class TorchTarget:
+    """A Llama-family ``transformers`` model with a tree-attention KV cache.
+
+    model: the ``*ForCausalLM`` module (already in its dtype and on its device); config: its
+    ``specdec.reference.loading.LlamaConfig``; fingerprint_fn: computes the weights' fingerprint
+    exactly as the reference does (called once, when a drafter checkpoint asks for it).
+    Attributes: ``embed_tokens`` and ``lm_head`` (V, H) tensors (the same tensor when tied),
+    ``vocab_size``, ``hidden_size``, ``eos_token_ids``, ``tokenizer`` (``tokenizers.Tokenizer``
+    or None), ``name``, ``dtype``, ``device``, ``cache_lengths`` (B,) on the host.
+    """
+
+    def __init__(self, model: Any, *, config, fingerprint_fn: Callable[[], str], tokenizer: Any = None,
+                 name: str = "torch", eos_token_ids: Sequence[int] = ()):
+        self.model = model
+        self.config = config
+        self.tokenizer = tokenizer
+        self.name = name
+        self.eos_token_ids = tuple(int(t) for t in eos_token_ids)
+        self._fingerprint_fn = fingerprint_fn
+        self._fingerprint: str | None = None
+        decoder = model.model
+        self.embed_tokens = decoder.embed_tokens.weight
+        self.lm_head = model.lm_head.weight
+        self.dtype = self.embed_tokens.dtype
+        self.device = self.embed_tokens.device
+        self.vocab_size = int(self.embed_tokens.shape[0])
+        self.hidden_size = int(self.embed_tokens.shape[1])
+        if (self.vocab_size, self.hidden_size) != (config.vocab_size, config.hidden_size):
+            raise InvalidInputError(
+                f"the model's embedding is {tuple(self.embed_tokens.shape)}, its config says "
+                f"(vocab_size, hidden_size) = {(config.vocab_size, config.hidden_size)}"
+            )
+        self._layers = list(decoder.layers)
+        self._final_norm = decoder.norm
+        self._inv_freq = inverse_frequencies(config, self.device)
+        self.cache = TorchKVCache(
+            num_layers=config.num_hidden_layers, num_kv_heads=config.num_key_value_heads,
+            head_dim=config.head_dim, dtype=self.dtype, device=self.device,
+        )
+
+    @property
+    def fingerprint(self) -> str:
+        """Hex sha256 over the sorted tensor names, their shapes and their float32 bytes (as the reference)."""
+        if self._fingerprint is None:
+            self._fingerprint = self._fingerprint_fn()
+        return self._fingerprint
+
+    @property
+    def cache_lengths(self) -> np.ndarray:
+        """(B,) int64: committed positions per row (host copy)."""
+        return self.cache.host_lengths.copy()
+
+    # ------------------------------------------------------------------------------------
+    # The forward pass
+
+    def _layer(self, index: int, x: torch.Tensor, cos, sin, slots, mask, key_size: int, uniform_start):
+        """One decoder layer on new tokens x (B, n, H); writes their keys and values at ``slots``."""
+        layer, cfg = self._layers[index], self.config
+        attention = layer.self_attn
+        batch, n, _ = x.shape
+        h = rms_norm(x, layer.input_layernorm.weight, cfg.rms_norm_eps)
+        q = attention.q_proj(h).view(batch, n, cfg.num_attention_heads, cfg.head_dim).transpose(1, 2)
+        k = attention.k_proj(h).view(batch, n, cfg.num_key_value_heads, cfg.head_dim).transpose(1, 2)
+        v = attention.v_proj(h).view(batch, n, cfg.num_key_value_heads, cfg.head_dim).transpose(1, 2)
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)  # (B, Hq|Hkv, n, Dh)
+        self.cache.write(index, slots, k, v, uniform_start)
+        keys, values = self.cache.view(index, key_size)
+        x = x + attention.o_proj(attend(q, keys, values, mask))
+        h = rms_norm(x, layer.post_attention_layernorm.weight, cfg.rms_norm_eps)
+        return x + mlp(h, layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj)
+
+    def _forward(self, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor,
+                 uniform_start: int | None) -> torch.Tensor:
+        """Hidden states (B, n, H) after the final norm of new tokens (B, n) at ``positions`` (B, n),
+        stored at cache ``slots`` (B, n); mask (B, n, S) bool over key slots 0 .. S-1."""
+        cos, sin = rotary_cos_sin(positions, self._inv_freq, self.dtype)
+        key_size = mask.shape[-1]
+        mask = mask[:, None]  # (B, 1, n, S), shared by the heads
+        x = torch.nn.functional.embedding(tokens, self.embed_tokens)
+        for index in range(len(self._layers)):
+            x = self._layer(index, x, cos, sin, slots, mask, key_size, uniform_start)
+        return rms_norm(x, self._final_norm.weight, self.config.rms_norm_eps)
+
+    def _sliding(self, mask: torch.Tensor, query_positions: torch.Tensor, key_positions: torch.Tensor) -> torch.Tensor:
+        """Apply the sliding window (mistral): a query sees keys at positions > its position - window."""
+        window = self.config.sliding_window
+        if window is None:
+            return mask
+        return mask & (key_positions[:, None, :] > query_positions[:, :, None] - window)
+
+    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.linear(hidden, self.lm_head)
+
+    # ------------------------------------------------------------------------------------
+    # TargetModel
+
+    @torch.inference_mode()
+    def prefill(self, prompts: Sequence[Sequence[int]]) -> TargetOutput:
+        """Start a new cache with these prompts (ragged lengths); logits (B, 1, V) and hidden
+        (B, 1, H) at each prompt's last token. Rows are right-padded; a padded position only
+        writes slots past its row's length, which no later query sees."""
+        prompts = [np.asarray(prompt, dtype=np.int64) for prompt in prompts]
+        if not prompts:
+            raise InvalidInputError("prefill needs at least one prompt")
+        for b, prompt in enumerate(prompts):
+            if prompt.ndim != 1 or prompt.size == 0:
+                raise InvalidInputError(f"prompt {b} must be a non-empty sequence of token ids, got shape {prompt.shape}")
+            if prompt.min() < 0 or prompt.max() >= self.vocab_size:
+                raise InvalidInputError(f"prompt {b} holds token ids outside [0, {self.vocab_size})")
+        lengths = np.array([p.size for p in prompts], dtype=np.int64)
+        longest = int(lengths.max())
+        padded = np.zeros((len(prompts), longest), dtype=np.int64)
+        for b, prompt in enumerate(prompts):
+            padded[b, : prompt.size] = prompt
+        self.cache.reset(np.zeros(len(prompts), dtype=np.int64), capacity=longest + 64)
+        tokens = torch.from_numpy(padded).to(self.device)
+        hidden = []
+        for start in range(0, longest, PREFILL_CHUNK):
+            end = min(start + PREFILL_CHUNK, longest)
+            positions = torch.arange(start, end, device=self.device).expand(len(prompts), -1)  # (B, n)
+            keys = torch.arange(end, device=self.device).expand(len(prompts), -1)  # (B, S)
+            mask = self._sliding(keys[:, None, :] <= positions[:, :, None], positions, keys)  # causal (B, n, S)
+            hidden.append(self._forward(tokens[:, start:end], positions, positions, mask, uniform_start=start))
+        hidden = torch.cat(hidden, dim=1)  # (B, P, H)
+        last = torch.from_numpy(lengths - 1).to(self.device)
+        hidden = hidden[torch.arange(len(prompts), device=self.device), last][:, None]  # (B, 1, H)
+        self.cache.lengths = torch.from_numpy(lengths.copy()).to(self.device)
+        self.cache.host_lengths = lengths
+        return TargetOutput(logits=self._logits(hidden), hidden=hidden)
+
+    @torch.inference_mode()
+    def forward_tree(self, tree: DraftTree) -> TargetOutput:
+        """Logits (B, N, V) and hidden (B, N, H) of every node; node i of row b sits at position
+        ``lengths[b] + depth[b, i]``, is stored at slot ``lengths[b] + i`` and attends to the
+        committed slots and to its ancestors' slots. The committed cache is unchanged until commit."""
+        cache = self.cache
+        if cache.batch_size == 0:
+            raise InvalidInputError("forward_tree needs a cache: call prefill(prompts) first")
+        if tree.batch_size != cache.batch_size:
+            raise InvalidInputError(f"tree has {tree.batch_size} rows but the cache holds {cache.batch_size}; "
+                                    "prefill the same batch the tree was built for")
+        nodes = tree.size
+        longest = int(cache.host_lengths.max())
+        cache.ensure_capacity(longest + nodes)
+        lengths = cache.lengths
+        uniform = int(cache.host_lengths.min()) == longest
+        slots = lengths[:, None] + torch.arange(nodes, device=self.device)  # (B, N)
+        positions = lengths[:, None] + tree.depth.to(self.device)  # (B, N)
+        mask = tree_attention_mask(lengths, tree.ancestor_mask.to(self.device), longest + nodes)  # (B, N, S)
+        if self.config.sliding_window is not None:
+            key_positions = _tree_key_positions(lengths, tree.depth.to(self.device), longest + nodes)
+            mask = self._sliding(mask, positions, key_positions)
+        hidden = self._forward(tree.tokens.to(self.device), positions, slots, mask, longest if uniform else None)
+        cache.staged_size = nodes
+        return TargetOutput(logits=self._logits(hidden), hidden=hidden)
+
+    @torch.inference_mode()
+    def commit(self, tree: DraftTree, verdict: Verdict) -> None:
+        """Append the keys and values of ``verdict.path[b, :num_accepted[b] + 1]`` (root first)
+        to each row's cache and drop the rest of the tree: one gather and one indexed write."""
+        cache = self.cache
+        if cache.staged_size == 0:
+            raise InvalidInputError("commit(tree, verdict) needs a preceding forward_tree(tree); no tree is staged")
+        if tree.size != cache.staged_size:
+            raise InvalidInputError(
+                f"commit got a tree of {tree.size} nodes, the last forward_tree ran {cache.staged_size}; "
+                "pass the tree that was run"
+            )
+        path, num_accepted = verdict.path.to(self.device), verdict.num_accepted.to(self.device)
+        if path.ndim != 2 or path.shape[0] != cache.batch_size or tuple(num_accepted.shape) != (cache.batch_size,):
+            raise InvalidInputError(
+                f"verdict.path must be (B, D+1) and num_accepted (B,) with B = {cache.batch_size}, got "
+                f"{tuple(path.shape)} and {tuple(num_accepted.shape)}"
+            )
+        cache.commit(path, num_accepted)
