@@ -2,92 +2,57 @@
 
 from __future__ import annotations
 
-from specdec.checkpoints import check_target, require_checkpoint
 from specdec.hookspecs import hookimpl
+from specdec.plugin_support import backend_class, load_trained
+
+DRAFTERS = {
+    "numpy": "specdec_medusa.reference:MedusaDrafter",
+    "torch": "specdec_medusa.torch:TorchMedusaDrafter",
+    "mlx": "specdec_medusa.mlx:MlxMedusaDrafter",
+}
+TREE_BUILDERS = {
+    "numpy": "specdec_medusa.tree:StaticTreeBuilder",
+    "torch": "specdec_medusa.torch:TorchStaticTreeBuilder",
+    "mlx": "specdec_medusa.mlx:MlxStaticTreeBuilder",
+}
 
 
-def _numpy_medusa(target, checkpoint=None, *, top_t=None, choices=None):
-    import attrs
-
-    from specdec_medusa.checkpoint import load_medusa_checkpoint
-    from specdec_medusa.reference import MedusaDrafter
-
-    checkpoint = require_checkpoint("medusa", checkpoint, target, package="specdec_medusa")
-    config, weights = load_medusa_checkpoint(checkpoint)
-    check_target(config, target, drafter="Medusa")
-    if choices is not None:
-        config = attrs.evolve(config, choices=choices)
-    return MedusaDrafter(config, weights, lm_head=target.lm_head, top_t=top_t)
+def _placement(backend: str, target) -> dict:
+    """Where the heads compute: the target's dtype (and device on torch)."""
+    if backend == "torch":
+        return dict(dtype=target.dtype, device=target.device)
+    return dict(dtype=target.dtype) if backend == "mlx" else {}
 
 
-def _torch_medusa(target, checkpoint=None, *, top_t=None, choices=None):
-    import attrs
+def _drafter_factory(backend: str):
+    def medusa(target, checkpoint=None, *, top_t=None, choices=None):
+        import attrs
 
-    from specdec.errors import require
+        from specdec_medusa.checkpoint import load_medusa_checkpoint
 
-    require("torch", extra="torch", feature="the torch Medusa drafter")
-    from specdec_medusa.checkpoint import load_medusa_checkpoint
-    from specdec_medusa.torch import TorchMedusaDrafter
+        drafter_class = backend_class(backend, DRAFTERS, feature="the Medusa drafter")
+        config, weights = load_trained("medusa", "Medusa", "specdec_medusa", load_medusa_checkpoint, checkpoint, target)
+        if choices is not None:
+            config = attrs.evolve(config, choices=choices)
+        return drafter_class(config, weights, lm_head=target.lm_head, top_t=top_t, **_placement(backend, target))
 
-    checkpoint = require_checkpoint("medusa", checkpoint, target, package="specdec_medusa")
-    config, weights = load_medusa_checkpoint(checkpoint)
-    check_target(config, target, drafter="Medusa")
-    if choices is not None:
-        config = attrs.evolve(config, choices=choices)
-    return TorchMedusaDrafter(config, weights, lm_head=target.lm_head, dtype=target.dtype, device=target.device,
-                              top_t=top_t)
+    return medusa
 
 
-def _torch_static_tree(choices):
-    from specdec.errors import require
+def _tree_factory(backend: str):
+    def medusa_tree(choices):
+        return backend_class(backend, TREE_BUILDERS, feature="the Medusa tree builder")(choices)
 
-    require("torch", extra="torch", feature="the torch Medusa tree builder")
-    from specdec_medusa.torch import TorchStaticTreeBuilder
-
-    return TorchStaticTreeBuilder(choices)
-
-
-def _numpy_static_tree(choices):
-    from specdec_medusa.tree import StaticTreeBuilder
-
-    return StaticTreeBuilder(choices)
-
-
-def _mlx_medusa(target, checkpoint=None, *, top_t=None, choices=None):
-    import attrs
-
-    from specdec.errors import require
-
-    require("mlx.core", extra="mlx", feature="the mlx Medusa drafter")
-    from specdec_medusa.checkpoint import load_medusa_checkpoint
-    from specdec_medusa.mlx import MlxMedusaDrafter
-
-    checkpoint = require_checkpoint("medusa", checkpoint, target, package="specdec_medusa")
-    config, weights = load_medusa_checkpoint(checkpoint)
-    check_target(config, target, drafter="Medusa")
-    if choices is not None:
-        config = attrs.evolve(config, choices=choices)
-    return MlxMedusaDrafter(config, weights, lm_head=target.lm_head, dtype=target.dtype, top_t=top_t)
-
-
-def _mlx_static_tree(choices):
-    from specdec.errors import require
-
-    require("mlx.core", extra="mlx", feature="the mlx Medusa tree builder")
-    from specdec_medusa.mlx import MlxStaticTreeBuilder
-
-    return MlxStaticTreeBuilder(choices)
+    return medusa_tree
 
 
 @hookimpl
 def specdec_register_drafters(register):
-    register("medusa", "numpy", _numpy_medusa)
-    register("medusa", "torch", _torch_medusa)
-    register("medusa", "mlx", _mlx_medusa)
+    for backend in DRAFTERS:
+        register("medusa", backend, _drafter_factory(backend))
 
 
 @hookimpl
 def specdec_register_tree_builders(register):
-    register("medusa_tree", "numpy", _numpy_static_tree)
-    register("medusa_tree", "torch", _torch_static_tree)
-    register("medusa_tree", "mlx", _mlx_static_tree)
+    for backend in TREE_BUILDERS:
+        register("medusa_tree", backend, _tree_factory(backend))

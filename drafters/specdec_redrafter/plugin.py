@@ -2,57 +2,30 @@
 
 from __future__ import annotations
 
-from specdec.checkpoints import check_target, require_checkpoint
 from specdec.hookspecs import hookimpl
+from specdec.plugin_support import backend_class, load_trained
+
+CLASSES = {
+    "numpy": "specdec_redrafter.reference:RedrafterDrafter",
+    "torch": "specdec_redrafter.torch:TorchRedrafterDrafter",
+    "mlx": "specdec_redrafter.mlx:MlxRedrafterDrafter",
+}
 
 
-def _numpy_redrafter(target, checkpoint=None, *, beam_width=None, beam_length=None, sample=False):
-    from specdec_redrafter.checkpoint import load_redrafter_checkpoint
-    from specdec_redrafter.reference import RedrafterDrafter
+def _factory(backend: str):
+    def redrafter(target, checkpoint=None, *, beam_width=None, beam_length=None, sample=False):
+        from specdec_redrafter.checkpoint import load_redrafter_checkpoint
 
-    checkpoint = require_checkpoint("redrafter", checkpoint, target, package="specdec_redrafter")
-    config, weights = load_redrafter_checkpoint(checkpoint)
-    check_target(config, target, drafter="ReDrafter")
-    return RedrafterDrafter(
-        config, weights, embed_tokens=target.embed_tokens, lm_head=target.lm_head,
-        beam_width=beam_width, beam_length=beam_length, sample=sample,
-    )
+        drafter_class = backend_class(backend, CLASSES, feature="the ReDrafter drafter")
+        config, weights = load_trained("redrafter", "ReDrafter", "specdec_redrafter", load_redrafter_checkpoint,
+                                       checkpoint, target)
+        return drafter_class(config, weights, embed_tokens=target.embed_tokens, lm_head=target.lm_head,
+                             beam_width=beam_width, beam_length=beam_length, sample=sample)
 
-
-def _torch_redrafter(target, checkpoint=None, *, beam_width=None, beam_length=None, sample=False):
-    from specdec.errors import require
-
-    require("torch", extra="torch", feature="the torch ReDrafter")
-    from specdec_redrafter.checkpoint import load_redrafter_checkpoint
-    from specdec_redrafter.torch import TorchRedrafterDrafter
-
-    checkpoint = require_checkpoint("redrafter", checkpoint, target, package="specdec_redrafter")
-    config, weights = load_redrafter_checkpoint(checkpoint)
-    check_target(config, target, drafter="ReDrafter")
-    return TorchRedrafterDrafter(
-        config, weights, embed_tokens=target.embed_tokens, lm_head=target.lm_head,
-        beam_width=beam_width, beam_length=beam_length, sample=sample,
-    )
-
-
-def _mlx_redrafter(target, checkpoint=None, *, beam_width=None, beam_length=None, sample=False):
-    from specdec.errors import require
-
-    require("mlx.core", extra="mlx", feature="the mlx ReDrafter")
-    from specdec_redrafter.checkpoint import load_redrafter_checkpoint
-    from specdec_redrafter.mlx import MlxRedrafterDrafter
-
-    checkpoint = require_checkpoint("redrafter", checkpoint, target, package="specdec_redrafter")
-    config, weights = load_redrafter_checkpoint(checkpoint)
-    check_target(config, target, drafter="ReDrafter")
-    return MlxRedrafterDrafter(
-        config, weights, embed_tokens=target.embed_tokens, lm_head=target.lm_head,
-        beam_width=beam_width, beam_length=beam_length, sample=sample,
-    )
+    return redrafter
 
 
 @hookimpl
 def specdec_register_drafters(register):
-    register("redrafter", "numpy", _numpy_redrafter)
-    register("redrafter", "torch", _torch_redrafter)
-    register("redrafter", "mlx", _mlx_redrafter)
+    for backend in CLASSES:
+        register("redrafter", backend, _factory(backend))
