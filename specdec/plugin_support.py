@@ -13,17 +13,45 @@ from typing import Callable
 from specdec.checkpoints import check_target, require_checkpoint
 from specdec.errors import require
 
-# backend -> (framework module to import first, the specdec extra that installs it)
-FRAMEWORKS = {"torch": ("torch", "torch"), "mlx": ("mlx.core", "mlx")}
+# backend -> (framework modules to import first, the specdec extra that installs them)
+FRAMEWORKS = {"torch": (("torch", "transformers"), "torch"), "mlx": (("mlx.core", "mlx_lm"), "mlx")}
+
+# The verifiers every backend provides: name -> (class name, lossless). Lossless classes live in
+# the backend's ``verify`` module, lossy ones in ``verify_lossy``.
+VERIFIERS = {
+    "greedy": ("GreedyVerifier", True),
+    "exact": ("ExactTreeVerifier", True),
+    "rejection": ("RejectionVerifier", True),
+    "redrafter_published": ("RedrafterPublishedVerifier", False),
+    "typical": ("TypicalVerifier", False),
+}
 
 
 def backend_class(backend: str, classes: dict[str, str], *, feature: str):
     """The class implementing ``feature`` on ``backend``; a missing framework names its extra."""
     if backend in FRAMEWORKS:
-        module, extra = FRAMEWORKS[backend]
-        require(module, extra=extra, feature=f"{feature} on the {backend} backend")
+        modules, extra = FRAMEWORKS[backend]
+        for module in modules:
+            require(module, extra=extra, feature=f"{feature} on the {backend} backend")
     module, _, name = classes[backend].partition(":")
     return getattr(importlib.import_module(module), name)
+
+
+def lazy_factory(backend: str, path: str, *, feature: str) -> Callable:
+    """A factory that imports ``path`` ("module:Class") when first called and builds it."""
+
+    def factory(**options):
+        return backend_class(backend, {backend: path}, feature=feature)(**options)
+
+    return factory
+
+
+def register_verifiers(register, backend: str, package: str) -> None:
+    """Register the five standard verifiers of ``backend`` from ``package.verify(_lossy)``."""
+    for name, (class_name, lossless) in VERIFIERS.items():
+        module = f"{package}.verify" if lossless else f"{package}.verify_lossy"
+        register(name, backend, lazy_factory(backend, f"{module}:{class_name}", feature=f"the {name} verifier"),
+                 lossless=lossless)
 
 
 def load_trained(name: str, label: str, package: str, loader: Callable, checkpoint, target):

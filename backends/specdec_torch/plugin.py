@@ -6,78 +6,21 @@ a missing torch raises ``MissingDependencyError`` naming ``pip install 'specdec[
 
 from __future__ import annotations
 
-from specdec.errors import require
 from specdec.hookspecs import hookimpl
-
-
-def require_torch() -> None:
-    """Import torch or raise MissingDependencyError with the install command."""
-    require("torch", extra="torch", feature="the torch backend")
-
-
-def _backend():
-    require_torch()
-    from specdec_torch.backend import TorchBackend
-
-    return TorchBackend()
-
-
-def _prefix_tree():
-    require_torch()
-    from specdec_torch.tree import TorchPrefixTreeBuilder
-
-    return TorchPrefixTreeBuilder()
-
-
-def _greedy():
-    require_torch()
-    from specdec_torch.verify import GreedyVerifier
-
-    return GreedyVerifier()
-
-
-def _exact():
-    require_torch()
-    from specdec_torch.verify import ExactTreeVerifier
-
-    return ExactTreeVerifier()
-
-
-def _rejection():
-    require_torch()
-    from specdec_torch.verify import RejectionVerifier
-
-    return RejectionVerifier()
-
-
-def _redrafter_published():
-    require_torch()
-    from specdec_torch.verify_lossy import RedrafterPublishedVerifier
-
-    return RedrafterPublishedVerifier()
-
-
-def _typical(epsilon: float = 0.09, delta: float = 0.3):
-    require_torch()
-    from specdec_torch.verify_lossy import TypicalVerifier
-
-    return TypicalVerifier(epsilon=epsilon, delta=delta)
+from specdec.plugin_support import lazy_factory, register_verifiers
 
 
 @hookimpl
 def specdec_register_backends(register):
-    register("torch", _backend)
+    register("torch", lazy_factory("torch", "specdec_torch.backend:TorchBackend", feature="the torch backend"))
 
 
 @hookimpl
 def specdec_register_tree_builders(register):
-    register("prefix_tree", "torch", _prefix_tree)
+    register("prefix_tree", "torch", lazy_factory("torch", "specdec_torch.tree:TorchPrefixTreeBuilder",
+                                                  feature="the prefix tree builder"))
 
 
 @hookimpl
 def specdec_register_verifiers(register):
-    register("greedy", "torch", _greedy, lossless=True)
-    register("exact", "torch", _exact, lossless=True)
-    register("rejection", "torch", _rejection, lossless=True)
-    register("redrafter_published", "torch", _redrafter_published, lossless=False)
-    register("typical", "torch", _typical, lossless=False)
+    register_verifiers(register, "torch", "specdec_torch")

@@ -6,6 +6,7 @@ import numpy as np
 
 from specdec.errors import InvalidInputError
 from specdec.hookspecs import hookimpl
+from specdec.plugin_support import lazy_factory, register_verifiers
 from specdec.plugins import ANY_BACKEND
 
 
@@ -32,42 +33,6 @@ class NumpyBackend:
         return np.asarray(array)
 
 
-def _greedy():
-    from specdec.reference.verify import GreedyVerifier
-
-    return GreedyVerifier()
-
-
-def _exact():
-    from specdec.reference.verify import ExactTreeVerifier
-
-    return ExactTreeVerifier()
-
-
-def _rejection():
-    from specdec.reference.verify import RejectionVerifier
-
-    return RejectionVerifier()
-
-
-def _redrafter_published():
-    from specdec.reference.verify import RedrafterPublishedVerifier
-
-    return RedrafterPublishedVerifier()
-
-
-def _typical(epsilon: float = 0.09, delta: float = 0.3):
-    from specdec.reference.verify import TypicalVerifier
-
-    return TypicalVerifier(epsilon=epsilon, delta=delta)
-
-
-def _prefix_tree():
-    from specdec.reference.tree import PrefixTreeBuilder
-
-    return PrefixTreeBuilder()
-
-
 def _no_drafter(target, checkpoint=None):
     from specdec.drafting import NoDrafter
 
@@ -88,13 +53,10 @@ def specdec_register_drafters(register):
 
 @hookimpl
 def specdec_register_tree_builders(register):
-    register("prefix_tree", "numpy", _prefix_tree)
+    register("prefix_tree", "numpy", lazy_factory("numpy", "specdec.reference.tree:PrefixTreeBuilder",
+                                                  feature="the prefix tree builder"))
 
 
 @hookimpl
 def specdec_register_verifiers(register):
-    register("greedy", "numpy", _greedy, lossless=True)
-    register("exact", "numpy", _exact, lossless=True)
-    register("rejection", "numpy", _rejection, lossless=True)
-    register("redrafter_published", "numpy", _redrafter_published, lossless=False)
-    register("typical", "numpy", _typical, lossless=False)
+    register_verifiers(register, "numpy", "specdec.reference")
