@@ -21,6 +21,7 @@ from typing import Any
 import mlx.core as mx
 
 from specdec.errors import InvalidInputError
+from specdec.reference.verify import check_uniform_shape, check_verifier_inputs
 from specdec.types import Draft, DraftTree, SamplingConfig, TargetOutput, Verdict
 from specdec_mlx import ops
 from specdec_mlx.backend import to_mx
@@ -83,34 +84,15 @@ class MlxVerifier:
     def prepare(self, tree: DraftTree, draft: Draft, target: TargetOutput, sampling: SamplingConfig,
                 uniforms: Any) -> tuple[int, mx.array, mx.array | None]:
         """Check the inputs; returns (D, logits (B, N, V) float32, uniforms (B, D+1, W+1) or None)."""
-        name = type(self).__name__
-        batch, size = tree.tokens.shape
-        if tuple(target.logits.shape[:2]) != (batch, size):
-            raise InvalidInputError(
-                f"{name}: target.logits must have shape (B, N, V) = ({batch}, {size}, V) to match the tree, "
-                f"got {tuple(target.logits.shape)}"
-            )
-        if self.needs_draft_probs and (draft is None or draft.beams is None or draft.draft_probs is None):
-            raise InvalidInputError(f"{name} needs a Draft with beams and draft_probs (B, W, L-1, V)")
-        if self.needs_sampled_draft and not draft.sampled:
-            raise InvalidInputError(
-                f"{name} is exact only for beams drawn from draft_probs (Draft.sampled=True); "
-                "use ExactTreeVerifier for deterministic drafts such as beam search"
-            )
+        check_verifier_inputs(self, tree, draft, target, backend="mlx")
         depth = static_depth(tree, draft)
-        if not self.uses_uniforms or uniforms is None:
-            if self.uses_uniforms and not sampling.greedy:
-                raise InvalidInputError(f"{name}: uniforms (B, D+1, W+1) are needed when temperature > 0")
-            return depth, to_mx(target.logits).astype(mx.float32), None
-        uniforms = to_mx(uniforms).astype(mx.float32)
+        logits = to_mx(target.logits).astype(mx.float32)
+        if not self.uses_uniforms:
+            return depth, logits, None
         width = 0 if draft is None or draft.beams is None else int(draft.beams.shape[1])
-        columns = 1 + width if self.uses_beam_uniforms else 1
-        if uniforms.ndim != 3 or uniforms.shape[0] != batch or uniforms.shape[1] < depth + 1 or uniforms.shape[2] < columns:
-            raise InvalidInputError(
-                f"{name}: uniforms must have shape (B, D+1, W+1) = ({batch}, {depth + 1}, {1 + width}), "
-                f"got {tuple(uniforms.shape)}"
-            )
-        return depth, to_mx(target.logits).astype(mx.float32), uniforms
+        check_uniform_shape(self, None if uniforms is None else tuple(uniforms.shape), sampling,
+                            tree.batch_size, depth, width, backend="mlx")
+        return depth, logits, None if uniforms is None else to_mx(uniforms).astype(mx.float32)
 
 
 def walk_by_tokens(tree: DraftTree, next_tokens: mx.array, depth: int) -> Verdict:

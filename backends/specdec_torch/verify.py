@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 import torch
 
-from specdec.errors import InvalidInputError
+from specdec.reference.verify import check_uniform_shape, check_verifier_inputs
 from specdec.types import Draft, DraftTree, SamplingConfig, TargetOutput, Verdict
 from specdec_torch.sampling import compute_dtype, greedy_tokens, sample_from, target_probs
 
@@ -88,33 +88,12 @@ class TorchVerifier:
 
     def check_inputs(self, tree: DraftTree, draft: Draft, target: TargetOutput, sampling: SamplingConfig,
                      uniforms: Any, depth: int) -> None:
-        name = type(self).__name__
-        batch, size = tree.tokens.shape
-        if tuple(target.logits.shape[:2]) != (batch, size):
-            raise InvalidInputError(
-                f"torch {name}: target.logits must have shape (B, N, V) = ({batch}, {size}, V) to match the tree, "
-                f"got {tuple(target.logits.shape)}"
-            )
-        if self.needs_draft_probs and (draft is None or draft.beams is None or draft.draft_probs is None):
-            raise InvalidInputError(f"torch {name} needs a Draft with beams and draft_probs (B, W, L-1, V)")
-        if self.needs_sampled_draft and not draft.sampled:
-            raise InvalidInputError(
-                f"torch {name} is exact only for beams drawn from draft_probs (Draft.sampled=True); "
-                "use ExactTreeVerifier for deterministic drafts such as beam search"
-            )
+        check_verifier_inputs(self, tree, draft, target, backend="torch")
         if not self.uses_uniforms:
             return
-        if uniforms is None:
-            if not sampling.greedy:
-                raise InvalidInputError(f"torch {name}: uniforms (B, D+1, W+1) are needed when temperature > 0")
-            return
         width = 0 if draft is None or draft.beams is None else int(draft.beams.shape[1])
-        columns = 1 + width if self.uses_beam_uniforms else 1
-        if uniforms.ndim != 3 or uniforms.shape[0] != batch or uniforms.shape[1] < depth + 1 or uniforms.shape[2] < columns:
-            raise InvalidInputError(
-                f"torch {name}: uniforms must have shape (B, D+1, W+1) = ({batch}, {depth + 1}, {1 + width}), "
-                f"got {tuple(uniforms.shape)}"
-            )
+        check_uniform_shape(self, None if uniforms is None else tuple(uniforms.shape), sampling,
+                            tree.batch_size, depth, width, backend="torch")
 
     @staticmethod
     def categorical(probs: torch.Tensor, uniforms: torch.Tensor | None, depth: torch.Tensor | int) -> torch.Tensor:

@@ -156,6 +156,41 @@ def make_verdict(paths: list[list[int]], bonus_tokens: list[int], depth: int) ->
 # The batch wrapper shared by every verifier
 
 
+def check_verifier_inputs(verifier, tree: DraftTree, draft: Draft, target: TargetOutput, *, backend: str = "") -> None:
+    """Shape-only checks every backend's verifiers make (no device reads): logits match the tree,
+    and the draft carries what ``verifier.needs_draft_probs`` / ``needs_sampled_draft`` ask for."""
+    name = f"{backend} {type(verifier).__name__}".strip()
+    batch, size = tree.tokens.shape
+    if tuple(target.logits.shape[:2]) != (batch, size):
+        raise InvalidInputError(
+            f"{name}: target.logits must have shape (B, N, V) = ({batch}, {size}, V) to match the tree, "
+            f"got {tuple(target.logits.shape)}"
+        )
+    if verifier.needs_draft_probs and (draft is None or draft.beams is None or draft.draft_probs is None):
+        raise InvalidInputError(f"{name} needs a Draft with beams and draft_probs (B, W, L-1, V)")
+    if getattr(verifier, "needs_sampled_draft", False) and not draft.sampled:
+        raise InvalidInputError(
+            f"{name} is exact only for beams drawn from draft_probs (Draft.sampled=True); "
+            "use ExactTreeVerifier for deterministic drafts such as beam search"
+        )
+
+
+def check_uniform_shape(verifier, shape, sampling: SamplingConfig, batch: int, depth: int, width: int, *,
+                        backend: str = "") -> None:
+    """Uniforms are needed unless greedy, and must be at least (B, D+1, W+1) (or (B, D+1, 1) for
+    verifiers that draw no per-beam tests)."""
+    name = f"{backend} {type(verifier).__name__}".strip()
+    if shape is None:
+        if not sampling.greedy:
+            raise InvalidInputError(f"{name}: uniforms (B, D+1, W+1) are needed when temperature > 0")
+        return
+    columns = 1 + width if verifier.uses_beam_uniforms else 1
+    if len(shape) != 3 or shape[0] != batch or shape[1] < depth + 1 or shape[2] < columns:
+        raise InvalidInputError(
+            f"{name}: uniforms must have shape (B, D+1, W+1) = ({batch}, {depth + 1}, {1 + width}), got {tuple(shape)}"
+        )
+
+
 class RowVerifier:
     """Runs ``verify_row`` on every row with that row's chooser (subclasses define the rule).
 
@@ -197,35 +232,11 @@ class RowVerifier:
         raise NotImplementedError
 
     def check_inputs(self, tree: DraftTree, draft: Draft, target: TargetOutput) -> None:
-        name = type(self).__name__
-        batch, size = tree.tokens.shape
-        if tuple(target.logits.shape[:2]) != (batch, size):
-            raise InvalidInputError(
-                f"{name}: target.logits must have shape (B, N, V) = ({batch}, {size}, V) to match the tree, "
-                f"got {tuple(target.logits.shape)}"
-            )
-        if self.needs_draft_probs and (draft is None or draft.beams is None or draft.draft_probs is None):
-            raise InvalidInputError(f"{name} needs a Draft with beams and draft_probs (B, W, L-1, V)")
-        if self.needs_sampled_draft and not draft.sampled:
-            raise InvalidInputError(
-                f"{name} is exact only for beams drawn from draft_probs (Draft.sampled=True); "
-                "use ExactTreeVerifier for deterministic drafts such as beam search"
-            )
+        check_verifier_inputs(self, tree, draft, target)
 
     def check_uniforms(self, uniforms: Any, sampling: SamplingConfig, batch: int, depth: int, width: int) -> Any:
-        name = type(self).__name__
-        if uniforms is None:
-            if not sampling.greedy:
-                raise InvalidInputError(f"{name}: uniforms (B, D+1, W+1) are needed when temperature > 0")
-            return None
-        uniforms = np.asarray(uniforms, dtype=np.float64)
-        columns = 1 + width if self.uses_beam_uniforms else 1
-        if uniforms.ndim != 3 or uniforms.shape[0] != batch or uniforms.shape[1] < depth + 1 or uniforms.shape[2] < columns:
-            raise InvalidInputError(
-                f"{name}: uniforms must have shape (B, D+1, W+1) = ({batch}, {depth + 1}, {1 + width}), "
-                f"got {tuple(uniforms.shape)}"
-            )
-        return uniforms
+        check_uniform_shape(self, None if uniforms is None else np.shape(uniforms), sampling, batch, depth, width)
+        return None if uniforms is None else np.asarray(uniforms, dtype=np.float64)
 
 
 def node_probs(target: TargetOutput, sampling: SamplingConfig, b: int, node: int) -> np.ndarray:
