@@ -24,7 +24,7 @@ from specdec.types import Draft, DraftContext
 from specdec_mlx import ops
 from specdec_mlx.backend import to_mx
 from specdec_redrafter.config import RedrafterConfig, check_weights
-from specdec_redrafter.reference import _check_beam_shape
+from specdec_redrafter.reference import BeamSettings, check_target_arrays
 
 __all__ = ["MlxRedrafterDrafter", "RedrafterModule", "draft_log_probs"]
 
@@ -102,7 +102,7 @@ class RedrafterModule(nn.Module):
         return self.head_proj(x) @ lm_head.T  # (B, W, H) -> (B, W, V)
 
 
-class MlxRedrafterDrafter:
+class MlxRedrafterDrafter(BeamSettings):
     """ReDrafter as a ``specdec.protocols.Drafter`` on the mlx backend.
 
     config, weights: as loaded by ``load_redrafter_checkpoint``; embed_tokens, lm_head (V, H):
@@ -116,33 +116,11 @@ class MlxRedrafterDrafter:
                  sample: bool = False):
         embed_tokens = to_mx(embed_tokens)
         lm_head = None if lm_head is None else to_mx(lm_head)
-        expected = (config.vocab_size, config.hidden_size)
-        if tuple(embed_tokens.shape) != expected:
-            raise ValueError(
-                f"embed_tokens has shape {tuple(embed_tokens.shape)}, but the drafter was built for "
-                f"(vocab_size, hidden_size) = {expected}; pass the target's input embedding"
-            )
-        if lm_head is not None and tuple(lm_head.shape) != expected:
-            raise ValueError(f"lm_head has shape {tuple(lm_head.shape)}, expected {expected} (the target's LM head)")
-        if config.head == "tied" and lm_head is None:
-            raise ValueError("a ReDrafter with head='tied' needs the target's lm_head (V, H); pass lm_head=")
+        check_target_arrays(config, embed_tokens, lm_head)
         self.config = config
         self.module = RedrafterModule.from_weights(config, weights, dtype=embed_tokens.dtype)
         self.embed_tokens, self.lm_head = embed_tokens, lm_head
-        self.beam_width = config.beam_width if beam_width is None else int(beam_width)
-        self.beam_length = config.beam_length if beam_length is None else int(beam_length)
-        self.sample = bool(sample)
-        _check_beam_shape(config.vocab_size, self.beam_width, self.beam_length)
-
-    @property
-    def sample_shape(self) -> tuple[int, int] | None:
-        """(W, L): per-row shape of the ``context.uniforms`` a sampling drafter needs; None otherwise."""
-        return (self.beam_width, self.beam_length) if self.sample else None
-
-    @property
-    def sampled_proposals(self) -> bool:
-        """True when proposals are draws from ``draft_probs`` (then rejection sampling is exact)."""
-        return self.sample
+        self.set_beams(config, beam_width, beam_length, sample)
 
     def _log_probs(self, hidden: mx.array, state: mx.array) -> mx.array:
         """Warped drafter log-probs of the next token. hidden (B, H), state (B, W, H) -> (B, W, V)."""

@@ -221,7 +221,41 @@ def sample_chains(
     return beams, draft_probs
 
 
-class RedrafterDrafter:
+def check_target_arrays(config: RedrafterConfig, embed_tokens, lm_head) -> None:
+    """The target's embedding and LM head (any backend's arrays) have the drafter's (V, H)."""
+    expected = (config.vocab_size, config.hidden_size)
+    if tuple(embed_tokens.shape) != expected:
+        raise ValueError(
+            f"embed_tokens has shape {tuple(embed_tokens.shape)}, but the drafter was built for "
+            f"(vocab_size, hidden_size) = {expected}; pass the target's input embedding"
+        )
+    if lm_head is not None and tuple(lm_head.shape) != expected:
+        raise ValueError(f"lm_head has shape {tuple(lm_head.shape)}, expected {expected} (the target's LM head)")
+    if config.head == "tied" and lm_head is None:
+        raise ValueError("a ReDrafter with head='tied' needs the target's lm_head (V, H); pass lm_head=")
+
+
+class BeamSettings:
+    """Beam width, length and sampling mode, shared by the ReDrafter drafters of every backend."""
+
+    def set_beams(self, config: RedrafterConfig, beam_width: int | None, beam_length: int | None, sample: bool):
+        self.beam_width = config.beam_width if beam_width is None else int(beam_width)
+        self.beam_length = config.beam_length if beam_length is None else int(beam_length)
+        self.sample = bool(sample)
+        _check_beam_shape(config.vocab_size, self.beam_width, self.beam_length)
+
+    @property
+    def sample_shape(self) -> tuple[int, int] | None:
+        """(W, L): per-row shape of the ``context.uniforms`` a sampling drafter needs; None otherwise."""
+        return (self.beam_width, self.beam_length) if self.sample else None
+
+    @property
+    def sampled_proposals(self) -> bool:
+        """True when sampled decoding gets independent sampled chains (verified by rejection sampling)."""
+        return self.sample
+
+
+class RedrafterDrafter(BeamSettings):
     """ReDrafter as a ``specdec.protocols.Drafter`` (NumPy reference).
 
     weights: name -> array as in ``specdec_redrafter.config`` (checked, kept as float64).
@@ -243,34 +277,12 @@ class RedrafterDrafter:
         sample: bool = False,
     ):
         check_weights(config, weights)
-        expected = (config.vocab_size, config.hidden_size)
-        if tuple(np.shape(embed_tokens)) != expected:
-            raise ValueError(
-                f"embed_tokens has shape {tuple(np.shape(embed_tokens))}, but the drafter was built for "
-                f"(vocab_size, hidden_size) = {expected}; pass the target's input embedding"
-            )
-        if lm_head is not None and tuple(np.shape(lm_head)) != expected:
-            raise ValueError(f"lm_head has shape {tuple(np.shape(lm_head))}, expected {expected} (the target's LM head)")
-        if config.head == "tied" and lm_head is None:
-            raise ValueError("a ReDrafter with head='tied' needs the target's lm_head (V, H); pass lm_head=")
+        check_target_arrays(config, embed_tokens, lm_head)
         self.config = config
         self.weights = {name: np.asarray(array, dtype=np.float64) for name, array in weights.items()}
         self.embed_tokens = np.asarray(embed_tokens, dtype=np.float64)
         self.lm_head = None if lm_head is None else np.asarray(lm_head, dtype=np.float64)
-        self.beam_width = config.beam_width if beam_width is None else int(beam_width)
-        self.beam_length = config.beam_length if beam_length is None else int(beam_length)
-        self.sample = bool(sample)
-        _check_beam_shape(config.vocab_size, self.beam_width, self.beam_length)
-
-    @property
-    def sample_shape(self) -> tuple[int, int] | None:
-        """(W, L): per-row shape of the ``context.uniforms`` a sampling drafter needs; None otherwise."""
-        return (self.beam_width, self.beam_length) if self.sample else None
-
-    @property
-    def sampled_proposals(self) -> bool:
-        """True when sampled decoding gets independent sampled chains (verified by rejection sampling)."""
-        return self.sample
+        self.set_beams(config, beam_width, beam_length, sample)
 
     def propose(self, context: DraftContext) -> Draft:
         """Beams (B, W, L) continuing ``context.root_tokens`` given ``context.hidden`` (B, H)."""

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 
 from specdec.types import Draft, DraftContext
 from specdec_redrafter.config import RedrafterConfig, check_weights
+from specdec_redrafter.reference import BeamSettings, check_target_arrays
 from specdec_torch.sampling import compute_dtype, sample_from, target_probs, top_k_lowest_index, top_k_mask
 
 __all__ = ["RedrafterModule", "TorchRedrafterDrafter", "draft_log_probs"]
@@ -57,16 +58,7 @@ class RedrafterModule(torch.nn.Module):
                  lm_head: torch.Tensor | None = None):
         super().__init__()
         check_weights(config, weights)
-        expected = (config.vocab_size, config.hidden_size)
-        if tuple(embed_tokens.shape) != expected:
-            raise ValueError(
-                f"embed_tokens has shape {tuple(embed_tokens.shape)}, but the drafter was built for "
-                f"(vocab_size, hidden_size) = {expected}; pass the target's input embedding"
-            )
-        if lm_head is not None and tuple(lm_head.shape) != expected:
-            raise ValueError(f"lm_head has shape {tuple(lm_head.shape)}, expected {expected} (the target's LM head)")
-        if config.head == "tied" and lm_head is None:
-            raise ValueError("a ReDrafter with head='tied' needs the target's lm_head (V, H); pass lm_head=")
+        check_target_arrays(config, embed_tokens, lm_head)
         self.config = config
         self.embed_tokens, self.lm_head = embed_tokens, lm_head
         dtype, device = embed_tokens.dtype, embed_tokens.device
@@ -162,7 +154,7 @@ class RedrafterModule(torch.nn.Module):
         return torch.stack(columns, dim=2), torch.stack(probs_per_step, dim=2)
 
 
-class TorchRedrafterDrafter:
+class TorchRedrafterDrafter(BeamSettings):
     """ReDrafter as a ``specdec.protocols.Drafter`` on torch (same options as the reference's
     ``RedrafterDrafter``): beam search by default; with ``sample=True`` and a sampling
     configuration, W independent chains drawn with ``context.uniforms`` (shape ``sample_shape``)."""
@@ -170,24 +162,9 @@ class TorchRedrafterDrafter:
     def __init__(self, config: RedrafterConfig, weights: dict, *, embed_tokens: torch.Tensor,
                  lm_head: torch.Tensor | None = None, beam_width: int | None = None,
                  beam_length: int | None = None, sample: bool = False):
-        from specdec_redrafter.reference import _check_beam_shape
-
         self.config = config
         self.module = RedrafterModule(config, weights, embed_tokens=embed_tokens, lm_head=lm_head).eval()
-        self.beam_width = config.beam_width if beam_width is None else int(beam_width)
-        self.beam_length = config.beam_length if beam_length is None else int(beam_length)
-        self.sample = bool(sample)
-        _check_beam_shape(config.vocab_size, self.beam_width, self.beam_length)
-
-    @property
-    def sample_shape(self) -> tuple[int, int] | None:
-        """(W, L): per-row shape of the ``context.uniforms`` a sampling drafter needs; None otherwise."""
-        return (self.beam_width, self.beam_length) if self.sample else None
-
-    @property
-    def sampled_proposals(self) -> bool:
-        """True when sampled decoding gets independent sampled chains (verified by rejection sampling)."""
-        return self.sample
+        self.set_beams(config, beam_width, beam_length, sample)
 
     @torch.inference_mode()
     def propose(self, context: DraftContext) -> Draft:
