@@ -62,34 +62,44 @@ def cmd_generate(args) -> int:
     return 0
 
 
-def cmd_demo(args) -> int:
-    """Make a small random model and drafters, and decode with each drafter side by side."""
-    import specdec
+def _demo_models(args, tmp: Path):
+    """(model, {drafter label: drafter}) for the demo: the bundled model and its shipped drafters,
+    or with --random a small random model and untrained drafters."""
+    if not args.random:
+        return args.model, {"redrafter": "redrafter", "medusa": "medusa"}
     from specdec.testing import make_random_drafter, make_random_model
 
+    model = make_random_model(tmp / "model", vocab_size=512, hidden_size=64, num_layers=2, num_heads=4,
+                              num_kv_heads=2, seed=0, with_tokenizer=True)
+    return model, {"redrafter": make_random_drafter(tmp / "redrafter", model, kind="redrafter", seed=1),
+                   "medusa": make_random_drafter(tmp / "medusa", model, kind="medusa", seed=2)}
+
+
+def cmd_demo(args) -> int:
+    """Answer a chat prompt with each drafter and with plain decoding, measured side by side."""
+    import specdec
+
     with tempfile.TemporaryDirectory() as tmp:
-        model = make_random_model(
-            Path(tmp) / "model", vocab_size=512, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
-            seed=0, with_tokenizer=True,
-        )
-        redrafter = make_random_drafter(Path(tmp) / "redrafter", model, kind="redrafter", seed=1)
-        medusa = make_random_drafter(Path(tmp) / "medusa", model, kind="medusa", seed=2)
-        backend = args.backend or "numpy"
-        target = specdec.load(model, backend=backend)
-        prompt = "the demo model is random so its text is too"
-        print(f"backend {backend}: random {target.vocab_size}-token model, random untrained "
-              "drafters, so expect no acceptance and no speedup")
-        plain = specdec.generate(target, prompt, drafter="none", backend=backend, max_new_tokens=args.max_new_tokens)
-        print(f"text: {plain.text}")
-        print(_report("none", plain))
-        for label, drafter in (("redrafter", redrafter), ("medusa", medusa)):
-            result = specdec.generate(target, prompt, drafter=drafter, backend=backend,
-                                      max_new_tokens=args.max_new_tokens)
+        model, drafters = _demo_models(args, Path(tmp))
+        backend = args.backend or ("numpy" if args.random else None)
+        target = specdec.load(model, backend=backend, dtype=args.dtype)
+        prompt = [{"role": "user", "content": args.prompt}]
+        run = lambda drafter: specdec.generate(target, prompt, drafter=drafter, backend=backend,
+                                               max_new_tokens=args.max_new_tokens)
+        for drafter in ("none", *drafters.values()):  # warm-up: first calls pay one-off costs
+            specdec.generate(target, prompt, drafter=drafter, backend=backend, max_new_tokens=4)
+        plain = run("none")
+        results = {label: run(drafter) for label, drafter in drafters.items()}
+        label = "random untrained drafters: expect no acceptance" if args.random else "shipped drafters"
+        print(f"model {model}, backend {backend or 'default'}, dtype {args.dtype or 'default'}; {label}\n")
+        print(f"user: {args.prompt}\nassistant: {results['redrafter'].text}\n")
+        print(_report("plain", plain))
+        status = 0
+        for name, result in results.items():
             same = "identical to plain decoding" if result.tokens == plain.tokens else "DIFFERS from plain decoding"
-            print(_report(label, result, plain.stats.tokens_per_second) + f"; output {same}")
-            if result.tokens != plain.tokens:
-                return 1
-    return 0
+            print(_report(name, result, plain.stats.tokens_per_second) + f"; output {same}")
+            status |= result.tokens != plain.tokens
+    return int(status)
 
 
 def cmd_bench(args) -> int:
@@ -183,9 +193,13 @@ def cmd_train(args) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="specdec", description="Speculative decoding with pluggable backends.")
     sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help="decode with each drafter on a small model and compare")
-    demo.add_argument("--backend", default=None)
-    demo.add_argument("--max-new-tokens", type=int, default=32)
+    demo = sub.add_parser("demo", help="answer a prompt with each drafter and with plain decoding, side by side")
+    demo.add_argument("--model", default="smollm2-135m")
+    demo.add_argument("--backend", default=None, help="default: torch when installed, else numpy")
+    demo.add_argument("--dtype", default=None)
+    demo.add_argument("--prompt", default="Explain in a few sentences why the sky is blue.")
+    demo.add_argument("--max-new-tokens", type=int, default=128)
+    demo.add_argument("--random", action="store_true", help="a small random model and untrained drafters instead")
     demo.set_defaults(func=cmd_demo)
     gen = sub.add_parser("generate", help="generate from a model folder")
     gen.add_argument("--model", required=True)
