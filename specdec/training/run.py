@@ -1,0 +1,196 @@
+"""One call from a model to a trained drafter: target, corpus, teacher data, training, report.
+
+``train_drafter`` is what ``specdec train redrafter|medusa`` runs (through
+``specdec_redrafter.train.train_redrafter`` and ``specdec_medusa.train.train_medusa``, which
+supply the drafter as a task). It writes into ``out``: the checkpoint (``config.json`` +
+``model.safetensors``), ``trainer_state.pt`` (to resume), ``training_log.json`` (held-out tokens
+per step after each evaluation) and ``training_report.json`` (settings, the wall time of every
+stage, teacher and training throughput).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Callable
+
+import attrs
+import numpy as np
+
+__all__ = ["REPORT_FILE", "build_teacher_data", "evaluate_drafter", "train_drafter"]
+
+REPORT_FILE = "training_report.json"
+SAVE_DTYPES = {"float32": np.float32, "float16": np.float16}
+
+
+def train_drafter(kind: str, make_task: Callable, model, out, *, steps: int | None = None,
+                  minutes: float | None = None, prompts: int = 512, heldout_prompts: int = 64,
+                  max_new_tokens: int = 128, top_k: int = 32, teacher_batch_size: int = 16,
+                  teacher_dtype: str = "float32", batch_size: int = 64, lr: float = 1e-3, bf16: bool = False,
+                  seed: int = 0, resume: bool = False, threads: int | None = None, save_dtype: str = "float32",
+                  cache: Path | None = None, corpus=None, prompt_source: Callable | None = None,
+                  eval_minutes: tuple | None = None, eval_steps: int | None = None, eval_sequences: int | None = 32,
+                  hidden_dtype: str = "bfloat16", prompt_text_prompts: int = 0, progress: bool = True) -> dict:
+    """Distil a ``kind`` drafter for ``model`` into folder ``out``; returns the report (also saved).
+
+    make_task(target, seed) -> the drafter's task (``specdec.training.loop``). Budget: ``steps``
+    and/or ``minutes`` of training. Teacher data: ``prompts`` training and ``heldout_prompts``
+    held-out prompts (rounded up to whole cache shards), ``max_new_tokens`` greedy tokens each,
+    top-``top_k`` soft labels, decoded with the target in ``teacher_dtype``; cached under
+    ``cache``/teacher (default: the specdec cache). ``prompt_source(split, start, count)``
+    replaces the corpus (token-id prompts, for tests). ``prompt_text_prompts``: more training data
+    from prompt text (``build_teacher_data``). ``save_dtype``: "float32" or "float16".
+    """
+    import torch
+
+    from specdec.bundled import cache_dir
+    from specdec.training.loop import TrainSettings, train
+    from specdec.training.teacher import load_teacher_target
+
+    if save_dtype not in SAVE_DTYPES:
+        raise ValueError(f"save_dtype must be one of {sorted(SAVE_DTYPES)}, got {save_dtype!r}")
+    if threads:
+        torch.set_num_threads(threads)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    cache = Path(cache) if cache is not None else cache_dir()
+    times: dict[str, float] = {}
+    began = time.perf_counter()
+    target = load_teacher_target(model, dtype=teacher_dtype)
+    times["load_target"] = time.perf_counter() - began
+
+    datasets, teacher_stats, teacher_times = build_teacher_data(
+        target, prompts=prompts, heldout_prompts=heldout_prompts, max_new_tokens=max_new_tokens, top_k=top_k,
+        teacher_batch_size=teacher_batch_size, seed=seed, cache=cache, corpus=corpus, prompt_source=prompt_source,
+        hidden_dtype=hidden_dtype, prompt_text_prompts=prompt_text_prompts, progress=progress)
+    times.update(teacher_times)
+    teacher = teacher_stats.pop("settings")
+
+    task = make_task(target, seed)
+    settings = TrainSettings(steps=steps, minutes=minutes, batch_size=batch_size, lr=lr, bf16=bf16, seed=seed,
+                             eval_steps=eval_steps, eval_sequences=eval_sequences,
+                             **({"eval_minutes": tuple(eval_minutes)} if eval_minutes is not None else {}))
+    began = time.perf_counter()
+    summary = train(task, datasets["train"], datasets["heldout"], settings, out, resume=resume, progress=progress,
+                    save_dtype=SAVE_DTYPES[save_dtype])
+    times["training_wall"] = time.perf_counter() - began
+    report = {
+        "drafter": kind, "target": {"name": target.name, "fingerprint": target.fingerprint},
+        "config": task.config.to_dict(), "train_settings": attrs.asdict(settings), "teacher_settings": teacher,
+        "teacher": teacher_stats, "stage_seconds": {k: round(v, 2) for k, v in times.items()},
+        "training": {"steps": summary["step"], "train_seconds": round(summary["train_seconds"], 2),
+                     "eval_seconds": round(summary["eval_seconds"], 2), "positions": summary["positions"],
+                     "positions_per_second": round(summary["positions_per_second"], 1)},
+        "history": summary["history"], "threads": torch.get_num_threads(),
+    }
+    (out / REPORT_FILE).write_text(json.dumps(report, indent=2, default=str) + "\n")
+    return report
+
+
+PREFILL_OFFSET = 1_000_000  # prompt indices of the prompt-text data: disjoint from the continuation prompts
+
+
+def build_teacher_data(target, *, prompts: int, heldout_prompts: int, max_new_tokens: int = 128, top_k: int = 32,
+                       teacher_batch_size: int = 16, seed: int = 0, cache: Path | None = None, corpus=None,
+                       prompt_source: Callable | None = None, hidden_dtype: str = "bfloat16",
+                       prompt_text_prompts: int = 0, prompt_text_new_tokens: int = 16,
+                       progress: bool = True) -> tuple[dict, dict, dict]:
+    """Teacher data of both splits for a loaded ``TeacherTarget`` (cached, see ``train_drafter``);
+    a split with no prompts is left out.
+
+    prompt_text_prompts: that many more training prompts (other ones) contribute their prompt
+    text under teacher forcing (the chat template's fixed header skipped) plus the first
+    ``prompt_text_new_tokens`` greedy tokens: many positions for little compute, since the
+    prefill is batched while decoding is one token per forward.
+
+    -> (datasets {"train", "heldout"}, stats per split plus "settings", wall seconds per stage).
+    """
+    from tqdm.auto import tqdm
+
+    from specdec.bundled import cache_dir
+    from specdec.training.corpus import CORPUS_VERSION, build_prompts, default_corpus
+    from specdec.training.teacher import TeacherSettings, teacher_dataset
+
+    cache = Path(cache) if cache is not None else cache_dir()
+    times: dict[str, float] = {}
+    if prompt_source is None:
+        began = time.perf_counter()
+        corpus = corpus or default_corpus(cache / "corpus")
+        sources = corpus.describe()
+        times["corpus"] = time.perf_counter() - began
+
+        def prompt_source(split: str, start: int, count: int) -> list:
+            return [list(p.messages) for p in build_prompts(corpus, count, split=split, seed=seed, start=start)]
+        source_key = {"corpus": CORPUS_VERSION, "sources": sources, "seed": seed}
+    else:
+        source_key = {"custom": getattr(prompt_source, "__name__", "prompts"), "seed": seed}
+
+    teacher = TeacherSettings(max_new_tokens=max_new_tokens, top_k=top_k, batch_size=teacher_batch_size,
+                              dtype=str(target.model.dtype).removeprefix("torch."), hidden_dtype=hidden_dtype)
+    datasets, teacher_stats = {}, {}
+    header = _common_prefix(target, prompt_source("train", PREFILL_OFFSET, 2)) if prompt_text_prompts else None
+    text = attrs.evolve(teacher, max_new_tokens=prompt_text_new_tokens, prompt_from=header)
+    parts = (("heldout", heldout_prompts, teacher, 0), ("train", prompts, teacher, 0),
+             ("prompt_text", prompt_text_prompts, text, PREFILL_OFFSET))
+    for name, count, settings, offset in parts:
+        if count <= 0:
+            continue
+        split = "heldout" if name == "heldout" else "train"
+        began = time.perf_counter()
+        with tqdm(total=count * settings.max_new_tokens, disable=not progress, unit="tok", desc=f"teacher {name}") as bar:
+            datasets[name], teacher_stats[name] = teacher_dataset(
+                target, lambda start, n, split=split, offset=offset: prompt_source(split, offset + start, n),
+                count=count, prompt_key={**source_key, "split": split, **({"offset": offset} if offset else {})},
+                cache=cache / "teacher", settings=attrs.evolve(settings, shard_size=max(1, min(settings.shard_size, count))),
+                progress=bar.update)
+        times[f"teacher_{name}"] = time.perf_counter() - began
+    if "prompt_text" in datasets:
+        from specdec.training.teacher import TeacherData
+
+        extra = datasets.pop("prompt_text")
+        datasets["train"] = TeacherData.concat([datasets["train"], extra]) if "train" in datasets else extra
+    return datasets, {**teacher_stats, "settings": attrs.asdict(teacher)}, times
+
+
+def _common_prefix(target, prompts) -> int:
+    """Tokens shared by the start of every rendered prompt (the chat template's fixed header)."""
+    encoded = [p if isinstance(p[0], int) else target.encode(p) for p in prompts]
+    length = 0
+    while all(len(e) > length + 1 for e in encoded) and len({e[length] for e in encoded}) == 1:
+        length += 1
+    return length
+
+
+def evaluate_drafter(checkpoint, model, *, heldout_prompts: int = 64, max_new_tokens: int = 128, top_k: int = 32,
+                     seed: int = 0, sequences: int | None = None, cache: Path | None = None, progress: bool = False,
+                     **overrides) -> dict:
+    """Held-out tokens per step of a saved checkpoint, with config overrides (``beam_width``,
+    ``beam_length`` for ReDrafter; ``choices``, ``top_t`` for Medusa). The held-out teacher data
+    are the cached ones of ``train_drafter`` with the same settings (made when missing)."""
+    import attrs as _attrs
+
+    from specdec.generate import drafter_kind
+    from specdec.training.loop import evaluate
+    from specdec.training.teacher import load_teacher_target
+
+    kind = drafter_kind(Path(checkpoint))
+    target = load_teacher_target(model)
+    datasets, _, _ = build_teacher_data(target, prompts=0, heldout_prompts=heldout_prompts,
+                                        max_new_tokens=max_new_tokens, top_k=top_k, seed=seed, cache=cache,
+                                        progress=progress)
+    if kind == "redrafter":
+        from specdec_redrafter.checkpoint import load_redrafter_checkpoint
+        from specdec_redrafter.train import RedrafterTask
+
+        config, weights = load_redrafter_checkpoint(checkpoint)
+        task = RedrafterTask(_attrs.evolve(config, **overrides), embed_tokens=target.embed_tokens,
+                             lm_head=target.lm_head)
+    else:
+        from specdec_medusa.checkpoint import load_medusa_checkpoint
+        from specdec_medusa.train import MedusaTask
+
+        config, weights = load_medusa_checkpoint(checkpoint)
+        task = MedusaTask(_attrs.evolve(config, **overrides), lm_head=target.lm_head)
+    task.module.load_weights(weights)
+    return {"drafter": kind, **overrides, **evaluate(task, datasets["heldout"], sequences=sequences)}

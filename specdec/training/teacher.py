@@ -1,0 +1,348 @@
+"""Distillation data: the target's own greedy continuations, with its hidden states and soft labels.
+
+For every prompt the target decodes greedily (batched, left padding, its own KV cache). At each
+continuation position t (the last prompt position first) we keep what a drafter sees and what it
+must learn at decode time:
+
+    hidden[t]       (H,)  bf16   last-layer hidden state after the final norm (the drafter's input)
+    next_tokens[t]  ()    int    the target's greedy token x_{t+1} (argmax of its logits at t)
+    label_ids[t]    (k,)  int    the top-k tokens of the target's next-token distribution at t
+    label_probs[t]  (k,)  fp16   their probabilities (not renormalised)
+    remaining[t]    ()    int    positions left after t in the same sequence
+
+A row stops after ``max_new_tokens`` tokens or after it emits an end-of-sequence token (that
+position is kept: the drafter learns to predict the end too). The positions of all sequences are
+stored flat (P positions). Data are cached on disk in shards keyed by the target's fingerprint,
+the prompts and the settings, so a repeated or resumed run, or a run with more prompts, reuses
+what is already there.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import attrs
+import numpy as np
+import torch
+
+__all__ = ["TeacherData", "TeacherSettings", "TeacherTarget", "greedy_teacher", "load_teacher_target",
+           "target_fingerprint", "teacher_dataset"]
+
+
+@attrs.frozen(kw_only=True)
+class TeacherSettings:
+    """How teacher data are made. max_new_tokens: continuation length per prompt; top_k: soft
+    labels kept per position; batch_size: prompts decoded together; max_prompt_tokens: longer
+    prompts are dropped; dtype: the target's dtype while decoding; hidden_dtype: how hidden states
+    are stored; prompt_from: also keep prompt positions from this index on (``greedy_teacher``);
+    shard_size: prompts per cache file."""
+
+    max_new_tokens: int = 128
+    top_k: int = 32
+    batch_size: int = 16
+    max_prompt_tokens: int = 320
+    dtype: str = "float32"
+    hidden_dtype: str = "bfloat16"
+    prompt_from: int | None = None
+    shard_size: int = 64
+
+    def key(self) -> dict:
+        """The settings that change the data (batch_size does not, beyond rounding)."""
+        key = {"max_new_tokens": self.max_new_tokens, "top_k": self.top_k,
+               "max_prompt_tokens": self.max_prompt_tokens, "dtype": self.dtype}
+        if self.hidden_dtype != "bfloat16":
+            key["hidden_dtype"] = self.hidden_dtype
+        if self.prompt_from is not None:
+            key["prompt_from"] = self.prompt_from
+        return key
+
+
+@attrs.frozen(kw_only=True)
+class TeacherData:
+    """Flat per-position teacher data over P positions (see the module docstring for the fields)."""
+
+    hidden: torch.Tensor        # (P, H) bfloat16
+    next_tokens: torch.Tensor   # (P,) int64
+    label_ids: torch.Tensor     # (P, k) int64
+    label_probs: torch.Tensor   # (P, k) float16
+    remaining: torch.Tensor     # (P,) int64
+    sequence: torch.Tensor      # (P,) int64, index of the sequence each position belongs to
+
+    @property
+    def num_positions(self) -> int:
+        return int(self.next_tokens.shape[0])
+
+    @property
+    def num_sequences(self) -> int:
+        return int(self.sequence.max()) + 1 if self.num_positions else 0
+
+    def starts(self) -> torch.Tensor:
+        """(S,) int64: the flat index of the first position of each sequence."""
+        first = torch.ones_like(self.sequence, dtype=torch.bool)
+        first[1:] = self.sequence[1:] != self.sequence[:-1]
+        return torch.nonzero(first).flatten()
+
+    @classmethod
+    def concat(cls, parts: Sequence["TeacherData"]) -> "TeacherData":
+        """Join datasets; sequence indices are renumbered to stay distinct."""
+        offset, sequences = 0, []
+        for part in parts:
+            sequences.append(part.sequence + offset)
+            offset += part.num_sequences
+        join = lambda name: torch.cat([getattr(p, name) for p in parts])  # noqa: E731
+        return cls(hidden=join("hidden"), next_tokens=join("next_tokens"), label_ids=join("label_ids"),
+                   label_probs=join("label_probs"), remaining=join("remaining"), sequence=torch.cat(sequences))
+
+    def save(self, path: Path, metadata: dict | None = None) -> None:
+        """Write a safetensors file atomically (compact integer types on disk)."""
+        from safetensors.torch import save_file
+
+        tensors = {"hidden": self.hidden.contiguous(), "next_tokens": self.next_tokens.to(torch.int32),
+                   "label_ids": self.label_ids.to(torch.int32), "label_probs": self.label_probs.contiguous(),
+                   "remaining": self.remaining.to(torch.int32), "sequence": self.sequence.to(torch.int32)}
+        partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
+        save_file(tensors, str(partial), metadata={"specdec": json.dumps(metadata or {})})
+        partial.replace(path)
+
+    @classmethod
+    def load(cls, path: Path) -> "TeacherData":
+        from safetensors.torch import load_file
+
+        t = load_file(str(path))
+        return cls(hidden=t["hidden"], next_tokens=t["next_tokens"].long(), label_ids=t["label_ids"].long(),
+                   label_probs=t["label_probs"], remaining=t["remaining"].long(), sequence=t["sequence"].long())
+
+
+# ---------------------------------------------------------------------------------------------
+# The target
+
+
+@attrs.frozen(kw_only=True)
+class TeacherTarget:
+    """A ``transformers`` causal LM loaded for distillation, with what the drafters need from it.
+
+    model: the module (eval mode, frozen); tokenizer: ``tokenizers.Tokenizer`` or None;
+    chat_template: Jinja text or None; eos_token_ids; name (folder name); fingerprint (hex sha256,
+    as ``specdec.reference.model.ReferenceTarget.fingerprint``); folder.
+    """
+
+    model: Any
+    tokenizer: Any
+    chat_template: str | None
+    eos_token_ids: tuple
+    name: str
+    fingerprint: str
+    folder: Path
+
+    @property
+    def embed_tokens(self) -> torch.Tensor:
+        return self.model.model.embed_tokens.weight  # (V, H)
+
+    @property
+    def lm_head(self) -> torch.Tensor:
+        return self.model.lm_head.weight  # (V, H)
+
+    def encode(self, messages) -> list[int]:
+        """Token ids of a chat prompt, rendered and encoded exactly as ``specdec.generate`` does."""
+        from specdec.chat import render_chat
+
+        text = render_chat(self.chat_template, messages) if self.chat_template else messages[-1]["content"]
+        if self.tokenizer is None:
+            raise ValueError(f"target {self.name!r} has no tokenizer.json: text prompts cannot be encoded")
+        return list(self.tokenizer.encode(text).ids)
+
+
+def target_fingerprint(folder: Path) -> str:
+    """sha256 over the sorted stored tensor names, their shapes and float32 bytes: the same value
+    as ``specdec.reference.model.load_target(folder).fingerprint``, without float64 copies."""
+    from safetensors import safe_open
+
+    files = sorted(Path(folder).glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no .safetensors weights in {folder}")
+    located = {}
+    for file in files:
+        with safe_open(str(file), framework="pt") as handle:
+            located.update({name: file for name in handle.keys()})
+    digest = hashlib.sha256()
+    for name in sorted(located):
+        with safe_open(str(located[name]), framework="pt") as handle:
+            tensor = handle.get_tensor(name)
+        digest.update(name.encode())
+        digest.update(repr(tuple(tensor.shape)).encode())
+        digest.update(tensor.to(torch.float32).contiguous().numpy().astype("<f4").tobytes())
+    return digest.hexdigest()
+
+
+def load_teacher_target(source, *, dtype: str = "bfloat16") -> TeacherTarget:
+    """Load a bundled name (``smollm2-135m``) or a Hugging Face-format folder for distillation."""
+    import transformers
+
+    from specdec.bundled import resolve_model
+    from specdec.chat import load_chat_template
+    from specdec.reference.loading import LlamaConfig, load_tokenizer
+
+    folder = Path(resolve_model(source))
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(folder), dtype=getattr(torch, dtype))
+    model.eval().requires_grad_(False)
+    config = LlamaConfig.from_folder(folder)
+    return TeacherTarget(model=model, tokenizer=load_tokenizer(folder), chat_template=load_chat_template(folder),
+                         eos_token_ids=tuple(config.eos_token_ids), name=folder.resolve().name,
+                         fingerprint=target_fingerprint(folder), folder=folder)
+
+
+# ---------------------------------------------------------------------------------------------
+# Greedy decoding with hidden states and soft labels
+
+
+@torch.inference_mode()
+def greedy_teacher(model, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, top_k: int,
+                   eos_token_ids: Sequence[int] = (), batch_size: int = 16, hidden_dtype=torch.bfloat16,
+                   prompt_from: int | None = None, progress: Callable[[int], None] | None = None) -> TeacherData:
+    """Decode every prompt greedily with ``model`` (a ``transformers`` Llama-family causal LM) and
+    collect the teacher data of each continuation position (module docstring).
+
+    Prompts are decoded in batches of similar length, left padded. Argmax ties go to the lowest
+    token id. Hidden states are kept in ``hidden_dtype``. ``prompt_from``: also keep the prompt's
+    own positions from this index on (teacher forcing on the prompt text, free with the prefill:
+    there ``next_tokens`` is the prompt's next token); each sequence then runs through the prompt
+    into the continuation. ``progress(n)`` is called with the number of tokens each batch produced.
+    """
+    import inspect
+
+    from transformers import DynamicCache
+
+    if not prompts:
+        raise ValueError("greedy_teacher needs at least one prompt")
+
+    # transformers >= 5.2x names the cache argument "cache"; earlier versions "past_key_values".
+    cache_arg = "cache" if "cache" in inspect.signature(model.model.forward).parameters else "past_key_values"
+    order = sorted(range(len(prompts)), key=lambda i: (len(prompts[i]), i))
+    per_prompt: list[dict | None] = [None] * len(prompts)
+    eos = torch.tensor(sorted(set(int(t) for t in eos_token_ids)) or [-1])
+    for first in range(0, len(order), batch_size):
+        rows = order[first:first + batch_size]
+        width = max(len(prompts[i]) for i in rows)
+        ids = torch.zeros(len(rows), width, dtype=torch.long)
+        mask = torch.zeros(len(rows), width, dtype=torch.long)
+        for r, i in enumerate(rows):  # left padding
+            ids[r, width - len(prompts[i]):] = torch.tensor(list(prompts[i]), dtype=torch.long)
+            mask[r, width - len(prompts[i]):] = 1
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        cache = DynamicCache()
+        out = model.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
+                          **{cache_arg: cache})
+        hidden = out.last_hidden_state[:, -1]  # (b, H): the position that produces the first new token
+        if prompt_from is not None:
+            _keep_prompt_positions(model, out.last_hidden_state, [prompts[i] for i in rows], rows, per_prompt,
+                                   start=prompt_from, top_k=top_k, hidden_dtype=hidden_dtype)
+        done = torch.zeros(len(rows), dtype=torch.bool)
+        lengths = torch.zeros(len(rows), dtype=torch.long)
+        collected: list[tuple] = []
+        for step in range(max_new_tokens):
+            logits = model.lm_head(hidden).float()  # (b, V)
+            probs = torch.softmax(logits, dim=-1)
+            top_probs, top_ids = torch.topk(probs, top_k, dim=-1)  # (b, k)
+            nxt = torch.argmax(logits, dim=-1)  # first maximum: ties to the lowest id
+            collected.append((hidden.to(hidden_dtype), nxt, top_ids, top_probs.half(), ~done))
+            lengths += (~done).long()
+            done |= torch.isin(nxt, eos)
+            if bool(done.all()) or step == max_new_tokens - 1:
+                break
+            mask = torch.cat([mask, torch.ones(len(rows), 1, dtype=torch.long)], dim=1)
+            positions = positions[:, -1:] + 1
+            out = model.model(input_ids=nxt[:, None], attention_mask=mask, position_ids=positions, use_cache=True,
+                              **{cache_arg: cache})
+            hidden = out.last_hidden_state[:, 0]
+        stacked = [torch.stack(parts, dim=1) for parts in zip(*collected)]  # each (b, n, ...)
+        for r, i in enumerate(rows):
+            n = int(lengths[r])
+            new = {"hidden": stacked[0][r, :n], "next_tokens": stacked[1][r, :n],
+                   "label_ids": stacked[2][r, :n], "label_probs": stacked[3][r, :n]}
+            per_prompt[i] = new if per_prompt[i] is None else {
+                name: torch.cat([per_prompt[i][name], new[name]]) for name in new}
+        if progress is not None:
+            progress(int(lengths.sum()))
+    parts = []
+    for seq in per_prompt:
+        n = seq["next_tokens"].shape[0]
+        parts.append(TeacherData(hidden=seq["hidden"], next_tokens=seq["next_tokens"], label_ids=seq["label_ids"],
+                                 label_probs=seq["label_probs"], remaining=torch.arange(n - 1, -1, -1),
+                                 sequence=torch.zeros(n, dtype=torch.long)))
+    return TeacherData.concat(parts) if len(parts) > 1 else parts[0]
+
+
+def _keep_prompt_positions(model, hidden: torch.Tensor, prompts, rows, per_prompt, *, start: int, top_k: int,
+                           hidden_dtype) -> None:
+    """Teacher data of prompt positions ``start .. n-2`` of each row (the last one, n-1, is the
+    first continuation position). hidden (b, width, H), rows left padded."""
+    width = hidden.shape[1]
+    for r, (i, prompt) in enumerate(zip(rows, prompts)):
+        n = len(prompt)
+        if n - 1 <= start:
+            continue
+        h = hidden[r, width - n + start: width - 1]  # (m, H), m = n - 1 - start
+        probs = torch.softmax(model.lm_head(h).float(), dim=-1)
+        top_probs, top_ids = torch.topk(probs, top_k, dim=-1)
+        following = torch.tensor(list(prompt[start + 1:]), dtype=torch.long)  # (m,): the prompt's next tokens
+        per_prompt[i] = {"hidden": h.to(hidden_dtype), "next_tokens": following, "label_ids": top_ids,
+                         "label_probs": top_probs.half()}
+
+
+# ---------------------------------------------------------------------------------------------
+# Cached datasets
+
+
+def _shard_key(fingerprint: str, prompt_key: dict, settings: TeacherSettings, shard: int) -> str:
+    blob = json.dumps({"fingerprint": fingerprint, "prompts": prompt_key, "settings": settings.key(),
+                       "shard": shard, "shard_size": settings.shard_size}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:24]
+
+
+def teacher_dataset(target: TeacherTarget, make_prompts: Callable[[int, int], list], *, count: int,
+                    prompt_key: dict, settings: TeacherSettings, cache: Path,
+                    progress: Callable[[int], None] | None = None) -> tuple[TeacherData, dict]:
+    """Teacher data for the first ``count`` prompts, from the cache where present.
+
+    make_prompts(start, n) -> the prompts ``start .. start+n-1`` (chat messages or token ids);
+    prompt_key: what identifies that prompt stream (corpus, seed, split). Returns the data and
+    stats: positions, prompt and new tokens computed now, seconds spent, shards reused.
+    """
+    cache = Path(cache)
+    cache.mkdir(parents=True, exist_ok=True)
+    parts, stats = [], {"shards_reused": 0, "shards_made": 0, "new_tokens": 0, "prompt_tokens": 0, "seconds": 0.0}
+    for shard in range(-(-count // settings.shard_size)):
+        start = shard * settings.shard_size
+        file = cache / f"teacher-{_shard_key(target.fingerprint, prompt_key, settings, shard)}.safetensors"
+        if file.is_file():
+            parts.append(TeacherData.load(file))
+            stats["shards_reused"] += 1
+            continue
+        began = time.perf_counter()
+        prompts = make_prompts(start, settings.shard_size)
+        ids = [p if isinstance(p[0], (int, np.integer)) else target.encode(p) for p in prompts]
+        ids = [p for p in ids if len(p) <= settings.max_prompt_tokens]
+        if not ids:
+            raise ValueError(f"every prompt of teacher shard {shard} is longer than {settings.max_prompt_tokens} tokens")
+        data = greedy_teacher(target.model, ids, max_new_tokens=settings.max_new_tokens, top_k=settings.top_k,
+                              eos_token_ids=target.eos_token_ids, batch_size=settings.batch_size,
+                              hidden_dtype=getattr(torch, settings.hidden_dtype), prompt_from=settings.prompt_from,
+                              progress=progress)
+        data.save(file, {"prompt_key": prompt_key, "settings": settings.key(), "shard": shard,
+                         "target": target.name, "fingerprint": target.fingerprint})
+        parts.append(data)
+        stats["shards_made"] += 1
+        stats["new_tokens"] += data.num_positions
+        stats["prompt_tokens"] += sum(len(p) for p in ids)
+        stats["seconds"] += time.perf_counter() - began
+    data = TeacherData.concat(parts) if len(parts) > 1 else parts[0]
+    stats["positions"] = data.num_positions
+    if stats["seconds"]:
+        stats["new_tokens_per_second"] = stats["new_tokens"] / stats["seconds"]
+        stats["tokens_per_second"] = (stats["new_tokens"] + stats["prompt_tokens"]) / stats["seconds"]
+    return data, stats

@@ -1,0 +1,45 @@
+"""``specdec train``: the command trains, saves a loadable checkpoint and resumes."""
+
+from __future__ import annotations
+
+import json
+
+from specdec import cli
+from specdec.training import corpus as corpus_module
+from specdec_medusa.checkpoint import load_medusa_checkpoint
+from specdec_redrafter.checkpoint import load_redrafter_checkpoint
+
+
+def test_train_redrafter_then_resume(tiny_model, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    for i in range(30):
+        (lib / f"m{i}.py").write_text(f"def f{i}(x):\n    y = x + {i}\n    z = y * 2\n    return z - {i}\n")
+    monkeypatch.setattr(corpus_module, "default_corpus", lambda cache: corpus_module.Corpus(stdlib=lib))
+    out = tmp_path / "drafter"
+    args = ["train", "redrafter", "--model", str(tiny_model), "--out", str(out), "--steps", "4", "--prompts", "4",
+            "--heldout-prompts", "2", "--max-new-tokens", "6", "--beam-width", "2", "--beam-length", "3", "--quiet"]
+    assert cli.main(args) == 0
+    assert "tokens/step" in capsys.readouterr().out
+    config, _ = load_redrafter_checkpoint(out)
+    assert (config.beam_width, config.beam_length, config.head) == (2, 3, "tied")
+    assert config.target["name"] == tiny_model.name and len(config.target["fingerprint"]) == 64
+    report = json.loads((out / "training_report.json").read_text())
+    assert report["training"]["steps"] == 4 and report["teacher"]["train"]["positions"] > 0
+    assert cli.main(args[:7] + ["8"] + args[8:] + ["--resume"]) == 0
+    assert json.loads((out / "training_log.json").read_text())["step"] == 8
+
+    medusa = tmp_path / "medusa"
+    assert cli.main(["train", "medusa", "--model", str(tiny_model), "--out", str(medusa), "--steps", "2", "--prompts",
+                     "4", "--heldout-prompts", "2", "--max-new-tokens", "6", "--save-dtype", "float16", "--quiet"]) == 0
+    config, weights = load_medusa_checkpoint(medusa)
+    assert config.num_heads == 4 and config.head == "tied" and len(weights) == 8
+
+
+def test_train_rejects_other_backends_and_missing_budget(tiny_model, tmp_path, capsys):
+    base = ["train", "redrafter", "--model", str(tiny_model), "--out", str(tmp_path / "x")]
+    assert cli.main(base + ["--steps", "1", "--backend", "numpy"]) == 2
+    assert "torch backend only" in capsys.readouterr().err
+    assert cli.main(base) == 2
+    assert "--minutes N or --steps N" in capsys.readouterr().err

@@ -1,0 +1,172 @@
+"""ReDrafter training: checkpoint names and math equal the reference, acceptance equals the decode
+loop, training improves tokens per step, and an interrupted run resumes to the same weights."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import specdec
+from specdec.training import loop
+from specdec.training.loop import TrainSettings, soft_cross_entropy, train
+from specdec_redrafter.checkpoint import load_redrafter_checkpoint, random_redrafter_weights
+from specdec_redrafter.config import RedrafterConfig
+from specdec_redrafter.reference import drafter_logits, rnn_step
+from specdec_redrafter.train import RedrafterNet, RedrafterTask, default_config, train_redrafter
+
+V, H = 40, 8
+VARIANTS = [
+    dict(),
+    dict(rnn_variant="trtllm", num_draft_layers=1),
+    dict(rnn_variant="paper", head="full"),
+    dict(rnn=False, exit_dim=12, num_draft_layers=2),
+    dict(head="full", exit_dim=10, num_draft_layers=0),
+]
+
+
+def make_config(**overrides) -> RedrafterConfig:
+    return RedrafterConfig(**{"vocab_size": V, "hidden_size": H, "head": "tied", **overrides})
+
+
+@pytest.mark.parametrize("overrides", VARIANTS)
+def test_parameters_are_the_checkpoint_weights(overrides):
+    config = make_config(**overrides)
+    net = RedrafterNet(config, embed_tokens=torch.randn(V, H), target_lm_head=torch.randn(V, H))
+    shapes = {name: tuple(t.shape) for name, t in net.state_dict().items()}
+    assert shapes == config.weight_shapes()
+
+
+@pytest.mark.parametrize("overrides", VARIANTS)
+def test_teacher_forced_logits_equal_the_reference_in_float64(overrides, tmp_path):
+    rng = np.random.default_rng(1)
+    config = make_config(**overrides)
+    embed, lm_head = rng.normal(size=(V, H)), rng.normal(size=(V, H))
+    weights = random_redrafter_weights(config, rng)
+    net = RedrafterNet(config, embed_tokens=torch.from_numpy(embed), target_lm_head=torch.from_numpy(lm_head)).double()
+    net.load_weights(weights)
+    hidden, tokens = rng.normal(size=(3, H)), rng.integers(0, V, size=(3, 4))
+    got = net(torch.from_numpy(hidden), torch.from_numpy(tokens)).detach().numpy()  # (3, 4, V)
+    state = None
+    for k in range(4):
+        state = rnn_step(config, weights, state, embed[tokens[:, k]], first=k == 0)
+        expected = drafter_logits(config, weights, hidden, state, lm_head=lm_head)
+        np.testing.assert_allclose(got[:, k], expected, rtol=1e-10, atol=1e-10, err_msg=f"step {k + 1}, {overrides}")
+    # the saved checkpoint is a reference checkpoint with the same weights (float32 on disk)
+    task = RedrafterTask(config, embed_tokens=torch.from_numpy(embed), lm_head=torch.from_numpy(lm_head))
+    task.module.load_weights(weights)
+    loaded_config, loaded = load_redrafter_checkpoint(task.save(tmp_path / "ckpt"))
+    assert loaded_config == config
+    for name, array in weights.items():
+        np.testing.assert_array_equal(loaded[name], array.astype(np.float32).astype(np.float64))
+
+
+def test_initial_drafter_reads_the_target_distribution():
+    """Blocks start at zero and the head reads h: the untrained drafter gives the target's logits."""
+    embed = torch.randn(V, H)
+    net = RedrafterNet(make_config(), embed_tokens=embed, target_lm_head=embed, generator=torch.Generator().manual_seed(0))
+    hidden = torch.randn(2, H)
+    logits = net(hidden, torch.tensor([[1, 2], [3, 4]]))
+    torch.testing.assert_close(logits[:, 0], hidden @ embed.T, atol=0.2, rtol=0.05)
+
+
+def test_soft_cross_entropy_is_kl_plus_entropy():
+    logits = torch.randn(2, 3, 7)
+    ids = torch.tensor([[[0, 1], [2, 3], [4, 5]], [[6, 0], [1, 2], [3, 4]]])
+    probs = torch.tensor([[[0.5, 0.3], [0.8, 0.1], [0.4, 0.4]], [[0.6, 0.2], [0.3, 0.3], [0.9, 0.05]]])
+    valid = torch.tensor([[True, True, False], [True, True, True]])
+    expected = 0.0
+    for b in range(2):
+        for d in range(3):
+            if valid[b, d]:
+                p = probs[b, d] / probs[b, d].sum()
+                expected -= float((p * torch.log_softmax(logits[b, d], -1)[ids[b, d]]).sum())
+    assert float(soft_cross_entropy(logits, ids, probs, valid)) == pytest.approx(expected / 2, rel=1e-6)
+
+
+def test_sampled_softmax_with_every_token_is_exact():
+    features, weight = torch.randn(3, 2, 6), torch.randn(50, 6)
+    ids = torch.randint(0, 50, (3, 2, 4))
+    probs, valid = torch.rand(3, 2, 4), torch.ones(3, 2, dtype=torch.bool)
+    full = soft_cross_entropy(features @ weight.T, ids, probs, valid)
+    sampled = loop.sampled_soft_cross_entropy(features, weight, ids, probs, valid, negatives=50,
+                                              generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(sampled, full)
+    fewer = loop.sampled_soft_cross_entropy(features, weight, ids, probs, valid, negatives=5,
+                                            generator=torch.Generator().manual_seed(0))
+    assert torch.isfinite(fewer) and float(fewer) != float(full)
+
+
+@pytest.fixture(scope="module")
+def trained(tiny_model, prompt_source, tmp_path_factory):
+    out = tmp_path_factory.mktemp("redrafter")
+    report = train_redrafter(tiny_model, out, steps=150, prompts=48, heldout_prompts=8, max_new_tokens=20, top_k=8,
+                             beam_width=3, beam_length=4, batch_size=32, lr=3e-3, prompt_source=prompt_source,
+                             cache=tmp_path_factory.mktemp("cache"), eval_steps=75, progress=False)
+    return out, report
+
+
+def test_training_raises_heldout_tokens_per_step(trained):
+    _, report = trained
+    history = report["history"]
+    assert [row["step"] for row in history] == [75, 150, 150]
+    assert history[-1]["heldout_sequences"] == "all"
+    assert history[-1]["tokens_per_step"] > 2.0, history
+    assert history[-1]["loss"] < history[0]["loss"] * 1.5
+
+
+def test_offline_acceptance_equals_the_decode_loop(trained, tiny_model, tiny_target, tiny_data, prompt_source):
+    """Replaying decoding over the teacher data counts what ``specdec.stream`` accepts step by step."""
+    out, _ = trained
+    config, weights = load_redrafter_checkpoint(out)
+    task = RedrafterTask(config, embed_tokens=tiny_target.embed_tokens, lm_head=tiny_target.lm_head)
+    task.module.load_weights(weights)
+    heldout = tiny_data["heldout"]
+    visited = {}
+
+    def accept(indices):
+        accepted = task.accept(heldout, indices)
+        visited.update(zip(indices.tolist(), accepted.tolist()))
+        return accepted
+
+    loop.walk_tokens_per_step(heldout, accept)
+    checked = 0
+    for row, start in enumerate(heldout.starts().tolist()):
+        prompt = prompt_source("heldout", row, 1)[0]
+        steps = list(specdec.stream(tiny_model, prompt, drafter=str(out), backend="numpy", max_new_tokens=20))[1:]
+        position = start
+        for step in steps:
+            offline = visited[position]
+            if heldout.remaining[position] >= config.beam_length - 1:  # the whole window is in the data
+                assert int(step.num_accepted[0]) == offline, f"sequence {row}, position {position - start}"
+                checked += 1
+            position += offline + 1
+    assert checked >= 10
+
+
+def test_interrupted_training_resumes_to_the_same_weights(tiny_target, tiny_data, tmp_path, monkeypatch):
+    config = default_config(vocab_size=128, hidden_size=32, target={}, beam_width=2, beam_length=3)
+    settings = TrainSettings(steps=12, batch_size=8, eval_steps=6, eval_sequences=2, seed=5)
+
+    def run(folder, **kwargs):
+        task = RedrafterTask(config, embed_tokens=tiny_target.embed_tokens, lm_head=tiny_target.lm_head, seed=2)
+        train(task, tiny_data["train"], tiny_data["heldout"], settings, folder, progress=False, **kwargs)
+        return task.module.weights()
+
+    straight = run(tmp_path / "straight")
+
+    write_json = loop._write_json
+
+    def crash(path, value):
+        if path.name == loop.LOG_FILE:  # dies right after the first checkpoint (step 6)
+            raise KeyboardInterrupt
+        write_json(path, value)
+
+    monkeypatch.setattr(loop, "_write_json", crash)
+    with pytest.raises(KeyboardInterrupt):
+        run(tmp_path / "resumed")
+    monkeypatch.undo()
+    assert torch.load(tmp_path / "resumed" / loop.STATE_FILE, weights_only=False)["step"] == 6
+    resumed = run(tmp_path / "resumed", resume=True)
+    for name in straight:
+        np.testing.assert_array_equal(resumed[name], straight[name], err_msg=name)
