@@ -3,5 +3,5 @@
 # numpy; the torch and mlx tests also run whenever their framework is installed, which this script does).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh dev,torch,bench,mlx
+bash scripts/setup.sh dev,torch,hf,bench,mlx
 .venv/bin/python -m pytest -q "$@"

@@ -171,7 +171,8 @@ def cmd_train(args) -> int:
     require("torch", extra="train", feature="specdec train")
     require("transformers", extra="train", feature="specdec train")
     options = dict(steps=args.steps, minutes=args.minutes, prompts=args.prompts, heldout_prompts=args.heldout_prompts,
-                   max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, lr=args.lr, seed=args.seed,
+                   max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, lr=args.lr,
+                   weight_decay=args.weight_decay, seed=args.seed,
                    resume=args.resume, threads=args.threads, save_dtype=args.save_dtype, bf16=args.bf16,
                    negatives=args.negatives or None, prompt_text_prompts=args.prompt_text_prompts,
                    progress=not args.quiet)
@@ -255,6 +256,7 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--max-new-tokens", type=int, default=128, help="teacher continuation length")
     train.add_argument("--batch-size", type=int, default=64, help="positions per optimiser step")
     train.add_argument("--lr", type=float, default=1e-3)
+    train.add_argument("--weight-decay", type=float, default=0.0, help="AdamW decoupled weight decay")
     train.add_argument("--seed", type=int, default=0)
     train.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     train.add_argument("--save-dtype", default="float32", choices=("float32", "float16"))

@@ -27,7 +27,8 @@ SAVE_DTYPES = {"float32": np.float32, "float16": np.float16}
 def train_drafter(kind: str, make_task: Callable, model, out, *, steps: int | None = None,
                   minutes: float | None = None, prompts: int = 512, heldout_prompts: int = 64,
                   max_new_tokens: int = 128, top_k: int = 32, teacher_batch_size: int = 16,
-                  teacher_dtype: str = "float32", batch_size: int = 64, lr: float = 1e-3, bf16: bool = False,
+                  teacher_dtype: str = "float32", batch_size: int = 64, lr: float = 1e-3, weight_decay: float = 0.0,
+                  bf16: bool = False,
                   seed: int = 0, resume: bool = False, threads: int | None = None, save_dtype: str = "float32",
                   cache: Path | None = None, corpus=None, prompt_source: Callable | None = None,
                   eval_minutes: tuple | None = None, eval_steps: int | None = None, eval_sequences: int | None = 32,
@@ -68,7 +69,8 @@ def train_drafter(kind: str, make_task: Callable, model, out, *, steps: int | No
     teacher = teacher_stats.pop("settings")
 
     task = make_task(target, seed)
-    settings = TrainSettings(steps=steps, minutes=minutes, batch_size=batch_size, lr=lr, bf16=bf16, seed=seed,
+    settings = TrainSettings(steps=steps, minutes=minutes, batch_size=batch_size, lr=lr, weight_decay=weight_decay,
+                             bf16=bf16, seed=seed,
                              eval_steps=eval_steps, eval_sequences=eval_sequences,
                              **({"eval_minutes": tuple(eval_minutes)} if eval_minutes is not None else {}))
     began = time.perf_counter()

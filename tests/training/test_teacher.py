@@ -107,3 +107,14 @@ def test_prompt_positions_run_into_the_continuation(tiny_target, prompt_source):
             full = tiny_target.model.model(input_ids=ids).last_hidden_state[0, 1:]
         torch.testing.assert_close(data.hidden[rows], full, atol=1e-4, rtol=1e-4)
         assert data.remaining[rows].tolist() == list(range(len(full) - 1, -1, -1))
+
+
+def test_prompt_text_data_joins_the_training_split(tiny_target, tmp_path, prompt_source):
+    kwargs = dict(prompts=4, heldout_prompts=2, max_new_tokens=6, top_k=4, seed=0, cache=tmp_path,
+                  prompt_source=prompt_source, progress=False)
+    plain, _, _ = build_teacher_data(tiny_target, **kwargs)
+    more, stats, _ = build_teacher_data(tiny_target, prompt_text_prompts=4, prompt_text_new_tokens=2, **kwargs)
+    assert stats["train"]["shards_reused"] == 1 and stats["prompt_text"]["shards_made"] == 1
+    extra = more["train"].num_positions - plain["train"].num_positions
+    assert extra == stats["prompt_text"]["positions"] > 4 * 2, "prompt positions come on top of the new tokens"
+    assert more["heldout"].num_positions == plain["heldout"].num_positions
