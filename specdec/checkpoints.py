@@ -17,19 +17,22 @@ WEIGHTS_FILE = "model.safetensors"
 
 
 def save_checkpoint(path, config: dict, weights: Mapping[str, np.ndarray], *, dtype=np.float32) -> Path:
-    """Write ``config.json`` and ``model.safetensors`` (``dtype``: float32, or float16 to ship small)."""
+    """Write ``config.json`` and ``model.safetensors`` (``dtype``: float32, or float16 to ship small;
+    integer arrays, such as a vocabulary shortlist, are stored as int64 whatever ``dtype``)."""
     from safetensors.numpy import save_file
 
     folder = Path(path)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
-    arrays = {name: np.ascontiguousarray(array, dtype=dtype) for name, array in weights.items()}
+    arrays = {name: np.ascontiguousarray(array, dtype=np.int64 if np.issubdtype(np.asarray(array).dtype, np.integer)
+                                         else dtype) for name, array in weights.items()}
     save_file(arrays, str(folder / WEIGHTS_FILE), metadata={"format": "np", "model_type": str(config.get("model_type"))})
     return folder
 
 
 def read_checkpoint(path, *, label: str) -> tuple[dict, dict[str, np.ndarray]]:
-    """The config dict and float64 weights of a checkpoint folder; a clear error if files are missing."""
+    """The config dict and weights of a checkpoint folder (floating arrays as float64, integer
+    arrays as int64); a clear error if files are missing."""
     from safetensors.numpy import load_file
 
     folder = Path(path)
@@ -39,7 +42,8 @@ def read_checkpoint(path, *, label: str) -> tuple[dict, dict[str, np.ndarray]]:
                 f"{folder} is not a {label} checkpoint: {name} is missing (expected {CONFIG_FILE} and {WEIGHTS_FILE})"
             )
     config = json.loads((folder / CONFIG_FILE).read_text())
-    weights = {name: array.astype(np.float64) for name, array in load_file(str(folder / WEIGHTS_FILE)).items()}
+    weights = {name: array.astype(np.int64 if np.issubdtype(array.dtype, np.integer) else np.float64)
+               for name, array in load_file(str(folder / WEIGHTS_FILE)).items()}
     return config, weights
 
 

@@ -175,6 +175,7 @@ def cmd_train(args) -> int:
                    weight_decay=args.weight_decay, seed=args.seed,
                    resume=args.resume, threads=args.threads, save_dtype=args.save_dtype, bf16=args.bf16,
                    negatives=args.negatives or None, prompt_text_prompts=args.prompt_text_prompts,
+                   shortlist=(8192 if args.drafter == "redrafter" else 0) if args.shortlist is None else args.shortlist,
                    progress=not args.quiet)
     if args.drafter == "redrafter":
         from specdec_redrafter.train import train_redrafter
@@ -249,9 +250,9 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--beam-width", type=int, default=4)
     train.add_argument("--beam-length", type=int, default=5, help="ReDrafter beam length, root included")
     train.add_argument("--resume", action="store_true", help="continue from --out/trainer_state.pt")
-    train.add_argument("--prompts", type=int, default=512, help="training prompts for the teacher data")
+    train.add_argument("--prompts", type=int, default=640, help="training prompts decoded for the teacher data")
     train.add_argument("--heldout-prompts", type=int, default=64)
-    train.add_argument("--prompt-text-prompts", type=int, default=0,
+    train.add_argument("--prompt-text-prompts", type=int, default=1024,
                        help="more prompts whose prompt text (teacher-forced) and first 16 tokens are training data")
     train.add_argument("--max-new-tokens", type=int, default=128, help="teacher continuation length")
     train.add_argument("--batch-size", type=int, default=64, help="positions per optimiser step")
@@ -261,8 +262,11 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     train.add_argument("--save-dtype", default="float32", choices=("float32", "float16"))
     train.add_argument("--bf16", action="store_true", help="bfloat16 autocast for the drafter")
-    train.add_argument("--negatives", type=int, default=0,
+    train.add_argument("--negatives", type=int, default=4096,
                        help="sampled-softmax loss: label tokens plus N sampled tokens instead of all (0: all)")
+    train.add_argument("--shortlist", type=int, default=None,
+                       help="ReDrafter: draft only the N token ids with the most teacher mass (0: all; "
+                            "default 8192 for ReDrafter, 0 for Medusa)")
     train.add_argument("--quiet", action="store_true", help="no progress bars")
     train.set_defaults(func=cmd_train)
     plugins = sub.add_parser("plugins", help="list installed backends, drafters, tree builders and verifiers")

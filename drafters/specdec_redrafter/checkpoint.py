@@ -85,6 +85,8 @@ def random_redrafter_weights(
         weights[f"lm_head.{config.num_draft_layers}.weight"] = normal((vocab, exit_dim), head_std)
     else:  # logits = lm_head @ head_proj @ x: divide out the LM head's own gain sqrt(H) * rms
         weights["head_proj.weight"] = normal((hidden, exit_dim), head_std / (lm_head_rms * np.sqrt(hidden)))
+    if config.shortlist_size is not None:
+        weights["vocab_shortlist"] = np.sort(rng.choice(vocab, size=config.shortlist_size, replace=False)).astype(np.int64)
     return weights
 
 

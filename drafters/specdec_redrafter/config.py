@@ -11,6 +11,7 @@ Weights are stored as a flat dict of arrays with these names (``Linear`` weights
 | ``head_proj.weight`` | (H, E) | ``head == "tied"`` (then the target's LM head (V, H)) |
 | ``rnn_w.weight`` | (H, H) | ``rnn`` |
 | ``rnn_u.weight``, ``rnn_u.bias`` | (H, H), (H,) | ``rnn`` |
+| ``vocab_shortlist`` | (S,) int | ``shortlist_size`` S (``specdec.shortlist``) |
 
 The token embedding is the target's own ``embed_tokens`` (V, H), so the RNN state has size H.
 """
@@ -21,6 +22,8 @@ from typing import Any
 
 import attrs
 import numpy as np
+
+from specdec.shortlist import check_shortlist
 
 __all__ = ["MODEL_TYPE", "RNN_VARIANTS", "HEADS", "RedrafterConfig", "check_weights"]
 
@@ -56,6 +59,8 @@ class RedrafterConfig:
     where e_t is the embedding of the t-th token of the beam (e_1: the root).
     head: "full" (exit_dim -> V) or "tied" (exit_dim -> H, then the target's LM head).
     draft_top_k: keep only the top-k drafter logits before ranking beams (None: no warp).
+    shortlist_size: S, when the drafter proposes only the S token ids of its ``vocab_shortlist``
+    weight (``specdec.shortlist``: the head then costs S/V of the full projection); None: all V.
     beam_width W, beam_length L (root included): defaults for beam search.
     target: what the drafter was trained for (name, fingerprint, vocab_size, hidden_size).
     """
@@ -70,6 +75,7 @@ class RedrafterConfig:
     rnn_variant: str = attrs.field(default="apple", validator=_one_of(RNN_VARIANTS))
     head: str = attrs.field(default="full", validator=_one_of(HEADS))
     draft_top_k: int | None = attrs.field(default=None)
+    shortlist_size: int | None = attrs.field(default=None)
     beam_width: int = attrs.field(default=4, validator=_positive_int)
     beam_length: int = attrs.field(default=4)
     target: dict = attrs.field(factory=dict, converter=dict)
@@ -84,6 +90,18 @@ class RedrafterConfig:
     def _check_top_k(self, attribute, value):
         if value is not None:
             _positive_int(self, attribute, value)
+
+    @shortlist_size.validator
+    def _check_shortlist(self, attribute, value):
+        if value is not None:
+            _positive_int(self, attribute, value)
+            if value > self.vocab_size:
+                raise ValueError(f"RedrafterConfig.shortlist_size={value} exceeds vocab_size={self.vocab_size}")
+
+    @property
+    def draft_vocab_size(self) -> int:
+        """How many tokens the drafter can propose: S with a shortlist, else V."""
+        return self.shortlist_size or self.vocab_size
 
     @beam_length.validator
     def _check_length(self, attribute, value):
@@ -131,6 +149,8 @@ class RedrafterConfig:
             shapes["rnn_w.weight"] = (hidden, hidden)
             shapes["rnn_u.weight"] = (hidden, hidden)
             shapes["rnn_u.bias"] = (hidden,)
+        if self.shortlist_size is not None:
+            shapes["vocab_shortlist"] = (self.shortlist_size,)
         return shapes
 
 
@@ -148,6 +168,8 @@ def check_weights(config: RedrafterConfig, weights: dict[str, Any]) -> None:
         raise ValueError(
             "ReDrafter weights do not match the config "
             f"(head={config.head!r}, rnn={config.rnn}, exit_dim={config.exit_dim}, "
-            f"num_draft_layers={config.num_draft_layers}): missing {missing}, unexpected {unexpected}, "
-            f"wrong shapes {wrong}; check that config.json belongs to these weights"
+            f"num_draft_layers={config.num_draft_layers}, shortlist_size={config.shortlist_size}): missing {missing}, "
+            f"unexpected {unexpected}, wrong shapes {wrong}; check that config.json belongs to these weights"
         )
+    if config.shortlist_size is not None:
+        check_shortlist(np.asarray(weights["vocab_shortlist"]), config.vocab_size, config.shortlist_size)

@@ -10,8 +10,11 @@ head on (B, W) states and keeps the best W of the W*V extensions with ``top_indi
 first, equal scores to the lower flat index ``beam * V + token``, as the reference's stable
 argsort). Only beam 0 is alive at the first step (the others score -inf), the reference's
 first-step trick. Nothing is evaluated here: the decode loop's evaluation point runs the draft
-together with the target forward. Shapes: B batch, W beam width, L beam length (root
-included), V vocab, H hidden, E exit_dim.
+together with the target forward. With a vocabulary shortlist the head uses only the S
+shortlisted rows (gathered once) and beam search runs over S local ids, mapped back through
+the sorted shortlist (ties keep going to the lower token id). Shapes: B batch, W beam width,
+L beam length (root included), V vocab, S the drafted vocabulary (V without a shortlist),
+H hidden, E exit_dim.
 """
 
 from __future__ import annotations
@@ -59,7 +62,7 @@ class RedrafterModule(nn.Module):
         self.config = config
         if exit_dim != 2 * hidden:
             self.input_proj = nn.Linear(2 * hidden, exit_dim)
-        head = [nn.Linear(exit_dim, config.vocab_size, bias=False)] if config.head == "full" else []
+        head = [nn.Linear(exit_dim, config.draft_vocab_size, bias=False)] if config.head == "full" else []
         self.lm_head = [_Block(exit_dim) for _ in range(config.num_draft_layers)] + head
         if config.head == "tied":
             self.head_proj = nn.Linear(exit_dim, hidden, bias=False)
@@ -71,6 +74,11 @@ class RedrafterModule(nn.Module):
     def from_weights(cls, config: RedrafterConfig, weights: dict, *, dtype=mx.float32) -> RedrafterModule:
         check_weights(config, weights)
         module = cls(config)
+        weights = dict(weights)
+        shortlist = weights.pop("vocab_shortlist", None)
+        full = f"lm_head.{config.num_draft_layers}.weight"
+        if shortlist is not None and full in weights:  # a full head keeps only the shortlisted rows
+            weights[full] = np.asarray(weights[full])[np.asarray(shortlist, dtype=np.int64)]
         module.load_weights([(name, mx.array(np.asarray(w, dtype=np.float32)).astype(dtype))
                              for name, w in weights.items()], strict=True)
         mx.eval(module.parameters())
@@ -89,7 +97,8 @@ class RedrafterModule(nn.Module):
         return embedding if first else nn.silu(w_e + self.rnn_u(state))  # "paper": s_1 = e_1
 
     def __call__(self, hidden: mx.array, state: mx.array, lm_head: mx.array | None = None) -> mx.array:
-        """Drafter logits. hidden (B, 1, H) or (B, W, H), state (B, W, H) -> (B, W, V)."""
+        """Drafter logits over the drafted vocabulary. hidden (B, 1, H) or (B, W, H), state (B, W, H),
+        lm_head: the target's LM head rows of the drafted vocabulary (S, H) -> (B, W, S)."""
         hidden = mx.broadcast_to(hidden, state.shape)
         x = mx.concatenate([hidden, state], axis=-1)  # (B, W, 2H)
         if "input_proj" in self:
@@ -99,7 +108,7 @@ class RedrafterModule(nn.Module):
             x = block(x)
         if self.config.head == "full":
             return self.lm_head[-1](x)
-        return self.head_proj(x) @ lm_head.T  # (B, W, H) -> (B, W, V)
+        return self.head_proj(x) @ lm_head.T  # (B, W, H) -> (B, W, S)
 
 
 class MlxRedrafterDrafter(BeamSettings):
@@ -120,11 +129,27 @@ class MlxRedrafterDrafter(BeamSettings):
         self.config = config
         self.module = RedrafterModule.from_weights(config, weights, dtype=embed_tokens.dtype)
         self.embed_tokens, self.lm_head = embed_tokens, lm_head
+        self.shortlist = None
+        if config.shortlist_size is not None:
+            self.shortlist = mx.array(np.asarray(weights["vocab_shortlist"], dtype=np.int32))
+        self.head_rows = lm_head if lm_head is None or self.shortlist is None else lm_head[self.shortlist]  # (S, H)
         self.set_beams(config, beam_width, beam_length, sample)
 
     def _log_probs(self, hidden: mx.array, state: mx.array) -> mx.array:
-        """Warped drafter log-probs of the next token. hidden (B, H), state (B, W, H) -> (B, W, V)."""
-        return draft_log_probs(self.module(hidden[:, None, :], state, self.lm_head), top_k=self.config.draft_top_k)
+        """Warped drafter log-probs of the next token. hidden (B, H), state (B, W, H) -> (B, W, S)."""
+        return draft_log_probs(self.module(hidden[:, None, :], state, self.head_rows), top_k=self.config.draft_top_k)
+
+    def _to_vocab(self, local: mx.array) -> mx.array:
+        """Token ids of drafted-vocabulary ids (the identity without a shortlist)."""
+        return local if self.shortlist is None else self.shortlist[local]
+
+    def _scatter_vocab(self, values: mx.array, fill: float) -> mx.array:
+        """(..., S) over the drafted vocabulary -> (..., V), ``fill`` outside the shortlist."""
+        if self.shortlist is None:
+            return values
+        out = mx.full((*values.shape[:-1], self.config.vocab_size), fill, dtype=values.dtype)
+        out[..., self.shortlist] = values
+        return out
 
     def beam_search(self, hidden: mx.array, roots: mx.array, *, want_draft_probs: bool = False):
         """Beams (B, W, L) int32 best first, scores (B, W) and, when wanted, draft_probs
@@ -134,14 +159,15 @@ class MlxRedrafterDrafter(BeamSettings):
         the W*V extensions are beam 0's best W tokens (its flat indices come first on ties);
         the drafter runs once per row (needs W <= V, else the general step handles it).
         """
-        batch, vocab, width = roots.shape[0], self.config.vocab_size, self.beam_width
+        batch, vocab, width = roots.shape[0], self.config.draft_vocab_size, self.beam_width
         start = mx.zeros((batch, 1, self.config.hidden_size), dtype=hidden.dtype)
         state = self.module.rnn_step(start, self.embed_tokens[roots][:, None, :], first=True)  # (B, 1, H)
         log_probs = self._log_probs(hidden, state)  # (B, 1, V)
         history = [mx.broadcast_to(log_probs, (batch, width, vocab))] if want_draft_probs else []
         if width <= vocab:
-            token = ops.top_indices(log_probs[:, 0], width)  # (B, W)
-            scores = mx.take_along_axis(log_probs[:, 0], token, axis=1)
+            local = ops.top_indices(log_probs[:, 0], width)  # (B, W)
+            scores = mx.take_along_axis(log_probs[:, 0], local, axis=1)
+            token = self._to_vocab(local).astype(roots.dtype)
             beams = mx.concatenate([mx.broadcast_to(roots[:, None, None], (batch, width, 1)), token[:, :, None]], axis=2)
             state = mx.broadcast_to(state, (batch, width, state.shape[2]))
             first_step = 2
@@ -156,7 +182,7 @@ class MlxRedrafterDrafter(BeamSettings):
             # 2. Joint log-prob of every (beam, token) extension; keep the best W, ties to the lower index.
             candidates = (scores[:, :, None] + log_probs).reshape(batch, width * vocab)
             best = ops.top_indices(candidates, width)  # (B, W)
-            parent, token = best // vocab, best % vocab
+            parent, token = best // vocab, self._to_vocab(best % vocab).astype(beams.dtype)
             scores = mx.take_along_axis(candidates, best, axis=1)
             # 3. Gather the surviving beams' histories from their parents and append the new token.
             beams = mx.concatenate([mx.take_along_axis(beams, parent[:, :, None], axis=1), token[:, :, None]], axis=2)
@@ -164,7 +190,7 @@ class MlxRedrafterDrafter(BeamSettings):
             if want_draft_probs:
                 history = [mx.take_along_axis(h, parent[:, :, None], axis=1) for h in history]
                 history.append(mx.take_along_axis(log_probs, parent[:, :, None], axis=1))
-        draft_probs = mx.exp(mx.stack(history, axis=2)) if want_draft_probs else None
+        draft_probs = self._scatter_vocab(mx.exp(mx.stack(history, axis=2)), 0.0) if want_draft_probs else None
         return beams.astype(mx.int32), scores, draft_probs
 
     def sample_chains(self, hidden: mx.array, roots: mx.array, uniforms: mx.array, sampling):
@@ -176,10 +202,10 @@ class MlxRedrafterDrafter(BeamSettings):
         draft_probs = []
         for t in range(1, length):
             state = self.module.rnn_step(state, self.embed_tokens[tokens[-1]], first=t == 1)  # (B, W, H)
-            probs = ops.target_probs(self.module(hidden[:, None, :], state, self.lm_head), sampling)  # (B, W, V)
+            probs = ops.target_probs(self.module(hidden[:, None, :], state, self.head_rows), sampling)  # (B, W, S)
             draft_probs.append(probs)
-            tokens.append(ops.sample_from(probs, uniforms[:, :, t]))
-        return mx.stack(tokens, axis=2), mx.stack(draft_probs, axis=2)
+            tokens.append(self._to_vocab(ops.sample_from(probs, uniforms[:, :, t])).astype(mx.int32))
+        return mx.stack(tokens, axis=2), self._scatter_vocab(mx.stack(draft_probs, axis=2), 0.0)
 
     def propose(self, context: DraftContext) -> Draft:
         """Beams (B, W, L) continuing ``context.root_tokens`` given ``context.hidden`` (B, H)."""

@@ -8,6 +8,7 @@ summarises them (``rnn_step``), and the drafter's logits for x_{t+1} are
     x = input_proj(x)                      (E,)   only when exit_dim != 2H
     x = x + SiLU(Linear_i(x)), i < layers  (E,)   residual blocks
     logits = head(x)                       (V,)   full: Linear(E -> V); tied: lm_head @ head_proj
+    logits = restrict_logits(logits, S)    (V,)   -inf outside the vocabulary shortlist, if any
 
 (``drafter_logits``). Beam search of width W and length L (``beam_search``) turns them into W
 candidate continuations of the root; with a sampling configuration the drafter can instead
@@ -21,6 +22,7 @@ import attrs
 import numpy as np
 
 from specdec.reference.sampling import sample_from, target_probs
+from specdec.shortlist import restrict_logits
 from specdec.types import Draft, DraftContext, SamplingConfig
 from specdec_redrafter.config import RedrafterConfig, check_weights
 
@@ -88,14 +90,17 @@ def drafter_logits(
 ) -> np.ndarray:
     """Drafter logits for the next token. hidden, state (..., H) -> (..., V).
 
-    ``lm_head`` (V, H) is the target's LM head, needed when ``config.head == "tied"``.
+    ``lm_head`` (V, H) is the target's LM head, needed when ``config.head == "tied"``. With a
+    vocabulary shortlist (``weights["vocab_shortlist"]``), tokens outside it get -inf.
     """
     x = drafter_features(config, weights, hidden, state)
     if config.head == "full":
-        return _linear(x, weights[f"lm_head.{config.num_draft_layers}.weight"])
-    if lm_head is None:
+        logits = _linear(x, weights[f"lm_head.{config.num_draft_layers}.weight"])
+    elif lm_head is None:
         raise ValueError("a ReDrafter with head='tied' needs the target's lm_head (V, H); pass lm_head=")
-    return _linear(_linear(x, weights["head_proj.weight"]), lm_head)  # (..., H) -> (..., V)
+    else:
+        logits = _linear(_linear(x, weights["head_proj.weight"]), lm_head)  # (..., H) -> (..., V)
+    return restrict_logits(logits, weights.get("vocab_shortlist"))
 
 
 def draft_log_probs(logits: np.ndarray, *, top_k: int | None = None) -> np.ndarray:
@@ -154,25 +159,29 @@ def beam_search(
     and keeps the top W of the W*V candidates, sorted descending, equal scores to the lower
     flat index (beam * V + token). Only beam 0 is alive at the first step, so the W beams do
     not start as W copies of the root. ``config.draft_top_k`` warps the drafter's log-probs.
+    With a vocabulary shortlist of S ids the candidates are the W*S extensions by shortlisted
+    tokens (flat index beam * S + position in the shortlist); ``log_probs`` stay over V.
     """
     hidden = np.asarray(hidden, dtype=np.float64)
     root_tokens = np.asarray(root_tokens, dtype=np.int64)
-    batch, vocab, width = root_tokens.shape[0], config.vocab_size, beam_width
+    # The candidates are the drafted vocabulary: the shortlist's ids (sorted), or every token.
+    drafted = np.asarray(weights.get("vocab_shortlist", np.arange(config.vocab_size)), dtype=np.int64)
+    batch, vocab, width = root_tokens.shape[0], drafted.shape[0], beam_width
     _check_beam_shape(vocab, beam_width, beam_length)
     beams = np.repeat(root_tokens[:, None, None], width, axis=1)  # (B, W, 1)
     scores = np.full((batch, width), -np.inf)
     scores[:, 0] = 0.0  # only beam 0 alive
     state = np.zeros((batch, width, config.hidden_size))
-    history = np.zeros((batch, width, 0, vocab))
+    history = np.zeros((batch, width, 0, config.vocab_size))
     for t in range(1, beam_length):
         # 1. Advance every beam's state with its last token, then score the next token.
         state = rnn_step(config, weights, state, embed_tokens[beams[:, :, -1]], first=t == 1)  # (B, W, H)
         logits = drafter_logits(config, weights, hidden[:, None, :], state, lm_head=lm_head)  # (B, W, V)
         log_probs = draft_log_probs(logits, top_k=config.draft_top_k)
         # 2. Joint log-prob of every (beam, token) extension; keep the best W (stable: ties to lower index).
-        candidates = (scores[:, :, None] + log_probs).reshape(batch, width * vocab)
+        candidates = (scores[:, :, None] + log_probs[:, :, drafted]).reshape(batch, width * vocab)
         best = np.argsort(-candidates, axis=1, kind="stable")[:, :width]  # (B, W)
-        parent, token = best // vocab, best % vocab
+        parent, token = best // vocab, drafted[best % vocab]
         scores = np.take_along_axis(candidates, best, axis=1)
         # 3. Gather the surviving beams' histories from their parents and append the new token.
         beams = np.concatenate([np.take_along_axis(beams, parent[:, :, None], axis=1), token[:, :, None]], axis=2)
@@ -242,7 +251,7 @@ class BeamSettings:
         self.beam_width = config.beam_width if beam_width is None else int(beam_width)
         self.beam_length = config.beam_length if beam_length is None else int(beam_length)
         self.sample = bool(sample)
-        _check_beam_shape(config.vocab_size, self.beam_width, self.beam_length)
+        _check_beam_shape(config.draft_vocab_size, self.beam_width, self.beam_length)
 
     @property
     def sample_shape(self) -> tuple[int, int] | None:
@@ -279,7 +288,8 @@ class RedrafterDrafter(BeamSettings):
         check_weights(config, weights)
         check_target_arrays(config, embed_tokens, lm_head)
         self.config = config
-        self.weights = {name: np.asarray(array, dtype=np.float64) for name, array in weights.items()}
+        self.weights = {name: np.asarray(array, dtype=np.int64 if name == "vocab_shortlist" else np.float64)
+                        for name, array in weights.items()}
         self.embed_tokens = np.asarray(embed_tokens, dtype=np.float64)
         self.lm_head = None if lm_head is None else np.asarray(lm_head, dtype=np.float64)
         self.set_beams(config, beam_width, beam_length, sample)

@@ -10,7 +10,11 @@ the head on (B, W) states, scores the W*V extensions and keeps the best W with
 as the reference's stable argsort; ``torch.topk`` alone does not promise that order). First-step
 trick: before the first token every beam is the root alone, so step 1 runs the drafter once per
 row and takes the top W of its V tokens, which is what the reference's "only beam 0 alive"
-selects. Shapes: B batch, W beam width, L beam length (root included), V vocab, H hidden, E exit_dim.
+selects. With a vocabulary shortlist of S ids the head multiplies by those S rows only (gathered
+once at load), beam search runs over S "local" ids, and chosen ids map back through the
+shortlist; the shortlist is sorted, so ties still go to the lower token id. Shapes: B batch,
+W beam width, L beam length (root included), V vocab, S the drafted vocabulary (V without a
+shortlist), H hidden, E exit_dim.
 """
 
 from __future__ import annotations
@@ -68,10 +72,16 @@ class RedrafterModule(torch.nn.Module):
         self.blocks = torch.nn.ModuleList(
             _linear(weights, f"lm_head.{i}.linear", dtype, device, bias=True) for i in range(config.num_draft_layers)
         )
+        self.shortlist = None
+        if config.shortlist_size is not None:
+            self.shortlist = torch.as_tensor(np.asarray(weights["vocab_shortlist"]), dtype=torch.int64, device=device)
         if config.head == "full":
             self.head = _linear(weights, f"lm_head.{config.num_draft_layers}", dtype, device, bias=False)
+            if self.shortlist is not None:  # keep only the shortlisted rows
+                self.head.weight = torch.nn.Parameter(self.head.weight[self.shortlist], requires_grad=False)
         else:
             self.head_proj = _linear(weights, "head_proj", dtype, device, bias=False)
+            self.head_rows = lm_head if self.shortlist is None else lm_head[self.shortlist]  # (S, H)
         if config.rnn:
             self.rnn_w = _linear(weights, "rnn_w", dtype, device, bias=False)
             self.rnn_u = _linear(weights, "rnn_u", dtype, device, bias=True)
@@ -92,7 +102,7 @@ class RedrafterModule(torch.nn.Module):
         raise ValueError(f"unknown rnn_variant {variant!r}")
 
     def forward(self, hidden: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
-        """Drafter logits for the next token. hidden (B, 1, H), state (B, w, H) -> (B, w, V)."""
+        """Drafter logits over the drafted vocabulary. hidden (B, 1, H), state (B, w, H) -> (B, w, S)."""
         x = torch.cat([hidden.expand(-1, state.shape[1], -1), state], dim=-1)  # (B, w, 2H)
         if self.input_proj is not None:
             x = self.input_proj(x)  # (B, w, E)
@@ -100,13 +110,24 @@ class RedrafterModule(torch.nn.Module):
             x = x + F.silu(block(x))
         if self.config.head == "full":
             return self.head(x)
-        return F.linear(self.head_proj(x), self.lm_head)  # (B, w, H) -> (B, w, V)
+        return F.linear(self.head_proj(x), self.head_rows)  # (B, w, H) -> (B, w, S)
+
+    def to_vocab(self, local: torch.Tensor) -> torch.Tensor:
+        """Token ids of drafted-vocabulary ids (the identity without a shortlist)."""
+        return local if self.shortlist is None else self.shortlist[local]
+
+    def scatter_vocab(self, values: torch.Tensor, fill: float) -> torch.Tensor:
+        """(..., S) values over the drafted vocabulary -> (..., V), ``fill`` outside the shortlist."""
+        if self.shortlist is None:
+            return values
+        out = values.new_full((*values.shape[:-1], self.config.vocab_size), fill)
+        return out.index_copy_(-1, self.shortlist, values)
 
     def beam_search(self, hidden: torch.Tensor, roots: torch.Tensor, *, width: int, length: int,
                     keep_log_probs: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """hidden (B, H), roots (B,) -> beams (B, W, L) best first, scores (B, W) joint log-probs,
         log_probs (B, W, L-1, V) of the distributions that scored each drafted token (or None)."""
-        batch, vocab = roots.shape[0], self.config.vocab_size
+        batch, vocab = roots.shape[0], self.config.draft_vocab_size
         hidden = hidden[:, None, :]  # (B, 1, H)
         beams = roots[:, None, None]  # (B, 1, 1): every beam is the root alone
         scores = torch.zeros(batch, 1, dtype=compute_dtype(hidden.dtype), device=roots.device)
@@ -123,7 +144,7 @@ class RedrafterModule(torch.nn.Module):
             # 2. Joint log-prob of every (beam, token) extension; keep the best W, ties to the lower index.
             candidates = (scores[:, :, None] + log_probs).reshape(batch, -1)  # (B, w*V)
             scores, best = top_k_lowest_index(candidates, width)  # (B, W)
-            parent, token = best // vocab, best % vocab
+            parent, token = best // vocab, self.to_vocab(best % vocab)
             # 3. Gather the survivors' histories from their parents and append the new token.
             beams = torch.cat([torch.gather(beams, 1, parent[:, :, None].expand(-1, -1, t)), token[:, :, None]], dim=2)
             state = torch.gather(state, 1, parent[:, :, None].expand(-1, -1, state.shape[2]))
@@ -131,6 +152,8 @@ class RedrafterModule(torch.nn.Module):
                 chosen = torch.gather(log_probs, 1, parent[:, :, None].expand(-1, -1, vocab))[:, :, None]  # (B, W, 1, V)
                 history = chosen if history is None else torch.cat(
                     [torch.gather(history, 1, parent[:, :, None, None].expand(-1, -1, t - 1, vocab)), chosen], dim=2)
+        if history is not None:
+            history = self.scatter_vocab(history, float("-inf"))  # (B, W, L-1, V)
         return beams, scores, history
 
     def sample_chains(self, hidden: torch.Tensor, roots: torch.Tensor, uniforms: torch.Tensor, sampling
@@ -146,12 +169,12 @@ class RedrafterModule(torch.nn.Module):
         for t in range(1, length):
             last = columns[-1][:, :1] if t == 1 else columns[-1]  # step 1: every chain is the root
             state = self.rnn_step(state, last, first=t == 1)  # (B, 1 or W, H)
-            probs = target_probs(self(hidden, state), sampling).expand(batch, width, -1)  # (B, W, V)
+            probs = target_probs(self(hidden, state), sampling).expand(batch, width, -1)  # (B, W, S)
             if t == 1:
                 state = state.expand(batch, width, -1)
-            columns.append(sample_from(probs, uniforms[:, :, t]))
+            columns.append(self.to_vocab(sample_from(probs, uniforms[:, :, t])))
             probs_per_step.append(probs)
-        return torch.stack(columns, dim=2), torch.stack(probs_per_step, dim=2)
+        return torch.stack(columns, dim=2), self.scatter_vocab(torch.stack(probs_per_step, dim=2), 0.0)
 
 
 class TorchRedrafterDrafter(BeamSettings):

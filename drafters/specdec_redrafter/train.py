@@ -162,8 +162,9 @@ class RedrafterNet(torch.nn.Module):
 def default_config(*, vocab_size: int, hidden_size: int, target: dict, beam_width: int = 4, beam_length: int = 5,
                    **overrides) -> RedrafterConfig:
     """The recipe for small targets: tied head (projection to H, then the target's frozen LM head),
-    exit_dim 2H, 2 residual blocks, Apple's recurrence."""
-    fields = dict(vocab_size=vocab_size, hidden_size=hidden_size, exit_dim=2 * hidden_size, num_draft_layers=2,
+    exit_dim 2H, 1 residual block (2 blocks memorised SmolLM2's training continuations more and
+    generalised no better), Apple's recurrence."""
+    fields = dict(vocab_size=vocab_size, hidden_size=hidden_size, exit_dim=2 * hidden_size, num_draft_layers=1,
                   rnn=True, rnn_variant="apple", head="tied", beam_width=beam_width, beam_length=beam_length,
                   target=target)
     fields.update(overrides)
@@ -175,12 +176,19 @@ class RedrafterTask:
 
     negatives: when set, the loss's softmax normaliser is estimated on the batch's label tokens
     plus that many sampled tokens (``sampled_soft_cross_entropy``) instead of all V.
+    shortlist: the vocabulary shortlist (``specdec.shortlist``) the saved drafter drafts from;
+    training still spreads the loss over all V (the restriction only drops tokens the target
+    rarely says), and held-out evaluation drafts with the shortlist, as inference will.
     """
 
     def __init__(self, config: RedrafterConfig, *, embed_tokens: torch.Tensor, lm_head: torch.Tensor | None,
-                 seed: int = 0, negatives: int | None = None):
-        self.config = config
+                 seed: int = 0, negatives: int | None = None, shortlist: np.ndarray | None = None):
+        import attrs
+
+        self.shortlist = None if shortlist is None else np.asarray(shortlist, dtype=np.int64)
+        self.config = attrs.evolve(config, shortlist_size=None if shortlist is None else len(self.shortlist))
         self.negatives = negatives
+        config = attrs.evolve(config, shortlist_size=None)  # the loss runs over all V; the shortlist is inference's
         self.module = RedrafterNet(config, embed_tokens=embed_tokens.float(),
                                    target_lm_head=None if lm_head is None else lm_head.float(),
                                    generator=torch.Generator().manual_seed(seed))
@@ -206,7 +214,7 @@ class RedrafterTask:
 
         net = self.module
         if self._inference is None:
-            self._inference = RedrafterModule(self.config, net.weights(), embed_tokens=net.embed_tokens,
+            self._inference = RedrafterModule(self.config, self.weights(), embed_tokens=net.embed_tokens,
                                               lm_head=net.target_lm_head)
         inference = self._inference
         window = gather_window(data, indices, self.depth, labels=False)
@@ -217,7 +225,14 @@ class RedrafterTask:
     def save(self, folder: Path, *, dtype=np.float32) -> Path:
         from specdec.training.loop import save_checkpoint
 
-        return save_checkpoint(folder, self.config.to_dict(), self.module.weights(), dtype=dtype, model_type=MODEL_TYPE)
+        return save_checkpoint(folder, self.config.to_dict(), self.weights(), dtype=dtype, model_type=MODEL_TYPE)
+
+    def weights(self) -> dict[str, np.ndarray]:
+        """The checkpoint's weights: the network's, plus the shortlist when there is one."""
+        weights = self.module.weights()
+        if self.shortlist is not None:
+            weights["vocab_shortlist"] = self.shortlist
+        return weights
 
 
 def train_redrafter(model, out, *, beam_width: int = 4, beam_length: int = 5, config_overrides: dict | None = None,
@@ -229,13 +244,13 @@ def train_redrafter(model, out, *, beam_width: int = 4, beam_length: int = 5, co
     """
     from specdec.training.run import train_drafter
 
-    def make_task(target, seed: int) -> RedrafterTask:
+    def make_task(target, seed: int, shortlist: np.ndarray | None = None) -> RedrafterTask:
         config = default_config(
             vocab_size=target.embed_tokens.shape[0], hidden_size=target.embed_tokens.shape[1],
             target={"name": target.name, "fingerprint": target.fingerprint,
                     "vocab_size": int(target.embed_tokens.shape[0]), "hidden_size": int(target.embed_tokens.shape[1])},
             beam_width=beam_width, beam_length=beam_length, **(config_overrides or {}))
         return RedrafterTask(config, embed_tokens=target.embed_tokens, lm_head=target.lm_head, seed=seed,
-                             negatives=negatives)
+                             negatives=negatives, shortlist=shortlist)
 
     return train_drafter("redrafter", make_task, model, out, **options)

@@ -180,6 +180,7 @@ def train(task, data: TeacherData, heldout: TeacherData, settings: TrainSettings
         rng.bit_generator.state = saved["rng"]
         state.update({k: saved[k] for k in state})
     marks = sorted(m for m in settings.eval_minutes if settings.minutes is None or m < settings.minutes)
+    state["marks_done"] = sum(m <= state["train_seconds"] / 60.0 for m in marks)  # a longer budget on resume
 
     def checkpoint(final: bool) -> None:
         task.save(out, dtype=save_dtype)

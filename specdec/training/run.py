@@ -32,7 +32,8 @@ def train_drafter(kind: str, make_task: Callable, model, out, *, steps: int | No
                   seed: int = 0, resume: bool = False, threads: int | None = None, save_dtype: str = "float32",
                   cache: Path | None = None, corpus=None, prompt_source: Callable | None = None,
                   eval_minutes: tuple | None = None, eval_steps: int | None = None, eval_sequences: int | None = 32,
-                  hidden_dtype: str = "bfloat16", prompt_text_prompts: int = 0, progress: bool = True) -> dict:
+                  hidden_dtype: str = "bfloat16", prompt_text_prompts: int = 0, shortlist: int = 0,
+                  progress: bool = True) -> dict:
     """Distil a ``kind`` drafter for ``model`` into folder ``out``; returns the report (also saved).
 
     make_task(target, seed) -> the drafter's task (``specdec.training.loop``). Budget: ``steps``
@@ -42,6 +43,8 @@ def train_drafter(kind: str, make_task: Callable, model, out, *, steps: int | No
     ``cache``/teacher (default: the specdec cache). ``prompt_source(split, start, count)``
     replaces the corpus (token-id prompts, for tests). ``prompt_text_prompts``: more training data
     from prompt text (``build_teacher_data``). ``save_dtype``: "float32" or "float16".
+    ``shortlist``: when > 0, the drafter drafts from that many token ids, the ones with the most
+    teacher mass in the training data (``specdec.shortlist.choose_shortlist``).
     """
     import torch
 
@@ -68,7 +71,16 @@ def train_drafter(kind: str, make_task: Callable, model, out, *, steps: int | No
     times.update(teacher_times)
     teacher = teacher_stats.pop("settings")
 
-    task = make_task(target, seed)
+    listed = {}
+    if shortlist:
+        from specdec.shortlist import choose_shortlist, shortlist_coverage
+
+        train_data = datasets["train"]
+        ids = choose_shortlist(int(target.embed_tokens.shape[0]), shortlist, next_tokens=train_data.next_tokens.numpy(),
+                               label_ids=train_data.label_ids.numpy(), label_probs=train_data.label_probs.float().numpy())
+        listed = {"shortlist": shortlist, "heldout_coverage": round(shortlist_coverage(
+            datasets["heldout"].next_tokens.numpy(), ids), 4) if "heldout" in datasets else None}
+    task = make_task(target, seed, shortlist=ids) if shortlist else make_task(target, seed)
     settings = TrainSettings(steps=steps, minutes=minutes, batch_size=batch_size, lr=lr, weight_decay=weight_decay,
                              bf16=bf16, seed=seed,
                              eval_steps=eval_steps, eval_sequences=eval_sequences,
@@ -84,7 +96,7 @@ def train_drafter(kind: str, make_task: Callable, model, out, *, steps: int | No
         "training": {"steps": summary["step"], "train_seconds": round(summary["train_seconds"], 2),
                      "eval_seconds": round(summary["eval_seconds"], 2), "positions": summary["positions"],
                      "positions_per_second": round(summary["positions_per_second"], 1)},
-        "history": summary["history"], "threads": torch.get_num_threads(),
+        "history": summary["history"], "threads": torch.get_num_threads(), **listed,
     }
     (out / REPORT_FILE).write_text(json.dumps(report, indent=2, default=str) + "\n")
     return report

@@ -41,6 +41,8 @@ REDRAFTER_CONFIGS = [
     dict(rnn_variant="trtllm", head="tied", exit_dim=24),
     dict(rnn_variant="paper", head="full", num_draft_layers=2, draft_top_k=2),
     dict(rnn=False, head="tied", num_draft_layers=0),
+    dict(rnn_variant="apple", head="tied", shortlist_size=20),
+    dict(rnn_variant="paper", head="full", shortlist_size=12, draft_top_k=5),
 ]
 
 

@@ -76,7 +76,7 @@ redrafter_configs = st.builds(
     vocab_size=st.just(VOCAB), hidden_size=st.just(HIDDEN),
     exit_dim=st.sampled_from([2 * HIDDEN, 12]), num_draft_layers=st.integers(0, 2), rnn=st.booleans(),
     rnn_variant=st.sampled_from(["apple", "trtllm", "paper"]), head=st.sampled_from(["full", "tied"]),
-    draft_top_k=st.sampled_from([None, 2, 5]),
+    draft_top_k=st.sampled_from([None, 2, 5]), shortlist_size=st.sampled_from([None, None, 6, 16]),
 )
 
 
@@ -166,3 +166,19 @@ def test_medusa_top_t_ties_go_to_the_lower_id():
     hidden[0, 0] = 1.0
     draft = twin.propose(DraftContext(root_tokens=torch.tensor([0], device=DEVICE), hidden=hidden))
     assert draft.head_tokens[0, 0].tolist() == [3, 9, 17, 0, 1, 2], "Medusa top-T ties must go to the lower id"
+
+
+@pytest.mark.parametrize("head", ["full", "tied"])
+@pytest.mark.parametrize("sample", [False, True])
+def test_redrafter_shortlist_matches_reference(head, sample):
+    """A shortlisted ReDrafter (the head runs on S rows only) equals the reference's masked head."""
+    config = RedrafterConfig(vocab_size=VOCAB, hidden_size=HIDDEN, head=head, shortlist_size=9)
+    reference, twin = _redrafter_pair(config, 3, "float64", beam_width=4, beam_length=4, sample=sample)
+    rng = np.random.default_rng(3)
+    hidden, roots = rng.normal(size=(3, HIDDEN)), np.array([0, 7, 23])
+    fields = dict(sampling=SamplingConfig(temperature=0.9), uniforms=rng.random((3, 4, 4))) if sample else {}
+    expected = reference.propose(DraftContext(root_tokens=roots, hidden=hidden, want_draft_probs=True, **fields))
+    got = twin.propose(DraftContext(root_tokens=torch.as_tensor(roots, device=DEVICE),
+                                    hidden=torch.as_tensor(hidden, device=DEVICE), want_draft_probs=True, **fields))
+    assert np.array_equal(got.beams.cpu().numpy(), expected.beams), f"shortlisted beams differ ({head}, {sample})"
+    assert np.allclose(got.draft_probs.cpu().numpy(), expected.draft_probs, rtol=1e-9, atol=1e-12)

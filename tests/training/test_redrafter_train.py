@@ -102,7 +102,7 @@ def trained(tiny_model, prompt_source, tmp_path_factory):
     out = tmp_path_factory.mktemp("redrafter")
     report = train_redrafter(tiny_model, out, steps=150, prompts=48, heldout_prompts=8, max_new_tokens=20, top_k=8,
                              beam_width=3, beam_length=4, batch_size=32, lr=3e-3, prompt_source=prompt_source,
-                             cache=tmp_path_factory.mktemp("cache"), eval_steps=75, progress=False)
+                             cache=tmp_path_factory.mktemp("cache"), eval_steps=75, shortlist=64, progress=False)
     return out, report
 
 
@@ -115,11 +115,19 @@ def test_training_raises_heldout_tokens_per_step(trained):
     assert history[-1]["loss"] < history[0]["loss"] * 1.5
 
 
+def test_trained_drafter_carries_its_shortlist(trained):
+    out, report = trained
+    config, weights = load_redrafter_checkpoint(out)
+    assert config.shortlist_size == 64 and weights["vocab_shortlist"].shape == (64,)
+    assert report["shortlist"] == 64 and 0.0 < report["heldout_coverage"] <= 1.0
+
+
 def test_offline_acceptance_equals_the_decode_loop(trained, tiny_model, tiny_target, tiny_data, prompt_source):
     """Replaying decoding over the teacher data counts what ``specdec.stream`` accepts step by step."""
     out, _ = trained
     config, weights = load_redrafter_checkpoint(out)
-    task = RedrafterTask(config, embed_tokens=tiny_target.embed_tokens, lm_head=tiny_target.lm_head)
+    shortlist = weights.pop("vocab_shortlist")
+    task = RedrafterTask(config, embed_tokens=tiny_target.embed_tokens, lm_head=tiny_target.lm_head, shortlist=shortlist)
     task.module.load_weights(weights)
     heldout = tiny_data["heldout"]
     visited = {}
