@@ -41,7 +41,7 @@ def _hf_runner(method: Method, model, target, dtype, max_new_tokens):
         with torch.inference_mode():
             out = hf_model.generate(input_ids, attention_mask=torch.ones_like(input_ids), **options, **sampling)
         seconds = time.perf_counter() - start
-        return dict(new_tokens=int(out.shape[1] - len(ids)), seconds=seconds)
+        return dict(new_tokens=int(out.shape[1] - len(ids)), seconds=seconds, tokens=tuple(out[0, len(ids):].tolist()))
 
     return run
 
@@ -56,12 +56,12 @@ def _mlx_lm_runner(method: Method, model, target, max_new_tokens):
 
     def run(ids: list[int], temperature: float, seed: int) -> dict:
         mx.random.seed(seed)
-        tokens = 0
+        tokens = []
         start = time.perf_counter()
         for response in mlx_lm.stream_generate(lm, tokenizer, ids, max_tokens=max_new_tokens, draft_model=draft,
                                                sampler=make_sampler(temp=temperature)):
-            tokens += 1
+            tokens.append(int(response.token))
         seconds = time.perf_counter() - start
-        return dict(new_tokens=tokens, seconds=seconds)
+        return dict(new_tokens=len(tokens), seconds=seconds, tokens=tuple(tokens))
 
     return run

@@ -3,7 +3,8 @@
 Conventions (named in every table): tokens per step counts the bonus token (plain decoding = 1.0);
 speedup = tokens/s of a method over tokens/s of our plain decoding on the same backend, dtype,
 temperature, prompts and repeat, median over repeats; tree reduction = 1 - verified tokens /
-(beam width x beam length), the root counted in both.
+(beam width x beam length), the root counted in both; identical (greedy only) = the share of
+generations whose tokens equal our plain decoding's for the same prompt and repeat.
 """
 
 from __future__ import annotations
@@ -50,6 +51,9 @@ def summarize(records: Sequence[BenchRecord], *, plain: str = "plain") -> list[d
             return float(np.median(values)) if values else float("nan")
 
         steps = sum(r.steps for r in group)
+        same = [_identical(r, cells.get((backend, dtype, temperature, category, plain, r.repeat), ()))
+                for r in group] if temperature == 0 else []
+        same = [v for v in same if v is not None]
         decode_steps = sum(len(r.accepted) for r in group)
         decode_time = sum(r.time_draft + r.time_verify + r.time_other for r in group)
         beam_tokens = sum(r.beam_tokens for r in group)
@@ -64,12 +68,22 @@ def summarize(records: Sequence[BenchRecord], *, plain: str = "plain") -> list[d
             draft_share=sum(r.time_draft for r in group) / decode_time if decode_time else float("nan"),
             verify_share=sum(r.time_verify for r in group) / decode_time if decode_time else float("nan"),
             other_share=sum(r.time_other for r in group) / decode_time if decode_time else float("nan"),
+            identical=float(np.mean(same)) if same else float("nan"),
         )
         rows.append(row)
     order = {m: i for i, m in enumerate(dict.fromkeys(r.method for r in records))}
     rows.sort(key=lambda r: (r["backend"], r["dtype"], r["temperature"], r["category"] != "all", r["category"],
                              order[r["method"]]))
     return rows
+
+
+def _identical(record: BenchRecord, plain_records) -> bool | None:
+    """Whether ``record`` generated the tokens our plain decoding did for its prompt (None: no
+    tokens recorded on either side)."""
+    reference = next((r for r in plain_records if r.prompt_id == record.prompt_id), None)
+    if reference is None or not reference.tokens or not record.tokens:
+        return None
+    return tuple(record.tokens) == tuple(reference.tokens)
 
 
 def _fmt(value, spec: str) -> str:
@@ -79,7 +93,7 @@ def _fmt(value, spec: str) -> str:
 def markdown(rows: Sequence[dict], *, categories: bool = True) -> str:
     """A Markdown table of ``summarize`` rows."""
     header = ("| backend | dtype | T | category | method | tok/s | speedup vs plain (x) | vs peer's plain (x) | tokens/step "
-              "| verified/step | tree reduction | draft / verify / other |")
+              "| verified/step | tree reduction | draft / verify / other | greedy identical |")
     lines = [header, "|" + "---|" * (header.count("|") - 1)]
     for r in rows:
         if not categories and r["category"] != "all":
@@ -90,7 +104,7 @@ def markdown(rows: Sequence[dict], *, categories: bool = True) -> str:
             f"| {r['backend']} | {r['dtype']} | {r['temperature']:g} | {r['category']} | {r['method']} "
             f"| {_fmt(r['tokens_per_second'], '.1f')} | {_fmt(r['speedup'], '.2f')} | {_fmt(r['speedup_vs_peer'], '.2f')} "
             f"| {_fmt(r['tokens_per_step'], '.2f')} | {_fmt(r['verified_per_step'], '.1f')} "
-            f"| {_fmt(r['tree_reduction'], '.0%')} | {split} |"
+            f"| {_fmt(r['tree_reduction'], '.0%')} | {split} | {_fmt(r['identical'], '.0%')} |"
         )
     return "\n".join(lines)
 

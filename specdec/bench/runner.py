@@ -33,6 +33,7 @@ class BenchRecord:
     time_verify: float = 0.0
     time_other: float = 0.0
     time_prefill: float = 0.0
+    tokens: tuple = attrs.field(default=(), repr=False)  # the generated ids, for greedy identity checks
 
     @property
     def steps(self) -> int:
@@ -53,11 +54,11 @@ def specdec_runner(method: Method, model, target, backend: str, max_new_tokens: 
     def run(ids: list[int], temperature: float, seed: int) -> dict:
         steps = stream(target, ids, drafter=drafter, backend=backend, max_new_tokens=max_new_tokens,
                        temperature=temperature, seed=[seed], **loop_options)
-        accepted, verified, beam_tokens, tokens = [], 0, 0, 0
+        accepted, verified, beam_tokens, generated = [], 0, 0, []
         times = dict(time_draft=0.0, time_verify=0.0, time_other=0.0, time_prefill=0.0)
         start = time.perf_counter()
         for step in steps:
-            tokens += len(step.new_tokens[0])
+            generated.extend(int(t) for t in step.new_tokens[0])
             if step.step == 0:
                 times["time_prefill"] = step.time_verify
                 continue
@@ -69,8 +70,8 @@ def specdec_runner(method: Method, model, target, backend: str, max_new_tokens: 
             times["time_verify"] += step.time_verify
             times["time_other"] += step.time_other
         seconds = time.perf_counter() - start
-        return dict(new_tokens=tokens, seconds=seconds, accepted=tuple(accepted), verified=verified,
-                    beam_tokens=beam_tokens, **times)
+        return dict(new_tokens=len(generated), seconds=seconds, accepted=tuple(accepted), verified=verified,
+                    beam_tokens=beam_tokens, tokens=tuple(generated), **times)
 
     return run
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import attrs
+import numpy as np
 import pytest
 
 from specdec.bench import load_prompt_set, parse_method, run_bench
@@ -49,6 +51,12 @@ def test_run_bench_and_outputs(model_dir, tmp_path):
     assert all(r["speedup"] == 1.0 and r["tokens_per_step"] == 1.0 for r in plain), plain
     spec = [r for r in rows if r["method"] != "plain" and r["category"] == "all"]
     assert all(0.0 <= r["tree_reduction"] < 1.0 and r["verified_per_step"] <= 6 for r in spec), spec
+    greedy = [r for r in rows if r["temperature"] == 0]
+    assert all(r["identical"] == 1.0 for r in greedy), "greedy speculative output differs from plain decoding"
+    assert all(np.isnan(r["identical"]) for r in rows if r["temperature"] > 0), "identity is a greedy check"
+    changed = [attrs.evolve(r, tokens=r.tokens[:-1] + (r.tokens[-1] + 1,)) if r.method != "plain" else r
+               for r in records]
+    assert all(r["identical"] == 0.0 for r in summarize(changed) if r["temperature"] == 0 and r["method"] != "plain")
     write_outputs(records, tmp_path / "out", meta={"test": True})
     for name in ("bench.json", "bench.md", "speedup.png", "accepted.png"):
         assert (tmp_path / "out" / name).stat().st_size > 0, name
