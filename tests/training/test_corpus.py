@@ -20,7 +20,9 @@ def area_{i}(width, height):
 PARAGRAPH = ("The {i}th module provides tools for working with rectangles. It defines functions that "
              "compute areas and perimeters, and it validates its arguments before using them.")
 
-PLAY = "THE TRAGEDY OF TEST {i}\n\n" + "\n".join(f"LINE {j} of the play, spoken with feeling." for j in range(200))
+PLAY = "THE TRAGEDY OF TEST {i}\n\n" + "\n".join(
+    f"{('HAMLET', 'OPHELIA', 'HORATIO', 'ACT II')[j % 4]}.\nLINE {j} of the play, spoken with feeling by the ghost."
+    for j in range(200))
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +54,7 @@ def test_prompts_are_deterministic_and_prefix_stable(corpus):
 
 def test_prompts_are_user_turns_from_every_source(corpus):
     prompts = build_prompts(corpus, 60, split="train", seed=0)
-    assert {p.template.split(":")[0] for p in prompts} == {"stdlib", "docs", "shakespeare"}
+    assert {p.template.split(":")[0] for p in prompts} == {"stdlib", "docs", "shakespeare", "open"}
     for p in prompts:
         assert len(p.messages) == 1 and p.messages[0]["role"] == "user" and p.text.strip()
         assert "test_skip" not in p.source, "test packages of the standard library are skipped"
@@ -68,6 +70,17 @@ def test_heldout_documents_are_not_in_training(corpus):
 
 def test_missing_sources_are_left_out(corpus):
     only_code = Corpus(stdlib=corpus.stdlib)
-    assert {p.template.split(":")[0] for p in build_prompts(only_code, 10, split="train", seed=0)} == {"stdlib"}
+    kinds = {p.template.split(":")[0] for p in build_prompts(only_code, 30, split="train", seed=0)}
+    assert kinds == {"stdlib", "open"}, "open requests take their topics from whatever sources exist"
     with pytest.raises(ValueError, match="split"):
         build_prompts(only_code, 1, split="test", seed=0)
+
+
+def test_open_requests_quote_no_snippet_and_name_real_topics(corpus):
+    opened = [p for p in build_prompts(corpus, 200, split="train", seed=1) if p.template.startswith("open:")]
+    assert len(opened) > 20
+    for p in opened:
+        assert "```" not in p.text and "LINE" not in p.text, "an open request quotes no document text"
+        assert "Act Ii" not in p.text, "stage directions are not characters"
+    names = {"Hamlet", "Ophelia", "Horatio"}
+    assert any(name in p.text for p in opened for name in names), "characters come from the plays' speaker lines"
