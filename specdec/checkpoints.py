@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from importlib import resources
 from pathlib import Path
 from typing import Any, Mapping
@@ -18,15 +19,21 @@ WEIGHTS_FILE = "model.safetensors"
 
 def save_checkpoint(path, config: dict, weights: Mapping[str, np.ndarray], *, dtype=np.float32) -> Path:
     """Write ``config.json`` and ``model.safetensors`` (``dtype``: float32, or float16 to ship small;
-    integer arrays, such as a vocabulary shortlist, are stored as int64 whatever ``dtype``)."""
+    integer arrays, such as a vocabulary shortlist, are stored as int64 whatever ``dtype``).
+    Each file is written to a temporary name and renamed, so an interrupted save (a training
+    checkpoint) never leaves a half-written file behind."""
     from safetensors.numpy import save_file
 
     folder = Path(path)
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n")
     arrays = {name: np.ascontiguousarray(array, dtype=np.int64 if np.issubdtype(np.asarray(array).dtype, np.integer)
                                          else dtype) for name, array in weights.items()}
-    save_file(arrays, str(folder / WEIGHTS_FILE), metadata={"format": "np", "model_type": str(config.get("model_type"))})
+    partial = folder / f".{WEIGHTS_FILE}.{os.getpid()}.partial"
+    save_file(arrays, str(partial), metadata={"format": "np", "model_type": str(config.get("model_type"))})
+    partial.replace(folder / WEIGHTS_FILE)
+    partial = folder / f".{CONFIG_FILE}.{os.getpid()}.partial"
+    partial.write_text(json.dumps(config, indent=2) + "\n")
+    partial.replace(folder / CONFIG_FILE)
     return folder
 
 

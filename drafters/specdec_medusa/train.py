@@ -23,7 +23,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from specdec_medusa.config import MODEL_TYPE, MedusaConfig
+from specdec_medusa.config import MedusaConfig
 from specdec_medusa.reference import check_weights
 
 __all__ = ["MedusaNet", "MedusaTask", "default_config", "train_medusa"]
@@ -149,9 +149,9 @@ class MedusaTask:
         return tree_acceptance(head_tokens, self.config.resolved_choices, window.tokens[:, 1:], window.valid)
 
     def save(self, folder: Path, *, dtype=np.float32) -> Path:
-        from specdec.training.loop import save_checkpoint
+        from specdec.checkpoints import save_checkpoint
 
-        return save_checkpoint(folder, self.config.to_dict(), self.module.weights(), dtype=dtype, model_type=MODEL_TYPE)
+        return save_checkpoint(folder, self.config.to_dict(), self.module.weights(), dtype=dtype)
 
 
 def train_medusa(model, out, *, config_overrides: dict | None = None, negatives: int | None = None,

@@ -26,7 +26,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from specdec_redrafter.config import MODEL_TYPE, RedrafterConfig, check_weights
+from specdec_redrafter.config import RedrafterConfig, check_weights
 
 __all__ = ["RedrafterNet", "RedrafterTask", "default_config", "train_redrafter"]
 
@@ -223,9 +223,9 @@ class RedrafterTask:
         return beam_acceptance(beams, window.tokens[:, 1:], window.valid)
 
     def save(self, folder: Path, *, dtype=np.float32) -> Path:
-        from specdec.training.loop import save_checkpoint
+        from specdec.checkpoints import save_checkpoint
 
-        return save_checkpoint(folder, self.config.to_dict(), self.weights(), dtype=dtype, model_type=MODEL_TYPE)
+        return save_checkpoint(folder, self.config.to_dict(), self.weights(), dtype=dtype)
 
     def weights(self) -> dict[str, np.ndarray]:
         """The checkpoint's weights: the network's, plus the shortlist when there is one."""

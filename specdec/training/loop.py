@@ -22,7 +22,6 @@ import math
 import os
 import time
 from pathlib import Path
-from typing import Any, Mapping
 
 import attrs
 import numpy as np
@@ -32,7 +31,7 @@ import torch.nn.functional as F
 from specdec.training.evaluate import Window, gather_window, walk_tokens_per_step
 from specdec.training.teacher import TeacherData
 
-__all__ = ["STATE_FILE", "TrainSettings", "learning_rate", "sampled_soft_cross_entropy", "save_checkpoint",
+__all__ = ["STATE_FILE", "TrainSettings", "learning_rate", "sampled_soft_cross_entropy",
            "soft_cross_entropy", "train"]
 
 STATE_FILE = "trainer_state.pt"
@@ -124,21 +123,6 @@ def sampled_soft_cross_entropy(features: torch.Tensor, vocab_weight: torch.Tenso
     where = torch.full((vocab,), -1, dtype=torch.long)
     where[exact_ids] = torch.arange(exact_ids.numel())
     return soft_cross_entropy(logits, where[label_ids], label_probs, valid)
-
-
-def save_checkpoint(folder: Path, config: Mapping[str, Any], weights: Mapping[str, np.ndarray], *,
-                    dtype=np.float32, model_type: str) -> Path:
-    """Write ``config.json`` and ``model.safetensors`` (weights cast to ``dtype``), each atomically."""
-    from safetensors.numpy import save_file
-
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    arrays = {name: np.ascontiguousarray(array, dtype=dtype) for name, array in weights.items()}
-    partial = folder / f".model.safetensors.{os.getpid()}.partial"
-    save_file(arrays, str(partial), metadata={"format": "np", "model_type": model_type})
-    partial.replace(folder / "model.safetensors")
-    _write_json(folder / "config.json", dict(config))
-    return folder
 
 
 def _write_json(path: Path, value) -> None:

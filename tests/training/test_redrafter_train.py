@@ -178,3 +178,17 @@ def test_interrupted_training_resumes_to_the_same_weights(tiny_target, tiny_data
     resumed = run(tmp_path / "resumed", resume=True)
     for name in straight:
         np.testing.assert_array_equal(resumed[name], straight[name], err_msg=name)
+
+
+def test_float16_training_checkpoint_keeps_shortlist_ids_exact(tmp_path):
+    """Training checkpoints cast weights to float16 to ship; token ids (here above float16's
+    exact-integer range of 2048) must stay integers."""
+    vocab, hidden = 5000, 8
+    config = default_config(vocab_size=vocab, hidden_size=hidden, target={"name": "tiny"})
+    ids = np.array([0, 2049, 2051, 4093, 4999])
+    table = torch.randn(vocab, hidden, generator=torch.Generator().manual_seed(0))
+    task = RedrafterTask(config, embed_tokens=table, lm_head=table, shortlist=ids)
+    task.save(tmp_path, dtype=np.float16)
+    loaded_config, weights = load_redrafter_checkpoint(tmp_path)
+    assert loaded_config.shortlist_size == 5 and weights["vocab_shortlist"].dtype == np.int64
+    assert weights["vocab_shortlist"].tolist() == ids.tolist()
