@@ -22,6 +22,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import attrs
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -183,8 +184,6 @@ class RedrafterTask:
 
     def __init__(self, config: RedrafterConfig, *, embed_tokens: torch.Tensor, lm_head: torch.Tensor | None,
                  seed: int = 0, negatives: int | None = None, shortlist: np.ndarray | None = None):
-        import attrs
-
         self.shortlist = None if shortlist is None else np.asarray(shortlist, dtype=np.int64)
         self.config = attrs.evolve(config, shortlist_size=None if shortlist is None else len(self.shortlist))
         self.negatives = negatives
