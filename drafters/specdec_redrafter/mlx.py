@@ -162,7 +162,7 @@ class MlxRedrafterDrafter(BeamSettings):
         batch, vocab, width = roots.shape[0], self.config.draft_vocab_size, self.beam_width
         start = mx.zeros((batch, 1, self.config.hidden_size), dtype=hidden.dtype)
         state = self.module.rnn_step(start, self.embed_tokens[roots][:, None, :], first=True)  # (B, 1, H)
-        log_probs = self._log_probs(hidden, state)  # (B, 1, V)
+        log_probs = self._log_probs(hidden, state)  # (B, 1, S)
         history = [mx.broadcast_to(log_probs, (batch, width, vocab))] if want_draft_probs else []
         if width <= vocab:
             local = ops.top_indices(log_probs[:, 0], width)  # (B, W)
@@ -178,7 +178,7 @@ class MlxRedrafterDrafter(BeamSettings):
         for t in range(first_step, self.beam_length):
             # 1. Advance every beam's state with its last token, then score the next token.
             state = self.module.rnn_step(state, self.embed_tokens[beams[:, :, -1]], first=t == 1)  # (B, W, H)
-            log_probs = self._log_probs(hidden, state)  # (B, W, V)
+            log_probs = self._log_probs(hidden, state)  # (B, W, S)
             # 2. Joint log-prob of every (beam, token) extension; keep the best W, ties to the lower index.
             candidates = (scores[:, :, None] + log_probs).reshape(batch, width * vocab)
             best = ops.top_indices(candidates, width)  # (B, W)
