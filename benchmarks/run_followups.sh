@@ -11,7 +11,7 @@ mkdir -p "$OUT/plan_torch_float32"
     --widths 1 2 4 --lengths 3 4 5 --max-new-tokens 64 --measure-top 3 | tee "$OUT/plan_torch_float32/plan.md"
 # 6. torch bfloat16, greedy, MT-Bench (1 prompt per category).
 "$SPECDEC" bench --model smollm2-135m --categories --out "$OUT/torch_mtbench_greedy_bf16" --prompts mt-bench \
-    --per-category 1 --backends torch:bfloat16 --methods plain redrafter redrafter:w=2,l=4 redrafter:w=1,l=4 hf hf-pld \
+    --per-category 1 --backends torch:bfloat16 --methods plain redrafter:w=4,l=5 redrafter:w=2,l=4 redrafter:w=1,l=4 hf hf-pld \
     --max-new-tokens 128 --repeats 1
 # 7. the large tier (by hand, never in CI): Qwen2.5-Coder-1.5B with its 0.5B sibling as the draft model.
 "$SPECDEC" bench --model qwen2.5-coder-1.5b --categories --out "$OUT/large_qwen_humaneval" --prompts humaneval \
