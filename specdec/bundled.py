@@ -86,11 +86,35 @@ def resolve_model(source):
     return source
 
 
+def classic_rope_keys(config: dict) -> dict:
+    """``config`` with a top-level ``rope_theta`` when only the newer ``rope_parameters`` has it.
+
+    transformers 5 writes the RoPE base inside ``rope_parameters``; readers of the classic key
+    (mlx-lm among them) would otherwise fall back to 10,000 and decode a different model.
+    """
+    parameters = config.get("rope_parameters") or {}
+    if "rope_theta" not in config and "rope_theta" in parameters:
+        return {**config, "rope_theta": parameters["rope_theta"]}
+    return config
+
+
+def _upgrade_config(folder: Path) -> None:
+    """Add the classic RoPE key to a folder converted before it was written (atomic rewrite)."""
+    path = folder / "config.json"
+    config = json.loads(path.read_text())
+    upgraded = classic_rope_keys(config)
+    if upgraded is not config:
+        partial = folder / f".config.json.{os.getpid()}.partial"
+        partial.write_text(json.dumps(upgraded, indent=2))
+        partial.replace(path)
+
+
 def ensure_bundled(name: str) -> Path:
     """The converted folder of bundled model ``name``, fetching and converting it on first use."""
     spec = BUNDLED[name]
     folder = cache_dir() / "models" / name
     if (folder / COMPLETE).is_file():
+        _upgrade_config(folder)
         return folder
     with tempfile.TemporaryDirectory(prefix="specdec-fetch-") as tmp:
         gguf = fetch_gguf(spec, Path(tmp))
@@ -106,6 +130,8 @@ def ensure_gguf_folder(path: Path) -> Path:
     folder = cache_dir() / "models" / f"gguf-{digest[:16]}"
     if not (folder / COMPLETE).is_file():
         convert_gguf(path, folder, source=str(path))
+    else:
+        _upgrade_config(folder)
     return folder
 
 
@@ -166,7 +192,7 @@ def convert_gguf(gguf: Path, folder: Path, *, source: str) -> None:
         if model.config.tie_word_embeddings:
             state.pop("lm_head.weight", None)
         save_file(state, str(partial / "model.safetensors"), metadata={"format": "pt"})
-        config = model.config.to_dict()
+        config = classic_rope_keys(model.config.to_dict())
         for key in ("quantization_config", "_model_name_or_path"):
             config.pop(key, None)
         config["specdec_source"] = source

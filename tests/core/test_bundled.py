@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import zipfile
 
 import pytest
@@ -64,3 +65,16 @@ def test_unknown_model_name_lists_bundled_models():
         resolve_model("smollm3-1b")
     with pytest.raises(specdec.InvalidInputError, match="does not exist"):
         resolve_model("missing-file.gguf")
+
+
+def test_classic_rope_key_is_written_for_other_readers(tmp_path):
+    """transformers 5 keeps the RoPE base in ``rope_parameters``; mlx-lm reads ``rope_theta``."""
+    from specdec.bundled import _upgrade_config, classic_rope_keys
+
+    newer = {"rope_parameters": {"rope_theta": 100000.0, "rope_type": "default"}}
+    assert classic_rope_keys(newer)["rope_theta"] == 100000.0
+    both = {"rope_theta": 5.0, "rope_parameters": {"rope_theta": 7.0}}
+    assert classic_rope_keys(both) is both, "an explicit rope_theta is kept"
+    (tmp_path / "config.json").write_text(json.dumps(newer))
+    _upgrade_config(tmp_path)
+    assert json.loads((tmp_path / "config.json").read_text())["rope_theta"] == 100000.0
