@@ -222,4 +222,6 @@ def train(task, data: TeacherData, heldout: TeacherData, settings: TrainSettings
     if not state["history"] or state["history"][-1]["step"] != state["step"] or \
             state["history"][-1]["heldout_sequences"] != "all":
         run_eval(running if running is not None else float("nan"), final=True)
+    else:  # a resumed run with its budget already spent: write its files again (e.g. another save dtype)
+        checkpoint(final=True)
     return {**state, "positions_per_second": state["positions"] / max(state["train_seconds"], 1e-9)}

@@ -192,3 +192,21 @@ def test_float16_training_checkpoint_keeps_shortlist_ids_exact(tmp_path):
     loaded_config, weights = load_redrafter_checkpoint(tmp_path)
     assert loaded_config.shortlist_size == 5 and weights["vocab_shortlist"].dtype == np.int64
     assert weights["vocab_shortlist"].tolist() == ids.tolist()
+
+
+def test_resuming_a_finished_run_rewrites_its_files(trained, tiny_model, prompt_source, tmp_path):
+    """No steps left to train: the checkpoint is written again (here in float16), history kept."""
+    import shutil
+
+    from safetensors.numpy import load_file
+
+    out, report = trained
+    copy = tmp_path / "copy"
+    shutil.copytree(out, copy)
+    again = train_redrafter(tiny_model, copy, steps=150, prompts=48, heldout_prompts=8, max_new_tokens=20, top_k=8,
+                            beam_width=3, beam_length=4, batch_size=32, lr=3e-3, prompt_source=prompt_source,
+                            cache=tmp_path / "cache", eval_steps=75, shortlist=64, resume=True, save_dtype="float16",
+                            progress=False)
+    assert again["history"] == report["history"] and again["training"]["steps"] == 150
+    weights = load_file(str(copy / "model.safetensors"))
+    assert weights["head_proj.weight"].dtype == np.float16 and weights["vocab_shortlist"].dtype == np.int64
