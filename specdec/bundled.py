@@ -104,9 +104,9 @@ def _upgrade_config(folder: Path) -> None:
     config = json.loads(path.read_text())
     upgraded = classic_rope_keys(config)
     if upgraded is not config:
-        partial = folder / f".config.json.{os.getpid()}.partial"
-        partial.write_text(json.dumps(upgraded, indent=2))
-        partial.replace(path)
+        from specdec.checkpoints import write_json_atomic
+
+        write_json_atomic(path, upgraded)
 
 
 def ensure_bundled(name: str) -> Path:

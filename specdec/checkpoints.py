@@ -31,10 +31,16 @@ def save_checkpoint(path, config: dict, weights: Mapping[str, np.ndarray], *, dt
     partial = folder / f".{WEIGHTS_FILE}.{os.getpid()}.partial"
     save_file(arrays, str(partial), metadata={"format": "np", "model_type": str(config.get("model_type"))})
     partial.replace(folder / WEIGHTS_FILE)
-    partial = folder / f".{CONFIG_FILE}.{os.getpid()}.partial"
-    partial.write_text(json.dumps(config, indent=2) + "\n")
-    partial.replace(folder / CONFIG_FILE)
+    write_json_atomic(folder / CONFIG_FILE, config)
     return folder
+
+
+def write_json_atomic(path: Path, value) -> None:
+    """Write ``value`` as indented JSON to ``path`` through a temporary file and a rename, so a
+    reader never sees a half-written file."""
+    partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
+    partial.write_text(json.dumps(value, indent=2) + "\n")
+    partial.replace(path)
 
 
 def read_checkpoint(path, *, label: str) -> tuple[dict, dict[str, np.ndarray]]:

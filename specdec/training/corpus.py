@@ -239,6 +239,11 @@ class Corpus:
                 return prompt
 
 
+def as_task(doc: str) -> str:
+    """A docstring's summary line as the end of "... a function that <task>"."""
+    return doc[:1].lower() + doc[1:] + "."
+
+
 def _choose(rng: np.random.Generator, options: Sequence):
     return options[int(rng.integers(len(options)))]
 
@@ -252,7 +257,7 @@ def _make_prompt(source: str, document: str, key: str, rng: np.random.Generator)
         name, code, doc, stub = _choose(rng, functions)
         names = [t for t in CODE_TEMPLATES if (t != "write" or doc) and (t != "complete" or stub)]
         template = _choose(rng, names)
-        doc = doc[:1].lower() + doc[1:] + "." if doc else doc
+        doc = as_task(doc) if doc else doc
         text = CODE_TEMPLATES[template].format(code=code, name=name, doc=doc, stub=stub)
     elif source == "docs":
         paragraphs, titles = _paragraphs(document)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from specdec.training.corpus import Corpus, Prompt, _choose, _functions, _paragraphs, _play_lines, _play_title
+from specdec.training.corpus import Corpus, Prompt, _choose, as_task, _functions, _paragraphs, _play_lines, _play_title
 
 __all__ = ["OPEN_TEMPLATES", "open_prompt"]
 
@@ -143,4 +143,4 @@ def _function_purpose(corpus: Corpus, split: str, rng: np.random.Generator) -> s
     if not with_doc:
         return None
     doc = _choose(rng, with_doc)[2]
-    return doc[:1].lower() + doc[1:] + "."
+    return as_task(doc)

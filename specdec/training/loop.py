@@ -17,9 +17,7 @@ writes the checkpoint plus ``trainer_state.pt`` so ``resume=True`` continues whe
 
 from __future__ import annotations
 
-import json
 import math
-import os
 import time
 from pathlib import Path
 
@@ -28,6 +26,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from specdec.checkpoints import write_json_atomic
 from specdec.training.evaluate import Window, gather_window, walk_tokens_per_step
 from specdec.training.teacher import TeacherData
 
@@ -125,12 +124,6 @@ def sampled_soft_cross_entropy(features: torch.Tensor, vocab_weight: torch.Tenso
     return soft_cross_entropy(logits, where[label_ids], label_probs, valid)
 
 
-def _write_json(path: Path, value) -> None:
-    partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
-    partial.write_text(json.dumps(value, indent=2) + "\n")
-    partial.replace(path)
-
-
 def evaluate(task, heldout: TeacherData, *, sequences: int | None) -> dict:
     """Held-out tokens per step (bonus counted) of the task's drafter, by ``walk_tokens_per_step``."""
     task.module.eval()
@@ -171,7 +164,7 @@ def train(task, data: TeacherData, heldout: TeacherData, settings: TrainSettings
         torch.save({"module": module.state_dict(), "optimizer": optimizer.state_dict(),
                     "rng": rng.bit_generator.state, "settings": attrs.asdict(settings), **state}, out / ".state.partial")
         (out / ".state.partial").replace(out / STATE_FILE)
-        _write_json(out / LOG_FILE, {"history": state["history"], "final": final, "step": state["step"],
+        write_json_atomic(out / LOG_FILE, {"history": state["history"], "final": final, "step": state["step"],
                                      "train_seconds": state["train_seconds"], "positions": state["positions"]})
 
     def run_eval(loss: float, final: bool) -> None:

@@ -163,14 +163,14 @@ def test_interrupted_training_resumes_to_the_same_weights(tiny_target, tiny_data
 
     straight = run(tmp_path / "straight")
 
-    write_json = loop._write_json
+    write_json = loop.write_json_atomic
 
     def crash(path, value):
         if path.name == loop.LOG_FILE:  # dies right after the first checkpoint (step 6)
             raise KeyboardInterrupt
         write_json(path, value)
 
-    monkeypatch.setattr(loop, "_write_json", crash)
+    monkeypatch.setattr(loop, "write_json_atomic", crash)
     with pytest.raises(KeyboardInterrupt):
         run(tmp_path / "resumed")
     monkeypatch.undo()
