@@ -23,10 +23,12 @@ def _add_generation_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--beam-width", type=int, default=None)
     parser.add_argument("--beam-length", type=int, default=None)
     parser.add_argument("--verifier", default=None)
+    parser.add_argument("--lookup", action="store_true",
+                        help="add a prompt-lookup beam (n-gram copy from the text so far) to the drafter's beams")
 
 
 def _options(args) -> dict:
-    options = {}
+    options = {"lookup": True} if args.lookup else {}
     if args.beam_width is not None:
         options["beam_width"] = args.beam_width
     if args.beam_length is not None:
@@ -209,7 +211,7 @@ def build_parser() -> argparse.ArgumentParser:
     group = gen.add_mutually_exclusive_group(required=True)
     group.add_argument("--prompt")
     group.add_argument("--prompt-ids", help="JSON list of token ids")
-    gen.add_argument("--drafter", default="redrafter")
+    gen.add_argument("--drafter", default="redrafter", help="redrafter | medusa | lookup | none | a checkpoint folder")
     _add_generation_args(gen)
     gen.set_defaults(func=cmd_generate)
     bench = sub.add_parser("bench", help="measure methods side by side on a prompt set")
@@ -217,7 +219,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--prompts", default="mt-bench", help="mt-bench | humaneval | a JSONL file")
     bench.add_argument("--per-category", type=int, default=None, help="first N prompts of each category")
     bench.add_argument("--methods", nargs="+", default=["plain", "redrafter", "medusa"],
-                       help="plain, redrafter[:w=4,l=5], medusa[:choices=cpu16], hf, hf-pld[:n=10], "
+                       help="plain, redrafter[:w=4,l=5,lookup=true], medusa[:choices=cpu16], lookup[:k=6], hf, hf-pld[:n=10], "
                             "hf-assisted:draft=M, mlx-lm, mlx-lm-draft:draft=M")
     bench.add_argument("--backends", nargs="+", default=["torch:bfloat16"], help="backend[:dtype] ...")
     bench.add_argument("--temperatures", nargs="+", type=float, default=[0.0])

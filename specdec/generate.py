@@ -46,7 +46,9 @@ def generate(
         a drafter checkpoint, or a Drafter object. backend: "numpy", "torch", "mlx" or any
         installed plugin; None picks torch when installed, else numpy.
     options: ``verifier`` and ``tree_builder`` (names or objects), ``stop_at_eos`` (default
-        True); everything else goes to the drafter (e.g. ``beam_width``, ``beam_length``).
+        True), ``lookup`` (True, or a dict of ``max_ngram`` / ``min_ngram``: add a prompt-lookup
+        beam to a beam drafter's draft, ``specdec.lookup``); everything else goes to the drafter
+        (e.g. ``beam_width``, ``beam_length``).
     """
     plan, prompts, batched, tokenizer = prepare(
         model, prompt, drafter, backend, max_new_tokens=max_new_tokens, temperature=temperature,
@@ -90,13 +92,21 @@ def prepare(model, prompt, drafter, backend, *, max_new_tokens, temperature, top
     stop_at_eos = options.pop("stop_at_eos", True)
     verifier_choice = options.pop("verifier", None)
     tree_choice = options.pop("tree_builder", None)
-    drafter_obj = load_drafter(drafter, target, backend_obj.name, registry, options, model)
+    lookup = options.pop("lookup", None)
+    drafter_obj = load_drafter(drafter, target, backend_obj, registry, options, model)
+    if lookup:
+        drafter_obj = add_lookup(drafter_obj, lookup, backend_obj, target)
     tree_name, tree_options = getattr(drafter_obj, "tree_builder", ("prefix_tree", {}))
     tree_builder = _component(registry, "tree_builder", tree_choice or tree_name, backend_obj.name, tree_options)
     if verifier_choice is None:
         verifier_choice = "greedy" if sampling.greedy else (
             "rejection" if getattr(drafter_obj, "sampled_proposals", False) else "exact")
     verifier = _component(registry, "verifier", verifier_choice, backend_obj.name, {})
+    if lookup and getattr(verifier, "needs_draft_probs", False):
+        raise InvalidInputError(
+            f"verifier {verifier_choice!r} needs the draft distribution of every beam, and lookup beams are "
+            "deterministic and have none; use the 'greedy' or 'exact' verifier (the defaults) with lookup"
+        )
     eos = tuple(getattr(target, "eos_token_ids", ())) if stop_at_eos else ()
     plan = DecodePlan(
         backend=backend_obj, target=target, drafter=drafter_obj, tree_builder=tree_builder, verifier=verifier,
@@ -172,8 +182,8 @@ def _is_token(value) -> bool:
     return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
 
 
-def load_drafter(drafter, target, backend: str, registry: PluginRegistry, options: dict, model_source):
-    """A Drafter object from a name, a checkpoint path or an object."""
+def load_drafter(drafter, target, backend, registry: PluginRegistry, options: dict, model_source):
+    """A Drafter object from a name, a checkpoint path or an object, for the Backend ``backend``."""
     if hasattr(drafter, "propose"):
         if options:
             raise InvalidInputError(f"options {sorted(options)} cannot be applied to a Drafter object")
@@ -185,7 +195,33 @@ def load_drafter(drafter, target, backend: str, registry: PluginRegistry, option
         name = drafter_kind(checkpoint)
     elif not isinstance(drafter, str):
         raise InvalidInputError(f"drafter must be a name, a checkpoint folder or a Drafter object, got {drafter!r}")
-    return _component(registry, "drafter", name, backend, options, target=target, checkpoint=checkpoint)
+    given = dict(target=target, checkpoint=checkpoint)
+    if "backend" in inspect.signature(registry.get("drafter", name, backend.name).factory).parameters:
+        given["backend"] = backend  # drafters that make their arrays on the host (lookup)
+    return _component(registry, "drafter", name, backend.name, options, **given)
+
+
+def add_lookup(drafter, lookup, backend, target):
+    """``drafter`` with a prompt-lookup beam added to its drafts (``specdec.lookup``)."""
+    from specdec.drafting import NoDrafter
+    from specdec.lookup import LookupDrafter
+
+    if isinstance(drafter, (NoDrafter, LookupDrafter)):
+        raise InvalidInputError(
+            "lookup=True adds a prompt-lookup beam to a model drafter's beams (e.g. drafter='redrafter'); "
+            "for prompt lookup alone use drafter='lookup'"
+        )
+    tree_name = getattr(drafter, "tree_builder", ("prefix_tree", {}))[0]
+    if tree_name != "prefix_tree":
+        raise InvalidInputError(
+            f"lookup joins drafters whose beams make a prefix tree; {type(drafter).__name__} drafts for the "
+            f"{tree_name!r} tree builder (e.g. Medusa's head top-k tree): use it without lookup, or drafter='lookup'"
+        )
+    if lookup is True:
+        lookup = {}
+    if not isinstance(lookup, dict) or set(lookup) - {"max_ngram", "min_ngram"}:
+        raise InvalidInputError(f"lookup must be True or a dict of max_ngram / min_ngram, got {lookup!r}")
+    return LookupDrafter(backend, target, inner=drafter, **lookup)
 
 
 def drafter_kind(checkpoint: Path) -> str:
@@ -201,11 +237,11 @@ def drafter_kind(checkpoint: Path) -> str:
     return DRAFTER_MODEL_TYPES[model_type]
 
 
-def _component(registry: PluginRegistry, kind: str, choice, backend: str, options: dict, **positional):
-    """Build a drafter / tree builder / verifier from a name, or pass an object through."""
+def _component(registry: PluginRegistry, kind: str, choice, on_backend: str, options: dict, **positional):
+    """Build a drafter / tree builder / verifier for backend ``on_backend`` from a name, or pass an object through."""
     if not isinstance(choice, str):
         return choice
-    factory = registry.get(kind, choice, backend).factory
+    factory = registry.get(kind, choice, on_backend).factory
     accepted = inspect.signature(factory).parameters
     takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in accepted.values())
     unknown = sorted(set(options) - set(accepted)) if not takes_any else []

@@ -49,6 +49,34 @@ def verify_uniform_shape(draft: Draft) -> tuple[int, int]:
     return int(draft.head_tokens.shape[1]) + 1, 1
 
 
+def distinct_beams(beams: np.ndarray) -> np.ndarray:
+    """(B,) the number of different beams in each row of ``beams`` (B, W, L); a drafter that
+    repeats a beam (a lookup beam without a match) drafted it once."""
+    return np.array([len(np.unique(row, axis=0)) for row in beams], dtype=np.int64)
+
+
+class TokenHistory:
+    """Each row's prompt and emitted tokens, in one preallocated (B, T) buffer."""
+
+    def __init__(self, prompts: Sequence[Sequence[int]], max_new_tokens: int):
+        self.lengths = np.array([len(p) for p in prompts], dtype=np.int64)
+        self.tokens = np.zeros((len(prompts), int(self.lengths.max()) + max_new_tokens), dtype=np.int64)
+        for b, prompt in enumerate(prompts):
+            self.tokens[b, : len(prompt)] = prompt
+
+    def extend(self, row: int, tokens: Sequence[int]) -> None:
+        start = self.lengths[row]
+        self.tokens[row, start : start + len(tokens)] = tokens
+        self.lengths[row] += len(tokens)
+
+    def rows(self) -> tuple[np.ndarray, ...]:
+        """One read-only (T_b,) view per row."""
+        views = tuple(self.tokens[b, :n] for b, n in enumerate(self.lengths))
+        for view in views:
+            view.flags.writeable = False
+        return views
+
+
 def _draw(generators: list[np.random.Generator] | None, shape: tuple[int, ...]) -> np.ndarray | None:
     if generators is None:
         return None
@@ -63,6 +91,7 @@ def decode_steps(plan: DecodePlan, prompts: Sequence[Sequence[int]], *, seed=Non
     rows = np.arange(batch)
     num_generated = np.zeros(batch, dtype=np.int64)
     done = np.zeros(batch, dtype=bool)
+    history = TokenHistory(prompts, plan.max_new_tokens)
 
     def emit(tokens_per_row: list[list[int]]) -> list[list[int]]:
         """Cut each row at max_new_tokens and after EOS; mark finished rows."""
@@ -79,6 +108,7 @@ def decode_steps(plan: DecodePlan, prompts: Sequence[Sequence[int]], *, seed=Non
                     break
             num_generated[b] += len(kept)
             done[b] |= num_generated[b] >= plan.max_new_tokens
+            history.extend(b, kept)
             out.append(kept)
         return out
 
@@ -106,6 +136,7 @@ def decode_steps(plan: DecodePlan, prompts: Sequence[Sequence[int]], *, seed=Non
         context = DraftContext(
             root_tokens=root, hidden=hidden, sampling=sampling, num_generated=num_generated.copy(),
             uniforms=_draw(generators, draft_shape) if draft_shape else None, want_draft_probs=want_draft_probs,
+            history=history.rows(),
         )
         draft = plan.drafter.propose(context)
         tree = plan.tree_builder.build(draft)
@@ -122,8 +153,8 @@ def decode_steps(plan: DecodePlan, prompts: Sequence[Sequence[int]], *, seed=Non
         bonus = backend.to_numpy(verdict.bonus_tokens)
         tokens = backend.to_numpy(tree.tokens)
         num_nodes = backend.to_numpy(tree.num_nodes)
-        if draft.beams is not None:  # tokens proposed before deduplication into the tree
-            drafted = np.full(batch, draft.beams.shape[1] * (draft.beams.shape[2] - 1), dtype=np.int64)
+        if draft.beams is not None:  # tokens of the distinct beams, before deduplication into the tree
+            drafted = distinct_beams(backend.to_numpy(draft.beams)) * (draft.beams.shape[2] - 1)
         else:
             drafted = num_nodes - 1
         new_tokens = [

@@ -68,7 +68,9 @@ class DraftContext:
     ``uniforms`` (B, W, L) float64 NumPy in [0, 1): randomness for drafters that sample their
     proposal (None when decoding is greedy). ``num_generated`` (B,) int64 NumPy: tokens emitted
     so far per row, the root included. ``want_draft_probs``: the verifier needs
-    ``Draft.draft_probs`` even for a deterministic proposal.
+    ``Draft.draft_probs`` even for a deterministic proposal. ``history``: one (T_b,) int64 NumPy
+    array per row, the row's prompt and every token emitted so far, ending with the root while
+    the row is unfinished (None when the caller has no text to give; the decode loop gives it).
     """
 
     root_tokens: Any = attrs.field(validator=_rank(1))
@@ -77,6 +79,7 @@ class DraftContext:
     num_generated: Any = None
     uniforms: Any = None
     want_draft_probs: bool = False
+    history: Any = None
 
 
 @attrs.frozen(kw_only=True)

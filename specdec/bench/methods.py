@@ -10,10 +10,10 @@ from specdec.errors import InvalidInputError
 
 # Peer kinds and the backend whose model objects they run on.
 PEERS = {"hf": "torch", "hf-pld": "torch", "hf-assisted": "torch", "mlx-lm": "mlx", "mlx-lm-draft": "mlx"}
-SPECDEC = {"plain": "none", "redrafter": "redrafter", "medusa": "medusa"}
+SPECDEC = {"plain": "none", "redrafter": "redrafter", "medusa": "medusa", "lookup": "lookup"}
 OPTION_NAMES = {"w": "beam_width", "l": "beam_length", "choices": "choices", "verifier": "verifier",
                 "n": "prompt_lookup_num_tokens", "draft": "draft_model", "drafter": "drafter_path",
-                "top_t": "top_t", "sample": "sample"}
+                "top_t": "top_t", "sample": "sample", "lookup": "lookup", "k": "draft_length"}
 
 
 @attrs.frozen(kw_only=True)
@@ -52,7 +52,9 @@ def _value(text: str):
 
 def parse_method(spec: str) -> Method:
     """``kind[:key=value,...]``, e.g. ``redrafter:w=4,l=5``, ``medusa:choices=cpu16``, ``hf-pld:n=10``,
-    ``redrafter:drafter=path/to/checkpoint``. Keys: w, l, choices, verifier, top_t, sample, n, draft."""
+    ``redrafter:drafter=path/to/checkpoint``, ``redrafter:lookup=true`` (a prompt-lookup beam beside
+    ReDrafter's), ``lookup:k=6`` (our prompt lookup alone, drafting k tokens). Keys: w, l, choices,
+    verifier, top_t, sample, lookup, k, n, draft."""
     kind, _, rest = spec.partition(":")
     if kind not in SPECDEC and kind not in PEERS:
         raise InvalidInputError(f"unknown method {kind!r}; methods: {', '.join([*SPECDEC, *PEERS])}")

@@ -82,7 +82,7 @@ def plan(model, drafter: str, prompts: Sequence, *, backend: str = "torch", dtyp
     template = getattr(target, "chat_template", None)
     ids = [encode_prompts(p, target.tokenizer, target.vocab_size, chat_template=template)[0][0] for p in prompts]
     wide, long = max(widths), max(lengths)
-    recorder = RecordingDrafter(load_drafter(drafter, target, backend, registry,
+    recorder = RecordingDrafter(load_drafter(drafter, target, backend_obj, registry,
                                              dict(beam_width=wide, beam_length=long), model), backend_obj)
     accepted = {(w, l): [] for w in widths for l in lengths}
     sizes = {(w, l): [] for w in widths for l in lengths}
@@ -97,7 +97,7 @@ def plan(model, drafter: str, prompts: Sequence, *, backend: str = "torch", dtyp
     plain_step = sum(step_costs(target, "none", ids[0], backend=backend))
     rows = []
     for (w, l), values in accepted.items():
-        one = load_drafter(drafter, target, backend, registry, dict(beam_width=w, beam_length=l), model)
+        one = load_drafter(drafter, target, backend_obj, registry, dict(beam_width=w, beam_length=l), model)
         draft_s, verify_s, other_s = step_costs(target, one, ids[0], backend=backend)
         tau = 1.0 + float(np.mean(values)) if values else 1.0
         rows.append(PlanRow(beam_width=w, beam_length=l, tokens_per_step=tau, tree_size=float(np.mean(sizes[(w, l)])),

@@ -43,13 +43,18 @@ class BenchRecord:
 def specdec_runner(method: Method, model, target, backend: str, max_new_tokens: int) -> Callable[..., dict]:
     """A callable(prompt ids, temperature, seed) -> dict of measurements, for a specdec method.
     The drafter is loaded once; only decoding is timed."""
-    from specdec.generate import load_drafter, stream
+    from specdec.generate import add_lookup, load_drafter, stream
     from specdec.plugins import default_registry
 
+    registry = default_registry()
+    backend_obj = registry.get("backend", backend).factory()
     options = dict(method.generate_options)
     loop_options = {k: options.pop(k) for k in ("verifier", "tree_builder") if k in options}
-    drafter = load_drafter(method.drafter, target, backend, default_registry(), options, model)
-    width = getattr(drafter, "beam_width", 0)
+    lookup = options.pop("lookup", None)
+    drafter = load_drafter(method.drafter, target, backend_obj, registry, options, model)
+    if lookup:
+        drafter = add_lookup(drafter, lookup, backend_obj, target)
+    length = getattr(drafter, "beam_length", 0)
 
     def run(ids: list[int], temperature: float, seed: int) -> dict:
         steps = stream(target, ids, drafter=drafter, backend=backend, max_new_tokens=max_new_tokens,
@@ -64,8 +69,8 @@ def specdec_runner(method: Method, model, target, backend: str, max_new_tokens: 
                 continue
             accepted.append(int(step.num_accepted[0]))
             verified += int(step.num_verified[0])
-            if method.kind == "redrafter":  # W x L tokens before deduplication into the tree
-                beam_tokens += int(step.num_drafted[0]) + width
+            if method.kind == "redrafter" and length > 1:  # W x L tokens before deduplication into the tree
+                beam_tokens += int(step.num_drafted[0]) * length // (length - 1)
             times["time_draft"] += step.time_draft
             times["time_verify"] += step.time_verify
             times["time_other"] += step.time_other

@@ -41,6 +41,19 @@ def _no_drafter(target, checkpoint=None):
     return NoDrafter()
 
 
+def _lookup_drafter(target, checkpoint=None, *, backend, draft_length=None, max_ngram=None, min_ngram=None):
+    from specdec import lookup
+
+    if checkpoint is not None:
+        raise InvalidInputError("drafter 'lookup' (prompt lookup) takes no checkpoint")
+    return lookup.LookupDrafter(
+        backend, target,
+        draft_length=lookup.DEFAULT_DRAFT_LENGTH if draft_length is None else draft_length,
+        max_ngram=lookup.DEFAULT_MAX_NGRAM if max_ngram is None else max_ngram,
+        min_ngram=lookup.DEFAULT_MIN_NGRAM if min_ngram is None else min_ngram,
+    )
+
+
 @hookimpl
 def specdec_register_backends(register):
     register("numpy", NumpyBackend)
@@ -49,6 +62,7 @@ def specdec_register_backends(register):
 @hookimpl
 def specdec_register_drafters(register):
     register("none", ANY_BACKEND, _no_drafter)
+    register("lookup", ANY_BACKEND, _lookup_drafter)
 
 
 @hookimpl

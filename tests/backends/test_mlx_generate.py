@@ -109,6 +109,21 @@ def test_same_tokens_as_numpy(world, arch, drafter_name, sampling):
     assert actual == expected, f"generate({arch}, drafter={drafter_name}, {sampling}): mlx {actual} != numpy {expected}"
 
 
+LOOPING_PROMPTS = [[1, 2, 3, 1, 2, 3, 1, 2], [4], [5, 6, 5, 6, 5]]
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+@pytest.mark.parametrize("sampling", [dict(), dict(temperature=0.8, seed=5)], ids=["greedy", "t0.8"])
+def test_lookup_gives_the_same_tokens_as_numpy(world, arch, sampling):
+    """Prompt lookup alone and beside ReDrafter (the host-side n-gram drafts, joined to mlx beams)."""
+    for drafter, extra in (("lookup", dict(draft_length=3, min_ngram=1)), (world[arch]["redrafter"], dict(lookup=True))):
+        options = dict(drafter=drafter, max_new_tokens=NEW_TOKENS, stop_at_eos=False, **sampling, **extra)
+        expected = specdec.generate(world[arch]["model"], LOOPING_PROMPTS, backend="numpy", **options)
+        actual = specdec.generate(world[arch]["model"], LOOPING_PROMPTS, backend="mlx", dtype="float32", **options)
+        assert actual.tokens == expected.tokens, f"generate({arch}, {drafter}, {extra}, {sampling}): mlx != numpy"
+        assert actual.stats.drafted_tokens == expected.stats.drafted_tokens
+
+
 @pytest.mark.parametrize("drafter_name", ["redrafter", "medusa"])
 def test_same_tokens_as_torch_when_installed(world, drafter_name):
     """The third backend, when torch is importable: the same tokens as mlx in float32."""

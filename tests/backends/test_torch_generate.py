@@ -54,6 +54,18 @@ def test_same_tokens_as_numpy_greedy_and_sampled_float64(world, arch, drafter):
         checks.check_generation("torch", model, path, prompts=PROMPTS, dtype="float64", max_new_tokens=10, **options)
 
 
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+@pytest.mark.parametrize("drafter, extra", [("lookup", dict(draft_length=3, min_ngram=1)),
+                                            ("redrafter", dict(lookup=True))])
+def test_lookup_gives_the_same_tokens_as_numpy_float64(world, arch, drafter, extra):
+    """Prompt lookup alone and beside ReDrafter: host-side n-gram drafts joined to torch beams."""
+    model, path = world[arch]["model"], world[arch].get(drafter, drafter)
+    prompts = [[1, 2, 3, 1, 2, 3, 1, 2], [4], [5, 6, 5, 6, 5]]
+    for options in ({}, dict(temperature=0.8, seed=3)):
+        checks.check_generation("torch", model, path, prompts=prompts, dtype="float64", max_new_tokens=12,
+                                **extra, **options)
+
+
 @pytest.mark.parametrize("options", [
     dict(sample=True), dict(sample=True, verifier="exact"), dict(verifier="redrafter_published"),
     dict(verifier="typical"), dict(verifier="rejection", sample=True, beam_width=3, beam_length=5),

@@ -41,7 +41,7 @@ def test_third_party_plugin_adds_a_drafter():
 
     plugin.specdec_register_drafters = specdec_register_drafters
     registry = PluginRegistry([numpy_plugin, plugin])
-    assert registry.names("drafter", "numpy") == ["none", "repeat"]
+    assert registry.names("drafter", "numpy") == ["lookup", "none", "repeat"]
     assert registry.distribution("repeat_plugin") == "local"
     assert "repeat" not in PluginRegistry([numpy_plugin]).names("drafter")
 

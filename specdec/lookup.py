@@ -1,0 +1,155 @@
+"""Drafting by n-gram lookup in the row's own text (prompt lookup decoding), alone or beside a
+model drafter.
+
+Text that repeats itself (a document the answer quotes, code that reuses its identifiers, a list
+that keeps its pattern) is predicted by its own past: if the last n tokens occurred before, the
+token that followed them then is a good guess now. ``lookup_chain`` is that guess, extended one
+token at a time over the text plus what it already drafted (an n-gram model with back-off from
+``max_ngram`` to ``min_ngram``, the most recent occurrence winning). It costs no model call.
+
+``LookupDrafter`` drafts the chain alone (``drafter="lookup"``) or adds it as one more beam to a
+beam drafter's draft (``specdec.generate(..., lookup=True)``): the prefix tree shares whatever
+the chain has in common with the model's beams, and verification keeps the output lossless
+because the greedy and exact verifiers accept only what the target itself would produce.
+The draft is deterministic, so it cannot be verified by multi-draft rejection sampling, which
+needs sampled beams and their draft distributions.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from specdec.errors import InvalidInputError
+from specdec.types import Draft, DraftContext
+
+DEFAULT_MAX_NGRAM = 3
+DEFAULT_MIN_NGRAM = 2
+DEFAULT_DRAFT_LENGTH = 6
+
+
+def check_ngram_sizes(max_ngram: int, min_ngram: int) -> None:
+    """Raise InvalidInputError unless 1 <= min_ngram <= max_ngram."""
+    for name, value in (("max_ngram", max_ngram), ("min_ngram", min_ngram)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+            raise InvalidInputError(f"lookup {name} must be an integer >= 1, got {value!r}")
+    if min_ngram > max_ngram:
+        raise InvalidInputError(f"lookup min_ngram ({min_ngram}) must not exceed max_ngram ({max_ngram})")
+
+
+def next_token_by_lookup(tokens: np.ndarray, *, max_ngram: int, min_ngram: int) -> int | None:
+    """The token that followed the most recent earlier occurrence of the longest suffix of
+    ``tokens`` (T,) with between ``min_ngram`` and ``max_ngram`` tokens; None if none occurred.
+
+    Example: tokens = [5, 6, 7, 5, 6], max_ngram=2 -> suffix [5, 6] occurred at 0, followed by 7.
+    """
+    for n in range(min(max_ngram, len(tokens) - 1), min_ngram - 1, -1):
+        suffix = tokens[-n:]
+        # windows[i] = tokens[i : i + n] for every i whose window ends before the last token
+        windows = np.lib.stride_tricks.sliding_window_view(tokens[:-1], n)  # (T - n, n)
+        starts = np.flatnonzero((windows == suffix).all(axis=1))
+        if len(starts):
+            return int(tokens[starts[-1] + n])
+    return None
+
+
+def lookup_chain(history: np.ndarray, length: int, *, max_ngram: int = DEFAULT_MAX_NGRAM,
+                 min_ngram: int = DEFAULT_MIN_NGRAM) -> np.ndarray:
+    """Up to ``length`` tokens continuing ``history`` (T,) int: each is ``next_token_by_lookup``
+    of the history plus the tokens chosen before it. Shorter (possibly empty) only when the
+    history's own suffix never occurred before: once one token is found, the suffix that ends
+    with it occurred one position later, so the chain always reaches ``length``.
+    """
+    tokens = np.asarray(history, dtype=np.int64)
+    chain: list[int] = []
+    for _ in range(length):
+        token = next_token_by_lookup(tokens, max_ngram=max_ngram, min_ngram=min_ngram)
+        if token is None:
+            break
+        chain.append(token)
+        tokens = np.append(tokens, token)
+    return np.array(chain, dtype=np.int64)
+
+
+def lookup_beams(histories: Sequence[np.ndarray], length: int, *, max_ngram: int, min_ngram: int,
+                 fallback: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """One lookup beam per row: (B, 1, length) int64 beams, and (B,) bool, whether the row found a
+    full chain. ``fallback`` (B, length): each row's beam when it finds none (a beam the draft
+    already has, or the root repeated); its first column is the root. A row whose history does
+    not end with its root has finished (the loop stopped recording its tokens) and keeps its
+    fallback."""
+    beams = np.array(fallback, dtype=np.int64, copy=True)[:, None, :]  # (B, 1, L)
+    found = np.zeros(len(histories), dtype=bool)
+    for b, history in enumerate(histories):
+        if len(history) == 0 or history[-1] != beams[b, 0, 0]:
+            continue
+        chain = lookup_chain(history, length - 1, max_ngram=max_ngram, min_ngram=min_ngram)
+        if len(chain) == length - 1:
+            beams[b, 0, 1:] = chain
+            found[b] = True
+    return beams, found
+
+
+class LookupDrafter:
+    """Prompt lookup drafting, alone (``inner=None``) or beside a beam drafter.
+
+    backend: the Backend whose arrays the draft must hold (``from_numpy``), target: its target.
+    inner: a Drafter whose drafts have beams (B, W, L); the lookup chain becomes beam W, of the
+        same length L (rows without a match repeat the inner beam 0, which the prefix tree
+        folds away). Without ``inner`` the draft is the chain alone, (B, 1, draft_length + 1);
+        a step in which no row finds a match drafts nothing (the root alone, a plain step), and
+        rows without a match in a batch where others have one repeat their root.
+    """
+
+    def __init__(self, backend: Any, target: Any, *, inner: Any = None, draft_length: int = DEFAULT_DRAFT_LENGTH,
+                 max_ngram: int = DEFAULT_MAX_NGRAM, min_ngram: int = DEFAULT_MIN_NGRAM):
+        check_ngram_sizes(max_ngram, min_ngram)
+        if isinstance(draft_length, bool) or not isinstance(draft_length, (int, np.integer)) or draft_length < 1:
+            raise InvalidInputError(f"lookup draft_length must be an integer >= 1, got {draft_length!r}")
+        if inner is not None and getattr(inner, "sampled_proposals", False):
+            raise InvalidInputError(
+                "lookup cannot join a drafter that samples its beams (sample=True): its beams are verified by "
+                "multi-draft rejection sampling, which needs every beam drawn from a draft distribution; "
+                "drop sample=True (the exact verifier then keeps sampling lossless) or drop lookup"
+            )
+        self.backend, self.target, self.inner = backend, target, inner
+        self.draft_length, self.max_ngram, self.min_ngram = int(draft_length), int(max_ngram), int(min_ngram)
+        self.beam_width = 1 + getattr(inner, "beam_width", 0)  # beams per draft, and their length (for reports)
+        self.beam_length = getattr(inner, "beam_length", self.draft_length + 1)
+        if inner is not None:
+            self.tree_builder = getattr(inner, "tree_builder", ("prefix_tree", {}))
+            if getattr(inner, "sample_shape", None) is not None:
+                self.sample_shape = inner.sample_shape
+
+    def propose(self, context: DraftContext) -> Draft:
+        if context.history is None:
+            raise ValueError("LookupDrafter needs context.history (the decode loop provides it)")
+        if context.want_draft_probs:
+            raise InvalidInputError(
+                "lookup drafts are deterministic and have no draft distribution, which this verifier needs; "
+                "use the 'greedy' or 'exact' verifier (the defaults) with lookup"
+            )
+        if self.inner is None:
+            return self._propose_alone(context)
+        draft = self.inner.propose(context)
+        if draft.beams is None:
+            raise InvalidInputError(
+                f"lookup joins drafters that propose beams; {type(self.inner).__name__} proposes head top-k tokens "
+                "(a static tree, e.g. Medusa): use it without lookup, or use drafter='lookup' alone"
+            )
+        backend = self.backend
+        beams = backend.to_numpy(draft.beams)  # (B, W, L)
+        extra, _ = lookup_beams(context.history, beams.shape[2], max_ngram=self.max_ngram,
+                                min_ngram=self.min_ngram, fallback=beams[:, 0, :])
+        joined = backend.from_numpy(np.concatenate([beams, extra], axis=1), self.target)  # (B, W + 1, L)
+        return Draft(root_tokens=draft.root_tokens, beams=joined, sampled=False)
+
+    def _propose_alone(self, context: DraftContext) -> Draft:
+        roots = np.asarray(self.backend.to_numpy(context.root_tokens), dtype=np.int64)  # (B,)
+        length = self.draft_length + 1
+        beams, found = lookup_beams(context.history, length, max_ngram=self.max_ngram, min_ngram=self.min_ngram,
+                                    fallback=np.repeat(roots[:, None], length, axis=1))
+        if not found.any():
+            beams = beams[:, :, :1]  # (B, 1, 1): nothing to draft, a plain step
+        return Draft(root_tokens=context.root_tokens, beams=self.backend.from_numpy(beams, self.target), sampled=False)
