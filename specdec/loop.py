@@ -52,7 +52,9 @@ def verify_uniform_shape(draft: Draft) -> tuple[int, int]:
 def distinct_beams(beams: np.ndarray) -> np.ndarray:
     """(B,) the number of different beams in each row of ``beams`` (B, W, L); a drafter that
     repeats a beam (a lookup beam without a match) drafted it once."""
-    return np.array([len(np.unique(row, axis=0)) for row in beams], dtype=np.int64)
+    same = (beams[:, :, None, :] == beams[:, None, :, :]).all(axis=-1)  # (B, W, W): beam i equals beam j
+    repeats = np.tril(same, k=-1).any(axis=-1)  # (B, W): beam i equals an earlier beam
+    return (beams.shape[1] - repeats.sum(axis=-1)).astype(np.int64)
 
 
 class TokenHistory:

@@ -169,3 +169,10 @@ def test_lookup_misuse_names_the_fix(target, model_dir, tmp_path, drafter, optio
     with pytest.raises(InvalidInputError, match=message):  # refused before the target's cache is touched
         prepare(target, [1, 2, 3], drafter, "numpy", max_new_tokens=3, temperature=options.pop("temperature", 0.0),
                 top_k=None, top_p=None, dtype=None, device=None, registry=None, options=options)
+
+
+def test_distinct_beams_counts_each_repeated_beam_once():
+    from specdec.loop import distinct_beams
+
+    beams = np.array([[[1, 2, 3], [1, 2, 4], [1, 2, 3]], [[5, 5, 5], [5, 5, 5], [5, 5, 5]]])
+    assert distinct_beams(beams).tolist() == [2, 1]
