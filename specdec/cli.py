@@ -65,16 +65,18 @@ def cmd_generate(args) -> int:
 
 
 def _demo_models(args, tmp: Path):
-    """(model, {drafter label: drafter}) for the demo: the bundled model and its shipped drafters,
-    or with --random a small random model and untrained drafters."""
-    if not args.random:
-        return args.model, {"redrafter": "redrafter", "medusa": "medusa"}
-    from specdec.testing import make_random_drafter, make_random_model
+    """(model, {label: (drafter, options)}) for the demo: the bundled model and its shipped
+    drafters, or with --random a small random model and untrained drafters."""
+    if args.random:
+        from specdec.testing import make_random_drafter, make_random_model
 
-    model = make_random_model(tmp / "model", vocab_size=512, hidden_size=64, num_layers=2, num_heads=4,
-                              num_kv_heads=2, seed=0, with_tokenizer=True)
-    return model, {"redrafter": make_random_drafter(tmp / "redrafter", model, kind="redrafter", seed=1),
-                   "medusa": make_random_drafter(tmp / "medusa", model, kind="medusa", seed=2)}
+        model = make_random_model(tmp / "model", vocab_size=512, hidden_size=64, num_layers=2, num_heads=4,
+                                  num_kv_heads=2, seed=0, with_tokenizer=True)
+        redrafter = make_random_drafter(tmp / "redrafter", model, kind="redrafter", seed=1)
+        medusa = make_random_drafter(tmp / "medusa", model, kind="medusa", seed=2)
+    else:
+        model, redrafter, medusa = args.model, "redrafter", "medusa"
+    return model, {"redrafter": (redrafter, {}), "+lookup": (redrafter, {"lookup": True}), "medusa": (medusa, {})}
 
 
 def cmd_demo(args) -> int:
@@ -86,12 +88,15 @@ def cmd_demo(args) -> int:
         backend = args.backend or ("numpy" if args.random else None)
         target = specdec.load(model, backend=backend, dtype=args.dtype)
         prompt = [{"role": "user", "content": args.prompt}]
-        run = lambda drafter: specdec.generate(target, prompt, drafter=drafter, backend=backend,
-                                               max_new_tokens=args.max_new_tokens)
-        for drafter in ("none", *drafters.values()):  # warm-up: first calls pay one-off costs
-            specdec.generate(target, prompt, drafter=drafter, backend=backend, max_new_tokens=4)
-        plain = run("none")
-        results = {label: run(drafter) for label, drafter in drafters.items()}
+
+        def run(drafter, options, max_new_tokens=args.max_new_tokens):
+            return specdec.generate(target, prompt, drafter=drafter, backend=backend, max_new_tokens=max_new_tokens,
+                                    **options)
+
+        for drafter, options in [("none", {}), *drafters.values()]:  # warm-up: first calls pay one-off costs
+            run(drafter, options, max_new_tokens=4)
+        plain = run("none", {})
+        results = {label: run(*choice) for label, choice in drafters.items()}
         label = "random untrained drafters: expect no acceptance" if args.random else "shipped drafters"
         print(f"model {model}, backend {backend or 'default'}, dtype {args.dtype or 'default'}; {label}\n")
         print(f"user: {args.prompt}\nassistant: {results['redrafter'].text}\n")
@@ -101,6 +106,7 @@ def cmd_demo(args) -> int:
             same = "identical to plain decoding" if result.tokens == plain.tokens else "DIFFERS from plain decoding"
             print(_report(name, result, plain.stats.tokens_per_second) + f"; output {same}")
             status |= result.tokens != plain.tokens
+        print("(+lookup: ReDrafter with a prompt-lookup beam beside its beams)")
     return int(status)
 
 
