@@ -3,8 +3,7 @@
 # the planner on torch float32, torch bfloat16 side by side, and the opt-in large tier.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-SPECDEC=${SPECDEC:-.venv/bin/specdec}
-OUT=benchmarks/results
+source benchmarks/common.sh
 mkdir -p "$OUT/plan_torch_float32"
 # 5. planner: acceptance per (W, L) from one recorded run, measured step costs, predicted vs measured for the best 3.
 "$SPECDEC" plan --model smollm2-135m --backend torch --dtype float32 --prompts mt-bench --per-category 1 \

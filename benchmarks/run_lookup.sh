@@ -3,10 +3,7 @@
 # (same conditions as run_smollm2.sh: an otherwise idle machine, both cores, batch 1, 128 tokens).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-SPECDEC=${SPECDEC:-.venv/bin/specdec}
-OUT=benchmarks/results
-OPENBLAS=${OPENBLAS:-/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3}  # Debian libopenblas0-pthread
-run() { local name=$1; shift; "$SPECDEC" bench --model smollm2-135m --categories --out "$OUT/$name" "$@"; }
+source benchmarks/common.sh
 
 # 8. torch bfloat16 (the fastest torch dtype here), greedy, MT-Bench (1 prompt per category), 3 interleaved repeats.
 run lookup_torch_bf16_mtbench --prompts mt-bench --per-category 1 --backends torch:bfloat16 --repeats 3 \

@@ -4,10 +4,7 @@
 # Each run writes bench.json, bench.md, speedup.png and accepted.png under benchmarks/results/<name>/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-SPECDEC=${SPECDEC:-.venv/bin/specdec}
-OUT=benchmarks/results
-OPENBLAS=${OPENBLAS:-/usr/lib/x86_64-linux-gnu/openblas-pthread/libblas.so.3}  # Debian libopenblas0-pthread
-run() { local name=$1; shift; "$SPECDEC" bench --model smollm2-135m --categories --out "$OUT/$name" "$@"; }
+source benchmarks/common.sh
 
 # 1. torch, greedy, MT-Bench (2 prompts per category): our methods and transformers' side by side.
 run torch_mtbench_greedy --prompts mt-bench --per-category 2 --backends torch:float32 \
