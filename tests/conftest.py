@@ -39,3 +39,11 @@ def model_dir(tmp_path_factory):
         tmp_path_factory.mktemp("model") / "llama", vocab_size=96, hidden_size=32, num_layers=2, num_heads=4,
         num_kv_heads=2, seed=1, with_tokenizer=True,
     )
+
+
+@pytest.fixture(scope="module")
+def target(model_dir):
+    """``model_dir`` loaded on the numpy backend, once per test module."""
+    import specdec
+
+    return specdec.load(model_dir, backend="numpy")

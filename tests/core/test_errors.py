@@ -11,11 +11,6 @@ from specdec.testing import make_random_drafter, make_random_model
 
 
 @pytest.fixture(scope="module")
-def target(model_dir):
-    return specdec.load(model_dir, backend="numpy")
-
-
-@pytest.fixture(scope="module")
 def redrafter(model_dir, tmp_path_factory):
     return make_random_drafter(tmp_path_factory.mktemp("d") / "rd", model_dir, kind="redrafter", seed=0)
 

@@ -13,11 +13,6 @@ from specdec.testing import OracleDrafter, greedy_continuations, make_random_dra
 
 
 @pytest.fixture(scope="module")
-def target(model_dir):
-    return specdec.load(model_dir, backend="numpy")
-
-
-@pytest.fixture(scope="module")
 def drafters(model_dir, tmp_path_factory):
     root = tmp_path_factory.mktemp("drafters")
     return {

@@ -75,11 +75,6 @@ def test_lookup_drafter_alone_drafts_the_chain_or_nothing():
 
 
 @pytest.fixture(scope="module")
-def target(model_dir):
-    return specdec.load(model_dir, backend="numpy")
-
-
-@pytest.fixture(scope="module")
 def redrafter(model_dir, tmp_path_factory):
     return make_random_drafter(tmp_path_factory.mktemp("lookup") / "rd", model_dir, kind="redrafter", seed=3)
 
