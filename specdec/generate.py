@@ -14,7 +14,7 @@ import numpy as np
 
 from specdec.bundled import resolve_model
 from specdec.chat import is_messages, load_chat_template, render_chat
-from specdec.errors import InvalidInputError
+from specdec.errors import InvalidInputError, SpecdecError
 from specdec.loop import DecodePlan, decode_steps
 from specdec.plugins import PluginRegistry, default_registry
 from specdec.types import GenerationResult, GenerationStats, SamplingConfig, StepResult
@@ -47,8 +47,13 @@ def generate(
         installed plugin; None picks torch when installed, else numpy.
     options: ``verifier`` and ``tree_builder`` (names or objects), ``stop_at_eos`` (default
         True), ``lookup`` (True, or a dict of ``max_ngram`` / ``min_ngram``: add a prompt-lookup
-        beam to a beam drafter's draft, ``specdec.lookup``); everything else goes to the drafter
-        (e.g. ``beam_width``, ``beam_length``).
+        beam to a beam drafter's draft, ``specdec.lookup``; None, the default, adds it beside
+        drafters that pair with it (ReDrafter) when the verifier allows; False never);
+        everything else goes to the drafter (e.g. ``beam_width``, ``beam_length``; when both are
+        left out, the ones ``specdec plan`` chose on this machine, if it ran).
+    dtype: None (or "auto") loads a model folder in the dtype measured fastest on this machine
+        (``specdec.tuning``); float32 and float64 give exactly plain decoding's greedy output,
+        lower precisions the target's greedy output as its verification forwards compute it.
     """
     plan, prompts, batched, tokenizer = prepare(
         model, prompt, drafter, backend, max_new_tokens=max_new_tokens, temperature=temperature,
@@ -85,7 +90,7 @@ def prepare(model, prompt, drafter, backend, *, max_new_tokens, temperature, top
         raise InvalidInputError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
     backend_obj = load_backend(backend, registry)
     model = resolve_model(model)
-    target = backend_obj.load_target(model, dtype=dtype, device=device)
+    target, _ = load_target(backend_obj, model, dtype=dtype, device=device)
     tokenizer = getattr(target, "tokenizer", None)
     template = load_chat_template(model) if isinstance(model, (str, Path)) else getattr(target, "chat_template", None)
     prompts, batched = encode_prompts(prompt, tokenizer, target.vocab_size, chat_template=template)
@@ -93,7 +98,12 @@ def prepare(model, prompt, drafter, backend, *, max_new_tokens, temperature, top
     verifier_choice = options.pop("verifier", None)
     tree_choice = options.pop("tree_builder", None)
     lookup = options.pop("lookup", None)
+    if isinstance(drafter, (str, Path)) and not {"beam_width", "beam_length"} & set(options):
+        options.update(planned_beams(backend_obj, target, drafter, registry))
     drafter_obj = load_drafter(drafter, target, backend_obj, registry, options, model)
+    if lookup is None:  # on by default beside drafters that pair with it, where the verifier allows
+        lookup = bool(getattr(drafter_obj, "pairs_with_lookup", False)) and verifier_choice in (
+            None, "greedy", "exact") and not getattr(drafter_obj, "sampled_proposals", False)
     if lookup:
         drafter_obj = add_lookup(drafter_obj, lookup, backend_obj, target)
     tree_name, tree_options = getattr(drafter_obj, "tree_builder", ("prefix_tree", {}))
@@ -115,6 +125,24 @@ def prepare(model, prompt, drafter, backend, *, max_new_tokens, temperature, top
     return plan, prompts, batched, tokenizer
 
 
+def planned_beams(backend, target, drafter, registry: PluginRegistry) -> dict:
+    """{"beam_width", "beam_length"} that ``specdec plan`` chose for this drafter on this machine
+    (``specdec.tuning.cached_beam_plan``), when the drafter takes them; else {}."""
+    from specdec.tuning import cached_beam_plan
+
+    plan = cached_beam_plan(backend, target, drafter)
+    if plan is None:
+        return {}
+    name = drafter_kind(Path(drafter)) if Path(drafter).is_dir() else str(drafter)
+    try:
+        accepted = inspect.signature(registry.get("drafter", name, backend.name).factory).parameters
+    except SpecdecError:
+        return {}  # load_drafter reports the unknown name
+    if not {"beam_width", "beam_length"} <= set(accepted):
+        return {}
+    return {"beam_width": plan["beam_width"], "beam_length": plan["beam_length"]}
+
+
 def load_backend(name: str | None, registry: PluginRegistry):
     """The backend object for ``name`` (None: torch when it is installed, else numpy)."""
     if name is None:
@@ -124,11 +152,31 @@ def load_backend(name: str | None, registry: PluginRegistry):
     return registry.get("backend", name).factory()
 
 
+def load_target(backend, model, *, dtype: str | None, device: str | None):
+    """(target, ``specdec.tuning.DtypeChoice``): ``model`` loaded on ``backend``. ``dtype=None`` (or
+    "auto") loads a model folder in the dtype measured fastest on this machine (``specdec.tuning``)
+    when the backend offers several; a loaded target or a model object keeps its own."""
+    from specdec.tuning import DtypeChoice, load_fastest
+
+    if dtype in (None, "auto") and hasattr(backend, "dtype_candidates") and isinstance(model, (str, Path)):
+        return load_fastest(backend, model, device=device)
+    dtype = None if dtype == "auto" else dtype
+    target = backend.load_target(model, dtype=dtype, device=device)
+    loaded = getattr(target, "dtype", None) or dtype
+    return target, DtypeChoice(dtype=str(loaded).rpartition(".")[2] if loaded else "the backend's own",
+                               source="given" if dtype else "the backend's default")
+
+
 def load(model: Any, backend: str | None = None, *, dtype: str | None = None, device: str | None = None,
          registry: PluginRegistry | None = None):
-    """Load a target model once, to pass to ``generate`` many times."""
+    """Load a target model once, to pass to ``generate`` many times. ``dtype=None``: the fastest
+    dtype measured on this machine (``specdec.tuning``; cached after the first measurement)."""
     backend_obj = load_backend(backend, registry or default_registry())
-    target = backend_obj.load_target(resolve_model(model), dtype=dtype, device=device)
+    target, choice = load_target(backend_obj, resolve_model(model), dtype=dtype, device=device)
+    try:
+        target.dtype_choice = choice
+    except AttributeError:  # a frozen target class
+        pass
     if isinstance(model, (str, Path)) and getattr(target, "chat_template", None) is None:
         try:
             target.chat_template = load_chat_template(resolve_model(model))

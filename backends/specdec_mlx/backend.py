@@ -79,6 +79,19 @@ class MlxBackend:
         self._targets.add(target)
         return target
 
+    def dtype_candidates(self, device: str | None = None) -> tuple[str, ...]:
+        """The dtypes worth measuring (``specdec.tuning``): float16 and bfloat16 on Metal; on the
+        CPU only float32 (MLX's CPU half-precision kernels are several times slower)."""
+        on_gpu = DEVICES.get(device, "gpu" if mx.default_device() == mx.gpu else "cpu") == "gpu"
+        return ("float16", "bfloat16") if on_gpu else ("float32",)
+
+    def describe_device(self, device: str | None = None) -> str:
+        """The device, the CPU (model and flags) and the MLX version a measured speed depends on."""
+        from specdec.tuning import cpu_description
+
+        where = DEVICES.get(device, "gpu" if mx.default_device() == mx.gpu else "cpu")
+        return f"mlx {mx.__version__} {where}, {cpu_description()}"
+
     def to_numpy(self, array: Any) -> np.ndarray:
         """Evaluate ``array`` together with the pending arrays of this backend's targets, copy to the host."""
         if not isinstance(array, mx.array):

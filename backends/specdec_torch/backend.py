@@ -24,6 +24,39 @@ class TorchBackend:
 
         return load_torch_target(source, dtype=dtype, device=device)
 
+    def dtype_candidates(self, device: str | None = None) -> tuple[str, ...]:
+        """The dtypes worth measuring on ``device`` (``specdec.tuning``): float32 and bfloat16 on a
+        CPU (bfloat16 halves the bytes read, but is fast only with bf16 instructions, so it is
+        measured, never assumed), float16 too where the CPU has half-precision arithmetic;
+        bfloat16 and float16 on CUDA; float16 and float32 on MPS."""
+        from specdec.tuning import cpu_flags
+        from specdec_torch.loading import default_device
+
+        resolved = torch.device(device) if device is not None else default_device()
+        if resolved.type == "cuda":
+            return ("bfloat16", "float16") if torch.cuda.is_bf16_supported() else ("float16",)
+        if resolved.type == "mps":
+            return ("float16", "float32")
+        candidates = ("float32", "bfloat16")
+        if cpu_flags() & {"avx512_fp16", "amx_fp16"}:
+            candidates += ("float16",)
+        return candidates
+
+    def describe_device(self, device: str | None = None) -> str:
+        """What a measured speed depends on: the device (GPU name, or CPU model, flags and thread
+        count) and the torch version."""
+        from specdec.tuning import cpu_description
+        from specdec_torch.loading import default_device
+
+        resolved = torch.device(device) if device is not None else default_device()
+        if resolved.type == "cuda":
+            where = f"cuda {torch.cuda.get_device_name(resolved)}"
+        elif resolved.type == "mps":
+            where = f"mps {cpu_description()}"
+        else:
+            where = f"cpu {cpu_description()}, {torch.get_num_threads()} threads"
+        return f"{where}, torch {torch.__version__}"
+
     def to_numpy(self, array: Any) -> np.ndarray:
         """A host NumPy copy; bfloat16 and float16 become float32 (exactly)."""
         if isinstance(array, torch.Tensor):
@@ -40,3 +73,4 @@ class TorchBackend:
         if device.type == "mps" and host.dtype == torch.float64:
             host = host.to(torch.float32)
         return host.to(device)
+

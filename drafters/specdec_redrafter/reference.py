@@ -245,7 +245,13 @@ def check_target_arrays(config: RedrafterConfig, embed_tokens, lm_head) -> None:
 
 
 class BeamSettings:
-    """Beam width, length and sampling mode, shared by the ReDrafter drafters of every backend."""
+    """Beam width, length and sampling mode, shared by the ReDrafter drafters of every backend.
+
+    ``pairs_with_lookup``: ``specdec.generate`` adds a prompt-lookup beam to these drafts unless
+    the caller says ``lookup=False`` (or the beams are sampled): the two drafters predict
+    different tokens, and the extra beam costs one more branch of the tree."""
+
+    pairs_with_lookup = True
 
     def set_beams(self, config: RedrafterConfig, beam_width: int | None, beam_length: int | None, sample: bool):
         self.beam_width = config.beam_width if beam_width is None else int(beam_width)

@@ -8,7 +8,12 @@ Prediction (greedy decoding): speedup(W, L) = tau(W, L) * t_plain / t_step(W, L)
   t_step(W, L) the measured median time of one decode step (draft + verify + other) with those
               beams on this machine, t_plain the same for plain decoding (one token per step).
 Both sides are decode-phase costs (the prefill is excluded), and ``measure`` reports measured
-speedups on the same footing.
+speedups on the same footing. With ``lookup`` (the default, as in ``generate``), every
+configuration also carries the prompt-lookup beam: it is recorded as the last beam of each step
+and counted beside the first W beams.
+
+``plan(..., save=True)`` keeps the recommendation in the user cache (``specdec.tuning``), where
+``generate`` finds it when the caller names no beams.
 """
 
 from __future__ import annotations
@@ -44,10 +49,15 @@ class RecordingDrafter:
         return draft
 
 
-def accepted_length(beams: np.ndarray, emitted: Sequence[int], width: int, length: int) -> int:
+def _beams_of(beams: np.ndarray, width: int, lookup: bool) -> np.ndarray:
+    """The first ``width`` beams of a recorded step, plus its last (the lookup beam) with ``lookup``."""
+    return np.concatenate([beams[:width], beams[-1:]]) if lookup else beams[:width]
+
+
+def accepted_length(beams: np.ndarray, emitted: Sequence[int], width: int, length: int, lookup: bool = False) -> int:
     """Longest match of ``beams[:width, 1:length]`` (W, L) against the step's emitted tokens."""
     best = 0
-    for beam in beams[:width, 1:length]:
+    for beam in _beams_of(beams, width, lookup)[:, 1:length]:
         n = 0
         while n < len(beam) and n < len(emitted) and beam[n] == emitted[n]:
             n += 1
@@ -55,8 +65,8 @@ def accepted_length(beams: np.ndarray, emitted: Sequence[int], width: int, lengt
     return min(best, len(emitted) - 1)
 
 
-def tree_size(beams: np.ndarray, width: int, length: int) -> int:
-    return len({tuple(beam[: k + 1]) for beam in beams[:width, :length] for k in range(length)})
+def tree_size(beams: np.ndarray, width: int, length: int, lookup: bool = False) -> int:
+    return len({tuple(beam[: k + 1]) for beam in _beams_of(beams, width, lookup)[:, :length] for k in range(length)})
 
 
 def step_costs(target, drafter, prompt, *, backend: str, steps: int = 12) -> tuple[float, float, float]:
@@ -70,20 +80,26 @@ def step_costs(target, drafter, prompt, *, backend: str, steps: int = 12) -> tup
 
 def plan(model, drafter: str, prompts: Sequence, *, backend: str = "torch", dtype: str | None = None,
          widths: Sequence[int] = (1, 2, 4, 8), lengths: Sequence[int] = (2, 3, 4, 5, 6),
-         max_new_tokens: int = 64) -> list[PlanRow]:
-    """Predicted speedup of every (W, L), best first, from one recorded run at the widest, longest beams."""
+         max_new_tokens: int = 64, lookup: bool = True, save: bool = False) -> list[PlanRow]:
+    """Predicted speedup of every (W, L), best first, from one recorded run at the widest, longest
+    beams (with the prompt-lookup beam when ``lookup``); ``save`` keeps the best for ``generate``."""
     import specdec
-    from specdec.generate import encode_prompts, load_drafter
+    from specdec.generate import add_lookup, encode_prompts, load_drafter
     from specdec.plugins import default_registry
+    from specdec.tuning import save_beam_plan
 
     registry = default_registry()
     backend_obj = registry.get("backend", backend).factory()
     target = specdec.load(model, backend=backend, dtype=dtype)
     template = getattr(target, "chat_template", None)
     ids = [encode_prompts(p, target.tokenizer, target.vocab_size, chat_template=template)[0][0] for p in prompts]
+
+    def drafter_with(width: int, length: int):
+        one = load_drafter(drafter, target, backend_obj, registry, dict(beam_width=width, beam_length=length), model)
+        return add_lookup(one, True, backend_obj, target) if lookup else one
+
     wide, long = max(widths), max(lengths)
-    recorder = RecordingDrafter(load_drafter(drafter, target, backend_obj, registry,
-                                             dict(beam_width=wide, beam_length=long), model), backend_obj)
+    recorder = RecordingDrafter(drafter_with(wide, long), backend_obj)
     accepted = {(w, l): [] for w in widths for l in lengths}
     sizes = {(w, l): [] for w in widths for l in lengths}
     for prompt in ids:
@@ -92,22 +108,27 @@ def plan(model, drafter: str, prompts: Sequence, *, backend: str = "torch", dtyp
         for step, beams in zip(steps[1:], recorder.beams):
             for w in widths:
                 for l in lengths:
-                    accepted[(w, l)].append(accepted_length(beams[0], step.new_tokens[0], w, l))
-                    sizes[(w, l)].append(tree_size(beams[0], w, l))
+                    accepted[(w, l)].append(accepted_length(beams[0], step.new_tokens[0], w, l, lookup))
+                    sizes[(w, l)].append(tree_size(beams[0], w, l, lookup))
     plain_step = sum(step_costs(target, "none", ids[0], backend=backend))
     rows = []
     for (w, l), values in accepted.items():
-        one = load_drafter(drafter, target, backend_obj, registry, dict(beam_width=w, beam_length=l), model)
-        draft_s, verify_s, other_s = step_costs(target, one, ids[0], backend=backend)
+        draft_s, verify_s, other_s = step_costs(target, drafter_with(w, l), ids[0], backend=backend)
         tau = 1.0 + float(np.mean(values)) if values else 1.0
         rows.append(PlanRow(beam_width=w, beam_length=l, tokens_per_step=tau, tree_size=float(np.mean(sizes[(w, l)])),
                             verify_ms=verify_s * 1e3, draft_ms=draft_s * 1e3,
                             predicted_speedup=tau * plain_step / (draft_s + verify_s + other_s)))
-    return sorted(rows, key=lambda r: -r.predicted_speedup)
+    rows.sort(key=lambda r: -r.predicted_speedup)
+    if save:
+        best = rows[0]
+        save_beam_plan(backend_obj, target, drafter, beam_width=best.beam_width, beam_length=best.beam_length,
+                       details={"predicted_speedup": round(best.predicted_speedup, 3), "lookup": lookup,
+                                "tokens_per_step": round(best.tokens_per_step, 3), "prompts": len(ids)})
+    return rows
 
 
 def measure(model, drafter: str, prompts: Sequence, rows: Sequence[PlanRow], *, backend: str, dtype: str | None,
-            max_new_tokens: int = 64) -> list[PlanRow]:
+            max_new_tokens: int = 64, lookup: bool = True) -> list[PlanRow]:
     """Run the real decoder for ``rows``: measured speedup = decode-phase tokens/s (prefill excluded, as
     in the prediction) over that of plain decoding, on the same target and prompts."""
     import specdec
@@ -125,4 +146,4 @@ def measure(model, drafter: str, prompts: Sequence, rows: Sequence[PlanRow], *, 
 
     plain = decode_rate("none", {})
     return [attrs.evolve(row, measured_speedup=decode_rate(
-        drafter, dict(beam_width=row.beam_width, beam_length=row.beam_length)) / plain) for row in rows]
+        drafter, dict(beam_width=row.beam_width, beam_length=row.beam_length, lookup=lookup)) / plain) for row in rows]
