@@ -252,6 +252,28 @@ def cmd_plugins(args) -> int:
     return 0
 
 
+def _parse_mix(text: str | None):
+    """``--prompt-mix``: None (the default mix), or (kind, share) pairs."""
+    from specdec.errors import InvalidInputError
+
+    if text is None:
+        return None
+    if text.strip() == "corpus":
+        return ()
+    pairs = []
+    for item in text.split(","):
+        kind, _, share = item.partition("=")
+        try:
+            pairs.append((kind.strip(), float(share)))
+        except ValueError:
+            raise InvalidInputError(f"--prompt-mix takes kind=share pairs, e.g. corpus=0.5,self_instruct=0.3,plain=0.2; "
+                                    f"got {text!r}") from None
+    kinds = {"corpus", "self_instruct", "plain"}
+    if {k for k, _ in pairs} - kinds or any(v < 0 for _, v in pairs) or sum(v for _, v in pairs) <= 0:
+        raise InvalidInputError(f"--prompt-mix kinds are {sorted(kinds)} with non-negative shares; got {text!r}")
+    return tuple(pairs)
+
+
 def cmd_train(args) -> int:
     """Distil a drafter for a model (``specdec.training``); prints held-out tokens per step."""
     from specdec.errors import InvalidInputError, require
@@ -264,6 +286,8 @@ def cmd_train(args) -> int:
     require("transformers", extra="train", feature="specdec train")
     options = dict(steps=args.steps, minutes=args.minutes, prompts=args.prompts, heldout_prompts=args.heldout_prompts,
                    max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, lr=args.lr,
+                   teacher_dtype=args.teacher_dtype, teacher_batch_size=args.teacher_batch_size,
+                   prompt_mix=_parse_mix(args.prompt_mix),
                    weight_decay=args.weight_decay, seed=args.seed,
                    resume=args.resume, threads=args.threads, save_dtype=args.save_dtype, bf16=args.bf16,
                    negatives=args.negatives or None, prompt_text_prompts=args.prompt_text_prompts,
@@ -357,6 +381,12 @@ def build_parser() -> argparse.ArgumentParser:
                        help="more prompts whose prompt text (teacher-forced) and first 16 tokens are training data")
     train.add_argument("--max-new-tokens", type=int, default=128, help="teacher continuation length")
     train.add_argument("--batch-size", type=int, default=64, help="positions per optimiser step")
+    train.add_argument("--teacher-dtype", default=None,
+                       help="dtype the target decodes the teacher data in (default: the fastest on this machine)")
+    train.add_argument("--teacher-batch-size", type=int, default=64, help="prompts the teacher decodes at once")
+    train.add_argument("--prompt-mix", default=None,
+                       help="shares of the decoded prompts, e.g. corpus=0.45,self_instruct=0.35,plain=0.2 (the "
+                            "default); 'corpus' for the corpus's chat requests alone")
     train.add_argument("--lr", type=float, default=1e-3)
     train.add_argument("--weight-decay", type=float, default=0.0, help="AdamW decoupled weight decay")
     train.add_argument("--seed", type=int, default=0)

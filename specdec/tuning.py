@@ -20,7 +20,9 @@ drafter on this machine; ``save_beam_plan`` keeps its recommendation and ``gener
 when the caller names neither ``beam_width`` nor ``beam_length`` (``cached_beam_plan``).
 
 Everything here is a speed choice, never a correctness one: a stale or deleted cache file only
-costs a measurement. ``python -m specdec.cli tune`` re-measures and prints the table.
+costs a measurement. ``specdec tune`` re-measures and prints the table; ``$SPECDEC_DTYPE``
+(e.g. ``float32``) names the dtype to use instead of measuring, for runs that must not depend
+on timing.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import os
 import platform
 import time
 from pathlib import Path
@@ -41,6 +44,7 @@ __all__ = [
     "load_fastest", "measure_forward", "save_beam_plan",
 ]
 
+DTYPE_VARIABLE = "SPECDEC_DTYPE"  # when set (e.g. float32), the dtype used instead of measuring
 TREE_SIZES = (1, 8)  # a one-token decode step and a typical verification tree
 PROMPT_TOKENS = 64
 REPEATS = 5
@@ -54,7 +58,8 @@ class DtypeChoice:
     """The dtype a target was loaded in and why.
 
     dtype: the chosen name; source: "measured" (timed now), "cached" (timed earlier on this
-    machine), "only candidate" (the backend offers one dtype here) or "given" (the caller's);
+    machine), "only candidate" (the backend offers one dtype here), "$SPECDEC_DTYPE" or "given"
+    (the caller's);
     timings: {dtype: {tree size: median ms of one forward}} of the measurement; device: what
     the measurement ran on.
     """
@@ -196,6 +201,10 @@ def _score(timings: dict[int, float]) -> float:
 def load_fastest(backend, source, *, device: str | None = None, remeasure: bool = False):
     """(target, DtypeChoice): ``source`` (a model folder) loaded in the fastest of the backend's
     dtype candidates on this machine, measured once and cached (module docstring)."""
+    forced = os.environ.get(DTYPE_VARIABLE, "").strip()
+    if forced and forced != "auto":
+        target = backend.load_target(source, dtype=forced, device=device)
+        return target, DtypeChoice(dtype=forced, source=f"${DTYPE_VARIABLE}")
     candidates = tuple(backend.dtype_candidates(device))
     architecture = architecture_key(source)
     if len(candidates) == 1 or architecture is None:

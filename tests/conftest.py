@@ -18,6 +18,10 @@ settings.register_profile(
 settings.register_profile("dev", deadline=None, max_examples=100)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
+# dtype=None measures the fastest dtype on the machine (specdec.tuning); tests compute in float32
+# so that no result depends on timing (tests of the measurement unset this)
+os.environ.setdefault("SPECDEC_DTYPE", "float32")
+
 
 def backends_under_test() -> list[str]:
     names = [n.strip() for n in os.environ.get("SPECDEC_TEST_BACKENDS", "numpy").split(",") if n.strip()]

@@ -117,7 +117,7 @@ def _from_folder(path: str | os.PathLike, dtype: torch.dtype, device: torch.devi
     model = model.to(device).eval()
     return TorchTarget(
         model, config=config, fingerprint_fn=lambda: tensor_fingerprint(_folder_tensors(folder)),
-        tokenizer=load_tokenizer(folder), name=folder.resolve().name, eos_token_ids=config.eos_token_ids,
+        tokenizer=load_tokenizer(folder), name=folder.resolve().name, eos_token_ids=config.eos_token_ids, pack=True,
     )
 
 

@@ -16,13 +16,14 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from specdec.errors import InvalidInputError
 from specdec.types import DraftTree, TargetOutput, Verdict
 from specdec_torch.kvcache import TorchKVCache
 from specdec_torch.layers import apply_rotary, attend, inverse_frequencies, mlp, rms_norm, rotary_cos_sin
 
-__all__ = ["PREFILL_CHUNK", "TorchTarget", "tree_attention_mask"]
+__all__ = ["PREFILL_CHUNK", "TorchTarget", "pack_layer", "tree_attention_mask"]
 
 PREFILL_CHUNK = 512  # prompt tokens per forward during prefill (bounds the attention matrix)
 
@@ -39,6 +40,39 @@ def tree_attention_mask(lengths: torch.Tensor, ancestor_mask: torch.Tensor, size
     index = relative.clamp(0, nodes - 1)[:, None, :].expand(batch, nodes, size)  # (B, N, S)
     tree_part = torch.gather(ancestor_mask, 2, index) & in_tree[:, None, :]
     return committed[:, None, :] | tree_part
+
+
+def pack_layer(layer) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor | None]:
+    """(qkv weight, qkv bias, gate-up weight, gate-up bias) of a decoder layer, each in one buffer
+    (a bias is None where the projections have none).
+
+    The q, k, v projections (and the gate and up projections) become one matrix each, so a step
+    runs 4 matmuls per layer instead of 7. The module's own parameters are re-pointed at slices
+    of the packed buffers, so the weights are held once and the module computes as before; only
+    modules specdec loaded itself are packed (a caller's model object is left as it is).
+    """
+    attention, mlp_ = layer.self_attn, layer.mlp
+    qkv, qkv_bias = _pack([attention.q_proj, attention.k_proj, attention.v_proj])
+    gate_up, gate_up_bias = _pack([mlp_.gate_proj, mlp_.up_proj])
+    return qkv, qkv_bias, gate_up, gate_up_bias
+
+
+def _pack(projections) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Concatenate the weights (and biases: zeros for a projection without one) of ``projections``
+    along their outputs; each module's parameters become views of the packed buffers."""
+    weight = torch.cat([p.weight.data for p in projections])
+    bias = None
+    if any(p.bias is not None for p in projections):
+        bias = torch.cat([p.bias.data if p.bias is not None else p.weight.new_zeros(p.weight.shape[0])
+                          for p in projections])
+    start = 0
+    for projection in projections:
+        rows = projection.weight.shape[0]
+        projection.weight.data = weight[start:start + rows]
+        if projection.bias is not None:
+            projection.bias.data = bias[start:start + rows]
+        start += rows
+    return weight, bias
 
 
 def _tree_key_positions(lengths: torch.Tensor, depth: torch.Tensor, size: int) -> torch.Tensor:
@@ -61,7 +95,7 @@ class TorchTarget:
     """
 
     def __init__(self, model: Any, *, config, fingerprint_fn: Callable[[], str], tokenizer: Any = None,
-                 name: str = "torch", eos_token_ids: Sequence[int] = ()):
+                 name: str = "torch", eos_token_ids: Sequence[int] = (), pack: bool = False):
         self.model = model
         self.config = config
         self.tokenizer = tokenizer
@@ -82,7 +116,9 @@ class TorchTarget:
                 f"(vocab_size, hidden_size) = {(config.vocab_size, config.hidden_size)}"
             )
         self._layers = list(decoder.layers)
+        self._packed = [pack_layer(layer) for layer in self._layers] if pack else None
         self._final_norm = decoder.norm
+        self._qkv_sizes = [config.num_attention_heads * config.head_dim] + [config.num_key_value_heads * config.head_dim] * 2
         self._inv_freq = inverse_frequencies(config, self.device)
         self.cache = TorchKVCache(
             num_layers=config.num_hidden_layers, num_kv_heads=config.num_key_value_heads,
@@ -110,14 +146,22 @@ class TorchTarget:
         attention = layer.self_attn
         batch, n, _ = x.shape
         h = rms_norm(x, layer.input_layernorm.weight, cfg.rms_norm_eps)
-        q = attention.q_proj(h).view(batch, n, cfg.num_attention_heads, cfg.head_dim).transpose(1, 2)
-        k = attention.k_proj(h).view(batch, n, cfg.num_key_value_heads, cfg.head_dim).transpose(1, 2)
-        v = attention.v_proj(h).view(batch, n, cfg.num_key_value_heads, cfg.head_dim).transpose(1, 2)
+        if self._packed is not None:  # one matmul for q, k and v
+            qkv_weight, qkv_bias, gate_up, gate_up_bias = self._packed[index]
+            q, k, v = F.linear(h, qkv_weight, qkv_bias).split(self._qkv_sizes, dim=-1)
+        else:
+            q, k, v = attention.q_proj(h), attention.k_proj(h), attention.v_proj(h)
+        q = q.view(batch, n, cfg.num_attention_heads, cfg.head_dim).transpose(1, 2)
+        k = k.view(batch, n, cfg.num_key_value_heads, cfg.head_dim).transpose(1, 2)
+        v = v.view(batch, n, cfg.num_key_value_heads, cfg.head_dim).transpose(1, 2)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)  # (B, Hq|Hkv, n, Dh)
         self.cache.write(index, slots, k, v, uniform_start)
         keys, values = self.cache.view(index, key_size)
         x = x + attention.o_proj(attend(q, keys, values, mask))
         h = rms_norm(x, layer.post_attention_layernorm.weight, cfg.rms_norm_eps)
+        if self._packed is not None:  # one matmul for the gate and up projections
+            gate, up = F.linear(h, gate_up, gate_up_bias).chunk(2, dim=-1)
+            return x + layer.mlp.down_proj(F.silu(gate) * up)
         return x + mlp(h, layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj)
 
     def _forward(self, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor,

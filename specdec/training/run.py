@@ -26,25 +26,28 @@ SAVE_DTYPES = {"float32": np.float32, "float16": np.float16}
 
 def train_drafter(kind: str, make_task: Callable, model, out, *, steps: int | None = None,
                   minutes: float | None = None, prompts: int = 512, heldout_prompts: int = 64,
-                  max_new_tokens: int = 128, top_k: int = 32, teacher_batch_size: int = 16,
-                  teacher_dtype: str = "float32", batch_size: int = 64, lr: float = 1e-3, weight_decay: float = 0.0,
+                  max_new_tokens: int = 128, top_k: int = 32, teacher_batch_size: int = 64,
+                  teacher_dtype: str | None = None, batch_size: int = 64, lr: float = 1e-3, weight_decay: float = 0.0,
                   bf16: bool = False,
                   seed: int = 0, resume: bool = False, threads: int | None = None, save_dtype: str = "float32",
                   cache: Path | None = None, corpus=None, prompt_source: Callable | None = None,
                   eval_minutes: tuple | None = None, eval_steps: int | None = None, eval_sequences: int | None = 32,
                   hidden_dtype: str = "bfloat16", prompt_text_prompts: int = 0, shortlist: int = 0,
-                  progress: bool = True) -> dict:
+                  prompt_mix=None, progress: bool = True) -> dict:
     """Distil a ``kind`` drafter for ``model`` into folder ``out``; returns the report (also saved).
 
     make_task(target, seed) -> the drafter's task (``specdec.training.loop``). Budget: ``steps``
     and/or ``minutes`` of training. Teacher data: ``prompts`` training and ``heldout_prompts``
     held-out prompts (rounded up to whole cache shards), ``max_new_tokens`` greedy tokens each,
-    top-``top_k`` soft labels, decoded with the target in ``teacher_dtype``; cached under
+    top-``top_k`` soft labels, decoded with the target in ``teacher_dtype`` (None: the dtype
+    measured fastest on this machine, ``teacher_dtype_for``), ``teacher_batch_size`` prompts at a
+    time; cached under
     ``cache``/teacher (default: the specdec cache). ``prompt_source(split, start, count)``
     replaces the corpus (token-id prompts, for tests). ``prompt_text_prompts``: more training data
     from prompt text (``build_teacher_data``). ``save_dtype``: "float32" or "float16".
     ``shortlist``: when > 0, the drafter drafts from that many token ids, the ones with the most
-    teacher mass in the training data (``specdec.shortlist.choose_shortlist``).
+    teacher mass in the training data (``specdec.shortlist.choose_shortlist``). ``prompt_mix``:
+    corpus chats, self-instruct chats and plain text (``build_teacher_data``).
     """
     import torch
 
@@ -61,13 +64,14 @@ def train_drafter(kind: str, make_task: Callable, model, out, *, steps: int | No
     cache = Path(cache) if cache is not None else cache_dir()
     times: dict[str, float] = {}
     began = time.perf_counter()
+    teacher_dtype = teacher_dtype or teacher_dtype_for(model)
     target = load_teacher_target(model, dtype=teacher_dtype)
     times["load_target"] = time.perf_counter() - began
 
     datasets, teacher_stats, teacher_times = build_teacher_data(
         target, prompts=prompts, heldout_prompts=heldout_prompts, max_new_tokens=max_new_tokens, top_k=top_k,
         teacher_batch_size=teacher_batch_size, seed=seed, cache=cache, corpus=corpus, prompt_source=prompt_source,
-        hidden_dtype=hidden_dtype, prompt_text_prompts=prompt_text_prompts, progress=progress)
+        hidden_dtype=hidden_dtype, prompt_text_prompts=prompt_text_prompts, prompt_mix=prompt_mix, progress=progress)
     times.update(teacher_times)
     teacher = teacher_stats.pop("settings")
 
@@ -102,6 +106,17 @@ def train_drafter(kind: str, make_task: Callable, model, out, *, steps: int | No
     return report
 
 
+def teacher_dtype_for(model) -> str:
+    """The torch dtype that runs ``model`` fastest on this CPU (``specdec.tuning``, cached): the
+    teacher decodes in it, as the target will when it serves the drafter."""
+    from specdec.bundled import resolve_model
+    from specdec.tuning import load_fastest
+    from specdec_torch.backend import TorchBackend
+
+    _, choice = load_fastest(TorchBackend(), resolve_model(model), device="cpu")
+    return choice.dtype
+
+
 PREFILL_OFFSET = 1_000_000  # prompt indices of the prompt-text data: disjoint from the continuation prompts
 
 
@@ -109,7 +124,7 @@ def build_teacher_data(target, *, prompts: int, heldout_prompts: int, max_new_to
                        teacher_batch_size: int = 16, seed: int = 0, cache: Path | None = None, corpus=None,
                        prompt_source: Callable | None = None, hidden_dtype: str = "bfloat16",
                        prompt_text_prompts: int = 0, prompt_text_new_tokens: int = 16,
-                       progress: bool = True) -> tuple[dict, dict, dict]:
+                       prompt_mix=None, progress: bool = True) -> tuple[dict, dict, dict]:
     """Teacher data of both splits for a loaded ``TeacherTarget`` (cached, see ``train_drafter``);
     a split with no prompts is left out.
 
@@ -117,6 +132,8 @@ def build_teacher_data(target, *, prompts: int, heldout_prompts: int, max_new_to
     text under teacher forcing (the chat template's fixed header skipped) plus the first
     ``prompt_text_new_tokens`` greedy tokens: many positions for little compute, since the
     prefill is batched while decoding is one token per forward.
+    prompt_mix: (kind, share) pairs of corpus chats, self-instruct chats and plain text for the
+    decoded prompts (``specdec.training.selfinstruct``; None: ``DEFAULT_MIX``, () the corpus alone).
 
     -> (datasets {"train", "heldout"}, stats per split plus "settings", wall seconds per stage).
     """
@@ -124,6 +141,7 @@ def build_teacher_data(target, *, prompts: int, heldout_prompts: int, max_new_to
 
     from specdec.bundled import cache_dir
     from specdec.training.corpus import CORPUS_VERSION, build_prompts, default_corpus
+    from specdec.training.selfinstruct import DEFAULT_MIX, MixedPrompts
     from specdec.training.teacher import TeacherSettings, teacher_dataset
 
     cache = Path(cache) if cache is not None else cache_dir()
@@ -137,28 +155,37 @@ def build_teacher_data(target, *, prompts: int, heldout_prompts: int, max_new_to
         def prompt_source(split: str, start: int, count: int) -> list:
             return [list(p.messages) for p in build_prompts(corpus, count, split=split, seed=seed, start=start)]
         source_key = {"corpus": CORPUS_VERSION, "sources": sources, "seed": seed}
+        mix = DEFAULT_MIX if prompt_mix is None else tuple(prompt_mix)
+        decoded_source, decoded_key = prompt_source, source_key
+        if mix and dict(mix).get("corpus", 0) < sum(share for _, share in mix):
+            decoded_source = MixedPrompts(corpus, target, seed=seed, mix=mix, batch_size=teacher_batch_size)
+            decoded_key = {**source_key, **decoded_source.key()}
     else:
         source_key = {"custom": getattr(prompt_source, "__name__", "prompts"), "seed": seed}
+        decoded_source, decoded_key = prompt_source, source_key
 
     teacher = TeacherSettings(max_new_tokens=max_new_tokens, top_k=top_k, batch_size=teacher_batch_size,
                               dtype=str(target.model.dtype).removeprefix("torch."), hidden_dtype=hidden_dtype)
     datasets, teacher_stats = {}, {}
     header = _common_prefix(target, prompt_source("train", PREFILL_OFFSET, 2)) if prompt_text_prompts else None
     text = attrs.evolve(teacher, max_new_tokens=prompt_text_new_tokens, prompt_from=header)
-    parts = (("heldout", heldout_prompts, teacher, 0), ("train", prompts, teacher, 0),
-             ("prompt_text", prompt_text_prompts, text, PREFILL_OFFSET))
-    for name, count, settings, offset in parts:
+    parts = (("heldout", heldout_prompts, teacher, 0, decoded_source, decoded_key),
+             ("train", prompts, teacher, 0, decoded_source, decoded_key),
+             ("prompt_text", prompt_text_prompts, text, PREFILL_OFFSET, prompt_source, source_key))
+    for name, count, settings, offset, source, key in parts:
         if count <= 0:
             continue
         split = "heldout" if name == "heldout" else "train"
         began = time.perf_counter()
         with tqdm(total=count * settings.max_new_tokens, disable=not progress, unit="tok", desc=f"teacher {name}") as bar:
             datasets[name], teacher_stats[name] = teacher_dataset(
-                target, lambda start, n, split=split, offset=offset: prompt_source(split, offset + start, n),
-                count=count, prompt_key={**source_key, "split": split, **({"offset": offset} if offset else {})},
+                target, lambda start, n, split=split, offset=offset, source=source: source(split, offset + start, n),
+                count=count, prompt_key={**key, "split": split, **({"offset": offset} if offset else {})},
                 cache=cache / "teacher", settings=attrs.evolve(settings, shard_size=max(1, min(settings.shard_size, count))),
                 progress=bar.update)
         times[f"teacher_{name}"] = time.perf_counter() - began
+    if isinstance(decoded_source, MixedPrompts):  # prompts made in this run (cached shards need none)
+        teacher_stats["prompt_kinds_made"] = dict(decoded_source.stats)
     if "prompt_text" in datasets:
         from specdec.training.teacher import TeacherData
 

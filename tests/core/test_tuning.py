@@ -63,7 +63,16 @@ class TwoDtypeBackend(NumpyBackend):
 @pytest.fixture
 def cache(tmp_path, monkeypatch):
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("SPECDEC_DTYPE", raising=False)  # measured here (conftest pins it for other tests)
     return tmp_path / "cache"
+
+
+def test_specdec_dtype_names_the_dtype_instead_of_measuring(model_dir, cache, monkeypatch):
+    monkeypatch.setenv("SPECDEC_DTYPE", "slow")
+    backend = TwoDtypeBackend()
+    target, choice = tuning.load_fastest(backend, model_dir)
+    assert (target.dtype, choice.source, backend.loads) == ("slow", "$SPECDEC_DTYPE", ["slow"])
+    assert not (cache / "tuning").exists()
 
 
 def test_fastest_dtype_is_measured_once_then_read_from_the_cache(model_dir, cache):
