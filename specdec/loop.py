@@ -13,6 +13,7 @@ from typing import Iterator, Sequence
 import attrs
 import numpy as np
 
+from specdec import lease
 from specdec.protocols import Backend, Drafter, TargetModel, TreeBuilder, Verifier
 from specdec.reference.sampling import sample_from, target_probs
 from specdec.types import Draft, DraftContext, SamplingConfig, StepResult
@@ -86,7 +87,19 @@ def _draw(generators: list[np.random.Generator] | None, shape: tuple[int, ...]) 
 
 
 def decode_steps(plan: DecodePlan, prompts: Sequence[Sequence[int]], *, seed=None) -> Iterator[StepResult]:
-    """Yield one StepResult per target forward (the prefill first), until every row is done."""
+    """Yield one StepResult per target forward (the prefill first), until every row is done.
+
+    The target is leased for the whole generation (``specdec.lease``): a second generation on
+    it while this one runs raises TargetBusyError at its first step, before touching the cache.
+    """
+    lease.acquire(plan.target)
+    try:
+        yield from _decode_steps(plan, prompts, seed=seed)
+    finally:
+        lease.release(plan.target)
+
+
+def _decode_steps(plan: DecodePlan, prompts: Sequence[Sequence[int]], *, seed=None) -> Iterator[StepResult]:
     backend, target, sampling = plan.backend, plan.target, plan.sampling
     batch = len(prompts)
     generators = None if sampling.greedy else row_generators(seed, batch)
