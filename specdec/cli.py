@@ -181,7 +181,8 @@ def cmd_train(args) -> int:
     options = dict(steps=args.steps, minutes=args.minutes, prompts=args.prompts, heldout_prompts=args.heldout_prompts,
                    max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, lr=args.lr,
                    weight_decay=args.weight_decay, seed=args.seed,
-                   resume=args.resume, threads=args.threads, save_dtype=args.save_dtype, bf16=args.bf16,
+                   resume=args.resume, overwrite=args.overwrite, allow_changes=args.allow_changes, threads=args.threads,
+                   save_dtype=args.save_dtype, bf16=args.bf16,
                    negatives=args.negatives or None, prompt_text_prompts=args.prompt_text_prompts,
                    shortlist=(8192 if args.drafter == "redrafter" else 0) if args.shortlist is None else args.shortlist,
                    progress=not args.quiet)
@@ -203,6 +204,7 @@ def cmd_train(args) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="specdec", description="Speculative decoding with pluggable backends.")
+    parser.add_argument("--debug", action="store_true", help="show the full traceback of an error")
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="answer a prompt with each drafter and with plain decoding, side by side")
     demo.add_argument("--model", default="smollm2-135m")
@@ -257,7 +259,11 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--steps", type=int, default=None, help="optimiser-step budget")
     train.add_argument("--beam-width", type=int, default=4)
     train.add_argument("--beam-length", type=int, default=5, help="ReDrafter beam length, root included")
-    train.add_argument("--resume", action="store_true", help="continue from --out/trainer_state.pt")
+    train.add_argument("--resume", action="store_true", help="continue the run saved in --out (trainer_state.pt)")
+    train.add_argument("--overwrite", action="store_true",
+                       help="start again in a non-empty --out, replacing the run (or the files) there")
+    train.add_argument("--allow-changes", action="store_true",
+                       help="with --resume: accept settings that differ from the saved run's (both are recorded)")
     train.add_argument("--prompts", type=int, default=640, help="training prompts decoded for the teacher data")
     train.add_argument("--heldout-prompts", type=int, default=64)
     train.add_argument("--prompt-text-prompts", type=int, default=1024,
@@ -284,12 +290,37 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
+    """Run a command; every expected failure is one line on stderr and a non-zero exit
+    (``--debug`` re-raises it with its traceback)."""
+    from specdec.errors import TrainingInterrupted
+
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except SpecdecError as exc:
-        print(f"specdec: error: {exc}", file=sys.stderr)
+    except TrainingInterrupted as exc:
+        if args.debug:
+            raise
+        print(f"specdec: {exc}", file=sys.stderr)
+        return 130
+    except KeyboardInterrupt:
+        if args.debug:
+            raise
+        print("specdec: interrupted", file=sys.stderr)
+        return 130
+    except (SpecdecError, OSError, MemoryError) as exc:
+        if args.debug:
+            raise
+        print(f"specdec: error: {one_line(exc)} (--debug shows the traceback)", file=sys.stderr)
         return 2
+
+
+def one_line(exc: BaseException) -> str:
+    """The error's message on one line; an OSError names its file and what went wrong."""
+    if isinstance(exc, OSError) and not isinstance(exc, SpecdecError) and exc.strerror:
+        where = f"{exc.filename}: " if exc.filename else ""
+        return f"{where}{exc.strerror}"
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text
 
 
 if __name__ == "__main__":
