@@ -59,16 +59,22 @@ def distinct_beams(beams: np.ndarray) -> np.ndarray:
 
 
 class TokenHistory:
-    """Each row's prompt and emitted tokens, in one preallocated (B, T) buffer."""
+    """Each row's prompt and emitted tokens, in one (B, T) buffer that grows as tokens arrive
+    (so a large max_new_tokens reserves nothing up front)."""
 
     def __init__(self, prompts: Sequence[Sequence[int]], max_new_tokens: int):
         self.lengths = np.array([len(p) for p in prompts], dtype=np.int64)
-        self.tokens = np.zeros((len(prompts), int(self.lengths.max()) + max_new_tokens), dtype=np.int64)
+        self.capacity = int(self.lengths.max()) + max_new_tokens
+        self.tokens = np.zeros((len(prompts), min(self.capacity, int(self.lengths.max()) + 256)), dtype=np.int64)
         for b, prompt in enumerate(prompts):
             self.tokens[b, : len(prompt)] = prompt
 
     def extend(self, row: int, tokens: Sequence[int]) -> None:
         start = self.lengths[row]
+        if start + len(tokens) > self.tokens.shape[1]:
+            wider = np.zeros((self.tokens.shape[0], min(self.capacity, 2 * (start + len(tokens)))), dtype=np.int64)
+            wider[:, : self.tokens.shape[1]] = self.tokens
+            self.tokens = wider
         self.tokens[row, start : start + len(tokens)] = tokens
         self.lengths[row] += len(tokens)
 
