@@ -1,4 +1,4 @@
-"""Command line: ``specdec demo | generate | bench | plan | plugins``."""
+"""Command line: ``specdec demo | generate | bench | plan | train | cache | plugins``."""
 
 from __future__ import annotations
 
@@ -57,7 +57,13 @@ def _report(label: str, result, baseline_tps: float | None = None) -> str:
 def cmd_generate(args) -> int:
     import specdec
 
-    prompt = args.prompt if args.prompt is not None else json.loads(args.prompt_ids)
+    from specdec.errors import InvalidInputError
+
+    try:
+        prompt = args.prompt if args.prompt is not None else json.loads(args.prompt_ids)
+    except json.JSONDecodeError as exc:
+        raise InvalidInputError(f"--prompt-ids must be a JSON list of token ids such as '[1, 2, 3]', got "
+                                f"{args.prompt_ids!r} ({exc})") from None
     result = specdec.generate(args.model, prompt, drafter=args.drafter, **_common(args), **_options(args))
     print(result.text if result.text is not None else result.tokens)
     print(_report(str(args.drafter), result), file=sys.stderr)
@@ -116,6 +122,7 @@ def cmd_bench(args) -> int:
     from specdec.bench.report import markdown, write_outputs
     from specdec.plugins import installed_distributions
 
+    Path(args.out).mkdir(parents=True, exist_ok=True)  # an unwritable --out fails before the runs, not after
     prompts = load_prompt_set(args.prompts, per_category=args.per_category)
     methods = [parse_method(m) for m in args.methods]
     grid = [(item.partition(":")[0], item.partition(":")[2] or None) for item in args.backends]
@@ -283,6 +290,9 @@ def build_parser() -> argparse.ArgumentParser:
                             "default 8192 for ReDrafter, 0 for Medusa)")
     train.add_argument("--quiet", action="store_true", help="no progress bars")
     train.set_defaults(func=cmd_train)
+    from specdec.cli_cache import add_parser as add_cache_parser
+
+    add_cache_parser(sub)
     plugins = sub.add_parser("plugins", help="list installed backends, drafters, tree builders and verifiers")
     plugins.add_argument("--json", action="store_true")
     plugins.set_defaults(func=cmd_plugins)
