@@ -124,7 +124,10 @@ def _usable(folder: Path) -> bool:
         return False
     _upgrade_config(folder)
     if not (folder / cache.MANIFEST).is_file():
-        cache.write_manifest(folder)
+        try:
+            cache.write_manifest(folder)
+        except OSError as exc:  # a read-only cache still serves, unrecorded
+            log.info("could not record the hashes of %s: %s", folder, exc)
     return True
 
 
