@@ -183,7 +183,8 @@ def phase_generation(env: dict, rng: random.Random, rounds: int) -> None:
     done = subprocess.run(command[:-4] + ["--max-new-tokens", "8", "--backend", "torch"], env=env,
                           capture_output=True, text=True)
     check(done.returncode == 0, f"generation after the kills failed: {done.stderr[-300:]}")
-    print(f"  generation afterwards: {done.stdout.strip()[:70]!r}")
+    report = done.stderr.strip().splitlines()[-1:] or ["(no report)"]
+    print(f"  generation afterwards: exit {done.returncode}, {report[0].strip()}")
 
 
 def main() -> int:
