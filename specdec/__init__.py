@@ -4,10 +4,16 @@
 """
 
 from specdec.errors import (
+    CacheError,
+    CorruptFileError,
     IncompatibleDrafterError,
     InvalidInputError,
     MissingDependencyError,
+    ModelLoadError,
     SpecdecError,
+    TargetBusyError,
+    TrainingInterrupted,
+    TrainingOutputError,
     UnknownPluginError,
 )
 from specdec.generate import generate, load, stream
@@ -28,6 +34,12 @@ from specdec.types import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "CacheError",
+    "CorruptFileError",
+    "ModelLoadError",
+    "TargetBusyError",
+    "TrainingInterrupted",
+    "TrainingOutputError",
     "Draft",
     "DraftContext",
     "DraftTree",

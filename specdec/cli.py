@@ -1,4 +1,4 @@
-"""Command line: ``specdec demo | generate | bench | plan | tune | train | plugins``."""
+"""Command line: ``specdec demo | generate | bench | plan | tune | train | cache | plugins``."""
 
 from __future__ import annotations
 
@@ -58,7 +58,13 @@ def _report(label: str, result, baseline_tps: float | None = None) -> str:
 def cmd_generate(args) -> int:
     import specdec
 
-    prompt = args.prompt if args.prompt is not None else json.loads(args.prompt_ids)
+    from specdec.errors import InvalidInputError
+
+    try:
+        prompt = args.prompt if args.prompt is not None else json.loads(args.prompt_ids)
+    except json.JSONDecodeError as exc:
+        raise InvalidInputError(f"--prompt-ids must be a JSON list of token ids such as '[1, 2, 3]', got "
+                                f"{args.prompt_ids!r} ({exc})") from None
     result = specdec.generate(args.model, prompt, drafter=args.drafter, **_common(args), **_options(args))
     print(result.text if result.text is not None else result.tokens)
     print(_report(str(args.drafter), result), file=sys.stderr)
@@ -168,6 +174,7 @@ def cmd_bench(args) -> int:
     from specdec.bench.report import markdown, write_outputs
     from specdec.plugins import installed_distributions
 
+    Path(args.out).mkdir(parents=True, exist_ok=True)  # an unwritable --out fails before the runs, not after
     prompts = load_prompt_set(args.prompts, per_category=args.per_category)
     methods = [parse_method(m) for m in args.methods]
     grid = [(item.partition(":")[0], item.partition(":")[2] or None) for item in args.backends]
@@ -289,7 +296,8 @@ def cmd_train(args) -> int:
                    teacher_dtype=args.teacher_dtype, teacher_batch_size=args.teacher_batch_size,
                    prompt_mix=_parse_mix(args.prompt_mix),
                    weight_decay=args.weight_decay, seed=args.seed,
-                   resume=args.resume, threads=args.threads, save_dtype=args.save_dtype, bf16=args.bf16,
+                   resume=args.resume, overwrite=args.overwrite, allow_changes=args.allow_changes, threads=args.threads,
+                   save_dtype=args.save_dtype, bf16=args.bf16,
                    negatives=args.negatives or None, prompt_text_prompts=args.prompt_text_prompts,
                    shortlist=(8192 if args.drafter == "redrafter" else 0) if args.shortlist is None else args.shortlist,
                    progress=not args.quiet)
@@ -311,6 +319,7 @@ def cmd_train(args) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="specdec", description="Speculative decoding with pluggable backends.")
+    parser.add_argument("--debug", action="store_true", help="show the full traceback of an error")
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="answer a prompt with each drafter and with plain decoding, side by side")
     demo.add_argument("--model", default="smollm2-135m")
@@ -374,7 +383,11 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--steps", type=int, default=None, help="optimiser-step budget")
     train.add_argument("--beam-width", type=int, default=4)
     train.add_argument("--beam-length", type=int, default=5, help="ReDrafter beam length, root included")
-    train.add_argument("--resume", action="store_true", help="continue from --out/trainer_state.pt")
+    train.add_argument("--resume", action="store_true", help="continue the run saved in --out (trainer_state.pt)")
+    train.add_argument("--overwrite", action="store_true",
+                       help="start again in a non-empty --out, replacing the run (or the files) there")
+    train.add_argument("--allow-changes", action="store_true",
+                       help="with --resume: accept settings that differ from the saved run's (both are recorded)")
     train.add_argument("--prompts", type=int, default=640, help="training prompts decoded for the teacher data")
     train.add_argument("--heldout-prompts", type=int, default=64)
     train.add_argument("--prompt-text-prompts", type=int, default=1024,
@@ -400,6 +413,9 @@ def build_parser() -> argparse.ArgumentParser:
                             "default 8192 for ReDrafter, 0 for Medusa)")
     train.add_argument("--quiet", action="store_true", help="no progress bars")
     train.set_defaults(func=cmd_train)
+    from specdec.cli_cache import add_parser as add_cache_parser
+
+    add_cache_parser(sub)
     plugins = sub.add_parser("plugins", help="list installed backends, drafters, tree builders and verifiers")
     plugins.add_argument("--json", action="store_true")
     plugins.set_defaults(func=cmd_plugins)
@@ -407,12 +423,37 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
+    """Run a command; every expected failure is one line on stderr and a non-zero exit
+    (``--debug`` re-raises it with its traceback)."""
+    from specdec.errors import TrainingInterrupted
+
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except SpecdecError as exc:
-        print(f"specdec: error: {exc}", file=sys.stderr)
+    except TrainingInterrupted as exc:
+        if args.debug:
+            raise
+        print(f"specdec: {exc}", file=sys.stderr)
+        return 130
+    except KeyboardInterrupt:
+        if args.debug:
+            raise
+        print("specdec: interrupted", file=sys.stderr)
+        return 130
+    except (SpecdecError, OSError, MemoryError) as exc:
+        if args.debug:
+            raise
+        print(f"specdec: error: {one_line(exc)} (--debug shows the traceback)", file=sys.stderr)
         return 2
+
+
+def one_line(exc: BaseException) -> str:
+    """The error's message on one line; an OSError names its file and what went wrong."""
+    if isinstance(exc, OSError) and not isinstance(exc, SpecdecError) and exc.strerror:
+        where = f"{exc.filename}: " if exc.filename else ""
+        return f"{where}{exc.strerror}"
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text
 
 
 if __name__ == "__main__":

@@ -33,3 +33,27 @@ def require(module: str, *, extra: str, feature: str):
         raise MissingDependencyError(
             f"{feature} needs the '{module}' package, which is not installed: pip install 'specdec[{extra}]'"
         ) from exc
+
+
+class TargetBusyError(SpecdecError, RuntimeError):
+    """A loaded target is already running a generation (another stream or thread uses it)."""
+
+
+class CorruptFileError(SpecdecError, ValueError):
+    """A file specdec reads (a config, a weights file) is damaged or not in the expected format."""
+
+
+class ModelLoadError(SpecdecError, RuntimeError):
+    """A backend could not load a model (a device that is not available, an unsupported model ...)."""
+
+
+class CacheError(SpecdecError):
+    """The specdec cache holds damaged data that could not be repaired."""
+
+
+class TrainingOutputError(SpecdecError, ValueError):
+    """``specdec train --out`` points at a folder training must not write into as asked."""
+
+
+class TrainingInterrupted(SpecdecError):
+    """Training stopped at a signal (Ctrl-C, SIGTERM) after saving its state."""

@@ -6,18 +6,33 @@ Every check happens before the target's cache is touched, so a rejected call lea
 from __future__ import annotations
 
 import inspect
-import json
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from specdec.bundled import resolve_model
+from specdec.arguments import (
+    check_context,
+    check_drafter_path,
+    check_max_new_tokens,
+    check_prompt_type,
+    check_seed,
+    sampling_config,
+)
+from specdec.bundled import repair_if_damaged, resolve_model
 from specdec.chat import is_messages, load_chat_template, render_chat
-from specdec.errors import InvalidInputError, SpecdecError
+from specdec.errors import (
+    InvalidInputError,
+    MissingDependencyError,
+    ModelLoadError,
+    SpecdecError,
+    TargetBusyError,
+    UnknownPluginError,
+)
+from specdec.files import check_checkpoint_folder, check_model_folder
 from specdec.loop import DecodePlan, decode_steps
 from specdec.plugins import PluginRegistry, default_registry
-from specdec.types import GenerationResult, GenerationStats, SamplingConfig, StepResult
+from specdec.types import GenerationResult, GenerationStats, StepResult
 
 DRAFTER_MODEL_TYPES = {"specdec_redrafter": "redrafter", "specdec_medusa": "medusa"}
 
@@ -55,10 +70,12 @@ def generate(
         (``specdec.tuning``); float32 and float64 give exactly plain decoding's greedy output,
         lower precisions the target's greedy output as its verification forwards compute it.
     """
+    check_seed(seed)
     plan, prompts, batched, tokenizer = prepare(
         model, prompt, drafter, backend, max_new_tokens=max_new_tokens, temperature=temperature,
         top_k=top_k, top_p=top_p, dtype=dtype, device=device, registry=registry, options=options,
     )
+    check_seed(seed, len(prompts))
     return collect(decode_steps(plan, prompts, seed=seed), len(prompts), batched=batched, tokenizer=tokenizer)
 
 
@@ -70,30 +87,46 @@ def stream(model: Any, prompt: Any, drafter: Any = "redrafter", backend: str | N
 
     Arguments are checked when this is called, before the first step runs.
     """
+    check_seed(seed)
     plan, prompts, _, _ = prepare(
         model, prompt, drafter, backend, max_new_tokens=max_new_tokens, temperature=temperature,
         top_k=top_k, top_p=top_p, dtype=dtype, device=device, registry=registry, options=options,
     )
+    check_seed(seed, len(prompts))
     return decode_steps(plan, prompts, seed=seed)
 
 
-def prepare(model, prompt, drafter, backend, *, max_new_tokens, temperature, top_k, top_p, dtype, device,
-            registry, options):
-    """Resolve every name and check every argument; returns (plan, token prompts, batched, tokenizer)."""
+def prepare(model, prompt, drafter, backend, **kwargs):
+    """Resolve every name and check every argument; returns (plan, token prompts, batched, tokenizer).
+
+    If loading fails and the model comes from the specdec cache, the cache folder's hashes are
+    checked; a damaged folder is converted again and the load retried once.
+    """
+    try:
+        return _prepare(model, prompt, drafter, backend, **kwargs)
+    except (InvalidInputError, UnknownPluginError, MissingDependencyError, TargetBusyError):
+        raise
+    except Exception:
+        if not repair_if_damaged(model):
+            raise
+    return _prepare(model, prompt, drafter, backend, **kwargs)
+
+
+def _prepare(model, prompt, drafter, backend, *, max_new_tokens, temperature, top_k, top_p, dtype, device,
+             registry, options):
     registry = registry or default_registry()
     options = dict(options)
-    try:
-        sampling = SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p)
-    except ValueError as exc:
-        raise InvalidInputError(str(exc)) from None
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 1:
-        raise InvalidInputError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+    sampling = sampling_config(temperature, top_k, top_p)
+    max_new_tokens = check_max_new_tokens(max_new_tokens)
+    check_prompt_type(prompt)
+    check_drafter_path(drafter)
     backend_obj = load_backend(backend, registry)
     model = resolve_model(model)
     target, _ = load_target(backend_obj, model, dtype=dtype, device=device)
     tokenizer = getattr(target, "tokenizer", None)
     template = load_chat_template(model) if isinstance(model, (str, Path)) else getattr(target, "chat_template", None)
     prompts, batched = encode_prompts(prompt, tokenizer, target.vocab_size, chat_template=template)
+    check_context(prompts, max_new_tokens, target, batched=batched)
     stop_at_eos = options.pop("stop_at_eos", True)
     verifier_choice = options.pop("verifier", None)
     tree_choice = options.pop("tree_builder", None)
@@ -152,27 +185,19 @@ def load_backend(name: str | None, registry: PluginRegistry):
     return registry.get("backend", name).factory()
 
 
-def load_target(backend, model, *, dtype: str | None, device: str | None):
-    """(target, ``specdec.tuning.DtypeChoice``): ``model`` loaded on ``backend``. ``dtype=None`` (or
-    "auto") loads a model folder in the dtype measured fastest on this machine (``specdec.tuning``)
-    when the backend offers several; a loaded target or a model object keeps its own."""
-    from specdec.tuning import DtypeChoice, load_fastest
-
-    if dtype in (None, "auto") and hasattr(backend, "dtype_candidates") and isinstance(model, (str, Path)):
-        return load_fastest(backend, model, device=device)
-    dtype = None if dtype == "auto" else dtype
-    target = backend.load_target(model, dtype=dtype, device=device)
-    loaded = getattr(target, "dtype", None) or dtype
-    return target, DtypeChoice(dtype=str(loaded).rpartition(".")[2] if loaded else "the backend's own",
-                               source="given" if dtype else "the backend's default")
-
-
 def load(model: Any, backend: str | None = None, *, dtype: str | None = None, device: str | None = None,
          registry: PluginRegistry | None = None):
     """Load a target model once, to pass to ``generate`` many times. ``dtype=None``: the fastest
     dtype measured on this machine (``specdec.tuning``; cached after the first measurement)."""
     backend_obj = load_backend(backend, registry or default_registry())
-    target, choice = load_target(backend_obj, resolve_model(model), dtype=dtype, device=device)
+    try:
+        target, choice = load_target(backend_obj, resolve_model(model), dtype=dtype, device=device)
+    except (InvalidInputError, MissingDependencyError):
+        raise
+    except Exception:
+        if not repair_if_damaged(model):
+            raise
+        target, choice = load_target(backend_obj, resolve_model(model), dtype=dtype, device=device)
     try:
         target.dtype_choice = choice
     except AttributeError:  # a frozen target class
@@ -185,6 +210,34 @@ def load(model: Any, backend: str | None = None, *, dtype: str | None = None, de
     return target
 
 
+def load_target(backend, model, *, dtype: str | None, device: str | None):
+    """(target, ``specdec.tuning.DtypeChoice``): ``model`` loaded on ``backend`` after checking a
+    model folder's files. ``dtype=None`` (or "auto") loads a model folder in the dtype measured
+    fastest on this machine (``specdec.tuning``) when the backend offers several; a loaded target
+    or a model object keeps its own. A failure of the backend becomes a ModelLoadError naming the
+    model, the backend and the dtype / device asked for."""
+    from specdec.tuning import DtypeChoice, load_fastest
+
+    if isinstance(model, (str, Path)):
+        check_model_folder(model)
+    try:
+        if dtype in (None, "auto") and hasattr(backend, "dtype_candidates") and isinstance(model, (str, Path)):
+            return load_fastest(backend, model, device=device)
+        dtype = None if dtype == "auto" else dtype
+        target = backend.load_target(model, dtype=dtype, device=device)
+    except SpecdecError:
+        raise
+    except (OSError, ValueError, RuntimeError, AssertionError, KeyError, TypeError) as exc:
+        asked = "".join(f", {k}={v!r}" for k, v in (("dtype", dtype), ("device", device)) if v is not None)
+        detail = " ".join(str(exc).split()) or type(exc).__name__
+        raise ModelLoadError(
+            f"the {backend.name} backend could not load {model if isinstance(model, (str, Path)) else 'the model'}"
+            f"{asked}: {detail}") from exc
+    loaded = getattr(target, "dtype", None) or dtype
+    return target, DtypeChoice(dtype=str(loaded).rpartition(".")[2] if loaded else "the backend's own",
+                               source="given" if dtype else "the backend's default")
+
+
 def encode_prompts(prompt: Any, tokenizer, vocab_size: int, *, chat_template: str | None = None
                    ) -> tuple[list[list[int]], bool]:
     """Token-id prompts and whether the input was a batch; checks emptiness and id range.
@@ -192,7 +245,8 @@ def encode_prompts(prompt: Any, tokenizer, vocab_size: int, *, chat_template: st
     A prompt is text, token ids, or a chat (a list of {"role", "content"} messages, rendered with
     the model's chat template); a batch is a list of prompts.
     """
-    if isinstance(prompt, (str, bytes)) or is_messages(prompt) or (
+    check_prompt_type(prompt)
+    if isinstance(prompt, str) or is_messages(prompt) or (
         isinstance(prompt, Sequence) and prompt and _is_token(prompt[0])
     ):
         prompts, batched = [prompt], False
@@ -238,8 +292,8 @@ def load_drafter(drafter, target, backend, registry: PluginRegistry, options: di
         return drafter
     checkpoint = None
     name = drafter
-    if isinstance(drafter, (str, Path)) and Path(drafter).is_dir():
-        checkpoint = Path(drafter)
+    if isinstance(drafter, (str, Path)) and Path(drafter).expanduser().is_dir():
+        checkpoint = Path(drafter).expanduser()
         name = drafter_kind(checkpoint)
     elif not isinstance(drafter, str):
         raise InvalidInputError(f"drafter must be a name, a checkpoint folder or a Drafter object, got {drafter!r}")
@@ -274,10 +328,7 @@ def add_lookup(drafter, lookup, backend, target):
 
 def drafter_kind(checkpoint: Path) -> str:
     """The drafter name recorded in a checkpoint folder's config.json."""
-    config_file = checkpoint / "config.json"
-    if not config_file.is_file():
-        raise InvalidInputError(f"drafter checkpoint {checkpoint} has no config.json")
-    model_type = json.loads(config_file.read_text()).get("model_type")
+    model_type = check_checkpoint_folder(checkpoint).get("model_type")
     if model_type not in DRAFTER_MODEL_TYPES:
         raise InvalidInputError(
             f"drafter checkpoint {checkpoint} has model_type {model_type!r}; known: {sorted(DRAFTER_MODEL_TYPES)}"

@@ -98,8 +98,9 @@ class LookupDrafter:
     inner: a Drafter whose drafts have beams (B, W, L); the lookup chain becomes beam W, of the
         same length L (rows without a match repeat the inner beam 0, which the prefix tree
         folds away). Without ``inner`` the draft is the chain alone, (B, 1, draft_length + 1);
-        a step in which no row finds a match drafts nothing (the root alone, a plain step), and
-        rows without a match in a batch where others have one repeat their root.
+        a greedy step in which no row finds a match drafts nothing (the root alone, a plain step),
+        and rows without a match otherwise repeat their root (so a row's seeded sample does not
+        depend on whether other rows of its batch found a match).
     """
 
     def __init__(self, backend: Any, target: Any, *, inner: Any = None, draft_length: int = DEFAULT_DRAFT_LENGTH,
@@ -150,6 +151,8 @@ class LookupDrafter:
         length = self.draft_length + 1
         beams, found = lookup_beams(context.history, length, max_ngram=self.max_ngram, min_ngram=self.min_ngram,
                                     fallback=np.repeat(roots[:, None], length, axis=1))
-        if not found.any():
+        if not found.any() and context.sampling.greedy:
             beams = beams[:, :, :1]  # (B, 1, 1): nothing to draft, a plain step
+        # When sampling, the draft keeps its shape: a shorter draft would change how many random
+        # numbers each row draws, and so a row's sample would depend on the rest of the batch.
         return Draft(root_tokens=context.root_tokens, beams=self.backend.from_numpy(beams, self.target), sampled=False)

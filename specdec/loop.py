@@ -13,6 +13,7 @@ from typing import Iterator, Sequence
 import attrs
 import numpy as np
 
+from specdec import lease
 from specdec.protocols import Backend, Drafter, TargetModel, TreeBuilder, Verifier
 from specdec.reference.sampling import sample_from, target_probs
 from specdec.types import Draft, DraftContext, SamplingConfig, StepResult
@@ -58,16 +59,22 @@ def distinct_beams(beams: np.ndarray) -> np.ndarray:
 
 
 class TokenHistory:
-    """Each row's prompt and emitted tokens, in one preallocated (B, T) buffer."""
+    """Each row's prompt and emitted tokens, in one (B, T) buffer that grows as tokens arrive
+    (so a large max_new_tokens reserves nothing up front)."""
 
     def __init__(self, prompts: Sequence[Sequence[int]], max_new_tokens: int):
         self.lengths = np.array([len(p) for p in prompts], dtype=np.int64)
-        self.tokens = np.zeros((len(prompts), int(self.lengths.max()) + max_new_tokens), dtype=np.int64)
+        self.capacity = int(self.lengths.max()) + max_new_tokens
+        self.tokens = np.zeros((len(prompts), min(self.capacity, int(self.lengths.max()) + 256)), dtype=np.int64)
         for b, prompt in enumerate(prompts):
             self.tokens[b, : len(prompt)] = prompt
 
     def extend(self, row: int, tokens: Sequence[int]) -> None:
         start = self.lengths[row]
+        if start + len(tokens) > self.tokens.shape[1]:
+            wider = np.zeros((self.tokens.shape[0], min(self.capacity, 2 * (start + len(tokens)))), dtype=np.int64)
+            wider[:, : self.tokens.shape[1]] = self.tokens
+            self.tokens = wider
         self.tokens[row, start : start + len(tokens)] = tokens
         self.lengths[row] += len(tokens)
 
@@ -86,7 +93,19 @@ def _draw(generators: list[np.random.Generator] | None, shape: tuple[int, ...]) 
 
 
 def decode_steps(plan: DecodePlan, prompts: Sequence[Sequence[int]], *, seed=None) -> Iterator[StepResult]:
-    """Yield one StepResult per target forward (the prefill first), until every row is done."""
+    """Yield one StepResult per target forward (the prefill first), until every row is done.
+
+    The target is leased for the whole generation (``specdec.lease``): a second generation on
+    it while this one runs raises TargetBusyError at its first step, before touching the cache.
+    """
+    lease.acquire(plan.target)
+    try:
+        yield from _decode_steps(plan, prompts, seed=seed)
+    finally:
+        lease.release(plan.target)
+
+
+def _decode_steps(plan: DecodePlan, prompts: Sequence[Sequence[int]], *, seed=None) -> Iterator[StepResult]:
     backend, target, sampling = plan.backend, plan.target, plan.sampling
     batch = len(prompts)
     generators = None if sampling.greedy else row_generators(seed, batch)

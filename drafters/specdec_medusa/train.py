@@ -172,4 +172,6 @@ def train_medusa(model, out, *, config_overrides: dict | None = None, negatives:
             **(config_overrides or {}))
         return MedusaTask(config, lm_head=target.lm_head, negatives=negatives)
 
+    options["run_settings"] = {"negatives": negatives, "config_overrides": config_overrides,
+                              **options.get("run_settings", {})}
     return train_drafter("medusa", make_task, model, out, **options)

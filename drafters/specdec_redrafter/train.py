@@ -252,4 +252,6 @@ def train_redrafter(model, out, *, beam_width: int = 4, beam_length: int = 5, co
         return RedrafterTask(config, embed_tokens=target.embed_tokens, lm_head=target.lm_head, seed=seed,
                              negatives=negatives, shortlist=shortlist)
 
+    options["run_settings"] = {"beam_width": beam_width, "beam_length": beam_length, "negatives": negatives,
+                              "config_overrides": config_overrides, **options.get("run_settings", {})}
     return train_drafter("redrafter", make_task, model, out, **options)

