@@ -13,8 +13,12 @@ from __future__ import annotations
 import importlib
 import os
 
-import pytest
-from hypothesis import HealthCheck, settings
+# One compute thread per framework unless asked otherwise: the models under test are tiny, and on a
+# busy machine spinning thread pools made the torch training tests 5x slower. Set before torch loads.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import pytest  # noqa: E402
+from hypothesis import HealthCheck, settings  # noqa: E402
 
 settings.register_profile(
     "ci", derandomize=True, deadline=None, max_examples=25, print_blob=True,
