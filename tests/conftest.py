@@ -1,15 +1,24 @@
 """Test configuration: a fixed Hypothesis profile and the backends under test.
 
-SPECDEC_TEST_BACKENDS (default "numpy") names the backends to test; a name that is not
-installed fails the run instead of being skipped.
+SPECDEC_TEST_BACKENDS (default "numpy") is a comma-separated list of backends that must be
+tested (names stripped of spaces). At session start every name must be a registered backend
+whose framework imports, together with what its tests need (``BACKEND_MODULES``); otherwise
+the run stops with a usage error. During the run, a test that a named backend covers
+(``BACKEND_TESTS``: the backend's own tests, and for torch the training and ``transformers``
+tests) and that skips for want of that backend's modules is reported as a failure. Unnamed backends are tested whenever their framework imports.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 
-import pytest
-from hypothesis import HealthCheck, settings
+# One compute thread per framework unless asked otherwise: the models under test are tiny, and on a
+# busy machine spinning thread pools made the torch training tests 5x slower. Set before torch loads.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import pytest  # noqa: E402
+from hypothesis import HealthCheck, settings  # noqa: E402
 
 settings.register_profile(
     "ci", derandomize=True, deadline=None, max_examples=25, print_blob=True,
@@ -22,16 +31,79 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 # so that no result depends on timing (tests of the measurement unset this)
 os.environ.setdefault("SPECDEC_DTYPE", "float32")
 
+# Modules the tests of each backend import (a missing one would skip them).
+BACKEND_MODULES = {"numpy": (), "torch": ("torch", "transformers"), "mlx": ("mlx.core", "mlx_lm")}
+# Test paths (under tests/) a named backend must run: a skip there fails the run.
+BACKEND_TESTS = {
+    "numpy": (),
+    "torch": ("backends/test_torch_", "training/", "core/test_reference_vs_transformers.py"),
+    "mlx": ("backends/test_mlx_",),
+}
+_REQUIRED: list[str] = []
 
-def backends_under_test() -> list[str]:
-    names = [n.strip() for n in os.environ.get("SPECDEC_TEST_BACKENDS", "numpy").split(",") if n.strip()]
+
+def backends_under_test(environ=os.environ) -> list[str]:
+    """The names in SPECDEC_TEST_BACKENDS (default "numpy"), stripped, empty items dropped."""
+    return [n.strip() for n in environ.get("SPECDEC_TEST_BACKENDS", "numpy").split(",") if n.strip()]
+
+
+def check_backends(names: list[str]) -> None:
+    """Raise ``pytest.UsageError`` unless every name is a registered backend whose framework imports."""
     from specdec.plugins import default_registry
 
-    installed = default_registry().names("backend")
-    missing = [n for n in names if n not in installed]
-    if missing:
-        raise pytest.UsageError(f"SPECDEC_TEST_BACKENDS names {missing}, not installed; installed: {installed}")
-    return names
+    registry = default_registry()
+    installed = registry.names("backend")
+    problems = []
+    for name in names:
+        if name not in installed:
+            problems.append(f"{name!r} is not a registered backend (registered: {', '.join(installed)})")
+            continue
+        try:
+            registry.get("backend", name).factory()
+            for module in BACKEND_MODULES.get(name, ()):
+                importlib.import_module(module)
+        except Exception as error:  # noqa: BLE001 - any failure to import is reported by name
+            problems.append(f"{name!r} is not usable: {type(error).__name__}: {error}")
+    if problems:
+        raise pytest.UsageError("SPECDEC_TEST_BACKENDS=" + ",".join(names) + ": " + "; ".join(problems))
+
+
+def pytest_sessionstart(session):
+    names = backends_under_test()
+    check_backends(names)
+    _REQUIRED[:] = names
+
+
+def _covering_backend(nodeid: str) -> str | None:
+    """The named backend whose tests include ``nodeid`` (None when none is named)."""
+    path = nodeid.split("::")[0].removeprefix("tests/")
+    for name in _REQUIRED:
+        if any(path.startswith(prefix) for prefix in BACKEND_TESTS.get(name, ())):
+            return name
+    return None
+
+
+def _fail_skip(report) -> None:
+    """A skip of a named backend's test, for want of that backend's framework, becomes a failure."""
+    name = _covering_backend(report.nodeid) if report.skipped else None
+    if name is None or hasattr(report, "wasxfail"):
+        return
+    reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+    if any(word in reason for word in (name, *BACKEND_MODULES[name])):
+        report.outcome = "failed"
+        report.longrepr = f"skipped, but SPECDEC_TEST_BACKENDS names {name!r}, which requires it: {reason}"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector):
+    outcome = yield
+    _fail_skip(outcome.get_result())
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    _fail_skip(outcome.get_result())
 
 
 @pytest.fixture(scope="session")

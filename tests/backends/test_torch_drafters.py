@@ -10,10 +10,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-if "torch" in os.environ.get("SPECDEC_TEST_BACKENDS", "").split(","):
-    import torch  # asked for: a missing torch is an error, not a skip
-else:
-    torch = pytest.importorskip("torch")
+torch = pytest.importorskip("torch")  # required when SPECDEC_TEST_BACKENDS names torch (conftest)
 
 from specdec.testing.strategies import sampling_configs
 from specdec.types import DraftContext, SamplingConfig

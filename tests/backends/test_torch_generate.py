@@ -10,10 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-if "torch" in os.environ.get("SPECDEC_TEST_BACKENDS", "").split(","):
-    import torch  # asked for: a missing torch is an error, not a skip
-else:
-    torch = pytest.importorskip("torch")
+torch = pytest.importorskip("torch")  # required when SPECDEC_TEST_BACKENDS names torch (conftest)
 
 import specdec
 from specdec.testing import OracleDrafter, checks, greedy_continuations, make_random_drafter, make_random_model

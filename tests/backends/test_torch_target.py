@@ -1,6 +1,6 @@
 """The torch target against the float64 reference and against transformers' own modules.
 
-Runs when torch is importable, and must run (import failure is an error) when
+Runs when torch is importable, and must run (import failure stops the run, see tests/conftest.py) when
 SPECDEC_TEST_BACKENDS names "torch". SPECDEC_TORCH_DEVICE picks the device (default cpu).
 """
 
@@ -16,10 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-if "torch" in os.environ.get("SPECDEC_TEST_BACKENDS", "").split(","):
-    import torch  # asked for: a missing torch is an error, not a skip
-else:
-    torch = pytest.importorskip("torch")
+torch = pytest.importorskip("torch")  # required when SPECDEC_TEST_BACKENDS names torch (conftest)
 
 from specdec.errors import InvalidInputError
 from specdec.reference.model import load_target

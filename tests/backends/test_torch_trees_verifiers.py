@@ -13,10 +13,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-if "torch" in os.environ.get("SPECDEC_TEST_BACKENDS", "").split(","):
-    import torch  # asked for: a missing torch is an error, not a skip
-else:
-    torch = pytest.importorskip("torch")
+torch = pytest.importorskip("torch")  # required when SPECDEC_TEST_BACKENDS names torch (conftest)
 
 from specdec.reference.sampling import sample_from, target_probs
 from specdec.reference.tree import build_prefix_tree, check_tree

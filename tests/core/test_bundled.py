@@ -55,7 +55,7 @@ def test_failed_conversion_leaves_nothing_in_the_cache(tmp_path):
     bad = tmp_path / "broken.gguf"
     bad.write_bytes(b"not a gguf file")
     cache = tmp_path / "cache" / "models"
-    with pytest.raises(Exception):
+    with pytest.raises(ValueError, match="not a GGUF file"):
         convert_gguf(bad, cache / "broken", source="test")
     assert not (cache / "broken").exists() and list(cache.iterdir()) == [], list(cache.iterdir())
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import re
 import subprocess
 import sys
 
@@ -36,3 +38,32 @@ def test_generate_with_lookup(model_dir):
     refused = run("generate", "--model", str(model_dir), "--prompt-ids", "[1, 2]", "--drafter", "none", "--lookup",
                   "--backend", "numpy", "--max-new-tokens", "4")
     assert refused.returncode == 2 and "drafter='lookup'" in refused.stderr, refused.stderr
+
+
+def test_bench_writes_its_outputs(model_dir, tmp_path):
+    from specdec.testing import make_random_drafter
+
+    drafter = make_random_drafter(tmp_path / "d", model_dir, kind="redrafter", seed=1)
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "bada beda", "category": "a"}\n{"prompt": "bida", "category": "b"}\n')
+    done = run("bench", "--model", str(model_dir), "--prompts", str(prompts), "--methods", "plain",
+               f"redrafter:drafter={drafter},w=2,l=3", "--backends", "numpy", "--max-new-tokens", "4",
+               "--repeats", "1", "--warmup", "0", "--out", str(tmp_path / "out"))
+    assert done.returncode == 0, done.stderr[-2000:]
+    data = json.loads((tmp_path / "out" / "bench.json").read_text())
+    methods = sorted({r["method"] for r in data["records"]})
+    assert methods == ["plain", f"redrafter:drafter={drafter},w=2,l=3"], methods
+    assert len(data["records"]) == 2 * 2 and (tmp_path / "out" / "bench.md").stat().st_size > 0
+
+
+def test_plan_recommends_a_configuration(model_dir, tmp_path):
+    from specdec.testing import make_random_drafter
+
+    drafter = make_random_drafter(tmp_path / "d", model_dir, kind="redrafter", seed=1)
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "bada beda bida"}\n')
+    done = run("plan", "--model", str(model_dir), "--drafter", str(drafter), "--backend", "numpy", "--prompts",
+               str(prompts), "--widths", "1", "2", "--lengths", "2", "3", "--max-new-tokens", "6", "--measure-top", "1")
+    assert done.returncode == 0, done.stderr[-2000:]
+    recommended = re.search(r"recommended: beam_width=(\d+) beam_length=(\d+)", done.stdout)
+    assert recommended and recommended.group(1) in ("1", "2") and recommended.group(2) in ("2", "3"), done.stdout

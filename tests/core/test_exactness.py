@@ -211,6 +211,8 @@ BEAM_SETS = {
     "duplicates": [[1, 1], [1, 1], [2, 0]],
     "all-first-tokens": [[0], [1], [2]],
     "two-branches": [[2, 2], [0, 2], [2, 1]],
+    "deep-chain": [[0, 1, 1, 0]],
+    "deep-branches": [[1, 0, 1, 1], [1, 0, 0, 1], [0, 1, 1, 0]],
 }
 CONTEXT = (1, 2)  # the root is token 2
 
@@ -252,7 +254,8 @@ def test_greedy_verifier_emits_the_argmax_sequence_with_probability_one(sampling
 # ----------------------------------------------------------------------------------------
 # Sampled drafts: every draft enumerated with its probability
 
-SAMPLED_SHAPES = [(3, 1, 3), (3, 2, 2), (3, 2, 3), (3, 3, 2), (4, 2, 2), (2, 3, 3)]  # (V, W, L)
+SAMPLED_SHAPES = [(3, 1, 3), (3, 2, 2), (3, 2, 3), (3, 3, 2), (4, 2, 2), (2, 3, 3),  # (V, W, L)
+                  (2, 1, 5), (2, 2, 4), (2, 2, 5)]  # deeper chains: 4 drafted tokens, every draft enumerated
 
 
 @pytest.mark.parametrize("vocab, width, length", SAMPLED_SHAPES)

@@ -12,6 +12,27 @@ from specdec.reference.plugin import NumpyBackend
 from specdec.testing import OracleDrafter, greedy_continuations, make_random_drafter
 
 
+def repeating(path, kind: str, *, heads: int | None = None):
+    """Turn the random drafter at ``path`` into one that drafts the root token again (its head reads
+    the target's hidden state through the target's LM head). The random target repeats its last
+    token, so these drafts are accepted. Medusa: only the first ``heads`` heads repeat."""
+    if kind == "redrafter":
+        from specdec_redrafter.checkpoint import load_redrafter_checkpoint, save_redrafter
+
+        config, weights = load_redrafter_checkpoint(path)
+        assert config.head == "tied" and config.exit_dim == 2 * config.hidden_size
+        weights = {name: np.zeros_like(w) if name.startswith("lm_head.") else w for name, w in weights.items()}
+        weights["head_proj.weight"] = np.eye(config.hidden_size, 2 * config.hidden_size)  # reads h, not the state
+        return save_redrafter(path, config, weights)
+    from specdec_medusa.checkpoint import load_medusa_checkpoint, save_medusa
+
+    config, weights = load_medusa_checkpoint(path)
+    assert config.head == "tied"
+    zero = [f"medusa_head.{k}." for k in range(config.num_heads if heads is None else heads)]
+    weights = {name: np.zeros_like(w) if name.startswith(tuple(zero)) else w for name, w in weights.items()}
+    return save_medusa(path, config, weights)
+
+
 @pytest.fixture(scope="module")
 def drafters(model_dir, tmp_path_factory):
     root = tmp_path_factory.mktemp("drafters")
@@ -20,6 +41,11 @@ def drafters(model_dir, tmp_path_factory):
         "redrafter_full": make_random_drafter(root / "rd_full", model_dir, kind="redrafter", seed=4, head="full",
                                               num_draft_layers=2),
         "medusa": make_random_drafter(root / "medusa", model_dir, kind="medusa", seed=5),
+        "redrafter_repeat": repeating(make_random_drafter(root / "rd_rep", model_dir, kind="redrafter", seed=6),
+                                      "redrafter"),
+        "medusa_repeat_2": repeating(make_random_drafter(root / "md_rep", model_dir, kind="medusa", seed=7, head="tied"),
+                                    "medusa",
+                                    heads=2),
     }
 
 
@@ -28,17 +54,19 @@ prompts_strategy = st.lists(
 )
 
 
-@settings(max_examples=8)
+@settings(max_examples=30)
 @given(prompts=prompts_strategy, width=st.integers(1, 3), length=st.integers(2, 4),
-       kind=st.sampled_from(["redrafter", "redrafter_full", "medusa"]))
+       kind=st.sampled_from(["redrafter", "redrafter_full", "medusa", "redrafter_repeat", "medusa_repeat_2"]))
 def test_greedy_parity_with_trained_style_drafters(target, drafters, prompts, width, length, kind):
     plain = specdec.generate(target, prompts, drafter="none", backend="numpy", max_new_tokens=9)
-    options = {} if kind == "medusa" else {"beam_width": width, "beam_length": length}
+    options = {} if kind.startswith("medusa") else {"beam_width": width, "beam_length": length}
     spec = specdec.generate(target, prompts, drafter=drafters[kind], backend="numpy", max_new_tokens=9, **options)
     assert spec.tokens == plain.tokens, f"generate(drafter={kind}, W={width}, L={length}) differs for {prompts}"
+    if "repeat" in kind:  # the accept-and-commit path is exercised, not only the all-rejected one
+        assert spec.stats.accepted_tokens >= len(prompts), (kind, spec.stats)
 
 
-@settings(max_examples=10)
+@settings(max_examples=30)
 @given(prompts=prompts_strategy, width=st.integers(1, 3), length=st.integers(2, 5),
        corruption=st.sampled_from([0.0, 0.2, 0.5, 1.0]), seed=st.integers(0, 2**16))
 def test_greedy_parity_with_oracle_drafter(target, prompts, width, length, corruption, seed):
@@ -49,6 +77,10 @@ def test_greedy_parity_with_oracle_drafter(target, prompts, width, length, corru
                            rng=np.random.default_rng(seed))
     spec = specdec.generate(target, prompts, drafter=oracle, backend="numpy", max_new_tokens=new, stop_at_eos=False)
     assert spec.tokens == [t[:new] for t in truth], f"oracle W={width} L={length} corruption={corruption}"
+    if corruption == 0.0:  # the first step after prefill accepts all L - 1 drafted tokens of every row
+        assert spec.stats.accepted_tokens >= len(prompts) * (length - 1), spec.stats
+    if corruption == 1.0:  # every drafted token differs from the truth
+        assert spec.stats.accepted_tokens == 0, spec.stats
 
 
 def test_self_drafting_accepts_everything(target):

@@ -106,13 +106,13 @@ def trained(tiny_model, prompt_source, tmp_path_factory):
     return out, report
 
 
-def test_training_raises_heldout_tokens_per_step(trained):
+def test_training_history_has_every_evaluation(trained):
+    """Evaluations every ``eval_steps`` on ``eval_sequences`` sequences, then a final one on all
+    (that training improves the drafter is tested against a control in test_training_improves.py)."""
     _, report = trained
     history = report["history"]
     assert [row["step"] for row in history] == [75, 150, 150]
-    assert history[-1]["heldout_sequences"] == "all"
-    assert history[-1]["tokens_per_step"] > 2.0, history
-    assert history[-1]["loss"] < history[0]["loss"] * 1.5
+    assert [row["heldout_sequences"] for row in history] == [32, 32, "all"]
 
 
 def test_trained_drafter_carries_its_shortlist(trained):
