@@ -8,6 +8,7 @@ one evaluation point and the next step starts from materialised arrays.
 
 from __future__ import annotations
 
+import warnings
 import weakref
 from typing import Any
 
@@ -48,6 +49,21 @@ def select_device(device: str | None) -> None:
         mx.set_default_device(wanted)
 
 
+def _warn_slow_blas() -> None:
+    """Say once, at the first load, when MLX computes on the CPU with its slow bundled BLAS."""
+    from specdec_mlx.blas import blas_hint
+
+    if _warned or mx.default_device() != mx.cpu:
+        return
+    hint = blas_hint()
+    if hint:
+        warnings.warn(hint, RuntimeWarning, stacklevel=3)
+    _warned.append(True)
+
+
+_warned: list = []
+
+
 def to_mx(array: Any) -> mx.array:
     """A NumPy array (or anything array-like) as an MLX array: int64 -> int32 (token ids and
     node indices), float64 -> float32 (uniforms, probabilities); MLX arrays pass through."""
@@ -74,6 +90,7 @@ class MlxBackend:
         ``(model, tokenizer)`` pair, or an already loaded ``MlxTarget`` (returned as is)."""
         from specdec_mlx.loading import load_target
 
+        _warn_slow_blas()
         select_device(device)
         target = load_target(source, dtype=parse_dtype(dtype), requested_dtype=dtype)
         self._targets.add(target)

@@ -1,0 +1,51 @@
+"""MLX on Linux gets the system OpenBLAS when there is one, else a one-line hint (``specdec_mlx.blas``)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("mlx.core")
+
+from specdec_mlx import blas  # noqa: E402
+
+PROBE = """
+import specdec.plugins
+specdec.plugins.default_registry()          # registering plugins imports specdec_mlx first
+import mlx.core as mx
+from specdec_mlx.blas import _state, blas_hint
+mapped = any("openblas" in line for line in open("/proc/self/maps"))
+print(repr((_state["loaded"], mapped, blas_hint())))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the bundled reference BLAS is the Linux wheel's")
+def test_the_system_openblas_is_loaded_before_mlx_or_the_hint_says_how():
+    loaded, mapped, hint = eval(subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True,
+                                               check=True).stdout)
+    if blas.system_blas_candidates():
+        assert loaded in blas.system_blas_candidates() and mapped and hint is None
+    else:
+        assert loaded is None and "apt-get install libopenblas0-pthread" in hint
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the bundled reference BLAS is the Linux wheel's")
+def test_specdec_mlx_blas_bundled_keeps_mlx_own_blas():
+    env = {"SPECDEC_MLX_BLAS": "bundled", "PATH": "/usr/bin:/bin"}
+    loaded, _, hint = eval(subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, check=True,
+                                          env=env).stdout)
+    assert loaded is None and hint is None
+
+
+def test_the_hint_names_the_fix(monkeypatch):
+    monkeypatch.setattr(sys, "platform", "linux")
+    monkeypatch.setattr(blas, "_state", {"loaded": None, "tried": True})
+    monkeypatch.setattr(blas, "_mapped_openblas", lambda: False)
+    monkeypatch.setattr(blas, "system_blas_candidates", lambda: [])
+    assert "apt-get install libopenblas0-pthread" in blas.blas_hint() and "$SPECDEC_MLX_BLAS" in blas.blas_hint()
+    monkeypatch.setattr(blas, "system_blas_candidates", lambda: ["/usr/lib/libopenblas.so.0"])
+    assert "import specdec before mlx" in blas.blas_hint()
+    monkeypatch.setattr(blas, "_mapped_openblas", lambda: True)
+    assert blas.blas_hint() is None
