@@ -345,7 +345,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--methods", nargs="+", default=["plain", "redrafter", "medusa"],
                        help="plain, redrafter[:w=4,l=5,lookup=true], medusa[:choices=cpu16], lookup[:k=6], hf, hf-pld[:n=10], "
                             "hf-assisted:draft=M, mlx-lm, mlx-lm-draft:draft=M")
-    bench.add_argument("--backends", nargs="+", default=["torch:bfloat16"], help="backend[:dtype] ...")
+    bench.add_argument("--backends", nargs="+", default=["torch"],
+                       help="backend[:dtype] ... (no dtype: the one measured fastest here, as generate)")
     bench.add_argument("--temperatures", nargs="+", type=float, default=[0.0])
     bench.add_argument("--max-new-tokens", type=int, default=128)
     bench.add_argument("--repeats", type=int, default=3)

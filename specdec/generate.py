@@ -134,9 +134,8 @@ def _prepare(model, prompt, drafter, backend, *, max_new_tokens, temperature, to
     if isinstance(drafter, (str, Path)) and not {"beam_width", "beam_length"} & set(options):
         options.update(planned_beams(backend_obj, target, drafter, registry))
     drafter_obj = load_drafter(drafter, target, backend_obj, registry, options, model)
-    if lookup is None:  # on by default beside drafters that pair with it, where the verifier allows
-        lookup = bool(getattr(drafter_obj, "pairs_with_lookup", False)) and verifier_choice in (
-            None, "greedy", "exact") and not getattr(drafter_obj, "sampled_proposals", False)
+    if lookup is None:
+        lookup = lookup_by_default(drafter_obj, verifier_choice)
     if lookup:
         drafter_obj = add_lookup(drafter_obj, lookup, backend_obj, target)
     tree_name, tree_options = getattr(drafter_obj, "tree_builder", ("prefix_tree", {}))
@@ -156,6 +155,13 @@ def _prepare(model, prompt, drafter, backend, *, max_new_tokens, temperature, to
         sampling=sampling, max_new_tokens=int(max_new_tokens), eos_token_ids=eos,
     )
     return plan, prompts, batched, tokenizer
+
+
+def lookup_by_default(drafter, verifier_choice) -> bool:
+    """The prompt-lookup beam is on by default beside drafters that pair with it (ReDrafter), when
+    the verifier is the default, greedy or exact one and the beams are not sampled."""
+    return bool(getattr(drafter, "pairs_with_lookup", False)) and verifier_choice in (None, "greedy", "exact") and (
+        not getattr(drafter, "sampled_proposals", False))
 
 
 def planned_beams(backend, target, drafter, registry: PluginRegistry) -> dict:

@@ -13,7 +13,7 @@ PEERS = {"hf": "torch", "hf-pld": "torch", "hf-assisted": "torch", "mlx-lm": "ml
 SPECDEC = {"plain": "none", "redrafter": "redrafter", "medusa": "medusa", "lookup": "lookup"}
 OPTION_NAMES = {"w": "beam_width", "l": "beam_length", "choices": "choices", "verifier": "verifier",
                 "n": "prompt_lookup_num_tokens", "draft": "draft_model", "drafter": "drafter_path",
-                "top_t": "top_t", "sample": "sample", "lookup": "lookup", "k": "draft_length"}
+                "top_t": "top_t", "sample": "sample", "lookup": "lookup", "k": "draft_length", "dtype": "dtype"}
 
 
 @attrs.frozen(kw_only=True)
@@ -38,7 +38,7 @@ class Method:
 
     @property
     def generate_options(self) -> dict[str, Any]:
-        return {k: v for k, v in self.options.items() if k != "drafter_path"}
+        return {k: v for k, v in self.options.items() if k not in ("drafter_path", "dtype")}
 
 
 def _value(text: str):
@@ -53,8 +53,10 @@ def _value(text: str):
 def parse_method(spec: str) -> Method:
     """``kind[:key=value,...]``, e.g. ``redrafter:w=4,l=5``, ``medusa:choices=cpu16``, ``hf-pld:n=10``,
     ``redrafter:drafter=path/to/checkpoint``, ``redrafter:lookup=true`` (a prompt-lookup beam beside
-    ReDrafter's), ``lookup:k=6`` (our prompt lookup alone, drafting k tokens). Keys: w, l, choices,
-    verifier, top_t, sample, lookup, k, n, draft."""
+    ReDrafter's; on by default as in ``generate``, ``redrafter:lookup=false`` for ReDrafter alone),
+    ``lookup:k=6`` (our prompt lookup alone, drafting k tokens), ``hf:dtype=own`` (a peer in its own
+    default dtype rather than the one our target runs in). Keys: w, l, choices, verifier, top_t,
+    sample, lookup, k, n, draft, dtype (peers only)."""
     kind, _, rest = spec.partition(":")
     if kind not in SPECDEC and kind not in PEERS:
         raise InvalidInputError(f"unknown method {kind!r}; methods: {', '.join([*SPECDEC, *PEERS])}")
@@ -64,6 +66,8 @@ def parse_method(spec: str) -> Method:
         if not eq or key not in OPTION_NAMES:
             raise InvalidInputError(f"method {spec!r}: bad option {item!r}; keys: {', '.join(OPTION_NAMES)}")
         options[OPTION_NAMES[key]] = _value(value)
+    if "dtype" in options and kind not in PEERS:
+        raise InvalidInputError(f"method {spec!r}: dtype is a peer's option; our methods run in the grid's dtype")
     if kind == "hf-assisted" and "draft_model" not in options or kind == "mlx-lm-draft" and "draft_model" not in options:
         raise InvalidInputError(f"method {kind!r} needs a draft model: {kind}:draft=MODEL")
     return Method(label=spec, kind=kind, options=options)

@@ -21,9 +21,9 @@ def peer_runner(method: Method, model, target, dtype: str | None, max_new_tokens
 def _hf_runner(method: Method, model, target, dtype, max_new_tokens):
     torch = require("torch", extra="torch", feature="the transformers baselines")
     transformers = require("transformers", extra="torch", feature="the transformers baselines")
-    torch_dtype = getattr(torch, dtype or "float32")
-    load = lambda source: transformers.AutoModelForCausalLM.from_pretrained(
-        resolve_model(source), dtype=torch_dtype).eval()
+    own = method.options.get("dtype", dtype) in ("own", None)  # transformers' own default, as users get it
+    dtype_arg = {} if own else {"dtype": getattr(torch, method.options.get("dtype", dtype))}
+    load = lambda source: transformers.AutoModelForCausalLM.from_pretrained(resolve_model(source), **dtype_arg).eval()
     hf_model = load(model)
     eos = list(getattr(target, "eos_token_ids", ())) or None
     options = dict(max_new_tokens=max_new_tokens, eos_token_id=eos, pad_token_id=(eos or [0])[0])

@@ -69,6 +69,7 @@ def summarize(records: Sequence[BenchRecord], *, plain: str = "plain") -> list[d
             verify_share=sum(r.time_verify for r in group) / decode_time if decode_time else float("nan"),
             other_share=sum(r.time_other for r in group) / decode_time if decode_time else float("nan"),
             identical=float(np.mean(same)) if same else float("nan"),
+            peak_rss_mb=max((r.peak_rss_mb for r in group if not np.isnan(r.peak_rss_mb)), default=float("nan")),
         )
         rows.append(row)
     order = {m: i for i, m in enumerate(dict.fromkeys(r.method for r in records))}
@@ -93,7 +94,7 @@ def _fmt(value, spec: str) -> str:
 def markdown(rows: Sequence[dict], *, categories: bool = True) -> str:
     """A Markdown table of ``summarize`` rows."""
     header = ("| backend | dtype | T | category | method | tok/s | speedup vs plain (x) | vs peer's plain (x) | tokens/step "
-              "| verified/step | tree reduction | draft / verify / other | greedy identical |")
+              "| verified/step | tree reduction | draft / verify / other | greedy identical | peak RSS MB |")
     lines = [header, "|" + "---|" * (header.count("|") - 1)]
     for r in rows:
         if not categories and r["category"] != "all":
@@ -104,7 +105,8 @@ def markdown(rows: Sequence[dict], *, categories: bool = True) -> str:
             f"| {r['backend']} | {r['dtype']} | {r['temperature']:g} | {r['category']} | {r['method']} "
             f"| {_fmt(r['tokens_per_second'], '.1f')} | {_fmt(r['speedup'], '.2f')} | {_fmt(r['speedup_vs_peer'], '.2f')} "
             f"| {_fmt(r['tokens_per_step'], '.2f')} | {_fmt(r['verified_per_step'], '.1f')} "
-            f"| {_fmt(r['tree_reduction'], '.0%')} | {split} | {_fmt(r['identical'], '.0%')} |"
+            f"| {_fmt(r['tree_reduction'], '.0%')} | {split} | {_fmt(r['identical'], '.0%')} "
+            f"| {_fmt(r.get('peak_rss_mb', float('nan')), '.0f')} |"
         )
     return "\n".join(lines)
 

@@ -34,6 +34,7 @@ class BenchRecord:
     time_other: float = 0.0
     time_prefill: float = 0.0
     tokens: tuple = attrs.field(default=(), repr=False)  # the generated ids, for greedy identity checks
+    peak_rss_mb: float = float("nan")  # the process's peak resident memory during this generation
 
     @property
     def steps(self) -> int:
@@ -43,7 +44,7 @@ class BenchRecord:
 def specdec_runner(method: Method, model, target, backend: str, max_new_tokens: int) -> Callable[..., dict]:
     """A callable(prompt ids, temperature, seed) -> dict of measurements, for a specdec method.
     The drafter is loaded once; only decoding is timed."""
-    from specdec.generate import add_lookup, load_drafter, stream
+    from specdec.generate import add_lookup, load_drafter, lookup_by_default, planned_beams, stream
     from specdec.plugins import default_registry
 
     registry = default_registry()
@@ -51,7 +52,11 @@ def specdec_runner(method: Method, model, target, backend: str, max_new_tokens: 
     options = dict(method.generate_options)
     loop_options = {k: options.pop(k) for k in ("verifier", "tree_builder") if k in options}
     lookup = options.pop("lookup", None)
+    if not {"beam_width", "beam_length"} & set(options):  # as generate: specdec plan's beams, when kept
+        options.update(planned_beams(backend_obj, target, method.drafter, registry))
     drafter = load_drafter(method.drafter, target, backend_obj, registry, options, model)
+    if lookup is None:
+        lookup = lookup_by_default(drafter, loop_options.get("verifier"))
     if lookup:
         drafter = add_lookup(drafter, lookup, backend_obj, target)
     length = getattr(drafter, "beam_length", 0)
@@ -78,6 +83,7 @@ def specdec_runner(method: Method, model, target, backend: str, max_new_tokens: 
         return dict(new_tokens=len(generated), seconds=seconds, accepted=tuple(accepted), verified=verified,
                     beam_tokens=beam_tokens, tokens=tuple(generated), **times)
 
+    run.drafter = drafter  # what the method drafts with, for reports and tests
     return run
 
 
@@ -108,6 +114,8 @@ def run_bench(
     bar = tqdm(total=total, desc="bench", disable=not progress)
     for backend, dtype in grid:
         target = specdec.load(model, backend=backend, dtype=dtype)
+        choice = getattr(target, "dtype_choice", None)
+        dtype_label = str(dtype or (f"{choice.dtype} ({choice.source})" if choice else "default"))
         template = getattr(target, "chat_template", None)
         encoded = [encode_prompts(p.prompt, target.tokenizer, target.vocab_size, chat_template=template)[0][0]
                    for p in prompts]
@@ -116,7 +124,8 @@ def run_bench(
             if method.is_peer:
                 if method.peer_backend != backend:
                     continue
-                runners[method.label] = peer_runner(method, model, target, dtype, max_new_tokens)
+                runners[method.label] = peer_runner(method, model, target, dtype or _dtype_name(target),
+                                                    max_new_tokens)
             else:
                 runners[method.label] = specdec_runner(method, model, target, backend, max_new_tokens)
         for temperature in temperatures:
@@ -126,13 +135,41 @@ def run_bench(
             for repeat in range(repeats):
                 for index, (prompt, ids) in enumerate(zip(prompts, encoded)):
                     for label, run in runners.items():
+                        reset_peak_rss()
                         measured = run(ids, temperature, seed + 1000 * repeat + index)
                         records.append(BenchRecord(
-                            method=label, backend=backend, dtype=str(dtype or "default"), temperature=temperature,
-                            prompt_id=prompt.id, category=prompt.category, repeat=repeat, **measured))
+                            method=label, backend=backend, dtype=dtype_label, temperature=temperature,
+                            prompt_id=prompt.id, category=prompt.category, repeat=repeat, peak_rss_mb=peak_rss_mb(),
+                            **measured))
                         bar.update(1)
     bar.close()
     return records
+
+
+def _dtype_name(target) -> str | None:
+    dtype = getattr(target, "dtype", None)
+    return None if dtype is None else str(dtype).rpartition(".")[2]
+
+
+def reset_peak_rss() -> None:
+    """Start a new peak of resident memory for this process (Linux: /proc/self/clear_refs)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as handle:
+            handle.write("5")
+    except OSError:
+        pass
+
+
+def peak_rss_mb() -> float:
+    """Peak resident memory of this process since the last reset, in MB (Linux), else nan."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return float("nan")
 
 
 def median(values) -> float:

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from specdec.bench import load_prompt_set, parse_method, run_bench
-from specdec.bench.report import summarize, write_outputs
+from specdec.bench.report import markdown, summarize, write_outputs
 from specdec.errors import InvalidInputError
 from specdec.testing import make_random_drafter
 
@@ -37,6 +37,27 @@ def test_parse_method():
         parse_method("eagle")
     with pytest.raises(InvalidInputError, match="needs a draft model"):
         parse_method("hf-assisted")
+    assert parse_method("hf:dtype=own").options == {"dtype": "own"}
+    with pytest.raises(InvalidInputError, match="dtype is a peer's option"):
+        parse_method("redrafter:dtype=float32")
+
+
+def test_the_bench_runs_the_default_path_and_records_peak_memory(model_dir, target, tmp_path):
+    """``redrafter`` in a bench is generate's default (with the lookup beam); lookup=false is ReDrafter alone."""
+    import sys
+
+    from specdec.bench.runner import specdec_runner
+    from specdec.lookup import LookupDrafter
+
+    drafter = make_random_drafter(tmp_path / "d", model_dir, kind="redrafter", seed=1)
+    default, alone = (parse_method(f"redrafter:drafter={drafter},w=2,l=3{extra}") for extra in ("", ",lookup=false"))
+    assert isinstance(specdec_runner(default, model_dir, target, "numpy", 8).drafter, LookupDrafter)
+    assert not isinstance(specdec_runner(alone, model_dir, target, "numpy", 8).drafter, LookupDrafter)
+    records = run_bench(model_dir, load_prompt_set("mt-bench", per_category=1)[:1], [default, alone],
+                        grid=[("numpy", None)], max_new_tokens=8, repeats=1, progress=False)
+    if sys.platform.startswith("linux"):
+        assert all(r.peak_rss_mb > 10 for r in records)
+        assert "peak RSS MB" in markdown(summarize(records))
 
 
 def test_run_bench_and_outputs(model_dir, tmp_path):
