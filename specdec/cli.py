@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -255,7 +256,15 @@ def cmd_plugins(args) -> int:
         for row in (r for r in rows if r["kind"] == kind):
             backend = "" if row["backend"] is None else f" [{row['backend']}]"
             flag = "" if row["lossless"] is None else (" lossless" if row["lossless"] else " LOSSY")
-            print(f"  {row['name']}{backend}{flag}  ({row['package']}, plugin {row['plugin']})")
+            conflict = "  CONFLICT: registered by another plugin too" if row["conflict"] else ""
+            print(f"  {row['name']}{backend}{flag}  ({row['package']}, plugin {row['plugin']}){conflict}")
+    for kind in ("broken", "disabled"):
+        listed = [r for r in rows if r["kind"] == kind]
+        if listed:
+            print(f"{kind} plugins:")
+        for row in listed:
+            why = "" if kind == "disabled" else f": {row['error']}"
+            print(f"  {row['name']}  ({row['package']}){why}")
     return 0
 
 
@@ -320,6 +329,9 @@ def cmd_train(args) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="specdec", description="Speculative decoding with pluggable backends.")
     parser.add_argument("--debug", action="store_true", help="show the full traceback of an error")
+    parser.add_argument("--disable-plugin", action="append", default=[], metavar="NAME",
+                        help="do not load this installed plugin (entry-point or distribution name); repeatable, "
+                             "added to SPECDEC_DISABLE_PLUGINS")
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="answer a prompt with each drafter and with plain decoding, side by side")
     demo.add_argument("--model", default="smollm2-135m")
@@ -428,8 +440,13 @@ def main(argv=None) -> int:
     from specdec.errors import TrainingInterrupted
 
     args = build_parser().parse_args(argv)
+    _disable_plugins(args.disable_plugin)
+    _show_plugin_warnings()
     try:
         return args.func(args)
+    except BrokenPipeError:  # `specdec plugins | head`: the reader left, which is not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except TrainingInterrupted as exc:
         if args.debug:
             raise
@@ -445,6 +462,33 @@ def main(argv=None) -> int:
             raise
         print(f"specdec: error: {one_line(exc)} (--debug shows the traceback)", file=sys.stderr)
         return 2
+
+
+def _disable_plugins(names: list[str]) -> None:
+    """--disable-plugin: added to SPECDEC_DISABLE_PLUGINS, so that child processes agree."""
+    from specdec.plugin_loading import DISABLE_ENV
+    from specdec.plugins import default_registry
+
+    if names:
+        os.environ[DISABLE_ENV] = ",".join(filter(None, [os.environ.get(DISABLE_ENV, ""), *names]))
+        default_registry.cache_clear()
+
+
+def _show_plugin_warnings() -> None:
+    """A skipped plugin is reported as one line on stderr, like every other message of the CLI."""
+    import warnings
+
+    from specdec.plugin_loading import PluginWarning
+
+    shown = warnings.showwarning
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        if issubclass(category, PluginWarning):
+            print(f"specdec: warning: {message}", file=sys.stderr)
+        else:
+            shown(message, category, filename, lineno, file, line)
+
+    warnings.showwarning = show
 
 
 def one_line(exc: BaseException) -> str:

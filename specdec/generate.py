@@ -151,11 +151,26 @@ def _prepare(model, prompt, drafter, backend, *, max_new_tokens, temperature, to
             "deterministic and have none; use the 'greedy' or 'exact' verifier (the defaults) with lookup"
         )
     eos = tuple(getattr(target, "eos_token_ids", ())) if stop_at_eos else ()
+    drafter_name = drafter_kind(Path(drafter).expanduser()) if isinstance(drafter, Path) or (
+        isinstance(drafter, str) and Path(drafter).expanduser().is_dir()) else drafter
+    sources = {kind: plugin_source(registry, kind, choice, backend_obj.name) for kind, choice in (
+        ("drafter", drafter_name), ("tree_builder", tree_choice or tree_name), ("verifier", verifier_choice))}
+    if lookup:
+        sources["drafter"] += " with a prompt-lookup beam (specdec.lookup)"
     plan = DecodePlan(
         backend=backend_obj, target=target, drafter=drafter_obj, tree_builder=tree_builder, verifier=verifier,
-        sampling=sampling, max_new_tokens=int(max_new_tokens), eos_token_ids=eos,
+        sampling=sampling, max_new_tokens=int(max_new_tokens), eos_token_ids=eos, sources=sources,
     )
     return plan, prompts, batched, tokenizer
+
+
+def plugin_source(registry: PluginRegistry, kind: str, choice, on_backend: str) -> str:
+    """"verifier 'exact' (plugin numpy, specdec 0.1.0)", or the class of an object passed in."""
+    label = kind.replace("_", " ")
+    if not isinstance(choice, str):
+        return f"{label} {type(choice).__name__} (an object passed in)"
+    plugin = registry.get(kind, choice, on_backend).plugin
+    return f"{label} {choice!r} (plugin {plugin!r}, {registry.distribution(plugin)})"
 
 
 def planned_beams(backend, target, drafter, registry: PluginRegistry) -> dict:
