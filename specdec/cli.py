@@ -308,22 +308,56 @@ def cmd_train(args) -> int:
                    resume=args.resume, overwrite=args.overwrite, allow_changes=args.allow_changes, threads=args.threads,
                    save_dtype=args.save_dtype, bf16=args.bf16,
                    negatives=args.negatives or None, prompt_text_prompts=args.prompt_text_prompts,
-                   shortlist=(8192 if args.drafter == "redrafter" else 0) if args.shortlist is None else args.shortlist,
+                   shortlist=args.spec.default_shortlist if args.shortlist is None else args.shortlist,
                    progress=not args.quiet)
-    if args.drafter == "redrafter":
-        from specdec_redrafter.train import train_redrafter
-
-        report = train_redrafter(args.model, args.out, beam_width=args.beam_width, beam_length=args.beam_length,
-                                 **options)
-    else:
-        from specdec_medusa.train import train_medusa
-
-        report = train_medusa(args.model, args.out, **options)
+    options.update({option.dest: getattr(args, option.dest) for option in args.spec.train_options})
+    report = args.spec.train(args.model, args.out, **options)
     for row in report["history"]:
         print(f"step {row['step']:>6}  {row['minutes']:7.2f} min  loss {row['loss']:.3f}  held-out "
               f"{row['tokens_per_step']:.2f} tokens/step (bonus token counted)")
     print(f"saved {args.drafter} drafter to {args.out}", file=sys.stderr)
     return 0
+
+
+def _add_train_parser(train: argparse.ArgumentParser, spec) -> None:
+    """The options of ``specdec train NAME``: the common ones, then the drafter spec's own."""
+    train.add_argument("--model", required=True, help="a bundled name (smollm2-135m) or a model folder")
+    train.add_argument("--backend", default="torch", help="torch (the only training backend)")
+    train.add_argument("--out", required=True, help="checkpoint folder (config.json, model.safetensors, state)")
+    train.add_argument("--minutes", type=float, default=None, help="training-time budget")
+    train.add_argument("--steps", type=int, default=None, help="optimiser-step budget")
+    train.add_argument("--resume", action="store_true", help="continue the run saved in --out (trainer_state.pt)")
+    train.add_argument("--overwrite", action="store_true",
+                       help="start again in a non-empty --out, replacing the run (or the files) there")
+    train.add_argument("--allow-changes", action="store_true",
+                       help="with --resume: accept settings that differ from the saved run's (both are recorded)")
+    train.add_argument("--prompts", type=int, default=640, help="training prompts decoded for the teacher data")
+    train.add_argument("--heldout-prompts", type=int, default=64)
+    train.add_argument("--prompt-text-prompts", type=int, default=1024,
+                       help="more prompts whose prompt text (teacher-forced) and first 16 tokens are training data")
+    train.add_argument("--max-new-tokens", type=int, default=128, help="teacher continuation length")
+    train.add_argument("--batch-size", type=int, default=64, help="positions per optimiser step")
+    train.add_argument("--teacher-dtype", default=None,
+                       help="dtype the target decodes the teacher data in (default: the fastest on this machine)")
+    train.add_argument("--teacher-batch-size", type=int, default=64, help="prompts the teacher decodes at once")
+    train.add_argument("--prompt-mix", default=None,
+                       help="shares of the decoded prompts, e.g. corpus=0.45,self_instruct=0.35,plain=0.2 (the "
+                            "default); 'corpus' for the corpus's chat requests alone")
+    train.add_argument("--lr", type=float, default=1e-3)
+    train.add_argument("--weight-decay", type=float, default=0.0, help="AdamW decoupled weight decay")
+    train.add_argument("--seed", type=int, default=0)
+    train.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    train.add_argument("--save-dtype", default="float32", choices=("float32", "float16"))
+    train.add_argument("--bf16", action="store_true", help="bfloat16 autocast for the drafter")
+    train.add_argument("--negatives", type=int, default=4096,
+                       help="sampled-softmax loss: label tokens plus N sampled tokens instead of all (0: all)")
+    train.add_argument("--shortlist", type=int, default=None,
+                       help="draft only the N token ids with the most teacher mass (0: all; default "
+                            f"{spec.default_shortlist})")
+    train.add_argument("--quiet", action="store_true", help="no progress bars")
+    for option in spec.train_options:
+        train.add_argument(option.flag, type=option.type, default=option.default, help=option.help)
+    train.set_defaults(func=cmd_train, spec=spec)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -386,45 +420,13 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--backend", default=None)
     tune.add_argument("--device", default=None)
     tune.set_defaults(func=cmd_tune)
-    train = sub.add_parser("train", help="distil a ReDrafter or Medusa drafter from a model (needs specdec[train])")
-    train.add_argument("drafter", choices=("redrafter", "medusa"))
-    train.add_argument("--model", required=True, help="a bundled name (smollm2-135m) or a model folder")
-    train.add_argument("--backend", default="torch", help="torch (the only training backend)")
-    train.add_argument("--out", required=True, help="checkpoint folder (config.json, model.safetensors, state)")
-    train.add_argument("--minutes", type=float, default=None, help="training-time budget")
-    train.add_argument("--steps", type=int, default=None, help="optimiser-step budget")
-    train.add_argument("--beam-width", type=int, default=4)
-    train.add_argument("--beam-length", type=int, default=5, help="ReDrafter beam length, root included")
-    train.add_argument("--resume", action="store_true", help="continue the run saved in --out (trainer_state.pt)")
-    train.add_argument("--overwrite", action="store_true",
-                       help="start again in a non-empty --out, replacing the run (or the files) there")
-    train.add_argument("--allow-changes", action="store_true",
-                       help="with --resume: accept settings that differ from the saved run's (both are recorded)")
-    train.add_argument("--prompts", type=int, default=640, help="training prompts decoded for the teacher data")
-    train.add_argument("--heldout-prompts", type=int, default=64)
-    train.add_argument("--prompt-text-prompts", type=int, default=1024,
-                       help="more prompts whose prompt text (teacher-forced) and first 16 tokens are training data")
-    train.add_argument("--max-new-tokens", type=int, default=128, help="teacher continuation length")
-    train.add_argument("--batch-size", type=int, default=64, help="positions per optimiser step")
-    train.add_argument("--teacher-dtype", default=None,
-                       help="dtype the target decodes the teacher data in (default: the fastest on this machine)")
-    train.add_argument("--teacher-batch-size", type=int, default=64, help="prompts the teacher decodes at once")
-    train.add_argument("--prompt-mix", default=None,
-                       help="shares of the decoded prompts, e.g. corpus=0.45,self_instruct=0.35,plain=0.2 (the "
-                            "default); 'corpus' for the corpus's chat requests alone")
-    train.add_argument("--lr", type=float, default=1e-3)
-    train.add_argument("--weight-decay", type=float, default=0.0, help="AdamW decoupled weight decay")
-    train.add_argument("--seed", type=int, default=0)
-    train.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
-    train.add_argument("--save-dtype", default="float32", choices=("float32", "float16"))
-    train.add_argument("--bf16", action="store_true", help="bfloat16 autocast for the drafter")
-    train.add_argument("--negatives", type=int, default=4096,
-                       help="sampled-softmax loss: label tokens plus N sampled tokens instead of all (0: all)")
-    train.add_argument("--shortlist", type=int, default=None,
-                       help="ReDrafter: draft only the N token ids with the most teacher mass (0: all; "
-                            "default 8192 for ReDrafter, 0 for Medusa)")
-    train.add_argument("--quiet", action="store_true", help="no progress bars")
-    train.set_defaults(func=cmd_train)
+    from specdec.plugins import default_registry
+
+    trainable = [spec for spec in default_registry().drafter_specs() if spec.train is not None]
+    train_sub = sub.add_parser("train", help="distil a drafter from a model (needs specdec[train])").add_subparsers(
+        dest="drafter", required=True, metavar="DRAFTER", help=", ".join(spec.name for spec in trainable))
+    for spec in trainable:
+        _add_train_parser(train_sub.add_parser(spec.name, help=f"distil a {spec.name} drafter"), spec)
     from specdec.cli_cache import add_parser as add_cache_parser
 
     add_cache_parser(sub)
@@ -439,9 +441,20 @@ def main(argv=None) -> int:
     (``--debug`` re-raises it with its traceback)."""
     from specdec.errors import TrainingInterrupted
 
-    args = build_parser().parse_args(argv)
-    _disable_plugins(args.disable_plugin)
     _show_plugin_warnings()
+    early = argparse.ArgumentParser(add_help=False)  # plugins are loaded while the parser is built
+    early.add_argument("--disable-plugin", action="append", default=[])
+    early.add_argument("--debug", action="store_true")
+    known = early.parse_known_args(argv)[0]
+    _disable_plugins(known.disable_plugin)
+    try:
+        parser = build_parser()
+    except SpecdecError as exc:  # two plugins for one drafter spec
+        if known.debug:
+            raise
+        print(f"specdec: error: {one_line(exc)}", file=sys.stderr)
+        return 2
+    args = parser.parse_args(argv)
     try:
         return args.func(args)
     except BrokenPipeError:  # `specdec plugins | head`: the reader left, which is not an error

@@ -17,7 +17,8 @@ from typing import Any, Callable, Iterable
 import attrs
 
 from specdec import hookspecs
-from specdec.errors import PluginConflictError, PluginError, UnknownPluginError
+from specdec.errors import InvalidInputError, PluginConflictError, PluginError, UnknownPluginError
+from specdec.specs import DrafterSpec
 from specdec.plugin_loading import (
     DISABLE_ENV,
     BrokenPlugin,
@@ -36,6 +37,7 @@ KINDS = (  # kind, hook, whether ``register`` takes a backend
     ("drafter", "specdec_register_drafters", True),
     ("tree_builder", "specdec_register_tree_builders", True),
     ("verifier", "specdec_register_verifiers", True),
+    ("drafter_spec", "specdec_register_drafter_specs", False),
 )
 
 
@@ -119,6 +121,8 @@ class PluginRegistry:
 
     def _registrar(self, kind: str, plugin: str, label: str, with_backend: bool, collected: list):
         def register(name, *args, lossless=None):
+            if kind == "drafter_spec":
+                return register_spec(name, *args)
             if len(args) != (2 if with_backend else 1):
                 usage = "register(name, backend, factory)" if with_backend else "register(name, factory)"
                 raise PluginError(f"{label} registered {kind} {name!r} with {len(args) + 1} arguments; use {usage}")
@@ -130,6 +134,16 @@ class PluginRegistry:
             if any((other.kind, other.name, other.backend) == (kind, name, backend) for other in collected):
                 raise PluginError(f"{label} registered {kind} {name!r} on backend {backend!r} twice")
             collected.append(entry)
+
+        def register_spec(spec, *extra):
+            if extra or not isinstance(spec, DrafterSpec):
+                raise PluginError(f"{label} called register({spec!r}{', ...' if extra else ''}) in "
+                                  "specdec_register_drafter_specs; use register(DrafterSpec(...))")
+            register_drafter = self._registrar("drafter", plugin, label, True, collected)
+            for backend, factory in spec.implementations.items():
+                register_drafter(spec.name, backend, factory)
+            collected.append(Registration(kind="drafter_spec", name=spec.name, backend=None, factory=spec,
+                                          plugin=plugin))
 
         return register
 
@@ -181,6 +195,23 @@ class PluginRegistry:
             )
         return chosen
 
+    def drafter_specs(self) -> list[DrafterSpec]:
+        """Every registered drafter spec, by name."""
+        return [self.get("drafter_spec", name).factory for name in self.names("drafter_spec")]
+
+    def drafter_spec(self, name: str) -> DrafterSpec:
+        """The spec of drafter ``name``; UnknownPluginError naming the drafters that have one."""
+        return self.get("drafter_spec", name).factory
+
+    def spec_for_checkpoint(self, model_type, checkpoint) -> DrafterSpec:
+        """The spec of the drafter whose checkpoints have ``model_type``."""
+        specs = {spec.model_type: spec for spec in self.drafter_specs() if spec.model_type}
+        if model_type not in specs:
+            raise InvalidInputError(
+                f"drafter checkpoint {checkpoint} has model_type {model_type!r}; the installed drafters read: "
+                f"{', '.join(sorted(specs)) or 'none'}")
+        return specs[model_type]
+
     def describe(self) -> list[dict[str, Any]]:
         """One dict per registration, broken plugin and disabled plugin, for ``specdec plugins``."""
         conflicting = {id(r) for pair in self.conflicts() for r in pair}
@@ -194,7 +225,7 @@ class PluginRegistry:
                 "package": self.distribution(r.plugin),
                 "conflict": id(r) in conflicting,
             }
-            for r in self.registrations
+            for r in self.registrations if r.kind != "drafter_spec"
         ]
         for kind, plugins in (("broken", self.broken), ("disabled", self.disabled)):
             rows += [{"kind": kind, "name": p.name, "plugin": p.name, "package": p.distribution, "error": p.error}
