@@ -23,26 +23,14 @@ from specdec.bench.peers import peer_runner
 from specdec.bench.runner import specdec_runner
 from specdec.generate import encode_prompts
 from specdec.plugins import default_registry
-from specdec.reference.tree import build_prefix_tree
-from specdec.testing.checks import to_backend_tree
+from specdec.tuning import measure_forward
 
 PEER = {"torch": "hf", "mlx": "mlx-lm"}
 
 
-def verify_costs(target, backend, prompt, sizes, repeats):
-    """Median seconds of one forward over a k-node chain tree after ``prompt`` (cache unchanged)."""
-    target.prefill([prompt])
-    out = {}
-    for k in sizes:
-        tree = to_backend_tree(build_prefix_tree(np.arange(1, k + 1, dtype=np.int64).reshape(1, 1, k)), backend, target)
-        backend.to_numpy(target.forward_tree(tree).logits[:, :1, :1])
-        times = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            backend.to_numpy(target.forward_tree(tree).logits[:, :1, :1])
-            times.append(time.perf_counter() - start)
-        out[k] = float(np.median(times))
-    return out
+def verify_costs(target, backend, sizes, repeats):
+    """Median seconds of one forward over a k-node chain tree (``specdec.tuning.measure_forward``)."""
+    return {k: ms / 1e3 for k, ms in measure_forward(backend, target, sizes, repeats=repeats).items()}
 
 
 def step_split(target, backend, prompts, drafter, max_new_tokens, **options):
@@ -94,7 +82,7 @@ def main():
     prompts = [encode_prompts(p.prompt, target.tokenizer, target.vocab_size,
                               chat_template=getattr(target, "chat_template", None))[0][0]
                for p in load_prompt_set(args.prompts, per_category=args.per_category)]
-    costs = verify_costs(target, backend, prompts[0], args.sizes, args.repeats)
+    costs = verify_costs(target, backend, args.sizes, args.repeats)
 
     runners = {"specdec plain": specdec_runner(parse_method("plain"), args.model, target, args.backend,
                                                args.max_new_tokens),

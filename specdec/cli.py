@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -255,7 +256,15 @@ def cmd_plugins(args) -> int:
         for row in (r for r in rows if r["kind"] == kind):
             backend = "" if row["backend"] is None else f" [{row['backend']}]"
             flag = "" if row["lossless"] is None else (" lossless" if row["lossless"] else " LOSSY")
-            print(f"  {row['name']}{backend}{flag}  ({row['package']}, plugin {row['plugin']})")
+            conflict = "  CONFLICT: registered by another plugin too" if row["conflict"] else ""
+            print(f"  {row['name']}{backend}{flag}  ({row['package']}, plugin {row['plugin']}){conflict}")
+    for kind in ("broken", "disabled"):
+        listed = [r for r in rows if r["kind"] == kind]
+        if listed:
+            print(f"{kind} plugins:")
+        for row in listed:
+            why = "" if kind == "disabled" else f": {row['error']}"
+            print(f"  {row['name']}  ({row['package']}){why}")
     return 0
 
 
@@ -299,17 +308,10 @@ def cmd_train(args) -> int:
                    resume=args.resume, overwrite=args.overwrite, allow_changes=args.allow_changes, threads=args.threads,
                    save_dtype=args.save_dtype, bf16=args.bf16,
                    negatives=args.negatives or None, prompt_text_prompts=args.prompt_text_prompts,
-                   shortlist=(8192 if args.drafter == "redrafter" else 0) if args.shortlist is None else args.shortlist,
+                   shortlist=args.spec.default_shortlist if args.shortlist is None else args.shortlist,
                    progress=not args.quiet)
-    if args.drafter == "redrafter":
-        from specdec_redrafter.train import train_redrafter
-
-        report = train_redrafter(args.model, args.out, beam_width=args.beam_width, beam_length=args.beam_length,
-                                 **options)
-    else:
-        from specdec_medusa.train import train_medusa
-
-        report = train_medusa(args.model, args.out, **options)
+    options.update({option.dest: getattr(args, option.dest) for option in args.spec.train_options})
+    report = args.spec.train(args.model, args.out, **options)
     for row in report["history"]:
         print(f"step {row['step']:>6}  {row['minutes']:7.2f} min  loss {row['loss']:.3f}  held-out "
               f"{row['tokens_per_step']:.2f} tokens/step (bonus token counted)")
@@ -317,9 +319,53 @@ def cmd_train(args) -> int:
     return 0
 
 
+def _add_train_parser(train: argparse.ArgumentParser, spec) -> None:
+    """The options of ``specdec train NAME``: the common ones, then the drafter spec's own."""
+    train.add_argument("--model", required=True, help="a bundled name (smollm2-135m) or a model folder")
+    train.add_argument("--backend", default="torch", help="torch (the only training backend)")
+    train.add_argument("--out", required=True, help="checkpoint folder (config.json, model.safetensors, state)")
+    train.add_argument("--minutes", type=float, default=None, help="training-time budget")
+    train.add_argument("--steps", type=int, default=None, help="optimiser-step budget")
+    train.add_argument("--resume", action="store_true", help="continue the run saved in --out (trainer_state.pt)")
+    train.add_argument("--overwrite", action="store_true",
+                       help="start again in a non-empty --out, replacing the run (or the files) there")
+    train.add_argument("--allow-changes", action="store_true",
+                       help="with --resume: accept settings that differ from the saved run's (both are recorded)")
+    train.add_argument("--prompts", type=int, default=640, help="training prompts decoded for the teacher data")
+    train.add_argument("--heldout-prompts", type=int, default=64)
+    train.add_argument("--prompt-text-prompts", type=int, default=1024,
+                       help="more prompts whose prompt text (teacher-forced) and first 16 tokens are training data")
+    train.add_argument("--max-new-tokens", type=int, default=128, help="teacher continuation length")
+    train.add_argument("--batch-size", type=int, default=64, help="positions per optimiser step")
+    train.add_argument("--teacher-dtype", default=None,
+                       help="dtype the target decodes the teacher data in (default: the fastest on this machine)")
+    train.add_argument("--teacher-batch-size", type=int, default=64, help="prompts the teacher decodes at once")
+    train.add_argument("--prompt-mix", default=None,
+                       help="shares of the decoded prompts, e.g. corpus=0.45,self_instruct=0.35,plain=0.2 (the "
+                            "default); 'corpus' for the corpus's chat requests alone")
+    train.add_argument("--lr", type=float, default=1e-3)
+    train.add_argument("--weight-decay", type=float, default=0.0, help="AdamW decoupled weight decay")
+    train.add_argument("--seed", type=int, default=0)
+    train.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    train.add_argument("--save-dtype", default="float32", choices=("float32", "float16"))
+    train.add_argument("--bf16", action="store_true", help="bfloat16 autocast for the drafter")
+    train.add_argument("--negatives", type=int, default=4096,
+                       help="sampled-softmax loss: label tokens plus N sampled tokens instead of all (0: all)")
+    train.add_argument("--shortlist", type=int, default=None,
+                       help="draft only the N token ids with the most teacher mass (0: all; default "
+                            f"{spec.default_shortlist})")
+    train.add_argument("--quiet", action="store_true", help="no progress bars")
+    for option in spec.train_options:
+        train.add_argument(option.flag, type=option.type, default=option.default, help=option.help)
+    train.set_defaults(func=cmd_train, spec=spec)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="specdec", description="Speculative decoding with pluggable backends.")
     parser.add_argument("--debug", action="store_true", help="show the full traceback of an error")
+    parser.add_argument("--disable-plugin", action="append", default=[], metavar="NAME",
+                        help="do not load this installed plugin (entry-point or distribution name); repeatable, "
+                             "added to SPECDEC_DISABLE_PLUGINS")
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="answer a prompt with each drafter and with plain decoding, side by side")
     demo.add_argument("--model", default="smollm2-135m")
@@ -375,45 +421,13 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--backend", default=None)
     tune.add_argument("--device", default=None)
     tune.set_defaults(func=cmd_tune)
-    train = sub.add_parser("train", help="distil a ReDrafter or Medusa drafter from a model (needs specdec[train])")
-    train.add_argument("drafter", choices=("redrafter", "medusa"))
-    train.add_argument("--model", required=True, help="a bundled name (smollm2-135m) or a model folder")
-    train.add_argument("--backend", default="torch", help="torch (the only training backend)")
-    train.add_argument("--out", required=True, help="checkpoint folder (config.json, model.safetensors, state)")
-    train.add_argument("--minutes", type=float, default=None, help="training-time budget")
-    train.add_argument("--steps", type=int, default=None, help="optimiser-step budget")
-    train.add_argument("--beam-width", type=int, default=4)
-    train.add_argument("--beam-length", type=int, default=5, help="ReDrafter beam length, root included")
-    train.add_argument("--resume", action="store_true", help="continue the run saved in --out (trainer_state.pt)")
-    train.add_argument("--overwrite", action="store_true",
-                       help="start again in a non-empty --out, replacing the run (or the files) there")
-    train.add_argument("--allow-changes", action="store_true",
-                       help="with --resume: accept settings that differ from the saved run's (both are recorded)")
-    train.add_argument("--prompts", type=int, default=640, help="training prompts decoded for the teacher data")
-    train.add_argument("--heldout-prompts", type=int, default=64)
-    train.add_argument("--prompt-text-prompts", type=int, default=1024,
-                       help="more prompts whose prompt text (teacher-forced) and first 16 tokens are training data")
-    train.add_argument("--max-new-tokens", type=int, default=128, help="teacher continuation length")
-    train.add_argument("--batch-size", type=int, default=64, help="positions per optimiser step")
-    train.add_argument("--teacher-dtype", default=None,
-                       help="dtype the target decodes the teacher data in (default: the fastest on this machine)")
-    train.add_argument("--teacher-batch-size", type=int, default=64, help="prompts the teacher decodes at once")
-    train.add_argument("--prompt-mix", default=None,
-                       help="shares of the decoded prompts, e.g. corpus=0.45,self_instruct=0.35,plain=0.2 (the "
-                            "default); 'corpus' for the corpus's chat requests alone")
-    train.add_argument("--lr", type=float, default=1e-3)
-    train.add_argument("--weight-decay", type=float, default=0.0, help="AdamW decoupled weight decay")
-    train.add_argument("--seed", type=int, default=0)
-    train.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
-    train.add_argument("--save-dtype", default="float32", choices=("float32", "float16"))
-    train.add_argument("--bf16", action="store_true", help="bfloat16 autocast for the drafter")
-    train.add_argument("--negatives", type=int, default=4096,
-                       help="sampled-softmax loss: label tokens plus N sampled tokens instead of all (0: all)")
-    train.add_argument("--shortlist", type=int, default=None,
-                       help="ReDrafter: draft only the N token ids with the most teacher mass (0: all; "
-                            "default 8192 for ReDrafter, 0 for Medusa)")
-    train.add_argument("--quiet", action="store_true", help="no progress bars")
-    train.set_defaults(func=cmd_train)
+    from specdec.plugins import default_registry
+
+    trainable = [spec for spec in default_registry().drafter_specs() if spec.train is not None]
+    train_sub = sub.add_parser("train", help="distil a drafter from a model (needs specdec[train])").add_subparsers(
+        dest="drafter", required=True, metavar="DRAFTER", help=", ".join(spec.name for spec in trainable))
+    for spec in trainable:
+        _add_train_parser(train_sub.add_parser(spec.name, help=f"distil a {spec.name} drafter"), spec)
     from specdec.cli_cache import add_parser as add_cache_parser
 
     add_cache_parser(sub)
@@ -428,9 +442,25 @@ def main(argv=None) -> int:
     (``--debug`` re-raises it with its traceback)."""
     from specdec.errors import TrainingInterrupted
 
-    args = build_parser().parse_args(argv)
+    _show_plugin_warnings()
+    early = argparse.ArgumentParser(add_help=False)  # plugins are loaded while the parser is built
+    early.add_argument("--disable-plugin", action="append", default=[])
+    early.add_argument("--debug", action="store_true")
+    known = early.parse_known_args(argv)[0]
+    _disable_plugins(known.disable_plugin)
+    try:
+        parser = build_parser()
+    except SpecdecError as exc:  # two plugins for one drafter spec
+        if known.debug:
+            raise
+        print(f"specdec: error: {one_line(exc)}", file=sys.stderr)
+        return 2
+    args = parser.parse_args(argv)
     try:
         return args.func(args)
+    except BrokenPipeError:  # `specdec plugins | head`: the reader left, which is not an error
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except TrainingInterrupted as exc:
         if args.debug:
             raise
@@ -446,6 +476,33 @@ def main(argv=None) -> int:
             raise
         print(f"specdec: error: {one_line(exc)} (--debug shows the traceback)", file=sys.stderr)
         return 2
+
+
+def _disable_plugins(names: list[str]) -> None:
+    """--disable-plugin: added to SPECDEC_DISABLE_PLUGINS, so that child processes agree."""
+    from specdec.plugin_loading import DISABLE_ENV
+    from specdec.plugins import default_registry
+
+    if names:
+        os.environ[DISABLE_ENV] = ",".join(filter(None, [os.environ.get(DISABLE_ENV, ""), *names]))
+        default_registry.cache_clear()
+
+
+def _show_plugin_warnings() -> None:
+    """A skipped plugin is reported as one line on stderr, like every other message of the CLI."""
+    import warnings
+
+    from specdec.plugin_loading import PluginWarning
+
+    shown = warnings.showwarning
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        if issubclass(category, PluginWarning):
+            print(f"specdec: warning: {message}", file=sys.stderr)
+        else:
+            shown(message, category, filename, lineno, file, line)
+
+    warnings.showwarning = show
 
 
 def one_line(exc: BaseException) -> str:

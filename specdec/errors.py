@@ -57,3 +57,16 @@ class TrainingOutputError(SpecdecError, ValueError):
 
 class TrainingInterrupted(SpecdecError):
     """Training stopped at a signal (Ctrl-C, SIGTERM) after saving its state."""
+
+
+class PluginError(SpecdecError, TypeError):
+    """A plugin is malformed: a hook that is not a specdec hook, a registration with wrong arguments."""
+
+
+class PluginConflictError(SpecdecError, LookupError):
+    """Two plugins registered one name; the message names both distributions and how to disable one."""
+
+
+class PluginOutputError(SpecdecError, ValueError):
+    """A drafter, tree builder or verifier returned a value that breaks its contract; the message
+    names the plugin that produced it."""

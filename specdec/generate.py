@@ -34,9 +34,6 @@ from specdec.loop import DecodePlan, decode_steps
 from specdec.plugins import PluginRegistry, default_registry
 from specdec.types import GenerationResult, GenerationStats, StepResult
 
-DRAFTER_MODEL_TYPES = {"specdec_redrafter": "redrafter", "specdec_medusa": "medusa"}
-
-
 def generate(
     model: Any,
     prompt: Any,
@@ -135,7 +132,7 @@ def _prepare(model, prompt, drafter, backend, *, max_new_tokens, temperature, to
         options.update(planned_beams(backend_obj, target, drafter, registry))
     drafter_obj = load_drafter(drafter, target, backend_obj, registry, options, model)
     if lookup is None:
-        lookup = lookup_by_default(drafter_obj, verifier_choice)
+        lookup = lookup_by_default(registry, drafter_obj, drafter, verifier_choice)
     if lookup:
         drafter_obj = add_lookup(drafter_obj, lookup, backend_obj, target)
     tree_name, tree_options = getattr(drafter_obj, "tree_builder", ("prefix_tree", {}))
@@ -150,18 +147,42 @@ def _prepare(model, prompt, drafter, backend, *, max_new_tokens, temperature, to
             "deterministic and have none; use the 'greedy' or 'exact' verifier (the defaults) with lookup"
         )
     eos = tuple(getattr(target, "eos_token_ids", ())) if stop_at_eos else ()
+    drafter_name = drafter_kind(Path(drafter).expanduser(), registry) if isinstance(drafter, Path) or (
+        isinstance(drafter, str) and Path(drafter).expanduser().is_dir()) else drafter
+    sources = {kind: plugin_source(registry, kind, choice, backend_obj.name) for kind, choice in (
+        ("drafter", drafter_name), ("tree_builder", tree_choice or tree_name), ("verifier", verifier_choice))}
+    if lookup:
+        sources["drafter"] += " with a prompt-lookup beam (specdec.lookup)"
     plan = DecodePlan(
         backend=backend_obj, target=target, drafter=drafter_obj, tree_builder=tree_builder, verifier=verifier,
-        sampling=sampling, max_new_tokens=int(max_new_tokens), eos_token_ids=eos,
+        sampling=sampling, max_new_tokens=int(max_new_tokens), eos_token_ids=eos, sources=sources,
     )
     return plan, prompts, batched, tokenizer
 
 
-def lookup_by_default(drafter, verifier_choice) -> bool:
+def lookup_by_default(registry: PluginRegistry, drafter_obj, drafter, verifier_choice) -> bool:
     """The prompt-lookup beam is on by default beside drafters that pair with it (ReDrafter), when
     the verifier is the default, greedy or exact one and the beams are not sampled."""
-    return bool(getattr(drafter, "pairs_with_lookup", False)) and verifier_choice in (None, "greedy", "exact") and (
-        not getattr(drafter, "sampled_proposals", False))
+    return _pairs_with_lookup(registry, drafter_obj, drafter) and verifier_choice in (None, "greedy", "exact") and (
+        not getattr(drafter_obj, "sampled_proposals", False))
+
+
+def _pairs_with_lookup(registry: PluginRegistry, drafter_obj, drafter) -> bool:
+    """Whether a lookup beam joins this drafter by default: its spec says so (an object passed in:
+    its ``pairs_with_lookup`` attribute)."""
+    if not isinstance(drafter, (str, Path)):
+        return bool(getattr(drafter_obj, "pairs_with_lookup", False))
+    name = drafter_kind(Path(drafter).expanduser(), registry) if Path(drafter).expanduser().is_dir() else drafter
+    return name in registry.names("drafter_spec") and registry.drafter_spec(name).pairs_with_lookup
+
+
+def plugin_source(registry: PluginRegistry, kind: str, choice, on_backend: str) -> str:
+    """"verifier 'exact' (plugin numpy, specdec 0.1.0)", or the class of an object passed in."""
+    label = kind.replace("_", " ")
+    if not isinstance(choice, str):
+        return f"{label} {type(choice).__name__} (an object passed in)"
+    plugin = registry.get(kind, choice, on_backend).plugin
+    return f"{label} {choice!r} (plugin {plugin!r}, {registry.distribution(plugin)})"
 
 
 def planned_beams(backend, target, drafter, registry: PluginRegistry) -> dict:
@@ -172,13 +193,12 @@ def planned_beams(backend, target, drafter, registry: PluginRegistry) -> dict:
     plan = cached_beam_plan(backend, target, drafter)
     if plan is None:
         return {}
-    name = drafter_kind(Path(drafter)) if Path(drafter).is_dir() else str(drafter)
     try:
-        accepted = inspect.signature(registry.get("drafter", name, backend.name).factory).parameters
+        name = drafter_kind(Path(drafter), registry) if Path(drafter).is_dir() else str(drafter)
+        if not registry.drafter_spec(name).beam_options:
+            return {}
     except SpecdecError:
         return {}  # load_drafter reports the unknown name
-    if not {"beam_width", "beam_length"} <= set(accepted):
-        return {}
     return {"beam_width": plan["beam_width"], "beam_length": plan["beam_length"]}
 
 
@@ -300,7 +320,7 @@ def load_drafter(drafter, target, backend, registry: PluginRegistry, options: di
     name = drafter
     if isinstance(drafter, (str, Path)) and Path(drafter).expanduser().is_dir():
         checkpoint = Path(drafter).expanduser()
-        name = drafter_kind(checkpoint)
+        name = drafter_kind(checkpoint, registry)
     elif not isinstance(drafter, str):
         raise InvalidInputError(f"drafter must be a name, a checkpoint folder or a Drafter object, got {drafter!r}")
     given = dict(target=target, checkpoint=checkpoint)
@@ -332,14 +352,10 @@ def add_lookup(drafter, lookup, backend, target):
     return LookupDrafter(backend, target, inner=drafter, **lookup)
 
 
-def drafter_kind(checkpoint: Path) -> str:
-    """The drafter name recorded in a checkpoint folder's config.json."""
+def drafter_kind(checkpoint: Path, registry: PluginRegistry | None = None) -> str:
+    """The name of the installed drafter that reads the checkpoint folder (its config's model_type)."""
     model_type = check_checkpoint_folder(checkpoint).get("model_type")
-    if model_type not in DRAFTER_MODEL_TYPES:
-        raise InvalidInputError(
-            f"drafter checkpoint {checkpoint} has model_type {model_type!r}; known: {sorted(DRAFTER_MODEL_TYPES)}"
-        )
-    return DRAFTER_MODEL_TYPES[model_type]
+    return (registry or default_registry()).spec_for_checkpoint(model_type, checkpoint).name
 
 
 def _component(registry: PluginRegistry, kind: str, choice, on_backend: str, options: dict, **positional):

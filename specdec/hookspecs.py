@@ -1,4 +1,4 @@
-"""pluggy hook specifications of the ``specdec`` project (DESIGN section 4).
+"""pluggy hook specifications of the ``specdec`` project.
 
 A plugin is a module with ``@specdec.hookimpl`` functions, found through an entry point in
 group ``specdec``. Factories should import their framework lazily, inside the factory.
@@ -21,6 +21,13 @@ def specdec_register_backends(register):
 def specdec_register_drafters(register):
     """Call ``register(name, backend, factory)``; ``factory(target, checkpoint, **options)``
     returns a ``Drafter`` for ``target``; ``checkpoint`` is a path or None."""
+
+
+@hookspec
+def specdec_register_drafter_specs(register):
+    """Call ``register(spec)`` with a ``specdec.specs.DrafterSpec``: the drafter's name, checkpoint
+    ``model_type``, implementations per backend (registered as drafters), training and
+    random-checkpoint makers. A drafter package registers one spec instead of drafters."""
 
 
 @hookspec

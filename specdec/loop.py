@@ -1,8 +1,10 @@
 """The backend-agnostic decode loop: draft -> build tree -> verify forward -> accept -> commit.
 
-``decode_steps`` is a generator of ``StepResult``s (DESIGN section 2); ``generate`` consumes it,
-the CLI and the benchmarks observe it. Randomness comes from one NumPy generator per row, drawn
-on the host in a fixed order, so every backend sees the same uniforms whatever the batch.
+``decode_steps`` is a generator of ``StepResult``s; ``generate`` consumes it, the CLI and the
+benchmarks observe it. What the drafter, tree builder and verifier return is checked each step
+(``specdec.step_checks``), and an error names the plugin that returned it. Randomness comes
+from one NumPy generator per row, drawn on the host in a fixed order, so every backend sees the
+same uniforms whatever the batch.
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ from typing import Iterator, Sequence
 import attrs
 import numpy as np
 
-from specdec import lease
+from specdec import lease, step_checks
+from specdec.errors import PluginOutputError
 from specdec.protocols import Backend, Drafter, TargetModel, TreeBuilder, Verifier
 from specdec.reference.sampling import sample_from, target_probs
 from specdec.types import Draft, DraftContext, SamplingConfig, StepResult
@@ -31,6 +34,11 @@ class DecodePlan:
     sampling: SamplingConfig
     max_new_tokens: int
     eos_token_ids: tuple[int, ...] = ()
+    sources: dict[str, str] = attrs.field(factory=dict)  # "drafter" -> "drafter 'x' (plugin p, dist 1.0)"
+
+    def source(self, kind: str) -> str:
+        """Who made the ``kind`` component, for errors about what it returned."""
+        return self.sources.get(kind) or f"{kind.replace('_', ' ')} {type(getattr(self, kind)).__name__}"
 
 
 def row_generators(seed: int | Sequence[int] | None, batch_size: int) -> list[np.random.Generator]:
@@ -92,6 +100,20 @@ def _draw(generators: list[np.random.Generator] | None, shape: tuple[int, ...]) 
     return np.stack([g.random(shape) for g in generators])
 
 
+def _check_draft_and_tree(plan: DecodePlan, draft: Draft, tree, vocab: int, cause: Exception | None = None):
+    """Host copies (beams or None, tree tokens, parents, num_nodes), after checking them."""
+    host = plan.backend.to_numpy
+    beams = None if draft.beams is None else host(draft.beams)
+    tree_arrays = host(tree.tokens), host(tree.parents), host(tree.num_nodes)
+    try:
+        step_checks.check_draft(plan.source("drafter"), host(draft.root_tokens), beams,
+                                None if draft.head_tokens is None else host(draft.head_tokens), vocab)
+        step_checks.check_tree(plan.source("tree_builder"), *tree_arrays, vocab)
+    except PluginOutputError as error:
+        raise error from cause
+    return (beams, *tree_arrays)
+
+
 def decode_steps(plan: DecodePlan, prompts: Sequence[Sequence[int]], *, seed=None) -> Iterator[StepResult]:
     """Yield one StepResult per target forward (the prefill first), until every row is done.
 
@@ -149,6 +171,7 @@ def _decode_steps(plan: DecodePlan, prompts: Sequence[Sequence[int]], *, seed=No
 
     draft_shape = getattr(plan.drafter, "sample_shape", None)
     want_draft_probs = bool(getattr(plan.verifier, "needs_draft_probs", False))
+    vocab = int(target.vocab_size)
     step = 0
     while not done.all():
         step += 1
@@ -162,20 +185,24 @@ def _decode_steps(plan: DecodePlan, prompts: Sequence[Sequence[int]], *, seed=No
         draft = plan.drafter.propose(context)
         tree = plan.tree_builder.build(draft)
         t1 = time.perf_counter()
-        output = target.forward_tree(tree)
+        try:
+            output = target.forward_tree(tree)
+        except Exception as exc:  # a bad draft or tree fails here first: name the plugin that made it
+            _check_draft_and_tree(plan, draft, tree, vocab, cause=exc)
+            raise
         uniforms = _draw(generators, verify_uniform_shape(draft))
         verdict = plan.verifier.verify(
             tree, draft, output, sampling, None if uniforms is None else backend.from_numpy(uniforms, target)
         )
-        t2 = time.perf_counter()
-        target.commit(tree, verdict)
-        path = backend.to_numpy(verdict.path)  # the step's one host sync
+        path = backend.to_numpy(verdict.path)  # the step's one wait for the device
         num_accepted = backend.to_numpy(verdict.num_accepted)
         bonus = backend.to_numpy(verdict.bonus_tokens)
-        tokens = backend.to_numpy(tree.tokens)
-        num_nodes = backend.to_numpy(tree.num_nodes)
-        if draft.beams is not None:  # tokens of the distinct beams, before deduplication into the tree
-            drafted = distinct_beams(backend.to_numpy(draft.beams)) * (draft.beams.shape[2] - 1)
+        beams, tokens, parents, num_nodes = _check_draft_and_tree(plan, draft, tree, vocab)
+        step_checks.check_verdict(plan.source("verifier"), path, num_accepted, bonus, parents, num_nodes, vocab)
+        t2 = time.perf_counter()
+        target.commit(tree, verdict)
+        if beams is not None:  # tokens of the distinct beams, before deduplication into the tree
+            drafted = distinct_beams(beams) * (beams.shape[2] - 1)
         else:
             drafted = num_nodes - 1
         new_tokens = [

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from specdec.hookspecs import hookimpl
 from specdec.plugin_support import backend_class, load_trained
+from specdec.specs import DrafterSpec
 
 DRAFTERS = {
     "numpy": "specdec_medusa.reference:MedusaDrafter",
@@ -46,10 +47,39 @@ def _tree_factory(backend: str):
     return medusa_tree
 
 
+def _make_random(path, model_path, *, seed, **config):
+    from specdec_medusa.checkpoint import make_random_medusa
+
+    return make_random_medusa(path, model_path, seed=seed, **config)
+
+
+def _train(model, out, **options):
+    from specdec_medusa.train import train_medusa
+
+    return train_medusa(model, out, **options)
+
+
+def _evaluation_task(checkpoint, target, overrides):
+    import attrs
+
+    from specdec_medusa.checkpoint import load_medusa_checkpoint
+    from specdec_medusa.train import MedusaTask
+
+    config, weights = load_medusa_checkpoint(checkpoint)
+    task = MedusaTask(attrs.evolve(config, **overrides), lm_head=target.lm_head)
+    task.module.load_weights(weights)
+    return task
+
+
+SPEC = DrafterSpec(
+    name="medusa", model_type="specdec_medusa", implementations={b: _drafter_factory(b) for b in DRAFTERS},
+    make_random_checkpoint=_make_random, train=_train, evaluation_task=_evaluation_task,
+)
+
+
 @hookimpl
-def specdec_register_drafters(register):
-    for backend in DRAFTERS:
-        register("medusa", backend, _drafter_factory(backend))
+def specdec_register_drafter_specs(register):
+    register(SPEC)
 
 
 @hookimpl

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from specdec.hookspecs import hookimpl
 from specdec.plugin_support import backend_class, load_trained
+from specdec.specs import CliOption, DrafterSpec
 
 CLASSES = {
     "numpy": "specdec_redrafter.reference:RedrafterDrafter",
@@ -25,7 +26,39 @@ def _factory(backend: str):
     return redrafter
 
 
+def _make_random(path, model_path, *, seed, **config):
+    from specdec_redrafter.checkpoint import make_random_redrafter
+
+    return make_random_redrafter(path, model_path, seed=seed, **config)
+
+
+def _train(model, out, **options):
+    from specdec_redrafter.train import train_redrafter
+
+    return train_redrafter(model, out, **options)
+
+
+def _evaluation_task(checkpoint, target, overrides):
+    import attrs
+
+    from specdec_redrafter.checkpoint import load_redrafter_checkpoint
+    from specdec_redrafter.train import RedrafterTask
+
+    config, weights = load_redrafter_checkpoint(checkpoint)
+    task = RedrafterTask(attrs.evolve(config, **overrides), embed_tokens=target.embed_tokens, lm_head=target.lm_head)
+    task.module.load_weights(weights)
+    return task
+
+
+SPEC = DrafterSpec(
+    name="redrafter", model_type="specdec_redrafter", implementations={b: _factory(b) for b in CLASSES},
+    make_random_checkpoint=_make_random, train=_train, evaluation_task=_evaluation_task,
+    train_options=(CliOption(flag="--beam-width", type=int, default=4, help="ReDrafter beam width"),
+                   CliOption(flag="--beam-length", type=int, default=5, help="ReDrafter beam length, root included")),
+    default_shortlist=8192, beam_options=True, pairs_with_lookup=True,
+)
+
+
 @hookimpl
-def specdec_register_drafters(register):
-    for backend in CLASSES:
-        register("redrafter", backend, _factory(backend))
+def specdec_register_drafter_specs(register):
+    register(SPEC)

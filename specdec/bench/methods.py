@@ -10,7 +10,7 @@ from specdec.errors import InvalidInputError
 
 # Peer kinds and the backend whose model objects they run on.
 PEERS = {"hf": "torch", "hf-pld": "torch", "hf-assisted": "torch", "mlx-lm": "mlx", "mlx-lm-draft": "mlx"}
-SPECDEC = {"plain": "none", "redrafter": "redrafter", "medusa": "medusa", "lookup": "lookup"}
+PLAIN = {"plain": "none"}  # every other specdec method is an installed drafter's name
 OPTION_NAMES = {"w": "beam_width", "l": "beam_length", "choices": "choices", "verifier": "verifier",
                 "n": "prompt_lookup_num_tokens", "draft": "draft_model", "drafter": "drafter_path",
                 "top_t": "top_t", "sample": "sample", "lookup": "lookup", "k": "draft_length", "dtype": "dtype"}
@@ -18,7 +18,7 @@ OPTION_NAMES = {"w": "beam_width", "l": "beam_length", "choices": "choices", "ve
 
 @attrs.frozen(kw_only=True)
 class Method:
-    """kind: "plain", "redrafter", "medusa" (specdec) or a peer kind from ``PEERS``."""
+    """kind: "plain", an installed drafter's name (specdec) or a peer kind from ``PEERS``."""
 
     label: str
     kind: str
@@ -34,7 +34,7 @@ class Method:
 
     @property
     def drafter(self) -> str:
-        return self.options.get("drafter_path") or SPECDEC[self.kind]
+        return self.options.get("drafter_path") or PLAIN.get(self.kind, self.kind)
 
     @property
     def generate_options(self) -> dict[str, Any]:
@@ -58,8 +58,11 @@ def parse_method(spec: str) -> Method:
     default dtype rather than the one our target runs in). Keys: w, l, choices, verifier, top_t,
     sample, lookup, k, n, draft, dtype (peers only)."""
     kind, _, rest = spec.partition(":")
-    if kind not in SPECDEC and kind not in PEERS:
-        raise InvalidInputError(f"unknown method {kind!r}; methods: {', '.join([*SPECDEC, *PEERS])}")
+    from specdec.plugins import default_registry
+
+    specdec_methods = [*PLAIN, *(n for n in default_registry().names("drafter") if n != PLAIN["plain"])]
+    if kind not in specdec_methods and kind not in PEERS:
+        raise InvalidInputError(f"unknown method {kind!r}; methods: {', '.join([*specdec_methods, *PEERS])}")
     options = {}
     for item in filter(None, rest.split(",")):
         key, eq, value = item.partition("=")

@@ -56,10 +56,11 @@ def specdec_runner(method: Method, model, target, backend: str, max_new_tokens: 
         options.update(planned_beams(backend_obj, target, method.drafter, registry))
     drafter = load_drafter(method.drafter, target, backend_obj, registry, options, model)
     if lookup is None:
-        lookup = lookup_by_default(drafter, loop_options.get("verifier"))
+        lookup = lookup_by_default(registry, drafter, method.drafter, loop_options.get("verifier"))
     if lookup:
         drafter = add_lookup(drafter, lookup, backend_obj, target)
     length = getattr(drafter, "beam_length", 0)
+    beam_drafter = method.kind in registry.names("drafter_spec") and registry.drafter_spec(method.kind).beam_options
 
     def run(ids: list[int], temperature: float, seed: int) -> dict:
         steps = stream(target, ids, drafter=drafter, backend=backend, max_new_tokens=max_new_tokens,
@@ -74,7 +75,7 @@ def specdec_runner(method: Method, model, target, backend: str, max_new_tokens: 
                 continue
             accepted.append(int(step.num_accepted[0]))
             verified += int(step.num_verified[0])
-            if method.kind == "redrafter" and length > 1:  # W x L tokens before deduplication into the tree
+            if beam_drafter and length > 1:  # W x L tokens before deduplication into the tree
                 beam_tokens += int(step.num_drafted[0]) * length // (length - 1)
             times["time_draft"] += step.time_draft
             times["time_verify"] += step.time_verify

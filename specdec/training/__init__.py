@@ -7,8 +7,8 @@
 - ``specdec.training.evaluate``: windows of teacher data and held-out tokens per step computed
   offline (a replay of greedy speculative decoding over the continuations);
 - ``specdec.training.loop``: the distillation loss, schedule, evaluation and resumable checkpoints;
-- ``specdec.training.run``: everything in one call (``specdec train redrafter|medusa``).
+- ``specdec.training.run``: everything in one call (``specdec train NAME``).
 
-The drafter-specific parts live with each drafter: ``specdec_redrafter.train`` and
-``specdec_medusa.train``. Importing ``specdec`` never imports this package.
+The drafter-specific parts live with each drafter, reached through its spec
+(``specdec.specs.DrafterSpec``: ``train``, ``evaluation_task``). Importing ``specdec`` never imports this package.
 """

@@ -31,7 +31,13 @@ LOG_FILE = "training_log.json"
 LAST_DIR = "last"
 REPORT_FILE = "training_report.json"
 RUN_FILES = ("config.json", "model.safetensors", STATE_FILE, LOG_FILE, REPORT_FILE, RUN_FILE)
-MODEL_TYPES = {"redrafter": "specdec_redrafter", "medusa": "specdec_medusa"}
+
+
+def _model_types() -> dict[str, str]:
+    """Drafter name -> the model_type of its checkpoints, for every installed drafter spec."""
+    from specdec.plugins import default_registry
+
+    return {spec.name: spec.model_type for spec in default_registry().drafter_specs() if spec.model_type}
 
 
 def _listing(folder: Path) -> str:
@@ -52,11 +58,12 @@ def existing_run(folder: Path) -> dict | None:
     A folder written before runs were recorded counts as a run of the kind its checkpoint names
     when it has a ``trainer_state.pt`` (its settings are then unknown: None)."""
     record = _read_json(folder / RUN_FILE)
-    if isinstance(record, dict) and record.get("kind") in MODEL_TYPES:
+    model_types = _model_types()
+    if isinstance(record, dict) and record.get("kind") in model_types:
         return record
     config = _read_json(folder / "config.json")
     if (folder / STATE_FILE).is_file() and isinstance(config, dict):
-        kind = {v: k for k, v in MODEL_TYPES.items()}.get(config.get("model_type"))
+        kind = {v: k for k, v in model_types.items()}.get(config.get("model_type"))
         if kind:
             return {"kind": kind, "settings": None, "resumes": []}
     return None

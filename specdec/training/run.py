@@ -1,8 +1,7 @@
 """One call from a model to a trained drafter: target, corpus, teacher data, training, report.
 
-``train_drafter`` is what ``specdec train redrafter|medusa`` runs (through
-``specdec_redrafter.train.train_redrafter`` and ``specdec_medusa.train.train_medusa``, which
-supply the drafter as a task). It writes into ``out``: the checkpoint (``config.json`` +
+``train_drafter`` is what ``specdec train NAME`` runs (through the ``train`` of drafter NAME's
+spec, ``specdec.specs.DrafterSpec``, which supplies the drafter as a task). It writes into ``out``: the checkpoint (``config.json`` +
 ``model.safetensors``), ``trainer_state.pt`` (to resume), ``training_log.json`` (held-out tokens
 per step after each evaluation) and ``training_report.json`` (settings, the wall time of every
 stage, teacher and training throughput).
@@ -126,10 +125,11 @@ def teacher_dtype_for(model) -> str:
     """The torch dtype that runs ``model`` fastest on this CPU (``specdec.tuning``, cached): the
     teacher decodes in it, as the target will when it serves the drafter."""
     from specdec.bundled import resolve_model
+    from specdec.plugins import default_registry
     from specdec.tuning import load_fastest
-    from specdec_torch.backend import TorchBackend
 
-    _, choice = load_fastest(TorchBackend(), resolve_model(model), device="cpu")
+    torch_backend = default_registry().get("backend", "torch").factory()
+    _, choice = load_fastest(torch_backend, resolve_model(model), device="cpu")
     return choice.dtype
 
 
@@ -231,9 +231,8 @@ def evaluate_drafter(checkpoint, model, *, heldout_prompts: int = 64, max_new_to
     """Held-out tokens per step of a saved checkpoint, with config overrides (``beam_width``,
     ``beam_length`` for ReDrafter; ``choices``, ``top_t`` for Medusa). The held-out teacher data
     are the cached ones of ``train_drafter`` with the same settings (made when missing)."""
-    import attrs as _attrs
-
     from specdec.generate import drafter_kind
+    from specdec.plugins import default_registry
     from specdec.training.loop import evaluate
     from specdec.training.teacher import load_teacher_target
 
@@ -242,18 +241,5 @@ def evaluate_drafter(checkpoint, model, *, heldout_prompts: int = 64, max_new_to
     datasets, _, _ = build_teacher_data(target, prompts=0, heldout_prompts=heldout_prompts,
                                         max_new_tokens=max_new_tokens, top_k=top_k, seed=seed, cache=cache,
                                         progress=progress)
-    if kind == "redrafter":
-        from specdec_redrafter.checkpoint import load_redrafter_checkpoint
-        from specdec_redrafter.train import RedrafterTask
-
-        config, weights = load_redrafter_checkpoint(checkpoint)
-        task = RedrafterTask(_attrs.evolve(config, **overrides), embed_tokens=target.embed_tokens,
-                             lm_head=target.lm_head)
-    else:
-        from specdec_medusa.checkpoint import load_medusa_checkpoint
-        from specdec_medusa.train import MedusaTask
-
-        config, weights = load_medusa_checkpoint(checkpoint)
-        task = MedusaTask(_attrs.evolve(config, **overrides), lm_head=target.lm_head)
-    task.module.load_weights(weights)
+    task = default_registry().drafter_spec(kind).evaluation_task(checkpoint, target, overrides)
     return {"drafter": kind, **overrides, **evaluate(task, datasets["heldout"], sequences=sequences)}
