@@ -308,7 +308,7 @@ def cmd_train(args) -> int:
                    resume=args.resume, overwrite=args.overwrite, allow_changes=args.allow_changes, threads=args.threads,
                    save_dtype=args.save_dtype, bf16=args.bf16,
                    negatives=args.negatives or None, prompt_text_prompts=args.prompt_text_prompts,
-                   shortlist=args.spec.default_shortlist if args.shortlist is None else args.shortlist,
+                   shortlist=args.spec.default_shortlist if args.shortlist is None else args.shortlist, init=args.init,
                    progress=not args.quiet)
     options.update({option.dest: getattr(args, option.dest) for option in args.spec.train_options})
     report = args.spec.train(args.model, args.out, **options)
@@ -354,6 +354,8 @@ def _add_train_parser(train: argparse.ArgumentParser, spec) -> None:
     train.add_argument("--shortlist", type=int, default=None,
                        help="draft only the N token ids with the most teacher mass (0: all; default "
                             f"{spec.default_shortlist})")
+    train.add_argument("--init", default=None,
+                       help="start from this checkpoint's weights (and shortlist), e.g. the shipped drafter")
     train.add_argument("--quiet", action="store_true", help="no progress bars")
     for option in spec.train_options:
         train.add_argument(option.flag, type=option.type, default=option.default, help=option.help)

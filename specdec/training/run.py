@@ -35,7 +35,7 @@ def train_drafter(kind: str, make_task: Callable, model, out, *, steps: int | No
                   eval_minutes: tuple | None = None, eval_steps: int | None = None, eval_sequences: int | None = 32,
                   hidden_dtype: str = "bfloat16", prompt_text_prompts: int = 0, shortlist: int = 0,
                   prompt_mix=None, progress: bool = True, overwrite: bool = False, allow_changes: bool = False,
-                  run_settings: dict | None = None, save_minutes: float = 5.0) -> dict:
+                  run_settings: dict | None = None, save_minutes: float = 5.0, init=None) -> dict:
     """Distil a ``kind`` drafter for ``model`` into folder ``out``; returns the report (also saved).
 
     make_task(target, seed) -> the drafter's task (``specdec.training.loop``). Budget: ``steps``
@@ -50,6 +50,10 @@ def train_drafter(kind: str, make_task: Callable, model, out, *, steps: int | No
     ``shortlist``: when > 0, the drafter drafts from that many token ids, the ones with the most
     teacher mass in the training data (``specdec.shortlist.choose_shortlist``). ``prompt_mix``:
     corpus chats, self-instruct chats and plain text (``build_teacher_data``).
+
+    ``init``: a checkpoint folder of this drafter kind, trained for this target, whose weights
+    (and vocabulary shortlist) the run starts from instead of the fresh initialisation: more
+    training on new teacher data keeps what the earlier data taught.
 
     ``out`` is checked before any work (``specdec.training.outdir.claim_out``): a folder that is
     not a run of this kind is refused unless ``overwrite``; a run with saved work needs ``resume``
@@ -73,7 +77,8 @@ def train_drafter(kind: str, make_task: Callable, model, out, *, steps: int | No
                 "max_new_tokens": max_new_tokens, "top_k": top_k, "teacher_dtype": teacher_dtype,
                 "hidden_dtype": hidden_dtype, "prompt_text_prompts": prompt_text_prompts, "shortlist": shortlist,
                 "batch_size": batch_size, "lr": lr, "weight_decay": weight_decay, "bf16": bf16, "seed": seed,
-                "prompt_mix": prompt_mix, **(run_settings or {})}
+                "prompt_mix": prompt_mix, "init": None if init is None else str(Path(init).resolve()),
+                **(run_settings or {})}
     claim_out(out, kind=kind, settings=json.loads(json.dumps(identity, default=str)), resume=resume,
               overwrite=overwrite, allow_changes=allow_changes)
     cache = Path(cache) if cache is not None else cache_dir()
@@ -90,8 +95,12 @@ def train_drafter(kind: str, make_task: Callable, model, out, *, steps: int | No
     times.update(teacher_times)
     teacher = teacher_stats.pop("settings")
 
+    init_weights, init_shortlist = (None, None) if init is None else _warm_start(init, kind, target)
     listed = {}
-    if shortlist:
+    if init_shortlist is not None:
+        ids, shortlist = init_shortlist, len(init_shortlist)
+        listed = {"shortlist": shortlist, "shortlist_from": str(init)}
+    elif shortlist:
         from specdec.shortlist import choose_shortlist, shortlist_coverage
 
         train_data = datasets["train"]
@@ -100,6 +109,8 @@ def train_drafter(kind: str, make_task: Callable, model, out, *, steps: int | No
         listed = {"shortlist": shortlist, "heldout_coverage": round(shortlist_coverage(
             datasets["heldout"].next_tokens.numpy(), ids), 4) if "heldout" in datasets else None}
     task = make_task(target, seed, shortlist=ids) if shortlist else make_task(target, seed)
+    if init_weights is not None:
+        task.module.load_weights(init_weights)
     settings = TrainSettings(steps=steps, minutes=minutes, batch_size=batch_size, lr=lr, weight_decay=weight_decay,
                              bf16=bf16, seed=seed,
                              eval_steps=eval_steps, eval_sequences=eval_sequences,
@@ -119,6 +130,27 @@ def train_drafter(kind: str, make_task: Callable, model, out, *, steps: int | No
     }
     write_json_atomic(out / REPORT_FILE, json.loads(json.dumps(report, default=str)))
     return report
+
+
+def _warm_start(init, kind: str, target) -> tuple[dict, np.ndarray | None]:
+    """(weights, shortlist or None) of checkpoint ``init``, checked to be a ``kind`` drafter
+    trained for ``target``."""
+    from specdec.checkpoints import read_checkpoint
+    from specdec.errors import IncompatibleDrafterError, InvalidInputError
+    from specdec.plugins import default_registry
+
+    config, weights = read_checkpoint(init, label=f"{kind} (--init)")
+    expected = default_registry().drafter_spec(kind).model_type
+    if config.get("model_type") != expected:
+        raise InvalidInputError(f"--init {init} holds a {config.get('model_type')!r} checkpoint; a {kind} run starts "
+                                f"from a {expected!r} one")
+    trained_for = (config.get("target") or {}).get("fingerprint")
+    if trained_for != target.fingerprint:
+        raise IncompatibleDrafterError(
+            f"--init {init} was trained for another model ({(config.get('target') or {}).get('name')!r}); "
+            f"start from a checkpoint of {target.name!r}, or leave --init out")
+    shortlist = weights.pop("vocab_shortlist", None)
+    return weights, shortlist
 
 
 def teacher_dtype_for(model) -> str:

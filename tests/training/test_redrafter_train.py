@@ -211,3 +211,25 @@ def test_resuming_a_finished_run_rewrites_its_files(trained, tiny_model, prompt_
     assert again["history"] == report["history"] and again["training"]["steps"] == 150
     weights = load_file(str(copy / "model.safetensors"))
     assert weights["head_proj.weight"].dtype == np.float16 and weights["vocab_shortlist"].dtype == np.int64
+
+
+def test_a_run_can_start_from_a_checkpoint(trained, tiny_model, prompt_source, tmp_path):
+    """--init: the run starts from the checkpoint's weights and shortlist (at learning rate 0 it
+    saves them back unchanged); a checkpoint of another kind is refused."""
+    from safetensors.numpy import load_file
+
+    from specdec.errors import InvalidInputError
+    from specdec.testing import make_random_drafter
+
+    out, _ = trained
+    common = dict(prompts=48, heldout_prompts=8, max_new_tokens=20, top_k=8, beam_width=3, beam_length=4,
+                  batch_size=32, prompt_source=prompt_source, cache=tmp_path / "cache", progress=False, shortlist=16)
+    report = train_redrafter(tiny_model, tmp_path / "warm", steps=2, lr=0.0, init=out, **common)
+    before, after = load_file(str(out / "model.safetensors")), load_file(str(tmp_path / "warm" / "model.safetensors"))
+    assert report["shortlist"] == 64, "the shortlist comes from the checkpoint, not from --shortlist"
+    assert sorted(before) == sorted(after)
+    for name in before:
+        np.testing.assert_array_equal(after[name], before[name], err_msg=name)
+    medusa = make_random_drafter(tmp_path / "medusa", tiny_model, kind="medusa", seed=1)
+    with pytest.raises(InvalidInputError, match="holds a 'specdec_medusa' checkpoint"):
+        train_redrafter(tiny_model, tmp_path / "wrong", steps=2, init=medusa, **common)
