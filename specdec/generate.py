@@ -328,6 +328,11 @@ def add_lookup(drafter, lookup, backend, target):
 
 def drafter_kind(checkpoint: Path) -> str:
     """The drafter name recorded in a checkpoint folder's config.json."""
+    from specdec.export import detect_layout
+
+    found = detect_layout(checkpoint)  # specdec's own checkpoints and the engines' layouts (specdec.export)
+    if found is not None and found[1] != "specdec":
+        return found[0]
     model_type = check_checkpoint_folder(checkpoint).get("model_type")
     if model_type not in DRAFTER_MODEL_TYPES:
         raise InvalidInputError(
