@@ -66,7 +66,7 @@ def detect_layout(folder) -> tuple[str, str] | None:
     if model_type == "medusa":
         return "medusa", "vllm"
     if model_type and "eagle" in str(model_type).lower():
-        raise InvalidInputError(f"{folder} holds an EAGLE drafter: {EAGLE_MESSAGE}")
+        raise InvalidInputError(f"drafter checkpoint {folder} has model_type {model_type!r}, an EAGLE drafter: {EAGLE_MESSAGE}")
     if any((folder / name).is_file() for name in ("medusa_lm_head.safetensors", "medusa_lm_head.pt")):
         return "medusa", "fasterdecoding"
     return None

@@ -432,3 +432,9 @@ def test_cli_export_and_import(drafters, model_dir, tmp_path, capsys):
     assert "--drop-shortlist" in capsys.readouterr().err
     assert main(["export", "eagle", "--format", "vllm", "--out", str(tmp_path / "eagle")]) == 2
     assert "EAGLE is not available" in capsys.readouterr().err
+
+
+def test_an_eagle_folder_is_named_as_not_available(target, tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "eagle3"}))
+    with pytest.raises(InvalidInputError, match="model_type 'eagle3'.*EAGLE is not available"):
+        specdec.generate(target, [1], drafter=tmp_path, backend="numpy")
