@@ -433,6 +433,9 @@ def build_parser() -> argparse.ArgumentParser:
     from specdec.cli_cache import add_parser as add_cache_parser
 
     add_cache_parser(sub)
+    from specdec.cli_export import add_parser as add_export_parsers
+
+    add_export_parsers(sub)
     plugins = sub.add_parser("plugins", help="list installed backends, drafters, tree builders and verifiers")
     plugins.add_argument("--json", action="store_true")
     plugins.set_defaults(func=cmd_plugins)

@@ -353,7 +353,13 @@ def add_lookup(drafter, lookup, backend, target):
 
 
 def drafter_kind(checkpoint: Path, registry: PluginRegistry | None = None) -> str:
-    """The name of the installed drafter that reads the checkpoint folder (its config's model_type)."""
+    """The name of the installed drafter that reads the checkpoint folder: an engine's layout
+    (``specdec.export``), else the drafter whose spec reads its config's model_type."""
+    from specdec.export import detect_layout
+
+    found = detect_layout(checkpoint)  # specdec's own checkpoints and the engines' layouts (specdec.export)
+    if found is not None and found[1] != "specdec":
+        return found[0]
     model_type = check_checkpoint_folder(checkpoint).get("model_type")
     return (registry or default_registry()).spec_for_checkpoint(model_type, checkpoint).name
 

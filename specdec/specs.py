@@ -29,6 +29,25 @@ class CliOption:
 
 
 @attrs.frozen(kw_only=True)
+class Layout:
+    """A serving engine's checkpoint layout that a drafter exports to and imports from
+    (``specdec.export``, docs/scale-out.md).
+
+    name: the format's name (``specdec export --format NAME``); aliases: other names for it (an
+    engine that reads it); detect(folder, config) -> whether a folder (its parsed config.json, or
+    {}) is in this layout; read(folder) -> (drafter config, float64 weights, notes);
+    write(config, weights, out, *, lm_head, dtype, **options) -> (notes, engine commands), which
+    refuses, with the fix, what it cannot carry over exactly.
+    """
+
+    name: str
+    detect: Callable[[Path, dict], bool]
+    read: Callable[[Path], tuple]
+    write: Callable[..., tuple]
+    aliases: tuple[str, ...] = ()
+
+
+@attrs.frozen(kw_only=True)
 class DrafterSpec:
     """One drafter.
 
@@ -42,7 +61,10 @@ class DrafterSpec:
     target, overrides) -> the training task holding a saved checkpoint, for held-out evaluation.
     default_shortlist: ``specdec train --shortlist`` when not given. beam_options: takes
     ``beam_width`` / ``beam_length`` (``specdec plan`` chooses them). pairs_with_lookup: a
-    prompt-lookup beam is added beside its beams by default.
+    prompt-lookup beam is added beside its beams by default. load_checkpoint(path) -> (config,
+    float64 weights) and save_checkpoint(path, config, weights, *, dtype): its own checkpoint
+    files; package: the package whose ``weights/<model name>/`` holds the shipped checkpoints;
+    layouts: the engines' layouts it exports to and imports from.
     """
 
     name: str
@@ -55,3 +77,7 @@ class DrafterSpec:
     default_shortlist: int = 0
     beam_options: bool = False
     pairs_with_lookup: bool = False
+    load_checkpoint: Callable[..., tuple] | None = None
+    save_checkpoint: Callable[..., Any] | None = None
+    package: str | None = None
+    layouts: tuple[Layout, ...] = ()

@@ -21,7 +21,16 @@ def save_medusa(path: str | Path, config: MedusaConfig, weights: Mapping[str, np
 
 
 def load_medusa_checkpoint(path: str | Path) -> tuple[MedusaConfig, dict[str, np.ndarray]]:
-    """Read a folder written by ``save_medusa``. -> (config, weights as float64 arrays)."""
+    """Read a folder written by ``save_medusa``, or one in FasterDecoding's or vLLM's layout
+    (``specdec_medusa.export``). -> (config, weights as float64 arrays)."""
+    from specdec.export import detect_layout
+
+    layout = detect_layout(path)
+    if layout in (("medusa", "fasterdecoding"), ("medusa", "vllm")):
+        from specdec_medusa.export import read_fasterdecoding, read_vllm
+
+        config, weights, _ = (read_fasterdecoding if layout[1] == "fasterdecoding" else read_vllm)(path)
+        return config, weights
     config, weights = read_checkpoint(path, label="Medusa")
     config = MedusaConfig.from_dict(config)
     check_weights(config, weights)

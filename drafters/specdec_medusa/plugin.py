@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from specdec.hookspecs import hookimpl
 from specdec.plugin_support import backend_class, load_trained
-from specdec.specs import DrafterSpec
+from specdec.specs import DrafterSpec, Layout
 
 DRAFTERS = {
     "numpy": "specdec_medusa.reference:MedusaDrafter",
@@ -71,9 +71,30 @@ def _evaluation_task(checkpoint, target, overrides):
     return task
 
 
+def _lazy(module: str, name: str):
+    """``module.name``, imported when first called (registering the plugin stays cheap)."""
+    def call(*args, **kwargs):
+        import importlib
+
+        return getattr(importlib.import_module(module), name)(*args, **kwargs)
+
+    return call
+
+
+LAYOUTS = (
+    Layout(name="fasterdecoding", aliases=("tensorrt-llm", "trtllm"),
+           detect=_lazy("specdec_medusa.export", "detect_fasterdecoding"),
+           read=_lazy("specdec_medusa.export", "read_fasterdecoding"),
+           write=_lazy("specdec_medusa.export", "write_fasterdecoding")),
+    Layout(name="vllm", detect=_lazy("specdec_medusa.export", "detect_vllm"),
+           read=_lazy("specdec_medusa.export", "read_vllm"), write=_lazy("specdec_medusa.export", "write_vllm")),
+)
+
 SPEC = DrafterSpec(
     name="medusa", model_type="specdec_medusa", implementations={b: _drafter_factory(b) for b in DRAFTERS},
     make_random_checkpoint=_make_random, train=_train, evaluation_task=_evaluation_task,
+    load_checkpoint=_lazy("specdec_medusa.checkpoint", "load_medusa_checkpoint"),
+    save_checkpoint=_lazy("specdec_medusa.checkpoint", "save_medusa"), package="specdec_medusa", layouts=LAYOUTS,
 )
 
 

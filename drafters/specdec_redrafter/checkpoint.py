@@ -33,7 +33,15 @@ def save_redrafter(path: str | Path, config: RedrafterConfig, weights: Mapping[s
 
 
 def load_redrafter_checkpoint(path: str | Path) -> tuple[RedrafterConfig, dict[str, np.ndarray]]:
-    """Read a folder written by ``save_redrafter``. -> (config, weights as float64 arrays)."""
+    """Read a folder written by ``save_redrafter``, or one in Apple's layout (``specdec_redrafter.export``).
+    -> (config, weights as float64 arrays)."""
+    from specdec.export import detect_layout
+
+    if detect_layout(path) == ("redrafter", "apple"):
+        from specdec_redrafter.export import read_apple
+
+        config, weights, _ = read_apple(path)
+        return config, weights
     config, weights = read_checkpoint(path, label="ReDrafter")
     config = RedrafterConfig.from_dict(config)
     check_weights(config, weights)

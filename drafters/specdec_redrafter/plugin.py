@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from specdec.hookspecs import hookimpl
 from specdec.plugin_support import backend_class, load_trained
-from specdec.specs import CliOption, DrafterSpec
+from specdec.specs import CliOption, DrafterSpec, Layout
 
 CLASSES = {
     "numpy": "specdec_redrafter.reference:RedrafterDrafter",
@@ -50,12 +50,29 @@ def _evaluation_task(checkpoint, target, overrides):
     return task
 
 
+def _lazy(module: str, name: str):
+    """``module.name``, imported when first called (registering the plugin stays cheap)."""
+    def call(*args, **kwargs):
+        import importlib
+
+        return getattr(importlib.import_module(module), name)(*args, **kwargs)
+
+    return call
+
+
+LAYOUTS = (Layout(name="apple", aliases=("tensorrt-llm", "trtllm"), detect=_lazy("specdec_redrafter.export", "detect_apple"),
+                  read=_lazy("specdec_redrafter.export", "read_apple"),
+                  write=_lazy("specdec_redrafter.export", "write_apple")),)
+
 SPEC = DrafterSpec(
     name="redrafter", model_type="specdec_redrafter", implementations={b: _factory(b) for b in CLASSES},
     make_random_checkpoint=_make_random, train=_train, evaluation_task=_evaluation_task,
     train_options=(CliOption(flag="--beam-width", type=int, default=4, help="ReDrafter beam width"),
                    CliOption(flag="--beam-length", type=int, default=5, help="ReDrafter beam length, root included")),
     default_shortlist=8192, beam_options=True, pairs_with_lookup=True,
+    load_checkpoint=_lazy("specdec_redrafter.checkpoint", "load_redrafter_checkpoint"),
+    save_checkpoint=_lazy("specdec_redrafter.checkpoint", "save_redrafter"), package="specdec_redrafter",
+    layouts=LAYOUTS,
 )
 
 
