@@ -1,4 +1,4 @@
-"""The contracts between the pieces of one decode step (DESIGN section 2).
+"""The contracts between the pieces of one decode step (docs/design.md section 2).
 
 All protocols are structural (``typing.Protocol``): a class satisfies one by having the methods,
 no inheritance needed. Arrays are the backend's own; shapes as in ``specdec.types``.

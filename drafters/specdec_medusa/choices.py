@@ -7,7 +7,7 @@ choice set is prefix-closed (every prefix of a path is itself a choice) and has 
 duplicates; the root is implicit and never listed.
 
 The presets are sized for a CPU where verifying more than ~16 tokens at once costs clearly
-more than verifying one (DESIGN section 8). The number in each name is N, the number of tree
+more than verifying one (docs/design.md section 8). The number in each name is N, the number of tree
 nodes the target verifies, the root included. Deeper levels favour rank-0 children: a deep
 node only pays off when every head above it was right, so its budget goes to the most
 likely path.

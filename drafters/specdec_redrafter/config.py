@@ -47,7 +47,7 @@ def _one_of(choices):
 
 @attrs.frozen(kw_only=True)
 class RedrafterConfig:
-    """Hyper-parameters of a ReDrafter drafter (DESIGN section 2; see docs/algorithms/redrafter.md).
+    """Hyper-parameters of a ReDrafter drafter (docs/algorithms/redrafter.md).
 
     vocab_size V, hidden_size H: the target's. exit_dim: width of the residual blocks
     (default 2H; an ``input_proj`` 2H -> exit_dim exists only when it differs).

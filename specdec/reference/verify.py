@@ -277,7 +277,7 @@ class ExactTreeVerifier(RowVerifier):
     At node u of depth d, sample x from target_probs(logits[u]) with ``uniforms[b, d, 0]``; if
     x is a drafted child token of u, descend to that child, else emit x as the bonus and stop.
     Every emitted token is a sample of the target's conditional, whatever was drafted, so
-    the output distribution is the target's (DESIGN section 3). The rule for deterministic
+    the output distribution is the target's (docs/design.md section 3). The rule for deterministic
     proposals (beam search, top-k heads); at temperature 0 it is GreedyVerifier.
     """
 

@@ -1,7 +1,7 @@
 """Lossy verifiers: they change the output distribution (float64 reference).
 
 Offered because published systems use them, flagged ``lossless = False``, never a default
-(DESIGN section 3). The exact rules and the helpers they share are in ``verify``.
+(docs/design.md section 3). The exact rules and the helpers they share are in ``verify``.
 """
 
 from __future__ import annotations
