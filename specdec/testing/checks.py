@@ -8,6 +8,9 @@ Use them in a plugin's own test suite, e.g.::
         model = make_random_model(tmp_path / "m", vocab_size=64, hidden_size=32, num_layers=2,
                                   num_heads=4, num_kv_heads=2, seed=0)
         checks.check_target(my_backend_name, model, dtype="float32")
+
+Every check computes in float32 unless ``dtype`` says otherwise (the numpy reference always
+computes in float64); see docs/writing-a-backend.md and docs/writing-a-drafter.md.
 """
 
 from __future__ import annotations
@@ -153,9 +156,11 @@ def check_verifier(backend_name: str, target, *, name: str, tree: DraftTree, dra
         )
 
 
-def check_generation(backend_name: str, model_path, drafter, *, prompts, dtype: str | None = "float64",
+def check_generation(backend_name: str, model_path, drafter, *, prompts, dtype: str | None = "float32",
                      max_new_tokens: int = 8, registry: PluginRegistry | None = None, **options) -> None:
-    """``generate`` on ``backend_name`` emits the same tokens as on the numpy reference (same seed)."""
+    """``generate`` on ``backend_name`` in ``dtype`` emits the same tokens as on the numpy reference
+    (same seed). ``drafter`` must be available on both backends: a name registered for every
+    backend ("none", "lookup"), or one (or a checkpoint of one) registered for both."""
     from specdec.generate import generate
 
     expected = generate(model_path, prompts, drafter=drafter, backend="numpy", max_new_tokens=max_new_tokens,
@@ -166,3 +171,28 @@ def check_generation(backend_name: str, model_path, drafter, *, prompts, dtype: 
         f"check_generation({backend_name!r}, drafter={drafter}, dtype={dtype}, {options}): tokens differ\n"
         f"reference {expected}\nbackend   {actual}"
     )
+
+
+def check_drafter(drafter, model_path, *, backends: Sequence[str] = ("numpy",), dtype: str | None = "float32",
+                  prompts: Sequence[Sequence[int]] = ((1, 2, 3, 1, 2, 3, 1, 2), (4, 5, 6), (7,)),
+                  max_new_tokens: int = 16, seed: int = 0, registry: PluginRegistry | None = None, **options) -> None:
+    """Drafter ``drafter`` (a name or a checkpoint folder) is lossless on each of ``backends``: its
+    greedy tokens equal plain decoding's (``drafter="none"``) on that backend and the numpy
+    reference's, and a seeded sampled generation (temperature 1) runs, every draft checked by the
+    decode loop. ``dtype`` applies to every backend but numpy (float64 only)."""
+    from specdec.generate import generate
+
+    plain = generate(model_path, [list(p) for p in prompts], drafter="none", backend="numpy",
+                     max_new_tokens=max_new_tokens, stop_at_eos=False, registry=registry).tokens
+    for backend in backends:
+        where = f"check_drafter({drafter!s}, backend={backend!r}, dtype={dtype!r}, {options})"
+        run = dict(backend=backend, dtype=None if backend == "numpy" else dtype, max_new_tokens=max_new_tokens,
+                   stop_at_eos=False, registry=registry)
+        baseline = plain if backend == "numpy" else generate(
+            model_path, [list(p) for p in prompts], drafter="none", **run).tokens
+        assert baseline == plain, f"{where}: plain decoding differs from the reference's; check the backend first"
+        tokens = generate(model_path, [list(p) for p in prompts], drafter=drafter, **run, **options).tokens
+        assert tokens == plain, f"{where}: greedy tokens differ from plain decoding\nplain   {plain}\ndrafted {tokens}"
+        sampled = generate(model_path, [list(p) for p in prompts], drafter=drafter, temperature=1.0, seed=seed,
+                           **run, **options).tokens
+        assert [len(row) for row in sampled] == [max_new_tokens] * len(prompts), f"{where}: sampled rows cut short"

@@ -1,0 +1,51 @@
+"""The numpy32 backend against specdec's float64 reference, with specdec's conformance kit.
+
+Run after ``pip install -e .`` (specdec finds the backend through its entry point).
+"""
+
+import numpy as np
+import pytest
+
+import specdec
+from specdec.reference.tree import build_prefix_tree
+from specdec.testing import checks, make_random_model
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    return make_random_model(tmp_path_factory.mktemp("m") / "llama", vocab_size=64, hidden_size=32, num_layers=2,
+                             num_heads=4, num_kv_heads=2, seed=0)
+
+
+@pytest.mark.parametrize("architecture", ["llama", "qwen2"])
+def test_target_matches_the_reference(tmp_path, architecture):
+    folder = make_random_model(tmp_path / architecture, vocab_size=64, hidden_size=32, num_layers=2, num_heads=4,
+                               num_kv_heads=2, seed=1, architecture=architecture)
+    checks.check_target("numpy32", folder)  # dtype="float32": prefill, tree forwards and commits
+    checks.check_target("numpy32", folder, prompts=[list(range(1, 30))], steps=4, width=1, length=5)
+
+
+def test_tree_builder_and_verifiers(model):
+    target = specdec.load(model, backend="numpy32")
+    beams = np.array([[[5, 1, 2, 3], [5, 1, 4, 3], [5, 6, 2, 2]]], dtype=np.int64)  # (B, W, L)
+    draft = specdec.Draft(root_tokens=beams[:, 0, 0], beams=beams)
+    checks.check_tree_builder("numpy32", target, drafts=[draft])
+    tree = build_prefix_tree(beams)
+    logits = np.random.default_rng(0).normal(size=(1, tree.size, 64)) * 3
+    uniforms = np.random.default_rng(1).random((1, 4, 4))
+    for name, sampling, u in (("greedy", specdec.SamplingConfig(), None),
+                              ("exact", specdec.SamplingConfig(temperature=0.8), uniforms)):
+        checks.check_verifier("numpy32", target, name=name, tree=tree, draft=draft, logits=logits,
+                              sampling=sampling, uniforms=u)
+
+
+@pytest.mark.parametrize("drafter", ["none", "lookup"])
+def test_generation_matches_the_reference(model, drafter):
+    prompts = [[1, 2, 3, 1, 2, 3, 1, 2], [7, 8]]
+    checks.check_generation("numpy32", model, drafter, prompts=prompts, max_new_tokens=12)
+
+
+def test_generate_loads_by_name(model):
+    result = specdec.generate(model, [1, 2, 3], drafter="lookup", backend="numpy32", max_new_tokens=8)
+    plain = specdec.generate(model, [1, 2, 3], drafter="none", backend="numpy32", max_new_tokens=8)
+    assert result.tokens == plain.tokens and len(result.tokens) == 8
