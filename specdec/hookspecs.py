@@ -19,8 +19,10 @@ def specdec_register_backends(register):
 
 @hookspec
 def specdec_register_drafters(register):
-    """Call ``register(name, backend, factory)``; ``factory(target, checkpoint, **options)``
-    returns a ``Drafter`` for ``target``; ``checkpoint`` is a path or None."""
+    """Call ``register(name, backend, factory)`` (backend ``"*"``: every backend);
+    ``factory(target, checkpoint, **options)`` returns a ``Drafter`` for ``target``; ``checkpoint``
+    is a path or None; ``backend=`` (the Backend) is passed too when the signature names it.
+    See docs/writing-a-drafter.md."""
 
 
 @hookspec
