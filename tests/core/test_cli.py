@@ -8,8 +8,11 @@ import subprocess
 import sys
 
 
-def run(*args):
-    return subprocess.run([sys.executable, "-m", "specdec.cli", *args], capture_output=True, text=True)
+def run(*args, env=None):
+    import os
+
+    return subprocess.run([sys.executable, "-m", "specdec.cli", *args], capture_output=True, text=True,
+                          env=None if env is None else {**os.environ, **env})
 
 
 def test_demo_on_a_random_model():
@@ -62,8 +65,12 @@ def test_plan_recommends_a_configuration(model_dir, tmp_path):
     drafter = make_random_drafter(tmp_path / "d", model_dir, kind="redrafter", seed=1)
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text('{"prompt": "bada beda bida"}\n')
+    cache = tmp_path / "cache"  # the recommendation is kept there, not in the user's cache
     done = run("plan", "--model", str(model_dir), "--drafter", str(drafter), "--backend", "numpy", "--prompts",
-               str(prompts), "--widths", "1", "2", "--lengths", "2", "3", "--max-new-tokens", "6", "--measure-top", "1")
+               str(prompts), "--widths", "1", "2", "--lengths", "2", "3", "--max-new-tokens", "6", "--measure-top", "1",
+               env={"SPECDEC_CACHE": str(cache)})
     assert done.returncode == 0, done.stderr[-2000:]
+    (kept,) = (cache / "tuning").glob("beams-numpy-*.json")
     recommended = re.search(r"recommended: beam_width=(\d+) beam_length=(\d+)", done.stdout)
     assert recommended and recommended.group(1) in ("1", "2") and recommended.group(2) in ("2", "3"), done.stdout
+    assert json.loads(kept.read_text())["beam_width"] == int(recommended.group(1))
