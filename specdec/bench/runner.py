@@ -64,7 +64,7 @@ def specdec_runner(method: Method, model, target, backend: str, max_new_tokens: 
 
     def run(ids: list[int], temperature: float, seed: int) -> dict:
         steps = stream(target, ids, drafter=drafter, backend=backend, max_new_tokens=max_new_tokens,
-                       temperature=temperature, seed=[seed], **loop_options)
+                       temperature=temperature, seed=[seed], lookup=False, **loop_options)  # drafter is complete
         accepted, verified, beam_tokens, generated = [], 0, 0, []
         times = dict(time_draft=0.0, time_verify=0.0, time_other=0.0, time_prefill=0.0)
         start = time.perf_counter()

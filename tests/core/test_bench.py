@@ -53,6 +53,10 @@ def test_the_bench_runs_the_default_path_and_records_peak_memory(model_dir, targ
     default, alone = (parse_method(f"redrafter:drafter={drafter},w=2,l=3{extra}") for extra in ("", ",lookup=false"))
     assert isinstance(specdec_runner(default, model_dir, target, "numpy", 8).drafter, LookupDrafter)
     assert not isinstance(specdec_runner(alone, model_dir, target, "numpy", 8).drafter, LookupDrafter)
+    with_lookup, without = (specdec_runner(m, model_dir, target, "numpy", 12)([5, 6, 7, 5, 6, 7, 5, 6], 0.0, 0)
+                            for m in (default, alone))
+    # this random target repeats itself, which the lookup beam copies and the random ReDrafter cannot
+    assert sum(with_lookup["accepted"]) > sum(without["accepted"]) == 0, "lookup=false runs ReDrafter alone"
     records = run_bench(model_dir, load_prompt_set("mt-bench", per_category=1)[:1], [default, alone],
                         grid=[("numpy", None)], max_new_tokens=8, repeats=1, progress=False)
     if sys.platform.startswith("linux"):
