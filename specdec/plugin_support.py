@@ -37,6 +37,17 @@ def backend_class(backend: str, classes: dict[str, str], *, feature: str):
     return getattr(importlib.import_module(module), name)
 
 
+def lazy_call(module: str, name: str) -> Callable:
+    """A function that imports ``module`` when first called and calls its ``name``: a plugin's
+    spec can point at heavy code without importing it at registration."""
+
+    def call(*args, **kwargs):
+        return getattr(importlib.import_module(module), name)(*args, **kwargs)
+
+    call.__qualname__ = call.__name__ = name
+    return call
+
+
 def lazy_factory(backend: str, path: str, *, feature: str) -> Callable:
     """A factory that imports ``path`` ("module:Class") when first called and builds it."""
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from specdec.hookspecs import hookimpl
-from specdec.plugin_support import backend_class, load_trained
+from specdec.plugin_support import backend_class, lazy_call, load_trained
 from specdec.specs import DrafterSpec, Layout
 
 DRAFTERS = {
@@ -47,16 +47,6 @@ def _tree_factory(backend: str):
     return medusa_tree
 
 
-def _make_random(path, model_path, *, seed, **config):
-    from specdec_medusa.checkpoint import make_random_medusa
-
-    return make_random_medusa(path, model_path, seed=seed, **config)
-
-
-def _train(model, out, **options):
-    from specdec_medusa.train import train_medusa
-
-    return train_medusa(model, out, **options)
 
 
 def _evaluation_task(checkpoint, target, overrides):
@@ -71,30 +61,22 @@ def _evaluation_task(checkpoint, target, overrides):
     return task
 
 
-def _lazy(module: str, name: str):
-    """``module.name``, imported when first called (registering the plugin stays cheap)."""
-    def call(*args, **kwargs):
-        import importlib
-
-        return getattr(importlib.import_module(module), name)(*args, **kwargs)
-
-    return call
-
 
 LAYOUTS = (
     Layout(name="fasterdecoding", aliases=("tensorrt-llm", "trtllm"),
-           detect=_lazy("specdec_medusa.export", "detect_fasterdecoding"),
-           read=_lazy("specdec_medusa.export", "read_fasterdecoding"),
-           write=_lazy("specdec_medusa.export", "write_fasterdecoding")),
-    Layout(name="vllm", detect=_lazy("specdec_medusa.export", "detect_vllm"),
-           read=_lazy("specdec_medusa.export", "read_vllm"), write=_lazy("specdec_medusa.export", "write_vllm")),
+           detect=lazy_call("specdec_medusa.export", "detect_fasterdecoding"),
+           read=lazy_call("specdec_medusa.export", "read_fasterdecoding"),
+           write=lazy_call("specdec_medusa.export", "write_fasterdecoding")),
+    Layout(name="vllm", detect=lazy_call("specdec_medusa.export", "detect_vllm"),
+           read=lazy_call("specdec_medusa.export", "read_vllm"), write=lazy_call("specdec_medusa.export", "write_vllm")),
 )
 
 SPEC = DrafterSpec(
     name="medusa", model_type="specdec_medusa", implementations={b: _drafter_factory(b) for b in DRAFTERS},
-    make_random_checkpoint=_make_random, train=_train, evaluation_task=_evaluation_task,
-    load_checkpoint=_lazy("specdec_medusa.checkpoint", "load_medusa_checkpoint"),
-    save_checkpoint=_lazy("specdec_medusa.checkpoint", "save_medusa"), package="specdec_medusa", layouts=LAYOUTS,
+    make_random_checkpoint=lazy_call("specdec_medusa.checkpoint", "make_random_medusa"),
+    train=lazy_call("specdec_medusa.train", "train_medusa"), evaluation_task=_evaluation_task,
+    load_checkpoint=lazy_call("specdec_medusa.checkpoint", "load_medusa_checkpoint"),
+    save_checkpoint=lazy_call("specdec_medusa.checkpoint", "save_medusa"), package="specdec_medusa", layouts=LAYOUTS,
 )
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from specdec.hookspecs import hookimpl
-from specdec.plugin_support import backend_class, load_trained
+from specdec.plugin_support import backend_class, lazy_call, load_trained
 from specdec.specs import CliOption, DrafterSpec, Layout
 
 CLASSES = {
@@ -26,16 +26,6 @@ def _factory(backend: str):
     return redrafter
 
 
-def _make_random(path, model_path, *, seed, **config):
-    from specdec_redrafter.checkpoint import make_random_redrafter
-
-    return make_random_redrafter(path, model_path, seed=seed, **config)
-
-
-def _train(model, out, **options):
-    from specdec_redrafter.train import train_redrafter
-
-    return train_redrafter(model, out, **options)
 
 
 def _evaluation_task(checkpoint, target, overrides):
@@ -50,28 +40,20 @@ def _evaluation_task(checkpoint, target, overrides):
     return task
 
 
-def _lazy(module: str, name: str):
-    """``module.name``, imported when first called (registering the plugin stays cheap)."""
-    def call(*args, **kwargs):
-        import importlib
 
-        return getattr(importlib.import_module(module), name)(*args, **kwargs)
-
-    return call
-
-
-LAYOUTS = (Layout(name="apple", aliases=("tensorrt-llm", "trtllm"), detect=_lazy("specdec_redrafter.export", "detect_apple"),
-                  read=_lazy("specdec_redrafter.export", "read_apple"),
-                  write=_lazy("specdec_redrafter.export", "write_apple")),)
+LAYOUTS = (Layout(name="apple", aliases=("tensorrt-llm", "trtllm"), detect=lazy_call("specdec_redrafter.export", "detect_apple"),
+                  read=lazy_call("specdec_redrafter.export", "read_apple"),
+                  write=lazy_call("specdec_redrafter.export", "write_apple")),)
 
 SPEC = DrafterSpec(
     name="redrafter", model_type="specdec_redrafter", implementations={b: _factory(b) for b in CLASSES},
-    make_random_checkpoint=_make_random, train=_train, evaluation_task=_evaluation_task,
+    make_random_checkpoint=lazy_call("specdec_redrafter.checkpoint", "make_random_redrafter"),
+    train=lazy_call("specdec_redrafter.train", "train_redrafter"), evaluation_task=_evaluation_task,
     train_options=(CliOption(flag="--beam-width", type=int, default=4, help="ReDrafter beam width"),
                    CliOption(flag="--beam-length", type=int, default=5, help="ReDrafter beam length, root included")),
     default_shortlist=8192, beam_options=True, pairs_with_lookup=True,
-    load_checkpoint=_lazy("specdec_redrafter.checkpoint", "load_redrafter_checkpoint"),
-    save_checkpoint=_lazy("specdec_redrafter.checkpoint", "save_redrafter"), package="specdec_redrafter",
+    load_checkpoint=lazy_call("specdec_redrafter.checkpoint", "load_redrafter_checkpoint"),
+    save_checkpoint=lazy_call("specdec_redrafter.checkpoint", "save_redrafter"), package="specdec_redrafter",
     layouts=LAYOUTS,
 )
 
