@@ -4,10 +4,12 @@ The ``mlx[cpu]`` wheel for Linux links its matrix products against the reference
 (``mlx_cpu.libs/libblas-*.so``), which computes a product of k rows k times as slowly as one
 row: a 16-token verification tree costs about 12 one-token steps, and no speculation can pay.
 MLX resolves ``cblas_sgemm`` and its kin when its library loads, looking in the process's global
-scope first. So, when this package is imported before ``mlx.core`` (the specdec plugin host
-imports it while registering plugins), ``prefer_system_blas`` loads an OpenBLAS found on the
-system into the global scope, and MLX then binds to it: the same effect as
-``LD_PRELOAD=.../libblas.so.3`` without asking the user for it.
+scope first. So, when the mlx backend is first asked for, before ``mlx.core`` is imported,
+``prefer_system_blas`` loads an OpenBLAS found on the system into the global scope, and MLX then
+binds to it: the same effect as ``LD_PRELOAD=.../libblas.so.3`` without asking the user for it.
+Every BLAS call of that process then goes to OpenBLAS, torch's float32 matrix products included
+(several times slower than torch's own MKL on a busy 2-core machine), so it is done only in
+processes that use the mlx backend, never at import or plugin registration.
 
 ``$SPECDEC_MLX_BLAS`` names a BLAS library to load instead, or ``bundled`` to keep MLX's own.
 Where no OpenBLAS is found, or MLX was imported first, ``blas_hint`` gives the one-line advice
@@ -75,8 +77,10 @@ def blas_hint() -> str | None:
 
 
 def _mapped_openblas() -> bool:
+    """Whether a system OpenBLAS is mapped into this process (numpy's own, renamed
+    ``scipy_openblas``, exports no ``cblas_*`` MLX could bind to, so it does not count)."""
     try:
         with open("/proc/self/maps") as maps:
-            return any("openblas" in line for line in maps)
+            return any("openblas" in line and "scipy_openblas" not in line for line in maps)
     except OSError:
         return False

@@ -12,11 +12,15 @@ pytest.importorskip("mlx.core")
 from specdec_mlx import blas  # noqa: E402
 
 PROBE = """
+import sys
 import specdec.plugins
-specdec.plugins.default_registry()          # registering plugins imports specdec_mlx first
+registry = specdec.plugins.default_registry()
+from specdec_mlx.blas import _mapped_openblas
+assert "mlx.core" not in sys.modules and not _mapped_openblas(), "OpenBLAS loaded before the mlx backend was asked for"
+registry.get("backend", "mlx").factory()   # asking for the mlx backend loads OpenBLAS, then mlx
 import mlx.core as mx
 from specdec_mlx.blas import _state, blas_hint
-mapped = any("openblas" in line for line in open("/proc/self/maps"))
+mapped = _mapped_openblas()
 print(repr((_state["loaded"], mapped, blas_hint())))
 """
 
