@@ -1,18 +1,46 @@
-"""Exact array primitives shared by the MLX drafters, tree builders and verifiers.
+"""The mlx backend's public array operations: what a drafter written for MLX may use.
 
-Every choice among equal values goes to the lowest index, as in the NumPy reference, without
-relying on the stability of ``mx.argsort`` (MLX does not promise it): ties are broken
-explicitly with an index minimum or a composite integer key. Probabilities are float32.
-Shapes: ``...`` any leading axes, V the last (vocabulary) axis.
+A drafter package imports ``specdec_mlx.ops`` and no other module of ``specdec_mlx``; the names
+in ``__all__`` are that surface, and ``specdec_torch.ops`` offers the same names for torch
+tensors (docs/writing-a-drafter.md, "Backend array operations"). The backend's own tree
+builders and verifiers use them too.
+
+Every choice among equal values goes to the lowest index (the lowest token id), as in the NumPy
+reference, without relying on the stability of ``mx.argsort`` (MLX does not promise it): ties
+are broken explicitly with an index minimum or a composite integer key. Probabilities are
+float32 and indices int32. Shapes: ``...`` any leading axes, V the last axis (the one ranked
+or sampled). Everything is lazy: nothing here evaluates.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import mlx.core as mx
 
 from specdec.types import SamplingConfig
+from specdec_mlx.backend import to_mx
+from specdec_mlx.tree import MlxDraftTree
 
-NEG_INF = float("-inf")
+__all__ = [
+    "MlxDraftTree", "as_array", "categorical", "compute_dtype", "first_argmax", "log_softmax", "sample_from",
+    "softmax", "stable_descending_order", "target_probs", "top_indices", "top_k_lowest_index", "top_k_mask",
+]
+
+_NEG_INF = float("-inf")
+
+
+def as_array(array: Any, *, dtype=None) -> mx.array:
+    """``array`` (an MLX array, a NumPy array or anything array-like) as an MLX array on the
+    default device, same shape. Without ``dtype``: MLX arrays pass through unchanged, int64
+    becomes int32 (token ids, node indices) and float64 float32 (uniforms, probabilities)."""
+    array = to_mx(array)
+    return array if dtype is None or array.dtype == dtype else array.astype(dtype)
+
+
+def compute_dtype(dtype) -> mx.Dtype:
+    """The dtype probabilities are computed in: float32 for every input dtype (MLX has no float64 on the GPU)."""
+    return mx.float32
 
 
 def first_argmax(x: mx.array) -> mx.array:
@@ -36,12 +64,22 @@ def top_indices(x: mx.array, count: int) -> mx.array:
     taken = mx.zeros(x.shape, dtype=mx.bool_)
     picks = []
     for _ in range(count):
-        best = mx.max(mx.where(taken, NEG_INF, x), axis=-1, keepdims=True)
+        best = mx.max(mx.where(taken, _NEG_INF, x), axis=-1, keepdims=True)
         candidate = (x == best) & ~taken
         pick = mx.min(mx.where(candidate, ids, size), axis=-1, keepdims=True)  # (..., 1)
         picks.append(pick)
         taken = taken | (ids == pick)
     return mx.concatenate(picks, axis=-1).astype(mx.int32)
+
+
+def top_k_lowest_index(values: mx.array, k: int) -> tuple[mx.array, mx.array]:
+    """The k largest entries, best first, equal values in ascending index order.
+
+    values (..., M) -> (top values (..., k) in values' dtype, indices (..., k) int32), the order
+    of ``np.argsort(-values, kind="stable")[..., :k]``; 1 <= k <= M. ``top_indices`` plus a gather.
+    """
+    indices = top_indices(values, k)
+    return mx.take_along_axis(values, indices, axis=-1), indices
 
 
 def top_k_mask(x: mx.array, k: int) -> mx.array:
@@ -70,17 +108,17 @@ def stable_descending_order(x: mx.array) -> mx.array:
 
 
 def softmax(logits: mx.array) -> mx.array:
-    """Softmax over the last axis in float32 (rows of all -inf but one are fine)."""
+    """Softmax over the last axis in float32: (..., V) -> (..., V); -inf logits get 0."""
     return mx.softmax(logits.astype(mx.float32), axis=-1, precise=True)
 
 
 def log_softmax(logits: mx.array) -> mx.array:
-    """log of ``softmax`` over the last axis, float32; -inf stays -inf."""
+    """log of ``softmax`` over the last axis in float32: (..., V) -> (..., V); -inf stays -inf."""
     z = logits.astype(mx.float32)
     return z - mx.logsumexp(z, axis=-1, keepdims=True)
 
 
-def one_hot(tokens: mx.array, size: int) -> mx.array:
+def _one_hot(tokens: mx.array, size: int) -> mx.array:
     """tokens (...) int -> (..., size) float32 with a 1 at each token."""
     return (tokens[..., None] == mx.arange(size)).astype(mx.float32)
 
@@ -95,10 +133,10 @@ def target_probs(logits: mx.array, sampling: SamplingConfig) -> mx.array:
     logits = logits.astype(mx.float32)
     vocab = logits.shape[-1]
     if sampling.greedy:
-        return one_hot(first_argmax(logits), vocab)
+        return _one_hot(first_argmax(logits), vocab)
     z = logits / sampling.temperature
     if sampling.top_k is not None and sampling.top_k < vocab:
-        z_kept = mx.where(top_k_mask(z, sampling.top_k), z, NEG_INF)
+        z_kept = mx.where(top_k_mask(z, sampling.top_k), z, _NEG_INF)
     else:
         z_kept = z
     probs = softmax(z_kept)
@@ -131,31 +169,3 @@ def categorical(probs: mx.array, uniforms: mx.array | None) -> mx.array:
     """A token per row of probs (..., V): ``sample_from`` with uniforms (...), or the argmax
     (lowest id on ties) when uniforms is None (greedy decoding)."""
     return first_argmax(probs) if uniforms is None else sample_from(probs, uniforms)
-
-
-def coin(probability: mx.array, uniforms: mx.array | None) -> mx.array:
-    """True with ``probability`` (...): ``u < probability``; greedy (None): probability >= 1."""
-    return probability >= 1.0 if uniforms is None else uniforms.astype(mx.float32) < probability
-
-
-def acceptance_probability(residual_probs: mx.array, draft_probs: mx.array, tokens: mx.array) -> mx.array:
-    """min(1, residual_probs[x] / draft_probs[x]) per row; 1 if the drafter gave x no mass but
-    the residual does, 0 if neither. residual_probs, draft_probs (..., V); tokens (...) -> (...)."""
-    numerator = mx.take_along_axis(residual_probs, tokens[..., None], axis=-1)[..., 0]
-    denominator = mx.take_along_axis(draft_probs, tokens[..., None], axis=-1)[..., 0]
-    ratio = mx.minimum(1.0, numerator / mx.where(denominator > 0, denominator, 1.0))
-    return mx.where(denominator > 0, ratio, mx.where(numerator > 0, 1.0, 0.0))
-
-
-def subtract_draft(residual_probs: mx.array, draft_probs: mx.array) -> mx.array:
-    """normalize(max(residual_probs - draft_probs, 0)) over the last axis; the residual itself
-    where nothing is left. Both (..., V)."""
-    leftover = mx.maximum(residual_probs - draft_probs, 0.0)
-    mass = mx.sum(leftover, axis=-1, keepdims=True)
-    return mx.where(mass > 0, leftover / mx.where(mass > 0, mass, 1.0), residual_probs)
-
-
-def entropy(probs: mx.array) -> mx.array:
-    """Shannon entropy in nats over the last axis, 0 log 0 = 0. (..., V) -> (...)."""
-    safe = mx.where(probs > 0, probs, 1.0)
-    return -mx.sum(mx.where(probs > 0, probs * mx.log(safe), 0.0), axis=-1)

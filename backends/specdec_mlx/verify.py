@@ -24,6 +24,7 @@ from specdec.errors import InvalidInputError
 from specdec.reference.verify import check_uniform_shape, check_verifier_inputs
 from specdec.types import Draft, DraftTree, SamplingConfig, TargetOutput, Verdict
 from specdec_mlx import ops
+from specdec_mlx.acceptance import acceptance_probability, coin, subtract_draft
 from specdec_mlx.backend import to_mx
 from specdec_mlx.tree import static_depth
 
@@ -167,9 +168,9 @@ class RejectionVerifier(MlxVerifier):
         coins = None if uniforms is None else uniforms[:, : length - 1, 1 : width + 1].transpose(0, 2, 1)  # (B, W, L-1)
         accepted, remaining = [], []
         for i in range(width):
-            probability = ops.acceptance_probability(residual[:, i], draft_probs[:, i], beams[:, i, 1:])
-            accepted.append(ops.coin(probability, None if coins is None else coins[:, i]))  # (B, L-1)
-            left = ops.subtract_draft(residual[:, i], draft_probs[:, i])  # (B, L-1, V)
+            probability = acceptance_probability(residual[:, i], draft_probs[:, i], beams[:, i, 1:])
+            accepted.append(coin(probability, None if coins is None else coins[:, i]))  # (B, L-1)
+            left = subtract_draft(residual[:, i], draft_probs[:, i])  # (B, L-1, V)
             remaining.append(left)
             later = same_node[:, :, i, :] & (mx.arange(width) > i)[None, :, None]  # (B, W, L-1)
             residual = mx.where(later[..., None], left[:, None], residual)

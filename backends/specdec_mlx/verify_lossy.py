@@ -10,6 +10,7 @@ import mlx.core as mx
 
 from specdec.types import Verdict
 from specdec_mlx import ops
+from specdec_mlx.acceptance import acceptance_probability, coin, entropy, subtract_draft
 from specdec_mlx.backend import to_mx
 from specdec_mlx.verify import MlxVerifier, accepted_path, beam_nodes, gather_nodes
 
@@ -32,9 +33,9 @@ class RedrafterPublishedVerifier(MlxVerifier):
         draft_probs = to_mx(draft.draft_probs).astype(mx.float32)  # (B, W, L-1, V)
         batch, width, length = beams.shape
         beam_probs = gather_nodes(ops.target_probs(logits, sampling), nodes)  # (B, W, L, V)
-        probability = ops.acceptance_probability(beam_probs[:, :, :-1], draft_probs, beams[:, :, 1:])  # (B, W, L-1)
+        probability = acceptance_probability(beam_probs[:, :, :-1], draft_probs, beams[:, :, 1:])  # (B, W, L-1)
         coins = None if uniforms is None else uniforms[:, : length - 1, 1 : width + 1].transpose(0, 2, 1)
-        passes = ops.coin(probability, coins).astype(mx.int32)
+        passes = coin(probability, coins).astype(mx.int32)
         leading = mx.sum(mx.cumprod(passes, axis=2), axis=2)  # (B, W): leading passes of each beam
         best_length = mx.max(leading, axis=1)  # (B,)
         best = ops.first_argmax(leading)  # lowest beam among the longest
@@ -45,7 +46,7 @@ class RedrafterPublishedVerifier(MlxVerifier):
             mx.take_along_axis(values, best[:, None, None, None], axis=1)[:, 0],
             mx.minimum(best_length, values.shape[2] - 1)[:, None, None], axis=1)[:, 0]
         probs = chosen(beam_probs)  # (B, V)
-        residual = ops.subtract_draft(probs, chosen(draft_probs))
+        residual = subtract_draft(probs, chosen(draft_probs))
         probs = mx.where((best_length < length - 1)[:, None], residual, probs)
         draw_uniforms = None if uniforms is None else mx.take_along_axis(uniforms[:, :, 0], best_length[:, None], axis=1)[:, 0]
         bonus = ops.categorical(probs, draw_uniforms)
@@ -66,7 +67,7 @@ class TypicalVerifier(MlxVerifier):
     def verify(self, tree, draft, target, sampling, uniforms=None) -> Verdict:
         depth, logits, uniforms = self.prepare(tree, draft, target, sampling, uniforms)
         probs = ops.target_probs(logits, sampling)  # (B, N, V)
-        threshold = mx.minimum(self.epsilon, self.delta * mx.exp(-ops.entropy(probs)))  # (B, N)
+        threshold = mx.minimum(self.epsilon, self.delta * mx.exp(-entropy(probs)))  # (B, N)
         parents = mx.maximum(to_mx(tree.parents).astype(mx.int32), 0)
         tokens = to_mx(tree.tokens).astype(mx.int32)
         parent_probs = gather_nodes(probs, parents)  # (B, N, V)

@@ -3,5 +3,6 @@ own KV cache, vectorised tree builders and verifiers; cpu, cuda and mps through 
 
 Importing this package (or its ``plugin`` module) does not import torch; the factories do.
 Modules: ``backend`` (``TorchBackend``), ``loading`` and ``model`` (``TorchTarget``), ``kvcache``,
-``layers``, ``sampling``, ``tree`` (prefix and static trees), ``verify`` and ``verify_lossy``.
+``layers``, ``sampling``, ``tree`` (prefix and static trees), ``verify`` and ``verify_lossy``;
+``ops``, the public array operations drafters use (the only module a drafter package imports).
 """

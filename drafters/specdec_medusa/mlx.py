@@ -19,8 +19,6 @@ from specdec_medusa.config import MedusaConfig
 from specdec_medusa.reference import check_weights
 from specdec_medusa.tree import StaticTreeBuilder
 from specdec_mlx import ops
-from specdec_mlx.backend import to_mx
-from specdec_mlx.tree import MlxDraftTree
 
 __all__ = ["MedusaHeads", "MlxMedusaDrafter", "MlxStaticTreeBuilder"]
 
@@ -80,15 +78,16 @@ class MlxMedusaDrafter:
         if isinstance(top_t, bool) or not isinstance(top_t, int) or not 1 <= top_t <= config.vocab_size:
             raise ValueError(f"top_t must be an integer in [1, vocab_size={config.vocab_size}], got {top_t!r}")
         self.config = config
-        self.heads = MedusaHeads(config, weights, lm_head=None if lm_head is None else to_mx(lm_head).astype(dtype),
-                                 dtype=dtype)
+        lm_head = None if lm_head is None else ops.as_array(lm_head, dtype=dtype)
+        self.heads = MedusaHeads(config, weights, lm_head=lm_head, dtype=dtype)
         self.top_t = top_t
         self.dtype = dtype
         self.tree_builder = ("medusa_tree", {"choices": config.choices})
 
     def propose(self, context: DraftContext) -> Draft:
-        logits = self.heads(to_mx(context.hidden).astype(self.dtype))  # (B, K, V)
-        return Draft(root_tokens=to_mx(context.root_tokens), head_tokens=ops.top_indices(logits.astype(mx.float32), self.top_t))
+        logits = self.heads(ops.as_array(context.hidden, dtype=self.dtype))  # (B, K, V)
+        head_tokens = ops.top_indices(logits.astype(mx.float32), self.top_t)  # (B, K, T) int32
+        return Draft(root_tokens=ops.as_array(context.root_tokens), head_tokens=head_tokens)
 
 
 class MlxStaticTreeBuilder:
@@ -107,20 +106,20 @@ class MlxStaticTreeBuilder:
         self.head_index = mx.array(np.asarray([len(p) - 1 for p in ref.choices], dtype=np.int32))
         self.rank_index = mx.array(np.asarray([p[-1] for p in ref.choices], dtype=np.int32))
 
-    def build(self, draft: Draft) -> MlxDraftTree:
+    def build(self, draft: Draft) -> ops.MlxDraftTree:
         """head_tokens (B, K, T) -> a tree with N = len(choices) + 1 nodes in every row."""
         if draft.head_tokens is None:
             raise ValueError(
                 "the medusa_tree builder needs a Medusa draft (Draft.head_tokens, shape (B, K, T)); "
                 "this draft has beams: use a beam tree builder"
             )
-        head_tokens = to_mx(draft.head_tokens).astype(mx.int32)
+        head_tokens = ops.as_array(draft.head_tokens, dtype=mx.int32)
         batch, num_heads, top_t = head_tokens.shape
         self.reference._check_fits(num_heads, top_t)
         n = self.reference.num_nodes
-        roots = to_mx(draft.root_tokens).astype(mx.int32)[:, None]
+        roots = ops.as_array(draft.root_tokens, dtype=mx.int32)[:, None]
         tokens = mx.concatenate([roots, head_tokens[:, self.head_index, self.rank_index]], axis=1)  # (B, N)
-        return MlxDraftTree(
+        return ops.MlxDraftTree(
             tokens=tokens,
             parents=mx.broadcast_to(self.parents, (batch, n)),
             depth=mx.broadcast_to(self.depth, (batch, n)),

@@ -2,7 +2,7 @@
 
 The torch twin of ``specdec_medusa.reference`` and ``specdec_medusa.tree``. The heads' residual
 blocks are stacked over K, so all heads run as batched matrix products; each head proposes its
-top-T tokens, equal logits in ascending id order (``top_k_lowest_index``). The static tree's
+top-T tokens, equal logits in ascending id order (``specdec_torch.ops.top_k_lowest_index``). The static tree's
 shape (parents, depth, ancestor mask) is built once from the choices by the reference and kept
 on the device; a step only gathers the tokens. Shapes: B batch, K heads, T top-T, V vocab, H hidden.
 """
@@ -19,7 +19,7 @@ from specdec.types import Draft, DraftContext, DraftTree
 from specdec_medusa.config import MedusaConfig
 from specdec_medusa.reference import check_weights
 from specdec_medusa.tree import StaticTreeBuilder
-from specdec_torch.sampling import top_k_lowest_index
+from specdec_torch.ops import top_k_lowest_index
 
 __all__ = ["MedusaHeads", "TorchMedusaDrafter", "TorchStaticTreeBuilder"]
 

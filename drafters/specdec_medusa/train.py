@@ -135,7 +135,7 @@ class MedusaTask:
         """Each head's top-T by the inference module; deepest tree path matching the continuation."""
         from specdec.training.evaluate import gather_window, tree_acceptance
         from specdec_medusa.torch import MedusaHeads
-        from specdec_torch.sampling import top_k_lowest_index
+        from specdec_torch.ops import top_k_lowest_index
 
         if self._inference is None:
             self._inference = MedusaHeads(self.config, self.module.weights(), lm_head=self.module.target_lm_head,

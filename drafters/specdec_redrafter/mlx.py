@@ -25,7 +25,6 @@ import numpy as np
 
 from specdec.types import Draft, DraftContext
 from specdec_mlx import ops
-from specdec_mlx.backend import to_mx
 from specdec_redrafter.config import RedrafterConfig, check_weights
 from specdec_redrafter.reference import BeamSettings, check_target_arrays
 
@@ -37,7 +36,7 @@ def draft_log_probs(logits: mx.array, *, top_k: int | None = None) -> mx.array:
     id) when given; warped-out tokens get -inf. (..., V) -> (..., V)."""
     z = logits.astype(mx.float32)
     if top_k is not None and top_k < z.shape[-1]:
-        z = mx.where(ops.top_k_mask(z, top_k), z, ops.NEG_INF)
+        z = mx.where(ops.top_k_mask(z, top_k), z, float("-inf"))
     return ops.log_softmax(z)
 
 
@@ -123,8 +122,8 @@ class MlxRedrafterDrafter(BeamSettings):
     def __init__(self, config: RedrafterConfig, weights: dict, *, embed_tokens: mx.array,
                  lm_head: mx.array | None = None, beam_width: int | None = None, beam_length: int | None = None,
                  sample: bool = False):
-        embed_tokens = to_mx(embed_tokens)
-        lm_head = None if lm_head is None else to_mx(lm_head)
+        embed_tokens = ops.as_array(embed_tokens)
+        lm_head = None if lm_head is None else ops.as_array(lm_head)
         check_target_arrays(config, embed_tokens, lm_head)
         self.config = config
         self.module = RedrafterModule.from_weights(config, weights, dtype=embed_tokens.dtype)
@@ -173,7 +172,7 @@ class MlxRedrafterDrafter(BeamSettings):
             first_step = 2
         else:  # W > V: some beams start dead; run the general step from "only beam 0 alive"
             beams = mx.broadcast_to(roots[:, None, None], (batch, width, 1))
-            scores = mx.where(mx.arange(width) == 0, 0.0, ops.NEG_INF)[None] + mx.zeros((batch, 1))
+            scores = mx.where(mx.arange(width) == 0, 0.0, float("-inf"))[None] + mx.zeros((batch, 1))
             state, history, first_step = mx.zeros((batch, width, self.config.hidden_size), dtype=hidden.dtype), [], 1
         for t in range(first_step, self.beam_length):
             # 1. Advance every beam's state with its last token, then score the next token.
@@ -209,8 +208,8 @@ class MlxRedrafterDrafter(BeamSettings):
 
     def propose(self, context: DraftContext) -> Draft:
         """Beams (B, W, L) continuing ``context.root_tokens`` given ``context.hidden`` (B, H)."""
-        roots = to_mx(context.root_tokens).astype(mx.int32)
-        hidden = to_mx(context.hidden).astype(self.embed_tokens.dtype)
+        roots = ops.as_array(context.root_tokens, dtype=mx.int32)
+        hidden = ops.as_array(context.hidden, dtype=self.embed_tokens.dtype)
         batch = roots.shape[0]
         if tuple(hidden.shape) != (batch, self.config.hidden_size):
             raise ValueError(
@@ -223,7 +222,7 @@ class MlxRedrafterDrafter(BeamSettings):
                     f"a sampling ReDrafter needs context.uniforms of shape (B, W, L) = {shape}, "
                     f"got {None if context.uniforms is None else tuple(context.uniforms.shape)}"
                 )
-            beams, draft_probs = self.sample_chains(hidden, roots, to_mx(context.uniforms), context.sampling)
+            beams, draft_probs = self.sample_chains(hidden, roots, ops.as_array(context.uniforms), context.sampling)
             return Draft(root_tokens=roots, beams=beams, draft_probs=draft_probs, sampled=True)
         beams, _, draft_probs = self.beam_search(hidden, roots, want_draft_probs=context.want_draft_probs)
         return Draft(root_tokens=roots, beams=beams, draft_probs=draft_probs, sampled=False)

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from specdec.types import Draft, DraftContext
 from specdec_redrafter.config import RedrafterConfig, check_weights
 from specdec_redrafter.reference import BeamSettings, check_target_arrays
-from specdec_torch.sampling import compute_dtype, sample_from, target_probs, top_k_lowest_index, top_k_mask
+from specdec_torch.ops import compute_dtype, sample_from, target_probs, top_k_lowest_index, top_k_mask
 
 __all__ = ["RedrafterModule", "TorchRedrafterDrafter", "draft_log_probs"]
 
