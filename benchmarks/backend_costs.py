@@ -39,9 +39,9 @@ def step_split(target, backend, prompts, drafter, max_new_tokens, **options):
     forward = target.forward_tree
     spent = {"forward": 0.0}
 
-    def timed(tree):
+    def timed(tree, slots, **kwargs):
         start = time.perf_counter()
-        output = forward(tree)
+        output = forward(tree, slots, **kwargs)
         backend.to_numpy(output.logits[:, :1, :1])
         spent["forward"] += time.perf_counter() - start
         return output
@@ -52,7 +52,7 @@ def step_split(target, backend, prompts, drafter, max_new_tokens, **options):
         for prompt in prompts:
             for step in specdec.stream(target, prompt, drafter=drafter, backend=backend.name,
                                        max_new_tokens=max_new_tokens, **options):
-                if step.step:
+                if not step.is_prefill:
                     total += step.time_draft + step.time_verify + step.time_other
                     draft += step.time_draft
                     steps += 1

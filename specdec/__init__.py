@@ -16,15 +16,19 @@ from specdec.errors import (
     TrainingOutputError,
     UnknownPluginError,
 )
+from specdec.capabilities import DrafterCaps, VerifierCaps
 from specdec.generate import generate, load, stream
 from specdec.hookspecs import hookimpl
 from specdec.plugins import PluginRegistry, default_registry
+from specdec.requests import Request
 from specdec.types import (
+    Accepted,
     Draft,
     DraftContext,
     DraftTree,
     GenerationResult,
     GenerationStats,
+    PromptOutput,
     SamplingConfig,
     StepResult,
     TargetOutput,
@@ -34,6 +38,11 @@ from specdec.types import (
 __version__ = "0.1.0"
 
 __all__ = [
+    "Accepted",
+    "DrafterCaps",
+    "PromptOutput",
+    "Request",
+    "VerifierCaps",
     "CacheError",
     "CorruptFileError",
     "ModelLoadError",

@@ -77,11 +77,11 @@ def context_length(target) -> int | None:
     return int(value) if is_int(value) and value > 0 else None
 
 
-def check_context(prompts: list[list[int]], max_new_tokens: int, target, *, batched: bool) -> None:
-    """Every prompt plus max_new_tokens fits in the model's context (when the target knows it)."""
-    limit = context_length(target)
+def check_context(prompts: list[list[int]], max_new_tokens: int, limit: int | None, *, batched: bool) -> None:
+    """Every prompt plus max_new_tokens fits in the model's context of ``limit`` positions (None: unknown)."""
     if limit is None:
         return
+    limit = int(limit)
     for row, prompt in enumerate(prompts):
         where = f"prompt {row} of the batch" if batched else "the prompt"
         if len(prompt) >= limit:

@@ -2,11 +2,31 @@
 
 from __future__ import annotations
 
+from specdec.capabilities import DrafterCaps
 from specdec.types import Draft, DraftContext
 
 
 class NoDrafter:
     """Plain decoding: the tree is the root alone, so each step verifies one token."""
 
+    caps = DrafterCaps()
+
     def propose(self, context: DraftContext) -> Draft:
         return Draft(root_tokens=context.root_tokens, beams=context.root_tokens[:, None, None])
+
+
+class PassLifecycle:
+    """For drafters that wrap another (``self.inner``, ``self.caps``): the request lifecycle of a
+    stateful inner drafter is passed on to it."""
+
+    def begin(self, slot, prompt, output) -> None:
+        if self.caps.stateful:
+            self.inner.begin(slot, prompt, output)
+
+    def observe(self, accepted) -> None:
+        if self.caps.stateful:
+            self.inner.observe(accepted)
+
+    def end(self, slot) -> None:
+        if self.caps.stateful:
+            self.inner.end(slot)

@@ -13,6 +13,7 @@ import numpy as np
 
 from specdec.arguments import (
     check_context,
+    context_length,
     check_drafter_path,
     check_max_new_tokens,
     check_prompt_type,
@@ -29,7 +30,10 @@ from specdec.errors import (
     TargetBusyError,
     UnknownPluginError,
 )
-from specdec.files import check_checkpoint_folder, check_model_folder
+from specdec.capabilities import drafter_caps, verifier_caps
+from specdec.files import check_checkpoint_folder, check_model_folder, read_json
+from specdec.reference.loading import load_tokenizer
+from specdec.slots import DEFAULT_CAPACITY, TREE_ROOM
 from specdec.loop import DecodePlan, decode_steps
 from specdec.plugins import PluginRegistry, default_registry
 from specdec.types import GenerationResult, GenerationStats, StepResult
@@ -119,11 +123,20 @@ def _prepare(model, prompt, drafter, backend, *, max_new_tokens, temperature, to
     check_drafter_path(drafter)
     backend_obj = load_backend(backend, registry)
     model = resolve_model(model)
-    target, _ = load_target(backend_obj, model, dtype=dtype, device=device)
-    tokenizer = getattr(target, "tokenizer", None)
-    template = load_chat_template(model) if isinstance(model, (str, Path)) else getattr(target, "chat_template", None)
-    prompts, batched = encode_prompts(prompt, tokenizer, target.vocab_size, chat_template=template)
-    check_context(prompts, max_new_tokens, target, batched=batched)
+    if isinstance(model, (str, Path)):  # encode first: the target gets one slot per prompt, sized to fit
+        check_model_folder(model)
+        tokenizer, config = load_tokenizer(model), read_json(Path(model) / "config.json", what="model config")
+        prompts, batched = encode_prompts(prompt, tokenizer, int(config.get("vocab_size", 0)) or 2**62,
+                                          chat_template=load_chat_template(model))
+        check_context(prompts, max_new_tokens, config.get("max_position_embeddings"), batched=batched)
+        target, _ = load_target(backend_obj, model, dtype=dtype, device=device, slots=len(prompts),
+                                capacity=max(map(len, prompts)) + max_new_tokens + TREE_ROOM)
+    else:
+        target, _ = load_target(backend_obj, model, dtype=dtype, device=device)
+        tokenizer = getattr(target, "tokenizer", None)
+        prompts, batched = encode_prompts(prompt, tokenizer, target.vocab_size,
+                                          chat_template=getattr(target, "chat_template", None))
+        check_context(prompts, max_new_tokens, context_length(target), batched=batched)
     stop_at_eos = options.pop("stop_at_eos", True)
     verifier_choice = options.pop("verifier", None)
     tree_choice = options.pop("tree_builder", None)
@@ -135,22 +148,22 @@ def _prepare(model, prompt, drafter, backend, *, max_new_tokens, temperature, to
         lookup = lookup_by_default(registry, drafter_obj, drafter, verifier_choice)
     if lookup:
         drafter_obj = add_lookup(drafter_obj, lookup, backend_obj, target)
-    tree_name, tree_options = getattr(drafter_obj, "tree_builder", ("prefix_tree", {}))
+    caps = drafter_caps(drafter_obj, plugin_source(registry, "drafter", drafter_name(drafter, registry), backend_obj.name))
+    tree_name, tree_options = caps.tree_builder
     tree_builder = _component(registry, "tree_builder", tree_choice or tree_name, backend_obj.name, tree_options)
     if verifier_choice is None:
-        verifier_choice = "greedy" if sampling.greedy else (
-            "rejection" if getattr(drafter_obj, "sampled_proposals", False) else "exact")
+        verifier_choice = "greedy" if sampling.greedy else ("rejection" if caps.sampled_proposals else "exact")
     verifier = _component(registry, "verifier", verifier_choice, backend_obj.name, {})
-    if lookup and getattr(verifier, "needs_draft_probs", False):
+    if lookup and verifier_caps(verifier, plugin_source(registry, "verifier", verifier_choice, backend_obj.name)
+                                ).needs_draft_probs:
         raise InvalidInputError(
             f"verifier {verifier_choice!r} needs the draft distribution of every beam, and lookup beams are "
             "deterministic and have none; use the 'greedy' or 'exact' verifier (the defaults) with lookup"
         )
-    eos = tuple(getattr(target, "eos_token_ids", ())) if stop_at_eos else ()
-    drafter_name = drafter_kind(Path(drafter).expanduser(), registry) if isinstance(drafter, Path) or (
-        isinstance(drafter, str) and Path(drafter).expanduser().is_dir()) else drafter
+    eos = tuple(target.eos_token_ids) if stop_at_eos else ()
     sources = {kind: plugin_source(registry, kind, choice, backend_obj.name) for kind, choice in (
-        ("drafter", drafter_name), ("tree_builder", tree_choice or tree_name), ("verifier", verifier_choice))}
+        ("drafter", drafter_name(drafter, registry)), ("tree_builder", tree_choice or tree_name),
+        ("verifier", verifier_choice))}
     if lookup:
         sources["drafter"] += " with a prompt-lookup beam (specdec.lookup)"
     plan = DecodePlan(
@@ -160,19 +173,26 @@ def _prepare(model, prompt, drafter, backend, *, max_new_tokens, temperature, to
     return plan, prompts, batched, tokenizer
 
 
+def drafter_name(drafter, registry: PluginRegistry):
+    """The installed drafter's name for a name or a checkpoint folder; an object passes through."""
+    if isinstance(drafter, Path) or (isinstance(drafter, str) and Path(drafter).expanduser().is_dir()):
+        return drafter_kind(Path(drafter).expanduser(), registry)
+    return drafter
+
+
 def lookup_by_default(registry: PluginRegistry, drafter_obj, drafter, verifier_choice) -> bool:
     """The prompt-lookup beam is on by default beside drafters that pair with it (ReDrafter), when
     the verifier is the default, greedy or exact one and the beams are not sampled."""
     return _pairs_with_lookup(registry, drafter_obj, drafter) and verifier_choice in (None, "greedy", "exact") and (
-        not getattr(drafter_obj, "sampled_proposals", False))
+        not drafter_caps(drafter_obj).sampled_proposals)
 
 
 def _pairs_with_lookup(registry: PluginRegistry, drafter_obj, drafter) -> bool:
     """Whether a lookup beam joins this drafter by default: its spec says so (an object passed in:
-    its ``pairs_with_lookup`` attribute)."""
+    never by default)."""
     if not isinstance(drafter, (str, Path)):
-        return bool(getattr(drafter_obj, "pairs_with_lookup", False))
-    name = drafter_kind(Path(drafter).expanduser(), registry) if Path(drafter).expanduser().is_dir() else drafter
+        return False
+    name = drafter_name(drafter, registry)
     return name in registry.names("drafter_spec") and registry.drafter_spec(name).pairs_with_lookup
 
 
@@ -212,18 +232,22 @@ def load_backend(name: str | None, registry: PluginRegistry):
 
 
 def load(model: Any, backend: str | None = None, *, dtype: str | None = None, device: str | None = None,
-         registry: PluginRegistry | None = None):
+         slots: int = 1, capacity: int | None = None, registry: PluginRegistry | None = None):
     """Load a target model once, to pass to ``generate`` many times. ``dtype=None``: the fastest
-    dtype measured on this machine (``specdec.tuning``; cached after the first measurement)."""
+    dtype measured on this machine (``specdec.tuning``; cached after the first measurement).
+    slots: requests decoded at once (a batch larger than that waits for free slots); capacity:
+    positions per slot, prompt and new tokens and a draft tree (None: the model's context length,
+    at most ``specdec.slots.DEFAULT_CAPACITY``)."""
     backend_obj = load_backend(backend, registry or default_registry())
+    sized = dict(slots=slots, capacity=capacity)
     try:
-        target, choice = load_target(backend_obj, resolve_model(model), dtype=dtype, device=device)
+        target, choice = load_target(backend_obj, resolve_model(model), dtype=dtype, device=device, **sized)
     except (InvalidInputError, MissingDependencyError):
         raise
     except Exception:
         if not repair_if_damaged(model):
             raise
-        target, choice = load_target(backend_obj, resolve_model(model), dtype=dtype, device=device)
+        target, choice = load_target(backend_obj, resolve_model(model), dtype=dtype, device=device, **sized)
     try:
         target.dtype_choice = choice
     except AttributeError:  # a frozen target class
@@ -236,7 +260,8 @@ def load(model: Any, backend: str | None = None, *, dtype: str | None = None, de
     return target
 
 
-def load_target(backend, model, *, dtype: str | None, device: str | None):
+def load_target(backend, model, *, dtype: str | None, device: str | None, slots: int = 1,
+                capacity: int | None = None):
     """(target, ``specdec.tuning.DtypeChoice``): ``model`` loaded on ``backend`` after checking a
     model folder's files. ``dtype=None`` (or "auto") loads a model folder in the dtype measured
     fastest on this machine (``specdec.tuning``) when the backend offers several; a loaded target
@@ -246,11 +271,14 @@ def load_target(backend, model, *, dtype: str | None, device: str | None):
 
     if isinstance(model, (str, Path)):
         check_model_folder(model)
+        if capacity is None:
+            capacity = min(int(read_json(Path(model) / "config.json", what="model config").get(
+                "max_position_embeddings", DEFAULT_CAPACITY)), DEFAULT_CAPACITY)
     try:
         if dtype in (None, "auto") and hasattr(backend, "dtype_candidates") and isinstance(model, (str, Path)):
-            return load_fastest(backend, model, device=device)
+            return load_fastest(backend, model, device=device, slots=slots, capacity=capacity)
         dtype = None if dtype == "auto" else dtype
-        target = backend.load_target(model, dtype=dtype, device=device)
+        target = backend.load_target(model, dtype=dtype, device=device, slots=slots, capacity=capacity)
     except SpecdecError:
         raise
     except (OSError, ValueError, RuntimeError, AssertionError, KeyError, TypeError) as exc:
@@ -323,10 +351,8 @@ def load_drafter(drafter, target, backend, registry: PluginRegistry, options: di
         name = drafter_kind(checkpoint, registry)
     elif not isinstance(drafter, str):
         raise InvalidInputError(f"drafter must be a name, a checkpoint folder or a Drafter object, got {drafter!r}")
-    given = dict(target=target, checkpoint=checkpoint)
-    if "backend" in inspect.signature(registry.get("drafter", name, backend.name).factory).parameters:
-        given["backend"] = backend  # drafters that make their arrays on the host (lookup)
-    return _component(registry, "drafter", name, backend.name, options, **given)
+    return _component(registry, "drafter", name, backend.name, options, target=target, checkpoint=checkpoint,
+                      backend=backend)
 
 
 def add_lookup(drafter, lookup, backend, target):
@@ -339,7 +365,7 @@ def add_lookup(drafter, lookup, backend, target):
             "lookup=True adds a prompt-lookup beam to a model drafter's beams (e.g. drafter='redrafter'); "
             "for prompt lookup alone use drafter='lookup'"
         )
-    tree_name = getattr(drafter, "tree_builder", ("prefix_tree", {}))[0]
+    tree_name = drafter_caps(drafter).tree_builder[0]
     if tree_name != "prefix_tree":
         raise InvalidInputError(
             f"lookup joins drafters whose beams make a prefix tree; {type(drafter).__name__} drafts for the "
@@ -386,12 +412,14 @@ def collect(steps, batch_size: int, *, batched: bool, tokenizer=None) -> Generat
     tokens: list[list[int]] = [[] for _ in range(batch_size)]
     totals = dict(steps=0, row_steps=0, drafted=0, verified=0, accepted=0, draft=0.0, verify=0.0, other=0.0)
     prefill = 0.0
+    admitted = False
     for result in steps:
         for row, new in enumerate(result.new_tokens):
             tokens[row].extend(new)
-        if result.step == 0:
-            prefill = result.time_verify
-            totals["row_steps"] += batch_size
+        if result.is_prefill:
+            prefill += result.time_prefill
+            totals["row_steps"] += int(np.count_nonzero(result.prefilled))
+            admitted = True
             continue
         totals["steps"] += 1
         totals["row_steps"] += int(np.count_nonzero(result.num_verified))
@@ -402,7 +430,7 @@ def collect(steps, batch_size: int, *, batched: bool, tokenizer=None) -> Generat
         totals["verify"] += result.time_verify
         totals["other"] += result.time_other
     stats = GenerationStats(
-        steps=totals["steps"] + 1, new_tokens=sum(map(len, tokens)), row_steps=totals["row_steps"],
+        steps=totals["steps"] + int(admitted), new_tokens=sum(map(len, tokens)), row_steps=totals["row_steps"],
         drafted_tokens=totals["drafted"], verified_tokens=totals["verified"], accepted_tokens=totals["accepted"],
         time_draft=totals["draft"], time_verify=totals["verify"], time_other=totals["other"], time_prefill=prefill,
     )

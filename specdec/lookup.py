@@ -21,6 +21,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from specdec.capabilities import DrafterCaps, drafter_caps
+from specdec.drafting import PassLifecycle
 from specdec.errors import InvalidInputError
 from specdec.types import Draft, DraftContext
 
@@ -91,7 +93,7 @@ def lookup_beams(histories: Sequence[np.ndarray], length: int, *, max_ngram: int
     return beams, found
 
 
-class LookupDrafter:
+class LookupDrafter(PassLifecycle):
     """Prompt lookup drafting, alone (``inner=None``) or beside a beam drafter.
 
     backend: the Backend whose arrays the draft must hold (``from_numpy``), target: its target.
@@ -108,7 +110,8 @@ class LookupDrafter:
         check_ngram_sizes(max_ngram, min_ngram)
         if isinstance(draft_length, bool) or not isinstance(draft_length, (int, np.integer)) or draft_length < 1:
             raise InvalidInputError(f"lookup draft_length must be an integer >= 1, got {draft_length!r}")
-        if inner is not None and getattr(inner, "sampled_proposals", False):
+        inner_caps = None if inner is None else drafter_caps(inner)
+        if inner_caps is not None and inner_caps.sampled_proposals:
             raise InvalidInputError(
                 "lookup cannot join a drafter that samples its beams (sample=True): its beams are verified by "
                 "multi-draft rejection sampling, which needs every beam drawn from a draft distribution; "
@@ -118,10 +121,9 @@ class LookupDrafter:
         self.draft_length, self.max_ngram, self.min_ngram = int(draft_length), int(max_ngram), int(min_ngram)
         self.beam_width = 1 + getattr(inner, "beam_width", 0)  # beams per draft, and their length (for reports)
         self.beam_length = getattr(inner, "beam_length", self.draft_length + 1)
-        if inner is not None:
-            self.tree_builder = getattr(inner, "tree_builder", ("prefix_tree", {}))
-            if getattr(inner, "sample_shape", None) is not None:
-                self.sample_shape = inner.sample_shape
+        # Beside a drafter, its needs (a stateful one keeps its lifecycle: LookupDrafter passes it on).
+        self.caps = DrafterCaps() if inner_caps is None else inner_caps
+
 
     def propose(self, context: DraftContext) -> Draft:
         if context.history is None:

@@ -8,45 +8,81 @@ from __future__ import annotations
 
 from typing import Any, Protocol, Sequence, runtime_checkable
 
-from specdec.types import Draft, DraftContext, DraftTree, SamplingConfig, TargetOutput, Verdict
+from specdec.capabilities import DrafterCaps, VerifierCaps
+from specdec.types import (
+    Accepted, Draft, DraftContext, DraftTree, PromptOutput, SamplingConfig, TargetOutput, Verdict,
+)
 
 
 @runtime_checkable
 class TargetModel(Protocol):
-    """The model being accelerated, with the KV cache of one batch of requests.
+    """The model being accelerated, with the KV cache of ``num_slots`` requests.
 
-    Attributes ``vocab_size`` and ``hidden_size`` (ints). Drafters that share the target's
-    token embedding or LM head read them through the backend's own target class.
+    Each slot holds one request's committed keys and values, preallocated for ``capacity``
+    positions when the target is loaded (never grown by copying). A request is admitted into a
+    free slot, decoded by tree forwards over the slots of the active requests, and released.
+    Attributes: ``vocab_size``, ``hidden_size``, ``num_layers``, ``num_slots``, ``capacity``
+    (ints) and ``eos_token_ids`` (tuple of ints, may be empty). Drafters that share the
+    target's token embedding or LM head read them through the backend's own target class.
     """
 
     vocab_size: int
     hidden_size: int
+    num_layers: int
+    num_slots: int
+    capacity: int
+    eos_token_ids: tuple[int, ...]
 
-    def prefill(self, prompts: Sequence[Sequence[int]]) -> TargetOutput:
-        """Start a new cache for these prompts (ragged lengths allowed); return logits and hidden
-        state at each prompt's last position, shapes (B, 1, V) and (B, 1, H)."""
+    def admit(self, slot: int, prompt: Sequence[int], *, layers: Sequence[int] = ()) -> PromptOutput:
+        """Prefill ``prompt`` into the free ``slot`` (0 <= slot < num_slots) and return its
+        PromptOutput (logits at the last position, hidden states at every position, and the
+        outputs of decoder ``layers``). Other slots are untouched."""
 
-    def forward_tree(self, tree: DraftTree) -> TargetOutput:
-        """Run every node of ``tree`` in one forward: node i of row b sits at position
-        ``cache_length[b] + depth[b, i]`` and attends to the cache and its tree ancestors.
-        Returns logits (B, N, V) and hidden (B, N, H); the cache is unchanged until commit."""
+    def forward_tree(self, tree: DraftTree, slots: Any, *, layers: Sequence[int] = ()) -> TargetOutput:
+        """Run every node of ``tree`` in one forward; row b belongs to slot ``slots[b]`` ((B,)
+        int64 NumPy, distinct admitted slots): node i sits at position ``length[slot] +
+        depth[b, i]`` and attends to the slot's cache and its tree ancestors. Returns logits
+        (B, N, V), hidden (B, N, H) and the outputs of decoder ``layers``; no cache entry
+        changes until commit."""
 
     def commit(self, tree: DraftTree, verdict: Verdict) -> None:
-        """Append the KV entries of the accepted path (root included) to the cache and drop
-        the rest of the tree."""
+        """Append the KV entries of the accepted path (root included) to the cache of each
+        row's slot (those of the last forward_tree) and drop the rest of the tree."""
+
+    def release(self, slot: int) -> None:
+        """Free ``slot``: its request is done (or cancelled); it can be admitted into again."""
 
 
 @runtime_checkable
 class Drafter(Protocol):
     """Proposes candidate continuations of each row's root token.
 
-    Optional attributes the decode loop reads: ``tree_builder = (name, options)`` (default
-    ``("prefix_tree", {})``); ``sample_shape = (W, L)`` when the drafter needs uniforms in
-    ``DraftContext.uniforms``; ``sampled_proposals = True`` when its beams are independent draws
-    from ``Draft.draft_probs`` (the loop then verifies with rejection sampling).
+    ``caps`` (``specdec.DrafterCaps``) declares what the loop needs to know: the tree builder
+    its drafts are for, the uniforms it draws, whether its beams are sampled, whether it keeps
+    per-request state (then it is also a ``RequestObserver``).
     """
 
+    caps: DrafterCaps
+
     def propose(self, context: DraftContext) -> Draft: ...
+
+
+@runtime_checkable
+class RequestObserver(Protocol):
+    """The lifecycle of a stateful drafter (``DrafterCaps.stateful``): per request, ``begin``
+    once, then per step ``propose`` and ``observe``, and ``end`` once. A draft model or a
+    feature-level drafter keeps its own cache here, keyed by slot."""
+
+    def begin(self, slot: int, prompt: Any, output: PromptOutput) -> None:
+        """A request was admitted into ``slot``: prompt (P,) int64 NumPy and the target's
+        PromptOutput for it (hidden states of every prompt position, and the layers in
+        ``caps.hidden_layers``). Its first token is the root of its first draft."""
+
+    def observe(self, accepted: Accepted) -> None:
+        """What the last step committed for each of its rows (tokens, hidden states)."""
+
+    def end(self, slot: int) -> None:
+        """The request in ``slot`` finished or was cancelled; drop its state."""
 
 
 @runtime_checkable
@@ -60,10 +96,14 @@ class TreeBuilder(Protocol):
 class Verifier(Protocol):
     """Chooses the accepted path and the bonus token from the target's tree logits.
 
+    ``caps`` (``specdec.VerifierCaps``) declares whether it reads the drafter's distributions.
+
     ``uniforms`` (B, D+1, W+1) float64 in [0, 1) or None when greedy: ``uniforms[b, d, 0]``
     draws the target token at depth d, ``uniforms[b, d, 1 + i]`` is the acceptance test of
     beam i at depth d (rejection-sampling verifiers).
     """
+
+    caps: VerifierCaps
 
     def verify(
         self, tree: DraftTree, draft: Draft, target: TargetOutput, sampling: SamplingConfig, uniforms: Any
@@ -76,8 +116,11 @@ class Backend(Protocol):
 
     name: str
 
-    def load_target(self, source: Any, *, dtype: str | None, device: str | None) -> TargetModel:
-        """Load a target from a local Hugging Face-format folder or a backend-native model object."""
+    def load_target(self, source: Any, *, dtype: str | None, device: str | None, slots: int = 1,
+                    capacity: int | None = None) -> TargetModel:
+        """Load a target from a local Hugging Face-format folder or a backend-native model object,
+        with ``slots`` request slots of ``capacity`` positions each (None: the model's context
+        length)."""
 
     def to_numpy(self, array: Any) -> Any:
         """Copy a backend array to a NumPy array on the host (the one host sync of a step)."""

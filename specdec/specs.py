@@ -52,7 +52,8 @@ class DrafterSpec:
     """One drafter.
 
     name: what users pass as ``drafter=``. implementations: backend name (or "*") -> factory
-    ``factory(target, checkpoint=None, **options)`` returning a Drafter (registered as the
+    ``factory(target, checkpoint=None, *, backend, **options)`` returning a Drafter (``backend``: the
+    Backend object the target runs on) (registered as the
     ``drafter`` plugins of that name). model_type: the ``model_type`` of the drafter's checkpoint
     ``config.json`` (None: it reads no checkpoint). make_random_checkpoint(path, model_path, *,
     seed, **config) -> Path: a random checkpoint for a model folder (tests, the conformance kit).

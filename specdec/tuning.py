@@ -164,14 +164,15 @@ def _write(file: Path, value: dict) -> None:
 
 def measure_forward(backend, target, sizes: Sequence[int] = TREE_SIZES, *, repeats: int = REPEATS) -> dict[int, float]:
     """Median milliseconds of one ``forward_tree`` over a chain of k tokens, for each k in ``sizes``,
-    after a ``PROMPT_TOKENS``-token prompt (the result is read back to the host, so lazy backends
-    are timed too). Sizes are interleaved per repeat; the committed cache is left unchanged."""
+    after a ``PROMPT_TOKENS``-token prompt admitted into slot 0 (the result is read back to the host,
+    so lazy backends are timed too). Sizes are interleaved per repeat; slot 0 is released after."""
     from specdec.reference.tree import build_prefix_tree
     from specdec.types import DraftTree
 
     vocab = int(target.vocab_size)
     prompt = (np.arange(PROMPT_TOKENS, dtype=np.int64) * 7919 + 13) % vocab
-    target.prefill([prompt.tolist()])
+    slot = np.array([0])
+    target.admit(0, prompt.tolist())
     trees = {}
     for k in sizes:
         chain = build_prefix_tree(((np.arange(k, dtype=np.int64) * 104729 + 1) % vocab).reshape(1, 1, k))
@@ -181,7 +182,7 @@ def measure_forward(backend, target, sizes: Sequence[int] = TREE_SIZES, *, repea
 
     def once(k: int) -> float:
         start = time.perf_counter()
-        backend.to_numpy(target.forward_tree(trees[k]).logits[:, -1:, :1])
+        backend.to_numpy(target.forward_tree(trees[k], slot).logits[:, -1:, :1])
         return time.perf_counter() - start
 
     for k in sizes:  # warm-up: first calls allocate and pick kernels
@@ -190,6 +191,7 @@ def measure_forward(backend, target, sizes: Sequence[int] = TREE_SIZES, *, repea
     for _ in range(repeats):
         for k in sizes:
             times[k].append(once(k))
+    target.release(0)
     return {k: round(1e3 * float(np.median(v)), 3) for k, v in times.items()}
 
 
@@ -198,27 +200,30 @@ def _score(timings: dict[int, float]) -> float:
     return float(sum(timings.values()))
 
 
-def load_fastest(backend, source, *, device: str | None = None, remeasure: bool = False):
+def load_fastest(backend, source, *, device: str | None = None, remeasure: bool = False, **slots):
     """(target, DtypeChoice): ``source`` (a model folder) loaded in the fastest of the backend's
-    dtype candidates on this machine, measured once and cached (module docstring)."""
+    dtype candidates on this machine, measured once and cached (module docstring); ``slots``:
+    the ``slots`` / ``capacity`` to load it with."""
     forced = os.environ.get(DTYPE_VARIABLE, "").strip()
     if forced and forced != "auto":
-        target = backend.load_target(source, dtype=forced, device=device)
+        target = backend.load_target(source, dtype=forced, device=device, **slots)
         return target, DtypeChoice(dtype=forced, source=f"${DTYPE_VARIABLE}")
     candidates = tuple(backend.dtype_candidates(device))
     architecture = architecture_key(source)
     if len(candidates) == 1 or architecture is None:
-        target = backend.load_target(source, dtype=candidates[0] if architecture is not None else None, device=device)
+        target = backend.load_target(source, dtype=candidates[0] if architecture is not None else None, device=device, **slots)
         return target, DtypeChoice(dtype=_dtype_name(target, candidates[0]), source="only candidate")
     file = dtype_cache_file(backend, device, architecture)
     cached = None if remeasure else _read(file)
     if cached and cached.get("dtype") in candidates:
-        target = backend.load_target(source, dtype=cached["dtype"], device=device)
+        target = backend.load_target(source, dtype=cached["dtype"], device=device, **slots)
         return target, DtypeChoice(dtype=cached["dtype"], source="cached", timings=cached.get("timings", {}),
                                    device=cached.get("device", ""))
     best, best_score, timings = None, float("inf"), {}
+    if slots.get("capacity") is not None:  # room for the measurement's prompt and trees
+        slots = {**slots, "capacity": max(int(slots["capacity"]), PROMPT_TOKENS + max(TREE_SIZES))}
     for dtype in candidates:
-        target = backend.load_target(source, dtype=dtype, device=device)
+        target = backend.load_target(source, dtype=dtype, device=device, **slots)
         timings[dtype] = measure_forward(backend, target)
         if _score(timings[dtype]) < best_score:
             best, best_score = (dtype, target), _score(timings[dtype])

@@ -12,7 +12,7 @@ be checked without reading device memory: ranks and shapes. The data invariants
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Mapping
 
 import attrs
 
@@ -71,6 +71,8 @@ class DraftContext:
     ``Draft.draft_probs`` even for a deterministic proposal. ``history``: one (T_b,) int64 NumPy
     array per row, the row's prompt and every token emitted so far, ending with the root while
     the row is unfinished (None when the caller has no text to give; the decode loop gives it).
+    ``slots`` (B,) int64 NumPy: the target slot of each row's request (stateful drafters key
+    their per-request state by it; the decode loop gives it).
     """
 
     root_tokens: Any = attrs.field(validator=_rank(1))
@@ -80,6 +82,7 @@ class DraftContext:
     uniforms: Any = None
     want_draft_probs: bool = False
     history: Any = None
+    slots: Any = None
 
 
 @attrs.frozen(kw_only=True)
@@ -173,20 +176,62 @@ class Verdict:
 
 @attrs.frozen(kw_only=True)
 class TargetOutput:
-    """logits (B, N, V) and last-layer hidden states after the final norm (B, N, H)."""
+    """logits (B, N, V) and last-layer hidden states after the final norm (B, N, H) of a tree
+    forward; ``layers``: decoder layer index -> its output (B, N, H), for the layers asked for."""
 
     logits: Any = attrs.field(validator=_rank(3))
     hidden: Any = attrs.field(validator=_rank(3))
+    layers: Mapping[int, Any] = attrs.field(factory=dict)
+
+
+@attrs.frozen(kw_only=True)
+class PromptOutput:
+    """What the target computed for one admitted prompt of P tokens.
+
+    logits (V,): at the last prompt position (they choose the first new token). hidden (P, H):
+    last-layer hidden states after the final norm at every prompt position. ``layers``: decoder
+    layer index -> its output (P, H), for the layers asked for.
+    """
+
+    logits: Any = attrs.field(validator=_rank(1))
+    hidden: Any = attrs.field(validator=_rank(2))
+    layers: Mapping[int, Any] = attrs.field(factory=dict)
+
+
+@attrs.frozen(kw_only=True)
+class Accepted:
+    """What one step committed, told to stateful drafters (``RequestObserver.observe``).
+
+    slots (B,) int64 NumPy: each row's slot. tokens (B, A) int64 NumPy: per row the root and the
+    accepted drafted tokens (the entries now in the target's cache, in order), -1 past
+    ``num_accepted[b] + 1``. num_accepted (B,) int64 NumPy. bonus_tokens (B,) int64 NumPy: the
+    token chosen after them (the next root, not yet in the cache). hidden (B, A, H): the target's
+    last-layer hidden states at those tokens' positions (backend arrays; entries past the
+    accepted ones are unspecified). ``layers``: decoder layer index -> (B, A, H), as asked for in
+    ``DrafterCaps.hidden_layers``. finished (B,) bool NumPy: the request ends with this step
+    (``end`` follows).
+    """
+
+    slots: Any = attrs.field(validator=_rank(1))
+    tokens: Any = attrs.field(validator=_rank(2))
+    num_accepted: Any = attrs.field(validator=_rank(1))
+    bonus_tokens: Any = attrs.field(validator=_rank(1))
+    hidden: Any = attrs.field(validator=_rank(3))
+    layers: Mapping[int, Any] = attrs.field(factory=dict)
+    finished: Any = None
 
 
 @attrs.frozen(kw_only=True)
 class StepResult:
     """One target forward of the decode loop, already on the host.
 
+    requests: the request id of each row (``specdec.loop.decode_steps`` gives one row per prompt).
     new_tokens: per row, the tokens emitted by this step (empty for finished rows).
     num_accepted (B,), num_drafted (B,), num_verified (B,): per-row counts (numpy int64).
     Times in seconds: draft (drafter + tree building), verify (target forward + verifier),
-    other (commit, host transfer, bookkeeping).
+    other (commit, host transfer, bookkeeping), prefill (admitting prompts into slots).
+    ``prefilled`` (B,) bool: rows whose request was admitted in this step (their first token
+    comes from the prompt's forward, not from a tree).
     """
 
     step: int
@@ -197,6 +242,14 @@ class StepResult:
     time_draft: float = 0.0
     time_verify: float = 0.0
     time_other: float = 0.0
+    time_prefill: float = 0.0
+    prefilled: Any = None
+    requests: tuple[int, ...] = ()
+
+    @property
+    def is_prefill(self) -> bool:
+        """The rows' requests were admitted: their first tokens come from their prompts' forwards."""
+        return self.prefilled is not None
 
 
 @attrs.frozen(kw_only=True)

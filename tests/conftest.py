@@ -119,7 +119,7 @@ def model_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def target(model_dir):
-    """``model_dir`` loaded on the numpy backend, once per test module."""
+    """``model_dir`` loaded on the numpy backend with 4 slots, once per test module."""
     import specdec
 
-    return specdec.load(model_dir, backend="numpy")
+    return specdec.load(model_dir, backend="numpy", slots=4)

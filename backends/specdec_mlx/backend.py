@@ -85,14 +85,15 @@ class MlxBackend:
     def __init__(self):
         self._targets: weakref.WeakSet = weakref.WeakSet()
 
-    def load_target(self, source: Any, *, dtype: str | None = None, device: str | None = None):
+    def load_target(self, source: Any, *, dtype: str | None = None, device: str | None = None, slots: int = 1,
+                    capacity: int | None = None):
         """A ``MlxTarget`` from a local Hugging Face-format folder, an mlx-lm model object, a
         ``(model, tokenizer)`` pair, or an already loaded ``MlxTarget`` (returned as is)."""
         from specdec_mlx.loading import load_target
 
         _warn_slow_blas()
         select_device(device)
-        target = load_target(source, dtype=parse_dtype(dtype), requested_dtype=dtype)
+        target = load_target(source, dtype=parse_dtype(dtype), requested_dtype=dtype, slots=slots, capacity=capacity)
         self._targets.add(target)
         return target
 

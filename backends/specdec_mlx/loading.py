@@ -20,21 +20,21 @@ from specdec.reference.loading import LlamaConfig, load_tokenizer
 from specdec_mlx.target import MlxTarget
 
 
-def load_target(source: Any, *, dtype, requested_dtype: str | None = None) -> MlxTarget:
+def load_target(source: Any, *, dtype, requested_dtype: str | None = None, **slots) -> MlxTarget:
     """An ``MlxTarget`` computing in ``dtype`` (an MLX dtype) from a folder path, an mlx-lm
     ``Model``, a ``(model, tokenizer)`` pair or an ``MlxTarget`` (returned unchanged; asking it
-    for another dtype is an error)."""
+    for another dtype is an error). ``slots``: the ``slots`` / ``capacity`` of its KV cache."""
     if isinstance(source, MlxTarget):
         if requested_dtype is not None and source.dtype != dtype:
             raise InvalidInputError(f"this target was loaded in {source.dtype}; load it again with dtype={requested_dtype!r}")
         return source
     if isinstance(source, (str, os.PathLike)):
-        return load_folder(source, dtype=dtype)
+        return load_folder(source, dtype=dtype, **slots)
     model, tokenizer = source if isinstance(source, tuple) and len(source) == 2 else (source, None)
-    return wrap_model(model, tokenizer, dtype=dtype)
+    return wrap_model(model, tokenizer, dtype=dtype, **slots)
 
 
-def load_folder(path: str | os.PathLike, *, dtype) -> MlxTarget:
+def load_folder(path: str | os.PathLike, *, dtype, **slots) -> MlxTarget:
     """Load a local folder (config.json, model.safetensors or shards, optional tokenizer.json)."""
     from mlx_lm.utils import load_model
 
@@ -43,10 +43,10 @@ def load_folder(path: str | os.PathLike, *, dtype) -> MlxTarget:
     model, _ = load_model(folder)
     model.set_dtype(dtype)
     return MlxTarget(model, config=config, dtype=dtype, tokenizer=load_tokenizer(folder),
-                     name=folder.resolve().name, fingerprint_source=folder)
+                     name=folder.resolve().name, fingerprint_source=folder, **slots)
 
 
-def wrap_model(model, tokenizer: Any = None, *, dtype) -> MlxTarget:
+def wrap_model(model, tokenizer: Any = None, *, dtype, **slots) -> MlxTarget:
     """An mlx-lm llama / qwen2 / mistral ``Model`` object (its ``args`` give the config)."""
     args = getattr(model, "args", None)
     if args is None or not hasattr(model, "model") or not hasattr(model.model, "layers"):
@@ -61,7 +61,7 @@ def wrap_model(model, tokenizer: Any = None, *, dtype) -> MlxTarget:
     config = LlamaConfig.from_hf_dict(fields, {"eos_token_id": eos} if eos else None)
     model.set_dtype(dtype)
     return MlxTarget(model, config=config, dtype=dtype, tokenizer=as_tokenizers_tokenizer(tokenizer),
-                     name=str(fields.get("model_type", "mlx-model")))
+                     name=str(fields.get("model_type", "mlx-model")), **slots)
 
 
 def as_tokenizers_tokenizer(tokenizer: Any):

@@ -23,7 +23,8 @@ import numpy as np
 from specdec.errors import InvalidInputError
 from specdec.reference.loading import LlamaConfig
 from specdec.reference.model import rotary_inverse_frequencies
-from specdec.types import DraftTree, TargetOutput, Verdict
+from specdec.slots import check_layers, check_prompt, check_room, check_slot_arguments, check_slots
+from specdec.types import DraftTree, PromptOutput, TargetOutput, Verdict
 from specdec_mlx.backend import to_mx
 from specdec_mlx.kvcache import MlxKVCache
 
@@ -65,7 +66,7 @@ class MlxTarget:
     """
 
     def __init__(self, model, *, config: LlamaConfig, dtype, tokenizer: Any = None, name: str = "mlx-model",
-                 fingerprint_source: Any = None):
+                 fingerprint_source: Any = None, slots: int = 1, capacity: int | None = None):
         self.model = model
         self.config = config
         self.dtype = dtype
@@ -73,6 +74,7 @@ class MlxTarget:
         self.name = name
         self.vocab_size = config.vocab_size
         self.hidden_size = config.hidden_size
+        self.num_layers = config.num_hidden_layers
         self.eos_token_ids = tuple(config.eos_token_ids)
         self._fingerprint_source = fingerprint_source
         self._fingerprint: str | None = None
@@ -83,9 +85,10 @@ class MlxTarget:
         self.lm_head = self.embed_tokens if self._lm_head_module is None else _dequantized(self._lm_head_module)
         self._periods = mx.array((1.0 / rotary_inverse_frequencies(config)).astype(np.float32))  # (Dh/2,)
         self._scale = 1.0 / math.sqrt(config.head_dim)
+        slots, capacity = check_slot_arguments(slots, capacity, config.max_position_embeddings)
         self.cache = MlxKVCache(num_layers=config.num_hidden_layers, num_kv_heads=config.num_key_value_heads,
-                                head_dim=config.head_dim, dtype=dtype)
-        self._staged_size: int | None = None
+                                head_dim=config.head_dim, dtype=dtype, num_slots=slots, capacity=capacity)
+        self._staged: tuple[np.ndarray, int] | None = None  # (slots, nodes) of the last forward_tree
         self._pending = False  # the cache changed since the last evaluation point
         self._pending_extra: list[mx.array] = []
 
@@ -101,9 +104,17 @@ class MlxTarget:
         return self._fingerprint
 
     @property
+    def num_slots(self) -> int:
+        return self.cache.num_slots
+
+    @property
+    def capacity(self) -> int:
+        return self.cache.capacity
+
+    @property
     def cache_lengths(self) -> np.ndarray:
-        """(B,) int64: committed positions per row (reads the device)."""
-        return self.cache.host_lengths()
+        """(num_slots,) int64: committed positions per slot (0 for free slots)."""
+        return self.cache.lengths.copy()
 
     def take_pending(self) -> list[mx.array]:
         """Arrays changed since the last evaluation point (the backend evaluates them with the step)."""
@@ -120,14 +131,15 @@ class MlxTarget:
             return self._embedding.as_linear(hidden)
         return self._lm_head_module(hidden)
 
-    def _run(self, tokens: mx.array, positions: mx.array, mask: mx.array, store) -> mx.array:
+    def _run(self, tokens: mx.array, positions: mx.array, mask: mx.array, store, layers: set[int]):
         """The decoder over new tokens (B, n) at positions (B, n); mask (B, 1, n, S) bool over
-        the attended slots; ``store(layer, keys, values)`` writes the new entries (B, Hkv, n, Dh)
-        and returns the (B, Hkv, S, Dh) keys and values to attend to. Returns hidden (B, n, H)
-        after the final norm."""
+        the attended cache positions; ``store(layer, keys, values)`` writes the new entries (B, Hkv,
+        n, Dh) and returns the (B, Hkv, S, Dh) keys and values to attend to. Returns hidden (B, n,
+        H) after the final norm and {layer: (B, n, H)} the outputs of decoder ``layers``."""
         cfg = self.config
         batch, n = tokens.shape
         x = self._embedding(tokens)  # (B, n, H)
+        outputs = {}
         for index, layer in enumerate(self._layers):
             # Attention block: pre-norm, projections, rotary, masked attention, residual.
             attention = layer.self_attn
@@ -140,7 +152,9 @@ class MlxTarget:
             x = x + attention.o_proj(out.transpose(0, 2, 1, 3).reshape(batch, n, -1))
             # MLP block: pre-norm, SwiGLU, residual.
             x = x + layer.mlp(layer.post_attention_layernorm(x))
-        return self._final_norm(x)
+            if index in layers:
+                outputs[index] = x
+        return self._final_norm(x), outputs
 
     def _window(self, allowed: mx.array, query_positions: mx.array, key_positions: mx.array) -> mx.array:
         """Apply the sliding window: a query sees keys at positions > its position - window."""
@@ -150,64 +164,73 @@ class MlxTarget:
 
     # ------------------------------------------------------------------ the protocol
 
-    def prefill(self, prompts: Sequence[Sequence[int]]) -> TargetOutput:
-        """Start a new cache with these prompts (ragged lengths, one batched forward per chunk of
-        PREFILL_CHUNK positions); logits (B, 1, V) and hidden (B, 1, H) at each prompt's end."""
-        prompts = [np.asarray(prompt, dtype=np.int64) for prompt in prompts]
-        if not prompts:
-            raise InvalidInputError("prefill needs at least one prompt")
-        for b, prompt in enumerate(prompts):
-            if prompt.ndim != 1 or prompt.size == 0:
-                raise InvalidInputError(f"prompt {b} must be a non-empty sequence of token ids, got shape {prompt.shape}")
-            if prompt.min() < 0 or prompt.max() >= self.vocab_size:
-                raise InvalidInputError(f"prompt {b} holds token ids outside [0, {self.vocab_size}): "
-                                        f"{prompt.min()}..{prompt.max()}")
-        lengths_host = np.array([p.size for p in prompts])
-        longest = int(lengths_host.max())
-        padded = np.zeros((len(prompts), longest), dtype=np.int32)
-        for b, prompt in enumerate(prompts):
-            padded[b, : prompt.size] = prompt
-        self.cache.reset(len(prompts), longest + 64)
-        self._staged_size = None
-        lengths = mx.array(lengths_host.astype(np.int32))
-        hidden_chunks = []
-        for start in range(0, longest, PREFILL_CHUNK):
-            n = min(PREFILL_CHUNK, longest - start)
-            positions = mx.broadcast_to(mx.arange(start, start + n)[None], (len(prompts), n))
-            slots = mx.arange(start + n)[None, None, :]  # (1, 1, S): slot = position
-            allowed = (slots <= positions[..., None]) & (slots < lengths[:, None, None])  # (B, n, S)
-            allowed = self._window(allowed, positions, slots)
+    def admit(self, slot: int, prompt: Sequence[int], *, layers: Sequence[int] = ()) -> PromptOutput:
+        """Prefill ``prompt`` into the free ``slot`` (one forward per chunk of PREFILL_CHUNK
+        positions): logits (V,) at its last token, hidden (P, H) at every token and the outputs of
+        decoder ``layers`` (P, H)."""
+        prompt = check_prompt(prompt, self.vocab_size)
+        wanted = check_layers(layers, self.num_layers)
+        slot = int(check_slots(self.cache.admitted, [slot], admitted_state=False, what="admit")[0])
+        check_room(self.cache.lengths, np.array([slot]), prompt.size, self.capacity, f"admit(slot={slot})")
+        self.cache.admitted[slot] = True
+        self.cache.lengths[slot] = 0
+        slots = mx.array([slot])
+        hidden, outputs = [], {i: [] for i in wanted}
+        for start in range(0, prompt.size, PREFILL_CHUNK):
+            n = min(PREFILL_CHUNK, prompt.size - start)
+            positions = mx.arange(start, start + n)[None]  # (1, n)
+            keys = mx.arange(start + n)[None, None, :]  # (1, 1, S)
+            allowed = self._window(keys <= positions[..., None], positions, keys)  # causal (1, n, S)
 
-            def store(layer, k, v, start=start, span=start + n):
-                self.cache.write_block(layer, start, k, v)
-                return self.cache.view(layer, span)
+            def store(layer, k, v, start=start, size=start + n, positions=positions):
+                self.cache.write(layer, slots, positions, k, v, (slot, slot + 1, start))
+                return self.cache.view(layer, slots, size, (slot, slot + 1))
 
-            hidden_chunks.append(self._run(mx.array(padded[:, start : start + n]), positions, allowed[:, None], store))
-        hidden = mx.concatenate(hidden_chunks, axis=1)  # (B, P, H)
-        last = mx.take_along_axis(hidden, (lengths - 1)[:, None, None], axis=1)  # (B, 1, H)
-        self.cache.lengths = lengths
+            chunk, chunk_layers = self._run(mx.array(prompt[None, start : start + n].astype(np.int32)), positions,
+                                            allowed[:, None], store, wanted)
+            hidden.append(chunk[0])
+            for i, value in chunk_layers.items():
+                outputs[i].append(value[0])
+        hidden = mx.concatenate(hidden, axis=0)  # (P, H)
+        self.cache.lengths[slot] = prompt.size
         self._pending = True
-        return TargetOutput(logits=self._logits(last), hidden=last)
+        return PromptOutput(logits=self._logits(hidden[-1]), hidden=hidden,
+                            layers={i: mx.concatenate(v, axis=0) for i, v in outputs.items()})
 
-    def forward_tree(self, tree: DraftTree) -> TargetOutput:
+    def release(self, slot: int) -> None:
+        """Free ``slot`` for another request."""
+        slot = int(check_slots(self.cache.admitted, [slot], admitted_state=True, what="release")[0])
+        self.cache.admitted[slot] = False
+        self.cache.lengths[slot] = 0
+        if self._staged is not None and slot in self._staged[0]:
+            self._staged = None
+
+    def forward_tree(self, tree: DraftTree, slots, *, layers: Sequence[int] = ()) -> TargetOutput:
         """Logits (B, N, V) and hidden (B, N, H) of every node; node i of row b sits at position
-        ``length[b] + depth[b, i]``, attends to the row's committed slots and to the nodes j with
-        ``ancestor_mask[b, i, j]``, and its keys and values are written at slot ``length[b] + i``."""
-        batch = self.cache.batch_size
-        if batch == 0:
-            raise InvalidInputError("forward_tree needs a cache: call prefill(prompts) first")
+        ``length[s] + depth[b, i]`` of slot s = ``slots[b]``, attends to the slot's committed
+        entries and to the nodes j with ``ancestor_mask[b, i, j]``, and its keys and values are
+        written at ``length[s] + i``."""
+        slots = check_slots(self.cache.admitted, slots, admitted_state=True, what="forward_tree")
+        wanted = check_layers(layers, self.num_layers)
+        batch = len(slots)
         if tree.batch_size != batch:
-            raise InvalidInputError(f"tree has {tree.batch_size} rows but the cache holds {batch}; "
-                                    "prefill the same batch the tree was built for")
+            raise InvalidInputError(f"tree has {tree.batch_size} rows but {batch} slots were given; "
+                                    "pass one slot per tree row")
+        size = tree.size
+        check_room(self.cache.lengths, slots, size, self.capacity, "forward_tree")
         tokens, depth = to_mx(tree.tokens).astype(mx.int32), to_mx(tree.depth).astype(mx.int32)
         ancestor_mask = to_mx(tree.ancestor_mask).astype(mx.bool_)
-        size = tree.size
-        span = int(self.cache.host_lengths().max()) + size
-        self.cache.reserve(span)
-        lengths = self.cache.lengths
+        host_lengths = self.cache.lengths[slots]
+        longest = int(host_lengths.max())
+        span = longest + size
+        consecutive = bool(np.all(np.diff(slots) == 1))
+        rows = (int(slots[0]), int(slots[-1]) + 1) if consecutive else None
+        block = rows + (longest,) if consecutive and int(host_lengths.min()) == longest else None
+        lengths = mx.array(host_lengths.astype(np.int32))
+        slot_index = mx.array(slots.astype(np.int32))
         positions = lengths[:, None] + depth  # (B, N)
-        slots = lengths[:, None] + mx.arange(size)[None, :]  # (B, N)
-        relative = mx.arange(span)[None, None, :] - lengths[:, None, None]  # (B, 1, S): node index of a slot
+        stored = lengths[:, None] + mx.arange(size)[None, :]  # (B, N): where the nodes are written
+        relative = mx.arange(span)[None, None, :] - lengths[:, None, None]  # (B, 1, S): node index of a position
         node = mx.clip(relative, 0, size - 1)
         in_tree = (relative >= 0) & (relative < size)
         sees_node = mx.take_along_axis(ancestor_mask, mx.broadcast_to(node, (batch, size, span)), axis=2)
@@ -218,27 +241,29 @@ class MlxTarget:
             allowed = self._window(allowed, positions, key_positions)
 
         def store(layer, k, v):
-            self.cache.write_slots(layer, slots, k, v)
-            return self.cache.view(layer, span)
+            self.cache.write(layer, slot_index, stored, k, v, block)
+            return self.cache.view(layer, slot_index, span, rows)
 
-        hidden = self._run(tokens, positions, allowed[:, None], store)
-        self._staged_size = size
-        return TargetOutput(logits=self._logits(hidden), hidden=hidden)
+        hidden, outputs = self._run(tokens, positions, allowed[:, None], store, wanted)
+        self._staged = (slots, size)
+        return TargetOutput(logits=self._logits(hidden), hidden=hidden, layers=outputs)
 
     def commit(self, tree: DraftTree, verdict: Verdict) -> None:
         """Keep the entries of ``verdict.path[b, :num_accepted[b] + 1]`` (root first) behind each
-        row's committed ones; the rest of the tree is dropped (its slots become scratch)."""
-        if self._staged_size is None:
+        row's committed ones in its slot; the rest of the tree is dropped (its positions become scratch)."""
+        if self._staged is None:
             raise InvalidInputError("commit(tree, verdict) needs a preceding forward_tree(tree); no tree is staged")
-        if tree.size != self._staged_size:
+        slots, size = self._staged
+        if tree.size != size:
             raise InvalidInputError(f"commit got a tree of {tree.size} nodes, the last forward_tree ran "
-                                    f"{self._staged_size}; pass the tree that was run")
+                                    f"{size}; pass the tree that was run")
         path = to_mx(verdict.path).astype(mx.int32)
-        if path.ndim != 2 or path.shape[0] != self.cache.batch_size or path.shape[1] > tree.size:
-            raise InvalidInputError(f"verdict.path must be (B, D+1) with B = {self.cache.batch_size} and "
+        if path.ndim != 2 or path.shape[0] != len(slots) or path.shape[1] > tree.size:
+            raise InvalidInputError(f"verdict.path must be (B, D+1) with B = {len(slots)} and "
                                     f"D+1 <= {tree.size}, got {tuple(path.shape)}")
-        self.cache.commit_path(path, to_mx(verdict.num_accepted).astype(mx.int32))
-        self._staged_size = None
+        num_accepted = np.array(to_mx(verdict.num_accepted)).astype(np.int64).reshape(-1)
+        self.cache.commit_path(slots, path, num_accepted)
+        self._staged = None
         self._pending = True
         # The loop reads these right after commit: evaluate them with the cache, in one go.
         self._pending_extra = [a for a in (verdict.path, verdict.num_accepted, verdict.bonus_tokens, tree.tokens,

@@ -20,6 +20,7 @@ from typing import Any
 
 import mlx.core as mx
 
+from specdec.capabilities import VerifierCaps
 from specdec.errors import InvalidInputError
 from specdec.reference.verify import check_uniform_shape, check_verifier_inputs
 from specdec.types import Draft, DraftTree, SamplingConfig, TargetOutput, Verdict
@@ -81,6 +82,11 @@ class MlxVerifier:
     needs_sampled_draft: bool = False
     uses_uniforms: bool = True
     uses_beam_uniforms: bool = False
+
+    @property
+    def caps(self) -> VerifierCaps:
+        """What the loop reads: whether this rule needs the drafter's distributions."""
+        return VerifierCaps(needs_draft_probs=self.needs_draft_probs, needs_sampled_draft=self.needs_sampled_draft)
 
     def prepare(self, tree: DraftTree, draft: Draft, target: TargetOutput, sampling: SamplingConfig,
                 uniforms: Any) -> tuple[int, mx.array, mx.array | None]:

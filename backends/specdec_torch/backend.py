@@ -17,12 +17,13 @@ class TorchBackend:
 
     name = "torch"
 
-    def load_target(self, source: Any, *, dtype: str | None = None, device: str | None = None):
+    def load_target(self, source: Any, *, dtype: str | None = None, device: str | None = None, slots: int = 1,
+                    capacity: int | None = None):
         """A ``TorchTarget`` from a local Hugging Face-format folder, a ``transformers`` Llama-family
         model object or a TorchTarget (see ``specdec_torch.loading.load_torch_target``)."""
         from specdec_torch.loading import load_torch_target
 
-        return load_torch_target(source, dtype=dtype, device=device)
+        return load_torch_target(source, dtype=dtype, device=device, slots=slots, capacity=capacity)
 
     def dtype_candidates(self, device: str | None = None) -> tuple[str, ...]:
         """The dtypes worth measuring on ``device`` (``specdec.tuning``): float32 and bfloat16 on a

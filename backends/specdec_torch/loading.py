@@ -100,7 +100,7 @@ def _eos_ids(model: Any, config: LlamaConfig) -> tuple[int, ...]:
     return tuple(int(t) for t in (eos if isinstance(eos, (list, tuple)) else [eos]))
 
 
-def _from_folder(path: str | os.PathLike, dtype: torch.dtype, device: torch.device) -> TorchTarget:
+def _from_folder(path: str | os.PathLike, dtype: torch.dtype, device: torch.device, **slots) -> TorchTarget:
     from specdec.errors import require
 
     transformers = require("transformers", extra="torch", feature="the torch backend's model loading")
@@ -118,10 +118,11 @@ def _from_folder(path: str | os.PathLike, dtype: torch.dtype, device: torch.devi
     return TorchTarget(
         model, config=config, fingerprint_fn=lambda: tensor_fingerprint(_folder_tensors(folder)),
         tokenizer=load_tokenizer(folder), name=folder.resolve().name, eos_token_ids=config.eos_token_ids, pack=True,
+        **slots,
     )
 
 
-def _from_module(model: Any, dtype: torch.dtype | None, device: torch.device | None) -> TorchTarget:
+def _from_module(model: Any, dtype: torch.dtype | None, device: torch.device | None, **slots) -> TorchTarget:
     """Wrap a ``transformers`` model object; given a dtype or device it is moved there (in place)."""
     _check_family(model)
     generation = getattr(model, "generation_config", None)
@@ -133,17 +134,20 @@ def _from_module(model: Any, dtype: torch.dtype | None, device: torch.device | N
     name = Path(str(getattr(model.config, "_name_or_path", "") or type(model).__name__)).name
     return TorchTarget(
         model, config=config, fingerprint_fn=lambda: tensor_fingerprint(_module_tensors(model, tied)),
-        name=name, eos_token_ids=_eos_ids(model, config),
+        name=name, eos_token_ids=_eos_ids(model, config), **slots,
     )
 
 
-def load_torch_target(source: Any, *, dtype: str | torch.dtype | None = None, device: str | None = None) -> TorchTarget:
+def load_torch_target(source: Any, *, dtype: str | torch.dtype | None = None, device: str | None = None,
+                      slots: int = 1, capacity: int | None = None) -> TorchTarget:
     """A TorchTarget from a model folder, a ``transformers`` model object or a TorchTarget.
 
     dtype: "float32" | "bfloat16" | "float16" | "float64" (None: float32 on cpu, bfloat16 on cuda,
     float16 on mps; a model object keeps its own). device: "cpu", "cuda", "mps", ... (None: the
-    first available of cuda, mps, cpu; a model object stays where it is).
+    first available of cuda, mps, cpu; a model object stays where it is). slots, capacity: request
+    slots and positions per slot of the KV cache (a TorchTarget keeps its own).
     """
+    sized = dict(slots=slots, capacity=capacity)
     if isinstance(source, TorchTarget):
         wanted_dtype = None if dtype is None else resolve_dtype(dtype, source.device)
         wanted_device = None if device is None else torch.device(device)
@@ -157,10 +161,11 @@ def load_torch_target(source: Any, *, dtype: str | torch.dtype | None = None, de
         return source
     if isinstance(source, torch.nn.Module):
         resolved_device = None if device is None else torch.device(device)
-        return _from_module(source, None if dtype is None else resolve_dtype(dtype, torch.device("cpu")), resolved_device)
+        return _from_module(source, None if dtype is None else resolve_dtype(dtype, torch.device("cpu")), resolved_device,
+                            **sized)
     if isinstance(source, (str, os.PathLike)):
         resolved_device = torch.device(device) if device is not None else default_device()
-        return _from_folder(source, resolve_dtype(dtype, resolved_device), resolved_device)
+        return _from_folder(source, resolve_dtype(dtype, resolved_device), resolved_device, **sized)
     raise InvalidInputError(
         f"the torch backend loads a model folder, a transformers model or a TorchTarget; got {type(source).__name__}"
     )

@@ -18,8 +18,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+import attrs
+
 from specdec.errors import InvalidInputError
-from specdec.types import DraftTree, TargetOutput, Verdict
+from specdec.slots import check_layers, check_prompt, check_room, check_slot_arguments, check_slots
+from specdec.types import DraftTree, PromptOutput, TargetOutput, Verdict
 from specdec_torch.kvcache import TorchKVCache
 from specdec_torch.layers import apply_rotary, attend, inverse_frequencies, mlp, rms_norm, rotary_cos_sin
 
@@ -90,12 +93,14 @@ class TorchTarget:
     ``specdec.reference.loading.LlamaConfig``; fingerprint_fn: computes the weights' fingerprint
     exactly as the reference does (called once, when a drafter checkpoint asks for it).
     Attributes: ``embed_tokens`` and ``lm_head`` (V, H) tensors (the same tensor when tied),
-    ``vocab_size``, ``hidden_size``, ``eos_token_ids``, ``tokenizer`` (``tokenizers.Tokenizer``
-    or None), ``name``, ``dtype``, ``device``, ``cache_lengths`` (B,) on the host.
+    ``vocab_size``, ``hidden_size``, ``num_layers``, ``num_slots``, ``capacity``, ``eos_token_ids``,
+    ``tokenizer`` (``tokenizers.Tokenizer`` or None), ``name``, ``dtype``, ``device``,
+    ``cache_lengths`` (num_slots,) on the host.
     """
 
     def __init__(self, model: Any, *, config, fingerprint_fn: Callable[[], str], tokenizer: Any = None,
-                 name: str = "torch", eos_token_ids: Sequence[int] = (), pack: bool = False):
+                 name: str = "torch", eos_token_ids: Sequence[int] = (), pack: bool = False, slots: int = 1,
+                 capacity: int | None = None):
         self.model = model
         self.config = config
         self.tokenizer = tokenizer
@@ -120,10 +125,20 @@ class TorchTarget:
         self._final_norm = decoder.norm
         self._qkv_sizes = [config.num_attention_heads * config.head_dim] + [config.num_key_value_heads * config.head_dim] * 2
         self._inv_freq = inverse_frequencies(config, self.device)
+        self.num_layers = config.num_hidden_layers
+        slots, capacity = check_slot_arguments(slots, capacity, config.max_position_embeddings)
         self.cache = TorchKVCache(
             num_layers=config.num_hidden_layers, num_kv_heads=config.num_key_value_heads,
-            head_dim=config.head_dim, dtype=self.dtype, device=self.device,
+            head_dim=config.head_dim, dtype=self.dtype, device=self.device, num_slots=slots, capacity=capacity,
         )
+
+    @property
+    def num_slots(self) -> int:
+        return self.cache.num_slots
+
+    @property
+    def capacity(self) -> int:
+        return self.cache.capacity
 
     @property
     def fingerprint(self) -> str:
@@ -134,14 +149,14 @@ class TorchTarget:
 
     @property
     def cache_lengths(self) -> np.ndarray:
-        """(B,) int64: committed positions per row (host copy)."""
-        return self.cache.host_lengths.copy()
+        """(num_slots,) int64: committed positions per slot (host copy; 0 for free slots)."""
+        return self.cache.lengths.copy()
 
     # ------------------------------------------------------------------------------------
     # The forward pass
 
-    def _layer(self, index: int, x: torch.Tensor, cos, sin, slots, mask, key_size: int, uniform_start):
-        """One decoder layer on new tokens x (B, n, H); writes their keys and values at ``slots``."""
+    def _layer(self, index: int, x: torch.Tensor, cos, sin, rows: "_Rows", mask, key_size: int):
+        """One decoder layer on new tokens x (B, n, H); writes their keys and values at ``rows``."""
         layer, cfg = self._layers[index], self.config
         attention = layer.self_attn
         batch, n, _ = x.shape
@@ -155,8 +170,8 @@ class TorchTarget:
         k = k.view(batch, n, cfg.num_key_value_heads, cfg.head_dim).transpose(1, 2)
         v = v.view(batch, n, cfg.num_key_value_heads, cfg.head_dim).transpose(1, 2)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)  # (B, Hq|Hkv, n, Dh)
-        self.cache.write(index, slots, k, v, uniform_start)
-        keys, values = self.cache.view(index, key_size)
+        self.cache.write(index, rows.slots, rows.positions, k, v, rows.block)
+        keys, values = self.cache.view(index, rows.slots, key_size, rows.span)
         x = x + attention.o_proj(attend(q, keys, values, mask))
         h = rms_norm(x, layer.post_attention_layernorm.weight, cfg.rms_norm_eps)
         if self._packed is not None:  # one matmul for the gate and up projections
@@ -164,17 +179,21 @@ class TorchTarget:
             return x + layer.mlp.down_proj(F.silu(gate) * up)
         return x + mlp(h, layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj)
 
-    def _forward(self, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor, mask: torch.Tensor,
-                 uniform_start: int | None) -> torch.Tensor:
+    def _forward(self, tokens: torch.Tensor, positions: torch.Tensor, rows: "_Rows", mask: torch.Tensor,
+                 layers: set[int]) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
         """Hidden states (B, n, H) after the final norm of new tokens (B, n) at ``positions`` (B, n),
-        stored at cache ``slots`` (B, n); mask (B, n, S) bool over key slots 0 .. S-1."""
+        stored at ``rows``; mask (B, n, S) bool over cache positions 0 .. S-1. Also {layer: (B, n,
+        H)} the outputs of decoder ``layers``."""
         cos, sin = rotary_cos_sin(positions, self._inv_freq, self.dtype)
         key_size = mask.shape[-1]
         mask = mask[:, None]  # (B, 1, n, S), shared by the heads
         x = torch.nn.functional.embedding(tokens, self.embed_tokens)
+        outputs = {}
         for index in range(len(self._layers)):
-            x = self._layer(index, x, cos, sin, slots, mask, key_size, uniform_start)
-        return rms_norm(x, self._final_norm.weight, self.config.rms_norm_eps)
+            x = self._layer(index, x, cos, sin, rows, mask, key_size)
+            if index in layers:
+                outputs[index] = x
+        return rms_norm(x, self._final_norm.weight, self.config.rms_norm_eps), outputs
 
     def _sliding(self, mask: torch.Tensor, query_positions: torch.Tensor, key_positions: torch.Tensor) -> torch.Tensor:
         """Apply the sliding window (mistral): a query sees keys at positions > its position - window."""
@@ -189,82 +208,110 @@ class TorchTarget:
     # ------------------------------------------------------------------------------------
     # TargetModel
 
-    @torch.inference_mode()
-    def prefill(self, prompts: Sequence[Sequence[int]]) -> TargetOutput:
-        """Start a new cache with these prompts (ragged lengths); logits (B, 1, V) and hidden
-        (B, 1, H) at each prompt's last token. Rows are right-padded; a padded position only
-        writes slots past its row's length, which no later query sees."""
-        prompts = [np.asarray(prompt, dtype=np.int64) for prompt in prompts]
-        if not prompts:
-            raise InvalidInputError("prefill needs at least one prompt")
-        for b, prompt in enumerate(prompts):
-            if prompt.ndim != 1 or prompt.size == 0:
-                raise InvalidInputError(f"prompt {b} must be a non-empty sequence of token ids, got shape {prompt.shape}")
-            if prompt.min() < 0 or prompt.max() >= self.vocab_size:
-                raise InvalidInputError(f"prompt {b} holds token ids outside [0, {self.vocab_size})")
-        lengths = np.array([p.size for p in prompts], dtype=np.int64)
-        longest = int(lengths.max())
-        padded = np.zeros((len(prompts), longest), dtype=np.int64)
-        for b, prompt in enumerate(prompts):
-            padded[b, : prompt.size] = prompt
-        self.cache.reset(np.zeros(len(prompts), dtype=np.int64), capacity=longest + 64)
-        tokens = torch.from_numpy(padded).to(self.device)
-        hidden = []
-        for start in range(0, longest, PREFILL_CHUNK):
-            end = min(start + PREFILL_CHUNK, longest)
-            positions = torch.arange(start, end, device=self.device).expand(len(prompts), -1)  # (B, n)
-            keys = torch.arange(end, device=self.device).expand(len(prompts), -1)  # (B, S)
-            mask = self._sliding(keys[:, None, :] <= positions[:, :, None], positions, keys)  # causal (B, n, S)
-            hidden.append(self._forward(tokens[:, start:end], positions, positions, mask, uniform_start=start))
-        hidden = torch.cat(hidden, dim=1)  # (B, P, H)
-        last = torch.from_numpy(lengths - 1).to(self.device)
-        hidden = hidden[torch.arange(len(prompts), device=self.device), last][:, None]  # (B, 1, H)
-        self.cache.lengths = torch.from_numpy(lengths.copy()).to(self.device)
-        self.cache.host_lengths = lengths
-        return TargetOutput(logits=self._logits(hidden), hidden=hidden)
+    def _check_slots(self, slots, *, admitted: bool, what: str) -> np.ndarray:
+        return check_slots(self.cache.admitted, slots, admitted_state=admitted, what=what)
+
+    def _check_layers(self, layers: Sequence[int]) -> set[int]:
+        return check_layers(layers, self.num_layers)
 
     @torch.inference_mode()
-    def forward_tree(self, tree: DraftTree) -> TargetOutput:
+    def admit(self, slot: int, prompt: Sequence[int], *, layers: Sequence[int] = ()) -> PromptOutput:
+        """Prefill ``prompt`` into the free ``slot``: logits (V,) at its last token, hidden (P, H)
+        at every token and the outputs of decoder ``layers`` (P, H). Long prompts run in chunks of
+        PREFILL_CHUNK."""
+        prompt = check_prompt(prompt, self.vocab_size)
+        wanted = self._check_layers(layers)
+        slot = int(self._check_slots([slot], admitted=False, what="admit")[0])
+        check_room(self.cache.lengths, np.array([slot]), prompt.size, self.capacity, f"admit(slot={slot})")
+        self.cache.admitted[slot] = True
+        self.cache.set_length(slot, 0)
+        tokens = torch.from_numpy(prompt).to(self.device)[None]  # (1, P)
+        slots = torch.tensor([slot], device=self.device)
+        hidden, outputs = [], {i: [] for i in wanted}
+        for start in range(0, prompt.size, PREFILL_CHUNK):
+            end = min(start + PREFILL_CHUNK, prompt.size)
+            positions = torch.arange(start, end, device=self.device)[None]  # (1, n)
+            keys = torch.arange(end, device=self.device)[None]  # (1, S)
+            mask = self._sliding(keys[:, None, :] <= positions[:, :, None], positions, keys)  # causal (1, n, S)
+            rows = _Rows(slots=slots, positions=positions, block=(slot, slot + 1, start), span=(slot, slot + 1))
+            chunk, chunk_layers = self._forward(tokens[:, start:end], positions, rows, mask, wanted)
+            hidden.append(chunk[0])
+            for i, value in chunk_layers.items():
+                outputs[i].append(value[0])
+        hidden = torch.cat(hidden)  # (P, H)
+        self.cache.set_length(slot, prompt.size)
+        return PromptOutput(logits=self._logits(hidden[-1]), hidden=hidden,
+                            layers={i: torch.cat(v) for i, v in outputs.items()})
+
+    def release(self, slot: int) -> None:
+        """Free ``slot`` for another request."""
+        slot = int(self._check_slots([slot], admitted=True, what="release")[0])
+        self.cache.admitted[slot] = False
+        self.cache.set_length(slot, 0)
+        if self.cache.staged_slots is not None and slot in self.cache.staged_slots:
+            self.cache.staged_slots, self.cache.staged_size = None, 0
+
+    @torch.inference_mode()
+    def forward_tree(self, tree: DraftTree, slots, *, layers: Sequence[int] = ()) -> TargetOutput:
         """Logits (B, N, V) and hidden (B, N, H) of every node; node i of row b sits at position
-        ``lengths[b] + depth[b, i]``, is stored at slot ``lengths[b] + i`` and attends to the
-        committed slots and to its ancestors' slots. The committed cache is unchanged until commit."""
+        ``length[s] + depth[b, i]`` of slot s = ``slots[b]``, is stored at ``length[s] + i`` and
+        attends to the slot's committed entries and to its ancestors. Nothing committed changes
+        until commit."""
         cache = self.cache
-        if cache.batch_size == 0:
-            raise InvalidInputError("forward_tree needs a cache: call prefill(prompts) first")
-        if tree.batch_size != cache.batch_size:
-            raise InvalidInputError(f"tree has {tree.batch_size} rows but the cache holds {cache.batch_size}; "
-                                    "prefill the same batch the tree was built for")
+        slots = self._check_slots(slots, admitted=True, what="forward_tree")
+        wanted = self._check_layers(layers)
+        if tree.batch_size != len(slots):
+            raise InvalidInputError(f"tree has {tree.batch_size} rows but {len(slots)} slots were given; "
+                                    "pass one slot per tree row")
         nodes = tree.size
-        longest = int(cache.host_lengths.max())
-        cache.ensure_capacity(longest + nodes)
-        lengths = cache.lengths
-        uniform = int(cache.host_lengths.min()) == longest
-        slots = lengths[:, None] + torch.arange(nodes, device=self.device)  # (B, N)
-        positions = lengths[:, None] + tree.depth.to(self.device)  # (B, N)
+        host_lengths = cache.lengths[slots]
+        check_room(cache.lengths, slots, nodes, self.capacity, "forward_tree")
+        longest = int(host_lengths.max())
+        slot_tensor = torch.from_numpy(slots).to(self.device)
+        lengths = torch.from_numpy(host_lengths).to(self.device)
+        consecutive = bool(np.all(np.diff(slots) == 1))
+        span = (int(slots[0]), int(slots[-1]) + 1) if consecutive else None
+        block = span + (longest,) if consecutive and int(host_lengths.min()) == longest else None
+        positions = lengths[:, None] + torch.arange(nodes, device=self.device)  # (B, N) where the nodes are stored
+        depth = tree.depth.to(self.device)
         mask = tree_attention_mask(lengths, tree.ancestor_mask.to(self.device), longest + nodes)  # (B, N, S)
         if self.config.sliding_window is not None:
-            key_positions = _tree_key_positions(lengths, tree.depth.to(self.device), longest + nodes)
-            mask = self._sliding(mask, positions, key_positions)
-        hidden = self._forward(tree.tokens.to(self.device), positions, slots, mask, longest if uniform else None)
-        cache.staged_size = nodes
-        return TargetOutput(logits=self._logits(hidden), hidden=hidden)
+            key_positions = _tree_key_positions(lengths, depth, longest + nodes)
+            mask = self._sliding(mask, lengths[:, None] + depth, key_positions)
+        rows = _Rows(slots=slot_tensor, positions=positions, block=block, span=span)
+        hidden, outputs = self._forward(tree.tokens.to(self.device), lengths[:, None] + depth, rows, mask, wanted)
+        cache.staged_slots, cache.staged_size = slots, nodes
+        return TargetOutput(logits=self._logits(hidden), hidden=hidden, layers=outputs)
 
     @torch.inference_mode()
     def commit(self, tree: DraftTree, verdict: Verdict) -> None:
         """Append the keys and values of ``verdict.path[b, :num_accepted[b] + 1]`` (root first)
-        to each row's cache and drop the rest of the tree: one gather and one indexed write."""
+        to each row's slot and drop the rest of the tree: one gather and one indexed write."""
         cache = self.cache
-        if cache.staged_size == 0:
+        if cache.staged_slots is None:
             raise InvalidInputError("commit(tree, verdict) needs a preceding forward_tree(tree); no tree is staged")
         if tree.size != cache.staged_size:
             raise InvalidInputError(
                 f"commit got a tree of {tree.size} nodes, the last forward_tree ran {cache.staged_size}; "
                 "pass the tree that was run"
             )
+        batch = len(cache.staged_slots)
         path, num_accepted = verdict.path.to(self.device), verdict.num_accepted.to(self.device)
-        if path.ndim != 2 or path.shape[0] != cache.batch_size or tuple(num_accepted.shape) != (cache.batch_size,):
+        if path.ndim != 2 or path.shape[0] != batch or tuple(num_accepted.shape) != (batch,):
             raise InvalidInputError(
-                f"verdict.path must be (B, D+1) and num_accepted (B,) with B = {cache.batch_size}, got "
+                f"verdict.path must be (B, D+1) and num_accepted (B,) with B = {batch}, got "
                 f"{tuple(path.shape)} and {tuple(num_accepted.shape)}"
             )
-        cache.commit(path, num_accepted)
+        cache.commit(path, num_accepted, num_accepted.cpu().numpy())
+
+
+@attrs.frozen
+class _Rows:
+    """Where a forward's new tokens go in the cache: ``slots`` (B,), ``positions`` (B, n); ``block``
+    (first slot, end slot, start) when they are consecutive slots all writing start .. start + n - 1,
+    ``span`` (first slot, end slot) when they are consecutive slots (their cache is read as a view)."""
+
+    slots: torch.Tensor
+    positions: torch.Tensor
+    block: tuple[int, int, int] | None
+    span: tuple[int, int] | None

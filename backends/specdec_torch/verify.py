@@ -17,6 +17,7 @@ from typing import Any, Callable
 
 import torch
 
+from specdec.capabilities import VerifierCaps
 from specdec.reference.verify import check_uniform_shape, check_verifier_inputs
 from specdec.types import Draft, DraftTree, SamplingConfig, TargetOutput, Verdict
 from specdec_torch.sampling import compute_dtype, greedy_tokens, sample_from, target_probs
@@ -85,6 +86,11 @@ class TorchVerifier:
     needs_sampled_draft: bool = False
     uses_uniforms: bool = True
     uses_beam_uniforms: bool = False
+
+    @property
+    def caps(self) -> VerifierCaps:
+        """What the loop reads: whether this rule needs the drafter's distributions."""
+        return VerifierCaps(needs_draft_probs=self.needs_draft_probs, needs_sampled_draft=self.needs_sampled_draft)
 
     def check_inputs(self, tree: DraftTree, draft: Draft, target: TargetOutput, sampling: SamplingConfig,
                      uniforms: Any, depth: int) -> None:

@@ -14,6 +14,8 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
+from specdec.capabilities import DrafterCaps
+
 from specdec.types import Draft, DraftContext
 from specdec_medusa.config import MedusaConfig
 from specdec_medusa.reference import check_weights
@@ -82,7 +84,7 @@ class MlxMedusaDrafter:
         self.heads = MedusaHeads(config, weights, lm_head=lm_head, dtype=dtype)
         self.top_t = top_t
         self.dtype = dtype
-        self.tree_builder = ("medusa_tree", {"choices": config.choices})
+        self.caps = DrafterCaps(tree_builder=("medusa_tree", {"choices": config.choices}))
 
     def propose(self, context: DraftContext) -> Draft:
         logits = self.heads(ops.as_array(context.hidden, dtype=self.dtype))  # (B, K, V)

@@ -25,17 +25,17 @@ def _placement(backend: str, target) -> dict:
     return dict(dtype=target.dtype) if backend == "mlx" else {}
 
 
-def _drafter_factory(backend: str):
-    def medusa(target, checkpoint=None, *, top_t=None, choices=None):
+def _drafter_factory(backend_name: str):
+    def medusa(target, checkpoint=None, *, backend=None, top_t=None, choices=None):
         import attrs
 
         from specdec_medusa.checkpoint import load_medusa_checkpoint
 
-        drafter_class = backend_class(backend, DRAFTERS, feature="the Medusa drafter")
+        drafter_class = backend_class(backend_name, DRAFTERS, feature="the Medusa drafter")
         config, weights = load_trained("medusa", "Medusa", "specdec_medusa", load_medusa_checkpoint, checkpoint, target)
         if choices is not None:
             config = attrs.evolve(config, choices=choices)
-        return drafter_class(config, weights, lm_head=target.lm_head, top_t=top_t, **_placement(backend, target))
+        return drafter_class(config, weights, lm_head=target.lm_head, top_t=top_t, **_placement(backend_name, target))
 
     return medusa
 

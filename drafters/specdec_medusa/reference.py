@@ -17,6 +17,8 @@ from typing import Mapping
 
 import numpy as np
 
+from specdec.capabilities import DrafterCaps
+
 from specdec.types import Draft, DraftContext
 from specdec_medusa.config import MedusaConfig
 
@@ -143,7 +145,7 @@ class MedusaDrafter:
         self.weights = {name: np.asarray(array, dtype=np.float64) for name, array in weights.items()}
         self.lm_head = _check_lm_head(config, lm_head)
         self.top_t = top_t
-        self.tree_builder = ("medusa_tree", {"choices": config.choices})
+        self.caps = DrafterCaps(tree_builder=("medusa_tree", {"choices": config.choices}))
 
     def propose(self, context: DraftContext) -> Draft:
         """Each head's top-T tokens: ``head_tokens`` (B, K, T) int64, best first."""

@@ -12,6 +12,8 @@ from __future__ import annotations
 from typing import Iterable, Sequence
 
 import numpy as np
+
+from specdec.capabilities import DrafterCaps
 import torch
 import torch.nn.functional as F
 
@@ -80,7 +82,7 @@ class TorchMedusaDrafter:
         self.heads = MedusaHeads(config, weights, lm_head=lm_head, dtype=dtype, device=device).eval()
         self.top_t = top_t
         self.dtype = dtype
-        self.tree_builder = ("medusa_tree", {"choices": config.choices})
+        self.caps = DrafterCaps(tree_builder=("medusa_tree", {"choices": config.choices}))
 
     @torch.inference_mode()
     def propose(self, context: DraftContext) -> Draft:

@@ -13,11 +13,11 @@ CLASSES = {
 }
 
 
-def _factory(backend: str):
-    def redrafter(target, checkpoint=None, *, beam_width=None, beam_length=None, sample=False):
+def _factory(backend_name: str):
+    def redrafter(target, checkpoint=None, *, backend=None, beam_width=None, beam_length=None, sample=False):
         from specdec_redrafter.checkpoint import load_redrafter_checkpoint
 
-        drafter_class = backend_class(backend, CLASSES, feature="the ReDrafter drafter")
+        drafter_class = backend_class(backend_name, CLASSES, feature="the ReDrafter drafter")
         config, weights = load_trained("redrafter", "ReDrafter", "specdec_redrafter", load_redrafter_checkpoint,
                                        checkpoint, target)
         return drafter_class(config, weights, embed_tokens=target.embed_tokens, lm_head=target.lm_head,

@@ -21,6 +21,8 @@ from __future__ import annotations
 import attrs
 import numpy as np
 
+from specdec.capabilities import DrafterCaps
+
 from specdec.reference.sampling import sample_from, target_probs
 from specdec.shortlist import restrict_logits
 from specdec.types import Draft, DraftContext, SamplingConfig
@@ -268,6 +270,10 @@ class BeamSettings:
     def sampled_proposals(self) -> bool:
         """True when sampled decoding gets independent sampled chains (verified by rejection sampling)."""
         return self.sample
+
+    @property
+    def caps(self) -> DrafterCaps:
+        return DrafterCaps(sample_shape=self.sample_shape, sampled_proposals=self.sampled_proposals)
 
 
 class RedrafterDrafter(BeamSettings):

@@ -23,6 +23,9 @@ from typing import Sequence
 import attrs
 import numpy as np
 
+from specdec.capabilities import drafter_caps
+from specdec.drafting import PassLifecycle
+
 
 @attrs.frozen(kw_only=True)
 class PlanRow:
@@ -36,12 +39,12 @@ class PlanRow:
     measured_speedup: float | None = None
 
 
-class RecordingDrafter:
+class RecordingDrafter(PassLifecycle):
     """Wraps a drafter and keeps every step's beams on the host (the planner's recorder)."""
 
     def __init__(self, inner, backend):
         self.inner, self.backend, self.beams = inner, backend, []
-        self.tree_builder = getattr(inner, "tree_builder", ("prefix_tree", {}))
+        self.caps = drafter_caps(inner)
 
     def propose(self, context):
         draft = self.inner.propose(context)

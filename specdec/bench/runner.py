@@ -70,8 +70,8 @@ def specdec_runner(method: Method, model, target, backend: str, max_new_tokens: 
         start = time.perf_counter()
         for step in steps:
             generated.extend(int(t) for t in step.new_tokens[0])
-            if step.step == 0:
-                times["time_prefill"] = step.time_verify
+            if step.is_prefill:
+                times["time_prefill"] += step.time_prefill
                 continue
             accepted.append(int(step.num_accepted[0]))
             verified += int(step.num_verified[0])

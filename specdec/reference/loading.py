@@ -284,8 +284,9 @@ def load_tokenizer(path: str | os.PathLike):
     return Tokenizer.from_file(str(tokenizer_path))
 
 
-def load_target(path: str | os.PathLike, *, name: str | None = None):
-    """Load a local Hugging Face-format Llama-family folder as a float64 ``ReferenceTarget``."""
+def load_target(path: str | os.PathLike, *, name: str | None = None, slots: int = 1, capacity: int | None = None):
+    """Load a local Hugging Face-format Llama-family folder as a float64 ``ReferenceTarget`` with
+    ``slots`` request slots of ``capacity`` positions (None: the model's context length)."""
     from specdec.reference.model import ReferenceTarget
 
     folder = _check_folder(path)
@@ -295,4 +296,6 @@ def load_target(path: str | os.PathLike, *, name: str | None = None):
         tensors=load_tensors(folder),
         tokenizer=load_tokenizer(folder),
         name=name or folder.resolve().name,
+        slots=slots,
+        capacity=capacity,
     )

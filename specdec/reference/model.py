@@ -25,7 +25,8 @@ import numpy as np
 from specdec.errors import InvalidInputError
 from specdec.reference.kvcache import TreeKVCache
 from specdec.reference.loading import LlamaConfig, load_target  # noqa: F401  (re-exported)
-from specdec.types import DraftTree, TargetOutput, Verdict
+from specdec.slots import check_layers, check_prompt, check_slot_arguments
+from specdec.types import DraftTree, PromptOutput, TargetOutput, Verdict
 
 __all__ = [
     "LlamaConfig", "ReferenceTarget", "apply_rotary", "attend", "load_target", "rms_norm",
@@ -138,12 +139,14 @@ class ReferenceTarget:
     ``eos_token_ids``, ``tokenizer`` (a ``tokenizers.Tokenizer`` or None), ``name``.
     """
 
-    def __init__(self, *, config: LlamaConfig, tensors: Mapping[str, Any], tokenizer: Any = None, name: str = "reference"):
+    def __init__(self, *, config: LlamaConfig, tensors: Mapping[str, Any], tokenizer: Any = None,
+                 name: str = "reference", slots: int = 1, capacity: int | None = None):
         self.config = config
         self.tokenizer = tokenizer
         self.name = name
         self.vocab_size = config.vocab_size
         self.hidden_size = config.hidden_size
+        self.num_layers = config.num_hidden_layers
         self.eos_token_ids = tuple(config.eos_token_ids)
         self._tensors = {key: np.asarray(value, dtype=np.float64) for key, value in tensors.items()}
         self._fingerprint: str | None = None
@@ -180,9 +183,17 @@ class ReferenceTarget:
                 down_bias=self._weight(mlp + "down_proj.bias", (hidden,)) if mlp_bias else None,
             ))
         self.inv_freq = rotary_inverse_frequencies(config)
-        self.cache = TreeKVCache(
-            num_layers=config.num_hidden_layers, num_kv_heads=config.num_key_value_heads, head_dim=config.head_dim
-        )
+        slots, capacity = check_slot_arguments(slots, capacity, config.max_position_embeddings)
+        self.cache = TreeKVCache(num_layers=config.num_hidden_layers, num_kv_heads=config.num_key_value_heads,
+                                 head_dim=config.head_dim, num_slots=slots, capacity=capacity)
+
+    @property
+    def num_slots(self) -> int:
+        return self.cache.num_slots
+
+    @property
+    def capacity(self) -> int:
+        return self.cache.capacity
 
     def _weight(self, key: str, shape: tuple[int, ...], hint: str = "") -> np.ndarray:
         if key not in self._tensors:
@@ -210,16 +221,18 @@ class ReferenceTarget:
 
     @property
     def cache_lengths(self) -> np.ndarray:
-        """(B,) int64: committed positions per row."""
+        """(num_slots,) int64: committed positions per slot (0 for free slots)."""
         return self.cache.lengths
 
-    def _forward(self, rows: Sequence[int], tokens: np.ndarray, depth: np.ndarray, mask: np.ndarray):
-        """Run new tokens of some rows on top of their committed caches.
+    def _forward(self, rows: Sequence[int], tokens: np.ndarray, depth: np.ndarray, mask: np.ndarray,
+                 layers: Sequence[int] = ()):
+        """Run new tokens of some slots on top of their committed caches.
 
-        tokens (R, n) int64 for cache rows ``rows``; depth (R, n): token i sits at position
+        tokens (R, n) int64 for cache slots ``rows``; depth (R, n): token i sits at position
         ``cache_length + depth[r, i]``; mask (R, n, n) bool: token i sees new token j.
-        Returns hidden (R, n, H) after the final norm and the new keys and values
-        (R, layers, 2, Hkv, n, Dh), rotary already applied to the keys.
+        Returns hidden (R, n, H) after the final norm, the new keys and values
+        (R, layers, 2, Hkv, n, Dh), rotary already applied to the keys, and {layer: (R, n, H)}
+        the outputs of decoder ``layers``.
         """
         cfg = self.config
         num_rows, n = tokens.shape
@@ -236,6 +249,7 @@ class ReferenceTarget:
                 for r, allowed in enumerate(cached_allowed)
             ]
 
+        wanted, outputs = self._check_layers(layers), {}
         x = self.embed_tokens[tokens]  # (R, n, H)
         entries = np.empty((num_rows, cfg.num_hidden_layers, 2, kv_heads, n, dim))
         for index, layer in enumerate(self.layers):
@@ -255,54 +269,79 @@ class ReferenceTarget:
             h = rms_norm(x, layer.post_norm, cfg.rms_norm_eps)
             gate = silu(_linear(h, layer.gate_proj, layer.gate_bias))
             x = x + _linear(gate * _linear(h, layer.up_proj, layer.up_bias), layer.down_proj, layer.down_bias)
-        return rms_norm(x, self.final_norm, cfg.rms_norm_eps), entries
+            if index in wanted:
+                outputs[index] = x
+        return rms_norm(x, self.final_norm, cfg.rms_norm_eps), entries, outputs
 
     def _check_tokens(self, tokens: np.ndarray, what: str) -> None:
         if tokens.size and (tokens.min() < 0 or tokens.max() >= self.vocab_size):
             raise InvalidInputError(f"{what} holds token ids outside [0, {self.vocab_size}): {tokens.min()}..{tokens.max()}")
 
-    def prefill(self, prompts: Sequence[Sequence[int]]) -> TargetOutput:
-        """Start a new cache with these prompts (ragged lengths); logits (B, 1, V) and hidden
-        (B, 1, H) at each prompt's last token. Long prompts run in chunks of PREFILL_CHUNK."""
-        prompts = [np.asarray(prompt, dtype=np.int64) for prompt in prompts]
-        if not prompts:
-            raise InvalidInputError("prefill needs at least one prompt")
-        for b, prompt in enumerate(prompts):
-            if prompt.ndim != 1 or prompt.size == 0:
-                raise InvalidInputError(f"prompt {b} must be a non-empty sequence of token ids, got shape {prompt.shape}")
-            self._check_tokens(prompt, f"prompt {b}")
-        self.cache.reset(len(prompts))
-        hidden = np.empty((len(prompts), 1, self.hidden_size))
-        for b, prompt in enumerate(prompts):
-            for start in range(0, prompt.size, PREFILL_CHUNK):
-                chunk = prompt[start : start + PREFILL_CHUNK]
-                n = chunk.size
-                causal = np.tril(np.ones((n, n), dtype=bool))
-                chunk_hidden, entries = self._forward([b], chunk[None], np.arange(n)[None], causal[None])
-                self.cache.append(b, entries[0])
-            hidden[b, 0] = chunk_hidden[0, -1]
-        return TargetOutput(logits=hidden @ self.lm_head.T, hidden=hidden)
+    def _check_layers(self, layers: Sequence[int]) -> set[int]:
+        return check_layers(layers, self.num_layers)
 
-    def forward_tree(self, tree: DraftTree) -> TargetOutput:
+    def admit(self, slot: int, prompt: Sequence[int], *, layers: Sequence[int] = ()) -> PromptOutput:
+        """Prefill ``prompt`` into the free ``slot``: logits (V,) at its last token, hidden (P, H)
+        at every token and the outputs of decoder ``layers``. Long prompts run in chunks of
+        PREFILL_CHUNK."""
+        prompt = check_prompt(prompt, self.vocab_size)
+        self._check_layers(layers)
+        self.cache.check_slots([slot], admitted=False, what="admit")
+        self.cache.check_room(np.array([slot]), prompt.size, f"admit(slot={slot})")
+        self.cache.admit(slot)
+        hidden, outputs = [], {int(i): [] for i in layers}
+        for start in range(0, prompt.size, PREFILL_CHUNK):
+            chunk = prompt[start : start + PREFILL_CHUNK]
+            causal = np.tril(np.ones((chunk.size, chunk.size), dtype=bool))
+            chunk_hidden, entries, chunk_layers = self._forward(
+                [slot], chunk[None], np.arange(chunk.size)[None], causal[None], layers)
+            self.cache.append(slot, entries[0])
+            hidden.append(chunk_hidden[0])
+            for i, value in chunk_layers.items():
+                outputs[i].append(value[0])
+        hidden = np.concatenate(hidden)
+        return PromptOutput(logits=hidden[-1] @ self.lm_head.T, hidden=hidden,
+                            layers={i: np.concatenate(v) for i, v in outputs.items()})
+
+    def release(self, slot: int) -> None:
+        """Free ``slot`` for another request."""
+        self.cache.release(slot)
+
+    def forward_tree(self, tree: DraftTree, slots, *, layers: Sequence[int] = ()) -> TargetOutput:
         """Logits (B, N, V) and hidden (B, N, H) of every node; node i of row b sits at position
-        ``cache_length[b] + depth[b, i]`` and attends to the cache and to nodes j with
-        ``ancestor_mask[b, i, j]``. The nodes' keys and values are staged for ``commit``."""
-        if self.cache.batch_size == 0:
-            raise InvalidInputError("forward_tree needs a cache: call prefill(prompts) first")
-        if tree.batch_size != self.cache.batch_size:
-            raise InvalidInputError(f"tree has {tree.batch_size} rows but the cache holds {self.cache.batch_size}; "
-                             "prefill the same batch the tree was built for")
+        ``length[slots[b]] + depth[b, i]`` and attends to the slot's cache and to nodes j with
+        ``ancestor_mask[b, i, j]``. The nodes' keys and values are staged for ``commit``.
+
+        Each row runs alone over its real nodes (padding nodes get zeros), so a row's numbers
+        are exactly those it gets in any other batch: the reference is batch-independent by
+        construction, which the per-request determinism tests rely on."""
+        slots = self.cache.check_slots(slots, admitted=True, what="forward_tree")
+        if tree.batch_size != len(slots):
+            raise InvalidInputError(f"tree has {tree.batch_size} rows but {len(slots)} slots were given; "
+                                    "pass one slot per tree row")
         tokens = np.asarray(tree.tokens, dtype=np.int64)
         depth = np.asarray(tree.depth, dtype=np.int64)
         mask = np.asarray(tree.ancestor_mask, dtype=bool)
         self._check_tokens(tokens, "tree.tokens")
         if np.any(depth < 0) or not np.all(np.diagonal(mask, axis1=1, axis2=2)):
             raise InvalidInputError("tree.depth must be >= 0 and tree.ancestor_mask[b, i, i] True for every node")
-        hidden, entries = self._forward(range(tree.batch_size), tokens, depth, mask)
-        self.cache.stage(tree, entries)
-        return TargetOutput(logits=hidden @ self.lm_head.T, hidden=hidden)
+        self.cache.check_room(slots, tree.size, "forward_tree")
+        cfg, (batch, size) = self.config, tokens.shape
+        real = np.clip(np.asarray(tree.num_nodes, dtype=np.int64), 1, size)
+        hidden, logits = np.zeros((batch, size, self.hidden_size)), np.zeros((batch, size, self.vocab_size))
+        entries = np.zeros((batch, cfg.num_hidden_layers, 2, cfg.num_key_value_heads, size, cfg.head_dim))
+        outputs = {int(i): np.zeros_like(hidden) for i in layers}
+        for b, (slot, n) in enumerate(zip(slots.tolist(), real)):
+            row_hidden, row_entries, row_outputs = self._forward(
+                [slot], tokens[b : b + 1, :n], depth[b : b + 1, :n], mask[b : b + 1, :n, :n], layers)
+            hidden[b, :n], entries[b, ..., :n, :] = row_hidden[0], row_entries[0]
+            logits[b, :n] = row_hidden[0] @ self.lm_head.T
+            for i, value in row_outputs.items():
+                outputs[i][b, :n] = value[0]
+        self.cache.stage(tree, slots, entries)
+        return TargetOutput(logits=logits, hidden=hidden, layers=outputs)
 
     def commit(self, tree: DraftTree, verdict: Verdict) -> None:
         """Append the keys and values of ``verdict.path[b, :num_accepted[b] + 1]`` (root first)
-        to each row's cache and drop the rest of the tree."""
+        to each row's slot and drop the rest of the tree."""
         self.cache.commit(tree, verdict)

@@ -15,7 +15,7 @@ class NumpyBackend:
 
     name = "numpy"
 
-    def load_target(self, source, *, dtype=None, device=None):
+    def load_target(self, source, *, dtype=None, device=None, slots=1, capacity=None):
         from specdec.reference.model import ReferenceTarget, load_target
 
         if dtype not in (None, "float64"):
@@ -24,7 +24,7 @@ class NumpyBackend:
             raise InvalidInputError(f"the numpy backend runs on the cpu only, got device={device!r}")
         if isinstance(source, ReferenceTarget):
             return source
-        return load_target(source)
+        return load_target(source, slots=slots, capacity=capacity)
 
     def to_numpy(self, array):
         return np.asarray(array)
@@ -33,7 +33,7 @@ class NumpyBackend:
         return np.asarray(array)
 
 
-def _no_drafter(target, checkpoint=None):
+def _no_drafter(target, checkpoint=None, *, backend=None):
     from specdec.drafting import NoDrafter
 
     if checkpoint is not None:

@@ -25,6 +25,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from specdec.capabilities import VerifierCaps
 from specdec.errors import InvalidInputError
 from specdec.reference.sampling import greedy_tokens, sample_from, target_probs
 from specdec.types import Draft, DraftTree, SamplingConfig, TargetOutput, Verdict
@@ -205,6 +206,11 @@ class RowVerifier:
     needs_sampled_draft: bool = False
     uses_uniforms: bool = True
     uses_beam_uniforms: bool = False
+
+    @property
+    def caps(self) -> VerifierCaps:
+        """What the loop reads: whether this rule needs the drafter's distributions."""
+        return VerifierCaps(needs_draft_probs=self.needs_draft_probs, needs_sampled_draft=self.needs_sampled_draft)
 
     def verify(
         self, tree: DraftTree, draft: Draft, target: TargetOutput, sampling: SamplingConfig, uniforms: Any

@@ -74,38 +74,60 @@ def random_verdict(rng: np.random.Generator, tree: DraftTree, beams: np.ndarray)
 def check_target(backend_name: str, model_path, *, dtype: str | None = "float32", device: str | None = None,
                  prompts: Sequence[Sequence[int]] = ((1, 2, 3), (4,), (5, 6, 7, 8, 9)), steps: int = 3,
                  width: int = 3, length: int = 4, seed: int = 0, registry: PluginRegistry | None = None) -> None:
-    """Prefill, tree forwards and commits of ``backend_name`` match the reference on ``model_path``."""
+    """Admissions, tree forwards over some slots, commits and releases of ``backend_name`` match
+    the reference on ``model_path``: the prompts go to slots in a scrambled order (one slot stays
+    free), every step runs a different subset of them, and midway one request is released and a
+    new one admitted into its slot. Layer outputs (first and last decoder layer) are compared too."""
     from specdec.reference.model import load_target
     from specdec.reference.tree import build_prefix_tree
 
     registry = _registry(registry)
     backend = registry.get("backend", backend_name).factory()
-    reference = load_target(model_path)
-    target = backend.load_target(model_path, dtype=dtype, device=device)
+    num_slots = len(prompts) + 1
+    reference = load_target(model_path, slots=num_slots, capacity=64)
+    target = backend.load_target(model_path, dtype=dtype, device=device, slots=num_slots, capacity=64)
     tolerance = _tolerance(dtype)
     where = f"check_target(backend={backend_name!r}, dtype={dtype!r}, model={model_path})"
-    expected, actual = reference.prefill(prompts), target.prefill(prompts)
-    _compare(f"{where} prefill logits", expected.logits, backend.to_numpy(actual.logits), tolerance)
-    _compare(f"{where} prefill hidden", expected.hidden, backend.to_numpy(actual.hidden), tolerance)
+    layers = sorted({0, reference.num_layers - 1})
     rng = np.random.default_rng(seed)
-    roots = np.argmax(expected.logits[:, 0], axis=-1)
+    slots = rng.permutation(num_slots)[: len(prompts)]
+    roots = {}
+
+    def admit(slot: int, prompt) -> None:
+        expected, actual = reference.admit(slot, prompt, layers=layers), target.admit(slot, prompt, layers=layers)
+        _compare(f"{where} admit slot {slot} logits", expected.logits, backend.to_numpy(actual.logits), tolerance)
+        _compare(f"{where} admit slot {slot} hidden", expected.hidden, backend.to_numpy(actual.hidden), tolerance)
+        for layer in layers:
+            _compare(f"{where} admit slot {slot} layer {layer}", expected.layers[layer],
+                     backend.to_numpy(actual.layers[layer]), tolerance)
+        roots[slot] = int(np.argmax(expected.logits))
+
+    for slot, prompt in zip(slots, prompts):
+        admit(int(slot), prompt)
     for step in range(steps):
-        beams = random_beams(rng, roots, width, length, reference.vocab_size)
+        if step == steps // 2 and len(roots) > 1:  # a request ends, another takes its slot
+            freed = int(sorted(roots)[0])
+            reference.release(freed), target.release(freed), roots.pop(freed)
+            admit(freed, list(prompts[-1])[::-1] + [1])
+        active = np.array(sorted(roots), dtype=np.int64)
+        if step % 2 == 1 and len(active) > 1:
+            active = active[rng.permutation(len(active))][:-1]  # a subset, in another order
+        beams = random_beams(rng, np.array([roots[int(s)] for s in active]), width, length, reference.vocab_size)
         tree = build_prefix_tree(beams)
-        expected = reference.forward_tree(tree)
-        actual = target.forward_tree(to_backend_tree(tree, backend, target))
-        num_nodes = tree.num_nodes
-        mask = np.arange(tree.size)[None, :] < num_nodes[:, None]  # compare real nodes only
-        for field in ("logits", "hidden"):
-            got = backend.to_numpy(getattr(actual, field))
-            _compare(f"{where} step {step} tree {field}", getattr(expected, field)[mask], got[mask], tolerance)
+        expected = reference.forward_tree(tree, active, layers=layers)
+        actual = target.forward_tree(to_backend_tree(tree, backend, target), active.copy(), layers=layers)
+        mask = np.arange(tree.size)[None, :] < tree.num_nodes[:, None]  # compare real nodes only
+        for name, want, got in [("logits", expected.logits, actual.logits), ("hidden", expected.hidden, actual.hidden),
+                                *[(f"layer {i}", expected.layers[i], actual.layers[i]) for i in layers]]:
+            _compare(f"{where} step {step} slots {active.tolist()} tree {name}", want[mask],
+                     backend.to_numpy(got)[mask], tolerance)
         verdict = random_verdict(rng, tree, beams)
         reference.commit(tree, verdict)
         target.commit(to_backend_tree(tree, backend, target),
                       Verdict(path=backend.from_numpy(verdict.path, target),
                               num_accepted=backend.from_numpy(verdict.num_accepted, target),
                               bonus_tokens=backend.from_numpy(verdict.bonus_tokens, target)))
-        roots = verdict.bonus_tokens
+        roots.update({int(s): int(t) for s, t in zip(active, verdict.bonus_tokens)})
 
 
 def check_tree_builder(backend_name: str, target, *, name: str = "prefix_tree", options: dict | None = None,

@@ -7,6 +7,7 @@ from typing import Sequence
 
 import numpy as np
 
+from specdec.capabilities import DrafterCaps
 from specdec.types import Draft, DraftContext
 
 
@@ -24,18 +25,22 @@ def greedy_continuations(target, prompts, num_tokens: int, *, backend: str = "nu
 class OracleDrafter:
     """Proposes ``beam_width`` beams of length ``beam_length`` from known continuations.
 
-    continuations: per row, the tokens plain greedy decoding emits (the root included at index
-    ``num_generated - 1``). Each drafted token is replaced, with probability ``corruption``, by a
-    different token drawn from ``rng``. Beam 0 is corrupted with ``corruption`` too, so with
-    ``corruption=0`` every beam is the truth and every drafted token is accepted.
+    continuations: per prompt of ``prompts``, the tokens plain greedy decoding emits (the root
+    included at index ``num_generated - 1``); a row finds its own by the prompt that starts its
+    history, whatever slot it runs in. Each drafted token is replaced, with probability
+    ``corruption``, by a different token drawn from ``rng``. Beam 0 is corrupted with
+    ``corruption`` too, so with ``corruption=0`` every beam is the truth and every drafted token
+    is accepted.
     """
 
-    def __init__(self, continuations: Sequence[Sequence[int]], *, vocab_size: int, backend, target,
-                 beam_width: int = 2, beam_length: int = 4, corruption: float = 0.3,
+    caps = DrafterCaps()
+
+    def __init__(self, continuations: Sequence[Sequence[int]], *, prompts: Sequence[Sequence[int]], vocab_size: int,
+                 backend, target, beam_width: int = 2, beam_length: int = 4, corruption: float = 0.3,
                  rng: np.random.Generator | None = None):
         if not 0.0 <= corruption <= 1.0:
             raise ValueError(f"corruption must be in [0, 1], got {corruption}")
-        self.continuations = [list(c) for c in continuations]
+        self.continuations = {tuple(int(t) for t in p): list(c) for p, c in zip(prompts, continuations)}
         self.vocab_size = vocab_size
         self.backend, self.target = backend, target
         self.beam_width, self.beam_length, self.corruption = beam_width, beam_length, corruption
@@ -47,7 +52,8 @@ class OracleDrafter:
         beams = np.zeros((batch, width, length), dtype=np.int64)
         for b in range(batch):
             start = int(context.num_generated[b])
-            truth = self.continuations[b][start : start + length - 1]
+            prompt = tuple(int(t) for t in context.history[b][: len(context.history[b]) - start])
+            truth = self.continuations[prompt][start : start + length - 1]
             truth = truth + [0] * (length - 1 - len(truth))
             for i in range(width):
                 drafted = np.array(truth, dtype=np.int64)

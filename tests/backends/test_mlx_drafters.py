@@ -120,7 +120,7 @@ def test_redrafter_more_beams_than_tokens_matches_reference(seed, top_k):
 @given(seed=st.integers(0, 2**32 - 1), sampling=strategies.sampling_configs(greedy=False))
 def test_redrafter_sampled_chains_match_reference(overrides, seed, sampling):
     ref, twin, rng = make_pair(overrides, seed, 3, 4, sample=True)
-    assert twin.sample_shape == ref.sample_shape == (3, 4) and twin.sampled_proposals
+    assert twin.caps.sample_shape == ref.caps.sample_shape == (3, 4) and twin.caps.sampled_proposals
     uniforms = rng.random((2, 3, 4))
     expected_context, context = contexts(rng, 2, sampling=sampling, uniforms=uniforms)
     shifted = {ref.propose(DraftContext(root_tokens=expected_context.root_tokens, hidden=expected_context.hidden,
@@ -152,7 +152,7 @@ def test_medusa_head_tokens_match_reference(head, num_layers, seed, top_t):
     actual = twin.propose(DraftContext(root_tokens=mx.arange(3), hidden=mx.array(hidden.astype(np.float32))))
     np.testing.assert_array_equal(np.array(actual.head_tokens), expected.head_tokens,
                                   err_msg=f"MlxMedusaDrafter.propose({head}, layers={num_layers}, T={top_t}, seed={seed})")
-    assert twin.tree_builder == ("medusa_tree", {"choices": "chain4"})
+    assert twin.caps.tree_builder == ("medusa_tree", {"choices": "chain4"})
 
 
 def test_checkpoints_load_through_the_registry_and_check_the_fingerprint(tmp_path):

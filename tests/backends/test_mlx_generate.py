@@ -78,9 +78,10 @@ def test_oracle_drafter_is_accepted_as_far_as_it_is_right(world, corruption):
     folder = world["llama"]["model"]
     expected = mlx_lm_greedy(folder, PROMPTS, NEW_TOKENS + 8)
     backend = MlxBackend()
-    target = backend.load_target(folder)
+    target = backend.load_target(folder, slots=len(PROMPTS))
     length = 4
-    oracle = OracleDrafter(expected, vocab_size=target.vocab_size, backend=backend, target=target, beam_width=2,
+    oracle = OracleDrafter(expected, prompts=PROMPTS,
+                           vocab_size=target.vocab_size, backend=backend, target=target, beam_width=2,
                            beam_length=length, corruption=corruption, rng=np.random.default_rng(3))
     result = specdec.generate(target, PROMPTS, drafter=oracle, backend="mlx", max_new_tokens=NEW_TOKENS,
                               stop_at_eos=False)
@@ -157,8 +158,10 @@ def test_same_tokens_as_numpy_when_drafts_are_accepted(world, verifier):
     results = {}
     for name in ("numpy", "mlx"):
         backend = specdec.default_registry().get("backend", name).factory()
-        target = backend.load_target(folder, dtype=None if name == "numpy" else "float32", device=None)
-        oracle = OracleDrafter(truth, vocab_size=target.vocab_size, backend=backend, target=target, beam_width=3,
+        target = backend.load_target(folder, dtype=None if name == "numpy" else "float32", device=None,
+                                     slots=len(PROMPTS))
+        oracle = OracleDrafter(truth, prompts=PROMPTS,
+                           vocab_size=target.vocab_size, backend=backend, target=target, beam_width=3,
                                beam_length=4, corruption=0.3, rng=np.random.default_rng(5))
         results[name] = specdec.generate(target, PROMPTS, drafter=oracle, backend=name, max_new_tokens=NEW_TOKENS,
                                          stop_at_eos=False, temperature=0.3, seed=21, verifier=verifier)

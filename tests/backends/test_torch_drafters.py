@@ -118,7 +118,7 @@ def test_redrafter_sampled_chains_match_reference(config, seed, width, length, s
     got = twin.propose(DraftContext(root_tokens=torch.as_tensor(roots, device=DEVICE),
                                     hidden=torch.as_tensor(hidden, device=DEVICE), sampling=sampling, uniforms=uniforms))
     where = f"torch sampled chains ({sampling}, W={width}, L={length})"
-    assert got.sampled and twin.sampled_proposals and twin.sample_shape == (width, length)
+    assert got.sampled and twin.caps.sampled_proposals and twin.caps.sample_shape == (width, length)
     assert np.array_equal(got.beams.cpu().numpy(), expected.beams), f"{where}: beams differ"
     assert np.allclose(got.draft_probs.cpu().numpy(), expected.draft_probs, rtol=1e-9, atol=1e-12), where
 

@@ -92,7 +92,7 @@ def test_greedy_parity_with_transformers_generate_float32(world, arch):
     model_dir, new = world[arch]["model"], 12
     hf = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
     expected = [_transformers_greedy(hf, prompt, new) for prompt in PROMPTS]
-    target = specdec.load(model_dir, backend="torch", dtype="float32", device=DEVICE)
+    target = specdec.load(model_dir, backend="torch", dtype="float32", device=DEVICE, slots=len(PROMPTS))
     for drafter in DRAFTERS:
         got = specdec.generate(target, PROMPTS, drafter=world[arch][drafter], backend="torch",
                                max_new_tokens=new).tokens
@@ -103,10 +103,12 @@ def test_greedy_parity_with_transformers_generate_float32(world, arch):
 @given(width=st.integers(1, 3), length=st.integers(2, 5), corruption=st.sampled_from([0.0, 0.3, 1.0]),
        seed=st.integers(0, 2**16))
 def test_greedy_parity_with_oracle_drafter_float32(world, width, length, corruption, seed):
-    target = specdec.load(world["llama"]["model"], backend="torch", dtype="float32", device=DEVICE)
+    target = specdec.load(world["llama"]["model"], backend="torch", dtype="float32", device=DEVICE,
+                          slots=len(PROMPTS))
     new = 10
     truth = greedy_continuations(target, PROMPTS, new + length, backend="torch")
-    oracle = OracleDrafter(truth, vocab_size=target.vocab_size, backend=TorchBackend(), target=target,
+    oracle = OracleDrafter(truth, prompts=PROMPTS,
+                           vocab_size=target.vocab_size, backend=TorchBackend(), target=target,
                            beam_width=width, beam_length=length, corruption=corruption,
                            rng=np.random.default_rng(seed))
     got = specdec.generate(target, PROMPTS, drafter=oracle, backend="torch", max_new_tokens=new, stop_at_eos=False)
@@ -115,10 +117,12 @@ def test_greedy_parity_with_oracle_drafter_float32(world, width, length, corrupt
 
 def test_self_drafting_accepts_everything(world):
     """A drafter proposing the target's own continuation has every drafted token accepted."""
-    target = specdec.load(world["qwen2"]["model"], backend="torch", dtype="float32", device=DEVICE)
     prompts, length, new = [[1, 2, 3], [7]], 4, 13
+    target = specdec.load(world["qwen2"]["model"], backend="torch", dtype="float32", device=DEVICE,
+                          slots=len(prompts))  # both rows decode in every step
     truth = greedy_continuations(target, prompts, new + length, backend="torch")
-    oracle = OracleDrafter(truth, vocab_size=target.vocab_size, backend=TorchBackend(), target=target,
+    oracle = OracleDrafter(truth, prompts=prompts,
+                           vocab_size=target.vocab_size, backend=TorchBackend(), target=target,
                            beam_width=2, beam_length=length, corruption=0.0)
     steps = list(specdec.stream(target, prompts, oracle, "torch", max_new_tokens=new, stop_at_eos=False))
     assert [list(s.num_accepted) for s in steps[1:]] == [[3, 3]] * 3, "self-drafting must accept every token (torch)"
@@ -126,7 +130,7 @@ def test_self_drafting_accepts_everything(world):
 
 def test_batch_rows_match_rows_alone_when_sampling(world):
     model, drafter = world["llama"]["model"], world["llama"]["redrafter"]
-    target = specdec.load(model, backend="torch", dtype="float64", device=DEVICE)
+    target = specdec.load(model, backend="torch", dtype="float64", device=DEVICE, slots=len(PROMPTS))
     seeds = [21, 22, 23]
     batch = specdec.generate(target, PROMPTS, drafter=drafter, backend="torch", max_new_tokens=9,
                              temperature=1.0, seed=seeds).tokens
@@ -144,11 +148,14 @@ def _decisive_prompts(target, candidates, new_tokens: int, margin: float) -> lis
     backend = TorchBackend()
     chosen = []
     continuations = greedy_continuations(target, candidates, new_tokens, backend="torch")
+    slot = np.array([0])
     for prompt, continuation in zip(candidates, continuations):
-        output = target.prefill([prompt])
+        output = target.admit(0, prompt)
         chain = build_prefix_tree(np.array([[continuation]]))
-        logits = torch.cat([output.logits, target.forward_tree(checks.to_backend_tree(chain, backend, target)).logits], 1)
-        top = torch.topk(logits[0].float(), 2, dim=-1).values
+        tree_logits = target.forward_tree(checks.to_backend_tree(chain, backend, target), slot).logits[0]
+        target.release(0)
+        logits = torch.cat([output.logits[None], tree_logits], 0)  # (1 + new_tokens, V)
+        top = torch.topk(logits.float(), 2, dim=-1).values
         if bool(torch.all(top[:, 0] - top[:, 1] > margin)):
             chosen.append(prompt)
     return chosen
@@ -159,12 +166,12 @@ def test_bfloat16_speculative_greedy_equals_plain_bfloat16(world):
     moves these logits by far less), speculative greedy output equals plain bfloat16 decoding."""
     model = world["llama"]["model"]
     new = 12
-    reference = specdec.load(model, backend="torch", dtype="float32", device=DEVICE)
+    reference = specdec.load(model, backend="torch", dtype="float32", device=DEVICE, slots=3)
     rng = np.random.default_rng(0)
     candidates = [rng.integers(0, 96, size=int(rng.integers(1, 6))).tolist() for _ in range(6)]
     prompts = _decisive_prompts(reference, candidates, new, margin=0.5)[:3]
     assert len(prompts) >= 2, "too few decisive prompts for the bfloat16 smoke run; change the candidate seed"
-    target = specdec.load(model, backend="torch", dtype="bfloat16", device=DEVICE)
+    target = specdec.load(model, backend="torch", dtype="bfloat16", device=DEVICE, slots=len(prompts))
     plain = specdec.generate(target, prompts, drafter="none", backend="torch", max_new_tokens=new).tokens
     assert plain == greedy_continuations(reference, prompts, new, backend="torch"), "bfloat16 left the float32 path"
     for drafter in ("redrafter", "medusa"):

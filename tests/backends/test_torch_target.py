@@ -104,14 +104,139 @@ def test_mistral_sliding_window_matches_reference(tmp_path):
                         steps=4, width=2, length=4)
 
 
-def test_prefill_in_chunks_and_cache_growth_match_reference(models, monkeypatch):
-    """Prompts longer than a prefill chunk, and enough tree steps to outgrow the first allocation."""
+def test_prefill_in_chunks_matches_reference(models, monkeypatch):
+    """A prompt of several prefill chunks (and a partial one) beside a short one, then tree steps
+    (within check_target's capacity of 64 positions per slot)."""
     import specdec_torch.model as torch_model
 
     monkeypatch.setattr(torch_model, "PREFILL_CHUNK", 7)
-    prompts = [[t % 64 for t in range(230)], [5, 6]]
-    checks.check_target("torch", models["llama"], dtype="float64", device=DEVICE, prompts=prompts, steps=12,
+    prompts = [[t * 5 % 64 for t in range(30)], [5, 6]]
+    checks.check_target("torch", models["llama"], dtype="float64", device=DEVICE, prompts=prompts, steps=3,
                         width=4, length=5)
+
+
+def _tree(beams, backend, target):
+    """The prefix tree of NumPy ``beams`` (B, W, L), on the torch target's device."""
+    return checks.to_backend_tree(build_prefix_tree(np.asarray(beams, dtype=np.int64)), backend, target)
+
+
+def _verdict(beams, accepted, backend=None, target=None):
+    """Verdict accepting the first ``accepted[b] + 1`` tokens of beam 0 of each row (root included),
+    on the target's device (NumPy without a backend, for the reference)."""
+    tree = build_prefix_tree(np.asarray(beams, dtype=np.int64))
+    accepted = np.asarray(accepted, dtype=np.int64)
+    path = np.full(tree.beam_to_node.shape[::2], -1, dtype=np.int64)  # (B, L)
+    for b, count in enumerate(accepted):
+        path[b, : count + 1] = tree.beam_to_node[b, 0, : count + 1]
+    put = np.asarray if backend is None else (lambda a: backend.from_numpy(a, target))
+    return Verdict(path=put(path), num_accepted=put(accepted), bonus_tokens=put(np.zeros(len(accepted), np.int64)))
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_capacity_is_preallocated_and_never_exceeded(models, dtype, monkeypatch):
+    """The cache is allocated once for ``capacity`` positions per slot: chunked prefill and chain
+    steps up to it match the reference; an admission or a tree beyond it is refused with a clear
+    error, leaves the cache as it was, and the buffer is never reallocated."""
+    import specdec_torch.model as torch_model
+
+    monkeypatch.setattr(torch_model, "PREFILL_CHUNK", 7)
+    backend, tolerance = TorchBackend(), checks.FLOAT64 if dtype == "float64" else checks.FLOAT32
+    target = backend.load_target(models["llama"], dtype=dtype, device=DEVICE, slots=2, capacity=40)
+    reference = load_target(models["llama"], slots=1, capacity=40)
+    buffer, shape = target.cache.data.data_ptr(), tuple(target.cache.data.shape)
+    assert (target.num_slots, target.capacity) == (2, 40) and shape[2] == 2 and shape[4] == 40, shape
+    with pytest.raises(InvalidInputError, match=r"admit\(slot=1\): slot 1 holds 0 positions and 41 more do not "
+                                                r"fit its capacity of 40; load the target with a larger capacity"):
+        target.admit(1, [1] * 41)
+    with pytest.raises(InvalidInputError, match="slot 1 holds no request"):
+        target.release(1)  # the refused admission left the slot free
+    prompt = [t * 3 % 64 for t in range(17)]
+    np.testing.assert_allclose(backend.to_numpy(target.admit(1, prompt).logits), reference.admit(0, prompt).logits,
+                               **tolerance, err_msg=f"chunked admission ({dtype})")
+    chain, length = [[[9, 2, 6, 5, 3]]], 17
+    while length + 5 <= 40:  # chain steps of 5 nodes, 4 accepted + root: 17 -> 22 -> ... -> 37
+        got = target.forward_tree(_tree(chain, backend, target), np.array([1])).logits
+        np.testing.assert_allclose(backend.to_numpy(got)[0], reference.forward_tree(
+            build_prefix_tree(np.array(chain)), np.array([0])).logits[0], **tolerance,
+            err_msg=f"chain step at length {length} ({dtype})")
+        target.commit(_tree(chain, backend, target), _verdict(chain, [4], backend, target))
+        reference.commit(build_prefix_tree(np.array(chain)), _verdict(chain, [4]))
+        length += 5
+    np.testing.assert_array_equal(target.cache_lengths, [0, 37])
+    with pytest.raises(InvalidInputError, match="forward_tree: slot 1 holds 37 positions and 5 more do not fit its "
+                                                "capacity of 40"):
+        target.forward_tree(_tree(chain, backend, target), np.array([1]))
+    np.testing.assert_array_equal(target.cache_lengths, [0, 37], err_msg="a refused tree must not change the cache")
+    three = [[[9, 2, 6]]]  # exactly fills the slot: 37 + 3 = 40
+    np.testing.assert_allclose(backend.to_numpy(target.forward_tree(_tree(three, backend, target), np.array([1])).logits)[0],
+                               reference.forward_tree(build_prefix_tree(np.array(three)), np.array([0])).logits[0],
+                               **tolerance, err_msg=f"a tree that exactly fills the capacity ({dtype})")
+    target.commit(_tree(three, backend, target), _verdict(three, [2], backend, target))
+    np.testing.assert_array_equal(target.cache_lengths, [0, 40])
+    with pytest.raises(InvalidInputError, match="do not fit its capacity"):
+        target.forward_tree(_tree([[[1]]], backend, target), np.array([1]))  # even a root alone, when full
+    assert target.cache.data.data_ptr() == buffer and tuple(target.cache.data.shape) == shape, \
+        "the preallocated cache must never be reallocated or grown"
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_a_slot_does_not_depend_on_other_slots(models, dtype):
+    """Prompts admitted into slots 2 and 0: slot 2's tree logits are the same run alone ([2]) or
+    with slot 0 ([0, 2], [2, 0]) and equal a one-slot target's, also after a commit over both;
+    after release(2) and admit(2, another prompt) slot 2 behaves like a fresh target. Tolerance:
+    the dtype's, as in the comparisons with the reference above."""
+    backend, tolerance = TorchBackend(), checks.FLOAT64 if dtype == "float64" else checks.FLOAT32
+    load = lambda slots: backend.load_target(models["qwen2"], dtype=dtype, device=DEVICE, slots=slots, capacity=64)
+
+    def close(got, want, what):
+        np.testing.assert_allclose(backend.to_numpy(got), backend.to_numpy(want), **tolerance,
+                                   err_msg=f"{what} (torch {dtype})")
+
+    def fresh_run(prompt, steps):
+        """A one-slot target: admit ``prompt``, then per step (beams, accepted or None) a tree and a commit."""
+        fresh = load(1)
+        outputs = [fresh.admit(0, prompt).logits]
+        for beams, accepted in steps:
+            outputs.append(fresh.forward_tree(_tree(beams, backend, fresh), np.array([0])).logits[0])
+            if accepted is not None:
+                fresh.commit(_tree(beams, backend, fresh), _verdict(beams, [accepted], backend, fresh))
+        return outputs
+
+    target = load(3)
+    prompt2, prompt0, other = [5, 6, 7, 8, 9, 10, 11], [1, 2, 3], [12, 13, 14, 15, 16]
+    beams2 = [[[4, 7, 8, 9], [4, 7, 1, 2], [4, 3, 3, 3]]]  # 9 nodes
+    beams0 = [[[6, 1, 2, 3], [6, 1, 2, 5], [6, 1, 2, 3]]]  # 5 nodes: the row is padded beside beams2
+    n, n0 = (int(build_prefix_tree(np.array(b)).num_nodes[0]) for b in (beams2, beams0))
+    assert (n, n0) == (9, 5)
+    expected = fresh_run(prompt2, [(beams2, None), (beams2, 3), (beams0, None)])
+    close(target.admit(2, prompt2).logits, expected[0], "admit into slot 2 vs a one-slot target")
+    target.admit(0, prompt0)
+    alone = target.forward_tree(_tree(beams2, backend, target), np.array([2])).logits
+    together = target.forward_tree(_tree([beams0[0], beams2[0]], backend, target), np.array([0, 2])).logits
+    swapped = target.forward_tree(_tree([beams2[0], beams0[0]], backend, target), np.array([2, 0])).logits
+    assert alone.shape[1] == n
+    close(together[1, :n], alone[0], "slot 2's tree logits over [0, 2] vs over [2] alone")
+    close(swapped[0, :n], alone[0], "slot 2's tree logits over [2, 0] vs over [2] alone")
+    close(alone[0], expected[1], "slot 2's tree logits vs a one-slot target")
+    close(together[0, :n0], swapped[1, :n0], "slot 0's tree logits over [0, 2] vs [2, 0]")
+    target.commit(_tree([beams2[0], beams0[0]], backend, target),
+                  _verdict([beams2[0], beams0[0]], [3, 1], backend, target))
+    np.testing.assert_array_equal(target.cache_lengths, [3 + 2, 0, 7 + 4], err_msg=f"lengths after commit ({dtype})")
+    close(target.forward_tree(_tree(beams0, backend, target), np.array([2])).logits[0], expected[3],
+          "slot 2's next tree after a commit over [2, 0] vs a one-slot target")
+    slot0_before = target.forward_tree(_tree(beams2, backend, target), np.array([0])).logits[0]
+    target.release(2)
+    np.testing.assert_array_equal(target.cache_lengths, [5, 0, 0], err_msg=f"lengths after release(2) ({dtype})")
+    expected = fresh_run(other, [(beams2, None), (beams0, 2), (beams2, None)])
+    close(target.admit(2, other).logits, expected[0], "admit after release vs a fresh target")
+    both = target.forward_tree(_tree([beams2[0], beams2[0]], backend, target), np.array([0, 2])).logits
+    close(both[1], expected[1], "the readmitted slot's tree vs a fresh target")
+    close(both[0], slot0_before, "slot 0's tree before and after slot 2 was released and readmitted")
+    close(target.forward_tree(_tree(beams0, backend, target), np.array([2])).logits[0], expected[2],
+          "the readmitted slot's second tree vs a fresh target")
+    target.commit(_tree(beams0, backend, target), _verdict(beams0, [2], backend, target))
+    close(target.forward_tree(_tree(beams2, backend, target), np.array([2])).logits[0], expected[3],
+          "the readmitted slot after a commit vs a fresh target")
 
 
 def test_target_attributes_and_fingerprint_match_reference(models):
@@ -135,24 +260,65 @@ def test_model_object_source_gives_same_outputs_and_fingerprint(models):
     from_object = TorchBackend().load_target(model)
     from_folder = TorchBackend().load_target(folder, dtype="float64", device="cpu")
     assert from_object.fingerprint == from_folder.fingerprint == load_target(folder).fingerprint
-    a, b = from_object.prefill([[1, 2, 3]]), from_folder.prefill([[1, 2, 3]])
+    a, b = from_object.admit(0, [1, 2, 3]), from_folder.admit(0, [1, 2, 3])
     assert torch.equal(a.logits, b.logits), "a model object and its folder give different prefill logits"
 
 
 def test_errors_name_the_problem(models):
     backend = TorchBackend()
-    target = backend.load_target(models["llama"], dtype="float32", device=DEVICE)
+    target = backend.load_target(models["llama"], dtype="float32", device=DEVICE, slots=2, capacity=16)
+    assert (target.num_slots, target.capacity) == (2, 16)
     tree = checks.to_backend_tree(build_prefix_tree(np.array([[[1, 2]]])), backend, target)
-    with pytest.raises(InvalidInputError, match="call prefill"):
-        target.forward_tree(tree)
-    target.prefill([[1, 2]])
+    pair = checks.to_backend_tree(build_prefix_tree(np.array([[[1, 2]], [[3, 4]]])), backend, target)
+    with pytest.raises(InvalidInputError, match=r"slot 0 holds no request \(admit one first\)"):
+        target.forward_tree(tree, np.array([0]))
+    with pytest.raises(InvalidInputError, match=r"slot 1 holds no request \(admit one first\)"):
+        target.release(1)
+    target.admit(0, [1, 2])
+    with pytest.raises(InvalidInputError, match=r"slot 0 already holds a request \(release it first\)"):
+        target.admit(0, [3])
+    for slot in (2, -1):
+        with pytest.raises(InvalidInputError, match=r"outside \[0, 2\).*slots=N"):
+            target.admit(slot, [3])
+        with pytest.raises(InvalidInputError, match=r"outside \[0, 2\).*slots=N"):
+            target.forward_tree(tree, np.array([slot]))
+    with pytest.raises(InvalidInputError, match="repeat a slot"):
+        target.forward_tree(pair, np.array([0, 0]))
+    with pytest.raises(InvalidInputError, match="slot 1 holds no request"):
+        target.forward_tree(pair, np.array([0, 1]))
+    target.admit(1, [5])
+    with pytest.raises(InvalidInputError, match="tree has 1 rows but 2 slots were given"):
+        target.forward_tree(tree, np.array([0, 1]))
+    with pytest.raises(InvalidInputError, match="tree has 2 rows but 1 slots were given"):
+        target.forward_tree(pair, np.array([1]))
     verdict = Verdict(path=backend.from_numpy(np.array([[0, 1]]), target),
                       num_accepted=backend.from_numpy(np.array([1]), target),
                       bonus_tokens=backend.from_numpy(np.array([3]), target))
-    with pytest.raises(InvalidInputError, match="no tree is staged"):
+    with pytest.raises(InvalidInputError, match="needs a preceding forward_tree.*no tree is staged"):
         target.commit(tree, verdict)
+    target.forward_tree(tree, np.array([1]))
+    target.commit(tree, verdict)
+    np.testing.assert_array_equal(target.cache_lengths, [2, 3], err_msg="lengths after committing 2 nodes to slot 1")
+    with pytest.raises(InvalidInputError, match="needs a preceding forward_tree"):
+        target.commit(tree, verdict)  # the committed tree is gone
+    with pytest.raises(InvalidInputError, match="do not fit its capacity of 16"):
+        target.forward_tree(checks.to_backend_tree(build_prefix_tree(np.ones((1, 1, 15), np.int64)), backend, target),
+                            np.array([0]))
+    target.release(1)
     with pytest.raises(InvalidInputError, match="outside"):
-        target.prefill([[1, 64]])
+        target.admit(1, [1, 64])
+    with pytest.raises(InvalidInputError, match="non-empty"):
+        target.admit(1, [])
+    with pytest.raises(InvalidInputError, match=r"admit\(slot=1\).*do not fit its capacity of 16"):
+        target.admit(1, [1] * 17)
+    with pytest.raises(InvalidInputError, match="slot 1 holds no request"):
+        target.forward_tree(tree, np.array([1]))  # failed admissions leave the slot free
+    with pytest.raises(InvalidInputError, match="layers"):
+        target.admit(1, [1], layers=[2])
+    with pytest.raises(InvalidInputError, match="slots must be a positive integer"):
+        backend.load_target(models["llama"], dtype="float32", device=DEVICE, slots=0)
+    with pytest.raises(InvalidInputError, match="capacity must be an integer"):
+        backend.load_target(models["llama"], dtype="float32", device=DEVICE, capacity=1)
     with pytest.raises(InvalidInputError, match="unknown dtype"):
         backend.load_target(models["llama"], dtype="int8")
     with pytest.raises(InvalidInputError, match="Llama-family"):

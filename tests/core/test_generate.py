@@ -72,7 +72,8 @@ def test_greedy_parity_with_trained_style_drafters(target, drafters, prompts, wi
 def test_greedy_parity_with_oracle_drafter(target, prompts, width, length, corruption, seed):
     new = 10
     truth = greedy_continuations(target, prompts, new + length)
-    oracle = OracleDrafter(truth, vocab_size=target.vocab_size, backend=NumpyBackend(), target=target,
+    oracle = OracleDrafter(truth, prompts=prompts,
+                           vocab_size=target.vocab_size, backend=NumpyBackend(), target=target,
                            beam_width=width, beam_length=length, corruption=corruption,
                            rng=np.random.default_rng(seed))
     spec = specdec.generate(target, prompts, drafter=oracle, backend="numpy", max_new_tokens=new, stop_at_eos=False)
@@ -87,7 +88,8 @@ def test_self_drafting_accepts_everything(target):
     """A drafter that proposes the target's own continuation has every drafted token accepted."""
     prompts, length, new = [[1, 2, 3], [7]], 4, 13
     truth = greedy_continuations(target, prompts, new + length)
-    oracle = OracleDrafter(truth, vocab_size=target.vocab_size, backend=NumpyBackend(), target=target,
+    oracle = OracleDrafter(truth, prompts=prompts,
+                           vocab_size=target.vocab_size, backend=NumpyBackend(), target=target,
                            beam_width=2, beam_length=length, corruption=0.0)
     steps = list(specdec.stream(target, prompts, oracle, "numpy", max_new_tokens=new, stop_at_eos=False))
     # Prefill emits 1 token, each later step L (3 accepted + bonus): 1 + 3*4 = 13 tokens in 4 steps.

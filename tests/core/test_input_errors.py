@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import specdec
-from specdec.loop import TokenHistory
+from specdec.requests import Request, RequestState
 
 
 @pytest.mark.parametrize("prompt, message", [
@@ -45,13 +45,13 @@ def test_budget_and_prompt_beyond_the_context_are_refused_up_front(target):
         specdec.generate(target, [1] * 4096, drafter="none", backend="numpy", max_new_tokens=1)
 
 
-def test_history_grows_instead_of_reserving_the_whole_budget():
-    history = TokenHistory([[1, 2, 3], [4]], max_new_tokens=10**12)
-    assert history.tokens.nbytes < 10_000
-    for i in range(600):
-        history.extend(0, [i])
-    assert list(history.rows()[0][-3:]) == [597, 598, 599] and list(history.rows()[1]) == [4]
-    assert np.array_equal(history.rows()[0][:3], [1, 2, 3])
+def test_request_history_holds_prompt_and_kept_tokens():
+    state = RequestState(Request(prompt=[1, 2, 3], max_new_tokens=5, stop_token_ids=[9]), slot=0)
+    assert state.emit([4, 5]) == [4, 5] and list(state.history) == [1, 2, 3, 4, 5] and state.root == 5
+    assert state.emit([6, 9, 7]) == [6, 9] and state.done  # through the stop token, not past it
+    assert state.emit([8]) == [] and list(state.history) == [1, 2, 3, 4, 5, 6, 9]
+    capped = RequestState(Request(prompt=[1], max_new_tokens=2), slot=0)
+    assert capped.emit([4, 5, 6]) == [4, 5] and capped.done
 
 
 def test_missing_drafter_path_is_named(target, tmp_path):

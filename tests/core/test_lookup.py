@@ -82,6 +82,8 @@ def redrafter(model_dir, tmp_path_factory):
 class RecordingDrafter:
     """Plain decoding that records the history each step hands it."""
 
+    caps = specdec.DrafterCaps()
+
     def __init__(self):
         self.histories = []
 

@@ -1,4 +1,7 @@
-"""The float64 reference target: tree attention, commit, ragged batches, loading."""
+"""The float64 reference target: tree attention, commit, ragged batches, request slots, loading.
+
+Most tests drive a fixed batch (``specdec.testing.batch.Batch``: prompt b in slot b); the slot
+tests admit, run and release slots directly."""
 
 from __future__ import annotations
 
@@ -12,6 +15,7 @@ from hypothesis import strategies as st
 
 from specdec.reference import model as model_module
 from specdec.reference.loading import LlamaConfig, load_target, read_safetensors
+from specdec.testing.batch import Batch
 from specdec.testing.models import make_random_model
 from specdec.types import DraftTree, Verdict
 
@@ -63,18 +67,25 @@ def folders(tmp_path_factory):
     return found
 
 
+MAX_ROWS, MAX_NODES = 3, 6  # prompts_st and tree_rows below
+CAPACITY = 64  # positions per slot: the longest context (a prompt, two commits and a tree) is 9 + 2 * 6 + 6
+
+
 @pytest.fixture(scope="module")
 def targets(folders):
-    return {name: load_target(folder) for name, folder in folders.items()}
+    """Fixed batches over targets with a slot for every node of the largest tree (the prefill
+    check runs one sequence per node)."""
+    return {name: Batch(load_target(folder, slots=MAX_ROWS * MAX_NODES, capacity=CAPACITY))
+            for name, folder in folders.items()}
 
 
 MODEL_NAMES = ["llama-gqa-tied", "llama-mha-untied", "qwen2-bias", "mistral-window"]
 
-prompts_st = st.lists(st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=9), min_size=1, max_size=3)
+prompts_st = st.lists(st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=9), min_size=1, max_size=MAX_ROWS)
 
 
 @st.composite
-def tree_rows(draw, batch: int, max_nodes: int = 6):
+def tree_rows(draw, batch: int, max_nodes: int = MAX_NODES):
     rows = []
     for _ in range(batch):
         size = draw(st.integers(1, max_nodes))
@@ -280,7 +291,7 @@ def test_config_rejects_unsupported(change, message):
         LlamaConfig.from_hf_dict({**base, **change})
 
 
-def test_clear_errors(tmp_path, targets):
+def test_clear_errors(tmp_path, folders):
     with pytest.raises(FileNotFoundError, match="does not exist"):
         load_target(tmp_path / "nowhere")
     (tmp_path / "empty").mkdir()
@@ -291,22 +302,163 @@ def test_clear_errors(tmp_path, targets):
     (folder / "model.safetensors").unlink()
     with pytest.raises(FileNotFoundError, match="model.safetensors"):
         load_target(folder)
+    for slots, capacity, message in [(0, 8, "slots must be a positive integer"), (True, 8, "slots must be"),
+                                     (2, 1, "capacity must be an integer >= 2"), (2, 8.0, "capacity must be")]:
+        with pytest.raises(ValueError, match=message):
+            load_target(folders["llama-gqa-tied"], slots=slots, capacity=capacity)
 
-    target = targets["llama-gqa-tied"]
-    target.prefill([[1, 2, 3]])
+    target = load_target(folders["llama-gqa-tied"], slots=2, capacity=8)
+    assert (target.num_slots, target.capacity) == (2, 8)
     tree = make_tree([([4, 5, 6], [-1, 0, 0])])
     verdict = Verdict(path=np.array([[0, 2, -1]]), num_accepted=np.array([1]), bonus_tokens=np.array([0]))
+    with pytest.raises(ValueError, match=r"slot 0 holds no request \(admit one first\)"):
+        target.forward_tree(tree, np.array([0]))
+    with pytest.raises(ValueError, match=r"slot 1 holds no request \(admit one first\)"):
+        target.release(1)
+    target.admit(0, [1, 2, 3])
+    with pytest.raises(ValueError, match=r"slot 0 already holds a request \(release it first\)"):
+        target.admit(0, [1])
+    for slot in (2, -1):
+        with pytest.raises(ValueError, match=r"outside \[0, 2\).*slots=N"):
+            target.admit(slot, [1])
+        with pytest.raises(ValueError, match=r"outside \[0, 2\).*slots=N"):
+            target.forward_tree(tree, np.array([slot]))
+    with pytest.raises(ValueError, match="repeat a slot"):
+        target.forward_tree(make_tree([([4], [-1]), ([5], [-1])]), np.array([0, 0]))
+    with pytest.raises(ValueError, match="slot 1 holds no request"):
+        target.forward_tree(make_tree([([4], [-1]), ([5], [-1])]), np.array([0, 1]))
+    target.admit(1, [7])
+    with pytest.raises(ValueError, match="tree has 1 rows but 2 slots were given"):
+        target.forward_tree(tree, np.array([0, 1]))
     with pytest.raises(ValueError, match="preceding forward_tree"):
         target.commit(tree, verdict)
-    target.forward_tree(tree)
+    target.forward_tree(tree, np.array([0]))
     with pytest.raises(ValueError, match="parent links"):
         target.commit(tree, Verdict(path=np.array([[0, 1, 2]]), num_accepted=np.array([2]), bonus_tokens=np.array([0])))
     with pytest.raises(ValueError, match="different tree"):
         target.commit(make_tree([([4, 5, 7], [-1, 0, 0])]), verdict)
     target.commit(tree, verdict)
-    np.testing.assert_array_equal(target.cache_lengths, [5], err_msg="cache after committing root + node 2")
+    np.testing.assert_array_equal(target.cache_lengths, [5, 1], err_msg="cache after committing root + node 2 to slot 0")
+    with pytest.raises(ValueError, match="preceding forward_tree"):
+        target.commit(tree, verdict)  # the committed tree is gone
     with pytest.raises(ValueError, match="outside"):
-        target.prefill([[VOCAB]])
+        target.forward_tree(make_tree([([VOCAB], [-1])]), np.array([0]))
+    target.release(1)
+    with pytest.raises(ValueError, match="outside"):
+        target.admit(1, [VOCAB])
     with pytest.raises(ValueError, match="non-empty"):
-        target.prefill([[]])
+        target.admit(1, [])
+    with pytest.raises(ValueError, match="slot 1 holds no request"):
+        target.forward_tree(make_tree([([4], [-1])]), np.array([1]))  # a failed admit leaves the slot free
+    np.testing.assert_array_equal(target.cache_lengths, [5, 0], err_msg="cache lengths after a release")
 
+
+def test_capacity_is_preallocated_and_never_exceeded(folders):
+    """A slot holds at most ``capacity`` positions: an admission or a tree beyond it is refused
+    with a clear error and leaves the slot as it was (the cache never grows), and up to it the
+    outputs equal a roomier target's."""
+    folder = folders["llama-gqa-tied"]
+    target = load_target(folder, slots=2, capacity=10)
+    roomy = load_target(folder, slots=1, capacity=CAPACITY)
+    with pytest.raises(ValueError, match=r"admit\(slot=1\): slot 1 holds 0 positions and 11 more do not fit its "
+                                         r"capacity of 10; load the target with a larger capacity"):
+        target.admit(1, list(range(11)))
+    with pytest.raises(ValueError, match="slot 1 holds no request"):
+        target.release(1)  # the refused admission left the slot free
+    prompt = [3, 1, 4, 1, 5]
+    np.testing.assert_allclose(target.admit(0, prompt).logits, roomy.admit(0, prompt).logits, rtol=0, atol=TOL)
+    chain = make_tree([([9, 2, 6], [-1, 0, 1])])
+    path = Verdict(path=np.array([[0, 1, 2]]), num_accepted=np.array([2]), bonus_tokens=np.array([0]))
+    for step in range(2):  # 5 -> 8 -> 11 > 10: the second chain does not fit
+        if step == 1:
+            with pytest.raises(ValueError, match="forward_tree: slot 0 holds 8 positions and 3 more do not fit its "
+                                                 "capacity of 10"):
+                target.forward_tree(chain, np.array([0]))
+            break
+        out = target.forward_tree(chain, np.array([0]))
+        np.testing.assert_allclose(out.logits, roomy.forward_tree(chain, np.array([0])).logits, rtol=0, atol=TOL)
+        target.commit(chain, path), roomy.commit(chain, path)
+    np.testing.assert_array_equal(target.cache_lengths, [8, 0], err_msg="a refused tree must not change the cache")
+    assert target.capacity == 10 and target.cache.capacity == 10, "the cache must never grow"
+    two = make_tree([([9, 2], [-1, 0])])  # exactly fills the slot: 8 + 2 = 10
+    np.testing.assert_allclose(target.forward_tree(two, np.array([0])).logits,
+                               roomy.forward_tree(two, np.array([0])).logits, rtol=0, atol=TOL,
+                               err_msg="a tree that exactly fills the capacity")
+    verdict = Verdict(path=np.array([[0, 1]]), num_accepted=np.array([1]), bonus_tokens=np.array([0]))
+    target.commit(two, verdict)
+    np.testing.assert_array_equal(target.cache_lengths, [10, 0])
+    with pytest.raises(ValueError, match="do not fit its capacity"):
+        target.forward_tree(make_tree([([1], [-1])]), np.array([0]))  # even a root alone is refused when full
+
+
+def _accept(rows, nodes):
+    """Verdict accepting the path to ``nodes[b]`` in row b of ``make_tree(rows)``."""
+    paths = [path_to(parents, node) for (_, parents), node in zip(rows, nodes)]
+    path = np.full((len(rows), max(len(tokens) for tokens, _ in rows)), -1, dtype=np.int64)
+    for b, nodes_ in enumerate(paths):
+        path[b, : len(nodes_)] = nodes_
+    return Verdict(path=path, num_accepted=np.array([len(p) - 1 for p in paths], dtype=np.int64),
+                   bonus_tokens=np.zeros(len(rows), dtype=np.int64))
+
+
+SLOT_TOL = 1e-12
+
+
+@pytest.mark.parametrize("name", MODEL_NAMES)
+def test_a_slot_does_not_depend_on_other_slots(folders, name):
+    """Prompts admitted into slots 2 and 0: slot 2's tree outputs are the same run alone ([2]) or
+    with slot 0 ([0, 2], [2, 0]), and equal a one-slot target's; commits over both slots keep it
+    so; after release(2) and admit(2, another prompt) slot 2 behaves like a fresh target."""
+    target = load_target(folders[name], slots=3, capacity=CAPACITY)
+    rng = np.random.default_rng(7)
+    prompt2, prompt0, other = (rng.integers(0, VOCAB, size=n).tolist() for n in (7, 4, 10))
+    row2, row0 = ([5, 6, 7, 8, 9], [-1, 0, 0, 1, 3]), ([9, 1, 2], [-1, 0, 1])
+
+    def fresh_run(prompt, steps):
+        """A one-slot target: admit ``prompt``, then per step (rows, node) forward and commit."""
+        fresh = load_target(folders[name], slots=1, capacity=CAPACITY)
+        outputs = [fresh.admit(0, prompt)]
+        for row, node in steps:
+            outputs.append(fresh.forward_tree(make_tree([row]), np.array([0])))
+            if node is not None:
+                fresh.commit(make_tree([row]), _accept([row], [node]))
+        return outputs
+
+    def same(a, b, what):
+        np.testing.assert_allclose(a, b, rtol=0, atol=SLOT_TOL, err_msg=f"{what}, {name}")
+
+    expected = fresh_run(prompt2, [(row2, None), (row2, 4), (row0, None)])
+    admitted = target.admit(2, prompt2)
+    target.admit(0, prompt0)
+    same(admitted.logits, expected[0].logits, "admit into slot 2 vs a one-slot target")
+    same(admitted.hidden, expected[0].hidden, "admit hidden into slot 2 vs a one-slot target")
+    alone = target.forward_tree(make_tree([row2]), np.array([2]))
+    together = target.forward_tree(make_tree([row0, row2]), np.array([0, 2]))
+    swapped = target.forward_tree(make_tree([row2, row0]), np.array([2, 0]))
+    n = len(row2[0])
+    same(together.logits[1, :n], alone.logits[0], "slot 2's tree logits over [0, 2] vs over [2] alone")
+    same(together.hidden[1, :n], alone.hidden[0], "slot 2's tree hidden over [0, 2] vs over [2] alone")
+    same(swapped.logits[0], alone.logits[0], "slot 2's tree logits over [2, 0] vs over [2] alone")
+    same(alone.logits[0], expected[1].logits[0], "slot 2's tree logits vs a one-slot target")
+    same(together.logits[0, :3], swapped.logits[1, :3], "slot 0's tree logits over [0, 2] vs [2, 0]")
+    # Commit over both slots (the last forward_tree: rows [2, 0]), then slot 2 alone again.
+    target.commit(make_tree([row2, row0]), _accept([row2, row0], [4, 2]))
+    np.testing.assert_array_equal(target.cache_lengths, [4 + 3, 0, 7 + 4], err_msg=f"lengths after commit, {name}")
+    after = target.forward_tree(make_tree([row0]), np.array([2]))
+    same(after.logits[0], expected[3].logits[0], "slot 2's next tree after a commit over [2, 0] vs a one-slot target")
+    # A released slot admits a new request like a fresh target; slot 0 is unaffected.
+    slot0_before = target.forward_tree(make_tree([row2]), np.array([0]))
+    target.release(2)
+    np.testing.assert_array_equal(target.cache_lengths, [7, 0, 0], err_msg=f"lengths after release(2), {name}")
+    expected = fresh_run(other, [(row2, None), (row0, 1), (row2, None)])
+    readmitted = target.admit(2, other)
+    same(readmitted.logits, expected[0].logits, "admit after release vs a fresh target")
+    same(readmitted.hidden, expected[0].hidden, "admit hidden after release vs a fresh target")
+    out = target.forward_tree(make_tree([row2, row2]), np.array([0, 2]))
+    same(out.logits[1], expected[1].logits[0], "the readmitted slot's tree vs a fresh target")
+    same(out.logits[0], slot0_before.logits[0], "slot 0's tree before and after slot 2 was released and readmitted")
+    out = target.forward_tree(make_tree([row0]), np.array([2]))
+    same(out.logits[0], expected[2].logits[0], "the readmitted slot's second tree vs a fresh target")
+    target.commit(make_tree([row0]), _accept([row0], [1]))
+    same(target.forward_tree(make_tree([row2]), np.array([2])).logits[0], expected[3].logits[0],
+         "the readmitted slot after a commit vs a fresh target")

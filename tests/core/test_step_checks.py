@@ -18,6 +18,8 @@ from specdec.reference.verify import GreedyVerifier
 class ChainDrafter:
     """One beam repeating the root, which the random target (it repeats its last token) accepts."""
 
+    caps = specdec.DrafterCaps()
+
     def __init__(self, tokens=None):
         self.tokens = tokens
 

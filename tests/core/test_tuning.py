@@ -35,10 +35,10 @@ class SlowTarget:
     def __getattr__(self, name):
         return getattr(self._inner, name)
 
-    def forward_tree(self, tree):
+    def forward_tree(self, tree, slots, **options):
         if self.dtype == "slow":
             time.sleep(SLOW_SECONDS)
-        return self._inner.forward_tree(tree)
+        return self._inner.forward_tree(tree, slots, **options)
 
 
 class TwoDtypeBackend(NumpyBackend):
@@ -53,11 +53,11 @@ class TwoDtypeBackend(NumpyBackend):
     def describe_device(self, device=None):
         return f"test device {device}"
 
-    def load_target(self, source, *, dtype=None, device=None):
+    def load_target(self, source, *, dtype=None, device=None, **slots):
         self.loads.append(dtype)
         if isinstance(source, SlowTarget):
             return source
-        return SlowTarget(super().load_target(source), dtype or "fast")
+        return SlowTarget(super().load_target(source, **slots), dtype or "fast")
 
 
 @pytest.fixture

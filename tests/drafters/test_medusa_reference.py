@@ -224,7 +224,7 @@ def test_drafter_and_builder_satisfy_the_protocols_and_compose():
     drafter = MedusaDrafter(config, init_random_weights(config, rng))
     builder = StaticTreeBuilder(config.choices)
     assert isinstance(drafter, Drafter) and isinstance(builder, TreeBuilder), "Medusa protocol conformance"
-    assert drafter.tree_builder == ("medusa_tree", {"choices": "cpu16"}), "MedusaDrafter.tree_builder"
+    assert drafter.caps.tree_builder == ("medusa_tree", {"choices": "cpu16"}), "MedusaDrafter.caps.tree_builder"
     hidden = rng.normal(size=(1, 6))
     tree = builder.build(drafter.propose(DraftContext(root_tokens=np.array([3]), hidden=hidden)))
     order = np.argsort(-head_logits(config, drafter.weights, None, hidden)[0], axis=-1, kind="stable")  # (K, V)

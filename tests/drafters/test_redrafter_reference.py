@@ -201,7 +201,7 @@ def test_drafter_propose_beam_search_and_draft_probs():
     config, weights, embed_tokens, lm_head = tiny(7, head="tied")
     drafter = RedrafterDrafter(config, weights, embed_tokens=embed_tokens, lm_head=lm_head, beam_width=3, beam_length=3)
     assert isinstance(drafter, Drafter)
-    assert drafter.sample_shape is None, "a beam-search drafter needs no uniforms"
+    assert drafter.caps.sample_shape is None, "a beam-search drafter needs no uniforms"
     hidden = np.random.default_rng(2).normal(size=(2, 3))
     context = DraftContext(root_tokens=np.array([0, 3]), hidden=hidden, want_draft_probs=True)
     draft = drafter.propose(context)
@@ -227,7 +227,7 @@ def test_sampled_chains_draw_sample_from_the_processed_distribution():
     hidden, uniforms = rng.normal(size=(2, 3)), rng.random((2, 3, 4))
     draft = drafter.propose(DraftContext(root_tokens=np.array([1, 2]), hidden=hidden, sampling=sampling, uniforms=uniforms))
     assert draft.sampled and draft.draft_probs.shape == (2, 3, 3, 5), "sampled propose flags and shapes"
-    assert drafter.sample_shape == (3, 4), "RedrafterDrafter.sample_shape is (W, L) when sampling"
+    assert drafter.caps.sample_shape == (3, 4), "RedrafterDrafter.caps.sample_shape is (W, L) when sampling"
     for b, i in itertools.product(range(2), range(3)):
         state, chain = np.zeros(3), [int([1, 2][b])]
         for k in range(1, 4):

@@ -29,6 +29,8 @@ def test_builtins_register_through_entry_points():
 def test_third_party_plugin_adds_a_drafter():
     """A module with hookimpls is all a plugin needs; its drafter then works in generate()."""
     class RepeatRootDrafter:
+        caps = specdec.DrafterCaps()
+
         def propose(self, context):
             roots = context.root_tokens
             return specdec.Draft(root_tokens=roots, beams=np.repeat(roots[:, None, None], 3, axis=2))

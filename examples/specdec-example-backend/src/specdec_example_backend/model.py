@@ -1,10 +1,11 @@
 """A Llama-family target (llama, qwen2) in float32 NumPy: specdec.protocols.TargetModel.
 
-The KV cache holds, per row and layer, keys and values of shape (kv_heads, S, head_dim).
-``forward_tree`` runs every tree node at position ``cache length + depth`` attending to the cache
+The KV cache holds, per request slot and layer, keys and values of shape (kv_heads, capacity,
+head_dim), allocated once. ``admit`` prefills a prompt into a free slot; ``forward_tree`` runs
+every tree node of slot ``slots[b]`` at position ``length + depth`` attending to the slot's cache
 and to its ancestors (``tree.ancestor_mask``), and keeps the nodes' keys and values aside;
-``commit`` appends those of the accepted path (root first) to the cache. The cache grows by
-concatenation, which is simple and slow; a real backend preallocates.
+``commit`` appends those of the accepted path (root first) to each slot; ``release`` frees a slot.
+The checks every target makes of its arguments come from ``specdec.slots``.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import specdec
+from specdec.slots import check_layers, check_prompt, check_room, check_slot_arguments, check_slots
 
 
 def rms_norm(x, weight, eps):
@@ -26,12 +28,12 @@ def rotate_half(x):
 
 
 class Float32Target:
-    """Attributes generate and drafters read: vocab_size, hidden_size, eos_token_ids, tokenizer,
-    context_length, dtype, name, embed_tokens and lm_head (V, H)."""
+    """Attributes generate and drafters read: vocab_size, hidden_size, num_layers, num_slots,
+    capacity, eos_token_ids, tokenizer, context_length, dtype, name, embed_tokens and lm_head (V, H)."""
 
     dtype = "float32"
 
-    def __init__(self, folder):
+    def __init__(self, folder, *, slots=1, capacity=None):
         from safetensors.numpy import load_file
 
         folder = Path(folder)
@@ -63,8 +65,13 @@ class Float32Target:
         for i in range(int(config["num_hidden_layers"])):
             prefix = f"model.layers.{i}."
             self.layers.append({key[len(prefix):]: value for key, value in weights.items() if key.startswith(prefix)})
-        self.cache: list[list[tuple[np.ndarray, np.ndarray]]] = []  # [row][layer] -> (keys, values)
-        self.staged = None  # per row, per layer: the tree nodes' (keys, values)
+        self.num_layers = len(self.layers)
+        self.num_slots, self.capacity = check_slot_arguments(slots, capacity, self.context_length or 4096)
+        shape = (self.num_slots, self.num_layers, 2, self.kv_heads, self.capacity, self.head_dim)
+        self.cache = np.zeros(shape, dtype=np.float32)  # [slot, layer, keys|values]
+        self.lengths = np.zeros(self.num_slots, dtype=np.int64)
+        self.admitted = np.zeros(self.num_slots, dtype=bool)
+        self.staged = None  # (slots, per row and layer the tree nodes' (keys, values))
 
     @staticmethod
     def _eos_ids(folder: Path, config: dict) -> tuple[int, ...]:
@@ -85,12 +92,14 @@ class Float32Target:
         cos, sin = np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
         return x * cos + rotate_half(x) * sin
 
-    def _run(self, row, tokens, positions, mask):
-        """Hidden states (n, H) of new tokens of cache row ``row`` and their (keys, values) per layer.
-        positions (n,) absolute; mask (n, n): new token i sees new token j."""
+    def _run(self, slot, tokens, positions, mask, layers=()):
+        """Hidden states (n, H) of new tokens of ``slot``, their (keys, values) per layer and the
+        outputs {layer: (n, H)} of decoder ``layers``. positions (n,) absolute; mask (n, n): new
+        token i sees new token j."""
         n = len(tokens)
         x = self.embed_tokens[tokens]
-        entries = []
+        entries, outputs = [], {}
+        length = self.lengths[slot]
         for index, layer in enumerate(self.layers):
             h = rms_norm(x, layer["input_layernorm.weight"], self.eps)
             q = self._linear(h, layer, "self_attn.q_proj").reshape(n, self.heads, self.head_dim).transpose(1, 0, 2)
@@ -98,7 +107,7 @@ class Float32Target:
             v = self._linear(h, layer, "self_attn.v_proj").reshape(n, self.kv_heads, self.head_dim).transpose(1, 0, 2)
             q, k = self._rope(q, positions), self._rope(k, positions)
             entries.append((k, v))
-            past_k, past_v = self.cache[row][index] if self.cache[row] else (k[:, :0], v[:, :0])
+            past_k, past_v = self.cache[slot, index, 0, :, :length], self.cache[slot, index, 1, :, :length]
             keys = np.repeat(np.concatenate([past_k, k], axis=1), self.heads // self.kv_heads, axis=0)
             values = np.repeat(np.concatenate([past_v, v], axis=1), self.heads // self.kv_heads, axis=0)
             scores = q @ keys.transpose(0, 2, 1) / np.float32(np.sqrt(self.head_dim))  # (heads, n, S + n)
@@ -111,40 +120,60 @@ class Float32Target:
             h = rms_norm(x, layer["post_attention_layernorm.weight"], self.eps)
             gate = self._linear(h, layer, "mlp.gate_proj")
             x = x + self._linear(gate / (1 + np.exp(-gate)) * self._linear(h, layer, "mlp.up_proj"), layer, "mlp.down_proj")
-        return rms_norm(x, self.final_norm, self.eps), entries
+            if index in layers:
+                outputs[index] = x
+        return rms_norm(x, self.final_norm, self.eps), entries, outputs
 
-    def _length(self, row):
-        return self.cache[row][0][0].shape[1] if self.cache[row] else 0
+    def _append(self, slot, entries, nodes=None):
+        """Write per-layer (keys, values) (kv_heads, n, head_dim), or their ``nodes``, behind the slot's entries."""
+        start = self.lengths[slot]
+        for index, (k, v) in enumerate(entries):
+            k, v = (k, v) if nodes is None else (k[:, nodes], v[:, nodes])
+            self.cache[slot, index, 0, :, start : start + k.shape[1]] = k
+            self.cache[slot, index, 1, :, start : start + k.shape[1]] = v
+        self.lengths[slot] += entries[0][0].shape[1] if nodes is None else len(nodes)
 
-    def prefill(self, prompts):
-        """Start a new cache for these prompts; logits (B, 1, V) and hidden (B, 1, H) at each last token."""
-        self.cache, self.staged = [[] for _ in prompts], None
-        hidden = np.empty((len(prompts), 1, self.hidden_size), dtype=np.float32)
-        for b, prompt in enumerate(prompts):
-            tokens = np.asarray(prompt, dtype=np.int64)
-            causal = np.tril(np.ones((len(tokens), len(tokens)), dtype=bool))
-            out, self.cache[b] = self._run(b, tokens, np.arange(len(tokens)), causal)
-            hidden[b, 0] = out[-1]
-        return specdec.TargetOutput(logits=hidden @ self.lm_head.T, hidden=hidden)
+    def admit(self, slot, prompt, *, layers=()):
+        """Prefill ``prompt`` into the free ``slot``: logits (V,) at its last token, hidden (P, H) and
+        the outputs of decoder ``layers`` (P, H) at every token."""
+        tokens = check_prompt(prompt, self.vocab_size)
+        wanted = check_layers(layers, self.num_layers)
+        slot = int(check_slots(self.admitted, [slot], admitted_state=False, what="admit")[0])
+        check_room(self.lengths, np.array([slot]), len(tokens), self.capacity, "admit")
+        self.admitted[slot], self.lengths[slot] = True, 0
+        causal = np.tril(np.ones((len(tokens), len(tokens)), dtype=bool))
+        hidden, entries, outputs = self._run(slot, tokens, np.arange(len(tokens)), causal, wanted)
+        self._append(slot, entries)
+        return specdec.PromptOutput(logits=hidden[-1] @ self.lm_head.T, hidden=hidden, layers=outputs)
 
-    def forward_tree(self, tree):
+    def release(self, slot):
+        slot = int(check_slots(self.admitted, [slot], admitted_state=True, what="release")[0])
+        self.admitted[slot], self.lengths[slot], self.staged = False, 0, None
+
+    def forward_tree(self, tree, slots, *, layers=()):
         """Logits (B, N, V) and hidden (B, N, H) of every node; the cache is unchanged until commit."""
+        slots = check_slots(self.admitted, slots, what="forward_tree")
+        wanted = check_layers(layers, self.num_layers)
         tokens, depth = np.asarray(tree.tokens), np.asarray(tree.depth)
         mask = np.asarray(tree.ancestor_mask, dtype=bool)
-        if tokens.shape[0] != len(self.cache):
-            raise specdec.InvalidInputError(f"the tree has {tokens.shape[0]} rows, the cache {len(self.cache)}")
+        if tokens.shape[0] != len(slots):
+            raise specdec.InvalidInputError(f"the tree has {tokens.shape[0]} rows, {len(slots)} slots were given")
+        check_room(self.lengths, slots, tokens.shape[1], self.capacity, "forward_tree")
         hidden = np.empty(tokens.shape + (self.hidden_size,), dtype=np.float32)
-        self.staged = []
-        for b in range(tokens.shape[0]):
-            hidden[b], entries = self._run(b, tokens[b], self._length(b) + depth[b], mask[b])
-            self.staged.append(entries)
-        return specdec.TargetOutput(logits=hidden @ self.lm_head.T, hidden=hidden)
+        outputs = {i: np.empty_like(hidden) for i in wanted}
+        staged = []
+        for b, slot in enumerate(slots):
+            hidden[b], entries, row_outputs = self._run(slot, tokens[b], self.lengths[slot] + depth[b], mask[b], wanted)
+            for i, value in row_outputs.items():
+                outputs[i][b] = value
+            staged.append(entries)
+        self.staged = (slots, staged)
+        return specdec.TargetOutput(logits=hidden @ self.lm_head.T, hidden=hidden, layers=outputs)
 
     def commit(self, tree, verdict):
-        """Append the keys and values of each row's accepted path (root first) to its cache."""
+        """Append the keys and values of each row's accepted path (root first) to its slot."""
         path, accepted = np.asarray(verdict.path), np.asarray(verdict.num_accepted)
-        for b, entries in enumerate(self.staged):
-            nodes = path[b, : accepted[b] + 1]
-            self.cache[b] = [(np.concatenate([k0, k[:, nodes]], axis=1), np.concatenate([v0, v[:, nodes]], axis=1))
-                             for (k0, v0), (k, v) in zip(self.cache[b], entries)]
+        slots, staged = self.staged
+        for b, (slot, entries) in enumerate(zip(slots, staged)):
+            self._append(slot, entries, path[b, : accepted[b] + 1])
         self.staged = None

@@ -15,7 +15,7 @@ class Numpy32Backend:
 
     name = "numpy32"
 
-    def load_target(self, source, *, dtype=None, device=None):
+    def load_target(self, source, *, dtype=None, device=None, slots=1, capacity=None):
         from specdec_example_backend.model import Float32Target
 
         if dtype not in (None, "float32"):
@@ -24,7 +24,7 @@ class Numpy32Backend:
             raise specdec.InvalidInputError(f"the numpy32 backend runs on the cpu only, got device={device!r}")
         if isinstance(source, Float32Target):
             return source
-        return Float32Target(source)
+        return Float32Target(source, slots=slots, capacity=capacity)
 
     def to_numpy(self, array):
         return np.asarray(array)

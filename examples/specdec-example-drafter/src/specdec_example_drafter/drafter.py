@@ -14,6 +14,8 @@ import specdec
 class NgramDrafter:
     """specdec.protocols.Drafter: beams (B, beam_width, beam_length), root included."""
 
+    caps = specdec.DrafterCaps()  # beams for the prefix tree, nothing drawn, no per-request state
+
     def __init__(self, backend, target, *, ngram: int = 2, beam_width: int = 2, beam_length: int = 5):
         for name, value, least in (("ngram", ngram, 1), ("beam_width", beam_width, 1), ("beam_length", beam_length, 2)):
             if not isinstance(value, int) or isinstance(value, bool) or value < least:

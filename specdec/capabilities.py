@@ -1,0 +1,79 @@
+"""What the decode loop needs to know about a drafter or a verifier, declared as data.
+
+A drafter has a ``caps: DrafterCaps`` attribute and a verifier a ``caps: VerifierCaps``
+attribute; the loop and ``generate`` read nothing else from them besides the protocol methods
+(docs/design.md section 2, docs/decisions/0006-request-slots.md). ``drafter_caps`` and
+``verifier_caps`` read them and name the plugin when one is missing.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import attrs
+
+from specdec.errors import PluginOutputError
+
+
+def _options(value: Mapping[str, Any] | None) -> Mapping[str, Any]:
+    return dict(value or {})
+
+
+@attrs.frozen(kw_only=True)
+class DrafterCaps:
+    """A drafter's needs and habits.
+
+    tree_builder: the tree builder its drafts are meant for and its options (``"prefix_tree"``
+        packs beams, ``"medusa_tree"`` the heads' top-k, ...); the user may pick another.
+    sample_shape: (W, L) when the drafter draws its proposal with the loop's uniforms
+        (``DraftContext.uniforms`` (B, W, L)); None when it draws nothing.
+    sampled_proposals: its beams are independent draws from ``Draft.draft_probs`` (the loop then
+        verifies sampled decoding with rejection sampling by default).
+    stateful: the loop calls ``begin`` / ``observe`` / ``end`` (``specdec.protocols.RequestObserver``)
+        so the drafter can keep per-request state, e.g. its own KV cache.
+    hidden_layers: decoder layers (0-based) whose outputs the drafter needs beside the last
+        layer's, in ``PromptOutput.layers`` and ``Accepted.layers`` (e.g. low, mid and high
+        layers for fused-feature drafters). Only stateful drafters receive them.
+    """
+
+    tree_builder: tuple[str, Mapping[str, Any]] = attrs.field(
+        default=("prefix_tree", {}), converter=lambda v: (str(v[0]), _options(v[1])))
+    sample_shape: tuple[int, int] | None = attrs.field(
+        default=None, converter=lambda v: None if v is None else (int(v[0]), int(v[1])))
+    sampled_proposals: bool = False
+    stateful: bool = False
+    hidden_layers: tuple[int, ...] = attrs.field(default=(), converter=lambda v: tuple(int(i) for i in v))
+
+
+@attrs.frozen(kw_only=True)
+class VerifierCaps:
+    """needs_draft_probs: the verifier reads ``Draft.draft_probs`` (the loop asks the drafter for
+    them, ``DraftContext.want_draft_probs``). needs_sampled_draft: it is exact only for beams
+    drawn from ``draft_probs`` (``Draft.sampled``)."""
+
+    needs_draft_probs: bool = False
+    needs_sampled_draft: bool = False
+
+
+def drafter_caps(drafter: Any, source: str = "") -> DrafterCaps:
+    """``drafter.caps``, or an error naming the plugin when it declares none."""
+    caps = getattr(drafter, "caps", None)
+    if not isinstance(caps, DrafterCaps):
+        who = source or f"drafter {type(drafter).__name__}"
+        raise PluginOutputError(
+            f"{who} declares no capabilities: a drafter needs a `caps` attribute holding a "
+            f"specdec.DrafterCaps (got {type(caps).__name__}); see docs/writing-a-drafter.md"
+        )
+    return caps
+
+
+def verifier_caps(verifier: Any, source: str = "") -> VerifierCaps:
+    """``verifier.caps``, or an error naming the plugin when it declares none."""
+    caps = getattr(verifier, "caps", None)
+    if not isinstance(caps, VerifierCaps):
+        who = source or f"verifier {type(verifier).__name__}"
+        raise PluginOutputError(
+            f"{who} declares no capabilities: a verifier needs a `caps` attribute holding a "
+            f"specdec.VerifierCaps (got {type(caps).__name__}); see docs/writing-a-backend.md"
+        )
+    return caps

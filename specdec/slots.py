@@ -1,0 +1,69 @@
+"""Checks every target makes of its slot arguments, shared so that every backend words them alike."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from specdec.errors import InvalidInputError
+
+DEFAULT_CAPACITY = 4096  # positions per slot when a target is loaded without a capacity (at most its context)
+TREE_ROOM = 256  # positions a slot keeps beyond prompt + new tokens for the last step's draft tree
+
+
+def check_slot_arguments(slots, capacity, context_length: int) -> tuple[int, int]:
+    """(slots, capacity) of a target being loaded; capacity None means the model's context length,
+    at most DEFAULT_CAPACITY."""
+    if isinstance(slots, bool) or not isinstance(slots, (int, np.integer)) or slots < 1:
+        raise InvalidInputError(f"slots must be a positive integer (requests decoded at once), got {slots!r}")
+    if capacity is None:
+        capacity = min(int(context_length), DEFAULT_CAPACITY)
+    if isinstance(capacity, bool) or not isinstance(capacity, (int, np.integer)) or capacity < 2:
+        raise InvalidInputError(f"capacity must be an integer >= 2 (positions per slot), got {capacity!r}")
+    return int(slots), int(capacity)
+
+
+def check_prompt(prompt: Sequence[int], vocab_size: int) -> np.ndarray:
+    """A prompt as (P,) int64 after checking it is a non-empty sequence of ids in the vocabulary."""
+    array = np.asarray(prompt, dtype=np.int64) if len(prompt) else np.zeros(0, dtype=np.int64)
+    if array.ndim != 1 or array.size == 0:
+        raise InvalidInputError(f"a prompt must be a non-empty sequence of token ids, got shape {array.shape}")
+    if array.min() < 0 or array.max() >= vocab_size:
+        raise InvalidInputError(f"the prompt holds token ids outside [0, {vocab_size}): {array.min()}..{array.max()}")
+    return array
+
+
+def check_slots(admitted: np.ndarray, slots, *, admitted_state: bool = True, what: str) -> np.ndarray:
+    """``slots`` as (B,) int64 after checking they are distinct, in range and each admitted (or,
+    with ``admitted_state=False``, free); ``admitted`` (num_slots,) bool is the target's record."""
+    num_slots = len(admitted)
+    slots = np.asarray(slots, dtype=np.int64).reshape(-1)
+    if np.any(slots < 0) or np.any(slots >= num_slots):
+        raise InvalidInputError(f"{what}: slots {slots.tolist()} outside [0, {num_slots}); the target was loaded "
+                                f"with {num_slots} slot(s) (load it with more: slots=N)")
+    if len(set(slots.tolist())) != len(slots):
+        raise InvalidInputError(f"{what}: slots {slots.tolist()} repeat a slot")
+    wrong = slots[admitted[slots] != admitted_state]
+    if wrong.size:
+        state = "holds no request (admit one first)" if admitted_state else "already holds a request (release it first)"
+        raise InvalidInputError(f"{what}: slot {int(wrong[0])} {state}")
+    return slots
+
+
+def check_room(lengths: np.ndarray, slots: np.ndarray, size: int, capacity: int, what: str) -> None:
+    """Each of ``slots`` has room for ``size`` more positions beyond its ``lengths``."""
+    full = slots[lengths[slots] + size > capacity]
+    if full.size:
+        s = int(full[0])
+        raise InvalidInputError(
+            f"{what}: slot {s} holds {int(lengths[s])} positions and {size} more do not fit its capacity of "
+            f"{capacity}; load the target with a larger capacity")
+
+
+def check_layers(layers: Sequence[int], num_layers: int) -> set[int]:
+    """The decoder layers asked for, after checking they exist."""
+    wanted = {int(i) for i in layers}
+    if any(not 0 <= i < num_layers for i in wanted):
+        raise InvalidInputError(f"layers {sorted(wanted)} outside the target's decoder layers 0..{num_layers - 1}")
+    return wanted

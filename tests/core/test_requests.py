@@ -1,0 +1,172 @@
+"""Requests over target slots (specdec.loop.Decoder): a request's tokens do not depend on what
+else shares its steps, or when others arrive, finish or are cancelled; stateful drafters see
+every request begin, every accepted token with its hidden state, and every request end.
+
+Exact by construction: the float64 reference runs each tree row alone (specdec.reference.model),
+each request draws from its own generator, and the drafters here are integer-exact on the host
+(none, lookup) or greedy (where the output is the target's whatever is drafted).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import specdec
+from specdec.generate import prepare
+from specdec.loop import Decoder
+from specdec.reference.model import load_target
+from specdec.testing import make_random_drafter
+
+SAMPLINGS = [specdec.SamplingConfig(), specdec.SamplingConfig(temperature=0.8),
+             specdec.SamplingConfig(temperature=1.2, top_k=20)]
+
+
+@pytest.fixture(scope="module")
+def redrafter(model_dir, tmp_path_factory):
+    return make_random_drafter(tmp_path_factory.mktemp("requests") / "redrafter", model_dir, kind="redrafter", seed=3)
+
+
+def plan_for(target, drafter, **options):
+    """A decode plan over ``target`` whose verifier serves greedy and sampled requests alike."""
+    plan, *_ = prepare(target, [1], drafter, "numpy", max_new_tokens=8, temperature=0.0, top_k=None, top_p=None,
+                       dtype=None, device=None, registry=None, options={"verifier": "exact", **options})
+    return plan
+
+
+def run(plan, schedule) -> dict[int, list[int]]:
+    """Decode ``schedule``: a list of (arrival step, Request, cancel step or None); returns the
+    tokens of every request that was not cancelled, by its index in the schedule."""
+    decoder = Decoder(plan)
+    ids, tokens, step = {}, {}, 0
+    try:
+        while step == 0 or not decoder.idle or any(arrival >= step for arrival, _, _ in schedule):
+            for index, (arrival, request, _) in enumerate(schedule):
+                if arrival == step:
+                    ids[decoder.submit(request)] = index
+            for index, (_, _, cancel) in enumerate(schedule):
+                if cancel == step and index in ids.values():
+                    request_id = next(r for r, i in ids.items() if i == index)
+                    decoder.cancel(request_id)
+                    tokens[index] = None
+            for result in decoder.step():
+                for request_id, new in zip(result.requests, result.new_tokens):
+                    if tokens.get(ids[request_id], []) is not None:
+                        tokens.setdefault(ids[request_id], []).extend(new)
+            step += 1
+            assert step < 500, "the decoder did not finish"
+    finally:
+        decoder.close()
+    assert not plan.target.cache.admitted.any(), "every slot is free at the end"
+    return {index: t for index, t in tokens.items() if t is not None}
+
+
+requests = st.builds(
+    lambda prompt, sampling, seed, new: specdec.Request(prompt=prompt, sampling=sampling, seed=seed,
+                                                        max_new_tokens=new),
+    st.one_of(st.lists(st.integers(0, 95), min_size=1, max_size=6),
+              st.lists(st.integers(0, 95), min_size=1, max_size=3).map(lambda p: p * 3)),
+    st.sampled_from(SAMPLINGS), st.integers(0, 2**31), st.integers(1, 9))
+schedules = st.lists(st.tuples(st.integers(0, 6), requests, st.one_of(st.none(), st.integers(0, 8))),
+                     min_size=1, max_size=5)
+
+
+@pytest.mark.parametrize("drafter", ["none", "lookup", "redrafter"])
+@settings(max_examples=15, deadline=None)
+@given(schedule=schedules, slots=st.integers(1, 3))
+def test_a_request_decodes_the_same_whatever_shares_its_steps(model_dir, redrafter, drafter, schedule, slots):
+    if drafter == "redrafter":  # its float drafts change with the batch: greedy output is the target's anyway
+        schedule = [(a, r.__class__(prompt=r.prompt, max_new_tokens=r.max_new_tokens), c) for a, r, c in schedule]
+    name = redrafter if drafter == "redrafter" else drafter
+    together = run(plan_for(load_target(model_dir, slots=slots, capacity=64), name), schedule)
+    alone_plan = plan_for(load_target(model_dir, slots=1, capacity=64), name)
+    for index, tokens in together.items():
+        _, request, _ = schedule[index]
+        alone = run(alone_plan, [(0, request, None)])[0]
+        assert tokens == alone, (f"request {index} ({request}) with {slots} slot(s) and schedule "
+                                 f"{[(a, c) for a, _, c in schedule]} differs from decoding it alone")
+
+
+def test_generate_with_fewer_slots_than_prompts_queues_them(model_dir):
+    prompts = [[1, 2, 3], [4, 5], [6], [7, 8, 9, 10]]
+    one = specdec.generate(specdec.load(model_dir, backend="numpy", slots=1), prompts, drafter="lookup",
+                           backend="numpy", max_new_tokens=6, stop_at_eos=False)
+    four = specdec.generate(specdec.load(model_dir, backend="numpy", slots=4), prompts, drafter="lookup",
+                            backend="numpy", max_new_tokens=6, stop_at_eos=False)
+    assert one.tokens == four.tokens and all(len(t) == 6 for t in one.tokens)
+
+
+class Recorder:
+    """A stateful drafter that drafts nothing and records its lifecycle."""
+
+    caps = specdec.DrafterCaps(stateful=True, hidden_layers=(0,))
+
+    def __init__(self):
+        self.events, self.open = [], {}
+
+    def begin(self, slot, prompt, output):
+        assert slot not in self.open, f"slot {slot} began twice without end"
+        self.open[slot] = {"prompt": prompt.tolist(), "tokens": [], "hidden": [output.hidden],
+                           "layer0": [output.layers[0]]}
+        self.events.append(("begin", slot))
+
+    def propose(self, context):
+        assert set(context.slots.tolist()) <= set(self.open), "propose for a slot that did not begin"
+        return specdec.Draft(root_tokens=context.root_tokens, beams=np.asarray(context.root_tokens)[:, None, None])
+
+    def observe(self, accepted):
+        for b, slot in enumerate(accepted.slots.tolist()):
+            n = int(accepted.num_accepted[b]) + 1
+            record = self.open[slot]
+            record["tokens"].extend(accepted.tokens[b, :n].tolist())
+            record["hidden"].append(np.asarray(accepted.hidden[b, :n]))
+            record["layer0"].append(np.asarray(accepted.layers[0][b, :n]))
+            assert (accepted.tokens[b, n:] == -1).all()
+
+    def end(self, slot):
+        self.events.append(("end", slot, self.open.pop(slot)))
+
+
+def test_stateful_drafter_sees_every_request_begin_commit_and_end(model_dir):
+    target = load_target(model_dir, slots=2, capacity=64)
+    recorder = Recorder()
+    plan = plan_for(target, recorder)
+    prompts = [[1, 2, 3], [4, 5], [6, 7, 8, 9]]
+    emitted = run(plan, [(0, specdec.Request(prompt=p, max_new_tokens=5), None) for p in prompts])
+    ended = [event[2] for event in recorder.events if event[0] == "end"]
+    assert len(ended) == 3 and not recorder.open and [e[0] for e in recorder.events].count("begin") == 3
+    fresh = load_target(model_dir, slots=1, capacity=64)
+    for record in ended:
+        index = prompts.index(record["prompt"])
+        # every committed token: the prompt's first emitted token onwards, except the last (never committed)
+        assert record["tokens"] == emitted[index][:-1]
+        text = record["prompt"] + record["tokens"]
+        expected = fresh.admit(0, text, layers=[0])
+        fresh.release(0)
+        np.testing.assert_allclose(np.concatenate(record["hidden"]), expected.hidden, rtol=0, atol=1e-12)
+        np.testing.assert_allclose(np.concatenate(record["layer0"]), expected.layers[0], rtol=0, atol=1e-12)
+
+
+def test_cancel_frees_the_slot_and_ends_the_request(model_dir):
+    target = load_target(model_dir, slots=1, capacity=64)
+    recorder = Recorder()
+    decoder = Decoder(plan_for(target, recorder))
+    first = decoder.submit(specdec.Request(prompt=[1, 2], max_new_tokens=20))
+    second = decoder.submit(specdec.Request(prompt=[3], max_new_tokens=2))
+    decoder.step(), decoder.step()
+    assert decoder.cancel(first) and not target.cache.admitted.any()
+    assert recorder.events[-1][:2] == ("end", 0)
+    while not decoder.idle:
+        decoder.step()
+    assert [e[:2] for e in recorder.events] == [("begin", 0), ("end", 0), ("begin", 0), ("end", 0)]
+    assert not decoder.cancel(second), "a finished request is no longer there to cancel"
+
+
+def test_requests_beyond_the_capacity_are_refused_before_anything_runs(model_dir):
+    target = load_target(model_dir, slots=1, capacity=16)
+    decoder = Decoder(plan_for(target, "none"))
+    with pytest.raises(specdec.InvalidInputError, match="needs 20 positions; the target's slots hold 16"):
+        decoder.submit(specdec.Request(prompt=[1] * 10, max_new_tokens=10))
+    assert decoder.idle and not target.cache.admitted.any()
