@@ -20,8 +20,8 @@ def specdec_register_backends(register):
 @hookspec
 def specdec_register_drafters(register):
     """Call ``register(name, backend, factory)`` (backend ``"*"``: every backend);
-    ``factory(target, checkpoint, **options)`` returns a ``Drafter`` for ``target``; ``checkpoint``
-    is a path or None; ``backend=`` (the Backend) is passed too when the signature names it.
+    ``factory(target, checkpoint, *, backend, **options)`` returns a ``Drafter`` for ``target``;
+    ``checkpoint`` is a path or None; ``backend`` is the Backend object the target runs on.
     See docs/writing-a-drafter.md."""
 
 
