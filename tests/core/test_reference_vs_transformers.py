@@ -17,6 +17,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 from specdec.reference.loading import load_target  # noqa: E402
+from specdec.testing.batch import Batch  # noqa: E402
 from specdec.testing.models import make_random_model  # noqa: E402
 
 VOCAB = 64
@@ -94,7 +95,7 @@ def test_inverse_frequencies_match_transformers(folders, name):
 @pytest.mark.parametrize("name", NAMES)
 @pytest.mark.parametrize("float64_islands, tolerance", [(True, 1e-8), (False, 1e-4)])
 def test_logits_match_transformers(folders, name, float64_islands, tolerance):
-    target = load_target(folders[name])
+    target = Batch(load_target(folders[name], slots=3))
     model = load_hf(folders[name], float64_islands=float64_islands, inv_freq=target.inv_freq)
     rng = np.random.default_rng(5)
     prompts = [rng.integers(0, VOCAB, size=n).tolist() for n in (1, 9, 30)]

@@ -25,6 +25,7 @@ import specdec
 from specdec.reference import verify as reference_verify
 from specdec.reference.sampling import target_probs
 from specdec.testing import make_random_drafter, make_random_model
+from specdec.testing.batch import Batch
 from specdec.types import SamplingConfig
 
 V, NEW, ROWS, ALPHA = 4, 3, 3000, 1e-3
@@ -44,7 +45,7 @@ def world(tmp_path_factory):
     root = tmp_path_factory.mktemp("e2e")
     model = make_random_model(root / "model", vocab_size=V, hidden_size=16, num_layers=1, num_heads=2, num_kv_heads=1,
                               seed=4)
-    target = specdec.load(model, backend="numpy")
+    target = Batch(specdec.load(model, backend="numpy"))
     joint = {}
     for cell in itertools.product(range(V), repeat=NEW):
         p = 1.0

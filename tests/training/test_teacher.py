@@ -8,6 +8,7 @@ import torch
 
 from specdec.reference.loading import load_target
 from specdec.testing import greedy_continuations
+from specdec.testing.batch import Batch
 from specdec.training.run import build_teacher_data
 from specdec.training.teacher import TeacherData, greedy_teacher, target_fingerprint
 
@@ -31,7 +32,7 @@ def test_hidden_states_match_the_reference_and_a_full_forward(tiny_model, tiny_t
     prompts = prompt_source("heldout", 0, 3)
     data = greedy_teacher(tiny_target.model, prompts, max_new_tokens=10, top_k=4, batch_size=3,
                           hidden_dtype=torch.float32)
-    reference = load_target(tiny_model).prefill(prompts)
+    reference = Batch(load_target(tiny_model, slots=len(prompts))).prefill(prompts)
     first = data.starts()
     np.testing.assert_allclose(data.hidden[first].double().numpy(), reference.hidden[:, 0], atol=1e-4, rtol=1e-4,
                                err_msg="greedy_teacher: hidden at the last prompt position differs from the reference")
