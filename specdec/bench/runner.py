@@ -107,19 +107,24 @@ def run_bench(
 
     import specdec
     from specdec.bench.peers import peer_runner
+    from specdec.bundled import resolve_model
+    from specdec.chat import load_chat_template
     from specdec.generate import encode_prompts
+    from specdec.reference.loading import load_tokenizer
+    from specdec.slots import TREE_ROOM
 
     records: list[BenchRecord] = []
     grid = list(grid)
     total = len(grid) * len(temperatures) * repeats * len(prompts) * len(methods)
     bar = tqdm(total=total, desc="bench", disable=not progress)
+    folder = resolve_model(model)  # prompts first: the target's one slot is sized to the longest
+    encoded = [encode_prompts(p.prompt, load_tokenizer(folder), 2**62, chat_template=load_chat_template(folder))[0][0]
+               for p in prompts]
+    capacity = max(map(len, encoded)) + max_new_tokens + TREE_ROOM
     for backend, dtype in grid:
-        target = specdec.load(model, backend=backend, dtype=dtype)
+        target = specdec.load(folder, backend=backend, dtype=dtype, capacity=capacity)
         choice = getattr(target, "dtype_choice", None)
         dtype_label = str(dtype or (f"{choice.dtype} ({choice.source})" if choice else "default"))
-        template = getattr(target, "chat_template", None)
-        encoded = [encode_prompts(p.prompt, target.tokenizer, target.vocab_size, chat_template=template)[0][0]
-                   for p in prompts]
         runners = {}
         for method in methods:
             if method.is_peer:
