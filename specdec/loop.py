@@ -92,6 +92,7 @@ class Decoder:
         self._free = list(range(int(plan.target.num_slots)))
         self._ids = itertools.count()
         self._hidden = None  # (num_slots, H) backend array: each slot's hidden state at its root
+        self._committing = False
         self.steps = 0
 
     @property
@@ -135,54 +136,100 @@ class Decoder:
         self.plan.target.release(slot)
         heapq.heappush(self._free, slot)
 
-    def step(self) -> list[StepResult]:
+    def step(self, *, max_prefill_tokens: int | None = None, failures: list | None = None) -> list[StepResult]:
         """Admit what fits, then one decode step of every active request; the results of both
-        (each with ``requests``, the request id of each row)."""
+        (each with ``requests``, the request id of each row).
+
+        max_prefill_tokens: admit waiting requests, in order, only while their prompts total at
+        most this many tokens (the first always: a longer prompt is admitted alone, in one
+        forward); None admits every request that finds a free slot.
+        failures: None raises what admitting or decoding raises. A list keeps the other requests
+        going: a request whose admission raises, or whose rows' forward raises, is dropped (its
+        slot freed) and ``(request id, exception)`` appended. A group of rows whose step raises
+        before its commit is run again one row at a time from the same state and random numbers
+        (not with stateful drafters), so the error stays with the requests that raise it.
+        """
         results = []
         if self.waiting and self._free:
-            results.append(self._admit())
+            results.append(self._admit(max_prefill_tokens, failures))
         if self.active:
             self.steps += 1
-            results.append(self._decode())
+            results.append(self._decode(failures))
         return results
 
-    def _admit(self) -> StepResult:
-        plan, backend, target = self.plan, self.plan.backend, self.plan.target
-        start = time.perf_counter()
-        ids, tokens = [], []
-        while self.waiting and self._free:
-            request_id, request = self.waiting.popleft()
-            slot = heapq.heappop(self._free)
-            state = RequestState(request, slot)
+    def _drop(self, request_id: int, error: Exception, failures: list) -> None:
+        """Record ``error`` for ``request_id`` and free its slot if it holds one."""
+        failures.append((request_id, error))
+        slot = next((s for s, (rid, _) in self.active.items() if rid == request_id), None)
+        if slot is None:
+            return
+        self.active.pop(slot)
+        for release in ((self.plan.drafter.end,) if self.caps.stateful else ()) + (self.plan.target.release,):
             try:
-                output = target.admit(slot, request.prompt, layers=self.layers)
-            except Exception:
-                heapq.heappush(self._free, slot)
-                raise
-            self.active[slot] = (request_id, state)
-            logits = backend.to_numpy(output.logits)[None]  # (1, V)
-            first = (np.argmax(logits, axis=-1) if state.generator is None else
-                     sample_from(target_probs(logits, request.sampling), np.array([state.draw(())])))
-            last = backend.from_numpy(np.array([len(request.prompt) - 1]), target)
-            if self._hidden is None:
-                self._hidden = output.hidden[backend.from_numpy(np.zeros(target.num_slots, dtype=np.int64), target)]
-            self._hidden[backend.from_numpy(np.array([slot]), target)] = output.hidden[last]
-            if self.caps.stateful:
-                plan.drafter.begin(slot, np.asarray(request.prompt, dtype=np.int64), output)
+                release(slot)
+            except Exception:  # noqa: BLE001 - the request failed already; its error is the one reported
+                pass
+        heapq.heappush(self._free, slot)
+
+    def _admit(self, max_prefill_tokens: int | None = None, failures: list | None = None) -> StepResult:
+        start = time.perf_counter()
+        ids, tokens, prefilled = [], [], 0
+        while self.waiting and self._free:
+            request_id, request = self.waiting[0]
+            if max_prefill_tokens is not None and prefilled and prefilled + len(request.prompt) > max_prefill_tokens:
+                break
+            self.waiting.popleft()
+            prefilled += len(request.prompt)
+            try:
+                tokens.append(self._admit_one(request_id, request))
+            except Exception as error:
+                if failures is None:
+                    raise
+                self._drop(request_id, error, failures)
+                continue
             ids.append(request_id)
-            tokens.append(state.emit([int(first[0])]))
-            if state.done:
-                self._finish(slot)
         zeros = np.zeros(len(ids), dtype=np.int64)
         return StepResult(step=self.steps, requests=tuple(ids), new_tokens=tokens, num_accepted=zeros,
                           num_drafted=zeros, num_verified=zeros + 1, time_prefill=time.perf_counter() - start,
                           prefilled=np.ones(len(ids), dtype=bool))
 
-    def _decode(self) -> StepResult:
+    def _admit_one(self, request_id: int, request: Request) -> list[int]:
+        """Prefill ``request`` into a free slot; its first token (none kept if it ends there)."""
+        plan, backend, target = self.plan, self.plan.backend, self.plan.target
+        slot = heapq.heappop(self._free)
+        state = RequestState(request, slot)
+        try:
+            output = target.admit(slot, request.prompt, layers=self.layers)
+        except Exception:
+            heapq.heappush(self._free, slot)
+            raise
+        self.active[slot] = (request_id, state)
+        logits = backend.to_numpy(output.logits)[None]  # (1, V)
+        first = (np.argmax(logits, axis=-1) if state.generator is None else
+                 sample_from(target_probs(logits, request.sampling), np.array([state.draw(())])))
+        last = backend.from_numpy(np.array([len(request.prompt) - 1]), target)
+        if self._hidden is None:
+            self._hidden = output.hidden[backend.from_numpy(np.zeros(target.num_slots, dtype=np.int64), target)]
+        self._hidden[backend.from_numpy(np.array([slot]), target)] = output.hidden[last]
+        if self.caps.stateful:
+            plan.drafter.begin(slot, np.asarray(request.prompt, dtype=np.int64), output)
+        kept = state.emit([int(first[0])])
+        if state.done:
+            self._finish(slot)
+        return kept
+
+    def _decode(self, failures: list | None = None) -> StepResult:
         groups: dict[SamplingConfig, list[int]] = {}
         for slot in sorted(self.active):
             groups.setdefault(self.active[slot][1].request.sampling, []).append(slot)
-        parts = [self._decode_group(sampling, np.array(slots, dtype=np.int64)) for sampling, slots in groups.items()]
+        parts = []
+        for sampling, slots in groups.items():
+            if failures is None:
+                parts.append(self._decode_group(sampling, np.array(slots, dtype=np.int64)))
+            else:
+                parts.extend(self._decode_isolated(sampling, slots, failures))
+        if not parts:
+            parts = [_empty_step(self.steps)]
         join = lambda name: np.concatenate([getattr(p, name) for p in parts])  # noqa: E731
         return StepResult(
             step=self.steps, requests=tuple(r for p in parts for r in p.requests),
@@ -191,6 +238,26 @@ class Decoder:
             time_draft=sum(p.time_draft for p in parts), time_verify=sum(p.time_verify for p in parts),
             time_other=sum(p.time_other for p in parts),
         )
+
+    def _decode_isolated(self, sampling: SamplingConfig, slots: list[int], failures: list) -> list[StepResult]:
+        """``_decode_group`` that drops the requests it fails for (see ``step``)."""
+        states = [self.active[s][1] for s in slots]
+        saved = [None if s.generator is None else s.generator.bit_generator.state for s in states]
+        self._committing = False
+        try:
+            return [self._decode_group(sampling, np.array(slots, dtype=np.int64))]
+        except Exception as error:
+            if len(slots) == 1 or self._committing or self.caps.stateful:
+                for slot in slots:
+                    if slot in self.active:
+                        self._drop(self.active[slot][0], error, failures)
+                return []
+        parts = []
+        for slot, state, generator_state in zip(slots, states, saved):
+            if generator_state is not None:
+                state.generator.bit_generator.state = generator_state
+            parts.extend(self._decode_isolated(sampling, [slot], failures))
+        return parts
 
     def _check(self, draft: Draft, tree, cause: Exception | None = None):
         """Host copies (beams or None, tree tokens, parents, num_nodes), after checking them."""
@@ -235,6 +302,7 @@ class Decoder:
         step_checks.check_verdict(plan.source("verifier"), path, num_accepted, bonus, parents, num_nodes,
                                   int(target.vocab_size))
         t2 = time.perf_counter()
+        self._committing = True  # from here on a failed group cannot be run again (_decode_isolated)
         target.commit(tree, verdict)
         # tokens of the distinct beams, before deduplication into the tree
         drafted = distinct_beams(beams) * (beams.shape[2] - 1) if beams is not None else num_nodes - 1
@@ -287,6 +355,13 @@ def decode_steps(plan: DecodePlan, prompts: Sequence[Sequence[int]], *, seed=Non
         if decoder is not None:
             decoder.close()
         lease.release(plan.target)
+
+
+def _empty_step(step: int) -> StepResult:
+    """A decode step whose every row failed (``Decoder.step`` with ``failures``)."""
+    zeros = np.zeros(0, dtype=np.int64)
+    return StepResult(step=step, requests=(), new_tokens=[], num_accepted=zeros, num_drafted=zeros,
+                      num_verified=zeros)
 
 
 def full_batch(result: StepResult, batch_size: int) -> StepResult:

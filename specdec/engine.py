@@ -1,0 +1,711 @@
+"""``specdec.Engine``: in-flight batching with speculation.
+
+A scheduler thread runs a ``specdec.loop.Decoder`` over a target loaded with N request slots.
+``submit`` may be called at any time from any thread: the request waits in a bounded queue
+(``QueueFullError`` when it is full), is admitted when a slot is free (at most
+``max_prefill_tokens`` prompt tokens per step, so long prompts do not stall the requests being
+decoded), and its tokens reach its ``Handle`` as each step accepts them. A request that
+finishes, hits a stop string or is cancelled frees its slot in that step.
+
+Each request draws its randomness from its own generator and every verifier is the ``exact``
+tree walk (greedy at temperature 0), so greedy and sampled requests share the engine and a
+request's tokens do not depend on what else runs (``specdec.requests``). A request whose step
+raises fails alone (``Decoder.step(failures=...)``); an error that cannot be pinned to requests
+fails those in flight, and the engine frees every slot and goes on serving.
+
+The target is leased for the engine's lifetime (``specdec.lease``): ``generate`` on it meanwhile
+raises ``TargetBusyError``. ``close(drain=True)`` finishes what was submitted,
+``close(drain=False)`` cancels it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import math
+import threading
+import time
+from collections import deque
+from typing import Any, AsyncIterator, Iterator, Sequence
+
+import attrs
+
+from specdec import lease
+from specdec.errors import InvalidInputError, SpecdecError
+from specdec.loop import DecodePlan, Decoder
+from specdec.requests import Request
+from specdec.serving.text import IncrementalText, StopStrings
+from specdec.slots import TREE_ROOM
+from specdec.types import SamplingConfig, StepResult
+
+FINISH_REASONS = ("stop", "length", "cancelled", "error")
+
+
+class QueueFullError(SpecdecError, RuntimeError):
+    """The engine's queue of waiting requests is full; retry later (HTTP 429)."""
+
+
+class EngineClosedError(SpecdecError, RuntimeError):
+    """The engine is closing or closed and takes no new requests (HTTP 503)."""
+
+
+class RequestFailedError(SpecdecError, RuntimeError):
+    """A request failed while it was decoded; ``__cause__`` is what raised."""
+
+
+@attrs.frozen(kw_only=True)
+class Chunk:
+    """What one step gave a request: ``tokens`` accepted, ``text`` they release (cut before a stop
+    string), and on its last chunk ``finish_reason`` ("stop", "length", "cancelled" or "error")."""
+
+    tokens: tuple[int, ...] = ()
+    text: str = ""
+    finish_reason: str | None = None
+
+
+@attrs.frozen(kw_only=True)
+class Completion:
+    """A finished request: every token, the text (no stop string or stop token in it), why it
+    ended, its prompt's length and its times in seconds (queue: submit to admission; first
+    token: submit to its first token; total: submit to its end)."""
+
+    tokens: tuple[int, ...]
+    text: str | None
+    finish_reason: str
+    prompt_tokens: int
+    time_in_queue: float | None
+    time_to_first_token: float | None
+    time_total: float
+
+    @property
+    def completion_tokens(self) -> int:
+        return len(self.tokens)
+
+
+class Histogram:
+    """Counts of observations per upper bound (cumulative on read), their sum and count."""
+
+    def __init__(self, buckets: Sequence[float]):
+        self.buckets = tuple(sorted(float(b) for b in buckets))
+        self.counts = [0] * (len(self.buckets) + 1)  # the last: above every bound
+        self.sum = 0.0
+        self.count = 0
+
+    def observe(self, value: float, times: int = 1) -> None:
+        index = next((i for i, bound in enumerate(self.buckets) if value <= bound), len(self.buckets))
+        self.counts[index] += times
+        self.sum += value * times
+        self.count += times
+
+    def cumulative(self) -> list[tuple[float, int]]:
+        """(upper bound, observations <= it) for every bound and +Inf."""
+        total, out = 0, []
+        for bound, count in zip(self.buckets + (math.inf,), self.counts):
+            total += count
+            out.append((bound, total))
+        return out
+
+
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5,
+                   5.0, 10.0, 20.0, 40.0, 80.0)
+
+
+class EngineMetrics:
+    """Counters and histograms of an engine, updated by its scheduler thread; read with ``snapshot``."""
+
+    COUNTERS = {
+        "requests_submitted": "requests accepted by submit",
+        "requests_rejected": "requests refused because the queue was full",
+        "prompt_tokens": "prompt tokens admitted",
+        "generation_tokens": "tokens emitted",
+        "prefill_forwards": "prompt forwards (admissions)",
+        "decode_steps": "decode steps (one target forward per group of requests sharing sampling settings)",
+        "decode_row_steps": "request rows in decode steps",
+        "decode_tokens": "tokens emitted by decode steps (bonus tokens counted)",
+        "draft_tokens": "drafted tokens verified (distinct beams)",
+        "accepted_tokens": "drafted tokens accepted",
+        "engine_resets": "steps that raised for no request in particular (every slot freed)",
+    }
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.counters = dict.fromkeys(self.COUNTERS, 0)
+        self.finished = dict.fromkeys(FINISH_REASONS, 0)
+        self.histograms = {
+            "time_to_first_token_seconds": Histogram(LATENCY_BUCKETS),
+            "inter_token_latency_seconds": Histogram(LATENCY_BUCKETS),
+            "request_latency_seconds": Histogram(LATENCY_BUCKETS),
+            "queue_time_seconds": Histogram(LATENCY_BUCKETS),
+            "step_seconds": Histogram(LATENCY_BUCKETS),
+            "tokens_per_step": Histogram(tuple(range(1, 17))),
+        }
+
+    def add(self, name: str, value: int = 1) -> None:
+        with self.lock:
+            self.counters[name] += value
+
+    def observe(self, name: str, value: float, times: int = 1) -> None:
+        with self.lock:
+            self.histograms[name].observe(value, times)
+
+    def snapshot(self) -> dict:
+        """{"counters", "finished" (per finish reason), "histograms": {name: (cumulative buckets, sum, count)}}."""
+        with self.lock:
+            return {"counters": dict(self.counters), "finished": dict(self.finished),
+                    "histograms": {name: (h.cumulative(), h.sum, h.count) for name, h in self.histograms.items()}}
+
+
+class Handle:
+    """One submitted request. Iterate it (or ``tokens()``) for its tokens as they are accepted,
+    ``chunks()`` for tokens with their text, ``async for`` / ``achunks()`` from asyncio;
+    ``result()`` waits for the ``Completion``; ``cancel()`` from any thread. A request that
+    failed raises ``RequestFailedError`` from iteration and ``result()``."""
+
+    def __init__(self, engine: "Engine", request: Request, *, stop: Sequence[str], tokenizer):
+        self.engine = engine
+        self.request = request
+        self.id: int | None = None  # the decoder's request id, once the scheduler has it
+        self.submitted_at = time.perf_counter()
+        self.admitted_at: float | None = None
+        self.first_token_at: float | None = None
+        self.finished_at: float | None = None
+        self.finish_reason: str | None = None
+        self.error: BaseException | None = None
+        self._tokens: list[int] = []
+        self._chunks: list[Chunk] = []
+        self._cond = threading.Condition()
+        self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future]] = []
+        self._last_at: float | None = None
+        self._detok = IncrementalText(tokenizer, request.prompt) if tokenizer is not None else None
+        self._stops = StopStrings(stop)
+        self._text: list[str] = []
+        if stop and tokenizer is None:
+            raise InvalidInputError("stop strings need the model's tokenizer, and this model has none; "
+                                    "use stop token ids")
+
+    # -- reading (any thread) --
+
+    @property
+    def done(self) -> bool:
+        return self.finish_reason is not None
+
+    @property
+    def prompt_tokens(self) -> int:
+        return len(self.request.prompt)
+
+    def chunks(self, timeout: float | None = None) -> Iterator[Chunk]:
+        """Chunks as they arrive; the last has ``finish_reason``. ``timeout``: the longest wait
+        for the next chunk (TimeoutError)."""
+        index = 0
+        while True:
+            with self._cond:
+                if not self._cond.wait_for(lambda: len(self._chunks) > index or self.done, timeout):
+                    raise TimeoutError(f"no token from request {self.id} in {timeout} s")
+                available = self._chunks[index:]
+                finished = self.done and len(self._chunks) == index + len(available)
+            for chunk in available:
+                yield chunk
+            index += len(available)
+            if finished:
+                self._raise_if_failed()
+                return
+
+    def tokens(self, timeout: float | None = None) -> Iterator[int]:
+        """Token ids as they are accepted (stop tokens included, nothing after a stop string's end)."""
+        for chunk in self.chunks(timeout):
+            yield from chunk.tokens
+
+    def __iter__(self) -> Iterator[int]:
+        return self.tokens()
+
+    async def achunks(self) -> AsyncIterator[Chunk]:
+        """``chunks()`` for asyncio: waits without blocking the event loop."""
+        loop = asyncio.get_running_loop()
+        index = 0
+        while True:
+            with self._cond:
+                available = self._chunks[index:]
+                finished = self.done
+                future = None
+                if not available and not finished:
+                    future = loop.create_future()
+                    self._waiters.append((loop, future))
+            if future is not None:
+                await future
+                continue
+            for chunk in available:
+                yield chunk
+            index += len(available)
+            if finished and not available:
+                self._raise_if_failed()
+                return
+
+    async def __aiter__(self) -> AsyncIterator[int]:
+        async for chunk in self.achunks():
+            for token in chunk.tokens:
+                yield token
+
+    def result(self, timeout: float | None = None) -> Completion:
+        """Wait for the request to end; its Completion (a cancelled request: what it had)."""
+        with self._cond:
+            if not self._cond.wait_for(lambda: self.done, timeout):
+                raise TimeoutError(f"request {self.id} did not finish in {timeout} s")
+        self._raise_if_failed()
+        return self._completion()
+
+    async def aresult(self) -> Completion:
+        async for _ in self.achunks():
+            pass
+        return self._completion()
+
+    def cancel(self) -> None:
+        """Stop the request; its slot is freed at the scheduler's next turn. No effect once done."""
+        if not self.done:
+            self.engine._post(("cancel", self))
+
+    def _raise_if_failed(self) -> None:
+        if self.error is not None:
+            raise RequestFailedError(f"request {self.id} failed: {type(self.error).__name__}: {self.error}"
+                                     ) from self.error
+
+    def _completion(self) -> Completion:
+        return Completion(
+            tokens=tuple(self._tokens), text="".join(self._text) if self._detok is not None else None,
+            finish_reason=self.finish_reason, prompt_tokens=self.prompt_tokens,
+            time_in_queue=None if self.admitted_at is None else self.admitted_at - self.submitted_at,
+            time_to_first_token=None if self.first_token_at is None else self.first_token_at - self.submitted_at,
+            time_total=(self.finished_at or time.perf_counter()) - self.submitted_at)
+
+    # -- writing (the scheduler thread) --
+
+    def _deliver(self, tokens: list[int], now: float, metrics: EngineMetrics) -> bool:
+        """Take a step's tokens; True when the request is finished (length, stop token or string).
+        Tokens after the one that completes a stop string are dropped."""
+        request = self.request
+        finish, text, kept = None, [], []
+        for token in tokens:
+            kept.append(token)
+            stop_token = token in request.stop_token_ids
+            if stop_token:
+                finish = "stop"
+            elif len(self._tokens) + len(kept) >= request.max_new_tokens:
+                finish = "length"
+            if self._detok is not None:
+                text.append(self._stops.add(self._detok.add(() if stop_token else (token,), final=finish is not None)))
+                if self._stops.hit is not None:
+                    finish = "stop"
+                elif finish is not None:
+                    text.append(self._stops.flush())
+            if finish is not None:
+                break
+        if kept:
+            if self.first_token_at is None:
+                self.first_token_at = now
+                metrics.observe("time_to_first_token_seconds", now - self.submitted_at)
+            else:
+                metrics.observe("inter_token_latency_seconds", (now - self._last_at) / len(kept), len(kept))
+            self._last_at = now
+        metrics.add("generation_tokens", len(kept))
+        self._tokens.extend(kept)
+        self._text.append("".join(text))
+        self._push(Chunk(tokens=tuple(kept), text="".join(text), finish_reason=finish), finish, None, now)
+        return finish is not None
+
+    def _finish(self, reason: str, error: BaseException | None, now: float) -> None:
+        text = ""
+        if reason == "cancelled" and self._detok is not None and self._stops.hit is None:
+            text = self._stops.flush()  # the text of every token delivered
+            self._text.append(text)
+        self._push(Chunk(text=text, finish_reason=reason), reason, error, now)
+
+    def _push(self, chunk: Chunk, finish: str | None, error: BaseException | None, now: float) -> None:
+        with self._cond:
+            if self.done:
+                return
+            self._chunks.append(chunk)
+            if finish is not None:
+                self.error, self.finished_at, self.finish_reason = error, now, finish
+            waiters, self._waiters = self._waiters, []
+            self._cond.notify_all()
+        for loop, future in waiters:
+            try:
+                loop.call_soon_threadsafe(_wake, future)
+            except RuntimeError:  # the waiter's event loop is closed: nobody is waiting any more
+                pass
+
+
+def _wake(future: asyncio.Future) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+class Engine:
+    """In-flight batching over one target with ``slots`` request slots (module docstring).
+
+    model: a model folder, a bundled name or a loaded target (``specdec.load(..., slots=N)``);
+    drafter, backend, dtype, device and ``**options`` as in ``specdec.generate`` (the verifier
+    is ``exact`` unless ``verifier=`` names another). capacity: positions a request may use,
+    prompt and new tokens (None: the model's context, at most ``specdec.slots.DEFAULT_CAPACITY``
+    less the tree room); a target loaded here gets ``tree_room`` (default
+    ``specdec.slots.TREE_ROOM``) more per slot for the draft tree of a request's last steps.
+    max_queue: requests that may wait for a slot before ``submit`` raises QueueFullError.
+    max_prefill_tokens: prompt tokens admitted per step (a longer prompt is admitted alone).
+    max_new_tokens: the default of ``submit``.
+    """
+
+    def __init__(self, model: Any, drafter: Any = "redrafter", backend: str | None = None, *, slots: int = 4,
+                 capacity: int | None = None, max_queue: int = 64, max_prefill_tokens: int | None = 512,
+                 max_new_tokens: int = 128, dtype: str | None = None, device: str | None = None,
+                 tree_room: int | None = None, registry=None, **options: Any):
+        from specdec.generate import load, load_backend, prepare
+
+        if isinstance(capacity, bool) or (capacity is not None and (not isinstance(capacity, int) or capacity < 2)):
+            raise InvalidInputError(f"capacity must be an integer >= 2 (positions per request), got {capacity!r}")
+        backend = load_backend(backend, _registry(registry)).name
+        if hasattr(model, "num_slots"):
+            target = model
+            room = tree_room if tree_room is not None else min(TREE_ROOM, int(target.capacity) // 4)
+        else:
+            room = TREE_ROOM if tree_room is None else tree_room
+            target = load(model, backend, dtype=dtype, device=device, slots=slots,
+                          capacity=None if capacity is None else capacity + room, registry=registry)
+        options = {"verifier": "exact", **options}
+        plan, *_ = prepare(target, [1], drafter, backend, max_new_tokens=1, temperature=0.0, top_k=None,
+                           top_p=None, dtype=None, device=None, registry=registry, options=options)
+        self._start(plan, capacity=capacity, tree_room=room, max_queue=max_queue,
+                    max_prefill_tokens=max_prefill_tokens, max_new_tokens=max_new_tokens)
+
+    @classmethod
+    def from_plan(cls, plan: DecodePlan, *, capacity: int | None = None, tree_room: int | None = None,
+                  max_queue: int = 64, max_prefill_tokens: int | None = 512, max_new_tokens: int = 128) -> "Engine":
+        """An engine over a prepared plan (``specdec.generate.prepare``); its verifier must serve
+        every sampling setting the requests use (``exact`` does)."""
+        engine = cls.__new__(cls)
+        room = tree_room if tree_room is not None else min(TREE_ROOM, int(plan.target.capacity) // 4)
+        engine._start(plan, capacity=capacity, tree_room=room, max_queue=max_queue,
+                      max_prefill_tokens=max_prefill_tokens, max_new_tokens=max_new_tokens)
+        return engine
+
+    def _start(self, plan: DecodePlan, *, capacity, tree_room, max_queue, max_prefill_tokens, max_new_tokens):
+        from specdec.arguments import context_length
+
+        for name, value, low in (("max_queue", max_queue, 0), ("max_new_tokens", max_new_tokens, 1),
+                                 ("tree_room", tree_room, 0)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise InvalidInputError(f"{name} must be an integer >= {low}, got {value!r}")
+        if max_prefill_tokens is not None and (isinstance(max_prefill_tokens, bool) or
+                                               not isinstance(max_prefill_tokens, int) or max_prefill_tokens < 1):
+            raise InvalidInputError(f"max_prefill_tokens must be a positive integer or None, got {max_prefill_tokens!r}")
+        target = plan.target
+        limit = int(target.capacity) - tree_room
+        model_context = context_length(target)
+        if model_context is not None:
+            limit = min(limit, model_context)
+        if capacity is not None:
+            limit = min(limit, capacity)
+        if limit < 2:
+            raise InvalidInputError(f"the target's slots hold {target.capacity} positions, which leaves no room for "
+                                    f"requests beside a draft tree of {tree_room}: load it with a larger capacity")
+        self.plan = plan
+        self.target = target
+        self.context_length = limit
+        self.tokenizer = getattr(target, "tokenizer", None)
+        self.chat_template = getattr(target, "chat_template", None)
+        self.num_slots = int(target.num_slots)
+        self.max_queue = max_queue
+        self.max_prefill_tokens = max_prefill_tokens
+        self.max_new_tokens = max_new_tokens
+        self.metrics = EngineMetrics()
+        self._cond = threading.Condition()
+        self._inbox: deque = deque()
+        self._handles: dict[int, Handle] = {}  # decoder request id -> handle, while in the decoder
+        self._waiting = 0  # submitted, not yet admitted, finished or cancelled
+        self._running = 0
+        self._closing = False
+        self._drain = True
+        self._stopped = False
+        self._ids = itertools.count()
+        lease.acquire(target)
+        try:
+            self._decoder = Decoder(plan)
+        except BaseException:
+            lease.release(target)
+            raise
+        self._thread = threading.Thread(target=self._run, name="specdec-engine", daemon=True)
+        self._thread.start()
+
+    # -- the public side (any thread) --
+
+    def encode(self, prompt: Any) -> list[int]:
+        """Token ids of one prompt: text, token ids, or a chat (rendered with the model's template)."""
+        from specdec.generate import encode_prompts
+
+        prompts, batched = encode_prompts(prompt, self.tokenizer, int(self.target.vocab_size),
+                                          chat_template=self.chat_template)
+        if batched:
+            raise InvalidInputError("submit takes one prompt; submit each prompt of a batch on its own")
+        return prompts[0]
+
+    def submit(self, prompt: Any, *, max_new_tokens: int | None = None, temperature: float = 0.0,
+               top_k: int | None = None, top_p: float | None = None, seed: int | Sequence[int] | None = None,
+               stop: str | Sequence[str] | None = None, stop_token_ids: Sequence[int] = (),
+               ignore_eos: bool = False) -> Handle:
+        """Queue one request and return its Handle; raises QueueFullError when ``max_queue``
+        requests already wait, EngineClosedError once closing, InvalidInputError for a prompt that
+        does not fit ``context_length`` with ``max_new_tokens``.
+
+        prompt: text, token ids, a chat, or a ``specdec.Request`` (then only ``stop`` may be given
+        too). seed: an int (the stream ``[seed, 0]``, as ``generate(..., seed=seed)`` for one
+        prompt) or None. stop: strings that end the request; its text stops before them.
+        stop_token_ids: tokens that end it (emitted; the model's EOS too unless ``ignore_eos``).
+        """
+        if isinstance(stop, str):
+            stop = [stop]
+        stop = list(stop or ())
+        if not all(isinstance(s, str) for s in stop):
+            raise InvalidInputError(f"stop must be a string or a list of strings, got {stop!r}")
+        if isinstance(prompt, Request):
+            if (max_new_tokens, temperature, top_k, top_p, seed, tuple(stop_token_ids), ignore_eos) != (
+                    None, 0.0, None, None, None, (), False):
+                raise InvalidInputError("a Request carries its own settings: pass only stop= beside it")
+            request = prompt
+        else:
+            from specdec.arguments import check_seed, sampling_config
+
+            sampling = sampling_config(temperature, top_k, top_p)
+            check_seed(seed)
+            eos = () if ignore_eos else tuple(self.plan.eos_token_ids or getattr(self.target, "eos_token_ids", ()))
+            request = Request(prompt=self.encode(prompt), sampling=sampling, seed=seed,
+                              max_new_tokens=self.max_new_tokens if max_new_tokens is None else max_new_tokens,
+                              stop_token_ids=tuple(dict.fromkeys([*map(int, stop_token_ids), *eos])))
+        self.check_request(request)
+        handle = Handle(self, request, stop=stop, tokenizer=self.tokenizer)
+        with self._cond:
+            if self._closing:
+                raise EngineClosedError("the engine is shutting down and takes no new requests")
+            if self._waiting >= self.max_queue:
+                self.metrics.add("requests_rejected")
+                raise QueueFullError(f"{self._waiting} requests are waiting for a slot, the most this engine queues "
+                                     f"(max_queue={self.max_queue}); retry later")
+            self._waiting += 1
+            self._inbox.append(("submit", handle))
+            self._cond.notify_all()
+        self.metrics.add("requests_submitted")
+        return handle
+
+    def check_request(self, request: Request) -> None:
+        """Raise InvalidInputError unless ``request`` fits: ids in the vocabulary, prompt and
+        max_new_tokens within ``context_length``."""
+        vocab = int(self.target.vocab_size)
+        if not request.prompt:
+            raise InvalidInputError("the prompt is empty: it needs at least one token")
+        bad = [t for t in request.prompt if not 0 <= t < vocab]
+        if bad:
+            raise InvalidInputError(f"the prompt has token ids outside the vocabulary [0, {vocab}): {bad[:8]}")
+        if len(request.prompt) >= self.context_length:
+            raise InvalidInputError(f"the prompt has {len(request.prompt)} tokens; this engine's context holds "
+                                    f"{self.context_length}: shorten it")
+        if len(request.prompt) + request.max_new_tokens > self.context_length:
+            raise InvalidInputError(
+                f"max_new_tokens={request.max_new_tokens} after a prompt of {len(request.prompt)} tokens exceeds this "
+                f"engine's context of {self.context_length} tokens: ask for at most "
+                f"{self.context_length - len(request.prompt)}")
+
+    def generate(self, prompt: Any, **settings: Any) -> Completion:
+        """``submit(prompt, **settings).result()``."""
+        return self.submit(prompt, **settings).result()
+
+    def stats(self) -> dict:
+        """{"slots", "running", "waiting", "free_slots", "closing", "alive"} now."""
+        with self._cond:
+            return {"slots": self.num_slots, "running": self._running, "waiting": self._waiting,
+                    "free_slots": self.num_slots - self._running, "closing": self._closing,
+                    "alive": self._thread.is_alive()}
+
+    @property
+    def closed(self) -> bool:
+        return self._stopped
+
+    def stop_accepting(self) -> None:
+        """Refuse new requests (EngineClosedError) and let those submitted finish."""
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
+
+    def close(self, drain: bool = True, timeout: float | None = None) -> None:
+        """Stop taking requests; ``drain``: finish those submitted, else cancel them. Then stop the
+        scheduler, free every slot and release the target's lease. Idempotent."""
+        with self._cond:
+            self._closing = True
+            self._drain = self._drain and drain
+            self._cond.notify_all()
+        if threading.current_thread() is not self._thread:
+            self._thread.join(timeout)
+            if self._thread.is_alive():
+                self.close(drain=False)
+                self._thread.join()
+        with self._cond:
+            if self._stopped:
+                return
+            self._stopped = True
+        try:
+            self._decoder.close()
+        finally:
+            lease.release(self.target)
+
+    def __enter__(self) -> "Engine":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close(drain=exc[0] is None)
+
+    def _post(self, command) -> None:
+        with self._cond:
+            self._inbox.append(command)
+            self._cond.notify_all()
+
+    # -- the scheduler thread --
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._inbox or not self._decoder.idle or self._closing)
+                commands = list(self._inbox)
+                self._inbox.clear()
+                cancel_all = self._closing and not self._drain
+            now = time.perf_counter()
+            for kind, handle in commands:
+                if kind == "submit":
+                    self._enter(handle, now)
+                else:
+                    self._cancel(handle, now)
+            if cancel_all:
+                for handle in list(self._handles.values()):
+                    self._cancel(handle, now)
+            if not self._decoder.idle:
+                self._step()
+                continue
+            with self._cond:
+                if self._closing and not self._inbox and self._decoder.idle:
+                    return
+
+    def _enter(self, handle: Handle, now: float) -> None:
+        if handle.done:
+            return
+        try:
+            handle.id = self._decoder.submit(handle.request)
+        except Exception as error:  # noqa: BLE001 - refused by the decoder: this request fails, no other
+            self._settle(handle, "error", error, now, waiting=True)
+            return
+        self._handles[handle.id] = handle
+
+    def _cancel(self, handle: Handle, now: float) -> None:
+        if handle.done:
+            return
+        waiting = handle.admitted_at is None
+        if handle.id is not None:
+            self._decoder.cancel(handle.id)
+        self._settle(handle, "cancelled", None, now, waiting=waiting)
+
+    def _settle(self, handle: Handle, reason: str, error: BaseException | None, now: float, *, waiting: bool) -> None:
+        """End ``handle`` (already out of the decoder) and count it."""
+        handle._finish(reason, error, now)
+        self._forget(handle, now, waiting=waiting)
+
+    def _forget(self, handle: Handle, now: float, *, waiting: bool) -> None:
+        if handle.id is not None:
+            self._handles.pop(handle.id, None)
+        with self._cond:
+            if waiting:
+                self._waiting -= 1
+            self._running = len(self._decoder.active)
+        metrics = self.metrics
+        with metrics.lock:
+            metrics.finished[handle.finish_reason] += 1
+            metrics.histograms["request_latency_seconds"].observe(now - handle.submitted_at)
+
+    def _step(self) -> None:
+        failures: list = []
+        start = time.perf_counter()
+        try:
+            results = self._decoder.step(max_prefill_tokens=self.max_prefill_tokens, failures=failures)
+        except Exception as error:  # noqa: BLE001 - not pinned to requests: those in flight fail, the engine goes on
+            self._reset(error)
+            return
+        now = time.perf_counter()
+        self.metrics.observe("step_seconds", now - start)
+        for result in results:
+            self._account(result, now)
+        for request_id, error in failures:
+            handle = self._handles.get(request_id)
+            if handle is not None and not handle.done:
+                self._settle(handle, "error", error, now, waiting=handle.admitted_at is None)
+        with self._cond:
+            self._running = len(self._decoder.active)
+
+    def _account(self, result: StepResult, now: float) -> None:
+        metrics = self.metrics
+        prefill = result.is_prefill
+        if prefill and result.requests:
+            metrics.add("prefill_forwards", len(result.requests))
+        elif not prefill and result.requests:
+            metrics.add("decode_steps")
+            metrics.add("decode_row_steps", len(result.requests))
+            metrics.add("draft_tokens", int(result.num_drafted.sum()))
+            metrics.add("accepted_tokens", int(result.num_accepted.sum()))
+        for request_id, tokens in zip(result.requests, result.new_tokens):
+            handle = self._handles.get(request_id)
+            if handle is None or handle.done:
+                continue
+            if prefill:
+                handle.admitted_at = now
+                metrics.add("prompt_tokens", handle.prompt_tokens)
+                metrics.observe("queue_time_seconds", now - handle.submitted_at)
+                with self._cond:
+                    self._waiting -= 1
+            else:
+                metrics.add("decode_tokens", len(tokens))
+                metrics.observe("tokens_per_step", len(tokens))
+            if handle._deliver(list(tokens), now, metrics):
+                self._decoder.cancel(request_id)  # ended by a stop string: the decoder does not know yet
+                self._forget(handle, now, waiting=False)
+
+    def _reset(self, error: BaseException) -> None:
+        """A step raised for no request in particular: fail the requests being decoded, free
+        every slot (with a fresh decoder if closing the old one fails too), queue again those
+        still waiting, and go on."""
+        now = time.perf_counter()
+        self.metrics.add("engine_resets")
+        handles = sorted(self._handles.values(), key=lambda h: h.id)
+        try:
+            self._decoder.close()
+        except Exception:  # noqa: BLE001 - start afresh: release what the target still holds
+            if getattr(self._decoder.caps, "stateful", False):
+                for slot in list(self._decoder.active):
+                    try:
+                        self.plan.drafter.end(slot)
+                    except Exception:  # noqa: BLE001
+                        pass
+            for slot in range(self.num_slots):
+                try:
+                    self.target.release(slot)
+                except Exception:  # noqa: BLE001 - a free slot refuses release
+                    pass
+            self._decoder = Decoder(self.plan)
+        self._handles.clear()
+        for handle in handles:
+            if handle.done:
+                continue
+            if handle.admitted_at is None:  # still waiting: it had no part in the failed step
+                handle.id = None
+                self._enter(handle, now)
+            else:
+                self._settle(handle, "error", error, now, waiting=False)
+        with self._cond:
+            self._running = len(self._decoder.active)
+
+
+def _registry(registry):
+    from specdec.plugins import default_registry
+
+    return registry or default_registry()
