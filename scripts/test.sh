@@ -5,7 +5,7 @@
 # are installed as distributions, and SPECDEC_TEST_EXAMPLES=1 makes their tests (tests/examples/) mandatory.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh dev,torch,hf,bench,mlx
+bash scripts/setup.sh dev,torch,hf,bench,mlx,serve
 .venv/bin/pip install --quiet --disable-pip-version-check -e examples/specdec-example-backend \
   -e examples/specdec-example-drafter
 SPECDEC_TEST_EXAMPLES=${SPECDEC_TEST_EXAMPLES:-1} .venv/bin/python -m pytest -q "$@"

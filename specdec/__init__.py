@@ -17,6 +17,7 @@ from specdec.errors import (
     UnknownPluginError,
 )
 from specdec.capabilities import DrafterCaps, VerifierCaps
+from specdec.engine import Engine, EngineClosedError, QueueFullError, RequestFailedError
 from specdec.generate import generate, load, stream
 from specdec.hookspecs import hookimpl
 from specdec.plugins import PluginRegistry, default_registry
@@ -40,6 +41,10 @@ __version__ = "0.1.0"
 __all__ = [
     "Accepted",
     "DrafterCaps",
+    "Engine",
+    "EngineClosedError",
+    "QueueFullError",
+    "RequestFailedError",
     "PromptOutput",
     "Request",
     "VerifierCaps",

@@ -1,4 +1,4 @@
-"""Command line: ``specdec demo | generate | bench | plan | tune | train | cache | plugins``."""
+"""Command line: ``specdec demo | generate | bench | plan | tune | train | cache | serve | plugins``."""
 
 from __future__ import annotations
 
@@ -436,6 +436,9 @@ def build_parser() -> argparse.ArgumentParser:
     from specdec.cli_export import add_parser as add_export_parsers
 
     add_export_parsers(sub)
+    from specdec.serving.cli import add_parser as add_serve_parser
+
+    add_serve_parser(sub)
     plugins = sub.add_parser("plugins", help="list installed backends, drafters, tree builders and verifiers")
     plugins.add_argument("--json", action="store_true")
     plugins.set_defaults(func=cmd_plugins)
