@@ -7,7 +7,7 @@ from specdec.specs import DrafterSpec
 
 
 def make_ngram(target, checkpoint=None, *, backend, ngram=2, beam_width=None, beam_length=None):
-    """The drafter factory: ``backend`` is passed because this signature names it; the keyword
+    """The drafter factory: ``backend`` is the Backend object the target runs on; the keyword
     options are what ``specdec.generate(..., ngram=3)`` accepts (anything else is refused)."""
     from specdec_example_drafter.drafter import NgramDrafter
 

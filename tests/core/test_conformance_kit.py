@@ -1,0 +1,59 @@
+"""The conformance kit's drafter check on the built-in drafters (the examples run it as installed
+third-party distributions): greedy output equals plain decoding, and one slot reused request after
+request gives what one slot per prompt gives."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from specdec import Draft, DrafterCaps, PluginRegistry, hookimpl
+from specdec.specs import DrafterSpec
+from specdec.testing import checks, make_random_drafter
+
+
+@pytest.mark.parametrize("drafter", ["none", "lookup", "redrafter", "medusa"])
+def test_check_drafter_passes_for_the_built_in_drafters(model_dir, tmp_path, drafter):
+    if drafter in ("redrafter", "medusa"):
+        drafter = make_random_drafter(tmp_path / drafter, model_dir, kind=drafter, seed=11)
+    checks.check_drafter(drafter, model_dir, backends=["numpy"], max_new_tokens=10)
+
+
+class LeakyDrafter:
+    """Keeps a per-slot count of the requests the slot has served and never resets it: a slot's
+    first request is drafted a token the target does not choose, later ones the root repeated
+    (which the random target, repeating its last token, accepts). With one slot reused, the
+    second and third requests are drafted differently than side by side, so they accept other
+    drafts, consume their random numbers differently, and sample other tokens."""
+
+    caps = DrafterCaps(stateful=True)
+
+    def __init__(self):
+        self.served = {}
+
+    def begin(self, slot, prompt, output):
+        self.served[slot] = self.served.get(slot, 0) + 1  # the bug: a new request should start afresh
+
+    def propose(self, context):
+        roots = np.asarray(context.root_tokens).tolist()
+        guess = [r if self.served[s] > 1 else (r + 1) % 96 for r, s in zip(roots, context.slots.tolist())]
+        beams = np.array([[[r, g, g, g]] for r, g in zip(roots, guess)], dtype=np.int64)
+        return Draft(root_tokens=context.root_tokens, beams=beams)
+
+    def observe(self, accepted):
+        pass
+
+    def end(self, slot):
+        pass
+
+
+class LeakyPlugin:
+    @hookimpl
+    def specdec_register_drafter_specs(register):
+        register(DrafterSpec(name="leaky", implementations={"*": lambda target, checkpoint=None, *, backend: LeakyDrafter()}))
+
+
+def test_check_drafter_catches_state_kept_across_requests(model_dir):
+    registry = PluginRegistry([LeakyPlugin], entry_points=True)
+    with pytest.raises(AssertionError, match="one after another in one slot differ"):
+        checks.check_drafter("leaky", model_dir, backends=["numpy"], max_new_tokens=10, registry=registry)
