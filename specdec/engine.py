@@ -29,6 +29,7 @@ from collections import deque
 from typing import Any, AsyncIterator, Iterator, Sequence
 
 import attrs
+import numpy as np
 
 from specdec import lease
 from specdec.errors import InvalidInputError, SpecdecError
@@ -278,9 +279,10 @@ class Handle:
 
     # -- writing (the scheduler thread) --
 
-    def _deliver(self, tokens: list[int], now: float, metrics: EngineMetrics) -> bool:
-        """Take a step's tokens; True when the request is finished (length, stop token or string).
-        Tokens after the one that completes a stop string are dropped."""
+    def _take(self, tokens: list[int], now: float, metrics: EngineMetrics) -> Chunk:
+        """The chunk of a step's tokens, to ``_push``; it has a finish reason when they end the
+        request (length, stop token or string). Tokens after the one that completes a stop
+        string are dropped."""
         request = self.request
         finish, text, kept = None, [], []
         for token in tokens:
@@ -308,8 +310,7 @@ class Handle:
         metrics.add("generation_tokens", len(kept))
         self._tokens.extend(kept)
         self._text.append("".join(text))
-        self._push(Chunk(tokens=tuple(kept), text="".join(text), finish_reason=finish), finish, None, now)
-        return finish is not None
+        return Chunk(tokens=tuple(kept), text="".join(text), finish_reason=finish)
 
     def _finish(self, reason: str, error: BaseException | None, now: float) -> None:
         text = ""
@@ -362,18 +363,22 @@ class Engine:
         if isinstance(capacity, bool) or (capacity is not None and (not isinstance(capacity, int) or capacity < 2)):
             raise InvalidInputError(f"capacity must be an integer >= 2 (positions per request), got {capacity!r}")
         backend = load_backend(backend, _registry(registry)).name
-        if hasattr(model, "num_slots"):
-            target = model
-            room = tree_room if tree_room is not None else min(TREE_ROOM, int(target.capacity) // 4)
-        else:
-            room = TREE_ROOM if tree_room is None else tree_room
-            target = load(model, backend, dtype=dtype, device=device, slots=slots,
-                          capacity=None if capacity is None else capacity + room, registry=registry)
-        options = {"verifier": "exact", **options}
-        plan, *_ = prepare(target, [1], drafter, backend, max_new_tokens=1, temperature=0.0, top_k=None,
-                           top_p=None, dtype=None, device=None, registry=registry, options=options)
-        self._start(plan, capacity=capacity, tree_room=room, max_queue=max_queue,
-                    max_prefill_tokens=max_prefill_tokens, max_new_tokens=max_new_tokens)
+
+        def build():
+            if hasattr(model, "num_slots"):
+                target = model
+                room = tree_room if tree_room is not None else min(TREE_ROOM, int(target.capacity) // 4)
+            else:
+                room = TREE_ROOM if tree_room is None else tree_room
+                target = load(model, backend, dtype=dtype, device=device, slots=slots,
+                              capacity=None if capacity is None else capacity + room, registry=registry)
+            plan, *_ = prepare(target, [1], drafter, backend, max_new_tokens=1, temperature=0.0, top_k=None,
+                               top_p=None, dtype=None, device=None, registry=registry,
+                               options={"verifier": "exact", **options})
+            return plan, room
+
+        self._launch(build, capacity=capacity, max_queue=max_queue, max_prefill_tokens=max_prefill_tokens,
+                     max_new_tokens=max_new_tokens)
 
     @classmethod
     def from_plan(cls, plan: DecodePlan, *, capacity: int | None = None, tree_room: int | None = None,
@@ -382,20 +387,47 @@ class Engine:
         every sampling setting the requests use (``exact`` does)."""
         engine = cls.__new__(cls)
         room = tree_room if tree_room is not None else min(TREE_ROOM, int(plan.target.capacity) // 4)
-        engine._start(plan, capacity=capacity, tree_room=room, max_queue=max_queue,
-                      max_prefill_tokens=max_prefill_tokens, max_new_tokens=max_new_tokens)
+        engine._launch(lambda: (plan, room), capacity=capacity, max_queue=max_queue,
+                       max_prefill_tokens=max_prefill_tokens, max_new_tokens=max_new_tokens)
         return engine
 
-    def _start(self, plan: DecodePlan, *, capacity, tree_room, max_queue, max_prefill_tokens, max_new_tokens):
-        from specdec.arguments import context_length
-
-        for name, value, low in (("max_queue", max_queue, 0), ("max_new_tokens", max_new_tokens, 1),
-                                 ("tree_room", tree_room, 0)):
+    def _launch(self, build, **settings) -> None:
+        """Start the scheduler thread, which loads the target (``build``: (plan, tree room)) and
+        then serves: every array of the target and drafter is made and used on that thread (MLX
+        ties unevaluated arrays to the thread that made them). Returns once it serves; raises
+        what building raised."""
+        for name, low in (("max_queue", 0), ("max_new_tokens", 1)):
+            value = settings[name]
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise InvalidInputError(f"{name} must be an integer >= {low}, got {value!r}")
-        if max_prefill_tokens is not None and (isinstance(max_prefill_tokens, bool) or
-                                               not isinstance(max_prefill_tokens, int) or max_prefill_tokens < 1):
-            raise InvalidInputError(f"max_prefill_tokens must be a positive integer or None, got {max_prefill_tokens!r}")
+        budget = settings["max_prefill_tokens"]
+        if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 1):
+            raise InvalidInputError(f"max_prefill_tokens must be a positive integer or None, got {budget!r}")
+        ready, failed = threading.Event(), []
+
+        def main():
+            try:
+                plan, room = build()
+                self._configure(plan, tree_room=room, **settings)
+            except BaseException as error:  # noqa: BLE001 - raised again by the constructor
+                failed.append(error)
+                return
+            finally:
+                ready.set()
+            self._run()
+
+        self._thread = threading.Thread(target=main, name="specdec-engine", daemon=True)
+        self._thread.start()
+        ready.wait()
+        if failed:
+            self._thread.join()
+            raise failed[0]
+
+    def _configure(self, plan: DecodePlan, *, capacity, tree_room, max_queue, max_prefill_tokens, max_new_tokens):
+        from specdec.arguments import context_length
+
+        if isinstance(tree_room, bool) or not isinstance(tree_room, int) or tree_room < 0:
+            raise InvalidInputError(f"tree_room must be an integer >= 0, got {tree_room!r}")
         target = plan.target
         limit = int(target.capacity) - tree_room
         model_context = context_length(target)
@@ -419,8 +451,6 @@ class Engine:
         self._cond = threading.Condition()
         self._inbox: deque = deque()
         self._handles: dict[int, Handle] = {}  # decoder request id -> handle, while in the decoder
-        self._waiting = 0  # submitted, not yet admitted, finished or cancelled
-        self._running = 0
         self._closing = False
         self._drain = True
         self._stopped = False
@@ -431,8 +461,6 @@ class Engine:
         except BaseException:
             lease.release(target)
             raise
-        self._thread = threading.Thread(target=self._run, name="specdec-engine", daemon=True)
-        self._thread.start()
 
     # -- the public side (any thread) --
 
@@ -452,13 +480,16 @@ class Engine:
                ignore_eos: bool = False) -> Handle:
         """Queue one request and return its Handle; raises QueueFullError when ``max_queue``
         requests already wait, EngineClosedError once closing, InvalidInputError for a prompt that
-        does not fit ``context_length`` with ``max_new_tokens``.
+        does not fit ``context_length`` with ``max_new_tokens`` (None: the engine's
+        ``max_new_tokens``, or fewer where the context ends sooner).
 
         prompt: text, token ids, a chat, or a ``specdec.Request`` (then only ``stop`` may be given
         too). seed: an int (the stream ``[seed, 0]``, as ``generate(..., seed=seed)`` for one
         prompt) or None. stop: strings that end the request; its text stops before them.
         stop_token_ids: tokens that end it (emitted; the model's EOS too unless ``ignore_eos``).
         """
+        if self._closing:
+            raise EngineClosedError("the engine is shutting down and takes no new requests")
         if isinstance(stop, str):
             stop = [stop]
         stop = list(stop or ())
@@ -475,19 +506,21 @@ class Engine:
             sampling = sampling_config(temperature, top_k, top_p)
             check_seed(seed)
             eos = () if ignore_eos else tuple(self.plan.eos_token_ids or getattr(self.target, "eos_token_ids", ()))
-            request = Request(prompt=self.encode(prompt), sampling=sampling, seed=seed,
-                              max_new_tokens=self.max_new_tokens if max_new_tokens is None else max_new_tokens,
+            tokens = self.encode(prompt)
+            if max_new_tokens is None:  # the default, as far as the context allows
+                max_new_tokens = max(1, min(self.max_new_tokens, self.context_length - len(tokens)))
+            request = Request(prompt=tokens, sampling=sampling, seed=seed, max_new_tokens=max_new_tokens,
                               stop_token_ids=tuple(dict.fromkeys([*map(int, stop_token_ids), *eos])))
         self.check_request(request)
         handle = Handle(self, request, stop=stop, tokenizer=self.tokenizer)
         with self._cond:
             if self._closing:
                 raise EngineClosedError("the engine is shutting down and takes no new requests")
-            if self._waiting >= self.max_queue:
+            waiting, _ = self._counts()
+            if waiting >= self.max_queue:
                 self.metrics.add("requests_rejected")
-                raise QueueFullError(f"{self._waiting} requests are waiting for a slot, the most this engine queues "
+                raise QueueFullError(f"{waiting} requests are waiting for a slot, the most this engine queues "
                                      f"(max_queue={self.max_queue}); retry later")
-            self._waiting += 1
             self._inbox.append(("submit", handle))
             self._cond.notify_all()
         self.metrics.add("requests_submitted")
@@ -518,9 +551,17 @@ class Engine:
     def stats(self) -> dict:
         """{"slots", "running", "waiting", "free_slots", "closing", "alive"} now."""
         with self._cond:
-            return {"slots": self.num_slots, "running": self._running, "waiting": self._waiting,
-                    "free_slots": self.num_slots - self._running, "closing": self._closing,
+            waiting, running = self._counts()
+            return {"slots": self.num_slots, "running": running, "waiting": waiting,
+                    "free_slots": self.num_slots - running, "closing": self._closing,
                     "alive": self._thread.is_alive()}
+
+    def _counts(self) -> tuple[int, int]:
+        """(waiting, running) now; called holding ``self._cond``. The decoder's queue and slots
+        are read from outside its thread: their lengths are single reads."""
+        decoder = self._decoder
+        inbox = sum(1 for kind, _ in self._inbox if kind == "submit")
+        return inbox + len(decoder.waiting), len(decoder.active)
 
     @property
     def closed(self) -> bool:
@@ -566,7 +607,22 @@ class Engine:
 
     # -- the scheduler thread --
 
+    def _sync(self) -> None:
+        """Finish the work the backend left pending on the target, so that another thread can
+        use it once the scheduler stops (MLX ties pending work to the thread that queued it)."""
+        backend = self.plan.backend
+        backend.to_numpy(backend.from_numpy(np.zeros(1, dtype=np.int64), self.target))
+
     def _run(self) -> None:
+        try:
+            self._serve()
+        finally:
+            try:
+                self._sync()
+            except Exception:  # noqa: BLE001 - nothing pending, or a backend that cannot say
+                pass
+
+    def _serve(self) -> None:
         while True:
             with self._cond:
                 self._cond.wait_for(lambda: self._inbox or not self._decoder.idle or self._closing)
@@ -595,30 +651,25 @@ class Engine:
         try:
             handle.id = self._decoder.submit(handle.request)
         except Exception as error:  # noqa: BLE001 - refused by the decoder: this request fails, no other
-            self._settle(handle, "error", error, now, waiting=True)
+            self._settle(handle, "error", error, now)
             return
         self._handles[handle.id] = handle
 
     def _cancel(self, handle: Handle, now: float) -> None:
         if handle.done:
             return
-        waiting = handle.admitted_at is None
         if handle.id is not None:
             self._decoder.cancel(handle.id)
-        self._settle(handle, "cancelled", None, now, waiting=waiting)
+        self._settle(handle, "cancelled", None, now)
 
-    def _settle(self, handle: Handle, reason: str, error: BaseException | None, now: float, *, waiting: bool) -> None:
+    def _settle(self, handle: Handle, reason: str, error: BaseException | None, now: float) -> None:
         """End ``handle`` (already out of the decoder) and count it."""
         handle._finish(reason, error, now)
-        self._forget(handle, now, waiting=waiting)
+        self._forget(handle, now)
 
-    def _forget(self, handle: Handle, now: float, *, waiting: bool) -> None:
+    def _forget(self, handle: Handle, now: float) -> None:
         if handle.id is not None:
             self._handles.pop(handle.id, None)
-        with self._cond:
-            if waiting:
-                self._waiting -= 1
-            self._running = len(self._decoder.active)
         metrics = self.metrics
         with metrics.lock:
             metrics.finished[handle.finish_reason] += 1
@@ -639,9 +690,7 @@ class Engine:
         for request_id, error in failures:
             handle = self._handles.get(request_id)
             if handle is not None and not handle.done:
-                self._settle(handle, "error", error, now, waiting=handle.admitted_at is None)
-        with self._cond:
-            self._running = len(self._decoder.active)
+                self._settle(handle, "error", error, now)
 
     def _account(self, result: StepResult, now: float) -> None:
         metrics = self.metrics
@@ -661,14 +710,15 @@ class Engine:
                 handle.admitted_at = now
                 metrics.add("prompt_tokens", handle.prompt_tokens)
                 metrics.observe("queue_time_seconds", now - handle.submitted_at)
-                with self._cond:
-                    self._waiting -= 1
             else:
                 metrics.add("decode_tokens", len(tokens))
                 metrics.observe("tokens_per_step", len(tokens))
-            if handle._deliver(list(tokens), now, metrics):
+            chunk = handle._take(list(tokens), now, metrics)
+            if chunk.finish_reason is not None:
                 self._decoder.cancel(request_id)  # ended by a stop string: the decoder does not know yet
-                self._forget(handle, now, waiting=False)
+            handle._push(chunk, chunk.finish_reason, None, now)
+            if chunk.finish_reason is not None:
+                self._forget(handle, now)
 
     def _reset(self, error: BaseException) -> None:
         """A step raised for no request in particular: fail the requests being decoded, free
@@ -700,9 +750,7 @@ class Engine:
                 handle.id = None
                 self._enter(handle, now)
             else:
-                self._settle(handle, "error", error, now, waiting=False)
-        with self._cond:
-            self._running = len(self._decoder.active)
+                self._settle(handle, "error", error, now)
 
 
 def _registry(registry):

@@ -1,0 +1,86 @@
+"""Fixtures of the serving tests: engines over the session's tiny model, a drafter that can be
+held mid-step (to fill queues and slots on purpose), and servers on a free loopback port."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+import specdec
+from specdec.drafting import NoDrafter
+
+
+class GateDrafter:
+    """Plain decoding whose ``propose`` waits while the gate is closed, so a test can hold the
+    engine in a step; ``proposing`` is set while it waits. ``poison``: a token that makes
+    ``propose`` raise for the rows whose text holds it (a request failing late)."""
+
+    caps = NoDrafter.caps
+
+    def __init__(self, poison: int | None = None):
+        self.open = threading.Event()
+        self.open.set()
+        self.proposing = threading.Event()
+        self.poison = poison
+        self.calls = 0
+
+    def propose(self, context):
+        self.calls += 1
+        self.proposing.set()
+        assert self.open.wait(60), "the gate stayed closed"
+        self.proposing.clear()
+        if self.poison is not None and any(self.poison in h for h in context.history):
+            raise RuntimeError(f"poisoned row: token {self.poison} in its text")
+        roots = np.asarray(context.root_tokens)
+        return specdec.Draft(root_tokens=context.root_tokens, beams=roots[:, None, None])
+
+
+@pytest.fixture
+def gate_drafter():
+    """The GateDrafter class, for tests that make their own."""
+    return GateDrafter
+
+
+@pytest.fixture
+def gate():
+    drafter = GateDrafter()
+    yield drafter
+    drafter.open.set()
+
+
+@pytest.fixture
+def make_engine(model_dir):
+    """Engine factory over ``model_dir`` on numpy (64 positions per request); closed at teardown."""
+    engines = []
+
+    def make(drafter="lookup", *, slots=2, capacity=64, backend="numpy", **options):
+        engine = specdec.Engine(model_dir, drafter=drafter, backend=backend, slots=slots, capacity=capacity,
+                                tree_room=16, **options)
+        engines.append(engine)
+        return engine
+
+    yield make
+    for engine in engines:
+        engine.close(drain=False)
+
+
+@pytest.fixture
+def serve(make_engine):
+    """Server factory: ``serve(drafter=..., **engine options)`` -> (server, base URL of /v1)."""
+    pytest.importorskip("uvicorn")
+    from specdec.serving.server import Server
+
+    servers = []
+
+    def start(drafter="lookup", *, drain=True, shutdown_timeout=30.0, **options):
+        engine = make_engine(drafter, **options)
+        server = Server(engine, model_name="tiny", port=0, drain=drain, shutdown_timeout=shutdown_timeout,
+                        log_level="warning").start()
+        servers.append(server)
+        return server, f"http://127.0.0.1:{server.port}/v1"
+
+    yield start
+    for server in servers:
+        server.stop()
