@@ -679,14 +679,16 @@ class Engine:
         failures: list = []
         start = time.perf_counter()
         try:
-            results = self._decoder.step(max_prefill_tokens=self.max_prefill_tokens, failures=failures)
+            results = self._decoder.step(max_prefill_tokens=self.max_prefill_tokens, failures=failures,
+                                         on_admit=lambda result: self._account(result, time.perf_counter()))
         except Exception as error:  # noqa: BLE001 - not pinned to requests: those in flight fail, the engine goes on
             self._reset(error)
             return
         now = time.perf_counter()
         self.metrics.observe("step_seconds", now - start)
         for result in results:
-            self._account(result, now)
+            if not result.is_prefill:  # admissions were delivered before the decode step ran
+                self._account(result, now)
         for request_id, error in failures:
             handle = self._handles.get(request_id)
             if handle is not None and not handle.done:

@@ -136,7 +136,8 @@ class Decoder:
         self.plan.target.release(slot)
         heapq.heappush(self._free, slot)
 
-    def step(self, *, max_prefill_tokens: int | None = None, failures: list | None = None) -> list[StepResult]:
+    def step(self, *, max_prefill_tokens: int | None = None, failures: list | None = None,
+             on_admit=None) -> list[StepResult]:
         """Admit what fits, then one decode step of every active request; the results of both
         (each with ``requests``, the request id of each row).
 
@@ -148,10 +149,14 @@ class Decoder:
         slot freed) and ``(request id, exception)`` appended. A group of rows whose step raises
         before its commit is run again one row at a time from the same state and random numbers
         (not with stateful drafters), so the error stays with the requests that raise it.
+        on_admit: called with the admissions' StepResult before the decode step runs (their first
+        tokens need not wait for it).
         """
         results = []
         if self.waiting and self._free:
             results.append(self._admit(max_prefill_tokens, failures))
+            if on_admit is not None:
+                on_admit(results[-1])
         if self.active:
             self.steps += 1
             results.append(self._decode(failures))
