@@ -127,9 +127,9 @@ def test_greedy_output_equals_plain_decoding(world, backend, dtype, draft):
         assert 1.3 < result.stats.tokens_per_step < 4.5, result.stats
 
 
+@pytest.mark.parametrize("k", [1, 3])
 @pytest.mark.parametrize("backend, dtype", grid())
-def test_the_target_as_its_own_draft_model_has_every_drafted_token_accepted(world, backend, dtype):
-    k = 3
+def test_the_target_as_its_own_draft_model_has_every_drafted_token_accepted(world, backend, dtype, k):
     steps = list(specdec.stream(world["target"], PROMPTS, backend=backend, dtype=dtype, max_new_tokens=NEW_TOKENS,
                                 stop_at_eos=False, drafter="draft_model", draft_model=world["target"], draft_length=k))
     decode = [s for s in steps if not s.is_prefill]
