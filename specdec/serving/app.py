@@ -360,7 +360,10 @@ def create_app(engine: Engine, *, model_name: str, aliases: tuple[str, ...] = ()
     async def health(request: Request) -> Response:
         stats = engine.stats()
         ok = stats["alive"] and not stats["closing"]
-        return JSONResponse({"status": "ok" if ok else "unavailable", **stats}, status_code=200 if ok else 503)
+        dtype = getattr(engine.target, "dtype", None)
+        return JSONResponse({"status": "ok" if ok else "unavailable", **stats,
+                             "dtype": None if dtype is None else str(dtype).rpartition(".")[2]},
+                            status_code=200 if ok else 503)
 
     async def metrics(request: Request) -> Response:
         return Response(prometheus.render(engine, model_name=model_name), media_type=prometheus.CONTENT_TYPE)
