@@ -360,3 +360,25 @@ def test_decoder_prefill_budget_admits_prompts_up_to_the_budget(model_dir):
     decoder.close()
     # the first prompt is longer than the budget: admitted alone; then 5 + 5 fit, 3 more would not
     assert admitted == [[0], [1, 2], [3]]
+
+
+def test_an_engine_from_a_plan(model_dir):
+    from specdec.generate import prepare
+
+    target = specdec.load(model_dir, backend="numpy", slots=2, capacity=80)
+    plan, *_ = prepare(target, [1], "lookup", "numpy", max_new_tokens=1, temperature=0.0, top_k=None, top_p=None,
+                       dtype=None, device=None, registry=None, options={"verifier": "exact"})
+    with Engine.from_plan(plan, tree_room=16, max_new_tokens=5) as engine:
+        assert engine.context_length == 64
+        completion = engine.generate([5, 6, 7], temperature=0.8, seed=9)
+        assert len(completion.tokens) == 5
+    assert list(completion.tokens) == alone(model_dir, "numpy", "lookup", [5, 6, 7], dict(temperature=0.8), 9, 5)
+
+
+def test_bad_engine_settings_are_refused(model_dir):
+    for settings_, match in (({"max_queue": -1}, "max_queue"), ({"max_prefill_tokens": 0}, "max_prefill_tokens"),
+                             ({"capacity": 1}, "capacity"), ({"tree_room": 200}, "no room")):
+        with pytest.raises(specdec.InvalidInputError, match=match):
+            Engine(model_dir, drafter="none", backend="numpy", slots=1, **{"capacity": 64, **settings_}) \
+                if "tree_room" not in settings_ else Engine(specdec.load(model_dir, backend="numpy", capacity=64),
+                                                            drafter="none", backend="numpy", **settings_)
