@@ -3,23 +3,23 @@
 The draft model is loaded as a second target on the target's own backend (``Backend.load_target``
 with the target's dtype, device, slots and capacity), so this one class runs on every backend
 through the ``TargetModel`` contract alone: ``admit`` when a request begins, ``forward_tree`` to
-draft, ``commit`` what the target accepted, ``release`` when the request ends. Arrays cross
-between host and backend only through ``backend.to_numpy`` / ``backend.from_numpy``.
+draft and ``commit`` what is certain, ``release`` when the request ends. Arrays cross between
+host and backend only through ``backend.to_numpy`` / ``backend.from_numpy``.
 
-Drafting, per step (docs/algorithms/draft-model.md): the root r is not yet in either cache.
-Forward k (k = 1..K) runs the chain r, d1, ..., d(k-1) through the draft model and takes the
-logits of its last node: d(k) is their argmax (ties to the lowest id) or, when sampling with
-``sample=True``, a draw from ``target_probs(logits, sampling)`` with the loop's uniform
-``uniforms[b, 0, k-1]``. A target's tree entries are scratch until ``commit`` (there is no
-rollback of committed entries), so each forward recomputes the chain: K forwards of 1..K nodes,
-K(K+1)/2 node-forwards per step, cheap next to the target for small K.
+The draft's cache holds only text the target committed: a target's tree entries are scratch
+until ``commit``, and committed entries are never rolled back, so drafted tokens cannot be kept
+while they are unverified. Per step (docs/algorithms/draft-model.md), with root r:
 
-After the target's step, ``observe`` commits the same tokens into the draft's cache: the longest
-prefix of the accepted tokens that the last chain forward holds (root, d1, ..., d(K-1)) is
-committed from that forward; whatever remains (d(K) when every drafted token was accepted, or
-tokens of another beam, e.g. a prompt-lookup beam beside this one) runs through one more chain
-forward and is committed from it. The draft cache therefore always holds exactly the target's
-committed text.
+- forward 1 runs the chain p1 .. pm, r, where p1 .. pm are the tokens the target accepted in the
+  previous step (recorded by ``observe``; none after ``begin``). All of them are certain, so the
+  chain is committed at once; its logits at r give d1.
+- forward k (k = 2..K) runs the chain d1 .. d(k-1) after the cache; its last logits give d(k).
+  These entries stay scratch: each forward recomputes the chain, K forwards per step in all.
+
+d(k) is the argmax of the logits (ties to the lowest id) or, when sampling with ``sample=True``,
+a draw from ``target_probs(logits, sampling)`` with the loop's uniform ``uniforms[b, 0, k-1]``.
+``observe`` only records which drafted tokens were accepted (the root and the bonus are handled
+by the next step), whichever beam they came from (a prompt-lookup beam beside the chain too).
 """
 
 from __future__ import annotations
@@ -60,6 +60,17 @@ def chain_tree(tokens: np.ndarray, lengths: np.ndarray | None = None) -> DraftTr
                      ancestor_mask=mask, num_nodes=lengths.copy())
 
 
+class _Request:
+    """A request's draft state: ``length`` positions committed in the draft's cache, ``pending``
+    tokens the target committed that the draft has not yet run, and, between a propose and its
+    observe, the committed ``root`` and its logits (a repeated propose reuses them)."""
+
+    __slots__ = ("length", "pending", "root", "root_logits")
+
+    def __init__(self, length: int):
+        self.length, self.pending, self.root, self.root_logits = length, [], None, None
+
+
 class DraftModelDrafter:
     """Drafts a chain of ``draft_length`` tokens per row with a draft model's own KV cache.
 
@@ -83,8 +94,7 @@ class DraftModelDrafter:
         self.backend, self.target, self.draft, self.label = backend, target, draft, label
         self.draft_length, self.sample = int(draft_length), bool(sample)
         self.beam_width, self.beam_length = 1, self.draft_length + 1  # one chain of K tokens after the root
-        self._lengths: dict[int, int] = {}  # slot -> positions committed in the draft's cache
-        self._last: tuple[np.ndarray, np.ndarray, DraftTree] | None = None  # slots, chains (B, K+1), last forward's tree
+        self._requests: dict[int, _Request] = {}  # slot -> its draft state
 
     @property
     def caps(self) -> DrafterCaps:
@@ -94,19 +104,37 @@ class DraftModelDrafter:
     # -- the request lifecycle -------------------------------------------------------------------
 
     def begin(self, slot: int, prompt, output) -> None:
-        slot = int(slot)
-        self.draft.admit(slot, [int(t) for t in np.asarray(prompt).reshape(-1)])
-        self._lengths[slot] = int(np.asarray(prompt).size)
+        tokens = [int(t) for t in np.asarray(prompt).reshape(-1)]
+        self.draft.admit(int(slot), tokens)
+        self._requests[int(slot)] = _Request(len(tokens))
+
+    def observe(self, accepted) -> None:
+        """Record, per row, the drafted tokens the target accepted (any beam's): they are run and
+        committed with the next root, in the next propose's first forward."""
+        tokens = np.asarray(accepted.tokens, dtype=np.int64)
+        for b, (slot, count) in enumerate(zip(np.asarray(accepted.slots).tolist(),
+                                               np.asarray(accepted.num_accepted).tolist())):
+            request = self._request(slot, "observe")
+            if request.root is None or int(tokens[b, 0]) != request.root:
+                raise PluginOutputError(
+                    f"drafter {NAME!r}: observe for slot {slot} commits root {int(tokens[b, 0])}, but the drafter "
+                    f"proposed from {request.root}; observe must follow the propose of the same step")
+            request.pending = tokens[b, 1 : 1 + int(count)].tolist()
+            request.root = request.root_logits = None
 
     def end(self, slot: int) -> None:
-        slot = int(slot)
-        if self._lengths.pop(slot, None) is not None:  # a request whose begin failed holds no draft slot
-            self.draft.release(slot)
+        if self._requests.pop(int(slot), None) is not None:  # a request whose begin failed holds no draft slot
+            self.draft.release(int(slot))
 
     @property
     def open_slots(self) -> tuple[int, ...]:
         """Slots admitted into the draft model and not yet released."""
-        return tuple(sorted(self._lengths))
+        return tuple(sorted(self._requests))
+
+    def _request(self, slot: int, what: str) -> _Request:
+        if slot not in self._requests:
+            raise PluginOutputError(f"drafter {NAME!r}: {what} for slot {slot}, which no request began in")
+        return self._requests[slot]
 
     # -- drafting --------------------------------------------------------------------------------
 
@@ -115,25 +143,52 @@ class DraftModelDrafter:
         return DraftTree(tokens=put(tree.tokens), parents=put(tree.parents), depth=put(tree.depth),
                          ancestor_mask=put(tree.ancestor_mask), num_nodes=put(tree.num_nodes))
 
-    def _check_room(self, slots: np.ndarray, size: int) -> None:
-        for slot in slots.tolist():
-            if slot not in self._lengths:
-                raise PluginOutputError(f"drafter {NAME!r}: propose for slot {slot}, which no request began in")
-            if self._lengths[slot] + size > int(self.draft.capacity):
-                raise InvalidInputError(
-                    f"drafter {NAME!r}: slot {slot} holds {self._lengths[slot]} positions and a chain of "
-                    f"draft_length={self.draft_length} needs {size} more, beyond the capacity of "
-                    f"{self.draft.capacity} it shares with the target; load the target with a larger capacity "
-                    "or use a smaller draft_length")
+    def _check_room(self, slot: int, request: _Request) -> None:
+        needed = (0 if request.root is not None else len(request.pending) + 1) + self.draft_length - 1
+        if request.length + needed > int(self.draft.capacity):
+            raise InvalidInputError(
+                f"drafter {NAME!r}: slot {slot} holds {request.length} positions and a chain of "
+                f"draft_length={self.draft_length} needs {needed} more, beyond the capacity of "
+                f"{self.draft.capacity} it shares with the target; load the target with a larger capacity "
+                "or use a smaller draft_length")
+
+    def _commit_and_score_roots(self, slots: np.ndarray, roots: np.ndarray) -> None:
+        """Forward 1 for ``slots`` (rows without a committed root): run pending + root, commit all
+        of it, keep the logits at the root."""
+        requests = [self._requests[s] for s in slots.tolist()]
+        lengths = np.array([len(r.pending) + 1 for r in requests], dtype=np.int64)
+        chains = np.zeros((len(slots), int(lengths.max())), dtype=np.int64)
+        for i, (request, root) in enumerate(zip(requests, roots.tolist())):
+            chains[i, : lengths[i]] = request.pending + [root]
+        tree = self._on_backend(chain_tree(chains, lengths))
+        output = self.draft.forward_tree(tree, slots)
+        at_root = (self.backend.from_numpy(np.arange(len(slots)), self.draft),
+                   self.backend.from_numpy(lengths - 1, self.draft))
+        logits = np.asarray(self.backend.to_numpy(output.logits[at_root]), dtype=np.float64)  # (B', V)
+        steps = np.arange(chains.shape[1])[None, :]
+        put = lambda a: self.backend.from_numpy(np.asarray(a, dtype=np.int64), self.draft)  # noqa: E731
+        self.draft.commit(tree, Verdict(path=put(np.where(steps < lengths[:, None], steps, -1)),
+                                        num_accepted=put(lengths - 1), bonus_tokens=put(np.zeros(len(slots)))))
+        for i, (request, root) in enumerate(zip(requests, roots.tolist())):
+            request.length += int(lengths[i])
+            request.pending, request.root, request.root_logits = [], root, logits[i]
 
     def propose(self, context: DraftContext) -> Draft:
         if context.slots is None:
             raise InvalidInputError(f"drafter {NAME!r} keeps a cache per request and needs context.slots "
                                     "(the decode loop gives them)")
         slots = np.asarray(context.slots, dtype=np.int64).reshape(-1)
-        length = self.draft_length
-        self._check_room(slots, length)
         roots = np.asarray(self.backend.to_numpy(context.root_tokens)).astype(np.int64).reshape(-1)  # (B,)
+        requests = [self._request(s, "propose") for s in slots.tolist()]
+        for slot, request, root in zip(slots.tolist(), requests, roots.tolist()):
+            if request.root is not None and request.root != root:
+                raise PluginOutputError(f"drafter {NAME!r}: propose for slot {slot} from root {root} before the "
+                                        f"observe of the step drafted from root {request.root}")
+            self._check_room(slot, request)
+        fresh = np.array([r.root is None for r in requests])
+        if fresh.any():
+            self._commit_and_score_roots(slots[fresh], roots[fresh])
+        length = self.draft_length
         sampled = self.sample and not context.sampling.greedy
         if sampled and context.uniforms is None:
             raise InvalidInputError(f"drafter {NAME!r} samples its chain and needs context.uniforms (B, 1, "
@@ -142,11 +197,12 @@ class DraftModelDrafter:
         chains = np.zeros((len(roots), length + 1), dtype=np.int64)
         chains[:, 0] = roots
         probs = None
-        tree = None
         for k in range(1, length + 1):
-            tree = self._on_backend(chain_tree(chains[:, :k]))  # root, d1 .. d(k-1)
-            output = self.draft.forward_tree(tree, slots)
-            logits = np.asarray(self.backend.to_numpy(output.logits[:, k - 1]), dtype=np.float64)  # (B, V)
+            if k == 1:
+                logits = np.stack([r.root_logits for r in requests])  # (B, V), from forward 1
+            else:  # d1 .. d(k-1) after the committed root
+                output = self.draft.forward_tree(self._on_backend(chain_tree(chains[:, 1:k])), slots)
+                logits = np.asarray(self.backend.to_numpy(output.logits[:, k - 2]), dtype=np.float64)
             if keep_probs:
                 q = target_probs(logits, context.sampling)
                 if probs is None:
@@ -156,51 +212,6 @@ class DraftModelDrafter:
                 chains[:, k] = sample_from(probs[:, k - 1], np.asarray(context.uniforms)[:, 0, k - 1])
             else:
                 chains[:, k] = np.argmax(logits, axis=-1)  # ties to the lowest id
-        self._last = (slots.copy(), chains, tree)
         on_target = lambda a: self.backend.from_numpy(a, self.target)  # noqa: E731
         return Draft(root_tokens=context.root_tokens, beams=on_target(chains[:, None, :]),
                      draft_probs=None if probs is None else on_target(probs[:, None]), sampled=sampled)
-
-    # -- keeping the draft's cache in step with the target's -------------------------------------
-
-    def observe(self, accepted) -> None:
-        slots = np.asarray(accepted.slots, dtype=np.int64).reshape(-1)
-        if self._last is None or not np.array_equal(self._last[0], slots):
-            raise PluginOutputError(
-                f"drafter {NAME!r}: observe for slots {slots.tolist()} does not follow a propose for the same rows "
-                f"({None if self._last is None else self._last[0].tolist()}); it commits into its cache from its "
-                "last draft")
-        _, chains, tree = self._last
-        self._last = None
-        tokens = np.asarray(accepted.tokens, dtype=np.int64)
-        num_accepted = np.asarray(accepted.num_accepted, dtype=np.int64).reshape(-1)
-        batch, in_tree = len(slots), tree.size  # the last forward holds root, d1 .. d(K-1)
-        if np.any(tokens[:, 0] != chains[:, 0]):
-            raise PluginOutputError(f"drafter {NAME!r}: the committed roots {tokens[:, 0].tolist()} are not the "
-                                    f"roots it drafted from {chains[:, 0].tolist()}")
-        matched = np.zeros(batch, dtype=np.int64)  # accepted tokens that are the chain's, within the last tree
-        for b in range(batch):
-            limit = min(int(num_accepted[b]), in_tree - 1)
-            while matched[b] < limit and tokens[b, 1 + matched[b]] == chains[b, 1 + matched[b]]:
-                matched[b] += 1
-        path = np.where(np.arange(in_tree)[None, :] <= matched[:, None], np.arange(in_tree)[None, :], -1)
-        self._commit(tree, path, matched)
-        rest = num_accepted - matched  # accepted tokens the draft has not run yet
-        rows = np.flatnonzero(rest > 0)
-        if len(rows):
-            size = int(rest[rows].max())
-            pending = np.zeros((len(rows), size), dtype=np.int64)
-            for i, b in enumerate(rows):
-                pending[i, : rest[b]] = tokens[b, 1 + matched[b] : 1 + num_accepted[b]]
-            catch_up = self._on_backend(chain_tree(pending, rest[rows]))
-            self.draft.forward_tree(catch_up, slots[rows])
-            steps = np.arange(size)[None, :]
-            self._commit(catch_up, np.where(steps < rest[rows][:, None], steps, -1), rest[rows] - 1)
-        for b, slot in enumerate(slots.tolist()):
-            self._lengths[slot] += int(num_accepted[b]) + 1
-
-    def _commit(self, tree: DraftTree, path: np.ndarray, num_accepted: np.ndarray) -> None:
-        """Commit ``path`` (B, n), -1 past ``num_accepted[b]``, of the draft's last forward ``tree``."""
-        put = lambda a: self.backend.from_numpy(np.asarray(a, dtype=np.int64), self.draft)  # noqa: E731
-        bonus = np.zeros(len(num_accepted), dtype=np.int64)  # commit reads no bonus: the next root is not cached
-        self.draft.commit(tree, Verdict(path=put(path), num_accepted=put(num_accepted), bonus_tokens=put(bonus)))

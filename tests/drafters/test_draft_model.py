@@ -413,7 +413,7 @@ def test_the_draft_cache_holds_exactly_the_committed_text(world, lookup):
     inner = plan.drafter.inner if lookup else plan.drafter
     fresh = load_target(world["perturbed"], slots=1, capacity=96)
     propose, observe = inner.propose, inner.observe
-    seen = {"proposals": 0, "off_chain": 0}
+    seen = {"proposals": 0, "off_chain": 0, "chains": None}
 
     def checked_propose(context):
         draft = propose(context)
@@ -424,12 +424,12 @@ def test_the_draft_cache_holds_exactly_the_committed_text(world, lookup):
                 fresh.release(0)
             assert np.asarray(draft.beams)[b, 0, 1:].tolist() == chain, f"row {b}: the draft cache drifted"
         seen["proposals"] += 1
+        seen["chains"] = np.asarray(draft.beams)[:, 0]
         return draft
 
     def counted_observe(accepted):
-        chains = inner._last[1]
         for b, n in enumerate(accepted.num_accepted.tolist()):
-            seen["off_chain"] += accepted.tokens[b, 1 : n + 1].tolist() != chains[b, 1 : n + 1].tolist()
+            seen["off_chain"] += accepted.tokens[b, 1 : n + 1].tolist() != seen["chains"][b, 1 : n + 1].tolist()
         observe(accepted)
 
     inner.propose, inner.observe = checked_propose, counted_observe
@@ -444,20 +444,20 @@ def test_the_draft_cache_holds_exactly_the_committed_text(world, lookup):
     assert not inner.open_slots and not inner.draft.cache.admitted.any()
 
 
-def test_all_accepted_and_lookup_accepted_tokens_are_caught_up(world):
-    """observe runs one more chain forward exactly when the accepted tokens go past what the last
-    chain forward holds: all K drafted tokens accepted (d(K) was never run) or another beam's tokens."""
-    k = 2
+def test_each_step_runs_k_draft_forwards_the_first_with_the_accepted_tokens(world):
+    """Forward 1 of a step runs the tokens accepted in the previous step and the root (and commits
+    them); forwards 2..K run the chain drafted so far after them."""
+    k = 3
     target = load_target(world["target"], slots=1, capacity=96)
-    plan, *_ = prepare(target, [1], "draft_model", "numpy", max_new_tokens=8, temperature=0.0, top_k=None,
+    plan, *_ = prepare(target, [1], "draft_model", "numpy", max_new_tokens=12, temperature=0.0, top_k=None,
                        top_p=None, dtype=None, device=None, registry=None,
                        options=dict(draft_model=world["target"], draft_length=k))
     drafter, sizes = plan.drafter, []
     forward = drafter.draft.forward_tree
     drafter.draft.forward_tree = lambda tree, slots, **kw: (sizes.append(tree.size), forward(tree, slots, **kw))[1]
     steps = [s for s in decode_steps(plan, [[1, 2, 3]]) if not s.is_prefill]
-    # per step: chains of 1 .. K nodes, then d(K) alone (every token accepted: the draft is the target)
-    assert sizes == [1, 2, 1] * len(steps), sizes
+    # the draft is the target: every drafted token is accepted, so forward 1 runs K tokens and the root
+    assert sizes == [1, 1, 2] + [k + 1, 1, 2] * (len(steps) - 1), sizes
 
 
 # ---------------------------------------------------------------------------------------------
