@@ -1,0 +1,61 @@
+"""Registers the EAGLE drafter with specdec (entry point ``specdec: eagle``)."""
+
+from __future__ import annotations
+
+from specdec.hookspecs import hookimpl
+from specdec.plugin_support import backend_class, lazy_call, load_trained
+from specdec.specs import CliOption, DrafterSpec
+
+CLASSES = {
+    "numpy": "specdec_eagle.reference:EagleDrafter",
+    "torch": "specdec_eagle.torch:TorchEagleDrafter",
+}
+
+
+def _factory(backend_name: str):
+    def eagle(target, checkpoint=None, *, backend=None, top_k=None, depth=None, total_tokens=None):
+        from specdec_eagle.checkpoint import load_eagle_checkpoint
+
+        drafter_class = backend_class(backend_name, CLASSES, feature="the EAGLE drafter")
+        config, weights = load_trained("eagle", "EAGLE", "specdec_eagle", load_eagle_checkpoint, checkpoint, target)
+        return drafter_class(config, weights, embed_tokens=target.embed_tokens, lm_head=target.lm_head, top_k=top_k,
+                             depth=depth, total_tokens=total_tokens)
+
+    return eagle
+
+
+def _evaluation_task(checkpoint, target, overrides):
+    import attrs
+
+    from specdec_eagle.checkpoint import load_eagle_checkpoint
+    from specdec_eagle.train import EagleTask
+
+    config, weights = load_eagle_checkpoint(checkpoint)
+    task = EagleTask(attrs.evolve(config, **overrides), embed_tokens=target.embed_tokens, lm_head=target.lm_head,
+                     shortlist=weights.get("vocab_shortlist"))
+    task.module.load_weights(weights)
+    return task
+
+
+SPEC = DrafterSpec(
+    name="eagle", model_type="specdec_eagle", implementations={b: _factory(b) for b in CLASSES},
+    make_random_checkpoint=lazy_call("specdec_eagle.checkpoint", "make_random_eagle"),
+    train=lazy_call("specdec_eagle.train", "train_eagle"), evaluation_task=_evaluation_task,
+    train_options=(
+        CliOption(flag="--top-k", type=int, default=4, help="EAGLE tree: children per expanded node and frontier width"),
+        CliOption(flag="--depth", type=int, default=4, help="EAGLE tree: drafted levels"),
+        CliOption(flag="--total-tokens", type=int, default=16, help="EAGLE tree: drafted nodes kept"),
+        CliOption(flag="--window", type=int, default=64, help="EAGLE training: positions per training window"),
+        CliOption(flag="--noise", type=float, default=0.1, help="EAGLE training: uniform noise on input features"),
+        CliOption(flag="--feature-weight", type=float, default=1.0, help="EAGLE training: weight of the feature loss"),
+        CliOption(flag="--ce-weight", type=float, default=0.1, help="EAGLE training: weight of the cross-entropy"),
+    ),
+    default_shortlist=8192,
+    load_checkpoint=lazy_call("specdec_eagle.checkpoint", "load_eagle_checkpoint"),
+    save_checkpoint=lazy_call("specdec_eagle.checkpoint", "save_eagle"), package="specdec_eagle",
+)
+
+
+@hookimpl
+def specdec_register_drafter_specs(register):
+    register(SPEC)

@@ -1,0 +1,363 @@
+"""EAGLE drafter, float64 NumPy reference (EAGLE-1 draft model, arXiv 2401.15077; EAGLE-2 dynamic
+tree, arXiv 2406.16858).
+
+**The draft model.** Draft position p pairs the target's feature f_p (its last hidden state
+after the final norm, what produced token x_{p+1}) with the embedding of x_{p+1}:
+
+    x_p   = fc([embed(x_{p+1}) ; f_p])                            (H,)  Linear(2H -> H)
+    h_p   = x_p + o_proj(attention(rope(q(x_p)), rope(k(.)), v(.)))     no norm before attention
+    out_p = h_p + down(silu(gate(n_p)) * up(n_p)),  n_p = rms_norm(h_p)
+    logits of x_{p+2} = lm_head(out_p)                               the target's LM head
+
+``out_p`` is the draft's prediction of f_{p+1} (``fuse``, ``draft_layer``, ``draft_log_probs``).
+Attention reaches every earlier draft position of the request (the draft's own KV cache) with
+rotary positions p, as one Llama decoder layer does.
+
+**Per request** (``EagleDrafter``, a stateful drafter): ``begin`` runs the layer over the prompt
+(positions 0 .. P-2: tokens x_1 .. x_{P-1}, features f_0 .. f_{P-2}) and keeps f_{P-1}
+*pending*: its token is the first root, not chosen yet. Each step's root entry pairs the
+pending feature with the root; ``observe`` appends the committed entries (the root and the
+accepted tokens, each with the feature before it) and keeps the last accepted feature pending.
+
+**The tree** (``dynamic_tree``, EAGLE-2): the root entry's output scores level 1; its ``top_k``
+tokens are the first frontier. Each further level runs the frontier's k nodes through the layer
+(each node reads its parent's output as its feature and attends to the cache, the root entry and
+its own ancestors), gives every one of them its top-k children scored by cumulative draft
+log-prob, and keeps the k best of those k*k as the next frontier. After ``depth`` levels the
+``total_tokens`` best-scored candidates (a child never outscores its parent, and ties go to the
+earlier node, so they form a subtree of the root) are the draft, returned as one beam per leaf
+(``tree_beams``). Shapes: B batch, V vocab, H hidden, Hq/Hkv heads, Dh head size, W beams,
+L = depth + 1 beam length (root included).
+"""
+
+from __future__ import annotations
+
+import attrs
+import numpy as np
+
+from specdec.capabilities import DrafterCaps
+from specdec.errors import InvalidInputError
+from specdec.reference.model import apply_rotary, attend, rms_norm, rotary_cos_sin, silu
+from specdec.shortlist import restrict_logits
+from specdec.types import Accepted, Draft, DraftContext, PromptOutput
+from specdec_eagle.config import EagleConfig, check_weights
+
+__all__ = [
+    "EagleDrafter", "SlotCache", "TreeDraft", "check_tree_options", "draft_layer", "draft_log_probs",
+    "dynamic_tree", "fuse", "inverse_frequencies", "run_entries", "tree_beams",
+]
+
+
+def fuse(config: EagleConfig, weights: dict, embed_tokens: np.ndarray, tokens: np.ndarray,
+         features: np.ndarray) -> np.ndarray:
+    """fc([embed(tokens) ; features]): tokens (...) int, features (..., H) -> (..., H)."""
+    x = np.concatenate([embed_tokens[tokens], features], axis=-1)  # (..., 2H)
+    y = x @ weights["fc.weight"].T
+    return y + weights["fc.bias"] if config.fc_bias else y
+
+
+def inverse_frequencies(config: EagleConfig) -> np.ndarray:
+    """(Dh/2,) rotary speeds theta ** (-2i / Dh) of the draft layer (no scaling)."""
+    return 1.0 / config.rope_theta ** (np.arange(0, config.head_dim, 2, dtype=np.float64) / config.head_dim)
+
+
+def draft_layer(config: EagleConfig, weights: dict, x: np.ndarray, positions: np.ndarray,
+                past: tuple[np.ndarray, np.ndarray], past_allowed: np.ndarray, new_allowed: np.ndarray):
+    """The draft decoder layer on n new entries.
+
+    x (n, H) fused inputs; positions (n,) their rotary positions; past = (keys, values) each
+    (Hkv, S, Dh), rotary applied; past_allowed (n, S), new_allowed (n, n) bool: what each new
+    entry attends to. Returns out (n, H) and the new keys, values (Hkv, n, Dh).
+    """
+    n, heads, kv_heads, dim = x.shape[0], config.num_heads, config.num_kv_heads, config.head_dim
+    attn, mlp = "layers.0.self_attn.", "layers.0.mlp."
+    q = (x @ weights[attn + "q_proj.weight"].T).reshape(n, heads, dim).transpose(1, 0, 2)
+    k = (x @ weights[attn + "k_proj.weight"].T).reshape(n, kv_heads, dim).transpose(1, 0, 2)
+    v = (x @ weights[attn + "v_proj.weight"].T).reshape(n, kv_heads, dim).transpose(1, 0, 2)
+    cos, sin = rotary_cos_sin(np.asarray(positions, dtype=np.float64), inverse_frequencies(config))  # (n, Dh)
+    q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+    h = x + attend(q, past, (k, v), past_allowed, new_allowed) @ weights[attn + "o_proj.weight"].T
+    normed = rms_norm(h, weights["layers.0.post_attention_layernorm.weight"], config.rms_norm_eps)
+    gate = silu(normed @ weights[mlp + "gate_proj.weight"].T)
+    out = h + (gate * (normed @ weights[mlp + "up_proj.weight"].T)) @ weights[mlp + "down_proj.weight"].T
+    return out, k, v
+
+
+def draft_log_probs(weights: dict, lm_head: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """log_softmax of lm_head(out) over the drafted vocabulary: out (..., H) -> (..., V), -inf
+    outside the shortlist (when the weights hold one)."""
+    logits = restrict_logits(out @ lm_head.T, weights.get("vocab_shortlist"))
+    z = logits - logits.max(axis=-1, keepdims=True)
+    return z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
+
+
+def _top(values: np.ndarray, count: int, gaps: list | None = None) -> np.ndarray:
+    """The ``count`` best indices of ``values``, best first, equal values to the lower index.
+    ``gaps`` collects the smallest difference between consecutive values among the best
+    count + 1 (how close the ranking came to another order; -inf pairs are exact)."""
+    order = np.argsort(-values, kind="stable")
+    if gaps is not None:
+        best = values[order[: count + 1]]
+        finite = best[np.isfinite(best)]
+        if len(finite) > 1:
+            gaps.append(float(np.min(finite[:-1] - finite[1:])))
+    return order[:count]
+
+
+@attrs.define
+class SlotCache:
+    """One request's draft KV cache: keys, values (Hkv, T, Dh) of positions 0 .. T-1, and the
+    pending feature f_T (H,) that the next root joins."""
+
+    keys: np.ndarray
+    values: np.ndarray
+    pending: np.ndarray
+
+    @property
+    def length(self) -> int:
+        return int(self.keys.shape[1])
+
+
+def run_entries(config: EagleConfig, weights: dict, embed_tokens: np.ndarray, cache: SlotCache,
+                tokens: np.ndarray, features: np.ndarray):
+    """Append entries at positions T .. T+n-1 (causal among themselves, after the whole cache).
+    tokens (n,), features (n, H) -> (outputs (n, H), the cache with the entries appended)."""
+    n, length = len(tokens), cache.length
+    if n == 0:
+        return np.zeros((0, config.hidden_size)), cache
+    x = fuse(config, weights, embed_tokens, np.asarray(tokens, dtype=np.int64), features)
+    out, k, v = draft_layer(config, weights, x, length + np.arange(n), (cache.keys, cache.values),
+                            np.ones((n, length), dtype=bool), np.tril(np.ones((n, n), dtype=bool)))
+    grown = SlotCache(keys=np.concatenate([cache.keys, k], axis=1),
+                      values=np.concatenate([cache.values, v], axis=1), pending=cache.pending)
+    return out, grown
+
+
+@attrs.frozen(kw_only=True)
+class TreeDraft:
+    """One row's dynamic tree.
+
+    Nodes: 0 the root, 1 .. C the candidates, then the extension nodes: ``tokens``, ``parents``
+    (the root's -1), ``depth`` (level, the root's 0) and ``scores`` (cumulative draft log-probs;
+    extension nodes' continue their parents'); ``selected``: the kept candidates, ascending
+    (parents before children);
+    ``beams`` (W, L): one root-to-leaf path per leaf, best leaf first, short ones extended,
+    padded to W rows with copies of beam 0; ``extension`` (E,): tokens of the nodes added past
+    short leaves (``tree_beams``); ``margin``: the smallest score gap of any ranking the tree
+    made (top-k children, frontiers, the kept set, leaf order, extensions), for tests that
+    compare backends away from near-ties.
+    """
+
+    tokens: np.ndarray
+    parents: np.ndarray
+    depth: np.ndarray
+    scores: np.ndarray
+    selected: np.ndarray
+    beams: np.ndarray
+    extension: np.ndarray
+    margin: float
+
+
+def check_tree_options(config: EagleConfig, top_k: int, depth: int, total_tokens: int) -> None:
+    """top_k <= the drafted vocabulary, depth >= 1, total_tokens >= 1 (a ValueError otherwise)."""
+    for name, value in (("top_k", top_k), ("depth", depth), ("total_tokens", total_tokens)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+            raise ValueError(f"EAGLE's {name} must be a positive integer, got {value!r}")
+    if top_k > config.draft_vocab_size:
+        raise ValueError(f"EAGLE's top_k={top_k} exceeds the {config.draft_vocab_size} tokens it drafts from")
+
+
+def dynamic_tree(config: EagleConfig, weights: dict, embed_tokens: np.ndarray, lm_head: np.ndarray,
+                 cache: SlotCache, root: int, feature: np.ndarray, *, top_k: int, depth: int,
+                 total_tokens: int) -> TreeDraft:
+    """EAGLE-2's dynamic tree for one request (see the module docstring).
+
+    cache: the request's draft cache (positions 0 .. T-1); root: the root token; feature (H,):
+    the target's feature that produced it (the pending one). The root entry sits at position T, a
+    node of level d at T + d. Nodes run through the layer one at a time, each attending to the
+    cache, the root entry and its ancestors (the tree-masked forward of a backend gives the same).
+    """
+    check_tree_options(config, top_k, depth, total_tokens)
+    length = cache.length
+    tokens, parents, levels, scores = [int(root)], [-1], [0], [0.0]
+    gaps: list[float] = []
+    ran: dict[int, tuple] = {}  # node -> (out (H,), key (Hkv, Dh), value (Hkv, Dh), log_probs (V,))
+
+    def ancestors(node: int) -> list[int]:
+        path = []
+        while node >= 0:
+            path.append(node)
+            node = parents[node]
+        return path[::-1]  # root first
+
+    def run(node: int) -> np.ndarray:
+        """Run ``node`` through the layer (its ancestors have run); return its log-probs."""
+        path = ancestors(node)[:-1]
+        feature_in = feature if node == 0 else ran[parents[node]][0]
+        x = fuse(config, weights, embed_tokens, np.array([tokens[node]]), feature_in[None])
+        keys = np.concatenate([cache.keys] + [ran[a][1][:, None] for a in path], axis=1)
+        values = np.concatenate([cache.values] + [ran[a][2][:, None] for a in path], axis=1)
+        out, k, v = draft_layer(config, weights, x, np.array([length + levels[node]]), (keys, values),
+                                np.ones((1, keys.shape[1]), dtype=bool), np.ones((1, 1), dtype=bool))
+        log_probs = draft_log_probs(weights, lm_head, out[0])
+        ran[node] = (out[0], k[:, 0], v[:, 0], log_probs)
+        return log_probs
+
+    def add(token: int, parent: int, score: float) -> int:
+        tokens.append(int(token))
+        parents.append(parent)
+        levels.append(levels[parent] + 1)
+        scores.append(float(score))
+        return len(tokens) - 1
+
+    # Level 1: the root's top-k children; all of them are the first frontier.
+    log_probs = run(0)
+    frontier = [add(t, 0, log_probs[t]) for t in _top(log_probs, top_k, gaps)]
+    for _ in range(depth - 1):
+        # Each frontier node (best first) proposes its top-k children, scored cumulatively.
+        children = []
+        for node in frontier:
+            log_probs = run(node)
+            children += [add(t, node, scores[node] + log_probs[t]) for t in _top(log_probs, top_k, gaps)]
+        child_scores = np.array([scores[c] for c in children])
+        frontier = [children[i] for i in _top(child_scores, top_k, gaps)]
+
+    # Keep the best total_tokens candidates (ties to the earlier node), parents first.
+    candidates = len(tokens)
+    selected = np.sort(_top(np.array(scores[1:]), total_tokens, gaps) + 1)
+
+    def extend(node: int) -> int:
+        """Add ``node``'s top-1 child (running the node first if it has not run)."""
+        log_probs = ran[node][3] if node in ran else run(node)
+        token = int(_top(log_probs, 1, gaps)[0])
+        return add(token, node, scores[node] + log_probs[token])
+
+    beams = tree_beams(tokens, parents, levels, scores, selected, depth=depth, width=total_tokens, extend=extend)
+    kept = set(selected.tolist())
+    leaf_scores = np.sort([scores[s] for s in kept if s not in {parents[t] for t in kept}])
+    if len(leaf_scores) > 1:
+        gaps.append(float(np.min(np.diff(leaf_scores))))
+    return TreeDraft(tokens=np.array(tokens, dtype=np.int64), parents=np.array(parents, dtype=np.int64),
+                     depth=np.array(levels, dtype=np.int64), scores=np.array(scores), selected=selected,
+                     beams=beams, extension=np.array(tokens[candidates:], dtype=np.int64),
+                     margin=min(gaps, default=np.inf))
+
+
+def tree_beams(tokens, parents, levels, scores, selected, *, depth: int, width: int, extend) -> np.ndarray:
+    """Beams (W, L = depth + 1) of the kept nodes: one per leaf (a kept node that is no kept
+    node's parent), ordered by leaf score (best first, ties to the earlier node), then copies of
+    beam 0 up to W = ``width`` rows. A leaf above level ``depth`` is extended along its own
+    top-1 children: ``extend(node)`` -> the index of that child (appended to the node lists
+    ``tokens``, ``parents``, ``levels``, ``scores`` when new), so those extra nodes are verified too."""
+    kept = set(int(s) for s in selected)
+    inner = {parents[s] for s in kept}
+    leaves = sorted((s for s in kept if s not in inner), key=lambda s: (-scores[s], s))
+    beams = []
+    for leaf in leaves:
+        path, node = [], leaf
+        while node >= 0:
+            path.append(node)
+            node = parents[node]
+        path = path[::-1]
+        while levels[path[-1]] < depth:  # extend along the top-1 child
+            path.append(extend(path[-1]))
+        beams.append([tokens[p] for p in path])
+    beams += [beams[0]] * (width - len(beams))
+    return np.array(beams, dtype=np.int64)
+
+
+class EagleDrafter:
+    """EAGLE as a stateful ``specdec.protocols.Drafter`` (NumPy reference).
+
+    weights: name -> array as in ``specdec_eagle.config`` (checked, kept as float64).
+    embed_tokens, lm_head (V, H): the target's. top_k, depth, total_tokens override the config's
+    tree defaults. Drafts are deterministic (the exact verifier serves sampled decoding); every
+    row is computed alone, so a request's draft does not depend on the rest of its batch.
+    """
+
+    caps = DrafterCaps(stateful=True, tree_builder=("prefix_tree", {}))
+
+    def __init__(self, config: EagleConfig, weights: dict, *, embed_tokens, lm_head, top_k: int | None = None,
+                 depth: int | None = None, total_tokens: int | None = None):
+        check_weights(config, weights)
+        check_target_arrays(config, embed_tokens, lm_head)
+        self.config = config
+        self.weights = {name: np.asarray(array, dtype=np.int64 if name == "vocab_shortlist" else np.float64)
+                        for name, array in weights.items()}
+        self.embed_tokens = np.asarray(embed_tokens, dtype=np.float64)
+        self.lm_head = np.asarray(lm_head, dtype=np.float64)
+        self.top_k, self.depth, self.total_tokens = tree_options(config, top_k, depth, total_tokens)
+        self.slots: dict[int, SlotCache] = {}
+
+    def begin(self, slot: int, prompt, output: PromptOutput) -> None:
+        """Run the layer over the prompt's entries; keep its last feature pending."""
+        prompt = np.asarray(prompt, dtype=np.int64)
+        hidden = np.asarray(output.hidden, dtype=np.float64)  # (P, H)
+        empty = np.zeros((self.config.num_kv_heads, 0, self.config.head_dim))
+        cache = SlotCache(keys=empty, values=empty.copy(), pending=hidden[-1])
+        if len(prompt) > 1:
+            _, cache = run_entries(self.config, self.weights, self.embed_tokens, cache, prompt[1:], hidden[:-1])
+        self.slots[int(slot)] = cache
+
+    def observe(self, accepted: Accepted) -> None:
+        """Append each row's root entry and accepted entries; the last accepted feature is pending."""
+        hidden = np.asarray(accepted.hidden, dtype=np.float64)  # (B, A, H)
+        for b, slot in enumerate(np.asarray(accepted.slots).tolist()):
+            count = int(accepted.num_accepted[b]) + 1  # the root and the accepted drafted tokens
+            cache = self._cache(slot)
+            features = np.concatenate([cache.pending[None], hidden[b, : count - 1]])
+            _, cache = run_entries(self.config, self.weights, self.embed_tokens, cache,
+                                   np.asarray(accepted.tokens[b, :count]), features)
+            cache.pending = hidden[b, count - 1]
+            self.slots[slot] = cache
+
+    def end(self, slot: int) -> None:
+        self.slots.pop(int(slot), None)
+
+    def _cache(self, slot: int) -> SlotCache:
+        if slot not in self.slots:
+            raise InvalidInputError(f"EAGLE has no request in slot {slot}: a stateful drafter needs begin(slot, ...) "
+                                    "before propose/observe (the decode loop calls it when it admits a request)")
+        return self.slots[slot]
+
+    def propose(self, context: DraftContext) -> Draft:
+        """Beams (B, W = total_tokens, L = depth + 1), one dynamic tree per row."""
+        roots = np.asarray(context.root_tokens, dtype=np.int64)
+        hidden = np.asarray(context.hidden, dtype=np.float64)
+        check_context(self.config, context, roots, hidden.shape)
+        beams = np.stack([
+            dynamic_tree(self.config, self.weights, self.embed_tokens, self.lm_head, self._cache(int(slot)),
+                         int(roots[b]), hidden[b], top_k=self.top_k, depth=self.depth,
+                         total_tokens=self.total_tokens).beams
+            for b, slot in enumerate(np.asarray(context.slots).tolist())])
+        return Draft(root_tokens=roots, beams=beams, sampled=False)
+
+
+def tree_options(config: EagleConfig, top_k, depth, total_tokens) -> tuple[int, int, int]:
+    """The tree's (top_k, depth, total_tokens): the given ones, else the config's; checked."""
+    chosen = tuple(int(getattr(config, name)) if value is None else value
+                   for name, value in (("top_k", top_k), ("depth", depth), ("total_tokens", total_tokens)))
+    check_tree_options(config, *chosen)
+    return chosen
+
+
+def check_target_arrays(config: EagleConfig, embed_tokens, lm_head) -> None:
+    """The target's embedding and LM head (any backend's arrays) have the drafter's (V, H)."""
+    expected = (config.vocab_size, config.hidden_size)
+    for name, array in (("embed_tokens", embed_tokens), ("lm_head", lm_head)):
+        if array is None or tuple(array.shape) != expected:
+            raise ValueError(f"{name} has shape {None if array is None else tuple(array.shape)}, but the EAGLE drafter "
+                             f"was built for (vocab_size, hidden_size) = {expected}; pass the target's {name}")
+
+
+def check_context(config: EagleConfig, context: DraftContext, roots, hidden_shape) -> None:
+    """What ``propose`` needs: slots (the decode loop gives them), hidden (B, H), no draft probabilities."""
+    batch = len(roots)
+    if context.slots is None or len(context.slots) != batch:
+        raise InvalidInputError("EAGLE drafts per request: context.slots must name each row's slot (the decode loop "
+                                "gives them)")
+    if tuple(hidden_shape) != (batch, config.hidden_size):
+        raise ValueError(f"context.hidden has shape {tuple(hidden_shape)}, expected (B, H) = {(batch, config.hidden_size)}")
+    if context.want_draft_probs:
+        raise InvalidInputError("the EAGLE drafter gives no draft probabilities, which the chosen verifier needs; use "
+                                "the greedy or exact verifier (the defaults)")

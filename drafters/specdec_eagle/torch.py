@@ -1,0 +1,390 @@
+"""EAGLE on torch: the draft layer as a ``torch.nn.Module``, per-slot draft KV caches, and the
+dynamic tree with every level's frontier in one batched forward.
+
+The torch twin of ``specdec_eagle.reference`` (read that first: the draft model, the request
+lifecycle and the tree are explained there). ``EagleNet`` holds the drafter's weights under
+the checkpoint's names (training, ``specdec_eagle.train``, uses the same module), borrows the
+target's embedding and LM head, and runs the layer on (B, m) new entries over given past keys
+with a boolean mask. Tree search keeps the tree's entries (the root entry, then each level's
+frontier, then extension nodes) in one (B, Hkv, t, Dh) block with an ancestor mask (B, t, t):
+a new node attends to its request's cache, to its parent's ancestors and to itself. Rankings
+use ``top_k_lowest_index`` (ties to the lower index, as the reference's stable sorts); the
+beams are assembled on the host from the tree's (B, C)-sized arrays, as the reference does.
+Shapes: B rows, S drafted vocabulary (V without a shortlist), k = top_k, C candidates.
+"""
+
+from __future__ import annotations
+
+import math
+
+import attrs
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from specdec.capabilities import DrafterCaps
+from specdec.errors import InvalidInputError
+from specdec.types import Accepted, Draft, DraftContext, PromptOutput
+from specdec_eagle.config import EagleConfig, check_weights
+from specdec_eagle.reference import check_context, check_target_arrays, tree_beams, tree_options
+from specdec_torch.ops import compute_dtype, top_k_lowest_index
+
+__all__ = ["EagleNet", "TorchEagleDrafter"]
+
+
+class _RMSNorm(torch.nn.Module):
+    def __init__(self, size: int, eps: float):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        z = x.to(compute_dtype(x.dtype))
+        return (z * torch.rsqrt(z.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype) * self.weight
+
+
+class _Attention(torch.nn.Module):
+    def __init__(self, config: EagleConfig):
+        super().__init__()
+        hidden, q_out, kv_out = config.hidden_size, config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
+        self.q_proj = torch.nn.Linear(hidden, q_out, bias=False)
+        self.k_proj = torch.nn.Linear(hidden, kv_out, bias=False)
+        self.v_proj = torch.nn.Linear(hidden, kv_out, bias=False)
+        self.o_proj = torch.nn.Linear(q_out, hidden, bias=False)
+
+
+class _MLP(torch.nn.Module):
+    def __init__(self, config: EagleConfig):
+        super().__init__()
+        self.gate_proj = torch.nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.up_proj = torch.nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.down_proj = torch.nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class _Layer(torch.nn.Module):
+    def __init__(self, config: EagleConfig):
+        super().__init__()
+        self.self_attn = _Attention(config)
+        self.post_attention_layernorm = _RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = _MLP(config)
+
+
+def rotate(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
+    """Rotary embedding ("rotate_half"): x (B, heads, m, Dh), positions (B, m) -> (B, heads, m, Dh)."""
+    angles = positions[:, None, :, None].to(inv_freq.dtype) * inv_freq  # (B, 1, m, Dh/2)
+    angles = torch.cat([angles, angles], dim=-1)
+    cos, sin = torch.cos(angles).to(x.dtype), torch.sin(angles).to(x.dtype)
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
+
+
+class EagleNet(torch.nn.Module):
+    """The EAGLE draft model; ``state_dict()`` holds exactly the checkpoint's layer weights
+    (``fc.*``, ``layers.0.*``; the shortlist is kept apart). embed_tokens, lm_head (V, H): the
+    target's, kept as plain attributes (not parameters, not saved)."""
+
+    def __init__(self, config: EagleConfig, *, embed_tokens: torch.Tensor, lm_head: torch.Tensor):
+        super().__init__()
+        self.config = config
+        self.embed_tokens, self.lm_head = embed_tokens.detach(), lm_head.detach()
+        self.fc = torch.nn.Linear(2 * config.hidden_size, config.hidden_size, bias=config.fc_bias)
+        self.layers = torch.nn.ModuleList([_Layer(config)])
+        dim = config.head_dim
+        self.register_buffer("inv_freq", 1.0 / config.rope_theta ** (
+            torch.arange(0, dim, 2, dtype=torch.float64) / dim), persistent=False)
+
+    def load_weights(self, weights: dict) -> None:
+        """Set the layer weights from name -> array (the shortlist, if any, is ignored here)."""
+        layer_weights = {name: array for name, array in weights.items() if name != "vocab_shortlist"}
+        check_weights(attrs.evolve(self.config, shortlist_size=None), layer_weights)
+        dtype = self.fc.weight.dtype
+        self.load_state_dict({name: torch.as_tensor(np.asarray(array), dtype=dtype)
+                              for name, array in layer_weights.items()})
+
+    def weights(self) -> dict[str, np.ndarray]:
+        """Name -> float64 array of the layer weights."""
+        return {name: tensor.detach().double().cpu().numpy() for name, tensor in self.state_dict().items()}
+
+    def fuse(self, tokens: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
+        """fc([embed(tokens) ; features]): tokens (...), features (..., H) -> (..., H)."""
+        embedding = F.embedding(tokens, self.embed_tokens).to(self.fc.weight.dtype)
+        return self.fc(torch.cat([embedding, features.to(self.fc.weight.dtype)], dim=-1))
+
+    def layer(self, x: torch.Tensor, positions: torch.Tensor, past_keys: torch.Tensor | None,
+              past_values: torch.Tensor | None, mask: torch.Tensor):
+        """The draft layer on m new entries per row. x (B, m, H); positions (B, m); past keys and
+        values (B, Hkv, S, Dh) or None; mask (B, m, S + m) bool (what each entry attends to).
+        -> out (B, m, H), keys and values (B, Hkv, m, Dh) of the new entries (rotary applied)."""
+        cfg, layer = self.config, self.layers[0]
+        batch, m, _ = x.shape
+        attn = layer.self_attn
+        q = attn.q_proj(x).view(batch, m, cfg.num_heads, cfg.head_dim).transpose(1, 2)
+        k = attn.k_proj(x).view(batch, m, cfg.num_kv_heads, cfg.head_dim).transpose(1, 2)
+        v = attn.v_proj(x).view(batch, m, cfg.num_kv_heads, cfg.head_dim).transpose(1, 2)
+        inv_freq = self.inv_freq.to(compute_dtype(x.dtype))
+        q, k = rotate(q, positions, inv_freq), rotate(k, positions, inv_freq)
+        keys = k if past_keys is None else torch.cat([past_keys, k], dim=2)
+        values = v if past_values is None else torch.cat([past_values, v], dim=2)
+        group = cfg.num_heads // cfg.num_kv_heads
+        keys, values = keys.repeat_interleave(group, dim=1), values.repeat_interleave(group, dim=1)
+        scores = (q @ keys.transpose(-1, -2)) / math.sqrt(cfg.head_dim)  # (B, Hq, m, S + m)
+        scores = scores.masked_fill(~mask[:, None], float("-inf"))
+        weights = torch.softmax(scores.to(compute_dtype(x.dtype)), dim=-1).to(x.dtype)
+        context = (weights @ values).transpose(1, 2).reshape(batch, m, cfg.num_heads * cfg.head_dim)
+        h = x + attn.o_proj(context)
+        out = h + layer.mlp(layer.post_attention_layernorm(h))
+        return out, k, v
+
+
+class TorchEagleDrafter:
+    """EAGLE as a stateful ``specdec.protocols.Drafter`` on torch (same options as the reference's
+    ``EagleDrafter``). Draft caches live per slot in the target's dtype and device, grown by
+    doubling; rows of a step run together."""
+
+    caps = DrafterCaps(stateful=True, tree_builder=("prefix_tree", {}))
+    PREFILL_CHUNK = 256
+
+    def __init__(self, config: EagleConfig, weights: dict, *, embed_tokens: torch.Tensor, lm_head: torch.Tensor,
+                 top_k: int | None = None, depth: int | None = None, total_tokens: int | None = None):
+        check_weights(config, weights)
+        check_target_arrays(config, embed_tokens, lm_head)
+        self.config = config
+        self.dtype, self.device = embed_tokens.dtype, embed_tokens.device
+        self.net = EagleNet(config, embed_tokens=embed_tokens, lm_head=lm_head).to(dtype=self.dtype, device=self.device)
+        self.net.load_weights(weights)
+        self.net.eval().requires_grad_(False)
+        self.shortlist = None
+        if config.shortlist_size is not None:
+            self.shortlist = torch.as_tensor(np.asarray(weights["vocab_shortlist"]), dtype=torch.int64, device=self.device)
+        self.head_rows = lm_head if self.shortlist is None else lm_head[self.shortlist]  # (S, H)
+        self.top_k, self.depth, self.total_tokens = tree_options(config, top_k, depth, total_tokens)
+        self.slots: dict[int, dict] = {}  # slot -> {"keys", "values": (Hkv, capacity, Dh), "length", "pending" (H,)}
+
+    # ----------------------------------------------------------------------------- request state
+
+    def _slot(self, slot: int) -> dict:
+        if slot not in self.slots:
+            raise InvalidInputError(f"EAGLE has no request in slot {slot}: a stateful drafter needs begin(slot, ...) "
+                                    "before propose/observe (the decode loop calls it when it admits a request)")
+        return self.slots[slot]
+
+    def _reserve(self, state: dict, size: int) -> None:
+        capacity = state["keys"].shape[1]
+        if size > capacity:
+            grown = max(size, 2 * capacity)
+            for name in ("keys", "values"):
+                old = state[name]
+                state[name] = old.new_zeros((old.shape[0], grown, old.shape[2]))
+                state[name][:, :capacity] = old
+
+    def _append(self, slot: int, tokens: torch.Tensor, features: torch.Tensor) -> None:
+        """Run entries (n,) tokens with (n, H) features after the slot's cache, causally; store them."""
+        state = self.slots[slot]
+        length, n = state["length"], int(tokens.shape[0])
+        self._reserve(state, length + n)
+        positions = torch.arange(length, length + n, device=self.device)[None]
+        mask = torch.ones(n, length + n, dtype=torch.bool, device=self.device).tril(diagonal=length)[None]
+        x = self.net.fuse(tokens[None], features[None])
+        _, k, v = self.net.layer(x, positions, state["keys"][None, :, :length], state["values"][None, :, :length], mask)
+        state["keys"][:, length : length + n] = k[0]
+        state["values"][:, length : length + n] = v[0]
+        state["length"] = length + n
+
+    @torch.inference_mode()
+    def begin(self, slot: int, prompt, output: PromptOutput) -> None:
+        """Run the layer over the prompt's entries; keep its last feature pending."""
+        prompt = torch.as_tensor(np.asarray(prompt), dtype=torch.int64, device=self.device)
+        hidden = torch.as_tensor(output.hidden, device=self.device).to(self.dtype)  # (P, H)
+        cfg = self.config
+        empty = torch.zeros(cfg.num_kv_heads, max(64, len(prompt) + 64), cfg.head_dim, dtype=self.dtype, device=self.device)
+        self.slots[int(slot)] = {"keys": empty, "values": empty.clone(), "length": 0, "pending": hidden[-1].clone()}
+        for start in range(0, len(prompt) - 1, self.PREFILL_CHUNK):
+            stop = min(start + self.PREFILL_CHUNK, len(prompt) - 1)
+            self._append(int(slot), prompt[start + 1 : stop + 1], hidden[start:stop])
+
+    @torch.inference_mode()
+    def observe(self, accepted: Accepted) -> None:
+        """Append each row's root entry and accepted entries; the last accepted feature is pending."""
+        hidden = torch.as_tensor(accepted.hidden, device=self.device).to(self.dtype)  # (B, A, H)
+        tokens = torch.as_tensor(np.asarray(accepted.tokens), dtype=torch.int64, device=self.device)
+        for b, slot in enumerate(np.asarray(accepted.slots).tolist()):
+            count = int(accepted.num_accepted[b]) + 1
+            state = self._slot(slot)
+            features = torch.cat([state["pending"][None], hidden[b, : count - 1]])
+            self._append(slot, tokens[b, :count], features)
+            state["pending"] = hidden[b, count - 1].clone()
+
+    def end(self, slot: int) -> None:
+        self.slots.pop(int(slot), None)
+
+    # ----------------------------------------------------------------------------- drafting
+
+    def log_probs(self, out: torch.Tensor) -> torch.Tensor:
+        """Draft log-probs over the drafted vocabulary: out (..., H) -> (..., S)."""
+        return torch.log_softmax(F.linear(out, self.head_rows).to(compute_dtype(out.dtype)), dim=-1)
+
+    def to_vocab(self, local: torch.Tensor) -> torch.Tensor:
+        return local if self.shortlist is None else self.shortlist[local]
+
+    @torch.inference_mode()
+    def propose(self, context: DraftContext) -> Draft:
+        """Beams (B, W = total_tokens, L = depth + 1), one dynamic tree per row."""
+        roots = torch.as_tensor(context.root_tokens, device=self.device).to(torch.int64)
+        hidden = torch.as_tensor(context.hidden, device=self.device).to(self.dtype)
+        check_context(self.config, context, roots, hidden.shape)
+        slots = [int(s) for s in np.asarray(context.slots).tolist()]
+        states = [self._slot(s) for s in slots]
+        lengths = torch.tensor([s["length"] for s in states], device=self.device)
+        span = int(lengths.max())
+        if len(slots) == 1:
+            ctx_keys, ctx_values = states[0]["keys"][None, :, :span], states[0]["values"][None, :, :span]
+        else:
+            ctx_keys = torch.stack([s["keys"][:, :span] if s["keys"].shape[1] >= span else
+                                    F.pad(s["keys"], (0, 0, 0, span - s["keys"].shape[1])) for s in states])
+            ctx_values = torch.stack([s["values"][:, :span] if s["values"].shape[1] >= span else
+                                      F.pad(s["values"], (0, 0, 0, span - s["values"].shape[1])) for s in states])
+        ctx_mask = torch.arange(span, device=self.device)[None] < lengths[:, None]  # (B, span)
+        search = TreeSearch(self, ctx_keys, ctx_values, ctx_mask, lengths)
+        beams = search.run(roots, hidden)
+        return Draft(root_tokens=roots, beams=beams, sampled=False)
+
+
+class TreeSearch:
+    """One step's dynamic trees for B rows (see ``specdec_eagle.reference.dynamic_tree``).
+
+    Tree entries (nodes run through the layer) are kept in order: the root entry, each level's k
+    frontier nodes, then extension nodes; ``anc`` (B, t, t) says which entries each one attends
+    to (its ancestors and itself), ``outs`` (B, t, H) their outputs, ``top1`` (B, t) their best
+    child (a drafted-vocabulary index).
+    """
+
+    def __init__(self, drafter: TorchEagleDrafter, ctx_keys, ctx_values, ctx_mask, lengths):
+        self.drafter, self.net = drafter, drafter.net
+        self.ctx_keys, self.ctx_values, self.ctx_mask, self.lengths = ctx_keys, ctx_values, ctx_mask, lengths
+        self.keys = self.values = self.anc = self.outs = self.top1 = None
+
+    def _run(self, tokens: torch.Tensor, features: torch.Tensor, levels: torch.Tensor, parents: torch.Tensor | None):
+        """Run m new entries per row: tokens (B, m), features (B, m, H), levels (B, m) (position
+        offsets from the root entry), parents (B, m) entry indices (None: the root entry).
+        Appends them to the tree's entries; returns their log-probs (B, m, S)."""
+        batch, m = tokens.shape
+        device = tokens.device
+        x = self.net.fuse(tokens, features)
+        positions = self.lengths[:, None] + levels
+        if self.keys is None:  # the root entry: the cache and itself
+            tree_mask = torch.ones(batch, m, 0, dtype=torch.bool, device=device)
+            past_keys, past_values = self.ctx_keys, self.ctx_values
+        else:
+            tree_mask = torch.gather(self.anc, 1, parents[:, :, None].expand(-1, -1, self.anc.shape[2]))  # (B, m, t)
+            past_keys = torch.cat([self.ctx_keys, self.keys], dim=2)
+            past_values = torch.cat([self.ctx_values, self.values], dim=2)
+        eye = torch.eye(m, dtype=torch.bool, device=device).expand(batch, m, m)
+        mask = torch.cat([self.ctx_mask[:, None].expand(batch, m, -1), tree_mask, eye], dim=2)
+        out, k, v = self.net.layer(x, positions, past_keys, past_values, mask)
+        log_probs = self.drafter.log_probs(out)
+        top1 = top_k_lowest_index(log_probs, 1)[1][..., 0]
+        if self.keys is None:
+            self.keys, self.values, self.anc, self.outs, self.top1 = k, v, eye.clone(), out, top1
+        else:
+            grown = F.pad(self.anc, (0, m))  # (B, t, t + m)
+            new_rows = torch.cat([tree_mask, eye], dim=2)  # (B, m, t + m)
+            self.anc = torch.cat([grown, new_rows], dim=1)
+            self.keys, self.values = torch.cat([self.keys, k], dim=2), torch.cat([self.values, v], dim=2)
+            self.outs, self.top1 = torch.cat([self.outs, out], dim=1), torch.cat([self.top1, top1], dim=1)
+        return log_probs
+
+    def run(self, roots: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        drafter, batch = self.drafter, roots.shape[0]
+        k, depth, total = drafter.top_k, drafter.depth, drafter.total_tokens
+        device = roots.device
+        zeros = torch.zeros(batch, 1, dtype=torch.int64, device=device)
+        log_probs = self._run(roots[:, None], hidden[:, None], zeros, None)[:, 0]  # (B, S)
+        # Candidates: node 0 the root, then level 1's k, then k*k per further level.
+        scores, local = top_k_lowest_index(log_probs, k)  # (B, k)
+        cand_tokens = [roots[:, None], drafter.to_vocab(local)]
+        cand_parents = [zeros - 1, zeros.expand(batch, k)]
+        cand_scores = [torch.zeros_like(scores[:, :1]), scores]
+        cand_entry = [zeros, torch.full((batch, k), -1, dtype=torch.int64, device=device)]  # entry of run nodes
+        frontier = torch.arange(1, k + 1, device=device).expand(batch, k)  # candidate ids
+        frontier_scores, frontier_parent = scores, zeros.expand(batch, k)  # parent entry indices
+        count = 1 + k
+        for level in range(2, depth + 1):
+            first_entry = self.anc.shape[1]
+            parent_outs = torch.gather(self.outs, 1, frontier_parent[:, :, None].expand(-1, -1, self.outs.shape[2]))
+            tokens = torch.gather(torch.cat(cand_tokens, 1), 1, frontier)
+            log_probs = self._run(tokens, parent_outs, torch.full_like(frontier, level - 1), frontier_parent)  # (B, k, S)
+            entries = torch.arange(first_entry, first_entry + k, device=device).expand(batch, k)
+            entry_of = torch.cat(cand_entry, 1).scatter(1, frontier, entries)
+            cand_entry = [entry_of]
+            child_scores, child_local = top_k_lowest_index(log_probs, k)  # (B, k, k)
+            child_scores = (frontier_scores[:, :, None] + child_scores).reshape(batch, k * k)
+            cand_tokens.append(drafter.to_vocab(child_local).reshape(batch, k * k))
+            cand_parents.append(frontier[:, :, None].expand(batch, k, k).reshape(batch, k * k))
+            cand_scores.append(child_scores)
+            cand_entry.append(torch.full((batch, k * k), -1, dtype=torch.int64, device=device))
+            frontier_scores, best = top_k_lowest_index(child_scores, k)  # (B, k)
+            frontier_parent = entries.gather(1, best // k)
+            frontier = count + best
+            count += k * k
+        tokens, parents = torch.cat(cand_tokens, 1), torch.cat(cand_parents, 1)
+        all_scores, entry_of = torch.cat(cand_scores, 1), torch.cat(cand_entry, 1)
+        _, chosen = top_k_lowest_index(all_scores[:, 1:], min(total, count - 1))
+        return self._beams(tokens, parents, all_scores, entry_of, torch.sort(chosen + 1, dim=1).values, hidden)
+
+    def _beams(self, tokens, parents, scores, entry_of, selected, hidden) -> torch.Tensor:
+        """Beams (B, W, L) of the kept candidates (``tree_beams``). Short leaves are extended
+        along their top-1 children first, in rounds (all rows together): a chain's node that has
+        not run runs, then its top-1 child becomes the chain's next node."""
+        drafter, device = self.drafter, tokens.device
+        depth, width = drafter.depth, drafter.total_tokens
+        host = lambda t: t.cpu().numpy()  # noqa: E731
+        rows = [dict(tokens=host(tokens[b]).tolist(), parents=host(parents[b]).tolist(),
+                     scores=host(scores[b]).tolist(), entry=host(entry_of[b]).tolist(), child={})
+                for b in range(tokens.shape[0])]
+        selected = host(selected)
+        chains = []
+        for b, row in enumerate(rows):
+            row["levels"] = [0] * len(row["tokens"])
+            for i in range(1, len(row["tokens"])):
+                row["levels"][i] = row["levels"][row["parents"][i]] + 1
+            kept = set(int(s) for s in selected[b])
+            inner = {row["parents"][s] for s in kept}
+            chains.append(sorted(s for s in kept if s not in inner and row["levels"][s] < depth))
+        while any(chains):
+            need = [[node for node in chain if rows[b]["entry"][node] < 0] for b, chain in enumerate(chains)]
+            if any(need):
+                size = max(len(n) for n in need)
+                run_tokens = torch.zeros(len(rows), size, dtype=torch.int64, device=device)
+                run_parent = torch.zeros(len(rows), size, dtype=torch.int64, device=device)
+                run_level = torch.ones(len(rows), size, dtype=torch.int64, device=device)
+                for b, nodes in enumerate(need):  # unused places run the root's first child: ignored
+                    for j, node in enumerate(nodes):
+                        row = rows[b]
+                        run_tokens[b, j] = row["tokens"][node]
+                        run_parent[b, j] = row["entry"][row["parents"][node]]
+                        run_level[b, j] = row["levels"][node]
+                first = self.anc.shape[1]
+                features = torch.gather(self.outs, 1, run_parent[:, :, None].expand(-1, -1, self.outs.shape[2]))
+                self._run(run_tokens, features, run_level, run_parent)
+                for b, nodes in enumerate(need):
+                    for j, node in enumerate(nodes):
+                        rows[b]["entry"][node] = first + j
+            top1 = host(drafter.to_vocab(self.top1))
+            for b, chain in enumerate(chains):
+                row, following = rows[b], []
+                for node in chain:
+                    row["tokens"].append(int(top1[b, row["entry"][node]]))
+                    row["parents"].append(node)
+                    row["levels"].append(row["levels"][node] + 1)
+                    row["scores"].append(row["scores"][node])
+                    row["entry"].append(-1)
+                    row["child"][node] = child = len(row["tokens"]) - 1
+                    if row["levels"][child] < depth:
+                        following.append(child)
+                chains[b] = following
+        beams = [tree_beams(row["tokens"], row["parents"], row["levels"], row["scores"], selected[b], depth=depth,
+                            width=width, extend=row["child"].__getitem__) for b, row in enumerate(rows)]
+        return torch.as_tensor(np.stack(beams), device=device)

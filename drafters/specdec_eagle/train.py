@@ -1,0 +1,301 @@
+"""Training an EAGLE drafter by distillation from its target (EAGLE-1, arXiv 2401.15077, section 4).
+
+The teacher data (``specdec.training.teacher``) hold, for every position p of the target's own
+continuations, its feature f_p, its greedy token x_{p+1} and its top-k next-token distribution.
+EAGLE reads runs of positions: a training example is a window of ``window`` consecutive
+positions p = t .. t+T-1 of one sequence, where the draft layer runs causally over the entries
+(x_{p+1}, f_p + noise) exactly as it does at decode time (``specdec_eagle.torch.EagleNet``), and
+its output at p is pulled towards the next feature and the next distribution:
+
+    loss = feature_weight * SmoothL1(out_p, f_{p+1})            (mean over H, over positions)
+         + ce_weight * soft cross-entropy(lm_head(out_p), teacher distribution at p+1)
+
+``noise``: uniform noise U(-noise, noise) on the input features, which stand in for the draft's
+own, slightly wrong, features at deeper tree levels (EAGLE's data augmentation). The cross-entropy
+runs over all V or, with ``negatives``, over the batch's label tokens plus sampled negatives
+(``specdec.training.loop.sampled_soft_cross_entropy``).
+
+The shared loop (``specdec.training.loop.train``) draws positions and gathers per-position
+windows; EAGLE's windows need runs of positions, so ``train_eagle`` gives the loop an index view
+of the training data (its ``hidden`` holds each position's index) and ``EagleTask.loss`` reads the
+windows from the real data. ``--batch-size`` keeps its meaning: positions per optimiser step
+(``batch_size // window`` windows). Held-out evaluation runs the inference code's tree search
+(``specdec_eagle.torch.TreeSearch``) at every position the greedy replay visits, with the draft
+cache of the sequence so far, and counts the drafted tokens greedy verification would accept.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import attrs
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from specdec_eagle.config import EagleConfig
+
+__all__ = ["EagleTask", "default_config", "init_weights", "train_eagle"]
+
+
+def default_config(target, *, top_k: int = 4, depth: int = 4, total_tokens: int = 16, **overrides) -> EagleConfig:
+    """The draft layer for a ``TeacherTarget``: the target's head layout, MLP width, rotary base
+    and norm epsilon, fc with a bias (EAGLE-1)."""
+    from specdec.reference.loading import LlamaConfig
+    from specdec_eagle.checkpoint import config_for_target
+
+    llama = LlamaConfig.from_folder(target.folder)
+    record = {"name": target.name, "fingerprint": target.fingerprint, "vocab_size": llama.vocab_size,
+              "hidden_size": llama.hidden_size}
+    return config_for_target(llama, record, top_k=top_k, depth=depth, total_tokens=total_tokens, **overrides)
+
+
+@torch.no_grad()
+def init_weights(net, generator: torch.Generator | None = None) -> None:
+    """Start from "the next feature is this one": fc reads the feature through the identity (the
+    embedding half small and random), the attention's and the MLP's output projections are zero,
+    so the untrained draft returns f_p; the other projections are random 1/sqrt(fan_in)."""
+    hidden = net.config.hidden_size
+
+    def normal(module, fan_in: int, std_scale: float = 1.0):
+        module.weight.copy_(torch.randn(module.weight.shape, generator=generator) * std_scale / fan_in ** 0.5)
+
+    embed_rms = float(net.embed_tokens.float().pow(2).mean().sqrt()) or 1.0
+    fc = torch.randn(hidden, 2 * hidden, generator=generator) * 0.01 / ((2 * hidden) ** 0.5 * embed_rms)
+    fc[:, hidden:] += torch.eye(hidden)
+    net.fc.weight.copy_(fc)
+    if net.fc.bias is not None:
+        net.fc.bias.zero_()
+    layer = net.layers[0]
+    for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+        normal(proj, hidden)
+    layer.self_attn.o_proj.weight.zero_()
+    normal(layer.mlp.gate_proj, hidden)
+    normal(layer.mlp.up_proj, hidden)
+    layer.mlp.down_proj.weight.zero_()
+    layer.post_attention_layernorm.weight.fill_(1.0)
+
+
+class EagleTask:
+    """EAGLE for ``specdec.training.loop.train`` over an index view of the data (``train_eagle``).
+
+    window: positions per training window; noise: half-width of the uniform noise on input
+    features; feature_weight, ce_weight: the two terms of the loss; negatives: sampled-softmax
+    loss; shortlist: the vocabulary shortlist the saved drafter drafts from (training spreads the
+    loss over all V; evaluation drafts with the shortlist, as inference will).
+    """
+
+    depth = 0  # the loop's windows carry the sampled index only (train_eagle's index view)
+
+    def __init__(self, config: EagleConfig, *, embed_tokens: torch.Tensor, lm_head: torch.Tensor, seed: int = 0,
+                 window: int = 64, noise: float = 0.1, feature_weight: float = 1.0, ce_weight: float = 0.1,
+                 negatives: int | None = None, shortlist: np.ndarray | None = None, data=None):
+        from specdec_eagle.torch import EagleNet
+
+        self.shortlist = None if shortlist is None else np.asarray(shortlist, dtype=np.int64)
+        self.config = attrs.evolve(config, shortlist_size=None if shortlist is None else len(self.shortlist))
+        self.window, self.noise = int(window), float(noise)
+        self.feature_weight, self.ce_weight, self.negatives = float(feature_weight), float(ce_weight), negatives
+        self.module = EagleNet(attrs.evolve(config, shortlist_size=None), embed_tokens=embed_tokens.float(),
+                               lm_head=lm_head.float())
+        init_weights(self.module, torch.Generator().manual_seed(seed))
+        self.data = data  # the training data (TeacherData) that the loop's index view stands for
+        self._inference = None  # (drafter, held-out draft caches) on the current weights
+
+    # ------------------------------------------------------------------------------ training
+
+    def windows(self, data, starts: torch.Tensor):
+        """Inputs and targets of windows starting at flat positions ``starts`` (n,).
+        -> tokens (n, T), features (n, T, H), next features (n, T, H), label ids and probs
+        (n, T, k) at p+1, valid (n, T): position p+1 exists in the sequence."""
+        steps = torch.arange(self.window)
+        remaining = data.remaining[starts][:, None]  # positions after the start in its sequence
+        inputs = torch.where(steps[None] <= remaining, starts[:, None] + steps, starts[:, None])
+        valid = steps[None] + 1 <= remaining
+        targets = torch.where(valid, starts[:, None] + steps + 1, starts[:, None])
+        return (data.next_tokens[inputs], data.hidden[inputs].float(), data.hidden[targets].float(),
+                data.label_ids[targets], data.label_probs[targets], valid)
+
+    def forward_windows(self, tokens: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
+        """The draft layer over windows, causally: tokens (n, T), features (n, T, H) -> out (n, T, H)."""
+        n, length = tokens.shape
+        positions = torch.arange(length).expand(n, length)
+        mask = torch.ones(length, length, dtype=torch.bool).tril().expand(n, length, length)
+        out, _, _ = self.module.layer(self.module.fuse(tokens, features), positions, None, None, mask)
+        return out
+
+    def loss(self, window, generator: torch.Generator | None = None) -> torch.Tensor:
+        from specdec.training.loop import sampled_soft_cross_entropy, soft_cross_entropy
+
+        self._inference = None
+        indices = window.hidden[:, 0].long()
+        starts = indices[: max(1, indices.shape[0] // self.window)]
+        tokens, features, following, label_ids, label_probs, valid = self.windows(self.data, starts)
+        if self.noise:
+            features = features + (torch.rand(features.shape, generator=generator) * 2 - 1) * self.noise
+        out = self.forward_windows(tokens, features)
+        count = valid.sum().clamp(min=1)
+        feature_loss = (F.smooth_l1_loss(out, following, reduction="none").mean(-1) * valid).sum() / count
+        if self.negatives and generator is not None:
+            ce = sampled_soft_cross_entropy(out, self.module.lm_head, label_ids, label_probs, valid,
+                                            negatives=self.negatives, generator=generator)
+        else:
+            ce = soft_cross_entropy(F.linear(out, self.module.lm_head), label_ids, label_probs, valid)
+        ce = ce * out.shape[0] / count  # per position
+        return self.feature_weight * feature_loss + self.ce_weight * ce
+
+    # ------------------------------------------------------------------------------ evaluation
+
+    def weights(self) -> dict[str, np.ndarray]:
+        """The checkpoint's weights: the network's, plus the shortlist when there is one."""
+        weights = self.module.weights()
+        if self.shortlist is not None:
+            weights["vocab_shortlist"] = self.shortlist
+        return weights
+
+    def _drafter(self, data):
+        """The inference drafter on the current weights and the draft cache of every held-out
+        position (keys and values (Hkv, P, Dh) over ``data``'s flat positions, each sequence from
+        its own start), rebuilt after training steps."""
+        from specdec_eagle.torch import TorchEagleDrafter
+
+        if self._inference is not None and self._inference[0] is data:
+            return self._inference[1:]
+        net = self.module
+        drafter = TorchEagleDrafter(self.config, self.weights(), embed_tokens=net.embed_tokens, lm_head=net.lm_head)
+        cfg = self.config
+        keys = torch.zeros(cfg.num_kv_heads, data.num_positions, cfg.head_dim)
+        values = torch.zeros_like(keys)
+        starts = data.starts().tolist() + [data.num_positions]
+        with torch.no_grad():
+            for begin, end in zip(starts[:-1], starts[1:]):
+                length = end - begin
+                positions = torch.arange(length)[None]
+                mask = torch.ones(length, length, dtype=torch.bool).tril()[None]
+                x = drafter.net.fuse(data.next_tokens[begin:end][None], data.hidden[begin:end][None].float())
+                _, k, v = drafter.net.layer(x, positions, None, None, mask)
+                keys[:, begin:end], values[:, begin:end] = k[0], v[0]
+        self._inference = (data, drafter, keys, values, data.starts())
+        return self._inference[1:]
+
+    def accept(self, data, indices: torch.Tensor) -> torch.Tensor:
+        """The inference tree at each position (its cache: the sequence's earlier positions);
+        the drafted tokens greedy verification accepts there."""
+        from specdec.training.evaluate import beam_acceptance, gather_window
+        from specdec_eagle.torch import TreeSearch
+
+        drafter, keys, values, starts = self._drafter(data)
+        sequence_start = starts[data.sequence[indices]]  # (B,)
+        lengths = indices - sequence_start  # entries before the root entry
+        span = max(int(lengths.max()), 1)
+        where = sequence_start[:, None] + torch.arange(span)[None]  # (B, span)
+        ctx_mask = torch.arange(span)[None] < lengths[:, None]
+        where = torch.where(ctx_mask, where, 0)
+        ctx_keys = keys[:, where].permute(1, 0, 2, 3)  # (B, Hkv, span, Dh)
+        ctx_values = values[:, where].permute(1, 0, 2, 3)
+        with torch.no_grad():
+            beams = TreeSearch(drafter, ctx_keys, ctx_values, ctx_mask, lengths).run(
+                data.next_tokens[indices], data.hidden[indices].float())
+        window = gather_window(data, indices, drafter.depth, labels=False)
+        return beam_acceptance(beams, window.tokens[:, 1:], window.valid)
+
+    def save(self, folder: Path, *, dtype=np.float32) -> Path:
+        from specdec.checkpoints import save_checkpoint
+
+        return save_checkpoint(folder, self.config.to_dict(), self.weights(), dtype=dtype)
+
+
+def train_eagle(model, out, *, top_k: int = 4, depth: int = 4, total_tokens: int = 16, window: int = 64,
+                noise: float = 0.1, feature_weight: float = 1.0, ce_weight: float = 0.1,
+                negatives: int | None = None, config_overrides: dict | None = None, steps: int | None = None,
+                minutes: float | None = None, prompts: int = 512, heldout_prompts: int = 64, max_new_tokens: int = 128,
+                top_k_labels: int = 32, teacher_batch_size: int = 64, teacher_dtype: str | None = None,
+                batch_size: int = 512, lr: float = 1e-3, weight_decay: float = 0.0, bf16: bool = False, seed: int = 0,
+                resume: bool = False, threads: int | None = None, save_dtype: str = "float32", cache=None,
+                corpus=None, prompt_source=None, eval_minutes: tuple | None = None, eval_steps: int | None = None,
+                eval_sequences: int | None = 32, hidden_dtype: str = "bfloat16", prompt_text_prompts: int = 0,
+                shortlist: int = 0, prompt_mix=None, progress: bool = True, overwrite: bool = False,
+                allow_changes: bool = False, save_minutes: float = 5.0, init=None) -> dict:
+    """Distil an EAGLE drafter for ``model`` (a bundled name or a model folder) into folder ``out``.
+
+    The same pipeline and options as ``specdec.training.run.train_drafter`` (output folder
+    checks, teacher data and its cache, shortlist, the shared loop with its evaluations, best and
+    last checkpoints, resume, report); ``batch_size`` counts positions (windows of ``window``).
+    top_k, depth, total_tokens: the tree the checkpoint records and evaluation drafts with.
+    """
+    from specdec.checkpoints import write_json_atomic
+    from specdec.training.loop import TrainSettings, train
+    from specdec.training.outdir import claim_out
+    from specdec.training.run import (REPORT_FILE, SAVE_DTYPES, _model_key, _warm_start, build_teacher_data,
+                                      teacher_dtype_for)
+    from specdec.training.teacher import load_teacher_target
+
+    if save_dtype not in SAVE_DTYPES:
+        raise ValueError(f"save_dtype must be one of {sorted(SAVE_DTYPES)}, got {save_dtype!r}")
+    if threads:
+        torch.set_num_threads(threads)
+    out = Path(out)
+    identity = {"model": _model_key(model), "prompts": prompts, "heldout_prompts": heldout_prompts,
+                "max_new_tokens": max_new_tokens, "top_k": top_k_labels, "teacher_dtype": teacher_dtype,
+                "hidden_dtype": hidden_dtype, "prompt_text_prompts": prompt_text_prompts, "shortlist": shortlist,
+                "batch_size": batch_size, "lr": lr, "weight_decay": weight_decay, "bf16": bf16, "seed": seed,
+                "prompt_mix": prompt_mix, "init": None if init is None else str(Path(init).resolve()),
+                "tree": {"top_k": top_k, "depth": depth, "total_tokens": total_tokens}, "window": window,
+                "noise": noise, "feature_weight": feature_weight, "ce_weight": ce_weight, "negatives": negatives,
+                "config_overrides": config_overrides}
+    claim_out(out, kind="eagle", settings=json.loads(json.dumps(identity, default=str)), resume=resume,
+              overwrite=overwrite, allow_changes=allow_changes)
+    times: dict[str, float] = {}
+    began = time.perf_counter()
+    teacher_dtype = teacher_dtype or teacher_dtype_for(model)
+    target = load_teacher_target(model, dtype=teacher_dtype)
+    times["load_target"] = time.perf_counter() - began
+    datasets, teacher_stats, teacher_times = build_teacher_data(
+        target, prompts=prompts, heldout_prompts=heldout_prompts, max_new_tokens=max_new_tokens, top_k=top_k_labels,
+        teacher_batch_size=teacher_batch_size, seed=seed, cache=cache, corpus=corpus, prompt_source=prompt_source,
+        hidden_dtype=hidden_dtype, prompt_text_prompts=prompt_text_prompts, prompt_mix=prompt_mix, progress=progress)
+    times.update(teacher_times)
+    teacher = teacher_stats.pop("settings")
+
+    init_weights_, ids, listed = (None, None, {})
+    if init is not None:
+        init_weights_, ids = _warm_start(init, "eagle", target)
+        if ids is not None:
+            listed = {"shortlist": len(ids), "shortlist_from": str(init)}
+    if ids is None and shortlist:
+        from specdec.shortlist import choose_shortlist, shortlist_coverage
+
+        train_data = datasets["train"]
+        ids = choose_shortlist(int(target.embed_tokens.shape[0]), shortlist, next_tokens=train_data.next_tokens.numpy(),
+                               label_ids=train_data.label_ids.numpy(), label_probs=train_data.label_probs.float().numpy())
+        listed = {"shortlist": shortlist, "heldout_coverage": round(shortlist_coverage(
+            datasets["heldout"].next_tokens.numpy(), ids), 4) if "heldout" in datasets else None}
+    config = default_config(target, top_k=top_k, depth=depth, total_tokens=total_tokens, **(config_overrides or {}))
+    task = EagleTask(config, embed_tokens=target.embed_tokens, lm_head=target.lm_head, seed=seed, window=window,
+                     noise=noise, feature_weight=feature_weight, ce_weight=ce_weight, negatives=negatives,
+                     shortlist=ids, data=datasets["train"])
+    if init_weights_ is not None:
+        task.module.load_weights(init_weights_)
+    index_view = attrs.evolve(datasets["train"], hidden=torch.arange(datasets["train"].num_positions)[:, None])
+    settings = TrainSettings(steps=steps, minutes=minutes, batch_size=batch_size, lr=lr, weight_decay=weight_decay,
+                             bf16=bf16, seed=seed, eval_steps=eval_steps, eval_sequences=eval_sequences,
+                             **({"eval_minutes": tuple(eval_minutes)} if eval_minutes is not None else {}))
+    began = time.perf_counter()
+    summary = train(task, index_view, datasets["heldout"], settings, out, resume=resume, progress=progress,
+                    save_dtype=SAVE_DTYPES[save_dtype], save_minutes=save_minutes)
+    times["training_wall"] = time.perf_counter() - began
+    report = {
+        "drafter": "eagle", "target": {"name": target.name, "fingerprint": target.fingerprint},
+        "config": task.config.to_dict(), "train_settings": attrs.asdict(settings), "teacher_settings": teacher,
+        "teacher": teacher_stats, "stage_seconds": {k: round(v, 2) for k, v in times.items()},
+        "training": {"steps": summary["step"], "train_seconds": round(summary["train_seconds"], 2),
+                     "eval_seconds": round(summary["eval_seconds"], 2), "positions": summary["positions"],
+                     "positions_per_second": round(summary["positions_per_second"], 1),
+                     "window": window, "noise": noise, "feature_weight": feature_weight, "ce_weight": ce_weight,
+                     "negatives": negatives},
+        "history": summary["history"], "threads": torch.get_num_threads(), **listed,
+    }
+    write_json_atomic(out / REPORT_FILE, json.loads(json.dumps(report, default=str)))
+    return report

@@ -1,0 +1,167 @@
+"""EAGLE on torch and mlx against the float64 NumPy reference, and lossless decoding on every backend.
+
+Trees are integers and must be identical; an example is used only when every ranking the
+reference's tree made (``TreeDraft.margin``: top-k children, frontiers, the kept set, leaf order,
+extensions) was decided by more than MARGIN, so float rounding cannot flip it (float64: 1e-7,
+float32: 1e-4). Draft caches agree within 1e-9 (float64) and ``checks.FLOAT32`` (float32).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import assume, given
+from hypothesis import strategies as st
+
+import specdec
+from specdec.testing import checks, make_random_drafter
+from specdec.types import Accepted, DraftContext, PromptOutput
+from specdec_eagle.checkpoint import random_eagle_weights
+from specdec_eagle.config import EagleConfig
+from specdec_eagle.reference import EagleDrafter, dynamic_tree
+
+V, H = 48, 16
+CONFIGS = [
+    dict(num_heads=4, num_kv_heads=2, head_dim=4, intermediate_size=24),
+    dict(num_heads=2, num_kv_heads=2, head_dim=8, intermediate_size=16, fc_bias=False, shortlist_size=20),
+    dict(num_heads=4, num_kv_heads=1, head_dim=2, intermediate_size=8, rope_theta=100.0),
+]
+TREES = [dict(top_k=3, depth=4, total_tokens=9), dict(top_k=2, depth=2, total_tokens=2),
+         dict(top_k=4, depth=3, total_tokens=30), dict(top_k=1, depth=3, total_tokens=3)]
+
+
+def float32_exact(array):
+    return np.asarray(array, dtype=np.float32).astype(np.float64)
+
+
+def make_pair(backend: str, overrides: dict, tree: dict, seed: int, dtype: str):
+    """A reference EAGLE and its twin on ``backend`` on the same float32-exact weights."""
+    rng = np.random.default_rng(seed)
+    config = EagleConfig(vocab_size=V, hidden_size=H, **overrides)
+    embed, lm_head = float32_exact(rng.normal(size=(V, H))), float32_exact(rng.normal(0, 0.4, size=(V, H)))
+    weights = {k: v if k == "vocab_shortlist" else float32_exact(v)
+               for k, v in random_eagle_weights(config, rng, embed_tokens=embed, lm_head=lm_head).items()}
+    ref = EagleDrafter(config, weights, embed_tokens=embed, lm_head=lm_head, **tree)
+    if backend == "torch":
+        torch = pytest.importorskip("torch")
+        from specdec_eagle.torch import TorchEagleDrafter
+
+        to = lambda a: torch.as_tensor(np.asarray(a, dtype=dtype))  # noqa: E731
+        ints = lambda a: torch.as_tensor(np.asarray(a, dtype=np.int64))  # noqa: E731
+        twin = TorchEagleDrafter(config, weights, embed_tokens=to(embed), lm_head=to(lm_head), **tree)
+    else:
+        mx = pytest.importorskip("mlx.core")
+        from specdec_eagle.mlx import MlxEagleDrafter
+
+        to = lambda a: mx.array(np.asarray(a, dtype=np.float32))  # noqa: E731
+        ints = lambda a: mx.array(np.asarray(a, dtype=np.int32))  # noqa: E731
+        twin = MlxEagleDrafter(config, weights, embed_tokens=to(embed), lm_head=to(lm_head), **tree)
+    return ref, twin, to, ints, rng
+
+
+def host(array) -> np.ndarray:
+    return np.array(array.tolist()) if not isinstance(array, np.ndarray) else array
+
+
+def check_against_reference(backend: str, dtype: str, overrides: dict, tree: dict, seed: int, margin: float,
+                            tolerance: dict):
+    ref, twin, to, ints, rng = make_pair(backend, overrides, tree, seed, dtype)
+    slots, lengths = [2, 0, 1], [5, 1, 9]
+    for slot, length in zip(slots, lengths):
+        prompt, hidden = rng.integers(0, V, length), float32_exact(rng.normal(size=(length, H)))
+        ref.begin(slot, prompt, PromptOutput(logits=np.zeros(V), hidden=hidden))
+        twin.begin(slot, prompt, PromptOutput(logits=to(np.zeros(V)), hidden=to(hidden)))
+    for step in range(3):
+        roots, hidden = rng.integers(0, V, 3), float32_exact(rng.normal(size=(3, H)))
+        trees = [dynamic_tree(ref.config, ref.weights, ref.embed_tokens, ref.lm_head, ref.slots[s], int(roots[b]),
+                              hidden[b], top_k=ref.top_k, depth=ref.depth, total_tokens=ref.total_tokens)
+                 for b, s in enumerate(slots)]
+        assume(min(t.margin for t in trees) > margin)
+        expected = ref.propose(DraftContext(root_tokens=roots, hidden=hidden, slots=np.array(slots)))
+        actual = twin.propose(DraftContext(root_tokens=ints(roots), hidden=to(hidden), slots=np.array(slots)))
+        where = f"{type(twin).__name__}.propose({overrides}, {tree}, seed={seed}, step {step})"
+        np.testing.assert_array_equal(host(actual.beams), expected.beams, err_msg=where)
+        counts = rng.integers(0, 3, 3)
+        tokens = np.full((3, counts.max() + 1), -1)
+        for b in range(3):
+            tokens[b, : counts[b] + 1] = [roots[b], *rng.integers(0, V, counts[b])]
+        step_hidden = float32_exact(rng.normal(size=(3, counts.max() + 1, H)))
+        fields = dict(slots=np.array(slots), tokens=tokens, num_accepted=counts, bonus_tokens=rng.integers(0, V, 3))
+        ref.observe(Accepted(hidden=step_hidden, **fields))
+        twin.observe(Accepted(hidden=to(step_hidden), **fields))
+    for slot in slots:
+        expected, state = ref.slots[slot], twin.slots[slot]
+        assert state["length"] == expected.length
+        np.testing.assert_allclose(host(state["keys"])[:, : expected.length], expected.keys, **tolerance)
+        np.testing.assert_allclose(host(state["values"])[:, : expected.length], expected.values, **tolerance)
+
+
+@pytest.mark.parametrize("tree", TREES, ids=lambda t: "k{top_k}-d{depth}-n{total_tokens}".format(**t))
+@pytest.mark.parametrize("overrides", CONFIGS, ids=["gqa", "shortlist-nobias", "one-kv-head"])
+@given(seed=st.integers(0, 2**32 - 1))
+def test_torch_float64_matches_reference(overrides, tree, seed):
+    check_against_reference("torch", "float64", overrides, tree, seed, 1e-7, dict(rtol=1e-9, atol=1e-9))
+
+
+@pytest.mark.parametrize("overrides", CONFIGS[:2], ids=["gqa", "shortlist-nobias"])
+@given(seed=st.integers(0, 2**32 - 1))
+def test_torch_float32_matches_reference(overrides, seed):
+    check_against_reference("torch", "float32", overrides, TREES[0], seed, 1e-4, checks.FLOAT32)
+
+
+@pytest.mark.parametrize("tree", TREES[:3], ids=lambda t: "k{top_k}-d{depth}-n{total_tokens}".format(**t))
+@pytest.mark.parametrize("overrides", CONFIGS, ids=["gqa", "shortlist-nobias", "one-kv-head"])
+@given(seed=st.integers(0, 2**32 - 1))
+def test_mlx_float32_matches_reference(overrides, tree, seed):
+    check_against_reference("mlx", "float32", overrides, tree, seed, 1e-4, checks.FLOAT32)
+
+
+@pytest.fixture(scope="module")
+def eagle(model_dir, tmp_path_factory):
+    return make_random_drafter(tmp_path_factory.mktemp("eagle") / "eagle", model_dir, kind="eagle", seed=3)
+
+
+def _backends():
+    from specdec.plugins import default_registry
+
+    registry = default_registry()
+    found = []
+    for name in ("torch", "mlx"):
+        try:
+            registry.get("drafter", "eagle", name)
+            registry.get("backend", name).factory()
+            __import__({"torch": "torch", "mlx": "mlx.core"}[name])
+            found.append(name)
+        except Exception:  # noqa: BLE001 - a backend that does not import is not tested here
+            pass
+    return found
+
+
+def test_greedy_is_plain_decoding_and_slots_start_afresh(model_dir, eagle):
+    """The conformance kit: greedy tokens equal plain decoding on the reference and on every
+    installed backend (float32), and one slot reused equals one slot per prompt."""
+    checks.check_drafter(str(eagle), model_dir, backends=["numpy", *_backends()], max_new_tokens=20)
+
+
+@pytest.mark.parametrize("options", [dict(top_k=1, depth=5, total_tokens=5), dict(top_k=5, depth=2, total_tokens=7)])
+def test_greedy_identity_float64_and_other_trees(model_dir, eagle, options):
+    prompts = [[1, 2, 3, 1, 2, 3, 1], [9], [40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50]]
+    plain = specdec.generate(model_dir, prompts, drafter="none", backend="numpy", max_new_tokens=18).tokens
+    got = specdec.generate(model_dir, prompts, drafter=str(eagle), backend="numpy", max_new_tokens=18, **options)
+    assert got.tokens == plain
+    if "torch" in _backends():
+        for dtype in ("float32", "float64"):
+            got = specdec.generate(model_dir, prompts, drafter=str(eagle), backend="torch", dtype=dtype,
+                                   max_new_tokens=18, **options)
+            assert got.tokens == plain, f"torch {dtype} {options}"
+
+
+def test_seeded_sampling_gives_the_same_tokens_on_numpy_and_torch_float64(model_dir, eagle):
+    """Exact verifier, uniforms drawn on the host: the same seed gives the same tokens."""
+    pytest.importorskip("torch")
+    prompts = [[5, 6, 7, 8], [11, 12]]
+    run = dict(drafter=str(eagle), max_new_tokens=16, temperature=0.9, top_p=0.95, seed=7)
+    reference = specdec.generate(model_dir, prompts, backend="numpy", **run)
+    on_torch = specdec.generate(model_dir, prompts, backend="torch", dtype="float64", **run)
+    assert reference.tokens == on_torch.tokens
+    assert reference.stats.tokens_per_step == on_torch.stats.tokens_per_step
