@@ -9,6 +9,7 @@ from specdec.specs import CliOption, DrafterSpec
 CLASSES = {
     "numpy": "specdec_eagle.reference:EagleDrafter",
     "torch": "specdec_eagle.torch:TorchEagleDrafter",
+    "mlx": "specdec_eagle.mlx:MlxEagleDrafter",
 }
 
 
@@ -49,6 +50,8 @@ SPEC = DrafterSpec(
         CliOption(flag="--noise", type=float, default=0.1, help="EAGLE training: uniform noise on input features"),
         CliOption(flag="--feature-weight", type=float, default=1.0, help="EAGLE training: weight of the feature loss"),
         CliOption(flag="--ce-weight", type=float, default=0.1, help="EAGLE training: weight of the cross-entropy"),
+        CliOption(flag="--unroll", type=int, default=1,
+                  help="EAGLE training: drafting steps per position (later ones read the draft's own features)"),
     ),
     default_shortlist=8192,
     load_checkpoint=lazy_call("specdec_eagle.checkpoint", "load_eagle_checkpoint"),

@@ -82,7 +82,9 @@ class EagleTask:
     """EAGLE for ``specdec.training.loop.train`` over an index view of the data (``train_eagle``).
 
     window: positions per training window; noise: half-width of the uniform noise on input
-    features; feature_weight, ce_weight: the two terms of the loss; negatives: sampled-softmax
+    features; feature_weight, ce_weight: the two terms of the loss; unroll: drafting steps
+    trained per position (1: EAGLE-1; more: step s reads the draft's own step s-1 outputs as
+    features, as tree level s does, its loss weighted unroll_decay ** (s-1)); negatives: sampled-softmax
     loss; shortlist: the vocabulary shortlist the saved drafter drafts from (training spreads the
     loss over all V; evaluation drafts with the shortlist, as inference will).
     """
@@ -91,13 +93,15 @@ class EagleTask:
 
     def __init__(self, config: EagleConfig, *, embed_tokens: torch.Tensor, lm_head: torch.Tensor, seed: int = 0,
                  window: int = 64, noise: float = 0.1, feature_weight: float = 1.0, ce_weight: float = 0.1,
-                 negatives: int | None = None, shortlist: np.ndarray | None = None, data=None):
+                 unroll: int = 1, unroll_decay: float = 0.8, negatives: int | None = None,
+                 shortlist: np.ndarray | None = None, data=None):
         from specdec_eagle.torch import EagleNet
 
         self.shortlist = None if shortlist is None else np.asarray(shortlist, dtype=np.int64)
         self.config = attrs.evolve(config, shortlist_size=None if shortlist is None else len(self.shortlist))
         self.window, self.noise = int(window), float(noise)
         self.feature_weight, self.ce_weight, self.negatives = float(feature_weight), float(ce_weight), negatives
+        self.unroll, self.unroll_decay = int(unroll), float(unroll_decay)
         self.module = EagleNet(attrs.evolve(config, shortlist_size=None), embed_tokens=embed_tokens.float(),
                                lm_head=lm_head.float())
         init_weights(self.module, torch.Generator().manual_seed(seed))
@@ -106,45 +110,68 @@ class EagleTask:
 
     # ------------------------------------------------------------------------------ training
 
-    def windows(self, data, starts: torch.Tensor):
-        """Inputs and targets of windows starting at flat positions ``starts`` (n,).
-        -> tokens (n, T), features (n, T, H), next features (n, T, H), label ids and probs
-        (n, T, k) at p+1, valid (n, T): position p+1 exists in the sequence."""
+    def windows(self, data, starts: torch.Tensor, offset: int = 0):
+        """Window positions p = start + j (j < T) read ``offset`` tokens ahead: the token x_{p+1+offset},
+        the features f_p and f_{p+1+offset}, the teacher's distribution at p+1+offset. Positions past
+        the sequence are clamped inside it. -> tokens (n, T), features (n, T, H), targets (n, T, H),
+        label ids and probs (n, T, k), valid (n, T): the target position exists in the sequence."""
         steps = torch.arange(self.window)
         remaining = data.remaining[starts][:, None]  # positions after the start in its sequence
-        inputs = torch.where(steps[None] <= remaining, starts[:, None] + steps, starts[:, None])
-        valid = steps[None] + 1 <= remaining
-        targets = torch.where(valid, starts[:, None] + steps + 1, starts[:, None])
-        return (data.next_tokens[inputs], data.hidden[inputs].float(), data.hidden[targets].float(),
+        at = lambda shift: torch.where(steps[None] + shift <= remaining, starts[:, None] + steps + shift,  # noqa: E731
+                                       starts[:, None])
+        valid = steps[None] + 1 + offset <= remaining
+        targets = at(1 + offset)
+        return (data.next_tokens[at(offset)], data.hidden[at(0)].float(), data.hidden[targets].float(),
                 data.label_ids[targets], data.label_probs[targets], valid)
 
-    def forward_windows(self, tokens: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
-        """The draft layer over windows, causally: tokens (n, T), features (n, T, H) -> out (n, T, H)."""
+    def forward_windows(self, tokens: torch.Tensor, features: torch.Tensor, past=None):
+        """The draft layer over windows: tokens (n, T), features (n, T, H) -> out (n, T, H), keys,
+        values. Without ``past``: causal over the window (entries of true features). With ``past``
+        (keys, values of earlier unrolled steps, the first one causal): entry j sits one position
+        later than in the previous step and attends to the first step's entries up to j, to the same
+        j's entries of the later steps, and to itself (a tree node over its ancestors)."""
         n, length = tokens.shape
-        positions = torch.arange(length).expand(n, length)
-        mask = torch.ones(length, length, dtype=torch.bool).tril().expand(n, length, length)
-        out, _, _ = self.module.layer(self.module.fuse(tokens, features), positions, None, None, mask)
-        return out
+        eye = torch.eye(length, dtype=torch.bool)
+        blocks = [torch.ones(length, length, dtype=torch.bool).tril()]
+        if past is not None:
+            blocks += [eye] * len(past[0])
+        positions = (torch.arange(length) + (0 if past is None else len(past[0]))).expand(n, length)
+        mask = torch.cat(blocks, dim=1).expand(n, length, -1)
+        keys = None if past is None else torch.cat(past[0], dim=2)
+        values = None if past is None else torch.cat(past[1], dim=2)
+        return self.module.layer(self.module.fuse(tokens, features), positions, keys, values, mask)
 
-    def loss(self, window, generator: torch.Generator | None = None) -> torch.Tensor:
+    def step_loss(self, out, targets, label_ids, label_probs, valid, generator) -> torch.Tensor:
+        """feature_weight * SmoothL1 + ce_weight * soft cross-entropy, per valid position."""
         from specdec.training.loop import sampled_soft_cross_entropy, soft_cross_entropy
 
-        self._inference = None
-        indices = window.hidden[:, 0].long()
-        starts = indices[: max(1, indices.shape[0] // self.window)]
-        tokens, features, following, label_ids, label_probs, valid = self.windows(self.data, starts)
-        if self.noise:
-            features = features + (torch.rand(features.shape, generator=generator) * 2 - 1) * self.noise
-        out = self.forward_windows(tokens, features)
         count = valid.sum().clamp(min=1)
-        feature_loss = (F.smooth_l1_loss(out, following, reduction="none").mean(-1) * valid).sum() / count
+        feature_loss = (F.smooth_l1_loss(out, targets, reduction="none").mean(-1) * valid).sum() / count
         if self.negatives and generator is not None:
             ce = sampled_soft_cross_entropy(out, self.module.lm_head, label_ids, label_probs, valid,
                                             negatives=self.negatives, generator=generator)
         else:
             ce = soft_cross_entropy(F.linear(out, self.module.lm_head), label_ids, label_probs, valid)
-        ce = ce * out.shape[0] / count  # per position
-        return self.feature_weight * feature_loss + self.ce_weight * ce
+        return self.feature_weight * feature_loss + self.ce_weight * ce * out.shape[0] / count
+
+    def loss(self, window, generator: torch.Generator | None = None) -> torch.Tensor:
+        self._inference = None
+        indices = window.hidden[:, 0].long()
+        starts = indices[: max(1, indices.shape[0] // self.window)]
+        tokens, features, targets, label_ids, label_probs, valid = self.windows(self.data, starts)
+        if self.noise:
+            features = features + (torch.rand(features.shape, generator=generator) * 2 - 1) * self.noise
+        out, keys, values = self.forward_windows(tokens, features)
+        total = self.step_loss(out, targets, label_ids, label_probs, valid, generator)
+        past = ([keys], [values])
+        for step in range(1, self.unroll):  # the draft reads its own predicted features, as deeper tree levels do
+            tokens, _, targets, label_ids, label_probs, valid = self.windows(self.data, starts, offset=step)
+            out, keys, values = self.forward_windows(tokens, out, past)
+            total = total + self.unroll_decay ** step * self.step_loss(out, targets, label_ids, label_probs, valid,
+                                                                         generator)
+            past[0].append(keys)
+            past[1].append(values)
+        return total
 
     # ------------------------------------------------------------------------------ evaluation
 
@@ -208,7 +235,7 @@ class EagleTask:
 
 
 def train_eagle(model, out, *, top_k: int = 4, depth: int = 4, total_tokens: int = 16, window: int = 64,
-                noise: float = 0.1, feature_weight: float = 1.0, ce_weight: float = 0.1,
+                noise: float = 0.1, feature_weight: float = 1.0, ce_weight: float = 0.1, unroll: int = 1,
                 negatives: int | None = None, config_overrides: dict | None = None, steps: int | None = None,
                 minutes: float | None = None, prompts: int = 512, heldout_prompts: int = 64, max_new_tokens: int = 128,
                 top_k_labels: int = 32, teacher_batch_size: int = 64, teacher_dtype: str | None = None,
@@ -243,8 +270,8 @@ def train_eagle(model, out, *, top_k: int = 4, depth: int = 4, total_tokens: int
                 "batch_size": batch_size, "lr": lr, "weight_decay": weight_decay, "bf16": bf16, "seed": seed,
                 "prompt_mix": prompt_mix, "init": None if init is None else str(Path(init).resolve()),
                 "tree": {"top_k": top_k, "depth": depth, "total_tokens": total_tokens}, "window": window,
-                "noise": noise, "feature_weight": feature_weight, "ce_weight": ce_weight, "negatives": negatives,
-                "config_overrides": config_overrides}
+                "noise": noise, "feature_weight": feature_weight, "ce_weight": ce_weight, "unroll": unroll,
+                "negatives": negatives, "config_overrides": config_overrides}
     claim_out(out, kind="eagle", settings=json.loads(json.dumps(identity, default=str)), resume=resume,
               overwrite=overwrite, allow_changes=allow_changes)
     times: dict[str, float] = {}
@@ -274,8 +301,8 @@ def train_eagle(model, out, *, top_k: int = 4, depth: int = 4, total_tokens: int
             datasets["heldout"].next_tokens.numpy(), ids), 4) if "heldout" in datasets else None}
     config = default_config(target, top_k=top_k, depth=depth, total_tokens=total_tokens, **(config_overrides or {}))
     task = EagleTask(config, embed_tokens=target.embed_tokens, lm_head=target.lm_head, seed=seed, window=window,
-                     noise=noise, feature_weight=feature_weight, ce_weight=ce_weight, negatives=negatives,
-                     shortlist=ids, data=datasets["train"])
+                     noise=noise, feature_weight=feature_weight, ce_weight=ce_weight, unroll=unroll,
+                     negatives=negatives, shortlist=ids, data=datasets["train"])
     if init_weights_ is not None:
         task.module.load_weights(init_weights_)
     index_view = attrs.evolve(datasets["train"], hidden=torch.arange(datasets["train"].num_positions)[:, None])
@@ -294,7 +321,7 @@ def train_eagle(model, out, *, top_k: int = 4, depth: int = 4, total_tokens: int
                      "eval_seconds": round(summary["eval_seconds"], 2), "positions": summary["positions"],
                      "positions_per_second": round(summary["positions_per_second"], 1),
                      "window": window, "noise": noise, "feature_weight": feature_weight, "ce_weight": ce_weight,
-                     "negatives": negatives},
+                     "unroll": unroll, "negatives": negatives},
         "history": summary["history"], "threads": torch.get_num_threads(), **listed,
     }
     write_json_atomic(out / REPORT_FILE, json.loads(json.dumps(report, default=str)))

@@ -1,0 +1,328 @@
+"""EAGLE on MLX: the draft layer as an ``mlx.nn.Module``, per-slot draft caches and the dynamic tree.
+
+The MLX twin of ``specdec_eagle.torch`` (and of ``specdec_eagle.reference``, which explains the
+draft model, the request lifecycle and the tree). Parameter names are the checkpoint's, so the
+same ``model.safetensors`` loads unchanged; the target's embedding and LM head are borrowed. Every
+level's frontier runs in one forward over (B, k) entries; rankings use ``ops.top_k_lowest_index``
+(ties to the lower index); the beams are assembled on the host from the tree's (B, C)-sized
+arrays by ``reference.tree_beams``, as on torch. Indices are int32, computation float32.
+"""
+
+from __future__ import annotations
+
+import math
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+
+from specdec.capabilities import DrafterCaps
+from specdec.errors import InvalidInputError
+from specdec.types import Accepted, Draft, DraftContext, PromptOutput
+from specdec_eagle.config import EagleConfig, check_weights
+from specdec_eagle.reference import check_context, check_target_arrays, tree_beams, tree_options
+from specdec_mlx import ops
+
+__all__ = ["MlxEagleDrafter", "MlxEagleNet"]
+
+
+class _RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float):
+        super().__init__()
+        self.weight = mx.ones((size,))
+        self.eps = eps
+
+    def __call__(self, x: mx.array) -> mx.array:
+        z = x.astype(mx.float32)
+        return (z * mx.rsqrt(mx.mean(z * z, axis=-1, keepdims=True) + self.eps)).astype(x.dtype) * self.weight
+
+
+class _Attention(nn.Module):
+    def __init__(self, config: EagleConfig):
+        super().__init__()
+        hidden, q_out, kv_out = config.hidden_size, config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
+        self.q_proj = nn.Linear(hidden, q_out, bias=False)
+        self.k_proj = nn.Linear(hidden, kv_out, bias=False)
+        self.v_proj = nn.Linear(hidden, kv_out, bias=False)
+        self.o_proj = nn.Linear(q_out, hidden, bias=False)
+
+
+class _MLP(nn.Module):
+    def __init__(self, config: EagleConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+
+    def __call__(self, x: mx.array) -> mx.array:
+        return self.down_proj(nn.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class _Layer(nn.Module):
+    def __init__(self, config: EagleConfig):
+        super().__init__()
+        self.self_attn = _Attention(config)
+        self.post_attention_layernorm = _RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = _MLP(config)
+
+
+class MlxEagleNet(nn.Module):
+    """The EAGLE draft model with the checkpoint's names (``fc.*``, ``layers.0.*``)."""
+
+    def __init__(self, config: EagleConfig):
+        super().__init__()
+        self.config = config
+        self.fc = nn.Linear(2 * config.hidden_size, config.hidden_size, bias=config.fc_bias)
+        self.layers = [_Layer(config)]
+        dim = config.head_dim
+        self._inv_freq = mx.array(1.0 / config.rope_theta ** (np.arange(0, dim, 2, dtype=np.float64) / dim),
+                                  dtype=mx.float32)
+
+    @classmethod
+    def from_weights(cls, config: EagleConfig, weights: dict, *, dtype=mx.float32) -> MlxEagleNet:
+        check_weights(config, weights)
+        net = cls(config)
+        net.load_weights([(name, mx.array(np.asarray(w, dtype=np.float32)).astype(dtype))
+                          for name, w in weights.items() if name != "vocab_shortlist"], strict=True)
+        mx.eval(net.parameters())
+        return net
+
+    def fuse(self, embed_tokens: mx.array, tokens: mx.array, features: mx.array) -> mx.array:
+        """fc([embed(tokens) ; features]): tokens (...), features (..., H) -> (..., H)."""
+        return self.fc(mx.concatenate([embed_tokens[tokens], features.astype(embed_tokens.dtype)], axis=-1))
+
+    def _rotate(self, x: mx.array, positions: mx.array) -> mx.array:
+        angles = positions[:, None, :, None].astype(mx.float32) * self._inv_freq  # (B, 1, m, Dh/2)
+        angles = mx.concatenate([angles, angles], axis=-1)
+        cos, sin = mx.cos(angles).astype(x.dtype), mx.sin(angles).astype(x.dtype)
+        half = x.shape[-1] // 2
+        return x * cos + mx.concatenate([-x[..., half:], x[..., :half]], axis=-1) * sin
+
+    def layer(self, x: mx.array, positions: mx.array, past_keys, past_values, mask: mx.array):
+        """As ``specdec_eagle.torch.EagleNet.layer``: x (B, m, H), positions (B, m), past keys
+        and values (B, Hkv, S, Dh) or None, mask (B, m, S + m) -> out, new keys, new values."""
+        cfg, layer = self.config, self.layers[0]
+        batch, m, _ = x.shape
+        attn = layer.self_attn
+        q = attn.q_proj(x).reshape(batch, m, cfg.num_heads, cfg.head_dim).transpose(0, 2, 1, 3)
+        k = attn.k_proj(x).reshape(batch, m, cfg.num_kv_heads, cfg.head_dim).transpose(0, 2, 1, 3)
+        v = attn.v_proj(x).reshape(batch, m, cfg.num_kv_heads, cfg.head_dim).transpose(0, 2, 1, 3)
+        q, k = self._rotate(q, positions), self._rotate(k, positions)
+        keys = k if past_keys is None else mx.concatenate([past_keys, k], axis=2)
+        values = v if past_values is None else mx.concatenate([past_values, v], axis=2)
+        group = cfg.num_heads // cfg.num_kv_heads
+        keys, values = mx.repeat(keys, group, axis=1), mx.repeat(values, group, axis=1)
+        scores = (q @ keys.transpose(0, 1, 3, 2)) / math.sqrt(cfg.head_dim)  # (B, Hq, m, S + m)
+        scores = mx.where(mask[:, None], scores.astype(mx.float32), float("-inf"))
+        weights = mx.softmax(scores, axis=-1).astype(x.dtype)
+        context = (weights @ values).transpose(0, 2, 1, 3).reshape(batch, m, cfg.num_heads * cfg.head_dim)
+        h = x + attn.o_proj(context)
+        return h + layer.mlp(layer.post_attention_layernorm(h)), k, v
+
+
+class MlxEagleDrafter:
+    """EAGLE as a stateful ``specdec.protocols.Drafter`` on the mlx backend (same options as the
+    reference's ``EagleDrafter``); each slot's draft cache is an (Hkv, T, Dh) pair of arrays."""
+
+    caps = DrafterCaps(stateful=True, tree_builder=("prefix_tree", {}))
+
+    def __init__(self, config: EagleConfig, weights: dict, *, embed_tokens, lm_head, top_k: int | None = None,
+                 depth: int | None = None, total_tokens: int | None = None):
+        embed_tokens, lm_head = ops.as_array(embed_tokens), ops.as_array(lm_head)
+        check_target_arrays(config, embed_tokens, lm_head)
+        self.config, self.embed_tokens = config, embed_tokens
+        self.net = MlxEagleNet.from_weights(config, weights, dtype=embed_tokens.dtype)
+        self.shortlist = None
+        if config.shortlist_size is not None:
+            self.shortlist = mx.array(np.asarray(weights["vocab_shortlist"], dtype=np.int32))
+        self.head_rows = lm_head if self.shortlist is None else lm_head[self.shortlist]  # (S, H)
+        self.top_k, self.depth, self.total_tokens = tree_options(config, top_k, depth, total_tokens)
+        self.slots: dict[int, dict] = {}
+
+    def _slot(self, slot: int) -> dict:
+        if slot not in self.slots:
+            raise InvalidInputError(f"EAGLE has no request in slot {slot}: a stateful drafter needs begin(slot, ...) "
+                                    "before propose/observe (the decode loop calls it when it admits a request)")
+        return self.slots[slot]
+
+    def _append(self, slot: int, tokens: mx.array, features: mx.array) -> None:
+        state = self.slots[slot]
+        length, n = state["length"], int(tokens.shape[0])
+        positions = mx.arange(length, length + n)[None]
+        mask = mx.array(np.tril(np.ones((n, length + n), dtype=bool), k=length))[None]
+        x = self.net.fuse(self.embed_tokens, tokens[None], features[None])
+        _, k, v = self.net.layer(x, positions, state["keys"][None], state["values"][None], mask)
+        state["keys"] = mx.concatenate([state["keys"], k[0]], axis=1)
+        state["values"] = mx.concatenate([state["values"], v[0]], axis=1)
+        state["length"] = length + n
+        mx.eval(state["keys"], state["values"])
+
+    def begin(self, slot: int, prompt, output: PromptOutput) -> None:
+        prompt = mx.array(np.asarray(prompt, dtype=np.int32))
+        hidden = ops.as_array(output.hidden).astype(self.embed_tokens.dtype)  # (P, H)
+        cfg = self.config
+        empty = mx.zeros((cfg.num_kv_heads, 0, cfg.head_dim), dtype=self.embed_tokens.dtype)
+        self.slots[int(slot)] = {"keys": empty, "values": empty, "length": 0, "pending": hidden[-1]}
+        if prompt.shape[0] > 1:
+            self._append(int(slot), prompt[1:], hidden[:-1])
+
+    def observe(self, accepted: Accepted) -> None:
+        hidden = ops.as_array(accepted.hidden).astype(self.embed_tokens.dtype)  # (B, A, H)
+        tokens = np.asarray(accepted.tokens)
+        for b, slot in enumerate(np.asarray(accepted.slots).tolist()):
+            count = int(accepted.num_accepted[b]) + 1
+            state = self._slot(slot)
+            features = mx.concatenate([state["pending"][None], hidden[b, : count - 1]])
+            self._append(slot, mx.array(tokens[b, :count].astype(np.int32)), features)
+            state["pending"] = hidden[b, count - 1]
+
+    def end(self, slot: int) -> None:
+        self.slots.pop(int(slot), None)
+
+    def log_probs(self, out: mx.array) -> mx.array:
+        return ops.log_softmax(out @ self.head_rows.T)
+
+    def to_vocab(self, local: mx.array) -> mx.array:
+        return local if self.shortlist is None else self.shortlist[local]
+
+    def propose(self, context: DraftContext) -> Draft:
+        """Beams (B, W = total_tokens, L = depth + 1), one dynamic tree per row."""
+        roots = ops.as_array(context.root_tokens, dtype=mx.int32)
+        hidden = ops.as_array(context.hidden).astype(self.embed_tokens.dtype)
+        check_context(self.config, context, roots, hidden.shape)
+        states = [self._slot(int(s)) for s in np.asarray(context.slots).tolist()]
+        span = max(s["length"] for s in states)
+        pad = lambda a: mx.pad(a, [(0, 0), (0, span - a.shape[1]), (0, 0)])  # noqa: E731
+        ctx_keys = mx.stack([pad(s["keys"]) for s in states])
+        ctx_values = mx.stack([pad(s["values"]) for s in states])
+        lengths = mx.array([s["length"] for s in states], dtype=mx.int32)
+        ctx_mask = mx.arange(span)[None] < lengths[:, None]
+        beams = _TreeSearch(self, ctx_keys, ctx_values, ctx_mask, lengths).run(roots, hidden)
+        return Draft(root_tokens=roots, beams=beams, sampled=False)
+
+
+class _TreeSearch:
+    """One step's dynamic trees (``specdec_eagle.torch.TreeSearch`` on MLX arrays)."""
+
+    def __init__(self, drafter: MlxEagleDrafter, ctx_keys, ctx_values, ctx_mask, lengths):
+        self.drafter, self.net = drafter, drafter.net
+        self.ctx_keys, self.ctx_values, self.ctx_mask, self.lengths = ctx_keys, ctx_values, ctx_mask, lengths
+        self.keys = self.values = self.anc = self.outs = self.top1 = None
+
+    def _run(self, tokens, features, levels, parents):
+        batch, m = tokens.shape
+        x = self.net.fuse(self.drafter.embed_tokens, tokens, features)
+        positions = self.lengths[:, None] + levels
+        eye = mx.broadcast_to(mx.eye(m, dtype=mx.bool_), (batch, m, m))
+        if self.keys is None:
+            tree_mask = mx.zeros((batch, m, 0), dtype=mx.bool_)
+            past_keys, past_values = self.ctx_keys, self.ctx_values
+        else:
+            tree_mask = mx.take_along_axis(self.anc, mx.broadcast_to(parents[:, :, None], (batch, m, self.anc.shape[2])),
+                                           axis=1)
+            past_keys = mx.concatenate([self.ctx_keys, self.keys], axis=2)
+            past_values = mx.concatenate([self.ctx_values, self.values], axis=2)
+        mask = mx.concatenate([mx.broadcast_to(self.ctx_mask[:, None], (batch, m, self.ctx_mask.shape[1])),
+                               tree_mask, eye], axis=2)
+        out, k, v = self.net.layer(x, positions, past_keys, past_values, mask)
+        log_probs = self.drafter.log_probs(out)
+        top1 = ops.top_k_lowest_index(log_probs, 1)[1][..., 0]
+        if self.keys is None:
+            self.keys, self.values, self.anc, self.outs, self.top1 = k, v, eye, out, top1
+        else:
+            grown = mx.pad(self.anc, [(0, 0), (0, 0), (0, m)])
+            self.anc = mx.concatenate([grown, mx.concatenate([tree_mask, eye], axis=2)], axis=1)
+            self.keys, self.values = mx.concatenate([self.keys, k], axis=2), mx.concatenate([self.values, v], axis=2)
+            self.outs, self.top1 = mx.concatenate([self.outs, out], axis=1), mx.concatenate([self.top1, top1], axis=1)
+        return log_probs
+
+    def _gather_outs(self, parents):
+        batch, m = parents.shape
+        return mx.take_along_axis(self.outs, mx.broadcast_to(parents[:, :, None], (batch, m, self.outs.shape[2])), axis=1)
+
+    def run(self, roots: mx.array, hidden: mx.array) -> mx.array:
+        drafter, batch = self.drafter, roots.shape[0]
+        k, depth, total = drafter.top_k, drafter.depth, drafter.total_tokens
+        zeros = mx.zeros((batch, 1), dtype=mx.int32)
+        log_probs = self._run(roots[:, None], hidden[:, None], zeros, None)[:, 0]  # (B, S)
+        scores, local = ops.top_k_lowest_index(log_probs, k)  # (B, k)
+        cand_tokens = [roots[:, None], drafter.to_vocab(local).astype(mx.int32)]
+        cand_parents = [zeros - 1, mx.broadcast_to(zeros, (batch, k))]
+        cand_scores = [mx.zeros((batch, 1), dtype=scores.dtype), scores]
+        cand_entry = [zeros, mx.full((batch, k), -1, dtype=mx.int32)]
+        frontier = mx.broadcast_to(mx.arange(1, k + 1, dtype=mx.int32)[None], (batch, k))
+        frontier_scores, frontier_parent = scores, mx.broadcast_to(zeros, (batch, k))
+        count = 1 + k
+        for level in range(2, depth + 1):
+            first_entry = self.anc.shape[1]
+            tokens = mx.take_along_axis(mx.concatenate(cand_tokens, axis=1), frontier, axis=1)
+            log_probs = self._run(tokens, self._gather_outs(frontier_parent), mx.full(frontier.shape, level - 1,
+                                                                                      dtype=mx.int32), frontier_parent)
+            entries = mx.broadcast_to(mx.arange(first_entry, first_entry + k, dtype=mx.int32)[None], (batch, k))
+            entry_of = mx.concatenate(cand_entry, axis=1)
+            hit = (mx.arange(entry_of.shape[1])[None, :, None] == frontier[:, None, :])  # (B, C, k)
+            entry_of = mx.where(hit.any(axis=2), mx.sum(mx.where(hit, entries[:, None, :], 0), axis=2), entry_of)
+            child_scores, child_local = ops.top_k_lowest_index(log_probs, k)  # (B, k, k)
+            child_scores = (frontier_scores[:, :, None] + child_scores).reshape(batch, k * k)
+            cand_entry = [entry_of, mx.full((batch, k * k), -1, dtype=mx.int32)]
+            cand_tokens.append(drafter.to_vocab(child_local).astype(mx.int32).reshape(batch, k * k))
+            cand_parents.append(mx.broadcast_to(frontier[:, :, None], (batch, k, k)).reshape(batch, k * k))
+            cand_scores.append(child_scores)
+            frontier_scores, best = ops.top_k_lowest_index(child_scores, k)
+            frontier_parent = mx.take_along_axis(entries, best // k, axis=1)
+            frontier = (count + best).astype(mx.int32)
+            count += k * k
+        tokens, parents = mx.concatenate(cand_tokens, axis=1), mx.concatenate(cand_parents, axis=1)
+        all_scores, entry_of = mx.concatenate(cand_scores, axis=1), mx.concatenate(cand_entry, axis=1)
+        _, chosen = ops.top_k_lowest_index(all_scores[:, 1:], min(total, count - 1))
+        selected = np.sort(np.array(chosen) + 1, axis=1)
+        return self._beams(np.array(tokens), np.array(parents), np.array(all_scores), np.array(entry_of), selected)
+
+    def _beams(self, tokens, parents, scores, entry_of, selected) -> mx.array:
+        """As ``specdec_eagle.torch.TreeSearch._beams``: short leaves extended in batched rounds."""
+        drafter, depth = self.drafter, self.drafter.depth
+        rows = [dict(tokens=tokens[b].tolist(), parents=parents[b].tolist(), scores=scores[b].tolist(),
+                     entry=entry_of[b].tolist(), child={}) for b in range(tokens.shape[0])]
+        chains = []
+        for b, row in enumerate(rows):
+            row["levels"] = [0] * len(row["tokens"])
+            for i in range(1, len(row["tokens"])):
+                row["levels"][i] = row["levels"][row["parents"][i]] + 1
+            kept = set(int(s) for s in selected[b])
+            inner = {row["parents"][s] for s in kept}
+            chains.append(sorted(s for s in kept if s not in inner and row["levels"][s] < depth))
+        while any(chains):
+            need = [[node for node in chain if rows[b]["entry"][node] < 0] for b, chain in enumerate(chains)]
+            if any(need):
+                size = max(len(n) for n in need)
+                run_tokens = np.zeros((len(rows), size), dtype=np.int32)
+                run_parent = np.zeros((len(rows), size), dtype=np.int32)
+                run_level = np.ones((len(rows), size), dtype=np.int32)
+                for b, nodes in enumerate(need):
+                    for j, node in enumerate(nodes):
+                        row = rows[b]
+                        run_tokens[b, j] = row["tokens"][node]
+                        run_parent[b, j] = row["entry"][row["parents"][node]]
+                        run_level[b, j] = row["levels"][node]
+                first = self.anc.shape[1]
+                parent = mx.array(run_parent)
+                self._run(mx.array(run_tokens), self._gather_outs(parent), mx.array(run_level), parent)
+                for b, nodes in enumerate(need):
+                    for j, node in enumerate(nodes):
+                        rows[b]["entry"][node] = first + j
+            top1 = np.array(drafter.to_vocab(self.top1))
+            for b, chain in enumerate(chains):
+                row, following = rows[b], []
+                for node in chain:
+                    row["tokens"].append(int(top1[b, row["entry"][node]]))
+                    row["parents"].append(node)
+                    row["levels"].append(row["levels"][node] + 1)
+                    row["scores"].append(row["scores"][node])
+                    row["entry"].append(-1)
+                    row["child"][node] = child = len(row["tokens"]) - 1
+                    if row["levels"][child] < depth:
+                        following.append(child)
+                chains[b] = following
+        beams = [tree_beams(row["tokens"], row["parents"], row["levels"], row["scores"], selected[b], depth=depth,
+                            width=drafter.total_tokens, extend=row["child"].__getitem__) for b, row in enumerate(rows)]
+        return mx.array(np.stack(beams).astype(np.int32))
