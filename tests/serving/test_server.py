@@ -334,3 +334,19 @@ def test_serve_command_line(monkeypatch, model_dir):
     assert cli.main(["serve", "--model", str(model_dir), "--backend", "numpy", "--drafter", "lookup", "--slots", "3",
                      "--capacity", "48", "--served-model-name", "tiny", "--no-drain"]) == 0
     assert seen == {"name": "tiny", "slots": 3, "context": 48, "drain": False}
+
+
+def test_a_request_that_fails_is_500_and_an_error_event_while_others_go_on(serve, gate_drafter):
+    _, base = serve(gate_drafter(poison=13), slots=2)
+    response = httpx.post(base + "/completions", json={"model": "tiny", "prompt": [13, 14], "max_tokens": 5})
+    assert response.status_code == 500
+    error = error_of(response)
+    assert error["type"] == "server_error" and error["code"] == "request_failed" and "poisoned" in error["message"]
+    with httpx.stream("POST", base + "/completions", json={"model": "tiny", "prompt": [13], "max_tokens": 5,
+                                                           "stream": True}) as streamed:
+        body = streamed.read().decode()
+    events = [json.loads(e[6:]) for e in body.split("\n\n") if e.startswith("data: {")]
+    assert events[-1]["error"]["code"] == "request_failed" and body.endswith("data: [DONE]\n\n")
+    assert client(base).completions.create(model="tiny", prompt=[5, 6], max_tokens=5).usage.completion_tokens == 5
+    metrics = metrics_of(base)
+    assert metrics["specdec_requests_finished_total{finish_reason=error}"] == 2 and metrics["specdec_slots_free"] == 2
