@@ -9,8 +9,10 @@ as a subprocess and runs, for each number of concurrent clients:
   only when the whole previous one has ended (static batching, emulated by the clients);
 - ``serial``: a server with 1 slot: requests are decoded one at a time, the rest wait in its queue.
 
-Every request is a streamed chat completion of an MT-Bench first turn, greedy, exactly
-``--max-tokens`` tokens (``ignore_eos``), so every mode decodes the same tokens. Per run:
+Every request is a streamed chat completion of an MT-Bench first turn, greedy, of a length drawn
+between the two ``--max-tokens`` bounds (request i always gets the same one) and decoded to that
+length (``ignore_eos``), so every mode decodes the same tokens, and a static wave lasts as long
+as its longest request. Per run:
 tokens/s (completion tokens over the run's wall time), time to first token (p50/p99, queueing
 included) and inter-token latency (p50/p99 of each request's mean time per token after its
 first, ``(t_last - t_first) / (tokens - 1)``), plus the server's mean tokens per step.
@@ -24,6 +26,7 @@ import argparse
 import asyncio
 import json
 import os
+import random
 import signal
 import socket
 import statistics
@@ -118,7 +121,13 @@ async def one_request(client: httpx.AsyncClient, base: str, messages, max_tokens
             "total": time.perf_counter() - start}
 
 
-async def run_mode(base: str, mode: str, concurrency: int, prompts: list, requests: int, max_tokens: int) -> dict:
+def length_of(index: int, bounds: tuple[int, int]) -> int:
+    """The number of tokens request ``index`` asks for: the same in every mode and run."""
+    return random.Random(index).randint(*bounds)
+
+
+async def run_mode(base: str, mode: str, concurrency: int, prompts: list, requests: int,
+                   bounds: tuple[int, int]) -> dict:
     queue = list(range(requests))
     results = []
     limits = httpx.Limits(max_connections=concurrency + 4)
@@ -127,13 +136,13 @@ async def run_mode(base: str, mode: str, concurrency: int, prompts: list, reques
         if mode == "static":
             for wave in range(0, requests, concurrency):
                 batch = queue[wave:wave + concurrency]
-                results += await asyncio.gather(*(one_request(client, base, prompts[i % len(prompts)], max_tokens)
-                                                  for i in batch))
+                results += await asyncio.gather(*(one_request(client, base, prompts[i % len(prompts)],
+                                                              length_of(i, bounds)) for i in batch))
         else:
             async def worker():
                 while queue:
                     i = queue.pop(0)
-                    results.append(await one_request(client, base, prompts[i % len(prompts)], max_tokens))
+                    results.append(await one_request(client, base, prompts[i % len(prompts)], length_of(i, bounds)))
 
             await asyncio.gather(*(worker() for _ in range(concurrency)))
         wall = time.perf_counter() - start
@@ -163,7 +172,8 @@ def main() -> int:
     parser.add_argument("--modes", nargs="+", default=["inflight", "static", "serial"])
     parser.add_argument("--requests-per-client", type=int, default=2)
     parser.add_argument("--min-requests", type=int, default=4)
-    parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--max-tokens", type=int, nargs=2, default=[8, 64], metavar=("LOW", "HIGH"),
+                        help="bounds of the requests' lengths")
     parser.add_argument("--capacity", type=int, default=1024)
     parser.add_argument("--slots", type=int, default=16, help="slots of the in-flight and static server")
     parser.add_argument("--out", default=None, help="JSON file for every run")
@@ -185,12 +195,13 @@ def main() -> int:
             server = ServerProcess(args, drafter=drafter, slots=slots)
             info.setdefault("dtype", server.health.get("dtype"))
             try:
-                asyncio.run(run_mode(server.base, modes[0], 1, prompts, 1, 8))  # warm-up
+                asyncio.run(run_mode(server.base, modes[0], 1, prompts, 1, (8, 8)))  # warm-up
                 for concurrency in args.concurrency:
                     for mode in modes:
                         requests = max(args.min_requests, concurrency * args.requests_per_client)
                         before = server.metrics()
-                        run = asyncio.run(run_mode(server.base, mode, concurrency, prompts, requests, args.max_tokens))
+                        run = asyncio.run(run_mode(server.base, mode, concurrency, prompts, requests,
+                                                   tuple(args.max_tokens)))
                         after = server.metrics()
                         rows = after["specdec_decode_row_steps_total"] - before["specdec_decode_row_steps_total"]
                         decoded = after["specdec_decode_tokens_total"] - before["specdec_decode_tokens_total"]
