@@ -105,3 +105,46 @@ def test_trained_checkpoint_loads_and_decodes_losslessly(model, runs):
                                max_new_tokens=16)
     assert drafted.tokens == plain.tokens
     assert drafted.stats.tokens_per_step > 1.0
+
+
+def test_held_out_acceptance_is_what_the_drafter_proposes():
+    """``EagleTask.accept`` at position t equals what a TorchEagleDrafter that began on the
+    sequence up to t proposes: the longest beam prefix equal to the continuation. The data's
+    continuation after each tested position copies two tokens of the drafter's beam 0."""
+    from specdec.training.teacher import TeacherData
+    from specdec.types import DraftContext, PromptOutput
+    from specdec_eagle.torch import TorchEagleDrafter
+
+    rng = np.random.default_rng(1)
+    cfg = config(top_k=3, depth=3, total_tokens=6)
+    embed, lm_head = torch.randn(V, H), torch.randn(V, H) * 0.5
+    task = EagleTask(cfg, embed_tokens=embed, lm_head=lm_head, seed=1)
+    lengths = [14, 9]
+    sequence = torch.tensor([s for s, n in enumerate(lengths) for _ in range(n)])
+    remaining = torch.tensor([n - 1 - i for n in lengths for i in range(n)])
+    tokens = torch.from_numpy(rng.integers(0, V, sum(lengths)))
+    data = TeacherData(hidden=torch.randn(sum(lengths), H), next_tokens=tokens,
+                       label_ids=torch.zeros(sum(lengths), 2, dtype=torch.long),
+                       label_probs=torch.ones(sum(lengths), 2), remaining=remaining, sequence=sequence)
+    indices = [0, 5, 10, 14, 19]
+
+    def beams_at(index):
+        start = 0 if index < lengths[0] else lengths[0]
+        drafter = TorchEagleDrafter(cfg, task.weights(), embed_tokens=embed, lm_head=lm_head)
+        prompt = np.concatenate([[0], tokens[start:index].numpy()])
+        drafter.begin(0, prompt, PromptOutput(logits=torch.zeros(V), hidden=data.hidden[start : index + 1]))
+        return drafter.propose(DraftContext(root_tokens=tokens[index : index + 1], hidden=data.hidden[index][None],
+                                            slots=np.array([0]))).beams[0].numpy()
+
+    for index in indices:  # beams at t read tokens up to t only: later copies do not change them
+        tokens[index + 1 : index + 3] = torch.from_numpy(beams_at(index)[0, 1:3])
+    got = task.accept(data, torch.tensor(indices))
+    for index, accepted in zip(indices, got.tolist()):
+        truth = tokens[index + 1 : index + 1 + int(remaining[index])].numpy()
+        best = 0
+        for beam in beams_at(index):
+            matched = 0
+            while matched < min(len(beam) - 1, len(truth)) and beam[matched + 1] == truth[matched]:
+                matched += 1
+            best = max(best, matched)
+        assert accepted == best >= min(2, len(truth)), f"position {index}"
