@@ -20,7 +20,7 @@ from specdec.capabilities import DrafterCaps
 from specdec.errors import InvalidInputError
 from specdec.types import Accepted, Draft, DraftContext, PromptOutput
 from specdec_eagle.config import EagleConfig, check_weights
-from specdec_eagle.reference import check_context, check_target_arrays, tree_beams, tree_options
+from specdec_eagle.reference import check_context, check_target_arrays, select_nodes, tree_beams, tree_options
 from specdec_mlx import ops
 
 __all__ = ["MlxEagleDrafter", "MlxEagleNet"]
@@ -242,7 +242,7 @@ class _TreeSearch:
 
     def run(self, roots: mx.array, hidden: mx.array) -> mx.array:
         drafter, batch = self.drafter, roots.shape[0]
-        k, depth, total = drafter.top_k, drafter.depth, drafter.total_tokens
+        k, depth = drafter.top_k, drafter.depth
         zeros = mx.zeros((batch, 1), dtype=mx.int32)
         log_probs = self._run(roots[:, None], hidden[:, None], zeros, None)[:, 0]  # (B, S)
         scores, local = ops.top_k_lowest_index(log_probs, k)  # (B, k)
@@ -274,20 +274,21 @@ class _TreeSearch:
             count += k * k
         tokens, parents = mx.concatenate(cand_tokens, axis=1), mx.concatenate(cand_parents, axis=1)
         all_scores, entry_of = mx.concatenate(cand_scores, axis=1), mx.concatenate(cand_entry, axis=1)
-        _, chosen = ops.top_k_lowest_index(all_scores[:, 1:], min(total, count - 1))
-        selected = np.sort(np.array(chosen) + 1, axis=1)
-        return self._beams(np.array(tokens), np.array(parents), np.array(all_scores), np.array(entry_of), selected)
+        return self._beams(np.array(tokens), np.array(parents), np.array(all_scores), np.array(entry_of))
 
-    def _beams(self, tokens, parents, scores, entry_of, selected) -> mx.array:
-        """As ``specdec_eagle.torch.TreeSearch._beams``: short leaves extended in batched rounds."""
+    def _beams(self, tokens, parents, scores, entry_of) -> mx.array:
+        """As ``specdec_eagle.torch.TreeSearch._beams``: the kept nodes chosen on the host, short
+        leaves extended in batched rounds."""
         drafter, depth = self.drafter, self.drafter.depth
         rows = [dict(tokens=tokens[b].tolist(), parents=parents[b].tolist(), scores=scores[b].tolist(),
                      entry=entry_of[b].tolist(), child={}) for b in range(tokens.shape[0])]
-        chains = []
+        selected, chains = [], []
         for b, row in enumerate(rows):
             row["levels"] = [0] * len(row["tokens"])
             for i in range(1, len(row["tokens"])):
                 row["levels"][i] = row["levels"][row["parents"][i]] + 1
+            selected.append(select_nodes(row["scores"], row["parents"], row["levels"], depth=depth,
+                                         budget=drafter.total_tokens))
             kept = set(int(s) for s in selected[b])
             inner = {row["parents"][s] for s in kept}
             chains.append(sorted(s for s in kept if s not in inner and row["levels"][s] < depth))

@@ -24,9 +24,11 @@ tokens are the first frontier. Each further level runs the frontier's k nodes th
 (each node reads its parent's output as its feature and attends to the cache, the root entry and
 its own ancestors), gives every one of them its top-k children scored by cumulative draft
 log-prob, and keeps the k best of those k*k as the next frontier. After ``depth`` levels the
-``total_tokens`` best-scored candidates (a child never outscores its parent, and ties go to the
-earlier node, so they form a subtree of the root) are the draft, returned as one beam per leaf
-(``tree_beams``). Shapes: B batch, V vocab, H hidden, Hq/Hkv heads, Dh head size, W beams,
+best-scored candidates are kept (a child never outscores its parent, and ties go to the earlier
+node, so they form a subtree of the root) while the tree the target verifies holds at most
+``total_tokens`` drafted nodes (``select_nodes``): every leaf is extended to level ``depth``
+along its top-1 children, since the prefix-tree builder takes beams of one length. The draft is
+one beam per leaf (``tree_beams``). Shapes: B batch, V vocab, H hidden, Hq/Hkv heads, Dh head size, W beams,
 L = depth + 1 beam length (root included).
 """
 
@@ -44,7 +46,7 @@ from specdec_eagle.config import EagleConfig, check_weights
 
 __all__ = [
     "EagleDrafter", "SlotCache", "TreeDraft", "check_tree_options", "draft_layer", "draft_log_probs",
-    "dynamic_tree", "fuse", "inverse_frequencies", "run_entries", "tree_beams",
+    "dynamic_tree", "fuse", "inverse_frequencies", "run_entries", "select_nodes", "tree_beams",
 ]
 
 
@@ -159,12 +161,45 @@ class TreeDraft:
 
 
 def check_tree_options(config: EagleConfig, top_k: int, depth: int, total_tokens: int) -> None:
-    """top_k <= the drafted vocabulary, depth >= 1, total_tokens >= 1 (a ValueError otherwise)."""
+    """top_k <= the drafted vocabulary, depth >= 1, depth <= total_tokens (a ValueError otherwise)."""
     for name, value in (("top_k", top_k), ("depth", depth), ("total_tokens", total_tokens)):
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
             raise ValueError(f"EAGLE's {name} must be a positive integer, got {value!r}")
     if top_k > config.draft_vocab_size:
         raise ValueError(f"EAGLE's top_k={top_k} exceeds the {config.draft_vocab_size} tokens it drafts from")
+    if total_tokens < depth:
+        raise ValueError(f"EAGLE's total_tokens={total_tokens} cannot hold one path of depth={depth} drafted tokens; "
+                         "give total_tokens >= depth")
+
+
+def select_nodes(scores, parents, levels, *, depth: int, budget: int, gaps: list | None = None) -> np.ndarray:
+    """The kept candidates (ascending) of a tree whose beams all reach level ``depth``: candidates
+    in score order (best first, ties to the earlier node) are kept while the drafted nodes the
+    target will verify stay within ``budget``. Every leaf is extended to level ``depth`` along its
+    top-1 children (``tree_beams``), so a kept node costs: nothing when its parent was a kept
+    leaf (it takes the place of the parent's first extension node), else itself and the
+    extension below it, 1 + depth - level. A candidate whose parent is not kept is skipped.
+
+    scores, parents, levels: per node (0 the root), candidates 1 .. C. ``gaps`` collects the
+    smallest difference between consecutive candidate scores (the order decides)."""
+    candidates = np.asarray(scores[1:], dtype=np.float64)
+    order = np.argsort(-candidates, kind="stable") + 1
+    if gaps is not None and len(order) > 1:
+        ranked = candidates[order - 1]
+        gaps.append(float(np.min(ranked[:-1] - ranked[1:])))
+    kept, children, size = [], {0: 0}, 0
+    for node in order.tolist():
+        parent = parents[node]
+        if parent not in children:  # its parent was not kept
+            continue
+        cost = 0 if parent != 0 and children[parent] == 0 else 1 + depth - levels[node]
+        if size + cost > budget:
+            continue
+        kept.append(node)
+        children[parent] += 1
+        children[node] = 0
+        size += cost
+    return np.array(sorted(kept), dtype=np.int64)
 
 
 def dynamic_tree(config: EagleConfig, weights: dict, embed_tokens: np.ndarray, lm_head: np.ndarray,
@@ -222,9 +257,9 @@ def dynamic_tree(config: EagleConfig, weights: dict, embed_tokens: np.ndarray, l
         child_scores = np.array([scores[c] for c in children])
         frontier = [children[i] for i in _top(child_scores, top_k, gaps)]
 
-    # Keep the best total_tokens candidates (ties to the earlier node), parents first.
+    # Keep the best candidates while the verified tree (extensions included) fits total_tokens.
     candidates = len(tokens)
-    selected = np.sort(_top(np.array(scores[1:]), total_tokens, gaps) + 1)
+    selected = select_nodes(scores, parents, levels, depth=depth, budget=total_tokens, gaps=gaps)
 
     def extend(node: int) -> int:
         """Add ``node``'s top-1 child (running the node first if it has not run)."""

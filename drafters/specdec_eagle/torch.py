@@ -26,7 +26,7 @@ from specdec.capabilities import DrafterCaps
 from specdec.errors import InvalidInputError
 from specdec.types import Accepted, Draft, DraftContext, PromptOutput
 from specdec_eagle.config import EagleConfig, check_weights
-from specdec_eagle.reference import check_context, check_target_arrays, tree_beams, tree_options
+from specdec_eagle.reference import check_context, check_target_arrays, select_nodes, tree_beams, tree_options
 from specdec_torch.ops import compute_dtype, top_k_lowest_index
 
 __all__ = ["EagleNet", "TorchEagleDrafter"]
@@ -298,7 +298,7 @@ class TreeSearch:
 
     def run(self, roots: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
         drafter, batch = self.drafter, roots.shape[0]
-        k, depth, total = drafter.top_k, drafter.depth, drafter.total_tokens
+        k, depth = drafter.top_k, drafter.depth
         device = roots.device
         zeros = torch.zeros(batch, 1, dtype=torch.int64, device=device)
         log_probs = self._run(roots[:, None], hidden[:, None], zeros, None)[:, 0]  # (B, S)
@@ -331,25 +331,25 @@ class TreeSearch:
             count += k * k
         tokens, parents = torch.cat(cand_tokens, 1), torch.cat(cand_parents, 1)
         all_scores, entry_of = torch.cat(cand_scores, 1), torch.cat(cand_entry, 1)
-        _, chosen = top_k_lowest_index(all_scores[:, 1:], min(total, count - 1))
-        return self._beams(tokens, parents, all_scores, entry_of, torch.sort(chosen + 1, dim=1).values, hidden)
+        return self._beams(tokens, parents, all_scores, entry_of)
 
-    def _beams(self, tokens, parents, scores, entry_of, selected, hidden) -> torch.Tensor:
-        """Beams (B, W, L) of the kept candidates (``tree_beams``). Short leaves are extended
-        along their top-1 children first, in rounds (all rows together): a chain's node that has
-        not run runs, then its top-1 child becomes the chain's next node."""
+    def _beams(self, tokens, parents, scores, entry_of) -> torch.Tensor:
+        """Beams (B, W, L) of the kept candidates (``select_nodes``, ``tree_beams``, on the host).
+        Short leaves are extended along their top-1 children first, in rounds (all rows
+        together): a chain's node that has not run runs, then its top-1 child becomes the
+        chain's next node."""
         drafter, device = self.drafter, tokens.device
         depth, width = drafter.depth, drafter.total_tokens
         host = lambda t: t.cpu().numpy()  # noqa: E731
         rows = [dict(tokens=host(tokens[b]).tolist(), parents=host(parents[b]).tolist(),
                      scores=host(scores[b]).tolist(), entry=host(entry_of[b]).tolist(), child={})
                 for b in range(tokens.shape[0])]
-        selected = host(selected)
-        chains = []
+        selected, chains = [], []
         for b, row in enumerate(rows):
             row["levels"] = [0] * len(row["tokens"])
             for i in range(1, len(row["tokens"])):
                 row["levels"][i] = row["levels"][row["parents"][i]] + 1
+            selected.append(select_nodes(row["scores"], row["parents"], row["levels"], depth=depth, budget=width))
             kept = set(int(s) for s in selected[b])
             inner = {row["parents"][s] for s in kept}
             chains.append(sorted(s for s in kept if s not in inner and row["levels"][s] < depth))

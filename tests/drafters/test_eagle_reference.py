@@ -16,7 +16,7 @@ from specdec.types import Accepted, DraftContext, PromptOutput
 from specdec_eagle.checkpoint import load_eagle_checkpoint, make_random_eagle, random_eagle_weights, save_eagle
 from specdec_eagle.config import EagleConfig, check_weights
 from specdec_eagle.reference import (
-    EagleDrafter, SlotCache, draft_layer, draft_log_probs, dynamic_tree, fuse, run_entries, tree_beams,
+    EagleDrafter, SlotCache, draft_layer, draft_log_probs, dynamic_tree, fuse, run_entries, select_nodes, tree_beams,
 )
 
 V, H = 40, 8
@@ -91,6 +91,21 @@ def test_tree_beams_worked_example():
     assert int(tree.num_nodes[0]) == 1 + 4 + 2  # root, the 4 kept nodes, 2 extension nodes
 
 
+def test_select_nodes_worked_example():
+    """depth 3. Candidates in score order A (-0.1, level 1), C (-0.3, under A), E (-0.6, under C),
+    B (-2.0, level 1), F (-2.2, under B), D' (-2.5, under A). Budget 5: A costs itself and two
+    extension nodes (3); C and E replace A's and C's extension (0 each); B would cost 3 (skipped),
+    so F has no parent; D' is a second child of A: itself and one extension node (2), 5 in all.
+    Budget 6: B fits (3) and F replaces its extension (0), D' no longer fits."""
+    #        root  A     B     C     D'    E     F
+    scores = [0.0, -0.1, -2.0, -0.3, -2.5, -0.6, -2.2]
+    parents = [-1, 0, 0, 1, 1, 3, 2]
+    levels = [0, 1, 1, 2, 2, 3, 2]
+    np.testing.assert_array_equal(select_nodes(scores, parents, levels, depth=3, budget=5), [1, 3, 4, 5])
+    np.testing.assert_array_equal(select_nodes(scores, parents, levels, depth=3, budget=6), [1, 2, 3, 5, 6])
+    np.testing.assert_array_equal(select_nodes(scores, parents, levels, depth=3, budget=3), [1, 3, 5])
+
+
 def chain_scores(config, weights, embed, lm_head, cache, root, feature, path_tokens):
     """Cumulative draft log-probs along a path, by running its entries as a plain chain (each
     entry's feature is the previous entry's output) on a copy of the cache."""
@@ -103,7 +118,8 @@ def chain_scores(config, weights, embed, lm_head, cache, root, feature, path_tok
     return scores
 
 
-OPTIONS = st.tuples(st.integers(1, 4), st.integers(1, 4), st.integers(1, 20))  # top_k, depth, total_tokens
+OPTIONS = st.tuples(st.integers(1, 4), st.integers(1, 4), st.integers(0, 16)).map(
+    lambda o: (o[0], o[1], o[1] + o[2]))  # top_k, depth, total_tokens >= depth
 
 
 @given(seed=st.integers(0, 2**32 - 1), options=OPTIONS, length=st.integers(0, 6), shortlist=st.sampled_from([None, 12]))
@@ -117,12 +133,11 @@ def test_dynamic_tree_rules(seed, options, length, shortlist):
                         total_tokens=total)
     candidates = top_k + (depth - 1) * top_k * top_k
     assert len(tree.tokens) == 1 + candidates + len(tree.extension)
-    # The kept set: the best total_tokens candidates, a subtree of the root.
+    # The kept set: a subtree of the root holding the best candidate; with its extensions, within budget.
     kept = tree.selected.tolist()
-    assert len(kept) == min(total, candidates)
-    order = np.argsort(-tree.scores[1 : candidates + 1], kind="stable") + 1
-    assert sorted(order[: len(kept)].tolist()) == kept
+    assert kept and kept[0] == 1 + int(np.argmax(tree.scores[1 : top_k + 1]))
     assert all(tree.parents[s] == 0 or tree.parents[s] in kept for s in kept)
+    assert len(kept) + len(tree.extension) <= total
     # Scores are cumulative draft log-probs: a chain walk along each kept node's path agrees.
     for node in kept:
         path = []
@@ -221,6 +236,8 @@ def test_propose_refuses_what_it_cannot_serve():
     with pytest.raises(InvalidInputError, match="draft probabilities"):
         drafter.propose(DraftContext(root_tokens=np.array([1]), hidden=np.zeros((1, H)), slots=np.array([0]),
                                      want_draft_probs=True))
+    with pytest.raises(ValueError, match="total_tokens=3 cannot hold"):
+        EagleDrafter(config, weights, embed_tokens=embed, lm_head=lm_head, depth=4, total_tokens=3)
     with pytest.raises(ValueError, match="top_k=41 exceeds"):
         EagleDrafter(config, weights, embed_tokens=embed, lm_head=lm_head, top_k=41)
     with pytest.raises(ValueError, match="lm_head"):
