@@ -72,11 +72,13 @@ def test_draft_layer_matches_hand_formula_with_one_head():
 
 
 def test_tree_beams_worked_example():
-    """Kept: A, B (level 1), C under A (level 2), E under C (level 3); depth 3. Leaves E (score
-    -0.6) and B (-2.0): beam 0 is root A C E; B is extended twice along its top-1 children
-    (tokens 20 + node), and copies of beam 0 fill W = 5."""
-    tokens, parents = [10, 11, 12, 13, 14, 15], [-1, 0, 0, 1, 1, 3]
-    levels, scores = [0, 1, 1, 2, 2, 3], [0.0, -0.1, -2.0, -0.3, -2.5, -0.6]
+    """The kept nodes of ``test_select_nodes_worked_example`` at budget 5: A, C, E, D' (depth 3).
+    Leaves E (score -0.6) and D' (-2.5): beam 0 is root A C E; D' (level 2) continues along its
+    top-1 child (token 20 + node), and copies of beam 0 fill W = 5."""
+    #         root  A    B    C    D'   E    F
+    tokens = [10, 11, 12, 13, 14, 15, 16]
+    parents, levels = [-1, 0, 0, 1, 1, 3, 2], [0, 1, 1, 2, 2, 3, 2]
+    scores = [0.0, -0.1, -2.0, -0.3, -2.5, -0.6, -2.2]
 
     def extend(node):
         tokens.append(20 + node)
@@ -85,10 +87,10 @@ def test_tree_beams_worked_example():
         scores.append(scores[node])
         return len(tokens) - 1
 
-    beams = tree_beams(tokens, parents, levels, scores, np.array([1, 2, 3, 5]), depth=3, width=5, extend=extend)
-    np.testing.assert_array_equal(beams, [[10, 11, 13, 15], [10, 12, 22, 26]] + [[10, 11, 13, 15]] * 3)
+    beams = tree_beams(tokens, parents, levels, scores, np.array([1, 3, 4, 5]), depth=3, width=5, extend=extend)
+    np.testing.assert_array_equal(beams, [[10, 11, 13, 15], [10, 11, 14, 24]] + [[10, 11, 13, 15]] * 3)
     tree = build_prefix_tree(beams[None])
-    assert int(tree.num_nodes[0]) == 1 + 4 + 2  # root, the 4 kept nodes, 2 extension nodes
+    assert int(tree.num_nodes[0]) == 1 + 4 + 1  # root, the 4 kept nodes, 1 extension node: 5 drafted
 
 
 def test_select_nodes_worked_example():
