@@ -53,7 +53,7 @@ class EagleConfig:
     weight (its LM head then multiplies by S rows of the target's); None: all V.
     top_k, depth, total_tokens: the dynamic tree's defaults (``reference.dynamic_tree``): each
     expanded node's children and the frontier width, the number of drafted levels, and the
-    drafted nodes kept. target: what the drafter was trained for (name, fingerprint, sizes).
+    drafted nodes the target verifies. target: what the drafter was trained for (name, fingerprint, sizes).
     """
 
     vocab_size: int = attrs.field(validator=_positive_int)
@@ -67,8 +67,8 @@ class EagleConfig:
     fc_bias: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool))
     shortlist_size: int | None = attrs.field(default=None)
     top_k: int = attrs.field(default=4, validator=_positive_int)
-    depth: int = attrs.field(default=4, validator=_positive_int)
-    total_tokens: int = attrs.field(default=16, validator=_positive_int)
+    depth: int = attrs.field(default=3, validator=_positive_int)
+    total_tokens: int = attrs.field(default=12, validator=_positive_int)
     target: dict = attrs.field(factory=dict, converter=dict)
     model_type: str = attrs.field(default=MODEL_TYPE)
 

@@ -44,8 +44,9 @@ SPEC = DrafterSpec(
     train=lazy_call("specdec_eagle.train", "train_eagle"), evaluation_task=_evaluation_task,
     train_options=(
         CliOption(flag="--top-k", type=int, default=4, help="EAGLE tree: children per expanded node and frontier width"),
-        CliOption(flag="--depth", type=int, default=4, help="EAGLE tree: drafted levels"),
-        CliOption(flag="--total-tokens", type=int, default=16, help="EAGLE tree: drafted nodes kept"),
+        CliOption(flag="--depth", type=int, default=3, help="EAGLE tree: drafted levels"),
+        CliOption(flag="--total-tokens", type=int, default=12,
+                  help="EAGLE tree: drafted nodes the target verifies"),
         CliOption(flag="--window", type=int, default=64, help="EAGLE training: positions per training window"),
         CliOption(flag="--noise", type=float, default=0.1, help="EAGLE training: uniform noise on input features"),
         CliOption(flag="--feature-weight", type=float, default=1.0, help="EAGLE training: weight of the feature loss"),
@@ -53,7 +54,7 @@ SPEC = DrafterSpec(
         CliOption(flag="--unroll", type=int, default=1,
                   help="EAGLE training: drafting steps per position (later ones read the draft's own features)"),
     ),
-    default_shortlist=8192,
+    default_shortlist=8192, pairs_with_lookup=True,
     load_checkpoint=lazy_call("specdec_eagle.checkpoint", "load_eagle_checkpoint"),
     save_checkpoint=lazy_call("specdec_eagle.checkpoint", "save_eagle"), package="specdec_eagle",
 )

@@ -40,7 +40,7 @@ from specdec_eagle.config import EagleConfig
 __all__ = ["EagleTask", "default_config", "init_weights", "train_eagle"]
 
 
-def default_config(target, *, top_k: int = 4, depth: int = 4, total_tokens: int = 16, **overrides) -> EagleConfig:
+def default_config(target, *, top_k: int = 4, depth: int = 3, total_tokens: int = 12, **overrides) -> EagleConfig:
     """The draft layer for a ``TeacherTarget``: the target's head layout, MLP width, rotary base
     and norm epsilon, fc with a bias (EAGLE-1)."""
     from specdec.reference.loading import LlamaConfig
@@ -234,7 +234,7 @@ class EagleTask:
         return save_checkpoint(folder, self.config.to_dict(), self.weights(), dtype=dtype)
 
 
-def train_eagle(model, out, *, top_k: int = 4, depth: int = 4, total_tokens: int = 16, window: int = 64,
+def train_eagle(model, out, *, top_k: int = 4, depth: int = 3, total_tokens: int = 12, window: int = 64,
                 noise: float = 0.1, feature_weight: float = 1.0, ce_weight: float = 0.1, unroll: int = 1,
                 negatives: int | None = None, config_overrides: dict | None = None, steps: int | None = None,
                 minutes: float | None = None, prompts: int = 512, heldout_prompts: int = 64, max_new_tokens: int = 128,
