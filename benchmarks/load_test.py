@@ -9,7 +9,7 @@ as a subprocess and runs, for each number of concurrent clients:
   only when the whole previous one has ended (static batching, emulated by the clients);
 - ``serial``: a server with 1 slot: requests are decoded one at a time, the rest wait in its queue.
 
-Every request is a streamed chat completion of an MT-Bench first turn, greedy, of a length drawn
+Every run sends the same ``--requests`` requests. Each is a streamed chat completion of an MT-Bench first turn, greedy, of a length drawn
 between the two ``--max-tokens`` bounds (request i always gets the same one) and decoded to that
 length (``ignore_eos``), so every mode decodes the same tokens, and a static wave lasts as long
 as its longest request. Per run:
@@ -170,8 +170,8 @@ def main() -> int:
     parser.add_argument("--drafters", nargs="+", default=["redrafter", "none"])
     parser.add_argument("--concurrency", nargs="+", type=int, default=[1, 4, 16])
     parser.add_argument("--modes", nargs="+", default=["inflight", "static", "serial"])
-    parser.add_argument("--requests-per-client", type=int, default=2)
-    parser.add_argument("--min-requests", type=int, default=4)
+    parser.add_argument("--requests", type=int, default=32,
+                        help="requests per run: the same ones (prompts, lengths) at every concurrency and mode")
     parser.add_argument("--max-tokens", type=int, nargs=2, default=[8, 64], metavar=("LOW", "HIGH"),
                         help="bounds of the requests' lengths")
     parser.add_argument("--capacity", type=int, default=1024)
@@ -198,7 +198,7 @@ def main() -> int:
                 asyncio.run(run_mode(server.base, modes[0], 1, prompts, 1, (8, 8)))  # warm-up
                 for concurrency in args.concurrency:
                     for mode in modes:
-                        requests = max(args.min_requests, concurrency * args.requests_per_client)
+                        requests = args.requests
                         before = server.metrics()
                         run = asyncio.run(run_mode(server.base, mode, concurrency, prompts, requests,
                                                    tuple(args.max_tokens)))
