@@ -14,12 +14,13 @@ CLASSES = {
 
 
 def _factory(backend_name: str):
-    def eagle(target, checkpoint=None, *, backend=None, top_k=None, depth=None, total_tokens=None):
+    def eagle(target, checkpoint=None, *, backend=None, tree_top_k=None, depth=None, total_tokens=None):
+        """``tree_top_k``: the children each expanded node proposes (``top_k`` is generate's sampling option)."""
         from specdec_eagle.checkpoint import load_eagle_checkpoint
 
         drafter_class = backend_class(backend_name, CLASSES, feature="the EAGLE drafter")
         config, weights = load_trained("eagle", "EAGLE", "specdec_eagle", load_eagle_checkpoint, checkpoint, target)
-        return drafter_class(config, weights, embed_tokens=target.embed_tokens, lm_head=target.lm_head, top_k=top_k,
+        return drafter_class(config, weights, embed_tokens=target.embed_tokens, lm_head=target.lm_head, top_k=tree_top_k,
                              depth=depth, total_tokens=total_tokens)
 
     return eagle
