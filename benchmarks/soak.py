@@ -189,6 +189,7 @@ def main() -> int:
     parser.add_argument("--model", default=None, help="default: a small random model made for the run")
     parser.add_argument("--backend", default="numpy")
     parser.add_argument("--drafter", default="lookup")
+    parser.add_argument("--dtype", default=None, help="default: the server's (measured fastest)")
     parser.add_argument("--requests", type=int, default=1000)
     parser.add_argument("--clients", type=int, default=16)
     parser.add_argument("--slots", type=int, default=4)
@@ -210,6 +211,8 @@ def main() -> int:
     command = [sys.executable, "-m", "specdec.cli", "serve", "--model", model, "--backend", args.backend,
                "--drafter", args.drafter, "--slots", str(args.slots), "--capacity", "256", "--max-queue",
                str(args.max_queue), "--port", str(port), "--served-model-name", "soak", "--log-level", "warning"]
+    if args.dtype:
+        command += ["--dtype", args.dtype]
     server = subprocess.Popen(command, cwd=ROOT, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 600
@@ -257,7 +260,7 @@ def main() -> int:
         "server_submitted": end["specdec_requests_submitted_total"], "server_rejected_429":
         end["specdec_requests_rejected_total"], "rss_mb": {"start": start_rss, "after_warmup": warm, "end": end_rss,
                                                            "series": soak.rss},
-        "errors": soak.errors[:10], "mismatches": soak.mismatches[:10], "wrong_length": soak.wrong_length[:10],
+        "errors": soak.errors[:10], "mismatch_count": len(soak.mismatches), "mismatches": soak.mismatches[:10], "wrong_length": soak.wrong_length[:10],
         "checks": checks,
     }
     print(json.dumps({k: v for k, v in report.items() if k != "rss_mb"} | {"rss_mb": {
