@@ -11,7 +11,7 @@ import specdec
 from specdec.plugins import default_registry
 from specdec.testing import make_random_drafter
 
-CHECKPOINT_KINDS = ("redrafter", "medusa", "draft_model")  # installed drafters that need a checkpoint folder
+CHECKPOINT_KINDS = ("redrafter", "medusa", "draft_model", "eagle")  # installed drafters that need a checkpoint folder
 
 
 @pytest.fixture(scope="module")

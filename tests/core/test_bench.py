@@ -34,7 +34,7 @@ def test_parse_method():
     method = parse_method("redrafter:w=4,l=5,verifier=exact")
     assert method.kind == "redrafter" and method.options == {"beam_width": 4, "beam_length": 5, "verifier": "exact"}
     with pytest.raises(InvalidInputError, match="unknown method"):
-        parse_method("eagle")
+        parse_method("hydra")
     with pytest.raises(InvalidInputError, match="needs a draft model"):
         parse_method("hf-assisted")
     assert parse_method("hf:dtype=own").options == {"dtype": "own"}

@@ -41,8 +41,8 @@ def test_invalid_arguments(target, prompt, kwargs, message):
 def test_unknown_names_list_what_is_installed(target):
     with pytest.raises(specdec.UnknownPluginError, match=r"unknown backend 'tensorflow'; installed backends: .*numpy"):
         specdec.generate(target, [1], drafter="none", backend="tensorflow")
-    with pytest.raises(specdec.UnknownPluginError, match=r"unknown drafter 'eagle'; installed drafters: .*medusa.*redrafter"):
-        specdec.generate(target, [1], drafter="eagle", backend="numpy")
+    with pytest.raises(specdec.UnknownPluginError, match=r"unknown drafter 'hydra'; installed drafters: .*medusa.*redrafter"):
+        specdec.generate(target, [1], drafter="hydra", backend="numpy")
     with pytest.raises(specdec.UnknownPluginError, match=r"unknown verifier 'lenient'; installed verifiers: .*exact.*greedy"):
         specdec.generate(target, [1], drafter="none", backend="numpy", verifier="lenient")
 
