@@ -1,0 +1,323 @@
+"""What a caller of ``specdec.Engine`` holds: a ``Handle`` per request (its tokens and text as
+steps accept them, ``Chunk`` by ``Chunk``, and its ``Completion``), and the engine's errors and
+metrics (``EngineMetrics``, ``Histogram``)."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import threading
+import time
+from typing import TYPE_CHECKING, AsyncIterator, Iterator, Sequence
+
+import attrs
+
+from specdec.errors import InvalidInputError, SpecdecError
+from specdec.requests import Request
+from specdec.serving.text import IncrementalText, StopStrings
+
+if TYPE_CHECKING:
+    from specdec.engine import Engine
+
+
+class QueueFullError(SpecdecError, RuntimeError):
+    """The engine's queue of waiting requests is full; retry later (HTTP 429)."""
+
+
+class EngineClosedError(SpecdecError, RuntimeError):
+    """The engine is closing or closed and takes no new requests (HTTP 503)."""
+
+
+class RequestFailedError(SpecdecError, RuntimeError):
+    """A request failed while it was decoded; ``__cause__`` is what raised."""
+
+
+FINISH_REASONS = ("stop", "length", "cancelled", "error")
+
+
+@attrs.frozen(kw_only=True)
+class Chunk:
+    """What one step gave a request: ``tokens`` accepted, ``text`` they release (cut before a stop
+    string), and on its last chunk ``finish_reason`` ("stop", "length", "cancelled" or "error")."""
+
+    tokens: tuple[int, ...] = ()
+    text: str = ""
+    finish_reason: str | None = None
+
+
+@attrs.frozen(kw_only=True)
+class Completion:
+    """A finished request: every token, the text (no stop string or stop token in it), why it
+    ended, its prompt's length and its times in seconds (queue: submit to admission; first
+    token: submit to its first token; total: submit to its end)."""
+
+    tokens: tuple[int, ...]
+    text: str | None
+    finish_reason: str
+    prompt_tokens: int
+    time_in_queue: float | None
+    time_to_first_token: float | None
+    time_total: float
+
+    @property
+    def completion_tokens(self) -> int:
+        return len(self.tokens)
+
+
+class Histogram:
+    """Counts of observations per upper bound (cumulative on read), their sum and count."""
+
+    def __init__(self, buckets: Sequence[float]):
+        self.buckets = tuple(sorted(float(b) for b in buckets))
+        self.counts = [0] * (len(self.buckets) + 1)  # the last: above every bound
+        self.sum = 0.0
+        self.count = 0
+
+    def observe(self, value: float, times: int = 1) -> None:
+        index = next((i for i, bound in enumerate(self.buckets) if value <= bound), len(self.buckets))
+        self.counts[index] += times
+        self.sum += value * times
+        self.count += times
+
+    def cumulative(self) -> list[tuple[float, int]]:
+        """(upper bound, observations <= it) for every bound and +Inf."""
+        total, out = 0, []
+        for bound, count in zip(self.buckets + (math.inf,), self.counts):
+            total += count
+            out.append((bound, total))
+        return out
+
+
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5,
+                   5.0, 10.0, 20.0, 40.0, 80.0)
+
+
+class EngineMetrics:
+    """Counters and histograms of an engine, updated by its scheduler thread; read with ``snapshot``."""
+
+    COUNTERS = {
+        "requests_submitted": "requests accepted by submit",
+        "requests_rejected": "requests refused because the queue was full",
+        "prompt_tokens": "prompt tokens admitted",
+        "generation_tokens": "tokens emitted",
+        "prefill_forwards": "prompt forwards (admissions)",
+        "decode_steps": "decode steps (one target forward per group of requests sharing sampling settings)",
+        "decode_row_steps": "request rows in decode steps",
+        "decode_tokens": "tokens emitted by decode steps (bonus tokens counted)",
+        "draft_tokens": "drafted tokens verified (distinct beams)",
+        "accepted_tokens": "drafted tokens accepted",
+        "engine_resets": "steps that raised for no request in particular (every slot freed)",
+    }
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.counters = dict.fromkeys(self.COUNTERS, 0)
+        self.finished = dict.fromkeys(FINISH_REASONS, 0)
+        self.histograms = {
+            "time_to_first_token_seconds": Histogram(LATENCY_BUCKETS),
+            "inter_token_latency_seconds": Histogram(LATENCY_BUCKETS),
+            "request_latency_seconds": Histogram(LATENCY_BUCKETS),
+            "queue_time_seconds": Histogram(LATENCY_BUCKETS),
+            "step_seconds": Histogram(LATENCY_BUCKETS),
+            "tokens_per_step": Histogram(tuple(range(1, 17))),
+        }
+
+    def add(self, name: str, value: int = 1) -> None:
+        with self.lock:
+            self.counters[name] += value
+
+    def observe(self, name: str, value: float, times: int = 1) -> None:
+        with self.lock:
+            self.histograms[name].observe(value, times)
+
+    def snapshot(self) -> dict:
+        """{"counters", "finished" (per finish reason), "histograms": {name: (cumulative buckets, sum, count)}}."""
+        with self.lock:
+            return {"counters": dict(self.counters), "finished": dict(self.finished),
+                    "histograms": {name: (h.cumulative(), h.sum, h.count) for name, h in self.histograms.items()}}
+
+
+class Handle:
+    """One submitted request. Iterate it (or ``tokens()``) for its tokens as they are accepted,
+    ``chunks()`` for tokens with their text, ``async for`` / ``achunks()`` from asyncio;
+    ``result()`` waits for the ``Completion``; ``cancel()`` from any thread. A request that
+    failed raises ``RequestFailedError`` from iteration and ``result()``."""
+
+    def __init__(self, engine: "Engine", request: Request, *, stop: Sequence[str], tokenizer):
+        self.engine = engine
+        self.request = request
+        self.id: int | None = None  # the decoder's request id, once the scheduler has it
+        self.submitted_at = time.perf_counter()
+        self.admitted_at: float | None = None
+        self.first_token_at: float | None = None
+        self.finished_at: float | None = None
+        self.finish_reason: str | None = None
+        self.error: BaseException | None = None
+        self._tokens: list[int] = []
+        self._chunks: list[Chunk] = []
+        self._cond = threading.Condition()
+        self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future]] = []
+        self._last_at: float | None = None
+        self._detok = IncrementalText(tokenizer, request.prompt) if tokenizer is not None else None
+        self._stops = StopStrings(stop)
+        self._text: list[str] = []
+        if stop and tokenizer is None:
+            raise InvalidInputError("stop strings need the model's tokenizer, and this model has none; "
+                                    "use stop token ids")
+
+    # -- reading (any thread) --
+
+    @property
+    def done(self) -> bool:
+        return self.finish_reason is not None
+
+    @property
+    def prompt_tokens(self) -> int:
+        return len(self.request.prompt)
+
+    def chunks(self, timeout: float | None = None) -> Iterator[Chunk]:
+        """Chunks as they arrive; the last has ``finish_reason``. ``timeout``: the longest wait
+        for the next chunk (TimeoutError)."""
+        index = 0
+        while True:
+            with self._cond:
+                if not self._cond.wait_for(lambda: len(self._chunks) > index or self.done, timeout):
+                    raise TimeoutError(f"no token from request {self.id} in {timeout} s")
+                available = self._chunks[index:]
+                finished = self.done and len(self._chunks) == index + len(available)
+            for chunk in available:
+                yield chunk
+            index += len(available)
+            if finished:
+                self._raise_if_failed()
+                return
+
+    def tokens(self, timeout: float | None = None) -> Iterator[int]:
+        """Token ids as they are accepted (stop tokens included, nothing after a stop string's end)."""
+        for chunk in self.chunks(timeout):
+            yield from chunk.tokens
+
+    def __iter__(self) -> Iterator[int]:
+        return self.tokens()
+
+    async def achunks(self) -> AsyncIterator[Chunk]:
+        """``chunks()`` for asyncio: waits without blocking the event loop."""
+        loop = asyncio.get_running_loop()
+        index = 0
+        while True:
+            with self._cond:
+                available = self._chunks[index:]
+                finished = self.done
+                future = None
+                if not available and not finished:
+                    future = loop.create_future()
+                    self._waiters.append((loop, future))
+            if future is not None:
+                await future
+                continue
+            for chunk in available:
+                yield chunk
+            index += len(available)
+            if finished and not available:
+                self._raise_if_failed()
+                return
+
+    async def __aiter__(self) -> AsyncIterator[int]:
+        async for chunk in self.achunks():
+            for token in chunk.tokens:
+                yield token
+
+    def result(self, timeout: float | None = None) -> Completion:
+        """Wait for the request to end; its Completion (a cancelled request: what it had)."""
+        with self._cond:
+            if not self._cond.wait_for(lambda: self.done, timeout):
+                raise TimeoutError(f"request {self.id} did not finish in {timeout} s")
+        self._raise_if_failed()
+        return self._completion()
+
+    async def aresult(self) -> Completion:
+        async for _ in self.achunks():
+            pass
+        return self._completion()
+
+    def cancel(self) -> None:
+        """Stop the request; its slot is freed at the scheduler's next turn. No effect once done."""
+        if not self.done:
+            self.engine._post(("cancel", self))
+
+    def _raise_if_failed(self) -> None:
+        if self.error is not None:
+            raise RequestFailedError(f"request {self.id} failed: {type(self.error).__name__}: {self.error}"
+                                     ) from self.error
+
+    def _completion(self) -> Completion:
+        return Completion(
+            tokens=tuple(self._tokens), text="".join(self._text) if self._detok is not None else None,
+            finish_reason=self.finish_reason, prompt_tokens=self.prompt_tokens,
+            time_in_queue=None if self.admitted_at is None else self.admitted_at - self.submitted_at,
+            time_to_first_token=None if self.first_token_at is None else self.first_token_at - self.submitted_at,
+            time_total=(self.finished_at or time.perf_counter()) - self.submitted_at)
+
+    # -- writing (the scheduler thread) --
+
+    def _take(self, tokens: list[int], now: float, metrics: EngineMetrics) -> Chunk:
+        """The chunk of a step's tokens, to ``_push``; it has a finish reason when they end the
+        request (length, stop token or string). Tokens after the one that completes a stop
+        string are dropped."""
+        request = self.request
+        finish, text, kept = None, [], []
+        for token in tokens:
+            kept.append(token)
+            stop_token = token in request.stop_token_ids
+            if stop_token:
+                finish = "stop"
+            elif len(self._tokens) + len(kept) >= request.max_new_tokens:
+                finish = "length"
+            if self._detok is not None:
+                text.append(self._stops.add(self._detok.add(() if stop_token else (token,), final=finish is not None)))
+                if self._stops.hit is not None:
+                    finish = "stop"
+                elif finish is not None:
+                    text.append(self._stops.flush())
+            if finish is not None:
+                break
+        if kept:
+            if self.first_token_at is None:
+                self.first_token_at = now
+                metrics.observe("time_to_first_token_seconds", now - self.submitted_at)
+            else:
+                metrics.observe("inter_token_latency_seconds", (now - self._last_at) / len(kept), len(kept))
+            self._last_at = now
+        metrics.add("generation_tokens", len(kept))
+        self._tokens.extend(kept)
+        self._text.append("".join(text))
+        return Chunk(tokens=tuple(kept), text="".join(text), finish_reason=finish)
+
+    def _finish(self, reason: str, error: BaseException | None, now: float) -> None:
+        text = ""
+        if reason == "cancelled" and self._detok is not None and self._stops.hit is None:
+            text = self._stops.flush()  # the text of every token delivered
+            self._text.append(text)
+        self._push(Chunk(text=text, finish_reason=reason), reason, error, now)
+
+    def _push(self, chunk: Chunk, finish: str | None, error: BaseException | None, now: float) -> None:
+        with self._cond:
+            if self.done:
+                return
+            self._chunks.append(chunk)
+            if finish is not None:
+                self.error, self.finished_at, self.finish_reason = error, now, finish
+            waiters, self._waiters = self._waiters, []
+            self._cond.notify_all()
+        for loop, future in waiters:
+            try:
+                loop.call_soon_threadsafe(_wake, future)
+            except RuntimeError:  # the waiter's event loop is closed: nobody is waiting any more
+                pass
+
+
+def _wake(future: asyncio.Future) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
