@@ -143,21 +143,26 @@ def test_greedy_is_plain_decoding_and_slots_start_afresh(model_dir, eagle):
     checks.check_drafter(str(eagle), model_dir, backends=["numpy", *_backends()], max_new_tokens=20)
 
 
-@pytest.mark.parametrize("options", [dict(top_k=1, depth=5, total_tokens=5), dict(top_k=5, depth=2, total_tokens=7)])
+@pytest.mark.parametrize("options", [dict(tree_top_k=1, depth=5, total_tokens=5),
+                                     dict(tree_top_k=5, depth=2, total_tokens=7)])
 def test_greedy_identity_float64_and_other_trees(model_dir, eagle, options):
     prompts = [[1, 2, 3, 1, 2, 3, 1], [9], [40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50]]
     plain = specdec.generate(model_dir, prompts, drafter="none", backend="numpy", max_new_tokens=18).tokens
-    got = specdec.generate(model_dir, prompts, drafter=str(eagle), backend="numpy", max_new_tokens=18, **options)
+    got = specdec.generate(model_dir, prompts, drafter=str(eagle), backend="numpy", max_new_tokens=18,
+                           lookup=False, **options)
     assert got.tokens == plain
+    # the options reach the drafter: at most total_tokens drafted nodes, beams of depth + 1
+    assert got.stats.verified_tokens <= got.stats.row_steps * (1 + options["total_tokens"])
     if "torch" in _backends():
         for dtype in ("float32", "float64"):
             got = specdec.generate(model_dir, prompts, drafter=str(eagle), backend="torch", dtype=dtype,
-                                   max_new_tokens=18, **options)
+                                   max_new_tokens=18, lookup=False, **options)
             assert got.tokens == plain, f"torch {dtype} {options}"
 
 
 def test_seeded_sampling_gives_the_same_tokens_on_numpy_and_torch_float64(model_dir, eagle):
-    """Exact verifier, uniforms drawn on the host: the same seed gives the same tokens."""
+    """Exact verifier, uniforms drawn on the host: the same seed gives the same tokens (float64 on
+    both; mlx computes in float32, whose target probabilities differ in the last bits)."""
     pytest.importorskip("torch")
     prompts = [[5, 6, 7, 8], [11, 12]]
     run = dict(drafter=str(eagle), max_new_tokens=16, temperature=0.9, top_p=0.95, seed=7)
@@ -165,3 +170,13 @@ def test_seeded_sampling_gives_the_same_tokens_on_numpy_and_torch_float64(model_
     on_torch = specdec.generate(model_dir, prompts, backend="torch", dtype="float64", **run)
     assert reference.tokens == on_torch.tokens
     assert reference.stats.tokens_per_step == on_torch.stats.tokens_per_step
+
+
+def test_tree_options_reach_the_drafter(model_dir, eagle):
+    """``tree_top_k`` (not generate's sampling ``top_k``), ``depth`` and ``total_tokens`` set the tree."""
+    from specdec.generate import prepare
+
+    plan, *_ = prepare(model_dir, [1], str(eagle), "numpy", max_new_tokens=4, temperature=0.0, top_k=None, top_p=None,
+                       dtype=None, device=None, registry=None,
+                       options={"tree_top_k": 2, "depth": 5, "total_tokens": 9, "lookup": False})
+    assert (plan.drafter.top_k, plan.drafter.depth, plan.drafter.total_tokens) == (2, 5, 9)
