@@ -15,10 +15,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import specdec
-from specdec.generate import prepare
 from specdec.loop import Decoder
 from specdec.reference.model import load_target
 from specdec.testing import make_random_drafter
+from specdec.testing.requests import decoding_plan, run_schedule
 
 SAMPLINGS = [specdec.SamplingConfig(), specdec.SamplingConfig(temperature=0.8),
              specdec.SamplingConfig(temperature=1.2, top_k=20)]
@@ -29,38 +29,10 @@ def redrafter(model_dir, tmp_path_factory):
     return make_random_drafter(tmp_path_factory.mktemp("requests") / "redrafter", model_dir, kind="redrafter", seed=3)
 
 
-def plan_for(target, drafter, **options):
-    """A decode plan over ``target`` whose verifier serves greedy and sampled requests alike."""
-    plan, *_ = prepare(target, [1], drafter, "numpy", max_new_tokens=8, temperature=0.0, top_k=None, top_p=None,
-                       dtype=None, device=None, registry=None, options={"verifier": "exact", **options})
-    return plan
-
-
 def run(plan, schedule) -> dict[int, list[int]]:
-    """Decode ``schedule``: a list of (arrival step, Request, cancel step or None); returns the
-    tokens of every request that was not cancelled, by its index in the schedule."""
-    decoder = Decoder(plan)
-    ids, tokens, step = {}, {}, 0
-    try:
-        while step == 0 or not decoder.idle or any(arrival >= step for arrival, _, _ in schedule):
-            for index, (arrival, request, _) in enumerate(schedule):
-                if arrival == step:
-                    ids[decoder.submit(request)] = index
-            for index, (_, _, cancel) in enumerate(schedule):
-                if cancel == step and index in ids.values():
-                    request_id = next(r for r, i in ids.items() if i == index)
-                    decoder.cancel(request_id)
-                    tokens[index] = None
-            for result in decoder.step():
-                for request_id, new in zip(result.requests, result.new_tokens):
-                    if tokens.get(ids[request_id], []) is not None:
-                        tokens.setdefault(ids[request_id], []).extend(new)
-            step += 1
-            assert step < 500, "the decoder did not finish"
-    finally:
-        decoder.close()
+    tokens = run_schedule(plan, schedule)
     assert not plan.target.cache.admitted.any(), "every slot is free at the end"
-    return {index: t for index, t in tokens.items() if t is not None}
+    return tokens
 
 
 requests = st.builds(
@@ -80,8 +52,8 @@ def test_a_request_decodes_the_same_whatever_shares_its_steps(model_dir, redraft
     if drafter == "redrafter":  # its float drafts change with the batch: greedy output is the target's anyway
         schedule = [(a, r.__class__(prompt=r.prompt, max_new_tokens=r.max_new_tokens), c) for a, r, c in schedule]
     name = redrafter if drafter == "redrafter" else drafter
-    together = run(plan_for(load_target(model_dir, slots=slots, capacity=64), name), schedule)
-    alone_plan = plan_for(load_target(model_dir, slots=1, capacity=64), name)
+    together = run(decoding_plan(load_target(model_dir, slots=slots, capacity=64), name), schedule)
+    alone_plan = decoding_plan(load_target(model_dir, slots=1, capacity=64), name)
     for index, tokens in together.items():
         _, request, _ = schedule[index]
         alone = run(alone_plan, [(0, request, None)])[0]
@@ -132,7 +104,7 @@ class Recorder:
 def test_stateful_drafter_sees_every_request_begin_commit_and_end(model_dir):
     target = load_target(model_dir, slots=2, capacity=64)
     recorder = Recorder()
-    plan = plan_for(target, recorder)
+    plan = decoding_plan(target, recorder)
     prompts = [[1, 2, 3], [4, 5], [6, 7, 8, 9]]
     emitted = run(plan, [(0, specdec.Request(prompt=p, max_new_tokens=5), None) for p in prompts])
     ended = [event[2] for event in recorder.events if event[0] == "end"]
@@ -152,7 +124,7 @@ def test_stateful_drafter_sees_every_request_begin_commit_and_end(model_dir):
 def test_cancel_frees_the_slot_and_ends_the_request(model_dir):
     target = load_target(model_dir, slots=1, capacity=64)
     recorder = Recorder()
-    decoder = Decoder(plan_for(target, recorder))
+    decoder = Decoder(decoding_plan(target, recorder))
     first = decoder.submit(specdec.Request(prompt=[1, 2], max_new_tokens=20))
     second = decoder.submit(specdec.Request(prompt=[3], max_new_tokens=2))
     decoder.step(), decoder.step()
@@ -166,7 +138,7 @@ def test_cancel_frees_the_slot_and_ends_the_request(model_dir):
 
 def test_requests_beyond_the_capacity_are_refused_before_anything_runs(model_dir):
     target = load_target(model_dir, slots=1, capacity=16)
-    decoder = Decoder(plan_for(target, "none"))
+    decoder = Decoder(decoding_plan(target, "none"))
     with pytest.raises(specdec.InvalidInputError, match="needs 20 positions; the target's slots hold 16"):
         decoder.submit(specdec.Request(prompt=[1] * 10, max_new_tokens=10))
     assert decoder.idle and not target.cache.admitted.any()

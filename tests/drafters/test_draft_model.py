@@ -25,8 +25,9 @@ from safetensors.numpy import load_file, save_file
 
 import specdec
 from specdec.generate import prepare
-from specdec.loop import Decoder, decode_steps
+from specdec.loop import decode_steps
 from specdec.reference.model import load_target
+from specdec.testing.requests import decoding_plan, run_schedule
 from specdec.reference.plugin import NumpyBackend
 from specdec.reference.sampling import target_probs
 from specdec.reference.tree import build_prefix_tree, check_tree
@@ -341,36 +342,15 @@ def test_emitted_tokens_have_the_target_distribution(tmp_path, sample):
 
 
 def plan_for(target, **options):
-    plan, *_ = prepare(target, [1], "draft_model", "numpy", max_new_tokens=8, temperature=0.0, top_k=None, top_p=None,
-                       dtype=None, device=None, registry=None, options={"verifier": "exact", **options})
-    return plan
+    return decoding_plan(target, "draft_model", **options)
 
 
 def run(plan, schedule) -> dict[int, list[int]]:
-    """Decode ``schedule`` (arrival step, Request, cancel step or None) on a Decoder; the tokens of
-    every request not cancelled, by index. Afterwards no slot of the target or the draft model is held."""
-    decoder = Decoder(plan)
-    ids, tokens, step = {}, {}, 0
-    try:
-        while step == 0 or not decoder.idle or any(arrival >= step for arrival, _, _ in schedule):
-            for index, (arrival, request, _) in enumerate(schedule):
-                if arrival == step:
-                    ids[decoder.submit(request)] = index
-            for index, (_, _, cancel) in enumerate(schedule):
-                if cancel == step and index in ids.values():
-                    decoder.cancel(next(r for r, i in ids.items() if i == index))
-                    tokens[index] = None
-            for result in decoder.step():
-                for request_id, new in zip(result.requests, result.new_tokens):
-                    if tokens.get(ids[request_id], []) is not None:
-                        tokens.setdefault(ids[request_id], []).extend(new)
-            step += 1
-            assert step < 500, "the decoder did not finish"
-    finally:
-        decoder.close()
+    """``run_schedule``; afterwards no slot of the target or the draft model is held."""
+    tokens = run_schedule(plan, schedule)
     drafter = plan.drafter
     assert not plan.target.cache.admitted.any() and not drafter.draft.cache.admitted.any() and not drafter.open_slots
-    return {index: t for index, t in tokens.items() if t is not None}
+    return tokens
 
 
 SAMPLING_CHOICES = [SamplingConfig(), SamplingConfig(temperature=0.8), SamplingConfig(temperature=1.2, top_k=20)]

@@ -8,16 +8,14 @@ drafts each row alone, and each request draws its randomness from its own genera
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import specdec
-from specdec.generate import prepare
-from specdec.loop import Decoder
 from specdec.reference.model import load_target
 from specdec.testing import make_random_drafter
+from specdec.testing.requests import decoding_plan, run_schedule
 from specdec_eagle.checkpoint import load_eagle_checkpoint
 from specdec_eagle.reference import EagleDrafter
 
@@ -57,36 +55,10 @@ class Recording(EagleDrafter):
         self.events.append(("end", slot))
 
 
-def plan_for(target, drafter):
-    plan, *_ = prepare(target, [1], drafter, "numpy", max_new_tokens=8, temperature=0.0, top_k=None, top_p=None,
-                       dtype=None, device=None, registry=None, options={"verifier": "exact"})
-    return plan
-
-
 def run(plan, schedule) -> dict[int, list[int]]:
-    """Decode ``schedule`` (arrival step, Request, cancel step or None); the tokens of every request
-    not cancelled, by its index in the schedule."""
-    decoder = Decoder(plan)
-    ids, tokens, step = {}, {}, 0
-    try:
-        while step == 0 or not decoder.idle or any(arrival >= step for arrival, _, _ in schedule):
-            for index, (arrival, request, _) in enumerate(schedule):
-                if arrival == step:
-                    ids[decoder.submit(request)] = index
-            for index, (_, _, cancel) in enumerate(schedule):
-                if cancel == step and index in ids.values():
-                    decoder.cancel(next(r for r, i in ids.items() if i == index))
-                    tokens[index] = None
-            for result in decoder.step():
-                for request_id, new in zip(result.requests, result.new_tokens):
-                    if tokens.get(ids[request_id], []) is not None:
-                        tokens.setdefault(ids[request_id], []).extend(new)
-            step += 1
-            assert step < 500, "the decoder did not finish"
-    finally:
-        decoder.close()
+    tokens = run_schedule(plan, schedule)
     assert not plan.target.cache.admitted.any(), "every slot is free at the end"
-    return {index: t for index, t in tokens.items() if t is not None}
+    return tokens
 
 
 def recording(eagle, target) -> Recording:
@@ -108,12 +80,12 @@ schedules = st.lists(st.tuples(st.integers(0, 6), requests, st.one_of(st.none(),
 def test_a_request_decodes_the_same_whatever_shares_its_steps(model_dir, eagle, schedule, slots):
     target = load_target(model_dir, slots=slots, capacity=64)
     drafter = recording(eagle, target)
-    together = run(plan_for(target, drafter), schedule)
+    together = run(decoding_plan(target, drafter), schedule)
     begun = [e[1] for e in drafter.events if e[0] == "begin"]
     ended = [e[1] for e in drafter.events if e[0] == "end"]
     assert sorted(begun) == sorted(ended) and not drafter.slots, "every begin has its end"
     alone_target = load_target(model_dir, slots=1, capacity=64)
-    alone_plan = plan_for(alone_target, recording(eagle, alone_target))
+    alone_plan = decoding_plan(alone_target, recording(eagle, alone_target))
     for index, tokens in together.items():
         _, request, _ = schedule[index]
         assert tokens == run(alone_plan, [(0, request, None)])[0], (

@@ -1,0 +1,47 @@
+"""Decoding schedules of requests for tests: requests arriving and being cancelled at chosen steps
+of one ``specdec.loop.Decoder``, so that each can be compared with decoding it alone."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from specdec.loop import DecodePlan, Decoder
+from specdec.requests import Request
+
+
+def decoding_plan(target, drafter: Any, backend: str = "numpy", **options) -> DecodePlan:
+    """A plan over ``target`` whose verifier (``exact``, greedy at temperature 0) serves greedy and
+    sampled requests alike; ``options`` go to ``specdec.generate``'s options (drafter options...)."""
+    from specdec.generate import prepare
+
+    plan, *_ = prepare(target, [1], drafter, backend, max_new_tokens=8, temperature=0.0, top_k=None, top_p=None,
+                       dtype=None, device=None, registry=None, options={"verifier": "exact", **options})
+    return plan
+
+
+def run_schedule(plan: DecodePlan, schedule: Sequence[tuple[int, Request, int | None]], *,
+                 max_steps: int = 500) -> dict[int, list[int]]:
+    """Decode ``schedule``, a list of (arrival step, Request, cancel step or None): each request is
+    submitted at its arrival step and cancelled at its cancel step (if it arrived by then). Returns
+    the tokens of every request that was not cancelled, by its index in the schedule. The decoder
+    is closed at the end, every slot freed."""
+    decoder = Decoder(plan)
+    ids, tokens, step = {}, {}, 0
+    try:
+        while step == 0 or not decoder.idle or any(arrival >= step for arrival, _, _ in schedule):
+            for index, (arrival, request, _) in enumerate(schedule):
+                if arrival == step:
+                    ids[decoder.submit(request)] = index
+            for index, (_, _, cancel) in enumerate(schedule):
+                if cancel == step and index in ids.values():
+                    decoder.cancel(next(r for r, i in ids.items() if i == index))
+                    tokens[index] = None
+            for result in decoder.step():
+                for request_id, new in zip(result.requests, result.new_tokens):
+                    if tokens.get(ids[request_id], []) is not None:
+                        tokens.setdefault(ids[request_id], []).extend(new)
+            step += 1
+            assert step < max_steps, f"the decoder did not finish {len(schedule)} requests in {max_steps} steps"
+    finally:
+        decoder.close()
+    return {index: t for index, t in tokens.items() if t is not None}
