@@ -8,6 +8,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Mapping
 
+import attrs
 import numpy as np
 
 from specdec.errors import IncompatibleDrafterError, InvalidInputError
@@ -33,6 +34,20 @@ def save_checkpoint(path, config: dict, weights: Mapping[str, np.ndarray], *, dt
     partial.replace(folder / WEIGHTS_FILE)
     write_json_atomic(folder / CONFIG_FILE, config)
     return folder
+
+
+def config_from_dict(cls, data: Mapping[str, Any], *, label: str, model_type: str | None = None):
+    """An attrs config class ``cls`` from the dict of its ``config.json``: ``model_type`` filled in
+    when absent, and unknown keys an error naming them and the known ones (a typo, or another
+    format, must not pass silently). ``label`` names the drafter in the message."""
+    data = dict(data)
+    if model_type is not None:
+        data.setdefault("model_type", model_type)
+    known = {field.name for field in attrs.fields(cls)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ValueError(f"unknown {label} config keys {unknown}; known keys are {sorted(known)}")
+    return cls(**data)
 
 
 def write_json_atomic(path: Path, value) -> None:

@@ -25,6 +25,7 @@ from typing import Any
 import attrs
 import numpy as np
 
+from specdec.checkpoints import config_from_dict
 from specdec.shortlist import check_shortlist
 
 __all__ = ["MODEL_TYPE", "EagleConfig", "check_weights"]
@@ -108,13 +109,7 @@ class EagleConfig:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> EagleConfig:
         """Inverse of ``to_dict``; unknown keys are an error so typos do not pass silently."""
-        data = dict(data)
-        data.setdefault("model_type", MODEL_TYPE)
-        known = {field.name for field in attrs.fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"unknown EAGLE config keys {unknown}; known keys are {sorted(known)}")
-        return cls(**data)
+        return config_from_dict(cls, data, label="EAGLE", model_type=MODEL_TYPE)
 
     def weight_shapes(self) -> dict[str, tuple[int, ...]]:
         """The name and shape of every weight this config needs (see the module docstring)."""

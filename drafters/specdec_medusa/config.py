@@ -14,6 +14,8 @@ from typing import Any
 
 import attrs
 
+from specdec.checkpoints import config_from_dict
+
 from specdec_medusa.choices import Choices, resolve_choices
 
 MODEL_TYPE = "specdec_medusa"
@@ -125,8 +127,4 @@ class MedusaConfig:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "MedusaConfig":
         """Inverse of ``to_dict``; unknown keys are an error (they usually mean another format)."""
-        known = {field.name for field in attrs.fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ValueError(f"Medusa config has unknown keys {unknown}; known keys are {sorted(known)}")
-        return cls(**data)
+        return config_from_dict(cls, data, label="Medusa")

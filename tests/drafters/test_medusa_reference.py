@@ -257,7 +257,7 @@ def test_config_json_round_trip(choices):
     again = MedusaConfig.from_dict(json.loads(json.dumps(config.to_dict())))
     assert again == config, f"MedusaConfig round trip of choices={choices!r}: {again}"
     assert config.to_dict()["model_type"] == "specdec_medusa", "MedusaConfig.to_dict model_type"
-    with pytest.raises(ValueError, match="unknown keys"):
+    with pytest.raises(ValueError, match="unknown Medusa config keys"):
         MedusaConfig.from_dict({**config.to_dict(), "medusa_num_heads": 4})
     with pytest.raises(ValueError, match="not a Medusa drafter"):
         MedusaConfig.from_dict({**config.to_dict(), "model_type": "specdec_redrafter"})
