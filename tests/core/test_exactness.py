@@ -26,6 +26,7 @@ from specdec.reference.verify import (
     RejectionVerifier,
     TypicalVerifier,
 )
+from specdec.testing.enumeration import enumerate_outcomes
 from specdec.types import Draft, SamplingConfig, TargetOutput
 
 TOLERANCE = 1e-12
@@ -88,47 +89,6 @@ def continuations(world, sampling, prefix, length) -> dict[tuple[int, ...], floa
         for rest, weight in continuations(world, sampling, prefix + (int(token),), length - 1).items():
             out[(int(token),) + rest] = probs[token] * weight
     return out
-
-
-# ----------------------------------------------------------------------------------------
-# The enumerating chooser
-
-
-class ScriptedChooser:
-    """Replays a script of branch indices, then takes branch 0 of every new choice and records
-    the other branches as scripts still to run. ``weight`` is the probability of this run."""
-
-    def __init__(self, script: list[int]):
-        self.script, self.taken, self.pending, self.weight = script, [], [], 1.0
-
-    def _choose(self, options: list[tuple[object, float]]):
-        step = len(self.taken)
-        if step < len(self.script):
-            index = self.script[step]
-        else:
-            index = 0
-            self.pending.extend(self.taken + [other] for other in range(1, len(options)))
-        value, weight = options[index]
-        self.taken.append(index)
-        self.weight *= weight
-        return value
-
-    def categorical(self, probs, depth):
-        probs = np.asarray(probs, dtype=np.float64) / np.sum(probs)
-        return self._choose([(int(t), float(probs[t])) for t in np.flatnonzero(probs > 0)])
-
-    def accept(self, probability, depth, beam):
-        return self._choose([(v, w) for v, w in ((True, probability), (False, 1.0 - probability)) if w > 0])
-
-
-def enumerate_outcomes(run) -> list[tuple[object, float]]:
-    """Every outcome of ``run(chooser)`` with its exact probability."""
-    outcomes, scripts = [], [[]]
-    while scripts:
-        chooser = ScriptedChooser(scripts.pop())
-        outcomes.append((run(chooser), chooser.weight))
-        scripts.extend(chooser.pending)
-    return outcomes
 
 
 # ----------------------------------------------------------------------------------------

@@ -27,12 +27,13 @@ import specdec
 from specdec.generate import prepare
 from specdec.loop import decode_steps
 from specdec.reference.model import load_target
-from specdec.testing.requests import decoding_plan, run_schedule
 from specdec.reference.plugin import NumpyBackend
 from specdec.reference.sampling import target_probs
 from specdec.reference.tree import build_prefix_tree, check_tree
 from specdec.reference.verify import ExactTreeVerifier, RejectionVerifier
 from specdec.testing import checks, make_random_drafter, make_random_model
+from specdec.testing.enumeration import enumerate_outcomes
+from specdec.testing.requests import decoding_plan, run_schedule
 from specdec.types import DraftContext, SamplingConfig
 from specdec_draftmodel.drafter import DraftModelDrafter, chain_tree
 
@@ -174,42 +175,6 @@ def test_seeded_sampling_gives_the_same_tokens_on_every_backend(world, backend, 
 
 # ---------------------------------------------------------------------------------------------
 # Exactness: one step enumerated, and end to end through generate()
-
-
-class ScriptedChooser:
-    """Replays a script of branch indices, then takes branch 0 of every new choice and records
-    the other branches as scripts still to run; ``weight`` is the probability of this run."""
-
-    def __init__(self, script: list[int]):
-        self.script, self.taken, self.pending, self.weight = script, [], [], 1.0
-
-    def _choose(self, options):
-        step = len(self.taken)
-        if step < len(self.script):
-            index = self.script[step]
-        else:
-            index = 0
-            self.pending.extend(self.taken + [other] for other in range(1, len(options)))
-        value, weight = options[index]
-        self.taken.append(index)
-        self.weight *= weight
-        return value
-
-    def categorical(self, probs, depth):
-        probs = np.asarray(probs, dtype=np.float64) / np.sum(probs)
-        return self._choose([(int(t), float(probs[t])) for t in np.flatnonzero(probs > 0)])
-
-    def accept(self, probability, depth, beam):
-        return self._choose([(v, w) for v, w in ((True, probability), (False, 1.0 - probability)) if w > 0])
-
-
-def enumerate_outcomes(run):
-    outcomes, scripts = [], [[]]
-    while scripts:
-        chooser = ScriptedChooser(scripts.pop())
-        outcomes.append((run(chooser), chooser.weight))
-        scripts.extend(chooser.pending)
-    return outcomes
 
 
 @pytest.fixture(scope="module")
