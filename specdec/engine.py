@@ -30,7 +30,8 @@ import numpy as np
 
 from specdec import lease
 from specdec.errors import InvalidInputError
-from specdec.loop import DecodePlan, Decoder
+from specdec.loop import Decoder
+from specdec.plan import DecodePlan
 from specdec.requests import Request
 from specdec.serving.handle import (
     Completion, EngineClosedError, EngineMetrics, Handle, QueueFullError, RequestFailedError,

@@ -34,7 +34,8 @@ from specdec.capabilities import drafter_caps, verifier_caps
 from specdec.files import check_checkpoint_folder, check_model_folder, read_json
 from specdec.reference.loading import load_tokenizer
 from specdec.slots import DEFAULT_CAPACITY, TREE_ROOM
-from specdec.loop import DecodePlan, decode_steps
+from specdec.loop import decode_steps
+from specdec.plan import DecodePlan
 from specdec.plugins import PluginRegistry, default_registry
 from specdec.types import GenerationResult, GenerationStats, StepResult
 

@@ -2,10 +2,11 @@
 forward -> accept -> commit -> release.
 
 A ``Decoder`` holds requests waiting for a slot and the requests being decoded, one per target
-slot. Each ``step()`` admits waiting requests into free slots (their prompt's forward gives
-their first token), then runs one speculative step over every active request: one target
-forward per group of requests that share sampling settings. A request that ends frees its slot
-in that step. ``decode_steps`` runs a fixed list of prompts through a Decoder (``generate``);
+slot. Each ``step()`` runs one target forward over the requests in their context phase (prompt
+chunks: waiting requests are admitted into free slots, long prompts are split over several
+steps; a prompt's last chunk gives its first token) and those in their generation phase (one
+draft tree per group of requests sharing sampling settings, verified group by group:
+``specdec.batching``). A request that ends frees its slot in that step. ``decode_steps`` runs a fixed list of prompts through a Decoder (``generate``);
 ``specdec.Engine`` feeds one from other threads.
 
 What the drafter, tree builder and verifier return is checked each step (``specdec.step_checks``),
@@ -25,58 +26,19 @@ import attrs
 import numpy as np
 
 from specdec import lease, step_checks
+from specdec.batching import (
+    Group, admissions, distinct_beams, draw, full_batch, group_output, join_admissions, join_steps,
+    merge_verdicts, step_tree, verify_uniform_shape,
+)
 from specdec.capabilities import drafter_caps, verifier_caps
 from specdec.errors import InvalidInputError, PluginOutputError
-from specdec.protocols import Backend, Drafter, TargetModel, TreeBuilder, Verifier
+from specdec.plan import DecodePlan
 from specdec.reference.sampling import sample_from, target_probs
-from specdec.requests import Request, RequestState, batch_seeds
-from specdec.types import Accepted, Draft, DraftContext, SamplingConfig, StepResult
-
-
-@attrs.frozen(kw_only=True)
-class DecodePlan:
-    """Everything a generation needs besides its requests; ``sampling``, ``max_new_tokens`` and
-    ``eos_token_ids`` are the settings of requests made from bare prompts (``decode_steps``)."""
-
-    backend: Backend
-    target: TargetModel
-    drafter: Drafter
-    tree_builder: TreeBuilder
-    verifier: Verifier
-    sampling: SamplingConfig = attrs.field(factory=SamplingConfig)
-    max_new_tokens: int = 128
-    eos_token_ids: tuple[int, ...] = ()
-    sources: dict[str, str] = attrs.field(factory=dict)  # "drafter" -> "drafter 'x' (plugin p, dist 1.0)"
-
-    def source(self, kind: str) -> str:
-        """Who made the ``kind`` component, for errors about what it returned."""
-        return self.sources.get(kind) or f"{kind.replace('_', ' ')} {type(getattr(self, kind)).__name__}"
-
-    def requests(self, prompts: Sequence[Sequence[int]], seed=None) -> list[Request]:
-        """One Request per prompt with the plan's settings (seeds as ``specdec.requests.batch_seeds``)."""
-        seeds = batch_seeds(seed, len(prompts)) if not self.sampling.greedy else [None] * len(prompts)
-        return [Request(prompt=p, sampling=self.sampling, seed=s, max_new_tokens=self.max_new_tokens,
-                        stop_token_ids=self.eos_token_ids) for p, s in zip(prompts, seeds)]
-
-
-def verify_uniform_shape(draft: Draft) -> tuple[int, int]:
-    """(D+1, W+1) of the verifier's uniforms for this draft (see ``specdec.protocols.Verifier``)."""
-    if draft.beams is not None:
-        return int(draft.beams.shape[2]), int(draft.beams.shape[1]) + 1
-    return int(draft.head_tokens.shape[1]) + 1, 1
-
-
-def distinct_beams(beams: np.ndarray) -> np.ndarray:
-    """(B,) the number of different beams in each row of ``beams`` (B, W, L); a drafter that
-    repeats a beam (a lookup beam without a match) drafted it once."""
-    same = (beams[:, :, None, :] == beams[:, None, :, :]).all(axis=-1)  # (B, W, W): beam i equals beam j
-    repeats = np.tril(same, k=-1).any(axis=-1)  # (B, W): beam i equals an earlier beam
-    return (beams.shape[1] - repeats.sum(axis=-1)).astype(np.int64)
-
-
-def _draw(states: list[RequestState], shape: tuple[int, ...]) -> np.ndarray | None:
-    draws = [state.draw(shape) for state in states]
-    return None if draws[0] is None else np.stack(draws)
+from specdec.requests import Request, RequestState
+from specdec.slots import PREFILL_CHUNK
+from specdec.types import (
+    Accepted, Draft, DraftContext, PromptOutput, SamplingConfig, StepResult, TargetOutput, Verdict,
+)
 
 
 class Decoder:
@@ -89,6 +51,7 @@ class Decoder:
         self.layers = self.caps.hidden_layers if self.caps.stateful else ()
         self.waiting: deque[tuple[int, Request]] = deque()
         self.active: dict[int, tuple[int, RequestState]] = {}  # slot -> (request id, state)
+        self._cursor: dict[int, int] = {}  # slot -> prompt tokens in the cache, while its prompt is prefilled
         self._free = list(range(int(plan.target.num_slots)))
         self._ids = itertools.count()
         self._hidden = None  # (num_slots, H) backend array: each slot's hidden state at its root
@@ -131,6 +94,7 @@ class Decoder:
 
     def _finish(self, slot: int) -> None:
         self.active.pop(slot)
+        self._cursor.pop(slot, None)
         if self.caps.stateful:
             self.plan.drafter.end(slot)
         self.plan.target.release(slot)
@@ -138,29 +102,69 @@ class Decoder:
 
     def step(self, *, max_prefill_tokens: int | None = None, failures: list | None = None,
              on_admit=None) -> list[StepResult]:
-        """Admit what fits, then one decode step of every active request; the results of both
-        (each with ``requests``, the request id of each row).
+        """One target forward: prompt chunks of the requests in their context phase, then the
+        draft trees of those in their generation phase (``specdec.reference.packing``). Returns
+        the admissions' StepResult (requests whose prompt finished this step, with their first
+        token; ``is_prefill``) and the decode step's, each when it has rows.
 
-        max_prefill_tokens: admit waiting requests, in order, only while their prompts total at
-        most this many tokens (the first always: a longer prompt is admitted alone, in one
-        forward); None admits every request that finds a free slot.
-        failures: None raises what admitting or decoding raises. A list keeps the other requests
-        going: a request whose admission raises, or whose rows' forward raises, is dropped (its
-        slot freed) and ``(request id, exception)`` appended. A group of rows whose step raises
-        before its commit is run again one row at a time from the same state and random numbers
-        (not with stateful drafters), so the error stays with the requests that raise it.
-        on_admit: called with the admissions' StepResult before the decode step runs (their first
-        tokens need not wait for it).
+        max_prefill_tokens: prompt tokens per step (None: no bound). Requests being prefilled
+        continue first, oldest first, then waiting requests are admitted into free slots while
+        the budget lasts; a prompt longer than what is left is split into chunks over the next
+        steps (at most ``specdec.slots.PREFILL_CHUNK`` tokens per chunk), so long prompts never
+        stall the requests being decoded. A stateful drafter's requests are prefilled whole,
+        by ``TargetModel.admit``, before the step (their drafter's ``begin`` needs every prompt
+        position): the budget then counts whole prompts, the first always admitted.
+        failures: None raises what the step raises. A list keeps the other requests going: a
+        step that raises before its commit is run again one request at a time from the same
+        state and random numbers (not with stateful drafters), the request that still raises
+        is dropped (its slot freed) and ``(request id, exception)`` appended.
+        on_admit: called with the admissions' StepResult before the decode step's is returned.
         """
-        results = []
-        if self.waiting and self._free:
-            results.append(self._admit(max_prefill_tokens, failures))
-            if on_admit is not None:
-                on_admit(results[-1])
-        if self.active:
-            self.steps += 1
-            results.append(self._decode(failures))
+        if max_prefill_tokens is not None and max_prefill_tokens < 1:
+            raise InvalidInputError(f"max_prefill_tokens must be >= 1 or None, got {max_prefill_tokens}")
+        results, chunks = [], []
+        if self.caps.stateful:
+            if self.waiting and self._free:
+                results.append(self._admit(max_prefill_tokens, failures))
+        else:
+            chunks = self._schedule_chunks(max_prefill_tokens)
+        groups: dict[SamplingConfig, list[int]] = {}
+        for slot in sorted(self.active):
+            if slot not in self._cursor:
+                groups.setdefault(self.active[slot][1].request.sampling, []).append(slot)
+        if chunks or groups:
+            self.steps += bool(groups)
+            admitted, decoded = self._run_isolated(chunks, list(groups.items()), failures)
+            if admitted:
+                results.append(admitted[0] if len(admitted) == 1 else join_admissions(admitted))
+            if groups:
+                results.append(join_steps(self.steps, decoded))
+        if on_admit is not None:
+            for result in results:
+                if result.is_prefill:
+                    on_admit(result)
         return results
+
+    def _schedule_chunks(self, budget: int | None) -> list[tuple[int, int, int]]:
+        """This step's prompt chunks, (slot, start, end) of its request's prompt: requests being
+        prefilled first, then waiting requests admitted into free slots, while ``budget`` lasts."""
+        left = float("inf") if budget is None else budget
+        chunks = []
+        for slot, start in self._cursor.items():
+            if left <= 0:
+                break
+            take = int(min(len(self.active[slot][1].request.prompt) - start, left, PREFILL_CHUNK))
+            chunks.append((slot, start, start + take))
+            left -= take
+        while self.waiting and self._free and left > 0:
+            request_id, request = self.waiting.popleft()
+            slot = heapq.heappop(self._free)
+            self.active[slot] = (request_id, RequestState(request, slot))
+            self._cursor[slot] = 0
+            take = int(min(len(request.prompt), left, PREFILL_CHUNK))
+            chunks.append((slot, 0, take))
+            left -= take
+        return chunks
 
     def _drop(self, request_id: int, error: Exception, failures: list) -> None:
         """Record ``error`` for ``request_id`` and free its slot if it holds one."""
@@ -169,14 +173,17 @@ class Decoder:
         if slot is None:
             return
         self.active.pop(slot)
-        for release in ((self.plan.drafter.end,) if self.caps.stateful else ()) + (self.plan.target.release,):
+        prefilling = self._cursor.pop(slot, None) is not None
+        ends = (self.plan.drafter.end,) if self.caps.stateful and not prefilling else ()
+        for release in ends + (self.plan.target.release,):
             try:
                 release(slot)
-            except Exception:  # noqa: BLE001 - the request failed already; its error is the one reported
+            except Exception:  # noqa: BLE001 - the request failed already (a chunk that failed claimed no slot)
                 pass
         heapq.heappush(self._free, slot)
 
     def _admit(self, max_prefill_tokens: int | None = None, failures: list | None = None) -> StepResult:
+        """Admit waiting requests whole (stateful drafters): ``TargetModel.admit`` per prompt."""
         start = time.perf_counter()
         ids, tokens, prefilled = [], [], 0
         while self.waiting and self._free:
@@ -193,76 +200,62 @@ class Decoder:
                 self._drop(request_id, error, failures)
                 continue
             ids.append(request_id)
-        zeros = np.zeros(len(ids), dtype=np.int64)
-        return StepResult(step=self.steps, requests=tuple(ids), new_tokens=tokens, num_accepted=zeros,
-                          num_drafted=zeros, num_verified=zeros + 1, time_prefill=time.perf_counter() - start,
-                          prefilled=np.ones(len(ids), dtype=bool))
+        return admissions(self.steps, ids, tokens, time.perf_counter() - start)
 
     def _admit_one(self, request_id: int, request: Request) -> list[int]:
         """Prefill ``request`` into a free slot; its first token (none kept if it ends there)."""
-        plan, backend, target = self.plan, self.plan.backend, self.plan.target
         slot = heapq.heappop(self._free)
         state = RequestState(request, slot)
         try:
-            output = target.admit(slot, request.prompt, layers=self.layers)
+            output = self.plan.target.admit(slot, request.prompt, layers=self.layers)
         except Exception:
             heapq.heappush(self._free, slot)
             raise
         self.active[slot] = (request_id, state)
+        self.plan.drafter.begin(slot, np.asarray(request.prompt, dtype=np.int64), output)
+        return self._first_token(state, output)
+
+    def _first_token(self, state: RequestState, output: PromptOutput) -> list[int]:
+        """Emit the first token of a request whose prompt's forward gave ``output``."""
+        backend, target = self.plan.backend, self.plan.target
         logits = backend.to_numpy(output.logits)[None]  # (1, V)
         first = (np.argmax(logits, axis=-1) if state.generator is None else
-                 sample_from(target_probs(logits, request.sampling), np.array([state.draw(())])))
-        last = backend.from_numpy(np.array([len(request.prompt) - 1]), target)
+                 sample_from(target_probs(logits, state.request.sampling), np.array([state.draw(())])))
+        last = backend.from_numpy(np.array([output.hidden.shape[0] - 1]), target)
         if self._hidden is None:
             self._hidden = output.hidden[backend.from_numpy(np.zeros(target.num_slots, dtype=np.int64), target)]
-        self._hidden[backend.from_numpy(np.array([slot]), target)] = output.hidden[last]
-        if self.caps.stateful:
-            plan.drafter.begin(slot, np.asarray(request.prompt, dtype=np.int64), output)
+        self._hidden[backend.from_numpy(np.array([state.slot]), target)] = output.hidden[last]
         kept = state.emit([int(first[0])])
         if state.done:
-            self._finish(slot)
+            self._finish(state.slot)
         return kept
 
-    def _decode(self, failures: list | None = None) -> StepResult:
-        groups: dict[SamplingConfig, list[int]] = {}
-        for slot in sorted(self.active):
-            groups.setdefault(self.active[slot][1].request.sampling, []).append(slot)
-        parts = []
-        for sampling, slots in groups.items():
-            if failures is None:
-                parts.append(self._decode_group(sampling, np.array(slots, dtype=np.int64)))
-            else:
-                parts.extend(self._decode_isolated(sampling, slots, failures))
-        if not parts:
-            parts = [_empty_step(self.steps)]
-        join = lambda name: np.concatenate([getattr(p, name) for p in parts])  # noqa: E731
-        return StepResult(
-            step=self.steps, requests=tuple(r for p in parts for r in p.requests),
-            new_tokens=[t for p in parts for t in p.new_tokens], num_accepted=join("num_accepted"),
-            num_drafted=join("num_drafted"), num_verified=join("num_verified"),
-            time_draft=sum(p.time_draft for p in parts), time_verify=sum(p.time_verify for p in parts),
-            time_other=sum(p.time_other for p in parts),
-        )
-
-    def _decode_isolated(self, sampling: SamplingConfig, slots: list[int], failures: list) -> list[StepResult]:
-        """``_decode_group`` that drops the requests it fails for (see ``step``)."""
-        states = [self.active[s][1] for s in slots]
+    def _run_isolated(self, chunks, groups, failures) -> tuple[list[StepResult], list[StepResult]]:
+        """``_run``, which with ``failures`` drops the requests it fails for (see ``step``)."""
+        if failures is None:
+            return self._run(chunks, groups)
+        states = [self.active[s][1] for s, *_ in chunks] + [self.active[s][1] for _, slots in groups for s in slots]
         saved = [None if s.generator is None else s.generator.bit_generator.state for s in states]
         self._committing = False
         try:
-            return [self._decode_group(sampling, np.array(slots, dtype=np.int64))]
+            return self._run(chunks, groups)
         except Exception as error:
-            if len(slots) == 1 or self._committing or self.caps.stateful:
-                for slot in slots:
-                    if slot in self.active:
-                        self._drop(self.active[slot][0], error, failures)
-                return []
-        parts = []
-        for slot, state, generator_state in zip(slots, states, saved):
+            if len(states) == 1 or self._committing or self.caps.stateful:
+                for state in states:
+                    if state.slot in self.active and self.active[state.slot][1] is state:
+                        self._drop(self.active[state.slot][0], error, failures)
+                return [], []
+        for state, generator_state in zip(states, saved):
             if generator_state is not None:
                 state.generator.bit_generator.state = generator_state
-            parts.extend(self._decode_isolated(sampling, [slot], failures))
-        return parts
+        admitted, decoded = [], []
+        alone = [([chunk], []) for chunk in chunks] + [([], [(sampling, [s])]) for sampling, slots in groups
+                                                        for s in slots]
+        for part_chunks, part_groups in alone:
+            a, d = self._run_isolated(part_chunks, part_groups, failures)
+            admitted += a
+            decoded += d
+        return admitted, decoded
 
     def _check(self, draft: Draft, tree, cause: Exception | None = None):
         """Host copies (beams or None, tree tokens, parents, num_nodes), after checking them."""
@@ -277,54 +270,109 @@ class Decoder:
             raise error from cause
         return (beams, *tree_arrays)
 
-    def _decode_group(self, sampling: SamplingConfig, slots: np.ndarray) -> StepResult:
+    def _draft(self, sampling: SamplingConfig, slots: np.ndarray) -> Group:
         plan, backend, target = self.plan, self.plan.backend, self.plan.target
-        on_target = lambda array: backend.from_numpy(array, target)  # noqa: E731
-        ids = [self.active[s][0] for s in slots]
         states = [self.active[s][1] for s in slots]
-        where = on_target(slots)
-        t0 = time.perf_counter()
+        where = backend.from_numpy(slots, target)
         sample_shape = self.caps.sample_shape
         context = DraftContext(
-            root_tokens=on_target(np.array([s.root for s in states], dtype=np.int64)), hidden=self._hidden[where],
-            sampling=sampling, num_generated=np.array([s.emitted for s in states], dtype=np.int64),
-            uniforms=_draw(states, sample_shape) if sample_shape else None, want_draft_probs=self.needs_draft_probs,
+            root_tokens=backend.from_numpy(np.array([s.root for s in states], dtype=np.int64), target),
+            hidden=self._hidden[where], sampling=sampling,
+            num_generated=np.array([s.emitted for s in states], dtype=np.int64),
+            uniforms=draw(states, sample_shape) if sample_shape else None, want_draft_probs=self.needs_draft_probs,
             history=tuple(s.history for s in states), slots=slots,
         )
         draft = plan.drafter.propose(context)
-        tree = plan.tree_builder.build(draft)
+        return Group(sampling=sampling, slots=slots, ids=tuple(self.active[s][0] for s in slots), states=states,
+                      where=where, draft=draft,
+                      tree=plan.tree_builder.build(draft))
+
+    def _run(self, chunks, groups) -> tuple[list[StepResult], list[StepResult]]:
+        """One forward of prompt ``chunks`` and the trees of sampling ``groups``; their results."""
+        backend, target = self.plan.backend, self.plan.target
+        t0 = time.perf_counter()
+        drafted = [self._draft(sampling, np.array(slots, dtype=np.int64)) for sampling, slots in groups]
         t1 = time.perf_counter()
+        tree, slots = step_tree(drafted, backend, target)
+        context = [(slot, self.active[slot][1].request.prompt[start:end]) for slot, start, end in chunks]
         try:
-            output = target.forward_tree(tree, slots, layers=self.layers)
+            output = target.forward_tree(tree, slots, context=context, layers=self.layers)
         except Exception as exc:  # a bad draft or tree fails here first: name the plugin that made it
-            self._check(draft, tree, cause=exc)
+            for group in drafted:
+                self._check(group.draft, group.tree, cause=exc)
             raise
-        uniforms = _draw(states, verify_uniform_shape(draft))
-        verdict = plan.verifier.verify(tree, draft, output, sampling, None if uniforms is None else on_target(uniforms))
+        verdicts, row = [], 0
+        for group in drafted:
+            rows = len(group.slots)
+            own = output if len(drafted) == 1 else group_output(output, row, row + rows, group.tree.size)
+            verdicts.append(self._verify(group, own))
+            row += rows
+        t2 = time.perf_counter()
+        self._committing = True  # from here on a failed step cannot be run again (_run_isolated)
+        if len(drafted) == 1:
+            target.commit(tree, verdicts[0][1])
+        elif drafted:
+            merged = merge_verdicts(*zip(*[(v[2], v[3], v[4]) for v in verdicts]))
+            on_target = lambda a: backend.from_numpy(a, target)  # noqa: E731
+            target.commit(tree, Verdict(path=on_target(merged.path), num_accepted=on_target(merged.num_accepted),
+                                        bonus_tokens=on_target(merged.bonus_tokens)))
+        decoded = [self._accept(group, *verdict) for group, verdict in zip(drafted, verdicts)]
+        admitted = self._advance_chunks(chunks, output.context)
+        t3 = time.perf_counter()
+        if decoded:
+            decoded[0] = attrs.evolve(decoded[0], time_draft=t1 - t0, time_verify=t2 - t1, time_other=t3 - t2)
+        elif admitted:
+            admitted[0] = attrs.evolve(admitted[0], time_prefill=t3 - t0)
+        return admitted, decoded
+
+    def _verify(self, group: Group, output: TargetOutput):
+        """(output, verdict, host path, num_accepted, bonus, beams, tokens, num_nodes) of a group."""
+        plan, backend, target = self.plan, self.plan.backend, self.plan.target
+
+        uniforms = draw(group.states, verify_uniform_shape(group.draft))
+        verdict = plan.verifier.verify(group.tree, group.draft, output, group.sampling,
+                                       None if uniforms is None else backend.from_numpy(uniforms, target))
         path = backend.to_numpy(verdict.path)  # the step's one wait for the device
         num_accepted, bonus = backend.to_numpy(verdict.num_accepted), backend.to_numpy(verdict.bonus_tokens)
-        beams, tokens, parents, num_nodes = self._check(draft, tree)
+        beams, tokens, parents, num_nodes = self._check(group.draft, group.tree)
         step_checks.check_verdict(plan.source("verifier"), path, num_accepted, bonus, parents, num_nodes,
                                   int(target.vocab_size))
-        t2 = time.perf_counter()
-        self._committing = True  # from here on a failed group cannot be run again (_decode_isolated)
-        target.commit(tree, verdict)
+        return output, verdict, path, num_accepted, bonus, beams, tokens, num_nodes
+
+    def _accept(self, group: Group, output, verdict, path, num_accepted, bonus, beams, tokens, num_nodes
+                ) -> StepResult:
+        """Emit what ``group``'s rows accepted; hidden states of their new roots; finished requests leave."""
+        backend, target = self.plan.backend, self.plan.target
+        on_target = lambda array: backend.from_numpy(array, target)  # noqa: E731
         # tokens of the distinct beams, before deduplication into the tree
         drafted = distinct_beams(beams) * (beams.shape[2] - 1) if beams is not None else num_nodes - 1
-        rows = np.arange(len(slots))
-        self._hidden[where] = output.hidden[on_target(rows), on_target(path[rows, num_accepted])]
+        rows = np.arange(len(group.slots))
+        self._hidden[group.where] = output.hidden[on_target(rows), on_target(path[rows, num_accepted])]
         new_tokens = [state.emit([int(t) for t in tokens[b, path[b, 1 : num_accepted[b] + 1]]] + [int(bonus[b])])
-                      for b, state in enumerate(states)]
+                      for b, state in enumerate(group.states)]
         if self.caps.stateful:
-            self._observe(slots, states, output, path, num_accepted, bonus, tokens)
-        for state in states:
+            self._observe(group.slots, group.states, output, path, num_accepted, bonus, tokens)
+        for state in group.states:
             if state.done:
                 self._finish(state.slot)
         return StepResult(
-            step=self.steps, requests=tuple(ids), new_tokens=new_tokens, num_accepted=num_accepted,
-            num_drafted=np.asarray(drafted, dtype=np.int64), num_verified=num_nodes.astype(np.int64),
-            time_draft=t1 - t0, time_verify=t2 - t1, time_other=time.perf_counter() - t2,
+            step=self.steps, requests=group.ids, new_tokens=new_tokens,
+            num_accepted=num_accepted, num_drafted=np.asarray(drafted, dtype=np.int64),
+            num_verified=num_nodes.astype(np.int64),
         )
+
+    def _advance_chunks(self, chunks, outputs: Sequence[PromptOutput]) -> list[StepResult]:
+        """Move the prefilled requests' cursors; those whose prompt is in emit their first token."""
+        ids, tokens = [], []
+        for (slot, _, end), output in zip(chunks, outputs):
+            request_id, state = self.active[slot]
+            if end < len(state.request.prompt):
+                self._cursor[slot] = end
+                continue
+            del self._cursor[slot]
+            ids.append(request_id)
+            tokens.append(self._first_token(state, output))
+        return [admissions(self.steps, ids, tokens, 0.0)] if ids else []
 
     def _observe(self, slots, states, output, path, num_accepted, bonus, tokens) -> None:
         """Tell a stateful drafter what this step committed: tokens and hidden states on the path."""
@@ -360,29 +408,3 @@ def decode_steps(plan: DecodePlan, prompts: Sequence[Sequence[int]], *, seed=Non
         if decoder is not None:
             decoder.close()
         lease.release(plan.target)
-
-
-def _empty_step(step: int) -> StepResult:
-    """A decode step whose every row failed (``Decoder.step`` with ``failures``)."""
-    zeros = np.zeros(0, dtype=np.int64)
-    return StepResult(step=step, requests=(), new_tokens=[], num_accepted=zeros, num_drafted=zeros,
-                      num_verified=zeros)
-
-
-def full_batch(result: StepResult, batch_size: int) -> StepResult:
-    """``result`` with one row per request 0 .. batch_size - 1."""
-    rows = np.asarray(result.requests, dtype=np.int64)
-    tokens: list[list[int]] = [[] for _ in range(batch_size)]
-    for row, new in zip(rows, result.new_tokens):
-        tokens[row] = new
-
-    def spread(values, dtype=np.int64):
-        out = np.zeros(batch_size, dtype=dtype)
-        out[rows] = values
-        return out
-
-    return attrs.evolve(
-        result, requests=tuple(range(batch_size)), new_tokens=tokens, num_accepted=spread(result.num_accepted),
-        num_drafted=spread(result.num_drafted), num_verified=spread(result.num_verified),
-        prefilled=None if result.prefilled is None else spread(result.prefilled, bool),
-    )

@@ -10,6 +10,7 @@ from specdec.errors import InvalidInputError
 
 DEFAULT_CAPACITY = 4096  # positions per slot when a target is loaded without a capacity (at most its context)
 TREE_ROOM = 256  # positions a slot keeps beyond prompt + new tokens for the last step's draft tree
+PREFILL_CHUNK = 512  # prompt tokens of one request per forward (specdec.loop.Decoder; bounds the attention matrix)
 
 
 def check_slot_arguments(slots, capacity, context_length: int) -> tuple[int, int]:
@@ -67,3 +68,35 @@ def check_layers(layers: Sequence[int], num_layers: int) -> set[int]:
     if any(not 0 <= i < num_layers for i in wanted):
         raise InvalidInputError(f"layers {sorted(wanted)} outside the target's decoder layers 0..{num_layers - 1}")
     return wanted
+
+
+def check_context(context, admitted: np.ndarray, lengths: np.ndarray, capacity: int, vocab_size: int,
+                  tree_slots: np.ndarray) -> list[tuple[int, np.ndarray]]:
+    """The prompt chunks of a forward as [(slot, (c,) int64 tokens)], after checking each is a
+    non-empty chunk of token ids for a distinct slot that no tree row uses and that has room for
+    it. A chunk's slot may be free (the chunk starts its request at position 0) or admitted (the
+    chunk continues its prompt at the slot's length)."""
+    chunks = []
+    for item in context:
+        try:
+            slot, tokens = item
+        except (TypeError, ValueError):
+            raise InvalidInputError(f"context holds (slot, tokens) pairs, got {item!r}") from None
+        if isinstance(slot, bool) or not isinstance(slot, (int, np.integer)):
+            raise InvalidInputError(f"context: a chunk's slot must be an int, got {slot!r}")
+        chunks.append((int(slot), check_prompt(tokens, vocab_size)))
+    slots = np.array([slot for slot, _ in chunks], dtype=np.int64)
+    num_slots = len(admitted)
+    if np.any(slots < 0) or np.any(slots >= num_slots):
+        raise InvalidInputError(f"context: slots {slots.tolist()} outside [0, {num_slots}); the target was loaded "
+                                f"with {num_slots} slot(s) (load it with more: slots=N)")
+    if len(set(slots.tolist()) | set(np.asarray(tree_slots).tolist())) != len(slots) + len(tree_slots):
+        raise InvalidInputError(f"context: slots {slots.tolist()} repeat a slot or one of the tree rows' "
+                                f"{np.asarray(tree_slots).tolist()}: a slot takes one chunk or one tree row per forward")
+    for slot, tokens in chunks:
+        start = int(lengths[slot]) if admitted[slot] else 0
+        if start + tokens.size > capacity:
+            raise InvalidInputError(
+                f"context: slot {slot} holds {start} positions and a chunk of {tokens.size} more does not fit its "
+                f"capacity of {capacity}; load the target with a larger capacity")
+    return chunks

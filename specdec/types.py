@@ -177,11 +177,15 @@ class Verdict:
 @attrs.frozen(kw_only=True)
 class TargetOutput:
     """logits (B, N, V) and last-layer hidden states after the final norm (B, N, H) of a tree
-    forward; ``layers``: decoder layer index -> its output (B, N, H), for the layers asked for."""
+    forward; ``layers``: decoder layer index -> its output (B, N, H), for the layers asked for
+    (logits and hidden are None, layers empty, for a forward without a tree). ``context``: one
+    PromptOutput per prompt chunk of the forward, in order (its logits at the chunk's last
+    token)."""
 
     logits: Any = attrs.field(validator=_rank(3))
     hidden: Any = attrs.field(validator=_rank(3))
     layers: Mapping[int, Any] = attrs.field(factory=dict)
+    context: tuple = attrs.field(default=(), converter=tuple)
 
 
 @attrs.frozen(kw_only=True)

@@ -15,7 +15,9 @@ Shapes: B batch, n new tokens, N tree nodes, S attended slots, H hidden, Dh head
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
+
+import attrs
 
 import mlx.core as mx
 import numpy as np
@@ -23,10 +25,12 @@ import numpy as np
 from specdec.errors import InvalidInputError
 from specdec.reference.loading import LlamaConfig
 from specdec.reference.model import rotary_inverse_frequencies
-from specdec.slots import check_layers, check_prompt, check_room, check_slot_arguments, check_slots
+from specdec.reference import packing
+from specdec.slots import check_context, check_layers, check_prompt, check_room, check_slot_arguments, check_slots
 from specdec.types import DraftTree, PromptOutput, TargetOutput, Verdict
 from specdec_mlx.backend import to_mx
 from specdec_mlx.kvcache import MlxKVCache
+from specdec_mlx.packing import pack, unpack
 
 PREFILL_CHUNK = 128  # prompt tokens per forward during prefill (bounds the attention matrix)
 
@@ -131,94 +135,53 @@ class MlxTarget:
             return self._embedding.as_linear(hidden)
         return self._lm_head_module(hidden)
 
-    def _run(self, tokens: mx.array, positions: mx.array, mask: mx.array, store, layers: set[int]):
-        """The decoder over new tokens (B, n) at positions (B, n); mask (B, 1, n, S) bool over
-        the attended cache positions; ``store(layer, keys, values)`` writes the new entries (B, Hkv,
-        n, Dh) and returns the (B, Hkv, S, Dh) keys and values to attend to. Returns hidden (B, n,
-        H) after the final norm and {layer: (B, n, H)} the outputs of decoder ``layers``."""
+    def _run(self, tokens: mx.array, segments: list["_Segment"], layers: set[int]):
+        """The decoder over the packed new tokens (T,) (``specdec.reference.packing``): norms,
+        projections and MLP run on the whole stream, attention per segment. Returns hidden (T,
+        H) after the final norm and {layer: (T, H)} the outputs of decoder ``layers``."""
         cfg = self.config
-        batch, n = tokens.shape
-        x = self._embedding(tokens)  # (B, n, H)
+        x = self._embedding(tokens)  # (T, H)
         outputs = {}
         for index, layer in enumerate(self._layers):
-            # Attention block: pre-norm, projections, rotary, masked attention, residual.
+            # Attention block: pre-norm, projections, rotary, masked attention per segment, residual.
             attention = layer.self_attn
             h = layer.input_layernorm(x)
-            q = rotate(attention.q_proj(h), positions, self._periods)  # (B, Hq, n, Dh)
-            k = rotate(attention.k_proj(h), positions, self._periods)  # (B, Hkv, n, Dh)
-            v = attention.v_proj(h).reshape(batch, n, cfg.num_key_value_heads, cfg.head_dim).transpose(0, 2, 1, 3)
-            keys, values = store(index, k, v)
-            out = mx.fast.scaled_dot_product_attention(q, keys, values, scale=self._scale, mask=mask)
-            x = x + attention.o_proj(out.transpose(0, 2, 1, 3).reshape(batch, n, -1))
+            q, k, v = attention.q_proj(h), attention.k_proj(h), attention.v_proj(h)
+            heads = []
+            for s in segments:
+                rows, width = s.shape
+                part = lambda a: a[s.start:s.end].reshape(rows, width, -1)  # noqa: E731
+                qs = rotate(part(q), s.positions, self._periods)  # (rows, Hq, width, Dh)
+                ks = rotate(part(k), s.positions, self._periods)  # (rows, Hkv, width, Dh)
+                vs = part(v).reshape(rows, width, cfg.num_key_value_heads, cfg.head_dim).transpose(0, 2, 1, 3)
+                keys, values = s.store(index, ks, vs)
+                out = mx.fast.scaled_dot_product_attention(qs, keys, values, scale=self._scale, mask=s.mask)
+                heads.append(out.transpose(0, 2, 1, 3).reshape(rows * width, -1))
+            x = x + attention.o_proj(heads[0] if len(heads) == 1 else mx.concatenate(heads, axis=0))
             # MLP block: pre-norm, SwiGLU, residual.
             x = x + layer.mlp(layer.post_attention_layernorm(x))
             if index in layers:
                 outputs[index] = x
         return self._final_norm(x), outputs
 
-    def _window(self, allowed: mx.array, query_positions: mx.array, key_positions: mx.array) -> mx.array:
-        """Apply the sliding window: a query sees keys at positions > its position - window."""
-        if self.config.sliding_window is None:
-            return allowed
-        return allowed & (key_positions > query_positions[..., None] - self.config.sliding_window)
-
-    # ------------------------------------------------------------------ the protocol
-
-    def admit(self, slot: int, prompt: Sequence[int], *, layers: Sequence[int] = ()) -> PromptOutput:
-        """Prefill ``prompt`` into the free ``slot`` (one forward per chunk of PREFILL_CHUNK
-        positions): logits (V,) at its last token, hidden (P, H) at every token and the outputs of
-        decoder ``layers`` (P, H)."""
-        prompt = check_prompt(prompt, self.vocab_size)
-        wanted = check_layers(layers, self.num_layers)
-        slot = int(check_slots(self.cache.admitted, [slot], admitted_state=False, what="admit")[0])
-        check_room(self.cache.lengths, np.array([slot]), prompt.size, self.capacity, f"admit(slot={slot})")
-        self.cache.admitted[slot] = True
-        self.cache.lengths[slot] = 0
+    def _chunk_segment(self, place, slot: int, start: int) -> "_Segment":
+        """A prompt chunk of ``place.width`` tokens written at ``start ..`` of ``slot``: causal."""
+        n = place.width
+        positions = mx.arange(start, start + n)[None]  # (1, n)
+        keys = mx.arange(start + n)[None, None, :]  # (1, 1, S)
+        allowed = self._window(keys <= positions[..., None], positions, keys)  # causal (1, n, S)
         slots = mx.array([slot])
-        hidden, outputs = [], {i: [] for i in wanted}
-        for start in range(0, prompt.size, PREFILL_CHUNK):
-            n = min(PREFILL_CHUNK, prompt.size - start)
-            positions = mx.arange(start, start + n)[None]  # (1, n)
-            keys = mx.arange(start + n)[None, None, :]  # (1, 1, S)
-            allowed = self._window(keys <= positions[..., None], positions, keys)  # causal (1, n, S)
 
-            def store(layer, k, v, start=start, size=start + n, positions=positions):
-                self.cache.write(layer, slots, positions, k, v, (slot, slot + 1, start))
-                return self.cache.view(layer, slots, size, (slot, slot + 1))
+        def store(layer, k, v):
+            self.cache.write(layer, slots, positions, k, v, (slot, slot + 1, start))
+            return self.cache.view(layer, slots, start + n, (slot, slot + 1))
 
-            chunk, chunk_layers = self._run(mx.array(prompt[None, start : start + n].astype(np.int32)), positions,
-                                            allowed[:, None], store, wanted)
-            hidden.append(chunk[0])
-            for i, value in chunk_layers.items():
-                outputs[i].append(value[0])
-        hidden = mx.concatenate(hidden, axis=0)  # (P, H)
-        self.cache.lengths[slot] = prompt.size
-        self._pending = True
-        return PromptOutput(logits=self._logits(hidden[-1]), hidden=hidden,
-                            layers={i: mx.concatenate(v, axis=0) for i, v in outputs.items()})
+        return _Segment(place.offset, place.end, (1, n), positions, allowed[:, None], store)
 
-    def release(self, slot: int) -> None:
-        """Free ``slot`` for another request."""
-        slot = int(check_slots(self.cache.admitted, [slot], admitted_state=True, what="release")[0])
-        self.cache.admitted[slot] = False
-        self.cache.lengths[slot] = 0
-        if self._staged is not None and slot in self._staged[0]:
-            self._staged = None
-
-    def forward_tree(self, tree: DraftTree, slots, *, layers: Sequence[int] = ()) -> TargetOutput:
-        """Logits (B, N, V) and hidden (B, N, H) of every node; node i of row b sits at position
-        ``length[s] + depth[b, i]`` of slot s = ``slots[b]``, attends to the slot's committed
-        entries and to the nodes j with ``ancestor_mask[b, i, j]``, and its keys and values are
-        written at ``length[s] + i``."""
-        slots = check_slots(self.cache.admitted, slots, admitted_state=True, what="forward_tree")
-        wanted = check_layers(layers, self.num_layers)
-        batch = len(slots)
-        if tree.batch_size != batch:
-            raise InvalidInputError(f"tree has {tree.batch_size} rows but {batch} slots were given; "
-                                    "pass one slot per tree row")
-        size = tree.size
-        check_room(self.cache.lengths, slots, size, self.capacity, "forward_tree")
-        tokens, depth = to_mx(tree.tokens).astype(mx.int32), to_mx(tree.depth).astype(mx.int32)
+    def _tree_segment(self, place, tree: DraftTree, slots: np.ndarray) -> "_Segment":
+        """The tree rows: node i of row b at position ``length + depth``, written at ``length + i``."""
+        batch, size = len(slots), tree.size
+        depth = to_mx(tree.depth).astype(mx.int32)
         ancestor_mask = to_mx(tree.ancestor_mask).astype(mx.bool_)
         host_lengths = self.cache.lengths[slots]
         longest = int(host_lengths.max())
@@ -244,9 +207,86 @@ class MlxTarget:
             self.cache.write(layer, slot_index, stored, k, v, block)
             return self.cache.view(layer, slot_index, span, rows)
 
-        hidden, outputs = self._run(tokens, positions, allowed[:, None], store, wanted)
-        self._staged = (slots, size)
-        return TargetOutput(logits=self._logits(hidden), hidden=hidden, layers=outputs)
+        return _Segment(place.offset, place.end, (batch, size), positions, allowed[:, None], store)
+
+    def _window(self, allowed: mx.array, query_positions: mx.array, key_positions: mx.array) -> mx.array:
+        """Apply the sliding window: a query sees keys at positions > its position - window."""
+        if self.config.sliding_window is None:
+            return allowed
+        return allowed & (key_positions > query_positions[..., None] - self.config.sliding_window)
+
+    # ------------------------------------------------------------------ the protocol
+
+    def admit(self, slot: int, prompt: Sequence[int], *, layers: Sequence[int] = ()) -> PromptOutput:
+        """Prefill ``prompt`` into the free ``slot``: logits (V,) at its last token, hidden (P, H)
+        at every token and the outputs of decoder ``layers`` (P, H); a forward per PREFILL_CHUNK
+        tokens (``forward_tree`` with the chunk as its context)."""
+        prompt = check_prompt(prompt, self.vocab_size)
+        check_layers(layers, self.num_layers)
+        slot = int(check_slots(self.cache.admitted, [slot], admitted_state=False, what="admit")[0])
+        check_room(self.cache.lengths, np.array([slot]), prompt.size, self.capacity, f"admit(slot={slot})")
+        parts = [self.forward_tree(None, (), context=[(slot, prompt[start:start + PREFILL_CHUNK])],
+                                   layers=layers).context[0]
+                 for start in range(0, prompt.size, PREFILL_CHUNK)]
+        if len(parts) == 1:
+            return parts[0]
+        return PromptOutput(logits=parts[-1].logits, hidden=mx.concatenate([p.hidden for p in parts], axis=0),
+                            layers={i: mx.concatenate([p.layers[i] for p in parts], axis=0) for i in parts[0].layers})
+
+    def release(self, slot: int) -> None:
+        """Free ``slot`` for another request."""
+        slot = int(check_slots(self.cache.admitted, [slot], admitted_state=True, what="release")[0])
+        self.cache.admitted[slot] = False
+        self.cache.lengths[slot] = 0
+        if self._staged is not None and slot in self._staged[0]:
+            self._staged = None
+
+    def forward_tree(self, tree: DraftTree | None, slots, *, context=(), layers: Sequence[int] = ()) -> TargetOutput:
+        """Prompt chunks and tree rows in one packed forward (``specdec.reference.packing``).
+
+        ``context``: (slot, tokens) chunks; a free slot is claimed and its chunk starts at
+        position 0, an admitted one continues at its length; their entries are committed here,
+        ``context[i]`` of the result is chunk i's PromptOutput. ``tree`` (None for chunks only):
+        logits (B, N, V) and hidden (B, N, H) of every node; node i of row b sits at position
+        ``length[s] + depth[b, i]`` of slot s = ``slots[b]``, attends to the slot's committed
+        entries and to the nodes j with ``ancestor_mask[b, i, j]``, and its keys and values are
+        written at ``length[s] + i`` (kept by commit)."""
+        cache = self.cache
+        slots = np.zeros(0, dtype=np.int64) if tree is None else check_slots(
+            cache.admitted, slots, admitted_state=True, what="forward_tree")
+        wanted = check_layers(layers, self.num_layers)
+        chunks = check_context(context, cache.admitted, cache.lengths, self.capacity, self.vocab_size, slots)
+        if tree is None and not chunks:
+            raise InvalidInputError("forward_tree needs a tree or at least one context chunk")
+        if tree is not None:
+            if tree.batch_size != len(slots):
+                raise InvalidInputError(f"tree has {tree.batch_size} rows but {len(slots)} slots were given; "
+                                        "pass one slot per tree row")
+            check_room(cache.lengths, slots, tree.size, self.capacity, "forward_tree")
+        places = packing.layout([t.size for _, t in chunks], None if tree is None else (len(slots), tree.size))
+        starts = [int(cache.lengths[slot]) if cache.admitted[slot] else 0 for slot, _ in chunks]
+        segments = [self._chunk_segment(place, slot, start) for place, (slot, _), start in zip(places, chunks, starts)]
+        tokens = [mx.array(t.astype(np.int32)) for _, t in chunks]
+        if tree is not None:
+            segments.append(self._tree_segment(places[-1], tree, slots))
+            tokens.append(to_mx(tree.tokens).astype(mx.int32))
+        hidden, outputs = self._run(pack(tokens, tree is not None), segments, wanted)  # lazy: nothing fails later
+        chunk_hidden, tree_hidden = unpack(hidden, places, len(chunks), tree is not None)
+        chunk_layers = {i: unpack(v, places, len(chunks), tree is not None) for i, v in outputs.items()}
+        prompts = tuple(PromptOutput(logits=self._logits(h[-1]), hidden=h,
+                                     layers={i: v[0][c] for i, v in chunk_layers.items()})
+                        for c, h in enumerate(chunk_hidden))
+        for (slot, t), start in zip(chunks, starts):
+            cache.admitted[slot] = True
+            cache.lengths[slot] = start + t.size
+        if chunks:
+            self._pending = True
+        if tree is None:
+            self._staged = None
+            return TargetOutput(logits=None, hidden=None, context=prompts)
+        self._staged = (slots, tree.size)
+        return TargetOutput(logits=self._logits(tree_hidden), hidden=tree_hidden,
+                            layers={i: v[1] for i, v in chunk_layers.items()}, context=prompts)
 
     def commit(self, tree: DraftTree, verdict: Verdict) -> None:
         """Keep the entries of ``verdict.path[b, :num_accepted[b] + 1]`` (root first) behind each
@@ -268,3 +308,17 @@ class MlxTarget:
         # The loop reads these right after commit: evaluate them with the cache, in one go.
         self._pending_extra = [a for a in (verdict.path, verdict.num_accepted, verdict.bonus_tokens, tree.tokens,
                                            tree.num_nodes) if isinstance(a, mx.array)]
+
+
+@attrs.frozen
+class _Segment:
+    """Packed tokens ``start .. end - 1`` (``shape`` (rows, width)) that attend together:
+    positions (rows, width), mask (rows, 1, width, S), ``store(layer, keys, values)`` writes
+    their entries and returns the (rows, Hkv, S, Dh) keys and values to attend to."""
+
+    start: int
+    end: int
+    shape: tuple[int, int]
+    positions: mx.array
+    mask: mx.array
+    store: Callable

@@ -21,10 +21,12 @@ import torch.nn.functional as F
 import attrs
 
 from specdec.errors import InvalidInputError
-from specdec.slots import check_layers, check_prompt, check_room, check_slot_arguments, check_slots
+from specdec.reference import packing
+from specdec.slots import check_context, check_layers, check_prompt, check_room, check_slot_arguments, check_slots
 from specdec.types import DraftTree, PromptOutput, TargetOutput, Verdict
 from specdec_torch.kvcache import TorchKVCache
 from specdec_torch.layers import apply_rotary, attend, inverse_frequencies, mlp, rms_norm, rotary_cos_sin
+from specdec_torch.packing import pack as pack_stream, unpack as unpack_stream
 
 __all__ = ["PREFILL_CHUNK", "TorchTarget", "pack_layer", "tree_attention_mask"]
 
@@ -153,47 +155,84 @@ class TorchTarget:
         return self.cache.lengths.copy()
 
     # ------------------------------------------------------------------------------------
-    # The forward pass
+    # The forward pass: packed segments (specdec.reference.packing), attention per segment
 
-    def _layer(self, index: int, x: torch.Tensor, cos, sin, rows: "_Rows", mask, key_size: int):
-        """One decoder layer on new tokens x (B, n, H); writes their keys and values at ``rows``."""
+    def _layer(self, index: int, x: torch.Tensor, segments: list["_Segment"]) -> torch.Tensor:
+        """One decoder layer on the packed new tokens x (T, H); each segment's keys and values
+        are written at its rows and its queries attend through its own mask."""
         layer, cfg = self._layers[index], self.config
         attention = layer.self_attn
-        batch, n, _ = x.shape
         h = rms_norm(x, layer.input_layernorm.weight, cfg.rms_norm_eps)
         if self._packed is not None:  # one matmul for q, k and v
             qkv_weight, qkv_bias, gate_up, gate_up_bias = self._packed[index]
             q, k, v = F.linear(h, qkv_weight, qkv_bias).split(self._qkv_sizes, dim=-1)
         else:
             q, k, v = attention.q_proj(h), attention.k_proj(h), attention.v_proj(h)
-        q = q.view(batch, n, cfg.num_attention_heads, cfg.head_dim).transpose(1, 2)
-        k = k.view(batch, n, cfg.num_key_value_heads, cfg.head_dim).transpose(1, 2)
-        v = v.view(batch, n, cfg.num_key_value_heads, cfg.head_dim).transpose(1, 2)
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)  # (B, Hq|Hkv, n, Dh)
-        self.cache.write(index, rows.slots, rows.positions, k, v, rows.block)
-        keys, values = self.cache.view(index, rows.slots, key_size, rows.span)
-        x = x + attention.o_proj(attend(q, keys, values, mask))
+        heads = [self._attend_segment(index, s, q[s.start:s.end], k[s.start:s.end], v[s.start:s.end])
+                 for s in segments]
+        x = x + attention.o_proj(heads[0] if len(heads) == 1 else torch.cat(heads))
         h = rms_norm(x, layer.post_attention_layernorm.weight, cfg.rms_norm_eps)
         if self._packed is not None:  # one matmul for the gate and up projections
             gate, up = F.linear(h, gate_up, gate_up_bias).chunk(2, dim=-1)
             return x + layer.mlp.down_proj(F.silu(gate) * up)
         return x + mlp(h, layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj)
 
-    def _forward(self, tokens: torch.Tensor, positions: torch.Tensor, rows: "_Rows", mask: torch.Tensor,
-                 layers: set[int]) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
-        """Hidden states (B, n, H) after the final norm of new tokens (B, n) at ``positions`` (B, n),
-        stored at ``rows``; mask (B, n, S) bool over cache positions 0 .. S-1. Also {layer: (B, n,
-        H)} the outputs of decoder ``layers``."""
-        cos, sin = rotary_cos_sin(positions, self._inv_freq, self.dtype)
-        key_size = mask.shape[-1]
-        mask = mask[:, None]  # (B, 1, n, S), shared by the heads
+    def _attend_segment(self, index: int, segment: "_Segment", q, k, v) -> torch.Tensor:
+        """Attention of one segment's tokens (rows * width, .) -> (rows * width, Hq * Dh)."""
+        cfg, (batch, n) = self.config, segment.shape
+        q = q.view(batch, n, cfg.num_attention_heads, cfg.head_dim).transpose(1, 2)
+        k = k.view(batch, n, cfg.num_key_value_heads, cfg.head_dim).transpose(1, 2)
+        v = v.view(batch, n, cfg.num_key_value_heads, cfg.head_dim).transpose(1, 2)
+        q, k = apply_rotary(q, segment.cos, segment.sin), apply_rotary(k, segment.cos, segment.sin)
+        rows = segment.rows
+        self.cache.write(index, rows.slots, rows.positions, k, v, rows.block)
+        keys, values = self.cache.view(index, rows.slots, segment.key_size, rows.span)
+        return attend(q, keys, values, segment.mask).reshape(batch * n, -1)
+
+    def _forward(self, tokens: torch.Tensor, segments: list["_Segment"], layers: set[int]
+                 ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+        """Hidden states (T, H) after the final norm of the packed new tokens (T,), and {layer:
+        (T, H)} the outputs of decoder ``layers``."""
         x = torch.nn.functional.embedding(tokens, self.embed_tokens)
         outputs = {}
         for index in range(len(self._layers)):
-            x = self._layer(index, x, cos, sin, rows, mask, key_size)
+            x = self._layer(index, x, segments)
             if index in layers:
                 outputs[index] = x
         return rms_norm(x, self._final_norm.weight, self.config.rms_norm_eps), outputs
+
+    def _segment(self, place: "packing.Segment", positions: torch.Tensor, rows: "_Rows", mask: torch.Tensor
+                 ) -> "_Segment":
+        """A segment with its rotary angles at ``positions`` (rows, width) and mask (rows, width, S)."""
+        cos, sin = rotary_cos_sin(positions, self._inv_freq, self.dtype)
+        return _Segment(start=place.offset, end=place.end, shape=(place.rows, place.width), cos=cos, sin=sin,
+                        rows=rows, mask=mask[:, None], key_size=int(mask.shape[-1]))
+
+    def _chunk_segment(self, place: "packing.Segment", slot: int, start: int) -> "_Segment":
+        """A prompt chunk of ``place.width`` tokens written at ``start ..`` of ``slot``: causal."""
+        positions = torch.arange(start, start + place.width, device=self.device)[None]  # (1, c)
+        keys = torch.arange(start + place.width, device=self.device)[None]  # (1, S)
+        mask = self._sliding(keys[:, None, :] <= positions[:, :, None], positions, keys)  # (1, c, S)
+        slots = torch.tensor([slot], device=self.device)
+        rows = _Rows(slots=slots, positions=positions, block=(slot, slot + 1, start), span=(slot, slot + 1))
+        return self._segment(place, positions, rows, mask)
+
+    def _tree_segment(self, place: "packing.Segment", tree: DraftTree, slots: np.ndarray) -> "_Segment":
+        """The tree rows: node i of row b stored at ``length + i``, at position ``length + depth``."""
+        host_lengths = self.cache.lengths[slots]
+        longest, nodes = int(host_lengths.max()), tree.size
+        lengths = torch.from_numpy(host_lengths).to(self.device)
+        consecutive = bool(np.all(np.diff(slots) == 1))
+        span = (int(slots[0]), int(slots[-1]) + 1) if consecutive else None
+        block = span + (longest,) if consecutive and int(host_lengths.min()) == longest else None
+        stored = lengths[:, None] + torch.arange(nodes, device=self.device)  # (B, N) where the nodes are stored
+        depth = tree.depth.to(self.device)
+        mask = tree_attention_mask(lengths, tree.ancestor_mask.to(self.device), longest + nodes)  # (B, N, S)
+        if self.config.sliding_window is not None:
+            key_positions = _tree_key_positions(lengths, depth, longest + nodes)
+            mask = self._sliding(mask, lengths[:, None] + depth, key_positions)
+        rows = _Rows(slots=torch.from_numpy(slots).to(self.device), positions=stored, block=block, span=span)
+        return self._segment(place, lengths[:, None] + depth, rows, mask)
 
     def _sliding(self, mask: torch.Tensor, query_positions: torch.Tensor, key_positions: torch.Tensor) -> torch.Tensor:
         """Apply the sliding window (mistral): a query sees keys at positions > its position - window."""
@@ -217,31 +256,19 @@ class TorchTarget:
     @torch.inference_mode()
     def admit(self, slot: int, prompt: Sequence[int], *, layers: Sequence[int] = ()) -> PromptOutput:
         """Prefill ``prompt`` into the free ``slot``: logits (V,) at its last token, hidden (P, H)
-        at every token and the outputs of decoder ``layers`` (P, H). Long prompts run in chunks of
-        PREFILL_CHUNK."""
+        at every token and the outputs of decoder ``layers`` (P, H); a forward per PREFILL_CHUNK
+        tokens (``forward_tree`` with the chunk as its context)."""
         prompt = check_prompt(prompt, self.vocab_size)
-        wanted = self._check_layers(layers)
+        self._check_layers(layers)
         slot = int(self._check_slots([slot], admitted=False, what="admit")[0])
         check_room(self.cache.lengths, np.array([slot]), prompt.size, self.capacity, f"admit(slot={slot})")
-        self.cache.admitted[slot] = True
-        self.cache.set_length(slot, 0)
-        tokens = torch.from_numpy(prompt).to(self.device)[None]  # (1, P)
-        slots = torch.tensor([slot], device=self.device)
-        hidden, outputs = [], {i: [] for i in wanted}
-        for start in range(0, prompt.size, PREFILL_CHUNK):
-            end = min(start + PREFILL_CHUNK, prompt.size)
-            positions = torch.arange(start, end, device=self.device)[None]  # (1, n)
-            keys = torch.arange(end, device=self.device)[None]  # (1, S)
-            mask = self._sliding(keys[:, None, :] <= positions[:, :, None], positions, keys)  # causal (1, n, S)
-            rows = _Rows(slots=slots, positions=positions, block=(slot, slot + 1, start), span=(slot, slot + 1))
-            chunk, chunk_layers = self._forward(tokens[:, start:end], positions, rows, mask, wanted)
-            hidden.append(chunk[0])
-            for i, value in chunk_layers.items():
-                outputs[i].append(value[0])
-        hidden = torch.cat(hidden)  # (P, H)
-        self.cache.set_length(slot, prompt.size)
-        return PromptOutput(logits=self._logits(hidden[-1]), hidden=hidden,
-                            layers={i: torch.cat(v) for i, v in outputs.items()})
+        parts = [self.forward_tree(None, (), context=[(slot, prompt[start:start + PREFILL_CHUNK])],
+                                   layers=layers).context[0]
+                 for start in range(0, prompt.size, PREFILL_CHUNK)]
+        if len(parts) == 1:
+            return parts[0]
+        return PromptOutput(logits=parts[-1].logits, hidden=torch.cat([p.hidden for p in parts]),
+                            layers={i: torch.cat([p.layers[i] for p in parts]) for i in parts[0].layers})
 
     def release(self, slot: int) -> None:
         """Free ``slot`` for another request."""
@@ -252,36 +279,56 @@ class TorchTarget:
             self.cache.staged_slots, self.cache.staged_size = None, 0
 
     @torch.inference_mode()
-    def forward_tree(self, tree: DraftTree, slots, *, layers: Sequence[int] = ()) -> TargetOutput:
-        """Logits (B, N, V) and hidden (B, N, H) of every node; node i of row b sits at position
-        ``length[s] + depth[b, i]`` of slot s = ``slots[b]``, is stored at ``length[s] + i`` and
-        attends to the slot's committed entries and to its ancestors. Nothing committed changes
-        until commit."""
+    def forward_tree(self, tree: DraftTree | None, slots, *, context=(), layers: Sequence[int] = ()) -> TargetOutput:
+        """Prompt chunks and tree rows in one packed forward (``specdec.reference.packing``).
+
+        ``context``: (slot, tokens) chunks; a free slot is claimed and its chunk starts at
+        position 0, an admitted one continues at its length; their keys and values are
+        committed here, ``context[i]`` of the result is chunk i's PromptOutput. ``tree`` (None
+        for chunks only): logits (B, N, V) and hidden (B, N, H) of every node; node i of row b
+        sits at position ``length[s] + depth[b, i]`` of slot s = ``slots[b]``, is stored at
+        ``length[s] + i`` and attends to the slot's committed entries and to its ancestors;
+        nothing of the tree is committed until commit."""
         cache = self.cache
-        slots = self._check_slots(slots, admitted=True, what="forward_tree")
+        slots = np.zeros(0, dtype=np.int64) if tree is None else self._check_slots(
+            slots, admitted=True, what="forward_tree")
         wanted = self._check_layers(layers)
-        if tree.batch_size != len(slots):
-            raise InvalidInputError(f"tree has {tree.batch_size} rows but {len(slots)} slots were given; "
-                                    "pass one slot per tree row")
-        nodes = tree.size
-        host_lengths = cache.lengths[slots]
-        check_room(cache.lengths, slots, nodes, self.capacity, "forward_tree")
-        longest = int(host_lengths.max())
-        slot_tensor = torch.from_numpy(slots).to(self.device)
-        lengths = torch.from_numpy(host_lengths).to(self.device)
-        consecutive = bool(np.all(np.diff(slots) == 1))
-        span = (int(slots[0]), int(slots[-1]) + 1) if consecutive else None
-        block = span + (longest,) if consecutive and int(host_lengths.min()) == longest else None
-        positions = lengths[:, None] + torch.arange(nodes, device=self.device)  # (B, N) where the nodes are stored
-        depth = tree.depth.to(self.device)
-        mask = tree_attention_mask(lengths, tree.ancestor_mask.to(self.device), longest + nodes)  # (B, N, S)
-        if self.config.sliding_window is not None:
-            key_positions = _tree_key_positions(lengths, depth, longest + nodes)
-            mask = self._sliding(mask, lengths[:, None] + depth, key_positions)
-        rows = _Rows(slots=slot_tensor, positions=positions, block=block, span=span)
-        hidden, outputs = self._forward(tree.tokens.to(self.device), lengths[:, None] + depth, rows, mask, wanted)
-        cache.staged_slots, cache.staged_size = slots, nodes
-        return TargetOutput(logits=self._logits(hidden), hidden=hidden, layers=outputs)
+        chunks = check_context(context, cache.admitted, cache.lengths, self.capacity, self.vocab_size, slots)
+        if tree is None and not chunks:
+            raise InvalidInputError("forward_tree needs a tree or at least one context chunk")
+        if tree is not None:
+            if tree.batch_size != len(slots):
+                raise InvalidInputError(f"tree has {tree.batch_size} rows but {len(slots)} slots were given; "
+                                        "pass one slot per tree row")
+            check_room(cache.lengths, slots, tree.size, self.capacity, "forward_tree")
+        places = packing.layout([t.size for _, t in chunks], None if tree is None else (len(slots), tree.size))
+        starts = [int(cache.lengths[slot]) if cache.admitted[slot] else 0 for slot, _ in chunks]
+        segments = [self._chunk_segment(place, slot, start)
+                    for place, (slot, _), start in zip(places, chunks, starts)]
+        tokens = [torch.from_numpy(t).to(self.device) for _, t in chunks]
+        if tree is not None:
+            segments.append(self._tree_segment(places[-1], tree, slots))
+            tokens.append(tree.tokens.to(self.device))
+        claimed = [slot for slot, _ in chunks if not cache.admitted[slot]]
+        cache.admitted[claimed] = True  # a chunk's entries are written (committed) by this forward
+        try:
+            hidden, outputs = self._forward(pack_stream(tokens, tree is not None), segments, wanted)
+        except BaseException:
+            cache.admitted[claimed] = False  # a failed forward claims nothing
+            raise
+        chunk_hidden, tree_hidden = unpack_stream(hidden, places, len(chunks), tree is not None)
+        chunk_layers = {i: unpack_stream(v, places, len(chunks), tree is not None) for i, v in outputs.items()}
+        prompts = tuple(PromptOutput(logits=self._logits(h[-1]), hidden=h,
+                                     layers={i: v[0][c] for i, v in chunk_layers.items()})
+                        for c, h in enumerate(chunk_hidden))
+        for (slot, t), start in zip(chunks, starts):
+            cache.set_length(slot, start + t.size)
+        if tree is None:
+            cache.staged_slots, cache.staged_size = None, 0
+            return TargetOutput(logits=None, hidden=None, context=prompts)
+        cache.staged_slots, cache.staged_size = slots, tree.size
+        return TargetOutput(logits=self._logits(tree_hidden), hidden=tree_hidden,
+                            layers={i: v[1] for i, v in chunk_layers.items()}, context=prompts)
 
     @torch.inference_mode()
     def commit(self, tree: DraftTree, verdict: Verdict) -> None:
@@ -303,6 +350,22 @@ class TorchTarget:
                 f"{tuple(path.shape)} and {tuple(num_accepted.shape)}"
             )
         cache.commit(path, num_accepted, num_accepted.cpu().numpy())
+
+
+@attrs.frozen
+class _Segment:
+    """A segment of the packed tokens ``start .. end - 1`` (``shape`` (rows, width)) with what its
+    attention needs: rotary cos, sin (rows, 1, width, Dh), where its keys go, mask (rows, 1,
+    width, key_size)."""
+
+    start: int
+    end: int
+    shape: tuple[int, int]
+    cos: torch.Tensor
+    sin: torch.Tensor
+    rows: "_Rows"
+    mask: torch.Tensor
+    key_size: int
 
 
 @attrs.frozen

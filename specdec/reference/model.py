@@ -25,7 +25,7 @@ import numpy as np
 from specdec.errors import InvalidInputError
 from specdec.reference.kvcache import TreeKVCache
 from specdec.reference.loading import LlamaConfig, load_target  # noqa: F401  (re-exported)
-from specdec.slots import check_layers, check_prompt, check_slot_arguments
+from specdec.slots import check_context, check_layers, check_prompt, check_slot_arguments
 from specdec.types import DraftTree, PromptOutput, TargetOutput, Verdict
 
 __all__ = [
@@ -282,40 +282,63 @@ class ReferenceTarget:
 
     def admit(self, slot: int, prompt: Sequence[int], *, layers: Sequence[int] = ()) -> PromptOutput:
         """Prefill ``prompt`` into the free ``slot``: logits (V,) at its last token, hidden (P, H)
-        at every token and the outputs of decoder ``layers``. Long prompts run in chunks of
-        PREFILL_CHUNK."""
+        at every token and the outputs of decoder ``layers``; a forward per PREFILL_CHUNK tokens
+        (``forward_tree`` with the chunk as its context)."""
         prompt = check_prompt(prompt, self.vocab_size)
         self._check_layers(layers)
         self.cache.check_slots([slot], admitted=False, what="admit")
         self.cache.check_room(np.array([slot]), prompt.size, f"admit(slot={slot})")
-        self.cache.admit(slot)
-        hidden, outputs = [], {int(i): [] for i in layers}
-        for start in range(0, prompt.size, PREFILL_CHUNK):
-            chunk = prompt[start : start + PREFILL_CHUNK]
-            causal = np.tril(np.ones((chunk.size, chunk.size), dtype=bool))
-            chunk_hidden, entries, chunk_layers = self._forward(
-                [slot], chunk[None], np.arange(chunk.size)[None], causal[None], layers)
-            self.cache.append(slot, entries[0])
-            hidden.append(chunk_hidden[0])
-            for i, value in chunk_layers.items():
-                outputs[i].append(value[0])
-        hidden = np.concatenate(hidden)
-        return PromptOutput(logits=hidden[-1] @ self.lm_head.T, hidden=hidden,
-                            layers={i: np.concatenate(v) for i, v in outputs.items()})
+        parts = [self.forward_tree(None, (), context=[(slot, prompt[start : start + PREFILL_CHUNK])],
+                                   layers=layers).context[0]
+                 for start in range(0, prompt.size, PREFILL_CHUNK)]
+        return PromptOutput(logits=parts[-1].logits, hidden=np.concatenate([p.hidden for p in parts]),
+                            layers={i: np.concatenate([p.layers[i] for p in parts]) for i in parts[0].layers})
 
     def release(self, slot: int) -> None:
         """Free ``slot`` for another request."""
         self.cache.release(slot)
 
-    def forward_tree(self, tree: DraftTree, slots, *, layers: Sequence[int] = ()) -> TargetOutput:
-        """Logits (B, N, V) and hidden (B, N, H) of every node; node i of row b sits at position
-        ``length[slots[b]] + depth[b, i]`` and attends to the slot's cache and to nodes j with
-        ``ancestor_mask[b, i, j]``. The nodes' keys and values are staged for ``commit``.
+    def forward_tree(self, tree: DraftTree | None, slots, *, context=(), layers: Sequence[int] = ()) -> TargetOutput:
+        """Prompt chunks and tree rows in one forward (docs/design.md section 2).
 
-        Each row runs alone over its real nodes (padding nodes get zeros), so a row's numbers
-        are exactly those it gets in any other batch: the reference is batch-independent by
-        construction, which the per-request determinism tests rely on."""
-        slots = self.cache.check_slots(slots, admitted=True, what="forward_tree")
+        ``context``: (slot, tokens) prompt chunks; a chunk for a free slot starts its request
+        there (position 0), one for an admitted slot continues at the slot's length; its keys
+        and values are committed by this forward, and its PromptOutput is ``context[i]`` of the
+        result. ``tree`` (None when there are only chunks): logits (B, N, V) and hidden (B, N,
+        H) of every node; node i of row b sits at position ``length[slots[b]] + depth[b, i]``
+        and attends to the slot's cache and to nodes j with ``ancestor_mask[b, i, j]``; the
+        nodes' keys and values are staged for ``commit``.
+
+        Each chunk and each tree row runs alone over its real tokens (padding nodes get zeros),
+        so a row's numbers are exactly those it gets in any other forward: the reference is
+        batch-independent by construction, which the per-request determinism tests rely on."""
+        slots = np.zeros(0, dtype=np.int64) if tree is None else self.cache.check_slots(
+            slots, admitted=True, what="forward_tree")
+        self._check_layers(layers)
+        chunks = check_context(context, self.cache.admitted, self.cache.lengths, self.capacity, self.vocab_size,
+                               slots)
+        if tree is None and not chunks:
+            raise InvalidInputError("forward_tree needs a tree or at least one context chunk")
+        prompts, appends = [], []
+        for slot, tokens in chunks:  # computed first, committed at the end: a failed forward commits nothing
+            causal = np.tril(np.ones((tokens.size, tokens.size), dtype=bool))
+            hidden, entries, outputs = self._forward([slot], tokens[None], np.arange(tokens.size)[None],
+                                                     causal[None], layers)
+            prompts.append(PromptOutput(logits=hidden[0, -1] @ self.lm_head.T, hidden=hidden[0],
+                                        layers={i: v[0] for i, v in outputs.items()}))
+            appends.append((slot, entries[0]))
+        output = self._forward_rows(tree, slots, layers) if tree is not None else None
+        for slot, entries in appends:
+            if not self.cache.admitted[slot]:
+                self.cache.admit(slot)
+            self.cache.append(slot, entries)
+        if output is None:
+            self.cache.discard()
+            return TargetOutput(logits=None, hidden=None, context=prompts)
+        return attrs.evolve(output, context=prompts)
+
+    def _forward_rows(self, tree: DraftTree, slots: np.ndarray, layers: Sequence[int]) -> TargetOutput:
+        """The tree part of forward_tree: each row alone; stages the nodes' keys and values."""
         if tree.batch_size != len(slots):
             raise InvalidInputError(f"tree has {tree.batch_size} rows but {len(slots)} slots were given; "
                                     "pass one slot per tree row")

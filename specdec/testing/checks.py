@@ -75,15 +75,17 @@ def check_target(backend_name: str, model_path, *, dtype: str | None = "float32"
                  prompts: Sequence[Sequence[int]] = ((1, 2, 3), (4,), (5, 6, 7, 8, 9)), steps: int = 3,
                  width: int = 3, length: int = 4, seed: int = 0, registry: PluginRegistry | None = None) -> None:
     """Admissions, tree forwards over some slots, commits and releases of ``backend_name`` match
-    the reference on ``model_path``: the prompts go to slots in a scrambled order (one slot stays
+    the reference on ``model_path``: the prompts go to slots in a scrambled order (two slots stay
     free), every step runs a different subset of them, and midway one request is released and a
-    new one admitted into its slot. Layer outputs (first and last decoder layer) are compared too."""
+    new one admitted into its slot. Then prompt chunks are packed into forwards: two chunks alone
+    (claiming the free slots), then their next chunks beside the tree rows, then a tree step over
+    every slot. Layer outputs (first and last decoder layer) are compared too."""
     from specdec.reference.model import load_target
     from specdec.reference.tree import build_prefix_tree
 
     registry = _registry(registry)
     backend = registry.get("backend", backend_name).factory()
-    num_slots = len(prompts) + 1
+    num_slots = len(prompts) + 2
     reference = load_target(model_path, slots=num_slots, capacity=64)
     target = backend.load_target(model_path, dtype=dtype, device=device, slots=num_slots, capacity=64)
     tolerance = _tolerance(dtype)
@@ -93,29 +95,32 @@ def check_target(backend_name: str, model_path, *, dtype: str | None = "float32"
     slots = rng.permutation(num_slots)[: len(prompts)]
     roots = {}
 
+    def compare_prompt(what: str, expected, actual) -> None:
+        _compare(f"{where} {what} logits", expected.logits, backend.to_numpy(actual.logits), tolerance)
+        _compare(f"{where} {what} hidden", expected.hidden, backend.to_numpy(actual.hidden), tolerance)
+        for layer in layers:
+            _compare(f"{where} {what} layer {layer}", expected.layers[layer], backend.to_numpy(actual.layers[layer]),
+                     tolerance)
+
     def admit(slot: int, prompt) -> None:
         expected, actual = reference.admit(slot, prompt, layers=layers), target.admit(slot, prompt, layers=layers)
-        _compare(f"{where} admit slot {slot} logits", expected.logits, backend.to_numpy(actual.logits), tolerance)
-        _compare(f"{where} admit slot {slot} hidden", expected.hidden, backend.to_numpy(actual.hidden), tolerance)
-        for layer in layers:
-            _compare(f"{where} admit slot {slot} layer {layer}", expected.layers[layer],
-                     backend.to_numpy(actual.layers[layer]), tolerance)
+        compare_prompt(f"admit slot {slot}", expected, actual)
         roots[slot] = int(np.argmax(expected.logits))
 
-    for slot, prompt in zip(slots, prompts):
-        admit(int(slot), prompt)
-    for step in range(steps):
-        if step == steps // 2 and len(roots) > 1:  # a request ends, another takes its slot
-            freed = int(sorted(roots)[0])
-            reference.release(freed), target.release(freed), roots.pop(freed)
-            admit(freed, list(prompts[-1])[::-1] + [1])
-        active = np.array(sorted(roots), dtype=np.int64)
-        if step % 2 == 1 and len(active) > 1:
-            active = active[rng.permutation(len(active))][:-1]  # a subset, in another order
-        beams = random_beams(rng, np.array([roots[int(s)] for s in active]), width, length, reference.vocab_size)
-        tree = build_prefix_tree(beams)
-        expected = reference.forward_tree(tree, active, layers=layers)
-        actual = target.forward_tree(to_backend_tree(tree, backend, target), active.copy(), layers=layers)
+    def forward(step: str, active: np.ndarray, context=()) -> list:
+        """A forward of tree rows over ``active`` (none: chunks only) and prompt ``context``; commits a
+        random path per row; returns the reference's PromptOutput of each chunk."""
+        tree = beams = None
+        if len(active):
+            beams = random_beams(rng, np.array([roots[int(s)] for s in active]), width, length, reference.vocab_size)
+            tree = build_prefix_tree(beams)
+        expected = reference.forward_tree(tree, active, context=context, layers=layers)
+        actual = target.forward_tree(None if tree is None else to_backend_tree(tree, backend, target), active.copy(),
+                                     context=[(slot, np.asarray(tokens)) for slot, tokens in context], layers=layers)
+        for (slot, _), want, got in zip(context, expected.context, actual.context):
+            compare_prompt(f"step {step} chunk of slot {slot}", want, got)
+        if tree is None:
+            return list(expected.context)
         mask = np.arange(tree.size)[None, :] < tree.num_nodes[:, None]  # compare real nodes only
         for name, want, got in [("logits", expected.logits, actual.logits), ("hidden", expected.hidden, actual.hidden),
                                 *[(f"layer {i}", expected.layers[i], actual.layers[i]) for i in layers]]:
@@ -128,6 +133,25 @@ def check_target(backend_name: str, model_path, *, dtype: str | None = "float32"
                               num_accepted=backend.from_numpy(verdict.num_accepted, target),
                               bonus_tokens=backend.from_numpy(verdict.bonus_tokens, target)))
         roots.update({int(s): int(t) for s, t in zip(active, verdict.bonus_tokens)})
+        return list(expected.context)
+
+    for slot, prompt in zip(slots, prompts):
+        admit(int(slot), prompt)
+    for step in range(steps):
+        if step == steps // 2 and len(roots) > 1:  # a request ends, another takes its slot
+            freed = int(sorted(roots)[0])
+            reference.release(freed), target.release(freed), roots.pop(freed)
+            admit(freed, list(prompts[-1])[::-1] + [1])
+        active = np.array(sorted(roots), dtype=np.int64)
+        if step % 2 == 1 and len(active) > 1:
+            active = active[rng.permutation(len(active))][:-1]  # a subset, in another order
+        forward(str(step), active)
+    free = [s for s in range(num_slots) if s not in roots]
+    chunks = {slot: rng.integers(0, reference.vocab_size, size=3 + 2 * i).tolist() for i, slot in enumerate(free)}
+    forward("chunks", np.zeros(0, dtype=np.int64), [(s, c[:2]) for s, c in chunks.items()])
+    last = forward("packed", np.array(sorted(roots), dtype=np.int64), [(s, c[2:]) for s, c in chunks.items()])
+    roots.update({slot: int(np.argmax(out.logits)) for slot, out in zip(chunks, last)})
+    forward("after chunks", np.array(sorted(roots), dtype=np.int64)[::-1].copy())
 
 
 def check_tree_builder(backend_name: str, target, *, name: str = "prefix_tree", options: dict | None = None,

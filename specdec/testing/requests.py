@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from specdec.loop import DecodePlan, Decoder
+from specdec.loop import Decoder
+from specdec.plan import DecodePlan
 from specdec.requests import Request
 
 

@@ -169,7 +169,7 @@ def test_lookup_misuse_names_the_fix(target, model_dir, tmp_path, drafter, optio
 
 
 def test_distinct_beams_counts_each_repeated_beam_once():
-    from specdec.loop import distinct_beams
+    from specdec.batching import distinct_beams
 
     beams = np.array([[[1, 2, 3], [1, 2, 4], [1, 2, 3]], [[5, 5, 5], [5, 5, 5], [5, 5, 5]]])
     assert distinct_beams(beams).tolist() == [2, 1]

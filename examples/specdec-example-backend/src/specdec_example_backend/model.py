@@ -2,8 +2,9 @@
 
 The KV cache holds, per request slot and layer, keys and values of shape (kv_heads, capacity,
 head_dim), allocated once. ``admit`` prefills a prompt into a free slot; ``forward_tree`` runs
-every tree node of slot ``slots[b]`` at position ``length + depth`` attending to the slot's cache
-and to its ancestors (``tree.ancestor_mask``), and keeps the nodes' keys and values aside;
+prompt chunks (``context``, each alone, committed at once) and every tree node of slot
+``slots[b]`` at position ``length + depth`` attending to the slot's cache and to its ancestors
+(``tree.ancestor_mask``), and keeps the nodes' keys and values aside;
 ``commit`` appends those of the accepted path (root first) to each slot; ``release`` frees a slot.
 The checks every target makes of its arguments come from ``specdec.slots``.
 """
@@ -15,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import specdec
-from specdec.slots import check_layers, check_prompt, check_room, check_slot_arguments, check_slots
+from specdec.slots import check_context, check_layers, check_prompt, check_room, check_slot_arguments, check_slots
 
 
 def rms_norm(x, weight, eps):
@@ -137,28 +138,38 @@ class Float32Target:
         """Prefill ``prompt`` into the free ``slot``: logits (V,) at its last token, hidden (P, H) and
         the outputs of decoder ``layers`` (P, H) at every token."""
         tokens = check_prompt(prompt, self.vocab_size)
-        wanted = check_layers(layers, self.num_layers)
-        slot = int(check_slots(self.admitted, [slot], admitted_state=False, what="admit")[0])
-        check_room(self.lengths, np.array([slot]), len(tokens), self.capacity, "admit")
-        self.admitted[slot], self.lengths[slot] = True, 0
-        causal = np.tril(np.ones((len(tokens), len(tokens)), dtype=bool))
-        hidden, entries, outputs = self._run(slot, tokens, np.arange(len(tokens)), causal, wanted)
-        self._append(slot, entries)
-        return specdec.PromptOutput(logits=hidden[-1] @ self.lm_head.T, hidden=hidden, layers=outputs)
+        check_slots(self.admitted, [slot], admitted_state=False, what="admit")
+        return self.forward_tree(None, (), context=[(slot, tokens)], layers=layers).context[0]
 
     def release(self, slot):
         slot = int(check_slots(self.admitted, [slot], admitted_state=True, what="release")[0])
         self.admitted[slot], self.lengths[slot], self.staged = False, 0, None
 
-    def forward_tree(self, tree, slots, *, layers=()):
-        """Logits (B, N, V) and hidden (B, N, H) of every node; the cache is unchanged until commit."""
-        slots = check_slots(self.admitted, slots, what="forward_tree")
+    def forward_tree(self, tree, slots, *, context=(), layers=()):
+        """Prompt chunks (``context``: (slot, tokens) pairs, committed here; a free slot is claimed)
+        and tree rows (logits (B, N, V) and hidden (B, N, H) of every node, kept until commit)."""
+        slots = np.zeros(0, np.int64) if tree is None else check_slots(self.admitted, slots, what="forward_tree")
         wanted = check_layers(layers, self.num_layers)
-        tokens, depth = np.asarray(tree.tokens), np.asarray(tree.depth)
-        mask = np.asarray(tree.ancestor_mask, dtype=bool)
-        if tokens.shape[0] != len(slots):
-            raise specdec.InvalidInputError(f"the tree has {tokens.shape[0]} rows, {len(slots)} slots were given")
-        check_room(self.lengths, slots, tokens.shape[1], self.capacity, "forward_tree")
+        chunks = check_context(context, self.admitted, self.lengths, self.capacity, self.vocab_size, slots)
+        if tree is None and not chunks:
+            raise specdec.InvalidInputError("forward_tree needs a tree or at least one context chunk")
+        if tree is not None:  # checked before any chunk is committed
+            tokens, depth = np.asarray(tree.tokens), np.asarray(tree.depth)
+            mask = np.asarray(tree.ancestor_mask, dtype=bool)
+            if tokens.shape[0] != len(slots):
+                raise specdec.InvalidInputError(f"the tree has {tokens.shape[0]} rows, {len(slots)} slots were given")
+            check_room(self.lengths, slots, tokens.shape[1], self.capacity, "forward_tree")
+        prompts = []
+        for slot, chunk in chunks:
+            if not self.admitted[slot]:
+                self.admitted[slot], self.lengths[slot] = True, 0
+            start, causal = self.lengths[slot], np.tril(np.ones((len(chunk), len(chunk)), dtype=bool))
+            hidden, entries, outputs = self._run(slot, chunk, start + np.arange(len(chunk)), causal, wanted)
+            self._append(slot, entries)
+            prompts.append(specdec.PromptOutput(logits=hidden[-1] @ self.lm_head.T, hidden=hidden, layers=outputs))
+        if tree is None:
+            self.staged = None
+            return specdec.TargetOutput(logits=None, hidden=None, context=prompts)
         hidden = np.empty(tokens.shape + (self.hidden_size,), dtype=np.float32)
         outputs = {i: np.empty_like(hidden) for i in wanted}
         staged = []
@@ -168,7 +179,7 @@ class Float32Target:
                 outputs[i][b] = value
             staged.append(entries)
         self.staged = (slots, staged)
-        return specdec.TargetOutput(logits=hidden @ self.lm_head.T, hidden=hidden, layers=outputs)
+        return specdec.TargetOutput(logits=hidden @ self.lm_head.T, hidden=hidden, layers=outputs, context=prompts)
 
     def commit(self, tree, verdict):
         """Append the keys and values of each row's accepted path (root first) to its slot."""
