@@ -2,10 +2,11 @@
 
 A scheduler thread runs a ``specdec.loop.Decoder`` over a target loaded with N request slots.
 ``submit`` may be called at any time from any thread: the request waits in a bounded queue
-(``QueueFullError`` when it is full), is admitted when a slot is free (at most
-``max_prefill_tokens`` prompt tokens per step, so long prompts do not stall the requests being
-decoded), and its tokens reach its ``Handle`` as each step accepts them. A request that
-finishes, hits a stop string or is cancelled frees its slot in that step.
+(``QueueFullError`` when it is full), is admitted when a slot is free (its prompt prefilled in
+chunks, at most ``max_prefill_tokens`` prompt tokens per step, packed into the forward of the
+requests being decoded, so long prompts do not stall them), and its tokens reach its ``Handle``
+as each step accepts them. A request that finishes, hits a stop string or is cancelled frees its
+slot in that step.
 
 Each request draws its randomness from its own generator and every verifier is the ``exact``
 tree walk (greedy at temperature 0), so greedy and sampled requests share the engine and a
@@ -51,7 +52,8 @@ class Engine:
     less the tree room); a target loaded here gets ``tree_room`` (default
     ``specdec.slots.TREE_ROOM``) more per slot for the draft tree of a request's last steps.
     max_queue: requests that may wait for a slot before ``submit`` raises QueueFullError.
-    max_prefill_tokens: prompt tokens admitted per step (a longer prompt is admitted alone).
+    max_prefill_tokens: prompt tokens per step, in chunks beside the running requests' trees (a longer
+    prompt is split over several steps; None: no bound).
     max_new_tokens: the default of ``submit``.
     """
 
@@ -399,7 +401,7 @@ class Engine:
         metrics = self.metrics
         prefill = result.is_prefill
         if prefill and result.requests:
-            metrics.add("prefill_forwards", len(result.requests))
+            metrics.add("prefilled_prompts", len(result.requests))
         elif not prefill and result.requests:
             metrics.add("decode_steps")
             metrics.add("decode_row_steps", len(result.requests))

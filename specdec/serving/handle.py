@@ -100,7 +100,7 @@ class EngineMetrics:
         "requests_rejected": "requests refused because the queue was full",
         "prompt_tokens": "prompt tokens admitted",
         "generation_tokens": "tokens emitted",
-        "prefill_forwards": "prompt forwards (admissions)",
+        "prefilled_prompts": "prompts whose prefill finished (their last chunk ran)",
         "decode_steps": "decode steps (one target forward per group of requests sharing sampling settings)",
         "decode_row_steps": "request rows in decode steps",
         "decode_tokens": "tokens emitted by decode steps (bonus tokens counted)",

@@ -21,9 +21,10 @@ def decoding_plan(target, drafter: Any, backend: str = "numpy", **options) -> De
 
 
 def run_schedule(plan: DecodePlan, schedule: Sequence[tuple[int, Request, int | None]], *,
-                 max_steps: int = 500) -> dict[int, list[int]]:
+                 max_steps: int = 500, max_prefill_tokens: int | None = None) -> dict[int, list[int]]:
     """Decode ``schedule``, a list of (arrival step, Request, cancel step or None): each request is
-    submitted at its arrival step and cancelled at its cancel step (if it arrived by then). Returns
+    submitted at its arrival step and cancelled at its cancel step (if it arrived by then), with
+    ``max_prefill_tokens`` prompt tokens per step (``Decoder.step``). Returns
     the tokens of every request that was not cancelled, by its index in the schedule. The decoder
     is closed at the end, every slot freed."""
     decoder = Decoder(plan)
@@ -37,7 +38,7 @@ def run_schedule(plan: DecodePlan, schedule: Sequence[tuple[int, Request, int | 
                 if cancel == step and index in ids.values():
                     decoder.cancel(next(r for r, i in ids.items() if i == index))
                     tokens[index] = None
-            for result in decoder.step():
+            for result in decoder.step(max_prefill_tokens=max_prefill_tokens):
                 for request_id, new in zip(result.requests, result.new_tokens):
                     if tokens.get(ids[request_id], []) is not None:
                         tokens.setdefault(ids[request_id], []).extend(new)

@@ -29,8 +29,8 @@ def redrafter(model_dir, tmp_path_factory):
     return make_random_drafter(tmp_path_factory.mktemp("requests") / "redrafter", model_dir, kind="redrafter", seed=3)
 
 
-def run(plan, schedule) -> dict[int, list[int]]:
-    tokens = run_schedule(plan, schedule)
+def run(plan, schedule, budget=None) -> dict[int, list[int]]:
+    tokens = run_schedule(plan, schedule, max_prefill_tokens=budget)
     assert not plan.target.cache.admitted.any(), "every slot is free at the end"
     return tokens
 
@@ -47,12 +47,13 @@ schedules = st.lists(st.tuples(st.integers(0, 6), requests, st.one_of(st.none(),
 
 @pytest.mark.parametrize("drafter", ["none", "lookup", "redrafter"])
 @settings(max_examples=15, deadline=None)
-@given(schedule=schedules, slots=st.integers(1, 3))
-def test_a_request_decodes_the_same_whatever_shares_its_steps(model_dir, redrafter, drafter, schedule, slots):
+@given(schedule=schedules, slots=st.integers(1, 3), budget=st.sampled_from([None, 2, 5]))
+def test_a_request_decodes_the_same_whatever_shares_its_steps(model_dir, redrafter, drafter, schedule, slots, budget):
+    """... and however its prompt is chunked (a budget of prompt tokens per step)."""
     if drafter == "redrafter":  # its float drafts change with the batch: greedy output is the target's anyway
         schedule = [(a, r.__class__(prompt=r.prompt, max_new_tokens=r.max_new_tokens), c) for a, r, c in schedule]
     name = redrafter if drafter == "redrafter" else drafter
-    together = run(decoding_plan(load_target(model_dir, slots=slots, capacity=64), name), schedule)
+    together = run(decoding_plan(load_target(model_dir, slots=slots, capacity=64), name), schedule, budget)
     alone_plan = decoding_plan(load_target(model_dir, slots=1, capacity=64), name)
     for index, tokens in together.items():
         _, request, _ = schedule[index]
@@ -142,3 +143,44 @@ def test_requests_beyond_the_capacity_are_refused_before_anything_runs(model_dir
     with pytest.raises(specdec.InvalidInputError, match="needs 20 positions; the target's slots hold 16"):
         decoder.submit(specdec.Request(prompt=[1] * 10, max_new_tokens=10))
     assert decoder.idle and not target.cache.admitted.any()
+
+
+def counting(target):
+    """``target`` whose forwards are recorded (each one's chunks and tree rows); admit refused."""
+    forward, target.forwards = target.forward_tree, []
+
+    def forward_tree(tree, slots, *, context=(), layers=()):
+        target.forwards.append(([(int(s), len(t)) for s, t in context], [] if tree is None else list(slots)))
+        return forward(tree, slots, context=context, layers=layers)
+
+    def admit(slot, prompt, *, layers=()):
+        raise AssertionError("the decoder prefills prompt chunks inside forward_tree, not with admit")
+
+    target.forward_tree, target.admit = forward_tree, admit
+    return target
+
+
+def test_each_step_is_one_forward_of_prompt_chunks_and_every_groups_trees(model_dir):
+    """A long prompt arrives while two requests with different sampling settings decode: every
+    step is one forward; the prompt goes in chunks of the budget beside their trees, and they
+    emit tokens every step meanwhile."""
+    target = counting(load_target(model_dir, slots=3, capacity=64))
+    decoder = Decoder(decoding_plan(target, "lookup"))
+    greedy = decoder.submit(specdec.Request(prompt=[1, 2, 3], max_new_tokens=40))
+    sampled = decoder.submit(specdec.Request(prompt=[4, 5], max_new_tokens=40,
+                                             sampling=specdec.SamplingConfig(temperature=0.8), seed=1))
+    assert [r.requests for r in decoder.step(max_prefill_tokens=4)] == [(greedy,)]  # 3 + 2 > 4: one prompt
+    assert [r.requests for r in decoder.step(max_prefill_tokens=4)] == [(sampled,), (greedy,)]
+    long = decoder.submit(specdec.Request(prompt=list(range(10, 21)), max_new_tokens=4))
+    target.forwards.clear()
+    emitted = []
+    for _ in range(3):
+        results = decoder.step(max_prefill_tokens=4)
+        emitted.append({r: len(t) for result in results for r, t in zip(result.requests, result.new_tokens)})
+    chunks = [f[0] for f in target.forwards]
+    assert chunks == [[(2, 4)], [(2, 4)], [(2, 3)]], "11 prompt tokens in chunks of the budget"
+    assert all(sorted(f[1]) == [0, 1] for f in target.forwards), "both groups' trees ride every forward"
+    assert all(e[greedy] >= 1 and e[sampled] >= 1 for e in emitted), "the decoding requests did not stall"
+    assert long not in emitted[0] and long not in emitted[1] and emitted[2][long] == 1, "first token at the last chunk"
+    decoder.close()
+    assert not target.cache.admitted.any()

@@ -145,14 +145,16 @@ def framework_backend(name):
 @pytest.mark.parametrize("drafter", ["none", "lookup"])
 @settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                 HealthCheck.too_slow])
-@given(schedule=st.lists(requests.map(lambda r: {**r, "sampling": 0}), min_size=1, max_size=5))
-def test_framework_backends_greedy_requests_decode_as_alone(model_dir, backend, drafter, schedule):
+@given(schedule=st.lists(requests.map(lambda r: {**r, "sampling": 0}), min_size=1, max_size=5),
+       budget=st.sampled_from([None, 3]))
+def test_framework_backends_greedy_requests_decode_as_alone(model_dir, backend, drafter, schedule, budget):
     """torch and mlx in float32: batched rows may round differently from a row alone, so these
     compare greedy decoding (the tiny model's logits are decisive, so the argmax is robust).
+    A budget of 3 prompt tokens per step packs prompt chunks beside the trees of running requests.
     The engine loads its target on its own thread, as MLX needs."""
     framework_backend(backend)
     with Engine(model_dir, drafter=drafter, backend=backend, slots=3, capacity=80, tree_room=16,
-                dtype="float32") as engine:
+                dtype="float32", max_prefill_tokens=budget) as engine:
         results = run_schedule(engine, schedule)
         check_against_alone(model_dir, backend, drafter, schedule, results)
         assert engine.stats()["free_slots"] == 3
