@@ -35,7 +35,9 @@ def _evaluation_task(checkpoint, target, overrides):
     from specdec_redrafter.train import RedrafterTask
 
     config, weights = load_redrafter_checkpoint(checkpoint)
-    task = RedrafterTask(attrs.evolve(config, **overrides), embed_tokens=target.embed_tokens, lm_head=target.lm_head)
+    shortlist = weights.pop("vocab_shortlist", None)  # drafting evaluates with it, as inference does
+    task = RedrafterTask(attrs.evolve(config, **overrides), embed_tokens=target.embed_tokens, lm_head=target.lm_head,
+                         shortlist=shortlist)
     task.module.load_weights(weights)
     return task
 

@@ -122,6 +122,23 @@ def test_trained_drafter_carries_its_shortlist(trained):
     assert report["shortlist"] == 64 and 0.0 < report["heldout_coverage"] <= 1.0
 
 
+def test_the_evaluation_task_drafts_from_the_checkpoints_shortlist(trained, tiny_target, tiny_data):
+    """``specdec train``'s held-out evaluation of a saved checkpoint (``evaluate_drafter``) loads its
+    shortlist as inference does, and scores what a task built by hand from the checkpoint scores."""
+    from specdec.plugins import default_registry
+
+    out, _ = trained
+    task = default_registry().drafter_spec("redrafter").evaluation_task(out, tiny_target, {})
+    config, weights = load_redrafter_checkpoint(out)
+    assert task.shortlist is not None and task.shortlist.tolist() == weights["vocab_shortlist"].tolist()
+    by_hand = RedrafterTask(config, embed_tokens=tiny_target.embed_tokens, lm_head=tiny_target.lm_head,
+                            shortlist=weights.pop("vocab_shortlist"))
+    by_hand.module.load_weights(weights)
+    heldout = tiny_data["heldout"]
+    scores = [loop.walk_tokens_per_step(heldout, lambda idx, t=t: t.accept(heldout, idx)) for t in (task, by_hand)]
+    assert scores[0] == scores[1] and scores[0]["tokens_per_step"] >= 1.0
+
+
 def test_offline_acceptance_equals_the_decode_loop(trained, tiny_model, tiny_target, tiny_data, prompt_source):
     """Replaying decoding over the teacher data counts what ``specdec.stream`` accepts step by step."""
     out, _ = trained
