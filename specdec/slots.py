@@ -100,3 +100,19 @@ def check_context(context, admitted: np.ndarray, lengths: np.ndarray, capacity: 
                 f"context: slot {slot} holds {start} positions and a chunk of {tokens.size} more does not fit its "
                 f"capacity of {capacity}; load the target with a larger capacity")
     return chunks
+
+
+def check_forward(tree, slots, context, admitted: np.ndarray, lengths: np.ndarray, capacity: int,
+                  vocab_size: int) -> tuple[np.ndarray, list[tuple[int, np.ndarray]], list[int]]:
+    """The checks of ``forward_tree(tree, slots, context=...)``: (tree slots (B,) int64, prompt
+    chunks as ``check_context``, each chunk's start position: its slot's length, 0 for a free slot)."""
+    slots = np.zeros(0, dtype=np.int64) if tree is None else check_slots(admitted, slots, what="forward_tree")
+    chunks = check_context(context, admitted, lengths, capacity, vocab_size, slots)
+    if tree is None and not chunks:
+        raise InvalidInputError("forward_tree needs a tree or at least one context chunk")
+    if tree is not None:
+        if tree.batch_size != len(slots):
+            raise InvalidInputError(f"tree has {tree.batch_size} rows but {len(slots)} slots were given; "
+                                    "pass one slot per tree row")
+        check_room(lengths, slots, tree.size, capacity, "forward_tree")
+    return slots, chunks, [int(lengths[slot]) if admitted[slot] else 0 for slot, _ in chunks]

@@ -26,7 +26,7 @@ from specdec.errors import InvalidInputError
 from specdec.reference.loading import LlamaConfig
 from specdec.reference.model import rotary_inverse_frequencies
 from specdec.reference import packing
-from specdec.slots import check_context, check_layers, check_prompt, check_room, check_slot_arguments, check_slots
+from specdec.slots import check_forward, check_layers, check_prompt, check_room, check_slot_arguments, check_slots
 from specdec.types import DraftTree, PromptOutput, TargetOutput, Verdict
 from specdec_mlx.backend import to_mx
 from specdec_mlx.kvcache import MlxKVCache
@@ -252,19 +252,10 @@ class MlxTarget:
         entries and to the nodes j with ``ancestor_mask[b, i, j]``, and its keys and values are
         written at ``length[s] + i`` (kept by commit)."""
         cache = self.cache
-        slots = np.zeros(0, dtype=np.int64) if tree is None else check_slots(
-            cache.admitted, slots, admitted_state=True, what="forward_tree")
         wanted = check_layers(layers, self.num_layers)
-        chunks = check_context(context, cache.admitted, cache.lengths, self.capacity, self.vocab_size, slots)
-        if tree is None and not chunks:
-            raise InvalidInputError("forward_tree needs a tree or at least one context chunk")
-        if tree is not None:
-            if tree.batch_size != len(slots):
-                raise InvalidInputError(f"tree has {tree.batch_size} rows but {len(slots)} slots were given; "
-                                        "pass one slot per tree row")
-            check_room(cache.lengths, slots, tree.size, self.capacity, "forward_tree")
+        slots, chunks, starts = check_forward(tree, slots, context, cache.admitted, cache.lengths, self.capacity,
+                                              self.vocab_size)
         places = packing.layout([t.size for _, t in chunks], None if tree is None else (len(slots), tree.size))
-        starts = [int(cache.lengths[slot]) if cache.admitted[slot] else 0 for slot, _ in chunks]
         segments = [self._chunk_segment(place, slot, start) for place, (slot, _), start in zip(places, chunks, starts)]
         tokens = [mx.array(t.astype(np.int32)) for _, t in chunks]
         if tree is not None:

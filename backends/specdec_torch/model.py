@@ -22,7 +22,7 @@ import attrs
 
 from specdec.errors import InvalidInputError
 from specdec.reference import packing
-from specdec.slots import check_context, check_layers, check_prompt, check_room, check_slot_arguments, check_slots
+from specdec.slots import check_forward, check_layers, check_prompt, check_room, check_slot_arguments, check_slots
 from specdec.types import DraftTree, PromptOutput, TargetOutput, Verdict
 from specdec_torch.kvcache import TorchKVCache
 from specdec_torch.layers import apply_rotary, attend, inverse_frequencies, mlp, rms_norm, rotary_cos_sin
@@ -290,19 +290,10 @@ class TorchTarget:
         ``length[s] + i`` and attends to the slot's committed entries and to its ancestors;
         nothing of the tree is committed until commit."""
         cache = self.cache
-        slots = np.zeros(0, dtype=np.int64) if tree is None else self._check_slots(
-            slots, admitted=True, what="forward_tree")
         wanted = self._check_layers(layers)
-        chunks = check_context(context, cache.admitted, cache.lengths, self.capacity, self.vocab_size, slots)
-        if tree is None and not chunks:
-            raise InvalidInputError("forward_tree needs a tree or at least one context chunk")
-        if tree is not None:
-            if tree.batch_size != len(slots):
-                raise InvalidInputError(f"tree has {tree.batch_size} rows but {len(slots)} slots were given; "
-                                        "pass one slot per tree row")
-            check_room(cache.lengths, slots, tree.size, self.capacity, "forward_tree")
+        slots, chunks, starts = check_forward(tree, slots, context, cache.admitted, cache.lengths, self.capacity,
+                                              self.vocab_size)
         places = packing.layout([t.size for _, t in chunks], None if tree is None else (len(slots), tree.size))
-        starts = [int(cache.lengths[slot]) if cache.admitted[slot] else 0 for slot, _ in chunks]
         segments = [self._chunk_segment(place, slot, start)
                     for place, (slot, _), start in zip(places, chunks, starts)]
         tokens = [torch.from_numpy(t).to(self.device) for _, t in chunks]

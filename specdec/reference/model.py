@@ -25,7 +25,7 @@ import numpy as np
 from specdec.errors import InvalidInputError
 from specdec.reference.kvcache import TreeKVCache
 from specdec.reference.loading import LlamaConfig, load_target  # noqa: F401  (re-exported)
-from specdec.slots import check_context, check_layers, check_prompt, check_slot_arguments
+from specdec.slots import check_forward, check_layers, check_prompt, check_slot_arguments
 from specdec.types import DraftTree, PromptOutput, TargetOutput, Verdict
 
 __all__ = [
@@ -312,13 +312,9 @@ class ReferenceTarget:
         Each chunk and each tree row runs alone over its real tokens (padding nodes get zeros),
         so a row's numbers are exactly those it gets in any other forward: the reference is
         batch-independent by construction, which the per-request determinism tests rely on."""
-        slots = np.zeros(0, dtype=np.int64) if tree is None else self.cache.check_slots(
-            slots, admitted=True, what="forward_tree")
         self._check_layers(layers)
-        chunks = check_context(context, self.cache.admitted, self.cache.lengths, self.capacity, self.vocab_size,
-                               slots)
-        if tree is None and not chunks:
-            raise InvalidInputError("forward_tree needs a tree or at least one context chunk")
+        slots, chunks, _ = check_forward(tree, slots, context, self.cache.admitted, self.cache.lengths, self.capacity,
+                                         self.vocab_size)
         prompts, appends = [], []
         for slot, tokens in chunks:  # computed first, committed at the end: a failed forward commits nothing
             causal = np.tril(np.ones((tokens.size, tokens.size), dtype=bool))
@@ -339,16 +335,12 @@ class ReferenceTarget:
 
     def _forward_rows(self, tree: DraftTree, slots: np.ndarray, layers: Sequence[int]) -> TargetOutput:
         """The tree part of forward_tree: each row alone; stages the nodes' keys and values."""
-        if tree.batch_size != len(slots):
-            raise InvalidInputError(f"tree has {tree.batch_size} rows but {len(slots)} slots were given; "
-                                    "pass one slot per tree row")
         tokens = np.asarray(tree.tokens, dtype=np.int64)
         depth = np.asarray(tree.depth, dtype=np.int64)
         mask = np.asarray(tree.ancestor_mask, dtype=bool)
         self._check_tokens(tokens, "tree.tokens")
         if np.any(depth < 0) or not np.all(np.diagonal(mask, axis1=1, axis2=2)):
             raise InvalidInputError("tree.depth must be >= 0 and tree.ancestor_mask[b, i, i] True for every node")
-        self.cache.check_room(slots, tree.size, "forward_tree")
         cfg, (batch, size) = self.config, tokens.shape
         real = np.clip(np.asarray(tree.num_nodes, dtype=np.int64), 1, size)
         hidden, logits = np.zeros((batch, size, self.hidden_size)), np.zeros((batch, size, self.vocab_size))

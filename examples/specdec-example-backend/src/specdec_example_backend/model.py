@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import specdec
-from specdec.slots import check_context, check_layers, check_prompt, check_room, check_slot_arguments, check_slots
+from specdec.slots import check_forward, check_layers, check_prompt, check_slot_arguments, check_slots
 
 
 def rms_norm(x, weight, eps):
@@ -148,17 +148,9 @@ class Float32Target:
     def forward_tree(self, tree, slots, *, context=(), layers=()):
         """Prompt chunks (``context``: (slot, tokens) pairs, committed here; a free slot is claimed)
         and tree rows (logits (B, N, V) and hidden (B, N, H) of every node, kept until commit)."""
-        slots = np.zeros(0, np.int64) if tree is None else check_slots(self.admitted, slots, what="forward_tree")
         wanted = check_layers(layers, self.num_layers)
-        chunks = check_context(context, self.admitted, self.lengths, self.capacity, self.vocab_size, slots)
-        if tree is None and not chunks:
-            raise specdec.InvalidInputError("forward_tree needs a tree or at least one context chunk")
-        if tree is not None:  # checked before any chunk is committed
-            tokens, depth = np.asarray(tree.tokens), np.asarray(tree.depth)
-            mask = np.asarray(tree.ancestor_mask, dtype=bool)
-            if tokens.shape[0] != len(slots):
-                raise specdec.InvalidInputError(f"the tree has {tokens.shape[0]} rows, {len(slots)} slots were given")
-            check_room(self.lengths, slots, tokens.shape[1], self.capacity, "forward_tree")
+        slots, chunks, _ = check_forward(tree, slots, context, self.admitted, self.lengths, self.capacity,
+                                         self.vocab_size)
         prompts = []
         for slot, chunk in chunks:
             if not self.admitted[slot]:
@@ -170,6 +162,8 @@ class Float32Target:
         if tree is None:
             self.staged = None
             return specdec.TargetOutput(logits=None, hidden=None, context=prompts)
+        tokens, depth = np.asarray(tree.tokens), np.asarray(tree.depth)
+        mask = np.asarray(tree.ancestor_mask, dtype=bool)
         hidden = np.empty(tokens.shape + (self.hidden_size,), dtype=np.float32)
         outputs = {i: np.empty_like(hidden) for i in wanted}
         staged = []
