@@ -194,6 +194,8 @@ def main() -> int:
     parser.add_argument("--clients", type=int, default=16)
     parser.add_argument("--slots", type=int, default=4)
     parser.add_argument("--max-queue", type=int, default=8)
+    parser.add_argument("--max-prefill-tokens", type=int, default=512,
+                        help="prompt tokens per step (smaller than the prompts: they are prefilled in chunks)")
     parser.add_argument("--max-tokens", type=int, default=12)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=None)
@@ -210,7 +212,7 @@ def main() -> int:
     port = free_port()
     command = [sys.executable, "-m", "specdec.cli", "serve", "--model", model, "--backend", args.backend,
                "--drafter", args.drafter, "--slots", str(args.slots), "--capacity", "256", "--max-queue",
-               str(args.max_queue), "--port", str(port), "--served-model-name", "soak", "--log-level", "warning"]
+               str(args.max_queue), "--max-prefill-tokens", str(args.max_prefill_tokens), "--port", str(port), "--served-model-name", "soak", "--log-level", "warning"]
     if args.dtype:
         command += ["--dtype", args.dtype]
     server = subprocess.Popen(command, cwd=ROOT, stderr=subprocess.PIPE, text=True)
