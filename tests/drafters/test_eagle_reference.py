@@ -259,3 +259,65 @@ def test_checkpoint_round_trip_and_random_maker(tmp_path, model_dir):
     assert made.target["name"] == "llama"
     with pytest.raises(ValueError, match="unknown EAGLE config keys"):
         EagleConfig.from_dict({**config.to_dict(), "beam_width": 2})
+
+
+@pytest.mark.parametrize("sampling", [dict(temperature=2.5), dict(temperature=2.0, top_k=3),
+                                      dict(temperature=4.0, top_p=0.9)], ids=["t2.5", "t2-k3", "t4-p0.9"])
+@pytest.mark.parametrize("prompt", [[0, 1, 2, 3], [4]])
+def test_sampling_over_its_dynamic_tree_emits_exactly_the_targets_distribution(tmp_path, sampling, prompt):
+    """One step of EAGLE's tree under the exact verifier, every branch enumerated (each with its
+    probability), then the target's own conditionals: the distribution of the next depth + 1
+    tokens equals the target's joint to 1e-10, whatever the dynamic tree holds."""
+    from functools import lru_cache
+
+    from specdec.generate import prepare
+    from specdec.reference.model import load_target
+    from specdec.reference.sampling import target_probs
+    from specdec.reference.verify import ExactTreeVerifier
+    from specdec.testing import make_random_drafter, make_random_model
+    from specdec.testing.enumeration import enumerate_outcomes
+    from specdec.types import SamplingConfig
+
+    model = make_random_model(tmp_path / "target", seed=4, vocab_size=5, hidden_size=16, num_layers=1, num_heads=2,
+                              num_kv_heads=1, tie_word_embeddings=False)
+    checkpoint = make_random_drafter(tmp_path / "eagle", model, kind="eagle", seed=2)
+    config = SamplingConfig(**sampling)
+    depth = 2
+    target = load_target(model, slots=1, capacity=16)
+    plan, *_ = prepare(target, [1], str(checkpoint), "numpy", max_new_tokens=4, temperature=0.0, top_k=None,
+                       top_p=None, dtype=None, device=None, registry=None,
+                       options=dict(lookup=False, tree_top_k=2, depth=depth, total_tokens=4))
+    drafter, fresh = plan.drafter, load_target(model, slots=1, capacity=16)
+
+    @lru_cache(maxsize=None)
+    def conditional(prefix):
+        probs = target_probs(np.asarray(fresh.admit(0, list(prefix)).logits)[None], config)[0]
+        fresh.release(0)
+        return probs
+
+    def joint(prefix, length):
+        if length == 0:
+            return {(): 1.0}
+        probs = conditional(prefix)
+        return {(int(t),) + rest: probs[t] * w for t in np.flatnonzero(probs > 0)
+                for rest, w in joint(prefix + (int(t),), length - 1).items()}
+
+    output = target.admit(0, prompt)
+    root = 1
+    drafter.begin(0, np.array(prompt), output)
+    draft = drafter.propose(DraftContext(root_tokens=np.array([root]), hidden=np.asarray(output.hidden)[-1:],
+                                         sampling=config, num_generated=np.array([1]), slots=np.array([0]),
+                                         history=(np.array(prompt + [root]),)))
+    tree = build_prefix_tree(np.asarray(draft.beams))
+    assert int(tree.num_nodes[0]) > depth, "the dynamic tree branches"
+    forward = target.forward_tree(tree, np.array([0]))
+    context = tuple(prompt) + (root,)
+    got: dict[tuple[int, ...], float] = {}
+    verifier = ExactTreeVerifier()
+    for (path, bonus), weight in enumerate_outcomes(lambda c: verifier.verify_row(tree, draft, forward, config, 0, c)):
+        emitted = tuple(int(tree.tokens[0, u]) for u in path[1:]) + (int(bonus),)
+        for tail, tail_weight in joint(context + emitted, depth + 1 - len(emitted)).items():
+            got[emitted + tail] = got.get(emitted + tail, 0.0) + weight * tail_weight
+    expected = joint(context, depth + 1)
+    error = max(abs(got.get(k, 0.0) - expected.get(k, 0.0)) for k in set(got) | set(expected))
+    assert error < 1e-10 and abs(sum(got.values()) - 1.0) < 1e-10, f"max error {error:.3g}"
