@@ -19,6 +19,7 @@ from typing import Sequence
 
 import numpy as np
 
+from specdec.errors import InvalidInputError
 from specdec.plugins import PluginRegistry, default_registry
 from specdec.types import Draft, DraftTree, SamplingConfig, TargetOutput, Verdict
 
@@ -147,6 +148,22 @@ def check_target(backend_name: str, model_path, *, dtype: str | None = "float32"
             active = active[rng.permutation(len(active))][:-1]  # a subset, in another order
         forward(str(step), active)
     free = [s for s in range(num_slots) if s not in roots]
+    bad = [(free[0], [1, 2]), (free[1], [reference.vocab_size])]  # the second chunk's token is outside the vocabulary
+    try:
+        target.forward_tree(None, np.zeros(0, dtype=np.int64), context=bad)
+    except InvalidInputError:
+        pass
+    else:
+        raise AssertionError(f"{where}: forward_tree(context={bad}) did not refuse a token outside the vocabulary")
+    for slot in free:  # a failed forward claims no slot and commits nothing
+        try:
+            actual = target.admit(slot, [3, 4], layers=layers)
+        except InvalidInputError as error:
+            raise AssertionError(f"{where}: after a refused forward_tree(context={bad}), slot {slot} cannot be "
+                                 f"admitted into ({error}): a failed forward must claim no slot") from error
+        compare_prompt(f"admit slot {slot} after a refused forward", reference.admit(slot, [3, 4], layers=layers),
+                       actual)
+        reference.release(slot), target.release(slot)
     chunks = {slot: rng.integers(0, reference.vocab_size, size=3 + 2 * i).tolist() for i, slot in enumerate(free)}
     forward("chunks", np.zeros(0, dtype=np.int64), [(s, c[:2]) for s, c in chunks.items()])
     last = forward("packed", np.array(sorted(roots), dtype=np.int64), [(s, c[2:]) for s, c in chunks.items()])
