@@ -56,6 +56,7 @@ class Decoder:
         self._ids = itertools.count()
         self._hidden = None  # (num_slots, H) backend array: each slot's hidden state at its root
         self._committing = False
+        self._forwarded = None  # (chunks, their PromptOutputs) once the running step's forward has run
         self.steps = 0
 
     @property
@@ -234,21 +235,27 @@ class Decoder:
         """``_run``, which with ``failures`` drops the requests it fails for (see ``step``)."""
         if failures is None:
             return self._run(chunks, groups)
-        states = [self.active[s][1] for s, *_ in chunks] + [self.active[s][1] for _, slots in groups for s in slots]
+        chunk_states = [self.active[s][1] for s, *_ in chunks]
+        states = chunk_states + [self.active[s][1] for _, slots in groups for s in slots]
         saved = [None if s.generator is None else s.generator.bit_generator.state for s in states]
-        self._committing = False
+        self._committing, self._forwarded = False, None
         try:
             return self._run(chunks, groups)
         except Exception as error:
-            if len(states) == 1 or self._committing or self.caps.stateful:
+            admitted = None
+            if self._forwarded is not None:  # the forward ran: its chunks are committed, their requests move on
+                forwarded, self._forwarded = self._forwarded, None
+                admitted = self._advance_chunks(*forwarded)
+                states, chunks = states[len(chunk_states):], []
+            if len(states) + len(chunks) <= 1 or self._committing or self.caps.stateful:
                 for state in states:
                     if state.slot in self.active and self.active[state.slot][1] is state:
                         self._drop(self.active[state.slot][0], error, failures)
-                return [], []
-        for state, generator_state in zip(states, saved):
+                return admitted or [], []
+        for state, generator_state in zip(states, saved[len(saved) - len(states):]):
             if generator_state is not None:
                 state.generator.bit_generator.state = generator_state
-        admitted, decoded = [], []
+        admitted, decoded = list(admitted or []), []
         alone = [([chunk], []) for chunk in chunks] + [([], [(sampling, [s])]) for sampling, slots in groups
                                                         for s in slots]
         for part_chunks, part_groups in alone:
@@ -301,6 +308,7 @@ class Decoder:
             for group in drafted:
                 self._check(group.draft, group.tree, cause=exc)
             raise
+        self._forwarded = (chunks, output.context)  # committed: never run again (_run_isolated)
         verdicts, row = [], 0
         for group in drafted:
             rows = len(group.slots)
@@ -317,7 +325,8 @@ class Decoder:
             target.commit(tree, Verdict(path=on_target(merged.path), num_accepted=on_target(merged.num_accepted),
                                         bonus_tokens=on_target(merged.bonus_tokens)))
         decoded = [self._accept(group, *verdict) for group, verdict in zip(drafted, verdicts)]
-        admitted = self._advance_chunks(chunks, output.context)
+        self._forwarded = None
+        admitted = self._advance_chunks(chunks, output.context)  # after commit: a request ending here frees its slot
         t3 = time.perf_counter()
         if decoded:
             decoded[0] = attrs.evolve(decoded[0], time_draft=t1 - t0, time_verify=t2 - t1, time_other=t3 - t2)

@@ -184,3 +184,47 @@ def test_each_step_is_one_forward_of_prompt_chunks_and_every_groups_trees(model_
     assert long not in emitted[0] and long not in emitted[1] and emitted[2][long] == 1, "first token at the last chunk"
     decoder.close()
     assert not target.cache.admitted.any()
+
+
+class FailingFor:
+    """The plan's verifier, raising for requests with one sampling temperature."""
+
+    def __init__(self, inner, temperature):
+        self.inner, self.temperature, self.caps = inner, temperature, inner.caps
+
+    def verify(self, tree, draft, target, sampling, uniforms):
+        if sampling.temperature == self.temperature:
+            raise RuntimeError("this verifier fails for these requests")
+        return self.inner.verify(tree, draft, target, sampling, uniforms)
+
+
+def test_a_request_failing_after_the_forward_leaves_the_prompt_chunks_of_that_forward_committed_once(model_dir):
+    """A verifier fails for one request after a forward that also carried another request's prompt
+    chunk: that chunk is committed once (not prefilled again when the failing step is retried row
+    by row), the failing request is dropped, and every other request decodes as it would alone."""
+    import attrs
+
+    plan = decoding_plan(counting(load_target(model_dir, slots=3, capacity=64)), "lookup")
+    plan = attrs.evolve(plan, verifier=FailingFor(plan.verifier, 0.7))
+    decoder = Decoder(plan)
+    failing = decoder.submit(specdec.Request(prompt=[4, 5], max_new_tokens=6,
+                                             sampling=specdec.SamplingConfig(temperature=0.7), seed=2))
+    greedy = specdec.Request(prompt=[1, 2, 3], max_new_tokens=6)
+    chunked = specdec.Request(prompt=list(range(10, 19)), max_new_tokens=6)
+    ids = {decoder.submit(greedy): greedy}
+    failures, tokens = [], {}
+    for step in range(40):
+        if step == 1:
+            ids[decoder.submit(chunked)] = chunked
+        for result in decoder.step(max_prefill_tokens=4, failures=failures):
+            for request_id, new in zip(result.requests, result.new_tokens):
+                tokens.setdefault(request_id, []).extend(new)
+        if decoder.idle:
+            break
+    assert [request_id for request_id, _ in failures] == [failing]
+    assert not plan.target.cache.admitted.any()
+    sent = sum(size for chunks, _ in plan.target.forwards for _, size in chunks)
+    assert sent == 2 + 3 + 9, f"{sent} prompt tokens forwarded for prompts of 2 + 3 + 9: a chunk ran twice"
+    alone = decoding_plan(load_target(model_dir, slots=1, capacity=64), "lookup")
+    for request_id, request in ids.items():
+        assert tokens[request_id] == run(alone, [(0, request, None)])[0], f"request {request_id}"

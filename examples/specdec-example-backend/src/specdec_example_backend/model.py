@@ -143,7 +143,9 @@ class Float32Target:
 
     def release(self, slot):
         slot = int(check_slots(self.admitted, [slot], admitted_state=True, what="release")[0])
-        self.admitted[slot], self.lengths[slot], self.staged = False, 0, None
+        self.admitted[slot], self.lengths[slot] = False, 0
+        if self.staged is not None and slot in self.staged[0]:  # a staged tree of other slots stays
+            self.staged = None
 
     def forward_tree(self, tree, slots, *, context=(), layers=()):
         """Prompt chunks (``context``: (slot, tokens) pairs, committed here; a free slot is claimed)
