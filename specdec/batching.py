@@ -121,6 +121,7 @@ def full_batch(result: StepResult, batch_size: int) -> StepResult:
 
 
 def draw(states: list[RequestState], shape: tuple[int, ...]) -> np.ndarray | None:
+    """(B, *shape) uniforms, row b from request b's own generator; None for greedy requests."""
     draws = [state.draw(shape) for state in states]
     return None if draws[0] is None else np.stack(draws)
 
