@@ -101,7 +101,7 @@ class EngineMetrics:
         "prompt_tokens": "prompt tokens admitted",
         "generation_tokens": "tokens emitted",
         "prefilled_prompts": "prompts whose prefill finished (their last chunk ran)",
-        "decode_steps": "decode steps (one target forward per group of requests sharing sampling settings)",
+        "decode_steps": "steps that decoded (one target forward each, with the prompt chunks of that step)",
         "decode_row_steps": "request rows in decode steps",
         "decode_tokens": "tokens emitted by decode steps (bonus tokens counted)",
         "draft_tokens": "drafted tokens verified (distinct beams)",

@@ -15,7 +15,7 @@ HISTOGRAM_HELP = {
     "inter_token_latency_seconds": "Time per output token after the first: the gap between a request's deliveries "
                                    "divided by the tokens delivered (observed once per token).",
     "request_latency_seconds": "Time from submission to the end of a request (any finish reason).",
-    "queue_time_seconds": "Time from submission to admission into a slot.",
+    "queue_time_seconds": "Time from submission until the prompt's prefill ended (its last chunk).",
     "step_seconds": "Duration of one scheduler step (admissions and one decode step of every running request).",
     "tokens_per_step": "Tokens a running request gets from one decode step (accepted drafted tokens plus the bonus).",
 }
