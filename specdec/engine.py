@@ -21,9 +21,11 @@ raises ``TargetBusyError``. ``close(drain=True)`` finishes what was submitted,
 
 from __future__ import annotations
 
+import atexit
 import itertools
 import threading
 import time
+import weakref
 from collections import deque
 from typing import Any, Sequence
 
@@ -41,6 +43,21 @@ from specdec.slots import TREE_ROOM
 from specdec.types import StepResult
 
 __all__ = ["Engine", "EngineClosedError", "QueueFullError", "RequestFailedError"]
+
+_LIVE: "weakref.WeakSet[Engine]" = weakref.WeakSet()  # engines whose scheduler may still run
+
+
+def _close_at_exit() -> None:
+    """Cancel what engines left open are running before the interpreter exits: a scheduler
+    thread stopped in the middle of a framework's forward aborts the process. Registered again
+    by every engine once its target is loaded, so that it runs before the exit handlers of the
+    framework that target imported (atexit runs the last registered first)."""
+    for engine in list(_LIVE):
+        try:
+            engine.close(drain=False)
+        except Exception:  # noqa: BLE001 - exiting anyway; the other engines still get closed
+            pass
+
 
 class Engine:
     """In-flight batching over one target with ``slots`` request slots (module docstring).
@@ -120,11 +137,14 @@ class Engine:
             self._run()
 
         self._thread = threading.Thread(target=main, name="specdec-engine", daemon=True)
+        _LIVE.add(self)
         self._thread.start()
         ready.wait()
         if failed:
             self._thread.join()
             raise failed[0]
+        atexit.unregister(_close_at_exit)
+        atexit.register(_close_at_exit)
 
     def _configure(self, plan: DecodePlan, *, capacity, tree_room, max_queue, max_prefill_tokens, max_new_tokens):
         from specdec.arguments import context_length

@@ -384,3 +384,33 @@ def test_bad_engine_settings_are_refused(model_dir):
             Engine(model_dir, drafter="none", backend="numpy", slots=1, **{"capacity": 64, **settings_}) \
                 if "tree_room" not in settings_ else Engine(specdec.load(model_dir, backend="numpy", capacity=64),
                                                             drafter="none", backend="numpy", **settings_)
+
+
+EXITING_SCRIPT = """
+import sys
+import specdec
+engine = specdec.Engine(sys.argv[1], drafter="none", backend=sys.argv[2], slots=2, capacity=512, max_new_tokens=400)
+handle = engine.submit([1, 2, 3], max_new_tokens=400)
+next(iter(handle))
+raise RuntimeError("the script fails before closing the engine")
+"""
+
+
+@pytest.mark.parametrize("backend", ["numpy", "torch"])
+def test_a_script_that_exits_with_an_engine_running_exits_cleanly(model_dir, backend, tmp_path):
+    """An engine left running when the interpreter exits is cancelled first: the process ends with
+    the script's own error, not an abort from a framework torn down under the scheduler thread.
+    (Not mlx: a process whose engine ran MLX on its thread can abort at exit even after a clean
+    close, docs/serving.md "Limits".)"""
+    import subprocess
+    import sys
+
+    if backend != "numpy":
+        framework_backend(backend)
+    script = tmp_path / "exits.py"
+    script.write_text(EXITING_SCRIPT)
+    done = subprocess.run([sys.executable, str(script), str(model_dir), backend], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert "the script fails before closing the engine" in done.stderr
+    assert "terminate called" not in done.stderr
