@@ -5,7 +5,7 @@ draft model, the request lifecycle and the tree). Parameter names are the checkp
 same ``model.safetensors`` loads unchanged; the target's embedding and LM head are borrowed. Every
 level's frontier runs in one forward over (B, k) entries; rankings use ``ops.top_k_lowest_index``
 (ties to the lower index); the beams are assembled on the host from the tree's (B, C)-sized
-arrays by ``reference.tree_beams``, as on torch. Indices are int32, computation float32.
+arrays by ``search.extended_beams``, as on torch. Indices are int32, computation float32.
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ from specdec.capabilities import DrafterCaps
 from specdec.errors import InvalidInputError
 from specdec.types import Accepted, Draft, DraftContext, PromptOutput
 from specdec_eagle.config import EagleConfig, check_weights
-from specdec_eagle.reference import check_context, check_target_arrays, select_nodes, tree_beams, tree_options
+from specdec_eagle.reference import check_context, check_target_arrays, tree_options
+from specdec_eagle.search import extended_beams
 from specdec_mlx import ops
 
 __all__ = ["MlxEagleDrafter", "MlxEagleNet"]
@@ -277,53 +278,17 @@ class _TreeSearch:
         return self._beams(np.array(tokens), np.array(parents), np.array(all_scores), np.array(entry_of))
 
     def _beams(self, tokens, parents, scores, entry_of) -> mx.array:
-        """As ``specdec_eagle.torch.TreeSearch._beams``: the kept nodes chosen on the host, short
-        leaves extended in batched rounds."""
-        drafter, depth = self.drafter, self.drafter.depth
-        rows = [dict(tokens=tokens[b].tolist(), parents=parents[b].tolist(), scores=scores[b].tolist(),
-                     entry=entry_of[b].tolist(), child={}) for b in range(tokens.shape[0])]
-        selected, chains = [], []
-        for b, row in enumerate(rows):
-            row["levels"] = [0] * len(row["tokens"])
-            for i in range(1, len(row["tokens"])):
-                row["levels"][i] = row["levels"][row["parents"][i]] + 1
-            selected.append(select_nodes(row["scores"], row["parents"], row["levels"], depth=depth,
-                                         budget=drafter.total_tokens))
-            kept = set(int(s) for s in selected[b])
-            inner = {row["parents"][s] for s in kept}
-            chains.append(sorted(s for s in kept if s not in inner and row["levels"][s] < depth))
-        while any(chains):
-            need = [[node for node in chain if rows[b]["entry"][node] < 0] for b, chain in enumerate(chains)]
-            if any(need):
-                size = max(len(n) for n in need)
-                run_tokens = np.zeros((len(rows), size), dtype=np.int32)
-                run_parent = np.zeros((len(rows), size), dtype=np.int32)
-                run_level = np.ones((len(rows), size), dtype=np.int32)
-                for b, nodes in enumerate(need):
-                    for j, node in enumerate(nodes):
-                        row = rows[b]
-                        run_tokens[b, j] = row["tokens"][node]
-                        run_parent[b, j] = row["entry"][row["parents"][node]]
-                        run_level[b, j] = row["levels"][node]
-                first = self.anc.shape[1]
-                parent = mx.array(run_parent)
-                self._run(mx.array(run_tokens), self._gather_outs(parent), mx.array(run_level), parent)
-                for b, nodes in enumerate(need):
-                    for j, node in enumerate(nodes):
-                        rows[b]["entry"][node] = first + j
-            top1 = np.array(drafter.to_vocab(self.top1))
-            for b, chain in enumerate(chains):
-                row, following = rows[b], []
-                for node in chain:
-                    row["tokens"].append(int(top1[b, row["entry"][node]]))
-                    row["parents"].append(node)
-                    row["levels"].append(row["levels"][node] + 1)
-                    row["scores"].append(row["scores"][node])
-                    row["entry"].append(-1)
-                    row["child"][node] = child = len(row["tokens"]) - 1
-                    if row["levels"][child] < depth:
-                        following.append(child)
-                chains[b] = following
-        beams = [tree_beams(row["tokens"], row["parents"], row["levels"], row["scores"], selected[b], depth=depth,
-                            width=drafter.total_tokens, extend=row["child"].__getitem__) for b, row in enumerate(rows)]
-        return mx.array(np.stack(beams).astype(np.int32))
+        """Beams (B, W, L) of the kept candidates, short leaves extended along their top-1
+        children (``specdec_eagle.search.extended_beams``, on the host)."""
+        drafter = self.drafter
+
+        def run(run_tokens, run_parent, run_level) -> int:
+            first = self.anc.shape[1]
+            parent = mx.array(run_parent.astype(np.int32))
+            self._run(mx.array(run_tokens.astype(np.int32)), self._gather_outs(parent),
+                      mx.array(run_level.astype(np.int32)), parent)
+            return first
+
+        beams = extended_beams(tokens, parents, scores, entry_of, depth=drafter.depth, width=drafter.total_tokens,
+                               run=run, top1=lambda: np.array(drafter.to_vocab(self.top1)))
+        return mx.array(beams.astype(np.int32))

@@ -26,7 +26,8 @@ from specdec.capabilities import DrafterCaps
 from specdec.errors import InvalidInputError
 from specdec.types import Accepted, Draft, DraftContext, PromptOutput
 from specdec_eagle.config import EagleConfig, check_weights
-from specdec_eagle.reference import check_context, check_target_arrays, select_nodes, tree_beams, tree_options
+from specdec_eagle.reference import check_context, check_target_arrays, tree_options
+from specdec_eagle.search import extended_beams
 from specdec_torch.ops import compute_dtype, top_k_lowest_index
 
 __all__ = ["EagleNet", "TorchEagleDrafter"]
@@ -334,57 +335,19 @@ class TreeSearch:
         return self._beams(tokens, parents, all_scores, entry_of)
 
     def _beams(self, tokens, parents, scores, entry_of) -> torch.Tensor:
-        """Beams (B, W, L) of the kept candidates (``select_nodes``, ``tree_beams``, on the host).
-        Short leaves are extended along their top-1 children first, in rounds (all rows
-        together): a chain's node that has not run runs, then its top-1 child becomes the
-        chain's next node."""
+        """Beams (B, W, L) of the kept candidates, short leaves extended along their top-1
+        children (``specdec_eagle.search.extended_beams``, on the host)."""
         drafter, device = self.drafter, tokens.device
-        depth, width = drafter.depth, drafter.total_tokens
         host = lambda t: t.cpu().numpy()  # noqa: E731
-        rows = [dict(tokens=host(tokens[b]).tolist(), parents=host(parents[b]).tolist(),
-                     scores=host(scores[b]).tolist(), entry=host(entry_of[b]).tolist(), child={})
-                for b in range(tokens.shape[0])]
-        selected, chains = [], []
-        for b, row in enumerate(rows):
-            row["levels"] = [0] * len(row["tokens"])
-            for i in range(1, len(row["tokens"])):
-                row["levels"][i] = row["levels"][row["parents"][i]] + 1
-            selected.append(select_nodes(row["scores"], row["parents"], row["levels"], depth=depth, budget=width))
-            kept = set(int(s) for s in selected[b])
-            inner = {row["parents"][s] for s in kept}
-            chains.append(sorted(s for s in kept if s not in inner and row["levels"][s] < depth))
-        while any(chains):
-            need = [[node for node in chain if rows[b]["entry"][node] < 0] for b, chain in enumerate(chains)]
-            if any(need):
-                size = max(len(n) for n in need)
-                run_tokens = torch.zeros(len(rows), size, dtype=torch.int64, device=device)
-                run_parent = torch.zeros(len(rows), size, dtype=torch.int64, device=device)
-                run_level = torch.ones(len(rows), size, dtype=torch.int64, device=device)
-                for b, nodes in enumerate(need):  # unused places run the root's first child: ignored
-                    for j, node in enumerate(nodes):
-                        row = rows[b]
-                        run_tokens[b, j] = row["tokens"][node]
-                        run_parent[b, j] = row["entry"][row["parents"][node]]
-                        run_level[b, j] = row["levels"][node]
-                first = self.anc.shape[1]
-                features = torch.gather(self.outs, 1, run_parent[:, :, None].expand(-1, -1, self.outs.shape[2]))
-                self._run(run_tokens, features, run_level, run_parent)
-                for b, nodes in enumerate(need):
-                    for j, node in enumerate(nodes):
-                        rows[b]["entry"][node] = first + j
-            top1 = host(drafter.to_vocab(self.top1))
-            for b, chain in enumerate(chains):
-                row, following = rows[b], []
-                for node in chain:
-                    row["tokens"].append(int(top1[b, row["entry"][node]]))
-                    row["parents"].append(node)
-                    row["levels"].append(row["levels"][node] + 1)
-                    row["scores"].append(row["scores"][node])
-                    row["entry"].append(-1)
-                    row["child"][node] = child = len(row["tokens"]) - 1
-                    if row["levels"][child] < depth:
-                        following.append(child)
-                chains[b] = following
-        beams = [tree_beams(row["tokens"], row["parents"], row["levels"], row["scores"], selected[b], depth=depth,
-                            width=width, extend=row["child"].__getitem__) for b, row in enumerate(rows)]
-        return torch.as_tensor(np.stack(beams), device=device)
+
+        def run(run_tokens, run_parent, run_level) -> int:
+            first = self.anc.shape[1]
+            run_tokens, run_parent, run_level = (torch.from_numpy(a).to(device)
+                                                 for a in (run_tokens, run_parent, run_level))
+            features = torch.gather(self.outs, 1, run_parent[:, :, None].expand(-1, -1, self.outs.shape[2]))
+            self._run(run_tokens, features, run_level, run_parent)
+            return first
+
+        beams = extended_beams(host(tokens), host(parents), host(scores), host(entry_of), depth=drafter.depth,
+                               width=drafter.total_tokens, run=run, top1=lambda: host(drafter.to_vocab(self.top1)))
+        return torch.as_tensor(beams, device=device)
