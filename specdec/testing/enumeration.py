@@ -46,3 +46,28 @@ def enumerate_outcomes(run) -> list[tuple[object, float]]:
         outcomes.append((run(chooser), chooser.weight))
         scripts.extend(chooser.pending)
     return outcomes
+
+
+def target_joint(target, sampling):
+    """``joint(prefix, length)``: the distribution {next ``length`` tokens: probability} that
+    ``target`` (a float64 reference target with a free slot 0) gives after the token tuple
+    ``prefix`` under ``sampling``, from its own one-token conditionals (cached per prefix)."""
+    from functools import lru_cache
+
+    from specdec.reference.sampling import target_probs
+
+    @lru_cache(maxsize=None)
+    def conditional(prefix):
+        probs = target_probs(np.asarray(target.admit(0, list(prefix)).logits)[None], sampling)[0]
+        target.release(0)
+        return probs
+
+    def joint(prefix, length):
+        if length == 0:
+            return {(): 1.0}
+        probs = conditional(tuple(prefix))
+        return {(int(t),) + rest: probs[t] * w for t in np.flatnonzero(probs > 0)
+                for rest, w in joint(tuple(prefix) + (int(t),), length - 1).items()}
+
+    return joint
+

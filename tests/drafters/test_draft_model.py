@@ -14,7 +14,6 @@ from __future__ import annotations
 import itertools
 import json
 import shutil
-from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -32,7 +31,7 @@ from specdec.reference.sampling import target_probs
 from specdec.reference.tree import build_prefix_tree, check_tree
 from specdec.reference.verify import ExactTreeVerifier, RejectionVerifier
 from specdec.testing import checks, make_random_drafter, make_random_model
-from specdec.testing.enumeration import enumerate_outcomes
+from specdec.testing.enumeration import enumerate_outcomes, target_joint
 from specdec.testing.requests import decoding_plan, run_schedule
 from specdec.types import DraftContext, SamplingConfig
 from specdec_draftmodel.drafter import DraftModelDrafter, chain_tree
@@ -203,20 +202,7 @@ def test_one_step_emits_exactly_the_targets_distribution(tiny, sampling, sample,
     target = load_target(tiny[0], slots=1, capacity=16)
     drafter = DraftModelDrafter(backend, target, load_target(tiny[1], slots=1, capacity=16),
                                 draft_length=draft_length, sample=sample)
-    fresh = load_target(tiny[0], slots=1, capacity=16)
-
-    @lru_cache(maxsize=None)
-    def conditional(prefix):
-        probs = target_probs(np.asarray(fresh.admit(0, list(prefix)).logits), config)
-        fresh.release(0)
-        return probs
-
-    def joint(prefix, length):
-        if length == 0:
-            return {(): 1.0}
-        probs = conditional(prefix)
-        return {(int(t),) + rest: probs[t] * w for t in np.flatnonzero(probs > 0)
-                for rest, w in joint(prefix + (int(t),), length - 1).items()}
+    joint = target_joint(load_target(tiny[0], slots=1, capacity=16), config)
 
     context = tuple(prompt) + (root,)
     target.admit(0, prompt)

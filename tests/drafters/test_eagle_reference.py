@@ -268,14 +268,11 @@ def test_sampling_over_its_dynamic_tree_emits_exactly_the_targets_distribution(t
     """One step of EAGLE's tree under the exact verifier, every branch enumerated (each with its
     probability), then the target's own conditionals: the distribution of the next depth + 1
     tokens equals the target's joint to 1e-10, whatever the dynamic tree holds."""
-    from functools import lru_cache
-
     from specdec.generate import prepare
     from specdec.reference.model import load_target
-    from specdec.reference.sampling import target_probs
     from specdec.reference.verify import ExactTreeVerifier
     from specdec.testing import make_random_drafter, make_random_model
-    from specdec.testing.enumeration import enumerate_outcomes
+    from specdec.testing.enumeration import enumerate_outcomes, target_joint
     from specdec.types import SamplingConfig
 
     model = make_random_model(tmp_path / "target", seed=4, vocab_size=5, hidden_size=16, num_layers=1, num_heads=2,
@@ -287,20 +284,7 @@ def test_sampling_over_its_dynamic_tree_emits_exactly_the_targets_distribution(t
     plan, *_ = prepare(target, [1], str(checkpoint), "numpy", max_new_tokens=4, temperature=0.0, top_k=None,
                        top_p=None, dtype=None, device=None, registry=None,
                        options=dict(lookup=False, tree_top_k=2, depth=depth, total_tokens=4))
-    drafter, fresh = plan.drafter, load_target(model, slots=1, capacity=16)
-
-    @lru_cache(maxsize=None)
-    def conditional(prefix):
-        probs = target_probs(np.asarray(fresh.admit(0, list(prefix)).logits)[None], config)[0]
-        fresh.release(0)
-        return probs
-
-    def joint(prefix, length):
-        if length == 0:
-            return {(): 1.0}
-        probs = conditional(prefix)
-        return {(int(t),) + rest: probs[t] * w for t in np.flatnonzero(probs > 0)
-                for rest, w in joint(prefix + (int(t),), length - 1).items()}
+    drafter, joint = plan.drafter, target_joint(load_target(model, slots=1, capacity=16), config)
 
     output = target.admit(0, prompt)
     root = 1
