@@ -116,3 +116,22 @@ def check_forward(tree, slots, context, admitted: np.ndarray, lengths: np.ndarra
                                     "pass one slot per tree row")
         check_room(lengths, slots, tree.size, capacity, "forward_tree")
     return slots, chunks, [int(lengths[slot]) if admitted[slot] else 0 for slot, _ in chunks]
+
+
+def admit_in_chunks(target, slot: int, prompt: Sequence[int], layers: Sequence[int], *, admitted: np.ndarray,
+                    lengths: np.ndarray, chunk: int, concatenate):
+    """``TargetModel.admit`` through ``target.forward_tree``: after the checks (``admitted`` and
+    ``lengths`` are the target's records), the prompt runs as context chunks of at most ``chunk``
+    tokens, and their PromptOutputs are joined with ``concatenate`` (the framework's, over axis 0)."""
+    from specdec.types import PromptOutput
+
+    prompt = check_prompt(prompt, target.vocab_size)
+    check_layers(layers, target.num_layers)
+    slot = int(check_slots(admitted, [slot], admitted_state=False, what="admit")[0])
+    check_room(lengths, np.array([slot]), prompt.size, target.capacity, f"admit(slot={slot})")
+    parts = [target.forward_tree(None, (), context=[(slot, prompt[start:start + chunk])], layers=layers).context[0]
+             for start in range(0, prompt.size, chunk)]
+    if len(parts) == 1:
+        return parts[0]
+    return PromptOutput(logits=parts[-1].logits, hidden=concatenate([p.hidden for p in parts]),
+                        layers={i: concatenate([p.layers[i] for p in parts]) for i in parts[0].layers})

@@ -26,7 +26,7 @@ from specdec.errors import InvalidInputError
 from specdec.reference.loading import LlamaConfig
 from specdec.reference.model import rotary_inverse_frequencies
 from specdec.reference import packing
-from specdec.slots import check_forward, check_layers, check_prompt, check_room, check_slot_arguments, check_slots
+from specdec.slots import admit_in_chunks, check_forward, check_layers, check_slot_arguments, check_slots
 from specdec.types import DraftTree, PromptOutput, TargetOutput, Verdict
 from specdec_mlx.backend import to_mx
 from specdec_mlx.kvcache import MlxKVCache
@@ -221,17 +221,8 @@ class MlxTarget:
         """Prefill ``prompt`` into the free ``slot``: logits (V,) at its last token, hidden (P, H)
         at every token and the outputs of decoder ``layers`` (P, H); a forward per PREFILL_CHUNK
         tokens (``forward_tree`` with the chunk as its context)."""
-        prompt = check_prompt(prompt, self.vocab_size)
-        check_layers(layers, self.num_layers)
-        slot = int(check_slots(self.cache.admitted, [slot], admitted_state=False, what="admit")[0])
-        check_room(self.cache.lengths, np.array([slot]), prompt.size, self.capacity, f"admit(slot={slot})")
-        parts = [self.forward_tree(None, (), context=[(slot, prompt[start:start + PREFILL_CHUNK])],
-                                   layers=layers).context[0]
-                 for start in range(0, prompt.size, PREFILL_CHUNK)]
-        if len(parts) == 1:
-            return parts[0]
-        return PromptOutput(logits=parts[-1].logits, hidden=mx.concatenate([p.hidden for p in parts], axis=0),
-                            layers={i: mx.concatenate([p.layers[i] for p in parts], axis=0) for i in parts[0].layers})
+        return admit_in_chunks(self, slot, prompt, layers, admitted=self.cache.admitted, lengths=self.cache.lengths,
+                               chunk=PREFILL_CHUNK, concatenate=lambda arrays: mx.concatenate(arrays, axis=0))
 
     def release(self, slot: int) -> None:
         """Free ``slot`` for another request."""

@@ -22,7 +22,7 @@ import attrs
 
 from specdec.errors import InvalidInputError
 from specdec.reference import packing
-from specdec.slots import check_forward, check_layers, check_prompt, check_room, check_slot_arguments, check_slots
+from specdec.slots import admit_in_chunks, check_forward, check_layers, check_slot_arguments, check_slots
 from specdec.types import DraftTree, PromptOutput, TargetOutput, Verdict
 from specdec_torch.kvcache import TorchKVCache
 from specdec_torch.layers import apply_rotary, attend, inverse_frequencies, mlp, rms_norm, rotary_cos_sin
@@ -258,17 +258,8 @@ class TorchTarget:
         """Prefill ``prompt`` into the free ``slot``: logits (V,) at its last token, hidden (P, H)
         at every token and the outputs of decoder ``layers`` (P, H); a forward per PREFILL_CHUNK
         tokens (``forward_tree`` with the chunk as its context)."""
-        prompt = check_prompt(prompt, self.vocab_size)
-        self._check_layers(layers)
-        slot = int(self._check_slots([slot], admitted=False, what="admit")[0])
-        check_room(self.cache.lengths, np.array([slot]), prompt.size, self.capacity, f"admit(slot={slot})")
-        parts = [self.forward_tree(None, (), context=[(slot, prompt[start:start + PREFILL_CHUNK])],
-                                   layers=layers).context[0]
-                 for start in range(0, prompt.size, PREFILL_CHUNK)]
-        if len(parts) == 1:
-            return parts[0]
-        return PromptOutput(logits=parts[-1].logits, hidden=torch.cat([p.hidden for p in parts]),
-                            layers={i: torch.cat([p.layers[i] for p in parts]) for i in parts[0].layers})
+        return admit_in_chunks(self, slot, prompt, layers, admitted=self.cache.admitted, lengths=self.cache.lengths,
+                               chunk=PREFILL_CHUNK, concatenate=torch.cat)
 
     def release(self, slot: int) -> None:
         """Free ``slot`` for another request."""

@@ -25,7 +25,7 @@ import numpy as np
 from specdec.errors import InvalidInputError
 from specdec.reference.kvcache import TreeKVCache
 from specdec.reference.loading import LlamaConfig, load_target  # noqa: F401  (re-exported)
-from specdec.slots import check_forward, check_layers, check_prompt, check_slot_arguments
+from specdec.slots import admit_in_chunks, check_forward, check_layers, check_slot_arguments
 from specdec.types import DraftTree, PromptOutput, TargetOutput, Verdict
 
 __all__ = [
@@ -284,15 +284,8 @@ class ReferenceTarget:
         """Prefill ``prompt`` into the free ``slot``: logits (V,) at its last token, hidden (P, H)
         at every token and the outputs of decoder ``layers``; a forward per PREFILL_CHUNK tokens
         (``forward_tree`` with the chunk as its context)."""
-        prompt = check_prompt(prompt, self.vocab_size)
-        self._check_layers(layers)
-        self.cache.check_slots([slot], admitted=False, what="admit")
-        self.cache.check_room(np.array([slot]), prompt.size, f"admit(slot={slot})")
-        parts = [self.forward_tree(None, (), context=[(slot, prompt[start : start + PREFILL_CHUNK])],
-                                   layers=layers).context[0]
-                 for start in range(0, prompt.size, PREFILL_CHUNK)]
-        return PromptOutput(logits=parts[-1].logits, hidden=np.concatenate([p.hidden for p in parts]),
-                            layers={i: np.concatenate([p.layers[i] for p in parts]) for i in parts[0].layers})
+        return admit_in_chunks(self, slot, prompt, layers, admitted=self.cache.admitted, lengths=self.cache.lengths,
+                               chunk=PREFILL_CHUNK, concatenate=np.concatenate)
 
     def release(self, slot: int) -> None:
         """Free ``slot`` for another request."""
