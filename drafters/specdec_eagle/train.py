@@ -26,8 +26,6 @@ cache of the sequence so far, and counts the drafted tokens greedy verification 
 
 from __future__ import annotations
 
-import json
-import time
 from pathlib import Path
 
 import attrs
@@ -236,93 +234,30 @@ class EagleTask:
 
 def train_eagle(model, out, *, top_k: int = 4, depth: int = 3, total_tokens: int = 12, window: int = 64,
                 noise: float = 0.1, feature_weight: float = 1.0, ce_weight: float = 0.1, unroll: int = 1,
-                negatives: int | None = None, config_overrides: dict | None = None, steps: int | None = None,
-                minutes: float | None = None, prompts: int = 512, heldout_prompts: int = 64, max_new_tokens: int = 128,
-                top_k_labels: int = 32, teacher_batch_size: int = 64, teacher_dtype: str | None = None,
-                batch_size: int = 512, lr: float = 1e-3, weight_decay: float = 0.0, bf16: bool = False, seed: int = 0,
-                resume: bool = False, threads: int | None = None, save_dtype: str = "float32", cache=None,
-                corpus=None, prompt_source=None, eval_minutes: tuple | None = None, eval_steps: int | None = None,
-                eval_sequences: int | None = 32, hidden_dtype: str = "bfloat16", prompt_text_prompts: int = 0,
-                shortlist: int = 0, prompt_mix=None, progress: bool = True, overwrite: bool = False,
-                allow_changes: bool = False, save_minutes: float = 5.0, init=None) -> dict:
+                negatives: int | None = None, config_overrides: dict | None = None, top_k_labels: int = 32,
+                batch_size: int = 512, **options) -> dict:
     """Distil an EAGLE drafter for ``model`` (a bundled name or a model folder) into folder ``out``.
 
-    The same pipeline and options as ``specdec.training.run.train_drafter`` (output folder
-    checks, teacher data and its cache, shortlist, the shared loop with its evaluations, best and
-    last checkpoints, resume, report); ``batch_size`` counts positions (windows of ``window``).
-    top_k, depth, total_tokens: the tree the checkpoint records and evaluation drafts with.
+    The pipeline of ``specdec.training.run.train_drafter`` (output folder checks, teacher data and
+    its cache, shortlist, the shared loop with its evaluations, best and last checkpoints, resume,
+    report), which ``options`` go to; ``batch_size`` counts positions (windows of ``window``),
+    ``top_k_labels`` is the teacher's top-k soft labels. top_k, depth, total_tokens: the tree the
+    checkpoint records and evaluation drafts with.
     """
-    from specdec.checkpoints import write_json_atomic
-    from specdec.training.loop import TrainSettings, train
-    from specdec.training.outdir import claim_out
-    from specdec.training.run import (REPORT_FILE, SAVE_DTYPES, _model_key, _warm_start, build_teacher_data,
-                                      teacher_dtype_for)
-    from specdec.training.teacher import load_teacher_target
+    from specdec.training.run import train_drafter
 
-    if save_dtype not in SAVE_DTYPES:
-        raise ValueError(f"save_dtype must be one of {sorted(SAVE_DTYPES)}, got {save_dtype!r}")
-    if threads:
-        torch.set_num_threads(threads)
-    out = Path(out)
-    identity = {"model": _model_key(model), "prompts": prompts, "heldout_prompts": heldout_prompts,
-                "max_new_tokens": max_new_tokens, "top_k": top_k_labels, "teacher_dtype": teacher_dtype,
-                "hidden_dtype": hidden_dtype, "prompt_text_prompts": prompt_text_prompts, "shortlist": shortlist,
-                "batch_size": batch_size, "lr": lr, "weight_decay": weight_decay, "bf16": bf16, "seed": seed,
-                "prompt_mix": prompt_mix, "init": None if init is None else str(Path(init).resolve()),
-                "tree": {"top_k": top_k, "depth": depth, "total_tokens": total_tokens}, "window": window,
-                "noise": noise, "feature_weight": feature_weight, "ce_weight": ce_weight, "unroll": unroll,
-                "negatives": negatives, "config_overrides": config_overrides}
-    claim_out(out, kind="eagle", settings=json.loads(json.dumps(identity, default=str)), resume=resume,
-              overwrite=overwrite, allow_changes=allow_changes)
-    times: dict[str, float] = {}
-    began = time.perf_counter()
-    teacher_dtype = teacher_dtype or teacher_dtype_for(model)
-    target = load_teacher_target(model, dtype=teacher_dtype)
-    times["load_target"] = time.perf_counter() - began
-    datasets, teacher_stats, teacher_times = build_teacher_data(
-        target, prompts=prompts, heldout_prompts=heldout_prompts, max_new_tokens=max_new_tokens, top_k=top_k_labels,
-        teacher_batch_size=teacher_batch_size, seed=seed, cache=cache, corpus=corpus, prompt_source=prompt_source,
-        hidden_dtype=hidden_dtype, prompt_text_prompts=prompt_text_prompts, prompt_mix=prompt_mix, progress=progress)
-    times.update(teacher_times)
-    teacher = teacher_stats.pop("settings")
+    def make_task(target, seed: int, *, shortlist: np.ndarray | None = None, data=None) -> EagleTask:
+        config = default_config(target, top_k=top_k, depth=depth, total_tokens=total_tokens, **(config_overrides or {}))
+        return EagleTask(config, embed_tokens=target.embed_tokens, lm_head=target.lm_head, seed=seed, window=window,
+                         noise=noise, feature_weight=feature_weight, ce_weight=ce_weight, unroll=unroll,
+                         negatives=negatives, shortlist=shortlist, data=data)
 
-    init_weights_, ids, listed = (None, None, {})
-    if init is not None:
-        init_weights_, ids = _warm_start(init, "eagle", target)
-        if ids is not None:
-            listed = {"shortlist": len(ids), "shortlist_from": str(init)}
-    if ids is None and shortlist:
-        from specdec.shortlist import choose_shortlist, shortlist_coverage
+    def index_view(data):
+        return attrs.evolve(data, hidden=torch.arange(data.num_positions)[:, None])
 
-        train_data = datasets["train"]
-        ids = choose_shortlist(int(target.embed_tokens.shape[0]), shortlist, next_tokens=train_data.next_tokens.numpy(),
-                               label_ids=train_data.label_ids.numpy(), label_probs=train_data.label_probs.float().numpy())
-        listed = {"shortlist": shortlist, "heldout_coverage": round(shortlist_coverage(
-            datasets["heldout"].next_tokens.numpy(), ids), 4) if "heldout" in datasets else None}
-    config = default_config(target, top_k=top_k, depth=depth, total_tokens=total_tokens, **(config_overrides or {}))
-    task = EagleTask(config, embed_tokens=target.embed_tokens, lm_head=target.lm_head, seed=seed, window=window,
-                     noise=noise, feature_weight=feature_weight, ce_weight=ce_weight, unroll=unroll,
-                     negatives=negatives, shortlist=ids, data=datasets["train"])
-    if init_weights_ is not None:
-        task.module.load_weights(init_weights_)
-    index_view = attrs.evolve(datasets["train"], hidden=torch.arange(datasets["train"].num_positions)[:, None])
-    settings = TrainSettings(steps=steps, minutes=minutes, batch_size=batch_size, lr=lr, weight_decay=weight_decay,
-                             bf16=bf16, seed=seed, eval_steps=eval_steps, eval_sequences=eval_sequences,
-                             **({"eval_minutes": tuple(eval_minutes)} if eval_minutes is not None else {}))
-    began = time.perf_counter()
-    summary = train(task, index_view, datasets["heldout"], settings, out, resume=resume, progress=progress,
-                    save_dtype=SAVE_DTYPES[save_dtype], save_minutes=save_minutes)
-    times["training_wall"] = time.perf_counter() - began
-    report = {
-        "drafter": "eagle", "target": {"name": target.name, "fingerprint": target.fingerprint},
-        "config": task.config.to_dict(), "train_settings": attrs.asdict(settings), "teacher_settings": teacher,
-        "teacher": teacher_stats, "stage_seconds": {k: round(v, 2) for k, v in times.items()},
-        "training": {"steps": summary["step"], "train_seconds": round(summary["train_seconds"], 2),
-                     "eval_seconds": round(summary["eval_seconds"], 2), "positions": summary["positions"],
-                     "positions_per_second": round(summary["positions_per_second"], 1),
-                     "window": window, "noise": noise, "feature_weight": feature_weight, "ce_weight": ce_weight,
-                     "unroll": unroll, "negatives": negatives},
-        "history": summary["history"], "threads": torch.get_num_threads(), **listed,
-    }
-    write_json_atomic(out / REPORT_FILE, json.loads(json.dumps(report, default=str)))
-    return report
+    shape = {"window": window, "noise": noise, "feature_weight": feature_weight, "ce_weight": ce_weight,
+             "unroll": unroll, "negatives": negatives}
+    options["run_settings"] = {"tree": {"top_k": top_k, "depth": depth, "total_tokens": total_tokens}, **shape,
+                               "config_overrides": config_overrides, **options.get("run_settings", {})}
+    return train_drafter("eagle", make_task, model, out, top_k=top_k_labels, batch_size=batch_size,
+                         loop_data=index_view, report_training=shape, **options)

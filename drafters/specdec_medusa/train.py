@@ -163,7 +163,7 @@ def train_medusa(model, out, *, config_overrides: dict | None = None, negatives:
     """
     from specdec.training.run import train_drafter
 
-    def make_task(target, seed: int, shortlist=None) -> MedusaTask:
+    def make_task(target, seed: int, *, shortlist=None, data=None) -> MedusaTask:
         if shortlist is not None:
             raise ValueError("vocabulary shortlists are built for ReDrafter only; train Medusa with shortlist=0")
         vocab, hidden = (int(n) for n in target.embed_tokens.shape)

@@ -243,7 +243,7 @@ def train_redrafter(model, out, *, beam_width: int = 4, beam_length: int = 5, co
     """
     from specdec.training.run import train_drafter
 
-    def make_task(target, seed: int, shortlist: np.ndarray | None = None) -> RedrafterTask:
+    def make_task(target, seed: int, *, shortlist: np.ndarray | None = None, data=None) -> RedrafterTask:
         config = default_config(
             vocab_size=target.embed_tokens.shape[0], hidden_size=target.embed_tokens.shape[1],
             target={"name": target.name, "fingerprint": target.fingerprint,

@@ -35,10 +35,15 @@ def train_drafter(kind: str, make_task: Callable, model, out, *, steps: int | No
                   eval_minutes: tuple | None = None, eval_steps: int | None = None, eval_sequences: int | None = 32,
                   hidden_dtype: str = "bfloat16", prompt_text_prompts: int = 0, shortlist: int = 0,
                   prompt_mix=None, progress: bool = True, overwrite: bool = False, allow_changes: bool = False,
-                  run_settings: dict | None = None, save_minutes: float = 5.0, init=None) -> dict:
+                  run_settings: dict | None = None, save_minutes: float = 5.0, init=None,
+                  loop_data: Callable | None = None, report_training: dict | None = None) -> dict:
     """Distil a ``kind`` drafter for ``model`` into folder ``out``; returns the report (also saved).
 
-    make_task(target, seed) -> the drafter's task (``specdec.training.loop``). Budget: ``steps``
+    make_task(target, seed, *, shortlist, data) -> the drafter's task (``specdec.training.loop``);
+    shortlist: the token ids it drafts from (None: all), data: the training ``TeacherData``.
+    ``loop_data(data)``: what the shared loop draws positions from instead of the training data
+    itself (EAGLE: an index view, its task reads runs of positions); ``report_training``: the
+    drafter's own fields of the report's "training" section. Budget: ``steps``
     and/or ``minutes`` of training. Teacher data: ``prompts`` training and ``heldout_prompts``
     held-out prompts (rounded up to whole cache shards), ``max_new_tokens`` greedy tokens each,
     top-``top_k`` soft labels, decoded with the target in ``teacher_dtype`` (None: the dtype
@@ -96,7 +101,7 @@ def train_drafter(kind: str, make_task: Callable, model, out, *, steps: int | No
     teacher = teacher_stats.pop("settings")
 
     init_weights, init_shortlist = (None, None) if init is None else _warm_start(init, kind, target)
-    listed = {}
+    ids, listed = None, {}
     if init_shortlist is not None:
         ids, shortlist = init_shortlist, len(init_shortlist)
         listed = {"shortlist": shortlist, "shortlist_from": str(init)}
@@ -108,7 +113,7 @@ def train_drafter(kind: str, make_task: Callable, model, out, *, steps: int | No
                                label_ids=train_data.label_ids.numpy(), label_probs=train_data.label_probs.float().numpy())
         listed = {"shortlist": shortlist, "heldout_coverage": round(shortlist_coverage(
             datasets["heldout"].next_tokens.numpy(), ids), 4) if "heldout" in datasets else None}
-    task = make_task(target, seed, shortlist=ids) if shortlist else make_task(target, seed)
+    task = make_task(target, seed, shortlist=ids, data=datasets["train"])
     if init_weights is not None:
         task.module.load_weights(init_weights)
     settings = TrainSettings(steps=steps, minutes=minutes, batch_size=batch_size, lr=lr, weight_decay=weight_decay,
@@ -116,7 +121,8 @@ def train_drafter(kind: str, make_task: Callable, model, out, *, steps: int | No
                              eval_steps=eval_steps, eval_sequences=eval_sequences,
                              **({"eval_minutes": tuple(eval_minutes)} if eval_minutes is not None else {}))
     began = time.perf_counter()
-    summary = train(task, datasets["train"], datasets["heldout"], settings, out, resume=resume, progress=progress,
+    train_data = datasets["train"] if loop_data is None else loop_data(datasets["train"])
+    summary = train(task, train_data, datasets["heldout"], settings, out, resume=resume, progress=progress,
                     save_dtype=SAVE_DTYPES[save_dtype], save_minutes=save_minutes)
     times["training_wall"] = time.perf_counter() - began
     report = {
@@ -125,7 +131,8 @@ def train_drafter(kind: str, make_task: Callable, model, out, *, steps: int | No
         "teacher": teacher_stats, "stage_seconds": {k: round(v, 2) for k, v in times.items()},
         "training": {"steps": summary["step"], "train_seconds": round(summary["train_seconds"], 2),
                      "eval_seconds": round(summary["eval_seconds"], 2), "positions": summary["positions"],
-                     "positions_per_second": round(summary["positions_per_second"], 1)},
+                     "positions_per_second": round(summary["positions_per_second"], 1),
+                     **(report_training or {})},
         "history": summary["history"], "threads": torch.get_num_threads(), **listed,
     }
     write_json_atomic(out / REPORT_FILE, json.loads(json.dumps(report, default=str)))
