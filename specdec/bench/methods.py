@@ -56,7 +56,9 @@ def parse_method(spec: str) -> Method:
     ReDrafter's; on by default as in ``generate``, ``redrafter:lookup=false`` for ReDrafter alone),
     ``lookup:k=6`` (our prompt lookup alone, drafting k tokens), ``hf:dtype=own`` (a peer in its own
     default dtype rather than the one our target runs in). Keys: w, l, choices, verifier, top_t,
-    sample, lookup, k, n, draft, dtype (peers only)."""
+    sample, lookup, k, n, draft, dtype (peers only); a specdec method also takes its drafter
+    factory's own keyword options by name, e.g. ``eagle:total_tokens=8,depth=4`` (``generate``
+    checks them against the factory and names the ones it takes)."""
     kind, _, rest = spec.partition(":")
     from specdec.plugins import default_registry
 
@@ -66,9 +68,11 @@ def parse_method(spec: str) -> Method:
     options = {}
     for item in filter(None, rest.split(",")):
         key, eq, value = item.partition("=")
-        if not eq or key not in OPTION_NAMES:
-            raise InvalidInputError(f"method {spec!r}: bad option {item!r}; keys: {', '.join(OPTION_NAMES)}")
-        options[OPTION_NAMES[key]] = _value(value)
+        own = kind not in PEERS and key.isidentifier()
+        if not eq or key not in OPTION_NAMES and not own:
+            raise InvalidInputError(f"method {spec!r}: bad option {item!r}; keys: {', '.join(OPTION_NAMES)}"
+                                    + ("" if kind in PEERS else ", or the drafter's own options by name"))
+        options[OPTION_NAMES.get(key, key)] = _value(value)
     if "dtype" in options and kind not in PEERS:
         raise InvalidInputError(f"method {spec!r}: dtype is a peer's option; our methods run in the grid's dtype")
     if kind == "hf-assisted" and "draft_model" not in options or kind == "mlx-lm-draft" and "draft_model" not in options:

@@ -40,6 +40,23 @@ def test_parse_method():
     assert parse_method("hf:dtype=own").options == {"dtype": "own"}
     with pytest.raises(InvalidInputError, match="dtype is a peer's option"):
         parse_method("redrafter:dtype=float32")
+    assert parse_method("eagle:total_tokens=8,depth=4").options == {"total_tokens": 8, "depth": 4}
+    with pytest.raises(InvalidInputError, match="bad option"):
+        parse_method("hf-pld:depth=4")  # a peer takes only the listed keys
+    with pytest.raises(InvalidInputError, match="bad option"):
+        parse_method("eagle:total_tokens")
+
+
+def test_a_drafters_own_option_reaches_its_factory(model_dir, target, tmp_path):
+    """``eagle:total_tokens=N`` in a bench: the option reaches the drafter; a wrong one is named by generate."""
+    from specdec.bench.runner import specdec_runner
+
+    drafter = make_random_drafter(tmp_path / "d", model_dir, kind="redrafter", seed=1)
+    method = parse_method(f"redrafter:drafter={drafter},lookup=false,beam_width=3,beam_length=2")
+    assert specdec_runner(method, model_dir, target, "numpy", 8).drafter.beam_width == 3
+    wrong = parse_method(f"redrafter:drafter={drafter},depth=4")
+    with pytest.raises(InvalidInputError, match="does not take option.*depth"):
+        specdec_runner(wrong, model_dir, target, "numpy", 8)
 
 
 def test_the_bench_runs_the_default_path_and_records_peak_memory(model_dir, target, tmp_path):
