@@ -68,3 +68,20 @@ def test_shipped_checkpoint_drafts_for_the_real_model(kind, real_target):
     assert target.fingerprint == config.target["fingerprint"]
     spec = specdec.generate(target, PROMPT, drafter=str(folder), backend="torch", max_new_tokens=NEW)
     assert spec.tokens == plain and spec.stats.accepted_tokens > 0, (spec.tokens, plain, spec.stats)
+
+
+TIER, TIER_VOCAB, TIER_HIDDEN = "qwen2.5-coder-1.5b", 151936, 1536
+
+
+def test_the_tier_redrafter_loads_and_names_its_target():
+    """The bandwidth-bound tier's ReDrafter ships beside SmolLM2-135M's and is found by the target's name."""
+    folder = resources.files("specdec_redrafter") / "weights" / TIER
+    config, weights = load_redrafter_checkpoint(folder)
+    assert config.target["name"] == TIER and len(config.target["fingerprint"]) == 64
+    assert (config.vocab_size, config.hidden_size) == (TIER_VOCAB, TIER_HIDDEN) == (
+        config.target["vocab_size"], config.target["hidden_size"])
+    assert {name: tuple(w.shape) for name, w in weights.items()} == dict(config.weight_shapes())
+    ids = weights["vocab_shortlist"]
+    assert len(np.unique(ids)) == len(ids) == config.shortlist_size and 0 <= ids.min() and ids.max() < TIER_VOCAB
+    for name, array in weights.items():
+        assert np.isfinite(array).all() and np.abs(array).max() > 0, f"{name}: non-finite or all zero"
