@@ -48,7 +48,7 @@ def test_parse_method():
 
 
 def test_a_drafters_own_option_reaches_its_factory(model_dir, target, tmp_path):
-    """``eagle:total_tokens=N`` in a bench: the option reaches the drafter; a wrong one is named by generate."""
+    """A drafter's own keyword (``beam_width=3`` spelled out) reaches its factory; one it does not take is named."""
     from specdec.bench.runner import specdec_runner
 
     drafter = make_random_drafter(tmp_path / "d", model_dir, kind="redrafter", seed=1)

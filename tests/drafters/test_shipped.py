@@ -1,4 +1,5 @@
-"""The shipped checkpoints (``drafters/*/weights/smollm2-135m``) load offline and name their target.
+"""The shipped checkpoints (``drafters/*/weights/smollm2-135m``, and ReDrafter's for
+``qwen2.5-coder-1.5b``) load offline and name their target.
 
 Loading and the config/weight checks need no download. The greedy steps run on the real
 SmolLM2-135M only when it is already in the specdec cache (``specdec.bundled.cache_dir()``).
@@ -75,7 +76,12 @@ TIER, TIER_VOCAB, TIER_HIDDEN = "qwen2.5-coder-1.5b", 151936, 1536
 
 def test_the_tier_redrafter_loads_and_names_its_target():
     """The bandwidth-bound tier's ReDrafter ships beside SmolLM2-135M's and is found by the target's name."""
+    from types import SimpleNamespace
+
+    from specdec.checkpoints import require_checkpoint
+
     folder = resources.files("specdec_redrafter") / "weights" / TIER
+    assert require_checkpoint("redrafter", None, SimpleNamespace(name=TIER), package="specdec_redrafter") == folder
     config, weights = load_redrafter_checkpoint(folder)
     assert config.target["name"] == TIER and len(config.target["fingerprint"]) == 64
     assert (config.vocab_size, config.hidden_size) == (TIER_VOCAB, TIER_HIDDEN) == (
