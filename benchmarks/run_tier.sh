@@ -26,3 +26,9 @@ D=qwen2.5-coder-0.5b
 #    and tokens: MLX's float32 1.5B decodes at ~3 tokens/s here.
 "$SPECDEC" bench --model $M --prompts humaneval --per-category 4 --backends mlx --repeats 1 --max-new-tokens 64 \
     --out "$OUT/tier_humaneval_mlx" --methods plain redrafter:w=2,l=10 lookup:k=10 mlx-lm-draft:draft=$D
+# 5. Plan on held-out code prompts of the training corpus (never the benchmark), then the default path again.
+CODE=$(mktemp --suffix=.jsonl)
+.venv/bin/python benchmarks/heldout_prompts.py --kind code --count 8 --out "$CODE"
+"$SPECDEC" plan --model $M --backend torch --prompts "$CODE" --per-category 8 --measure-top 1
+"$SPECDEC" bench --model $M --prompts humaneval --per-category 16 --backends torch --repeats 1 --max-new-tokens 128 \
+    --out "$OUT/tier_humaneval_planned_code" --methods plain redrafter
