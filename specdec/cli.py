@@ -193,6 +193,7 @@ def cmd_plan(args) -> int:
     """Predict the speedup of every beam configuration, recommend one, and check the best few."""
     from specdec.bench import load_prompt_set
     from specdec.bench.planner import measure, plan
+    from specdec.bench.prompts import PROMPT_SETS
 
     prompts = [p.prompt for p in load_prompt_set(args.prompts, per_category=args.per_category)]
     lookup = not args.no_lookup
@@ -213,6 +214,9 @@ def cmd_plan(args) -> int:
           f"{', with the prompt-lookup beam' if lookup else ''})")
     if not args.no_save:
         print("saved: generate uses it for this drafter on this machine when no beams are given", file=sys.stderr)
+    if args.prompts in PROMPT_SETS:
+        print(f"planned on the {args.prompts} prompts; the best beams depend on the text: for another kind of use "
+              "(code, say) plan with --prompts FILE.jsonl of prompts like your own", file=sys.stderr)
     return 0
 
 

@@ -74,3 +74,15 @@ def test_plan_recommends_a_configuration(model_dir, tmp_path):
     recommended = re.search(r"recommended: beam_width=(\d+) beam_length=(\d+)", done.stdout)
     assert recommended and recommended.group(1) in ("1", "2") and recommended.group(2) in ("2", "3"), done.stdout
     assert json.loads(kept.read_text())["beam_width"] == int(recommended.group(1))
+    assert "plan with --prompts" not in done.stderr  # the user's own prompts: no hint
+
+
+def test_plan_on_a_shipped_prompt_set_says_to_plan_on_ones_own(model_dir, tmp_path):
+    from specdec.testing import make_random_drafter
+
+    drafter = make_random_drafter(tmp_path / "d", model_dir, kind="redrafter", seed=1)
+    done = run("plan", "--model", str(model_dir), "--drafter", str(drafter), "--backend", "numpy", "--prompts",
+               "mt-bench", "--per-category", "1", "--widths", "1", "--lengths", "2", "--max-new-tokens", "2",
+               "--measure-top", "0", "--no-save", env={"SPECDEC_CACHE": str(tmp_path / "cache")})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "planned on the mt-bench prompts" in done.stderr and "--prompts FILE.jsonl" in done.stderr
