@@ -247,7 +247,7 @@ class Decoder:
                 forwarded, self._forwarded = self._forwarded, None
                 admitted = self._advance_chunks(*forwarded)
                 states, chunks = states[len(chunk_states):], []
-            if len(states) + len(chunks) <= 1 or self._committing or self.caps.stateful:
+            if len(states) <= 1 or self._committing or self.caps.stateful:  # states: the chunks' and rows' requests
                 for state in states:
                     if state.slot in self.active and self.active[state.slot][1] is state:
                         self._drop(self.active[state.slot][0], error, failures)

@@ -198,6 +198,36 @@ class FailingFor:
         return self.inner.verify(tree, draft, target, sampling, uniforms)
 
 
+def test_a_prompt_chunk_whose_forward_fails_fails_its_request_alone(model_dir):
+    """A forward that fails for one prompt's chunk: the step is retried request by request, that
+    request fails (once: a lone chunk is not retried again), the others decode as alone."""
+    target = load_target(model_dir, slots=2, capacity=64)
+    forward = target.forward_tree
+
+    def forward_tree(tree, slots, *, context=(), layers=()):
+        if any(13 in list(tokens) for _, tokens in context):
+            raise RuntimeError("poisoned chunk")
+        return forward(tree, slots, context=context, layers=layers)
+
+    target.forward_tree = forward_tree
+    plan = decoding_plan(target, "lookup")
+    decoder = Decoder(plan)
+    good_request = specdec.Request(prompt=[1, 2, 3], max_new_tokens=6)
+    good = decoder.submit(good_request)
+    bad = decoder.submit(specdec.Request(prompt=[13, 14], max_new_tokens=6))
+    failures, tokens = [], {}
+    for _ in range(40):
+        for result in decoder.step(max_prefill_tokens=8, failures=failures):
+            for request_id, new in zip(result.requests, result.new_tokens):
+                tokens.setdefault(request_id, []).extend(new)
+        if decoder.idle:
+            break
+    assert [request_id for request_id, _ in failures] == [bad]
+    assert not target.cache.admitted.any()
+    alone = decoding_plan(load_target(model_dir, slots=1, capacity=64), "lookup")
+    assert tokens[good] == run(alone, [(0, good_request, None)])[0]
+
+
 def test_a_request_failing_after_the_forward_leaves_the_prompt_chunks_of_that_forward_committed_once(model_dir):
     """A verifier fails for one request after a forward that also carried another request's prompt
     chunk: that chunk is committed once (not prefilled again when the failing step is retried row
