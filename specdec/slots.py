@@ -7,6 +7,7 @@ from typing import Sequence
 import numpy as np
 
 from specdec.errors import InvalidInputError
+from specdec.types import PromptOutput
 
 DEFAULT_CAPACITY = 4096  # positions per slot when a target is loaded without a capacity (at most its context)
 TREE_ROOM = 256  # positions a slot keeps beyond prompt + new tokens for the last step's draft tree
@@ -123,8 +124,6 @@ def admit_in_chunks(target, slot: int, prompt: Sequence[int], layers: Sequence[i
     """``TargetModel.admit`` through ``target.forward_tree``: after the checks (``admitted`` and
     ``lengths`` are the target's records), the prompt runs as context chunks of at most ``chunk``
     tokens, and their PromptOutputs are joined with ``concatenate`` (the framework's, over axis 0)."""
-    from specdec.types import PromptOutput
-
     prompt = check_prompt(prompt, target.vocab_size)
     check_layers(layers, target.num_layers)
     slot = int(check_slots(admitted, [slot], admitted_state=False, what="admit")[0])
