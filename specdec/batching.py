@@ -19,7 +19,7 @@ import numpy as np
 from specdec.requests import RequestState
 from specdec.types import Draft, DraftTree, SamplingConfig, StepResult, TargetOutput, Verdict
 
-__all__ = ["Group", "admissions", "distinct_beams", "draw", "empty_step", "full_batch", "group_output",
+__all__ = ["Group", "admissions", "draw", "drafted_tokens", "empty_step", "full_batch", "group_output",
            "join_admissions", "join_steps", "merge_trees", "merge_verdicts", "step_tree", "verify_uniform_shape"]
 
 
@@ -30,12 +30,17 @@ def verify_uniform_shape(draft: Draft) -> tuple[int, int]:
     return int(draft.head_tokens.shape[1]) + 1, 1
 
 
-def distinct_beams(beams: np.ndarray) -> np.ndarray:
-    """(B,) the number of different beams in each row of ``beams`` (B, W, L); a drafter that
-    repeats a beam (a lookup beam without a match) drafted it once."""
-    same = (beams[:, :, None, :] == beams[:, None, :, :]).all(axis=-1)  # (B, W, W): beam i equals beam j
+def drafted_tokens(beams: np.ndarray, lengths: np.ndarray | None = None) -> np.ndarray:
+    """(B,) the tokens drafted in each row of ``beams`` (B, W, L) with ``lengths`` (B, W) (None:
+    all L), roots not counted: a drafter that repeats a beam (a lookup beam without a match)
+    drafted it once."""
+    width, length = beams.shape[1:]
+    lengths = np.full(beams.shape[:2], length) if lengths is None else np.asarray(lengths)
+    running = np.arange(length) < lengths[..., None]  # (B, W, L)
+    tokens = np.where(running, beams, -1)
+    same = (tokens[:, :, None, :] == tokens[:, None, :, :]).all(axis=-1)  # (B, W, W): beam i equals beam j
     repeats = np.tril(same, k=-1).any(axis=-1)  # (B, W): beam i equals an earlier beam
-    return (beams.shape[1] - repeats.sum(axis=-1)).astype(np.int64)
+    return np.where(repeats, 0, lengths - 1).sum(axis=-1).astype(np.int64)
 
 
 def merge_trees(trees: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]]) -> DraftTree:

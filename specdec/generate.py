@@ -63,8 +63,9 @@ def generate(
         a drafter checkpoint, or a Drafter object. backend: "numpy", "torch", "mlx" or any
         installed plugin; None picks torch when installed, else numpy.
     options: ``verifier`` and ``tree_builder`` (names or objects), ``stop_at_eos`` (default
-        True), ``lookup`` (True, or a dict of ``max_ngram`` / ``min_ngram``: add a prompt-lookup
-        beam to a beam drafter's draft, ``specdec.lookup``; None, the default, adds it beside
+        True), ``lookup`` (True, the chain's length in drafted tokens, or a dict of
+        ``draft_length`` / ``max_ngram`` / ``min_ngram``: add a prompt-lookup beam of its own
+        length to a beam drafter's draft, ``specdec.lookup``; None, the default, adds it beside
         drafters that pair with it (ReDrafter) when the verifier allows; False never);
         everything else goes to the drafter (e.g. ``beam_width``, ``beam_length``; when both are
         left out, the ones ``specdec plan`` chose on this machine, if it ran).
@@ -374,8 +375,11 @@ def add_lookup(drafter, lookup, backend, target):
         )
     if lookup is True:
         lookup = {}
-    if not isinstance(lookup, dict) or set(lookup) - {"max_ngram", "min_ngram"}:
-        raise InvalidInputError(f"lookup must be True or a dict of max_ngram / min_ngram, got {lookup!r}")
+    elif isinstance(lookup, int) and not isinstance(lookup, bool):
+        lookup = {"draft_length": lookup}
+    if not isinstance(lookup, dict) or set(lookup) - {"max_ngram", "min_ngram", "draft_length"}:
+        raise InvalidInputError("lookup must be True, the lookup chain's length in drafted tokens (an int), or a dict "
+                                f"of draft_length / max_ngram / min_ngram, got {lookup!r}")
     return LookupDrafter(backend, target, inner=drafter, **lookup)
 
 

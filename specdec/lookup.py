@@ -77,8 +77,8 @@ def lookup_chain(history: np.ndarray, length: int, *, max_ngram: int = DEFAULT_M
 def lookup_beams(histories: Sequence[np.ndarray], length: int, *, max_ngram: int, min_ngram: int,
                  fallback: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """One lookup beam per row: (B, 1, length) int64 beams, and (B,) bool, whether the row found a
-    full chain. ``fallback`` (B, length): each row's beam when it finds none (a beam the draft
-    already has, or the root repeated); its first column is the root. A row whose history does
+    full chain. ``fallback`` (B, length): each row's beam when it finds none (the root
+    repeated); its first column is the root. A row whose history does
     not end with its root has finished (the loop stopped recording its tokens) and keeps its
     fallback."""
     beams = np.array(fallback, dtype=np.int64, copy=True)[:, None, :]  # (B, 1, L)
@@ -97,12 +97,14 @@ class LookupDrafter(PassLifecycle):
     """Prompt lookup drafting, alone (``inner=None``) or beside a beam drafter.
 
     backend: the Backend whose arrays the draft must hold (``from_numpy``), target: its target.
-    inner: a Drafter whose drafts have beams (B, W, L); the lookup chain becomes beam W, of the
-        same length L (rows without a match repeat the inner beam 0, which the prefix tree
-        folds away). Without ``inner`` the draft is the chain alone, (B, 1, draft_length + 1);
-        a greedy step in which no row finds a match drafts nothing (the root alone, a plain step),
-        and rows without a match otherwise repeat their root (so a row's seeded sample does not
-        depend on whether other rows of its batch found a match).
+    inner: a Drafter whose drafts have beams (B, W, L); the lookup chain of ``draft_length``
+        tokens becomes beam W, of its own length (``Draft.beam_lengths``): a long chain beside
+        short model beams costs only its own nodes. A row without a match gets a beam of the
+        root alone, which the prefix tree folds away. Without ``inner`` the draft is the chain
+        alone, (B, 1, draft_length + 1); a greedy step in which no row finds a match drafts
+        nothing (the root alone, a plain step), and rows without a match otherwise repeat their
+        root (so a row's seeded sample does not depend on whether other rows of its batch found
+        a match).
     """
 
     def __init__(self, backend: Any, target: Any, *, inner: Any = None, draft_length: int = DEFAULT_DRAFT_LENGTH,
@@ -124,7 +126,6 @@ class LookupDrafter(PassLifecycle):
         # Beside a drafter, its needs (a stateful one keeps its lifecycle: LookupDrafter passes it on).
         self.caps = DrafterCaps() if inner_caps is None else inner_caps
 
-
     def propose(self, context: DraftContext) -> Draft:
         if context.history is None:
             raise ValueError("LookupDrafter needs context.history (the decode loop provides it)")
@@ -141,12 +142,27 @@ class LookupDrafter(PassLifecycle):
                 f"lookup joins drafters that propose beams; {type(self.inner).__name__} proposes head top-k tokens "
                 "(a static tree, e.g. Medusa): use it without lookup, or use drafter='lookup' alone"
             )
-        backend = self.backend
-        beams = backend.to_numpy(draft.beams)  # (B, W, L)
-        extra, _ = lookup_beams(context.history, beams.shape[2], max_ngram=self.max_ngram,
-                                min_ngram=self.min_ngram, fallback=beams[:, 0, :])
-        joined = backend.from_numpy(np.concatenate([beams, extra], axis=1), self.target)  # (B, W + 1, L)
-        return Draft(root_tokens=draft.root_tokens, beams=joined, sampled=False)
+        return self._join(draft, context)
+
+    def _join(self, draft: Draft, context: DraftContext) -> Draft:
+        """``draft``'s beams (B, W, L) and the lookup chain as beam W: (B, W + 1, L') beams with
+        their lengths, L' = max(L, draft_length + 1) (L when no row found a chain and decoding is
+        greedy; when sampling the shape never depends on the batch, see the class docstring)."""
+        beams = self.backend.to_numpy(draft.beams)  # (B, W, L)
+        batch, width, length = beams.shape
+        lengths = np.full((batch, width), length, dtype=np.int64) if draft.beam_lengths is None else \
+            np.asarray(draft.beam_lengths, dtype=np.int64)
+        chain_length = self.draft_length + 1
+        roots = beams[:, 0, 0]
+        chains, found = lookup_beams(context.history, chain_length, max_ngram=self.max_ngram,
+                                     min_ngram=self.min_ngram, fallback=np.repeat(roots[:, None], chain_length, axis=1))
+        if not found.any() and context.sampling.greedy:
+            chains, chain_length = chains[:, :, :1], 1
+        size = max(length, chain_length)
+        joined = np.concatenate([_pad(beams, size), _pad(chains, size)], axis=1)  # (B, W + 1, size)
+        lengths = np.concatenate([lengths, np.where(found, chain_length, 1)[:, None]], axis=1)
+        return Draft(root_tokens=draft.root_tokens, beams=self.backend.from_numpy(joined, self.target),
+                     sampled=False, beam_lengths=lengths)
 
     def _propose_alone(self, context: DraftContext) -> Draft:
         roots = np.asarray(self.backend.to_numpy(context.root_tokens), dtype=np.int64)  # (B,)
@@ -158,3 +174,9 @@ class LookupDrafter(PassLifecycle):
         # When sampling, the draft keeps its shape: a shorter draft would change how many random
         # numbers each row draws, and so a row's sample would depend on the rest of the batch.
         return Draft(root_tokens=context.root_tokens, beams=self.backend.from_numpy(beams, self.target), sampled=False)
+
+
+def _pad(beams: np.ndarray, length: int) -> np.ndarray:
+    """beams (B, W, L) int64 extended to (B, W, length) by repeating each beam's last column (padding
+    past the beams' lengths, which no tree builder reads)."""
+    return np.pad(beams, ((0, 0), (0, 0), (0, length - beams.shape[2])), mode="edge")

@@ -27,7 +27,7 @@ import numpy as np
 
 from specdec import lease, step_checks
 from specdec.batching import (
-    Group, admissions, distinct_beams, draw, full_batch, group_output, join_admissions, join_steps,
+    Group, admissions, draw, drafted_tokens, full_batch, group_output, join_admissions, join_steps,
     merge_verdicts, step_tree, verify_uniform_shape,
 )
 from specdec.capabilities import drafter_caps, verifier_caps
@@ -271,7 +271,8 @@ class Decoder:
         tree_arrays = host(tree.tokens), host(tree.parents), host(tree.num_nodes)
         try:
             step_checks.check_draft(plan.source("drafter"), host(draft.root_tokens), beams,
-                                    None if draft.head_tokens is None else host(draft.head_tokens), vocab)
+                                    None if draft.head_tokens is None else host(draft.head_tokens), vocab,
+                                    draft.beam_lengths)
             step_checks.check_tree(plan.source("tree_builder"), *tree_arrays, vocab)
         except PluginOutputError as error:
             raise error from cause
@@ -354,7 +355,7 @@ class Decoder:
         backend, target = self.plan.backend, self.plan.target
         on_target = lambda array: backend.from_numpy(array, target)  # noqa: E731
         # tokens of the distinct beams, before deduplication into the tree
-        drafted = distinct_beams(beams) * (beams.shape[2] - 1) if beams is not None else num_nodes - 1
+        drafted = drafted_tokens(beams, group.draft.beam_lengths) if beams is not None else num_nodes - 1
         rows = np.arange(len(group.slots))
         self._hidden[group.where] = output.hidden[on_target(rows), on_target(path[rows, num_accepted])]
         new_tokens = [state.emit([int(t) for t in tokens[b, path[b, 1 : num_accepted[b] + 1]]] + [int(bonus[b])])

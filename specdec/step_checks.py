@@ -30,12 +30,18 @@ def _in_vocabulary(who: str, name: str, tokens: np.ndarray, vocab_size: int) -> 
 
 
 def check_draft(who: str, roots: np.ndarray, beams: np.ndarray | None, head_tokens: np.ndarray | None,
-                vocab_size: int) -> None:
-    """A draft's tokens: integers in the vocabulary, one row per request, beams starting at the root."""
+                vocab_size: int, beam_lengths: np.ndarray | None = None) -> None:
+    """A draft's tokens: integers in the vocabulary, one row per request, beams starting at the root
+    (and, with ``beam_lengths``, lengths in [1, L]; only the tokens within them are read)."""
     batch = roots.shape[0]
     _integers(who, "Draft.root_tokens", roots, (batch,))
     if beams is not None:
         _integers(who, "Draft.beams", beams, (batch, None, None))
+        if beam_lengths is not None:
+            _integers(who, "Draft.beam_lengths", beam_lengths, beams.shape[:2])
+            if ((beam_lengths < 1) | (beam_lengths > beams.shape[2])).any():
+                raise PluginOutputError(f"{who} returned Draft.beam_lengths outside [1, L] = [1, {beams.shape[2]}]")
+            beams = np.where(np.arange(beams.shape[2]) < beam_lengths[..., None], beams, 0)
         _in_vocabulary(who, "Draft.beams", beams, vocab_size)
         if beams.shape[2] < 1 or (beams[:, :, 0] != roots[:, None]).any():
             raise PluginOutputError(f"{who} returned Draft.beams whose first token is not the row's root token")

@@ -97,6 +97,12 @@ class Draft:
     sampled: True when each ``beams[b, i, k+1]`` was drawn from ``draft_probs[b, i, k]``
         independently per beam (multi-draft rejection sampling is exact only then). False for
         deterministic proposals (beam search, top-k), which the exact tree-walk verifier handles.
+    beam_lengths (B, W) int64 NumPy or None: beams of different lengths. Beam i of row b is
+        ``beams[b, i, :beam_lengths[b, i]]`` (1 <= length <= L, the root counts); the entries
+        after it are padding that no tree builder reads (a prompt-lookup chain of 10 tokens
+        beside 4-token model beams, a dynamic tree's short branches). On the host, so a tree
+        builder knows the shapes without reading the device. None: every beam has L tokens.
+        Only for drafts verified on the tree (no ``draft_probs``).
     """
 
     root_tokens: Any = attrs.field(validator=_rank(1))
@@ -104,12 +110,21 @@ class Draft:
     head_tokens: Any = attrs.field(default=None, validator=_rank(3))
     draft_probs: Any = attrs.field(default=None, validator=_rank(4))
     sampled: bool = False
+    beam_lengths: Any = attrs.field(default=None, validator=_rank(2))
 
     def __attrs_post_init__(self):
         if (self.beams is None) == (self.head_tokens is None):
             raise ValueError("Draft needs exactly one of beams (B, W, L) or head_tokens (B, K, T)")
         if self.draft_probs is not None and self.beams is None:
             raise ValueError("Draft.draft_probs is only meaningful for beams")
+        if self.beam_lengths is not None:
+            if self.beams is None or tuple(self.beam_lengths.shape) != tuple(self.beams.shape[:2]):
+                raise ValueError(f"Draft.beam_lengths must have the shape (B, W) of its beams "
+                                 f"{None if self.beams is None else tuple(self.beams.shape)}, "
+                                 f"got {tuple(self.beam_lengths.shape)}")
+            if self.draft_probs is not None:
+                raise ValueError("Draft.beam_lengths is for drafts verified on the tree; a draft with "
+                                 "draft_probs (verified beam by beam) must have beams of one length")
         if self.sampled and self.draft_probs is None:
             raise ValueError("a sampled Draft must carry the draft_probs its tokens were drawn from")
 

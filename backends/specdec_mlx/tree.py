@@ -43,26 +43,31 @@ def static_depth(tree: DraftTree, draft: Draft | None) -> int:
     return int(np.max(np.where(real, depth, 0)))
 
 
-def prefix_tree_arrays(beams: mx.array) -> dict[str, mx.array]:
+def prefix_tree_arrays(beams: mx.array, lengths: mx.array | None = None) -> dict[str, mx.array]:
     """The prefix tree of beams (B, W, L) int32, padded to M = 1 + W (L - 1) nodes.
+    ``lengths`` (B, W) int32 or None: each beam's length (``Draft.beam_lengths``).
 
     Returns tokens, parents, depth (B, M), ancestor_mask (B, M, M), num_nodes (B,),
-    beam_to_node (B, W, L), all int32 / bool.
+    beam_to_node (B, W, L) (-1 past a beam's length), all int32 / bool.
     """
     batch, width, length = beams.shape
     bound = 1 + width * (length - 1)
-    # 1. Prefix match: shares[b, i, j, k] iff beams i and j agree on tokens 0..k.
-    match = (beams[:, :, None, :] == beams[:, None, :, :]).astype(mx.int32)  # (B, W, W, L)
+    running = mx.ones(beams.shape, dtype=mx.bool_) if lengths is None else (
+        mx.arange(length)[None, None, :] < lengths[:, :, None])  # (B, W, L)
+    # 1. Prefix match: shares[b, i, j, k] iff beams i and j agree on tokens 0..k (both running).
+    match = ((beams[:, :, None, :] == beams[:, None, :, :]) & running[:, :, None, :] & running[:, None, :, :]
+             ).astype(mx.int32)  # (B, W, W, L)
     shares = mx.cumprod(match, axis=-1) > 0
     # 2. First owner of each prefix (lowest beam index), 3. keep mask of first occurrences.
     owner = mx.min(mx.where(shares, mx.arange(width)[None, None, :, None], width), axis=2)  # (B, W, L)
-    keep = owner == mx.arange(width)[None, :, None]
+    keep = running & (owner == mx.arange(width)[None, :, None])
+    owner = mx.where(running, owner, 0)  # padding: any beam, masked below
     # 4. Node index by exclusive cumsum over row-major (beam, depth) order.
     flat_keep = keep.reshape(batch, width * length).astype(mx.int32)
     node_index = (mx.cumsum(flat_keep, axis=1) - flat_keep).reshape(batch, width, length)
     num_nodes = mx.sum(flat_keep, axis=1)
     # 5. Unpacker: every beam token's node is its prefix owner's node.
-    beam_to_node = mx.take_along_axis(node_index, owner, axis=1)  # (B, W, L)
+    beam_to_node = mx.where(running, mx.take_along_axis(node_index, owner, axis=1), -1)  # (B, W, L)
     # 6. Scatter as exact one-hot sums: position (i, k) kept -> node node_index[i, k].
     nodes = mx.arange(bound)
     creates = (keep[..., None] & (node_index[..., None] == nodes)).reshape(batch, width * length, bound)  # (B, WL, M)
@@ -109,8 +114,9 @@ class PrefixTreeBuilder:
         if beams.ndim != 3 or min(beams.shape) < 1:
             raise ValueError(f"beams must have shape (B, W, L) with B, W, L >= 1, got {tuple(beams.shape)}")
         batch, width, length = beams.shape
-        arrays = prefix_tree_arrays(beams)
-        if width == 1:
+        lengths = None if draft.beam_lengths is None else mx.array(np.asarray(draft.beam_lengths, dtype=np.int32))
+        arrays = prefix_tree_arrays(beams, lengths)
+        if width == 1 and lengths is None:
             size = length  # a single beam is a chain: every token is a node
         elif self.static_size:
             size = 1 + width * (length - 1)
@@ -119,4 +125,5 @@ class PrefixTreeBuilder:
         arrays = {name: value[:, :size] if name in ("tokens", "parents", "depth") else value
                   for name, value in arrays.items()}
         arrays["ancestor_mask"] = arrays["ancestor_mask"][:, :size, :size]
-        return MlxDraftTree(**arrays, max_depth=length - 1)
+        depth = length if lengths is None else int(np.max(draft.beam_lengths))
+        return MlxDraftTree(**arrays, max_depth=depth - 1)

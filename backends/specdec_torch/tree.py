@@ -49,19 +49,23 @@ def chain_tree(chain: torch.Tensor) -> DraftTree:
     )
 
 
-def build_prefix_tree(beams: torch.Tensor) -> DraftTree:
+def build_prefix_tree(beams: torch.Tensor, lengths: torch.Tensor | None = None) -> DraftTree:
     """Deduplicate beams (B, W, L) int64 into a prefix tree; same nodes, order and padding as the
-    reference. Returns a DraftTree of tensors on the beams' device, with ``beam_to_node`` (B, W, L)."""
+    reference. ``lengths`` (B, W) int64 on the beams' device or None: each beam's length
+    (``Draft.beam_lengths``). Returns a DraftTree of tensors on the beams' device, with
+    ``beam_to_node`` (B, W, L), -1 past a beam's length."""
     batch, width, length = beams.shape
     device = beams.device
-    if width == 1:
+    if width == 1 and lengths is None:
         return chain_tree(beams[:, 0])
-    # 1. Prefix match between every pair of beams, per depth.
-    equal = (beams[:, :, None, :] == beams[:, None, :, :]).to(torch.int64)  # (B, W, W, L)
-    same = torch.cumprod(equal, dim=3).bool()  # same[b, i, j, k]: prefixes of length k+1 agree
-    # 2. Keep mask: no earlier beam shares the prefix.
+    # 1. Prefix match between every pair of beams, per depth (both beams still running).
+    running = torch.ones(batch, width, length, dtype=torch.bool, device=device) if lengths is None else (
+        torch.arange(length, device=device) < lengths[:, :, None])  # (B, W, L)
+    equal = (beams[:, :, None, :] == beams[:, None, :, :]) & running[:, :, None, :] & running[:, None, :, :]
+    same = torch.cumprod(equal.to(torch.int64), dim=3).bool()  # same[b, i, j, k]: prefixes of length k+1 agree
+    # 2. Keep mask: a real token that no earlier beam shares the prefix of.
     earlier = torch.ones(width, width, dtype=torch.bool, device=device).tril(diagonal=-1)  # [i, j]: j < i
-    keep = ~(same & earlier[None, :, :, None]).any(dim=2)  # (B, W, L)
+    keep = running & ~(same & earlier[None, :, :, None]).any(dim=2)  # (B, W, L)
     flat_keep = keep.reshape(batch, width * length)
     # 3. Node ids in first-occurrence (row-major) order.
     node_of_token = torch.cumsum(flat_keep.to(torch.int64), dim=1) - 1  # (B, W*L), valid where kept
@@ -71,6 +75,8 @@ def build_prefix_tree(beams: torch.Tensor) -> DraftTree:
     owner = torch.argmax(same.to(torch.int8), dim=2)  # (B, W, L): first j with same[b, i, j, k]
     owner_token = owner * length + torch.arange(length, device=device)  # flat (beam, depth) index
     beam_to_node = torch.gather(node_of_token, 1, owner_token.reshape(batch, -1)).reshape(batch, width, length)
+    if lengths is not None:
+        beam_to_node = torch.where(running, beam_to_node, -1)
     # 5. Scatter per-token facts to their nodes; dropped tokens go to a spare column N.
     destination = torch.where(flat_keep, node_of_token, size)  # (B, W*L)
     root_parent = torch.full((batch, width, 1), -1, dtype=torch.int64, device=device)
@@ -85,7 +91,8 @@ def build_prefix_tree(beams: torch.Tensor) -> DraftTree:
     parents = scatter(0, parent_of_token)
     depth = scatter(1, depth_of_token)
     # Ancestor mask: node of token (i, k) sees the nodes of tokens (i, 0..k).
-    ancestor_node = beam_to_node[:, :, None, :].expand(batch, width, length, length)  # [.., k, k']
+    # (padding tokens (-1) are never kept, so they reach no mask row; clamp keeps the index valid)
+    ancestor_node = beam_to_node.clamp(min=0)[:, :, None, :].expand(batch, width, length, length)  # [.., k, k']
     upto = torch.ones(length, length, dtype=torch.bool, device=device).tril()  # [k, k']: k' <= k
     row = torch.where(keep[:, :, :, None] & upto, destination.reshape(batch, width, length)[..., None], size)
     flat = (row * size + ancestor_node).reshape(batch, -1)
@@ -108,4 +115,6 @@ class TorchPrefixTreeBuilder:
                 "the prefix_tree builder needs a Draft with beams (B, W, L), but this draft has only "
                 "head_tokens (B, K, T); use a tree builder for head top-k drafts (a static tree) instead"
             )
-        return build_prefix_tree(draft.beams)
+        lengths = None if draft.beam_lengths is None else torch.as_tensor(
+            draft.beam_lengths, dtype=torch.int64, device=draft.beams.device)
+        return build_prefix_tree(draft.beams, lengths)

@@ -10,7 +10,7 @@ Prediction (greedy decoding): speedup(W, L) = tau(W, L) * t_plain / t_step(W, L)
 Both sides are decode-phase costs (the prefill is excluded), and ``measure`` reports measured
 speedups on the same footing. With ``lookup`` (the default, as in ``generate``), every
 configuration also carries the prompt-lookup beam: it is recorded as the last beam of each step
-and counted beside the first W beams.
+and counted, at its own length, beside the first W beams cut to L.
 
 ``plan(..., save=True)`` keeps the recommendation in the user cache (``specdec.tuning``), where
 ``generate`` finds it when the caller names no beams.
@@ -40,7 +40,7 @@ class PlanRow:
 
 
 class RecordingDrafter(PassLifecycle):
-    """Wraps a drafter and keeps every step's beams on the host (the planner's recorder)."""
+    """Wraps a drafter and keeps every step's beams and beam lengths on the host (the planner's recorder)."""
 
     def __init__(self, inner, backend):
         self.inner, self.backend, self.beams = inner, backend, []
@@ -48,28 +48,36 @@ class RecordingDrafter(PassLifecycle):
 
     def propose(self, context):
         draft = self.inner.propose(context)
-        self.beams.append(self.backend.to_numpy(draft.beams))
+        self.beams.append((self.backend.to_numpy(draft.beams), draft.beam_lengths))
         return draft
 
 
-def _beams_of(beams: np.ndarray, width: int, lookup: bool) -> np.ndarray:
-    """The first ``width`` beams of a recorded step, plus its last (the lookup beam) with ``lookup``."""
-    return np.concatenate([beams[:width], beams[-1:]]) if lookup else beams[:width]
+def _beams_of(beams: np.ndarray, width: int, length: int, lookup: bool, lengths: np.ndarray | None) -> list:
+    """The first ``width`` beams of a recorded step (W, L) cut to ``length`` tokens, plus its last
+    (the lookup beam, at its own length) with ``lookup``; ``lengths`` (W,): the recorded beams'
+    lengths (None: all L)."""
+    lengths = np.full(len(beams), beams.shape[1]) if lengths is None else np.asarray(lengths)
+    chosen = [beams[i, : min(length, int(lengths[i]))] for i in range(width)]
+    return chosen + [beams[-1, : int(lengths[-1])]] if lookup else chosen
 
 
-def accepted_length(beams: np.ndarray, emitted: Sequence[int], width: int, length: int, lookup: bool = False) -> int:
-    """Longest match of ``beams[:width, 1:length]`` (W, L) against the step's emitted tokens."""
+def accepted_length(beams: np.ndarray, emitted: Sequence[int], width: int, length: int, lookup: bool = False,
+                    lengths: np.ndarray | None = None) -> int:
+    """Longest match of the beams (``_beams_of``), roots dropped, against the step's emitted tokens."""
     best = 0
-    for beam in _beams_of(beams, width, lookup)[:, 1:length]:
+    for beam in _beams_of(beams, width, length, lookup, lengths):
         n = 0
-        while n < len(beam) and n < len(emitted) and beam[n] == emitted[n]:
+        while n < len(beam) - 1 and n < len(emitted) and beam[n + 1] == emitted[n]:
             n += 1
         best = max(best, n)
     return min(best, len(emitted) - 1)
 
 
-def tree_size(beams: np.ndarray, width: int, length: int, lookup: bool = False) -> int:
-    return len({tuple(beam[: k + 1]) for beam in _beams_of(beams, width, lookup)[:, :length] for k in range(length)})
+def tree_size(beams: np.ndarray, width: int, length: int, lookup: bool = False,
+              lengths: np.ndarray | None = None) -> int:
+    """Nodes of the prefix tree of the beams (``_beams_of``)."""
+    return len({tuple(beam[: k + 1]) for beam in _beams_of(beams, width, length, lookup, lengths)
+                for k in range(len(beam))})
 
 
 def step_costs(target, drafter, prompt, *, backend: str, steps: int = 12) -> tuple[float, float, float]:
@@ -108,11 +116,12 @@ def plan(model, drafter: str, prompts: Sequence, *, backend: str = "torch", dtyp
     for prompt in ids:
         recorder.beams.clear()
         steps = list(specdec.stream(target, prompt, drafter=recorder, backend=backend, max_new_tokens=max_new_tokens))
-        for step, beams in zip(steps[1:], recorder.beams):
+        for step, (beams, beam_lengths) in zip(steps[1:], recorder.beams):
+            row_lengths = None if beam_lengths is None else beam_lengths[0]
             for w in widths:
                 for l in lengths:
-                    accepted[(w, l)].append(accepted_length(beams[0], step.new_tokens[0], w, l, lookup))
-                    sizes[(w, l)].append(tree_size(beams[0], w, l, lookup))
+                    accepted[(w, l)].append(accepted_length(beams[0], step.new_tokens[0], w, l, lookup, row_lengths))
+                    sizes[(w, l)].append(tree_size(beams[0], w, l, lookup, row_lengths))
     plain_step = sum(step_costs(target, "none", ids[0], backend=backend))
     rows = []
     for (w, l), values in accepted.items():

@@ -2,8 +2,9 @@
 
 Conventions (named in every table): tokens per step counts the bonus token (plain decoding = 1.0);
 speedup = tokens/s of a method over tokens/s of our plain decoding on the same backend, dtype,
-temperature, prompts and repeat, median over repeats; tree reduction = 1 - verified tokens /
-(beam width x beam length), the root counted in both; identical (greedy only) = the share of
+temperature, prompts and repeat, median over repeats; tree reduction = 1 - verified drafted
+tokens / drafted tokens of the distinct beams (roots not counted; the share deduplication into
+the prefix tree saved); identical (greedy only) = the share of
 generations whose tokens equal our plain decoding's for the same prompt and repeat.
 """
 
@@ -56,7 +57,7 @@ def summarize(records: Sequence[BenchRecord], *, plain: str = "plain") -> list[d
         same = [v for v in same if v is not None]
         decode_steps = sum(len(r.accepted) for r in group)
         decode_time = sum(r.time_draft + r.time_verify + r.time_other for r in group)
-        beam_tokens = sum(r.beam_tokens for r in group)
+        drafted = sum(r.drafted for r in group)
         row = dict(
             backend=backend, dtype=dtype, temperature=temperature, category=category, method=method,
             prompts=len({r.prompt_id for r in group}), repeats=len(repeats),
@@ -64,7 +65,8 @@ def summarize(records: Sequence[BenchRecord], *, plain: str = "plain") -> list[d
             speedup_vs_peer=ratio(PEER_BASELINE.get(backend, "")),
             tokens_per_step=sum(r.new_tokens for r in group) / steps if steps else float("nan"),
             verified_per_step=sum(r.verified for r in group) / decode_steps if decode_steps else float("nan"),
-            tree_reduction=1 - sum(r.verified for r in group) / beam_tokens if beam_tokens else float("nan"),
+            # share of the beams' drafted tokens that deduplication into the tree did not verify
+            tree_reduction=1 - (sum(r.verified for r in group) - decode_steps) / drafted if drafted else float("nan"),
             draft_share=sum(r.time_draft for r in group) / decode_time if decode_time else float("nan"),
             verify_share=sum(r.time_verify for r in group) / decode_time if decode_time else float("nan"),
             other_share=sum(r.time_other for r in group) / decode_time if decode_time else float("nan"),

@@ -28,7 +28,7 @@ class BenchRecord:
     seconds: float
     accepted: tuple = ()
     verified: int = 0
-    beam_tokens: int = 0
+    drafted: int = 0  # tokens of the distinct beams (roots not counted), before deduplication into trees
     time_draft: float = 0.0
     time_verify: float = 0.0
     time_other: float = 0.0
@@ -59,13 +59,12 @@ def specdec_runner(method: Method, model, target, backend: str, max_new_tokens: 
         lookup = lookup_by_default(registry, drafter, method.drafter, loop_options.get("verifier"))
     if lookup:
         drafter = add_lookup(drafter, lookup, backend_obj, target)
-    length = getattr(drafter, "beam_length", 0)
     beam_drafter = method.kind in registry.names("drafter_spec") and registry.drafter_spec(method.kind).beam_options
 
     def run(ids: list[int], temperature: float, seed: int) -> dict:
         steps = stream(target, ids, drafter=drafter, backend=backend, max_new_tokens=max_new_tokens,
                        temperature=temperature, seed=[seed], lookup=False, **loop_options)  # drafter is complete
-        accepted, verified, beam_tokens, generated = [], 0, 0, []
+        accepted, verified, drafted, generated = [], 0, 0, []
         times = dict(time_draft=0.0, time_verify=0.0, time_other=0.0, time_prefill=0.0)
         start = time.perf_counter()
         for step in steps:
@@ -75,14 +74,14 @@ def specdec_runner(method: Method, model, target, backend: str, max_new_tokens: 
                 continue
             accepted.append(int(step.num_accepted[0]))
             verified += int(step.num_verified[0])
-            if beam_drafter and length > 1:  # W x L tokens before deduplication into the tree
-                beam_tokens += int(step.num_drafted[0]) * length // (length - 1)
+            if beam_drafter:  # tokens of the beams before deduplication into the tree
+                drafted += int(step.num_drafted[0])
             times["time_draft"] += step.time_draft
             times["time_verify"] += step.time_verify
             times["time_other"] += step.time_other
         seconds = time.perf_counter() - start
         return dict(new_tokens=len(generated), seconds=seconds, accepted=tuple(accepted), verified=verified,
-                    beam_tokens=beam_tokens, tokens=tuple(generated), **times)
+                    drafted=drafted, tokens=tuple(generated), **times)
 
     run.drafter = drafter  # what the method drafts with, for reports and tests
     return run

@@ -25,6 +25,7 @@ __all__ = [
     "PrefixTreeBuilder",
     "ancestor_mask_from_parents",
     "build_prefix_tree",
+    "check_beam_lengths",
     "check_tree",
     "depth_from_parents",
 ]
@@ -80,27 +81,31 @@ def ancestor_mask_from_parents(parents: np.ndarray) -> np.ndarray:
     return mask
 
 
-def build_prefix_tree(beams: np.ndarray) -> DraftTree:
+def build_prefix_tree(beams: np.ndarray, lengths: np.ndarray | None = None) -> DraftTree:
     """Deduplicate beams into a prefix tree (ReDrafter's dynamic tree attention).
 
     beams (B, W, L) int: candidate sequences; every beam of a row starts with the row's root.
+    lengths (B, W) int or None: beam i of row b is ``beams[b, i, :lengths[b, i]]``
+    (``Draft.beam_lengths``); the tokens after it are ignored.
     Node order is the first occurrence of each distinct prefix in row-major (beam, depth)
     order, so node 0 is the root and beam 0 (the drafter's best) occupies nodes 0..L-1.
     Rows with fewer nodes are padded to the batch's N with nodes of token 0 whose parent is
     the root (depth 1; they attend to the root and themselves; nothing refers to them).
 
     Returns a DraftTree of NumPy int64 arrays with ``beam_to_node`` (B, W, L):
-    ``tokens[b, beam_to_node[b, i, k]] == beams[b, i, k]``, strictly increasing in k.
+    ``tokens[b, beam_to_node[b, i, k]] == beams[b, i, k]``, strictly increasing in k; -1 past
+    a beam's length.
     """
     beams = np.asarray(beams)
     if beams.ndim != 3 or min(beams.shape) < 1:
         raise ValueError(f"beams must have shape (B, W, L) with B, W, L >= 1, got {beams.shape}")
     if not np.issubdtype(beams.dtype, np.integer):
         raise ValueError(f"beams must hold integer token ids, got dtype {beams.dtype}")
-    if np.any(beams < 0):
-        raise ValueError("beams must hold token ids >= 0; found a negative id")
     batch, width, length = beams.shape
-    beam_to_node = np.zeros((batch, width, length), dtype=np.int64)
+    lengths = check_beam_lengths(lengths, beams.shape)
+    if np.any(np.where(np.arange(length) < lengths[..., None], beams, 0) < 0):
+        raise ValueError("beams must hold token ids >= 0; found a negative id")
+    beam_to_node = np.full((batch, width, length), -1, dtype=np.int64)
     row_tokens: list[list[int]] = []
     row_parents: list[list[int]] = []
     for b in range(batch):
@@ -114,7 +119,7 @@ def build_prefix_tree(beams: np.ndarray) -> DraftTree:
         parents: list[int] = []
         for i in range(width):
             parent = -1
-            for k in range(length):
+            for k in range(int(lengths[b, i])):
                 prefix = tuple(int(t) for t in beams[b, i, : k + 1])
                 if prefix not in node_of_prefix:  # first occurrence: a new node
                     node_of_prefix[prefix] = len(tokens)
@@ -143,6 +148,22 @@ def build_prefix_tree(beams: np.ndarray) -> DraftTree:
     )
 
 
+def check_beam_lengths(lengths, shape) -> np.ndarray:
+    """``Draft.beam_lengths`` as (B, W) int64 for beams of ``shape`` (B, W, L): L everywhere when
+    None; ValueError unless every length is an integer in [1, L]."""
+    batch, width, length = shape
+    if lengths is None:
+        return np.full((batch, width), length, dtype=np.int64)
+    lengths = np.asarray(lengths)
+    if lengths.shape != (batch, width) or not np.issubdtype(lengths.dtype, np.integer):
+        raise ValueError(f"beam_lengths must be integers of shape (B, W) = {(batch, width)}, "
+                         f"got {lengths.dtype} {lengths.shape}")
+    if np.any((lengths < 1) | (lengths > length)):
+        raise ValueError(f"beam_lengths must lie in [1, L] = [1, {length}] (the root counts), "
+                         f"got {lengths.min()}..{lengths.max()}")
+    return lengths.astype(np.int64)
+
+
 def check_tree(tree: DraftTree, *, beams: np.ndarray | None = None) -> None:
     """Raise ValueError naming the first violated DraftTree invariant; return None if all hold.
 
@@ -150,7 +171,9 @@ def check_tree(tree: DraftTree, *, beams: np.ndarray | None = None) -> None:
     (``i >= num_nodes[b]``) hang off the root; ``depth[b, 0] == 0`` and
     ``depth = depth[parent] + 1``; ``ancestor_mask`` is the one implied by ``parents``;
     ``beam_to_node`` (when present) starts every beam at the root, follows parent links and
-    points at real nodes. With ``beams`` (B, W, L) given, also ``tokens[beam_to_node] == beams``.
+    points at real nodes until the beam ends (-1 after, for the same beam in every later
+    position). With ``beams`` (B, W, L) given, also ``tokens[beam_to_node] == beams`` where
+    ``beam_to_node`` is not -1.
     """
     parents = _check_parents(tree.parents)
     batch, size = parents.shape
@@ -186,8 +209,10 @@ def check_tree(tree: DraftTree, *, beams: np.ndarray | None = None) -> None:
         if beams is not None:
             beams = np.asarray(beams)
             beam_to_node = np.asarray(tree.beam_to_node)
-            gathered = np.take_along_axis(np.asarray(tree.tokens), beam_to_node.reshape(batch, -1), axis=1)
-            if beams.shape != beam_to_node.shape or np.any(gathered.reshape(beams.shape) != beams):
+            real = beam_to_node >= 0
+            gathered = np.take_along_axis(np.asarray(tree.tokens), np.where(real, beam_to_node, 0).reshape(batch, -1),
+                                          axis=1)
+            if beams.shape != beam_to_node.shape or np.any(real & (gathered.reshape(beams.shape) != beams)):
                 raise ValueError("tree invariant 'tokens[b, beam_to_node[b, i, k]] == beams[b, i, k]' violated")
 
 
@@ -202,7 +227,13 @@ def _check_beam_to_node(beam_to_node: np.ndarray, parents: np.ndarray, num_nodes
                 raise ValueError(
                     f"tree invariant 'every beam starts at the root' violated: beam_to_node[{b}, {i}, 0] = {nodes[0]}"
                 )
-            for k in range(1, length):
+            ended = np.flatnonzero(nodes < 0)
+            end = int(ended[0]) if len(ended) else length
+            if np.any(nodes[end:] != -1):
+                raise ValueError(
+                    f"tree invariant 'a beam that ended stays ended' violated: beam_to_node[{b}, {i}] = "
+                    f"{nodes.tolist()}")
+            for k in range(1, end):
                 if not 0 < nodes[k] < num_nodes[b] or parents[b, nodes[k]] != nodes[k - 1]:
                     raise ValueError(
                         f"tree invariant 'beam_to_node follows parent links to real nodes' violated at "
@@ -224,4 +255,4 @@ class PrefixTreeBuilder:
         roots = np.asarray(draft.root_tokens)
         if beams.shape[0] != roots.shape[0] or np.any(beams[:, :, 0] != roots[:, None]):
             raise ValueError("every beam must start with its row's root token: beams[:, :, 0] != draft.root_tokens")
-        return build_prefix_tree(beams)
+        return build_prefix_tree(beams, draft.beam_lengths)

@@ -184,6 +184,7 @@ def check_tree_builder(backend_name: str, target, *, name: str = "prefix_tree", 
             root_tokens=backend.from_numpy(draft.root_tokens, target),
             beams=None if draft.beams is None else backend.from_numpy(draft.beams, target),
             head_tokens=None if draft.head_tokens is None else backend.from_numpy(draft.head_tokens, target),
+            beam_lengths=draft.beam_lengths,  # host-side, as drafters give them
         )
         actual = builder.build(moved)
         for field in ("tokens", "parents", "depth", "ancestor_mask", "num_nodes", "beam_to_node"):
@@ -209,7 +210,7 @@ def check_verifier(backend_name: str, target, *, name: str, tree: DraftTree, dra
     expected = reference.verify(tree, draft, TargetOutput(logits=logits, hidden=hidden), sampling, uniforms)
     put = lambda a: None if a is None else backend.from_numpy(np.asarray(a), target)
     moved_draft = Draft(root_tokens=put(draft.root_tokens), beams=put(draft.beams), head_tokens=put(draft.head_tokens),
-                        draft_probs=put(draft.draft_probs), sampled=draft.sampled)
+                        draft_probs=put(draft.draft_probs), sampled=draft.sampled, beam_lengths=draft.beam_lengths)
     actual = verifier.verify(to_backend_tree(tree, backend, target), moved_draft,
                              TargetOutput(logits=put(logits), hidden=put(hidden)), sampling, put(uniforms))
     for field in ("path", "num_accepted", "bonus_tokens"):

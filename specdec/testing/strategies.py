@@ -27,6 +27,14 @@ def beams(draw, *, max_batch: int = 3, max_width: int = 4, max_length: int = 5, 
     return out
 
 
+@st.composite
+def beam_lengths(draw, shape: tuple[int, int, int]) -> np.ndarray:
+    """(B, W) int64 lengths in [1, L] for beams of ``shape`` (B, W, L) (``Draft.beam_lengths``)."""
+    batch, width, length = shape
+    flat = draw(st.lists(st.integers(1, length), min_size=batch * width, max_size=batch * width))
+    return np.array(flat, dtype=np.int64).reshape(batch, width)
+
+
 def sampling_configs(*, greedy: bool = True) -> st.SearchStrategy[SamplingConfig]:
     """Greedy (optionally) and temperature / top-k / top-p combinations."""
     sampled = st.builds(

@@ -40,6 +40,14 @@ def test_prefix_tree_is_the_reference_tree(beams):
     checks.check_tree_builder("mlx", None, drafts=[as_draft(beams)])
 
 
+@given(data=st.data(), beams=strategies.beams(max_batch=3, max_width=4, max_length=6))
+def test_prefix_tree_of_beams_of_different_lengths_is_the_reference_tree(data, beams):
+    lengths = data.draw(strategies.beam_lengths(beams.shape))
+    draft = Draft(root_tokens=beams[:, 0, 0].copy(), beams=beams, beam_lengths=lengths)
+    checks.check_tree_builder("mlx", None, drafts=[draft])
+    assert PrefixTreeBuilder().build(draft).max_depth == int(lengths.max()) - 1
+
+
 @given(beams=strategies.beams(max_batch=2, max_width=4, max_length=4))
 def test_static_size_pads_the_reference_tree(beams):
     """static_size=True: the reference's real nodes, then valid padding up to 1 + W (L - 1)."""

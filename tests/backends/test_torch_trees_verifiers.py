@@ -18,6 +18,7 @@ torch = pytest.importorskip("torch")  # required when SPECDEC_TEST_BACKENDS name
 from specdec.reference.sampling import sample_from, target_probs
 from specdec.reference.tree import build_prefix_tree, check_tree
 from specdec.testing import checks
+from specdec.testing.strategies import beam_lengths
 from specdec.testing.strategies import beams as beams_strategy
 from specdec.testing.strategies import sampling_configs
 from specdec.types import Draft, DraftTree
@@ -76,6 +77,14 @@ def test_prefix_tree_matches_reference(beams):
     checks.check_tree_builder("torch", TARGET, name="prefix_tree", drafts=[draft])
     tree = torch_prefix_tree(_tensor(beams))
     check_tree(DraftTree(**{field: BACKEND.to_numpy(getattr(tree, field)) for field in TREE_FIELDS}), beams=beams)
+
+
+@settings(max_examples=60)
+@given(data=st.data(), beams=beams_strategy(max_batch=3, max_width=5, max_length=6, alphabet=3))
+def test_prefix_tree_of_beams_of_different_lengths_matches_reference(data, beams):
+    lengths = data.draw(beam_lengths(beams.shape))
+    draft = Draft(root_tokens=beams[:, 0, 0].copy(), beams=beams, beam_lengths=lengths)
+    checks.check_tree_builder("torch", TARGET, name="prefix_tree", drafts=[draft])
 
 
 @pytest.mark.parametrize("choices", sorted(PRESETS))

@@ -92,7 +92,8 @@ def test_run_bench_and_outputs(model_dir, tmp_path):
     plain = [r for r in rows if r["method"] == "plain" and r["category"] == "all"]
     assert all(r["speedup"] == 1.0 and r["tokens_per_step"] == 1.0 for r in plain), plain
     spec = [r for r in rows if r["method"] != "plain" and r["category"] == "all"]
-    assert all(0.0 <= r["tree_reduction"] < 1.0 and r["verified_per_step"] <= 6 for r in spec), spec
+    # W=2 beams of L=3 and the default lookup chain of 6 drafted tokens: at most 1 + 2 x 2 + 6 nodes
+    assert all(0.0 <= r["tree_reduction"] < 1.0 and r["verified_per_step"] <= 11 for r in spec), spec
     greedy = [r for r in rows if r["temperature"] == 0]
     assert all(r["identical"] == 1.0 for r in greedy), "greedy speculative output differs from plain decoding"
     assert all(np.isnan(r["identical"]) for r in rows if r["temperature"] > 0), "identity is a greedy check"
@@ -115,6 +116,11 @@ def test_planner_predicts_and_measures(model_dir, tmp_path):
     assert accepted_length(beams, [1, 2, 9], width=3, length=2) == 1
     assert accepted_length(beams, [4, 9], width=2, length=4) == 0
     assert tree_size(beams, 3, 4) == 1 + 3 + 3 + 2 and tree_size(beams, 1, 2) == 2
+    # the lookup beam (the last) keeps its own length whatever L the model beams are cut to
+    with_lookup, lengths = np.array([[7, 1, 2, 3, 3, 3], [7, 4, 4, 4, 9, 8]]), np.array([4, 6])
+    assert accepted_length(with_lookup, [4, 4, 4, 9, 8, 0], 1, 3, True, lengths) == 5
+    assert accepted_length(with_lookup, [1, 2, 3, 3, 0], 1, 6, False, lengths) == 3, "beam 0 ends after 3 drafted"
+    assert tree_size(with_lookup, 1, 3, True, lengths) == 1 + 2 + 5
     drafter = make_random_drafter(tmp_path / "d", model_dir, kind="redrafter", seed=1)
     rows = plan(model_dir, str(drafter), [[1, 2, 3], [4, 5]], backend="numpy", widths=(1, 2), lengths=(2, 3),
                 max_new_tokens=8)

@@ -129,13 +129,19 @@ def test_lookup_beam_is_accepted_when_the_target_repeats_itself(target):
     assert looked.stats.accepted_tokens > 0 and looked.stats.steps < plain.stats.steps
 
 
-def test_lookup_beside_a_drafter_adds_one_beam(target, redrafter):
-    """(W + 1) beams x (L - 1) tokens when the lookup finds a chain; W x (L - 1) when it does not
-    (its beam then repeats beam 0, drafted once)."""
+def test_lookup_beside_a_drafter_adds_one_beam_of_its_own_length(target, redrafter):
+    """W x (L - 1) model tokens plus the chain's draft_length when the lookup finds a chain;
+    W x (L - 1) when it does not (its beam is then the root alone)."""
     every_token = list(range(target.vocab_size))  # whatever the root, its 1-gram occurred
-    found = specdec.stream(target, every_token, drafter=redrafter, backend="numpy", max_new_tokens=2,
-                           beam_width=2, beam_length=3, lookup=dict(max_ngram=1, min_ngram=1))
-    assert [int(step.num_drafted[0]) for step in found] == [0, 3 * 2]
+    for chain in (1, 5):
+        found = list(specdec.stream(target, every_token, drafter=redrafter, backend="numpy", max_new_tokens=2,
+                                    beam_width=2, beam_length=3,
+                                    lookup=dict(max_ngram=1, min_ngram=1, draft_length=chain)))
+        assert [int(step.num_drafted[0]) for step in found] == [0, 2 * 2 + chain]
+        assert found[1].num_verified[0] <= 1 + 2 * 2 + chain
+    assert [int(s.num_drafted[0]) for s in specdec.stream(target, every_token, drafter=redrafter, backend="numpy",
+                                                          max_new_tokens=2, beam_width=2, beam_length=3,
+                                                          lookup=dict(max_ngram=1, min_ngram=1))] == [0, 2 * 2 + 6]
     missing = specdec.stream(target, [1, 2, 3], drafter=redrafter, backend="numpy", max_new_tokens=2,
                              beam_width=2, beam_length=3, lookup=dict(max_ngram=2, min_ngram=2))
     assert [int(step.num_drafted[0]) for step in missing] == [0, 2 * 2], "the 2-gram [3, root] never occurred"
@@ -157,7 +163,7 @@ def test_sampling_with_lookup_uses_the_exact_verifier(target, redrafter):
     ("lookup", {}, "drafter='lookup'"),
     ("redrafter", dict(sample=True, temperature=0.7), "samples its beams"),
     ("redrafter", dict(verifier="redrafter_published", temperature=0.7), "deterministic and have none"),
-    ("redrafter", dict(lookup=dict(max_ngram=2, bad=1)), "max_ngram / min_ngram"),
+    ("redrafter", dict(lookup=dict(max_ngram=2, bad=1)), "draft_length / max_ngram / min_ngram"),
 ])
 def test_lookup_misuse_names_the_fix(target, model_dir, tmp_path, drafter, options, message):
     if drafter in ("medusa", "redrafter"):
@@ -168,8 +174,12 @@ def test_lookup_misuse_names_the_fix(target, model_dir, tmp_path, drafter, optio
                 top_k=None, top_p=None, dtype=None, device=None, registry=None, options=options)
 
 
-def test_distinct_beams_counts_each_repeated_beam_once():
-    from specdec.batching import distinct_beams
+def test_drafted_tokens_counts_each_repeated_beam_once_and_only_within_its_length():
+    from specdec.batching import drafted_tokens
 
     beams = np.array([[[1, 2, 3], [1, 2, 4], [1, 2, 3]], [[5, 5, 5], [5, 5, 5], [5, 5, 5]]])
-    assert distinct_beams(beams).tolist() == [2, 1]
+    assert drafted_tokens(beams).tolist() == [4, 2]
+    # beam 2 of row 0 ends after [1, 2]: a different beam from beam 0 (1 token); in row 1 beam 1
+    # ends at the root (nothing drafted) and beam 2 repeats beam 0
+    lengths = np.array([[3, 3, 2], [3, 1, 3]])
+    assert drafted_tokens(beams, lengths).tolist() == [5, 2]

@@ -183,3 +183,42 @@ def test_prefix_tree_properties(beams):
     np.testing.assert_array_equal(tree.parents, parents, err_msg="dense formulation parents")
     np.testing.assert_array_equal(tree.beam_to_node, beam_to_node, err_msg="dense formulation beam_to_node")
     np.testing.assert_array_equal(tree.num_nodes, num_nodes, err_msg="dense formulation num_nodes")
+
+
+@settings(derandomize=True, deadline=None, max_examples=60)
+@given(data=st.data(), beams=beam_batches())
+def test_prefix_tree_of_beams_of_different_lengths(data, beams):
+    """Beam i of row b is beams[b, i, :lengths[b, i]]: the tree holds exactly the distinct prefixes
+    of those, numbered in first-occurrence (beam, depth) order; what lies past a beam's length is
+    never read (other padding values give the same tree); full lengths give the plain tree."""
+    from specdec.testing.strategies import beam_lengths
+
+    lengths = data.draw(beam_lengths(beams.shape))
+    tree = build_prefix_tree(beams, lengths)
+    check_tree(tree, beams=beams)
+    batch, width, length = beams.shape
+    running = np.arange(length) < lengths[..., None]
+    assert np.all((tree.beam_to_node >= 0) == running), f"beam_to_node -1 exactly past each length: {lengths.tolist()}"
+    for b in range(batch):
+        prefixes = {tuple(beams[b, i, : k + 1]) for i in range(width) for k in range(lengths[b, i])}
+        assert tree.num_nodes[b] == len(prefixes), f"row {b}: N != distinct prefixes of the cut beams"
+        order = [int(n) for n in tree.beam_to_node[b][running[b]]]  # row-major (beam, depth)
+        first = list(dict.fromkeys(order))
+        assert first == list(range(len(first))), f"row {b}: nodes not in first-occurrence order: {order}"
+    padded = np.where(running, beams, beams.max() + 1 + np.arange(length))  # other values past the lengths
+    other = build_prefix_tree(padded, lengths)
+    for field in ("tokens", "parents", "depth", "ancestor_mask", "num_nodes", "beam_to_node"):
+        assert np.array_equal(getattr(other, field), getattr(tree, field)), f"{field} read past a beam's length"
+    full = build_prefix_tree(beams, np.full((batch, width), length))
+    assert np.array_equal(full.beam_to_node, build_prefix_tree(beams).beam_to_node)
+
+
+def test_beam_lengths_are_checked():
+    beams = np.array([[[1, 2, 3], [1, 4, 5]]])
+    with pytest.raises(ValueError, match=r"beam_lengths must lie in \[1, L\]"):
+        build_prefix_tree(beams, np.array([[3, 0]]))
+    with pytest.raises(ValueError, match="shape"):
+        Draft(root_tokens=np.array([1]), beams=beams, beam_lengths=np.array([3, 2]))
+    with pytest.raises(ValueError, match="draft_probs"):
+        Draft(root_tokens=np.array([1]), beams=beams, beam_lengths=np.array([[3, 2]]),
+              draft_probs=np.zeros((1, 2, 2, 6)))
