@@ -109,7 +109,7 @@ def _describe_default(target, drafter, backend, registry) -> str:
     plan, *_ = prepare(target, [1], drafter, backend, max_new_tokens=1, temperature=0.0, top_k=None, top_p=None,
                        dtype=None, device=None, registry=registry, options={})
     inner = getattr(plan.drafter, "inner", None) or plan.drafter
-    lookup = " + a prompt-lookup beam" if inner is not plan.drafter else ""
+    lookup = f" + a prompt-lookup beam of {plan.drafter.draft_length} tokens" if inner is not plan.drafter else ""
     return f"ReDrafter W={inner.beam_width} L={inner.beam_length} ({where}){lookup}"
 
 
@@ -395,7 +395,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--prompts", default="mt-bench", help="mt-bench | humaneval | a JSONL file")
     bench.add_argument("--per-category", type=int, default=None, help="first N prompts of each category")
     bench.add_argument("--methods", nargs="+", default=["plain", "redrafter", "medusa"],
-                       help="plain, redrafter[:w=4,l=5,lookup=true], medusa[:choices=cpu16], lookup[:k=6], hf, hf-pld[:n=10], "
+                       help="plain, redrafter[:w=4,l=5,lookup=true], medusa[:choices=cpu16], lookup[:k=10], hf, hf-pld[:n=10], "
                             "hf-assisted:draft=M, mlx-lm, mlx-lm-draft:draft=M")
     bench.add_argument("--backends", nargs="+", default=["torch"],
                        help="backend[:dtype] ... (no dtype: the one measured fastest here, as generate)")

@@ -53,8 +53,9 @@ def _value(text: str):
 def parse_method(spec: str) -> Method:
     """``kind[:key=value,...]``, e.g. ``redrafter:w=4,l=5``, ``medusa:choices=cpu16``, ``hf-pld:n=10``,
     ``redrafter:drafter=path/to/checkpoint``, ``redrafter:lookup=true`` (a prompt-lookup beam beside
-    ReDrafter's; on by default as in ``generate``, ``redrafter:lookup=false`` for ReDrafter alone),
-    ``lookup:k=6`` (our prompt lookup alone, drafting k tokens), ``hf:dtype=own`` (a peer in its own
+    ReDrafter's; on by default as in ``generate``, ``redrafter:lookup=false`` for ReDrafter alone,
+    ``redrafter:lookup=10`` for a lookup chain of 10 drafted tokens),
+    ``lookup:k=10`` (our prompt lookup alone, drafting k tokens), ``hf:dtype=own`` (a peer in its own
     default dtype rather than the one our target runs in). Keys: w, l, choices, verifier, top_t,
     sample, lookup, k, n, draft, dtype (peers only); a specdec method also takes its drafter
     factory's own keyword options by name, e.g. ``eagle:total_tokens=8,depth=4`` (``generate``

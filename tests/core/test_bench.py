@@ -92,8 +92,8 @@ def test_run_bench_and_outputs(model_dir, tmp_path):
     plain = [r for r in rows if r["method"] == "plain" and r["category"] == "all"]
     assert all(r["speedup"] == 1.0 and r["tokens_per_step"] == 1.0 for r in plain), plain
     spec = [r for r in rows if r["method"] != "plain" and r["category"] == "all"]
-    # W=2 beams of L=3 and the default lookup chain of 6 drafted tokens: at most 1 + 2 x 2 + 6 nodes
-    assert all(0.0 <= r["tree_reduction"] < 1.0 and r["verified_per_step"] <= 11 for r in spec), spec
+    # W=2 beams of L=3 and the default lookup chain of 10 drafted tokens: at most 1 + 2 x 2 + 10 nodes
+    assert all(0.0 <= r["tree_reduction"] < 1.0 and r["verified_per_step"] <= 15 for r in spec), spec
     greedy = [r for r in rows if r["temperature"] == 0]
     assert all(r["identical"] == 1.0 for r in greedy), "greedy speculative output differs from plain decoding"
     assert all(np.isnan(r["identical"]) for r in rows if r["temperature"] > 0), "identity is a greedy check"

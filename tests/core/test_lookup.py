@@ -141,7 +141,7 @@ def test_lookup_beside_a_drafter_adds_one_beam_of_its_own_length(target, redraft
         assert found[1].num_verified[0] <= 1 + 2 * 2 + chain
     assert [int(s.num_drafted[0]) for s in specdec.stream(target, every_token, drafter=redrafter, backend="numpy",
                                                           max_new_tokens=2, beam_width=2, beam_length=3,
-                                                          lookup=dict(max_ngram=1, min_ngram=1))] == [0, 2 * 2 + 6]
+                                                          lookup=dict(max_ngram=1, min_ngram=1))] == [0, 2 * 2 + 10]
     missing = specdec.stream(target, [1, 2, 3], drafter=redrafter, backend="numpy", max_new_tokens=2,
                              beam_width=2, beam_length=3, lookup=dict(max_ngram=2, min_ngram=2))
     assert [int(step.num_drafted[0]) for step in missing] == [0, 2 * 2], "the 2-gram [3, root] never occurred"
