@@ -9,7 +9,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from specdec.errors import SpecdecError
+from specdec.errors import InvalidInputError, SpecdecError
 
 
 def _add_generation_args(parser: argparse.ArgumentParser) -> None:
@@ -27,10 +27,22 @@ def _add_generation_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lookup", action=argparse.BooleanOptionalAction, default=None,
                         help="add a prompt-lookup beam (n-gram copy from the text so far) to the drafter's beams "
                              "(default: on beside ReDrafter)")
+    parser.add_argument("--lookup-length", type=int, default=None, metavar="N",
+                        help="tokens the prompt-lookup beam drafts, whatever the beam length (default 10)")
+
+
+def lookup_option(args) -> dict:
+    """``generate``'s ``lookup`` option from --[no-]lookup and --lookup-length."""
+    if args.lookup_length is None:
+        return {} if args.lookup is None else {"lookup": args.lookup}
+    if args.lookup is False:
+        raise InvalidInputError("--lookup-length sets the length of the prompt-lookup beam that --no-lookup turns off; "
+                                "drop one of them")
+    return {"lookup": args.lookup_length}
 
 
 def _options(args) -> dict:
-    options = {} if args.lookup is None else {"lookup": args.lookup}
+    options = lookup_option(args)
     if args.beam_width is not None:
         options["beam_width"] = args.beam_width
     if args.beam_length is not None:

@@ -29,6 +29,8 @@ def add_parser(sub) -> None:
     parser.add_argument("--beam-length", type=int, default=None)
     parser.add_argument("--lookup", action=argparse.BooleanOptionalAction, default=None,
                         help="add a prompt-lookup beam to the drafter's beams (default: on beside ReDrafter)")
+    parser.add_argument("--lookup-length", type=int, default=None, metavar="N",
+                        help="tokens the prompt-lookup beam drafts, whatever the beam length (default 10)")
     parser.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
     parser.set_defaults(func=cmd_serve)
 
@@ -41,7 +43,9 @@ def cmd_serve(args) -> int:
     require("starlette", extra="serve", feature="specdec serve")
     from specdec.serving.server import Server
 
-    options = {} if args.lookup is None else {"lookup": args.lookup}
+    from specdec.cli import lookup_option
+
+    options = lookup_option(args)
     for name in ("beam_width", "beam_length"):
         if getattr(args, name) is not None:
             options[name] = getattr(args, name)

@@ -43,6 +43,18 @@ def test_generate_with_lookup(model_dir):
     assert refused.returncode == 2 and "drafter='lookup'" in refused.stderr, refused.stderr
 
 
+def test_generate_with_a_lookup_length(model_dir, tmp_path):
+    from specdec.testing import make_random_drafter
+
+    drafter = make_random_drafter(tmp_path / "d", model_dir, kind="redrafter", seed=1)
+    args = ["generate", "--model", str(model_dir), "--prompt-ids", "[1, 2, 3, 1, 2, 3]", "--drafter", str(drafter),
+            "--backend", "numpy", "--max-new-tokens", "4", "--beam-width", "2", "--beam-length", "2"]
+    done = run(*args, "--lookup-length", "5")
+    assert done.returncode == 0, done.stderr[-2000:]
+    refused = run(*args, "--lookup-length", "5", "--no-lookup")
+    assert refused.returncode == 2 and "drop one of them" in refused.stderr, refused.stderr
+
+
 def test_bench_writes_its_outputs(model_dir, tmp_path):
     from specdec.testing import make_random_drafter
 
