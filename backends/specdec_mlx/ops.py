@@ -23,8 +23,8 @@ from specdec_mlx.backend import to_mx
 from specdec_mlx.tree import MlxDraftTree
 
 __all__ = [
-    "MlxDraftTree", "as_array", "categorical", "compute_dtype", "first_argmax", "log_softmax", "sample_from",
-    "softmax", "stable_descending_order", "target_probs", "top_indices", "top_k_lowest_index", "top_k_mask",
+    "MlxDraftTree", "as_array", "categorical", "compute_dtype", "first_argmax", "head_product", "log_softmax",
+    "sample_from", "softmax", "stable_descending_order", "target_probs", "top_indices", "top_k_lowest_index", "top_k_mask",
 ]
 
 _NEG_INF = float("-inf")
@@ -51,6 +51,12 @@ def first_argmax(x: mx.array) -> mx.array:
     size = x.shape[-1]
     top = mx.max(x, axis=-1, keepdims=True)
     return mx.min(mx.where(x == top, mx.arange(size), size), axis=-1).astype(mx.int32)
+
+
+def head_product(x: mx.array, weight: mx.array) -> mx.array:
+    """``x @ weight.T``: x (..., K), weight (N, K) -> (..., N) (an LM head's logits). The torch
+    backend's twin picks its formulation by measurement; MLX's matmul needs no choice."""
+    return x @ weight.T
 
 
 def top_indices(x: mx.array, count: int) -> mx.array:

@@ -27,6 +27,7 @@ from specdec.types import DraftTree, PromptOutput, TargetOutput, Verdict
 from specdec_torch.kvcache import TorchKVCache
 from specdec_torch.layers import apply_rotary, attend, inverse_frequencies, mlp, rms_norm, rotary_cos_sin
 from specdec_torch.packing import pack as pack_stream, unpack as unpack_stream
+from specdec_torch.products import head_product
 
 __all__ = ["PREFILL_CHUNK", "TorchTarget", "pack_layer", "tree_attention_mask"]
 
@@ -242,7 +243,7 @@ class TorchTarget:
         return mask & (key_positions[:, None, :] > query_positions[:, :, None] - window)
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return torch.nn.functional.linear(hidden, self.lm_head)
+        return head_product(hidden, self.lm_head)  # the formulation measured fastest here (specdec_torch.products)
 
     # ------------------------------------------------------------------------------------
     # TargetModel

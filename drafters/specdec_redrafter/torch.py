@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from specdec.types import Draft, DraftContext
 from specdec_redrafter.config import RedrafterConfig, check_weights
 from specdec_redrafter.reference import BeamSettings, check_target_arrays
-from specdec_torch.ops import compute_dtype, sample_from, target_probs, top_k_lowest_index, top_k_mask
+from specdec_torch.ops import compute_dtype, head_product, sample_from, target_probs, top_k_lowest_index, top_k_mask
 
 __all__ = ["RedrafterModule", "TorchRedrafterDrafter", "draft_log_probs"]
 
@@ -109,8 +109,8 @@ class RedrafterModule(torch.nn.Module):
         for block in self.blocks:
             x = x + F.silu(block(x))
         if self.config.head == "full":
-            return self.head(x)
-        return F.linear(self.head_proj(x), self.head_rows)  # (B, w, H) -> (B, w, S)
+            return head_product(x, self.head.weight)
+        return head_product(self.head_proj(x), self.head_rows)  # (B, w, H) -> (B, w, S)
 
     def to_vocab(self, local: torch.Tensor) -> torch.Tensor:
         """Token ids of drafted-vocabulary ids (the identity without a shortlist)."""

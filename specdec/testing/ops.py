@@ -20,7 +20,7 @@ from specdec.types import SamplingConfig
 __all__ = ["OPS", "check_ops"]
 
 OPS = (
-    "as_array", "categorical", "compute_dtype", "first_argmax", "log_softmax", "sample_from", "softmax",
+    "as_array", "categorical", "compute_dtype", "first_argmax", "head_product", "log_softmax", "sample_from", "softmax",
     "stable_descending_order", "target_probs", "top_indices", "top_k_lowest_index", "top_k_mask",
 )
 SAMPLINGS = (
@@ -89,3 +89,8 @@ def check_ops(ops: ModuleType, backend_name: str, *, seed: int = 0, rows: int = 
     same("categorical", ops.categorical(on_device, ops.as_array(uniforms)), tokens)
     same("categorical(uniforms=None)", ops.categorical(on_device, None), np.argmax(probs, axis=-1))
     assert ops.compute_dtype(x.dtype) is not None, f"{ops.__name__}.compute_dtype({x.dtype}) returned None"
+    weight = rng.integers(-3, 3, size=(vocab * 4, rows)).astype(np.float32)  # small integers: exact in float32
+    for count in (1, 2, 5):  # one row and several (the torch backend measures a formulation for each)
+        inputs = rng.integers(-3, 3, size=(count, 2, rows)).astype(np.float32)
+        same(f"head_product({count} x 2 rows)", ops.head_product(ops.as_array(inputs), ops.as_array(weight)),
+             (inputs @ weight.T).astype(np.float32))

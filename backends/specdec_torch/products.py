@@ -1,0 +1,72 @@
+"""Products with a vocabulary-sized weight (an LM head), in the formulation measured fastest here.
+
+``x @ W.T`` for W (N, K) with N in the tens of thousands can be computed as ``F.linear(x, W)``
+or as ``(W @ x.T).T``; the CPU math library picks a different kernel for each, and which is
+faster depends on the CPU, the library, the dtype and the number of rows. Measured on the
+project's AMD EPYC (torch 2.13 CPU, two threads), SmolLM2-135M's LM head (49152 x 576): float32
+``F.linear`` 7.0 ms for one row and 13-14 ms for 2-4 rows, the transposed product (one row
+padded to two) 2.5 ms for 1-4 rows; in bfloat16 the opposite, ``F.linear`` 1.8 ms against 3.5.
+So nothing is assumed: the first product with a given weight shape, dtype and row count class
+(one row, or several) times both on the CPU (interleaved, medians) and keeps the faster for the
+process. ``benchmarks/head_products.py`` measures what it buys end to end.
+
+Other devices use ``F.linear`` (their libraries choose well, and a timing would need a sync).
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+__all__ = ["head_product", "head_product_choices"]
+
+# (weight shape, dtype, several rows) -> True when the transposed product was measured faster.
+_TRANSPOSED: dict[tuple, bool] = {}
+_ROUNDS = 5
+_MARGIN = 0.9  # the transposed product must take under 90% of F.linear's time to be chosen
+
+
+def _transposed(rows: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """(W @ x.T).T for rows (M, K); a single row is doubled (a matrix-vector product would run
+    the kernel this avoids) and the copy dropped."""
+    if rows.shape[0] == 1:
+        return (weight @ torch.cat([rows, rows]).T).T[:1]
+    return (weight @ rows.T).T
+
+
+def _measure(rows: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether the transposed product beats F.linear on these rows (warm, medians of interleaved rounds)."""
+    times = {False: [], True: []}
+    with torch.inference_mode():
+        for transposed in (False, True):  # warm-up
+            _transposed(rows, weight) if transposed else F.linear(rows, weight)
+        for _ in range(_ROUNDS):
+            for transposed in (False, True):
+                start = time.perf_counter()
+                _transposed(rows, weight) if transposed else F.linear(rows, weight)
+                times[transposed].append(time.perf_counter() - start)
+    return float(np.median(times[True])) < _MARGIN * float(np.median(times[False]))
+
+
+def head_product(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``x @ weight.T``: x (..., K), weight (N, K) -> (..., N), like ``F.linear(x, weight)``,
+    computed in the formulation measured fastest on this machine for this weight's shape and
+    dtype and for one row or several (measured by the first such product; see the module)."""
+    rows = x.reshape(-1, x.shape[-1])
+    if weight.device.type != "cpu" or rows.shape[0] == 0:
+        return F.linear(x, weight)
+    key = (tuple(weight.shape), weight.dtype, rows.shape[0] > 1)
+    transposed = _TRANSPOSED.get(key)
+    if transposed is None:
+        transposed = _TRANSPOSED[key] = _measure(rows, weight)
+    out = _transposed(rows, weight) if transposed else F.linear(rows, weight)
+    return out.reshape(*x.shape[:-1], weight.shape[0])
+
+
+def head_product_choices() -> dict[str, str]:
+    """What was measured so far, for reports: "N x K dtype, one row|several rows" -> "F.linear" | "transposed"."""
+    return {f"{key[0][0]} x {key[0][1]} {str(key[1]).removeprefix('torch.')}, {'several rows' if key[2] else 'one row'}":
+            "transposed" if value else "F.linear" for key, value in _TRANSPOSED.items()}

@@ -1,0 +1,52 @@
+"""The torch backend's vocabulary-sized products: both formulations agree, the measured choice
+is kept per weight shape, dtype and row-count class, and generation is exact in float32 with
+either one forced."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")  # required when SPECDEC_TEST_BACKENDS names torch (conftest)
+
+import specdec  # noqa: E402
+from specdec_torch import products  # noqa: E402
+
+
+@pytest.mark.parametrize("rows", [1, 2, 7])
+def test_both_formulations_give_the_linear_product(rows):
+    rng = np.random.default_rng(rows)
+    weight = torch.as_tensor(rng.integers(-4, 4, size=(300, 16)), dtype=torch.float32)
+    x = torch.as_tensor(rng.integers(-4, 4, size=(rows, 16)), dtype=torch.float32)  # integers: exact sums
+    expected = torch.nn.functional.linear(x, weight)
+    assert torch.equal(products._transposed(x, weight), expected)
+    assert torch.equal(products.head_product(x[None], weight)[0], expected)
+
+
+def test_the_choice_is_measured_once_per_weight_shape_dtype_and_row_class(monkeypatch):
+    calls = []
+    monkeypatch.setattr(products, "_TRANSPOSED", {})
+    monkeypatch.setattr(products, "_measure", lambda rows, weight: calls.append(rows.shape[0]) or True)
+    weight = torch.zeros(64, 8)
+    for rows in (1, 1, 3, 5, 1):
+        products.head_product(torch.ones(rows, 8), weight)
+    products.head_product(torch.ones(2, 8, dtype=torch.float64), torch.zeros(64, 8, dtype=torch.float64))
+    assert calls == [1, 3, 2], "one measurement for one row, one for several rows, one for another dtype"
+    assert products.head_product_choices() == {"64 x 8 float32, one row": "transposed",
+                                               "64 x 8 float32, several rows": "transposed",
+                                               "64 x 8 float64, several rows": "transposed"}
+
+
+@pytest.mark.parametrize("transposed", [False, True])
+def test_float32_speculation_is_exact_with_either_formulation_forced(model_dir, tmp_path, monkeypatch, transposed):
+    from specdec.testing import make_random_drafter
+
+    monkeypatch.setattr(products, "_TRANSPOSED", {})
+    monkeypatch.setattr(products, "_measure", lambda rows, weight: transposed)
+    drafter = make_random_drafter(tmp_path / "d", model_dir, kind="redrafter", seed=3)
+    target = specdec.load(model_dir, backend="torch", dtype="float32")
+    plain = specdec.generate(target, [[1, 2, 3], [4, 5]], drafter="none", backend="torch", max_new_tokens=12)
+    spec = specdec.generate(target, [[1, 2, 3], [4, 5]], drafter=drafter, backend="torch", max_new_tokens=12,
+                            beam_width=2, beam_length=3)
+    assert spec.tokens == plain.tokens
+    assert set(products.head_product_choices().values()) == {"transposed" if transposed else "F.linear"}
