@@ -62,7 +62,41 @@ def lookup_chain(history: np.ndarray, length: int, *, max_ngram: int = DEFAULT_M
     of the history plus the tokens chosen before it. Shorter (possibly empty) only when the
     history's own suffix never occurred before: once one token is found, the suffix that ends
     with it occurred one position later, so the chain always reaches ``length``.
+
+    The same tokens as ``lookup_chain_reference`` (property-tested), found by searching the
+    history's bytes (``bytearray.rfind``, 4 bytes per token) instead of comparing every window:
+    a step drafts a 10-token chain over a few hundred tokens in tens of microseconds instead of
+    about a millisecond.
     """
+    tokens = np.asarray(history, dtype=np.int64)
+    if len(tokens) and (tokens.min() < 0 or tokens.max() >= 2**31):
+        return lookup_chain_reference(tokens, length, max_ngram=max_ngram, min_ngram=min_ngram)
+    text, count, chain = bytearray(tokens.astype("<i4").tobytes()), len(tokens), []
+    for _ in range(length):
+        token = _next_token_in_bytes(text, count, max_ngram, min_ngram)
+        if token is None:
+            break
+        chain.append(token)
+        text += token.to_bytes(4, "little")
+        count += 1
+    return np.array(chain, dtype=np.int64)
+
+
+def _next_token_in_bytes(text: bytearray, count: int, max_ngram: int, min_ngram: int) -> int | None:
+    """``next_token_by_lookup`` over ``count`` tokens stored as little-endian int32 in ``text``."""
+    for n in range(min(max_ngram, count - 1), min_ngram - 1, -1):
+        suffix = bytes(text[(count - n) * 4:])
+        end = (count - 1) * 4  # an occurrence must end before the last token
+        while (at := text.rfind(suffix, 0, end)) >= 0:
+            if at % 4 == 0:  # on a token boundary: the most recent occurrence
+                return int.from_bytes(text[at + 4 * n: at + 4 * n + 4], "little")
+            end = at + len(suffix) - 1  # a match across token boundaries: look before it
+    return None
+
+
+def lookup_chain_reference(history: np.ndarray, length: int, *, max_ngram: int = DEFAULT_MAX_NGRAM,
+                           min_ngram: int = DEFAULT_MIN_NGRAM) -> np.ndarray:
+    """``lookup_chain``'s readable twin: ``next_token_by_lookup`` applied ``length`` times."""
     tokens = np.asarray(history, dtype=np.int64)
     chain: list[int] = []
     for _ in range(length):

@@ -56,6 +56,27 @@ def test_lookup_chain_is_full_or_empty(history, length, max_ngram, min_ngram):
         assert chain[0] == first
 
 
+@settings(max_examples=200, deadline=None)
+@given(history=st.lists(st.sampled_from([0, 1, 2, 256, 257, 65536, 65792, 2**31 - 1]), min_size=1, max_size=40),
+       length=st.integers(1, 12), max_ngram=st.integers(1, 4), min_ngram=st.integers(1, 4))
+def test_lookup_chain_is_its_reference(history, length, max_ngram, min_ngram):
+    """The byte search finds the reference's tokens; ids whose bytes repeat inside and across
+    tokens (0, 1, 256, 65536, ...) make matches that straddle token boundaries, which must be skipped."""
+    from specdec.lookup import lookup_chain_reference
+
+    min_ngram = min(min_ngram, max_ngram)
+    expected = lookup_chain_reference(np.array(history), length, max_ngram=max_ngram, min_ngram=min_ngram)
+    got = lookup_chain(np.array(history), length, max_ngram=max_ngram, min_ngram=min_ngram)
+    assert got.tolist() == expected.tolist(), (history, length, max_ngram, min_ngram)
+
+
+def test_a_match_across_token_boundaries_is_not_an_occurrence():
+    # [256, 0] is 00 01 00 00 00 00 00 00: the bytes of token 1 (01 00 00 00) appear at byte
+    # offset 1, inside two tokens; that is no occurrence of [1]. The real one (position 0) counts.
+    assert lookup_chain(tokens(256, 0, 9, 1), 1, max_ngram=1, min_ngram=1).tolist() == []
+    assert lookup_chain(tokens(1, 7, 256, 0, 9, 1), 1, max_ngram=1, min_ngram=1).tolist() == [7]
+
+
 @pytest.mark.parametrize("max_ngram, min_ngram", [(0, 1), (2, 3), (2.0, 1), (True, 1)])
 def test_bad_ngram_sizes_are_refused(max_ngram, min_ngram):
     with pytest.raises(InvalidInputError, match="ngram"):
