@@ -125,12 +125,26 @@ def _describe_default(target, drafter, backend, registry) -> str:
     return f"ReDrafter W={inner.beam_width} L={inner.beam_length} ({where}){lookup}"
 
 
+DEMO_PROMPTS = (
+    "Explain in a few sentences why the sky is blue.",
+    "Add type hints and a docstring to this Python function, and return the whole function:\n\n"
+    "def moving_average(values, window):\n"
+    "    result = []\n"
+    "    for i in range(len(values) - window + 1):\n"
+    "        result.append(sum(values[i:i + window]) / window)\n"
+    "    return result",
+)
+
+
 def cmd_demo(args) -> int:
-    """Answer a chat prompt with the default path, each drafter and plain decoding, side by side."""
+    """Answer chat prompts with the default path, each drafter and plain decoding, side by side:
+    an open question (the text is new: little to draft) and an edit of code given in the prompt
+    (the answer repeats it: much to draft), each reported, then both together."""
     import specdec
     from specdec.generate import load_backend
     from specdec.plugins import default_registry
 
+    args.prompt = args.prompt or list(DEMO_PROMPTS)
     with tempfile.TemporaryDirectory() as tmp:
         model, drafters = _demo_models(args, Path(tmp))
         registry = default_registry()
@@ -138,40 +152,49 @@ def cmd_demo(args) -> int:
         backend = load_backend(backend, registry).name
         target = specdec.load(model, backend=backend, dtype=args.dtype)
         choice = getattr(target, "dtype_choice", None)
-        prompt = [{"role": "user", "content": args.prompt}]
+        methods = {"plain": ("none", {}), **drafters}
 
-        def run(drafter, options, max_new_tokens=args.max_new_tokens):
-            return specdec.generate(target, prompt, drafter=drafter, backend=backend, max_new_tokens=max_new_tokens,
-                                    **options)
+        def run(text, drafter, options, max_new_tokens=args.max_new_tokens):
+            return specdec.generate(target, [{"role": "user", "content": text}], drafter=drafter, backend=backend,
+                                    max_new_tokens=max_new_tokens, **options)
 
-        for drafter, options in [("none", {}), *drafters.values()]:  # warm-up: first calls pay one-off costs
-            run(drafter, options, max_new_tokens=4)
+        for drafter, options in methods.values():  # warm-up: first calls pay one-off costs
+            run(args.prompt[0], drafter, options, max_new_tokens=4)
         label = "random untrained drafters: expect no acceptance" if args.random else "shipped drafters"
         print(f"model {model}, backend {backend}; {label}")
         print(f"dtype: {choice.describe() if choice else args.dtype}")
-        print(f"default drafting: {_describe_default(target, drafters['default'][0], backend, registry)}\n")
-        results, plain = {}, []
-        for _ in range(args.repeats):  # plain and speculative decoding interleaved; the median is reported
-            plain.append(run("none", {}))
-            for name, choice_ in drafters.items():
-                results.setdefault(name, []).append(run(*choice_))
-        plain_result = _median(plain)
-        print(f"user: {args.prompt}\nassistant: {results['default'][0].text}\n")
-        print(_report("plain", plain_result))
+        print(f"default drafting: {_describe_default(target, drafters['default'][0], backend, registry)}")
         exact = str(getattr(target, "dtype", "")).endswith(("float32", "float64"))
-        status = 0
-        for name, runs in results.items():
-            result = _median(runs)
-            same = _same_prefix(result.tokens, plain_result.tokens)
-            if result.tokens == plain_result.tokens:
-                note = "identical to plain decoding"
-            elif exact:
-                note = f"DIFFERS from plain decoding after {same} tokens"
-                status = 1
-            else:
-                note = (f"same as plain decoding for {same} of {len(plain_result.tokens)} tokens (low-precision "
-                        "rounding differs between tree and one-token forwards; exact in float32)")
-            print(_report(name, result, plain_result.stats.tokens_per_second) + f"; {note}")
+        status, totals = 0, {name: [0, 0.0] for name in methods}  # new tokens, decoding seconds
+        for text in args.prompt:
+            runs: dict[str, list] = {}
+            for _ in range(args.repeats):  # plain and speculative decoding interleaved; the median is reported
+                for name, (drafter, options) in methods.items():
+                    runs.setdefault(name, []).append(run(text, drafter, options))
+            results = {name: _median(found) for name, found in runs.items()}
+            plain = results["plain"]
+            print(f"\nuser: {text}\nassistant: {results['default'].text}\n")
+            for name, result in results.items():
+                totals[name][0] += result.stats.new_tokens
+                totals[name][1] += result.stats.time_total
+                if name == "plain":
+                    print(_report(name, result))
+                    continue
+                same = _same_prefix(result.tokens, plain.tokens)
+                if result.tokens == plain.tokens:
+                    note = "identical to plain decoding"
+                elif exact:
+                    note = f"DIFFERS from plain decoding after {same} tokens"
+                    status = 1
+                else:
+                    note = (f"same as plain decoding for {same} of {len(plain.tokens)} tokens (low-precision "
+                            "rounding differs between tree and one-token forwards; exact in float32)")
+                print(_report(name, result, plain.stats.tokens_per_second) + f"; {note}")
+        if len(args.prompt) > 1:
+            rate = {name: tokens / seconds for name, (tokens, seconds) in totals.items()}
+            print(f"\nall {len(args.prompt)} prompts: " + ", ".join(
+                f"{name} {rate[name]:.1f} tokens/s" + ("" if name == "plain" else f" ({rate[name] / rate['plain']:.2f}x)")
+                for name in methods))
         print("(default: generate()'s defaults, ReDrafter with a prompt-lookup beam; redrafter: lookup=False)")
     return int(status)
 
@@ -389,7 +412,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--model", default="smollm2-135m")
     demo.add_argument("--backend", default=None, help="default: torch when installed, else numpy")
     demo.add_argument("--dtype", default=None)
-    demo.add_argument("--prompt", default="Explain in a few sentences why the sky is blue.")
+    demo.add_argument("--prompt", action="append", default=None,
+                      help="a chat prompt (repeatable); default: an open question and a code edit")
     demo.add_argument("--max-new-tokens", type=int, default=128)
     demo.add_argument("--random", action="store_true", help="a small random model and untrained drafters instead")
     demo.add_argument("--repeats", type=int, default=3, help="interleaved runs of each method; medians reported")

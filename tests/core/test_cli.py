@@ -16,9 +16,13 @@ def run(*args, env=None):
 
 
 def test_demo_on_a_random_model():
-    done = run("demo", "--random", "--backend", "numpy", "--max-new-tokens", "6")
+    done = run("demo", "--random", "--backend", "numpy", "--max-new-tokens", "6", "--repeats", "1")
     assert done.returncode == 0, done.stderr[-2000:]
-    assert "assistant:" in done.stdout and done.stdout.count("identical to plain decoding") == 3, done.stdout
+    # two prompts by default, three drafting methods each, then all prompts together
+    assert done.stdout.count("assistant:") == 2 and done.stdout.count("identical to plain decoding") == 6, done.stdout
+    assert re.search(r"all 2 prompts: plain [\d.]+ tokens/s, default [\d.]+ tokens/s \([\d.]+x\)", done.stdout), done.stdout
+    one = run("demo", "--random", "--backend", "numpy", "--max-new-tokens", "4", "--repeats", "1", "--prompt", "Hi")
+    assert one.returncode == 0 and "user: Hi" in one.stdout and "all " not in one.stdout, one.stdout
 
 
 def test_generate_from_token_ids(model_dir):
