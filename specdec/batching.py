@@ -34,7 +34,7 @@ def drafted_tokens(beams: np.ndarray, lengths: np.ndarray | None = None) -> np.n
     """(B,) the tokens drafted in each row of ``beams`` (B, W, L) with ``lengths`` (B, W) (None:
     all L), roots not counted: a drafter that repeats a beam (a lookup beam without a match)
     drafted it once."""
-    width, length = beams.shape[1:]
+    length = beams.shape[2]
     lengths = np.full(beams.shape[:2], length) if lengths is None else np.asarray(lengths)
     running = np.arange(length) < lengths[..., None]  # (B, W, L)
     tokens = np.where(running, beams, -1)

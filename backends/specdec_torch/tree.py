@@ -12,7 +12,9 @@
    the batch's N with token 0 hanging off the root at depth 1.
 
 Only N (the batch's largest node count) is read on the host: the tree's size is a shape. A single
-beam per row (W = 1: plain decoding, chain drafters) is its own tree and needs no host read.
+beam per row (W = 1: plain decoding, chain drafters) without beam lengths is its own tree and
+needs no host read. Beams of different lengths (``Draft.beam_lengths``) keep only their running
+tokens (docs/algorithms/dynamic_tree_attention.md, "Beams of different lengths").
 """
 
 from __future__ import annotations
