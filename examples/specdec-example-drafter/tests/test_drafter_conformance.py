@@ -50,8 +50,13 @@ def test_proposals():
     drafter = NgramDrafter(backend, None, ngram=2, beam_width=2, beam_length=3)
     history = (np.array([1, 2, 3, 1, 2, 4, 1, 2]), np.array([9]))
     context = specdec.DraftContext(root_tokens=np.array([2, 9]), hidden=np.zeros((2, 4)), history=history)
-    beams = drafter.propose(context).beams
-    assert beams.tolist() == [[[2, 4, 1], [2, 3, 1]], [[9, 9, 9], [9, 9, 9]]]
+    draft = drafter.propose(context)
+    assert draft.beams.tolist() == [[[2, 4, 1], [2, 3, 1]], [[9, 9, 9], [9, 9, 9]]]
+    assert draft.beam_lengths.tolist() == [[3, 3], [1, 1]], "a row without a proposal is the root alone"
+    # near the end of the text a continuation is short, and so is its beam
+    short = NgramDrafter(backend, None, ngram=2, beam_width=2, beam_length=5).propose(specdec.DraftContext(
+        root_tokens=np.array([2]), hidden=np.zeros((1, 4)), history=(np.array([1, 2, 3, 1, 2]),)))
+    assert short.beams[0, 0, :4].tolist() == [2, 3, 1, 2] and short.beam_lengths.tolist() == [[4, 1]]
 
 
 def test_options_are_checked(model):

@@ -39,10 +39,15 @@ class NgramDrafter:
 
     def propose(self, context: specdec.DraftContext) -> specdec.Draft:
         roots = self.backend.to_numpy(context.root_tokens).astype(np.int64)  # (B,)
-        # Positions without a proposal repeat the root: a repeated beam is verified (and counted) once.
         beams = np.repeat(roots[:, None, None], self.beam_width * self.beam_length, axis=2)
         beams = beams.reshape(len(roots), self.beam_width, self.beam_length)
+        # Each beam ends where its continuation does (a continuation near the end of the text is
+        # short; a beam without one is the root alone): Draft.beam_lengths, on the host. What lies
+        # past a beam's length (the root repeated here) is padding that no tree builder reads.
+        lengths = np.ones((len(roots), self.beam_width), dtype=np.int64)
         for b, text in enumerate(context.history or ()):
             for i, follow in enumerate(self.continuations(np.asarray(text))):
                 beams[b, i, 1 : 1 + len(follow)] = follow
-        return specdec.Draft(root_tokens=context.root_tokens, beams=self.backend.from_numpy(beams, self.target))
+                lengths[b, i] = 1 + len(follow)
+        return specdec.Draft(root_tokens=context.root_tokens, beams=self.backend.from_numpy(beams, self.target),
+                             beam_lengths=lengths)
