@@ -246,7 +246,8 @@ class StepResult:
 
     requests: the request id of each row (``specdec.loop.decode_steps`` gives one row per prompt).
     new_tokens: per row, the tokens emitted by this step (empty for finished rows).
-    num_accepted (B,), num_drafted (B,), num_verified (B,): per-row counts (numpy int64).
+    num_accepted (B,), num_drafted (B,), num_verified (B,): per-row counts (numpy int64);
+    num_drafted counts the distinct beams' tokens past the root, each beam at its own length.
     Times in seconds: draft (drafter + tree building), verify (target forward + verifier),
     other (commit, host transfer, bookkeeping), prefill (admitting prompts into slots).
     ``prefilled`` (B,) bool: rows whose request was admitted in this step (their first token
