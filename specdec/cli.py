@@ -231,6 +231,8 @@ def cmd_plan(args) -> int:
     from specdec.bench.prompts import PROMPT_SETS
 
     prompts = [p.prompt for p in load_prompt_set(args.prompts, per_category=args.per_category)]
+    from specdec.lookup import DEFAULT_DRAFT_LENGTH
+
     lookup = not args.no_lookup
     rows = plan(args.model, args.drafter, prompts, backend=args.backend, dtype=args.dtype, widths=args.widths,
                 lengths=args.lengths, max_new_tokens=args.max_new_tokens, lookup=lookup, save=not args.no_save)
@@ -246,7 +248,7 @@ def cmd_plan(args) -> int:
     best = rows[0]
     print(f"recommended: beam_width={best.beam_width} beam_length={best.beam_length} "
           f"(predicted {best.predicted_speedup:.2f}x over plain decoding, decode phase"
-          f"{', with the prompt-lookup beam' if lookup else ''})")
+          f"{f', with the prompt-lookup beam of {DEFAULT_DRAFT_LENGTH} tokens' if lookup else ''})")
     if not args.no_save:
         print("saved: generate uses it for this drafter on this machine when no beams are given", file=sys.stderr)
     if args.prompts in PROMPT_SETS:
