@@ -229,10 +229,9 @@ def cmd_plan(args) -> int:
     from specdec.bench import load_prompt_set
     from specdec.bench.planner import measure, plan
     from specdec.bench.prompts import PROMPT_SETS
-
-    prompts = [p.prompt for p in load_prompt_set(args.prompts, per_category=args.per_category)]
     from specdec.lookup import DEFAULT_DRAFT_LENGTH
 
+    prompts = [p.prompt for p in load_prompt_set(args.prompts, per_category=args.per_category)]
     lookup = not args.no_lookup
     rows = plan(args.model, args.drafter, prompts, backend=args.backend, dtype=args.dtype, widths=args.widths,
                 lengths=args.lengths, max_new_tokens=args.max_new_tokens, lookup=lookup, save=not args.no_save)
