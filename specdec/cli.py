@@ -28,16 +28,20 @@ def _add_generation_args(parser: argparse.ArgumentParser) -> None:
                         help="add a prompt-lookup beam (n-gram copy from the text so far) to the drafter's beams "
                              "(default: on beside ReDrafter)")
     parser.add_argument("--lookup-length", type=int, default=None, metavar="N",
-                        help="tokens the prompt-lookup beam drafts, whatever the beam length (default 10)")
+                        help="tokens the prompt-lookup beam drafts, whatever the beam length (default 10; with "
+                             "--drafter lookup, the length of prompt lookup alone)")
 
 
 def lookup_option(args) -> dict:
-    """``generate``'s ``lookup`` option from --[no-]lookup and --lookup-length."""
+    """``generate``'s ``lookup`` option from --[no-]lookup and --lookup-length (for --drafter lookup,
+    prompt lookup alone, --lookup-length is its own ``draft_length``)."""
     if args.lookup_length is None:
         return {} if args.lookup is None else {"lookup": args.lookup}
     if args.lookup is False:
         raise InvalidInputError("--lookup-length sets the length of the prompt-lookup beam that --no-lookup turns off; "
                                 "drop one of them")
+    if getattr(args, "drafter", None) == "lookup" and args.lookup is None:
+        return {"draft_length": args.lookup_length}
     return {"lookup": args.lookup_length}
 
 

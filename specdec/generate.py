@@ -363,9 +363,11 @@ def add_lookup(drafter, lookup, backend, target):
     from specdec.lookup import LookupDrafter
 
     if isinstance(drafter, (NoDrafter, LookupDrafter)):
+        alone = ("drafter='lookup' is prompt lookup alone: give its chain's length as draft_length=N "
+                 "(CLI: --lookup-length N)" if isinstance(drafter, LookupDrafter)
+                 else "for prompt lookup alone use drafter='lookup'")
         raise InvalidInputError(
-            "lookup=True adds a prompt-lookup beam to a model drafter's beams (e.g. drafter='redrafter'); "
-            "for prompt lookup alone use drafter='lookup'"
+            f"lookup={lookup!r} adds a prompt-lookup beam to a model drafter's beams (e.g. drafter='redrafter'); {alone}"
         )
     tree_name = drafter_caps(drafter).tree_builder[0]
     if tree_name != "prefix_tree":

@@ -30,7 +30,8 @@ def add_parser(sub) -> None:
     parser.add_argument("--lookup", action=argparse.BooleanOptionalAction, default=None,
                         help="add a prompt-lookup beam to the drafter's beams (default: on beside ReDrafter)")
     parser.add_argument("--lookup-length", type=int, default=None, metavar="N",
-                        help="tokens the prompt-lookup beam drafts, whatever the beam length (default 10)")
+                        help="tokens the prompt-lookup beam drafts, whatever the beam length (default 10; with "
+                             "--drafter lookup, the length of prompt lookup alone)")
     parser.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
     parser.set_defaults(func=cmd_serve)
 

@@ -57,6 +57,9 @@ def test_generate_with_a_lookup_length(model_dir, tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     refused = run(*args, "--lookup-length", "5", "--no-lookup")
     assert refused.returncode == 2 and "drop one of them" in refused.stderr, refused.stderr
+    alone = run("generate", "--model", str(model_dir), "--prompt-ids", "[1, 2, 3, 1, 2, 3]", "--drafter", "lookup",
+                "--backend", "numpy", "--max-new-tokens", "4", "--lookup-length", "3")
+    assert alone.returncode == 0, alone.stderr[-2000:]
 
 
 def test_bench_writes_its_outputs(model_dir, tmp_path):

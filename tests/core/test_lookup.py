@@ -182,6 +182,7 @@ def test_sampling_with_lookup_uses_the_exact_verifier(target, redrafter):
     ("medusa", {}, "prefix tree"),
     ("none", {}, "drafter='lookup'"),
     ("lookup", {}, "drafter='lookup'"),
+    ("lookup", dict(lookup=5), r"lookup=5 adds .* prompt lookup alone: give its chain's length as draft_length=N"),
     ("redrafter", dict(sample=True, temperature=0.7), "samples its beams"),
     ("redrafter", dict(verifier="redrafter_published", temperature=0.7), "deterministic and have none"),
     ("redrafter", dict(lookup=dict(max_ngram=2, bad=1)), "draft_length / max_ngram / min_ngram"),
