@@ -7,10 +7,13 @@ project's AMD EPYC (torch 2.13 CPU, two threads), SmolLM2-135M's LM head (49152 
 ``F.linear`` 7.0 ms for one row and 13-14 ms for 2-4 rows, the transposed product (one row
 padded to two) 2.5 ms for 1-4 rows; in bfloat16 the opposite, ``F.linear`` 1.8 ms against 3.5.
 So nothing is assumed: the first product with a given weight shape, dtype and row count class
-(one row, or several) times both on the CPU (interleaved, medians) and keeps the faster for the
-process. ``benchmarks/head_products.py`` measures what it buys end to end.
+(one row, or 2 to ``MEASURED_ROWS`` rows: a decode step's tree) times both on the CPU
+(interleaved, medians) and keeps the faster for the process. ``benchmarks/head_products.py``
+measures what it buys end to end.
 
-Other devices use ``F.linear`` (their libraries choose well, and a timing would need a sync).
+More rows than that (a batch of prompts, teacher decoding) and other devices use ``F.linear``:
+both formulations are then matrix products the library handles alike, timing them would cost
+seconds for a large vocabulary, and on a GPU a timing would need a sync.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import torch.nn.functional as F
 
 __all__ = ["head_product", "head_product_choices"]
 
+MEASURED_ROWS = 32  # the largest row count whose formulation is measured (a draft tree's nodes)
 # (weight shape, dtype, several rows) -> True when the transposed product was measured faster.
 _TRANSPOSED: dict[tuple, bool] = {}
 _ROUNDS = 5
@@ -54,9 +58,9 @@ def _measure(rows: torch.Tensor, weight: torch.Tensor) -> bool:
 def head_product(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """``x @ weight.T``: x (..., K), weight (N, K) -> (..., N), like ``F.linear(x, weight)``,
     computed in the formulation measured fastest on this machine for this weight's shape and
-    dtype and for one row or several (measured by the first such product; see the module)."""
+    dtype and for one row or a few (measured by the first such product; see the module)."""
     rows = x.reshape(-1, x.shape[-1])
-    if weight.device.type != "cpu" or rows.shape[0] == 0:
+    if weight.device.type != "cpu" or not 0 < rows.shape[0] <= MEASURED_ROWS:
         return F.linear(x, weight)
     key = (tuple(weight.shape), weight.dtype, rows.shape[0] > 1)
     transposed = _TRANSPOSED.get(key)

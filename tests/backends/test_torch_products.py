@@ -28,7 +28,7 @@ def test_the_choice_is_measured_once_per_weight_shape_dtype_and_row_class(monkey
     monkeypatch.setattr(products, "_TRANSPOSED", {})
     monkeypatch.setattr(products, "_measure", lambda rows, weight: calls.append(rows.shape[0]) or True)
     weight = torch.zeros(64, 8)
-    for rows in (1, 1, 3, 5, 1):
+    for rows in (1, 1, 3, 5, 1, products.MEASURED_ROWS + 1):  # more rows than that: F.linear, unmeasured
         products.head_product(torch.ones(rows, 8), weight)
     products.head_product(torch.ones(2, 8, dtype=torch.float64), torch.zeros(64, 8, dtype=torch.float64))
     assert calls == [1, 3, 2], "one measurement for one row, one for several rows, one for another dtype"
