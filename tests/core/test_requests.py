@@ -210,22 +210,14 @@ def test_a_prompt_chunk_whose_forward_fails_fails_its_request_alone(model_dir):
         return forward(tree, slots, context=context, layers=layers)
 
     target.forward_tree = forward_tree
-    plan = decoding_plan(target, "lookup")
-    decoder = Decoder(plan)
     good_request = specdec.Request(prompt=[1, 2, 3], max_new_tokens=6)
-    good = decoder.submit(good_request)
-    bad = decoder.submit(specdec.Request(prompt=[13, 14], max_new_tokens=6))
-    failures, tokens = [], {}
-    for _ in range(40):
-        for result in decoder.step(max_prefill_tokens=8, failures=failures):
-            for request_id, new in zip(result.requests, result.new_tokens):
-                tokens.setdefault(request_id, []).extend(new)
-        if decoder.idle:
-            break
-    assert [request_id for request_id, _ in failures] == [bad]
+    schedule = [(0, good_request, None), (0, specdec.Request(prompt=[13, 14], max_new_tokens=6), None)]
+    failures = []
+    tokens = run_schedule(decoding_plan(target, "lookup"), schedule, max_prefill_tokens=8, failures=failures)
+    assert [index for index, _ in failures] == [1]
     assert not target.cache.admitted.any()
     alone = decoding_plan(load_target(model_dir, slots=1, capacity=64), "lookup")
-    assert tokens[good] == run(alone, [(0, good_request, None)])[0]
+    assert tokens == {0: run(alone, [(0, good_request, None)])[0]}
 
 
 def test_a_request_failing_after_the_forward_leaves_the_prompt_chunks_of_that_forward_committed_once(model_dir):
@@ -236,25 +228,15 @@ def test_a_request_failing_after_the_forward_leaves_the_prompt_chunks_of_that_fo
 
     plan = decoding_plan(counting(load_target(model_dir, slots=3, capacity=64)), "lookup")
     plan = attrs.evolve(plan, verifier=FailingFor(plan.verifier, 0.7))
-    decoder = Decoder(plan)
-    failing = decoder.submit(specdec.Request(prompt=[4, 5], max_new_tokens=6,
-                                             sampling=specdec.SamplingConfig(temperature=0.7), seed=2))
+    failing = specdec.Request(prompt=[4, 5], max_new_tokens=6, sampling=specdec.SamplingConfig(temperature=0.7), seed=2)
     greedy = specdec.Request(prompt=[1, 2, 3], max_new_tokens=6)
     chunked = specdec.Request(prompt=list(range(10, 19)), max_new_tokens=6)
-    ids = {decoder.submit(greedy): greedy}
-    failures, tokens = [], {}
-    for step in range(40):
-        if step == 1:
-            ids[decoder.submit(chunked)] = chunked
-        for result in decoder.step(max_prefill_tokens=4, failures=failures):
-            for request_id, new in zip(result.requests, result.new_tokens):
-                tokens.setdefault(request_id, []).extend(new)
-        if decoder.idle:
-            break
-    assert [request_id for request_id, _ in failures] == [failing]
+    schedule = [(0, failing, None), (0, greedy, None), (1, chunked, None)]
+    failures = []
+    tokens = run_schedule(plan, schedule, max_prefill_tokens=4, failures=failures)
+    assert [index for index, _ in failures] == [0]
     assert not plan.target.cache.admitted.any()
     sent = sum(size for chunks, _ in plan.target.forwards for _, size in chunks)
     assert sent == 2 + 3 + 9, f"{sent} prompt tokens forwarded for prompts of 2 + 3 + 9: a chunk ran twice"
     alone = decoding_plan(load_target(model_dir, slots=1, capacity=64), "lookup")
-    for request_id, request in ids.items():
-        assert tokens[request_id] == run(alone, [(0, request, None)])[0], f"request {request_id}"
+    assert tokens == {index: run(alone, [(0, request, None)])[0] for index, request in ((1, greedy), (2, chunked))}
