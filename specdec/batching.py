@@ -16,6 +16,7 @@ from typing import Sequence
 import attrs
 import numpy as np
 
+from specdec.reference.tree import check_beam_lengths
 from specdec.requests import RequestState
 from specdec.types import Draft, DraftTree, SamplingConfig, StepResult, TargetOutput, Verdict
 
@@ -34,9 +35,8 @@ def drafted_tokens(beams: np.ndarray, lengths: np.ndarray | None = None) -> np.n
     """(B,) the tokens drafted in each row of ``beams`` (B, W, L) with ``lengths`` (B, W) (None:
     all L), roots not counted: a drafter that repeats a beam (a lookup beam without a match)
     drafted it once."""
-    length = beams.shape[2]
-    lengths = np.full(beams.shape[:2], length) if lengths is None else np.asarray(lengths)
-    running = np.arange(length) < lengths[..., None]  # (B, W, L)
+    lengths = check_beam_lengths(lengths, beams.shape)  # (B, W): L each when None
+    running = np.arange(beams.shape[2]) < lengths[..., None]  # (B, W, L)
     tokens = np.where(running, beams, -1)
     same = (tokens[:, :, None, :] == tokens[:, None, :, :]).all(axis=-1)  # (B, W, W): beam i equals beam j
     repeats = np.tril(same, k=-1).any(axis=-1)  # (B, W): beam i equals an earlier beam

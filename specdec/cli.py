@@ -169,7 +169,7 @@ def cmd_demo(args) -> int:
         print(f"dtype: {choice.describe() if choice else args.dtype}")
         print(f"default drafting: {_describe_default(target, drafters['default'][0], backend, registry)}")
         exact = str(getattr(target, "dtype", "")).endswith(("float32", "float64"))
-        status, totals = 0, {name: [0, 0.0] for name in methods}  # new tokens, decoding seconds
+        status, totals = 0, {name: [0, 0.0] for name in methods}  # new tokens, seconds (prefill included)
         for text in args.prompt:
             runs: dict[str, list] = {}
             for _ in range(args.repeats):  # plain and speculative decoding interleaved; the median is reported

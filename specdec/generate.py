@@ -18,6 +18,7 @@ from specdec.arguments import (
     check_max_new_tokens,
     check_prompt_type,
     check_seed,
+    is_int,
     sampling_config,
 )
 from specdec.bundled import repair_if_damaged, resolve_model
@@ -377,7 +378,7 @@ def add_lookup(drafter, lookup, backend, target):
         )
     if lookup is True:
         lookup = {}
-    elif isinstance(lookup, int) and not isinstance(lookup, bool):
+    elif is_int(lookup):
         lookup = {"draft_length": lookup}
     if not isinstance(lookup, dict) or set(lookup) - {"max_ngram", "min_ngram", "draft_length"}:
         raise InvalidInputError("lookup must be True, the lookup chain's length in drafted tokens (an int), or a dict "

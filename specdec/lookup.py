@@ -24,6 +24,7 @@ import numpy as np
 from specdec.capabilities import DrafterCaps, drafter_caps
 from specdec.drafting import PassLifecycle
 from specdec.errors import InvalidInputError
+from specdec.reference.tree import check_beam_lengths
 from specdec.types import Draft, DraftContext
 
 DEFAULT_MAX_NGRAM = 3
@@ -183,9 +184,8 @@ class LookupDrafter(PassLifecycle):
         their lengths, L' = max(L, draft_length + 1) (L when no row found a chain and decoding is
         greedy; when sampling the shape never depends on the batch, see the class docstring)."""
         beams = self.backend.to_numpy(draft.beams)  # (B, W, L)
-        batch, width, length = beams.shape
-        lengths = np.full((batch, width), length, dtype=np.int64) if draft.beam_lengths is None else \
-            np.asarray(draft.beam_lengths, dtype=np.int64)
+        length = beams.shape[2]
+        lengths = check_beam_lengths(draft.beam_lengths, beams.shape)  # (B, W): L each when None
         chain_length = self.draft_length + 1
         roots = beams[:, 0, 0]
         chains, found = lookup_beams(context.history, chain_length, max_ngram=self.max_ngram,
