@@ -326,9 +326,11 @@ def _parse_mix(text: str | None):
         try:
             pairs.append((kind.strip(), float(share)))
         except ValueError:
-            raise InvalidInputError(f"--prompt-mix takes kind=share pairs, e.g. corpus=0.5,self_instruct=0.3,plain=0.2; "
+            raise InvalidInputError(f"--prompt-mix takes kind=share pairs, e.g. corpus=0.3,general=0.5,plain=0.2; "
                                     f"got {text!r}") from None
-    kinds = {"corpus", "self_instruct", "plain"}
+    from specdec.training.selfinstruct import MIX_KINDS
+
+    kinds = set(MIX_KINDS)
     if {k for k, _ in pairs} - kinds or any(v < 0 for _, v in pairs) or sum(v for _, v in pairs) <= 0:
         raise InvalidInputError(f"--prompt-mix kinds are {sorted(kinds)} with non-negative shares; got {text!r}")
     return tuple(pairs)
@@ -352,7 +354,8 @@ def cmd_train(args) -> int:
                    resume=args.resume, overwrite=args.overwrite, allow_changes=args.allow_changes, threads=args.threads,
                    save_dtype=args.save_dtype, bf16=args.bf16,
                    negatives=args.negatives or None, prompt_text_prompts=args.prompt_text_prompts,
-                   shortlist=args.spec.default_shortlist if args.shortlist is None else args.shortlist, init=args.init,
+                   shortlist=(args.spec.default_shortlist if args.shortlist is None else args.shortlist),
+                   keep_init_shortlist=args.shortlist is None, init=args.init,
                    progress=not args.quiet)
     options.update({option.dest: getattr(args, option.dest) for option in args.spec.train_options})
     report = args.spec.train(args.model, args.out, **options)
@@ -385,8 +388,8 @@ def _add_train_parser(train: argparse.ArgumentParser, spec) -> None:
                        help="dtype the target decodes the teacher data in (default: the fastest on this machine)")
     train.add_argument("--teacher-batch-size", type=int, default=64, help="prompts the teacher decodes at once")
     train.add_argument("--prompt-mix", default=None,
-                       help="shares of the decoded prompts, e.g. corpus=0.45,self_instruct=0.35,plain=0.2 (the "
-                            "default); 'corpus' for the corpus's chat requests alone")
+                       help="shares of the decoded prompts, e.g. corpus=0.3,self_instruct=0.15,general=0.35,plain=0.2 "
+                            "(the default); 'corpus' for the corpus's chat requests alone")
     train.add_argument("--lr", type=float, default=1e-3)
     train.add_argument("--weight-decay", type=float, default=0.0, help="AdamW decoupled weight decay")
     train.add_argument("--seed", type=int, default=0)
@@ -399,7 +402,8 @@ def _add_train_parser(train: argparse.ArgumentParser, spec) -> None:
                        help="draft only the N token ids with the most teacher mass (0: all; default "
                             f"{spec.default_shortlist})")
     train.add_argument("--init", default=None,
-                       help="start from this checkpoint's weights (and shortlist), e.g. the shipped drafter")
+                       help="start from this checkpoint's weights (and its shortlist, unless --shortlist is given), "
+                            "e.g. the shipped drafter")
     train.add_argument("--quiet", action="store_true", help="no progress bars")
     for option in spec.train_options:
         train.add_argument(option.flag, type=option.type, default=option.default, help=option.help)

@@ -35,7 +35,7 @@ def train_drafter(kind: str, make_task: Callable, model, out, *, steps: int | No
                   eval_minutes: tuple | None = None, eval_steps: int | None = None, eval_sequences: int | None = 32,
                   hidden_dtype: str = "bfloat16", prompt_text_prompts: int = 0, shortlist: int = 0,
                   prompt_mix=None, progress: bool = True, overwrite: bool = False, allow_changes: bool = False,
-                  run_settings: dict | None = None, save_minutes: float = 5.0, init=None,
+                  run_settings: dict | None = None, save_minutes: float = 5.0, init=None, keep_init_shortlist=True,
                   loop_data: Callable | None = None, report_training: dict | None = None) -> dict:
     """Distil a ``kind`` drafter for ``model`` into folder ``out``; returns the report (also saved).
 
@@ -57,8 +57,10 @@ def train_drafter(kind: str, make_task: Callable, model, out, *, steps: int | No
     corpus chats, self-instruct chats and plain text (``build_teacher_data``).
 
     ``init``: a checkpoint folder of this drafter kind, trained for this target, whose weights
-    (and vocabulary shortlist) the run starts from instead of the fresh initialisation: more
-    training on new teacher data keeps what the earlier data taught.
+    (and vocabulary shortlist, unless ``keep_init_shortlist`` is False: then ``shortlist`` ids are
+    chosen from this run's data) the run starts from instead of the fresh initialisation: more
+    training on new teacher data keeps what the earlier data taught. The trained weights do not
+    depend on the shortlist (it selects rows of the target's frozen head), so a new one is safe.
 
     ``out`` is checked before any work (``specdec.training.outdir.claim_out``): a folder that is
     not a run of this kind is refused unless ``overwrite``; a run with saved work needs ``resume``
@@ -83,6 +85,7 @@ def train_drafter(kind: str, make_task: Callable, model, out, *, steps: int | No
                 "hidden_dtype": hidden_dtype, "prompt_text_prompts": prompt_text_prompts, "shortlist": shortlist,
                 "batch_size": batch_size, "lr": lr, "weight_decay": weight_decay, "bf16": bf16, "seed": seed,
                 "prompt_mix": prompt_mix, "init": None if init is None else str(Path(init).resolve()),
+                "keep_init_shortlist": keep_init_shortlist,
                 **(run_settings or {})}
     claim_out(out, kind=kind, settings=json.loads(json.dumps(identity, default=str)), resume=resume,
               overwrite=overwrite, allow_changes=allow_changes)
@@ -102,7 +105,7 @@ def train_drafter(kind: str, make_task: Callable, model, out, *, steps: int | No
 
     init_weights, init_shortlist = (None, None) if init is None else _warm_start(init, kind, target)
     ids, listed = None, {}
-    if init_shortlist is not None:
+    if init_shortlist is not None and keep_init_shortlist:
         ids, shortlist = init_shortlist, len(init_shortlist)
         listed = {"shortlist": shortlist, "shortlist_from": str(init)}
     elif shortlist:

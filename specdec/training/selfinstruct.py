@@ -1,21 +1,25 @@
-"""More varied teacher prompts: requests the target writes itself, and plain-text continuations.
+"""More varied teacher prompts: requests the target writes itself, everyday topics, and plain text.
 
 A drafter trained on a few thousand template requests learns those templates' answers and little
-else (72% top-1 on its training positions against 36% held out). Two more kinds of prompt widen
-what it sees, at no cost in data that ships:
+else (72% top-1 on its training positions against 36% held out), and one trained on the corpus's
+topics alone (Python, Shakespeare) drafts poorly for questions about anything else. Three more
+kinds of prompt widen what it sees, at no cost in data that ships:
 
 - **self-instruct**: the target is asked, as a chat, to write one request of a given kind
   (writing, role-play, reasoning, a math word problem, coding, extraction, STEM, humanities)
   about a topic drawn from a corpus document (``specdec.training.instructions``); its greedy
   reply, cleaned (``clean_request``), becomes the user turn that the teacher then answers. The
   requests are the target's own, in its own words, never the benchmark prompts.
+- **general**: an everyday or academic topic (``specdec.training.topics``: cooking, a trip to a
+  city, inflation, volcanoes, ...), half the time asked about through one of our request
+  templates, half the time through a request the target writes as above.
 - **plain text**: a corpus prompt's text with no chat template around it, which the target
   continues as a completion, as ``specdec.generate(model, "some text")`` does.
 
-``MixedPrompts`` deals prompt i of a split to one of the three kinds (corpus chat, self-instruct,
-plain text) with its own generator seeded by (seed, split, i), so the stream is deterministic and
-prefix-stable like the corpus's; a self-instruct reply that cleans to nothing falls back to the
-corpus prompt of the same index.
+``MixedPrompts`` deals prompt i of a split to one of the four kinds (``MIX_KINDS``) with its own
+generator seeded by (seed, split, i), so the stream is deterministic and prefix-stable like the
+corpus's; a target-written request that cleans to nothing falls back to the corpus prompt of the
+same index (self-instruct) or to the template request (general).
 """
 
 from __future__ import annotations
@@ -27,10 +31,11 @@ import numpy as np
 
 from specdec.training.corpus import SPLITS, Corpus
 
-__all__ = ["DEFAULT_MIX", "KINDS", "MixedPrompts", "clean_request", "meta_request"]
+__all__ = ["DEFAULT_MIX", "KINDS", "MIX_KINDS", "MixedPrompts", "clean_request", "meta_request"]
 
-MIX_VERSION = 1  # bump when the kinds, the meta prompt or the cleaning change: it keys the teacher cache
-DEFAULT_MIX = (("corpus", 0.45), ("self_instruct", 0.35), ("plain", 0.2))
+MIX_VERSION = 3  # bump when the kinds, the meta prompt or the cleaning change: it keys the teacher cache
+MIX_KINDS = ("corpus", "self_instruct", "general", "plain")
+DEFAULT_MIX = (("corpus", 0.3), ("self_instruct", 0.15), ("general", 0.35), ("plain", 0.2))
 REQUEST_TOKENS = 64  # the longest request the target writes
 
 KINDS = {  # the kind of request, as the meta prompts name it
@@ -47,7 +52,7 @@ META = (  # phrasings a 135M chat model answers with a request (the second, quot
     "Write {kind} question that someone might ask about {topic}. Write only the question.",
     "Give an example of {kind} task about {topic} that a user could ask an assistant to do. Reply with the task only.",
 )
-_QUOTED = re.compile(r"(?:ask|asks|send|request)s?\s*:?\s*[\"“]([^\"”]{15,600})[\"”]", re.I)
+_QUOTED = re.compile(r"(?:\b(?:ask|send|request)s?\s*:?|:)\s*[\"“]([^\"”]{15,600})[\"”]", re.I)
 _LABEL = re.compile(r"^\s*(?:\*\*)?(?:user request|request|user|question|prompt|task)\s*[:\-]\s*(?:\*\*)?\s*", re.I)
 _NOT_A_REQUEST = re.compile(
     r"^(?:i'?m (?:sorry|ready|here|happy)|i cannot|i can't|as an ai|sure\b|here is|here's|what a\b|"
@@ -84,12 +89,12 @@ class MixedPrompts:
 
     def __init__(self, corpus: Corpus, target, *, seed: int = 0, mix: Sequence = DEFAULT_MIX,
                  batch_size: int = 64):
-        unknown = {kind for kind, _ in mix} - {"corpus", "self_instruct", "plain"}
+        unknown = {kind for kind, _ in mix} - set(MIX_KINDS)
         if unknown or not mix or any(share < 0 for _, share in mix) or sum(s for _, s in mix) <= 0:
-            raise ValueError(f"mix must give non-negative shares of corpus, self_instruct and plain; got {mix!r}")
+            raise ValueError(f"mix must give non-negative shares of {', '.join(MIX_KINDS)}; got {mix!r}")
         self.corpus, self.target, self.seed, self.batch_size = corpus, target, int(seed), int(batch_size)
         self.mix = tuple((kind, float(share)) for kind, share in mix)
-        self.stats = {"self_instruct": 0, "fallback": 0, "plain": 0, "corpus": 0}
+        self.stats = {**{kind: 0 for kind in MIX_KINDS}, "written_by_target": 0, "fallback": 0}
 
     def key(self) -> dict:
         """What identifies this prompt stream in the teacher-data cache."""
@@ -103,10 +108,11 @@ class MixedPrompts:
     def __call__(self, split: str, start: int, count: int) -> list:
         from specdec.training.corpus import build_prompts
         from specdec.training.instructions import _topics
+        from specdec.training.topics import general_prompt, general_topic
 
         base = build_prompts(self.corpus, count, split=split, seed=self.seed, start=start)
         prompts: list = []
-        asked: list[tuple[int, list[dict]]] = []
+        asked: list[tuple[int, list[dict], list[dict]]] = []  # (offset, meta chat, fallback chat)
         for offset, prompt in enumerate(base):
             index = start + offset
             kind = self.kind_of(index, split)
@@ -116,20 +122,30 @@ class MixedPrompts:
                 rng = np.random.default_rng([self.seed, SPLITS[split], index, 11])
                 request_kind = list(KINDS)[int(rng.integers(len(KINDS)))]
                 (_, topic), = _topics(self.corpus, split, rng, 1)
-                asked.append((offset, meta_request(request_kind, topic, phrasing=int(rng.integers(len(META))))))
+                asked.append((offset, meta_request(request_kind, topic, phrasing=int(rng.integers(len(META)))),
+                               list(prompt.messages)))
                 prompts.append(None)
+            elif kind == "general":  # an everyday topic: half the requests written by the target
+                rng = np.random.default_rng([self.seed, SPLITS[split], index, 13])
+                fallback = general_prompt(split, rng)
+                if rng.random() < 0.5:
+                    request_kind = list(KINDS)[int(rng.integers(len(KINDS)))]
+                    asked.append((offset, meta_request(request_kind, general_topic(split, rng),
+                                                       phrasing=int(rng.integers(len(META)))), fallback))
+                    prompts.append(None)
+                else:
+                    prompts.append(fallback)
             else:
                 prompts.append(list(prompt.messages))
-            if kind != "self_instruct":
-                self.stats[kind] += 1
-        for (offset, _), reply in zip(asked, self._replies([messages for _, messages in asked])):
+            self.stats[kind] += 1
+        for (offset, _, fallback), reply in zip(asked, self._replies([messages for _, messages, _ in asked])):
             request = clean_request(reply)
             if request is None:
-                prompts[offset] = list(base[offset].messages)
+                prompts[offset] = fallback
                 self.stats["fallback"] += 1
             else:
                 prompts[offset] = [{"role": "user", "content": request}]
-                self.stats["self_instruct"] += 1
+                self.stats["written_by_target"] += 1
         return prompts
 
     def _replies(self, chats: list[list[dict]]) -> list[str]:

@@ -232,7 +232,8 @@ def test_resuming_a_finished_run_rewrites_its_files(trained, tiny_model, prompt_
 
 def test_a_run_can_start_from_a_checkpoint(trained, tiny_model, prompt_source, tmp_path):
     """--init: the run starts from the checkpoint's weights and shortlist (at learning rate 0 it
-    saves them back unchanged); a checkpoint of another kind is refused."""
+    saves them back unchanged), or with a shortlist chosen from its own data when asked
+    (``--shortlist``); a checkpoint of another kind is refused."""
     from safetensors.numpy import load_file
 
     from specdec.errors import InvalidInputError
@@ -247,6 +248,13 @@ def test_a_run_can_start_from_a_checkpoint(trained, tiny_model, prompt_source, t
     assert sorted(before) == sorted(after)
     for name in before:
         np.testing.assert_array_equal(after[name], before[name], err_msg=name)
+    fresh = train_redrafter(tiny_model, tmp_path / "relisted", steps=2, lr=0.0, init=out, keep_init_shortlist=False,
+                            **common)
+    relisted = load_file(str(tmp_path / "relisted" / "model.safetensors"))
+    assert fresh["shortlist"] == 16 and relisted["vocab_shortlist"].shape == (16,), "a new shortlist of the asked size"
+    for name in before:
+        if name != "vocab_shortlist":
+            np.testing.assert_array_equal(relisted[name], before[name], err_msg=name)
     medusa = make_random_drafter(tmp_path / "medusa", tiny_model, kind="medusa", seed=1)
     with pytest.raises(InvalidInputError, match="holds a 'specdec_medusa' checkpoint"):
         train_redrafter(tiny_model, tmp_path / "wrong", steps=2, init=medusa, **common)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from specdec.training.selfinstruct import KINDS, META, MixedPrompts, clean_request, meta_request
+from specdec.training.selfinstruct import KINDS, META, MIX_KINDS, MixedPrompts, clean_request, meta_request
 
 
 @pytest.mark.parametrize("reply, expected", [
@@ -13,6 +13,8 @@ from specdec.training.selfinstruct import KINDS, META, MixedPrompts, clean_reque
      "How do I log errors with the logging module?"),
     ("Question: Why did the Roman Empire fall?\nIt fell because ...", "Why did the Roman Empire fall?"),
     ('"Write a haiku about autumn leaves."', "Write a haiku about autumn leaves."),
+    ('Here\'s an example of a role-play task about travel:\n\n"Pretend you are my guide and plan a day in Rome."',
+     "Pretend you are my guide and plan a day in Rome."),
 ])
 def test_clean_request_takes_the_request_out_of_a_reply(reply, expected):
     assert clean_request(reply) == expected
@@ -48,21 +50,22 @@ def corpus(tmp_path_factory):
 
 
 def test_mixed_prompts_deal_every_kind_deterministically(corpus, tiny_target):
-    mix = (("corpus", 1.0), ("self_instruct", 1.0), ("plain", 1.0))
+    mix = tuple((kind, 1.0) for kind in MIX_KINDS)
     source = MixedPrompts(corpus, tiny_target, seed=0, mix=mix, batch_size=8)
-    prompts = source("train", 0, 24)
-    kinds = [source.kind_of(i, "train") for i in range(24)]
-    assert set(kinds) == {"corpus", "self_instruct", "plain"}
+    prompts = source("train", 0, 32)
+    kinds = [source.kind_of(i, "train") for i in range(32)]
+    assert set(kinds) == set(MIX_KINDS)
     for kind, prompt in zip(kinds, prompts):
         if kind == "plain":
             assert all(isinstance(t, int) for t in prompt) and prompt, "plain text is token ids, no chat template"
         else:
             assert len(prompt) == 1 and prompt[0]["role"] == "user" and prompt[0]["content"].strip()
     made = source.stats
-    assert made["self_instruct"] + made["fallback"] == kinds.count("self_instruct")
-    assert made["plain"] == kinds.count("plain") and made["corpus"] == kinds.count("corpus")
+    assert all(made[kind] == kinds.count(kind) for kind in MIX_KINDS)
+    asked = made["written_by_target"] + made["fallback"]
+    assert kinds.count("self_instruct") <= asked <= kinds.count("self_instruct") + kinds.count("general")
     again = MixedPrompts(corpus, tiny_target, seed=0, mix=mix, batch_size=8)
-    assert again("train", 8, 16) == prompts[8:], "prompt i does not depend on how many are asked for"
+    assert again("train", 8, 24) == prompts[8:], "prompt i does not depend on how many are asked for"
 
 
 def test_a_mix_that_is_not_one_is_refused(corpus, tiny_target):
