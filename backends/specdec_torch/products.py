@@ -8,7 +8,7 @@ project's AMD EPYC (torch 2.13 CPU, two threads), SmolLM2-135M's LM head (49152 
 padded to two) 2.5 ms for 1-4 rows; in bfloat16 the opposite, ``F.linear`` 1.8 ms against 3.5.
 So nothing is assumed: the first product with a given weight shape, dtype and row count class
 (one row, or 2 to ``MEASURED_ROWS`` rows: a decode step's tree) times both on the CPU
-(interleaved, medians) and keeps the faster for the process. ``benchmarks/head_products.py``
+(``specdec_torch.timing``: interleaved, medians, 10% margin) and keeps the faster for the process. ``benchmarks/head_products.py``
 measures what it buys end to end.
 
 More rows than that (a batch of prompts, teacher decoding) and other devices use ``F.linear``:
@@ -18,19 +18,16 @@ seconds for a large vocabulary, and on a GPU a timing would need a sync.
 
 from __future__ import annotations
 
-import time
-
-import numpy as np
 import torch
 import torch.nn.functional as F
+
+from specdec_torch.timing import second_is_faster
 
 __all__ = ["head_product", "head_product_choices"]
 
 MEASURED_ROWS = 32  # the largest row count whose formulation is measured (a draft tree's nodes)
 # (weight shape, dtype, several rows) -> True when the transposed product was measured faster.
 _TRANSPOSED: dict[tuple, bool] = {}
-_ROUNDS = 5
-_MARGIN = 0.9  # the transposed product must take under 90% of F.linear's time to be chosen
 
 
 def _transposed(rows: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -39,20 +36,6 @@ def _transposed(rows: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     if rows.shape[0] == 1:
         return (weight @ torch.cat([rows, rows]).T).T[:1]
     return (weight @ rows.T).T
-
-
-def _measure(rows: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether the transposed product beats F.linear on these rows (warm, medians of interleaved rounds)."""
-    times = {False: [], True: []}
-    with torch.inference_mode():
-        for transposed in (False, True):  # warm-up
-            _transposed(rows, weight) if transposed else F.linear(rows, weight)
-        for _ in range(_ROUNDS):
-            for transposed in (False, True):
-                start = time.perf_counter()
-                _transposed(rows, weight) if transposed else F.linear(rows, weight)
-                times[transposed].append(time.perf_counter() - start)
-    return float(np.median(times[True])) < _MARGIN * float(np.median(times[False]))
 
 
 def head_product(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -65,7 +48,8 @@ def head_product(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     key = (tuple(weight.shape), weight.dtype, rows.shape[0] > 1)
     transposed = _TRANSPOSED.get(key)
     if transposed is None:
-        transposed = _TRANSPOSED[key] = _measure(rows, weight)
+        transposed = _TRANSPOSED[key] = second_is_faster(lambda: F.linear(rows, weight),
+                                                         lambda: _transposed(rows, weight))
     out = _transposed(rows, weight) if transposed else F.linear(rows, weight)
     return out.reshape(*x.shape[:-1], weight.shape[0])
 

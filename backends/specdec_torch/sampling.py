@@ -27,8 +27,13 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
 def first_argmax(x: torch.Tensor) -> torch.Tensor:
     """Index of the largest entry along the last axis, the lowest one among equal maxima.
 
-    x (..., V) -> (...) int64 (``torch.argmax`` documents the first maximal index).
+    x (..., V) -> (...) int64 (``torch.argmax`` documents the first maximal index). Half
+    precision on the CPU is compared in float32 (exact: every value converts unchanged), where
+    torch has a vectorised kernel: a bfloat16 argmax over 8 rows of 49,152 logits took 1.34 ms
+    against 0.25 ms for the float32 one, a tenth of a SmolLM2-135M tree step at one thread.
     """
+    if x.device.type == "cpu" and x.dtype in (torch.bfloat16, torch.float16):
+        x = x.float()
     return torch.argmax(x, dim=-1)
 
 

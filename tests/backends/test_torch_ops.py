@@ -39,6 +39,14 @@ def test_indices_are_int64_and_float64_stays_float64():
     assert ops.sample_from(ops.softmax(logits), torch.tensor([0.0, 0.99])).dtype == torch.int64
 
 
+@given(seed=st.integers(0, 2**32 - 1), rows=st.integers(1, 8), vocab=st.integers(2, 300))
+def test_half_precision_argmax_is_the_first_maximum(seed, rows, vocab):
+    """bfloat16 / float16 logits are compared in float32 on the CPU: the same token, lowest id on ties."""
+    values = np.random.default_rng(seed).integers(-4, 4, size=(rows, vocab)).astype(np.float32) / 4  # many ties
+    for dtype in (torch.bfloat16, torch.float16):
+        assert ops.first_argmax(torch.from_numpy(values).to(dtype)).tolist() == np.argmax(values, axis=-1).tolist()
+
+
 def test_as_array_keeps_dtypes_and_passes_tensors_through():
     tensor = torch.arange(3)
     assert ops.as_array(tensor) is tensor

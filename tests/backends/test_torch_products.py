@@ -26,12 +26,12 @@ def test_both_formulations_give_the_linear_product(rows):
 def test_the_choice_is_measured_once_per_weight_shape_dtype_and_row_class(monkeypatch):
     calls = []
     monkeypatch.setattr(products, "_TRANSPOSED", {})
-    monkeypatch.setattr(products, "_measure", lambda rows, weight: calls.append(rows.shape[0]) or True)
+    monkeypatch.setattr(products, "second_is_faster", lambda first, second: calls.append(second().shape) or True)
     weight = torch.zeros(64, 8)
     for rows in (1, 1, 3, 5, 1, products.MEASURED_ROWS + 1):  # more rows than that: F.linear, unmeasured
         products.head_product(torch.ones(rows, 8), weight)
     products.head_product(torch.ones(2, 8, dtype=torch.float64), torch.zeros(64, 8, dtype=torch.float64))
-    assert calls == [1, 3, 2], "one measurement for one row, one for several rows, one for another dtype"
+    assert [shape[0] for shape in calls] == [1, 3, 2], "one measurement for one row, one for several rows, one for another dtype"
     assert products.head_product_choices() == {"64 x 8 float32, one row": "transposed",
                                                "64 x 8 float32, several rows": "transposed",
                                                "64 x 8 float64, several rows": "transposed"}
@@ -42,7 +42,7 @@ def test_float32_speculation_is_exact_with_either_formulation_forced(model_dir, 
     from specdec.testing import make_random_drafter
 
     monkeypatch.setattr(products, "_TRANSPOSED", {})
-    monkeypatch.setattr(products, "_measure", lambda rows, weight: transposed)
+    monkeypatch.setattr(products, "second_is_faster", lambda first, second: transposed)
     drafter = make_random_drafter(tmp_path / "d", model_dir, kind="redrafter", seed=3)
     target = specdec.load(model_dir, backend="torch", dtype="float32")
     plain = specdec.generate(target, [[1, 2, 3], [4, 5]], drafter="none", backend="torch", max_new_tokens=12)

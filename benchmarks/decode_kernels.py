@@ -1,0 +1,105 @@
+"""What two kernel choices of the torch backend buy end to end: grouped-query attention in the
+form measured fastest (``specdec_torch.layers.attend``: grouped or folded), and the greedy argmax
+of half-precision logits compared in float32 (``specdec_torch.sampling.first_argmax``).
+
+For each dtype: plain decoding and the default path (ReDrafter with its lookup beam) with both
+choices as before (attention always grouped, the argmax on the logits' own dtype) against both
+as now, interleaved per round with the order alternating; decode-phase tokens/s (prefill
+excluded), medians over rounds. Also times the attention forms and the argmax alone. Writes JSON.
+
+    python benchmarks/decode_kernels.py --model smollm2-135m --rounds 4 --out benchmarks/results/decode_kernels.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import numpy as np
+import torch
+
+import specdec
+from specdec.bench import load_prompt_set
+from specdec_torch import layers, sampling, verify
+
+
+def decode_rate(target, prompts, drafter: str, max_new_tokens: int) -> float:
+    tokens, seconds = 0, 0.0
+    for prompt in prompts:
+        stats = specdec.generate(target, prompt, drafter=drafter, backend="torch", max_new_tokens=max_new_tokens).stats
+        tokens += stats.new_tokens - 1
+        seconds += stats.time_draft + stats.time_verify + stats.time_other
+    return tokens / seconds
+
+
+def micro_us(run, repeats: int = 200) -> float:
+    run()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - start)
+    return round(float(np.median(times)) * 1e6, 1)
+
+
+def kernel_times(config, dtype: torch.dtype, span: int = 400) -> dict[str, float]:
+    heads, kv_heads, dim = config.num_attention_heads, config.num_key_value_heads, config.head_dim
+    out = {}
+    for n in (1, 8):
+        q = torch.randn(1, heads, n, dim, dtype=dtype)
+        k, v = torch.randn(1, kv_heads, span, dim, dtype=dtype), torch.randn(1, kv_heads, span, dim, dtype=dtype)
+        mask = torch.ones(1, 1, n, span, dtype=torch.bool)
+        for name, form in (("grouped", layers._grouped), ("folded", layers._folded)):
+            out[f"attention {n} x {span} keys, {name}"] = micro_us(lambda: form(q, k, v, mask, dim ** -0.5))
+        logits = torch.randn(n, config.vocab_size).to(dtype)
+        out[f"argmax {n} x {config.vocab_size}, own dtype"] = micro_us(lambda: torch.argmax(logits, dim=-1))
+        out[f"argmax {n} x {config.vocab_size}, float32"] = micro_us(lambda: torch.argmax(logits.float(), dim=-1))
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--dtypes", nargs="+", default=["bfloat16", "float32"])
+    parser.add_argument("--prompts", type=int, default=8, help="first MT-Bench prompt of this many categories")
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args()
+    prompts = [p.prompt for p in load_prompt_set("mt-bench", per_category=1)[: args.prompts]]
+    report = {"model": args.model, "torch": torch.__version__, "threads": torch.get_num_threads(), "dtypes": {}}
+    direct_argmax = lambda x: torch.argmax(x, dim=-1)  # noqa: E731  the greedy argmax before
+    for dtype in args.dtypes:
+        target = specdec.load(args.model, backend="torch", dtype=dtype)
+        layers._FOLDED.clear()
+        for drafter in ("none", "redrafter"):  # one-off costs: the measured choices (one query, a tree), first kernels
+            decode_rate(target, prompts[:1], drafter, 8)
+        measured = dict(layers._FOLDED)
+        before = ("before", {key: False for key in measured}, direct_argmax)
+        now = ("now", measured, sampling.first_argmax)
+        rates: dict[str, list[float]] = {}
+        for round_ in range(args.rounds):
+            for label, folded, greedy in (before, now)[:: 1 if round_ % 2 == 0 else -1]:
+                layers._FOLDED.clear()
+                layers._FOLDED.update(folded)
+                verify.greedy_tokens = greedy
+                for drafter in ("none", "redrafter"):
+                    rates.setdefault(f"{drafter} {label}", []).append(
+                        decode_rate(target, prompts, drafter, args.max_new_tokens))
+        layers._FOLDED.clear()
+        layers._FOLDED.update(measured)
+        verify.greedy_tokens = sampling.first_argmax
+        entry = {"attention": layers.attention_choices(),
+                 "tokens_per_second": {k: round(float(np.median(v)), 2) for k, v in rates.items()},
+                 "kernels_us": kernel_times(target.config, target.lm_head.dtype)}
+        report["dtypes"][dtype] = entry
+        print(dtype, json.dumps(entry, indent=1), flush=True)
+        del target
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(report, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

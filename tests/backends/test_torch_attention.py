@@ -1,0 +1,71 @@
+"""The torch backend's grouped-query attention: the folded form equals the grouped one, the
+measured choice is kept per dtype, head layout and query class, and generation is exact in
+float32 with either form forced."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+torch = pytest.importorskip("torch")  # required when SPECDEC_TEST_BACKENDS names torch (conftest)
+
+import specdec  # noqa: E402
+from specdec_torch import layers  # noqa: E402
+
+
+def _naive(query, keys, values, mask):
+    """float64 attention written out: query head h reads key/value head h // group."""
+    heads, kv_heads = query.shape[1], keys.shape[1]
+    keys, values = (t.repeat_interleave(heads // kv_heads, dim=1) for t in (keys, values))
+    scores = query @ keys.transpose(-1, -2) / np.sqrt(query.shape[-1])
+    return torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1) @ values
+
+
+@given(seed=st.integers(0, 2**32 - 1), kv_heads=st.integers(1, 3), group=st.integers(1, 4), n=st.integers(1, 6),
+       past=st.integers(0, 9), batch=st.integers(1, 2))
+def test_the_folded_form_is_the_grouped_attention(seed, kv_heads, group, n, past, batch):
+    rng = np.random.default_rng(seed)
+    span, dim = past + n, 8
+    query = torch.as_tensor(rng.normal(size=(batch, kv_heads * group, n, dim)))
+    keys, values = (torch.as_tensor(rng.normal(size=(batch, kv_heads, span, dim))) for _ in range(2))
+    mask = torch.as_tensor(rng.random((batch, 1, n, span)) < 0.6)
+    mask[..., 0] = True  # every query row attends somewhere
+    expected = _naive(query, keys, values, mask)
+    for form in (layers._grouped, layers._folded):
+        torch.testing.assert_close(form(query, keys, values, mask, 1 / np.sqrt(dim)), expected, rtol=1e-12, atol=1e-12)
+
+
+def test_the_choice_is_measured_once_per_dtype_layout_and_query_class(monkeypatch):
+    calls = []
+    monkeypatch.setattr(layers, "_FOLDED", {})
+    monkeypatch.setattr(layers, "second_is_faster", lambda first, second: calls.append(second().shape) or True)
+
+    def attend(n, heads=4, kv_heads=2, dtype=torch.float32):
+        query = torch.zeros(1, heads, n, 8, dtype=dtype)
+        keys = torch.zeros(1, kv_heads, n + 3, 8, dtype=dtype)
+        return layers.attend(query, keys, keys, torch.ones(1, 1, n, n + 3, dtype=torch.bool))
+
+    for n in (1, 1, 4, 7, 1, layers.MEASURED_QUERIES + 1):  # more new tokens (a prompt chunk): unmeasured
+        assert attend(n).shape == (1, n, 32)
+    attend(1, heads=2)  # one query head per key/value head: nothing to fold
+    attend(2, dtype=torch.float64)
+    assert [shape[2] for shape in calls] == [1, 4, 2], "one query, several, another dtype"
+    assert layers.attention_choices() == {"float32 4/2 x 8, one query": "folded", "float32 4/2 x 8, several": "folded",
+                                          "float64 4/2 x 8, several": "folded"}
+
+
+@pytest.mark.parametrize("folded", [False, True])
+def test_float32_speculation_is_exact_with_either_form_forced(model_dir, tmp_path, monkeypatch, folded):
+    from specdec.testing import make_random_drafter
+
+    monkeypatch.setattr(layers, "_FOLDED", {})
+    monkeypatch.setattr(layers, "second_is_faster", lambda first, second: folded)
+    drafter = make_random_drafter(tmp_path / "d", model_dir, kind="redrafter", seed=3)
+    target = specdec.load(model_dir, backend="torch", dtype="float32")
+    plain = specdec.generate(target, [[1, 2, 3], [4, 5]], drafter="none", backend="torch", max_new_tokens=12)
+    spec = specdec.generate(target, [[1, 2, 3], [4, 5]], drafter=drafter, backend="torch", max_new_tokens=12,
+                            beam_width=2, beam_length=3)
+    assert spec.tokens == plain.tokens
+    assert set(layers.attention_choices().values()) == {"folded" if folded else "grouped"}
