@@ -1,0 +1,144 @@
+"""Tokens per step on a benchmark prompt set, computed offline, without timing anything.
+
+The target decodes the prompt set's chats greedily once (teacher data, as ``specdec train`` makes
+it; cached under --cache), then each drafter checkpoint's acceptance is replayed over those
+continuations exactly as ``specdec train`` evaluates held-out data (``specdec.training.loop.evaluate``:
+accept a, emit a + 1, jump a + 1; bonus token counted). With --lookup it also replays, per
+position, the best of ReDrafter's accepted tokens (the first checkpoint), the prompt-lookup chain
+(``specdec.lookup.lookup_chain``, 10 tokens) and, where the chain finds nothing, a chain from an
+n-gram store of the target's own training continuations (most frequent follower of the last 3,
+2 tokens, seen at least twice): what a third beam drawn from such a store would add.
+
+    python benchmarks/offline_acceptance.py --prompts mt-bench --per-category 2 \
+        drafters/specdec_redrafter/weights/smollm2-135m runs/rd-gen --lookup
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from specdec.bench import load_prompt_set
+from specdec.lookup import lookup_chain
+from specdec.plugins import default_registry
+from specdec.training.loop import evaluate
+from specdec.training.run import build_teacher_data
+from specdec.training.teacher import load_teacher_target
+
+
+def continuations(data) -> list[np.ndarray]:
+    starts = data.starts().tolist() + [data.num_positions]
+    tokens = data.next_tokens.numpy()
+    return [tokens[a:b] for a, b in zip(starts[:-1], starts[1:])]
+
+
+def ngram_store(sequences) -> dict:
+    counts: dict = collections.defaultdict(collections.Counter)
+    for seq in sequences:
+        seq = seq.tolist()
+        for i in range(len(seq) - 1):
+            for n in (2, 3):
+                if i + 1 >= n:
+                    counts[tuple(seq[i + 1 - n:i + 1])][seq[i + 1]] += 1
+    return counts
+
+
+def store_chain(store: dict, history: list[int], length: int = 10, min_count: int = 2) -> list[int]:
+    history, out = list(history), []
+    for _ in range(length):
+        found = None
+        for n in (3, 2):
+            counter = store.get(tuple(history[-n:]))
+            if counter:
+                token, count = counter.most_common(1)[0]
+                if count >= min_count:
+                    found = token
+                    break
+        if found is None:
+            break
+        out.append(found)
+        history.append(found)
+    return out
+
+
+def accepted(chain, future) -> int:
+    count = 0
+    for drafted, actual in zip(chain, future):
+        if drafted != actual:
+            break
+        count += 1
+    return count
+
+
+def replay(sequences, prompts, accept_at) -> float:
+    tokens = steps = 0
+    for index, (seq, prompt) in enumerate(zip(sequences, prompts)):
+        seq, j = seq.tolist(), 0
+        while j < len(seq):
+            j += accept_at(index, j, prompt + seq[:j + 1], seq[j + 1:]) + 1
+            steps += 1
+        tokens += len(seq)
+    return tokens / steps
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("checkpoints", nargs="+")
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--prompts", default="mt-bench")
+    parser.add_argument("--per-category", type=int, default=2)
+    parser.add_argument("--beams", default="2x4,4x5", help="W x L pairs to evaluate")
+    parser.add_argument("--lookup", action="store_true", help="also replay the lookup beam and an n-gram store")
+    parser.add_argument("--store-prompts", type=int, default=3200, help="training prompts whose continuations fill the store")
+    parser.add_argument("--cache", default=str(Path.home() / ".cache/specdec/offline"))
+    args = parser.parse_args()
+    torch.set_num_threads(2)
+    prompts = load_prompt_set(args.prompts, per_category=args.per_category)
+    target = load_teacher_target(args.model)
+    source = lambda split, start, count: [list(p.messages) for p in prompts[start:start + count]]  # noqa: E731
+    data = build_teacher_data(target, prompts=0, heldout_prompts=len(prompts), prompt_source=source,
+                              cache=Path(args.cache) / args.prompts, progress=False)[0]["heldout"]
+    report = {"prompts": f"{args.prompts} ({len(prompts)})", "positions": data.num_positions, "drafters": {}}
+    first = None
+    for checkpoint in args.checkpoints:
+        for pair in args.beams.split(","):
+            width, length = (int(v) for v in pair.split("x"))
+            task = default_registry().drafter_spec("redrafter").evaluation_task(
+                checkpoint, target, {"beam_width": width, "beam_length": length})
+            report["drafters"][f"{checkpoint} W={width} L={length}"] = round(
+                evaluate(task, data, sequences=None)["tokens_per_step"], 3)
+            if first is None and (width, length) == (2, 4):
+                with torch.no_grad():
+                    first = np.asarray(task.accept(data, torch.arange(data.num_positions))).reshape(-1)
+    if args.lookup and first is not None:
+        sequences, starts = continuations(data), data.starts().tolist()
+        encoded = [target.encode(list(p.messages)) for p in prompts]
+        train = build_teacher_data(target, prompts=args.store_prompts, heldout_prompts=64, progress=False)[0]["train"]
+        store = ngram_store(continuations(train))
+
+        def best(index, j, history, future, *, drafter=True, lookup=True, from_store=False):
+            found = [int(first[starts[index] + j])] if drafter else []
+            chain = lookup_chain(np.array(history), 10).tolist() if lookup else []
+            found.append(accepted(chain, future))
+            if from_store and not chain:
+                found.append(accepted(store_chain(store, history), future))
+            return max(found)
+
+        replayed = {
+            "redrafter": replay(sequences, encoded, lambda *a: best(*a, lookup=False)),
+            "redrafter + lookup": replay(sequences, encoded, best),
+            "redrafter + lookup + store where lookup finds nothing": replay(
+                sequences, encoded, lambda *a: best(*a, from_store=True)),
+            "lookup alone": replay(sequences, encoded, lambda *a: best(*a, drafter=False))}
+        report["replayed (first checkpoint W=2 L=4)"] = {k: round(v, 3) for k, v in replayed.items()}
+        report["store_ngrams"] = len(store)
+    print(json.dumps(report, indent=1))
+
+
+if __name__ == "__main__":
+    main()
