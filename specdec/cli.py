@@ -82,6 +82,11 @@ def cmd_generate(args) -> int:
     except json.JSONDecodeError as exc:
         raise InvalidInputError(f"--prompt-ids must be a JSON list of token ids such as '[1, 2, 3]', got "
                                 f"{args.prompt_ids!r} ({exc})") from None
+    if args.chat:
+        if args.prompt is None:
+            raise InvalidInputError("--chat wraps a text prompt in the model's chat template; give --prompt TEXT, "
+                                    "not --prompt-ids")
+        prompt = [{"role": "user", "content": args.prompt}]
     result = specdec.generate(args.model, prompt, drafter=args.drafter, **_common(args), **_options(args))
     print(result.text if result.text is not None else result.tokens)
     print(_report(str(args.drafter), result), file=sys.stderr)
@@ -379,7 +384,8 @@ def _add_train_parser(train: argparse.ArgumentParser, spec) -> None:
     train.add_argument("--allow-changes", action="store_true",
                        help="with --resume: accept settings that differ from the saved run's (both are recorded)")
     train.add_argument("--prompts", type=int, default=640, help="training prompts decoded for the teacher data")
-    train.add_argument("--heldout-prompts", type=int, default=64)
+    train.add_argument("--heldout-prompts", type=int, default=64,
+                       help="held-out prompts (same prompt mix, documents and topics no training prompt uses)")
     train.add_argument("--prompt-text-prompts", type=int, default=1024,
                        help="more prompts whose prompt text (teacher-forced) and first 16 tokens are training data")
     train.add_argument("--max-new-tokens", type=int, default=128, help="teacher continuation length")
@@ -388,8 +394,10 @@ def _add_train_parser(train: argparse.ArgumentParser, spec) -> None:
                        help="dtype the target decodes the teacher data in (default: the fastest on this machine)")
     train.add_argument("--teacher-batch-size", type=int, default=64, help="prompts the teacher decodes at once")
     train.add_argument("--prompt-mix", default=None,
-                       help="shares of the decoded prompts, e.g. corpus=0.3,self_instruct=0.15,general=0.35,plain=0.2 "
-                            "(the default); 'corpus' for the corpus's chat requests alone")
+                       help="shares of the decoded prompts as KIND=SHARE pairs (kinds corpus, self_instruct, general, "
+                            "plain; kinds left out get none, shares are normalised), e.g. "
+                            "corpus=0.3,self_instruct=0.15,general=0.35,plain=0.2 (the default) or general=1; "
+                            "'corpus' alone for the corpus's chat requests")
     train.add_argument("--lr", type=float, default=1e-3)
     train.add_argument("--weight-decay", type=float, default=0.0, help="AdamW decoupled weight decay")
     train.add_argument("--seed", type=int, default=0)
@@ -430,8 +438,10 @@ def build_parser() -> argparse.ArgumentParser:
     gen = sub.add_parser("generate", help="generate from a model folder")
     gen.add_argument("--model", required=True)
     group = gen.add_mutually_exclusive_group(required=True)
-    group.add_argument("--prompt")
+    group.add_argument("--prompt", help="text the model continues as it is (with --chat: one user turn)")
     group.add_argument("--prompt-ids", help="JSON list of token ids")
+    gen.add_argument("--chat", action="store_true",
+                     help="send --prompt as a user turn of the model's chat template (as the demo and bench do)")
     gen.add_argument("--drafter", default="redrafter", help="redrafter | medusa | lookup | none | a checkpoint folder")
     _add_generation_args(gen)
     gen.set_defaults(func=cmd_generate)

@@ -32,6 +32,22 @@ def test_generate_from_token_ids(model_dir):
     assert "1.00 tokens/step" in done.stderr, done.stderr
 
 
+def test_generate_a_chat_turn(model_dir, monkeypatch, capsys):
+    import specdec
+    from specdec import cli
+
+    asked = []
+    real = specdec.generate
+    monkeypatch.setattr(specdec, "generate", lambda model, prompt, **kw: asked.append(prompt) or real(model, prompt, **kw))
+    common = ["--model", str(model_dir), "--drafter", "none", "--backend", "numpy", "--max-new-tokens", "3"]
+    assert cli.main(["generate", "--prompt", "hello there", "--chat", *common]) == 0
+    assert cli.main(["generate", "--prompt", "hello there", *common]) == 0
+    assert asked == [[{"role": "user", "content": "hello there"}], "hello there"]
+    capsys.readouterr()
+    refused = run("generate", "--prompt-ids", "[1, 2]", "--chat", *common)
+    assert refused.returncode == 2 and "--chat" in refused.stderr and "--prompt TEXT" in refused.stderr, refused.stderr
+
+
 def test_errors_are_reported_without_a_traceback(model_dir):
     done = run("generate", "--model", str(model_dir), "--prompt-ids", "[1, 999]", "--drafter", "none",
                "--backend", "numpy")
