@@ -7,7 +7,9 @@ accept a, emit a + 1, jump a + 1; bonus token counted). With --lookup it also re
 position, the best of ReDrafter's accepted tokens (the first checkpoint), the prompt-lookup chain
 (``specdec.lookup.lookup_chain``, 10 tokens) and, where the chain finds nothing, a chain from an
 n-gram store of the target's own training continuations (most frequent follower of the last 3,
-2 tokens, seen at least twice): what a third beam drawn from such a store would add.
+2 tokens, seen at least twice): what a third beam drawn from such a store would add. With
+--prune, the first checkpoint's W=2, L=4 beams cut at the first drafted token whose conditional
+probability under the drafter is below a threshold: tokens per step against tree nodes per step.
 
     python benchmarks/offline_acceptance.py --prompts mt-bench --per-category 2 \
         drafters/specdec_redrafter/weights/smollm2-135m runs/rd-gen --lookup
@@ -26,6 +28,7 @@ import torch
 from specdec.bench import load_prompt_set
 from specdec.lookup import lookup_chain
 from specdec.plugins import default_registry
+from specdec.training.evaluate import gather_window
 from specdec.training.loop import evaluate
 from specdec.training.run import build_teacher_data
 from specdec.training.teacher import load_teacher_target
@@ -86,6 +89,33 @@ def replay(sequences, prompts, accept_at) -> float:
     return tokens / steps
 
 
+def pruned(task, data, thresholds=(0.0, 0.05, 0.1, 0.2, 0.3)) -> dict:
+    """Tokens and tree nodes per step (root counted) of W=2, L=4 beams cut below each threshold."""
+    task.accept(data, torch.arange(1))  # builds the inference module
+    window = gather_window(data, torch.arange(data.num_positions), task.depth, labels=False)
+    with torch.no_grad():
+        beams, _, log_probs = task._inference.beam_search(window.hidden.float(), window.tokens[:, 0], width=2,
+                                                          length=4, keep_log_probs=True)
+    drafted = beams[:, :, 1:]
+    probs = torch.gather(log_probs, 3, drafted[..., None])[..., 0].exp()  # (P, W, 3) conditional
+    match = (drafted == window.tokens[:, None, 1:4]) & window.valid[:, None, :3]
+    starts = data.starts().tolist() + [data.num_positions]
+    out = {}
+    for threshold in thresholds:
+        keep = torch.cumprod((probs >= threshold).int(), dim=2).bool()
+        accepted_at = torch.cumprod((match & keep).int(), dim=2).sum(2).max(1).values.numpy()
+        nodes = np.array([1 + len({tuple(beam[:j + 1]) for beam, kept in zip(b, k) for j in range(3) if kept[j]})
+                          for b, k in zip(drafted.tolist(), keep.tolist())])
+        steps = node_sum = 0
+        for first, end in zip(starts[:-1], starts[1:]):
+            j = first
+            while j < end:
+                steps, node_sum, j = steps + 1, node_sum + nodes[j], j + accepted_at[j] + 1
+        out[f"p >= {threshold}"] = {"tokens_per_step": round(data.num_positions / steps, 3),
+                                    "nodes_per_step": round(node_sum / steps, 2)}
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("checkpoints", nargs="+")
@@ -94,6 +124,7 @@ def main() -> None:
     parser.add_argument("--per-category", type=int, default=2)
     parser.add_argument("--beams", default="2x4,4x5", help="W x L pairs to evaluate")
     parser.add_argument("--lookup", action="store_true", help="also replay the lookup beam and an n-gram store")
+    parser.add_argument("--prune", action="store_true", help="also replay beams cut at low drafter probability")
     parser.add_argument("--store-prompts", type=int, default=3200, help="training prompts whose continuations fill the store")
     parser.add_argument("--cache", default=str(Path.home() / ".cache/specdec/offline"))
     args = parser.parse_args()
@@ -115,6 +146,9 @@ def main() -> None:
             if first is None and (width, length) == (2, 4):
                 with torch.no_grad():
                     first = np.asarray(task.accept(data, torch.arange(data.num_positions))).reshape(-1)
+    if args.prune:
+        report["pruned beams (first checkpoint)"] = pruned(default_registry().drafter_spec("redrafter").evaluation_task(
+            args.checkpoints[0], target, {"beam_width": 2, "beam_length": 4}), data)
     if args.lookup and first is not None:
         sequences, starts = continuations(data), data.starts().tolist()
         encoded = [target.encode(list(p.messages)) for p in prompts]
