@@ -12,35 +12,17 @@ excluded), medians over rounds. Also times the attention forms and the argmax al
 
 from __future__ import annotations
 
-import argparse
-import json
-import time
 
 import numpy as np
 import torch
 
 import specdec
-from specdec.bench import load_prompt_set
+from decode_timing import add_entry, decode_rate, median_seconds, parse_ab_arguments
 from specdec_torch import layers, sampling, verify
 
 
-def decode_rate(target, prompts, drafter: str, max_new_tokens: int) -> float:
-    tokens, seconds = 0, 0.0
-    for prompt in prompts:
-        stats = specdec.generate(target, prompt, drafter=drafter, backend="torch", max_new_tokens=max_new_tokens).stats
-        tokens += stats.new_tokens - 1
-        seconds += stats.time_draft + stats.time_verify + stats.time_other
-    return tokens / seconds
-
-
 def micro_us(run, repeats: int = 200) -> float:
-    run()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - start)
-    return round(float(np.median(times)) * 1e6, 1)
+    return round(median_seconds(run, repeats) * 1e6, 1)
 
 
 def kernel_times(config, dtype: torch.dtype, span: int = 400) -> dict[str, float]:
@@ -59,16 +41,7 @@ def kernel_times(config, dtype: torch.dtype, span: int = 400) -> dict[str, float
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--model", default="smollm2-135m")
-    parser.add_argument("--dtypes", nargs="+", default=["bfloat16", "float32"])
-    parser.add_argument("--prompts", type=int, default=8, help="first MT-Bench prompt of this many categories")
-    parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--rounds", type=int, default=4)
-    parser.add_argument("--out", default=None)
-    args = parser.parse_args()
-    prompts = [p.prompt for p in load_prompt_set("mt-bench", per_category=1)[: args.prompts]]
-    report = {"model": args.model, "torch": torch.__version__, "threads": torch.get_num_threads(), "dtypes": {}}
+    args, prompts, report = parse_ab_arguments(__doc__, dtypes=["bfloat16", "float32"], prompts=8, rounds=4)
     direct_argmax = lambda x: torch.argmax(x, dim=-1)  # noqa: E731  the greedy argmax before
     for dtype in args.dtypes:
         target = specdec.load(args.model, backend="torch", dtype=dtype)
@@ -93,12 +66,8 @@ def main() -> None:
         entry = {"attention": layers.attention_choices(),
                  "tokens_per_second": {k: round(float(np.median(v)), 2) for k, v in rates.items()},
                  "kernels_us": kernel_times(target.config, target.lm_head.dtype)}
-        report["dtypes"][dtype] = entry
-        print(dtype, json.dumps(entry, indent=1), flush=True)
+        add_entry(report, dtype, entry, args.out)
         del target
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(report, f, indent=1)
 
 
 if __name__ == "__main__":

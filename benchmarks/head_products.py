@@ -10,50 +10,23 @@ formulation measured fastest on this machine, interleaved per round (the order a
 
 from __future__ import annotations
 
-import argparse
-import json
-import time
 
 import numpy as np
 import torch
 
 import specdec
-from specdec.bench import load_prompt_set
+from decode_timing import add_entry, decode_rate, median_seconds, parse_ab_arguments
 from specdec_torch import products
-
-
-def decode_rate(target, prompts, drafter: str, max_new_tokens: int) -> float:
-    tokens, seconds = 0, 0.0
-    for prompt in prompts:
-        stats = specdec.generate(target, prompt, drafter=drafter, backend="torch", max_new_tokens=max_new_tokens).stats
-        tokens += stats.new_tokens - 1
-        seconds += stats.time_draft + stats.time_verify + stats.time_other
-    return tokens / seconds
 
 
 def product_ms(weight: torch.Tensor, rows: int, transposed: bool, repeats: int = 15) -> float:
     x = torch.randn(rows, weight.shape[1], dtype=weight.dtype)
     run = (lambda: products._transposed(x, weight)) if transposed else (lambda: torch.nn.functional.linear(x, weight))
-    run()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - start)
-    return float(np.median(times)) * 1e3
+    return median_seconds(run, repeats) * 1e3
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--model", default="smollm2-135m")
-    parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
-    parser.add_argument("--prompts", type=int, default=4, help="first MT-Bench prompt of this many categories")
-    parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--out", default=None)
-    args = parser.parse_args()
-    prompts = [p.prompt for p in load_prompt_set("mt-bench", per_category=1)[: args.prompts]]
-    report = {"model": args.model, "torch": torch.__version__, "threads": torch.get_num_threads(), "dtypes": {}}
+    args, prompts, report = parse_ab_arguments(__doc__, dtypes=["float32", "bfloat16"], prompts=4, rounds=3)
     for dtype in args.dtypes:
         target = specdec.load(args.model, backend="torch", dtype=dtype)
         products._TRANSPOSED.clear()
@@ -75,12 +48,8 @@ def main() -> None:
                  "tokens_per_second": {k: round(float(np.median(v)), 2) for k, v in rates.items()},
                  "lm_head_ms": {f"{rows} rows {'transposed' if t else 'F.linear'}": round(product_ms(head, rows, t), 2)
                                 for rows in (1, 8) for t in (False, True)}}
-        report["dtypes"][dtype] = entry
-        print(dtype, json.dumps(entry, indent=1), flush=True)
+        add_entry(report, dtype, entry, args.out)
         del target
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(report, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -125,7 +125,8 @@ def main() -> None:
     parser.add_argument("--beams", default="2x4,4x5", help="W x L pairs to evaluate")
     parser.add_argument("--lookup", action="store_true", help="also replay the lookup beam and an n-gram store")
     parser.add_argument("--prune", action="store_true", help="also replay beams cut at low drafter probability")
-    parser.add_argument("--store-prompts", type=int, default=3200, help="training prompts whose continuations fill the store")
+    parser.add_argument("--store-prompts", type=int, default=3200,
+                        help="training prompts whose continuations fill the store")
     parser.add_argument("--cache", default=str(Path.home() / ".cache/specdec/offline"))
     args = parser.parse_args()
     torch.set_num_threads(2)

@@ -123,3 +123,22 @@ def target(model_dir):
     import specdec
 
     return specdec.load(model_dir, backend="numpy", slots=4)
+
+
+@pytest.fixture
+def torch_float32_speculation(model_dir, tmp_path):
+    """A callable -> (speculative tokens, plain tokens) of a random ReDrafter on ``model_dir``,
+    torch float32, two prompts: for tests that force one kernel choice and check exactness."""
+    def run():
+        import specdec
+        from specdec.testing import make_random_drafter
+
+        drafter = make_random_drafter(tmp_path / "d", model_dir, kind="redrafter", seed=3)
+        target = specdec.load(model_dir, backend="torch", dtype="float32")
+        prompts = [[1, 2, 3], [4, 5]]
+        plain = specdec.generate(target, prompts, drafter="none", backend="torch", max_new_tokens=12)
+        spec = specdec.generate(target, prompts, drafter=drafter, backend="torch", max_new_tokens=12,
+                                beam_width=2, beam_length=3)
+        return spec.tokens, plain.tokens
+
+    return run

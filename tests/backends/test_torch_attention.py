@@ -11,7 +11,6 @@ from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch")  # required when SPECDEC_TEST_BACKENDS names torch (conftest)
 
-import specdec  # noqa: E402
 from specdec_torch import layers  # noqa: E402
 
 
@@ -57,15 +56,9 @@ def test_the_choice_is_measured_once_per_dtype_layout_and_query_class(monkeypatc
 
 
 @pytest.mark.parametrize("folded", [False, True])
-def test_float32_speculation_is_exact_with_either_form_forced(model_dir, tmp_path, monkeypatch, folded):
-    from specdec.testing import make_random_drafter
-
+def test_float32_speculation_is_exact_with_either_form_forced(torch_float32_speculation, monkeypatch, folded):
     monkeypatch.setattr(layers, "_FOLDED", {})
     monkeypatch.setattr(layers, "second_is_faster", lambda first, second: folded)
-    drafter = make_random_drafter(tmp_path / "d", model_dir, kind="redrafter", seed=3)
-    target = specdec.load(model_dir, backend="torch", dtype="float32")
-    plain = specdec.generate(target, [[1, 2, 3], [4, 5]], drafter="none", backend="torch", max_new_tokens=12)
-    spec = specdec.generate(target, [[1, 2, 3], [4, 5]], drafter=drafter, backend="torch", max_new_tokens=12,
-                            beam_width=2, beam_length=3)
-    assert spec.tokens == plain.tokens
+    spec, plain = torch_float32_speculation()
+    assert spec == plain
     assert set(layers.attention_choices().values()) == {"folded" if folded else "grouped"}

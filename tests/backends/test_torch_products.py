@@ -9,7 +9,6 @@ import pytest
 
 torch = pytest.importorskip("torch")  # required when SPECDEC_TEST_BACKENDS names torch (conftest)
 
-import specdec  # noqa: E402
 from specdec_torch import products  # noqa: E402
 
 
@@ -31,22 +30,17 @@ def test_the_choice_is_measured_once_per_weight_shape_dtype_and_row_class(monkey
     for rows in (1, 1, 3, 5, 1, products.MEASURED_ROWS + 1):  # more rows than that: F.linear, unmeasured
         products.head_product(torch.ones(rows, 8), weight)
     products.head_product(torch.ones(2, 8, dtype=torch.float64), torch.zeros(64, 8, dtype=torch.float64))
-    assert [shape[0] for shape in calls] == [1, 3, 2], "one measurement for one row, one for several rows, one for another dtype"
+    assert [shape[0] for shape in calls] == [1, 3, 2], "one row, several rows, another dtype: one measurement each"
     assert products.head_product_choices() == {"64 x 8 float32, one row": "transposed",
                                                "64 x 8 float32, several rows": "transposed",
                                                "64 x 8 float64, several rows": "transposed"}
 
 
 @pytest.mark.parametrize("transposed", [False, True])
-def test_float32_speculation_is_exact_with_either_formulation_forced(model_dir, tmp_path, monkeypatch, transposed):
-    from specdec.testing import make_random_drafter
-
+def test_float32_speculation_is_exact_with_either_formulation_forced(torch_float32_speculation, monkeypatch,
+                                                                     transposed):
     monkeypatch.setattr(products, "_TRANSPOSED", {})
     monkeypatch.setattr(products, "second_is_faster", lambda first, second: transposed)
-    drafter = make_random_drafter(tmp_path / "d", model_dir, kind="redrafter", seed=3)
-    target = specdec.load(model_dir, backend="torch", dtype="float32")
-    plain = specdec.generate(target, [[1, 2, 3], [4, 5]], drafter="none", backend="torch", max_new_tokens=12)
-    spec = specdec.generate(target, [[1, 2, 3], [4, 5]], drafter=drafter, backend="torch", max_new_tokens=12,
-                            beam_width=2, beam_length=3)
-    assert spec.tokens == plain.tokens
+    spec, plain = torch_float32_speculation()
+    assert spec == plain
     assert set(products.head_product_choices().values()) == {"transposed" if transposed else "F.linear"}

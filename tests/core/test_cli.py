@@ -38,7 +38,8 @@ def test_generate_a_chat_turn(model_dir, monkeypatch, capsys):
 
     asked = []
     real = specdec.generate
-    monkeypatch.setattr(specdec, "generate", lambda model, prompt, **kw: asked.append(prompt) or real(model, prompt, **kw))
+    monkeypatch.setattr(specdec, "generate",
+                        lambda model, prompt, **kw: asked.append(prompt) or real(model, prompt, **kw))
     common = ["--model", str(model_dir), "--drafter", "none", "--backend", "numpy", "--max-new-tokens", "3"]
     assert cli.main(["generate", "--prompt", "hello there", "--chat", *common]) == 0
     assert cli.main(["generate", "--prompt", "hello there", *common]) == 0
