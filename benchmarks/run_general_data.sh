@@ -18,3 +18,7 @@ run general_data_mtbench --prompts mt-bench --per-category 2 --backends torch --
 # 2. SmolLM2-135M, HumanEval (first 16).
 run general_data_humaneval --prompts humaneval --per-category 16 --backends torch --repeats 1 --max-new-tokens 128 \
     --methods plain redrafter "$GEN" redrafter:lookup=false hf:dtype=own
+# 3. The tier, HumanEval (first 16), after the kernel changes: the default path against plain decoding,
+#    transformers' prompt lookup and assisted generation.
+"$SPECDEC" bench --model qwen2.5-coder-1.5b --prompts humaneval --per-category 16 --backends torch --repeats 1 \
+    --max-new-tokens 128 --out "$OUT/tier_kernels" --methods plain redrafter hf-pld hf-assisted:draft=qwen2.5-coder-0.5b

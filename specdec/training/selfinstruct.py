@@ -1,9 +1,9 @@
 """More varied teacher prompts: requests the target writes itself, everyday topics, and plain text.
 
 A drafter trained on a few thousand template requests learns those templates' answers and little
-else (72% top-1 on its training positions against 36% held out), and one trained on the corpus's
-topics alone (Python, Shakespeare) drafts poorly for questions about anything else. Three more
-kinds of prompt widen what it sees, at no cost in data that ships:
+else (72% top-1 on its training positions against 36% held out), and the corpus's own topics are
+Python and Shakespeare. Three more kinds of prompt widen what it sees, at no cost in data that
+ships:
 
 - **self-instruct**: the target is asked, as a chat, to write one request of a given kind
   (writing, role-play, reasoning, a math word problem, coding, extraction, STEM, humanities)

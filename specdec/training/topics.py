@@ -1,14 +1,14 @@
 """General-knowledge requests: everyday and academic topics that the shipped documents lack.
 
-The corpus's own topics come from its documents (Python docs, the standard library, Shakespeare),
-so a drafter trained on them alone meets a question about cooking, a trip or the economy as text
-it has never seen the target answer (held-out corpus prompts draft 2.4 tokens per step where
-open-ended chat drafts 1.6). This module gives the ``general`` kind of the prompt mix
-(``specdec.training.selfinstruct``): a topic from ``TOPICS`` (our own list of subject areas, never
+The corpus's own topics come from its documents (Python docs, the standard library, Shakespeare);
+MT-Bench-like chat asks about cooking, a trip or the economy. This module gives the ``general``
+kind of the prompt mix (``specdec.training.selfinstruct``): a topic from ``TOPICS`` (our own list of subject areas, never
 the benchmark prompts) or a city from the IANA time-zone names that ship with Python
 (``zoneinfo``), asked about through a request template (``TEMPLATES``) or, through
 ``selfinstruct``, by the target itself. A topic's split is a hash of its name, like a document's,
-so held-out prompts ask about topics that no training prompt names.
+so held-out prompts ask about topics that no training prompt names. (Whether topics explain the
+gap between held-out and MT-Bench tokens per step was measured: they do not; docs/training.md,
+"Everyday topics".)
 """
 
 from __future__ import annotations
