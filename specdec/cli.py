@@ -319,8 +319,6 @@ def cmd_plugins(args) -> int:
 
 def _parse_mix(text: str | None):
     """``--prompt-mix``: None (the default mix), or (kind, share) pairs."""
-    from specdec.errors import InvalidInputError
-
     if text is None:
         return None
     if text.strip() == "corpus":
@@ -333,11 +331,12 @@ def _parse_mix(text: str | None):
         except ValueError:
             raise InvalidInputError(f"--prompt-mix takes kind=share pairs, e.g. corpus=0.3,general=0.5,plain=0.2; "
                                     f"got {text!r}") from None
-    from specdec.training.selfinstruct import MIX_KINDS
+    from specdec.training.selfinstruct import check_mix
 
-    kinds = set(MIX_KINDS)
-    if {k for k, _ in pairs} - kinds or any(v < 0 for _, v in pairs) or sum(v for _, v in pairs) <= 0:
-        raise InvalidInputError(f"--prompt-mix kinds are {sorted(kinds)} with non-negative shares; got {text!r}")
+    try:
+        check_mix(pairs)
+    except InvalidInputError as exc:
+        raise InvalidInputError(f"--prompt-mix {text!r}: {exc}") from None
     return tuple(pairs)
 
 

@@ -31,7 +31,7 @@ import numpy as np
 
 from specdec.training.corpus import SPLITS, Corpus
 
-__all__ = ["DEFAULT_MIX", "KINDS", "MIX_KINDS", "MixedPrompts", "clean_request", "meta_request"]
+__all__ = ["DEFAULT_MIX", "KINDS", "MIX_KINDS", "MixedPrompts", "check_mix", "clean_request", "meta_request"]
 
 MIX_VERSION = 3  # bump when the kinds, the meta prompt or the cleaning change: it keys the teacher cache
 MIX_KINDS = ("corpus", "self_instruct", "general", "plain")
@@ -57,6 +57,16 @@ _LABEL = re.compile(r"^\s*(?:\*\*)?(?:user request|request|user|question|prompt|
 _NOT_A_REQUEST = re.compile(
     r"^(?:i'?m (?:sorry|ready|here|happy)|i cannot|i can't|as an ai|sure\b|here is|here's|what a\b|"
     r"certainly|of course|hello|hi\b)", re.I)
+
+
+def check_mix(mix: Sequence) -> None:
+    """Refuse a prompt mix that is not (kind, share) pairs of ``MIX_KINDS`` with non-negative
+    shares summing to more than 0 (``InvalidInputError``, a ``ValueError``)."""
+    from specdec.errors import InvalidInputError
+
+    unknown = {kind for kind, _ in mix} - set(MIX_KINDS)
+    if unknown or not mix or any(share < 0 for _, share in mix) or sum(s for _, s in mix) <= 0:
+        raise InvalidInputError(f"mix must give non-negative shares of {', '.join(MIX_KINDS)}; got {mix!r}")
 
 
 def meta_request(kind: str, topic: str, phrasing: int = 0) -> list[dict]:
@@ -89,9 +99,7 @@ class MixedPrompts:
 
     def __init__(self, corpus: Corpus, target, *, seed: int = 0, mix: Sequence = DEFAULT_MIX,
                  batch_size: int = 64):
-        unknown = {kind for kind, _ in mix} - set(MIX_KINDS)
-        if unknown or not mix or any(share < 0 for _, share in mix) or sum(s for _, s in mix) <= 0:
-            raise ValueError(f"mix must give non-negative shares of {', '.join(MIX_KINDS)}; got {mix!r}")
+        check_mix(mix)
         self.corpus, self.target, self.seed, self.batch_size = corpus, target, int(seed), int(batch_size)
         self.mix = tuple((kind, float(share)) for kind, share in mix)
         self.stats = {**{kind: 0 for kind in MIX_KINDS}, "written_by_target": 0, "fallback": 0}

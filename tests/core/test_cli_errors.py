@@ -94,6 +94,15 @@ def test_unwritable_out(model_dir, tmp_path):
     assert str(blocker) in done.stderr.strip().splitlines()[-1]
 
 
+@pytest.mark.parametrize("mix, fragment", [("poems=1", "poems"), ("general=-1,plain=1", "-1.0"),
+                                           ("general=x", "kind=share pairs")])
+def test_bad_prompt_mix(model_dir, tmp_path, mix, fragment):
+    done = run("train", "redrafter", "--model", str(model_dir), "--out", str(tmp_path / "out"), "--steps", "1",
+               "--prompt-mix", mix)
+    one_line_error(done, "--prompt-mix", fragment)
+    assert not (tmp_path / "out").exists(), "refused before any work"
+
+
 def test_debug_keeps_the_traceback(tmp_path):
     done = run("--debug", *gen(tmp_path / "missing"))
     assert done.returncode != 0 and "Traceback" in done.stderr and "does not exist" in done.stderr
