@@ -32,6 +32,8 @@ from specdec.training.evaluate import gather_window
 from specdec.training.loop import evaluate
 from specdec.training.run import build_teacher_data
 from specdec.training.teacher import load_teacher_target
+from specdec_redrafter.checkpoint import load_redrafter_checkpoint
+from specdec_redrafter.torch import RedrafterModule
 
 
 def continuations(data) -> list[np.ndarray]:
@@ -89,13 +91,14 @@ def replay(sequences, prompts, accept_at) -> float:
     return tokens / steps
 
 
-def pruned(task, data, thresholds=(0.0, 0.05, 0.1, 0.2, 0.3)) -> dict:
+def pruned(checkpoint, target, data, thresholds=(0.0, 0.05, 0.1, 0.2, 0.3)) -> dict:
     """Tokens and tree nodes per step (root counted) of W=2, L=4 beams cut below each threshold."""
-    task.accept(data, torch.arange(1))  # builds the inference module
-    window = gather_window(data, torch.arange(data.num_positions), task.depth, labels=False)
+    config, weights = load_redrafter_checkpoint(checkpoint)
+    module = RedrafterModule(config, weights, embed_tokens=target.embed_tokens.float(), lm_head=target.lm_head.float())
+    window = gather_window(data, torch.arange(data.num_positions), 3, labels=False)  # L - 1 = 3 drafted tokens
     with torch.no_grad():
-        beams, _, log_probs = task._inference.beam_search(window.hidden.float(), window.tokens[:, 0], width=2,
-                                                          length=4, keep_log_probs=True)
+        beams, _, log_probs = module.beam_search(window.hidden.float(), window.tokens[:, 0], width=2, length=4,
+                                                 keep_log_probs=True)
     drafted = beams[:, :, 1:]
     probs = torch.gather(log_probs, 3, drafted[..., None])[..., 0].exp()  # (P, W, 3) conditional
     match = (drafted == window.tokens[:, None, 1:4]) & window.valid[:, None, :3]
@@ -148,8 +151,7 @@ def main() -> None:
                 with torch.no_grad():
                     first = np.asarray(task.accept(data, torch.arange(data.num_positions))).reshape(-1)
     if args.prune:
-        report["pruned beams (first checkpoint)"] = pruned(default_registry().drafter_spec("redrafter").evaluation_task(
-            args.checkpoints[0], target, {"beam_width": 2, "beam_length": 4}), data)
+        report["pruned beams (first checkpoint)"] = pruned(args.checkpoints[0], target, data)
     if args.lookup and first is not None:
         sequences, starts = continuations(data), data.starts().tolist()
         encoded = [target.encode(list(p.messages)) for p in prompts]
