@@ -18,12 +18,13 @@ from typing import Any
 
 import mlx.core as mx
 
+from specdec.errors import InvalidInputError
 from specdec.types import SamplingConfig
 from specdec_mlx.backend import to_mx
 from specdec_mlx.tree import MlxDraftTree
 
 __all__ = [
-    "MlxDraftTree", "as_array", "categorical", "compute_dtype", "first_argmax", "head_product", "log_softmax",
+    "MlxDraftTree", "as_array", "categorical", "compute_dtype", "draft_weight", "first_argmax", "head_product", "log_softmax",
     "sample_from", "softmax", "stable_descending_order", "target_probs", "top_indices", "top_k_lowest_index", "top_k_mask",
 ]
 
@@ -57,6 +58,18 @@ def head_product(x: mx.array, weight: mx.array) -> mx.array:
     """``x @ weight.T``: x (..., K), weight (N, K) -> (..., N) (an LM head's logits). The torch
     backend's twin picks its formulation by measurement; MLX's matmul needs no choice."""
     return x @ weight.T
+
+
+def draft_weight(weight: mx.array, bias: mx.array | None = None, *, int8: bool | None = None):
+    """``x -> x @ weight.T + bias`` for a drafter's weight (N, K): (..., K) -> (..., N). The torch
+    twin may hold the weight in int8 (``int8=None`` measures, True asks for it); MLX computes in
+    the weight's dtype, so ``int8=True`` is refused here with InvalidInputError."""
+    if int8 not in (None, True, False):
+        raise InvalidInputError(f"int8 must be True, False or None (measured), got {int8!r}")
+    if int8:
+        raise InvalidInputError("int8 drafter weights are a torch CPU kernel; the mlx backend computes in the "
+                                "weights' dtype: use int8=None or False")
+    return (lambda x: x @ weight.T) if bias is None else (lambda x: x @ weight.T + bias)
 
 
 def top_indices(x: mx.array, count: int) -> mx.array:

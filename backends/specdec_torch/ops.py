@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from specdec_torch.int8 import draft_weight
 from specdec_torch.products import head_product
 from specdec_torch.sampling import (
     categorical,
@@ -34,7 +35,7 @@ from specdec_torch.sampling import (
 )
 
 __all__ = [
-    "as_array", "categorical", "compute_dtype", "first_argmax", "head_product", "log_softmax", "sample_from", "softmax",
+    "as_array", "categorical", "compute_dtype", "draft_weight", "first_argmax", "head_product", "log_softmax", "sample_from", "softmax",
     "stable_descending_order", "target_probs", "top_indices", "top_k_lowest_index", "top_k_mask",
 ]
 

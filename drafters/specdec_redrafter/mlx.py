@@ -116,12 +116,14 @@ class MlxRedrafterDrafter(BeamSettings):
     config, weights: as loaded by ``load_redrafter_checkpoint``; embed_tokens, lm_head (V, H):
     the target's MLX arrays (lm_head needed for ``head="tied"``); beam_width / beam_length
     override the config; sample: draw W independent chains with the loop's uniforms when the
-    sampling is not greedy (``sample_shape`` (W, L), ``sampled_proposals``).
+    sampling is not greedy (``sample_shape`` (W, L), ``sampled_proposals``); int8: as on torch,
+    but MLX computes in the weights' dtype, so only None and False are taken (``ops.draft_weight``).
     """
 
     def __init__(self, config: RedrafterConfig, weights: dict, *, embed_tokens: mx.array,
                  lm_head: mx.array | None = None, beam_width: int | None = None, beam_length: int | None = None,
-                 sample: bool = False):
+                 sample: bool = False, int8: bool | None = None):
+        ops.draft_weight(embed_tokens, int8=int8)  # refuses int8=True with the reason
         embed_tokens = ops.as_array(embed_tokens)
         lm_head = None if lm_head is None else ops.as_array(lm_head)
         check_target_arrays(config, embed_tokens, lm_head)

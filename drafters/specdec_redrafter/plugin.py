@@ -14,14 +14,15 @@ CLASSES = {
 
 
 def _factory(backend_name: str):
-    def redrafter(target, checkpoint=None, *, backend=None, beam_width=None, beam_length=None, sample=False):
+    def redrafter(target, checkpoint=None, *, backend=None, beam_width=None, beam_length=None, sample=False,
+                  int8=None):
         from specdec_redrafter.checkpoint import load_redrafter_checkpoint
 
         drafter_class = backend_class(backend_name, CLASSES, feature="the ReDrafter drafter")
         config, weights = load_trained("redrafter", "ReDrafter", "specdec_redrafter", load_redrafter_checkpoint,
                                        checkpoint, target)
         return drafter_class(config, weights, embed_tokens=target.embed_tokens, lm_head=target.lm_head,
-                             beam_width=beam_width, beam_length=beam_length, sample=sample)
+                             beam_width=beam_width, beam_length=beam_length, sample=sample, int8=int8)
 
     return redrafter
 

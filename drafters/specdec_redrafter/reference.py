@@ -23,6 +23,7 @@ import numpy as np
 
 from specdec.capabilities import DrafterCaps
 
+from specdec.reference.quantize import dequantize_rows, quantize_rows, quantized_weights
 from specdec.reference.sampling import sample_from, target_probs
 from specdec.shortlist import restrict_logits
 from specdec.types import Draft, DraftContext, SamplingConfig
@@ -39,6 +40,13 @@ __all__ = [
     "sample_chains",
     "silu",
 ]
+
+
+def PRODUCT_WEIGHTS(config: RedrafterConfig) -> list[str]:
+    """Names of the weights that multiply an input (everything but biases and the shortlist)."""
+    return (["input_proj.weight", "head_proj.weight", "rnn_w.weight", "rnn_u.weight",
+             f"lm_head.{config.num_draft_layers}.weight"]
+            + [f"lm_head.{i}.linear.weight" for i in range(config.num_draft_layers)])
 
 
 def silu(x: np.ndarray) -> np.ndarray:
@@ -284,6 +292,10 @@ class RedrafterDrafter(BeamSettings):
     (required for ``head="tied"``). beam_width / beam_length override the config's defaults.
     sample: draw W independent chains when the context's sampling is not greedy (for exact
     multi-draft rejection sampling); greedy contexts always use beam search.
+    int8: True computes with every product's weight rounded to int8 per row
+    (``specdec.reference.quantize``; the target's LM head too for ``head="tied"``), the twin of
+    the torch drafter's int8 weights; None and False keep the weights (the reference has no
+    faster kernel to measure).
     """
 
     def __init__(
@@ -296,6 +308,7 @@ class RedrafterDrafter(BeamSettings):
         beam_width: int | None = None,
         beam_length: int | None = None,
         sample: bool = False,
+        int8: bool | None = None,
     ):
         check_weights(config, weights)
         check_target_arrays(config, embed_tokens, lm_head)
@@ -304,6 +317,12 @@ class RedrafterDrafter(BeamSettings):
                         for name, array in weights.items()}
         self.embed_tokens = np.asarray(embed_tokens, dtype=np.float64)
         self.lm_head = None if lm_head is None else np.asarray(lm_head, dtype=np.float64)
+        if int8 not in (None, True, False):
+            raise ValueError(f"int8 must be True, False or None, got {int8!r}")
+        if int8:
+            self.weights = quantized_weights(self.weights, PRODUCT_WEIGHTS(config))
+            if self.lm_head is not None and config.head == "tied":
+                self.lm_head = dequantize_rows(*quantize_rows(self.lm_head))
         self.set_beams(config, beam_width, beam_length, sample)
 
     def propose(self, context: DraftContext) -> Draft:

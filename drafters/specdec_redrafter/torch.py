@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from specdec.types import Draft, DraftContext
 from specdec_redrafter.config import RedrafterConfig, check_weights
 from specdec_redrafter.reference import BeamSettings, check_target_arrays
-from specdec_torch.ops import compute_dtype, head_product, sample_from, target_probs, top_k_lowest_index, top_k_mask
+from specdec_torch.ops import compute_dtype, draft_weight, sample_from, target_probs, top_k_lowest_index, top_k_mask
 
 __all__ = ["RedrafterModule", "TorchRedrafterDrafter", "draft_log_probs"]
 
@@ -40,51 +40,48 @@ def draft_log_probs(logits: torch.Tensor, *, top_k: int | None = None) -> torch.
     return torch.log_softmax(z, dim=-1)
 
 
-def _linear(weights: dict, name: str, dtype, device, bias: bool) -> torch.nn.Linear:
-    """A frozen ``nn.Linear`` holding ``weights[name + ".weight"]`` (and ``.bias``), no random init."""
-    weight = torch.as_tensor(np.asarray(weights[f"{name}.weight"]), dtype=dtype, device=device)
-    layer = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=bias, device="meta")
-    layer.weight = torch.nn.Parameter(weight, requires_grad=False)
-    if bias:
-        layer.bias = torch.nn.Parameter(
-            torch.as_tensor(np.asarray(weights[f"{name}.bias"]), dtype=dtype, device=device), requires_grad=False)
-    return layer
+def _product(weights: dict, name: str, dtype, device, bias: bool, int8: bool | None):
+    """``x -> x @ W.T (+ b)`` for ``weights[name + ".weight"]`` (and ``.bias``), held in ``dtype``
+    or, where ``int8`` says so, rounded to int8 per row (``specdec_torch.ops.draft_weight``)."""
+    as_tensor = lambda key: torch.as_tensor(np.asarray(weights[key]), dtype=dtype, device=device)  # noqa: E731
+    return draft_weight(as_tensor(f"{name}.weight"), as_tensor(f"{name}.bias") if bias else None, int8=int8)
 
 
 class RedrafterModule(torch.nn.Module):
-    """The drafter's own weights as modules; the target's embedding and LM head are borrowed.
+    """The drafter's own weights as products; the target's embedding and LM head are borrowed.
 
     weights: name -> array as in ``specdec_redrafter.config`` (checked). embed_tokens (V, H):
     the target's input embedding; lm_head (V, H): its LM head (needed for ``head="tied"``).
+    int8: every product's weight (the head rows included) in int8 per row (True), in the
+    embedding's dtype (False, exact), or as measured fastest here (None):
+    ``specdec_torch.ops.draft_weight``, whose rounding is ``specdec.reference.quantize``'s.
     """
 
     def __init__(self, config: RedrafterConfig, weights: dict, *, embed_tokens: torch.Tensor,
-                 lm_head: torch.Tensor | None = None):
+                 lm_head: torch.Tensor | None = None, int8: bool | None = False):
         super().__init__()
         check_weights(config, weights)
         check_target_arrays(config, embed_tokens, lm_head)
         self.config = config
         self.embed_tokens, self.lm_head = embed_tokens, lm_head
         dtype, device = embed_tokens.dtype, embed_tokens.device
-        self.input_proj = (
-            _linear(weights, "input_proj", dtype, device, bias=True) if config.exit_dim != 2 * config.hidden_size else None
-        )
-        self.blocks = torch.nn.ModuleList(
-            _linear(weights, f"lm_head.{i}.linear", dtype, device, bias=True) for i in range(config.num_draft_layers)
-        )
+        product = lambda name, bias: _product(weights, name, dtype, device, bias, int8)  # noqa: E731
+        self.input_proj = product("input_proj", True) if config.exit_dim != 2 * config.hidden_size else None
+        self.blocks = [product(f"lm_head.{i}.linear", True) for i in range(config.num_draft_layers)]
         self.shortlist = None
         if config.shortlist_size is not None:
             self.shortlist = torch.as_tensor(np.asarray(weights["vocab_shortlist"]), dtype=torch.int64, device=device)
         if config.head == "full":
-            self.head = _linear(weights, f"lm_head.{config.num_draft_layers}", dtype, device, bias=False)
-            if self.shortlist is not None:  # keep only the shortlisted rows
-                self.head.weight = torch.nn.Parameter(self.head.weight[self.shortlist], requires_grad=False)
+            rows = torch.as_tensor(np.asarray(weights[f"lm_head.{config.num_draft_layers}.weight"]), dtype=dtype,
+                                   device=device)
         else:
-            self.head_proj = _linear(weights, "head_proj", dtype, device, bias=False)
-            self.head_rows = lm_head if self.shortlist is None else lm_head[self.shortlist]  # (S, H)
+            self.head_proj = product("head_proj", False)
+            rows = lm_head
+        # (S, E) or (S, H): only the shortlisted rows are multiplied
+        self.head = draft_weight(rows if self.shortlist is None else rows[self.shortlist], int8=int8)
         if config.rnn:
-            self.rnn_w = _linear(weights, "rnn_w", dtype, device, bias=False)
-            self.rnn_u = _linear(weights, "rnn_u", dtype, device, bias=True)
+            self.rnn_w = product("rnn_w", False)
+            self.rnn_u = product("rnn_u", True)
 
     def rnn_step(self, state: torch.Tensor, tokens: torch.Tensor, *, first: bool) -> torch.Tensor:
         """s_{t-1} (..., H), tokens (...) -> s_t (..., H); ``first`` marks t = 1 (state ignored)."""
@@ -108,9 +105,9 @@ class RedrafterModule(torch.nn.Module):
             x = self.input_proj(x)  # (B, w, E)
         for block in self.blocks:
             x = x + F.silu(block(x))
-        if self.config.head == "full":
-            return head_product(x, self.head.weight)
-        return head_product(self.head_proj(x), self.head_rows)  # (B, w, H) -> (B, w, S)
+        if self.config.head == "tied":
+            x = self.head_proj(x)  # (B, w, H)
+        return self.head(x)  # (B, w, S)
 
     def to_vocab(self, local: torch.Tensor) -> torch.Tensor:
         """Token ids of drafted-vocabulary ids (the identity without a shortlist)."""
@@ -180,13 +177,16 @@ class RedrafterModule(torch.nn.Module):
 class TorchRedrafterDrafter(BeamSettings):
     """ReDrafter as a ``specdec.protocols.Drafter`` on torch (same options as the reference's
     ``RedrafterDrafter``): beam search by default; with ``sample=True`` and a sampling
-    configuration, W independent chains drawn with ``context.uniforms`` (shape ``sample_shape``)."""
+    configuration, W independent chains drawn with ``context.uniforms`` (shape ``sample_shape``).
+    int8: the drafter's weights in int8 where measured faster (None, the default), always (True)
+    or never (False); see ``RedrafterModule``. Drafts change slightly, the output does not (the
+    target verifies every drafted token)."""
 
     def __init__(self, config: RedrafterConfig, weights: dict, *, embed_tokens: torch.Tensor,
                  lm_head: torch.Tensor | None = None, beam_width: int | None = None,
-                 beam_length: int | None = None, sample: bool = False):
+                 beam_length: int | None = None, sample: bool = False, int8: bool | None = None):
         self.config = config
-        self.module = RedrafterModule(config, weights, embed_tokens=embed_tokens, lm_head=lm_head).eval()
+        self.module = RedrafterModule(config, weights, embed_tokens=embed_tokens, lm_head=lm_head, int8=int8).eval()
         self.set_beams(config, beam_width, beam_length, sample)
 
     @torch.inference_mode()

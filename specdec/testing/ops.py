@@ -20,7 +20,7 @@ from specdec.types import SamplingConfig
 __all__ = ["OPS", "check_ops"]
 
 OPS = (
-    "as_array", "categorical", "compute_dtype", "first_argmax", "head_product", "log_softmax", "sample_from", "softmax",
+    "as_array", "categorical", "compute_dtype", "draft_weight", "first_argmax", "head_product", "log_softmax", "sample_from", "softmax",
     "stable_descending_order", "target_probs", "top_indices", "top_k_lowest_index", "top_k_mask",
 )
 SAMPLINGS = (
@@ -94,3 +94,7 @@ def check_ops(ops: ModuleType, backend_name: str, *, seed: int = 0, rows: int = 
         inputs = rng.integers(-3, 3, size=(count, 2, rows)).astype(np.float32)
         same(f"head_product({count} x 2 rows)", ops.head_product(ops.as_array(inputs), ops.as_array(weight)),
              (inputs @ weight.T).astype(np.float32))
+        bias = rng.integers(-3, 3, size=vocab * 4).astype(np.float32)
+        product = ops.draft_weight(ops.as_array(weight), ops.as_array(bias), int8=False)
+        same(f"draft_weight(int8=False)({count} x 2 rows)", product(ops.as_array(inputs)),
+             (inputs @ weight.T + bias).astype(np.float32))

@@ -28,11 +28,16 @@ VOCAB, HIDDEN = 24, 8
 
 
 def _redrafter_pair(config: RedrafterConfig, seed: int, dtype: str, **options):
-    """The reference drafter and its torch twin over one random target embedding and LM head."""
+    """The reference drafter and its torch twin over one random target embedding and LM head
+    (with ``int8``: values exact in float32, so that both round the same numbers to int8)."""
     rng = np.random.default_rng(seed)
     embed = rng.normal(0, 1, size=(VOCAB, HIDDEN))
     lm_head = rng.normal(0, 1, size=(VOCAB, HIDDEN))
     weights = random_redrafter_weights(config, rng, embed_rms=1.0, lm_head_rms=1.0)
+    if options.get("int8"):
+        representable = lambda a: a.astype(np.float32).astype(np.float64)  # noqa: E731
+        embed, lm_head = representable(embed), representable(lm_head)
+        weights = {k: v if k == "vocab_shortlist" else representable(np.asarray(v)) for k, v in weights.items()}
     reference = RedrafterDrafter(config, weights, embed_tokens=embed, lm_head=lm_head, **options)
     as_tensor = lambda a: torch.as_tensor(a, dtype=DTYPES[dtype], device=DEVICE)
     twin = TorchRedrafterDrafter(config, weights, embed_tokens=as_tensor(embed), lm_head=as_tensor(lm_head), **options)
@@ -79,9 +84,14 @@ redrafter_configs = st.builds(
 
 @settings(max_examples=40)
 @given(config=redrafter_configs, seed=st.integers(0, 2**16), width=st.integers(1, 5), length=st.integers(2, 5),
-       dtype=st.sampled_from(["float64", "float32"]))
+       dtype=st.sampled_from(["float64", "float32", "float32 int8"]))
 def test_redrafter_beam_search_matches_reference(config, seed, width, length, dtype):
-    reference, twin = _redrafter_pair(config, seed, dtype, beam_width=width, beam_length=length)
+    """float32 int8: both drafters with every product's weight rounded to int8 (the torch one by its kernel)."""
+    if dtype.endswith("int8") and not hasattr(torch.ops.aten, "_weight_int8pack_mm"):
+        pytest.skip("this torch has no int8 weight-only kernel")
+    int8 = dict(int8=True) if dtype.endswith("int8") else {}
+    dtype = dtype.split()[0]
+    reference, twin = _redrafter_pair(config, seed, dtype, beam_width=width, beam_length=length, **int8)
     rng = np.random.default_rng(seed + 1)
     hidden, roots = rng.normal(0, 1, size=(3, HIDDEN)), rng.integers(0, VOCAB, size=3)
     assume(_selection_gap(reference, hidden, roots) > (1e-9 if dtype == "float64" else 1e-3))
@@ -89,7 +99,7 @@ def test_redrafter_beam_search_matches_reference(config, seed, width, length, dt
     expected = reference.propose(DraftContext(root_tokens=roots, hidden=hidden, **context))
     got = twin.propose(DraftContext(root_tokens=torch.as_tensor(roots, device=DEVICE),
                                     hidden=torch.as_tensor(hidden, device=DEVICE), **context))
-    where = f"torch beam search ({dtype}, W={width}, L={length}, {config})"
+    where = f"torch beam search ({dtype}{' int8' if int8 else ''}, W={width}, L={length}, {config})"
     assert np.array_equal(got.beams.cpu().numpy(), expected.beams), f"{where}: beams differ"
     tolerance = dict(rtol=1e-9, atol=1e-12) if dtype == "float64" else dict(rtol=1e-4, atol=1e-6)
     assert np.allclose(got.draft_probs.cpu().numpy(), expected.draft_probs, **tolerance), f"{where}: draft_probs"
