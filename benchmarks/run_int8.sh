@@ -35,3 +35,6 @@ run int8_final_mtbench --prompts mt-bench --per-category 2 --backends torch --re
     --methods plain redrafter redrafter:lookup=false hf:dtype=own
 run int8_final_humaneval --prompts humaneval --per-category 16 --backends torch --repeats 1 --max-new-tokens 128 \
     --methods plain redrafter redrafter:lookup=false hf:dtype=own
+# 6. float32 exactness with the new default beams, both backends (speeds not to be quoted: both in one process).
+run int8_final_f32_identity --prompts mt-bench --per-category 1 --backends torch:float32 mlx --repeats 1 \
+    --max-new-tokens 128 --methods plain redrafter redrafter:lookup=false
