@@ -38,3 +38,5 @@ run int8_final_humaneval --prompts humaneval --per-category 16 --backends torch 
 # 6. float32 exactness with the new default beams, both backends (speeds not to be quoted: both in one process).
 run int8_final_f32_identity --prompts mt-bench --per-category 1 --backends torch:float32 mlx --repeats 1 \
     --max-new-tokens 128 --methods plain redrafter redrafter:lookup=false
+# 7. What torch.compile would buy instead (beam search; the target's layer math).
+OMP_NUM_THREADS=2 .venv/bin/python benchmarks/compile_costs.py
