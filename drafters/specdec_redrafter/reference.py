@@ -42,7 +42,7 @@ __all__ = [
 ]
 
 
-def PRODUCT_WEIGHTS(config: RedrafterConfig) -> list[str]:
+def product_weights(config: RedrafterConfig) -> list[str]:
     """Names of the weights that multiply an input (everything but biases and the shortlist)."""
     return (["input_proj.weight", "head_proj.weight", "rnn_w.weight", "rnn_u.weight",
              f"lm_head.{config.num_draft_layers}.weight"]
@@ -320,7 +320,7 @@ class RedrafterDrafter(BeamSettings):
         if int8 not in (None, True, False):
             raise ValueError(f"int8 must be True, False or None, got {int8!r}")
         if int8:
-            self.weights = quantized_weights(self.weights, PRODUCT_WEIGHTS(config))
+            self.weights = quantized_weights(self.weights, product_weights(config))
             if self.lm_head is not None and config.head == "tied":
                 self.lm_head = dequantize_rows(*quantize_rows(self.lm_head))
         self.set_beams(config, beam_width, beam_length, sample)
