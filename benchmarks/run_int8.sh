@@ -40,3 +40,6 @@ run int8_final_f32_identity --prompts mt-bench --per-category 1 --backends torch
     --max-new-tokens 128 --methods plain redrafter redrafter:lookup=false
 # 7. What torch.compile would buy instead (beam search; the target's layer math).
 OMP_NUM_THREADS=2 .venv/bin/python benchmarks/compile_costs.py
+# 8. The tier (Qwen2.5-Coder-1.5B, HumanEval first 16): the default path with and without int8 drafter weights.
+"$SPECDEC" bench --model qwen2.5-coder-1.5b --prompts humaneval --per-category 16 --backends torch --repeats 1 \
+    --max-new-tokens 128 --out "$OUT/int8_tier" --methods plain redrafter redrafter:int8=false
