@@ -19,6 +19,7 @@ from typing import Any
 import mlx.core as mx
 
 from specdec.errors import InvalidInputError
+from specdec.reference.quantize import check_int8_option
 from specdec.types import SamplingConfig
 from specdec_mlx.backend import to_mx
 from specdec_mlx.tree import MlxDraftTree
@@ -64,8 +65,7 @@ def draft_weight(weight: mx.array, bias: mx.array | None = None, *, int8: bool |
     """``x -> x @ weight.T + bias`` for a drafter's weight (N, K): (..., K) -> (..., N). The torch
     twin may hold the weight in int8 (``int8=None`` measures, True asks for it); MLX computes in
     the weight's dtype, so ``int8=True`` is refused here with InvalidInputError."""
-    if int8 not in (None, True, False):
-        raise InvalidInputError(f"int8 must be True, False or None (measured), got {int8!r}")
+    check_int8_option(int8)
     if int8:
         raise InvalidInputError("int8 drafter weights are a torch CPU kernel; the mlx backend computes in the "
                                 "weights' dtype: use int8=None or False")

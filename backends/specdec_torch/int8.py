@@ -25,10 +25,11 @@ from __future__ import annotations
 
 from typing import Callable
 
+import numpy as np
 import torch
 
 from specdec.errors import InvalidInputError
-from specdec.reference.quantize import quantize_rows
+from specdec.reference.quantize import check_int8_option, dequantize_rows, quantize_rows
 from specdec_torch.products import head_product
 from specdec_torch.timing import second_is_faster
 
@@ -61,8 +62,7 @@ def draft_weight(weight: torch.Tensor, bias: torch.Tensor | None = None, *,
     weights, per shape, dtype and one row or several, on the first product (see the module
     docstring), and keeps float32 and float64 weights as they are.
     """
-    if int8 not in (None, True, False):
-        raise InvalidInputError(f"int8 must be True, False or None (measured), got {int8!r}")
+    check_int8_option(int8)
     if int8 and not int8_supported(weight):
         raise InvalidInputError(
             f"int8 drafter weights need torch's int8 CPU kernel, which runs here for float32 weights, or bfloat16 "
@@ -107,10 +107,11 @@ class _Int8(_Native):
 
     def _correct(self, rows: torch.Tensor) -> bool:
         """The kernel's product against the dequantized weights' in float64, within its dtype's rounding."""
-        expected = rows.double() @ (self.q.double() * self.scale.double()[:, None]).T
-        got = self._product(rows).double()
-        bound = 0.05 * float(expected.abs().max()) + 1e-6
-        return bool(torch.isfinite(got).all()) and float((got - expected).abs().max()) <= bound
+        weights = dequantize_rows(self.q.cpu().numpy(), self.scale.double().cpu().numpy())  # the scales it multiplies by
+        expected = rows.double().cpu().numpy() @ weights.T
+        got = self._product(rows).double().cpu().numpy()
+        bound = 0.05 * float(np.abs(expected).max()) + 1e-6
+        return bool(np.isfinite(got).all()) and float(np.abs(got - expected).max()) <= bound
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, x.shape[-1])

@@ -23,7 +23,7 @@ import numpy as np
 
 from specdec.capabilities import DrafterCaps
 
-from specdec.reference.quantize import dequantize_rows, quantize_rows, quantized_weights
+from specdec.reference.quantize import check_int8_option, dequantize_rows, quantize_rows, quantized_weights
 from specdec.reference.sampling import sample_from, target_probs
 from specdec.shortlist import restrict_logits
 from specdec.types import Draft, DraftContext, SamplingConfig
@@ -317,8 +317,7 @@ class RedrafterDrafter(BeamSettings):
                         for name, array in weights.items()}
         self.embed_tokens = np.asarray(embed_tokens, dtype=np.float64)
         self.lm_head = None if lm_head is None else np.asarray(lm_head, dtype=np.float64)
-        if int8 not in (None, True, False):
-            raise ValueError(f"int8 must be True, False or None, got {int8!r}")
+        check_int8_option(int8)
         if int8:
             self.weights = quantized_weights(self.weights, product_weights(config))
             if self.lm_head is not None and config.head == "tied":

@@ -18,9 +18,17 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["LEVELS", "dequantize_rows", "quantize_rows", "quantized_weights"]
+from specdec.errors import InvalidInputError
+
+__all__ = ["LEVELS", "check_int8_option", "dequantize_rows", "quantize_rows", "quantized_weights"]
 
 LEVELS = 127  # symmetric: -127 .. 127 (-128 unused, so negating a row keeps it representable)
+
+
+def check_int8_option(int8) -> None:
+    """Raise InvalidInputError unless ``int8`` is True, False or None (a drafter's int8 option)."""
+    if int8 not in (None, True, False):
+        raise InvalidInputError(f"int8 must be True, False or None (measured), got {int8!r}")
 
 
 def quantize_rows(weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

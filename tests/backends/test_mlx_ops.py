@@ -47,3 +47,15 @@ def test_as_array_narrows_numpy_dtypes_and_passes_mlx_arrays_through():
     assert ops.as_array(np.arange(3)).dtype == mx.int32
     assert ops.as_array(np.full((2, 3), 0.5)).dtype == mx.float32
     assert ops.as_array(np.arange(3), dtype=mx.float16).dtype == mx.float16
+
+
+def test_draft_weight_keeps_the_dtype_and_refuses_int8():
+    from specdec.errors import InvalidInputError
+
+    weight, bias = mx.array([[1.0, 2.0], [3.0, -1.0]]), mx.array([0.5, 0.0])
+    for int8 in (None, False):
+        assert ops.draft_weight(weight, bias, int8=int8)(mx.array([[1.0, 1.0]])).tolist() == [[3.5, 2.0]]
+    with pytest.raises(InvalidInputError, match="int8=None or False"):
+        ops.draft_weight(weight, int8=True)
+    with pytest.raises(InvalidInputError, match="True, False or None"):
+        ops.draft_weight(weight, int8=1.5)
