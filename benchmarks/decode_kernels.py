@@ -1,5 +1,5 @@
 """What two kernel choices of the torch backend buy end to end: grouped-query attention in the
-form measured fastest (``specdec_torch.layers.attend``: grouped or folded), and the greedy argmax
+form measured fastest (``specdec_torch.layers.attend``: grouped, folded or two matrix products), and the greedy argmax
 of half-precision logits compared in float32 (``specdec_torch.sampling.first_argmax``).
 
 For each dtype: plain decoding and the default path (ReDrafter with its lookup beam) with both
@@ -32,7 +32,7 @@ def kernel_times(config, dtype: torch.dtype, span: int = 400) -> dict[str, float
         q = torch.randn(1, heads, n, dim, dtype=dtype)
         k, v = torch.randn(1, kv_heads, span, dim, dtype=dtype), torch.randn(1, kv_heads, span, dim, dtype=dtype)
         mask = torch.ones(1, 1, n, span, dtype=torch.bool)
-        for name, form in (("grouped", layers._grouped), ("folded", layers._folded)):
+        for name, form in layers._FORMS.items():
             out[f"attention {n} x {span} keys, {name}"] = micro_us(lambda: form(q, k, v, mask, dim ** -0.5))
         logits = torch.randn(n, config.vocab_size).to(dtype)
         out[f"argmax {n} x {config.vocab_size}, own dtype"] = micro_us(lambda: torch.argmax(logits, dim=-1))
@@ -45,23 +45,23 @@ def main() -> None:
     direct_argmax = lambda x: torch.argmax(x, dim=-1)  # noqa: E731  the greedy argmax before
     for dtype in args.dtypes:
         target = specdec.load(args.model, backend="torch", dtype=dtype)
-        layers._FOLDED.clear()
+        layers._CHOSEN.clear()
         for drafter in ("none", "redrafter"):  # one-off costs: the measured choices (one query, a tree), first kernels
             decode_rate(target, prompts[:1], drafter, 8)
-        measured = dict(layers._FOLDED)
-        before = ("before", {key: False for key in measured}, direct_argmax)
+        measured = dict(layers._CHOSEN)
+        before = ("before", {key: "grouped" for key in measured}, direct_argmax)
         now = ("now", measured, sampling.first_argmax)
         rates: dict[str, list[float]] = {}
         for round_ in range(args.rounds):
-            for label, folded, greedy in (before, now)[:: 1 if round_ % 2 == 0 else -1]:
-                layers._FOLDED.clear()
-                layers._FOLDED.update(folded)
+            for label, chosen, greedy in (before, now)[:: 1 if round_ % 2 == 0 else -1]:
+                layers._CHOSEN.clear()
+                layers._CHOSEN.update(chosen)
                 verify.greedy_tokens = greedy
                 for drafter in ("none", "redrafter"):
                     rates.setdefault(f"{drafter} {label}", []).append(
                         decode_rate(target, prompts, drafter, args.max_new_tokens))
-        layers._FOLDED.clear()
-        layers._FOLDED.update(measured)
+        layers._CHOSEN.clear()
+        layers._CHOSEN.update(measured)
         verify.greedy_tokens = sampling.first_argmax
         entry = {"attention": layers.attention_choices(),
                  "tokens_per_second": {k: round(float(np.median(v)), 2) for k, v in rates.items()},

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from specdec_torch.timing import second_is_faster
+from specdec_torch.timing import fastest
 
 __all__ = ["apply_rotary", "attend", "attention_choices", "mlp", "rms_norm", "rotary_cos_sin", "rotary_dtype"]
 
@@ -63,8 +63,9 @@ def inverse_frequencies(config, device: torch.device) -> torch.Tensor:
 
 
 MEASURED_QUERIES = 32  # attention of up to this many new tokens (one, or a draft tree) is measured
-# (dtype, query heads, key/value heads, head size, several queries) -> True when the folded form was faster.
-_FOLDED: dict[tuple, bool] = {}
+# (dtype, query heads, key/value heads, head size, several queries, rows class) -> the form measured fastest;
+# the rows class is the batch's bit length: 1 row, 2-3, 4-7, ..., 64-127, ...
+_CHOSEN: dict[tuple, str] = {}
 
 
 def _grouped(query, keys, values, mask, scale):
@@ -84,35 +85,61 @@ def _folded(query, keys, values, mask, scale):
     return out.reshape(batch, heads, n, dim)
 
 
+def _matmul(query, keys, values, mask, scale):
+    """The folded attention written as two batched matrix products around a softmax (float32
+    for half-precision inputs): no fused kernel, which for many rows of a few queries each (a
+    batch of requests decoding) was faster than ``scaled_dot_product_attention`` on the CPU."""
+    batch, heads, n, dim = query.shape
+    kv_heads, span = keys.shape[1], keys.shape[2]
+    group = heads // kv_heads
+    scores = torch.matmul(query.reshape(batch, kv_heads, group * n, dim), keys.transpose(-1, -2))
+    scores = scores.to(torch.float32) if scores.dtype in _LOW_PRECISION else scores
+    scores = (scores * scale).view(batch, kv_heads, group, n, span).masked_fill(~mask[:, :, None], float("-inf"))
+    probs = torch.softmax(scores, dim=-1).to(query.dtype).view(batch, kv_heads, group * n, span)
+    return torch.matmul(probs, values).view(batch, heads, n, dim)
+
+
+_FORMS = {"grouped": _grouped, "folded": _folded, "matmul": _matmul}
+
+
 def attend(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Grouped-query attention. query (B, Hq, n, Dh); keys, values (B, Hkv, S, Dh); mask (B, 1, n, S)
     bool (True = may attend; every query row has at least one True). Returns (B, n, Hq * Dh).
 
-    On the CPU, with fewer key/value heads than query heads and at most ``MEASURED_QUERIES`` new
-    tokens, the first call per dtype, head layout and query class (one token / several) times
-    ``scaled_dot_product_attention`` with ``enable_gqa`` against the folded form (``_folded``)
-    and keeps the faster for the process (``specdec_torch.timing``). On the project's CPU one
-    bfloat16 query over 400 keys took 197 us grouped and 39 us folded (SmolLM2-135M: 9 query, 3
-    key/value heads), while float32 was faster grouped (25 against 36 us).
+    On the CPU, with at most ``MEASURED_QUERIES`` new tokens, the first call per dtype, head
+    layout, query class (one token / several) and rows class (1, 2-3, 4-7, ... rows) times three
+    exact forms and keeps the fastest for the process (``specdec_torch.timing.fastest``):
+    ``scaled_dot_product_attention`` with ``enable_gqa`` (the default), the query heads of each
+    key/value head folded into rows of one head (``_folded``, when there are fewer key/value
+    heads than query heads), and the folded form as two matrix products (``_matmul``). On the
+    project's CPU (SmolLM2-135M: 9 query, 3 key/value heads) one bfloat16 query over 400 keys
+    took 198 us grouped and 44 us folded; 64 rows of one bfloat16 query over 200 keys 4,603 us
+    grouped, 753 folded and 336 as matrix products; float32 stayed grouped for one row.
     """
     batch, heads, n, dim = query.shape
     scale = 1.0 / math.sqrt(dim)
-    form = _grouped
-    if heads != keys.shape[1] and query.device.type == "cpu" and n <= MEASURED_QUERIES:
-        key = (query.dtype, heads, keys.shape[1], dim, n > 1)
-        folded = _FOLDED.get(key)
-        if folded is None:
-            folded = _FOLDED[key] = second_is_faster(lambda: _grouped(query, keys, values, mask, scale),
-                                                     lambda: _folded(query, keys, values, mask, scale))
-        form = _folded if folded else _grouped
-    out = form(query, keys, values, mask, scale)  # (B, Hq, n, Dh)
+    form = "grouped"
+    if query.device.type == "cpu" and n <= MEASURED_QUERIES:
+        key = (query.dtype, heads, keys.shape[1], dim, n > 1, batch.bit_length())
+        form = _CHOSEN.get(key)
+        if form is None:
+            names = [name for name in _FORMS if name != "folded" or heads != keys.shape[1]]
+            form = _CHOSEN[key] = fastest({name: (lambda f=_FORMS[name]: f(query, keys, values, mask, scale))
+                                           for name in names})
+    out = _FORMS[form](query, keys, values, mask, scale)  # (B, Hq, n, Dh)
     return out.transpose(1, 2).reshape(batch, n, heads * dim)
 
 
 def attention_choices() -> dict[str, str]:
-    """What was measured so far, for reports: "dtype Hq/Hkv x Dh, one query|several" -> "grouped" | "folded"."""
-    return {f"{str(k[0]).removeprefix('torch.')} {k[1]}/{k[2]} x {k[3]}, {'several' if k[4] else 'one query'}":
-            "folded" if v else "grouped" for k, v in _FOLDED.items()}
+    """What was measured so far, for reports: "dtype Hq/Hkv x Dh, one query|several, rows R-R'" ->
+    "grouped" | "folded" | "matmul"."""
+    return {f"{str(k[0]).removeprefix('torch.')} {k[1]}/{k[2]} x {k[3]}, {'several' if k[4] else 'one query'}, "
+            f"{_rows_class(k[5])}": v for k, v in _CHOSEN.items()}
+
+
+def _rows_class(bits: int) -> str:
+    low, high = 1 << (bits - 1), (1 << bits) - 1
+    return "1 row" if bits == 1 else f"rows {low}-{high}"
 
 
 def mlp(x: torch.Tensor, gate: torch.nn.Linear, up: torch.nn.Linear, down: torch.nn.Linear) -> torch.Tensor:

@@ -32,6 +32,10 @@ from specdec_torch.products import head_product
 __all__ = ["PREFILL_CHUNK", "TorchTarget", "pack_layer", "tree_attention_mask"]
 
 PREFILL_CHUNK = 512  # prompt tokens per forward during prefill (bounds the attention matrix)
+# Tree rows of ascending slots read their keys and values as one view of the slots between the
+# first and the last when those are at most this many times as many as the rows (in-flight
+# batching frees slots in any order); sparser rows gather a copy of their own slots' cache.
+SPAN_SPARSITY = 2
 
 
 def tree_attention_mask(lengths: torch.Tensor, ancestor_mask: torch.Tensor, size: int) -> torch.Tensor:
@@ -188,6 +192,9 @@ class TorchTarget:
         rows = segment.rows
         self.cache.write(index, rows.slots, rows.positions, k, v, rows.block)
         keys, values = self.cache.view(index, rows.slots, segment.key_size, rows.span)
+        if rows.within is not None:  # the span's other slots attend with zero queries; their rows are dropped
+            q = q.new_zeros((keys.shape[0],) + tuple(q.shape[1:])).index_copy_(0, rows.within, q)
+            return attend(q, keys, values, segment.mask)[rows.within].reshape(batch * n, -1)
         return attend(q, keys, values, segment.mask).reshape(batch * n, -1)
 
     def _forward(self, tokens: torch.Tensor, segments: list["_Segment"], layers: set[int]
@@ -215,7 +222,7 @@ class TorchTarget:
         keys = torch.arange(start + place.width, device=self.device)[None]  # (1, S)
         mask = self._sliding(keys[:, None, :] <= positions[:, :, None], positions, keys)  # (1, c, S)
         slots = torch.tensor([slot], device=self.device)
-        rows = _Rows(slots=slots, positions=positions, block=(slot, slot + 1, start), span=(slot, slot + 1))
+        rows = _Rows(slots=slots, positions=positions, block=(slot, slot + 1, start), span=(slot, slot + 1), within=None)
         return self._segment(place, positions, rows, mask)
 
     def _tree_segment(self, place: "packing.Segment", tree: DraftTree, slots: np.ndarray) -> "_Segment":
@@ -224,7 +231,10 @@ class TorchTarget:
         longest, nodes = int(host_lengths.max()), tree.size
         lengths = torch.from_numpy(host_lengths).to(self.device)
         consecutive = bool(np.all(np.diff(slots) == 1))
-        span = (int(slots[0]), int(slots[-1]) + 1) if consecutive else None
+        width = int(slots[-1]) - int(slots[0]) + 1
+        ascending_and_dense = bool(np.all(np.diff(slots) > 0)) and width <= SPAN_SPARSITY * len(slots)
+        span = (int(slots[0]), int(slots[-1]) + 1) if consecutive or ascending_and_dense else None
+        within = None if consecutive or span is None else torch.from_numpy(slots - slots[0]).to(self.device)
         block = span + (longest,) if consecutive and int(host_lengths.min()) == longest else None
         stored = lengths[:, None] + torch.arange(nodes, device=self.device)  # (B, N) where the nodes are stored
         depth = tree.depth.to(self.device)
@@ -232,7 +242,11 @@ class TorchTarget:
         if self.config.sliding_window is not None:
             key_positions = _tree_key_positions(lengths, depth, longest + nodes)
             mask = self._sliding(mask, lengths[:, None] + depth, key_positions)
-        rows = _Rows(slots=torch.from_numpy(slots).to(self.device), positions=stored, block=block, span=span)
+        if within is not None:  # every slot of the span gets a mask row; those not in the tree see all keys
+            mask = torch.ones((width,) + tuple(mask.shape[1:]), dtype=torch.bool, device=self.device).index_copy_(
+                0, within, mask)
+        rows = _Rows(slots=torch.from_numpy(slots).to(self.device), positions=stored, block=block, span=span,
+                     within=within)
         return self._segment(place, lengths[:, None] + depth, rows, mask)
 
     def _sliding(self, mask: torch.Tensor, query_positions: torch.Tensor, key_positions: torch.Tensor) -> torch.Tensor:
@@ -355,9 +369,12 @@ class _Segment:
 class _Rows:
     """Where a forward's new tokens go in the cache: ``slots`` (B,), ``positions`` (B, n); ``block``
     (first slot, end slot, start) when they are consecutive slots all writing start .. start + n - 1,
-    ``span`` (first slot, end slot) when they are consecutive slots (their cache is read as a view)."""
+    ``span`` (first slot, end slot) when their cache is read as a view of the slots first .. end - 1:
+    they are those slots, or (``within`` (B,), each row's index in the span) ascending slots among
+    at most ``SPAN_SPARSITY`` times as many, read beside the others in place of a gathered copy."""
 
     slots: torch.Tensor
     positions: torch.Tensor
     block: tuple[int, int, int] | None
     span: tuple[int, int] | None
+    within: torch.Tensor | None

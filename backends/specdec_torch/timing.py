@@ -1,8 +1,8 @@
-"""Choosing between two exact formulations of one operation by timing them on the first call.
+"""Choosing between exact formulations of one operation by timing them on the first call.
 
-The CPU kernels that torch dispatches to differ by CPU, library, dtype and shape, so which of two
-equal formulations is faster is measured here, never assumed (``specdec_torch.products`` for
-LM-head products, ``specdec_torch.layers.attend`` for grouped-query attention).
+The CPU kernels that torch dispatches to differ by CPU, library, dtype and shape, so which of
+several equal formulations is fastest is measured here, never assumed (``specdec_torch.products``
+for LM-head products, ``specdec_torch.layers.attend`` for grouped-query attention).
 """
 
 from __future__ import annotations
@@ -13,22 +13,34 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-__all__ = ["second_is_faster"]
+__all__ = ["fastest", "second_is_faster"]
 
 ROUNDS = 5
 MARGIN = 0.9  # the second formulation must take under 90% of the first's time to be chosen
 
 
+def fastest(candidates: dict[str, Callable[[], Any]], *, rounds: int = ROUNDS, margin: float = MARGIN) -> str:
+    """The name of the fastest of ``candidates`` (name -> formulation; the first is the default):
+    each warmed up once, then timed in ``rounds`` interleaved rounds. Another than the first is
+    chosen only when its median is under ``margin`` times the first's, and it is the fastest such
+    one. CPU only (a GPU timing would need a sync)."""
+    names = list(candidates)
+    times: dict[str, list[float]] = {name: [] for name in names}
+    with torch.inference_mode():
+        for run in candidates.values():
+            run()
+        for round_ in range(rounds):
+            for name in names if round_ % 2 == 0 else names[::-1]:
+                start = time.perf_counter()
+                candidates[name]()
+                times[name].append(time.perf_counter() - start)
+    medians = {name: float(np.median(t)) for name, t in times.items()}
+    default = names[0]
+    best = min(names[1:], key=medians.__getitem__, default=default)
+    return best if medians[best] < margin * medians[default] else default
+
+
 def second_is_faster(first: Callable[[], Any], second: Callable[[], Any], *, rounds: int = ROUNDS,
                      margin: float = MARGIN) -> bool:
-    """Whether ``second()`` beats ``first()`` by the margin: both warmed up once, then timed in
-    ``rounds`` interleaved rounds, medians compared. CPU only (a GPU timing would need a sync)."""
-    times: dict[bool, list[float]] = {False: [], True: []}
-    with torch.inference_mode():
-        first(), second()
-        for _ in range(rounds):
-            for which, run in ((False, first), (True, second)):
-                start = time.perf_counter()
-                run()
-                times[which].append(time.perf_counter() - start)
-    return float(np.median(times[True])) < margin * float(np.median(times[False]))
+    """Whether ``second()`` beats ``first()`` by the margin (``fastest`` of the two)."""
+    return fastest({"first": first, "second": second}, rounds=rounds, margin=margin) == "second"

@@ -1,6 +1,7 @@
 """Distillation data: the target's own greedy continuations, with its hidden states and soft labels.
 
-For every prompt the target decodes greedily (batched, left padding, its own KV cache). At each
+For every prompt the target decodes greedily (requests batched in flight through the torch
+backend's ``TargetModel``, as ``specdec.Engine`` serves them). At each
 continuation position t (the last prompt position first) we keep what a drafter sees and what it
 must learn at decode time:
 
@@ -34,6 +35,9 @@ __all__ = ["TeacherData", "TeacherSettings", "TeacherTarget", "greedy_teacher", 
            "target_fingerprint", "teacher_dataset"]
 
 
+DECODER = "specdec-torch"  # teacher data are decoded by the torch backend's TargetModel (was transformers' forward)
+
+
 @attrs.frozen(kw_only=True)
 class TeacherSettings:
     """How teacher data are made. max_new_tokens: continuation length per prompt; top_k: soft
@@ -52,9 +56,11 @@ class TeacherSettings:
     shard_size: int = 64
 
     def key(self) -> dict:
-        """The settings that change the data (batch_size does not, beyond rounding)."""
+        """The settings that change the data (batch_size does not, beyond rounding), and the
+        decoder that computes them (``DECODER``: in half precision another implementation rounds
+        differently, so its continuations can part at near-ties)."""
         key = {"max_new_tokens": self.max_new_tokens, "top_k": self.top_k,
-               "max_prompt_tokens": self.max_prompt_tokens, "dtype": self.dtype}
+               "max_prompt_tokens": self.max_prompt_tokens, "dtype": self.dtype, "decoder": DECODER}
         if self.hidden_dtype != "bfloat16":
             key["hidden_dtype"] = self.hidden_dtype
         if self.prompt_from is not None:
@@ -200,6 +206,9 @@ def load_teacher_target(source, *, dtype: str = "bfloat16") -> TeacherTarget:
 # Greedy decoding with hidden states and soft labels
 
 
+PREFILL_BUDGET = 1024  # prompt tokens admitted per forward beside the rows decoding (at least one prompt)
+
+
 @torch.inference_mode()
 def greedy_teacher(model, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, top_k: int,
                    eos_token_ids: Sequence[int] = (), batch_size: int = 16, hidden_dtype=torch.bfloat16,
@@ -207,91 +216,127 @@ def greedy_teacher(model, prompts: Sequence[Sequence[int]], *, max_new_tokens: i
     """Decode every prompt greedily with ``model`` (a ``transformers`` Llama-family causal LM) and
     collect the teacher data of each continuation position (module docstring).
 
-    Prompts are decoded in batches of similar length, left padded. Argmax ties go to the lowest
-    token id. Hidden states are kept in ``hidden_dtype``. ``prompt_from``: also keep the prompt's
-    own positions from this index on (teacher forcing on the prompt text, free with the prefill:
-    there ``next_tokens`` is the prompt's next token); each sequence then runs through the prompt
-    into the continuation. ``progress(n)`` is called with the number of tokens each batch produced.
+    The torch backend's target runs the model (``TargetModel`` with ``batch_size`` request slots,
+    as ``specdec.Engine`` batches requests): every forward decodes one token for each row in
+    flight and prefills the prompts that take the slots rows left, so no row waits for the
+    longest of a batch and no padding is computed. Argmax ties go to the lowest token id. Hidden
+    states are kept in ``hidden_dtype``. ``prompt_from``: also keep the prompt's own positions
+    from this index on (teacher forcing on the prompt text, free with the prefill: there
+    ``next_tokens`` is the prompt's next token); each sequence then runs through the prompt into
+    the continuation. ``progress(n)`` is called with the number of tokens each forward produced.
     """
-    import inspect
-
-    from transformers import DynamicCache
-
     if not prompts:
         raise ValueError("greedy_teacher needs at least one prompt")
-
-    # transformers >= 5.2x names the cache argument "cache"; earlier versions "past_key_values".
-    cache_arg = "cache" if "cache" in inspect.signature(model.model.forward).parameters else "past_key_values"
-    order = sorted(range(len(prompts)), key=lambda i: (len(prompts[i]), i))
-    per_prompt: list[dict | None] = [None] * len(prompts)
-    eos = torch.tensor(sorted(set(int(t) for t in eos_token_ids)) or [-1])
-    for first in range(0, len(order), batch_size):
-        rows = order[first:first + batch_size]
-        width = max(len(prompts[i]) for i in rows)
-        ids = torch.zeros(len(rows), width, dtype=torch.long)
-        mask = torch.zeros(len(rows), width, dtype=torch.long)
-        for r, i in enumerate(rows):  # left padding
-            ids[r, width - len(prompts[i]):] = torch.tensor(list(prompts[i]), dtype=torch.long)
-            mask[r, width - len(prompts[i]):] = 1
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        cache = DynamicCache()
-        out = model.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True,
-                          **{cache_arg: cache})
-        hidden = out.last_hidden_state[:, -1]  # (b, H): the position that produces the first new token
-        if prompt_from is not None:
-            _keep_prompt_positions(model, out.last_hidden_state, [prompts[i] for i in rows], rows, per_prompt,
-                                   start=prompt_from, top_k=top_k, hidden_dtype=hidden_dtype)
-        done = torch.zeros(len(rows), dtype=torch.bool)
-        lengths = torch.zeros(len(rows), dtype=torch.long)
-        collected: list[tuple] = []
-        for step in range(max_new_tokens):
-            logits = model.lm_head(hidden).float()  # (b, V)
-            probs = torch.softmax(logits, dim=-1)
-            top_probs, top_ids = torch.topk(probs, top_k, dim=-1)  # (b, k)
-            nxt = torch.argmax(logits, dim=-1)  # first maximum: ties to the lowest id
-            collected.append((hidden.to(hidden_dtype), nxt, top_ids, top_probs.half(), ~done))
-            lengths += (~done).long()
-            done |= torch.isin(nxt, eos)
-            if bool(done.all()) or step == max_new_tokens - 1:
-                break
-            mask = torch.cat([mask, torch.ones(len(rows), 1, dtype=torch.long)], dim=1)
-            positions = positions[:, -1:] + 1
-            out = model.model(input_ids=nxt[:, None], attention_mask=mask, position_ids=positions, use_cache=True,
-                              **{cache_arg: cache})
-            hidden = out.last_hidden_state[:, 0]
-        stacked = [torch.stack(parts, dim=1) for parts in zip(*collected)]  # each (b, n, ...)
-        for r, i in enumerate(rows):
-            n = int(lengths[r])
-            new = {"hidden": stacked[0][r, :n], "next_tokens": stacked[1][r, :n],
-                   "label_ids": stacked[2][r, :n], "label_probs": stacked[3][r, :n]}
-            per_prompt[i] = new if per_prompt[i] is None else {
-                name: torch.cat([per_prompt[i][name], new[name]]) for name in new}
+    target = _decoding_target(model, slots=min(batch_size, len(prompts)),
+                              capacity=max(len(p) for p in prompts) + max_new_tokens)
+    eos = set(int(t) for t in eos_token_ids)
+    waiting = sorted(range(len(prompts)), key=lambda i: (len(prompts[i]), i))[::-1]  # pop() takes the shortest
+    free = list(range(target.num_slots))[::-1]
+    rows: dict[int, _Sequence] = {}  # slot -> the sequence decoding there
+    per_prompt: list[TeacherData | None] = [None] * len(prompts)
+    while waiting or rows:
+        context, admitted, budget = [], [], PREFILL_BUDGET
+        while waiting and free and (not context or len(prompts[waiting[-1]]) <= budget):
+            index, slot = waiting.pop(), free.pop()
+            context.append((slot, np.asarray(prompts[index], dtype=np.int64)))
+            admitted.append(index)
+            budget -= len(prompts[index])
+        decoding = np.array(sorted(rows), dtype=np.int64)
+        tree = _root_trees([rows[s].last for s in decoding]) if decoding.size else None
+        out = target.forward_tree(tree, decoding, context=context)
+        hidden = [out.hidden[:, 0]] if tree is not None else []
+        logits = [out.logits[:, 0]] if tree is not None else []
+        for (slot, _), index, prompt_out in zip(context, admitted, out.context):
+            rows[slot] = _Sequence(index)
+            if prompt_from is not None:
+                rows[slot].keep_prompt(model, prompt_out.hidden, prompts[index], start=prompt_from, top_k=top_k)
+            hidden.append(prompt_out.hidden[-1:])
+            logits.append(prompt_out.logits[None])
+        hidden, logits = torch.cat(hidden), torch.cat(logits).float()
+        top_probs, top_ids = torch.topk(torch.softmax(logits, dim=-1), top_k, dim=-1)
+        chosen = torch.argmax(logits, dim=-1)  # first maximum: ties to the lowest id
+        if tree is not None:
+            target.commit(tree, _root_verdict(chosen[:decoding.size]))
+        order = list(decoding) + [slot for slot, _ in context]
+        for slot, h, token, ids, probs in zip(order, hidden.to(hidden_dtype), chosen.tolist(), top_ids,
+                                              top_probs.half()):
+            sequence = rows[slot]
+            sequence.add(h, token, ids, probs)
+            if len(sequence.tokens) >= max_new_tokens or token in eos:
+                per_prompt[sequence.index] = sequence.data()
+                del rows[slot]
+                target.release(int(slot))
+                free.append(int(slot))
         if progress is not None:
-            progress(int(lengths.sum()))
-    parts = []
-    for seq in per_prompt:
-        n = seq["next_tokens"].shape[0]
-        parts.append(TeacherData(hidden=seq["hidden"], next_tokens=seq["next_tokens"], label_ids=seq["label_ids"],
-                                 label_probs=seq["label_probs"], remaining=torch.arange(n - 1, -1, -1),
-                                 sequence=torch.zeros(n, dtype=torch.long)))
-    return TeacherData.concat(parts) if len(parts) > 1 else parts[0]
+            progress(len(order))
+    return TeacherData.concat(per_prompt) if len(per_prompt) > 1 else per_prompt[0]
 
 
-def _keep_prompt_positions(model, hidden: torch.Tensor, prompts, rows, per_prompt, *, start: int, top_k: int,
-                           hidden_dtype) -> None:
-    """Teacher data of prompt positions ``start .. n-2`` of each row (the last one, n-1, is the
-    first continuation position). hidden (b, width, H), rows left padded."""
-    width = hidden.shape[1]
-    for r, (i, prompt) in enumerate(zip(rows, prompts)):
+def _decoding_target(model, *, slots: int, capacity: int):
+    """The torch backend's ``TargetModel`` over ``model``'s own weights."""
+    from specdec.plugins import default_registry
+
+    backend = default_registry().get("backend", "torch").factory()
+    return backend.load_target(model, slots=slots, capacity=capacity)
+
+
+def _root_trees(tokens: Sequence[int]) -> "DraftTree":
+    """Trees of the root alone (one token per row): plain decoding through ``forward_tree``."""
+    from specdec.types import DraftTree
+
+    rows = len(tokens)
+    return DraftTree(tokens=torch.tensor(tokens, dtype=torch.long)[:, None],
+                     parents=torch.full((rows, 1), -1, dtype=torch.long), depth=torch.zeros((rows, 1), dtype=torch.long),
+                     ancestor_mask=torch.ones((rows, 1, 1), dtype=torch.bool), num_nodes=torch.ones(rows, dtype=torch.long))
+
+
+def _root_verdict(chosen: torch.Tensor) -> "Verdict":
+    """Commit each row's root; ``chosen`` (B,) is the next root."""
+    from specdec.types import Verdict
+
+    rows = int(chosen.shape[0])
+    return Verdict(path=torch.zeros((rows, 1), dtype=torch.long), num_accepted=torch.zeros(rows, dtype=torch.long),
+                   bonus_tokens=chosen)
+
+
+class _Sequence:
+    """The teacher data of one prompt as it is decoded: prompt positions first (if kept), then one
+    entry per continuation position."""
+
+    def __init__(self, index: int):
+        self.index = index
+        self.hidden, self.tokens, self.ids, self.probs = [], [], [], []
+        self.prompt: dict | None = None
+
+    @property
+    def last(self) -> int:
+        return self.tokens[-1]
+
+    def add(self, hidden, token: int, ids, probs) -> None:
+        self.hidden.append(hidden)
+        self.tokens.append(token)
+        self.ids.append(ids)
+        self.probs.append(probs)
+
+    def keep_prompt(self, model, hidden: torch.Tensor, prompt: Sequence[int], *, start: int, top_k: int) -> None:
+        """Teacher data of prompt positions ``start .. n-2`` (the last one, n-1, is the first
+        continuation position); hidden (n, H)."""
         n = len(prompt)
         if n - 1 <= start:
-            continue
-        h = hidden[r, width - n + start: width - 1]  # (m, H), m = n - 1 - start
+            return
+        h = hidden[start: n - 1]
         probs = torch.softmax(model.lm_head(h).float(), dim=-1)
         top_probs, top_ids = torch.topk(probs, top_k, dim=-1)
-        following = torch.tensor(list(prompt[start + 1:]), dtype=torch.long)  # (m,): the prompt's next tokens
-        per_prompt[i] = {"hidden": h.to(hidden_dtype), "next_tokens": following, "label_ids": top_ids,
-                         "label_probs": top_probs.half()}
+        self.prompt = {"hidden": h, "next_tokens": torch.tensor(list(prompt[start + 1:]), dtype=torch.long),
+                       "label_ids": top_ids, "label_probs": top_probs.half()}
+
+    def data(self) -> TeacherData:
+        parts = {"hidden": torch.stack(self.hidden), "next_tokens": torch.tensor(self.tokens, dtype=torch.long),
+                 "label_ids": torch.stack(self.ids), "label_probs": torch.stack(self.probs)}
+        if self.prompt is not None:
+            parts = {name: torch.cat([self.prompt[name].to(parts[name].dtype), parts[name]]) for name in parts}
+        n = int(parts["next_tokens"].shape[0])
+        return TeacherData(**parts, remaining=torch.arange(n - 1, -1, -1), sequence=torch.zeros(n, dtype=torch.long))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -45,15 +45,25 @@ def test_hidden_states_match_the_reference_and_a_full_forward(tiny_model, tiny_t
         torch.testing.assert_close(data.hidden[rows], full, atol=1e-4, rtol=1e-4)
 
 
-def test_batching_does_not_change_the_data(tiny_target, prompt_source):
+@pytest.mark.parametrize("slots, budget", [(5, 1024), (3, 1024), (3, 1)])
+def test_batching_does_not_change_the_data(tiny_target, prompt_source, monkeypatch, slots, budget):
+    """Fewer slots than prompts (rows admitted as others end) and one prompt per forward at most
+    (a budget of 1 token) give each prompt the data it gets decoded alone."""
+    from specdec.training import teacher
+
     prompts = prompt_source("train", 10, 5)
-    batched = greedy_teacher(tiny_target.model, prompts, max_new_tokens=12, top_k=4, batch_size=5,
-                             hidden_dtype=torch.float32)
+    monkeypatch.setattr(teacher, "PREFILL_BUDGET", budget)
+    batched = greedy_teacher(tiny_target.model, prompts, max_new_tokens=12, top_k=4, batch_size=slots,
+                             eos_token_ids=(3,), hidden_dtype=torch.float32)
+    assert batched.num_sequences == len(prompts)
     for row, prompt in enumerate(prompts):
-        single = greedy_teacher(tiny_target.model, [prompt], max_new_tokens=12, top_k=4, hidden_dtype=torch.float32)
+        single = greedy_teacher(tiny_target.model, [prompt], max_new_tokens=12, top_k=4, eos_token_ids=(3,),
+                                hidden_dtype=torch.float32)
         rows = batched.sequence == row
-        assert batched.next_tokens[rows].tolist() == single.next_tokens.tolist(), f"row {row} (left padding)"
+        assert batched.next_tokens[rows].tolist() == single.next_tokens.tolist(), f"row {row} (in-flight batching)"
         torch.testing.assert_close(batched.hidden[rows], single.hidden, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(batched.label_probs[rows], single.label_probs, atol=1e-3, rtol=1e-3)
+        assert torch.equal(batched.label_ids[rows, 0], single.label_ids[:, 0])
 
 
 def test_soft_labels_and_bookkeeping(tiny_data):
