@@ -31,6 +31,8 @@ import attrs
 import numpy as np
 import torch
 
+from specdec.types import DraftTree, Verdict
+
 __all__ = ["TeacherData", "TeacherSettings", "TeacherTarget", "greedy_teacher", "load_teacher_target",
            "target_fingerprint", "teacher_dataset"]
 
@@ -280,20 +282,16 @@ def _decoding_target(model, *, slots: int, capacity: int):
     return backend.load_target(model, slots=slots, capacity=capacity)
 
 
-def _root_trees(tokens: Sequence[int]) -> "DraftTree":
+def _root_trees(tokens: Sequence[int]) -> DraftTree:
     """Trees of the root alone (one token per row): plain decoding through ``forward_tree``."""
-    from specdec.types import DraftTree
-
     rows = len(tokens)
     return DraftTree(tokens=torch.tensor(tokens, dtype=torch.long)[:, None],
                      parents=torch.full((rows, 1), -1, dtype=torch.long), depth=torch.zeros((rows, 1), dtype=torch.long),
                      ancestor_mask=torch.ones((rows, 1, 1), dtype=torch.bool), num_nodes=torch.ones(rows, dtype=torch.long))
 
 
-def _root_verdict(chosen: torch.Tensor) -> "Verdict":
+def _root_verdict(chosen: torch.Tensor) -> Verdict:
     """Commit each row's root; ``chosen`` (B,) is the next root."""
-    from specdec.types import Verdict
-
     rows = int(chosen.shape[0])
     return Verdict(path=torch.zeros((rows, 1), dtype=torch.long), num_accepted=torch.zeros(rows, dtype=torch.long),
                    bonus_tokens=chosen)
