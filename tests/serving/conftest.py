@@ -51,6 +51,23 @@ def gate():
 
 
 @pytest.fixture
+def cancel_asked(monkeypatch):
+    """An event set when the server asks the engine to cancel a request (``Handle.cancel``): a
+    test holding the engine at the gate waits for it before opening the gate, or the engine
+    could finish the request before the server has noticed that its client left."""
+    from specdec.serving.handle import Handle
+
+    asked = threading.Event()
+    cancel = Handle.cancel
+
+    def cancel_and_tell(self):
+        cancel(self)
+        asked.set()
+    monkeypatch.setattr(Handle, "cancel", cancel_and_tell)
+    return asked
+
+
+@pytest.fixture
 def make_engine(model_dir):
     """Engine factory over ``model_dir`` on numpy (64 positions per request); closed at teardown."""
     engines = []

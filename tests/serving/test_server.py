@@ -222,7 +222,7 @@ def test_a_full_queue_is_429_with_retry_after(serve, gate):
     assert metrics_of(base)["specdec_requests_rejected_total"] == 2
 
 
-def test_a_client_leaving_mid_stream_cancels_its_request_and_frees_the_slot(serve, gate):
+def test_a_client_leaving_mid_stream_cancels_its_request_and_frees_the_slot(serve, gate, cancel_asked):
     server, base = serve(gate, slots=1)
     gate.open.clear()
     with httpx.stream("POST", base + "/completions", json={"model": "tiny", "prompt": [5, 6], "max_tokens": 50,
@@ -233,6 +233,7 @@ def test_a_client_leaving_mid_stream_cancels_its_request_and_frees_the_slot(serv
         assert gate.proposing.wait(10)
         assert metrics_of(base)["specdec_requests_running"] == 1
     # the connection is closed: the server notices and cancels, which frees the slot
+    assert cancel_asked.wait(10), "the server did not notice that its client left"
     gate.open.set()
     assert wait_for(lambda: metrics_of(base).get('specdec_requests_finished_total{finish_reason=cancelled}') == 1)
     metrics = metrics_of(base)
@@ -241,7 +242,7 @@ def test_a_client_leaving_mid_stream_cancels_its_request_and_frees_the_slot(serv
     assert client(base).completions.create(model="tiny", prompt=[5], max_tokens=2).usage.completion_tokens == 2
 
 
-def test_a_client_leaving_a_plain_request_cancels_it(serve, gate):
+def test_a_client_leaving_a_plain_request_cancels_it(serve, gate, cancel_asked):
     server, base = serve(gate, slots=1)
     gate.open.clear()
 
@@ -255,6 +256,7 @@ def test_a_client_leaving_a_plain_request_cancels_it(serve, gate):
     thread.start()
     assert gate.proposing.wait(10)
     thread.join(10)  # the client gave up and closed its connection
+    assert cancel_asked.wait(10), "the server did not notice that its client left"
     gate.open.set()
     assert wait_for(lambda: metrics_of(base).get('specdec_requests_finished_total{finish_reason=cancelled}') == 1)
     assert metrics_of(base)["specdec_slots_free"] == 1
