@@ -391,7 +391,8 @@ def _add_train_parser(train: argparse.ArgumentParser, spec) -> None:
     train.add_argument("--batch-size", type=int, default=64, help="positions per optimiser step")
     train.add_argument("--teacher-dtype", default=None,
                        help="dtype the target decodes the teacher data in (default: the fastest on this machine)")
-    train.add_argument("--teacher-batch-size", type=int, default=64, help="prompts the teacher decodes at once (request slots, batched in flight)")
+    train.add_argument("--teacher-batch-size", type=int, default=64,
+                       help="prompts the teacher decodes at once (request slots, batched in flight)")
     train.add_argument("--prompt-mix", default=None,
                        help="shares of the decoded prompts as KIND=SHARE pairs (kinds corpus, self_instruct, general, "
                             "plain; kinds left out get none, shares are normalised), e.g. "

@@ -1,5 +1,5 @@
 """The torch backend's grouped-query attention: the folded and matrix-product forms equal the
-grouped one, the measured choice is kept per dtype, head layout, query class and row class, and
+grouped one, the measured choice is kept per dtype, head layout, query class and rows class, and
 generation is exact in float32 with each form forced."""
 
 from __future__ import annotations
