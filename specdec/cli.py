@@ -377,7 +377,7 @@ def _add_train_parser(train: argparse.ArgumentParser, spec) -> None:
     train.add_argument("--out", required=True, help="checkpoint folder (config.json, model.safetensors, state)")
     train.add_argument("--minutes", type=float, default=None, help="training-time budget")
     train.add_argument("--steps", type=int, default=None, help="optimiser-step budget")
-    train.add_argument("--resume", action="store_true", help="continue the run saved in --out (trainer_state.pt)")
+    train.add_argument("--resume", action="store_true", help="continue the run saved in --out (trainer_state.safetensors)")
     train.add_argument("--overwrite", action="store_true",
                        help="start again in a non-empty --out, replacing the run (or the files) there")
     train.add_argument("--allow-changes", action="store_true",

@@ -12,13 +12,12 @@ A drafter plugs in as a *task* (duck-typed):
 The loop samples random positions of the teacher data (with replacement, from a seeded NumPy
 generator), runs AdamW with linear warmup and cosine decay over the budget (steps, or minutes
 of training time), evaluates held-out tokens per step at fixed marks, and after each evaluation
-writes the checkpoint plus ``trainer_state.pt`` so ``resume=True`` continues where it stopped.
+writes the checkpoint plus ``trainer_state.safetensors`` (``specdec.training.state``: no pickle) so ``resume=True`` continues where it stopped.
 """
 
 from __future__ import annotations
 
 import math
-import os
 import time
 from pathlib import Path
 
@@ -29,7 +28,8 @@ import torch.nn.functional as F
 
 from specdec.checkpoints import write_json_atomic
 from specdec.training.evaluate import Window, gather_window, walk_tokens_per_step
-from specdec.training.outdir import LAST_DIR, LOG_FILE, STATE_FILE
+from specdec.training.outdir import LAST_DIR, LOG_FILE, STATE_FILE, has_state
+from specdec.training.state import load_state, save_state as write_state
 from specdec.training.teacher import TeacherData
 
 __all__ = ["STATE_FILE", "TrainSettings", "learning_rate", "sampled_soft_cross_entropy",
@@ -140,7 +140,7 @@ def train(task, data: TeacherData, heldout: TeacherData, settings: TrainSettings
 
     Checkpoints: ``out`` holds the best one by held-out score (replaced only by one that is not
     worse, compared on the same held-out sequences), ``out/last`` the latest; both are written
-    after each evaluation. ``trainer_state.pt`` (the latest weights, optimiser and sampler) is
+    after each evaluation. ``trainer_state.safetensors`` (the latest weights, optimiser and sampler) is
     saved after each evaluation, every ``save_minutes`` of wall time, and at the first SIGINT or
     SIGTERM, after which training stops with ``TrainingInterrupted`` (``resume=True`` continues).
 
@@ -160,8 +160,8 @@ def train(task, data: TeacherData, heldout: TeacherData, settings: TrainSettings
     rng = np.random.default_rng(settings.seed)
     state = {"step": 0, "train_seconds": 0.0, "eval_seconds": 0.0, "positions": 0, "history": [], "marks_done": 0,
              "best": None}
-    if resume and (out / STATE_FILE).is_file():
-        saved = torch.load(out / STATE_FILE, weights_only=False)
+    if resume and has_state(out):
+        saved = load_state(out / STATE_FILE)
         module.load_state_dict(saved["module"])
         optimizer.load_state_dict(saved["optimizer"])
         rng.bit_generator.state = saved["rng"]
@@ -176,10 +176,9 @@ def train(task, data: TeacherData, heldout: TeacherData, settings: TrainSettings
         task.save(out / LAST_DIR, dtype=save_dtype)
         if not (out / "model.safetensors").is_file():  # the first save: ``out`` loads at once (not yet scored)
             task.save(out, dtype=save_dtype)
-        partial = out / f".{STATE_FILE}.{os.getpid()}.partial"
-        torch.save({"module": module.state_dict(), "optimizer": optimizer.state_dict(),
-                    "rng": rng.bit_generator.state, "settings": attrs.asdict(settings), **state}, partial)
-        partial.replace(out / STATE_FILE)
+        write_state(out / STATE_FILE, {"module": module.state_dict(), "optimizer": optimizer.state_dict(),
+                                       "rng": rng.bit_generator.state, "settings": attrs.asdict(settings),
+                                       **state})
         write_json_atomic(out / LOG_FILE, {"history": state["history"], "final": final, "step": state["step"],
                                            "train_seconds": state["train_seconds"], "positions": state["positions"],
                                            "best": state["best"]})

@@ -26,11 +26,13 @@ from specdec.checkpoints import write_json_atomic
 from specdec.errors import TrainingOutputError
 
 RUN_FILE = "training_run.json"
-STATE_FILE = "trainer_state.pt"
+STATE_FILE = "trainer_state.safetensors"
+LEGACY_STATE_FILE = "trainer_state.pt"  # pickled by older versions; read only without code
 LOG_FILE = "training_log.json"
 LAST_DIR = "last"
 REPORT_FILE = "training_report.json"
-RUN_FILES = ("config.json", "model.safetensors", STATE_FILE, LOG_FILE, REPORT_FILE, RUN_FILE)
+RUN_FILES = ("config.json", "model.safetensors", STATE_FILE, LEGACY_STATE_FILE, LOG_FILE, REPORT_FILE,
+             RUN_FILE)
 
 
 def _model_types() -> dict[str, str]:
@@ -52,17 +54,22 @@ def _read_json(path: Path):
         return None
 
 
+def has_state(folder: Path) -> bool:
+    """Whether ``folder`` holds a saved trainer state (this version's file or an older one)."""
+    return (folder / STATE_FILE).is_file() or (folder / LEGACY_STATE_FILE).is_file()
+
+
 def existing_run(folder: Path) -> dict | None:
     """The run recorded in ``folder`` ({"kind", "settings", ...}), or None if it holds none.
 
     A folder written before runs were recorded counts as a run of the kind its checkpoint names
-    when it has a ``trainer_state.pt`` (its settings are then unknown: None)."""
+    when it has a saved trainer state (its settings are then unknown: None)."""
     record = _read_json(folder / RUN_FILE)
     model_types = _model_types()
     if isinstance(record, dict) and record.get("kind") in model_types:
         return record
     config = _read_json(folder / "config.json")
-    if (folder / STATE_FILE).is_file() and isinstance(config, dict):
+    if has_state(folder) and isinstance(config, dict):
         kind = {v: k for k, v in model_types.items()}.get(config.get("model_type"))
         if kind:
             return {"kind": kind, "settings": None, "resumes": []}
@@ -72,13 +79,13 @@ def existing_run(folder: Path) -> dict | None:
 def describe_progress(folder: Path) -> str:
     log = _read_json(folder / LOG_FILE)
     if not isinstance(log, dict) or not log.get("history"):
-        return "saved state, not yet evaluated" if (folder / STATE_FILE).is_file() else "nothing saved yet"
+        return "saved state, not yet evaluated" if has_state(folder) else "nothing saved yet"
     best = max(row.get("score", row.get("tokens_per_step", 0.0)) for row in log["history"])
     return f"step {log.get('step')}, best held-out {best:.2f} tokens/step"
 
 
 def has_work(folder: Path) -> bool:
-    return any((folder / name).exists() for name in ("model.safetensors", STATE_FILE, LAST_DIR))
+    return any((folder / name).exists() for name in ("model.safetensors", STATE_FILE, LEGACY_STATE_FILE, LAST_DIR))
 
 
 def remove_leftovers(folder: Path) -> None:
@@ -106,7 +113,7 @@ def claim_out(out, *, kind: str, settings: dict, resume: bool, overwrite: bool =
     empty = not folder.exists() or not any(folder.iterdir())
     run = None if empty else existing_run(folder)
     if resume:
-        if run is None or run["kind"] != kind or not (folder / STATE_FILE).is_file():
+        if run is None or run["kind"] != kind or not has_state(folder):
             what = "does not exist" if not folder.exists() else "is empty" if empty else (
                 f"holds a {run['kind']} run" if run and run["kind"] != kind else
                 f"has no saved training state ({STATE_FILE})" if run else f"holds no training run ({_listing(folder)})")

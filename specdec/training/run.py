@@ -2,7 +2,7 @@
 
 ``train_drafter`` is what ``specdec train NAME`` runs (through the ``train`` of drafter NAME's
 spec, ``specdec.specs.DrafterSpec``, which supplies the drafter as a task). It writes into ``out``: the checkpoint (``config.json`` +
-``model.safetensors``), ``trainer_state.pt`` (to resume), ``training_log.json`` (held-out tokens
+``model.safetensors``), ``trainer_state.safetensors`` (to resume), ``training_log.json`` (held-out tokens
 per step after each evaluation) and ``training_report.json`` (settings, the wall time of every
 stage, teacher and training throughput).
 """

@@ -3,13 +3,18 @@ loop, training improves tokens per step, and an interrupted run resumes to the s
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
 
 import specdec
+from specdec.errors import TrainingOutputError
 from specdec.training import loop
 from specdec.training.loop import TrainSettings, soft_cross_entropy, train
+from specdec.training.outdir import LEGACY_STATE_FILE
+from specdec.training.state import load_state, save_state
 from specdec_redrafter.checkpoint import load_redrafter_checkpoint, random_redrafter_weights
 from specdec_redrafter.config import RedrafterConfig
 from specdec_redrafter.reference import drafter_logits, rnn_step
@@ -192,10 +197,62 @@ def test_interrupted_training_resumes_to_the_same_weights(tiny_target, tiny_data
     with pytest.raises(KeyboardInterrupt):
         run(tmp_path / "resumed")
     monkeypatch.undo()
-    assert torch.load(tmp_path / "resumed" / loop.STATE_FILE, weights_only=False)["step"] == 6
+    assert load_state(tmp_path / "resumed" / loop.STATE_FILE)["step"] == 6
     resumed = run(tmp_path / "resumed", resume=True)
     for name in straight:
         np.testing.assert_array_equal(resumed[name], straight[name], err_msg=name)
+
+
+class _RunsCode:
+    """Unpickling this calls ``Path.touch`` on a marker file: a stand-in for any command."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.touch, (Path(self.marker),))
+
+
+def test_resume_never_unpickles_a_crafted_state_file(tiny_target, tiny_data, tmp_path):
+    """A run folder whose (older-format) ``trainer_state.pt`` is a pickle that runs code: --resume
+    refuses it with a one-line error naming the file, and the code never runs."""
+    config = default_config(vocab_size=128, hidden_size=32, target={}, beam_width=2, beam_length=3)
+    settings = TrainSettings(steps=2, batch_size=4, eval_steps=2, eval_sequences=1, seed=5)
+    out, marker = tmp_path / "run", tmp_path / "ran-code"
+    task = RedrafterTask(config, embed_tokens=tiny_target.embed_tokens, lm_head=tiny_target.lm_head, seed=2)
+    train(task, tiny_data["train"], tiny_data["heldout"], settings, out, progress=False)
+    (out / loop.STATE_FILE).unlink()
+    torch.save({"step": 1, "payload": _RunsCode(marker)}, out / LEGACY_STATE_FILE)
+    with pytest.raises(TrainingOutputError, match="trainer_state.pt was not loaded.*can run code"):
+        train(task, tiny_data["train"], tiny_data["heldout"], settings, out, progress=False, resume=True)
+    assert not marker.exists()
+    (out / LEGACY_STATE_FILE).write_bytes(b"not a state")  # the current file damaged: refused too
+    (out / LEGACY_STATE_FILE).rename(out / loop.STATE_FILE)
+    with pytest.raises(TrainingOutputError, match="is not a trainer state"):
+        train(task, tiny_data["train"], tiny_data["heldout"], settings, out, progress=False, resume=True)
+
+
+def test_trainer_state_round_trips_every_value_kind(tmp_path):
+    module = torch.nn.Linear(3, 2)
+    optimizer = torch.optim.AdamW(module.parameters())
+    module(torch.ones(1, 3)).sum().backward()
+    optimizer.step()
+    state = {"module": module.state_dict(), "optimizer": optimizer.state_dict(),
+             "rng": np.random.default_rng(7).bit_generator.state, "history": [{"loss": float("nan")}],
+             "best": None, "settings": {"eval_minutes": (1, 2)}}
+    save_state(tmp_path / "state.safetensors", state)
+    loaded = load_state(tmp_path / "state.safetensors")
+    rng = np.random.default_rng(0)
+    rng.bit_generator.state = loaded["rng"]
+    assert rng.integers(0, 1 << 30) == np.random.default_rng(7).integers(0, 1 << 30)
+    assert loaded["settings"] == {"eval_minutes": (1, 2)} and loaded["best"] is None
+    assert np.isnan(loaded["history"][0]["loss"])
+    restored = torch.optim.AdamW(torch.nn.Linear(3, 2).parameters())
+    restored.load_state_dict(loaded["optimizer"])
+    for key in ("exp_avg", "exp_avg_sq", "step"):
+        assert torch.equal(restored.state_dict()["state"][0][key], optimizer.state_dict()["state"][0][key])
+    for name, value in module.state_dict().items():
+        assert torch.equal(loaded["module"][name], value)
 
 
 def test_float16_training_checkpoint_keeps_shortlist_ids_exact(tmp_path):

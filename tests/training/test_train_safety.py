@@ -145,3 +145,34 @@ def test_unwritable_out_is_one_line(train_args, tmp_path, capsys):
     assert cli.main(train_args(blocker / "sub")) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "cannot write to --out" in err and "Traceback" not in err, err
+
+
+class _TouchesMarker:
+    """Unpickling this creates a marker file: a stand-in for any command a crafted pickle runs."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        from pathlib import Path
+
+        return (Path.touch, (Path(self.marker),))
+
+
+def test_resume_of_a_crafted_pickle_state_is_refused_in_one_line(train_args, tmp_path, capsys):
+    """``specdec train --resume`` on a run folder whose state file is a pickle that runs code: exit
+    2, one line naming the file, and the code never runs."""
+    import torch
+
+    from specdec.training.outdir import LEGACY_STATE_FILE, STATE_FILE
+
+    out, marker = tmp_path / "run", tmp_path / "ran-code"
+    assert cli.main(train_args(out)) == 0
+    (out / STATE_FILE).unlink()
+    torch.save({"step": 1, "payload": _TouchesMarker(marker)}, out / LEGACY_STATE_FILE)
+    capsys.readouterr()
+    assert cli.main(train_args(out, "--resume", steps=4)) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]  # after the model loader's progress bar
+    assert err.startswith("specdec: error:") and LEGACY_STATE_FILE in err and "--overwrite" in err, err
+    assert "Unsupported global" in err, err
+    assert not marker.exists()
