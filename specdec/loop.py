@@ -309,6 +309,7 @@ class Decoder:
             for group in drafted:
                 self._check(group.draft, group.tree, cause=exc)
             raise
+        step_checks.check_context(f"the {backend.name!r} target {type(target).__name__}", output.context, context)
         self._forwarded = (chunks, output.context)  # committed: never run again (_run_isolated)
         verdicts, row = [], 0
         for group in drafted:
@@ -374,7 +375,7 @@ class Decoder:
     def _advance_chunks(self, chunks, outputs: Sequence[PromptOutput]) -> list[StepResult]:
         """Move the prefilled requests' cursors; those whose prompt is in emit their first token."""
         ids, tokens = [], []
-        for (slot, _, end), output in zip(chunks, outputs):
+        for (slot, _, end), output in zip(chunks, outputs, strict=True):
             request_id, state = self.active[slot]
             if end < len(state.request.prompt):
                 self._cursor[slot] = end

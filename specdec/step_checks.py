@@ -91,3 +91,10 @@ def check_verdict(who: str, path: np.ndarray, num_accepted: np.ndarray, bonus: n
             f"{who} returned a Verdict.path that is not a chain of parent links in row {row}: "
             f"{path[row, : num_accepted[row] + 1].tolist()}")
     _in_vocabulary(who, "Verdict.bonus_tokens", bonus, vocab_size)
+
+
+def check_context(who: str, outputs, chunks) -> None:
+    """One PromptOutput per prompt chunk of the forward (they are paired with the chunks in order)."""
+    if len(outputs) != len(chunks):
+        raise PluginOutputError(f"{who} returned {len(outputs)} context outputs from forward_tree for {len(chunks)} "
+                                "prompt chunks; it must return one per chunk, in order")

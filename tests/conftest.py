@@ -3,15 +3,23 @@
 SPECDEC_TEST_BACKENDS (default "numpy") is a comma-separated list of backends that must be
 tested (names stripped of spaces). At session start every name must be a registered backend
 whose framework imports, together with what its tests need (``BACKEND_MODULES``); otherwise
-the run stops with a usage error. During the run, a test that a named backend covers
-(``BACKEND_TESTS``: the backend's own tests, and for torch the training and ``transformers``
-tests) and that skips for want of that backend's modules is reported as a failure. Unnamed backends are tested whenever their framework imports.
+the run stops with a usage error. During the run, a skip for want of a named backend is
+reported as a failure wherever the test is (``required_backend``): a skip whose reason names the
+backend or a module its tests need (``BACKEND_MODULES``), and a skip of a test that names the
+backend (a word of its path, name or parameters, as in ``test_mlx_verify.py`` or
+``[torch-float64]``, or a path of ``BACKEND_TESTS``) whose reason says a module, package or
+registration is missing. Unnamed backends are tested whenever their framework imports.
+
+SPECDEC_TEST_SHIPPED=1 (set by ``.ci/run``, which fetches the bundled model first) makes the tests
+of the shipped checkpoints on the real SmolLM2-135M mandatory: the ``shipped_model`` fixture then
+fails where it would skip for want of the model in the specdec cache.
 """
 
 from __future__ import annotations
 
 import importlib
 import os
+import re
 
 # One compute thread per framework unless asked otherwise: the models under test are tiny, and on a
 # busy machine spinning thread pools made the torch training tests 5x slower. Set before torch loads.
@@ -33,12 +41,14 @@ os.environ.setdefault("SPECDEC_DTYPE", "float32")
 
 # Modules the tests of each backend import (a missing one would skip them).
 BACKEND_MODULES = {"numpy": (), "torch": ("torch", "transformers"), "mlx": ("mlx.core", "mlx_lm")}
-# Test paths (under tests/) a named backend must run: a skip there fails the run.
+# Test paths (under tests/) that need a backend without naming it (see names_backend).
 BACKEND_TESTS = {
     "numpy": (),
-    "torch": ("backends/test_torch_", "training/", "core/test_reference_vs_transformers.py"),
-    "mlx": ("backends/test_mlx_",),
+    "torch": ("training/", "core/test_reference_vs_transformers.py"),
+    "mlx": (),
 }
+# What a skip's reason says when something is missing (pytest.importorskip: "could not import").
+MISSING = ("could not import", "no module named", "not installed", "not registered")
 _REQUIRED: list[str] = []
 
 
@@ -74,22 +84,38 @@ def pytest_sessionstart(session):
     _REQUIRED[:] = names
 
 
-def _covering_backend(nodeid: str) -> str | None:
-    """The named backend whose tests include ``nodeid`` (None when none is named)."""
+def _mentions(text: str, word: str) -> bool:
+    """``word`` stands in ``text`` on its own: "mlx" in "mlx.core" or "[mlx-1]", not "numpy" in "numpy32"."""
+    return re.search(rf"(?<![A-Za-z0-9_]){re.escape(word)}(?![A-Za-z0-9])", text) is not None
+
+
+def names_backend(nodeid: str, name: str) -> bool:
+    """The test's path, name or parameters name backend ``name`` as a word (``test_torch_ops.py``,
+    ``test_on_torch_float64``, ``[mlx]``), or its path is one of ``BACKEND_TESTS[name]``."""
     path = nodeid.split("::")[0].removeprefix("tests/")
-    for name in _REQUIRED:
-        if any(path.startswith(prefix) for prefix in BACKEND_TESTS.get(name, ())):
+    return name in re.split(r"[^A-Za-z0-9]+", nodeid) or any(path.startswith(p) for p in BACKEND_TESTS.get(name, ()))
+
+
+def required_backend(nodeid: str, reason: str, required) -> str | None:
+    """The backend of ``required`` for want of which test ``nodeid`` skipped with ``reason``, if
+    any: the reason names it or a module its tests need, or the test names it and the reason
+    says something is missing."""
+    missing = any(words in reason.lower() for words in MISSING)
+    for name in required:
+        if any(_mentions(reason, word) for word in (name, *BACKEND_MODULES.get(name, ()))):
+            return name
+        if missing and names_backend(nodeid, name):
             return name
     return None
 
 
 def _fail_skip(report) -> None:
-    """A skip of a named backend's test, for want of that backend's framework, becomes a failure."""
-    name = _covering_backend(report.nodeid) if report.skipped else None
-    if name is None or hasattr(report, "wasxfail"):
+    """A skip for want of a named backend (``required_backend``) becomes a failure."""
+    if not report.skipped or hasattr(report, "wasxfail"):
         return
     reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
-    if any(word in reason for word in (name, *BACKEND_MODULES[name])):
+    name = required_backend(report.nodeid, reason, _REQUIRED)
+    if name is not None:
         report.outcome = "failed"
         report.longrepr = f"skipped, but SPECDEC_TEST_BACKENDS names {name!r}, which requires it: {reason}"
 
@@ -115,6 +141,23 @@ def model_dir(tmp_path_factory):
         tmp_path_factory.mktemp("model") / "llama", vocab_size=96, hidden_size=32, num_layers=2, num_heads=4,
         num_kv_heads=2, seed=1, with_tokenizer=True,
     )
+
+
+@pytest.fixture(scope="session")
+def shipped_model():
+    """The folder of the bundled SmolLM2-135M in the specdec cache, for the tests of the shipped
+    checkpoints on the real model. Skips when the model is not there, unless SPECDEC_TEST_SHIPPED=1
+    (CI, whose ``.ci/run`` fetches it first): then that is a failure."""
+    from specdec.bundled import cache_dir
+
+    folder = cache_dir() / "models" / "smollm2-135m"
+    if not (folder / "model.safetensors").is_file():
+        message = (f"the bundled smollm2-135m is not in the specdec cache ({folder}); `bash scripts/demo.sh` or "
+                   "specdec.bundled.resolve_model('smollm2-135m') fetches it")
+        if os.environ.get("SPECDEC_TEST_SHIPPED") == "1":
+            pytest.fail(f"SPECDEC_TEST_SHIPPED=1 requires it: {message}")
+        pytest.skip(message)
+    return folder
 
 
 @pytest.fixture(scope="module")

@@ -118,7 +118,10 @@ def check_target(backend_name: str, model_path, *, dtype: str | None = "float32"
         expected = reference.forward_tree(tree, active, context=context, layers=layers)
         actual = target.forward_tree(None if tree is None else to_backend_tree(tree, backend, target), active.copy(),
                                      context=[(slot, np.asarray(tokens)) for slot, tokens in context], layers=layers)
-        for (slot, _), want, got in zip(context, expected.context, actual.context):
+        assert len(actual.context) == len(expected.context) == len(context), (
+            f"{where} step {step}: forward_tree returned {len(actual.context)} context outputs for {len(context)} "
+            f"prompt chunks (the reference: {len(expected.context)}); it must return one PromptOutput per chunk")
+        for (slot, _), want, got in zip(context, expected.context, actual.context, strict=True):
             compare_prompt(f"step {step} chunk of slot {slot}", want, got)
         if tree is None:
             return list(expected.context)
@@ -133,10 +136,10 @@ def check_target(backend_name: str, model_path, *, dtype: str | None = "float32"
                       Verdict(path=backend.from_numpy(verdict.path, target),
                               num_accepted=backend.from_numpy(verdict.num_accepted, target),
                               bonus_tokens=backend.from_numpy(verdict.bonus_tokens, target)))
-        roots.update({int(s): int(t) for s, t in zip(active, verdict.bonus_tokens)})
+        roots.update({int(s): int(t) for s, t in zip(active, verdict.bonus_tokens, strict=True)})
         return list(expected.context)
 
-    for slot, prompt in zip(slots, prompts):
+    for slot, prompt in zip(slots, prompts, strict=True):
         admit(int(slot), prompt)
     for step in range(steps):
         if step == steps // 2 and len(roots) > 1:  # a request ends, another takes its slot
@@ -167,7 +170,7 @@ def check_target(backend_name: str, model_path, *, dtype: str | None = "float32"
     chunks = {slot: rng.integers(0, reference.vocab_size, size=3 + 2 * i).tolist() for i, slot in enumerate(free)}
     forward("chunks", np.zeros(0, dtype=np.int64), [(s, c[:2]) for s, c in chunks.items()])
     last = forward("packed", np.array(sorted(roots), dtype=np.int64), [(s, c[2:]) for s, c in chunks.items()])
-    roots.update({slot: int(np.argmax(out.logits)) for slot, out in zip(chunks, last)})
+    roots.update({slot: int(np.argmax(out.logits)) for slot, out in zip(chunks, last, strict=True)})
     forward("after chunks", np.array(sorted(roots), dtype=np.int64)[::-1].copy())
 
 

@@ -40,7 +40,8 @@ class OracleDrafter:
                  rng: np.random.Generator | None = None):
         if not 0.0 <= corruption <= 1.0:
             raise ValueError(f"corruption must be in [0, 1], got {corruption}")
-        self.continuations = {tuple(int(t) for t in p): list(c) for p, c in zip(prompts, continuations)}
+        self.continuations = {tuple(int(t) for t in p): list(c)
+                              for p, c in zip(prompts, continuations, strict=True)}
         self.vocab_size = vocab_size
         self.backend, self.target = backend, target
         self.beam_width, self.beam_length, self.corruption = beam_width, beam_length, corruption

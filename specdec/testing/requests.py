@@ -43,7 +43,7 @@ def run_schedule(plan: DecodePlan, schedule: Sequence[tuple[int, Request, int | 
                     tokens[index] = None
             for result in decoder.step(max_prefill_tokens=max_prefill_tokens,
                                        failures=None if failures is None else failed):
-                for request_id, new in zip(result.requests, result.new_tokens):
+                for request_id, new in zip(result.requests, result.new_tokens, strict=True):
                     if tokens.get(ids[request_id], []) is not None:
                         tokens.setdefault(ids[request_id], []).extend(new)
             for request_id, error in failed:

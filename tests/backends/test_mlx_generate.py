@@ -67,7 +67,7 @@ def test_greedy_parity_with_mlx_lm(world, arch):
     for drafter in ("none", world[arch]["redrafter"], world[arch]["medusa"]):
         result = specdec.generate(target, PROMPTS, drafter=drafter, backend="mlx", max_new_tokens=NEW_TOKENS,
                                   stop_at_eos=False)
-        for row, (got, want) in enumerate(zip(result.tokens, expected)):
+        for row, (got, want) in enumerate(zip(result.tokens, expected, strict=True)):
             assert got == want, f"generate(backend='mlx', {arch}, drafter={drafter}) row {row}: {got} != mlx-lm {want}"
 
 

@@ -149,7 +149,7 @@ def _decisive_prompts(target, candidates, new_tokens: int, margin: float) -> lis
     chosen = []
     continuations = greedy_continuations(target, candidates, new_tokens, backend="torch")
     slot = np.array([0])
-    for prompt, continuation in zip(candidates, continuations):
+    for prompt, continuation in zip(candidates, continuations, strict=True):
         output = target.admit(0, prompt)
         chain = build_prefix_tree(np.array([[continuation]]))
         tree_logits = target.forward_tree(checks.to_backend_tree(chain, backend, target), slot).logits[0]

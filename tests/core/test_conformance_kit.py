@@ -36,8 +36,9 @@ class LeakyDrafter:
 
     def propose(self, context):
         roots = np.asarray(context.root_tokens).tolist()
-        guess = [r if self.served[s] > 1 else (r + 1) % 96 for r, s in zip(roots, context.slots.tolist())]
-        beams = np.array([[[r, g, g, g]] for r, g in zip(roots, guess)], dtype=np.int64)
+        slots = context.slots.tolist()
+        guess = [r if self.served[s] > 1 else (r + 1) % 96 for r, s in zip(roots, slots, strict=True)]
+        beams = np.array([[[r, g, g, g]] for r, g in zip(roots, guess, strict=True)], dtype=np.int64)
         return Draft(root_tokens=context.root_tokens, beams=beams)
 
     def observe(self, accepted):
@@ -57,3 +58,51 @@ def test_check_drafter_catches_state_kept_across_requests(model_dir):
     registry = PluginRegistry([LeakyPlugin], entry_points=True)
     with pytest.raises(AssertionError, match="one after another in one slot differ"):
         checks.check_drafter("leaky", model_dir, backends=["numpy"], max_new_tokens=10, registry=registry)
+
+
+class DroppingTarget:
+    """The reference target, except that a forward with prompt chunks returns one output fewer."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def forward_tree(self, tree, slots, *, context=(), layers=()):
+        import attrs
+
+        output = self.inner.forward_tree(tree, slots, context=context, layers=layers)
+        return attrs.evolve(output, context=output.context[:-1]) if output.context else output
+
+
+class DroppingBackend:
+    name = "dropping"
+
+    def __init__(self):
+        from specdec.reference.plugin import NumpyBackend
+
+        self.inner = NumpyBackend()
+
+    def load_target(self, source, *, dtype=None, device=None, slots=1, capacity=None):
+        return DroppingTarget(self.inner.load_target(source, slots=slots, capacity=capacity))
+
+    def to_numpy(self, array):
+        return self.inner.to_numpy(array)
+
+    def from_numpy(self, array, target):
+        return self.inner.from_numpy(array, target)
+
+
+class DroppingPlugin:
+    @hookimpl
+    def specdec_register_backends(register):
+        register("dropping", DroppingBackend)
+
+
+def test_check_target_fails_a_backend_that_returns_fewer_chunk_outputs(model_dir):
+    """Outputs are compared pairwise only after their counts: a missing last chunk is not a shorter zip."""
+    registry = PluginRegistry([DroppingPlugin], entry_points=True)
+    with pytest.raises(AssertionError, match="returned 1 context outputs for 2 prompt chunks"):
+        checks.check_target("dropping", model_dir, dtype=None, registry=registry)
+    checks.check_target("numpy", model_dir, dtype=None)  # the same check passes the reference itself

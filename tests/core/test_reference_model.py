@@ -165,7 +165,7 @@ def test_ragged_batch_rows_equal_rows_alone(targets, name):
     rows = [([5, 6, 7, 8], [-1, 0, 0, 1]), ([9], [-1]), ([1, 2, 3], [-1, 0, 1])]
     together = target.prefill(prompts)
     together_tree = target.forward_tree(make_tree(rows))
-    for b, (prompt, row) in enumerate(zip(prompts, rows)):
+    for b, (prompt, row) in enumerate(zip(prompts, rows, strict=True)):
         alone = target.prefill([prompt])
         np.testing.assert_allclose(together.logits[b], alone.logits[0], rtol=0, atol=TOL, err_msg=f"prefill row {b}, {name}")
         alone_tree = target.forward_tree(make_tree([row]))
@@ -393,7 +393,7 @@ def test_capacity_is_preallocated_and_never_exceeded(folders):
 
 def _accept(rows, nodes):
     """Verdict accepting the path to ``nodes[b]`` in row b of ``make_tree(rows)``."""
-    paths = [path_to(parents, node) for (_, parents), node in zip(rows, nodes)]
+    paths = [path_to(parents, node) for (_, parents), node in zip(rows, nodes, strict=True)]
     path = np.full((len(rows), max(len(tokens) for tokens, _ in rows)), -1, dtype=np.int64)
     for b, nodes_ in enumerate(paths):
         path[b, : len(nodes_)] = nodes_

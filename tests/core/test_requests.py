@@ -176,7 +176,8 @@ def test_each_step_is_one_forward_of_prompt_chunks_and_every_groups_trees(model_
     emitted = []
     for _ in range(3):
         results = decoder.step(max_prefill_tokens=4)
-        emitted.append({r: len(t) for result in results for r, t in zip(result.requests, result.new_tokens)})
+        emitted.append({r: len(t) for result in results
+                        for r, t in zip(result.requests, result.new_tokens, strict=True)})
     chunks = [f[0] for f in target.forwards]
     assert chunks == [[(2, 4)], [(2, 4)], [(2, 3)]], "11 prompt tokens in chunks of the budget"
     assert all(sorted(f[1]) == [0, 1] for f in target.forwards), "both groups' trees ride every forward"

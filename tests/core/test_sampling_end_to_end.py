@@ -79,7 +79,7 @@ def chi_square(world, drafter: str, verifier: str | None, seed: int = 5):
     small = [cell for cell in joint if cell not in big]
     observed = [counts.get(cell, 0) for cell in big] + [sum(counts.get(cell, 0) for cell in small)]
     expected = [joint[cell] * ROWS for cell in big] + [sum(joint[cell] for cell in small) * ROWS]
-    statistic = sum((o - e) ** 2 / e for o, e in zip(observed, expected) if e > 0)
+    statistic = sum((o - e) ** 2 / e for o, e in zip(observed, expected, strict=True) if e > 0)
     assert len(observed) - 1 >= 10, "too few cells for the quantile's approximation"
     return statistic, chi2_quantile(len(observed) - 1), result.stats
 

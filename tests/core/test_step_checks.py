@@ -96,3 +96,20 @@ def test_good_plugins_pass_the_checks(target):
     plain = specdec.generate(target, [5, 6], drafter="none", backend="numpy", max_new_tokens=6)
     chained = specdec.generate(target, [5, 6], drafter=ChainDrafter(), backend="numpy", max_new_tokens=6)
     assert chained.tokens == plain.tokens and chained.stats.accepted_tokens > 0
+
+
+def test_a_target_returning_fewer_chunk_outputs_is_named_before_a_request_is_lost(model_dir):
+    """The loop pairs each prompt chunk with its PromptOutput: one missing fails the step, naming the target."""
+    from specdec.reference.model import load_target
+
+    target = load_target(model_dir, slots=2, capacity=32)
+    forward = target.forward_tree
+
+    def forward_tree(tree, slots, *, context=(), layers=()):
+        output = forward(tree, slots, context=context, layers=layers)
+        return attrs.evolve(output, context=output.context[:-1]) if output.context else output
+
+    target.forward_tree = forward_tree
+    with pytest.raises(PluginOutputError, match=r"'numpy' target ReferenceTarget returned 1 context outputs from "
+                                                r"forward_tree for 2 prompt chunks"):
+        specdec.generate(target, [[1, 2], [3]], drafter="none", backend="numpy", max_new_tokens=3)

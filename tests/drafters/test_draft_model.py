@@ -280,7 +280,7 @@ def test_emitted_tokens_have_the_target_distribution(tmp_path, sample):
     small = [cell for cell in joint if cell not in big]
     observed = [counts.get(c, 0) for c in big] + [sum(counts.get(c, 0) for c in small)]
     expected = [joint[c] * ROWS for c in big] + [sum(joint[c] for c in small) * ROWS]
-    statistic = sum((o - e) ** 2 / e for o, e in zip(observed, expected) if e > 0)
+    statistic = sum((o - e) ** 2 / e for o, e in zip(observed, expected, strict=True) if e > 0)
     df = len(observed) - 1
     c = 2.0 / (9.0 * df)
     quantile = df * (1.0 - c + Z_ALPHA * c ** 0.5) ** 3  # Wilson-Hilferty

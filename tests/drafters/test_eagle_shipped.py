@@ -1,5 +1,6 @@
 """The shipped EAGLE (``drafters/specdec_eagle/weights/smollm2-135m``) loads offline, names its
-target, and drafts losslessly for the real SmolLM2-135M when it is already in the specdec cache."""
+target, and drafts losslessly for the real SmolLM2-135M when it is in the specdec cache (a skip
+without it fails under SPECDEC_TEST_SHIPPED=1, as .ci/run sets: the ``shipped_model`` fixture)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ import numpy as np
 import pytest
 
 import specdec
-from specdec.bundled import cache_dir
 from specdec_eagle.checkpoint import load_eagle_checkpoint
 from specdec_redrafter.checkpoint import load_redrafter_checkpoint
 
@@ -34,12 +34,9 @@ def test_shipped_checkpoint_loads_and_names_its_target():
     assert config.target["fingerprint"] == redrafter.target["fingerprint"]
 
 
-def test_shipped_checkpoint_drafts_for_the_real_model():
-    folder = cache_dir() / "models" / NAME
-    if not (folder / "model.safetensors").is_file():
-        pytest.skip(f"the bundled {NAME} is not in the specdec cache ({folder}); `bash scripts/demo.sh` fetches it")
+def test_shipped_checkpoint_drafts_for_the_real_model(shipped_model):
     pytest.importorskip("torch")
-    target = specdec.load(folder, backend="torch", dtype="float32")
+    target = specdec.load(shipped_model, backend="torch", dtype="float32")
     assert target.fingerprint == load_eagle_checkpoint(shipped())[0].target["fingerprint"]
     plain = specdec.generate(target, PROMPT, drafter="none", backend="torch", max_new_tokens=12)
     drafted = specdec.generate(target, PROMPT, drafter="eagle", backend="torch", max_new_tokens=12)

@@ -139,7 +139,7 @@ def test_held_out_acceptance_is_what_the_drafter_proposes():
     for index in indices:  # beams at t read tokens up to t only: later copies do not change them
         tokens[index + 1 : index + 3] = torch.from_numpy(beams_at(index)[0, 1:3])
     got = task.accept(data, torch.tensor(indices))
-    for index, accepted in zip(indices, got.tolist()):
+    for index, accepted in zip(indices, got.tolist(), strict=True):
         truth = tokens[index + 1 : index + 1 + int(remaining[index])].numpy()
         best = 0
         for beam in beams_at(index):

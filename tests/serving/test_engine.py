@@ -90,7 +90,7 @@ def run_schedule(engine: Engine, schedule: list[dict]) -> list[tuple[list[int], 
 
 
 def check_against_alone(model_dir, backend, drafter, schedule, results):
-    for item, (tokens, reason) in zip(schedule, results):
+    for item, (tokens, reason) in zip(schedule, results, strict=True):
         expected = alone(model_dir, backend, drafter, item["prompt"], SAMPLINGS[item["sampling"]], item["seed"],
                          item["max_new_tokens"])
         if reason == "cancelled":
@@ -164,7 +164,7 @@ def test_the_exact_verifier_is_greedy_at_temperature_zero(model_dir, redrafter, 
     engine = make_engine(redrafter, slots=2)
     prompts = [[5, 6, 7], [8, 9], [10, 11, 10, 11]]
     handles = [engine.submit(p, max_new_tokens=10) for p in prompts]
-    for prompt, handle in zip(prompts, handles):
+    for prompt, handle in zip(prompts, handles, strict=True):
         assert list(handle.result(timeout=60).tokens) == alone(model_dir, "numpy", redrafter, prompt, {}, None, 10)
 
 
@@ -281,7 +281,7 @@ def test_a_request_that_fails_late_fails_alone(model_dir, make_engine, gate_draf
     assert isinstance(info.value.__cause__, RuntimeError) and bad.finish_reason == "error"
     with pytest.raises(specdec.RequestFailedError):
         list(bad)
-    for handle, prompt in zip(good, ([5, 6], [7, 8, 9])):
+    for handle, prompt in zip(good, ([5, 6], [7, 8, 9]), strict=True):
         assert list(handle.result(timeout=30).tokens) == alone(model_dir, "numpy", "none", prompt, {}, None, 8)
     assert engine.stats()["free_slots"] == 3 and not engine.target.cache.admitted.any()
     assert engine.generate([5, 6], max_new_tokens=8).tokens == good[0].result().tokens

@@ -287,7 +287,8 @@ def test_shutdown_with_drain_finishes_streams_in_flight(serve, gate):
         stopper = threading.Thread(target=server.stop)
         stopper.start()
         assert wait_for(lambda: server.engine.stats()["closing"])
-        assert httpx.get(base.removesuffix("/v1") + "/health").status_code == 503 if _still_listening(base) else True
+        # uvicorn may have closed its sockets already: then a new connection is refused, never served
+        assert _health_status(base) in (503, None)
         gate.open.set()
         body = response.read().decode()
     stopper.join(30)
@@ -295,12 +296,25 @@ def test_shutdown_with_drain_finishes_streams_in_flight(serve, gate):
     assert server.engine.closed and not server.engine.target.cache.admitted.any()
 
 
-def _still_listening(base: str) -> bool:
+def _health_status(base: str) -> int | None:
+    """The status of GET /health, or None when the server no longer accepts connections."""
     try:
-        httpx.get(base.removesuffix("/v1") + "/health", timeout=1)
-        return True
+        return httpx.get(base.removesuffix("/v1") + "/health", timeout=5).status_code
     except httpx.TransportError:
-        return False
+        return None
+
+
+def test_while_listening_a_closing_engine_makes_health_and_new_requests_503(serve):
+    """What a drained shutdown does first (the engine stops taking requests), with the server still
+    listening: /health and new requests answer 503, and nothing else is refused meanwhile."""
+    server, base = serve("lookup")
+    assert _health_status(base) == 200
+    server.engine.stop_accepting()
+    health = httpx.get(base.removesuffix("/v1") + "/health", timeout=5)
+    assert health.status_code == 503 and health.json()["status"] == "unavailable" and health.json()["closing"]
+    response = httpx.post(base + "/completions", json={"model": "tiny", "prompt": [5], "max_tokens": 2}, timeout=30)
+    assert response.status_code == 503 and error_of(response)["code"] == "shutting_down"
+    assert httpx.get(base + "/models", timeout=5).status_code == 200
 
 
 def test_shutdown_without_drain_cancels_streams_with_an_error_event(serve, gate):

@@ -93,7 +93,7 @@ def test_offline_acceptance_equals_the_decode_loop(trained, tiny_model, tiny_tar
 
     def accept(indices):
         accepted = task.accept(heldout, indices)
-        visited.update(zip(indices.tolist(), accepted.tolist()))
+        visited.update(zip(indices.tolist(), accepted.tolist(), strict=True))
         return accepted
 
     walk_tokens_per_step(heldout, accept)

@@ -55,7 +55,7 @@ def test_mixed_prompts_deal_every_kind_deterministically(corpus, tiny_target):
     prompts = source("train", 0, 32)
     kinds = [source.kind_of(i, "train") for i in range(32)]
     assert set(kinds) == set(MIX_KINDS)
-    for kind, prompt in zip(kinds, prompts):
+    for kind, prompt in zip(kinds, prompts, strict=True):
         if kind == "plain":
             assert all(isinstance(t, int) for t in prompt) and prompt, "plain text is token ids, no chat template"
         else:
