@@ -20,6 +20,7 @@ import mlx.core as mx  # noqa: E402
 from specdec.plugins import default_registry  # noqa: E402
 from specdec.reference.tree import build_prefix_tree, check_tree  # noqa: E402
 from specdec.testing import checks, strategies  # noqa: E402
+from specdec.testing.sampling import boundary_uniforms  # noqa: E402
 from specdec.types import Draft, DraftTree, SamplingConfig, TargetOutput  # noqa: E402
 from specdec_medusa.choices import PRESETS  # noqa: E402
 from specdec_mlx import ops  # noqa: E402
@@ -109,6 +110,45 @@ def test_verifier_matches_reference(name, world):
         verdicts = {reference_verdict(name, tree, draft, logits, sampling, np.clip(uniforms + shift, 0.0, 1 - 1e-12))
                     for shift in (-EPSILON, 0.0, EPSILON)}
         assume(len(verdicts) == 1)
+    checks.check_verifier("mlx", None, name=name, tree=tree, draft=draft, logits=logits, sampling=sampling,
+                          uniforms=uniforms)
+
+
+@pytest.mark.parametrize("name", ["exact", "rejection"])
+@given(world=verification_worlds(), seed=st.integers(0, 2**32 - 1))
+def test_lossless_verifiers_match_reference_near_their_decision_boundaries(name, world, seed):
+    """Uniforms from ``specdec.testing.sampling.boundary_uniforms`` (chosen, not filtered): about
+    half of the reference's coins and draws within 5% of their boundary, none within EPSILON, so
+    an acceptance probability or cumulative sum a few percent off gives another verdict."""
+    tree, beams, logits, draft_probs, sampling, uniforms = world
+    assume(uniforms is not None)
+    draft = as_draft(beams, draft_probs, sampled=name == "rejection")
+    reference = default_registry().get("verifier", name, "numpy").factory()
+    chosen = boundary_uniforms(reference, tree, draft, logits, sampling, rng=np.random.default_rng(seed),
+                               margin=EPSILON)
+    checks.check_verifier("mlx", None, name=name, tree=tree, draft=draft, logits=logits, sampling=sampling,
+                          uniforms=chosen)
+
+
+@pytest.mark.parametrize("name", ["exact", "rejection"])
+def test_lossless_verifiers_match_reference_near_their_boundaries_on_a_fixed_batch(name):
+    """256 rows of one fixed seed: 3 beams of 3 drafted tokens drawn from their draft
+    probabilities, grid logits (0.4 apart, distinct per row), temperature 0.9."""
+    rng = np.random.default_rng(21)
+    batch, width, length = 256, 3, 4
+    draft_probs = rng.dirichlet(np.ones(VOCAB), size=(batch, width, length - 1))
+    beams = np.zeros((batch, width, length), dtype=np.int64)
+    beams[:, :, 0] = 1
+    for d in range(length - 1):
+        cdf = np.cumsum(draft_probs[:, :, d], axis=-1)
+        beams[:, :, d + 1] = np.minimum((cdf < rng.random((batch, width, 1))).sum(-1), VOCAB - 1)
+    tree = build_prefix_tree(beams)
+    logits = 0.4 * np.stack([rng.permutation(VOCAB) for _ in range(batch * tree.size)]).reshape(
+        batch, tree.size, VOCAB)
+    draft = as_draft(beams, draft_probs, sampled=name == "rejection")
+    sampling = SamplingConfig(temperature=0.9)
+    reference = default_registry().get("verifier", name, "numpy").factory()
+    uniforms = boundary_uniforms(reference, tree, draft, logits, sampling, rng=rng, margin=EPSILON)
     checks.check_verifier("mlx", None, name=name, tree=tree, draft=draft, logits=logits, sampling=sampling,
                           uniforms=uniforms)
 

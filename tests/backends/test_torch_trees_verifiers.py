@@ -15,13 +15,15 @@ from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch")  # required when SPECDEC_TEST_BACKENDS names torch (conftest)
 
+from specdec.plugins import default_registry
 from specdec.reference.sampling import sample_from, target_probs
 from specdec.reference.tree import build_prefix_tree, check_tree
 from specdec.testing import checks
 from specdec.testing.strategies import beam_lengths
 from specdec.testing.strategies import beams as beams_strategy
+from specdec.testing.sampling import boundary_uniforms
 from specdec.testing.strategies import sampling_configs
-from specdec.types import Draft, DraftTree
+from specdec.types import Draft, DraftTree, SamplingConfig
 from specdec_medusa.choices import PRESETS
 from specdec_torch import sampling as torch_sampling
 from specdec_torch.backend import TorchBackend
@@ -140,6 +142,46 @@ def test_rejection_verifier_matches_reference(inputs, sampling):
     assume(draft.beams.shape[2] > 1)
     checks.check_verifier("torch", TARGET, name="rejection", tree=tree, draft=draft, logits=logits,
                           sampling=sampling, uniforms=None if sampling.greedy else uniforms)
+
+
+LOSSLESS = ("exact", "rejection")
+
+
+@settings(max_examples=40)
+@given(inputs=verifier_inputs(sampled=True), sampling=sampling_configs(greedy=False),
+       name=st.sampled_from(LOSSLESS), seed=st.integers(0, 2**16))
+def test_lossless_verifiers_match_reference_near_their_decision_boundaries(inputs, sampling, name, seed):
+    """Uniforms from ``specdec.testing.sampling.boundary_uniforms``: about half of the reference's
+    coins and draws fall within 5% of their boundary (never within 1e-4 of it), so a verifier whose
+    acceptance probabilities or cumulative sums are off by a few percent gives other verdicts."""
+    tree, draft, logits, _ = inputs
+    assume(draft.beams.shape[2] > 1)
+    reference = default_registry().get("verifier", name, "numpy").factory()
+    uniforms = boundary_uniforms(reference, tree, draft, logits, sampling, rng=np.random.default_rng(seed))
+    checks.check_verifier("torch", TARGET, name=name, tree=tree, draft=draft, logits=logits, sampling=sampling,
+                          uniforms=uniforms)
+
+
+@pytest.mark.parametrize("name", LOSSLESS)
+def test_lossless_verifiers_match_reference_near_their_boundaries_on_a_fixed_batch(name):
+    """256 rows of one fixed seed: 3 beams of 3 drafted tokens drawn from their draft
+    probabilities over 6 tokens, target logits of spread 1.5, temperature 0.9."""
+    rng = np.random.default_rng(20)
+    batch, width, length, vocab = 256, 3, 4, 6
+    draft_probs = rng.dirichlet(np.ones(vocab), size=(batch, width, length - 1))
+    beams = np.zeros((batch, width, length), dtype=np.int64)
+    beams[:, :, 0] = 1
+    for d in range(length - 1):
+        cdf = np.cumsum(draft_probs[:, :, d], axis=-1)
+        beams[:, :, d + 1] = np.minimum((cdf < rng.random((batch, width, 1))).sum(-1), vocab - 1)
+    tree = build_prefix_tree(beams)
+    logits = rng.normal(0, 1.5, size=(batch, tree.size, vocab))
+    draft = Draft(root_tokens=beams[:, 0, 0].copy(), beams=beams, draft_probs=draft_probs, sampled=True)
+    sampling = SamplingConfig(temperature=0.9)
+    reference = default_registry().get("verifier", name, "numpy").factory()
+    uniforms = boundary_uniforms(reference, tree, draft, logits, sampling, rng=rng)
+    checks.check_verifier("torch", TARGET, name=name, tree=tree, draft=draft, logits=logits, sampling=sampling,
+                          uniforms=uniforms)
 
 
 @settings(max_examples=20)

@@ -1,6 +1,7 @@
-"""Sampling end to end through ``generate()``: the emitted tokens have the target's distribution.
+"""Sampling end to end through ``generate()``: the emitted tokens have the target's distribution,
+on the float64 reference, on torch in float64 and on mlx in float32 (mlx has no float64).
 
-A fixed-seed chi-square test per drafter and lossless verifier. The target is a random model
+A fixed-seed chi-square test per backend, drafter and lossless verifier. The target is a random model
 with a 4-token vocabulary, sampled at temperature 2.5; ROWS = 3000 copies of one prompt decode
 NEW = 3 tokens in one batch (every row has its own random stream), so the emitted tokens fall
 into 64 cells whose exact probabilities come from the reference target's own conditionals.
@@ -10,11 +11,15 @@ has probability 1e-3 before the seed is fixed). Power: a deviation of non-centra
 N * sum (p' - p)^2 / p = 60, e.g. 0.032 of probability moved between two cells of probability
 0.1, is detected with probability about 0.99; and the lossy verifiers, run the same way, must
 be detected (their statistics are in the thousands). Every verifier must read each uniform of a
-step at most once, and the drafters must have tokens accepted.
+step at most once (checked on the reference), and the drafters must have tokens accepted. A 2%
+error in the acceptance probability moves these cells too little for this test: the tests of
+tests/backends/test_sampled_verification.py have the power for it, stated there. mlx decodes the
+rows 300 at a time (a loaded target with 300 slots): its step cost grows with the slots held.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import itertools
 import math
 
@@ -59,19 +64,41 @@ def world(tmp_path_factory):
         "redrafter": make_random_drafter(root / "redrafter", model, kind="redrafter", seed=1),
         "medusa": make_random_drafter(root / "medusa", model, kind="medusa", seed=2, top_t=2,
                                       choices=[[0], [1], [0, 0], [0, 1], [1, 0]]),
+        "eagle": make_random_drafter(root / "eagle", model, kind="eagle", seed=3),
+        "draft_model": "draft_model",
     }
-    return model, joint, drafters
+    draft = make_random_model(root / "draft", vocab_size=V, hidden_size=16, num_layers=1, num_heads=2, num_kv_heads=1,
+                              seed=6)
+    return model, joint, drafters, draft
 
 
-def chi_square(world, drafter: str, verifier: str | None, seed: int = 5):
-    model, joint, drafters = world
+BACKENDS = {"numpy": (None, ()), "torch": ("float64", ("torch",)), "mlx": ("float32", ("mlx.core", "mlx_lm"))}
+
+
+def on_backend(model, backend: str):
+    """(target or model folder, dtype) for ``backend``; skips when its framework is not installed."""
+    dtype, modules = BACKENDS[backend]
+    if any(importlib.util.find_spec(m.split(".")[0]) is None for m in modules):
+        pytest.skip(f"{backend} is not installed")
+    if backend == "mlx":
+        return specdec.load(model, backend="mlx", dtype=dtype, slots=300, capacity=32), dtype
+    return model, dtype
+
+
+def chi_square(world, drafter: str, verifier: str | None, seed: int = 5, backend: str = "numpy"):
+    model, joint, drafters, draft = world
     options = {"beam_width": 2, "beam_length": 3} if drafter.startswith("redrafter") else {}
     if drafter == "redrafter-sampled":  # beams drawn from the drafter (rejection verifier by default)
         drafter, options["sample"] = "redrafter", True
+    if drafter.startswith("draft_model"):  # a chain of 2 drawn from the draft model (rejection), or its argmax
+        options.update(draft_model=draft, draft_length=2, sample=drafter == "draft_model")
+        drafter = "draft_model"
     if verifier is not None:
         options["verifier"] = verifier
-    result = specdec.generate(model, [PROMPT] * ROWS, drafter=drafters[drafter], backend="numpy", max_new_tokens=NEW,
-                              temperature=SAMPLING.temperature, seed=seed, stop_at_eos=False, **options)
+    target, dtype = on_backend(model, backend)
+    result = specdec.generate(target, [PROMPT] * ROWS, drafter=drafters[drafter], backend=backend, dtype=dtype,
+                              max_new_tokens=NEW, temperature=SAMPLING.temperature, seed=seed, stop_at_eos=False,
+                              **options)
     counts = {}
     for row in result.tokens:
         counts[tuple(row)] = counts.get(tuple(row), 0) + 1
@@ -106,12 +133,14 @@ class OnceChooser(reference_verify.UniformChooser):
 
 @pytest.mark.parametrize("drafter, verifier", [  # None: the default verifier (exact, or rejection for sampled beams)
     ("none", None), ("lookup", None), ("redrafter", None), ("redrafter-sampled", None), ("redrafter-sampled", "exact"),
-    ("medusa", None),
+    ("medusa", None), ("eagle", None), ("draft_model", None), ("draft_model-argmax", None),
 ])
-def test_emitted_tokens_have_the_target_distribution(world, drafter, verifier, monkeypatch):
+@pytest.mark.parametrize("backend", sorted(BACKENDS))
+def test_emitted_tokens_have_the_target_distribution(world, backend, drafter, verifier, monkeypatch):
     monkeypatch.setattr(reference_verify, "UniformChooser", OnceChooser)
-    statistic, quantile, stats = chi_square(world, drafter, verifier)
-    assert statistic < quantile, f"drafter={drafter} verifier={verifier}: chi-square {statistic:.1f} >= {quantile:.1f}"
+    statistic, quantile, stats = chi_square(world, drafter, verifier, backend=backend)
+    assert statistic < quantile, (
+        f"{backend} drafter={drafter} verifier={verifier}: chi-square {statistic:.1f} >= {quantile:.1f}")
     if drafter != "none":  # drafted tokens were accepted, so the accept path is what was tested
         assert stats.accepted_tokens > ROWS // 4, stats
 
