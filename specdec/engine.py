@@ -63,7 +63,7 @@ class Engine:
     """In-flight batching over one target with ``slots`` request slots (module docstring).
 
     model: a model folder, a bundled name or a loaded target (``specdec.load(..., slots=N)``);
-    drafter, backend, dtype, device and ``**options`` as in ``specdec.generate`` (the verifier
+    drafter, backend, dtype, device, exact and ``**options`` as in ``specdec.generate`` (the verifier
     is ``exact`` unless ``verifier=`` names another). capacity: positions a request may use,
     prompt and new tokens (None: the model's context, at most ``specdec.slots.DEFAULT_CAPACITY``
     less the tree room); a target loaded here gets ``tree_room`` (default
@@ -77,7 +77,7 @@ class Engine:
     def __init__(self, model: Any, drafter: Any = "redrafter", backend: str | None = None, *, slots: int = 4,
                  capacity: int | None = None, max_queue: int = 64, max_prefill_tokens: int | None = 512,
                  max_new_tokens: int = 128, dtype: str | None = None, device: str | None = None,
-                 tree_room: int | None = None, registry=None, **options: Any):
+                 exact: bool | None = None, tree_room: int | None = None, registry=None, **options: Any):
         from specdec.generate import load, load_backend, prepare
 
         if isinstance(capacity, bool) or (capacity is not None and (not isinstance(capacity, int) or capacity < 2)):
@@ -91,9 +91,9 @@ class Engine:
             else:
                 room = TREE_ROOM if tree_room is None else tree_room
                 target = load(model, backend, dtype=dtype, device=device, slots=slots,
-                              capacity=None if capacity is None else capacity + room, registry=registry)
+                              capacity=None if capacity is None else capacity + room, exact=exact, registry=registry)
             plan, *_ = prepare(target, [1], drafter, backend, max_new_tokens=1, temperature=0.0, top_k=None,
-                               top_p=None, dtype=None, device=None, registry=registry,
+                               top_p=None, dtype=None, device=None, exact=exact, registry=registry,
                                options={"verifier": "exact", **options})
             return plan, room
 

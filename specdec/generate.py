@@ -53,6 +53,7 @@ def generate(
     seed: int | Sequence[int] | None = None,
     dtype: str | None = None,
     device: str | None = None,
+    exact: bool | None = None,
     registry: PluginRegistry | None = None,
     **options: Any,
 ) -> GenerationResult:
@@ -71,13 +72,17 @@ def generate(
         everything else goes to the drafter (e.g. ``beam_width``, ``beam_length``; when both are
         left out, the ones ``specdec plan`` chose on this machine, if it ran).
     dtype: None (or "auto") loads a model folder in the dtype measured fastest on this machine
-        (``specdec.tuning``); float32 and float64 give exactly plain decoding's greedy output,
-        lower precisions the target's greedy output as its verification forwards compute it.
+        (``specdec.tuning``).
+    exact: the target's exact mode (``specdec.exactness``): its rows computed so that they do not
+        depend on what shares a forward, which makes greedy output bit-identical to plain
+        decoding at any dtype. None (the default) turns it on where a check of this machine's
+        kernels holds; True insists (an error where it cannot hold); False turns it off. For a
+        loaded target, None keeps what it was loaded with.
     """
     check_seed(seed)
     plan, prompts, batched, tokenizer = prepare(
         model, prompt, drafter, backend, max_new_tokens=max_new_tokens, temperature=temperature,
-        top_k=top_k, top_p=top_p, dtype=dtype, device=device, registry=registry, options=options,
+        top_k=top_k, top_p=top_p, dtype=dtype, device=device, exact=exact, registry=registry, options=options,
     )
     check_seed(seed, len(prompts))
     return collect(decode_steps(plan, prompts, seed=seed), len(prompts), batched=batched, tokenizer=tokenizer)
@@ -86,7 +91,7 @@ def generate(
 def stream(model: Any, prompt: Any, drafter: Any = "redrafter", backend: str | None = None, *,
            max_new_tokens: int = 128, temperature: float = 0.0, top_k: int | None = None,
            top_p: float | None = None, seed=None, dtype: str | None = None, device: str | None = None,
-           registry: PluginRegistry | None = None, **options: Any) -> Iterator[StepResult]:
+           exact: bool | None = None, registry: PluginRegistry | None = None, **options: Any) -> Iterator[StepResult]:
     """Like ``generate``, but yield one ``StepResult`` per target forward as it happens.
 
     Arguments are checked when this is called, before the first step runs.
@@ -94,7 +99,7 @@ def stream(model: Any, prompt: Any, drafter: Any = "redrafter", backend: str | N
     check_seed(seed)
     plan, prompts, _, _ = prepare(
         model, prompt, drafter, backend, max_new_tokens=max_new_tokens, temperature=temperature,
-        top_k=top_k, top_p=top_p, dtype=dtype, device=device, registry=registry, options=options,
+        top_k=top_k, top_p=top_p, dtype=dtype, device=device, exact=exact, registry=registry, options=options,
     )
     check_seed(seed, len(prompts))
     return decode_steps(plan, prompts, seed=seed)
@@ -117,7 +122,7 @@ def prepare(model, prompt, drafter, backend, **kwargs):
 
 
 def _prepare(model, prompt, drafter, backend, *, max_new_tokens, temperature, top_k, top_p, dtype, device,
-             registry, options):
+             registry, options, exact=None):
     registry = registry or default_registry()
     options = dict(options)
     sampling = sampling_config(temperature, top_k, top_p)
@@ -133,9 +138,9 @@ def _prepare(model, prompt, drafter, backend, *, max_new_tokens, temperature, to
                                           chat_template=load_chat_template(model))
         check_context(prompts, max_new_tokens, config.get("max_position_embeddings"), batched=batched)
         target, _ = load_target(backend_obj, model, dtype=dtype, device=device, slots=len(prompts),
-                                capacity=max(map(len, prompts)) + max_new_tokens + TREE_ROOM)
+                                capacity=max(map(len, prompts)) + max_new_tokens + TREE_ROOM, exact=exact)
     else:
-        target, _ = load_target(backend_obj, model, dtype=dtype, device=device)
+        target, _ = load_target(backend_obj, model, dtype=dtype, device=device, exact=exact)
         tokenizer = getattr(target, "tokenizer", None)
         prompts, batched = encode_prompts(prompt, tokenizer, target.vocab_size,
                                           chat_template=getattr(target, "chat_template", None))
@@ -235,14 +240,16 @@ def load_backend(name: str | None, registry: PluginRegistry):
 
 
 def load(model: Any, backend: str | None = None, *, dtype: str | None = None, device: str | None = None,
-         slots: int = 1, capacity: int | None = None, registry: PluginRegistry | None = None):
+         slots: int = 1, capacity: int | None = None, exact: bool | None = None,
+         registry: PluginRegistry | None = None):
     """Load a target model once, to pass to ``generate`` many times. ``dtype=None``: the fastest
     dtype measured on this machine (``specdec.tuning``; cached after the first measurement).
+    exact: the target's exact mode, as in ``generate`` (None: on where this machine's check holds).
     slots: requests decoded at once (a batch larger than that waits for free slots); capacity:
     positions per slot, prompt and new tokens and a draft tree (None: the model's context length,
     at most ``specdec.slots.DEFAULT_CAPACITY``)."""
     backend_obj = load_backend(backend, registry or default_registry())
-    sized = dict(slots=slots, capacity=capacity)
+    sized = dict(slots=slots, capacity=capacity, exact=exact)
     try:
         target, choice = load_target(backend_obj, resolve_model(model), dtype=dtype, device=device, **sized)
     except (InvalidInputError, MissingDependencyError):
@@ -264,7 +271,20 @@ def load(model: Any, backend: str | None = None, *, dtype: str | None = None, de
 
 
 def load_target(backend, model, *, dtype: str | None, device: str | None, slots: int = 1,
-                capacity: int | None = None):
+                capacity: int | None = None, exact: bool | None = None):
+    """(target, DtypeChoice) of ``_load_target``, with the target's exact mode set from ``exact``
+    (``specdec.exactness.configure``; a loaded target keeps its own unless ``exact`` is given)."""
+    from specdec.exactness import check_exact_option, configure
+
+    exact = check_exact_option(exact)
+    target, choice = _load_target(backend, model, dtype=dtype, device=device, slots=slots, capacity=capacity)
+    if exact is not None or getattr(target, "exactness", None) is None:
+        configure(target, exact, backend=backend.name)
+    return target, choice
+
+
+def _load_target(backend, model, *, dtype: str | None, device: str | None, slots: int = 1,
+                 capacity: int | None = None):
     """(target, ``specdec.tuning.DtypeChoice``): ``model`` loaded on ``backend`` after checking a
     model folder's files. ``dtype=None`` (or "auto") loads a model folder in the dtype measured
     fastest on this machine (``specdec.tuning``) when the backend offers several; a loaded target

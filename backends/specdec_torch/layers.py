@@ -1,6 +1,7 @@
 """The pieces of a Llama-family decoder layer as plain functions of tensors (torch twin of
 ``specdec.reference.model``): RMSNorm, rotary embeddings at explicit positions, attention over a
-KV cache with a boolean mask, the SwiGLU MLP.
+KV cache with a boolean mask (the fastest of three exact forms; ``specdec_torch.exact`` has the
+row-invariant one).
 
 Shapes: B batch, n new tokens, S key slots, Hq query heads, Hkv key/value heads, Dh head size,
 H hidden size.
@@ -16,7 +17,7 @@ import torch.nn.functional as F
 
 from specdec_torch.timing import fastest
 
-__all__ = ["apply_rotary", "attend", "attention_choices", "mlp", "rms_norm", "rotary_cos_sin", "rotary_dtype"]
+__all__ = ["apply_rotary", "attend", "attention_choices", "rms_norm", "rotary_cos_sin", "rotary_dtype"]
 
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
 
@@ -141,7 +142,3 @@ def _rows_class(bits: int) -> str:
     low, high = 1 << (bits - 1), (1 << bits) - 1
     return "1 row" if bits == 1 else f"rows {low}-{high}"
 
-
-def mlp(x: torch.Tensor, gate: torch.nn.Linear, up: torch.nn.Linear, down: torch.nn.Linear) -> torch.Tensor:
-    """SwiGLU: down(silu(gate(x)) * up(x)). x (..., H) -> (..., H)."""
-    return down(F.silu(gate(x)) * up(x))

@@ -24,8 +24,11 @@ from specdec.errors import InvalidInputError
 from specdec.reference import packing
 from specdec.slots import admit_in_chunks, check_forward, check_layers, check_slot_arguments, check_slots
 from specdec.types import DraftTree, PromptOutput, TargetOutput, Verdict
+from specdec_torch.exact import (
+    KernelPlan, SplitPlan, attend_kernel, attend_split, linear_rows, plan_kernel, plan_split,
+)
 from specdec_torch.kvcache import TorchKVCache
-from specdec_torch.layers import apply_rotary, attend, inverse_frequencies, mlp, rms_norm, rotary_cos_sin
+from specdec_torch.layers import apply_rotary, attend, inverse_frequencies, rms_norm, rotary_cos_sin
 from specdec_torch.packing import pack as pack_stream, unpack as unpack_stream
 from specdec_torch.products import head_product
 
@@ -103,12 +106,18 @@ class TorchTarget:
     ``vocab_size``, ``hidden_size``, ``num_layers``, ``num_slots``, ``capacity``, ``eos_token_ids``,
     ``tokenizer`` (``tokenizers.Tokenizer`` or None), ``name``, ``dtype``, ``device``,
     ``cache_lengths`` (num_slots,) on the host.
+
+    ``exact``: compute every row in the row-invariant forms of ``specdec_torch.exact`` (products
+    of one row as two, the canonical attention), so that a row's results do not depend on what
+    shares its forward; ``check_row_invariance`` says whether this machine's kernels keep that
+    promise (``specdec.exactness`` sets ``exact`` from it when the target is loaded).
     """
 
     def __init__(self, model: Any, *, config, fingerprint_fn: Callable[[], str], tokenizer: Any = None,
                  name: str = "torch", eos_token_ids: Sequence[int] = (), pack: bool = False, slots: int = 1,
-                 capacity: int | None = None):
+                 capacity: int | None = None, exact: bool = False):
         self.model = model
+        self._kernel = None
         self.config = config
         self.tokenizer = tokenizer
         self.name = name
@@ -138,6 +147,33 @@ class TorchTarget:
             num_layers=config.num_hidden_layers, num_kv_heads=config.num_key_value_heads,
             head_dim=config.head_dim, dtype=self.dtype, device=self.device, num_slots=slots, capacity=capacity,
         )
+        self.exact = exact
+
+    @property
+    def exact(self) -> bool:
+        """Whether forwards run in the row-invariant forms (``specdec_torch.exact``)."""
+        return self._exact
+
+    @exact.setter
+    def exact(self, value: bool) -> None:
+        self._exact = bool(value)
+        if self._exact and self.device.type == "cpu" and self._kernel is None:
+            from specdec_torch.kernels import attention_kernel
+
+            self._kernel = attention_kernel()  # None: the split form of torch operations
+
+    def check_row_invariance(self):
+        """Whether this machine's kernels keep exact mode's promise for this target's shapes and
+        dtype (``specdec_torch.invariance``; measured once, then cached)."""
+        from specdec_torch.invariance import check_row_invariance
+
+        return check_row_invariance(self)
+
+    @property
+    def exact_form(self) -> str | None:
+        """How exact mode computes attention: "kernel" (compiled, CPU) or "split" (torch
+        operations); None when exact mode is off."""
+        return None if not self._exact else "kernel" if self._kernel is not None else "split"
 
     @property
     def num_slots(self) -> int:
@@ -162,25 +198,32 @@ class TorchTarget:
     # ------------------------------------------------------------------------------------
     # The forward pass: packed segments (specdec.reference.packing), attention per segment
 
+    def _product(self, x: torch.Tensor, projection: torch.nn.Module | torch.Tensor, bias=None) -> torch.Tensor:
+        """``x @ W.T + b`` of a projection module or a weight, one row as two in exact mode."""
+        if isinstance(projection, torch.nn.Module):
+            projection, bias = projection.weight, projection.bias
+        return linear_rows(x, projection, bias) if self.exact else F.linear(x, projection, bias)
+
     def _layer(self, index: int, x: torch.Tensor, segments: list["_Segment"]) -> torch.Tensor:
         """One decoder layer on the packed new tokens x (T, H); each segment's keys and values
         are written at its rows and its queries attend through its own mask."""
-        layer, cfg = self._layers[index], self.config
-        attention = layer.self_attn
+        layer, cfg, product = self._layers[index], self.config, self._product
+        attention, mlp_ = layer.self_attn, layer.mlp
         h = rms_norm(x, layer.input_layernorm.weight, cfg.rms_norm_eps)
         if self._packed is not None:  # one matmul for q, k and v
             qkv_weight, qkv_bias, gate_up, gate_up_bias = self._packed[index]
-            q, k, v = F.linear(h, qkv_weight, qkv_bias).split(self._qkv_sizes, dim=-1)
+            q, k, v = product(h, qkv_weight, qkv_bias).split(self._qkv_sizes, dim=-1)
         else:
-            q, k, v = attention.q_proj(h), attention.k_proj(h), attention.v_proj(h)
+            q, k, v = product(h, attention.q_proj), product(h, attention.k_proj), product(h, attention.v_proj)
         heads = [self._attend_segment(index, s, q[s.start:s.end], k[s.start:s.end], v[s.start:s.end])
                  for s in segments]
-        x = x + attention.o_proj(heads[0] if len(heads) == 1 else torch.cat(heads))
+        x = x + product(heads[0] if len(heads) == 1 else torch.cat(heads), attention.o_proj)
         h = rms_norm(x, layer.post_attention_layernorm.weight, cfg.rms_norm_eps)
         if self._packed is not None:  # one matmul for the gate and up projections
-            gate, up = F.linear(h, gate_up, gate_up_bias).chunk(2, dim=-1)
-            return x + layer.mlp.down_proj(F.silu(gate) * up)
-        return x + mlp(h, layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj)
+            gate, up = product(h, gate_up, gate_up_bias).chunk(2, dim=-1)
+        else:
+            gate, up = product(h, mlp_.gate_proj), product(h, mlp_.up_proj)
+        return x + product(F.silu(gate) * up, mlp_.down_proj)
 
     def _attend_segment(self, index: int, segment: "_Segment", q, k, v) -> torch.Tensor:
         """Attention of one segment's tokens (rows * width, .) -> (rows * width, Hq * Dh)."""
@@ -191,11 +234,20 @@ class TorchTarget:
         q, k = apply_rotary(q, segment.cos, segment.sin), apply_rotary(k, segment.cos, segment.sin)
         rows = segment.rows
         self.cache.write(index, rows.slots, rows.positions, k, v, rows.block)
+        if isinstance(segment.plan, KernelPlan):  # the kernel reads the cache itself
+            data = self.cache.data[index]
+            return attend_kernel(self._kernel, q, data[0], data[1], segment.plan).reshape(batch * n, -1)
         keys, values = self.cache.view(index, rows.slots, segment.key_size, rows.span)
         if rows.within is not None:  # the span's other slots attend with zero queries; their rows are dropped
             q = q.new_zeros((keys.shape[0],) + tuple(q.shape[1:])).index_copy_(0, rows.within, q)
-            return attend(q, keys, values, segment.mask)[rows.within].reshape(batch * n, -1)
-        return attend(q, keys, values, segment.mask).reshape(batch * n, -1)
+            return self._attend(q, keys, values, segment)[rows.within].reshape(batch * n, -1)
+        return self._attend(q, keys, values, segment).reshape(batch * n, -1)
+
+    @staticmethod
+    def _attend(q, keys, values, segment: "_Segment") -> torch.Tensor:
+        if segment.plan is not None:  # exact mode, split form
+            return attend_split(q, keys, values, segment.plan)
+        return attend(q, keys, values, segment.mask)
 
     def _forward(self, tokens: torch.Tensor, segments: list["_Segment"], layers: set[int]
                  ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
@@ -213,8 +265,12 @@ class TorchTarget:
                  ) -> "_Segment":
         """A segment with its rotary angles at ``positions`` (rows, width) and mask (rows, width, S)."""
         cos, sin = rotary_cos_sin(positions, self._inv_freq, self.dtype)
+        mask = mask[:, None]
+        plan = None
+        if self.exact:
+            plan = plan_kernel(mask, rows.slots) if self._kernel is not None else plan_split(mask)
         return _Segment(start=place.offset, end=place.end, shape=(place.rows, place.width), cos=cos, sin=sin,
-                        rows=rows, mask=mask[:, None], key_size=int(mask.shape[-1]))
+                        rows=rows, mask=mask, key_size=int(mask.shape[-1]), plan=plan)
 
     def _chunk_segment(self, place: "packing.Segment", slot: int, start: int) -> "_Segment":
         """A prompt chunk of ``place.width`` tokens written at ``start ..`` of ``slot``: causal."""
@@ -233,6 +289,7 @@ class TorchTarget:
         consecutive = bool(np.all(np.diff(slots) == 1))
         width = int(slots[-1]) - int(slots[0]) + 1
         ascending_and_dense = bool(np.all(np.diff(slots) > 0)) and width <= SPAN_SPARSITY * len(slots)
+        ascending_and_dense = ascending_and_dense and self.exact_form != "kernel"  # the kernel reads slots itself
         span = (int(slots[0]), int(slots[-1]) + 1) if consecutive or ascending_and_dense else None
         within = None if consecutive or span is None else torch.from_numpy(slots - slots[0]).to(self.device)
         block = span + (longest,) if consecutive and int(host_lengths.min()) == longest else None
@@ -257,7 +314,8 @@ class TorchTarget:
         return mask & (key_positions[:, None, :] > query_positions[:, :, None] - window)
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return head_product(hidden, self.lm_head)  # the formulation measured fastest here (specdec_torch.products)
+        # the formulation measured fastest here (specdec_torch.products), one for every row count when exact
+        return head_product(hidden, self.lm_head, exact=self.exact)
 
     # ------------------------------------------------------------------------------------
     # TargetModel
@@ -353,7 +411,7 @@ class TorchTarget:
 class _Segment:
     """A segment of the packed tokens ``start .. end - 1`` (``shape`` (rows, width)) with what its
     attention needs: rotary cos, sin (rows, 1, width, Dh), where its keys go, mask (rows, 1,
-    width, key_size)."""
+    width, key_size) and, in exact mode, the mask's attention plan (``specdec_torch.exact``)."""
 
     start: int
     end: int
@@ -363,6 +421,7 @@ class _Segment:
     rows: "_Rows"
     mask: torch.Tensor
     key_size: int
+    plan: KernelPlan | SplitPlan | None = None
 
 
 @attrs.frozen

@@ -13,7 +13,9 @@ So nothing is assumed: the first product with a given weight shape, dtype and ro
 
 More rows than that (a batch of prompts, teacher decoding) and other devices use ``F.linear``:
 both formulations are then matrix products the library handles alike, timing them would cost
-seconds for a large vocabulary, and on a GPU a timing would need a sync.
+seconds for a large vocabulary, and on a GPU a timing would need a sync. In exact mode
+(``specdec_torch.exact``) the formulation never depends on the row count: the one measured for
+several rows serves every count, a single row doubled.
 """
 
 from __future__ import annotations
@@ -38,19 +40,34 @@ def _transposed(rows: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return (weight @ rows.T).T
 
 
-def head_product(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+def _linear(rows: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``F.linear`` with a single row doubled (the matrix-vector kernel rounds differently)."""
+    if rows.shape[0] == 1:
+        return F.linear(torch.cat([rows, rows]), weight)[:1]
+    return F.linear(rows, weight)
+
+
+def head_product(x: torch.Tensor, weight: torch.Tensor, *, exact: bool = False) -> torch.Tensor:
     """``x @ weight.T``: x (..., K), weight (N, K) -> (..., N), like ``F.linear(x, weight)``,
     computed in the formulation measured fastest on this machine for this weight's shape and
-    dtype and for one row or a few (measured by the first such product; see the module)."""
+    dtype and for one row or a few (measured by the first such product; see the module).
+
+    exact: one formulation for every row count (the one measured for several rows; a single row
+    doubled), so that a row's bits do not depend on how many rows share the product."""
     rows = x.reshape(-1, x.shape[-1])
-    if weight.device.type != "cpu" or not 0 < rows.shape[0] <= MEASURED_ROWS:
+    plain = _linear if exact else F.linear
+    if rows.shape[0] == 0 or (weight.device.type != "cpu" and not exact):
         return F.linear(x, weight)
-    key = (tuple(weight.shape), weight.dtype, rows.shape[0] > 1)
+    if weight.device.type != "cpu" or (not exact and rows.shape[0] > MEASURED_ROWS):
+        return plain(rows, weight).reshape(*x.shape[:-1], weight.shape[0])
+    several = exact or rows.shape[0] > 1
+    key = (tuple(weight.shape), weight.dtype, several)
     transposed = _TRANSPOSED.get(key)
-    if transposed is None:
-        transposed = _TRANSPOSED[key] = second_is_faster(lambda: F.linear(rows, weight),
-                                                         lambda: _transposed(rows, weight))
-    out = _transposed(rows, weight) if transposed else F.linear(rows, weight)
+    if transposed is None:  # timed on a few rows (a row repeated when exact mode meets one first)
+        sample = rows[:MEASURED_ROWS] if rows.shape[0] > 1 or not several else rows.expand(8, -1).contiguous()
+        transposed = _TRANSPOSED[key] = second_is_faster(lambda: plain(sample, weight),
+                                                         lambda: _transposed(sample, weight))
+    out = _transposed(rows, weight) if transposed else plain(rows, weight)
     return out.reshape(*x.shape[:-1], weight.shape[0])
 
 
