@@ -21,6 +21,7 @@ def _add_generation_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--dtype", default=None, help="default: the fastest measured on this machine (specdec tune)")
     parser.add_argument("--device", default=None)
+    _add_exact_arg(parser)
     parser.add_argument("--beam-width", type=int, default=None)
     parser.add_argument("--beam-length", type=int, default=None)
     parser.add_argument("--verifier", default=None)
@@ -30,6 +31,13 @@ def _add_generation_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lookup-length", type=int, default=None, metavar="N",
                         help="tokens the prompt-lookup beam drafts, whatever the beam length (default 10; with "
                              "--drafter lookup, the length of prompt lookup alone)")
+
+
+def _add_exact_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--exact", action=argparse.BooleanOptionalAction, default=None,
+                        help="exact mode: rows computed so that speculative output is bit-identical to plain "
+                             "decoding at any dtype (default: on where this machine's check holds; --exact "
+                             "insists, --no-exact turns it off)")
 
 
 def lookup_option(args) -> dict:
@@ -59,7 +67,7 @@ def _options(args) -> dict:
 def _common(args) -> dict:
     return dict(
         backend=args.backend, max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
-        top_p=args.top_p, seed=args.seed, dtype=args.dtype, device=args.device,
+        top_p=args.top_p, seed=args.seed, dtype=args.dtype, device=args.device, exact=args.exact,
     )
 
 
@@ -150,6 +158,7 @@ def cmd_demo(args) -> int:
     an open question (the text is new: little to draft) and an edit of code given in the prompt
     (the answer repeats it: much to draft), each reported, then both together."""
     import specdec
+    from specdec.exactness import describe as describe_exactness
     from specdec.generate import load_backend
     from specdec.plugins import default_registry
 
@@ -159,7 +168,7 @@ def cmd_demo(args) -> int:
         registry = default_registry()
         backend = args.backend or ("numpy" if args.random else None)
         backend = load_backend(backend, registry).name
-        target = specdec.load(model, backend=backend, dtype=args.dtype)
+        target = specdec.load(model, backend=backend, dtype=args.dtype, exact=args.exact)
         choice = getattr(target, "dtype_choice", None)
         methods = {"plain": ("none", {}), **drafters}
 
@@ -172,8 +181,9 @@ def cmd_demo(args) -> int:
         label = "random untrained drafters: expect no acceptance" if args.random else "shipped drafters"
         print(f"model {model}, backend {backend}; {label}")
         print(f"dtype: {choice.describe() if choice else args.dtype}")
+        print(describe_exactness(target))
         print(f"default drafting: {_describe_default(target, drafters['default'][0], backend, registry)}")
-        exact = str(getattr(target, "dtype", "")).endswith(("float32", "float64"))
+        exact = bool(getattr(target, "exact", False)) or str(getattr(target, "dtype", "")).endswith("float64")
         status, totals = 0, {name: [0, 0.0] for name in methods}  # new tokens, seconds (prefill included)
         for text in args.prompt:
             runs: dict[str, list] = {}
@@ -191,13 +201,13 @@ def cmd_demo(args) -> int:
                     continue
                 same = _same_prefix(result.tokens, plain.tokens)
                 if result.tokens == plain.tokens:
-                    note = "identical to plain decoding"
+                    note = f"identical to plain decoding: {same} of {len(plain.tokens)} tokens"
                 elif exact:
-                    note = f"DIFFERS from plain decoding after {same} tokens"
+                    note = f"DIFFERS from plain decoding after {same} of {len(plain.tokens)} tokens"
                     status = 1
                 else:
-                    note = (f"same as plain decoding for {same} of {len(plain.tokens)} tokens (low-precision "
-                            "rounding differs between tree and one-token forwards; exact in float32)")
+                    note = (f"identical to plain decoding: {same} of {len(plain.tokens)} tokens (exact mode is off: "
+                            "tree and one-token forwards round differently)")
                 print(_report(name, result, plain.stats.tokens_per_second) + f"; {note}")
         if len(args.prompt) > 1:
             rate = {name: tokens / seconds for name, (tokens, seconds) in totals.items()}
@@ -429,6 +439,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--model", default="smollm2-135m")
     demo.add_argument("--backend", default=None, help="default: torch when installed, else numpy")
     demo.add_argument("--dtype", default=None)
+    _add_exact_arg(demo)
     demo.add_argument("--prompt", action="append", default=None,
                       help="a chat prompt (repeatable); default: an open question and a code edit")
     demo.add_argument("--max-new-tokens", type=int, default=128)

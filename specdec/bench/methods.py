@@ -13,7 +13,8 @@ PEERS = {"hf": "torch", "hf-pld": "torch", "hf-assisted": "torch", "mlx-lm": "ml
 PLAIN = {"plain": "none"}  # every other specdec method is an installed drafter's name
 OPTION_NAMES = {"w": "beam_width", "l": "beam_length", "choices": "choices", "verifier": "verifier",
                 "n": "prompt_lookup_num_tokens", "draft": "draft_model", "drafter": "drafter_path",
-                "top_t": "top_t", "sample": "sample", "lookup": "lookup", "k": "draft_length", "dtype": "dtype"}
+                "top_t": "top_t", "sample": "sample", "lookup": "lookup", "k": "draft_length", "dtype": "dtype",
+                "exact": "exact"}
 
 
 @attrs.frozen(kw_only=True)
@@ -37,8 +38,13 @@ class Method:
         return self.options.get("drafter_path") or PLAIN.get(self.kind, self.kind)
 
     @property
+    def exact(self) -> bool | None:
+        """The target's exact mode this method runs with (None: the default, on where it holds)."""
+        return self.options.get("exact")
+
+    @property
     def generate_options(self) -> dict[str, Any]:
-        return {k: v for k, v in self.options.items() if k not in ("drafter_path", "dtype")}
+        return {k: v for k, v in self.options.items() if k not in ("drafter_path", "dtype", "exact")}
 
 
 def _value(text: str):
@@ -56,8 +62,9 @@ def parse_method(spec: str) -> Method:
     ReDrafter's; on by default as in ``generate``, ``redrafter:lookup=false`` for ReDrafter alone,
     ``redrafter:lookup=10`` for a lookup chain of 10 drafted tokens),
     ``lookup:k=10`` (our prompt lookup alone, drafting k tokens), ``hf:dtype=own`` (a peer in its own
-    default dtype rather than the one our target runs in). Keys: w, l, choices, verifier, top_t,
-    sample, lookup, k, n, draft, dtype (peers only); a specdec method also takes its drafter
+    default dtype rather than the one our target runs in), ``plain:exact=false`` (our methods on a
+    second target with exact mode off, ``specdec.exactness``, to measure what it costs). Keys: w, l,
+    choices, verifier, top_t, sample, lookup, k, n, draft, dtype (peers only), exact (ours only); a specdec method also takes its drafter
     factory's own keyword options by name, e.g. ``eagle:total_tokens=8,depth=4`` (``generate``
     checks them against the factory and names the ones it takes)."""
     kind, _, rest = spec.partition(":")
@@ -74,6 +81,8 @@ def parse_method(spec: str) -> Method:
             raise InvalidInputError(f"method {spec!r}: bad option {item!r}; keys: {', '.join(OPTION_NAMES)}"
                                     + ("" if kind in PEERS else ", or the drafter's own options by name"))
         options[OPTION_NAMES.get(key, key)] = _value(value)
+    if "exact" in options and (kind in PEERS or not isinstance(options["exact"], bool)):
+        raise InvalidInputError(f"method {spec!r}: exact is true or false, and only for our methods")
     if "dtype" in options and kind not in PEERS:
         raise InvalidInputError(f"method {spec!r}: dtype is a peer's option; our methods run in the grid's dtype")
     if kind == "hf-assisted" and "draft_model" not in options or kind == "mlx-lm-draft" and "draft_model" not in options:

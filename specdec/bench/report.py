@@ -5,7 +5,9 @@ speedup = tokens/s of a method over tokens/s of our plain decoding on the same b
 temperature, prompts and repeat, median over repeats; tree reduction = 1 - verified drafted
 tokens / drafted tokens of the distinct beams (roots not counted; the share deduplication into
 the prefix tree saved); identical (greedy only) = the share of
-generations whose tokens equal our plain decoding's for the same prompt and repeat.
+generations whose tokens equal our plain decoding's for the same prompt and repeat, with the
+tokens up to the first difference of all tokens beside it; speedup and identity compare with the
+plain method of the same exact mode (``plain`` or ``plain:exact=false``).
 """
 
 from __future__ import annotations
@@ -35,9 +37,20 @@ def _throughput(records) -> float:
     return sum(r.new_tokens for r in records) / seconds if seconds > 0 else float("nan")
 
 
+def _plain_labels(records, plain: str) -> dict[str, str]:
+    """exact mode -> the label of the plain method that ran in it (``plain`` first)."""
+    labels: dict[str, str] = {}
+    for r in sorted(records, key=lambda r: r.method != plain):
+        if r.method == plain or r.method.startswith(plain + ":"):
+            labels.setdefault(r.exact, r.method)
+    return labels
+
+
 def summarize(records: Sequence[BenchRecord], *, plain: str = "plain") -> list[dict]:
     """One row per (backend, dtype, temperature, method, category), plus category "all"."""
     records = list(records) + [attrs.evolve(r, category="all") for r in records]
+    plains = _plain_labels(records, plain)
+    exact_of = {r.method: r.exact for r in records}
     cells = _group(records, ("backend", "dtype", "temperature", "category", "method", "repeat"))
     rows = []
     for (backend, dtype, temperature, category, method), group in _group(
@@ -52,16 +65,19 @@ def summarize(records: Sequence[BenchRecord], *, plain: str = "plain") -> list[d
             return float(np.median(values)) if values else float("nan")
 
         steps = sum(r.steps for r in group)
-        same = [_identical(r, cells.get((backend, dtype, temperature, category, plain, r.repeat), ()))
-                for r in group] if temperature == 0 else []
-        same = [v for v in same if v is not None]
+        baseline = plains.get(exact_of[method], plain)
+        compared = [_compare(r, cells.get((backend, dtype, temperature, category, baseline, r.repeat), ()))
+                    for r in group] if temperature == 0 else []
+        compared = [v for v in compared if v is not None]
+        same = [matched == total and len(r_tokens) == total for matched, total, r_tokens in compared]
         decode_steps = sum(len(r.accepted) for r in group)
         decode_time = sum(r.time_draft + r.time_verify + r.time_other for r in group)
         drafted = sum(r.drafted for r in group)
         row = dict(
             backend=backend, dtype=dtype, temperature=temperature, category=category, method=method,
             prompts=len({r.prompt_id for r in group}), repeats=len(repeats),
-            tokens_per_second=float(np.median(tps)), speedup=ratio(plain),
+            exact=exact_of[method],
+            tokens_per_second=float(np.median(tps)), speedup=ratio(baseline),
             speedup_vs_peer=ratio(PEER_BASELINE.get(backend, "")),
             tokens_per_step=sum(r.new_tokens for r in group) / steps if steps else float("nan"),
             verified_per_step=sum(r.verified for r in group) / decode_steps if decode_steps else float("nan"),
@@ -71,6 +87,7 @@ def summarize(records: Sequence[BenchRecord], *, plain: str = "plain") -> list[d
             verify_share=sum(r.time_verify for r in group) / decode_time if decode_time else float("nan"),
             other_share=sum(r.time_other for r in group) / decode_time if decode_time else float("nan"),
             identical=float(np.mean(same)) if same else float("nan"),
+            identical_tokens=sum(m for m, _, _ in compared), compared_tokens=sum(t for _, t, _ in compared),
             peak_rss_mb=max((r.peak_rss_mb for r in group if not np.isnan(r.peak_rss_mb)), default=float("nan")),
         )
         rows.append(row)
@@ -80,13 +97,22 @@ def summarize(records: Sequence[BenchRecord], *, plain: str = "plain") -> list[d
     return rows
 
 
-def _identical(record: BenchRecord, plain_records) -> bool | None:
-    """Whether ``record`` generated the tokens our plain decoding did for its prompt (None: no
-    tokens recorded on either side)."""
+def _compare(record: BenchRecord, plain_records) -> tuple[int, int, tuple] | None:
+    """(tokens equal to our plain decoding's before the first difference, plain decoding's token
+    count, the record's tokens) for ``record``'s prompt (None: no tokens on either side)."""
     reference = next((r for r in plain_records if r.prompt_id == record.prompt_id), None)
     if reference is None or not reference.tokens or not record.tokens:
         return None
-    return tuple(record.tokens) == tuple(reference.tokens)
+    matched = next((i for i, (a, b) in enumerate(zip(record.tokens, reference.tokens)) if a != b),
+                   min(len(record.tokens), len(reference.tokens)))
+    return matched, len(reference.tokens), tuple(record.tokens)
+
+
+def identity_line(row: dict) -> str:
+    """"identical to plain decoding: N of M tokens" for a summary row (greedy rows only)."""
+    if not row.get("compared_tokens"):
+        return "-"
+    return f"{row['identical_tokens']} of {row['compared_tokens']} tokens"
 
 
 def _fmt(value, spec: str) -> str:
@@ -95,8 +121,9 @@ def _fmt(value, spec: str) -> str:
 
 def markdown(rows: Sequence[dict], *, categories: bool = True) -> str:
     """A Markdown table of ``summarize`` rows."""
-    header = ("| backend | dtype | T | category | method | tok/s | speedup vs plain (x) | vs peer's plain (x) | tokens/step "
-              "| verified/step | tree reduction | draft / verify / other | greedy identical | peak RSS MB |")
+    header = ("| backend | dtype | exact | T | category | method | tok/s | speedup vs plain (x) | vs peer's plain (x) "
+              "| tokens/step | verified/step | tree reduction | draft / verify / other | identical to plain "
+              "| peak RSS MB |")
     lines = [header, "|" + "---|" * (header.count("|") - 1)]
     for r in rows:
         if not categories and r["category"] != "all":
@@ -104,10 +131,11 @@ def markdown(rows: Sequence[dict], *, categories: bool = True) -> str:
         split = "-" if np.isnan(r["draft_share"]) else (
             f"{r['draft_share']:.0%} / {r['verify_share']:.0%} / {r['other_share']:.0%}")
         lines.append(
-            f"| {r['backend']} | {r['dtype']} | {r['temperature']:g} | {r['category']} | {r['method']} "
+            f"| {r['backend']} | {r['dtype']} | {r.get('exact') or '-'} | {r['temperature']:g} | {r['category']} "
+            f"| {r['method']} "
             f"| {_fmt(r['tokens_per_second'], '.1f')} | {_fmt(r['speedup'], '.2f')} | {_fmt(r['speedup_vs_peer'], '.2f')} "
             f"| {_fmt(r['tokens_per_step'], '.2f')} | {_fmt(r['verified_per_step'], '.1f')} "
-            f"| {_fmt(r['tree_reduction'], '.0%')} | {split} | {_fmt(r['identical'], '.0%')} "
+            f"| {_fmt(r['tree_reduction'], '.0%')} | {split} | {identity_line(r)} "
             f"| {_fmt(r.get('peak_rss_mb', float('nan')), '.0f')} |"
         )
     return "\n".join(lines)

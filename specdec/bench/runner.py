@@ -35,6 +35,7 @@ class BenchRecord:
     time_prefill: float = 0.0
     tokens: tuple = attrs.field(default=(), repr=False)  # the generated ids, for greedy identity checks
     peak_rss_mb: float = float("nan")  # the process's peak resident memory during this generation
+    exact: str = ""  # the target's exact mode: "on", "off" ("" for peers)
 
     @property
     def steps(self) -> int:
@@ -122,6 +123,7 @@ def run_bench(
     capacity = max(map(len, encoded)) + max_new_tokens + TREE_ROOM
     for backend, dtype in grid:
         target = specdec.load(folder, backend=backend, dtype=dtype, capacity=capacity)
+        targets = {None: target}  # by a method's exact option; a second target only when one asks
         choice = getattr(target, "dtype_choice", None)
         dtype_label = str(dtype or (f"{choice.dtype} ({choice.source})" if choice else "default"))
         runners = {}
@@ -132,7 +134,12 @@ def run_bench(
                 runners[method.label] = peer_runner(method, model, target, dtype or _dtype_name(target),
                                                     max_new_tokens)
             else:
-                runners[method.label] = specdec_runner(method, model, target, backend, max_new_tokens)
+                if method.exact not in targets:
+                    targets[method.exact] = specdec.load(folder, backend=backend, dtype=target_dtype(target, dtype),
+                                                         capacity=capacity, exact=method.exact)
+                runners[method.label] = specdec_runner(method, model, targets[method.exact], backend,
+                                                       max_new_tokens)
+                runners[method.label].exact = "on" if getattr(targets[method.exact], "exact", False) else "off"
         for temperature in temperatures:
             for label, run in runners.items():
                 for _ in range(warmup):
@@ -145,10 +152,15 @@ def run_bench(
                         records.append(BenchRecord(
                             method=label, backend=backend, dtype=dtype_label, temperature=temperature,
                             prompt_id=prompt.id, category=prompt.category, repeat=repeat, peak_rss_mb=peak_rss_mb(),
-                            **measured))
+                            exact=getattr(run, "exact", ""), **measured))
                         bar.update(1)
     bar.close()
     return records
+
+
+def target_dtype(target, asked: str | None) -> str | None:
+    """The dtype a second target of this grid cell loads in: the first one's (no new measurement)."""
+    return _dtype_name(target) or asked
 
 
 def _dtype_name(target) -> str | None:

@@ -362,7 +362,8 @@ def create_app(engine: Engine, *, model_name: str, aliases: tuple[str, ...] = ()
         ok = stats["alive"] and not stats["closing"]
         dtype = getattr(engine.target, "dtype", None)
         return JSONResponse({"status": "ok" if ok else "unavailable", **stats,
-                             "dtype": None if dtype is None else str(dtype).rpartition(".")[2]},
+                             "dtype": None if dtype is None else str(dtype).rpartition(".")[2],
+                             "exact": bool(getattr(engine.target, "exact", False))},
                             status_code=200 if ok else 503)
 
     async def metrics(request: Request) -> Response:

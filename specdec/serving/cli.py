@@ -13,6 +13,9 @@ def add_parser(sub) -> None:
     parser.add_argument("--backend", default=None, help="numpy | torch | mlx | any installed backend")
     parser.add_argument("--dtype", default=None, help="default: the fastest measured on this machine (specdec tune)")
     parser.add_argument("--device", default=None)
+    parser.add_argument("--exact", action=argparse.BooleanOptionalAction, default=None,
+                        help="exact mode: every request's tokens bit-identical to decoding it alone, at any dtype "
+                             "(default: on where this machine's check holds)")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--slots", type=int, default=8, help="requests decoded at once")
@@ -45,6 +48,7 @@ def cmd_serve(args) -> int:
     from specdec.serving.server import Server
 
     from specdec.cli import lookup_option
+    from specdec.exactness import describe as describe_exactness
 
     options = lookup_option(args)
     for name in ("beam_width", "beam_length"):
@@ -52,10 +56,11 @@ def cmd_serve(args) -> int:
             options[name] = getattr(args, name)
     engine = Engine(args.model, drafter=args.drafter, backend=args.backend, slots=args.slots, capacity=args.capacity,
                     max_queue=args.max_queue, max_prefill_tokens=args.max_prefill_tokens, dtype=args.dtype,
-                    device=args.device, **options)
+                    exact=args.exact, device=args.device, **options)
     name = args.served_model_name or str(args.model)
     print(f"specdec: serving {name!r} on http://{args.host}:{args.port}/v1 ({args.slots} slots of "
-          f"{engine.context_length} tokens, drafter {args.drafter})", file=sys.stderr)
+          f"{engine.context_length} tokens, drafter {args.drafter}; {describe_exactness(engine.target)})",
+          file=sys.stderr)
     Server(engine, model_name=name, host=args.host, port=args.port, drain=not args.no_drain,
            shutdown_timeout=args.shutdown_timeout, log_level=args.log_level).run()
     return 0

@@ -41,8 +41,9 @@ def alone(model_dir, backend, drafter, prompt, settings_, seed, max_new_tokens):
     """Tokens of the request decoded alone by ``specdec.generate`` (memoised per test session)."""
     key = (str(model_dir), backend, str(drafter), tuple(prompt), tuple(sorted(settings_.items())), seed, max_new_tokens)
     if key not in _alone_cache:
-        target = _targets.setdefault((str(model_dir), backend), specdec.load(model_dir, backend=backend, slots=1,
-                                                                             capacity=96))
+        if (str(model_dir), backend) not in _targets:
+            _targets[(str(model_dir), backend)] = specdec.load(model_dir, backend=backend, slots=1, capacity=96)
+        target = _targets[(str(model_dir), backend)]
         _alone_cache[key] = specdec.generate(target, list(prompt), drafter=drafter, backend=backend,
                                              max_new_tokens=max_new_tokens, seed=seed, **settings_).tokens
     return _alone_cache[key]
@@ -414,3 +415,35 @@ def test_a_script_that_exits_with_an_engine_running_exits_cleanly(model_dir, bac
     assert done.returncode == 1, done.stderr[-2000:]
     assert "the script fails before closing the engine" in done.stderr
     assert "terminate called" not in done.stderr
+
+
+@pytest.fixture(scope="module")
+def wide_model(tmp_path_factory):
+    """Heads of 64 and four layers: wide enough that bfloat16 rows round differently with the
+    rows beside them unless the target runs in exact mode."""
+    from specdec.testing import make_random_model
+
+    return make_random_model(tmp_path_factory.mktemp("engine-exact") / "llama", vocab_size=96, hidden_size=256,
+                             intermediate_size=768, num_layers=4, num_heads=4, num_kv_heads=2, seed=4)
+
+
+@pytest.mark.parametrize("drafter", ["none", "lookup"])
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                                                HealthCheck.too_slow])
+@given(schedule=st.lists(requests, min_size=1, max_size=5), budget=st.sampled_from([None, 3]))
+def test_torch_bfloat16_requests_decode_bit_for_bit_as_alone(wide_model, drafter, schedule, budget):
+    """torch in bfloat16, exact mode: a request's tokens, greedy or sampled with its seed, are those
+    of decoding it alone, however the schedule packs its rows and prompt chunks (exact equality)."""
+    framework_backend("torch")
+    probe = specdec.load(wide_model, backend="torch", dtype="bfloat16", exact=False)
+    check = probe.check_row_invariance()
+    if not check.holds:
+        pytest.skip(f"exact mode does not hold on this machine: {check.failed}")
+    key = (str(wide_model), "torch")
+    if key not in _targets:
+        _targets[key] = specdec.load(wide_model, backend="torch", dtype="bfloat16", slots=1, capacity=96, exact=True)
+    with Engine(wide_model, drafter=drafter, backend="torch", slots=3, capacity=80, tree_room=16,
+                dtype="bfloat16", exact=True, max_prefill_tokens=budget) as engine:
+        assert engine.target.exact
+        results = run_schedule(engine, schedule)
+        check_against_alone(wide_model, "torch", drafter, schedule, results)
