@@ -29,6 +29,7 @@ from specdec.reference import packing
 from specdec.slots import admit_in_chunks, check_forward, check_layers, check_slot_arguments, check_slots
 from specdec.types import DraftTree, PromptOutput, TargetOutput, Verdict
 from specdec_mlx.backend import to_mx
+from specdec_mlx.exact import SplitPlan, attend_split, plan_split, rows_invariant
 from specdec_mlx.kvcache import MlxKVCache
 from specdec_mlx.packing import pack, unpack
 
@@ -66,12 +67,15 @@ class MlxTarget:
     ``hidden_size``, ``eos_token_ids``, ``tokenizer`` (a ``tokenizers.Tokenizer`` or None),
     ``name``, ``dtype``; ``embed_tokens`` and ``lm_head`` (V, H) MLX arrays; ``fingerprint``
     (as the reference computes it, from ``fingerprint_source``: the model folder, else the
-    module's own parameters).
+    module's own parameters). ``exact``: compute rows in the forms of ``specdec_mlx.exact`` so that
+    a row's results do not depend on what shares its forward (set by ``specdec.exactness`` from
+    ``check_row_invariance``).
     """
 
     def __init__(self, model, *, config: LlamaConfig, dtype, tokenizer: Any = None, name: str = "mlx-model",
-                 fingerprint_source: Any = None, slots: int = 1, capacity: int | None = None):
+                 fingerprint_source: Any = None, slots: int = 1, capacity: int | None = None, exact: bool = False):
         self.model = model
+        self.exact = bool(exact)
         self.config = config
         self.dtype = dtype
         self.tokenizer = tokenizer
@@ -128,12 +132,28 @@ class MlxTarget:
         extra, self._pending_extra = self._pending_extra, []
         return self.cache.arrays() + extra
 
+    def check_row_invariance(self):
+        """Whether this machine's MLX kernels keep exact mode's promise for this target's shapes
+        and dtype (``specdec_mlx.invariance``; measured once, then cached)."""
+        from specdec_mlx.invariance import check_row_invariance
+
+        return check_row_invariance(self)
+
     # ------------------------------------------------------------------ the forward
 
-    def _logits(self, hidden: mx.array) -> mx.array:
+    def _product(self, fn, x: mx.array) -> mx.array:
+        """``fn(x)`` for a product (or a block of them) over rows x (T, H); in exact mode a single
+        row is computed as two."""
+        return rows_invariant(fn, x) if self.exact else fn(x)
+
+    def _head(self, hidden: mx.array) -> mx.array:
         if self._lm_head_module is None:
             return self._embedding.as_linear(hidden)
         return self._lm_head_module(hidden)
+
+    def _logits(self, hidden: mx.array) -> mx.array:
+        rows = hidden.reshape(-1, hidden.shape[-1])
+        return self._product(self._head, rows).reshape(*hidden.shape[:-1], -1)
 
     def _run(self, tokens: mx.array, segments: list["_Segment"], layers: set[int]):
         """The decoder over the packed new tokens (T,) (``specdec.reference.packing``): norms,
@@ -144,9 +164,9 @@ class MlxTarget:
         outputs = {}
         for index, layer in enumerate(self._layers):
             # Attention block: pre-norm, projections, rotary, masked attention per segment, residual.
-            attention = layer.self_attn
+            attention, product = layer.self_attn, self._product
             h = layer.input_layernorm(x)
-            q, k, v = attention.q_proj(h), attention.k_proj(h), attention.v_proj(h)
+            q, k, v = product(attention.q_proj, h), product(attention.k_proj, h), product(attention.v_proj, h)
             heads = []
             for s in segments:
                 rows, width = s.shape
@@ -155,11 +175,14 @@ class MlxTarget:
                 ks = rotate(part(k), s.positions, self._periods)  # (rows, Hkv, width, Dh)
                 vs = part(v).reshape(rows, width, cfg.num_key_value_heads, cfg.head_dim).transpose(0, 2, 1, 3)
                 keys, values = s.store(index, ks, vs)
+                if s.plan is not None:  # exact mode
+                    heads.append(attend_split(qs, keys, values, s.plan, self._scale).reshape(rows * width, -1))
+                    continue
                 out = mx.fast.scaled_dot_product_attention(qs, keys, values, scale=self._scale, mask=s.mask)
                 heads.append(out.transpose(0, 2, 1, 3).reshape(rows * width, -1))
-            x = x + attention.o_proj(heads[0] if len(heads) == 1 else mx.concatenate(heads, axis=0))
+            x = x + product(attention.o_proj, heads[0] if len(heads) == 1 else mx.concatenate(heads, axis=0))
             # MLP block: pre-norm, SwiGLU, residual.
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
+            x = x + product(layer.mlp, layer.post_attention_layernorm(x))
             if index in layers:
                 outputs[index] = x
         return self._final_norm(x), outputs
@@ -176,7 +199,8 @@ class MlxTarget:
             self.cache.write(layer, slots, positions, k, v, (slot, slot + 1, start))
             return self.cache.view(layer, slots, start + n, (slot, slot + 1))
 
-        return _Segment(place.offset, place.end, (1, n), positions, allowed[:, None], store)
+        return _Segment(place.offset, place.end, (1, n), positions, allowed[:, None], store,
+                        plan_split(allowed[:, None]) if self.exact else None)
 
     def _tree_segment(self, place, tree: DraftTree, slots: np.ndarray) -> "_Segment":
         """The tree rows: node i of row b at position ``length + depth``, written at ``length + i``."""
@@ -207,7 +231,8 @@ class MlxTarget:
             self.cache.write(layer, slot_index, stored, k, v, block)
             return self.cache.view(layer, slot_index, span, rows)
 
-        return _Segment(place.offset, place.end, (batch, size), positions, allowed[:, None], store)
+        return _Segment(place.offset, place.end, (batch, size), positions, allowed[:, None], store,
+                        plan_split(allowed[:, None]) if self.exact else None)
 
     def _window(self, allowed: mx.array, query_positions: mx.array, key_positions: mx.array) -> mx.array:
         """Apply the sliding window: a query sees keys at positions > its position - window."""
@@ -296,7 +321,8 @@ class MlxTarget:
 class _Segment:
     """Packed tokens ``start .. end - 1`` (``shape`` (rows, width)) that attend together:
     positions (rows, width), mask (rows, 1, width, S), ``store(layer, keys, values)`` writes
-    their entries and returns the (rows, Hkv, S, Dh) keys and values to attend to."""
+    their entries and returns the (rows, Hkv, S, Dh) keys and values to attend to; ``plan`` the
+    mask's split of keys in exact mode (``specdec_mlx.exact``)."""
 
     start: int
     end: int
@@ -304,3 +330,4 @@ class _Segment:
     positions: mx.array
     mask: mx.array
     store: Callable
+    plan: SplitPlan | None = None
