@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+
+from specdec.serving import limits as bounds
+
+API_KEY_VARIABLE = "SPECDEC_API_KEY"
 
 
 def add_parser(sub) -> None:
@@ -35,13 +40,30 @@ def add_parser(sub) -> None:
     parser.add_argument("--lookup-length", type=int, default=None, metavar="N",
                         help="tokens the prompt-lookup beam drafts, whatever the beam length (default 10; with "
                              "--drafter lookup, the length of prompt lookup alone)")
+    parser.add_argument("--api-key", default=None,
+                        help="require 'Authorization: Bearer KEY' on every route but /health (default: "
+                             "$SPECDEC_API_KEY; none: no key)")
+    parser.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
+                        help="a name the Host header may give beside the loopback names and --host (repeatable; "
+                             "'*': any)")
+    parser.add_argument("--max-body-bytes", type=int, default=bounds.MAX_BODY_BYTES, metavar="N",
+                        help="largest request body; more is answered 413 before it is read (default 4 MiB)")
+    parser.add_argument("--header-timeout", type=float, default=bounds.HEADER_TIMEOUT, metavar="S",
+                        help="seconds a request's headers may take to arrive (default 10)")
+    parser.add_argument("--body-timeout", type=float, default=bounds.BODY_TIMEOUT, metavar="S",
+                        help="seconds a request's body may take to arrive (default 30; then 408)")
+    parser.add_argument("--keep-alive-timeout", type=float, default=bounds.KEEP_ALIVE_TIMEOUT, metavar="S",
+                        help="seconds an idle connection is kept open (default 5)")
+    parser.add_argument("--max-connections", type=int, default=bounds.MAX_CONNECTIONS, metavar="N",
+                        help="connections served at once; a request on one more gets 503 (default 256)")
     parser.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
     parser.set_defaults(func=cmd_serve)
 
 
 def cmd_serve(args) -> int:
     from specdec.engine import Engine
-    from specdec.errors import require
+    from specdec.errors import InvalidInputError, require
+    from specdec.serving.limits import Limits, exposure_warning
 
     require("uvicorn", extra="serve", feature="specdec serve")
     require("starlette", extra="serve", feature="specdec serve")
@@ -50,6 +72,13 @@ def cmd_serve(args) -> int:
     from specdec.cli import lookup_option
     from specdec.exactness import describe as describe_exactness
 
+    for flag in ("max_body_bytes", "header_timeout", "body_timeout", "keep_alive_timeout", "max_connections"):
+        if not getattr(args, flag) > 0:
+            raise InvalidInputError(f"--{flag.replace('_', '-')} must be > 0, got {getattr(args, flag)}")
+    limits = Limits(max_body_bytes=args.max_body_bytes, header_timeout=args.header_timeout,
+                    body_timeout=args.body_timeout, keep_alive_timeout=args.keep_alive_timeout,
+                    max_connections=args.max_connections)
+    api_key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_VARIABLE) or None
     options = lookup_option(args)
     for name in ("beam_width", "beam_length"):
         if getattr(args, name) is not None:
@@ -61,6 +90,10 @@ def cmd_serve(args) -> int:
     print(f"specdec: serving {name!r} on http://{args.host}:{args.port}/v1 ({args.slots} slots of "
           f"{engine.context_length} tokens, drafter {args.drafter}; {describe_exactness(engine.target)})",
           file=sys.stderr)
+    warning = exposure_warning(args.host, api_key)
+    if warning is not None:
+        print(warning, file=sys.stderr)
     Server(engine, model_name=name, host=args.host, port=args.port, drain=not args.no_drain,
-           shutdown_timeout=args.shutdown_timeout, log_level=args.log_level).run()
+           shutdown_timeout=args.shutdown_timeout, log_level=args.log_level, api_key=api_key,
+           allowed_hosts=tuple(args.allowed_host), limits=limits).run()
     return 0

@@ -2,53 +2,102 @@
 
 At SIGINT / SIGTERM (or ``should_exit``) the server stops accepting connections and the engine
 stops taking requests (new ones get 503). With ``drain`` the requests in flight finish, for
-at most ``shutdown_timeout`` seconds, after which those left are cancelled; without it they
-are cancelled at once (a stream gets an error event and ``[DONE]``, a waiting client a 503).
-Then the engine closes: every slot is freed and the target's lease released.
+at most ``shutdown_timeout`` seconds, after which those left are cancelled as without it: a
+stream gets an error event and ``[DONE]``, a waiting client an OpenAI-shaped 503 (uvicorn
+cancels what is still running ``CANCEL_GRACE`` seconds later). Without ``drain`` they are
+cancelled at once. Then the engine closes: every slot is freed and the target's lease released,
+and ``run()`` returns (the process exits 0: the signal is not raised again).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
+import signal
 import threading
 
 from specdec.engine import Engine
 from specdec.errors import require
+from specdec.serving.guard import HostCheck
+from specdec.serving.limits import Limits
+
+CANCEL_GRACE = 5.0  # seconds the cancelled requests get to send their error, once the drain timed out
+logger = logging.getLogger("specdec.serving")
 
 
 class Server:
     """A uvicorn server around ``create_app(engine)``; ``run()`` blocks, ``start()`` runs it in a
-    thread (tests, benchmarks) and ``stop()`` shuts it down."""
+    thread (tests, benchmarks) and ``stop()`` shuts it down. ``api_key``: required from clients
+    (``Authorization: Bearer``) on every route but /health; ``allowed_hosts``: names the ``Host``
+    header may give beside the loopback names and ``host`` (``"*"``: any); ``limits``:
+    ``specdec.serving.guard.Limits``."""
 
     def __init__(self, engine: Engine, *, model_name: str, host: str = "127.0.0.1", port: int = 8000,
                  drain: bool = True, shutdown_timeout: float = 30.0, log_level: str = "info",
-                 aliases: tuple[str, ...] = ()):
+                 aliases: tuple[str, ...] = (), api_key: str | None = None, allowed_hosts: tuple[str, ...] = (),
+                 limits: Limits | None = None):
         uvicorn = require("uvicorn", extra="serve", feature="specdec serve")
         require("starlette", extra="serve", feature="specdec serve")
         from specdec.serving.app import create_app
+        from specdec.serving.protocol import protocol_class
 
         self.engine = engine
         self.drain = drain
-        self.app = create_app(engine, model_name=model_name, aliases=aliases)
+        self.shutdown_timeout = shutdown_timeout
+        self.limits = limits or Limits()
+        self.drain_expired = threading.Event()  # set when the drain timed out and what was left got cancelled
+        self.app = create_app(engine, model_name=model_name, aliases=aliases, api_key=api_key,
+                              host_check=HostCheck(host, allowed_hosts), limits=self.limits)
         config = uvicorn.Config(self.app, host=host, port=port, log_level=log_level, lifespan="off",
-                                timeout_graceful_shutdown=shutdown_timeout, access_log=log_level == "debug")
+                                http=protocol_class(self.limits), timeout_keep_alive=self.limits.keep_alive_timeout,
+                                h11_max_incomplete_event_size=self.limits.max_header_bytes,
+                                timeout_graceful_shutdown=shutdown_timeout + CANCEL_GRACE,
+                                access_log=log_level == "debug")
         outer = self
 
         class _Uvicorn(uvicorn.Server):
             async def shutdown(self, sockets=None):
-                outer._begin_shutdown()
-                await super().shutdown(sockets)
+                expiry = outer._begin_shutdown()
+                try:
+                    await super().shutdown(sockets)
+                finally:
+                    if expiry is not None:
+                        expiry.cancel()
                 # what the graceful period left running was cancelled; now free every slot
                 await asyncio.to_thread(outer.engine.close, False)
+
+            @contextlib.contextmanager
+            def capture_signals(self):
+                """uvicorn's, without raising the signal again once shut down: a clean exit."""
+                if threading.current_thread() is not threading.main_thread():
+                    yield
+                    return
+                signals = (signal.SIGINT, signal.SIGTERM)
+                original = {sig: signal.signal(sig, self.handle_exit) for sig in signals}
+                try:
+                    yield
+                finally:
+                    for sig, handler in original.items():
+                        signal.signal(sig, handler)
 
         self._server = _Uvicorn(config)
         self._thread: threading.Thread | None = None
 
-    def _begin_shutdown(self) -> None:
-        if self.drain:
-            self.engine.stop_accepting()
-        else:
+    def _begin_shutdown(self) -> asyncio.Task | None:
+        """Stop taking requests; cancel those in flight now (no drain) or once the drain times out."""
+        if not self.drain:
             threading.Thread(target=self.engine.close, args=(False,), daemon=True).start()
+            return None
+        self.engine.stop_accepting()
+
+        async def expire():
+            await asyncio.sleep(self.shutdown_timeout)
+            logger.warning("the requests in flight did not finish within the shutdown timeout (%g s): cancelling "
+                           "them", self.shutdown_timeout)
+            self.drain_expired.set()
+            threading.Thread(target=self.engine.close, args=(False,), daemon=True).start()
+        return asyncio.get_running_loop().create_task(expire())
 
     @property
     def port(self) -> int:

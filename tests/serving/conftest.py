@@ -85,16 +85,17 @@ def make_engine(model_dir):
 
 @pytest.fixture
 def serve(make_engine):
-    """Server factory: ``serve(drafter=..., **engine options)`` -> (server, base URL of /v1)."""
+    """Server factory: ``serve(drafter=..., server_options={...}, **engine options)`` -> (server, base
+    URL of /v1); ``server_options`` go to ``Server`` (``api_key``, ``limits``, ...)."""
     pytest.importorskip("uvicorn")
     from specdec.serving.server import Server
 
     servers = []
 
-    def start(drafter="lookup", *, drain=True, shutdown_timeout=30.0, **options):
+    def start(drafter="lookup", *, drain=True, shutdown_timeout=30.0, server_options=None, **options):
         engine = make_engine(drafter, **options)
         server = Server(engine, model_name="tiny", port=0, drain=drain, shutdown_timeout=shutdown_timeout,
-                        log_level="warning").start()
+                        log_level="warning", **(server_options or {})).start()
         servers.append(server)
         return server, f"http://127.0.0.1:{server.port}/v1"
 

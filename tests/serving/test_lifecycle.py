@@ -152,7 +152,7 @@ def test_a_client_leaving_a_plain_request_frees_the_slot_before_the_next_step(se
     gate.open.clear()
     body = json.dumps({"model": "tiny", "prompt": list(A), "max_tokens": 40}).encode()
     with socket.create_connection(("127.0.0.1", server.port), timeout=30) as connection:
-        connection.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: tiny\r\nContent-Type: application/json\r\n"
+        connection.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
                            b"Content-Length: %d\r\n\r\n" % len(body) + body)
         assert gate.proposing.wait(10), "the request never reached its first decode step"
     assert cancel_asked.wait(10), "the server did not notice that its client left"

@@ -1,0 +1,74 @@
+"""A request body turned into what the engine takes: parsed, checked and tokenized, on a worker
+thread (``prepare`` is what the application runs with ``anyio.to_thread``), so that a huge or
+slow request delays no other client's stream. Text is tokenized with the tokenizer's batch
+entry point, which lets go of the interpreter lock while it runs; the same ids as ``encode``."""
+
+from __future__ import annotations
+
+import attrs
+
+from specdec.errors import InvalidInputError
+from specdec.serving import body as json_body
+from specdec.serving.errors import APIError, bad
+from specdec.serving.fields import Settings, check_fields, messages_of, prompt_of
+
+
+@attrs.frozen
+class Prepared:
+    """A checked request: its body, settings, prompt ids and the field that holds the prompt."""
+
+    body: dict
+    settings: Settings
+    tokens: list[int]
+    prompt_param: str
+
+
+def tokenize(tokenizer, text: str) -> list[int]:
+    """The token ids of ``text``, as ``tokenizer.encode(text).ids`` (a ``tokenizers.Tokenizer``)."""
+    return list(tokenizer.encode_batch([text])[0].ids)
+
+
+def encode(engine, prompt, param: str) -> list[int]:
+    """Token ids of a prompt (text, ids or a chat), as ``engine.encode`` gives them, its refusals
+    400s naming ``param``."""
+    try:
+        if isinstance(prompt, list) and prompt and not isinstance(prompt[0], dict):  # token ids
+            if len(prompt) >= engine.context_length:
+                return prompt  # refused for its length by the caller, without a pass over it
+            return engine.encode(prompt)
+        tokenizer = engine.tokenizer
+        if not hasattr(tokenizer, "encode_batch"):  # a framework's own tokenizer
+            return engine.encode(prompt)
+        if isinstance(prompt, list):
+            from specdec.chat import render_chat
+
+            prompt = render_chat(engine.chat_template, prompt)
+        tokens = tokenize(tokenizer, prompt)
+        return tokens if len(tokens) >= engine.context_length else engine.encode(tokens)
+    except InvalidInputError as error:
+        raise bad(str(error), param) from None
+    except Exception as error:  # the chat template refused the messages (jinja's raise_exception, a bad role)
+        from jinja2 import TemplateError
+
+        if isinstance(error, TemplateError):
+            raise bad(f"the model's chat template refused these messages: {error}", param) from None
+        raise
+
+
+def prepare(raw: bytes, *, chat: bool, engine, names: tuple[str, ...]) -> Prepared:
+    """Parse and check a completions (``chat=False``) or chat-completions body and tokenize its
+    prompt; raises APIError (400, or 404 for a model this server does not serve)."""
+    body = json_body.parse(raw)
+    check_fields(body, chat=chat)
+    model = body.get("model")
+    if model is not None and model not in names:
+        raise APIError(404, f"The model {model[:200]!r} does not exist; this server serves {names[0]!r}",
+                       param="model", code="model_not_found")
+    settings = Settings(body, chat=chat, vocab=int(engine.target.vocab_size))
+    if chat:
+        prompt_param, prompt = "messages", messages_of(body)
+        if engine.chat_template is None:
+            raise bad("this model has no chat template: use /v1/completions", "messages")
+    else:
+        prompt_param, prompt = "prompt", prompt_of(body)
+    return Prepared(body, settings, encode(engine, prompt, prompt_param), prompt_param)
