@@ -427,23 +427,26 @@ def wide_model(tmp_path_factory):
                              intermediate_size=768, num_layers=4, num_heads=4, num_kv_heads=2, seed=4)
 
 
+@pytest.mark.parametrize("backend", ["torch", "mlx"])
 @pytest.mark.parametrize("drafter", ["none", "lookup"])
-@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                 HealthCheck.too_slow])
 @given(schedule=st.lists(requests, min_size=1, max_size=5), budget=st.sampled_from([None, 3]))
-def test_torch_bfloat16_requests_decode_bit_for_bit_as_alone(wide_model, drafter, schedule, budget):
-    """torch in bfloat16, exact mode: a request's tokens, greedy or sampled with its seed, are those
-    of decoding it alone, however the schedule packs its rows and prompt chunks (exact equality)."""
-    framework_backend("torch")
-    probe = specdec.load(wide_model, backend="torch", dtype="bfloat16", exact=False)
-    check = probe.check_row_invariance()
-    if not check.holds:
-        pytest.skip(f"exact mode does not hold on this machine: {check.failed}")
-    key = (str(wide_model), "torch")
+def test_bfloat16_requests_decode_bit_for_bit_as_alone(wide_model, backend, drafter, schedule, budget):
+    """torch and mlx in bfloat16, exact mode: a request's tokens, greedy or sampled with its seed,
+    are those of decoding it alone, however the schedule packs its rows and prompt chunks (exact
+    equality, where this machine's kernels pass exact mode's self-test)."""
+    framework_backend(backend)
+    key = (str(wide_model), backend)
     if key not in _targets:
-        _targets[key] = specdec.load(wide_model, backend="torch", dtype="bfloat16", slots=1, capacity=96, exact=True)
-    with Engine(wide_model, drafter=drafter, backend="torch", slots=3, capacity=80, tree_room=16,
+        probe = specdec.load(wide_model, backend=backend, dtype="bfloat16", slots=1, capacity=96, exact=False)
+        check = probe.check_row_invariance()
+        if not check.holds:
+            pytest.skip(f"exact mode does not hold on this machine: {check.failed}")
+        probe.exact = True
+        _targets[key] = probe
+    with Engine(wide_model, drafter=drafter, backend=backend, slots=3, capacity=80, tree_room=16,
                 dtype="bfloat16", exact=True, max_prefill_tokens=budget) as engine:
         assert engine.target.exact
         results = run_schedule(engine, schedule)
-        check_against_alone(wide_model, "torch", drafter, schedule, results)
+        check_against_alone(wide_model, backend, drafter, schedule, results)

@@ -92,12 +92,11 @@ inline vf transpose_sum(vf* x) {
 // exp(x) for x <= 0 (scores minus their maximum), lane by lane: Cephes' single-precision
 // polynomial; every element takes the same operations.
 inline vf vexp(vf x) {
-  const vf low = x < -87.0f ? vf{} - 87.0f : x;
-  x = low;
-  vf t = x * 1.44269504088896341f - 0.5f;  // round(x * log2 e) for x <= 0
-  vi n = __builtin_convertvector(t, vi);   // truncation toward zero of a value <= -0.5 + ...
-  vf nf = __builtin_convertvector(n, vf);
-  nf = nf - ((t - nf) < -0.0f ? vf{} + 0.0f : vf{});
+  x = x < -87.0f ? vf{} - 87.0f : x;
+  // n = round(x * log2 e): truncation toward zero of x * log2 e - 0.5 (<= 0) is its ceiling,
+  // so x * log2 e - n lies in (-0.5, 0.5]
+  const vi n = __builtin_convertvector(x * 1.44269504088896341f - 0.5f, vi);
+  const vf nf = __builtin_convertvector(n, vf);
   vf r = x - nf * 0.693359375f;
   r = r - nf * -2.12194440e-4f;
   vf p = vf{} + 1.9875691500e-4f;
@@ -107,7 +106,7 @@ inline vf vexp(vf x) {
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
   p = p * r * r + r + 1.0f;
-  vi e = (__builtin_convertvector(nf, vi) + 127) << 23;
+  vi e = (n + 127) << 23;
   vf scale;
   std::memcpy(&scale, &e, sizeof(scale));
   return p * scale;
