@@ -17,7 +17,6 @@ import socket
 
 import httpx
 import numpy as np
-import pytest
 
 import specdec
 
