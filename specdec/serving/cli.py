@@ -40,9 +40,9 @@ def add_parser(sub) -> None:
     parser.add_argument("--lookup-length", type=int, default=None, metavar="N",
                         help="tokens the prompt-lookup beam drafts, whatever the beam length (default 10; with "
                              "--drafter lookup, the length of prompt lookup alone)")
-    parser.add_argument("--api-key", default=None,
+    parser.add_argument("--api-key", default=None, metavar="KEY",
                         help="require 'Authorization: Bearer KEY' on every route but /health (default: "
-                             "$SPECDEC_API_KEY; none: no key)")
+                             "$SPECDEC_API_KEY, which other users cannot read in the process list; none: no key)")
     parser.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
                         help="a name the Host header may give beside the loopback names and --host (repeatable; "
                              "'*': any)")
