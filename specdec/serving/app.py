@@ -35,9 +35,10 @@ from specdec.serving import metrics as prometheus
 from specdec.serving.errors import APIError, bad
 from specdec.serving.guard import Guard, HostCheck
 from specdec.serving.limits import Limits
-from specdec.serving.prepare import Settings, prepare
+from specdec.serving.prepare import Settings, prepare, too_long
 
 RETRY_AFTER_SECONDS = 1
+LARGE_BODY_BYTES = 256 * 1024  # bodies this long are prepared one at a time, so they take one core at most
 logger = logging.getLogger("specdec.serving")
 
 
@@ -108,13 +109,12 @@ def create_app(engine: Engine, *, model_name: str, aliases: tuple[str, ...] = ()
     loopback names only) and ``limits`` (body size and time)."""
     names = (model_name, *aliases)
     created = int(time.time())
+    large: list[anyio.CapacityLimiter] = []  # made in the event loop, at the first large body
 
     def submit(prompt_tokens: list[int], settings: Settings, prompt_param: str):
         context = engine.context_length
         if len(prompt_tokens) >= context:
-            raise bad(f"This model's maximum context length is {context} tokens; the prompt has "
-                      f"{len(prompt_tokens)} tokens. Shorten the {prompt_param}.", prompt_param,
-                      "context_length_exceeded")
+            raise too_long(len(prompt_tokens), context, prompt_param)
         room = context - len(prompt_tokens)
         max_tokens = settings.max_tokens if settings.max_tokens is not None else room
         if max_tokens > room:
@@ -141,9 +141,13 @@ def create_app(engine: Engine, *, model_name: str, aliases: tuple[str, ...] = ()
 
     async def complete(request: Request, *, chat: bool) -> Response:
         raw = await request.body()  # read by the guard, within its bounds
-        # parsing, checks and tokenization on a worker thread: the event loop goes on serving the others
-        prepared = await anyio.to_thread.run_sync(functools.partial(prepare, raw, chat=chat, engine=engine,
-                                                                    names=names))
+        # parsing, checks and tokenization on a worker thread: the event loop goes on serving the others;
+        # large bodies one at a time, so that a burst of them leaves the other cores to the engine
+        if len(raw) > LARGE_BODY_BYTES and not large:
+            large.append(anyio.CapacityLimiter(1))
+        prepared = await anyio.to_thread.run_sync(
+            functools.partial(prepare, raw, chat=chat, engine=engine, names=names),
+            limiter=large[0] if len(raw) > LARGE_BODY_BYTES else None)
         body, settings = prepared.body, prepared.settings
         handle = submit(prepared.tokens, settings, prepared.prompt_param)
         ident = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
@@ -261,4 +265,5 @@ def create_app(engine: Engine, *, model_name: str, aliases: tuple[str, ...] = ()
                     exception_handlers={404: not_found, 405: method_not_allowed, Exception: server_error})
     app.state.engine = engine
     app.state.model_name = model_name
+    app.state.large_body_limiter = large  # [the limiter] once a large body came
     return app

@@ -19,6 +19,13 @@ MAX_DEPTH = 32  # a chat with content parts is 5 deep
 MAX_INT = 2**63  # integers in [-2**63, 2**63)
 MAX_NUMBER_CHARS = 64
 _SURROGATE = re.compile("[\ud800-\udfff]")
+_SEARCH_CHARS = 1 << 18  # a long string is searched in slices, each short enough not to hold up the others
+
+
+def _has_surrogate(text: str) -> bool:
+    if text.isascii():
+        return False
+    return any(_SURROGATE.search(text, start, start + _SEARCH_CHARS) for start in range(0, len(text), _SEARCH_CHARS))
 
 
 class _Refused:
@@ -87,7 +94,7 @@ def check(body: dict) -> None:
     while stack:
         items, path = stack[-1]
         for key, item in items:
-            if isinstance(key, str) and _SURROGATE.search(key):
+            if isinstance(key, str) and _has_surrogate(key):
                 raise bad(f"a key of {path_text(path) or 'the request body'} holds a lone surrogate, which is not "
                           "Unicode text", _field(path))
             if isinstance(item, (dict, list)):
@@ -97,7 +104,7 @@ def check(body: dict) -> None:
                 stack.append((iter(item.items()) if isinstance(item, dict) else enumerate(item), where))
                 break
             if isinstance(item, str):
-                if _SURROGATE.search(item):
+                if _has_surrogate(item):
                     where = path + (key,)
                     raise bad(f"{path_text(where)} holds a lone surrogate (an unpaired \\ud800-\\udfff escape), "
                               "which is not Unicode text", _field(where))

@@ -23,18 +23,25 @@ class Prepared:
     prompt_param: str
 
 
-def tokenize(tokenizer, text: str) -> list[int]:
-    """The token ids of ``text``, as ``tokenizer.encode(text).ids`` (a ``tokenizers.Tokenizer``)."""
-    return list(tokenizer.encode_batch([text])[0].ids)
+def tokenize(tokenizer, text: str):
+    """The encoding of ``text``, as ``tokenizer.encode(text)`` (a ``tokenizers.Tokenizer``): its
+    ``len`` is the number of tokens, its ``ids`` the tokens (made only when asked for)."""
+    return tokenizer.encode_batch([text])[0]
+
+
+def too_long(count: int, context: int, param: str) -> APIError:
+    return bad(f"This model's maximum context length is {context} tokens; the prompt has {count} tokens. "
+               f"Shorten the {param}.", param, "context_length_exceeded")
 
 
 def encode(engine, prompt, param: str) -> list[int]:
     """Token ids of a prompt (text, ids or a chat), as ``engine.encode`` gives them, its refusals
     400s naming ``param``."""
+    context = engine.context_length
     try:
         if isinstance(prompt, list) and prompt and not isinstance(prompt[0], dict):  # token ids
-            if len(prompt) >= engine.context_length:
-                return prompt  # refused for its length by the caller, without a pass over it
+            if len(prompt) >= context:  # refused for its length, without a pass over it
+                raise too_long(len(prompt), context, param)
             return engine.encode(prompt)
         tokenizer = engine.tokenizer
         if not hasattr(tokenizer, "encode_batch"):  # a framework's own tokenizer
@@ -43,8 +50,10 @@ def encode(engine, prompt, param: str) -> list[int]:
             from specdec.chat import render_chat
 
             prompt = render_chat(engine.chat_template, prompt)
-        tokens = tokenize(tokenizer, prompt)
-        return tokens if len(tokens) >= engine.context_length else engine.encode(tokens)
+        encoding = tokenize(tokenizer, prompt)
+        if len(encoding) >= context:  # refused for its length, without making a list of its ids
+            raise too_long(len(encoding), context, param)
+        return engine.encode(list(encoding.ids))
     except InvalidInputError as error:
         raise bad(str(error), param) from None
     except Exception as error:  # the chat template refused the messages (jinja's raise_exception, a bad role)

@@ -105,3 +105,41 @@ def test_a_huge_request_and_a_stalled_client_do_not_stall_another_stream(serve, 
     reply = result["reply"]
     assert reply.status_code == 400 and reply.json()["error"]["code"] == "context_length_exceeded"
     assert reply.json()["error"]["param"] == "prompt"
+
+
+def test_large_bodies_are_prepared_one_at_a_time_and_small_ones_beside_them(serve, monkeypatch):
+    from specdec.serving import prepare
+
+    server, base = serve("lookup", server_options={"limits": Limits(max_body_bytes=16 * 1024 * 1024)})
+    tokenize, inside, release = prepare.tokenize, [], threading.Event()
+
+    def held(tokenizer, text):
+        if len(text) > 100_000:
+            inside.append(text[:1])
+            assert release.wait(120), "the test never released the large request"
+        return tokenize(tokenizer, text)
+    monkeypatch.setattr(prepare, "tokenize", held)
+    replies = []
+
+    def send(letter):
+        raw = json.dumps({"model": "tiny", "prompt": letter + " daba" * 120_000, "max_tokens": 2}).encode()
+        replies.append(httpx.post(base + "/completions", content=raw, headers={"Content-Type": "application/json"},
+                                  timeout=300))
+
+    first = threading.Thread(target=send, args=("a",))
+    first.start()
+    try:
+        assert wait_for(lambda: len(inside) == 1), "the first large request never reached the tokenizer"
+        second = threading.Thread(target=send, args=("b",))
+        second.start()
+        limiter = server.app.state.large_body_limiter
+        assert wait_for(lambda: limiter[0].statistics().tasks_waiting == 1), "the second did not wait its turn"
+        assert inside == ["a"]
+        small = httpx.post(base + "/completions", json={"model": "tiny", "prompt": "daba", "max_tokens": 2},
+                           timeout=60)
+        assert small.status_code == 200  # a small body does not wait behind the large ones
+    finally:
+        release.set()
+        first.join(300)
+        second.join(300)
+    assert inside == ["a", "b"] and [r.status_code for r in replies] == [400, 400]
