@@ -286,7 +286,7 @@ def cmd_tune(args) -> int:
     if not hasattr(backend, "dtype_candidates"):
         print(f"backend {backend.name!r} computes in one dtype: nothing to tune")
         return 0
-    _, choice = load_fastest(backend, resolve_model(args.model), device=args.device, remeasure=True)
+    target, choice = load_fastest(backend, resolve_model(args.model), device=args.device, remeasure=True)
     print(f"device: {choice.device or backend.name}")
     if choice.timings:
         sizes = list(next(iter(choice.timings.values())))
@@ -295,7 +295,12 @@ def cmd_tune(args) -> int:
         for dtype, timings in choice.timings.items():
             print(f"| {dtype} | " + " | ".join(f"{timings[k]:.1f}" for k in sizes) + " |")
     print(f"fastest: {choice.dtype} (used when dtype is not given)")
+    from specdec.exactness import configure, describe
     from specdec.tuning import architecture_key
+
+    configure(target, None, backend=backend.name)
+    check = getattr(target.exactness, "check", None)
+    print(describe(target) + (f" (checked: {', '.join(check.checked)})" if check and check.checked else ""))
 
     arch = architecture_key(resolve_model(args.model))
     if arch is not None and choice.timings:
