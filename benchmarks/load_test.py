@@ -1,7 +1,10 @@
 """Load test of ``specdec serve`` on loopback: throughput and latency as concurrency grows.
 
-For each drafter (speculation on: the default ``redrafter``; off: ``none``) it starts the server
-as a subprocess and runs, for each number of concurrent clients:
+For each server (a drafter, ``name`` or ``name@mode`` for ``--speculation mode``: the default
+``redrafter``, which chooses per step how much to draft, and ``none``, plain decoding) it starts
+``specdec serve`` as a subprocess, all of them at once (an idle one waits without computing), and
+then runs, for each round and number of concurrent clients, every server in turn (the order
+alternating, so that neither side always runs first):
 
 - ``inflight``: a server with 16 slots; each client sends its next request as soon as its last
   one ends (closed loop), so requests join and leave the running batch at any step;
@@ -15,7 +18,9 @@ length (``ignore_eos``), so every mode decodes the same tokens, and a static wav
 as its longest request. Per run:
 tokens/s (completion tokens over the run's wall time), time to first token (p50/p99, queueing
 included) and inter-token latency (p50/p99 of each request's mean time per token after its
-first, ``(t_last - t_first) / (tokens - 1)``), plus the server's mean tokens per step.
+first, ``(t_last - t_first) / (tokens - 1)``), plus the server's mean tokens per step and the
+budgets it chose (drafted nodes per request per step, the share of steps with no drafting). The
+table gives medians over ``--rounds`` and the median of each round's ratio to the first server.
 
     python benchmarks/load_test.py --model smollm2-135m --backend torch --out benchmarks/results/load_test.json
 """
@@ -57,10 +62,11 @@ class ServerProcess:
 
     def __init__(self, args, *, drafter: str, slots: int):
         self.port = free_port()
+        drafter, _, speculation = drafter.partition("@")
         command = [sys.executable, "-m", "specdec.cli", "serve", "--model", args.model, "--backend", args.backend,
                    "--drafter", drafter, "--slots", str(slots), "--capacity", str(args.capacity),
                    "--max-queue", "1024", "--port", str(self.port), "--log-level", "warning",
-                   "--served-model-name", "bench"]
+                   "--served-model-name", "bench"] + (["--speculation", speculation] if speculation else [])
         if args.dtype:
             command += ["--dtype", args.dtype]
         self.process = subprocess.Popen(command, cwd=ROOT, stderr=subprocess.PIPE, text=True)
@@ -167,9 +173,12 @@ def main() -> int:
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--backend", default="torch")
     parser.add_argument("--dtype", default=None, help="default: the dtype measured fastest (specdec tune)")
-    parser.add_argument("--drafters", nargs="+", default=["redrafter", "none"])
+    parser.add_argument("--drafters", nargs="+", default=["none", "redrafter"],
+                        help="servers: a drafter name, or name@auto|always|never for its --speculation; the first is "
+                             "the baseline of the ratios")
     parser.add_argument("--concurrency", nargs="+", type=int, default=[1, 4, 16])
     parser.add_argument("--modes", nargs="+", default=["inflight", "static", "serial"])
+    parser.add_argument("--rounds", type=int, default=1, help="rounds of every setting, servers interleaved")
     parser.add_argument("--requests", type=int, default=32,
                         help="requests per run: the same ones (prompts, lengths) at every concurrency and mode")
     parser.add_argument("--max-tokens", type=int, nargs=2, default=[8, 64], metavar=("LOW", "HIGH"),
@@ -185,50 +194,73 @@ def main() -> int:
     prompts = [p.prompt for p in load_prompt_set("mt-bench", per_category=2)]
     runs, info = [], {"command": " ".join(sys.argv), "load_before": load_average(),
                       "threads": os.environ.get("OMP_NUM_THREADS")}
-    for drafter in args.drafters:
-        servers = []
-        if {"inflight", "static"} & set(args.modes):
-            servers.append((args.slots, [m for m in args.modes if m in ("inflight", "static")]))
-        if "serial" in args.modes:
-            servers.append((1, ["serial"]))
-        for slots, modes in servers:
-            server = ServerProcess(args, drafter=drafter, slots=slots)
-            info.setdefault("dtype", server.health.get("dtype"))
-            try:
-                asyncio.run(run_mode(server.base, modes[0], 1, prompts, 1, (8, 8)))  # warm-up
-                for concurrency in args.concurrency:
-                    for mode in modes:
-                        requests = args.requests
-                        before = server.metrics()
-                        run = asyncio.run(run_mode(server.base, mode, concurrency, prompts, requests,
-                                                   tuple(args.max_tokens)))
-                        after = server.metrics()
-                        rows = after["specdec_decode_row_steps_total"] - before["specdec_decode_row_steps_total"]
-                        decoded = after["specdec_decode_tokens_total"] - before["specdec_decode_tokens_total"]
-                        run.update(drafter=drafter, slots=slots, tokens_per_step=decoded / rows if rows else None,
-                                   load=load_average())
-                        runs.append(run)
-                        print(f"{drafter:>9} {mode:>8} c={concurrency:<2} {run['tokens_per_s']:7.1f} tok/s  "
-                              f"TTFT p50 {run['ttft_p50'] * 1e3:7.0f} ms p99 {run['ttft_p99'] * 1e3:7.0f} ms  "
-                              f"ITL p50 {run['itl_p50'] * 1e3:6.1f} ms p99 {run['itl_p99'] * 1e3:6.1f} ms  "
-                              f"tokens/step {run['tokens_per_step'] or 0:.2f}  load {run['load']}", flush=True)
-            finally:
-                server.stop()
+    slots_of = {m: 1 if m == "serial" else args.slots for m in args.modes}
+    servers = {}
+    try:
+        for drafter in args.drafters:
+            for slots in sorted(set(slots_of.values())):
+                server = servers[(drafter, slots)] = ServerProcess(args, drafter=drafter, slots=slots)
+                info.setdefault("dtype", server.health.get("dtype"))
+                asyncio.run(run_mode(server.base, "inflight", 1, prompts, 1, (8, 8)))  # warm-up
+        for round_ in range(args.rounds):
+            for turn, (concurrency, mode) in enumerate((c, m) for c in args.concurrency for m in args.modes):
+                order = args.drafters if (round_ + turn) % 2 == 0 else args.drafters[::-1]
+                for drafter in order:
+                    run = one_run(servers[(drafter, slots_of[mode])], args, prompts, mode, concurrency)
+                    run.update(drafter=drafter, slots=slots_of[mode], round=round_)
+                    runs.append(run)
+                    print(f"{drafter:>16} {mode:>8} c={concurrency:<2} {run['tokens_per_s']:7.1f} tok/s  "
+                          f"TTFT p50 {run['ttft_p50'] * 1e3:7.0f} ms p99 {run['ttft_p99'] * 1e3:7.0f} ms  "
+                          f"ITL p50 {run['itl_p50'] * 1e3:6.1f} ms p99 {run['itl_p99'] * 1e3:6.1f} ms  "
+                          f"tokens/step {run['tokens_per_step'] or 0:.2f}  drafted nodes/step "
+                          f"{run['draft_nodes_per_row_step'] or 0:.2f}  no-draft steps "
+                          f"{run['plain_step_share'] or 0:.0%}  load {run['load']}", flush=True)
+    finally:
+        for server in servers.values():
+            server.stop()
     info["load_after"] = load_average()
-    print(markdown(runs))
+    print(markdown(runs, args.drafters))
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps({"info": info, "runs": runs}, indent=1))
     return 0
 
 
-def markdown(runs: list[dict]) -> str:
-    lines = ["| drafter | mode | clients | tok/s | TTFT p50 / p99 ms | ITL p50 / p99 ms | tokens/step |",
-             "|---|---|---|---|---|---|---|"]
-    for r in sorted(runs, key=lambda r: (r["concurrency"], r["mode"], r["drafter"])):
-        lines.append(f"| {r['drafter']} | {r['mode']} | {r['concurrency']} | {r['tokens_per_s']:.1f} | "
-                     f"{r['ttft_p50'] * 1e3:.0f} / {r['ttft_p99'] * 1e3:.0f} | "
-                     f"{r['itl_p50'] * 1e3:.1f} / {r['itl_p99'] * 1e3:.1f} | {r['tokens_per_step'] or 0:.2f} |")
+def one_run(server: ServerProcess, args, prompts, mode: str, concurrency: int) -> dict:
+    """One run on ``server`` with what its /metrics counted during it."""
+    before = server.metrics()
+    run = asyncio.run(run_mode(server.base, mode, concurrency, prompts, args.requests, tuple(args.max_tokens)))
+    after = server.metrics()
+    delta = {name: after.get(name, 0.0) - before.get(name, 0.0) for name in (
+        "specdec_decode_row_steps_total", "specdec_decode_tokens_total", "specdec_draft_nodes_total",
+        "specdec_decode_steps_total", "specdec_plain_steps_total")}
+    rows, steps = delta["specdec_decode_row_steps_total"], delta["specdec_decode_steps_total"]
+    run.update(tokens_per_step=delta["specdec_decode_tokens_total"] / rows if rows else None,
+               draft_nodes_per_row_step=delta["specdec_draft_nodes_total"] / rows if rows else None,
+               plain_step_share=delta["specdec_plain_steps_total"] / steps if steps else None, load=load_average())
+    return run
+
+
+def markdown(runs: list[dict], drafters: list[str]) -> str:
+    """Per setting and server: medians over rounds, and the median ratio to the first server."""
+    baseline = drafters[0]
+    lines = ["| clients | mode | server | tok/s | / " + baseline + " | TTFT p50 / p99 ms | ITL p50 / p99 ms "
+             "| tokens/step | drafted nodes/step | no-draft steps |", "|---|---|---|---|---|---|---|---|---|---|"]
+    settings = dict.fromkeys((r["concurrency"], r["mode"]) for r in runs)
+    median = statistics.median
+    for concurrency, mode in sorted(settings):
+        cell = [r for r in runs if (r["concurrency"], r["mode"]) == (concurrency, mode)]
+        base = {r["round"]: r["tokens_per_s"] for r in cell if r["drafter"] == baseline}
+        for drafter in drafters:
+            mine = [r for r in cell if r["drafter"] == drafter]
+            ratios = [r["tokens_per_s"] / base[r["round"]] for r in mine if r["round"] in base]
+            pick = lambda key: median([r[key] or 0.0 for r in mine])  # noqa: E731
+            lines.append(
+                f"| {concurrency} | {mode} | {drafter} | {pick('tokens_per_s'):.1f} | "
+                f"{median(ratios) if ratios else float('nan'):.2f} | {pick('ttft_p50') * 1e3:.0f} / "
+                f"{pick('ttft_p99') * 1e3:.0f} | {pick('itl_p50') * 1e3:.1f} / {pick('itl_p99') * 1e3:.1f} | "
+                f"{pick('tokens_per_step'):.2f} | {pick('draft_nodes_per_row_step'):.2f} | "
+                f"{pick('plain_step_share'):.0%} |")
     return "\n".join(lines)
 
 

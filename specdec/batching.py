@@ -7,6 +7,11 @@ Every group's tree rides the same target forward: ``merge_trees`` pads their row
 (padding nodes hang off the root and attend to it and themselves, as ``DraftTree`` pads), the
 verifier of each group reads its rows of the output (``group_output``), and ``merge_verdicts``
 pads the groups' accepted paths into the one verdict ``commit`` takes.
+
+Requests whose budget is 0 this step (``specdec.budget``) form groups of their own that do not
+draft: ``plain_group_tree`` gives them one-node trees on the host, with no drafter call. A
+drafting request's tree is cut to its budget by ``cut_tree`` (its first nodes: parents come
+first, so they form a tree).
 """
 
 from __future__ import annotations
@@ -18,10 +23,11 @@ import numpy as np
 
 from specdec.reference.tree import check_beam_lengths
 from specdec.requests import RequestState
-from specdec.types import Draft, DraftTree, SamplingConfig, StepResult, TargetOutput, Verdict
+from specdec.types import Accepted, Draft, DraftTree, SamplingConfig, StepResult, TargetOutput, Verdict
 
-__all__ = ["Group", "admissions", "draw", "drafted_tokens", "empty_step", "full_batch", "group_output",
-           "join_admissions", "join_steps", "merge_trees", "merge_verdicts", "step_tree", "verify_uniform_shape"]
+__all__ = ["Group", "admissions", "cut_to_budgets", "cut_tree", "draw", "drafted_tokens", "empty_step", "full_batch",
+           "group_output", "join_admissions", "join_steps", "merge_trees", "merge_verdicts", "observe_accepted",
+           "on_target", "plain_group", "plain_tree", "step_tree", "verify_uniform_shape", "verify_uniforms"]
 
 
 def verify_uniform_shape(draft: Draft) -> tuple[int, int]:
@@ -131,6 +137,57 @@ def draw(states: list[RequestState], shape: tuple[int, ...]) -> np.ndarray | Non
     return None if draws[0] is None else np.stack(draws)
 
 
+def verify_uniforms(states: list[RequestState], shape: tuple[int, int]) -> np.ndarray | None:
+    """(B, D+1, W+1) verifier uniforms: ``[:, d, 0]`` draws the token at depth d, the one of
+    position ``emitted + d`` of the request's token stream (``RequestState.token_uniforms``);
+    the per-beam tests ``[:, :, 1:]`` come from its other generator. None for greedy requests."""
+    depth, columns = shape
+    if states[0].generator is None:
+        return None
+    out = np.empty((len(states), depth, columns))
+    for b, state in enumerate(states):
+        out[b, :, 0] = state.token_uniforms(depth)
+        if columns > 1:
+            out[b, :, 1:] = state.draw((depth, columns - 1))
+    return out
+
+
+def on_target(value, backend, target):
+    """A host array, or every array of a host DraftTree, on the target's backend."""
+    if isinstance(value, DraftTree):
+        return DraftTree(**{f.name: None if getattr(value, f.name) is None else backend.from_numpy(
+            np.asarray(getattr(value, f.name)), target) for f in attrs.fields(DraftTree)})
+    return backend.from_numpy(np.asarray(value), target)
+
+
+def plain_tree(roots: np.ndarray) -> DraftTree:
+    """One-node trees (host) of the roots (B,): plain decoding of each row."""
+    batch = len(roots)
+    return DraftTree(tokens=np.asarray(roots, dtype=np.int64)[:, None], parents=np.full((batch, 1), -1),
+                     depth=np.zeros((batch, 1), dtype=np.int64), ancestor_mask=np.ones((batch, 1, 1), dtype=bool),
+                     num_nodes=np.ones(batch, dtype=np.int64), beam_to_node=np.zeros((batch, 1, 1), dtype=np.int64))
+
+
+def cut_tree(tokens: np.ndarray, parents: np.ndarray, depth: np.ndarray, mask: np.ndarray, num_nodes: np.ndarray,
+             budgets: Sequence[int | None]) -> DraftTree | None:
+    """The host tree cut to ``budgets`` (per row: drafted nodes kept, None all): row b keeps its
+    first ``budgets[b] + 1`` nodes (parents come before children, so they form a tree) and the
+    rest become padding; the width shrinks to the largest row. None when no row is cut."""
+    keep = np.array([n if k is None else min(int(n), int(k) + 1) for n, k in zip(num_nodes, budgets)],
+                    dtype=np.int64)
+    if np.array_equal(keep, num_nodes):
+        return None
+    width = int(keep.max())
+    padding = np.arange(width)[None, :] >= keep[:, None]  # (B, width)
+    cut_mask = mask[:, :width, :width].copy()
+    cut_mask[padding] = False
+    cut_mask[:, :, 0] |= padding
+    rows, nodes = np.nonzero(padding)
+    cut_mask[rows, nodes, nodes] = True
+    return DraftTree(tokens=np.where(padding, 0, tokens[:, :width]), parents=np.where(padding, 0, parents[:, :width]),
+                     depth=np.where(padding, 1, depth[:, :width]), ancestor_mask=cut_mask, num_nodes=keep)
+
+
 @attrs.frozen(kw_only=True)
 class Group:
     """The requests of one sampling group in a step, with their draft and tree."""
@@ -142,6 +199,28 @@ class Group:
     where: object  # slots on the target
     draft: Draft
     tree: DraftTree
+    budgets: tuple = ()  # per row: drafted nodes allowed (0: plain, None: the whole tree); () all None
+    full_nodes: np.ndarray | None = None  # per row: nodes of the tree before its budget cut it (host)
+
+
+def plain_group(group: Group, backend, target) -> Group:
+    """``group`` (its requests, no draft yet) decoded plainly: one-node trees of the roots, built
+    on the host, and the draft of the roots alone; no drafter call."""
+    roots = np.array([s.root for s in group.states], dtype=np.int64)
+    put = lambda a: on_target(a, backend, target)  # noqa: E731
+    return attrs.evolve(group, tree=put(plain_tree(roots)), draft=Draft(root_tokens=put(roots), beams=put(
+        roots[:, None, None])), budgets=(0,) * len(roots), full_nodes=np.ones(len(roots), dtype=np.int64))
+
+
+def cut_to_budgets(tree: DraftTree, budgets: Sequence, backend, target) -> tuple[DraftTree, np.ndarray]:
+    """(the tree cut to ``budgets`` (``cut_tree``; itself when none cuts it), its rows' node
+    counts before the cut (host))."""
+    host = backend.to_numpy
+    full = host(tree.num_nodes).astype(np.int64)
+    if all(b is None for b in budgets):
+        return tree, full
+    cut = cut_tree(host(tree.tokens), host(tree.parents), host(tree.depth), host(tree.ancestor_mask), full, budgets)
+    return (tree, full) if cut is None else (on_target(cut, backend, target), full)
 
 
 def step_tree(groups: list[Group], backend, target) -> tuple[DraftTree | None, np.ndarray]:
@@ -170,3 +249,18 @@ def admissions(step: int, ids: list[int], tokens: list[list[int]], seconds: floa
 def join_admissions(parts: list[StepResult]) -> StepResult:
     return admissions(parts[0].step, [r for p in parts for r in p.requests], [t for p in parts for t in p.new_tokens],
                        sum(p.time_prefill for p in parts))
+
+
+def observe_accepted(plan, slots, states, output, path, num_accepted, bonus, tokens) -> None:
+    """Tell a stateful drafter what a group's step committed: tokens and hidden states on the
+    path (a row that did not draft commits its root alone)."""
+    backend, target = plan.backend, plan.target
+    rows = np.arange(len(slots))[:, None]
+    nodes = np.where(path >= 0, path, 0)  # (B, A)
+    index = backend.from_numpy(rows, target), backend.from_numpy(nodes, target)
+    plan.drafter.observe(Accepted(
+        slots=slots, tokens=np.where(path >= 0, tokens[rows, nodes], -1), num_accepted=num_accepted,
+        bonus_tokens=bonus, hidden=output.hidden[index],
+        layers={i: value[index] for i, value in output.layers.items()},
+        finished=np.array([s.done for s in states]),
+    ))

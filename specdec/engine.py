@@ -70,12 +70,16 @@ class Engine:
     ``specdec.slots.TREE_ROOM``) more per slot for the draft tree of a request's last steps.
     max_queue: requests that may wait for a slot before ``submit`` raises QueueFullError.
     max_prefill_tokens: prompt tokens per step, in chunks beside the running requests' trees (a longer
-    prompt is split over several steps; None: no bound).
+    prompt is split over several steps; "auto", the default: the most that keep a step within
+    twice the running requests' step, from the measured costs, ``specdec.budget``; None: no bound).
+    speculation (an option, as in ``generate``): "auto" (the default: each step, every request
+    drafts what the costs and its acceptance say pays), "always", "never", or a
+    ``specdec.budget.Speculation``.
     max_new_tokens: the default of ``submit``.
     """
 
     def __init__(self, model: Any, drafter: Any = "redrafter", backend: str | None = None, *, slots: int = 4,
-                 capacity: int | None = None, max_queue: int = 64, max_prefill_tokens: int | None = 512,
+                 capacity: int | None = None, max_queue: int = 64, max_prefill_tokens: int | str | None = "auto",
                  max_new_tokens: int = 128, dtype: str | None = None, device: str | None = None,
                  exact: bool | None = None, tree_room: int | None = None, registry=None, **options: Any):
         from specdec.generate import load, load_backend, prepare
@@ -102,7 +106,8 @@ class Engine:
 
     @classmethod
     def from_plan(cls, plan: DecodePlan, *, capacity: int | None = None, tree_room: int | None = None,
-                  max_queue: int = 64, max_prefill_tokens: int | None = 512, max_new_tokens: int = 128) -> "Engine":
+                  max_queue: int = 64, max_prefill_tokens: int | str | None = "auto", max_new_tokens: int = 128
+                  ) -> "Engine":
         """An engine over a prepared plan (``specdec.generate.prepare``); its verifier must serve
         every sampling setting the requests use (``exact`` does)."""
         engine = cls.__new__(cls)
@@ -121,8 +126,8 @@ class Engine:
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise InvalidInputError(f"{name} must be an integer >= {low}, got {value!r}")
         budget = settings["max_prefill_tokens"]
-        if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 1):
-            raise InvalidInputError(f"max_prefill_tokens must be a positive integer or None, got {budget!r}")
+        if budget not in (None, "auto") and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 1):
+            raise InvalidInputError(f"max_prefill_tokens must be a positive integer, 'auto' or None, got {budget!r}")
         ready, failed = threading.Event(), []
 
         def main():
@@ -423,10 +428,7 @@ class Engine:
         if prefill and result.requests:
             metrics.add("prefilled_prompts", len(result.requests))
         elif not prefill and result.requests:
-            metrics.add("decode_steps")
-            metrics.add("decode_row_steps", len(result.requests))
-            metrics.add("draft_tokens", int(result.num_drafted.sum()))
-            metrics.add("accepted_tokens", int(result.num_accepted.sum()))
+            metrics.account_step(result, self._decoder.prefill_budget)
         for request_id, tokens in zip(result.requests, result.new_tokens):
             handle = self._handles.get(request_id)
             if handle is None or handle.done:

@@ -21,6 +21,7 @@ from specdec.arguments import (
     is_int,
     sampling_config,
 )
+from specdec.budget import check_speculation
 from specdec.bundled import repair_if_damaged, resolve_model
 from specdec.chat import is_messages, load_chat_template, render_chat
 from specdec.errors import (
@@ -65,7 +66,8 @@ def generate(
         a drafter checkpoint, or a Drafter object. backend: "numpy", "torch", "mlx" or any
         installed plugin; None picks torch when installed, else numpy.
     options: ``verifier`` and ``tree_builder`` (names or objects), ``stop_at_eos`` (default
-        True), ``lookup`` (True, the chain's length in drafted tokens, or a dict of
+        True), ``speculation`` ("auto", the default: each step drafts what the measured costs and
+        each request's acceptance say pays, ``specdec.budget``; "always"; "never"), ``lookup`` (True, the chain's length in drafted tokens, or a dict of
         ``draft_length`` / ``max_ngram`` / ``min_ngram``: add a prompt-lookup beam of its own
         length to a beam drafter's draft, ``specdec.lookup``; None, the default, adds it beside
         drafters that pair with it (ReDrafter) when the verifier allows; False never);
@@ -146,6 +148,7 @@ def _prepare(model, prompt, drafter, backend, *, max_new_tokens, temperature, to
                                           chat_template=getattr(target, "chat_template", None))
         check_context(prompts, max_new_tokens, context_length(target), batched=batched)
     stop_at_eos = options.pop("stop_at_eos", True)
+    speculation = check_speculation(options.pop("speculation", None))
     verifier_choice = options.pop("verifier", None)
     tree_choice = options.pop("tree_builder", None)
     lookup = options.pop("lookup", None)
@@ -177,6 +180,7 @@ def _prepare(model, prompt, drafter, backend, *, max_new_tokens, temperature, to
     plan = DecodePlan(
         backend=backend_obj, target=target, drafter=drafter_obj, tree_builder=tree_builder, verifier=verifier,
         sampling=sampling, max_new_tokens=int(max_new_tokens), eos_token_ids=eos, sources=sources,
+        speculation=speculation,
     )
     return plan, prompts, batched, tokenizer
 

@@ -5,9 +5,10 @@ A ``Decoder`` holds requests waiting for a slot and the requests being decoded, 
 slot. Each ``step()`` runs one target forward over the requests in their context phase (prompt
 chunks: waiting requests are admitted into free slots, long prompts are split over several
 steps; a prompt's last chunk gives its first token) and those in their generation phase (one
-draft tree per group of requests sharing sampling settings, verified group by group:
-``specdec.batching``). A request that ends frees its slot in that step. ``decode_steps`` runs a fixed list of prompts through a Decoder (``generate``);
-``specdec.Engine`` feeds one from other threads.
+draft tree per group of requests sharing sampling settings and drafting or not: ``specdec.batching``);
+how much each drafts, and the step's prompt tokens, are ``specdec.budget``'s choice. A request that
+ends frees its slot in that step. ``decode_steps`` runs a fixed list of prompts through a Decoder
+(``generate``); ``specdec.Engine`` feeds one from other threads.
 
 What the drafter, tree builder and verifier return is checked each step (``specdec.step_checks``),
 and an error names the plugin that returned it. Each request draws its randomness from its own
@@ -27,17 +28,19 @@ import numpy as np
 
 from specdec import lease, step_checks
 from specdec.batching import (
-    Group, admissions, draw, drafted_tokens, full_batch, group_output, join_admissions, join_steps,
-    merge_verdicts, step_tree, verify_uniform_shape,
+    Group, admissions, cut_to_budgets, draw, drafted_tokens, full_batch, group_output, join_admissions, join_steps,
+    merge_verdicts, observe_accepted, plain_group, step_tree, verify_uniform_shape, verify_uniforms,
 )
+from specdec.budget import make_speculation
 from specdec.capabilities import drafter_caps, verifier_caps
-from specdec.errors import InvalidInputError, PluginOutputError
+from specdec.costs import step_costs
+from specdec.errors import InvalidInputError
 from specdec.plan import DecodePlan
+from specdec.prefill import plan_chunks
 from specdec.reference.sampling import sample_from, target_probs
 from specdec.requests import Request, RequestState
-from specdec.slots import PREFILL_CHUNK
 from specdec.types import (
-    Accepted, Draft, DraftContext, PromptOutput, SamplingConfig, StepResult, TargetOutput, Verdict,
+    Draft, DraftContext, PromptOutput, SamplingConfig, StepResult, TargetOutput, Verdict,
 )
 
 
@@ -58,6 +61,15 @@ class Decoder:
         self._committing = False
         self._forwarded = None  # (chunks, their PromptOutputs) once the running step's forward has run
         self.steps = 0
+        # verifiers that read draft distributions verify whole drafts only: every request drafts
+        self.speculation = make_speculation("always" if self.needs_draft_probs else plan.speculation)
+        self._budgets: dict = {}  # request id -> this step's budget (specdec.budget)
+        self.prefill_budget = None  # the prompt tokens the last step with prompts to prefill could carry
+        if self.speculation.needs_costs and self.speculation.costs is None:
+            self._measure_costs()
+
+    def _measure_costs(self) -> None:  # this machine's step costs, measured in a free slot unless cached
+        self.speculation.use_costs(step_costs(self.plan.backend, self.plan.target, self._free[0] if self._free else None))
 
     @property
     def idle(self) -> bool:
@@ -94,7 +106,7 @@ class Decoder:
             self._finish(slot)
 
     def _finish(self, slot: int) -> None:
-        self.active.pop(slot)
+        self.speculation.forget(self.active.pop(slot)[0])
         self._cursor.pop(slot, None)
         if self.caps.stateful:
             self.plan.drafter.end(slot)
@@ -108,31 +120,37 @@ class Decoder:
         the admissions' StepResult (requests whose prompt finished this step, with their first
         token; ``is_prefill``) and the decode step's, each when it has rows.
 
-        max_prefill_tokens: prompt tokens per step (None: no bound). Requests being prefilled
-        continue first, oldest first, then waiting requests are admitted into free slots while
-        the budget lasts; a prompt longer than what is left is split into chunks over the next
-        steps (at most ``specdec.slots.PREFILL_CHUNK`` tokens per chunk), so long prompts never
-        stall the requests being decoded. A stateful drafter's requests are prefilled whole,
-        by ``TargetModel.admit``, before the step (their drafter's ``begin`` needs every prompt
-        position): the budget then counts whole prompts, the first always admitted.
+        max_prefill_tokens: prompt tokens per step (None: no bound; "auto": chosen from the step
+        costs, ``specdec.budget``). Prompts that finish within the budget go first, then chunks of
+        longer ones (``specdec.prefill``), so long prompts never stall the requests being decoded.
+        A stateful drafter's requests are prefilled whole, by ``TargetModel.admit``, before the
+        step (its ``begin`` needs every prompt position): the budget counts whole prompts, the
+        first always admitted. Each request drafts what ``self.speculation`` budgets it.
         failures: None raises what the step raises. A list keeps the other requests going: a
         step that raises before its commit is run again one request at a time from the same
         state and random numbers (not with stateful drafters), the request that still raises
         is dropped (its slot freed) and ``(request id, exception)`` appended.
         on_admit: called with the admissions' StepResult before the decode step's is returned.
         """
-        if max_prefill_tokens is not None and max_prefill_tokens < 1:
-            raise InvalidInputError(f"max_prefill_tokens must be >= 1 or None, got {max_prefill_tokens}")
+        if max_prefill_tokens != "auto" and max_prefill_tokens is not None and max_prefill_tokens < 1:
+            raise InvalidInputError(f"max_prefill_tokens must be >= 1, None or 'auto', got {max_prefill_tokens}")
         results, chunks = [], []
-        if self.caps.stateful:
-            if self.waiting and self._free:
-                results.append(self._admit(max_prefill_tokens, failures))
-        else:
-            chunks = self._schedule_chunks(max_prefill_tokens)
-        groups: dict[SamplingConfig, list[int]] = {}
-        for slot in sorted(self.active):
-            if slot not in self._cursor:
-                groups.setdefault(self.active[slot][1].request.sampling, []).append(slot)
+        if (self.waiting and self._free) or self._cursor:
+            if max_prefill_tokens == "auto" and self.speculation.costs is None:
+                self._measure_costs()
+            budget = self.prefill_budget = self.speculation.prefill_tokens(
+                [rid for slot, (rid, _) in self.active.items() if slot not in self._cursor], max_prefill_tokens)
+            if not self.caps.stateful:
+                chunks = self._schedule_chunks(budget)
+            elif self.waiting and self._free:
+                results.append(self._admit(budget, failures))
+        decoding = [slot for slot in sorted(self.active) if slot not in self._cursor]
+        self._budgets = self.speculation.plan([self.active[s][0] for s in decoding],
+                                              sum(end - start for _, start, end in chunks)).budgets
+        groups: dict[tuple[SamplingConfig, bool], list[int]] = {}  # (sampling, drafts) -> slots
+        for slot in decoding:
+            request_id, state = self.active[slot]
+            groups.setdefault((state.request.sampling, self._budgets[request_id] != 0), []).append(slot)
         if chunks or groups:
             self.steps += bool(groups)
             admitted, decoded = self._run_isolated(chunks, list(groups.items()), failures)
@@ -147,29 +165,29 @@ class Decoder:
         return results
 
     def _schedule_chunks(self, budget: int | None) -> list[tuple[int, int, int]]:
-        """This step's prompt chunks, (slot, start, end) of its request's prompt: requests being
-        prefilled first, then waiting requests admitted into free slots, while ``budget`` lasts."""
-        left = float("inf") if budget is None else budget
+        """This step's prompt chunks, (slot, start, end) of its request's prompt, while ``budget``
+        lasts (``specdec.prefill``); a waiting request takes a free slot with its first chunk."""
+        cursor = list(self._cursor.items())
+        waiting = list(itertools.islice(self.waiting, len(self._free)))
         chunks = []
-        for slot, start in self._cursor.items():
-            if left <= 0:
-                break
-            take = int(min(len(self.active[slot][1].request.prompt) - start, left, PREFILL_CHUNK))
+        for kind, index, take in plan_chunks([len(self.active[s][1].request.prompt) - start for s, start in cursor],
+                                             [len(request.prompt) for _, request in waiting],
+                                             float("inf") if budget is None else budget):
+            if kind == "prefilling":
+                slot, start = cursor[index]
+            else:
+                (request_id, request), start = waiting[index], 0
+                self.waiting.remove(waiting[index])
+                slot = heapq.heappop(self._free)
+                self.active[slot] = (request_id, RequestState(request, slot))
+                self._cursor[slot] = 0
             chunks.append((slot, start, start + take))
-            left -= take
-        while self.waiting and self._free and left > 0:
-            request_id, request = self.waiting.popleft()
-            slot = heapq.heappop(self._free)
-            self.active[slot] = (request_id, RequestState(request, slot))
-            self._cursor[slot] = 0
-            take = int(min(len(request.prompt), left, PREFILL_CHUNK))
-            chunks.append((slot, 0, take))
-            left -= take
         return chunks
 
     def _drop(self, request_id: int, error: Exception, failures: list) -> None:
         """Record ``error`` for ``request_id`` and free its slot if it holds one."""
         failures.append((request_id, error))
+        self.speculation.forget(request_id)
         slot = next((s for s, (rid, _) in self.active.items() if rid == request_id), None)
         if slot is None:
             return
@@ -221,7 +239,7 @@ class Decoder:
         backend, target = self.plan.backend, self.plan.target
         logits = backend.to_numpy(output.logits)[None]  # (1, V)
         first = (np.argmax(logits, axis=-1) if state.generator is None else
-                 sample_from(target_probs(logits, state.request.sampling), np.array([state.draw(())])))
+                 sample_from(target_probs(logits, state.request.sampling), state.token_uniforms(1)))
         last = backend.from_numpy(np.array([output.hidden.shape[0] - 1]), target)
         if self._hidden is None:
             self._hidden = output.hidden[backend.from_numpy(np.zeros(target.num_slots, dtype=np.int64), target)]
@@ -256,32 +274,23 @@ class Decoder:
             if generator_state is not None:
                 state.generator.bit_generator.state = generator_state
         admitted, decoded = list(admitted or []), []
-        alone = [([chunk], []) for chunk in chunks] + [([], [(sampling, [s])]) for sampling, slots in groups
-                                                        for s in slots]
+        alone = [([chunk], []) for chunk in chunks] + [([], [(key, [s])]) for key, slots in groups for s in slots]
         for part_chunks, part_groups in alone:
             a, d = self._run_isolated(part_chunks, part_groups, failures)
             admitted += a
             decoded += d
         return admitted, decoded
 
-    def _check(self, draft: Draft, tree, cause: Exception | None = None):
-        """Host copies (beams or None, tree tokens, parents, num_nodes), after checking them."""
-        plan, host, vocab = self.plan, self.plan.backend.to_numpy, int(self.plan.target.vocab_size)
-        beams = None if draft.beams is None else host(draft.beams)
-        tree_arrays = host(tree.tokens), host(tree.parents), host(tree.num_nodes)
-        try:
-            step_checks.check_draft(plan.source("drafter"), host(draft.root_tokens), beams,
-                                    None if draft.head_tokens is None else host(draft.head_tokens), vocab,
-                                    draft.beam_lengths)
-            step_checks.check_tree(plan.source("tree_builder"), *tree_arrays, vocab)
-        except PluginOutputError as error:
-            raise error from cause
-        return (beams, *tree_arrays)
-
-    def _draft(self, sampling: SamplingConfig, slots: np.ndarray) -> Group:
+    def _draft(self, key: tuple[SamplingConfig, bool], slots: np.ndarray) -> Group:
+        """The group's draft and tree: a one-node tree per row when it does not draft, else the
+        drafter's, cut to the rows' budgets."""
         plan, backend, target = self.plan, self.plan.backend, self.plan.target
-        states = [self.active[s][1] for s in slots]
+        sampling, drafts = key
+        states, ids = [self.active[s][1] for s in slots], tuple(self.active[s][0] for s in slots)
         where = backend.from_numpy(slots, target)
+        if not drafts:
+            return plain_group(Group(sampling=sampling, slots=slots, ids=ids, states=states, where=where, draft=None,
+                                     tree=None), backend, target)
         sample_shape = self.caps.sample_shape
         context = DraftContext(
             root_tokens=backend.from_numpy(np.array([s.root for s in states], dtype=np.int64), target),
@@ -291,15 +300,16 @@ class Decoder:
             history=tuple(s.history for s in states), slots=slots,
         )
         draft = plan.drafter.propose(context)
-        return Group(sampling=sampling, slots=slots, ids=tuple(self.active[s][0] for s in slots), states=states,
-                      where=where, draft=draft,
-                      tree=plan.tree_builder.build(draft))
+        budgets = tuple(self._budgets.get(i) for i in ids)
+        tree, full = cut_to_budgets(plan.tree_builder.build(draft), budgets, backend, target)
+        return Group(sampling=sampling, slots=slots, ids=ids, states=states, where=where, draft=draft, tree=tree,
+                     budgets=budgets, full_nodes=full)
 
     def _run(self, chunks, groups) -> tuple[list[StepResult], list[StepResult]]:
         """One forward of prompt ``chunks`` and the trees of sampling ``groups``; their results."""
         backend, target = self.plan.backend, self.plan.target
         t0 = time.perf_counter()
-        drafted = [self._draft(sampling, np.array(slots, dtype=np.int64)) for sampling, slots in groups]
+        drafted = [self._draft(key, np.array(slots, dtype=np.int64)) for key, slots in groups]
         t1 = time.perf_counter()
         tree, slots = step_tree(drafted, backend, target)
         context = [(slot, self.active[slot][1].request.prompt[start:end]) for slot, start, end in chunks]
@@ -307,7 +317,7 @@ class Decoder:
             output = target.forward_tree(tree, slots, context=context, layers=self.layers)
         except Exception as exc:  # a bad draft or tree fails here first: name the plugin that made it
             for group in drafted:
-                self._check(group.draft, group.tree, cause=exc)
+                step_checks.check_group(self.plan, group.draft, group.tree, cause=exc)
             raise
         step_checks.check_context(f"the {backend.name!r} target {type(target).__name__}", output.context, context)
         self._forwarded = (chunks, output.context)  # committed: never run again (_run_isolated)
@@ -330,6 +340,8 @@ class Decoder:
         self._forwarded = None
         admitted = self._advance_chunks(chunks, output.context)  # after commit: a request ending here frees its slot
         t3 = time.perf_counter()
+        self.speculation.observe_step(sum(len(c) for _, c in context) + (0 if tree is None else tree.size * len(slots)),
+                                      t3 - t1, sum(len(g.slots) for g in drafted if g.budgets[:1] != (0,)), t1 - t0)
         if decoded:
             decoded[0] = attrs.evolve(decoded[0], time_draft=t1 - t0, time_verify=t2 - t1, time_other=t3 - t2)
         elif admitted:
@@ -340,12 +352,12 @@ class Decoder:
         """(output, verdict, host path, num_accepted, bonus, beams, tokens, num_nodes) of a group."""
         plan, backend, target = self.plan, self.plan.backend, self.plan.target
 
-        uniforms = draw(group.states, verify_uniform_shape(group.draft))
+        uniforms = verify_uniforms(group.states, verify_uniform_shape(group.draft))
         verdict = plan.verifier.verify(group.tree, group.draft, output, group.sampling,
                                        None if uniforms is None else backend.from_numpy(uniforms, target))
         path = backend.to_numpy(verdict.path)  # the step's one wait for the device
         num_accepted, bonus = backend.to_numpy(verdict.num_accepted), backend.to_numpy(verdict.bonus_tokens)
-        beams, tokens, parents, num_nodes = self._check(group.draft, group.tree)
+        beams, tokens, parents, num_nodes = step_checks.check_group(self.plan, group.draft, group.tree)
         step_checks.check_verdict(plan.source("verifier"), path, num_accepted, bonus, parents, num_nodes,
                                   int(target.vocab_size))
         return output, verdict, path, num_accepted, bonus, beams, tokens, num_nodes
@@ -357,12 +369,14 @@ class Decoder:
         on_target = lambda array: backend.from_numpy(array, target)  # noqa: E731
         # tokens of the distinct beams, before deduplication into the tree
         drafted = drafted_tokens(beams, group.draft.beam_lengths) if beams is not None else num_nodes - 1
+        drafted = np.where(num_nodes < group.full_nodes, num_nodes - 1, drafted)  # cut to a budget: what was verified
+        self.speculation.observe_rows(group.ids, group.budgets, num_nodes, group.full_nodes, path, num_accepted)
         rows = np.arange(len(group.slots))
         self._hidden[group.where] = output.hidden[on_target(rows), on_target(path[rows, num_accepted])]
         new_tokens = [state.emit([int(t) for t in tokens[b, path[b, 1 : num_accepted[b] + 1]]] + [int(bonus[b])])
                       for b, state in enumerate(group.states)]
         if self.caps.stateful:
-            self._observe(group.slots, group.states, output, path, num_accepted, bonus, tokens)
+            observe_accepted(self.plan, group.slots, group.states, output, path, num_accepted, bonus, tokens)
         for state in group.states:
             if state.done:
                 self._finish(state.slot)
@@ -384,20 +398,6 @@ class Decoder:
             ids.append(request_id)
             tokens.append(self._first_token(state, output))
         return [admissions(self.steps, ids, tokens, 0.0)] if ids else []
-
-    def _observe(self, slots, states, output, path, num_accepted, bonus, tokens) -> None:
-        """Tell a stateful drafter what this step committed: tokens and hidden states on the path."""
-        backend, target = self.plan.backend, self.plan.target
-        rows = np.arange(len(slots))[:, None]
-        nodes = np.where(path >= 0, path, 0)  # (B, A)
-        index = backend.from_numpy(rows, target), backend.from_numpy(nodes, target)
-        self.plan.drafter.observe(Accepted(
-            slots=slots, tokens=np.where(path >= 0, tokens[rows, nodes], -1), num_accepted=num_accepted,
-            bonus_tokens=bonus, hidden=output.hidden[index],
-            layers={i: value[index] for i, value in output.layers.items()},
-            finished=np.array([s.done for s in states]),
-        ))
-
 
 def decode_steps(plan: DecodePlan, prompts: Sequence[Sequence[int]], *, seed=None) -> Iterator[StepResult]:
     """Yield one StepResult per target forward (admissions and decode steps) until every prompt

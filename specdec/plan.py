@@ -17,7 +17,8 @@ __all__ = ["DecodePlan"]
 @attrs.frozen(kw_only=True)
 class DecodePlan:
     """Everything a generation needs besides its requests; ``sampling``, ``max_new_tokens`` and
-    ``eos_token_ids`` are the settings of requests made from bare prompts (``decode_steps``)."""
+    ``eos_token_ids`` are the settings of requests made from bare prompts (``decode_steps``);
+    ``speculation`` says how much each request drafts per step (``specdec.budget``)."""
 
     backend: Backend
     target: TargetModel
@@ -28,6 +29,9 @@ class DecodePlan:
     max_new_tokens: int = 128
     eos_token_ids: tuple[int, ...] = ()
     sources: dict[str, str] = attrs.field(factory=dict)  # "drafter" -> "drafter 'x' (plugin p, dist 1.0)"
+    # how much each request drafts per step (specdec.budget): "auto", "always", "never", a
+    # Speculation object, or None ($SPECDEC_SPECULATION, else "auto")
+    speculation: object = None
 
     def source(self, kind: str) -> str:
         """Who made the ``kind`` component, for errors about what it returned."""

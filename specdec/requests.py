@@ -1,8 +1,12 @@
 """One request of the decode loop: what was asked (``Request``) and how far it got (``RequestState``).
 
-Everything random about a request comes from its own NumPy generator, seeded by the request
-alone, and every uniform it uses is drawn from that generator in a fixed order: so its tokens do
-not depend on which other requests share its steps, or when they come and go.
+Everything random about a request comes from its own NumPy generators, seeded by the request
+alone: so its tokens do not depend on which other requests share its steps, or when they come and
+go. The uniform that draws the target's token at each position of the output is keyed by that
+position (``RequestState.token_uniforms``: the n-th uniform of the request's token stream draws
+its n-th token, whatever step verifies it), so neither the draft trees nor the budgets that cut
+them (``specdec.budget``) change a sampled request's tokens under the exact tree walk. The
+drafter's uniforms and the verifier's per-beam tests come from a second stream, in step order.
 """
 
 from __future__ import annotations
@@ -14,6 +18,8 @@ import numpy as np
 
 from specdec.errors import InvalidInputError
 from specdec.types import SamplingConfig
+
+UNIFORM_BLOCK = 32  # token uniforms drawn at a time
 
 
 def _tokens(value) -> tuple[int, ...]:
@@ -45,9 +51,13 @@ class Request:
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
             raise InvalidInputError(f"max_new_tokens must be a positive integer, got {value!r}")
 
-    def generator(self) -> np.random.Generator:
+    def generator(self, stream: int = 0) -> np.random.Generator:
+        """The request's generator: stream 0 draws its tokens, stream 1 the drafter's and the
+        per-beam tests' uniforms (independent streams of the same seed)."""
         entropy = self.seed if self.seed is not None else (int(np.random.SeedSequence().entropy % (2**63)), 0)
-        return np.random.default_rng(list(entropy))
+        if stream == 0:
+            return np.random.default_rng(list(entropy))
+        return np.random.default_rng(np.random.SeedSequence(list(entropy), spawn_key=(stream,)))
 
 
 def batch_seeds(seed: int | Sequence[int] | None, batch_size: int) -> list:
@@ -67,7 +77,9 @@ class RequestState:
     def __init__(self, request: Request, slot: int):
         self.request = request
         self.slot = slot
-        self.generator = None if request.sampling.greedy else request.generator()
+        self.generator = None if request.sampling.greedy else request.generator(1)  # drafter and beam tests
+        self._stream = None if request.sampling.greedy else request.generator(0)  # the tokens, by position
+        self._uniforms = np.zeros(0)
         self.emitted = 0
         self.done = False
         prompt = np.asarray(request.prompt, dtype=np.int64)
@@ -78,6 +90,16 @@ class RequestState:
 
     def draw(self, shape: tuple[int, ...]) -> np.ndarray | None:
         return None if self.generator is None else self.generator.random(shape)
+
+    def token_uniforms(self, count: int) -> np.ndarray | None:
+        """(count,) the uniforms that draw the request's next ``count`` tokens (positions
+        ``emitted`` ..): the same numbers whatever the steps that verify them (None: greedy)."""
+        if self._stream is None:
+            return None
+        end = self.emitted + count
+        while len(self._uniforms) < end:  # drawn in blocks: the stream's n-th number is the n-th token's
+            self._uniforms = np.concatenate([self._uniforms, self._stream.random(UNIFORM_BLOCK)])
+        return self._uniforms[self.emitted:end].copy()
 
     @property
     def history(self) -> np.ndarray:

@@ -98,3 +98,18 @@ def check_context(who: str, outputs, chunks) -> None:
     if len(outputs) != len(chunks):
         raise PluginOutputError(f"{who} returned {len(outputs)} context outputs from forward_tree for {len(chunks)} "
                                 "prompt chunks; it must return one per chunk, in order")
+
+
+def check_group(plan, draft, tree, cause: Exception | None = None):
+    """Host copies (beams or None, tree tokens, parents, num_nodes) of a group's draft and tree,
+    after checking them; an error names the plugin that made the value (from ``cause``)."""
+    host, vocab = plan.backend.to_numpy, int(plan.target.vocab_size)
+    beams = None if draft.beams is None else host(draft.beams)
+    tree_arrays = host(tree.tokens), host(tree.parents), host(tree.num_nodes)
+    try:
+        check_draft(plan.source("drafter"), host(draft.root_tokens), beams,
+                    None if draft.head_tokens is None else host(draft.head_tokens), vocab, draft.beam_lengths)
+        check_tree(plan.source("tree_builder"), *tree_arrays, vocab)
+    except PluginOutputError as error:
+        raise error from cause
+    return (beams, *tree_arrays)

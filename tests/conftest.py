@@ -38,6 +38,9 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 # dtype=None measures the fastest dtype on the machine (specdec.tuning); tests compute in float32
 # so that no result depends on timing (tests of the measurement unset this)
 os.environ.setdefault("SPECDEC_DTYPE", "float32")
+# speculation="auto" chooses each step's drafting from timings (specdec.budget); tests draft every
+# step unless they test the choice, so that step counts and acceptance figures do not depend on timing
+os.environ.setdefault("SPECDEC_SPECULATION", "always")
 
 # Modules the tests of each backend import (a missing one would skip them).
 BACKEND_MODULES = {"numpy": (), "torch": ("torch", "transformers"), "mlx": ("mlx.core", "mlx_lm")}

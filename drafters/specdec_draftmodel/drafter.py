@@ -110,11 +110,16 @@ class DraftModelDrafter:
 
     def observe(self, accepted) -> None:
         """Record, per row, the drafted tokens the target accepted (any beam's): they are run and
-        committed with the next root, in the next propose's first forward."""
+        committed with the next root, in the next propose's first forward. A row that did not
+        draft this step (no propose: its budget was 0) commits its root alone, which waits
+        with the others."""
         tokens = np.asarray(accepted.tokens, dtype=np.int64)
         for b, (slot, count) in enumerate(zip(np.asarray(accepted.slots).tolist(),
                                                np.asarray(accepted.num_accepted).tolist())):
             request = self._request(slot, "observe")
+            if request.root is None and count == 0:  # a step in which this row did not draft: its root waits too
+                request.pending.append(int(tokens[b, 0]))
+                continue
             if request.root is None or int(tokens[b, 0]) != request.root:
                 raise PluginOutputError(
                     f"drafter {NAME!r}: observe for slot {slot} commits root {int(tokens[b, 0])}, but the drafter "

@@ -14,7 +14,7 @@ PLAIN = {"plain": "none"}  # every other specdec method is an installed drafter'
 OPTION_NAMES = {"w": "beam_width", "l": "beam_length", "choices": "choices", "verifier": "verifier",
                 "n": "prompt_lookup_num_tokens", "draft": "draft_model", "drafter": "drafter_path",
                 "top_t": "top_t", "sample": "sample", "lookup": "lookup", "k": "draft_length", "dtype": "dtype",
-                "exact": "exact"}
+                "exact": "exact", "speculation": "speculation"}
 
 
 @attrs.frozen(kw_only=True)
@@ -63,8 +63,10 @@ def parse_method(spec: str) -> Method:
     ``redrafter:lookup=10`` for a lookup chain of 10 drafted tokens),
     ``lookup:k=10`` (our prompt lookup alone, drafting k tokens), ``hf:dtype=own`` (a peer in its own
     default dtype rather than the one our target runs in), ``plain:exact=false`` (our methods on a
-    second target with exact mode off, ``specdec.exactness``, to measure what it costs). Keys: w, l,
-    choices, verifier, top_t, sample, lookup, k, n, draft, dtype (peers only), exact (ours only); a specdec method also takes its drafter
+    second target with exact mode off, ``specdec.exactness``, to measure what it costs),
+    ``redrafter:speculation=always`` (every step drafts; the default, auto, chooses per step,
+    ``specdec.budget``). Keys: w, l, choices, verifier, top_t, sample, lookup, k, n, draft, dtype
+    (peers only), exact, speculation (ours only); a specdec method also takes its drafter
     factory's own keyword options by name, e.g. ``eagle:total_tokens=8,depth=4`` (``generate``
     checks them against the factory and names the ones it takes)."""
     kind, _, rest = spec.partition(":")

@@ -81,6 +81,8 @@ def summarize(records: Sequence[BenchRecord], *, plain: str = "plain") -> list[d
             speedup_vs_peer=ratio(PEER_BASELINE.get(backend, "")),
             tokens_per_step=sum(r.new_tokens for r in group) / steps if steps else float("nan"),
             verified_per_step=sum(r.verified for r in group) / decode_steps if decode_steps else float("nan"),
+            # the budgets chosen (specdec.budget): share of decode steps that verified the root alone
+            plain_step_share=sum(r.plain_steps for r in group) / decode_steps if decode_steps else float("nan"),
             # share of the beams' drafted tokens that deduplication into the tree did not verify
             tree_reduction=1 - (sum(r.verified for r in group) - decode_steps) / drafted if drafted else float("nan"),
             draft_share=sum(r.time_draft for r in group) / decode_time if decode_time else float("nan"),
@@ -122,8 +124,8 @@ def _fmt(value, spec: str) -> str:
 def markdown(rows: Sequence[dict], *, categories: bool = True) -> str:
     """A Markdown table of ``summarize`` rows."""
     header = ("| backend | dtype | exact | T | category | method | tok/s | speedup vs plain (x) | vs peer's plain (x) "
-              "| tokens/step | verified/step | tree reduction | draft / verify / other | identical to plain "
-              "| peak RSS MB |")
+              "| tokens/step | verified/step | no-draft steps | tree reduction | draft / verify / other "
+              "| identical to plain | peak RSS MB |")
     lines = [header, "|" + "---|" * (header.count("|") - 1)]
     for r in rows:
         if not categories and r["category"] != "all":
@@ -135,6 +137,7 @@ def markdown(rows: Sequence[dict], *, categories: bool = True) -> str:
             f"| {r['method']} "
             f"| {_fmt(r['tokens_per_second'], '.1f')} | {_fmt(r['speedup'], '.2f')} | {_fmt(r['speedup_vs_peer'], '.2f')} "
             f"| {_fmt(r['tokens_per_step'], '.2f')} | {_fmt(r['verified_per_step'], '.1f')} "
+            f"| {_fmt(r.get('plain_step_share', float('nan')), '.0%')} "
             f"| {_fmt(r['tree_reduction'], '.0%')} | {split} | {identity_line(r)} "
             f"| {_fmt(r.get('peak_rss_mb', float('nan')), '.0f')} |"
         )

@@ -29,6 +29,7 @@ class BenchRecord:
     accepted: tuple = ()
     verified: int = 0
     drafted: int = 0  # tokens of the distinct beams (roots not counted), before deduplication into trees
+    plain_steps: int = 0  # decode steps that verified the root alone (a budget of 0, or nothing drafted)
     time_draft: float = 0.0
     time_verify: float = 0.0
     time_other: float = 0.0
@@ -51,7 +52,7 @@ def specdec_runner(method: Method, model, target, backend: str, max_new_tokens: 
     registry = default_registry()
     backend_obj = registry.get("backend", backend).factory()
     options = dict(method.generate_options)
-    loop_options = {k: options.pop(k) for k in ("verifier", "tree_builder") if k in options}
+    loop_options = {k: options.pop(k) for k in ("verifier", "tree_builder", "speculation") if k in options}
     lookup = options.pop("lookup", None)
     if not {"beam_width", "beam_length"} & set(options):  # as generate: specdec plan's beams, when kept
         options.update(planned_beams(backend_obj, target, method.drafter, registry))
@@ -65,7 +66,7 @@ def specdec_runner(method: Method, model, target, backend: str, max_new_tokens: 
     def run(ids: list[int], temperature: float, seed: int) -> dict:
         steps = stream(target, ids, drafter=drafter, backend=backend, max_new_tokens=max_new_tokens,
                        temperature=temperature, seed=[seed], lookup=False, **loop_options)  # drafter is complete
-        accepted, verified, drafted, generated = [], 0, 0, []
+        accepted, verified, drafted, plain_steps, generated = [], 0, 0, 0, []
         times = dict(time_draft=0.0, time_verify=0.0, time_other=0.0, time_prefill=0.0)
         start = time.perf_counter()
         for step in steps:
@@ -75,6 +76,7 @@ def specdec_runner(method: Method, model, target, backend: str, max_new_tokens: 
                 continue
             accepted.append(int(step.num_accepted[0]))
             verified += int(step.num_verified[0])
+            plain_steps += int(step.num_verified[0]) == 1
             if beam_drafter:  # tokens of the beams before deduplication into the tree
                 drafted += int(step.num_drafted[0])
             times["time_draft"] += step.time_draft
@@ -82,7 +84,7 @@ def specdec_runner(method: Method, model, target, backend: str, max_new_tokens: 
             times["time_other"] += step.time_other
         seconds = time.perf_counter() - start
         return dict(new_tokens=len(generated), seconds=seconds, accepted=tuple(accepted), verified=verified,
-                    drafted=drafted, tokens=tuple(generated), **times)
+                    drafted=drafted, plain_steps=plain_steps, tokens=tuple(generated), **times)
 
     run.drafter = drafter  # what the method drafts with, for reports and tests
     return run

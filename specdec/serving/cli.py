@@ -27,7 +27,12 @@ def add_parser(sub) -> None:
     parser.add_argument("--capacity", type=int, default=2048,
                         help="positions per request, prompt and completion (the context length served)")
     parser.add_argument("--max-queue", type=int, default=64, help="requests that may wait for a slot (then HTTP 429)")
-    parser.add_argument("--max-prefill-tokens", type=int, default=512, help="prompt tokens admitted per step")
+    parser.add_argument("--max-prefill-tokens", type=_prefill_tokens, default="auto", metavar="auto|N",
+                        help="prompt tokens a step carries beside the running requests (default auto: the most that "
+                             "keep their step within twice its time, from this machine's measured costs)")
+    parser.add_argument("--speculation", choices=("auto", "always", "never"), default=None,
+                        help="auto (default): each step, each request drafts what this machine's measured costs and "
+                             "its acceptance say pays (none under load); always: every step; never: plain decoding")
     parser.add_argument("--served-model-name", default=None, help="the model name clients use (default: --model)")
     parser.add_argument("--no-drain", action="store_true",
                         help="at shutdown cancel the requests in flight instead of letting them finish")
@@ -60,6 +65,18 @@ def add_parser(sub) -> None:
     parser.set_defaults(func=cmd_serve)
 
 
+def _prefill_tokens(value: str):
+    if value == "auto":
+        return value
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected 'auto' or a positive integer, got {value!r}") from None
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"expected 'auto' or a positive integer, got {value!r}")
+    return number
+
+
 def cmd_serve(args) -> int:
     from specdec.engine import Engine
     from specdec.errors import InvalidInputError, require
@@ -80,7 +97,7 @@ def cmd_serve(args) -> int:
                     max_connections=args.max_connections)
     api_key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_VARIABLE) or None
     options = lookup_option(args)
-    for name in ("beam_width", "beam_length"):
+    for name in ("beam_width", "beam_length", "speculation"):
         if getattr(args, name) is not None:
             options[name] = getattr(args, name)
     engine = Engine(args.model, drafter=args.drafter, backend=args.backend, slots=args.slots, capacity=args.capacity,
@@ -88,7 +105,8 @@ def cmd_serve(args) -> int:
                     exact=args.exact, device=args.device, **options)
     name = args.served_model_name or str(args.model)
     print(f"specdec: serving {name!r} on http://{args.host}:{args.port}/v1 ({args.slots} slots of "
-          f"{engine.context_length} tokens, drafter {args.drafter}; {describe_exactness(engine.target)})",
+          f"{engine.context_length} tokens, drafter {args.drafter}, speculation "
+          f"{engine.plan.speculation or 'auto'}; {describe_exactness(engine.target)})",
           file=sys.stderr)
     warning = exposure_warning(args.host, api_key)
     if warning is not None:

@@ -11,6 +11,7 @@ import time
 from typing import TYPE_CHECKING, AsyncIterator, Iterator, Sequence
 
 import attrs
+import numpy as np
 
 from specdec.errors import InvalidInputError, SpecdecError
 from specdec.requests import Request
@@ -106,6 +107,9 @@ class EngineMetrics:
         "decode_tokens": "tokens emitted by decode steps (bonus tokens counted)",
         "draft_tokens": "drafted tokens verified (distinct beams)",
         "accepted_tokens": "drafted tokens accepted",
+        "draft_nodes": "drafted tree nodes verified (past the root, after each request's budget cut its tree)",
+        "drafting_row_steps": "request rows in decode steps that drafted (a tree budget above 0)",
+        "plain_steps": "decode steps in which no request drafted",
         "engine_resets": "steps that raised for no request in particular (every slot freed)",
     }
 
@@ -120,7 +124,25 @@ class EngineMetrics:
             "queue_time_seconds": Histogram(LATENCY_BUCKETS),
             "step_seconds": Histogram(LATENCY_BUCKETS),
             "tokens_per_step": Histogram(tuple(range(1, 17))),
+            "draft_nodes_per_row_step": Histogram((0, 1, 2, 4, 8, 16, 32, 64)),
         }
+        self.prefill_budget = 0  # prompt tokens the last step could carry
+
+    def account_step(self, result, prefill_budget) -> None:
+        """Count a decode step: its rows, drafts, acceptance and the budgets chosen."""
+        nodes = np.asarray(result.num_verified, dtype=np.int64) - 1  # drafted nodes each row verified
+        with self.lock:
+            counters = self.counters
+            counters["decode_steps"] += 1
+            counters["decode_row_steps"] += len(result.requests)
+            counters["draft_tokens"] += int(result.num_drafted.sum())
+            counters["accepted_tokens"] += int(result.num_accepted.sum())
+            counters["draft_nodes"] += int(nodes.sum())
+            counters["drafting_row_steps"] += int(np.count_nonzero(nodes))
+            counters["plain_steps"] += int(not nodes.any())
+            for count in nodes.tolist():
+                self.histograms["draft_nodes_per_row_step"].observe(count)
+            self.prefill_budget = prefill_budget if isinstance(prefill_budget, int) else 0
 
     def add(self, name: str, value: int = 1) -> None:
         with self.lock:
@@ -131,9 +153,11 @@ class EngineMetrics:
             self.histograms[name].observe(value, times)
 
     def snapshot(self) -> dict:
-        """{"counters", "finished" (per finish reason), "histograms": {name: (cumulative buckets, sum, count)}}."""
+        """{"counters", "finished" (per finish reason), "prefill_budget", "histograms": {name: (cumulative
+        buckets, sum, count)}}."""
         with self.lock:
             return {"counters": dict(self.counters), "finished": dict(self.finished),
+                    "prefill_budget": self.prefill_budget,
                     "histograms": {name: (h.cumulative(), h.sum, h.count) for name, h in self.histograms.items()}}
 
 

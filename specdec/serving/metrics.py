@@ -18,6 +18,8 @@ HISTOGRAM_HELP = {
     "queue_time_seconds": "Time from submission until the prompt's prefill ended (its last chunk).",
     "step_seconds": "Duration of one scheduler step (admissions and one decode step of every running request).",
     "tokens_per_step": "Tokens a running request gets from one decode step (accepted drafted tokens plus the bonus).",
+    "draft_nodes_per_row_step": "Drafted tree nodes a running request verified in one decode step (its tree budget "
+                                "as used; 0: decoded plainly).",
 }
 
 
@@ -63,6 +65,15 @@ def render(engine, *, model_name: str) -> str:
     metric("specdec_mean_tokens_per_step", "gauge",
            "Tokens per request per decode step since start (bonus counted; plain decoding 1.0; 0 before any).",
            [("", label, counters["decode_tokens"] / rows if rows else 0.0)])
+    steps = counters["decode_steps"]
+    metric("specdec_mean_draft_nodes_per_row_step", "gauge",
+           "Drafted tree nodes verified per request per decode step since start (after the budgets; 0 before any).",
+           [("", label, counters["draft_nodes"] / rows if rows else 0.0)])
+    metric("specdec_plain_step_share", "gauge",
+           "Share of decode steps in which no request drafted, since start (0 before any).",
+           [("", label, counters["plain_steps"] / steps if steps else 0.0)])
+    metric("specdec_prefill_budget_tokens", "gauge", "Prompt tokens the last step with prompts to prefill could carry.",
+           [("", label, snap["prefill_budget"])])
     for name, (buckets, total, count) in snap["histograms"].items():
         samples = [("_bucket", f'{label},le="{_number(float(bound))}"', n) for bound, n in buckets]
         samples += [("_sum", label, float(total)), ("_count", label, count)]

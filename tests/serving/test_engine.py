@@ -14,6 +14,7 @@ its rows are computed one by one too.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import threading
 import time
 
@@ -22,6 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import specdec
+from specdec.budget import Speculation, StepPlan
 from specdec.engine import Engine
 from specdec.testing import make_random_drafter
 
@@ -132,6 +134,42 @@ def test_greedy_requests_with_redrafter_decode_as_alone(model_dir, redrafter, sc
     with Engine(target, drafter=redrafter, backend="numpy", tree_room=32) as engine:
         results = run_schedule(engine, schedule)
         check_against_alone(model_dir, "numpy", redrafter, schedule, results)
+    assert not target.cache.admitted.any()
+
+
+class DrawnBudgets(Speculation):
+    """Tree budgets drawn by Hypothesis (0: plain, None: the whole tree), in turn per row per step."""
+
+    def __init__(self, budgets):
+        super().__init__("always")
+        self.draws = itertools.cycle(budgets)
+
+    def plan(self, request_ids, chunk_tokens=0):
+        return StepPlan({i: next(self.draws) for i in request_ids}, len(request_ids), 0)
+
+
+@pytest.fixture(scope="module")
+def eagle(model_dir, tmp_path_factory):
+    return make_random_drafter(tmp_path_factory.mktemp("engine") / "eagle", model_dir, kind="eagle", seed=3)
+
+
+@pytest.mark.parametrize("drafter", ["lookup", "redrafter", "eagle"])
+@engine_settings
+@given(schedule=st.lists(requests, min_size=1, max_size=5), slots=st.integers(1, 3),
+       budgets=st.lists(st.sampled_from([0, 0, 1, 2, 4, None]), min_size=1, max_size=10),
+       prefill=st.sampled_from([None, 4, "auto"]))
+def test_budgets_drawn_by_hypothesis_never_change_a_requests_tokens(model_dir, redrafter, eagle, drafter, schedule,
+                                                                    slots, budgets, prefill):
+    """Whatever each request drafts in each step (drawn here, mixed with plain rows in one
+    forward), greedy and sampled requests get plain decoding's tokens alone: budgets change what
+    is verified, never what is accepted (the exact walk's uniforms are keyed by position)."""
+    source = {"redrafter": redrafter, "eagle": eagle}.get(drafter, drafter)
+    target = _targets.setdefault((str(model_dir), "numpy", slots), specdec.load(
+        model_dir, backend="numpy", slots=slots, capacity=96))
+    with Engine(target, drafter=source, backend="numpy", tree_room=32, max_prefill_tokens=prefill,
+                speculation=DrawnBudgets(budgets)) as engine:
+        results = run_schedule(engine, schedule)
+        check_against_alone(model_dir, "numpy", "none", schedule, results)
     assert not target.cache.admitted.any()
 
 
@@ -361,8 +399,9 @@ def test_decoder_prefill_budget_admits_prompts_up_to_the_budget(model_dir):
             if result.is_prefill:
                 admitted.append(list(result.requests))
     decoder.close()
-    # the first prompt is longer than the budget: admitted alone; then 5 + 5 fit, 3 more would not
-    assert admitted == [[0], [1, 2], [3]]
+    # prompts that fit the budget whole go first (5 + 5), then the 3 and the long prompt's first
+    # chunk of 7; the long one (20) finishes two steps later: a short prompt never waits behind it
+    assert admitted == [[1, 2], [3], [0]]
 
 
 def test_an_engine_from_a_plan(model_dir):
