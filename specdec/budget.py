@@ -23,9 +23,13 @@ tree puts the drafter's best beam first), so its first k + 1 nodes are a tree to
 verifier accepts in the full tree, cut at node k, is what the cut tree accepts: one step with a
 full tree tells a_i(k) for every k at once. Each request keeps a decaying average per budget
 (``REQUEST_DECAY``), starting from the engine's average over all requests; while it does not draft
-its estimate drifts back toward that average (``FORGET`` per step), and after ``EXPLORE_EVERY``
-steps without drafting it drafts once more where that costs the step at most ``EXPLORE_COST``
-(a prompt-lookup match, say, appears only once the text repeats itself).
+its estimate drifts back toward that average (``FORGET`` per step). A cut tree tells nothing of
+the budgets above the cut, so after ``EXPLORE_EVERY`` steps without its whole tree verified (it
+did not draft, or drafted less) a request verifies its whole tree once more (a prompt-lookup
+match, say, appears only once the text repeats itself), at most one such step in
+``EXPLORE_EVERY`` and only where the step's extra cost, spread over those steps, stays within
+``EXPLORE_COST`` of a step: a request that stopped drafting on a few bad steps is tried again,
+and a large batch is not slowed to try it.
 
 **Lossless.** A budget only cuts a tree before verification; the verifier accepts what the target
 itself would produce at every node it is given (greedy, and the exact tree walk whose uniforms are
@@ -58,11 +62,11 @@ BUDGETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)  # drafted nodes a request 
 PREFILL_STALL = 2.0  # a step carrying prompt chunks lasts at most this many times the step without them
 MIN_PREFILL = 16  # prompt tokens a step carries at least, so that a long prompt always advances
 MARGIN = 0.03  # drafting must beat plain decoding's predicted tokens/s by this much
-REQUEST_DECAY = 0.3  # weight of a request's newest step in its acceptance average
+REQUEST_DECAY = 0.15  # weight of a request's newest step in its acceptance average
 PRIOR_DECAY = 0.05  # weight of a step in the engine-wide acceptance average
 FORGET = 0.05  # per step without drafting, a request's estimate moves this far back to the engine's
-EXPLORE_EVERY = 16  # steps without drafting after which a request is tried again ...
-EXPLORE_COST = 0.05  # ... when that costs its step at most this much more
+EXPLORE_EVERY = 16  # steps without its whole tree after which a request tries it again, one per this many steps,
+EXPLORE_COST = 0.05  # ... when its extra cost spread over them is at most this share of a step
 GUESS = 1.0 + 0.4 * np.sqrt(np.asarray(BUDGETS, dtype=np.float64))  # tokens per step before any was seen
 
 
@@ -100,14 +104,15 @@ def make_speculation(value) -> "Speculation":
 class _Acceptance:
     """Decaying averages of tokens per step at each budget (``known``: observed at least once;
     the first observation moves the average from the prior it starts at) and of the whole tree's
-    node count; ``idle``: steps since it last drafted."""
+    node count; ``stale``: steps since its whole tree was last verified (it did not draft, or its
+    budget cut the tree)."""
 
     def __init__(self, decay: float):
         self.decay = decay
         self.tokens = np.ones(len(BUDGETS))
         self.known = np.zeros(len(BUDGETS), dtype=bool)
         self.nodes = 0.0
-        self.idle = 0
+        self.stale = 0
 
     def observe(self, upto: int, tokens: np.ndarray, nodes: int, prior: np.ndarray, prior_nodes: float) -> None:
         """``tokens[j]`` for budgets j < ``upto``; ``nodes`` in the whole tree."""
@@ -115,7 +120,6 @@ class _Acceptance:
         self.tokens[:upto] = (1 - self.decay) * old + self.decay * tokens[:upto]
         self.known[:upto] = True
         self.nodes = (1 - self.decay) * (self.nodes or prior_nodes) + self.decay * nodes
-        self.idle = 0
 
 
 class Speculation:
@@ -131,6 +135,7 @@ class Speculation:
         self.costs: StepCosts | None = None
         self._rows: dict[int, _Acceptance] = {}
         self._prior = _Acceptance(PRIOR_DECAY)
+        self._quiet = EXPLORE_EVERY  # steps since a request was last tried again (_explore)
 
     @property
     def needs_costs(self) -> bool:
@@ -204,21 +209,24 @@ class Speculation:
         return self._explore(ids, nodes, chunk_tokens, chosen)
 
     def _explore(self, ids: list[int], nodes: np.ndarray, chunk_tokens: int, chosen: StepPlan) -> StepPlan:
-        """``chosen`` with a request that has not drafted for ``EXPLORE_EVERY`` steps drafting its
-        whole tree, when that costs the step at most ``EXPLORE_COST`` more: its estimate is old."""
+        """``chosen`` with the request whose whole tree was verified longest ago (``EXPLORE_EVERY``
+        steps at least) drafting its whole tree: its estimate is old. At most one such step in
+        ``EXPLORE_EVERY``, and only when its extra seconds spread over them are at most
+        ``EXPLORE_COST`` of the step's."""
         batch, budgets = len(ids), dict(chosen.budgets)
         width = chosen.tokens / batch if batch else 1.0
-        stale = [b for b, i in enumerate(ids) if budgets[i] == 0 and i in self._rows
-                 and self._rows[i].idle >= EXPLORE_EVERY]
-        if not stale:
+        stale = [b for b, i in enumerate(ids) if budgets[i] is not None and i in self._rows
+                 and self._rows[i].stale >= EXPLORE_EVERY]
+        if not stale or self._quiet < EXPLORE_EVERY:
             return chosen
-        b = max(stale, key=lambda b: self._rows[ids[b]].idle)
+        b = max(stale, key=lambda b: self._rows[ids[b]].stale)
         wider = max(width, float(np.ceil(nodes[b])))
-        seconds = float(self.costs.target(chunk_tokens + batch * wider) + self.costs.draft(chosen.drafting + 1))
-        if seconds > (1 + EXPLORE_COST) * max(chosen.seconds, 1e-9):
+        drafting = chosen.drafting + (budgets[ids[b]] == 0)
+        seconds = float(self.costs.target(chunk_tokens + batch * wider) + self.costs.draft(drafting))
+        if seconds - chosen.seconds > EXPLORE_COST * EXPLORE_EVERY * max(chosen.seconds, 1e-9):
             return chosen
         budgets[ids[b]] = None
-        return StepPlan(budgets, int(batch * wider), chosen.drafting + 1, seconds)
+        return StepPlan(budgets, int(batch * wider), drafting, seconds)
 
     def prefill_tokens(self, request_ids: Sequence[int], setting) -> int | None:
         """Prompt tokens this step may carry: ``setting`` when it is a number or None, else
@@ -250,11 +258,14 @@ class Speculation:
             row = self._rows.setdefault(request_id, _Acceptance(REQUEST_DECAY))
             if budgets[b] == 0:  # did not draft: drift back toward the engine's average
                 row.tokens = np.where(row.known, row.tokens + FORGET * (prior - row.tokens), row.tokens)
-                row.idle += 1
+                row.stale += 1
                 continue
+            cut = int(verified[b]) < int(full_nodes[b])
+            if not cut and row.stale >= EXPLORE_EVERY:  # tried again (_explore)
+                self._quiet = 0
+            row.stale = row.stale + 1 if cut else 0
             nodes = np.sort(path[b, 1: int(num_accepted[b]) + 1])  # accepted drafted nodes (their indices)
             accepted = np.searchsorted(nodes, limits, side="right")  # what a tree cut at each budget accepts
-            cut = int(verified[b]) < int(full_nodes[b])
             upto = int(np.searchsorted(limits, int(verified[b]) - 1, side="right")) if cut else len(BUDGETS)
             row.observe(upto, accepted + 1.0, int(full_nodes[b]), prior, self._prior_nodes())
             self._prior.observe(upto, accepted + 1.0, int(full_nodes[b]), prior, self._prior_nodes())
@@ -262,6 +273,7 @@ class Speculation:
     def observe_step(self, tokens: int, seconds: float, drafting: int, draft_seconds: float) -> None:
         """A step ran: ``tokens`` in its forward, ``seconds`` for the target part, ``drafting``
         requests drafted in ``draft_seconds``."""
+        self._quiet += 1
         if self.costs is not None:
             self.costs.observe(tokens, seconds, drafting, draft_seconds)
 

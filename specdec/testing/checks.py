@@ -247,9 +247,11 @@ def check_drafter(drafter, model_path, *, backends: Sequence[str] = ("numpy",), 
     greedy tokens equal plain decoding's (``drafter="none"``) on that backend and the numpy
     reference's, and a seeded sampled generation (temperature 1) runs, every draft checked by the
     decode loop. On the reference, the prompts decoded on a target with one slot (one request
-    after another, the slot reused) and with one slot per prompt give the same tokens, greedy and
-    sampled with per-prompt seeds: what a stateful drafter keeps per slot must start afresh with
-    each request. ``dtype`` applies to every backend but numpy (float64 only)."""
+    after another, the slot reused) and with one slot per prompt give the same tokens and draft
+    the same (the drafted and accepted token counts, every request drafting every step), greedy
+    and sampled with per-prompt seeds: what a stateful drafter keeps per slot must start afresh
+    with each request. Tokens alone cannot show it: a kept state changes the drafts, and drafts
+    never change a request's tokens. ``dtype`` applies to every backend but numpy (float64 only)."""
     from specdec.generate import generate, load
 
     plain = generate(model_path, [list(p) for p in prompts], drafter="none", backend="numpy",
@@ -267,12 +269,16 @@ def check_drafter(drafter, model_path, *, backends: Sequence[str] = ("numpy",), 
                            **run, **options).tokens
         assert [len(row) for row in sampled] == [max_new_tokens] * len(prompts), f"{where}: sampled rows cut short"
     seeds = [seed + b for b in range(len(prompts))]
+    def decode(slots, temperature):
+        result = generate(load(model_path, backend="numpy", slots=slots, registry=registry), [list(p) for p in prompts],
+                          drafter=drafter, backend="numpy", max_new_tokens=max_new_tokens, stop_at_eos=False,
+                          temperature=temperature, seed=seeds, registry=registry,
+                          **{"speculation": "always", **options})
+        return result.tokens, result.stats.drafted_tokens, result.stats.accepted_tokens
+
     for temperature in (0.0, 1.0):
-        runs = {slots: generate(load(model_path, backend="numpy", slots=slots, registry=registry),
-                                [list(p) for p in prompts], drafter=drafter, backend="numpy", max_new_tokens=max_new_tokens,
-                                stop_at_eos=False, temperature=temperature, seed=seeds, registry=registry,
-                                **options).tokens for slots in (1, len(prompts))}
+        runs = {slots: decode(slots, temperature) for slots in (1, len(prompts))}
         assert runs[1] == runs[len(prompts)], (
             f"check_drafter({drafter!s}, {options}): at temperature {temperature} the prompts decoded one after "
-            f"another in one slot differ from decoding them side by side\none slot {runs[1]}\nside by side "
-            f"{runs[len(prompts)]}")
+            f"another in one slot differ from decoding them side by side (tokens, drafted tokens, accepted "
+            f"tokens)\none slot {runs[1]}\nside by side {runs[len(prompts)]}")

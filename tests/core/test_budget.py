@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 import specdec
 from specdec.batching import cut_tree, merge_trees
-from specdec.budget import BUDGETS, EXPLORE_EVERY, MIN_PREFILL, Speculation, StepPlan, check_speculation
+from specdec.budget import BUDGETS, EXPLORE_EVERY, MIN_PREFILL, REQUEST_DECAY, Speculation, StepPlan, check_speculation
 from specdec.costs import CostCurve, StepCosts, _Fit
 from specdec.errors import InvalidInputError
 from specdec.prefill import plan_chunks
@@ -132,7 +132,7 @@ def test_one_full_tree_tells_what_every_cut_would_have_accepted():
     speculation.observe_rows([7], [None], np.array([9]), np.array([9]), path, np.array([2]))
     row = speculation._rows[7]
     assert row.known.all()  # every budget learnt from one step
-    for _ in range(60):
+    for _ in range(int(np.ceil(np.log(1e-8) / np.log(1 - REQUEST_DECAY)))):  # the first step's weight below 1e-8
         speculation.observe_rows([7], [None], np.array([9]), np.array([9]), path, np.array([2]))
     expected = {1: 1, 2: 2, 3: 2, 4: 2, 6: 3, 8: 3}  # tokens per step had the tree been cut at k nodes
     for k, tokens in expected.items():
@@ -150,8 +150,8 @@ def test_a_cut_tree_tells_nothing_about_larger_budgets():
 
 def test_a_request_that_stops_drafting_drifts_back_to_the_engines_average():
     speculation = policy()
-    teach(speculation, 0, 5.0)
-    teach(speculation, 1, 1.0)
+    teach(speculation, 1, 1.0, steps=120)  # its start (the engine's first guess) forgotten
+    teach(speculation, 0, 5.0)  # the engine's average rises
     before = speculation.estimate(1)[0][BUDGETS.index(8)]
     for _ in range(40):
         speculation.observe_rows([1], [0], np.array([1]), np.array([1]), np.array([[0]]), np.array([0]))
@@ -159,7 +159,11 @@ def test_a_request_that_stops_drafting_drifts_back_to_the_engines_average():
     assert before == pytest.approx(1.0, abs=0.01) and after > before + 0.5
 
 
-@pytest.mark.parametrize("curve, tried", [(CostCurve(tokens=(1, 1024), seconds=(0.02, 0.02)), True), (LINE, False)])
+STEEP = CostCurve(tokens=(1, 1024), seconds=(0.001, 1.024))  # 1 ms per token: a 3-node tree costs 3 steps
+
+
+@pytest.mark.parametrize("curve, tried", [(CostCurve(tokens=(1, 1024), seconds=(0.02, 0.02)), True), (LINE, True),
+                                          (STEEP, False)])
 def test_a_request_idle_for_a_while_drafts_again_where_that_is_cheap(curve, tried):
     speculation = policy(curve)
     teach(speculation, 0, 1.0, nodes=3, steps=200)  # accepts nothing, and so does the engine's average
@@ -168,7 +172,26 @@ def test_a_request_idle_for_a_while_drafts_again_where_that_is_cheap(curve, trie
         speculation.observe_rows([0], [0], *plain)
     assert speculation.plan([0]).budgets == {0: 0}
     speculation.observe_rows([0], [0], *plain)
-    assert speculation.plan([0]).budgets == ({0: None} if tried else {0: 0})  # a 3-node tree: +10% on the line
+    # a 3-node tree: +10% on the line, +200% on the steep curve (more than 16 steps x 5%)
+    assert speculation.plan([0]).budgets == ({0: None} if tried else {0: 0})
+
+
+def test_requests_are_tried_again_at_most_once_in_so_many_steps():
+    speculation = policy()
+    for request in (0, 1):
+        teach(speculation, request, 1.0, nodes=3, steps=200)
+    plain = (np.array([1, 1]), np.array([1, 1]), np.array([[0], [0]]), np.array([0, 0]))
+    for _ in range(EXPLORE_EVERY):
+        speculation.observe_rows([0, 1], [0, 0], *plain)
+    first = speculation.plan([0, 1]).budgets
+    assert sorted(first.values(), key=str) == [0, None]  # one of the two, not both
+    tried = next(r for r, budget in first.items() if budget is None)
+    speculation.observe_rows([0, 1], [first[0], first[1]], np.array([3, 1]) if tried == 0 else np.array([1, 3]),
+                             np.array([3, 3]), np.array([[0], [0]]), np.array([0, 0]))
+    for step in range(EXPLORE_EVERY):
+        assert speculation.plan([0, 1]).budgets == {0: 0, 1: 0}, step  # the other waits its turn
+        speculation.observe_step(2, 0.021, 0, 0.0)
+    assert speculation.plan([0, 1]).budgets == {tried: 0, 1 - tried: None}
 
 
 def test_step_costs_fit_a_fixed_cost_and_a_scale():

@@ -24,7 +24,7 @@ class LeakyDrafter:
     first request is drafted a token the target does not choose, later ones the root repeated
     (which the random target, repeating its last token, accepts). With one slot reused, the
     second and third requests are drafted differently than side by side, so they accept other
-    drafts, consume their random numbers differently, and sample other tokens."""
+    drafts (their tokens stay the same: drafts never change them)."""
 
     caps = DrafterCaps(stateful=True)
 
