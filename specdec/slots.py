@@ -11,7 +11,7 @@ from specdec.types import PromptOutput
 
 DEFAULT_CAPACITY = 4096  # positions per slot when a target is loaded without a capacity (at most its context)
 TREE_ROOM = 256  # positions a slot keeps beyond prompt + new tokens for the last step's draft tree
-PREFILL_CHUNK = 512  # prompt tokens of one request per forward (specdec.loop.Decoder; bounds the attention matrix)
+PREFILL_CHUNK = 512  # prompt tokens of one request per forward (specdec.decode.loop.Decoder; bounds the attention matrix)
 
 
 def check_slot_arguments(slots, capacity, context_length: int) -> tuple[int, int]:

@@ -26,7 +26,7 @@ from specdec.reference.verify import check_uniform_shape, check_verifier_inputs
 from specdec.types import Draft, DraftTree, SamplingConfig, TargetOutput, Verdict
 from specdec_mlx import ops
 from specdec_mlx.acceptance import acceptance_probability, coin, subtract_draft
-from specdec_mlx.backend import to_mx
+from specdec_mlx.arrays import to_mx
 from specdec_mlx.tree import static_depth
 
 
@@ -199,12 +199,3 @@ class RejectionVerifier(MlxVerifier):
         pick = (nodes == last[:, None, None]) & (depth_ids == num_accepted[:, None, None]) & ~later_same
         bonus = mx.sum(mx.where(pick, draws, 0), axis=(1, 2))
         return Verdict(path=path, num_accepted=num_accepted, bonus_tokens=bonus.astype(mx.int32))
-
-
-def __getattr__(name: str):
-    # The lossy rules live in verify_lossy (as in the reference); re-exported lazily.
-    if name in ("RedrafterPublishedVerifier", "TypicalVerifier"):
-        from specdec_mlx import verify_lossy
-
-        return getattr(verify_lossy, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

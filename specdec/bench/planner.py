@@ -12,7 +12,7 @@ speedups on the same footing. With ``lookup`` (the default, as in ``generate``),
 configuration also carries the prompt-lookup beam: it is recorded as the last beam of each step
 and counted, at its own length, beside the first W beams cut to L.
 
-``plan(..., save=True)`` keeps the recommendation in the user cache (``specdec.tuning``), where
+``plan(..., save=True)`` keeps the recommendation in the user cache (``specdec.tuning.dtype``), where
 ``generate`` finds it when the caller names no beams.
 """
 
@@ -24,7 +24,7 @@ import attrs
 import numpy as np
 
 from specdec.capabilities import drafter_caps
-from specdec.drafting import PassLifecycle
+from specdec.drafting.none import PassLifecycle
 
 
 @attrs.frozen(kw_only=True)
@@ -95,9 +95,9 @@ def plan(model, drafter: str, prompts: Sequence, *, backend: str = "torch", dtyp
     """Predicted speedup of every (W, L), best first, from one recorded run at the widest, longest
     beams (with the prompt-lookup beam when ``lookup``); ``save`` keeps the best for ``generate``."""
     import specdec
-    from specdec.generate import add_lookup, encode_prompts, load_drafter
-    from specdec.plugins import default_registry
-    from specdec.tuning import save_beam_plan
+    from specdec.generation.api import add_lookup, encode_prompts, load_drafter
+    from specdec.plugins.registry import default_registry
+    from specdec.tuning.dtype import save_beam_plan
 
     registry = default_registry()
     backend_obj = registry.get("backend", backend).factory()

@@ -46,8 +46,8 @@ class BenchRecord:
 def specdec_runner(method: Method, model, target, backend: str, max_new_tokens: int) -> Callable[..., dict]:
     """A callable(prompt ids, temperature, seed) -> dict of measurements, for a specdec method.
     The drafter is loaded once; only decoding is timed."""
-    from specdec.generate import add_lookup, load_drafter, lookup_by_default, planned_beams, stream
-    from specdec.plugins import default_registry
+    from specdec.generation.api import add_lookup, load_drafter, lookup_by_default, planned_beams, stream
+    from specdec.plugins.registry import default_registry
 
     registry = default_registry()
     backend_obj = registry.get("backend", backend).factory()
@@ -109,10 +109,10 @@ def run_bench(
 
     import specdec
     from specdec.bench.peers import peer_runner
-    from specdec.bundled import resolve_model
-    from specdec.chat import load_chat_template
-    from specdec.generate import encode_prompts
-    from specdec.reference.loading import load_tokenizer
+    from specdec.models.bundled import resolve_model
+    from specdec.generation.chat import load_chat_template
+    from specdec.generation.api import encode_prompts
+    from specdec.models.llama import load_tokenizer
     from specdec.slots import TREE_ROOM
 
     records: list[BenchRecord] = []

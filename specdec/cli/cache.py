@@ -22,8 +22,8 @@ def _size(n: int) -> str:
 
 
 def cmd_cache(args) -> int:
-    from specdec import cache
-    from specdec.bundled import cache_dir, repair
+    from specdec.models import cache
+    from specdec.models.bundled import cache_dir, repair
 
     root = cache_dir()
     removed = cache.clean_leftovers(root)

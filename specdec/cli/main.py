@@ -126,14 +126,14 @@ def _same_prefix(a: list, b: list) -> int:
 
 def _describe_default(target, drafter, backend, registry) -> str:
     """How the default path drafts here: the beams and where they come from."""
-    from specdec.generate import planned_beams
+    from specdec.generation.api import planned_beams
 
     planned = planned_beams(registry.get("backend", backend).factory(), target, drafter, registry) if backend else {}
     if planned:
         where = "chosen by `specdec plan` on this machine"
     else:
         where = "the checkpoint's default; `specdec plan` chooses for this machine"
-    from specdec.generate import prepare
+    from specdec.generation.api import prepare
 
     plan, *_ = prepare(target, [1], drafter, backend, max_new_tokens=1, temperature=0.0, top_k=None, top_p=None,
                        dtype=None, device=None, registry=registry, options={})
@@ -158,9 +158,9 @@ def cmd_demo(args) -> int:
     an open question (the text is new: little to draft) and an edit of code given in the prompt
     (the answer repeats it: much to draft), each reported, then both together."""
     import specdec
-    from specdec.exactness import describe as describe_exactness
-    from specdec.generate import load_backend
-    from specdec.plugins import default_registry
+    from specdec.tuning.exactness import describe as describe_exactness
+    from specdec.generation.api import load_backend
+    from specdec.plugins.registry import default_registry
 
     args.prompt = args.prompt or list(DEMO_PROMPTS)
     with tempfile.TemporaryDirectory() as tmp:
@@ -227,7 +227,7 @@ def cmd_bench(args) -> int:
     """Run a benchmark grid and write bench.json, bench.md and plots to --out."""
     from specdec.bench import load_prompt_set, parse_method, run_bench
     from specdec.bench.report import markdown, write_outputs
-    from specdec.plugins import installed_distributions
+    from specdec.plugins.registry import installed_distributions
 
     Path(args.out).mkdir(parents=True, exist_ok=True)  # an unwritable --out fails before the runs, not after
     prompts = load_prompt_set(args.prompts, per_category=args.per_category)
@@ -248,7 +248,7 @@ def cmd_plan(args) -> int:
     from specdec.bench import load_prompt_set
     from specdec.bench.planner import measure, plan
     from specdec.bench.prompts import PROMPT_SETS
-    from specdec.lookup import DEFAULT_DRAFT_LENGTH
+    from specdec.drafting.lookup import DEFAULT_DRAFT_LENGTH
 
     prompts = [p.prompt for p in load_prompt_set(args.prompts, per_category=args.per_category)]
     lookup = not args.no_lookup
@@ -277,10 +277,10 @@ def cmd_plan(args) -> int:
 
 def cmd_tune(args) -> int:
     """Measure every dtype the backend offers for this model here, print the table, keep the fastest."""
-    from specdec.bundled import resolve_model
-    from specdec.generate import load_backend
-    from specdec.plugins import default_registry
-    from specdec.tuning import dtype_cache_file, load_fastest
+    from specdec.models.bundled import resolve_model
+    from specdec.generation.api import load_backend
+    from specdec.plugins.registry import default_registry
+    from specdec.tuning.dtype import dtype_cache_file, load_fastest
 
     backend = load_backend(args.backend, default_registry())
     if not hasattr(backend, "dtype_candidates"):
@@ -295,8 +295,8 @@ def cmd_tune(args) -> int:
         for dtype, timings in choice.timings.items():
             print(f"| {dtype} | " + " | ".join(f"{timings[k]:.1f}" for k in sizes) + " |")
     print(f"fastest: {choice.dtype} (used when dtype is not given)")
-    from specdec.exactness import configure, describe
-    from specdec.tuning import architecture_key
+    from specdec.tuning.exactness import configure, describe
+    from specdec.tuning.dtype import architecture_key
 
     configure(target, None, backend=backend.name)
     check = getattr(target.exactness, "check", None)
@@ -309,7 +309,7 @@ def cmd_tune(args) -> int:
 
 
 def cmd_plugins(args) -> int:
-    from specdec.plugins import default_registry
+    from specdec.plugins.registry import default_registry
 
     rows = default_registry().describe()
     if args.json:
@@ -498,20 +498,20 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--backend", default=None)
     tune.add_argument("--device", default=None)
     tune.set_defaults(func=cmd_tune)
-    from specdec.plugins import default_registry
+    from specdec.plugins.registry import default_registry
 
     trainable = [spec for spec in default_registry().drafter_specs() if spec.train is not None]
     train_sub = sub.add_parser("train", help="distil a drafter from a model (needs specdec[train])").add_subparsers(
         dest="drafter", required=True, metavar="DRAFTER", help=", ".join(spec.name for spec in trainable))
     for spec in trainable:
         _add_train_parser(train_sub.add_parser(spec.name, help=f"distil a {spec.name} drafter"), spec)
-    from specdec.cli_cache import add_parser as add_cache_parser
+    from specdec.cli.cache import add_parser as add_cache_parser
 
     add_cache_parser(sub)
-    from specdec.cli_export import add_parser as add_export_parsers
+    from specdec.cli.export import add_parser as add_export_parsers
 
     add_export_parsers(sub)
-    from specdec.serving.cli import add_parser as add_serve_parser
+    from specdec.cli.serve import add_parser as add_serve_parser
 
     add_serve_parser(sub)
     plugins = sub.add_parser("plugins", help="list installed backends, drafters, tree builders and verifiers")
@@ -563,8 +563,8 @@ def main(argv=None) -> int:
 
 def _disable_plugins(names: list[str]) -> None:
     """--disable-plugin: added to SPECDEC_DISABLE_PLUGINS, so that child processes agree."""
-    from specdec.plugin_loading import DISABLE_ENV
-    from specdec.plugins import default_registry
+    from specdec.plugins.loading import DISABLE_ENV
+    from specdec.plugins.registry import default_registry
 
     if names:
         os.environ[DISABLE_ENV] = ",".join(filter(None, [os.environ.get(DISABLE_ENV, ""), *names]))
@@ -575,7 +575,7 @@ def _show_plugin_warnings() -> None:
     """A skipped plugin is reported as one line on stderr, like every other message of the CLI."""
     import warnings
 
-    from specdec.plugin_loading import PluginWarning
+    from specdec.plugins.loading import PluginWarning
 
     shown = warnings.showwarning
 

@@ -78,7 +78,7 @@ def _prefill_tokens(value: str):
 
 
 def cmd_serve(args) -> int:
-    from specdec.engine import Engine
+    from specdec.serving.engine import Engine
     from specdec.errors import InvalidInputError, require
     from specdec.serving.limits import Limits, exposure_warning
 
@@ -86,8 +86,8 @@ def cmd_serve(args) -> int:
     require("starlette", extra="serve", feature="specdec serve")
     from specdec.serving.server import Server
 
-    from specdec.cli import lookup_option
-    from specdec.exactness import describe as describe_exactness
+    from specdec.cli.main import lookup_option
+    from specdec.tuning.exactness import describe as describe_exactness
 
     for flag in ("max_body_bytes", "header_timeout", "body_timeout", "keep_alive_timeout", "max_connections"):
         if not getattr(args, flag) > 0:

@@ -1,4 +1,4 @@
-"""Host-side pieces of a decode step over many requests (``specdec.loop.Decoder``): joining the
+"""Host-side pieces of a decode step over many requests (``specdec.decode.loop.Decoder``): joining the
 trees of several sampling groups into one forward and splitting its output back, the verdict
 that commits them together, and the bookkeeping of per-row results.
 
@@ -8,7 +8,7 @@ Every group's tree rides the same target forward: ``merge_trees`` pads their row
 verifier of each group reads its rows of the output (``group_output``), and ``merge_verdicts``
 pads the groups' accepted paths into the one verdict ``commit`` takes.
 
-Requests whose budget is 0 this step (``specdec.budget``) form groups of their own that do not
+Requests whose budget is 0 this step (``specdec.decode.budget``) form groups of their own that do not
 draft: ``plain_group_tree`` gives them one-node trees on the host, with no drafter call. A
 drafting request's tree is cut to its budget by ``cut_tree`` (its first nodes: parents come
 first, so they form a tree).
@@ -22,7 +22,7 @@ import attrs
 import numpy as np
 
 from specdec.reference.tree import check_beam_lengths
-from specdec.requests import RequestState
+from specdec.decode.requests import RequestState
 from specdec.types import Accepted, Draft, DraftTree, SamplingConfig, StepResult, TargetOutput, Verdict
 
 __all__ = ["Group", "admissions", "cut_to_budgets", "cut_tree", "draw", "drafted_tokens", "empty_step", "full_batch",

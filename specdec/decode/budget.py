@@ -13,7 +13,7 @@ are decoded, C prompt tokens ride the same forward, a_i(k) is request i's expect
 step (bonus counted) when its tree is cut to its first k drafted nodes, width is the node count
 every tree row is padded to (the target takes one (B, N) tree per forward, so a row that does
 not draft still pays the width when others do), and target / draft are the step's costs on this
-machine (``specdec.costs``: a measured curve of forward seconds against tokens, corrected online
+machine (``specdec.tuning.costs``: a measured curve of forward seconds against tokens, corrected online
 from the steps' own timings). For each k the requests are ranked by a_i(k) and every prefix of
 the ranking is scored: |BUDGETS| x B evaluations. Plain decoding wins unless drafting beats it by
 ``MARGIN``.
@@ -33,7 +33,7 @@ and a large batch is not slowed to try it.
 
 **Lossless.** A budget only cuts a tree before verification; the verifier accepts what the target
 itself would produce at every node it is given (greedy, and the exact tree walk whose uniforms are
-keyed by the token's position, ``specdec.requests``), so a request's tokens do not depend on its
+keyed by the token's position, ``specdec.decode.requests``), so a request's tokens do not depend on its
 budgets. A stateful drafter is told every committed token, drafted or not (``observe``).
 
 **Prompt chunks** (``prefill_tokens``, for ``max_prefill_tokens="auto"``): the most prompt tokens
@@ -50,7 +50,7 @@ from typing import Sequence
 import attrs
 import numpy as np
 
-from specdec.costs import StepCosts
+from specdec.tuning.costs import StepCosts
 from specdec.errors import InvalidInputError
 from specdec.slots import PREFILL_CHUNK
 
@@ -90,7 +90,7 @@ def check_speculation(value):
     if isinstance(value, Speculation):
         return value
     if not isinstance(value, str) or value.lower() not in MODES:
-        raise InvalidInputError(f"speculation must be one of {', '.join(MODES)} (or a specdec.budget.Speculation), "
+        raise InvalidInputError(f"speculation must be one of {', '.join(MODES)} (or a specdec.decode.budget.Speculation), "
                                 f"got {value!r}")
     return value.lower()
 

@@ -5,14 +5,14 @@ A ``Decoder`` holds requests waiting for a slot and the requests being decoded, 
 slot. Each ``step()`` runs one target forward over the requests in their context phase (prompt
 chunks: waiting requests are admitted into free slots, long prompts are split over several
 steps; a prompt's last chunk gives its first token) and those in their generation phase (one
-draft tree per group of requests sharing sampling settings and drafting or not: ``specdec.batching``);
-how much each drafts, and the step's prompt tokens, are ``specdec.budget``'s choice. A request that
+draft tree per group of requests sharing sampling settings and drafting or not: ``specdec.decode.batching``);
+how much each drafts, and the step's prompt tokens, are ``specdec.decode.budget``'s choice. A request that
 ends frees its slot in that step. ``decode_steps`` runs a fixed list of prompts through a Decoder
 (``generate``); ``specdec.Engine`` feeds one from other threads.
 
-What the drafter, tree builder and verifier return is checked each step (``specdec.step_checks``),
+What the drafter, tree builder and verifier return is checked each step (``specdec.decode.checks``),
 and an error names the plugin that returned it. Each request draws its randomness from its own
-generator on the host (``specdec.requests``), so its tokens do not depend on the batch.
+generator on the host (``specdec.decode.requests``), so its tokens do not depend on the batch.
 """
 
 from __future__ import annotations
@@ -26,19 +26,20 @@ from typing import Iterator, Sequence
 import attrs
 import numpy as np
 
-from specdec import lease, step_checks
-from specdec.batching import (
+from specdec.decode import lease
+from specdec.decode import checks as step_checks
+from specdec.decode.batching import (
     Group, admissions, cut_to_budgets, draw, drafted_tokens, full_batch, group_output, join_admissions, join_steps,
     merge_verdicts, observe_accepted, plain_group, step_tree, verify_uniform_shape, verify_uniforms,
 )
-from specdec.budget import make_speculation
+from specdec.decode.budget import make_speculation
 from specdec.capabilities import drafter_caps, verifier_caps
-from specdec.costs import step_costs
+from specdec.tuning.costs import step_costs
 from specdec.errors import InvalidInputError
-from specdec.plan import DecodePlan
-from specdec.prefill import plan_chunks
+from specdec.decode.plan import DecodePlan
+from specdec.decode.prefill import plan_chunks
 from specdec.reference.sampling import sample_from, target_probs
-from specdec.requests import Request, RequestState
+from specdec.decode.requests import Request, RequestState
 from specdec.types import (
     Draft, DraftContext, PromptOutput, SamplingConfig, StepResult, TargetOutput, Verdict,
 )
@@ -63,7 +64,7 @@ class Decoder:
         self.steps = 0
         # verifiers that read draft distributions verify whole drafts only: every request drafts
         self.speculation = make_speculation("always" if self.needs_draft_probs else plan.speculation)
-        self._budgets: dict = {}  # request id -> this step's budget (specdec.budget)
+        self._budgets: dict = {}  # request id -> this step's budget (specdec.decode.budget)
         self.prefill_budget = None  # the prompt tokens the last step with prompts to prefill could carry
         if self.speculation.needs_costs and self.speculation.costs is None:
             self._measure_costs()
@@ -121,8 +122,8 @@ class Decoder:
         token; ``is_prefill``) and the decode step's, each when it has rows.
 
         max_prefill_tokens: prompt tokens per step (None: no bound; "auto": chosen from the step
-        costs, ``specdec.budget``). Prompts that finish within the budget go first, then chunks of
-        longer ones (``specdec.prefill``), so long prompts never stall the requests being decoded.
+        costs, ``specdec.decode.budget``). Prompts that finish within the budget go first, then chunks of
+        longer ones (``specdec.decode.prefill``), so long prompts never stall the requests being decoded.
         A stateful drafter's requests are prefilled whole, by ``TargetModel.admit``, before the
         step (its ``begin`` needs every prompt position): the budget counts whole prompts, the
         first always admitted. Each request drafts what ``self.speculation`` budgets it.
@@ -166,7 +167,7 @@ class Decoder:
 
     def _schedule_chunks(self, budget: int | None) -> list[tuple[int, int, int]]:
         """This step's prompt chunks, (slot, start, end) of its request's prompt, while ``budget``
-        lasts (``specdec.prefill``); a waiting request takes a free slot with its first chunk."""
+        lasts (``specdec.decode.prefill``); a waiting request takes a free slot with its first chunk."""
         cursor = list(self._cursor.items())
         waiting = list(itertools.islice(self.waiting, len(self._free)))
         chunks = []
@@ -403,7 +404,7 @@ def decode_steps(plan: DecodePlan, prompts: Sequence[Sequence[int]], *, seed=Non
     """Yield one StepResult per target forward (admissions and decode steps) until every prompt
     is done; row b of every result is prompt b (finished or waiting rows: no tokens, zero counts).
 
-    The target is leased for the whole generation (``specdec.lease``): a second generation on
+    The target is leased for the whole generation (``specdec.decode.lease``): a second generation on
     it while this one runs raises TargetBusyError at its first step, before touching the cache.
     """
     lease.acquire(plan.target)

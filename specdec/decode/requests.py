@@ -5,7 +5,7 @@ alone: so its tokens do not depend on which other requests share its steps, or w
 go. The uniform that draws the target's token at each position of the output is keyed by that
 position (``RequestState.token_uniforms``: the n-th uniform of the request's token stream draws
 its n-th token, whatever step verifies it), so neither the draft trees nor the budgets that cut
-them (``specdec.budget``) change a sampled request's tokens under the exact tree walk. The
+them (``specdec.decode.budget``) change a sampled request's tokens under the exact tree walk. The
 drafter's uniforms and the verifier's per-beam tests come from a second stream, in step order.
 """
 

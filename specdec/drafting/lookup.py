@@ -22,7 +22,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from specdec.capabilities import DrafterCaps, drafter_caps
-from specdec.drafting import PassLifecycle
+from specdec.drafting.none import PassLifecycle
 from specdec.errors import InvalidInputError
 from specdec.reference.tree import check_beam_lengths
 from specdec.types import Draft, DraftContext

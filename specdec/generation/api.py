@@ -11,7 +11,7 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from specdec.arguments import (
+from specdec.generation.arguments import (
     check_context,
     context_length,
     check_drafter_path,
@@ -21,9 +21,9 @@ from specdec.arguments import (
     is_int,
     sampling_config,
 )
-from specdec.budget import check_speculation
-from specdec.bundled import repair_if_damaged, resolve_model
-from specdec.chat import is_messages, load_chat_template, render_chat
+from specdec.decode.budget import check_speculation
+from specdec.models.bundled import repair_if_damaged, resolve_model
+from specdec.generation.chat import is_messages, load_chat_template, render_chat
 from specdec.errors import (
     InvalidInputError,
     MissingDependencyError,
@@ -33,12 +33,12 @@ from specdec.errors import (
     UnknownPluginError,
 )
 from specdec.capabilities import drafter_caps, verifier_caps
-from specdec.files import check_checkpoint_folder, check_model_folder, read_json
-from specdec.reference.loading import load_tokenizer
+from specdec.models.files import check_checkpoint_folder, check_model_folder, read_json
+from specdec.models.llama import load_tokenizer
 from specdec.slots import DEFAULT_CAPACITY, TREE_ROOM
-from specdec.loop import decode_steps
-from specdec.plan import DecodePlan
-from specdec.plugins import PluginRegistry, default_registry
+from specdec.decode.loop import decode_steps
+from specdec.decode.plan import DecodePlan
+from specdec.plugins.registry import PluginRegistry, default_registry
 from specdec.types import GenerationResult, GenerationStats, StepResult
 
 def generate(
@@ -67,15 +67,15 @@ def generate(
         installed plugin; None picks torch when installed, else numpy.
     options: ``verifier`` and ``tree_builder`` (names or objects), ``stop_at_eos`` (default
         True), ``speculation`` ("auto", the default: each step drafts what the measured costs and
-        each request's acceptance say pays, ``specdec.budget``; "always"; "never"), ``lookup`` (True, the chain's length in drafted tokens, or a dict of
+        each request's acceptance say pays, ``specdec.decode.budget``; "always"; "never"), ``lookup`` (True, the chain's length in drafted tokens, or a dict of
         ``draft_length`` / ``max_ngram`` / ``min_ngram``: add a prompt-lookup beam of its own
-        length to a beam drafter's draft, ``specdec.lookup``; None, the default, adds it beside
+        length to a beam drafter's draft, ``specdec.drafting.lookup``; None, the default, adds it beside
         drafters that pair with it (ReDrafter) when the verifier allows; False never);
         everything else goes to the drafter (e.g. ``beam_width``, ``beam_length``; when both are
         left out, the ones ``specdec plan`` chose on this machine, if it ran).
     dtype: None (or "auto") loads a model folder in the dtype measured fastest on this machine
-        (``specdec.tuning``).
-    exact: the target's exact mode (``specdec.exactness``): its rows computed so that they do not
+        (``specdec.tuning.dtype``).
+    exact: the target's exact mode (``specdec.tuning.exactness``): its rows computed so that they do not
         depend on what shares a forward, which makes greedy output bit-identical to plain
         decoding at any dtype. None (the default) turns it on where a check of this machine's
         kernels holds; True insists (an error where it cannot hold); False turns it off. For a
@@ -176,7 +176,7 @@ def _prepare(model, prompt, drafter, backend, *, max_new_tokens, temperature, to
         ("drafter", drafter_name(drafter, registry)), ("tree_builder", tree_choice or tree_name),
         ("verifier", verifier_choice))}
     if lookup:
-        sources["drafter"] += " with a prompt-lookup beam (specdec.lookup)"
+        sources["drafter"] += " with a prompt-lookup beam (specdec.drafting.lookup)"
     plan = DecodePlan(
         backend=backend_obj, target=target, drafter=drafter_obj, tree_builder=tree_builder, verifier=verifier,
         sampling=sampling, max_new_tokens=int(max_new_tokens), eos_token_ids=eos, sources=sources,
@@ -219,8 +219,8 @@ def plugin_source(registry: PluginRegistry, kind: str, choice, on_backend: str) 
 
 def planned_beams(backend, target, drafter, registry: PluginRegistry) -> dict:
     """{"beam_width", "beam_length"} that ``specdec plan`` chose for this drafter on this machine
-    (``specdec.tuning.cached_beam_plan``), when the drafter takes them; else {}."""
-    from specdec.tuning import cached_beam_plan
+    (``specdec.tuning.dtype.cached_beam_plan``), when the drafter takes them; else {}."""
+    from specdec.tuning.dtype import cached_beam_plan
 
     plan = cached_beam_plan(backend, target, drafter)
     if plan is None:
@@ -247,7 +247,7 @@ def load(model: Any, backend: str | None = None, *, dtype: str | None = None, de
          slots: int = 1, capacity: int | None = None, exact: bool | None = None,
          registry: PluginRegistry | None = None):
     """Load a target model once, to pass to ``generate`` many times. ``dtype=None``: the fastest
-    dtype measured on this machine (``specdec.tuning``; cached after the first measurement).
+    dtype measured on this machine (``specdec.tuning.dtype``; cached after the first measurement).
     exact: the target's exact mode, as in ``generate`` (None: on where this machine's check holds).
     slots: requests decoded at once (a batch larger than that waits for free slots); capacity:
     positions per slot, prompt and new tokens and a draft tree (None: the model's context length,
@@ -277,8 +277,8 @@ def load(model: Any, backend: str | None = None, *, dtype: str | None = None, de
 def load_target(backend, model, *, dtype: str | None, device: str | None, slots: int = 1,
                 capacity: int | None = None, exact: bool | None = None):
     """(target, DtypeChoice) of ``_load_target``, with the target's exact mode set from ``exact``
-    (``specdec.exactness.configure``; a loaded target keeps its own unless ``exact`` is given)."""
-    from specdec.exactness import check_exact_option, configure
+    (``specdec.tuning.exactness.configure``; a loaded target keeps its own unless ``exact`` is given)."""
+    from specdec.tuning.exactness import check_exact_option, configure
 
     exact = check_exact_option(exact)
     target, choice = _load_target(backend, model, dtype=dtype, device=device, slots=slots, capacity=capacity)
@@ -289,12 +289,12 @@ def load_target(backend, model, *, dtype: str | None, device: str | None, slots:
 
 def _load_target(backend, model, *, dtype: str | None, device: str | None, slots: int = 1,
                  capacity: int | None = None):
-    """(target, ``specdec.tuning.DtypeChoice``): ``model`` loaded on ``backend`` after checking a
+    """(target, ``specdec.tuning.dtype.DtypeChoice``): ``model`` loaded on ``backend`` after checking a
     model folder's files. ``dtype=None`` (or "auto") loads a model folder in the dtype measured
-    fastest on this machine (``specdec.tuning``) when the backend offers several; a loaded target
+    fastest on this machine (``specdec.tuning.dtype``) when the backend offers several; a loaded target
     or a model object keeps its own. A failure of the backend becomes a ModelLoadError naming the
     model, the backend and the dtype / device asked for."""
-    from specdec.tuning import DtypeChoice, load_fastest
+    from specdec.tuning.dtype import DtypeChoice, load_fastest
 
     if isinstance(model, (str, Path)):
         check_model_folder(model)
@@ -383,9 +383,9 @@ def load_drafter(drafter, target, backend, registry: PluginRegistry, options: di
 
 
 def add_lookup(drafter, lookup, backend, target):
-    """``drafter`` with a prompt-lookup beam added to its drafts (``specdec.lookup``)."""
-    from specdec.drafting import NoDrafter
-    from specdec.lookup import LookupDrafter
+    """``drafter`` with a prompt-lookup beam added to its drafts (``specdec.drafting.lookup``)."""
+    from specdec.drafting.none import NoDrafter
+    from specdec.drafting.lookup import LookupDrafter
 
     if isinstance(drafter, (NoDrafter, LookupDrafter)):
         alone = ("drafter='lookup' is prompt lookup alone: give its chain's length as draft_length=N "
@@ -412,10 +412,10 @@ def add_lookup(drafter, lookup, backend, target):
 
 def drafter_kind(checkpoint: Path, registry: PluginRegistry | None = None) -> str:
     """The name of the installed drafter that reads the checkpoint folder: an engine's layout
-    (``specdec.export``), else the drafter whose spec reads its config's model_type."""
-    from specdec.export import detect_layout
+    (``specdec.models.export``), else the drafter whose spec reads its config's model_type."""
+    from specdec.models.export import detect_layout
 
-    found = detect_layout(checkpoint)  # specdec's own checkpoints and the engines' layouts (specdec.export)
+    found = detect_layout(checkpoint)  # specdec's own checkpoints and the engines' layouts (specdec.models.export)
     if found is not None and found[1] != "specdec":
         return found[0]
     model_type = check_checkpoint_folder(checkpoint).get("model_type")

@@ -9,7 +9,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from specdec.chat import is_messages
+from specdec.generation.chat import is_messages
 from specdec.errors import InvalidInputError
 from specdec.types import SamplingConfig
 

@@ -5,7 +5,7 @@ imported), checked against its SHA-256, converted once to a plain Hugging Face-f
 (``config.json``, ``model.safetensors``, ``tokenizer.json``, chat template) in the user's cache
 directory, and reused afterwards. A local GGUF file is converted the same way. Nothing
 half-written is left in the cache: conversion happens in a temporary folder renamed into place,
-and ``specdec.cache`` records every file's size and SHA-256, checks them on use, repairs a
+and ``specdec.models.cache`` records every file's size and SHA-256, checks them on use, repairs a
 damaged folder by converting it again and removes the work folders of killed runs.
 """
 
@@ -23,11 +23,11 @@ from typing import Sequence
 
 import attrs
 
-from specdec import cache
+from specdec.models import cache
 from specdec.errors import CacheError, InvalidInputError, SpecdecError, require
 
 COMPLETE = cache.COMPLETE
-log = logging.getLogger("specdec.cache")
+log = logging.getLogger("specdec.models.cache")
 
 
 @attrs.frozen(kw_only=True)
@@ -107,7 +107,7 @@ def _upgrade_config(folder: Path) -> None:
     config = json.loads(path.read_text())
     upgraded = classic_rope_keys(config)
     if upgraded is not config:
-        from specdec.checkpoints import write_json_atomic
+        from specdec.models.checkpoints import write_json_atomic
 
         write_json_atomic(path, upgraded)
         cache.record_file(folder, "config.json")

@@ -17,15 +17,15 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from specdec.checkpoints import write_json_atomic
+from specdec.models.checkpoints import write_json_atomic
 from specdec.errors import CorruptFileError
-from specdec.files import check_safetensors, read_json
+from specdec.models.files import check_safetensors, read_json
 
 COMPLETE = ".specdec-complete"
 MANIFEST = ".specdec-manifest.json"
 LEFTOVER_PATTERNS = (("models", ".*.partial-*"), ("models", ".*.old-*"), ("tmp", "fetch-*"))
 
-log = logging.getLogger("specdec.cache")
+log = logging.getLogger("specdec.models.cache")
 
 
 def sha256_of(path: Path) -> str:

@@ -1,6 +1,6 @@
 """Export drafters to the layouts serving engines load, and import those layouts (docs/scale-out.md).
 
-Each drafter's spec declares its layouts (``specdec.specs.Layout``: detect, read, write); this
+Each drafter's spec declares its layouts (``specdec.plugins.specs.Layout``: detect, read, write); this
 module resolves names, checks arguments and dispatches, so it works the same for a third-party
 drafter that declares layouts. The shipped drafters declare: ReDrafter -> ``apple``
 (apple/ml-recurrent-drafter, which TensorRT-LLM's converter reads); Medusa -> ``fasterdecoding``
@@ -26,7 +26,7 @@ EAGLE_MESSAGE = ("EAGLE is not available in specdec yet, so there is no EAGLE dr
 
 
 def _specs(registry=None):
-    from specdec.plugins import default_registry
+    from specdec.plugins.registry import default_registry
 
     return (registry or default_registry()).drafter_specs()
 
@@ -95,7 +95,7 @@ def load_drafter_folder(folder, registry=None):
 
 
 def _spec(name: str, registry=None):
-    from specdec.plugins import default_registry
+    from specdec.plugins.registry import default_registry
 
     return (registry or default_registry()).drafter_spec(name)
 
@@ -144,7 +144,7 @@ def _resolve_drafter(drafter, model) -> Path:
 def _target_lm_head(model, config, kind: str):
     """The target's LM head (V, H) as float64, after checking the drafter was trained for it."""
     import specdec
-    from specdec.checkpoints import check_target
+    from specdec.models.checkpoints import check_target
 
     if model is None:
         return None

@@ -1,4 +1,4 @@
-"""Read a local Hugging Face-format Llama-family folder into the float64 reference target.
+"""Read a local Hugging Face-format Llama-family folder: its config, weights and tokenizer.
 
 A folder holds ``config.json``, ``model.safetensors`` (or shards listed in
 ``model.safetensors.index.json``), and optionally ``generation_config.json`` and
@@ -162,7 +162,7 @@ class LlamaConfig:
     @classmethod
     def from_folder(cls, path: str | os.PathLike) -> LlamaConfig:
         """Read ``config.json`` and, when present, ``generation_config.json`` of a model folder."""
-        folder = _check_folder(path)
+        folder = check_folder(path)
         config = json.loads((folder / "config.json").read_text())
         generation_path = folder / "generation_config.json"
         generation = json.loads(generation_path.read_text()) if generation_path.is_file() else None
@@ -201,7 +201,7 @@ def _parse_rope(config: Mapping[str, Any]) -> tuple[float, Llama3RopeScaling | N
     return float(theta), scaling
 
 
-def _check_folder(path: str | os.PathLike) -> Path:
+def check_folder(path: str | os.PathLike) -> Path:
     folder = Path(path)
     if not folder.is_dir():
         raise FileNotFoundError(
@@ -283,19 +283,3 @@ def load_tokenizer(path: str | os.PathLike):
 
     return Tokenizer.from_file(str(tokenizer_path))
 
-
-def load_target(path: str | os.PathLike, *, name: str | None = None, slots: int = 1, capacity: int | None = None):
-    """Load a local Hugging Face-format Llama-family folder as a float64 ``ReferenceTarget`` with
-    ``slots`` request slots of ``capacity`` positions (None: the model's context length)."""
-    from specdec.reference.model import ReferenceTarget
-
-    folder = _check_folder(path)
-    config = LlamaConfig.from_folder(folder)
-    return ReferenceTarget(
-        config=config,
-        tensors=load_tensors(folder),
-        tokenizer=load_tokenizer(folder),
-        name=name or folder.resolve().name,
-        slots=slots,
-        capacity=capacity,
-    )

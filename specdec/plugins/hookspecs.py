@@ -27,7 +27,7 @@ def specdec_register_drafters(register):
 
 @hookspec
 def specdec_register_drafter_specs(register):
-    """Call ``register(spec)`` with a ``specdec.specs.DrafterSpec``: the drafter's name, checkpoint
+    """Call ``register(spec)`` with a ``specdec.plugins.specs.DrafterSpec``: the drafter's name, checkpoint
     ``model_type``, implementations per backend (registered as drafters), training and
     random-checkpoint makers. A drafter package registers one spec instead of drafters."""
 

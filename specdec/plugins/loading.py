@@ -19,7 +19,7 @@ from typing import Any
 import attrs
 import pluggy
 
-from specdec import hookspecs
+from specdec.plugins import hookspecs
 from specdec.errors import PluginError
 
 GROUP = "specdec"

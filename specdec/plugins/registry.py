@@ -2,7 +2,7 @@
 
 Built-in backends and drafters register through their own entry points exactly as a
 third-party package does. Tests build a fresh ``PluginRegistry`` from explicit modules.
-Installed plugins are isolated (``specdec.plugin_loading``): one that fails to load is skipped
+Installed plugins are isolated (``specdec.plugins.loading``): one that fails to load is skipped
 with a warning and listed in ``broken``; two plugins registering one name make that name an
 error naming both, until one is disabled.
 """
@@ -16,10 +16,10 @@ from typing import Any, Callable, Iterable
 
 import attrs
 
-from specdec import hookspecs
+from specdec.plugins import hookspecs
 from specdec.errors import InvalidInputError, PluginConflictError, PluginError, UnknownPluginError
-from specdec.specs import DrafterSpec
-from specdec.plugin_loading import (
+from specdec.plugins.specs import DrafterSpec
+from specdec.plugins.loading import (
     DISABLE_ENV,
     BrokenPlugin,
     PluginManager,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 from typing import Callable
 
-from specdec.checkpoints import check_target, require_checkpoint
+from specdec.models.checkpoints import check_target, require_checkpoint
 from specdec.errors import require
 
 # backend -> (framework modules to import first, the specdec extra that installs them)

@@ -347,13 +347,3 @@ class RejectionVerifier(RowVerifier):
             if accepted is None:
                 return path, chooser.categorical(residual_probs, depth)
             path.append(accepted)
-
-
-def __getattr__(name: str):
-    # The lossy rules live in verify_lossy, which imports the helpers above; re-exported
-    # lazily so that either module can be imported first.
-    if name in ("RedrafterPublishedVerifier", "TypicalVerifier"):
-        from specdec.reference import verify_lossy
-
-        return getattr(verify_lossy, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

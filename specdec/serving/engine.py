@@ -1,6 +1,6 @@
 """``specdec.Engine``: in-flight batching with speculation.
 
-A scheduler thread runs a ``specdec.loop.Decoder`` over a target loaded with N request slots.
+A scheduler thread runs a ``specdec.decode.loop.Decoder`` over a target loaded with N request slots.
 ``submit`` may be called at any time from any thread: the request waits in a bounded queue
 (``QueueFullError`` when it is full), is admitted when a slot is free (its prompt prefilled in
 chunks, at most ``max_prefill_tokens`` prompt tokens per step, packed into the forward of the
@@ -10,11 +10,11 @@ slot in that step.
 
 Each request draws its randomness from its own generator and every verifier is the ``exact``
 tree walk (greedy at temperature 0), so greedy and sampled requests share the engine and a
-request's tokens do not depend on what else runs (``specdec.requests``). A request whose step
+request's tokens do not depend on what else runs (``specdec.decode.requests``). A request whose step
 raises fails alone (``Decoder.step(failures=...)``); an error that cannot be pinned to requests
 fails those in flight, and the engine frees every slot and goes on serving.
 
-The target is leased for the engine's lifetime (``specdec.lease``): ``generate`` on it meanwhile
+The target is leased for the engine's lifetime (``specdec.decode.lease``): ``generate`` on it meanwhile
 raises ``TargetBusyError``. ``close(drain=True)`` finishes what was submitted,
 ``close(drain=False)`` cancels it.
 """
@@ -31,11 +31,11 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from specdec import lease
+from specdec.decode import lease
 from specdec.errors import InvalidInputError
-from specdec.loop import Decoder
-from specdec.plan import DecodePlan
-from specdec.requests import Request
+from specdec.decode.loop import Decoder
+from specdec.decode.plan import DecodePlan
+from specdec.decode.requests import Request
 from specdec.serving.handle import (
     Completion, EngineClosedError, EngineMetrics, Handle, QueueFullError, RequestFailedError,
 )
@@ -71,10 +71,10 @@ class Engine:
     max_queue: requests that may wait for a slot before ``submit`` raises QueueFullError.
     max_prefill_tokens: prompt tokens per step, in chunks beside the running requests' trees (a longer
     prompt is split over several steps; "auto", the default: the most that keep a step within
-    twice the running requests' step, from the measured costs, ``specdec.budget``; None: no bound).
+    twice the running requests' step, from the measured costs, ``specdec.decode.budget``; None: no bound).
     speculation (an option, as in ``generate``): "auto" (the default: each step, every request
     drafts what the costs and its acceptance say pays), "always", "never", or a
-    ``specdec.budget.Speculation``.
+    ``specdec.decode.budget.Speculation``.
     max_new_tokens: the default of ``submit``.
     """
 
@@ -82,7 +82,7 @@ class Engine:
                  capacity: int | None = None, max_queue: int = 64, max_prefill_tokens: int | str | None = "auto",
                  max_new_tokens: int = 128, dtype: str | None = None, device: str | None = None,
                  exact: bool | None = None, tree_room: int | None = None, registry=None, **options: Any):
-        from specdec.generate import load, load_backend, prepare
+        from specdec.generation.api import load, load_backend, prepare
 
         if isinstance(capacity, bool) or (capacity is not None and (not isinstance(capacity, int) or capacity < 2)):
             raise InvalidInputError(f"capacity must be an integer >= 2 (positions per request), got {capacity!r}")
@@ -108,7 +108,7 @@ class Engine:
     def from_plan(cls, plan: DecodePlan, *, capacity: int | None = None, tree_room: int | None = None,
                   max_queue: int = 64, max_prefill_tokens: int | str | None = "auto", max_new_tokens: int = 128
                   ) -> "Engine":
-        """An engine over a prepared plan (``specdec.generate.prepare``); its verifier must serve
+        """An engine over a prepared plan (``specdec.generation.api.prepare``); its verifier must serve
         every sampling setting the requests use (``exact`` does)."""
         engine = cls.__new__(cls)
         room = tree_room if tree_room is not None else min(TREE_ROOM, int(plan.target.capacity) // 4)
@@ -152,7 +152,7 @@ class Engine:
         atexit.register(_close_at_exit)
 
     def _configure(self, plan: DecodePlan, *, capacity, tree_room, max_queue, max_prefill_tokens, max_new_tokens):
-        from specdec.arguments import context_length
+        from specdec.generation.arguments import context_length
 
         if isinstance(tree_room, bool) or not isinstance(tree_room, int) or tree_room < 0:
             raise InvalidInputError(f"tree_room must be an integer >= 0, got {tree_room!r}")
@@ -194,7 +194,7 @@ class Engine:
 
     def encode(self, prompt: Any) -> list[int]:
         """Token ids of one prompt: text, token ids, or a chat (rendered with the model's template)."""
-        from specdec.generate import encode_prompts
+        from specdec.generation.api import encode_prompts
 
         prompts, batched = encode_prompts(prompt, self.tokenizer, int(self.target.vocab_size),
                                           chat_template=self.chat_template)
@@ -229,7 +229,7 @@ class Engine:
                 raise InvalidInputError("a Request carries its own settings: pass only stop= beside it")
             request = prompt
         else:
-            from specdec.arguments import check_seed, sampling_config
+            from specdec.generation.arguments import check_seed, sampling_config
 
             sampling = sampling_config(temperature, top_k, top_p)
             check_seed(seed)
@@ -481,6 +481,6 @@ class Engine:
 
 
 def _registry(registry):
-    from specdec.plugins import default_registry
+    from specdec.plugins.registry import default_registry
 
     return registry or default_registry()

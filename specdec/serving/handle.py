@@ -14,11 +14,11 @@ import attrs
 import numpy as np
 
 from specdec.errors import InvalidInputError, SpecdecError
-from specdec.requests import Request
+from specdec.decode.requests import Request
 from specdec.serving.text import IncrementalText, StopStrings
 
 if TYPE_CHECKING:
-    from specdec.engine import Engine
+    from specdec.serving.engine import Engine
 
 
 class QueueFullError(SpecdecError, RuntimeError):

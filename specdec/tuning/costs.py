@@ -1,11 +1,11 @@
 """What a step costs on this machine: the prices that the per-step choice of how much to draft
-(``specdec.budget``) and the prompt-chunk budget weigh.
+(``specdec.decode.budget``) and the prompt-chunk budget weigh.
 
 **The forward's cost curve.** The seconds of one target forward as a function of the tokens it
 carries (prompt chunks plus every tree row's nodes, padding included) are measured once per
 machine: a chain of T tokens after a short prompt, T = 1, 2, 4, ... 512, median of a few
 interleaved repeats (``measure_curve``). The curve is cached under ``<specdec cache>/tuning/``
-beside the dtype choice (``specdec.tuning``), keyed by the backend and its device, the target's
+beside the dtype choice (``specdec.tuning.dtype``), keyed by the backend and its device, the target's
 shape, dtype and exact mode, so a later start reads it instead of measuring (about 5 s for
 SmolLM2-135M on a 2-core CPU, once).
 
@@ -132,7 +132,7 @@ class StepCosts:
 
 
 def _cache_file(backend, target):
-    from specdec.tuning import _digest, _tuning_dir
+    from specdec.tuning.dtype import _digest, _tuning_dir
 
     describe = getattr(backend, "describe_device", None)
     try:
@@ -187,7 +187,7 @@ def measure_curve(backend, target, slot: int = 0, *, repeats: int = REPEATS) -> 
 def curve_for(backend, target, slot: int = 0) -> CostCurve | None:
     """The cached curve of this backend, device and target, else measured now (and cached);
     None when it cannot be measured (no positions, or the forward raised)."""
-    from specdec.tuning import _read, _write
+    from specdec.tuning.dtype import _read, _write
 
     file = _cache_file(backend, target)
     cached = _read(file)

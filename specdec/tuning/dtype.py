@@ -133,7 +133,7 @@ def _digest(value: Any) -> str:
 
 
 def _tuning_dir() -> Path:
-    from specdec.bundled import cache_dir
+    from specdec.models.bundled import cache_dir
 
     return cache_dir() / "tuning"
 
@@ -153,7 +153,7 @@ def _read(file: Path) -> dict | None:
 
 
 def _write(file: Path, value: dict) -> None:
-    from specdec.checkpoints import write_json_atomic
+    from specdec.models.checkpoints import write_json_atomic
 
     try:
         file.parent.mkdir(parents=True, exist_ok=True)

@@ -72,7 +72,7 @@ def check_exact_option(exact: Any) -> bool | None:
 
 
 def _check_file(key: dict) -> Path:
-    from specdec.bundled import cache_dir
+    from specdec.models.bundled import cache_dir
 
     digest = hashlib.sha256(json.dumps({"version": CHECK_VERSION, **key}, sort_keys=True, default=str).encode())
     return cache_dir() / "tuning" / f"exact-{key.get('backend', 'target')}-{digest.hexdigest()[:20]}.json"
@@ -81,7 +81,7 @@ def _check_file(key: dict) -> Path:
 def cached_check(key: dict, run: Callable[[], InvarianceCheck]) -> InvarianceCheck:
     """``run()``'s result for ``key`` (backend, device, dtype, shapes, software: what the kernels'
     rounding depends on), measured once and kept beside the dtype choice in the tuning cache."""
-    from specdec.checkpoints import write_json_atomic
+    from specdec.models.checkpoints import write_json_atomic
 
     file = _check_file(key)
     try:
