@@ -9,6 +9,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from specdec.cli.options import lookup_option
 from specdec.errors import InvalidInputError, SpecdecError
 
 
@@ -38,19 +39,6 @@ def _add_exact_arg(parser: argparse.ArgumentParser) -> None:
                         help="exact mode: rows computed so that speculative output is bit-identical to plain "
                              "decoding at any dtype (default: on where this machine's check holds; --exact "
                              "insists, --no-exact turns it off)")
-
-
-def lookup_option(args) -> dict:
-    """``generate``'s ``lookup`` option from --[no-]lookup and --lookup-length (for --drafter lookup,
-    prompt lookup alone, --lookup-length is its own ``draft_length``)."""
-    if args.lookup_length is None:
-        return {} if args.lookup is None else {"lookup": args.lookup}
-    if args.lookup is False:
-        raise InvalidInputError("--lookup-length sets the length of the prompt-lookup beam that --no-lookup turns off; "
-                                "drop one of them")
-    if getattr(args, "drafter", None) == "lookup" and args.lookup is None:
-        return {"draft_length": args.lookup_length}
-    return {"lookup": args.lookup_length}
 
 
 def _options(args) -> dict:

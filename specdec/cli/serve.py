@@ -6,6 +6,7 @@ import argparse
 import os
 import sys
 
+from specdec.cli.options import lookup_option
 from specdec.serving import limits as bounds
 
 API_KEY_VARIABLE = "SPECDEC_API_KEY"
@@ -86,7 +87,6 @@ def cmd_serve(args) -> int:
     require("starlette", extra="serve", feature="specdec serve")
     from specdec.serving.server import Server
 
-    from specdec.cli.main import lookup_option
     from specdec.tuning.exactness import describe as describe_exactness
 
     for flag in ("max_body_bytes", "header_timeout", "body_timeout", "keep_alive_timeout", "max_connections"):

@@ -15,9 +15,15 @@ import json
 import shutil
 from importlib import resources
 from pathlib import Path
+
 import attrs
+import numpy as np
 
 from specdec.errors import InvalidInputError
+from specdec.models.bundled import resolve_model
+from specdec.models.checkpoints import check_target
+from specdec.plugins.registry import default_registry
+from specdec.reference.model import load_target
 
 __all__ = ["ExportResult", "detect_layout", "export", "formats", "import_drafter", "load_drafter_folder"]
 
@@ -26,8 +32,6 @@ EAGLE_MESSAGE = ("EAGLE is not available in specdec yet, so there is no EAGLE dr
 
 
 def _specs(registry=None):
-    from specdec.plugins.registry import default_registry
-
     return (registry or default_registry()).drafter_specs()
 
 
@@ -95,8 +99,6 @@ def load_drafter_folder(folder, registry=None):
 
 
 def _spec(name: str, registry=None):
-    from specdec.plugins.registry import default_registry
-
     return (registry or default_registry()).drafter_spec(name)
 
 
@@ -143,12 +145,9 @@ def _resolve_drafter(drafter, model) -> Path:
 
 def _target_lm_head(model, config, kind: str):
     """The target's LM head (V, H) as float64, after checking the drafter was trained for it."""
-    import specdec
-    from specdec.models.checkpoints import check_target
-
     if model is None:
         return None
-    target = specdec.load(model, backend="numpy")
+    target = load_target(resolve_model(model))  # the numpy backend's target
     check_target(config, target, drafter=kind)
     return target.lm_head
 
@@ -189,8 +188,6 @@ def export(drafter, format: str, out, *, model=None, drop_shortlist: bool = Fals
 
 def import_drafter(folder, out, *, overwrite: bool = False, dtype: str = "float32") -> ExportResult:
     """Read a drafter in any known layout from ``folder`` and write it as a specdec checkpoint in ``out``."""
-    import numpy as np
-
     kind, layout, config, weights, notes = load_drafter_folder(Path(folder).expanduser())
     target = _check_out(out, overwrite)
     store = {"float32": np.float32, "float16": np.float16}[dtype]

@@ -240,7 +240,7 @@ class Engine:
             request = Request(prompt=tokens, sampling=sampling, seed=seed, max_new_tokens=max_new_tokens,
                               stop_token_ids=tuple(dict.fromkeys([*map(int, stop_token_ids), *eos])))
         self.check_request(request)
-        handle = Handle(self, request, stop=stop, tokenizer=self.tokenizer)
+        handle = Handle(self.post, request, stop=stop, tokenizer=self.tokenizer)
         with self._cond:
             if self._closing:
                 raise EngineClosedError("the engine is shutting down and takes no new requests")
@@ -328,7 +328,8 @@ class Engine:
     def __exit__(self, *exc) -> None:
         self.close(drain=exc[0] is None)
 
-    def _post(self, command) -> None:
+    def post(self, command) -> None:
+        """Queue ``command`` for the scheduler thread (a handle's cancel, a close)."""
         with self._cond:
             self._inbox.append(command)
             self._cond.notify_all()
@@ -392,7 +393,7 @@ class Engine:
 
     def _settle(self, handle: Handle, reason: str, error: BaseException | None, now: float) -> None:
         """End ``handle`` (already out of the decoder) and count it."""
-        handle._finish(reason, error, now)
+        handle.finish(reason, error, now)
         self._forget(handle, now)
 
     def _forget(self, handle: Handle, now: float) -> None:
@@ -440,10 +441,10 @@ class Engine:
             else:
                 metrics.add("decode_tokens", len(tokens))
                 metrics.observe("tokens_per_step", len(tokens))
-            chunk = handle._take(list(tokens), now, metrics)
+            chunk = handle.take(list(tokens), now, metrics)
             if chunk.finish_reason is not None:
                 self._decoder.cancel(request_id)  # ended by a stop string: the decoder does not know yet
-            handle._push(chunk, chunk.finish_reason, None, now)
+            handle.push(chunk, chunk.finish_reason, None, now)
             if chunk.finish_reason is not None:
                 self._forget(handle, now)
 
