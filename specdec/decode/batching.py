@@ -25,9 +25,10 @@ from specdec.reference.tree import check_beam_lengths
 from specdec.decode.requests import RequestState
 from specdec.types import Accepted, Draft, DraftTree, SamplingConfig, StepResult, TargetOutput, Verdict
 
-__all__ = ["Group", "admissions", "cut_to_budgets", "cut_tree", "draw", "drafted_tokens", "empty_step", "full_batch",
-           "group_output", "join_admissions", "join_steps", "merge_trees", "merge_verdicts", "observe_accepted",
-           "on_target", "plain_group", "plain_tree", "step_tree", "verify_uniform_shape", "verify_uniforms"]
+__all__ = ["Checked", "Group", "admissions", "cut_to_budgets", "cut_tree", "draw", "drafted_tokens", "empty_step",
+           "full_batch", "group_output", "join_admissions", "join_steps", "merge_trees", "merge_verdicts",
+           "observe_accepted", "on_target", "plain_group", "plain_tree", "step_tree", "verify_uniform_shape",
+           "verify_uniforms"]
 
 
 def verify_uniform_shape(draft: Draft) -> tuple[int, int]:
@@ -80,13 +81,14 @@ def group_output(output: TargetOutput, start: int, stop: int, nodes: int) -> Tar
                         layers={i: cut(v) for i, v in output.layers.items()})
 
 
-def merge_verdicts(paths: Sequence[np.ndarray], accepted: Sequence[np.ndarray], bonus: Sequence[np.ndarray]
-                   ) -> Verdict:
-    """One host Verdict of the groups' (path, num_accepted, bonus) in order; paths padded with -1."""
-    width = max(p.shape[1] for p in paths)
-    path = np.concatenate([np.pad(p, ((0, 0), (0, width - p.shape[1])), constant_values=-1) for p in paths])
-    return Verdict(path=path.astype(np.int64), num_accepted=np.concatenate(accepted).astype(np.int64),
-                   bonus_tokens=np.concatenate(bonus).astype(np.int64))
+def merge_verdicts(checked: Sequence[Checked]) -> Verdict:
+    """One host Verdict of the groups' checked verdicts in order; paths padded with -1."""
+    width = max(c.path.shape[1] for c in checked)
+    path = np.concatenate([np.pad(c.path, ((0, 0), (0, width - c.path.shape[1])), constant_values=-1)
+                           for c in checked])
+    return Verdict(path=path.astype(np.int64),
+                   num_accepted=np.concatenate([c.num_accepted for c in checked]).astype(np.int64),
+                   bonus_tokens=np.concatenate([c.bonus for c in checked]).astype(np.int64))
 
 
 def empty_step(step: int) -> StepResult:
@@ -203,6 +205,21 @@ class Group:
     full_nodes: np.ndarray | None = None  # per row: nodes of the tree before its budget cut it (host)
 
 
+@attrs.frozen(kw_only=True, eq=False)
+class Checked:
+    """What verifying one group left on the host, checked (``specdec.decode.checks``), with the
+    group's rows of the target output and the verdict as the verifier made it."""
+
+    output: TargetOutput  # the group's rows: logits (B, N, V), hidden (B, N, H), layers
+    verdict: Verdict  # where the target computes, for ``commit``
+    path: np.ndarray  # (B, D+1) int64 node indices, -1 past the accepted path
+    num_accepted: np.ndarray  # (B,) int64
+    bonus: np.ndarray  # (B,) int64 bonus tokens
+    beams: np.ndarray | None  # (B, W, L) the distinct beams drafted (None: head drafts)
+    tokens: np.ndarray  # (B, N) token of each tree node
+    num_nodes: np.ndarray  # (B,) int64 nodes of each row's tree
+
+
 def plain_group(group: Group, backend, target) -> Group:
     """``group`` (its requests, no draft yet) decoded plainly: one-node trees of the roots, built
     on the host, and the draft of the roots alone; no drafter call."""
@@ -251,16 +268,17 @@ def join_admissions(parts: list[StepResult]) -> StepResult:
                        sum(p.time_prefill for p in parts))
 
 
-def observe_accepted(plan, slots, states, output, path, num_accepted, bonus, tokens) -> None:
+def observe_accepted(plan, group: Group, checked: Checked) -> None:
     """Tell a stateful drafter what a group's step committed: tokens and hidden states on the
     path (a row that did not draft commits its root alone)."""
     backend, target = plan.backend, plan.target
-    rows = np.arange(len(slots))[:, None]
+    output, path, tokens = checked.output, checked.path, checked.tokens
+    rows = np.arange(len(group.slots))[:, None]
     nodes = np.where(path >= 0, path, 0)  # (B, A)
     index = backend.from_numpy(rows, target), backend.from_numpy(nodes, target)
     plan.drafter.observe(Accepted(
-        slots=slots, tokens=np.where(path >= 0, tokens[rows, nodes], -1), num_accepted=num_accepted,
-        bonus_tokens=bonus, hidden=output.hidden[index],
+        slots=group.slots, tokens=np.where(path >= 0, tokens[rows, nodes], -1),
+        num_accepted=checked.num_accepted, bonus_tokens=checked.bonus, hidden=output.hidden[index],
         layers={i: value[index] for i, value in output.layers.items()},
-        finished=np.array([s.done for s in states]),
+        finished=np.array([s.done for s in group.states]),
     ))

@@ -29,8 +29,8 @@ import numpy as np
 from specdec.decode import lease
 from specdec.decode import checks as step_checks
 from specdec.decode.batching import (
-    Group, admissions, cut_to_budgets, draw, drafted_tokens, full_batch, group_output, join_admissions, join_steps,
-    merge_verdicts, observe_accepted, plain_group, step_tree, verify_uniform_shape, verify_uniforms,
+    Checked, Group, admissions, cut_to_budgets, draw, drafted_tokens, full_batch, group_output, join_admissions,
+    join_steps, merge_verdicts, observe_accepted, plain_group, step_tree, verify_uniform_shape, verify_uniforms,
 )
 from specdec.decode.budget import make_speculation
 from specdec.capabilities import drafter_caps, verifier_caps
@@ -331,13 +331,13 @@ class Decoder:
         t2 = time.perf_counter()
         self._committing = True  # from here on a failed step cannot be run again (_run_isolated)
         if len(drafted) == 1:
-            target.commit(tree, verdicts[0][1])
+            target.commit(tree, verdicts[0].verdict)
         elif drafted:
-            merged = merge_verdicts(*zip(*[(v[2], v[3], v[4]) for v in verdicts]))
+            merged = merge_verdicts(verdicts)
             on_target = lambda a: backend.from_numpy(a, target)  # noqa: E731
             target.commit(tree, Verdict(path=on_target(merged.path), num_accepted=on_target(merged.num_accepted),
                                         bonus_tokens=on_target(merged.bonus_tokens)))
-        decoded = [self._accept(group, *verdict) for group, verdict in zip(drafted, verdicts)]
+        decoded = [self._accept(group, checked) for group, checked in zip(drafted, verdicts)]
         self._forwarded = None
         admitted = self._advance_chunks(chunks, output.context)  # after commit: a request ending here frees its slot
         t3 = time.perf_counter()
@@ -349,8 +349,8 @@ class Decoder:
             admitted[0] = attrs.evolve(admitted[0], time_prefill=t3 - t0)
         return admitted, decoded
 
-    def _verify(self, group: Group, output: TargetOutput):
-        """(output, verdict, host path, num_accepted, bonus, beams, tokens, num_nodes) of a group."""
+    def _verify(self, group: Group, output: TargetOutput) -> Checked:
+        """Verify ``group`` on its rows of the output; the verdict copied to the host and checked."""
         plan, backend, target = self.plan, self.plan.backend, self.plan.target
 
         uniforms = verify_uniforms(group.states, verify_uniform_shape(group.draft))
@@ -361,23 +361,25 @@ class Decoder:
         beams, tokens, parents, num_nodes = step_checks.check_group(self.plan, group.draft, group.tree)
         step_checks.check_verdict(plan.source("verifier"), path, num_accepted, bonus, parents, num_nodes,
                                   int(target.vocab_size))
-        return output, verdict, path, num_accepted, bonus, beams, tokens, num_nodes
+        return Checked(output=output, verdict=verdict, path=path, num_accepted=num_accepted, bonus=bonus,
+                       beams=beams, tokens=tokens, num_nodes=num_nodes)
 
-    def _accept(self, group: Group, output, verdict, path, num_accepted, bonus, beams, tokens, num_nodes
-                ) -> StepResult:
+    def _accept(self, group: Group, checked: Checked) -> StepResult:
         """Emit what ``group``'s rows accepted; hidden states of their new roots; finished requests leave."""
         backend, target = self.plan.backend, self.plan.target
+        path, num_accepted, bonus, tokens = checked.path, checked.num_accepted, checked.bonus, checked.tokens
+        beams, num_nodes = checked.beams, checked.num_nodes
         on_target = lambda array: backend.from_numpy(array, target)  # noqa: E731
         # tokens of the distinct beams, before deduplication into the tree
         drafted = drafted_tokens(beams, group.draft.beam_lengths) if beams is not None else num_nodes - 1
         drafted = np.where(num_nodes < group.full_nodes, num_nodes - 1, drafted)  # cut to a budget: what was verified
         self.speculation.observe_rows(group.ids, group.budgets, num_nodes, group.full_nodes, path, num_accepted)
         rows = np.arange(len(group.slots))
-        self._hidden[group.where] = output.hidden[on_target(rows), on_target(path[rows, num_accepted])]
+        self._hidden[group.where] = checked.output.hidden[on_target(rows), on_target(path[rows, num_accepted])]
         new_tokens = [state.emit([int(t) for t in tokens[b, path[b, 1 : num_accepted[b] + 1]]] + [int(bonus[b])])
                       for b, state in enumerate(group.states)]
         if self.caps.stateful:
-            observe_accepted(self.plan, group.slots, group.states, output, path, num_accepted, bonus, tokens)
+            observe_accepted(self.plan, group, checked)
         for state in group.states:
             if state.done:
                 self._finish(state.slot)
