@@ -96,6 +96,7 @@ def plan(model, drafter: str, prompts: Sequence, *, backend: str = "torch", dtyp
     beams (with the prompt-lookup beam when ``lookup``); ``save`` keeps the best for ``generate``."""
     import specdec
     from specdec.generation.api import add_lookup, encode_prompts, load_drafter
+    from specdec.generation.resolve import resolve
     from specdec.plugins.registry import default_registry
     from specdec.tuning.dtype import save_beam_plan
 
@@ -105,8 +106,10 @@ def plan(model, drafter: str, prompts: Sequence, *, backend: str = "torch", dtyp
     template = getattr(target, "chat_template", None)
     ids = [encode_prompts(p, target.tokenizer, target.vocab_size, chat_template=template)[0][0] for p in prompts]
 
+    named = resolve("drafter", drafter, registry, backend_obj.name)
+
     def drafter_with(width: int, length: int):
-        one = load_drafter(drafter, target, backend_obj, registry, dict(beam_width=width, beam_length=length), model)
+        one = load_drafter(named, target, backend_obj, registry, dict(beam_width=width, beam_length=length))
         return add_lookup(one, True, backend_obj, target) if lookup else one
 
     wide, long = max(widths), max(lengths)

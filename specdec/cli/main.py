@@ -115,8 +115,10 @@ def _same_prefix(a: list, b: list) -> int:
 def _describe_default(target, drafter, backend, registry) -> str:
     """How the default path drafts here: the beams and where they come from."""
     from specdec.generation.api import planned_beams
+    from specdec.generation.resolve import resolve
 
-    planned = planned_beams(registry.get("backend", backend).factory(), target, drafter, registry) if backend else {}
+    planned = planned_beams(registry.get("backend", backend).factory(), target,
+                            resolve("drafter", drafter, registry, backend)) if backend else {}
     if planned:
         where = "chosen by `specdec plan` on this machine"
     else:

@@ -5,7 +5,6 @@ Every check happens before the target's cache is touched, so a rejected call lea
 
 from __future__ import annotations
 
-import inspect
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
@@ -33,12 +32,14 @@ from specdec.errors import (
     UnknownPluginError,
 )
 from specdec.capabilities import drafter_caps, verifier_caps
-from specdec.models.files import check_checkpoint_folder, check_model_folder, read_json
+from specdec.models.files import check_model_folder, read_json
 from specdec.models.llama import load_tokenizer
 from specdec.slots import DEFAULT_CAPACITY, TREE_ROOM
 from specdec.decode.loop import decode_steps
 from specdec.decode.plan import DecodePlan
+from specdec.generation.resolve import Resolved, build, resolve, with_lookup
 from specdec.plugins.registry import PluginRegistry, default_registry
+from specdec.tuning.dtype import cached_beam_plan
 from specdec.types import GenerationResult, GenerationStats, StepResult
 
 def generate(
@@ -152,31 +153,30 @@ def _prepare(model, prompt, drafter, backend, *, max_new_tokens, temperature, to
     verifier_choice = options.pop("verifier", None)
     tree_choice = options.pop("tree_builder", None)
     lookup = options.pop("lookup", None)
-    if isinstance(drafter, (str, Path)) and not {"beam_width", "beam_length"} & set(options):
-        options.update(planned_beams(backend_obj, target, drafter, registry))
-    drafter_obj = load_drafter(drafter, target, backend_obj, registry, options, model)
+    named = resolve("drafter", drafter, registry, backend_obj.name)
+    if named.name is not None and not {"beam_width", "beam_length"} & set(options):
+        options.update(planned_beams(backend_obj, target, named))
+    drafter_obj = load_drafter(named, target, backend_obj, registry, options)
     if lookup is None:
-        lookup = lookup_by_default(registry, drafter_obj, drafter, verifier_choice)
+        lookup = lookup_by_default(named, drafter_obj, verifier_choice)
     if lookup:
         drafter_obj = add_lookup(drafter_obj, lookup, backend_obj, target)
-    caps = drafter_caps(drafter_obj, plugin_source(registry, "drafter", drafter_name(drafter, registry), backend_obj.name))
+        named = with_lookup(named)
+    caps = drafter_caps(drafter_obj, named.source)
     tree_name, tree_options = caps.tree_builder
-    tree_builder = _component(registry, "tree_builder", tree_choice or tree_name, backend_obj.name, tree_options)
+    tree = resolve("tree_builder", tree_choice or tree_name, registry, backend_obj.name)
+    tree_builder = build(tree, registry, backend_obj.name, tree_options)
     if verifier_choice is None:
         verifier_choice = "greedy" if sampling.greedy else ("rejection" if caps.sampled_proposals else "exact")
-    verifier = _component(registry, "verifier", verifier_choice, backend_obj.name, {})
-    if lookup and verifier_caps(verifier, plugin_source(registry, "verifier", verifier_choice, backend_obj.name)
-                                ).needs_draft_probs:
+    checker = resolve("verifier", verifier_choice, registry, backend_obj.name)
+    verifier = build(checker, registry, backend_obj.name, {})
+    if lookup and verifier_caps(verifier, checker.source).needs_draft_probs:
         raise InvalidInputError(
             f"verifier {verifier_choice!r} needs the draft distribution of every beam, and lookup beams are "
             "deterministic and have none; use the 'greedy' or 'exact' verifier (the defaults) with lookup"
         )
     eos = tuple(target.eos_token_ids) if stop_at_eos else ()
-    sources = {kind: plugin_source(registry, kind, choice, backend_obj.name) for kind, choice in (
-        ("drafter", drafter_name(drafter, registry)), ("tree_builder", tree_choice or tree_name),
-        ("verifier", verifier_choice))}
-    if lookup:
-        sources["drafter"] += " with a prompt-lookup beam (specdec.drafting.lookup)"
+    sources = {c.kind: c.source for c in (named, tree, checker)}
     plan = DecodePlan(
         backend=backend_obj, target=target, drafter=drafter_obj, tree_builder=tree_builder, verifier=verifier,
         sampling=sampling, max_new_tokens=int(max_new_tokens), eos_token_ids=eos, sources=sources,
@@ -185,52 +185,22 @@ def _prepare(model, prompt, drafter, backend, *, max_new_tokens, temperature, to
     return plan, prompts, batched, tokenizer
 
 
-def drafter_name(drafter, registry: PluginRegistry):
-    """The installed drafter's name for a name or a checkpoint folder; an object passes through."""
-    if isinstance(drafter, Path) or (isinstance(drafter, str) and Path(drafter).expanduser().is_dir()):
-        return drafter_kind(Path(drafter).expanduser(), registry)
-    return drafter
+def lookup_by_default(drafter: Resolved, drafter_obj, verifier_choice) -> bool:
+    """The prompt-lookup beam is on by default beside drafters whose spec pairs them with it
+    (ReDrafter; an object passed in: never), when the verifier is the default, greedy or exact
+    one and the beams are not sampled."""
+    pairs = drafter.spec is not None and drafter.spec.pairs_with_lookup
+    return pairs and verifier_choice in (None, "greedy", "exact") and not drafter_caps(drafter_obj).sampled_proposals
 
 
-def lookup_by_default(registry: PluginRegistry, drafter_obj, drafter, verifier_choice) -> bool:
-    """The prompt-lookup beam is on by default beside drafters that pair with it (ReDrafter), when
-    the verifier is the default, greedy or exact one and the beams are not sampled."""
-    return _pairs_with_lookup(registry, drafter_obj, drafter) and verifier_choice in (None, "greedy", "exact") and (
-        not drafter_caps(drafter_obj).sampled_proposals)
-
-
-def _pairs_with_lookup(registry: PluginRegistry, drafter_obj, drafter) -> bool:
-    """Whether a lookup beam joins this drafter by default: its spec says so (an object passed in:
-    never by default)."""
-    if not isinstance(drafter, (str, Path)):
-        return False
-    name = drafter_name(drafter, registry)
-    return name in registry.names("drafter_spec") and registry.drafter_spec(name).pairs_with_lookup
-
-
-def plugin_source(registry: PluginRegistry, kind: str, choice, on_backend: str) -> str:
-    """"verifier 'exact' (plugin numpy, specdec 0.1.0)", or the class of an object passed in."""
-    label = kind.replace("_", " ")
-    if not isinstance(choice, str):
-        return f"{label} {type(choice).__name__} (an object passed in)"
-    plugin = registry.get(kind, choice, on_backend).plugin
-    return f"{label} {choice!r} (plugin {plugin!r}, {registry.distribution(plugin)})"
-
-
-def planned_beams(backend, target, drafter, registry: PluginRegistry) -> dict:
+def planned_beams(backend, target, drafter: Resolved) -> dict:
     """{"beam_width", "beam_length"} that ``specdec plan`` chose for this drafter on this machine
     (``specdec.tuning.dtype.cached_beam_plan``), when the drafter takes them; else {}."""
-    from specdec.tuning.dtype import cached_beam_plan
-
-    plan = cached_beam_plan(backend, target, drafter)
+    if drafter.spec is None or not drafter.spec.beam_options:
+        return {}  # an object passed in, or a drafter without beams (load_drafter reports an unknown name)
+    plan = cached_beam_plan(backend, target, drafter.choice)
     if plan is None:
         return {}
-    try:
-        name = drafter_kind(Path(drafter), registry) if Path(drafter).is_dir() else str(drafter)
-        if not registry.drafter_spec(name).beam_options:
-            return {}
-    except SpecdecError:
-        return {}  # load_drafter reports the unknown name
     return {"beam_width": plan["beam_width"], "beam_length": plan["beam_length"]}
 
 
@@ -365,21 +335,14 @@ def _is_token(value) -> bool:
     return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
 
 
-def load_drafter(drafter, target, backend, registry: PluginRegistry, options: dict, model_source):
-    """A Drafter object from a name, a checkpoint path or an object, for the Backend ``backend``."""
-    if hasattr(drafter, "propose"):
+def load_drafter(drafter: Resolved, target, backend, registry: PluginRegistry, options: dict):
+    """The Drafter object of a resolved drafter, for the Backend ``backend``."""
+    if drafter.name is None:
         if options:
             raise InvalidInputError(f"options {sorted(options)} cannot be applied to a Drafter object")
-        return drafter
-    checkpoint = None
-    name = drafter
-    if isinstance(drafter, (str, Path)) and Path(drafter).expanduser().is_dir():
-        checkpoint = Path(drafter).expanduser()
-        name = drafter_kind(checkpoint, registry)
-    elif not isinstance(drafter, str):
-        raise InvalidInputError(f"drafter must be a name, a checkpoint folder or a Drafter object, got {drafter!r}")
-    return _component(registry, "drafter", name, backend.name, options, target=target, checkpoint=checkpoint,
-                      backend=backend)
+        return drafter.choice
+    return build(drafter, registry, backend.name, options, target=target, checkpoint=drafter.checkpoint,
+                 backend=backend)
 
 
 def add_lookup(drafter, lookup, backend, target):
@@ -408,35 +371,6 @@ def add_lookup(drafter, lookup, backend, target):
         raise InvalidInputError("lookup must be True, the lookup chain's length in drafted tokens (an int), or a dict "
                                 f"of draft_length / max_ngram / min_ngram, got {lookup!r}")
     return LookupDrafter(backend, target, inner=drafter, **lookup)
-
-
-def drafter_kind(checkpoint: Path, registry: PluginRegistry | None = None) -> str:
-    """The name of the installed drafter that reads the checkpoint folder: an engine's layout
-    (``specdec.models.export``), else the drafter whose spec reads its config's model_type."""
-    from specdec.models.export import detect_layout
-
-    found = detect_layout(checkpoint)  # specdec's own checkpoints and the engines' layouts (specdec.models.export)
-    if found is not None and found[1] != "specdec":
-        return found[0]
-    model_type = check_checkpoint_folder(checkpoint).get("model_type")
-    return (registry or default_registry()).spec_for_checkpoint(model_type, checkpoint).name
-
-
-def _component(registry: PluginRegistry, kind: str, choice, on_backend: str, options: dict, **positional):
-    """Build a drafter / tree builder / verifier for backend ``on_backend`` from a name, or pass an object through."""
-    if not isinstance(choice, str):
-        return choice
-    factory = registry.get(kind, choice, on_backend).factory
-    accepted = inspect.signature(factory).parameters
-    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in accepted.values())
-    unknown = sorted(set(options) - set(accepted)) if not takes_any else []
-    if unknown:
-        valid = sorted(k for k, p in accepted.items() if p.kind is p.KEYWORD_ONLY or k not in positional)
-        valid = [k for k in valid if k not in positional]
-        raise InvalidInputError(
-            f"{kind.replace('_', ' ')} {choice!r} does not take option(s) {unknown}; it takes: {', '.join(valid) or 'none'}"
-        )
-    return factory(**positional, **options)
 
 
 def collect(steps, batch_size: int, *, batched: bool, tokenizer=None) -> GenerationResult:

@@ -273,12 +273,12 @@ def evaluate_drafter(checkpoint, model, *, heldout_prompts: int = 64, max_new_to
     """Held-out tokens per step of a saved checkpoint, with config overrides (``beam_width``,
     ``beam_length`` for ReDrafter; ``choices``, ``top_t`` for Medusa). The held-out teacher data
     are the cached ones of ``train_drafter`` with the same settings (made when missing)."""
-    from specdec.generation.api import drafter_kind
+    from specdec.generation.resolve import drafter_kind
     from specdec.plugins.registry import default_registry
     from specdec.training.loop import evaluate
     from specdec.training.teacher import load_teacher_target
 
-    kind = drafter_kind(Path(checkpoint))
+    kind = drafter_kind(Path(checkpoint), default_registry())
     target = load_teacher_target(model)
     datasets, _, _ = build_teacher_data(target, prompts=0, heldout_prompts=heldout_prompts,
                                         max_new_tokens=max_new_tokens, top_k=top_k, seed=seed, cache=cache,
