@@ -1,13 +1,14 @@
 """The import graph of specdec's packages, read with ``ast`` (nothing is imported).
 
-    python scripts/import_graph.py [specdec backends drafters]
+    python scripts/import_graph.py [--root CHECKOUT] [specdec backends drafters]
 
 prints, per folder: modules, arrows (distinct importer -> imported module pairs, imports inside
 functions counted), import cycles (strongly connected groups of modules) with the modules in
-each, and the imports made inside functions. ``tests/core/test_layout.py`` holds the tree to no
-cycle with it. An import of ``a.b`` is an arrow to module ``a.b`` (its ``__init__`` when a
-package); the parent packages it also runs are not arrows, so a package's ``__init__`` that only
-carries a docstring adds none.
+each, and the import statements inside functions; then the same graph with each package
+directly under a folder drawn as one node (``specdec.decode.*`` as ``specdec.decode``).
+``tests/plugins/test_layout.py`` holds the tree to no cycle with it. An import of ``a.b`` is an
+arrow to module ``a.b`` (its ``__init__`` when a package); the parent packages it also runs are
+not arrows, so a package's ``__init__`` that only carries a docstring adds none.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SKIPPED_PARTS = {"__pycache__", "build", "dist", ".venv", "tests"}
+FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef)
 
 
 def module_files(folder: Path) -> dict[str, Path]:
@@ -51,7 +53,7 @@ def imports_of(name: str, path: Path, known: set[str]) -> list[tuple[str, int, b
 
     def visit(node: ast.AST, inside: bool) -> None:
         for child in ast.iter_child_nodes(node):
-            nested = inside or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+            nested = inside or isinstance(child, FUNCTIONS + (ast.Lambda,))
             if isinstance(child, ast.Import):
                 targets = [alias.name for alias in child.names]
             elif isinstance(child, ast.ImportFrom):
@@ -73,7 +75,8 @@ def imports_of(name: str, path: Path, known: set[str]) -> list[tuple[str, int, b
     return found
 
 
-def graph(folders: list[Path]) -> tuple[dict[str, Path], dict[str, set[str]], list[tuple[str, int, str]]]:
+def graph(folders: list[Path]
+          ) -> tuple[dict[str, Path], dict[str, set[str]], list[tuple[str, int, str]]]:
     """Modules, arrows (importer -> imported) and imports inside functions
     (``(module, line, imported)``) of the packages in ``folders``."""
     modules: dict[str, Path] = {}
@@ -125,12 +128,48 @@ def cycles(arrows: dict[str, set[str]]) -> list[list[str]]:
     return sorted(groups)
 
 
+def imports_inside_functions(folder: Path) -> int:
+    """Every import statement inside a function under ``folder``, of any module."""
+    count = 0
+    for path in module_files(folder).values():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, FUNCTIONS):
+                count += sum(isinstance(n, (ast.Import, ast.ImportFrom)) for n in ast.walk(node)
+                             if n is not node and not isinstance(n, FUNCTIONS))
+    return count
+
+
+def packages(modules: dict[str, Path], arrows: dict[str, set[str]]
+             ) -> tuple[set[str], dict[str, set[str]]]:
+    """The graph with every module of a package two levels down drawn as that package."""
+    def node(name: str) -> str:
+        parts = name.split(".")
+        package = len(parts) > 2 or (len(parts) == 2 and modules[name].name == "__init__.py")
+        return ".".join(parts[:2]) if package else name
+
+    outer: dict[str, set[str]] = {}
+    for name, targets in arrows.items():
+        here = node(name)
+        outer.setdefault(here, set()).update(node(t) for t in targets if node(t) != here)
+    return set(outer), outer
+
+
 def main(argv: list[str]) -> int:
+    root = ROOT
+    if argv[:1] == ["--root"]:
+        root, argv = Path(argv[1]), argv[2:]
     for folder in argv or ["specdec", "backends", "drafters"]:
-        modules, arrows, inner = graph([ROOT / folder])
+        modules, arrows, inner = graph([root / folder])
         groups = cycles(arrows)
         print(f"{folder}/: {len(modules)} modules, {sum(map(len, arrows.values()))} arrows, "
-              f"{len(groups)} cycles, {len(inner)} imports inside functions")
+              f"{len(groups)} cycles, {imports_inside_functions(root / folder)} imports inside "
+              "functions")
+        for group in groups:
+            print("  cycle: " + " <-> ".join(group))
+        nodes, outer = packages(modules, arrows)
+        groups = cycles(outer)
+        print(f"  by package: {len(nodes)} nodes, {sum(map(len, outer.values()))} arrows, "
+              f"{len(groups)} cycles")
         for group in groups:
             print("  cycle: " + " <-> ".join(group))
     return 0

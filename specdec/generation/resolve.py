@@ -38,7 +38,7 @@ class Resolved:
 def drafter_kind(checkpoint: Path, registry: PluginRegistry) -> str:
     """The name of the installed drafter that reads the checkpoint folder: an engine's layout
     (``specdec.models.export``), else the drafter whose spec reads its config's model_type."""
-    found = detect_layout(checkpoint, registry)  # specdec's own checkpoints and the engines' layouts
+    found = detect_layout(checkpoint, registry)  # specdec's own checkpoints and engines' layouts
     if found is not None and found[1] != "specdec":
         return found[0]
     model_type = check_checkpoint_folder(checkpoint).get("model_type")
@@ -64,20 +64,24 @@ def resolve(kind: str, choice, registry: PluginRegistry, on_backend: str) -> Res
         checkpoint = Path(choice).expanduser()
         name = drafter_kind(checkpoint, registry)
     elif kind == "drafter" and not isinstance(choice, str) and not hasattr(choice, "propose"):
-        raise InvalidInputError(f"drafter must be a name, a checkpoint folder or a Drafter object, got {choice!r}")
+        raise InvalidInputError("drafter must be a name, a checkpoint folder or a Drafter object, "
+                                f"got {choice!r}")
     spec = None
     if kind == "drafter" and name is not None and name in registry.names("drafter_spec"):
         spec = registry.drafter_spec(name)
+    source = plugin_source(registry, kind, choice if name is None else name, on_backend)
     return Resolved(kind=kind, choice=choice, name=name, checkpoint=checkpoint, spec=spec,
-                    source=plugin_source(registry, kind, name if name is not None else choice, on_backend))
+                    source=source)
 
 
 def with_lookup(drafter: Resolved) -> Resolved:
     """``drafter`` with a prompt-lookup beam beside it, as its source says."""
-    return attrs.evolve(drafter, source=drafter.source + " with a prompt-lookup beam (specdec.drafting.lookup)")
+    beside = " with a prompt-lookup beam (specdec.drafting.lookup)"
+    return attrs.evolve(drafter, source=drafter.source + beside)
 
 
-def build(component: Resolved, registry: PluginRegistry, on_backend: str, options: dict, **positional):
+def build(component: Resolved, registry: PluginRegistry, on_backend: str, options: dict,
+          **positional):
     """The object of ``component`` for backend ``on_backend``, its factory given ``options`` and
     ``positional`` (an object passed in is returned as it is)."""
     if component.name is None:
@@ -88,8 +92,7 @@ def build(component: Resolved, registry: PluginRegistry, on_backend: str, option
     takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in accepted.values())
     unknown = sorted(set(options) - set(accepted)) if not takes_any else []
     if unknown:
-        valid = sorted(k for k, p in accepted.items() if p.kind is p.KEYWORD_ONLY or k not in positional)
-        valid = [k for k in valid if k not in positional]
+        valid = sorted(k for k in accepted if k not in positional)
         raise InvalidInputError(
             f"{kind.replace('_', ' ')} {choice!r} does not take option(s) {unknown}; "
             f"it takes: {', '.join(valid) or 'none'}"

@@ -14,8 +14,8 @@ probability. ``verify`` wraps each row of ``uniforms`` (B, D+1, W+1) into a
 with its exact probability, which is how exactness is proved by enumeration.
 
 This module holds the exact rules (greedy, tree walk, multi-draft rejection); the lossy ones
-(ReDrafter's published rule, Medusa's typical acceptance) live in ``verify_lossy`` and are
-re-exported here, so every verifier can be imported from this module.
+(ReDrafter's published rule, Medusa's typical acceptance) live in ``verify_lossy``, which
+imports the helpers here.
 See docs/algorithms/verification.md for worked examples.
 """
 
