@@ -20,7 +20,7 @@ from typing import Any
 
 import mlx.core as mx
 
-from specdec.capabilities import VerifierCaps
+from specdec.capabilities import VerifierRule
 from specdec.errors import InvalidInputError
 from specdec.reference.verify import check_uniform_shape, check_verifier_inputs
 from specdec.types import Draft, DraftTree, SamplingConfig, TargetOutput, Verdict
@@ -73,20 +73,9 @@ def node_uniforms(uniforms: mx.array | None, depth: mx.array, column: int = 0) -
     return mx.take_along_axis(uniforms[:, :, column], flat, axis=1).reshape(depth.shape)
 
 
-class MlxVerifier:
-    """Input checks shared by the MLX verifiers; the class attributes mean what they mean on
-    ``specdec.reference.verify.RowVerifier``."""
-
-    lossless: bool = True
-    needs_draft_probs: bool = False
-    needs_sampled_draft: bool = False
-    uses_uniforms: bool = True
-    uses_beam_uniforms: bool = False
-
-    @property
-    def caps(self) -> VerifierCaps:
-        """What the loop reads: whether this rule needs the drafter's distributions."""
-        return VerifierCaps(needs_draft_probs=self.needs_draft_probs, needs_sampled_draft=self.needs_sampled_draft)
+class MlxVerifier(VerifierRule):
+    """Input checks shared by the MLX verifiers; subclasses set the class attributes of
+    ``specdec.capabilities.VerifierRule``."""
 
     def prepare(self, tree: DraftTree, draft: Draft, target: TargetOutput, sampling: SamplingConfig,
                 uniforms: Any) -> tuple[int, mx.array, mx.array | None]:

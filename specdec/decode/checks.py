@@ -93,7 +93,7 @@ def check_verdict(who: str, path: np.ndarray, num_accepted: np.ndarray, bonus: n
     _in_vocabulary(who, "Verdict.bonus_tokens", bonus, vocab_size)
 
 
-def check_context(who: str, outputs, chunks) -> None:
+def check_chunk_outputs(who: str, outputs, chunks) -> None:
     """One PromptOutput per prompt chunk of the forward (they are paired with the chunks in order)."""
     if len(outputs) != len(chunks):
         raise PluginOutputError(f"{who} returned {len(outputs)} context outputs from forward_tree for {len(chunks)} "

@@ -320,7 +320,7 @@ class Decoder:
             for group in drafted:
                 step_checks.check_group(self.plan, group.draft, group.tree, cause=exc)
             raise
-        step_checks.check_context(f"the {backend.name!r} target {type(target).__name__}", output.context, context)
+        step_checks.check_chunk_outputs(f"the {backend.name!r} target {type(target).__name__}", output.context, context)
         self._forwarded = (chunks, output.context)  # committed: never run again (_run_isolated)
         verdicts, row = [], 0
         for group in drafted:

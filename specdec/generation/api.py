@@ -11,7 +11,7 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 
 from specdec.generation.arguments import (
-    check_context,
+    check_fits_context,
     context_length,
     check_drafter_path,
     check_max_new_tokens,
@@ -139,15 +139,15 @@ def _prepare(model, prompt, drafter, backend, *, max_new_tokens, temperature, to
         tokenizer, config = load_tokenizer(model), read_json(Path(model) / "config.json", what="model config")
         prompts, batched = encode_prompts(prompt, tokenizer, int(config.get("vocab_size", 0)) or 2**62,
                                           chat_template=load_chat_template(model))
-        check_context(prompts, max_new_tokens, config.get("max_position_embeddings"), batched=batched)
-        target, _ = load_target(backend_obj, model, dtype=dtype, device=device, slots=len(prompts),
+        check_fits_context(prompts, max_new_tokens, config.get("max_position_embeddings"), batched=batched)
+        target, _ = load_with_choice(backend_obj, model, dtype=dtype, device=device, slots=len(prompts),
                                 capacity=max(map(len, prompts)) + max_new_tokens + TREE_ROOM, exact=exact)
     else:
-        target, _ = load_target(backend_obj, model, dtype=dtype, device=device, exact=exact)
+        target, _ = load_with_choice(backend_obj, model, dtype=dtype, device=device, exact=exact)
         tokenizer = getattr(target, "tokenizer", None)
         prompts, batched = encode_prompts(prompt, tokenizer, target.vocab_size,
                                           chat_template=getattr(target, "chat_template", None))
-        check_context(prompts, max_new_tokens, context_length(target), batched=batched)
+        check_fits_context(prompts, max_new_tokens, context_length(target), batched=batched)
     stop_at_eos = options.pop("stop_at_eos", True)
     speculation = check_speculation(options.pop("speculation", None))
     verifier_choice = options.pop("verifier", None)
@@ -225,13 +225,13 @@ def load(model: Any, backend: str | None = None, *, dtype: str | None = None, de
     backend_obj = load_backend(backend, registry or default_registry())
     sized = dict(slots=slots, capacity=capacity, exact=exact)
     try:
-        target, choice = load_target(backend_obj, resolve_model(model), dtype=dtype, device=device, **sized)
+        target, choice = load_with_choice(backend_obj, resolve_model(model), dtype=dtype, device=device, **sized)
     except (InvalidInputError, MissingDependencyError):
         raise
     except Exception:
         if not repair_if_damaged(model):
             raise
-        target, choice = load_target(backend_obj, resolve_model(model), dtype=dtype, device=device, **sized)
+        target, choice = load_with_choice(backend_obj, resolve_model(model), dtype=dtype, device=device, **sized)
     try:
         target.dtype_choice = choice
     except AttributeError:  # a frozen target class
@@ -244,7 +244,7 @@ def load(model: Any, backend: str | None = None, *, dtype: str | None = None, de
     return target
 
 
-def load_target(backend, model, *, dtype: str | None, device: str | None, slots: int = 1,
+def load_with_choice(backend, model, *, dtype: str | None, device: str | None, slots: int = 1,
                 capacity: int | None = None, exact: bool | None = None):
     """(target, DtypeChoice) of ``_load_target``, with the target's exact mode set from ``exact``
     (``specdec.tuning.exactness.configure``; a loaded target keeps its own unless ``exact`` is given)."""

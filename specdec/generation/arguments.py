@@ -77,7 +77,7 @@ def context_length(target) -> int | None:
     return int(value) if is_int(value) and value > 0 else None
 
 
-def check_context(prompts: list[list[int]], max_new_tokens: int, limit: int | None, *, batched: bool) -> None:
+def check_fits_context(prompts: list[list[int]], max_new_tokens: int, limit: int | None, *, batched: bool) -> None:
     """Every prompt plus max_new_tokens fits in the model's context of ``limit`` positions (None: unknown)."""
     if limit is None:
         return

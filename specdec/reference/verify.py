@@ -25,7 +25,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from specdec.capabilities import VerifierCaps
+from specdec.capabilities import VerifierRule
 from specdec.errors import InvalidInputError
 from specdec.reference.sampling import greedy_tokens, sample_from, target_probs
 from specdec.types import Draft, DraftTree, SamplingConfig, TargetOutput, Verdict
@@ -192,25 +192,9 @@ def check_uniform_shape(verifier, shape, sampling: SamplingConfig, batch: int, d
         )
 
 
-class RowVerifier:
-    """Runs ``verify_row`` on every row with that row's chooser (subclasses define the rule).
-
-    Class attributes: ``lossless`` (the output distribution is the target's),
-    ``needs_draft_probs`` (``Draft.draft_probs`` must be given), ``needs_sampled_draft``
-    (the beams must be drawn from ``draft_probs``, ``Draft.sampled``), ``uses_beam_uniforms``
-    (reads ``uniforms[:, :, 1:]``), ``uses_uniforms``.
-    """
-
-    lossless: bool = True
-    needs_draft_probs: bool = False
-    needs_sampled_draft: bool = False
-    uses_uniforms: bool = True
-    uses_beam_uniforms: bool = False
-
-    @property
-    def caps(self) -> VerifierCaps:
-        """What the loop reads: whether this rule needs the drafter's distributions."""
-        return VerifierCaps(needs_draft_probs=self.needs_draft_probs, needs_sampled_draft=self.needs_sampled_draft)
+class RowVerifier(VerifierRule):
+    """Runs ``verify_row`` on every row with that row's chooser (subclasses define the rule and
+    set the class attributes of ``specdec.capabilities.VerifierRule``)."""
 
     def verify(
         self, tree: DraftTree, draft: Draft, target: TargetOutput, sampling: SamplingConfig, uniforms: Any

@@ -15,7 +15,7 @@ import pytest
 
 import specdec
 from specdec.tuning import dtype as tuning
-from specdec.generation.api import load_target, prepare
+from specdec.generation.api import load_with_choice, prepare
 from specdec.plugins.hookspecs import hookimpl
 from specdec.drafting.lookup import LookupDrafter
 from specdec.plugins.registry import PluginRegistry
@@ -122,7 +122,7 @@ def test_one_candidate_or_a_model_object_is_not_measured(model_dir, cache):
     assert (choice.source, choice.dtype, backend.loads) == ("only candidate", "fast", ["fast"])
     assert not (cache / "tuning").exists()
     loaded = TwoDtypeBackend().load_target(model_dir, dtype="slow")
-    target, choice = load_target(TwoDtypeBackend(), loaded, dtype=None, device=None)
+    target, choice = load_with_choice(TwoDtypeBackend(), loaded, dtype=None, device=None)
     assert target is loaded and choice.source == "the backend's default"
 
 
