@@ -15,7 +15,7 @@ for round in $(seq 1 "$rounds"); do
     dir=$([ "$side" = before ] && echo "$before" || echo "$after")
     echo "=== round $round: $side ($dir, $(git -C "$dir" rev-parse --short HEAD)) load $(cut -d' ' -f1 /proc/loadavg)"
     (cd /tmp && PYTHONPATH="$dir:$dir/backends:$dir/drafters" "$python" -c \
-      "import sys, specdec.cli; assert specdec.__file__.startswith('$dir'), specdec.__file__; sys.exit(specdec.cli.main(sys.argv[1:]))" \
+      "import sys, specdec.cli.main; assert specdec.__file__.startswith('$dir'), specdec.__file__; sys.exit(specdec.cli.main(sys.argv[1:]))" \
       bench "$@" --out "/tmp/ab-$side-$round")
   done
 done

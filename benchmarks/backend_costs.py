@@ -21,15 +21,15 @@ import specdec
 from specdec.bench import load_prompt_set, parse_method
 from specdec.bench.peers import peer_runner
 from specdec.bench.runner import specdec_runner
-from specdec.generate import encode_prompts
-from specdec.plugins import default_registry
-from specdec.tuning import measure_forward
+from specdec.generation.api import encode_prompts
+from specdec.plugins.registry import default_registry
+from specdec.tuning.dtype import measure_forward
 
 PEER = {"torch": "hf", "mlx": "mlx-lm"}
 
 
 def verify_costs(target, backend, sizes, repeats):
-    """Median seconds of one forward over a k-node chain tree (``specdec.tuning.measure_forward``)."""
+    """Median seconds of one forward over a k-node chain tree (``specdec.tuning.dtype.measure_forward``)."""
     return {k: ms / 1e3 for k, ms in measure_forward(backend, target, sizes, repeats=repeats).items()}
 
 

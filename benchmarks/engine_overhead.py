@@ -48,7 +48,7 @@ def run_generate(target, prompt, drafter: str, tokens: int, speculation) -> floa
 
 
 def run_engine(target, prompt, drafter: str, tokens: int, speculation) -> float:
-    from specdec.engine import Engine
+    from specdec.serving.engine import Engine
 
     with Engine(target, drafter=drafter, speculation=speculation) as engine:
         engine.generate(prompt, max_new_tokens=4, ignore_eos=True)  # warm-up: the drafter's first call
@@ -85,7 +85,7 @@ def main() -> int:
     if args.profile:
         profile = cProfile.Profile()
         if args.profile == "engine":  # the scheduler thread, under the profile while it serves
-            from specdec.engine import Engine
+            from specdec.serving.engine import Engine
 
             serve = Engine._serve
 

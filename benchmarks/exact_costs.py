@@ -39,7 +39,7 @@ def main() -> None:
     targets = {exact: specdec.load(args.model, backend="torch", dtype=args.dtype, capacity=1200, exact=exact)
                for exact in (False, True)}
     vocab = targets[True].vocab_size
-    print(f"exact mode: {specdec.exactness.describe(targets[True])}")
+    print(f"exact mode: {specdec.tuning.exactness.describe(targets[True])}")
     trees = {1: tree(1, 1, vocab), 8: tree(2, 4, vocab), 16: tree(4, 4, vocab)}
     print("| keys | nodes | exact off ms | exact on ms | on / off |")
     print("|---|---|---|---|---|")

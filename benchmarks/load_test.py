@@ -63,7 +63,7 @@ class ServerProcess:
     def __init__(self, args, *, drafter: str, slots: int):
         self.port = free_port()
         drafter, _, speculation = drafter.partition("@")
-        command = [sys.executable, "-m", "specdec.cli", "serve", "--model", args.model, "--backend", args.backend,
+        command = [sys.executable, "-m", "specdec.cli.main", "serve", "--model", args.model, "--backend", args.backend,
                    "--drafter", drafter, "--slots", str(slots), "--capacity", str(args.capacity),
                    "--max-queue", "1024", "--port", str(self.port), "--log-level", "warning",
                    "--served-model-name", "bench"] + (["--speculation", speculation] if speculation else [])

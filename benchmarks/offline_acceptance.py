@@ -5,7 +5,7 @@ it; cached under --cache), then each drafter checkpoint's acceptance is replayed
 continuations exactly as ``specdec train`` evaluates held-out data (``specdec.training.loop.evaluate``:
 accept a, emit a + 1, jump a + 1; bonus token counted). With --lookup it also replays, per
 position, the best of ReDrafter's accepted tokens (the first checkpoint), the prompt-lookup chain
-(``specdec.lookup.lookup_chain``, 10 tokens) and, where the chain finds nothing, a chain from an
+(``specdec.drafting.lookup.lookup_chain``, 10 tokens) and, where the chain finds nothing, a chain from an
 n-gram store of the target's own training continuations (most frequent follower of the last 3,
 2 tokens, seen at least twice): what a third beam drawn from such a store would add. With
 --prune, the first checkpoint's W=2, L=4 beams cut at the first drafted token whose conditional
@@ -26,8 +26,8 @@ import numpy as np
 import torch
 
 from specdec.bench import load_prompt_set
-from specdec.lookup import lookup_chain
-from specdec.plugins import default_registry
+from specdec.drafting.lookup import lookup_chain
+from specdec.plugins.registry import default_registry
 from specdec.training.evaluate import gather_window
 from specdec.training.loop import evaluate
 from specdec.training.run import build_teacher_data

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 import specdec
-from specdec.plugins import default_registry
+from specdec.plugins.registry import default_registry
 from specdec.reference.tree import build_prefix_tree
 from specdec.testing.checks import to_backend_tree
 

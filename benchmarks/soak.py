@@ -210,7 +210,7 @@ def main() -> int:
         model = str(make_random_model(Path(tmp.name) / "model", vocab_size=512, hidden_size=64, num_layers=2,
                                       num_heads=4, num_kv_heads=2, seed=0, with_tokenizer=True))
     port = free_port()
-    command = [sys.executable, "-m", "specdec.cli", "serve", "--model", model, "--backend", args.backend,
+    command = [sys.executable, "-m", "specdec.cli.main", "serve", "--model", model, "--backend", args.backend,
                "--drafter", args.drafter, "--slots", str(args.slots), "--capacity", "256", "--max-queue",
                str(args.max_queue), "--max-prefill-tokens", str(args.max_prefill_tokens), "--port", str(port), "--served-model-name", "soak", "--log-level", "warning"]
     if args.dtype:

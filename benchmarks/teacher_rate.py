@@ -20,7 +20,7 @@ import json
 import time
 
 import specdec
-from specdec.bundled import cache_dir
+from specdec.models.bundled import cache_dir
 from specdec.training.corpus import build_prompts, default_corpus
 from specdec.training.teacher import greedy_teacher, load_teacher_target
 

@@ -3,9 +3,9 @@
     python benchmarks/tree_costs.py --model smollm2-135m --sizes 1 4 8 16 32 --rounds 5
 
 "before": float32 (the old ``dtype=None`` on a CPU) with one matmul per q/k/v and gate/up
-projection; "after": the dtype ``specdec.load`` measures fastest here (``specdec.tuning``),
+projection; "after": the dtype ``specdec.load`` measures fastest here (``specdec.tuning.dtype``),
 with packed projections. Both targets are loaded in one process and measured in interleaved
-rounds (``specdec.tuning.measure_forward``: a chain of k tokens after a 64-token prompt, median
+rounds (``specdec.tuning.dtype.measure_forward``: a chain of k tokens after a 64-token prompt, median
 of 5 per round); the table gives the median over rounds. Writes JSON to --out.
 """
 
@@ -18,8 +18,8 @@ from pathlib import Path
 import numpy as np
 
 import specdec
-from specdec.plugins import default_registry
-from specdec.tuning import measure_forward
+from specdec.plugins.registry import default_registry
+from specdec.tuning.dtype import measure_forward
 
 
 def main() -> None:

@@ -32,10 +32,10 @@ from specdec.testing import make_random_model
 make_random_model(sys.argv[1], vocab_size=49152, hidden_size=576, intermediate_size=1536, num_layers=30,
                   num_heads=9, num_kv_heads=3, seed=0, with_tokenizer=True)
 EOF
-timeout 300 "$PYTHON" -m specdec.cli bench --model "$OUT/model" --prompts humaneval --per-category 2 \
+timeout 300 "$PYTHON" -m specdec.cli.main bench --model "$OUT/model" --prompts humaneval --per-category 2 \
   --methods plain plain:exact=false lookup lookup:exact=false --backends torch --max-new-tokens 32 --repeats 2 \
   --out "$OUT/bench" 2>"$OUT/bench.err" | tee "$OUT/bench.md"
 [ "${PIPESTATUS[0]}" = 0 ] || { echo "bench failed or ran past 300 s (see $OUT/bench.err)"; status=1; }
 "$PYTHON" -c "import specdec, sys; t = specdec.load(sys.argv[1], backend='torch', device=sys.argv[2]); \
-print(t.dtype, specdec.exactness.describe(t))" "$OUT/model" "$DEVICE" 2>&1 | tail -2 | tee -a "$OUT/device.txt"
+print(t.dtype, specdec.tuning.exactness.describe(t))" "$OUT/model" "$DEVICE" 2>&1 | tail -2 | tee -a "$OUT/device.txt"
 exit $status

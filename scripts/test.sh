@@ -10,7 +10,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh dev,torch,hf,bench,mlx,serve
 if [ "${SPECDEC_TEST_SHIPPED:-}" = 1 ]; then
-  .venv/bin/python -c 'import specdec.bundled as b; print("bundled model:", b.resolve_model("smollm2-135m"))'
+  .venv/bin/python -c 'import specdec.models.bundled as b; print("bundled model:", b.resolve_model("smollm2-135m"))'
 fi
 .venv/bin/pip install --quiet --disable-pip-version-check -e examples/specdec-example-backend \
   -e examples/specdec-example-drafter

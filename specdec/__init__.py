@@ -17,11 +17,11 @@ from specdec.errors import (
     UnknownPluginError,
 )
 from specdec.capabilities import DrafterCaps, VerifierCaps
-from specdec.engine import Engine, EngineClosedError, QueueFullError, RequestFailedError
-from specdec.generate import generate, load, stream
-from specdec.hookspecs import hookimpl
-from specdec.plugins import PluginRegistry, default_registry
-from specdec.requests import Request
+from specdec.serving.engine import Engine, EngineClosedError, QueueFullError, RequestFailedError
+from specdec.generation.api import generate, load, stream
+from specdec.plugins.hookspecs import hookimpl
+from specdec.plugins.registry import PluginRegistry, default_registry
+from specdec.decode.requests import Request
 from specdec.types import (
     Accepted,
     Draft,

@@ -55,6 +55,26 @@ class VerifierCaps:
     needs_sampled_draft: bool = False
 
 
+class VerifierRule:
+    """The base of every backend's verifiers: what a rule declares as class attributes, and the
+    ``caps`` the loop reads from them. ``lossless``: the output distribution is the target's;
+    ``needs_draft_probs``: ``Draft.draft_probs`` must be given; ``needs_sampled_draft``: the
+    beams must be drawn from them (``Draft.sampled``); ``uses_uniforms``: it reads uniforms;
+    ``uses_beam_uniforms``: it reads ``uniforms[:, :, 1:]``."""
+
+    lossless: bool = True
+    needs_draft_probs: bool = False
+    needs_sampled_draft: bool = False
+    uses_uniforms: bool = True
+    uses_beam_uniforms: bool = False
+
+    @property
+    def caps(self) -> VerifierCaps:
+        """What the loop reads: whether this rule needs the drafter's distributions."""
+        return VerifierCaps(needs_draft_probs=self.needs_draft_probs,
+                            needs_sampled_draft=self.needs_sampled_draft)
+
+
 def drafter_caps(drafter: Any, source: str = "") -> DrafterCaps:
     """``drafter.caps``, or an error naming the plugin when it declares none."""
     caps = getattr(drafter, "caps", None)

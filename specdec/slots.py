@@ -11,7 +11,7 @@ from specdec.types import PromptOutput
 
 DEFAULT_CAPACITY = 4096  # positions per slot when a target is loaded without a capacity (at most its context)
 TREE_ROOM = 256  # positions a slot keeps beyond prompt + new tokens for the last step's draft tree
-PREFILL_CHUNK = 512  # prompt tokens of one request per forward (specdec.loop.Decoder; bounds the attention matrix)
+PREFILL_CHUNK = 512  # prompt tokens of one request per forward (specdec.decode.loop.Decoder; bounds the attention matrix)
 
 
 def check_slot_arguments(slots, capacity, context_length: int) -> tuple[int, int]:
@@ -71,7 +71,7 @@ def check_layers(layers: Sequence[int], num_layers: int) -> set[int]:
     return wanted
 
 
-def check_context(context, admitted: np.ndarray, lengths: np.ndarray, capacity: int, vocab_size: int,
+def check_chunks(context, admitted: np.ndarray, lengths: np.ndarray, capacity: int, vocab_size: int,
                   tree_slots: np.ndarray) -> list[tuple[int, np.ndarray]]:
     """The prompt chunks of a forward as [(slot, (c,) int64 tokens)], after checking each is a
     non-empty chunk of token ids for a distinct slot that no tree row uses and that has room for
@@ -106,9 +106,9 @@ def check_context(context, admitted: np.ndarray, lengths: np.ndarray, capacity: 
 def check_forward(tree, slots, context, admitted: np.ndarray, lengths: np.ndarray, capacity: int,
                   vocab_size: int) -> tuple[np.ndarray, list[tuple[int, np.ndarray]], list[int]]:
     """The checks of ``forward_tree(tree, slots, context=...)``: (tree slots (B,) int64, prompt
-    chunks as ``check_context``, each chunk's start position: its slot's length, 0 for a free slot)."""
+    chunks as ``check_chunks``, each chunk's start position: its slot's length, 0 for a free slot)."""
     slots = np.zeros(0, dtype=np.int64) if tree is None else check_slots(admitted, slots, what="forward_tree")
-    chunks = check_context(context, admitted, lengths, capacity, vocab_size, slots)
+    chunks = check_chunks(context, admitted, lengths, capacity, vocab_size, slots)
     if tree is None and not chunks:
         raise InvalidInputError("forward_tree needs a tree or at least one context chunk")
     if tree is not None:

@@ -244,7 +244,7 @@ class Accepted:
 class StepResult:
     """One target forward of the decode loop, already on the host.
 
-    requests: the request id of each row (``specdec.loop.decode_steps`` gives one row per prompt).
+    requests: the request id of each row (``specdec.decode.loop.decode_steps`` gives one row per prompt).
     new_tokens: per row, the tokens emitted by this step (empty for finished rows).
     num_accepted (B,), num_drafted (B,), num_verified (B,): per-row counts (numpy int64);
     num_drafted counts the distinct beams' tokens past the root, each beam at its own length.

@@ -35,10 +35,10 @@ settings.register_profile(
 settings.register_profile("dev", deadline=None, max_examples=100)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
-# dtype=None measures the fastest dtype on the machine (specdec.tuning); tests compute in float32
+# dtype=None measures the fastest dtype on the machine (specdec.tuning.dtype); tests compute in float32
 # so that no result depends on timing (tests of the measurement unset this)
 os.environ.setdefault("SPECDEC_DTYPE", "float32")
-# speculation="auto" chooses each step's drafting from timings (specdec.budget); tests draft every
+# speculation="auto" chooses each step's drafting from timings (specdec.decode.budget); tests draft every
 # step unless they test the choice, so that step counts and acceptance figures do not depend on timing
 os.environ.setdefault("SPECDEC_SPECULATION", "always")
 
@@ -62,7 +62,7 @@ def backends_under_test(environ=os.environ) -> list[str]:
 
 def check_backends(names: list[str]) -> None:
     """Raise ``pytest.UsageError`` unless every name is a registered backend whose framework imports."""
-    from specdec.plugins import default_registry
+    from specdec.plugins.registry import default_registry
 
     registry = default_registry()
     installed = registry.names("backend")
@@ -151,12 +151,12 @@ def shipped_model():
     """The folder of the bundled SmolLM2-135M in the specdec cache, for the tests of the shipped
     checkpoints on the real model. Skips when the model is not there, unless SPECDEC_TEST_SHIPPED=1
     (CI, whose ``.ci/run`` fetches it first): then that is a failure."""
-    from specdec.bundled import cache_dir
+    from specdec.models.bundled import cache_dir
 
     folder = cache_dir() / "models" / "smollm2-135m"
     if not (folder / "model.safetensors").is_file():
         message = (f"the bundled smollm2-135m is not in the specdec cache ({folder}); `bash scripts/demo.sh` or "
-                   "specdec.bundled.resolve_model('smollm2-135m') fetches it")
+                   "specdec.models.bundled.resolve_model('smollm2-135m') fetches it")
         if os.environ.get("SPECDEC_TEST_SHIPPED") == "1":
             pytest.fail(f"SPECDEC_TEST_SHIPPED=1 requires it: {message}")
         pytest.skip(message)

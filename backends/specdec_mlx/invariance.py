@@ -1,4 +1,4 @@
-"""The MLX target's self-test of exact mode (``specdec.exactness``), as ``specdec_torch.invariance``
+"""The MLX target's self-test of exact mode (``specdec.tuning.exactness``), as ``specdec_torch.invariance``
 does for torch: on random inputs of the target's own shapes and dtype, each product of layer 0
 (q, k, v and o projections, the MLP) and the LM head must give rows of calls of 1, 2, 3, 5, 8,
 17 and 64 rows the bits of the same rows in one larger call; RMSNorm likewise; and attention
@@ -12,7 +12,9 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 
-from specdec.exactness import InvarianceCheck, cached_check
+from specdec.tuning.exactness import InvarianceCheck, cached_check
+from specdec_mlx.blas import _state
+from specdec_mlx.device import describe_device
 from specdec_mlx.exact import TAIL, attend_split, plan_split, rows_invariant
 
 __all__ = ["check_row_invariance", "check_target_kernels"]
@@ -100,11 +102,8 @@ def check_target_kernels(target) -> InvarianceCheck:
 
 def check_row_invariance(target) -> InvarianceCheck:
     """``check_target_kernels``, cached per machine, software, BLAS, dtype and shapes."""
-    from specdec_mlx.backend import MlxBackend
-    from specdec_mlx.blas import _state
-
     cfg = target.config
-    key = {"backend": "mlx", "device": MlxBackend().describe_device(None), "dtype": str(target.dtype),
+    key = {"backend": "mlx", "device": describe_device(None), "dtype": str(target.dtype),
            "blas": str(_state.get("loaded")), "tail": TAIL,
            "shapes": [target.hidden_size, cfg.intermediate_size, cfg.num_attention_heads, cfg.num_key_value_heads,
                       cfg.head_dim, target.vocab_size, type(target._layers[0].self_attn.q_proj).__name__]}

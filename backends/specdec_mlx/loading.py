@@ -16,8 +16,9 @@ import mlx.core as mx
 import numpy as np
 
 from specdec.errors import InvalidInputError
-from specdec.reference.loading import LlamaConfig, load_tokenizer
+from specdec.models.llama import LlamaConfig, load_tokenizer
 from specdec_mlx.target import MlxTarget
+from specdec_mlx.weights import fingerprint_of, weight_files  # noqa: F401  (fingerprint_of: where it was)
 
 
 def load_target(source: Any, *, dtype, requested_dtype: str | None = None, **slots) -> MlxTarget:
@@ -74,35 +75,3 @@ def as_tokenizers_tokenizer(tokenizer: Any):
     return getattr(tokenizer, "backend_tokenizer", None)
 
 
-def weight_files(folder: Path) -> list[Path]:
-    """``model.safetensors``, or the shards that ``model.safetensors.index.json`` lists."""
-    single = folder / "model.safetensors"
-    if single.is_file():
-        return [single]
-    index = folder / "model.safetensors.index.json"
-    if index.is_file():
-        return [folder / shard for shard in sorted(set(json.loads(index.read_text())["weight_map"].values()))]
-    raise FileNotFoundError(f"no weights in {str(folder)!r}: expected model.safetensors or an index of shards")
-
-
-def fingerprint_of(source: Any) -> str:
-    """Hex sha256 over the sorted tensor names, their shapes and their float32 little-endian bytes.
-
-    source: a model folder (its stored tensors, as the reference reads them) or an mlx module
-    (its parameters under their mlx names, which are the Hugging Face names for llama/qwen2).
-    """
-    if isinstance(source, (str, os.PathLike)):
-        tensors: dict[str, mx.array] = {}
-        for file in weight_files(Path(source)):
-            tensors.update(mx.load(str(file)))
-    else:
-        from mlx.utils import tree_flatten
-
-        tensors = dict(tree_flatten(source.parameters()))
-    digest = hashlib.sha256()
-    for key in sorted(tensors):
-        value = tensors[key]
-        digest.update(key.encode())
-        digest.update(repr(tuple(value.shape)).encode())
-        digest.update(np.ascontiguousarray(np.array(value.astype(mx.float32)), dtype="<f4").tobytes())
-    return digest.hexdigest()

@@ -21,7 +21,7 @@ import mlx.core as mx
 from specdec.errors import InvalidInputError
 from specdec.reference.quantize import check_int8_option
 from specdec.types import SamplingConfig
-from specdec_mlx.backend import to_mx
+from specdec_mlx.arrays import to_mx
 from specdec_mlx.tree import MlxDraftTree
 
 __all__ = [

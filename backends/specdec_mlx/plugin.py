@@ -6,8 +6,8 @@ Importing this module does not import mlx: every factory checks for it first and
 
 from __future__ import annotations
 
-from specdec.hookspecs import hookimpl
-from specdec.plugin_support import lazy_factory, register_verifiers
+from specdec.plugins.hookspecs import hookimpl
+from specdec.plugins.support import lazy_factory, register_verifiers
 
 
 def _backend():

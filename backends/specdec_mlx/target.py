@@ -23,15 +23,17 @@ import mlx.core as mx
 import numpy as np
 
 from specdec.errors import InvalidInputError
-from specdec.reference.loading import LlamaConfig
+from specdec.models.llama import LlamaConfig
 from specdec.reference.model import rotary_inverse_frequencies
 from specdec.reference import packing
 from specdec.slots import admit_in_chunks, check_forward, check_layers, check_slot_arguments, check_slots
 from specdec.types import DraftTree, PromptOutput, TargetOutput, Verdict
-from specdec_mlx.backend import to_mx
+from specdec_mlx.arrays import to_mx
+from specdec_mlx.invariance import check_row_invariance
 from specdec_mlx.exact import SplitPlan, attend_split, plan_split, rows_invariant
 from specdec_mlx.kvcache import MlxKVCache
 from specdec_mlx.packing import pack, unpack
+from specdec_mlx.weights import fingerprint_of
 
 PREFILL_CHUNK = 128  # prompt tokens per forward during prefill (bounds the attention matrix)
 
@@ -68,7 +70,7 @@ class MlxTarget:
     ``name``, ``dtype``; ``embed_tokens`` and ``lm_head`` (V, H) MLX arrays; ``fingerprint``
     (as the reference computes it, from ``fingerprint_source``: the model folder, else the
     module's own parameters). ``exact``: compute rows in the forms of ``specdec_mlx.exact`` so that
-    a row's results do not depend on what shares its forward (set by ``specdec.exactness`` from
+    a row's results do not depend on what shares its forward (set by ``specdec.tuning.exactness`` from
     ``check_row_invariance``).
     """
 
@@ -106,8 +108,6 @@ class MlxTarget:
     def fingerprint(self) -> str:
         """Hex sha256 over sorted tensor names, shapes and float32 bytes (as the reference)."""
         if self._fingerprint is None:
-            from specdec_mlx.loading import fingerprint_of
-
             self._fingerprint = fingerprint_of(self._fingerprint_source if self._fingerprint_source else self.model)
         return self._fingerprint
 
@@ -135,8 +135,6 @@ class MlxTarget:
     def check_row_invariance(self):
         """Whether this machine's MLX kernels keep exact mode's promise for this target's shapes
         and dtype (``specdec_mlx.invariance``; measured once, then cached)."""
-        from specdec_mlx.invariance import check_row_invariance
-
         return check_row_invariance(self)
 
     # ------------------------------------------------------------------ the forward

@@ -21,7 +21,7 @@ import mlx.core as mx
 import numpy as np
 
 from specdec.types import Draft, DraftTree
-from specdec_mlx.backend import to_mx
+from specdec_mlx.arrays import to_mx
 
 
 @attrs.frozen(kw_only=True)

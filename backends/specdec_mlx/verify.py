@@ -20,13 +20,13 @@ from typing import Any
 
 import mlx.core as mx
 
-from specdec.capabilities import VerifierCaps
+from specdec.capabilities import VerifierRule
 from specdec.errors import InvalidInputError
 from specdec.reference.verify import check_uniform_shape, check_verifier_inputs
 from specdec.types import Draft, DraftTree, SamplingConfig, TargetOutput, Verdict
 from specdec_mlx import ops
 from specdec_mlx.acceptance import acceptance_probability, coin, subtract_draft
-from specdec_mlx.backend import to_mx
+from specdec_mlx.arrays import to_mx
 from specdec_mlx.tree import static_depth
 
 
@@ -73,20 +73,9 @@ def node_uniforms(uniforms: mx.array | None, depth: mx.array, column: int = 0) -
     return mx.take_along_axis(uniforms[:, :, column], flat, axis=1).reshape(depth.shape)
 
 
-class MlxVerifier:
-    """Input checks shared by the MLX verifiers; the class attributes mean what they mean on
-    ``specdec.reference.verify.RowVerifier``."""
-
-    lossless: bool = True
-    needs_draft_probs: bool = False
-    needs_sampled_draft: bool = False
-    uses_uniforms: bool = True
-    uses_beam_uniforms: bool = False
-
-    @property
-    def caps(self) -> VerifierCaps:
-        """What the loop reads: whether this rule needs the drafter's distributions."""
-        return VerifierCaps(needs_draft_probs=self.needs_draft_probs, needs_sampled_draft=self.needs_sampled_draft)
+class MlxVerifier(VerifierRule):
+    """Input checks shared by the MLX verifiers; subclasses set the class attributes of
+    ``specdec.capabilities.VerifierRule``."""
 
     def prepare(self, tree: DraftTree, draft: Draft, target: TargetOutput, sampling: SamplingConfig,
                 uniforms: Any) -> tuple[int, mx.array, mx.array | None]:
@@ -199,12 +188,3 @@ class RejectionVerifier(MlxVerifier):
         pick = (nodes == last[:, None, None]) & (depth_ids == num_accepted[:, None, None]) & ~later_same
         bonus = mx.sum(mx.where(pick, draws, 0), axis=(1, 2))
         return Verdict(path=path, num_accepted=num_accepted, bonus_tokens=bonus.astype(mx.int32))
-
-
-def __getattr__(name: str):
-    # The lossy rules live in verify_lossy (as in the reference); re-exported lazily.
-    if name in ("RedrafterPublishedVerifier", "TypicalVerifier"):
-        from specdec_mlx import verify_lossy
-
-        return getattr(verify_lossy, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

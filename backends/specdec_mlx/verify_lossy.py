@@ -11,7 +11,7 @@ import mlx.core as mx
 from specdec.types import Verdict
 from specdec_mlx import ops
 from specdec_mlx.acceptance import acceptance_probability, coin, entropy, subtract_draft
-from specdec_mlx.backend import to_mx
+from specdec_mlx.arrays import to_mx
 from specdec_mlx.verify import MlxVerifier, accepted_path, beam_nodes, gather_nodes
 
 

@@ -7,6 +7,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from specdec_torch.device import default_device, describe_device
+from specdec_torch.loading import load_torch_target
+
 __all__ = ["TorchBackend"]
 
 _HOST_DTYPES = {torch.bfloat16: torch.float32, torch.float16: torch.float32}
@@ -21,18 +24,14 @@ class TorchBackend:
                     capacity: int | None = None):
         """A ``TorchTarget`` from a local Hugging Face-format folder, a ``transformers`` Llama-family
         model object or a TorchTarget (see ``specdec_torch.loading.load_torch_target``)."""
-        from specdec_torch.loading import load_torch_target
-
         return load_torch_target(source, dtype=dtype, device=device, slots=slots, capacity=capacity)
 
     def dtype_candidates(self, device: str | None = None) -> tuple[str, ...]:
-        """The dtypes worth measuring on ``device`` (``specdec.tuning``): float32 and bfloat16 on a
+        """The dtypes worth measuring on ``device`` (``specdec.tuning.dtype``): float32 and bfloat16 on a
         CPU (bfloat16 halves the bytes read, but is fast only with bf16 instructions, so it is
         measured, never assumed), float16 too where the CPU has half-precision arithmetic;
         bfloat16 and float16 on CUDA; float16 and float32 on MPS."""
-        from specdec.tuning import cpu_flags
-        from specdec_torch.loading import default_device
-
+        from specdec.tuning.dtype import cpu_flags
         resolved = torch.device(device) if device is not None else default_device()
         if resolved.type == "cuda":
             return ("bfloat16", "float16") if torch.cuda.is_bf16_supported() else ("float16",)
@@ -44,19 +43,8 @@ class TorchBackend:
         return candidates
 
     def describe_device(self, device: str | None = None) -> str:
-        """What a measured speed depends on: the device (GPU name, or CPU model, flags and thread
-        count) and the torch version."""
-        from specdec.tuning import cpu_description
-        from specdec_torch.loading import default_device
-
-        resolved = torch.device(device) if device is not None else default_device()
-        if resolved.type == "cuda":
-            where = f"cuda {torch.cuda.get_device_name(resolved)}"
-        elif resolved.type == "mps":
-            where = f"mps {cpu_description()}"
-        else:
-            where = f"cpu {cpu_description()}, {torch.get_num_threads()} threads"
-        return f"{where}, torch {torch.__version__}"
+        """What a measured speed depends on (``specdec_torch.device.describe_device``)."""
+        return describe_device(device)
 
     def to_numpy(self, array: Any) -> np.ndarray:
         """A host NumPy copy; bfloat16 and float16 become float32 (exactly)."""

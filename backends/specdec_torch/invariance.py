@@ -1,11 +1,11 @@
-"""The torch target's self-test of exact mode (``specdec.exactness``): do this machine's kernels
+"""The torch target's self-test of exact mode (``specdec.tuning.exactness``): do this machine's kernels
 give each row the same bits alone and among other rows?
 
 Exact mode (``specdec_torch.exact``) relies on measured kernel behaviour: a product of two or
 more rows rounds each row the same way whatever the row count (a one-row product is computed as
 two), row-wise operations (norms, SiLU, rotary) are per row, and the attention form is per query.
 Each is run here on random inputs of the target's own shapes and dtype, on its device, once per
-machine and software (``specdec.exactness.cached_check``), and compared bitwise:
+machine and software (``specdec.tuning.exactness.cached_check``), and compared bitwise:
 
 - every product of a decoder layer (with layer 0's weights) and the LM head: rows of calls of
   1, 2, 3, 5, 8, 17, 64 and more rows against the same rows of one larger call;
@@ -24,8 +24,10 @@ from typing import Callable
 
 import torch
 
-from specdec.exactness import InvarianceCheck, cached_check
+from specdec.tuning.exactness import InvarianceCheck, cached_check
+from specdec_torch.device import describe_device
 from specdec_torch.exact import TAIL, attend_kernel, attend_split, linear_rows, plan_kernel, plan_split
+from specdec_torch.kernels import SOURCE
 from specdec_torch.layers import apply_rotary, rms_norm, rotary_cos_sin
 from specdec_torch.products import head_product
 
@@ -158,15 +160,12 @@ def check_target_kernels(target) -> InvarianceCheck:
 
 def check_row_invariance(target) -> InvarianceCheck:
     """``check_target_kernels``, cached per machine, software, dtype and shapes."""
-    from specdec_torch.backend import TorchBackend
-    from specdec_torch.kernels import SOURCE
-
     was = target.exact
     target.exact = True  # decides the attention form (compiled kernel or torch operations)
     form = target.exact_form
     target.exact = was
     shapes = sorted(str(tuple(w.shape)) for _, w, _, _ in _products(target))
-    key = {"backend": "torch", "device": TorchBackend().describe_device(str(target.device)),
+    key = {"backend": "torch", "device": describe_device(str(target.device)),
            "dtype": str(target.dtype), "shapes": shapes, "heads": [target.config.num_attention_heads,
            target.config.num_key_value_heads, target.config.head_dim], "form": form, "tail": TAIL,
            "kernel": hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:16] if form == "kernel" else None}

@@ -35,7 +35,7 @@ _STATE: dict[str, Any] = {}
 
 
 def _build_name() -> str:
-    from specdec.tuning import cpu_description
+    from specdec.tuning.dtype import cpu_description
 
     key = "|".join([SOURCE.read_text(), " ".join(FLAGS), cpu_description(), torch.__version__])
     return "specdec_exact_attention_" + hashlib.sha256(key.encode()).hexdigest()[:16]

@@ -18,22 +18,13 @@ from typing import Any, Iterable
 import torch
 
 from specdec.errors import InvalidInputError
-from specdec.reference.loading import SUPPORTED_MODEL_TYPES, LlamaConfig, load_tokenizer
+from specdec.models.llama import SUPPORTED_MODEL_TYPES, LlamaConfig, load_tokenizer
+from specdec_torch.device import default_device
 from specdec_torch.model import TorchTarget
 
 __all__ = ["DTYPES", "default_device", "load_torch_target", "resolve_dtype", "tensor_fingerprint"]
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
-
-
-def default_device() -> torch.device:
-    """cuda when available, else mps when available, else cpu."""
-    if torch.cuda.is_available():
-        return torch.device("cuda")
-    mps = getattr(torch.backends, "mps", None)
-    if mps is not None and mps.is_available():
-        return torch.device("mps")
-    return torch.device("cpu")
 
 
 def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:

@@ -27,6 +27,7 @@ from specdec.types import DraftTree, PromptOutput, TargetOutput, Verdict
 from specdec_torch.exact import (
     KernelPlan, SplitPlan, attend_kernel, attend_split, linear_rows, plan_kernel, plan_split,
 )
+from specdec_torch.invariance import check_row_invariance
 from specdec_torch.kvcache import TorchKVCache
 from specdec_torch.layers import apply_rotary, attend, inverse_frequencies, rms_norm, rotary_cos_sin
 from specdec_torch.packing import pack as pack_stream, unpack as unpack_stream
@@ -100,7 +101,7 @@ class TorchTarget:
     """A Llama-family ``transformers`` model with a tree-attention KV cache.
 
     model: the ``*ForCausalLM`` module (already in its dtype and on its device); config: its
-    ``specdec.reference.loading.LlamaConfig``; fingerprint_fn: computes the weights' fingerprint
+    ``specdec.models.llama.LlamaConfig``; fingerprint_fn: computes the weights' fingerprint
     exactly as the reference does (called once, when a drafter checkpoint asks for it).
     Attributes: ``embed_tokens`` and ``lm_head`` (V, H) tensors (the same tensor when tied),
     ``vocab_size``, ``hidden_size``, ``num_layers``, ``num_slots``, ``capacity``, ``eos_token_ids``,
@@ -110,7 +111,7 @@ class TorchTarget:
     ``exact``: compute every row in the row-invariant forms of ``specdec_torch.exact`` (products
     of one row as two, the canonical attention), so that a row's results do not depend on what
     shares its forward; ``check_row_invariance`` says whether this machine's kernels keep that
-    promise (``specdec.exactness`` sets ``exact`` from it when the target is loaded).
+    promise (``specdec.tuning.exactness`` sets ``exact`` from it when the target is loaded).
     """
 
     def __init__(self, model: Any, *, config, fingerprint_fn: Callable[[], str], tokenizer: Any = None,
@@ -165,8 +166,6 @@ class TorchTarget:
     def check_row_invariance(self):
         """Whether this machine's kernels keep exact mode's promise for this target's shapes and
         dtype (``specdec_torch.invariance``; measured once, then cached)."""
-        from specdec_torch.invariance import check_row_invariance
-
         return check_row_invariance(self)
 
     @property

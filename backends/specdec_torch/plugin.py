@@ -6,8 +6,8 @@ a missing torch raises ``MissingDependencyError`` naming ``pip install 'specdec[
 
 from __future__ import annotations
 
-from specdec.hookspecs import hookimpl
-from specdec.plugin_support import lazy_factory, register_verifiers
+from specdec.plugins.hookspecs import hookimpl
+from specdec.plugins.support import lazy_factory, register_verifiers
 
 
 @hookimpl

@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 import torch
 
-from specdec.capabilities import VerifierCaps
+from specdec.capabilities import VerifierRule
 from specdec.reference.verify import check_uniform_shape, check_verifier_inputs
 from specdec.types import Draft, DraftTree, SamplingConfig, TargetOutput, Verdict
 from specdec_torch.sampling import compute_dtype, greedy_tokens, sample_from, target_probs
@@ -74,23 +74,9 @@ def _real_children(tree: DraftTree) -> torch.Tensor:
     return (index[None, :] >= 1) & (index[None, :] < tree.num_nodes[:, None])
 
 
-class TorchVerifier:
-    """Shared checks and the batched tree walk; subclasses implement ``verify``.
-
-    Class attributes as in the reference: ``lossless``, ``needs_draft_probs``,
-    ``needs_sampled_draft``, ``uses_uniforms``, ``uses_beam_uniforms``.
-    """
-
-    lossless: bool = True
-    needs_draft_probs: bool = False
-    needs_sampled_draft: bool = False
-    uses_uniforms: bool = True
-    uses_beam_uniforms: bool = False
-
-    @property
-    def caps(self) -> VerifierCaps:
-        """What the loop reads: whether this rule needs the drafter's distributions."""
-        return VerifierCaps(needs_draft_probs=self.needs_draft_probs, needs_sampled_draft=self.needs_sampled_draft)
+class TorchVerifier(VerifierRule):
+    """Shared checks and the batched tree walk; subclasses implement ``verify`` and set the class
+    attributes of ``specdec.capabilities.VerifierRule``."""
 
     def check_inputs(self, tree: DraftTree, draft: Draft, target: TargetOutput, sampling: SamplingConfig,
                      uniforms: Any, depth: int) -> None:

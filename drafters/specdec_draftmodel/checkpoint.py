@@ -8,10 +8,10 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from specdec.bundled import resolve_model
+from specdec.models.bundled import resolve_model
 from specdec.errors import InvalidInputError, ModelLoadError, SpecdecError
-from specdec.files import check_model_folder, read_json
-from specdec.reference.loading import load_tokenizer
+from specdec.models.files import check_model_folder, read_json
+from specdec.models.llama import load_tokenizer
 
 MODEL_TYPE = "specdec_draft_model"
 DEFAULT_DRAFT_LENGTH = 4

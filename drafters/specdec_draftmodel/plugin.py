@@ -10,9 +10,9 @@ second target on the target's backend (docs/algorithms/draft-model.md).
 
 from __future__ import annotations
 
-from specdec.hookspecs import hookimpl
-from specdec.plugin_support import lazy_call
-from specdec.specs import DrafterSpec
+from specdec.plugins.hookspecs import hookimpl
+from specdec.plugins.support import lazy_call
+from specdec.plugins.specs import DrafterSpec
 
 
 def draft_model_factory(target, checkpoint=None, *, backend, draft_model=None, draft_length=None, sample=True):

@@ -12,8 +12,8 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from specdec.checkpoints import read_checkpoint, read_target_config, save_checkpoint
-from specdec.reference.loading import LlamaConfig, load_tensors
+from specdec.models.checkpoints import read_checkpoint, read_target_config, save_checkpoint
+from specdec.models.llama import LlamaConfig, load_tensors
 
 from specdec_eagle.config import EagleConfig, check_weights
 from specdec_eagle.reference import SlotCache, run_entries

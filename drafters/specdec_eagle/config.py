@@ -13,7 +13,7 @@ width, Hq / Hkv its query / key-value heads of size Dh):
 | ``layers.0.post_attention_layernorm.weight`` | (H,) | RMSNorm before the MLP |
 | ``layers.0.mlp.gate_proj.weight``, ``up_proj.weight`` | (I, H) | SwiGLU |
 | ``layers.0.mlp.down_proj.weight`` | (H, I) | |
-| ``vocab_shortlist`` | (S,) int | ``shortlist_size`` S (``specdec.shortlist``) |
+| ``vocab_shortlist`` | (S,) int | ``shortlist_size`` S (``specdec.drafting.shortlist``) |
 
 The token embedding and the LM head are the target's own (V, H) arrays, never stored here.
 """
@@ -25,8 +25,8 @@ from typing import Any
 import attrs
 import numpy as np
 
-from specdec.checkpoints import config_from_dict
-from specdec.shortlist import check_shortlist
+from specdec.models.checkpoints import config_from_dict
+from specdec.drafting.shortlist import check_shortlist
 
 __all__ = ["MODEL_TYPE", "EagleConfig", "check_weights"]
 

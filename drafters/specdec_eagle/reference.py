@@ -40,7 +40,7 @@ import numpy as np
 from specdec.capabilities import DrafterCaps
 from specdec.errors import InvalidInputError
 from specdec.reference.model import apply_rotary, attend, rms_norm, rotary_cos_sin, silu
-from specdec.shortlist import restrict_logits
+from specdec.drafting.shortlist import restrict_logits
 from specdec.types import Accepted, Draft, DraftContext, PromptOutput
 from specdec_eagle.config import EagleConfig, check_weights
 

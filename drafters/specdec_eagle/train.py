@@ -41,7 +41,7 @@ __all__ = ["EagleTask", "default_config", "init_weights", "train_eagle"]
 def default_config(target, *, top_k: int = 4, depth: int = 3, total_tokens: int = 12, **overrides) -> EagleConfig:
     """The draft layer for a ``TeacherTarget``: the target's head layout, MLP width, rotary base
     and norm epsilon, fc with a bias (EAGLE-1)."""
-    from specdec.reference.loading import LlamaConfig
+    from specdec.models.llama import LlamaConfig
     from specdec_eagle.checkpoint import config_for_target
 
     llama = LlamaConfig.from_folder(target.folder)
@@ -227,7 +227,7 @@ class EagleTask:
         return beam_acceptance(beams, window.tokens[:, 1:], window.valid)
 
     def save(self, folder: Path, *, dtype=np.float32) -> Path:
-        from specdec.checkpoints import save_checkpoint
+        from specdec.models.checkpoints import save_checkpoint
 
         return save_checkpoint(folder, self.config.to_dict(), self.weights(), dtype=dtype)
 

@@ -8,7 +8,7 @@ from typing import Mapping
 
 import numpy as np
 
-from specdec.checkpoints import read_checkpoint, read_target_config, save_checkpoint
+from specdec.models.checkpoints import read_checkpoint, read_target_config, save_checkpoint
 
 from specdec_medusa.config import MedusaConfig
 from specdec_medusa.reference import check_weights, init_random_weights
@@ -23,7 +23,7 @@ def save_medusa(path: str | Path, config: MedusaConfig, weights: Mapping[str, np
 def load_medusa_checkpoint(path: str | Path) -> tuple[MedusaConfig, dict[str, np.ndarray]]:
     """Read a folder written by ``save_medusa``, or one in FasterDecoding's or vLLM's layout
     (``specdec_medusa.export``). -> (config, weights as float64 arrays)."""
-    from specdec.export import detect_layout
+    from specdec.models.export import detect_layout
 
     layout = detect_layout(path)
     if layout in (("medusa", "fasterdecoding"), ("medusa", "vllm")):

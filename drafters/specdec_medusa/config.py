@@ -14,7 +14,7 @@ from typing import Any
 
 import attrs
 
-from specdec.checkpoints import config_from_dict
+from specdec.models.checkpoints import config_from_dict
 
 from specdec_medusa.choices import Choices, resolve_choices
 

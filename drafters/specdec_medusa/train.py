@@ -149,7 +149,7 @@ class MedusaTask:
         return tree_acceptance(head_tokens, self.config.resolved_choices, window.tokens[:, 1:], window.valid)
 
     def save(self, folder: Path, *, dtype=np.float32) -> Path:
-        from specdec.checkpoints import save_checkpoint
+        from specdec.models.checkpoints import save_checkpoint
 
         return save_checkpoint(folder, self.config.to_dict(), self.module.weights(), dtype=dtype)
 

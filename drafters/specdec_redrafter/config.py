@@ -11,7 +11,7 @@ Weights are stored as a flat dict of arrays with these names (``Linear`` weights
 | ``head_proj.weight`` | (H, E) | ``head == "tied"`` (then the target's LM head (V, H)) |
 | ``rnn_w.weight`` | (H, H) | ``rnn`` |
 | ``rnn_u.weight``, ``rnn_u.bias`` | (H, H), (H,) | ``rnn`` |
-| ``vocab_shortlist`` | (S,) int | ``shortlist_size`` S (``specdec.shortlist``) |
+| ``vocab_shortlist`` | (S,) int | ``shortlist_size`` S (``specdec.drafting.shortlist``) |
 
 The token embedding is the target's own ``embed_tokens`` (V, H), so the RNN state has size H.
 """
@@ -23,8 +23,8 @@ from typing import Any
 import attrs
 import numpy as np
 
-from specdec.checkpoints import config_from_dict
-from specdec.shortlist import check_shortlist
+from specdec.models.checkpoints import config_from_dict
+from specdec.drafting.shortlist import check_shortlist
 
 __all__ = ["MODEL_TYPE", "RNN_VARIANTS", "HEADS", "RedrafterConfig", "check_weights"]
 
@@ -61,7 +61,7 @@ class RedrafterConfig:
     head: "full" (exit_dim -> V) or "tied" (exit_dim -> H, then the target's LM head).
     draft_top_k: keep only the top-k drafter logits before ranking beams (None: no warp).
     shortlist_size: S, when the drafter proposes only the S token ids of its ``vocab_shortlist``
-    weight (``specdec.shortlist``: the head then costs S/V of the full projection); None: all V.
+    weight (``specdec.drafting.shortlist``: the head then costs S/V of the full projection); None: all V.
     beam_width W, beam_length L (root included): defaults for beam search.
     target: what the drafter was trained for (name, fingerprint, vocab_size, hidden_size).
     """

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from specdec.hookspecs import hookimpl
-from specdec.plugin_support import backend_class, lazy_call, load_trained
-from specdec.specs import CliOption, DrafterSpec, Layout
+from specdec.plugins.hookspecs import hookimpl
+from specdec.plugins.support import backend_class, lazy_call, load_trained
+from specdec.plugins.specs import CliOption, DrafterSpec, Layout
 
 CLASSES = {
     "numpy": "specdec_redrafter.reference:RedrafterDrafter",

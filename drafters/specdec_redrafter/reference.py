@@ -25,7 +25,7 @@ from specdec.capabilities import DrafterCaps
 
 from specdec.reference.quantize import check_int8_option, dequantize_rows, quantize_rows, quantized_weights
 from specdec.reference.sampling import sample_from, target_probs
-from specdec.shortlist import restrict_logits
+from specdec.drafting.shortlist import restrict_logits
 from specdec.types import Draft, DraftContext, SamplingConfig
 from specdec_redrafter.config import RedrafterConfig, check_weights
 

@@ -177,7 +177,7 @@ class RedrafterTask:
 
     negatives: when set, the loss's softmax normaliser is estimated on the batch's label tokens
     plus that many sampled tokens (``sampled_soft_cross_entropy``) instead of all V.
-    shortlist: the vocabulary shortlist (``specdec.shortlist``) the saved drafter drafts from;
+    shortlist: the vocabulary shortlist (``specdec.drafting.shortlist``) the saved drafter drafts from;
     training still spreads the loss over all V (the restriction only drops tokens the target
     rarely says), and held-out evaluation drafts with the shortlist, as inference will.
     """
@@ -222,7 +222,7 @@ class RedrafterTask:
         return beam_acceptance(beams, window.tokens[:, 1:], window.valid)
 
     def save(self, folder: Path, *, dtype=np.float32) -> Path:
-        from specdec.checkpoints import save_checkpoint
+        from specdec.models.checkpoints import save_checkpoint
 
         return save_checkpoint(folder, self.config.to_dict(), self.weights(), dtype=dtype)
 

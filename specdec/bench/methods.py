@@ -63,14 +63,14 @@ def parse_method(spec: str) -> Method:
     ``redrafter:lookup=10`` for a lookup chain of 10 drafted tokens),
     ``lookup:k=10`` (our prompt lookup alone, drafting k tokens), ``hf:dtype=own`` (a peer in its own
     default dtype rather than the one our target runs in), ``plain:exact=false`` (our methods on a
-    second target with exact mode off, ``specdec.exactness``, to measure what it costs),
+    second target with exact mode off, ``specdec.tuning.exactness``, to measure what it costs),
     ``redrafter:speculation=always`` (every step drafts; the default, auto, chooses per step,
-    ``specdec.budget``). Keys: w, l, choices, verifier, top_t, sample, lookup, k, n, draft, dtype
+    ``specdec.decode.budget``). Keys: w, l, choices, verifier, top_t, sample, lookup, k, n, draft, dtype
     (peers only), exact, speculation (ours only); a specdec method also takes its drafter
     factory's own keyword options by name, e.g. ``eagle:total_tokens=8,depth=4`` (``generate``
     checks them against the factory and names the ones it takes)."""
     kind, _, rest = spec.partition(":")
-    from specdec.plugins import default_registry
+    from specdec.plugins.registry import default_registry
 
     specdec_methods = [*PLAIN, *(n for n in default_registry().names("drafter") if n != PLAIN["plain"])]
     if kind not in specdec_methods and kind not in PEERS:

@@ -7,7 +7,7 @@ import time
 from typing import Callable
 
 from specdec.bench.methods import Method
-from specdec.bundled import resolve_model
+from specdec.models.bundled import resolve_model
 from specdec.errors import require
 
 

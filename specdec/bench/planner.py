@@ -12,7 +12,7 @@ speedups on the same footing. With ``lookup`` (the default, as in ``generate``),
 configuration also carries the prompt-lookup beam: it is recorded as the last beam of each step
 and counted, at its own length, beside the first W beams cut to L.
 
-``plan(..., save=True)`` keeps the recommendation in the user cache (``specdec.tuning``), where
+``plan(..., save=True)`` keeps the recommendation in the user cache (``specdec.tuning.dtype``), where
 ``generate`` finds it when the caller names no beams.
 """
 
@@ -24,7 +24,7 @@ import attrs
 import numpy as np
 
 from specdec.capabilities import drafter_caps
-from specdec.drafting import PassLifecycle
+from specdec.drafting.none import PassLifecycle
 
 
 @attrs.frozen(kw_only=True)
@@ -95,9 +95,10 @@ def plan(model, drafter: str, prompts: Sequence, *, backend: str = "torch", dtyp
     """Predicted speedup of every (W, L), best first, from one recorded run at the widest, longest
     beams (with the prompt-lookup beam when ``lookup``); ``save`` keeps the best for ``generate``."""
     import specdec
-    from specdec.generate import add_lookup, encode_prompts, load_drafter
-    from specdec.plugins import default_registry
-    from specdec.tuning import save_beam_plan
+    from specdec.generation.api import add_lookup, encode_prompts, load_drafter
+    from specdec.generation.resolve import resolve
+    from specdec.plugins.registry import default_registry
+    from specdec.tuning.dtype import save_beam_plan
 
     registry = default_registry()
     backend_obj = registry.get("backend", backend).factory()
@@ -105,8 +106,10 @@ def plan(model, drafter: str, prompts: Sequence, *, backend: str = "torch", dtyp
     template = getattr(target, "chat_template", None)
     ids = [encode_prompts(p, target.tokenizer, target.vocab_size, chat_template=template)[0][0] for p in prompts]
 
+    named = resolve("drafter", drafter, registry, backend_obj.name)
+
     def drafter_with(width: int, length: int):
-        one = load_drafter(drafter, target, backend_obj, registry, dict(beam_width=width, beam_length=length), model)
+        one = load_drafter(named, target, backend_obj, registry, dict(beam_width=width, beam_length=length))
         return add_lookup(one, True, backend_obj, target) if lookup else one
 
     wide, long = max(widths), max(lengths)

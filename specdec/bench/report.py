@@ -81,7 +81,7 @@ def summarize(records: Sequence[BenchRecord], *, plain: str = "plain") -> list[d
             speedup_vs_peer=ratio(PEER_BASELINE.get(backend, "")),
             tokens_per_step=sum(r.new_tokens for r in group) / steps if steps else float("nan"),
             verified_per_step=sum(r.verified for r in group) / decode_steps if decode_steps else float("nan"),
-            # the budgets chosen (specdec.budget): share of decode steps that verified the root alone
+            # the budgets chosen (specdec.decode.budget): share of decode steps that verified the root alone
             plain_step_share=sum(r.plain_steps for r in group) / decode_steps if decode_steps else float("nan"),
             # share of the beams' drafted tokens that deduplication into the tree did not verify
             tree_reduction=1 - (sum(r.verified for r in group) - decode_steps) / drafted if drafted else float("nan"),

@@ -46,19 +46,21 @@ class BenchRecord:
 def specdec_runner(method: Method, model, target, backend: str, max_new_tokens: int) -> Callable[..., dict]:
     """A callable(prompt ids, temperature, seed) -> dict of measurements, for a specdec method.
     The drafter is loaded once; only decoding is timed."""
-    from specdec.generate import add_lookup, load_drafter, lookup_by_default, planned_beams, stream
-    from specdec.plugins import default_registry
+    from specdec.generation.api import add_lookup, load_drafter, lookup_by_default, planned_beams, stream
+    from specdec.generation.resolve import resolve
+    from specdec.plugins.registry import default_registry
 
     registry = default_registry()
     backend_obj = registry.get("backend", backend).factory()
     options = dict(method.generate_options)
     loop_options = {k: options.pop(k) for k in ("verifier", "tree_builder", "speculation") if k in options}
     lookup = options.pop("lookup", None)
+    named = resolve("drafter", method.drafter, registry, backend_obj.name)
     if not {"beam_width", "beam_length"} & set(options):  # as generate: specdec plan's beams, when kept
-        options.update(planned_beams(backend_obj, target, method.drafter, registry))
-    drafter = load_drafter(method.drafter, target, backend_obj, registry, options, model)
+        options.update(planned_beams(backend_obj, target, named))
+    drafter = load_drafter(named, target, backend_obj, registry, options)
     if lookup is None:
-        lookup = lookup_by_default(registry, drafter, method.drafter, loop_options.get("verifier"))
+        lookup = lookup_by_default(named, drafter, loop_options.get("verifier"))
     if lookup:
         drafter = add_lookup(drafter, lookup, backend_obj, target)
     beam_drafter = method.kind in registry.names("drafter_spec") and registry.drafter_spec(method.kind).beam_options
@@ -109,10 +111,10 @@ def run_bench(
 
     import specdec
     from specdec.bench.peers import peer_runner
-    from specdec.bundled import resolve_model
-    from specdec.chat import load_chat_template
-    from specdec.generate import encode_prompts
-    from specdec.reference.loading import load_tokenizer
+    from specdec.models.bundled import resolve_model
+    from specdec.generation.chat import load_chat_template
+    from specdec.generation.api import encode_prompts
+    from specdec.models.llama import load_tokenizer
     from specdec.slots import TREE_ROOM
 
     records: list[BenchRecord] = []

@@ -17,14 +17,15 @@ a prompt is the special case of a chain with a causal mask.
 from __future__ import annotations
 
 import hashlib
+import os
 from typing import Any, Mapping, Sequence
 
 import attrs
 import numpy as np
 
 from specdec.errors import InvalidInputError
+from specdec.models.llama import LlamaConfig, check_folder, load_tensors, load_tokenizer
 from specdec.reference.kvcache import TreeKVCache
-from specdec.reference.loading import LlamaConfig, load_target  # noqa: F401  (re-exported)
 from specdec.slots import admit_in_chunks, check_forward, check_layers, check_slot_arguments
 from specdec.types import DraftTree, PromptOutput, TargetOutput, Verdict
 
@@ -353,3 +354,18 @@ class ReferenceTarget:
         """Append the keys and values of ``verdict.path[b, :num_accepted[b] + 1]`` (root first)
         to each row's slot and drop the rest of the tree."""
         self.cache.commit(tree, verdict)
+
+
+def load_target(path: str | os.PathLike, *, name: str | None = None, slots: int = 1, capacity: int | None = None):
+    """Load a local Hugging Face-format Llama-family folder as a float64 ``ReferenceTarget`` with
+    ``slots`` request slots of ``capacity`` positions (None: the model's context length)."""
+    folder = check_folder(path)
+    config = LlamaConfig.from_folder(folder)
+    return ReferenceTarget(
+        config=config,
+        tensors=load_tensors(folder),
+        tokenizer=load_tokenizer(folder),
+        name=name or folder.resolve().name,
+        slots=slots,
+        capacity=capacity,
+    )

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 
 from specdec.errors import InvalidInputError
-from specdec.hookspecs import hookimpl
-from specdec.plugin_support import lazy_factory, register_verifiers
-from specdec.plugins import ANY_BACKEND
+from specdec.plugins.hookspecs import hookimpl
+from specdec.plugins.support import lazy_factory, register_verifiers
+from specdec.plugins.registry import ANY_BACKEND
 
 
 class NumpyBackend:
@@ -34,7 +34,7 @@ class NumpyBackend:
 
 
 def _no_drafter(target, checkpoint=None, *, backend=None):
-    from specdec.drafting import NoDrafter
+    from specdec.drafting.none import NoDrafter
 
     if checkpoint is not None:
         raise InvalidInputError("drafter 'none' (plain decoding) takes no checkpoint")
@@ -42,7 +42,7 @@ def _no_drafter(target, checkpoint=None, *, backend=None):
 
 
 def _lookup_drafter(target, checkpoint=None, *, backend, draft_length=None, max_ngram=None, min_ngram=None):
-    from specdec import lookup
+    from specdec.drafting import lookup
 
     if checkpoint is not None:
         raise InvalidInputError("drafter 'lookup' (prompt lookup) takes no checkpoint")

@@ -14,8 +14,8 @@ probability. ``verify`` wraps each row of ``uniforms`` (B, D+1, W+1) into a
 with its exact probability, which is how exactness is proved by enumeration.
 
 This module holds the exact rules (greedy, tree walk, multi-draft rejection); the lossy ones
-(ReDrafter's published rule, Medusa's typical acceptance) live in ``verify_lossy`` and are
-re-exported here, so every verifier can be imported from this module.
+(ReDrafter's published rule, Medusa's typical acceptance) live in ``verify_lossy``, which
+imports the helpers here.
 See docs/algorithms/verification.md for worked examples.
 """
 
@@ -25,7 +25,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from specdec.capabilities import VerifierCaps
+from specdec.capabilities import VerifierRule
 from specdec.errors import InvalidInputError
 from specdec.reference.sampling import greedy_tokens, sample_from, target_probs
 from specdec.types import Draft, DraftTree, SamplingConfig, TargetOutput, Verdict
@@ -192,25 +192,9 @@ def check_uniform_shape(verifier, shape, sampling: SamplingConfig, batch: int, d
         )
 
 
-class RowVerifier:
-    """Runs ``verify_row`` on every row with that row's chooser (subclasses define the rule).
-
-    Class attributes: ``lossless`` (the output distribution is the target's),
-    ``needs_draft_probs`` (``Draft.draft_probs`` must be given), ``needs_sampled_draft``
-    (the beams must be drawn from ``draft_probs``, ``Draft.sampled``), ``uses_beam_uniforms``
-    (reads ``uniforms[:, :, 1:]``), ``uses_uniforms``.
-    """
-
-    lossless: bool = True
-    needs_draft_probs: bool = False
-    needs_sampled_draft: bool = False
-    uses_uniforms: bool = True
-    uses_beam_uniforms: bool = False
-
-    @property
-    def caps(self) -> VerifierCaps:
-        """What the loop reads: whether this rule needs the drafter's distributions."""
-        return VerifierCaps(needs_draft_probs=self.needs_draft_probs, needs_sampled_draft=self.needs_sampled_draft)
+class RowVerifier(VerifierRule):
+    """Runs ``verify_row`` on every row with that row's chooser (subclasses define the rule and
+    set the class attributes of ``specdec.capabilities.VerifierRule``)."""
 
     def verify(
         self, tree: DraftTree, draft: Draft, target: TargetOutput, sampling: SamplingConfig, uniforms: Any
@@ -347,13 +331,3 @@ class RejectionVerifier(RowVerifier):
             if accepted is None:
                 return path, chooser.categorical(residual_probs, depth)
             path.append(accepted)
-
-
-def __getattr__(name: str):
-    # The lossy rules live in verify_lossy, which imports the helpers above; re-exported
-    # lazily so that either module can be imported first.
-    if name in ("RedrafterPublishedVerifier", "TypicalVerifier"):
-        from specdec.reference import verify_lossy
-
-        return getattr(verify_lossy, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -29,7 +29,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from specdec.engine import Engine, EngineClosedError, QueueFullError, RequestFailedError
+from specdec.serving.engine import Engine, EngineClosedError, QueueFullError, RequestFailedError
 from specdec.errors import InvalidInputError
 from specdec.serving import metrics as prometheus
 from specdec.serving.errors import APIError, bad

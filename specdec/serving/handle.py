@@ -8,17 +8,14 @@ import asyncio
 import math
 import threading
 import time
-from typing import TYPE_CHECKING, AsyncIterator, Iterator, Sequence
+from typing import AsyncIterator, Callable, Iterator, Sequence
 
 import attrs
 import numpy as np
 
 from specdec.errors import InvalidInputError, SpecdecError
-from specdec.requests import Request
+from specdec.decode.requests import Request
 from specdec.serving.text import IncrementalText, StopStrings
-
-if TYPE_CHECKING:
-    from specdec.engine import Engine
 
 
 class QueueFullError(SpecdecError, RuntimeError):
@@ -167,8 +164,8 @@ class Handle:
     ``result()`` waits for the ``Completion``; ``cancel()`` from any thread. A request that
     failed raises ``RequestFailedError`` from iteration and ``result()``."""
 
-    def __init__(self, engine: "Engine", request: Request, *, stop: Sequence[str], tokenizer):
-        self.engine = engine
+    def __init__(self, post: Callable[[tuple], None], request: Request, *, stop: Sequence[str], tokenizer):
+        self._post = post  # hands a command to the engine's scheduler (``Engine.post``)
         self.request = request
         self.id: int | None = None  # the decoder's request id, once the scheduler has it
         self.submitted_at = time.perf_counter()
@@ -267,7 +264,7 @@ class Handle:
     def cancel(self) -> None:
         """Stop the request; its slot is freed at the scheduler's next turn. No effect once done."""
         if not self.done:
-            self.engine._post(("cancel", self))
+            self._post(("cancel", self))
 
     def _raise_if_failed(self) -> None:
         if self.error is not None:
@@ -284,8 +281,8 @@ class Handle:
 
     # -- writing (the scheduler thread) --
 
-    def _take(self, tokens: list[int], now: float, metrics: EngineMetrics) -> Chunk:
-        """The chunk of a step's tokens, to ``_push``; it has a finish reason when they end the
+    def take(self, tokens: list[int], now: float, metrics: EngineMetrics) -> Chunk:
+        """The chunk of a step's tokens, to ``push``; it has a finish reason when they end the
         request (length, stop token or string). Tokens after the one that completes a stop
         string are dropped."""
         request = self.request
@@ -317,14 +314,14 @@ class Handle:
         self._text.append("".join(text))
         return Chunk(tokens=tuple(kept), text="".join(text), finish_reason=finish)
 
-    def _finish(self, reason: str, error: BaseException | None, now: float) -> None:
+    def finish(self, reason: str, error: BaseException | None, now: float) -> None:
         text = ""
         if reason == "cancelled" and self._detok is not None and self._stops.hit is None:
             text = self._stops.flush()  # the text of every token delivered
             self._text.append(text)
-        self._push(Chunk(text=text, finish_reason=reason), reason, error, now)
+        self.push(Chunk(text=text, finish_reason=reason), reason, error, now)
 
-    def _push(self, chunk: Chunk, finish: str | None, error: BaseException | None, now: float) -> None:
+    def push(self, chunk: Chunk, finish: str | None, error: BaseException | None, now: float) -> None:
         with self._cond:
             if self.done:
                 return

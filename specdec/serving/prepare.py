@@ -47,7 +47,7 @@ def encode(engine, prompt, param: str) -> list[int]:
         if not hasattr(tokenizer, "encode_batch"):  # a framework's own tokenizer
             return engine.encode(prompt)
         if isinstance(prompt, list):
-            from specdec.chat import render_chat
+            from specdec.generation.chat import render_chat
 
             prompt = render_chat(engine.chat_template, prompt)
         encoding = tokenize(tokenizer, prompt)

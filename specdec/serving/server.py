@@ -17,7 +17,7 @@ import logging
 import signal
 import threading
 
-from specdec.engine import Engine
+from specdec.serving.engine import Engine
 from specdec.errors import require
 from specdec.serving.guard import HostCheck
 from specdec.serving.limits import Limits

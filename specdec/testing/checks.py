@@ -20,7 +20,7 @@ from typing import Sequence
 import numpy as np
 
 from specdec.errors import InvalidInputError
-from specdec.plugins import PluginRegistry, default_registry
+from specdec.plugins.registry import PluginRegistry, default_registry
 from specdec.types import Draft, DraftTree, SamplingConfig, TargetOutput, Verdict
 
 FLOAT32 = dict(rtol=2e-4, atol=2e-4)
@@ -228,7 +228,7 @@ def check_generation(backend_name: str, model_path, drafter, *, prompts, dtype: 
     """``generate`` on ``backend_name`` in ``dtype`` emits the same tokens as on the numpy reference
     (same seed). ``drafter`` must be available on both backends: a name registered for every
     backend ("none", "lookup"), or one (or a checkpoint of one) registered for both."""
-    from specdec.generate import generate
+    from specdec.generation.api import generate
 
     expected = generate(model_path, prompts, drafter=drafter, backend="numpy", max_new_tokens=max_new_tokens,
                         registry=registry, **options).tokens
@@ -252,7 +252,7 @@ def check_drafter(drafter, model_path, *, backends: Sequence[str] = ("numpy",), 
     and sampled with per-prompt seeds: what a stateful drafter keeps per slot must start afresh
     with each request. Tokens alone cannot show it: a kept state changes the drafts, and drafts
     never change a request's tokens. ``dtype`` applies to every backend but numpy (float64 only)."""
-    from specdec.generate import generate, load
+    from specdec.generation.api import generate, load
 
     plain = generate(model_path, [list(p) for p in prompts], drafter="none", backend="numpy",
                      max_new_tokens=max_new_tokens, stop_at_eos=False, registry=registry).tokens

@@ -11,7 +11,7 @@ def make_random_drafter(path, model_path, *, kind: str, seed: int, registry=None
 
     ``config`` overrides fields of the drafter's config (e.g. ``beam_width=3``, ``head="full"``).
     """
-    from specdec.plugins import default_registry
+    from specdec.plugins.registry import default_registry
 
     registry = registry or default_registry()
     makers = {spec.name: spec.make_random_checkpoint for spec in registry.drafter_specs() if spec.make_random_checkpoint}

@@ -1,7 +1,7 @@
 """Random Llama-family model folders in Hugging Face format, for tests and plugin authors.
 
 The folders load in ``transformers.AutoModelForCausalLM.from_pretrained``, in the float64
-reference (``specdec.reference.loading.load_target``) and in any backend that reads that format.
+reference (``specdec.reference.model.load_target``) and in any backend that reads that format.
 Weights are scaled so that the next-token logits are decisive (standard deviation around 4),
 which keeps float32 backends on the same argmax as the float64 reference.
 """

@@ -13,7 +13,7 @@ from types import ModuleType
 
 import numpy as np
 
-from specdec.plugins import PluginRegistry, default_registry
+from specdec.plugins.registry import PluginRegistry, default_registry
 from specdec.reference.sampling import sample_from, softmax, target_probs
 from specdec.types import SamplingConfig
 

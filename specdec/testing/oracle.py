@@ -13,7 +13,7 @@ from specdec.types import Draft, DraftContext
 
 def greedy_continuations(target, prompts, num_tokens: int, *, backend: str = "numpy", registry=None) -> list[list[int]]:
     """Plain greedy decoding of ``num_tokens`` tokens per prompt (EOS ignored)."""
-    from specdec.generate import generate
+    from specdec.generation.api import generate
 
     result = generate(
         target, [list(p) for p in prompts], drafter="none", backend=backend, max_new_tokens=num_tokens,

@@ -1,19 +1,19 @@
 """Decoding schedules of requests for tests: requests arriving and being cancelled at chosen steps
-of one ``specdec.loop.Decoder``, so that each can be compared with decoding it alone."""
+of one ``specdec.decode.loop.Decoder``, so that each can be compared with decoding it alone."""
 
 from __future__ import annotations
 
 from typing import Any, Sequence
 
-from specdec.loop import Decoder
-from specdec.plan import DecodePlan
-from specdec.requests import Request
+from specdec.decode.loop import Decoder
+from specdec.decode.plan import DecodePlan
+from specdec.decode.requests import Request
 
 
 def decoding_plan(target, drafter: Any, backend: str = "numpy", **options) -> DecodePlan:
     """A plan over ``target`` whose verifier (``exact``, greedy at temperature 0) serves greedy and
     sampled requests alike; ``options`` go to ``specdec.generate``'s options (drafter options...)."""
-    from specdec.generate import prepare
+    from specdec.generation.api import prepare
 
     plan, *_ = prepare(target, [1], drafter, backend, max_new_tokens=8, temperature=0.0, top_k=None, top_p=None,
                        dtype=None, device=None, registry=None, options={"verifier": "exact", **options})

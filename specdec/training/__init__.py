@@ -10,5 +10,5 @@
 - ``specdec.training.run``: everything in one call (``specdec train NAME``).
 
 The drafter-specific parts live with each drafter, reached through its spec
-(``specdec.specs.DrafterSpec``: ``train``, ``evaluation_task``). Importing ``specdec`` never imports this package.
+(``specdec.plugins.specs.DrafterSpec``: ``train``, ``evaluation_task``). Importing ``specdec`` never imports this package.
 """

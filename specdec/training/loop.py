@@ -26,7 +26,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from specdec.checkpoints import write_json_atomic
+from specdec.models.checkpoints import write_json_atomic
 from specdec.training.evaluate import Window, gather_window, walk_tokens_per_step
 from specdec.training.outdir import LAST_DIR, LOG_FILE, STATE_FILE, has_state
 from specdec.training.state import load_state, save_state as write_state

@@ -22,7 +22,7 @@ import shutil
 import time
 from pathlib import Path
 
-from specdec.checkpoints import write_json_atomic
+from specdec.models.checkpoints import write_json_atomic
 from specdec.errors import TrainingOutputError
 
 RUN_FILE = "training_run.json"
@@ -37,7 +37,7 @@ RUN_FILES = ("config.json", "model.safetensors", STATE_FILE, LEGACY_STATE_FILE, 
 
 def _model_types() -> dict[str, str]:
     """Drafter name -> the model_type of its checkpoints, for every installed drafter spec."""
-    from specdec.plugins import default_registry
+    from specdec.plugins.registry import default_registry
 
     return {spec.name: spec.model_type for spec in default_registry().drafter_specs() if spec.model_type}
 

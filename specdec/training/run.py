@@ -1,7 +1,7 @@
 """One call from a model to a trained drafter: target, corpus, teacher data, training, report.
 
 ``train_drafter`` is what ``specdec train NAME`` runs (through the ``train`` of drafter NAME's
-spec, ``specdec.specs.DrafterSpec``, which supplies the drafter as a task). It writes into ``out``: the checkpoint (``config.json`` +
+spec, ``specdec.plugins.specs.DrafterSpec``, which supplies the drafter as a task). It writes into ``out``: the checkpoint (``config.json`` +
 ``model.safetensors``), ``trainer_state.safetensors`` (to resume), ``training_log.json`` (held-out tokens
 per step after each evaluation) and ``training_report.json`` (settings, the wall time of every
 stage, teacher and training throughput).
@@ -17,7 +17,7 @@ from typing import Callable
 import attrs
 import numpy as np
 
-from specdec.checkpoints import write_json_atomic
+from specdec.models.checkpoints import write_json_atomic
 
 __all__ = ["REPORT_FILE", "build_teacher_data", "evaluate_drafter", "train_drafter"]
 
@@ -53,7 +53,7 @@ def train_drafter(kind: str, make_task: Callable, model, out, *, steps: int | No
     replaces the corpus (token-id prompts, for tests). ``prompt_text_prompts``: more training data
     from prompt text (``build_teacher_data``). ``save_dtype``: "float32" or "float16".
     ``shortlist``: when > 0, the drafter drafts from that many token ids, the ones with the most
-    teacher mass in the training data (``specdec.shortlist.choose_shortlist``). ``prompt_mix``:
+    teacher mass in the training data (``specdec.drafting.shortlist.choose_shortlist``). ``prompt_mix``:
     corpus chats, self-instruct chats and plain text (``build_teacher_data``).
 
     ``init``: a checkpoint folder of this drafter kind, trained for this target, whose weights
@@ -70,7 +70,7 @@ def train_drafter(kind: str, make_task: Callable, model, out, *, steps: int | No
     """
     import torch
 
-    from specdec.bundled import cache_dir
+    from specdec.models.bundled import cache_dir
     from specdec.training.loop import TrainSettings, train
     from specdec.training.outdir import claim_out
     from specdec.training.teacher import load_teacher_target
@@ -109,7 +109,7 @@ def train_drafter(kind: str, make_task: Callable, model, out, *, steps: int | No
         ids, shortlist = init_shortlist, len(init_shortlist)
         listed = {"shortlist": shortlist, "shortlist_from": str(init)}
     elif shortlist:
-        from specdec.shortlist import choose_shortlist, shortlist_coverage
+        from specdec.drafting.shortlist import choose_shortlist, shortlist_coverage
 
         train_data = datasets["train"]
         ids = choose_shortlist(int(target.embed_tokens.shape[0]), shortlist, next_tokens=train_data.next_tokens.numpy(),
@@ -145,9 +145,9 @@ def train_drafter(kind: str, make_task: Callable, model, out, *, steps: int | No
 def _warm_start(init, kind: str, target) -> tuple[dict, np.ndarray | None]:
     """(weights, shortlist or None) of checkpoint ``init``, checked to be a ``kind`` drafter
     trained for ``target``."""
-    from specdec.checkpoints import read_checkpoint
+    from specdec.models.checkpoints import read_checkpoint
     from specdec.errors import IncompatibleDrafterError, InvalidInputError
-    from specdec.plugins import default_registry
+    from specdec.plugins.registry import default_registry
 
     config, weights = read_checkpoint(init, label=f"{kind} (--init)")
     expected = default_registry().drafter_spec(kind).model_type
@@ -164,11 +164,11 @@ def _warm_start(init, kind: str, target) -> tuple[dict, np.ndarray | None]:
 
 
 def teacher_dtype_for(model) -> str:
-    """The torch dtype that runs ``model`` fastest on this CPU (``specdec.tuning``, cached): the
+    """The torch dtype that runs ``model`` fastest on this CPU (``specdec.tuning.dtype``, cached): the
     teacher decodes in it, as the target will when it serves the drafter."""
-    from specdec.bundled import resolve_model
-    from specdec.plugins import default_registry
-    from specdec.tuning import load_fastest
+    from specdec.models.bundled import resolve_model
+    from specdec.plugins.registry import default_registry
+    from specdec.tuning.dtype import load_fastest
 
     torch_backend = default_registry().get("backend", "torch").factory()
     _, choice = load_fastest(torch_backend, resolve_model(model), device="cpu")
@@ -203,7 +203,7 @@ def build_teacher_data(target, *, prompts: int, heldout_prompts: int, max_new_to
     """
     from tqdm.auto import tqdm
 
-    from specdec.bundled import cache_dir
+    from specdec.models.bundled import cache_dir
     from specdec.training.corpus import CORPUS_VERSION, build_prompts, default_corpus
     from specdec.training.selfinstruct import DEFAULT_MIX, MixedPrompts
     from specdec.training.teacher import TeacherSettings, teacher_dataset
@@ -273,12 +273,12 @@ def evaluate_drafter(checkpoint, model, *, heldout_prompts: int = 64, max_new_to
     """Held-out tokens per step of a saved checkpoint, with config overrides (``beam_width``,
     ``beam_length`` for ReDrafter; ``choices``, ``top_t`` for Medusa). The held-out teacher data
     are the cached ones of ``train_drafter`` with the same settings (made when missing)."""
-    from specdec.generate import drafter_kind
-    from specdec.plugins import default_registry
+    from specdec.generation.resolve import drafter_kind
+    from specdec.plugins.registry import default_registry
     from specdec.training.loop import evaluate
     from specdec.training.teacher import load_teacher_target
 
-    kind = drafter_kind(Path(checkpoint))
+    kind = drafter_kind(Path(checkpoint), default_registry())
     target = load_teacher_target(model)
     datasets, _, _ = build_teacher_data(target, prompts=0, heldout_prompts=heldout_prompts,
                                         max_new_tokens=max_new_tokens, top_k=top_k, seed=seed, cache=cache,

@@ -157,7 +157,7 @@ class TeacherTarget:
 
     def encode(self, messages) -> list[int]:
         """Token ids of a chat prompt, rendered and encoded exactly as ``specdec.generate`` does."""
-        from specdec.chat import render_chat
+        from specdec.generation.chat import render_chat
 
         text = render_chat(self.chat_template, messages) if self.chat_template else messages[-1]["content"]
         if self.tokenizer is None:
@@ -191,9 +191,9 @@ def load_teacher_target(source, *, dtype: str = "bfloat16") -> TeacherTarget:
     """Load a bundled name (``smollm2-135m``) or a Hugging Face-format folder for distillation."""
     import transformers
 
-    from specdec.bundled import resolve_model
-    from specdec.chat import load_chat_template
-    from specdec.reference.loading import LlamaConfig, load_tokenizer
+    from specdec.models.bundled import resolve_model
+    from specdec.generation.chat import load_chat_template
+    from specdec.models.llama import LlamaConfig, load_tokenizer
 
     folder = Path(resolve_model(source))
     model = transformers.AutoModelForCausalLM.from_pretrained(str(folder), dtype=getattr(torch, dtype))
@@ -276,7 +276,7 @@ def greedy_teacher(model, prompts: Sequence[Sequence[int]], *, max_new_tokens: i
 
 def _decoding_target(model, *, slots: int, capacity: int):
     """The torch backend's ``TargetModel`` over ``model``'s own weights."""
-    from specdec.plugins import default_registry
+    from specdec.plugins.registry import default_registry
 
     backend = default_registry().get("backend", "torch").factory()
     return backend.load_target(model, slots=slots, capacity=capacity)

@@ -13,8 +13,8 @@ from specdec_mlx import blas  # noqa: E402
 
 PROBE = """
 import sys
-import specdec.plugins
-registry = specdec.plugins.default_registry()
+import specdec.plugins.registry
+registry = specdec.plugins.registry.default_registry()
 from specdec_mlx.blas import _mapped_openblas
 assert "mlx.core" not in sys.modules and not _mapped_openblas(), "OpenBLAS loaded before the mlx backend was asked for"
 registry.get("backend", "mlx").factory()   # asking for the mlx backend loads OpenBLAS, then mlx

@@ -19,7 +19,7 @@ pytest.importorskip("mlx_lm", reason="mlx is not installed")  # required when SP
 import mlx.core as mx  # noqa: E402
 
 from specdec.errors import IncompatibleDrafterError  # noqa: E402
-from specdec.plugins import default_registry  # noqa: E402
+from specdec.plugins.registry import default_registry  # noqa: E402
 from specdec.testing import checks, make_random_drafter, make_random_model, strategies  # noqa: E402
 from specdec.types import DraftContext  # noqa: E402
 from specdec_medusa.config import MedusaConfig  # noqa: E402

@@ -35,7 +35,7 @@ def target(folder):
     loaded = specdec.load(folder, backend="mlx", dtype="float32", slots=3, capacity=300, exact=False)
     check = loaded.check_row_invariance()
     if not check.holds:
-        pytest.skip(f"exact mode does not hold on this machine: {check.failed} (specdec.exactness)")
+        pytest.skip(f"exact mode does not hold on this machine: {check.failed} (specdec.tuning.exactness)")
     loaded.exact = True
     return loaded
 

@@ -39,7 +39,7 @@ def models(tmp_path_factory):
 
 
 def test_plugin_import_loads_no_framework():
-    code = ("import sys, specdec, specdec_mlx.plugin; from specdec.plugins import default_registry; "
+    code = ("import sys, specdec, specdec_mlx.plugin; from specdec.plugins.registry import default_registry; "
             "assert 'mlx' in default_registry().names('backend'); "
             "print(sorted(m for m in ('mlx', 'mlx.core', 'mlx_lm') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
@@ -48,7 +48,7 @@ def test_plugin_import_loads_no_framework():
 
 def test_missing_mlx_names_the_extra():
     code = ("import sys; sys.modules['mlx'] = None; sys.modules['mlx.core'] = None\n"
-            "from specdec.plugins import default_registry\n"
+            "from specdec.plugins.registry import default_registry\n"
             "from specdec.errors import MissingDependencyError\n"
             "try:\n    default_registry().get('backend', 'mlx').factory()\n"
             "except MissingDependencyError as exc:\n    print(exc)\n")

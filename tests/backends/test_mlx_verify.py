@@ -17,7 +17,7 @@ pytest.importorskip("mlx_lm", reason="mlx is not installed")  # required when SP
 
 import mlx.core as mx  # noqa: E402
 
-from specdec.plugins import default_registry  # noqa: E402
+from specdec.plugins.registry import default_registry  # noqa: E402
 from specdec.reference.tree import build_prefix_tree, check_tree  # noqa: E402
 from specdec.testing import checks, strategies  # noqa: E402
 from specdec.testing.sampling import boundary_uniforms  # noqa: E402

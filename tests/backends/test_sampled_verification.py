@@ -31,7 +31,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from specdec.plugins import default_registry
+from specdec.plugins.registry import default_registry
 from specdec.reference import verify as reference_verify
 from specdec.reference.sampling import target_probs
 from specdec.reference.tree import build_prefix_tree

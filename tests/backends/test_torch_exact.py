@@ -6,7 +6,7 @@ SmolLM2-135M layer shapes (hidden 576, intermediate 1536, 9 query / 3 key-value 
 product), so the tests compare every layer's output of every node and need enough rows to fail.
 ``test_the_comparison_can_fail`` is the positive control: the same comparison with exact mode off
 finds differences. Where this machine's kernels fail exact mode's self-test, the tests skip with
-the kernel that failed (``specdec.exactness``), and the self-test's own test shows it refusing a
+the kernel that failed (``specdec.tuning.exactness``), and the self-test's own test shows it refusing a
 row-variant kernel.
 """
 
@@ -23,7 +23,7 @@ torch = pytest.importorskip("torch")  # required when SPECDEC_TEST_BACKENDS name
 
 import specdec
 from specdec.errors import InvalidInputError
-from specdec.exactness import InvarianceCheck, configure
+from specdec.tuning.exactness import InvarianceCheck, configure
 from specdec.testing import make_random_model
 from specdec.types import DraftTree, Verdict
 from specdec_torch import invariance
@@ -49,7 +49,7 @@ def target(folder):
     loaded = _load(folder, False)
     check = loaded.check_row_invariance()
     if not check.holds:
-        pytest.skip(f"exact mode does not hold on this machine: {check.failed} (specdec.exactness)")
+        pytest.skip(f"exact mode does not hold on this machine: {check.failed} (specdec.tuning.exactness)")
     loaded.exact = True
     return loaded
 

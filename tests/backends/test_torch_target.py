@@ -83,7 +83,7 @@ def test_default_rope_matches_transformers_rotary_module(models):
 def _check_rotary_against_transformers(folder):
     from transformers import AutoModelForCausalLM
 
-    from specdec.reference.loading import LlamaConfig
+    from specdec.models.llama import LlamaConfig
     from specdec_torch.layers import inverse_frequencies, rotary_cos_sin
 
     model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32)

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch")  # required when SPECDEC_TEST_BACKENDS names torch (conftest)
 
-from specdec.plugins import default_registry
+from specdec.plugins.registry import default_registry
 from specdec.reference.sampling import sample_from, target_probs
 from specdec.reference.tree import build_prefix_tree, check_tree
 from specdec.testing import checks

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import specdec
-from specdec.plugins import default_registry
+from specdec.plugins.registry import default_registry
 from specdec.testing import make_random_drafter
 
 CHECKPOINT_KINDS = ("redrafter", "medusa", "draft_model", "eagle")  # installed drafters that need a checkpoint folder

@@ -64,7 +64,7 @@ def test_the_bench_runs_the_default_path_and_records_peak_memory(model_dir, targ
     import sys
 
     from specdec.bench.runner import specdec_runner
-    from specdec.lookup import LookupDrafter
+    from specdec.drafting.lookup import LookupDrafter
 
     drafter = make_random_drafter(tmp_path / "d", model_dir, kind="redrafter", seed=1)
     default, alone = (parse_method(f"redrafter:drafter={drafter},w=2,l=3{extra}") for extra in ("", ",lookup=false"))

@@ -1,4 +1,4 @@
-"""specdec.budget, specdec.costs and specdec.prefill: each step's tree budgets, the step costs they
+"""specdec.decode.budget, specdec.tuning.costs and specdec.decode.prefill: each step's tree budgets, the step costs they
 weigh and the prompt chunks a step carries; and that no budget changes a request's tokens.
 
 The choice is tested on made-up costs (a line: seconds = 20 ms + 1 ms per token, and a
@@ -17,15 +17,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import specdec
-from specdec.batching import cut_tree, merge_trees
-from specdec.budget import BUDGETS, EXPLORE_EVERY, MIN_PREFILL, REQUEST_DECAY, Speculation, StepPlan, check_speculation
-from specdec.costs import CostCurve, StepCosts, _Fit
+from specdec.decode.batching import cut_tree, merge_trees
+from specdec.decode.budget import BUDGETS, EXPLORE_EVERY, MIN_PREFILL, REQUEST_DECAY, Speculation, StepPlan, check_speculation
+from specdec.tuning.costs import CostCurve, StepCosts, _Fit
 from specdec.errors import InvalidInputError
-from specdec.prefill import plan_chunks
+from specdec.decode.prefill import plan_chunks
 from specdec.reference.tree import build_prefix_tree
-from specdec.requests import Request, RequestState
+from specdec.decode.requests import Request, RequestState
 from specdec.slots import PREFILL_CHUNK
-from specdec.step_checks import check_tree
+from specdec.decode.checks import check_tree
 from specdec.testing import make_random_drafter
 
 LINE = CostCurve(tokens=(1, 1024), seconds=(0.021, 0.021 + 0.001 * 1023))  # 20 ms + 1 ms per token

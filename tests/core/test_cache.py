@@ -11,8 +11,10 @@ import shutil
 import pytest
 
 import specdec
-from specdec import bundled, cache, cli
-from specdec.bundled import BundledModel
+from specdec.models import bundled
+from specdec.models import cache
+from specdec.cli import main as cli
+from specdec.models.bundled import BundledModel
 from specdec.testing import make_random_drafter
 
 
@@ -55,7 +57,7 @@ def test_truncated_weights_are_converted_again_on_next_use(tiny_bundle, caplog):
     expected = specdec.generate("tiny", [1, 2, 3], drafter="none", backend="numpy", max_new_tokens=4).tokens
     weights = folder / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
-    with caplog.at_level(logging.WARNING, logger="specdec.cache"):
+    with caplog.at_level(logging.WARNING, logger="specdec.models.cache"):
         tokens = specdec.generate("tiny", [1, 2, 3], drafter="none", backend="numpy", max_new_tokens=4).tokens
     assert tokens == expected and len(conversions) == 2
     assert f"the cached model {folder} is damaged" in caplog.text and "bytes" in caplog.text
@@ -73,7 +75,7 @@ def test_same_size_corruption_is_found_after_a_failed_load_and_repaired(tiny_bun
     data = bytearray(weights.read_bytes())
     data[-64:] = bytes(64)  # same size, other weights
     weights.write_bytes(bytes(data))
-    with caplog.at_level(logging.WARNING, logger="specdec.cache"):
+    with caplog.at_level(logging.WARNING, logger="specdec.models.cache"):
         tokens = specdec.generate("tiny", [1, 2, 3], drafter=drafter, backend="numpy", max_new_tokens=5).tokens
     assert tokens == expected and len(conversions) == 2
     assert "has changed since it was written (SHA-256 differs)" in caplog.text

@@ -7,7 +7,7 @@ import shutil
 import pytest
 
 import specdec
-from specdec.chat import load_chat_template, render_chat
+from specdec.generation.chat import load_chat_template, render_chat
 
 TEMPLATE = ("{% for m in messages %}{{ m['role'] }} says {{ m['content'] }} {% endfor %}"
             "{% if add_generation_prompt %}assistant says{% endif %}")

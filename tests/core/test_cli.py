@@ -11,7 +11,7 @@ import sys
 def run(*args, env=None):
     import os
 
-    return subprocess.run([sys.executable, "-m", "specdec.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "specdec.cli.main", *args], capture_output=True, text=True,
                           env=None if env is None else {**os.environ, **env})
 
 
@@ -34,7 +34,7 @@ def test_generate_from_token_ids(model_dir):
 
 def test_generate_a_chat_turn(model_dir, monkeypatch, capsys):
     import specdec
-    from specdec import cli
+    from specdec.cli import main as cli
 
     asked = []
     real = specdec.generate

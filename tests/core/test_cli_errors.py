@@ -11,7 +11,7 @@ import pytest
 
 
 def run(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "specdec.cli", *args], capture_output=True, text=True, cwd=cwd)
+    return subprocess.run([sys.executable, "-m", "specdec.cli.main", *args], capture_output=True, text=True, cwd=cwd)
 
 
 def one_line_error(done, *fragments):

@@ -7,7 +7,7 @@ import threading
 import pytest
 
 import specdec
-from specdec import lease
+from specdec.decode import lease
 
 
 def test_interleaved_streams_fail_at_once_and_never_mix(target):

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from specdec import Draft, DrafterCaps, PluginRegistry, hookimpl
-from specdec.specs import DrafterSpec
+from specdec.plugins.specs import DrafterSpec
 from specdec.testing import checks, make_random_drafter
 
 

@@ -19,13 +19,8 @@ import pytest
 
 from specdec.reference.sampling import target_probs
 from specdec.reference.tree import build_prefix_tree
-from specdec.reference.verify import (
-    ExactTreeVerifier,
-    GreedyVerifier,
-    RedrafterPublishedVerifier,
-    RejectionVerifier,
-    TypicalVerifier,
-)
+from specdec.reference.verify import ExactTreeVerifier, GreedyVerifier, RejectionVerifier
+from specdec.reference.verify_lossy import RedrafterPublishedVerifier, TypicalVerifier
 from specdec.testing.enumeration import enumerate_outcomes
 from specdec.types import Draft, SamplingConfig, TargetOutput
 

@@ -131,7 +131,7 @@ def test_sampling_is_reproducible_and_seed_dependent(target, drafters):
 
 
 def test_sampled_redrafter_uses_rejection_verifier(target, drafters):
-    from specdec.generate import prepare
+    from specdec.generation.api import prepare
     from specdec.reference.verify import ExactTreeVerifier, RejectionVerifier
 
     common = dict(max_new_tokens=4, top_k=None, top_p=None, dtype=None, device=None, registry=None)

@@ -77,7 +77,7 @@ def test_a_gguf_file_converts_back_to_the_model_it_came_from(tmp_path, monkeypat
     original = make_random_model(tmp_path / "llama", vocab_size=96, hidden_size=32, num_layers=2, num_heads=4,
                                  num_kv_heads=2, seed=5, with_tokenizer=True, eos_token_id=3)
     write_gguf(Path(original), tmp_path / "tiny.gguf", eos=3)
-    converted = specdec.bundled.resolve_model(str(tmp_path / "tiny.gguf"))
+    converted = specdec.models.bundled.resolve_model(str(tmp_path / "tiny.gguf"))
     assert Path(converted).parent == tmp_path / "cache" / "models"
     before = load_file(str(Path(original) / "model.safetensors"))
     after = load_file(str(Path(converted) / "model.safetensors"))
@@ -87,7 +87,7 @@ def test_a_gguf_file_converts_back_to_the_model_it_came_from(tmp_path, monkeypat
     config = json.loads((Path(converted) / "config.json").read_text())
     assert {k: config[k] for k in ("num_attention_heads", "num_key_value_heads", "hidden_size", "vocab_size")} == {
         "num_attention_heads": 4, "num_key_value_heads": 2, "hidden_size": 32, "vocab_size": 96}
-    assert specdec.bundled.resolve_model(str(tmp_path / "tiny.gguf")) == converted, "converted once, then reused"
+    assert specdec.models.bundled.resolve_model(str(tmp_path / "tiny.gguf")) == converted, "converted once, then reused"
     prompt = [5, 6, 7, 8]
     plain = specdec.generate(original, prompt, drafter="none", backend="numpy", max_new_tokens=8, stop_at_eos=False)
     again = specdec.generate(converted, prompt, drafter="none", backend="numpy", max_new_tokens=8, stop_at_eos=False)

@@ -7,7 +7,7 @@ import shutil
 import pytest
 
 import specdec
-from specdec.requests import Request, RequestState
+from specdec.decode.requests import Request, RequestState
 
 
 @pytest.mark.parametrize("prompt, message", [

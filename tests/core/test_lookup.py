@@ -1,4 +1,4 @@
-"""Prompt lookup drafting (``specdec.lookup``): the n-gram rule on worked examples, the chain's
+"""Prompt lookup drafting (``specdec.drafting.lookup``): the n-gram rule on worked examples, the chain's
 length guarantee, the history the loop hands drafters, and lossless decoding alone or beside
 ReDrafter."""
 
@@ -10,10 +10,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import specdec
-from specdec.drafting import NoDrafter
+from specdec.drafting.none import NoDrafter
 from specdec.errors import InvalidInputError
-from specdec.generate import prepare
-from specdec.lookup import LookupDrafter, check_ngram_sizes, lookup_chain, next_token_by_lookup
+from specdec.generation.api import prepare
+from specdec.drafting.lookup import LookupDrafter, check_ngram_sizes, lookup_chain, next_token_by_lookup
 from specdec.reference.plugin import NumpyBackend
 from specdec.testing import make_random_drafter
 from specdec.types import DraftContext
@@ -62,7 +62,7 @@ def test_lookup_chain_is_full_or_empty(history, length, max_ngram, min_ngram):
 def test_lookup_chain_is_its_reference(history, length, max_ngram, min_ngram):
     """The byte search finds the reference's tokens; ids whose bytes repeat inside and across
     tokens (0, 1, 256, 65536, ...) make matches that straddle token boundaries, which must be skipped."""
-    from specdec.lookup import lookup_chain_reference
+    from specdec.drafting.lookup import lookup_chain_reference
 
     min_ngram = min(min_ngram, max_ngram)
     expected = lookup_chain_reference(np.array(history), length, max_ngram=max_ngram, min_ngram=min_ngram)
@@ -197,7 +197,7 @@ def test_lookup_misuse_names_the_fix(target, model_dir, tmp_path, drafter, optio
 
 
 def test_drafted_tokens_counts_each_repeated_beam_once_and_only_within_its_length():
-    from specdec.batching import drafted_tokens
+    from specdec.decode.batching import drafted_tokens
 
     beams = np.array([[[1, 2, 3], [1, 2, 4], [1, 2, 3]], [[5, 5, 5], [5, 5, 5], [5, 5, 5]]])
     assert drafted_tokens(beams).tolist() == [4, 2]

@@ -14,7 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from specdec.reference import model as model_module
-from specdec.reference.loading import LlamaConfig, load_target, read_safetensors
+from specdec.models.llama import LlamaConfig, read_safetensors
+from specdec.reference.model import load_target
 from specdec.testing.batch import Batch
 from specdec.testing.models import make_random_model
 from specdec.types import DraftTree, Verdict

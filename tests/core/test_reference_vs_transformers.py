@@ -16,7 +16,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from specdec.reference.loading import load_target  # noqa: E402
+from specdec.reference.model import load_target  # noqa: E402
 from specdec.testing.batch import Batch  # noqa: E402
 from specdec.testing.models import make_random_model  # noqa: E402
 

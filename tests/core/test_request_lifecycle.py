@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import specdec
-from specdec.loop import Decoder
+from specdec.decode.loop import Decoder
 from specdec.reference.model import load_target
 from specdec.testing.requests import decoding_plan
 

@@ -1,4 +1,4 @@
-"""Requests over target slots (specdec.loop.Decoder): a request's tokens do not depend on what
+"""Requests over target slots (specdec.decode.loop.Decoder): a request's tokens do not depend on what
 else shares its steps, or when others arrive, finish or are cancelled; stateful drafters see
 every request begin, every accepted token with its hidden state, and every request end.
 
@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import specdec
-from specdec.loop import Decoder
+from specdec.decode.loop import Decoder
 from specdec.reference.model import load_target
 from specdec.testing import make_random_drafter
 from specdec.testing.requests import decoding_plan, run_schedule

@@ -1,4 +1,4 @@
-"""Measured choices (``specdec.tuning``): the fastest dtype, cached per machine and model shape;
+"""Measured choices (``specdec.tuning.dtype``): the fastest dtype, cached per machine and model shape;
 the beam plan of ``specdec plan`` used by ``generate``; the prompt-lookup beam by default.
 
 A fake backend over the numpy reference offers two "dtypes", one of which sleeps in every
@@ -14,11 +14,11 @@ import types
 import pytest
 
 import specdec
-from specdec import tuning
-from specdec.generate import load_target, prepare
-from specdec.hookspecs import hookimpl
-from specdec.lookup import LookupDrafter
-from specdec.plugins import PluginRegistry
+from specdec.tuning import dtype as tuning
+from specdec.generation.api import load_with_choice, prepare
+from specdec.plugins.hookspecs import hookimpl
+from specdec.drafting.lookup import LookupDrafter
+from specdec.plugins.registry import PluginRegistry
 from specdec.reference import plugin as numpy_plugin
 from specdec.reference.plugin import NumpyBackend
 from specdec.testing import make_random_drafter, make_random_model
@@ -122,7 +122,7 @@ def test_one_candidate_or_a_model_object_is_not_measured(model_dir, cache):
     assert (choice.source, choice.dtype, backend.loads) == ("only candidate", "fast", ["fast"])
     assert not (cache / "tuning").exists()
     loaded = TwoDtypeBackend().load_target(model_dir, dtype="slow")
-    target, choice = load_target(TwoDtypeBackend(), loaded, dtype=None, device=None)
+    target, choice = load_with_choice(TwoDtypeBackend(), loaded, dtype=None, device=None)
     assert target is loaded and choice.source == "the backend's default"
 
 

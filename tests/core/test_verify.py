@@ -8,13 +8,8 @@ import pytest
 from specdec.errors import InvalidInputError
 from specdec.protocols import Verifier
 from specdec.reference.tree import ancestor_mask_from_parents, build_prefix_tree, depth_from_parents
-from specdec.reference.verify import (
-    ExactTreeVerifier,
-    GreedyVerifier,
-    RedrafterPublishedVerifier,
-    RejectionVerifier,
-    TypicalVerifier,
-)
+from specdec.reference.verify import ExactTreeVerifier, GreedyVerifier, RejectionVerifier
+from specdec.reference.verify_lossy import RedrafterPublishedVerifier, TypicalVerifier
 from specdec.types import Draft, DraftTree, SamplingConfig, TargetOutput
 
 GREEDY = SamplingConfig(temperature=0.0)

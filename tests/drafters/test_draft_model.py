@@ -23,8 +23,8 @@ from hypothesis import strategies as st
 from safetensors.numpy import load_file, save_file
 
 import specdec
-from specdec.generate import prepare
-from specdec.loop import decode_steps
+from specdec.generation.api import prepare
+from specdec.decode.loop import decode_steps
 from specdec.reference.model import load_target
 from specdec.reference.plugin import NumpyBackend
 from specdec.reference.sampling import target_probs

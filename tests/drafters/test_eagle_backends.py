@@ -130,7 +130,7 @@ def framework(name: str) -> None:
     registered for it: what fails there raises, so a broken registration fails the test."""
     import importlib.util
 
-    from specdec.plugins import default_registry
+    from specdec.plugins.registry import default_registry
 
     if importlib.util.find_spec(FRAMEWORKS[name].split(".")[0]) is None:
         pytest.skip(f"{name} is not installed")
@@ -189,7 +189,7 @@ def test_seeded_sampling_gives_the_same_tokens_in_float32_away_from_near_ties(mo
     and the comparison is made only for seeds without such a near-tie (asserted, not assumed: this
     fixed seed has none)."""
     framework(backend)
-    import specdec.loop
+    import specdec.decode.loop
     import specdec.reference.verify
     import specdec_eagle.reference as eagle_reference
 
@@ -207,7 +207,7 @@ def test_seeded_sampling_gives_the_same_tokens_in_float32_away_from_near_ties(mo
 
     from specdec.reference.sampling import sample_from
 
-    for module in (specdec.loop, specdec.reference.verify):
+    for module in (specdec.decode.loop, specdec.reference.verify):
         monkeypatch.setattr(module, "sample_from", recording_sample_from)
     monkeypatch.setattr(eagle_reference, "dynamic_tree", recording_tree)
     prompts = [[5, 6, 7, 8], [11, 12]]
@@ -225,7 +225,7 @@ def test_seeded_sampling_gives_the_same_tokens_in_float32_away_from_near_ties(mo
 
 def test_tree_options_reach_the_drafter(model_dir, eagle):
     """``tree_top_k`` (not generate's sampling ``top_k``), ``depth`` and ``total_tokens`` set the tree."""
-    from specdec.generate import prepare
+    from specdec.generation.api import prepare
 
     plan, *_ = prepare(model_dir, [1], str(eagle), "numpy", max_new_tokens=4, temperature=0.0, top_k=None, top_p=None,
                        dtype=None, device=None, registry=None,

@@ -268,7 +268,7 @@ def test_sampling_over_its_dynamic_tree_emits_exactly_the_targets_distribution(t
     """One step of EAGLE's tree under the exact verifier, every branch enumerated (each with its
     probability), then the target's own conditionals: the distribution of the next depth + 1
     tokens equals the target's joint to 1e-10, whatever the dynamic tree holds."""
-    from specdec.generate import prepare
+    from specdec.generation.api import prepare
     from specdec.reference.model import load_target
     from specdec.reference.verify import ExactTreeVerifier
     from specdec.testing import make_random_drafter, make_random_model

@@ -1,4 +1,4 @@
-"""EAGLE over request slots (specdec.loop.Decoder): every admitted request begins and ends once, its
+"""EAGLE over request slots (specdec.decode.loop.Decoder): every admitted request begins and ends once, its
 draft cache follows exactly what the target committed, and a request's tokens (greedy and seeded
 sampling) do not depend on what else shares its steps, when others arrive, finish or are cancelled.
 

@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from specdec.checkpoints import check_compatible as core_check_compatible
+from specdec.models.checkpoints import check_compatible as core_check_compatible
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

@@ -13,7 +13,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from safetensors.numpy import save_file
 
-from specdec.checkpoints import check_compatible
+from specdec.models.checkpoints import check_compatible
 from specdec.errors import IncompatibleDrafterError
 from specdec.protocols import Drafter
 from specdec.reference.sampling import sample_from, target_probs

@@ -2,7 +2,7 @@
 ``qwen2.5-coder-1.5b``) load offline and name their target.
 
 Loading and the config/weight checks need no download. The greedy steps run on the real
-SmolLM2-135M when it is in the specdec cache (``specdec.bundled.cache_dir()``); they skip
+SmolLM2-135M when it is in the specdec cache (``specdec.models.bundled.cache_dir()``); they skip
 without it, except under SPECDEC_TEST_SHIPPED=1 (``.ci/run``, which fetches it), where that fails
 (the ``shipped_model`` fixture of tests/conftest.py).
 """
@@ -76,7 +76,7 @@ def test_the_tier_redrafter_loads_and_names_its_target():
     """The bandwidth-bound tier's ReDrafter ships beside SmolLM2-135M's and is found by the target's name."""
     from types import SimpleNamespace
 
-    from specdec.checkpoints import require_checkpoint
+    from specdec.models.checkpoints import require_checkpoint
 
     folder = resources.files("specdec_redrafter") / "weights" / TIER
     assert require_checkpoint("redrafter", None, SimpleNamespace(name=TIER), package="specdec_redrafter") == folder

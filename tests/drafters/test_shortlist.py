@@ -1,4 +1,4 @@
-"""Vocabulary shortlists: the reference semantics (specdec.shortlist, ReDrafter's restricted
+"""Vocabulary shortlists: the reference semantics (specdec.drafting.shortlist, ReDrafter's restricted
 head and beam search), the choice from teacher data, and checkpoints that keep ids exact."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from specdec.shortlist import check_shortlist, choose_shortlist, restrict_logits, shortlist_coverage
+from specdec.drafting.shortlist import check_shortlist, choose_shortlist, restrict_logits, shortlist_coverage
 from specdec_redrafter.checkpoint import load_redrafter_checkpoint, random_redrafter_weights, save_redrafter
 from specdec_redrafter.config import RedrafterConfig, check_weights
 from specdec_redrafter.reference import beam_search, drafter_logits, sample_chains

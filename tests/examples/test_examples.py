@@ -48,7 +48,7 @@ def test_the_example_passes_its_conformance_tests(distribution):
 def test_specdec_plugins_lists_the_example_with_its_distribution(distribution):
     version = installed(distribution)
     plugin, rows = EXAMPLES[distribution]
-    done = subprocess.run([sys.executable, "-m", "specdec.cli", "plugins"], cwd=ROOT, capture_output=True, text=True)
+    done = subprocess.run([sys.executable, "-m", "specdec.cli.main", "plugins"], cwd=ROOT, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     for row in rows:
         assert f"  {row}  ({distribution} {version}, plugin {plugin})" in done.stdout.splitlines(), done.stdout

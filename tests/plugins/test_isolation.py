@@ -17,12 +17,12 @@ import pytest
 
 import specdec
 from specdec.errors import PluginConflictError, PluginError
-from specdec.plugin_loading import PluginWarning
-from specdec.plugins import PluginRegistry
+from specdec.plugins.loading import PluginWarning
+from specdec.plugins.registry import PluginRegistry
 
 def hooks(body: str) -> str:
     """A plugin module's source: ``body`` after the hookimpl import."""
-    return "from specdec.hookspecs import hookimpl\n" + textwrap.dedent(body)
+    return "from specdec.plugins.hookspecs import hookimpl\n" + textwrap.dedent(body)
 
 
 def install(site, dist: str, version: str, entry_points: dict[str, str], modules: dict[str, str]) -> None:
@@ -48,7 +48,7 @@ def site(tmp_path, monkeypatch):
 def run_cli(site, *args, env=None):
     environ = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), *sys.path]), **(env or {})}
     environ.pop("SPECDEC_DISABLE_PLUGINS", None) if not env else None
-    return subprocess.run([sys.executable, "-m", "specdec.cli", *args], capture_output=True, text=True, env=environ)
+    return subprocess.run([sys.executable, "-m", "specdec.cli.main", *args], capture_output=True, text=True, env=environ)
 
 
 def test_a_plugin_that_fails_to_import_is_skipped_and_listed(site):
@@ -162,7 +162,7 @@ def test_plugins_piped_into_head_exits_quietly():
     """The reader closes the pipe before specdec writes: no BrokenPipeError traceback, exit 0."""
     read, write = os.pipe()
     os.close(read)
-    done = subprocess.run([sys.executable, "-m", "specdec.cli", "plugins"], stdout=write, stderr=subprocess.PIPE,
+    done = subprocess.run([sys.executable, "-m", "specdec.cli.main", "plugins"], stdout=write, stderr=subprocess.PIPE,
                           text=True)
     os.close(write)
     assert done.returncode == 0 and done.stderr == "", done.stderr

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import specdec
-from specdec.plugins import PluginRegistry
+from specdec.plugins.registry import PluginRegistry
 from specdec.reference import plugin as numpy_plugin
 
 
@@ -87,7 +87,7 @@ def test_import_loads_neither_torch_nor_mlx():
 
 
 def test_cli_lists_plugins():
-    done = subprocess.run([sys.executable, "-m", "specdec.cli", "plugins"], capture_output=True, text=True)
+    done = subprocess.run([sys.executable, "-m", "specdec.cli.main", "plugins"], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     for expected in ("backends:", "numpy", "redrafter [numpy]", "typical [numpy] LOSSY", "exact [numpy] lossless"):
         assert expected in done.stdout, f"`specdec plugins` output lacks {expected!r}:\n{done.stdout}"
@@ -95,6 +95,6 @@ def test_cli_lists_plugins():
 
 def test_cli_reports_unknown_backend_cleanly(tmp_path):
     done = subprocess.run(
-        [sys.executable, "-m", "specdec.cli", "generate", "--model", str(tmp_path), "--prompt-ids", "[1]",
+        [sys.executable, "-m", "specdec.cli.main", "generate", "--model", str(tmp_path), "--prompt-ids", "[1]",
          "--backend", "nope"], capture_output=True, text=True)
     assert done.returncode == 2 and "unknown backend 'nope'; installed backends:" in done.stderr, done.stderr

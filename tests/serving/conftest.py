@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import specdec
-from specdec.drafting import NoDrafter
+from specdec.drafting.none import NoDrafter
 
 
 class GateDrafter:

@@ -23,8 +23,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import specdec
-from specdec.budget import Speculation, StepPlan
-from specdec.engine import Engine
+from specdec.decode.budget import Speculation, StepPlan
+from specdec.serving.engine import Engine
 from specdec.testing import make_random_drafter
 
 SAMPLINGS = [dict(temperature=0.0), dict(temperature=0.8), dict(temperature=1.2, top_k=20),
@@ -384,8 +384,8 @@ def test_close_drains_or_cancels(make_engine, gate):
 
 
 def test_decoder_prefill_budget_admits_prompts_up_to_the_budget(model_dir):
-    from specdec.loop import Decoder
-    from specdec.generate import prepare
+    from specdec.decode.loop import Decoder
+    from specdec.generation.api import prepare
 
     target = specdec.load(model_dir, backend="numpy", slots=4, capacity=64)
     plan, *_ = prepare(target, [1], "none", "numpy", max_new_tokens=1, temperature=0.0, top_k=None, top_p=None,
@@ -405,7 +405,7 @@ def test_decoder_prefill_budget_admits_prompts_up_to_the_budget(model_dir):
 
 
 def test_an_engine_from_a_plan(model_dir):
-    from specdec.generate import prepare
+    from specdec.generation.api import prepare
 
     target = specdec.load(model_dir, backend="numpy", slots=2, capacity=80)
     plan, *_ = prepare(target, [1], "lookup", "numpy", max_new_tokens=1, temperature=0.0, top_k=None, top_p=None,

@@ -342,7 +342,7 @@ def test_shutdown_without_drain_cancels_streams_with_an_error_event(serve, gate)
 
 def test_serve_command_line(monkeypatch, model_dir):
     """``specdec serve`` builds the engine from its options and serves it (the server's run is stubbed)."""
-    from specdec import cli
+    from specdec.cli import main as cli
     from specdec.serving import server as server_module
 
     seen = {}

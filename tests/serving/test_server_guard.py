@@ -72,7 +72,7 @@ def test_an_api_key_is_required_on_every_route_but_health(serve):
 
 
 def test_the_command_line_takes_the_key_and_warns_when_exposed_without_one(monkeypatch, model_dir, capsys):
-    from specdec import cli
+    from specdec.cli import main as cli
     from specdec.serving import server as server_module
 
     seen = []
@@ -97,7 +97,7 @@ def test_the_command_line_takes_the_key_and_warns_when_exposed_without_one(monke
 
 
 def test_the_key_from_the_environment_is_enforced(monkeypatch, model_dir):
-    from specdec import cli
+    from specdec.cli import main as cli
     from specdec.serving import server as server_module
 
     statuses = {}

@@ -74,7 +74,7 @@ def test_a_drained_shutdown_at_sigterm_exits_0(model_dir):
     port = _free_port()
     argv = ["serve", "--model", str(model_dir), "--backend", "numpy", "--drafter", "none", "--slots", "1",
             "--capacity", "256", "--port", str(port), "--served-model-name", "tiny", "--log-level", "warning"]
-    process = subprocess.Popen([sys.executable, "-c", f"from specdec.cli import main; raise SystemExit(main({argv!r}))"],
+    process = subprocess.Popen([sys.executable, "-c", f"from specdec.cli.main import main; raise SystemExit(main({argv!r}))"],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     base = f"http://127.0.0.1:{port}"
 

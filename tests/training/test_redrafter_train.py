@@ -130,7 +130,7 @@ def test_trained_drafter_carries_its_shortlist(trained):
 def test_the_evaluation_task_drafts_from_the_checkpoints_shortlist(trained, tiny_target, tiny_data):
     """``specdec train``'s held-out evaluation of a saved checkpoint (``evaluate_drafter``) loads its
     shortlist as inference does, and scores what a task built by hand from the checkpoint scores."""
-    from specdec.plugins import default_registry
+    from specdec.plugins.registry import default_registry
 
     out, _ = trained
     task = default_registry().drafter_spec("redrafter").evaluation_task(out, tiny_target, {})

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from specdec.reference.loading import load_target
+from specdec.reference.model import load_target
 from specdec.testing import greedy_continuations
 from specdec.testing.batch import Batch
 from specdec.training.run import build_teacher_data

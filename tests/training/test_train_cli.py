@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from specdec import cli
+from specdec.cli import main as cli
 from specdec.training import corpus as corpus_module
 from specdec_medusa.checkpoint import load_medusa_checkpoint
 from specdec_redrafter.checkpoint import load_redrafter_checkpoint

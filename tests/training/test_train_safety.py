@@ -8,7 +8,7 @@ import signal
 
 import pytest
 
-from specdec import cli
+from specdec.cli import main as cli
 from specdec.training import corpus as corpus_module
 from specdec.training import loop as loop_module
 from specdec_redrafter.checkpoint import load_redrafter_checkpoint

@@ -37,7 +37,7 @@ class Numpy32Backend:
         return ("float32",)
 
     def describe_device(self, device=None):
-        from specdec.tuning import cpu_description
+        from specdec.tuning.dtype import cpu_description
 
         return f"cpu {cpu_description()}, numpy {np.__version__}"
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import specdec
-from specdec.specs import DrafterSpec
+from specdec.plugins.specs import DrafterSpec
 
 
 def make_ngram(target, checkpoint=None, *, backend, ngram=2, beam_width=None, beam_length=None):

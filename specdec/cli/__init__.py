@@ -1,0 +1,1 @@
+"""The ``specdec`` command line: one module per group of commands."""

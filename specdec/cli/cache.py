@@ -1,0 +1,71 @@
+"""``specdec cache``: show, verify (and repair) and clear the specdec cache."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+
+from specdec.errors import InvalidInputError
+
+
+def add_parser(sub) -> None:
+    parser = sub.add_parser("cache", help="show, verify or clear the specdec cache (converted models, teacher data)")
+    parser.add_argument("action", nargs="?", default="show", choices=("show", "verify", "clear"))
+    parser.add_argument("names", nargs="*", help="model names in the cache (default: all of them)")
+    parser.add_argument("--no-repair", action="store_true", help="verify: report damage without converting again")
+    parser.add_argument("--all", action="store_true", help="clear: remove the whole cache (models, teacher data ...)")
+    parser.set_defaults(func=cmd_cache)
+
+
+def _size(n: int) -> str:
+    return f"{n / 1e6:.1f} MB"
+
+
+def cmd_cache(args) -> int:
+    from specdec.models import cache
+    from specdec.models.bundled import cache_dir, repair
+
+    root = cache_dir()
+    removed = cache.clean_leftovers(root)
+    for path in removed:
+        print(f"removed leftover {path} (from a killed run)", file=sys.stderr)
+    rows = cache.describe(root)
+    known = {row["name"]: row for row in rows}
+    unknown = [n for n in args.names if n not in known]
+    if unknown:
+        raise InvalidInputError(f"no model named {', '.join(unknown)} in the cache {root}; it holds: "
+                                f"{', '.join(known) or 'none'}")
+    chosen = [known[n] for n in args.names] if args.names else rows
+    if args.action == "show":
+        print(f"cache {root}")
+        for row in rows:
+            print(f"  {row['name']:<24} {_size(row['bytes']):>10}  {row['state']}  ({row['path']})")
+        others = [p for p in sorted(root.iterdir()) if p.name not in ("models", "tmp")] if root.is_dir() else []
+        for path in others:
+            print(f"  {path.name + '/':<24} {_size(cache.folder_size(path)):>10}  ({path})")
+        return 0
+    if args.action == "verify":
+        status = 0
+        for row in chosen:
+            folder = root / "models" / row["name"]
+            found = cache.problems(folder, full=True)
+            if not found:
+                print(f"{row['name']}: ok (every file matches its recorded size and SHA-256)"
+                      if (folder / cache.MANIFEST).is_file() else f"{row['name']}: ok (no recorded hashes to check)")
+                continue
+            print(f"{row['name']}: damaged: {'; '.join(found)}")
+            if args.no_repair:
+                status = 1
+                continue
+            repair(folder)
+            print(f"{row['name']}: repaired (converted again)")
+        return status
+    if not args.names and not args.all:
+        raise InvalidInputError(f"specdec cache clear: name the models to remove ({', '.join(known) or 'none'}) "
+                                f"or pass --all to remove the whole cache {root}")
+    targets = [root] if args.all else [root / "models" / row["name"] for row in chosen]
+    for path in targets:
+        if path.exists():
+            shutil.rmtree(path)
+            print(f"removed {path}")
+    return 0

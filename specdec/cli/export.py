@@ -1,0 +1,60 @@
+"""``specdec export`` and ``specdec import``: drafters in the layouts serving engines load
+(``specdec.models.export``, docs/scale-out.md)."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+
+def add_parser(sub) -> None:
+    export = sub.add_parser(
+        "export", help="write a drafter in the layout TensorRT-LLM or vLLM loads (see docs/scale-out.md)")
+    export.add_argument("drafter", help="a checkpoint folder, or redrafter / medusa (the one shipped for --model)")
+    export.add_argument("--format", required=True,
+                        help="redrafter: apple (= tensorrt-llm); medusa: fasterdecoding (= tensorrt-llm) or vllm")
+    export.add_argument("--out", required=True, help="an empty folder to write")
+    export.add_argument("--model", default=None,
+                        help="the target (folder or bundled name): needed for a tied head, whose projection is stored")
+    export.add_argument("--drop-shortlist", action="store_true",
+                        help="ReDrafter: export a shortlisted head over the full vocabulary (refused otherwise)")
+    export.add_argument("--medusa-choices", default=None,
+                        help="Medusa: 'chain' or a JSON list of paths to record instead of the drafter's tree")
+    export.add_argument("--dtype", default="float32", choices=("float32", "float16"))
+    export.add_argument("--overwrite", action="store_true", help="replace what --out holds")
+    export.set_defaults(func=cmd_export)
+    imp = sub.add_parser("import", help="write a published drafter (Apple ReDrafter, FasterDecoding or vLLM Medusa) "
+                                        "as a specdec checkpoint")
+    imp.add_argument("folder", help="the published drafter's folder")
+    imp.add_argument("--out", required=True, help="an empty folder to write")
+    imp.add_argument("--dtype", default="float32", choices=("float32", "float16"))
+    imp.add_argument("--overwrite", action="store_true", help="replace what --out holds")
+    imp.set_defaults(func=cmd_import)
+
+
+def cmd_export(args) -> int:
+    from specdec.errors import InvalidInputError
+    from specdec.models.export import describe, export
+
+    choices = args.medusa_choices
+    if choices not in (None, "chain"):
+        try:
+            choices = [tuple(path) for path in json.loads(choices)]
+        except (ValueError, TypeError) as exc:
+            raise InvalidInputError(f"--medusa-choices must be 'chain' or a JSON list of lists, got {choices!r}") from exc
+    result = export(args.drafter, args.format, args.out, model=args.model, drop_shortlist=args.drop_shortlist,
+                    choices=choices, dtype=args.dtype, overwrite=args.overwrite)
+    lines = describe(result)
+    print(lines[0], file=sys.stderr)
+    for line in lines[1:]:
+        print(line, file=sys.stderr if line.startswith("note:") else sys.stdout)
+    return 0
+
+
+def cmd_import(args) -> int:
+    from specdec.models.export import describe, import_drafter
+
+    result = import_drafter(args.folder, args.out, overwrite=args.overwrite, dtype=args.dtype)
+    for line in describe(result):
+        print(line, file=sys.stderr)
+    return 0

@@ -1,0 +1,1 @@
+"""The decode step over request slots: requests, plan, loop, batching, budgets, checks."""

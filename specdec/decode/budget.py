@@ -1,0 +1,282 @@
+"""How much each request drafts in a step, and how many prompt tokens the step carries.
+
+Speculation trades spare compute for fewer steps. When many requests share a step there is no
+spare compute left (a CPU, or a GPU at a large batch): every drafted node is paid for by the whole
+step. So each step, ``Speculation.plan`` gives every request being decoded a **tree budget**: the
+drafted nodes it may verify (0: decode it plainly, a one-node tree and no drafter call), chosen to
+maximize the expected tokens per second of the whole step:
+
+    score(S, k) = (B + sum over i in S of (a_i(k) - 1)) / (target(C + B * width(S, k)) + draft(|S|))
+
+over a budget k (``BUDGETS``, drafted nodes) and the set S of requests that draft, where B rows
+are decoded, C prompt tokens ride the same forward, a_i(k) is request i's expected tokens per
+step (bonus counted) when its tree is cut to its first k drafted nodes, width is the node count
+every tree row is padded to (the target takes one (B, N) tree per forward, so a row that does
+not draft still pays the width when others do), and target / draft are the step's costs on this
+machine (``specdec.tuning.costs``: a measured curve of forward seconds against tokens, corrected online
+from the steps' own timings). For each k the requests are ranked by a_i(k) and every prefix of
+the ranking is scored: |BUDGETS| x B evaluations. Plain decoding wins unless drafting beats it by
+``MARGIN``.
+
+**Acceptance, per request.** A tree's nodes are ordered so that parents come first (the prefix
+tree puts the drafter's best beam first), so its first k + 1 nodes are a tree too and the path a
+verifier accepts in the full tree, cut at node k, is what the cut tree accepts: one step with a
+full tree tells a_i(k) for every k at once. Each request keeps a decaying average per budget
+(``REQUEST_DECAY``), starting from the engine's average over all requests; while it does not draft
+its estimate drifts back toward that average (``FORGET`` per step). A cut tree tells nothing of
+the budgets above the cut, so after ``EXPLORE_EVERY`` steps without its whole tree verified (it
+did not draft, or drafted less) a request verifies its whole tree once more (a prompt-lookup
+match, say, appears only once the text repeats itself), at most one such step in
+``EXPLORE_EVERY`` and only where the step's extra cost, spread over those steps, stays within
+``EXPLORE_COST`` of a step: a request that stopped drafting on a few bad steps is tried again,
+and a large batch is not slowed to try it.
+
+**Lossless.** A budget only cuts a tree before verification; the verifier accepts what the target
+itself would produce at every node it is given (greedy, and the exact tree walk whose uniforms are
+keyed by the token's position, ``specdec.decode.requests``), so a request's tokens do not depend on its
+budgets. A stateful drafter is told every committed token, drafted or not (``observe``).
+
+**Prompt chunks** (``prefill_tokens``, for ``max_prefill_tokens="auto"``): the most prompt tokens
+whose forward, beside the step's decoding rows, keeps the step within ``stall`` times the step
+without them (an inter-token latency target for the requests being decoded: at most twice their
+step by default), at least ``MIN_PREFILL`` tokens and at most ``specdec.slots.PREFILL_CHUNK``.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Sequence
+
+import attrs
+import numpy as np
+
+from specdec.tuning.costs import StepCosts
+from specdec.errors import InvalidInputError
+from specdec.slots import PREFILL_CHUNK
+
+__all__ = ["BUDGETS", "MODES", "Speculation", "StepPlan", "check_speculation", "make_speculation"]
+
+MODES = ("auto", "always", "never")
+SPECULATION_VARIABLE = "SPECDEC_SPECULATION"  # the default mode when set (the test suite pins "always")
+BUDGETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)  # drafted nodes a request may verify in a step
+PREFILL_STALL = 2.0  # a step carrying prompt chunks lasts at most this many times the step without them
+MIN_PREFILL = 16  # prompt tokens a step carries at least, so that a long prompt always advances
+MARGIN = 0.03  # drafting must beat plain decoding's predicted tokens/s by this much
+REQUEST_DECAY = 0.15  # weight of a request's newest step in its acceptance average
+PRIOR_DECAY = 0.05  # weight of a step in the engine-wide acceptance average
+FORGET = 0.05  # per step without drafting, a request's estimate moves this far back to the engine's
+EXPLORE_EVERY = 16  # steps without its whole tree after which a request tries it again, one per this many steps,
+EXPLORE_COST = 0.05  # ... when its extra cost spread over them is at most this share of a step
+GUESS = 1.0 + 0.4 * np.sqrt(np.asarray(BUDGETS, dtype=np.float64))  # tokens per step before any was seen
+
+
+@attrs.frozen
+class StepPlan:
+    """The budgets of one step: ``budgets`` {request id: drafted nodes (0: plain; None: the whole
+    tree)}, and what the plan expects: ``tokens`` in the forward besides prompt chunks, ``drafting``
+    requests that call the drafter, ``seconds`` of the step."""
+
+    budgets: dict
+    tokens: int
+    drafting: int
+    seconds: float = 0.0
+
+
+def check_speculation(value):
+    """``value`` as given: "auto", "always", "never", None (``$SPECDEC_SPECULATION``, else "auto")
+    or a ``Speculation`` object."""
+    if value is None:
+        value = os.environ.get(SPECULATION_VARIABLE, "").strip() or "auto"
+    if isinstance(value, Speculation):
+        return value
+    if not isinstance(value, str) or value.lower() not in MODES:
+        raise InvalidInputError(f"speculation must be one of {', '.join(MODES)} (or a specdec.decode.budget.Speculation), "
+                                f"got {value!r}")
+    return value.lower()
+
+
+def make_speculation(value) -> "Speculation":
+    """A fresh policy for a decoder: a mode name makes one, an object is used as it is."""
+    value = check_speculation(value)
+    return value if isinstance(value, Speculation) else Speculation(value)
+
+
+class _Acceptance:
+    """Decaying averages of tokens per step at each budget (``known``: observed at least once;
+    the first observation moves the average from the prior it starts at) and of the whole tree's
+    node count; ``stale``: steps since its whole tree was last verified (it did not draft, or its
+    budget cut the tree)."""
+
+    def __init__(self, decay: float):
+        self.decay = decay
+        self.tokens = np.ones(len(BUDGETS))
+        self.known = np.zeros(len(BUDGETS), dtype=bool)
+        self.nodes = 0.0
+        self.stale = 0
+
+    def observe(self, upto: int, tokens: np.ndarray, nodes: int, prior: np.ndarray, prior_nodes: float) -> None:
+        """``tokens[j]`` for budgets j < ``upto``; ``nodes`` in the whole tree."""
+        old = np.where(self.known[:upto], self.tokens[:upto], prior[:upto])
+        self.tokens[:upto] = (1 - self.decay) * old + self.decay * tokens[:upto]
+        self.known[:upto] = True
+        self.nodes = (1 - self.decay) * (self.nodes or prior_nodes) + self.decay * nodes
+
+
+class Speculation:
+    """The per-step budget policy of a decoder (module docstring): ``mode`` "auto" (from costs and
+    acceptance), "always" (every request drafts its whole tree) or "never" (plain decoding).
+    Subclasses may override ``choose``; budgets never change a request's tokens."""
+
+    def __init__(self, mode: str = "auto", *, stall: float = PREFILL_STALL):
+        if mode not in MODES:
+            raise InvalidInputError(f"speculation must be one of {', '.join(MODES)}, got {mode!r}")
+        self.mode = mode
+        self.stall = float(stall)
+        self.costs: StepCosts | None = None
+        self._rows: dict[int, _Acceptance] = {}
+        self._prior = _Acceptance(PRIOR_DECAY)
+        self._quiet = EXPLORE_EVERY  # steps since a request was last tried again (_explore)
+
+    @property
+    def needs_costs(self) -> bool:
+        return self.mode == "auto"
+
+    def use_costs(self, costs: StepCosts) -> None:
+        self.costs = costs
+
+    # -- estimates ---------------------------------------------------------------------------
+
+    def _prior_tokens(self) -> np.ndarray:
+        """The engine's tokens per step at each budget, from a guess that lets drafting be tried
+        before any was seen; budgets never observed as the largest observed below them (no gain)."""
+        if not self._prior.known.any():
+            return GUESS.copy()
+        values = np.where(self._prior.known, self._prior.tokens, 1.0)
+        return np.maximum.accumulate(values)
+
+    def _prior_nodes(self) -> float:
+        return self._prior.nodes or float(BUDGETS[-1] + 1)
+
+    def estimate(self, request_id: int) -> tuple[np.ndarray, float]:
+        """(tokens per step at each budget, whole-tree nodes) expected of a request."""
+        tokens, nodes = self._estimates([request_id])
+        return tokens[0], float(nodes[0])
+
+    def _estimates(self, ids: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+        """(B, budgets) tokens per step and (B,) whole-tree nodes expected of requests ``ids``."""
+        prior, prior_nodes = self._prior_tokens(), self._prior_nodes()
+        rows = [self._rows.get(i) for i in ids]
+        known = np.array([r.known if r is not None else np.zeros(len(BUDGETS), dtype=bool) for r in rows])
+        values = np.array([r.tokens if r is not None else prior for r in rows])
+        nodes = np.array([(r.nodes if r is not None else 0.0) or prior_nodes for r in rows])
+        return np.maximum.accumulate(np.where(known, values, prior), axis=1), nodes  # more nodes never accept less
+
+    # -- the choice --------------------------------------------------------------------------
+
+    def plan(self, request_ids: Sequence[int], chunk_tokens: int = 0) -> StepPlan:
+        """Budgets for the requests decoded this step, beside ``chunk_tokens`` prompt tokens."""
+        ids = list(request_ids)
+        if not ids:
+            return StepPlan({}, 0, 0)
+        if self.mode == "never":
+            return StepPlan(dict.fromkeys(ids, 0), len(ids), 0)
+        if self.mode == "always" or self.costs is None:
+            return StepPlan(dict.fromkeys(ids, None), int(round(len(ids) * self._estimates(ids)[1].max())), len(ids))
+        return self.choose(ids, chunk_tokens)
+
+    def choose(self, ids: list[int], chunk_tokens: int) -> StepPlan:
+        """The budget and drafting set of the best predicted tokens per second (module docstring):
+        every budget (columns) and every prefix of the requests ranked by their gain at it (rows)."""
+        costs, batch = self.costs, len(ids)
+        tokens, nodes = self._estimates(ids)  # (B, budgets), (B,)
+        useful = int(np.searchsorted(BUDGETS, max(nodes.max() - 1, 1), side="left")) + 1  # larger ones cut nothing
+        limits = np.asarray(BUDGETS[:useful], dtype=np.float64)
+        gain = tokens[:, :useful] - 1.0
+        order = np.argsort(-gain, axis=0, kind="stable")  # (B, budgets): requests by gain at each budget
+        ranked = np.take_along_axis(gain, order, axis=0)
+        deepest = np.maximum.accumulate(np.maximum(nodes[order] - 1, 0), axis=0)  # widest tree of the first m
+        width = np.ceil(1 + np.minimum(limits[None, :], deepest)).astype(np.int64)
+        drafting = np.arange(1, batch + 1)[:, None]
+        seconds = costs.target(chunk_tokens + batch * width) + costs.draft(drafting)
+        scores = (batch + np.cumsum(ranked, axis=0)) / np.maximum(seconds, 1e-9)
+        plain_time = float(costs.target(chunk_tokens + batch))
+        m, j = np.unravel_index(int(np.argmax(scores)), scores.shape)
+        chosen = StepPlan(dict.fromkeys(ids, 0), batch, 0, plain_time)
+        if scores[m, j] > (batch / plain_time if plain_time > 0 else 0.0) * (1 + MARGIN):
+            budgets = dict.fromkeys(ids, 0)
+            budgets.update({ids[i]: BUDGETS[j] for i in order[: m + 1, j]})
+            chosen = StepPlan(budgets, int(batch * width[m, j]), int(m) + 1, float(seconds[m, j]))
+        return self._explore(ids, nodes, chunk_tokens, chosen)
+
+    def _explore(self, ids: list[int], nodes: np.ndarray, chunk_tokens: int, chosen: StepPlan) -> StepPlan:
+        """``chosen`` with the request whose whole tree was verified longest ago (``EXPLORE_EVERY``
+        steps at least) drafting its whole tree: its estimate is old. At most one such step in
+        ``EXPLORE_EVERY``, and only when its extra seconds spread over them are at most
+        ``EXPLORE_COST`` of the step's."""
+        batch, budgets = len(ids), dict(chosen.budgets)
+        width = chosen.tokens / batch if batch else 1.0
+        stale = [b for b, i in enumerate(ids) if budgets[i] is not None and i in self._rows
+                 and self._rows[i].stale >= EXPLORE_EVERY]
+        if not stale or self._quiet < EXPLORE_EVERY:
+            return chosen
+        b = max(stale, key=lambda b: self._rows[ids[b]].stale)
+        wider = max(width, float(np.ceil(nodes[b])))
+        drafting = chosen.drafting + (budgets[ids[b]] == 0)
+        seconds = float(self.costs.target(chunk_tokens + batch * wider) + self.costs.draft(drafting))
+        if seconds - chosen.seconds > EXPLORE_COST * EXPLORE_EVERY * max(chosen.seconds, 1e-9):
+            return chosen
+        budgets[ids[b]] = None
+        return StepPlan(budgets, int(batch * wider), drafting, seconds)
+
+    def prefill_tokens(self, request_ids: Sequence[int], setting) -> int | None:
+        """Prompt tokens this step may carry: ``setting`` when it is a number or None, else
+        ("auto") the most that keep the step within ``stall`` times the decoding rows' step."""
+        if setting != "auto":
+            return setting
+        if not request_ids or self.costs is None:
+            return PREFILL_CHUNK
+        plan = self.plan(request_ids, 0)
+        draft = float(self.costs.draft(plan.drafting))
+        limit = self.stall * (float(self.costs.target(plan.tokens)) + draft)
+        low, high = MIN_PREFILL, PREFILL_CHUNK
+        if float(self.costs.target(plan.tokens + high)) + draft <= limit:
+            return high
+        while high - low > 1:  # the largest chunk budget within the limit (the curve increases)
+            middle = (low + high) // 2
+            low, high = (middle, high) if float(self.costs.target(plan.tokens + middle)) + draft <= limit else (
+                low, middle)
+        return low
+
+    # -- what happened -----------------------------------------------------------------------
+
+    def observe_rows(self, request_ids: Sequence[int], budgets: Sequence, verified: np.ndarray,
+                     full_nodes: np.ndarray, path: np.ndarray, num_accepted: np.ndarray) -> None:
+        """A group's rows were verified: ``verified`` nodes of trees of ``full_nodes`` (before
+        their budgets cut them), accepted ``path`` (B, D+1) with ``num_accepted`` (B,)."""
+        limits, prior = np.asarray(BUDGETS), self._prior_tokens()
+        for b, request_id in enumerate(request_ids):
+            row = self._rows.setdefault(request_id, _Acceptance(REQUEST_DECAY))
+            if budgets[b] == 0:  # did not draft: drift back toward the engine's average
+                row.tokens = np.where(row.known, row.tokens + FORGET * (prior - row.tokens), row.tokens)
+                row.stale += 1
+                continue
+            cut = int(verified[b]) < int(full_nodes[b])
+            if not cut and row.stale >= EXPLORE_EVERY:  # tried again (_explore)
+                self._quiet = 0
+            row.stale = row.stale + 1 if cut else 0
+            nodes = np.sort(path[b, 1: int(num_accepted[b]) + 1])  # accepted drafted nodes (their indices)
+            accepted = np.searchsorted(nodes, limits, side="right")  # what a tree cut at each budget accepts
+            upto = int(np.searchsorted(limits, int(verified[b]) - 1, side="right")) if cut else len(BUDGETS)
+            row.observe(upto, accepted + 1.0, int(full_nodes[b]), prior, self._prior_nodes())
+            self._prior.observe(upto, accepted + 1.0, int(full_nodes[b]), prior, self._prior_nodes())
+
+    def observe_step(self, tokens: int, seconds: float, drafting: int, draft_seconds: float) -> None:
+        """A step ran: ``tokens`` in its forward, ``seconds`` for the target part, ``drafting``
+        requests drafted in ``draft_seconds``."""
+        self._quiet += 1
+        if self.costs is not None:
+            self.costs.observe(tokens, seconds, drafting, draft_seconds)
+
+    def forget(self, request_id: int) -> None:
+        """A request ended."""
+        self._rows.pop(request_id, None)

@@ -1,0 +1,1 @@
+"""``generate``, ``stream``, ``load``: the arguments checked and resolved into a decode plan."""

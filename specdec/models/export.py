@@ -1,0 +1,203 @@
+"""Export drafters to the layouts serving engines load, and import those layouts (docs/scale-out.md).
+
+Each drafter's spec declares its layouts (``specdec.plugins.specs.Layout``: detect, read, write); this
+module resolves names, checks arguments and dispatches, so it works the same for a third-party
+drafter that declares layouts. The shipped drafters declare: ReDrafter -> ``apple``
+(apple/ml-recurrent-drafter, which TensorRT-LLM's converter reads); Medusa -> ``fasterdecoding``
+(FasterDecoding/Medusa, TensorRT-LLM) and ``vllm``. ``tensorrt-llm`` is an alias of the layout
+TensorRT-LLM reads. EAGLE is not available yet. ``specdec.generate(..., drafter=folder)`` loads
+any declared layout directly; ``import_drafter`` writes one as the drafter's own checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from importlib import resources
+from pathlib import Path
+
+import attrs
+import numpy as np
+
+from specdec.errors import InvalidInputError
+from specdec.models.bundled import resolve_model
+from specdec.models.checkpoints import check_target
+from specdec.plugins.registry import default_registry
+from specdec.reference.model import load_target
+
+__all__ = ["ExportResult", "detect_layout", "export", "formats", "import_drafter", "load_drafter_folder"]
+
+EAGLE_MESSAGE = ("EAGLE is not available in specdec yet, so there is no EAGLE drafter to export or run; "
+                 "export a ReDrafter (format 'apple') or Medusa heads (formats 'fasterdecoding', 'vllm')")
+
+
+def _specs(registry=None):
+    return (registry or default_registry()).drafter_specs()
+
+
+def formats(registry=None) -> dict[str, tuple[str, ...]]:
+    """Drafter name -> the layouts it exports to (its spec's ``layouts``)."""
+    return {spec.name: tuple(layout.name for layout in spec.layouts) for spec in _specs(registry) if spec.layouts}
+
+
+@attrs.frozen
+class ExportResult:
+    """What ``export`` or ``import_drafter`` wrote: the folder, the drafter kind, the layout, the
+    notes on every conversion (and on what the engine fixes itself), and for exports the engine
+    command lines that load it."""
+
+    path: Path
+    drafter: str
+    format: str
+    notes: tuple[str, ...] = ()
+    commands: tuple[str, ...] = ()
+
+
+def detect_layout(folder, registry=None) -> tuple[str, str] | None:
+    """(drafter name, layout) of a checkpoint folder, or None when it is none of the known ones:
+    ``specdec`` for a drafter's own checkpoint, else a layout its spec declares."""
+    folder = Path(folder)
+    config_file = folder / "config.json"
+    config = {}
+    if config_file.is_file():
+        try:
+            config = json.loads(config_file.read_text())
+        except (OSError, ValueError):
+            return None
+    if not isinstance(config, dict):
+        return None
+    model_type = config.get("model_type")
+    specs = _specs(registry)
+    for spec in specs:
+        if spec.model_type is not None and model_type == spec.model_type:
+            return spec.name, "specdec"
+    for spec in specs:
+        for layout in spec.layouts:
+            if layout.detect(folder, config):
+                return spec.name, layout.name
+    if model_type and "eagle" in str(model_type).lower():
+        raise InvalidInputError(f"drafter checkpoint {folder} has model_type {model_type!r}, an EAGLE drafter: {EAGLE_MESSAGE}")
+    return None
+
+
+def load_drafter_folder(folder, registry=None):
+    """(kind, layout, config, float64 weights, notes) of a drafter folder in any known layout."""
+    found = detect_layout(folder, registry)
+    if found is None:
+        known = ", ".join(f"{name}: {', '.join(layouts)}" for name, layouts in formats(registry).items())
+        raise InvalidInputError(
+            f"{folder} is not a drafter checkpoint specdec knows: expected a drafter's own checkpoint (config.json "
+            f"with its model_type) or one of the engines' layouts ({known})"
+        )
+    kind, layout = found
+    spec = _spec(kind, registry)
+    if layout == "specdec":
+        config, weights = spec.load_checkpoint(folder)
+        return kind, layout, config, weights, []
+    config, weights, notes = _layout(spec, layout).read(folder)
+    return kind, layout, config, weights, list(notes)
+
+
+def _spec(name: str, registry=None):
+    return (registry or default_registry()).drafter_spec(name)
+
+
+def _layout(spec, name: str):
+    wanted = str(name).lower()
+    for layout in spec.layouts:
+        if wanted == layout.name or wanted in layout.aliases:
+            return layout
+    names = ", ".join(f"{layout.name}" + (f" ({'/'.join(layout.aliases)})" if layout.aliases else "")
+                      for layout in spec.layouts) or "none"
+    raise InvalidInputError(f"a {spec.name} drafter exports to {names}, not {name!r}")
+
+
+def _check_out(out, overwrite: bool) -> Path:
+    folder = Path(out).expanduser()
+    if folder.exists() and not folder.is_dir():
+        raise InvalidInputError(f"--out {folder} is a file; give a folder")
+    if folder.is_dir() and any(folder.iterdir()):
+        if not overwrite:
+            raise InvalidInputError(f"--out {folder} is not empty; choose an empty folder or pass overwrite=True "
+                                    "(`--overwrite`) to replace what is there")
+        shutil.rmtree(folder)
+    return folder
+
+
+def _resolve_drafter(drafter, model) -> Path:
+    if isinstance(drafter, str) and drafter.lower() == "eagle":
+        raise InvalidInputError(EAGLE_MESSAGE)
+    if isinstance(drafter, (str, Path)) and Path(drafter).expanduser().is_dir():
+        return Path(drafter).expanduser()
+    shipped_by = {spec.name: spec.package for spec in _specs() if spec.package}
+    if drafter in shipped_by:
+        if model is None:
+            raise InvalidInputError(f"export {drafter!r} exports the drafter shipped for a model: pass model= "
+                                    "(`--model`), e.g. smollm2-135m, or a checkpoint folder instead of the name")
+        name = Path(str(model)).name
+        shipped = resources.files(shipped_by[drafter]) / "weights" / name
+        if not shipped.joinpath("config.json").is_file():
+            raise InvalidInputError(f"no {drafter} drafter ships for {name!r}: pass the checkpoint folder to export")
+        return Path(str(shipped))
+    raise InvalidInputError(f"drafter must be a checkpoint folder or one of {', '.join(sorted(shipped_by))}, "
+                            f"got {drafter!r}")
+
+
+def _target_lm_head(model, config, kind: str):
+    """The target's LM head (V, H) as float64, after checking the drafter was trained for it."""
+    if model is None:
+        return None
+    target = load_target(resolve_model(model))  # the numpy backend's target
+    check_target(config, target, drafter=kind)
+    return target.lm_head
+
+
+def export(drafter, format: str, out, *, model=None, drop_shortlist: bool = False, choices=None,
+           dtype: str = "float32", overwrite: bool = False) -> ExportResult:
+    """Write ``drafter`` (a checkpoint folder, or "redrafter" / "medusa" for the one shipped for
+    ``model``) into ``out`` in ``format`` (see the module table).
+
+    model: the target (folder or bundled name); needed for a tied head, whose projection the
+    layouts store. drop_shortlist: export a shortlisted ReDrafter over the full vocabulary (refused
+    otherwise). choices: Medusa only, "chain" or a list of paths to record instead of the drafter's
+    tree (vLLM runs the chain only). dtype: "float32" or "float16". Everything that cannot be carried
+    over exactly is refused with the fix; every conversion is listed in ``notes``.
+    """
+    if str(format).lower() == "eagle":
+        raise InvalidInputError(EAGLE_MESSAGE)
+    source = _resolve_drafter(drafter, model)
+    kind, layout, config, weights, notes = load_drafter_folder(source)
+    chosen = _layout(_spec(kind), format)
+    lm_head = None
+    if getattr(config, "head", "full") == "tied":
+        if model is None:
+            raise InvalidInputError(
+                f"this {kind} drafter ends with the target's LM head (head='tied'); the {chosen.name} layout stores "
+                "that projection, so pass model= (`--model`, the target folder or bundled name)"
+            )
+        lm_head = _target_lm_head(model, config, kind)
+    folder = _check_out(out, overwrite)
+    more, commands = chosen.write(config, weights, folder, lm_head=lm_head, dtype=dtype, choices=choices,
+                                  drop_shortlist=drop_shortlist)
+    more = list(more)
+    if dtype != "float32":
+        more.append(f"weights were stored as {dtype}, rounding the float32 values")
+    return ExportResult(path=folder, drafter=kind, format=chosen.name, notes=tuple(notes + more),
+                        commands=tuple(commands))
+
+
+def import_drafter(folder, out, *, overwrite: bool = False, dtype: str = "float32") -> ExportResult:
+    """Read a drafter in any known layout from ``folder`` and write it as a specdec checkpoint in ``out``."""
+    kind, layout, config, weights, notes = load_drafter_folder(Path(folder).expanduser())
+    target = _check_out(out, overwrite)
+    store = {"float32": np.float32, "float16": np.float16}[dtype]
+    _spec(kind).save_checkpoint(target, config, weights, dtype=store)
+    return ExportResult(path=target, drafter=kind, format=layout, notes=tuple(notes))
+
+
+def describe(result: ExportResult) -> list[str]:
+    """Lines for a person: what was written, the notes, the commands."""
+    lines = [f"wrote the {result.drafter} drafter to {result.path} ({result.format} layout)"]
+    lines += [f"note: {note}" for note in result.notes]
+    lines += [f"  {command}" for command in result.commands]
+    return lines

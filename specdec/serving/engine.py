@@ -1,0 +1,487 @@
+"""``specdec.Engine``: in-flight batching with speculation.
+
+A scheduler thread runs a ``specdec.decode.loop.Decoder`` over a target loaded with N request slots.
+``submit`` may be called at any time from any thread: the request waits in a bounded queue
+(``QueueFullError`` when it is full), is admitted when a slot is free (its prompt prefilled in
+chunks, at most ``max_prefill_tokens`` prompt tokens per step, packed into the forward of the
+requests being decoded, so long prompts do not stall them), and its tokens reach its ``Handle``
+as each step accepts them. A request that finishes, hits a stop string or is cancelled frees its
+slot in that step.
+
+Each request draws its randomness from its own generator and every verifier is the ``exact``
+tree walk (greedy at temperature 0), so greedy and sampled requests share the engine and a
+request's tokens do not depend on what else runs (``specdec.decode.requests``). A request whose step
+raises fails alone (``Decoder.step(failures=...)``); an error that cannot be pinned to requests
+fails those in flight, and the engine frees every slot and goes on serving.
+
+The target is leased for the engine's lifetime (``specdec.decode.lease``): ``generate`` on it meanwhile
+raises ``TargetBusyError``. ``close(drain=True)`` finishes what was submitted,
+``close(drain=False)`` cancels it.
+"""
+
+from __future__ import annotations
+
+import atexit
+import itertools
+import threading
+import time
+import weakref
+from collections import deque
+from typing import Any, Sequence
+
+import numpy as np
+
+from specdec.decode import lease
+from specdec.errors import InvalidInputError
+from specdec.decode.loop import Decoder
+from specdec.decode.plan import DecodePlan
+from specdec.decode.requests import Request
+from specdec.serving.handle import (
+    Completion, EngineClosedError, EngineMetrics, Handle, QueueFullError, RequestFailedError,
+)
+from specdec.slots import TREE_ROOM
+from specdec.types import StepResult
+
+__all__ = ["Engine", "EngineClosedError", "QueueFullError", "RequestFailedError"]
+
+_LIVE: "weakref.WeakSet[Engine]" = weakref.WeakSet()  # engines whose scheduler may still run
+
+
+def _close_at_exit() -> None:
+    """Cancel what engines left open are running before the interpreter exits: a scheduler
+    thread stopped in the middle of a framework's forward aborts the process. Registered again
+    by every engine once its target is loaded, so that it runs before the exit handlers of the
+    framework that target imported (atexit runs the last registered first)."""
+    for engine in list(_LIVE):
+        try:
+            engine.close(drain=False)
+        except Exception:  # noqa: BLE001 - exiting anyway; the other engines still get closed
+            pass
+
+
+class Engine:
+    """In-flight batching over one target with ``slots`` request slots (module docstring).
+
+    model: a model folder, a bundled name or a loaded target (``specdec.load(..., slots=N)``);
+    drafter, backend, dtype, device, exact and ``**options`` as in ``specdec.generate`` (the verifier
+    is ``exact`` unless ``verifier=`` names another). capacity: positions a request may use,
+    prompt and new tokens (None: the model's context, at most ``specdec.slots.DEFAULT_CAPACITY``
+    less the tree room); a target loaded here gets ``tree_room`` (default
+    ``specdec.slots.TREE_ROOM``) more per slot for the draft tree of a request's last steps.
+    max_queue: requests that may wait for a slot before ``submit`` raises QueueFullError.
+    max_prefill_tokens: prompt tokens per step, in chunks beside the running requests' trees (a longer
+    prompt is split over several steps; "auto", the default: the most that keep a step within
+    twice the running requests' step, from the measured costs, ``specdec.decode.budget``; None: no bound).
+    speculation (an option, as in ``generate``): "auto" (the default: each step, every request
+    drafts what the costs and its acceptance say pays), "always", "never", or a
+    ``specdec.decode.budget.Speculation``.
+    max_new_tokens: the default of ``submit``.
+    """
+
+    def __init__(self, model: Any, drafter: Any = "redrafter", backend: str | None = None, *, slots: int = 4,
+                 capacity: int | None = None, max_queue: int = 64, max_prefill_tokens: int | str | None = "auto",
+                 max_new_tokens: int = 128, dtype: str | None = None, device: str | None = None,
+                 exact: bool | None = None, tree_room: int | None = None, registry=None, **options: Any):
+        from specdec.generation.api import load, load_backend, prepare
+
+        if isinstance(capacity, bool) or (capacity is not None and (not isinstance(capacity, int) or capacity < 2)):
+            raise InvalidInputError(f"capacity must be an integer >= 2 (positions per request), got {capacity!r}")
+        backend = load_backend(backend, _registry(registry)).name
+
+        def build():
+            if hasattr(model, "num_slots"):
+                target = model
+                room = tree_room if tree_room is not None else min(TREE_ROOM, int(target.capacity) // 4)
+            else:
+                room = TREE_ROOM if tree_room is None else tree_room
+                target = load(model, backend, dtype=dtype, device=device, slots=slots,
+                              capacity=None if capacity is None else capacity + room, exact=exact, registry=registry)
+            plan, *_ = prepare(target, [1], drafter, backend, max_new_tokens=1, temperature=0.0, top_k=None,
+                               top_p=None, dtype=None, device=None, exact=exact, registry=registry,
+                               options={"verifier": "exact", **options})
+            return plan, room
+
+        self._launch(build, capacity=capacity, max_queue=max_queue, max_prefill_tokens=max_prefill_tokens,
+                     max_new_tokens=max_new_tokens)
+
+    @classmethod
+    def from_plan(cls, plan: DecodePlan, *, capacity: int | None = None, tree_room: int | None = None,
+                  max_queue: int = 64, max_prefill_tokens: int | str | None = "auto", max_new_tokens: int = 128
+                  ) -> "Engine":
+        """An engine over a prepared plan (``specdec.generation.api.prepare``); its verifier must serve
+        every sampling setting the requests use (``exact`` does)."""
+        engine = cls.__new__(cls)
+        room = tree_room if tree_room is not None else min(TREE_ROOM, int(plan.target.capacity) // 4)
+        engine._launch(lambda: (plan, room), capacity=capacity, max_queue=max_queue,
+                       max_prefill_tokens=max_prefill_tokens, max_new_tokens=max_new_tokens)
+        return engine
+
+    def _launch(self, build, **settings) -> None:
+        """Start the scheduler thread, which loads the target (``build``: (plan, tree room)) and
+        then serves: every array of the target and drafter is made and used on that thread (MLX
+        ties unevaluated arrays to the thread that made them). Returns once it serves; raises
+        what building raised."""
+        for name, low in (("max_queue", 0), ("max_new_tokens", 1)):
+            value = settings[name]
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise InvalidInputError(f"{name} must be an integer >= {low}, got {value!r}")
+        budget = settings["max_prefill_tokens"]
+        if budget not in (None, "auto") and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 1):
+            raise InvalidInputError(f"max_prefill_tokens must be a positive integer, 'auto' or None, got {budget!r}")
+        ready, failed = threading.Event(), []
+
+        def main():
+            try:
+                plan, room = build()
+                self._configure(plan, tree_room=room, **settings)
+            except BaseException as error:  # noqa: BLE001 - raised again by the constructor
+                failed.append(error)
+                return
+            finally:
+                ready.set()
+            self._run()
+
+        self._thread = threading.Thread(target=main, name="specdec-engine", daemon=True)
+        _LIVE.add(self)
+        self._thread.start()
+        ready.wait()
+        if failed:
+            self._thread.join()
+            raise failed[0]
+        atexit.unregister(_close_at_exit)
+        atexit.register(_close_at_exit)
+
+    def _configure(self, plan: DecodePlan, *, capacity, tree_room, max_queue, max_prefill_tokens, max_new_tokens):
+        from specdec.generation.arguments import context_length
+
+        if isinstance(tree_room, bool) or not isinstance(tree_room, int) or tree_room < 0:
+            raise InvalidInputError(f"tree_room must be an integer >= 0, got {tree_room!r}")
+        target = plan.target
+        limit = int(target.capacity) - tree_room
+        model_context = context_length(target)
+        if model_context is not None:
+            limit = min(limit, model_context)
+        if capacity is not None:
+            limit = min(limit, capacity)
+        if limit < 2:
+            raise InvalidInputError(f"the target's slots hold {target.capacity} positions, which leaves no room for "
+                                    f"requests beside a draft tree of {tree_room}: load it with a larger capacity")
+        self.plan = plan
+        self.target = target
+        self.context_length = limit
+        self.tokenizer = getattr(target, "tokenizer", None)
+        self.chat_template = getattr(target, "chat_template", None)
+        self.num_slots = int(target.num_slots)
+        self.max_queue = max_queue
+        self.max_prefill_tokens = max_prefill_tokens
+        self.max_new_tokens = max_new_tokens
+        self.metrics = EngineMetrics()
+        self._cond = threading.Condition()
+        self._inbox: deque = deque()
+        self._handles: dict[int, Handle] = {}  # decoder request id -> handle, while in the decoder
+        self._closing = False
+        self._drain = True
+        self._stopped = False
+        self._ids = itertools.count()
+        lease.acquire(target)
+        try:
+            self._decoder = Decoder(plan)
+        except BaseException:
+            lease.release(target)
+            raise
+
+    # -- the public side (any thread) --
+
+    def encode(self, prompt: Any) -> list[int]:
+        """Token ids of one prompt: text, token ids, or a chat (rendered with the model's template)."""
+        from specdec.generation.api import encode_prompts
+
+        prompts, batched = encode_prompts(prompt, self.tokenizer, int(self.target.vocab_size),
+                                          chat_template=self.chat_template)
+        if batched:
+            raise InvalidInputError("submit takes one prompt; submit each prompt of a batch on its own")
+        return prompts[0]
+
+    def submit(self, prompt: Any, *, max_new_tokens: int | None = None, temperature: float = 0.0,
+               top_k: int | None = None, top_p: float | None = None, seed: int | Sequence[int] | None = None,
+               stop: str | Sequence[str] | None = None, stop_token_ids: Sequence[int] = (),
+               ignore_eos: bool = False) -> Handle:
+        """Queue one request and return its Handle; raises QueueFullError when ``max_queue``
+        requests already wait, EngineClosedError once closing, InvalidInputError for a prompt that
+        does not fit ``context_length`` with ``max_new_tokens`` (None: the engine's
+        ``max_new_tokens``, or fewer where the context ends sooner).
+
+        prompt: text, token ids, a chat, or a ``specdec.Request`` (then only ``stop`` may be given
+        too). seed: an int (the stream ``[seed, 0]``, as ``generate(..., seed=seed)`` for one
+        prompt) or None. stop: strings that end the request; its text stops before them.
+        stop_token_ids: tokens that end it (emitted; the model's EOS too unless ``ignore_eos``).
+        """
+        if self._closing:
+            raise EngineClosedError("the engine is shutting down and takes no new requests")
+        if isinstance(stop, str):
+            stop = [stop]
+        stop = list(stop or ())
+        if not all(isinstance(s, str) for s in stop):
+            raise InvalidInputError(f"stop must be a string or a list of strings, got {stop!r}")
+        if isinstance(prompt, Request):
+            if (max_new_tokens, temperature, top_k, top_p, seed, tuple(stop_token_ids), ignore_eos) != (
+                    None, 0.0, None, None, None, (), False):
+                raise InvalidInputError("a Request carries its own settings: pass only stop= beside it")
+            request = prompt
+        else:
+            from specdec.generation.arguments import check_seed, sampling_config
+
+            sampling = sampling_config(temperature, top_k, top_p)
+            check_seed(seed)
+            eos = () if ignore_eos else tuple(self.plan.eos_token_ids or getattr(self.target, "eos_token_ids", ()))
+            tokens = self.encode(prompt)
+            if max_new_tokens is None:  # the default, as far as the context allows
+                max_new_tokens = max(1, min(self.max_new_tokens, self.context_length - len(tokens)))
+            request = Request(prompt=tokens, sampling=sampling, seed=seed, max_new_tokens=max_new_tokens,
+                              stop_token_ids=tuple(dict.fromkeys([*map(int, stop_token_ids), *eos])))
+        self.check_request(request)
+        handle = Handle(self.post, request, stop=stop, tokenizer=self.tokenizer)
+        with self._cond:
+            if self._closing:
+                raise EngineClosedError("the engine is shutting down and takes no new requests")
+            waiting, _ = self._counts()
+            if waiting >= self.max_queue:
+                self.metrics.add("requests_rejected")
+                raise QueueFullError(f"{waiting} requests are waiting for a slot, the most this engine queues "
+                                     f"(max_queue={self.max_queue}); retry later")
+            self._inbox.append(("submit", handle))
+            self._cond.notify_all()
+        self.metrics.add("requests_submitted")
+        return handle
+
+    def check_request(self, request: Request) -> None:
+        """Raise InvalidInputError unless ``request`` fits: ids in the vocabulary, prompt and
+        max_new_tokens within ``context_length``."""
+        vocab = int(self.target.vocab_size)
+        if not request.prompt:
+            raise InvalidInputError("the prompt is empty: it needs at least one token")
+        bad = [t for t in request.prompt if not 0 <= t < vocab]
+        if bad:
+            raise InvalidInputError(f"the prompt has token ids outside the vocabulary [0, {vocab}): {bad[:8]}")
+        if len(request.prompt) >= self.context_length:
+            raise InvalidInputError(f"the prompt has {len(request.prompt)} tokens; this engine's context holds "
+                                    f"{self.context_length}: shorten it")
+        if len(request.prompt) + request.max_new_tokens > self.context_length:
+            raise InvalidInputError(
+                f"max_new_tokens={request.max_new_tokens} after a prompt of {len(request.prompt)} tokens exceeds this "
+                f"engine's context of {self.context_length} tokens: ask for at most "
+                f"{self.context_length - len(request.prompt)}")
+
+    def generate(self, prompt: Any, **settings: Any) -> Completion:
+        """``submit(prompt, **settings).result()``."""
+        return self.submit(prompt, **settings).result()
+
+    def stats(self) -> dict:
+        """{"slots", "running", "waiting", "free_slots", "closing", "alive"} now."""
+        with self._cond:
+            waiting, running = self._counts()
+            return {"slots": self.num_slots, "running": running, "waiting": waiting,
+                    "free_slots": self.num_slots - running, "closing": self._closing,
+                    "alive": self._thread.is_alive()}
+
+    def _counts(self) -> tuple[int, int]:
+        """(waiting, running) now; called holding ``self._cond``. The decoder's queue and slots
+        are read from outside its thread: their lengths are single reads."""
+        decoder = self._decoder
+        inbox = sum(1 for kind, _ in self._inbox if kind == "submit")
+        return inbox + len(decoder.waiting), len(decoder.active)
+
+    @property
+    def closed(self) -> bool:
+        return self._stopped
+
+    def stop_accepting(self) -> None:
+        """Refuse new requests (EngineClosedError) and let those submitted finish."""
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
+
+    def close(self, drain: bool = True, timeout: float | None = None) -> None:
+        """Stop taking requests; ``drain``: finish those submitted, else cancel them. Then stop the
+        scheduler, free every slot and release the target's lease. Idempotent."""
+        with self._cond:
+            self._closing = True
+            self._drain = self._drain and drain
+            self._cond.notify_all()
+        if threading.current_thread() is not self._thread:
+            self._thread.join(timeout)
+            if self._thread.is_alive():
+                self.close(drain=False)
+                self._thread.join()
+        with self._cond:
+            if self._stopped:
+                return
+            self._stopped = True
+        try:
+            self._decoder.close()
+        finally:
+            lease.release(self.target)
+
+    def __enter__(self) -> "Engine":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close(drain=exc[0] is None)
+
+    def post(self, command) -> None:
+        """Queue ``command`` for the scheduler thread (a handle's cancel, a close)."""
+        with self._cond:
+            self._inbox.append(command)
+            self._cond.notify_all()
+
+    # -- the scheduler thread --
+
+    def _sync(self) -> None:
+        """Finish the work the backend left pending on the target, so that another thread can
+        use it once the scheduler stops (MLX ties pending work to the thread that queued it)."""
+        backend = self.plan.backend
+        backend.to_numpy(backend.from_numpy(np.zeros(1, dtype=np.int64), self.target))
+
+    def _run(self) -> None:
+        try:
+            self._serve()
+        finally:
+            try:
+                self._sync()
+            except Exception:  # noqa: BLE001 - nothing pending, or a backend that cannot say
+                pass
+
+    def _serve(self) -> None:
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._inbox or not self._decoder.idle or self._closing)
+                commands = list(self._inbox)
+                self._inbox.clear()
+                cancel_all = self._closing and not self._drain
+            now = time.perf_counter()
+            for kind, handle in commands:
+                if kind == "submit":
+                    self._enter(handle, now)
+                else:
+                    self._cancel(handle, now)
+            if cancel_all:
+                for handle in list(self._handles.values()):
+                    self._cancel(handle, now)
+            if not self._decoder.idle:
+                self._step()
+                continue
+            with self._cond:
+                if self._closing and not self._inbox and self._decoder.idle:
+                    return
+
+    def _enter(self, handle: Handle, now: float) -> None:
+        if handle.done:
+            return
+        try:
+            handle.id = self._decoder.submit(handle.request)
+        except Exception as error:  # noqa: BLE001 - refused by the decoder: this request fails, no other
+            self._settle(handle, "error", error, now)
+            return
+        self._handles[handle.id] = handle
+
+    def _cancel(self, handle: Handle, now: float) -> None:
+        if handle.done:
+            return
+        if handle.id is not None:
+            self._decoder.cancel(handle.id)
+        self._settle(handle, "cancelled", None, now)
+
+    def _settle(self, handle: Handle, reason: str, error: BaseException | None, now: float) -> None:
+        """End ``handle`` (already out of the decoder) and count it."""
+        handle.finish(reason, error, now)
+        self._forget(handle, now)
+
+    def _forget(self, handle: Handle, now: float) -> None:
+        if handle.id is not None:
+            self._handles.pop(handle.id, None)
+        metrics = self.metrics
+        with metrics.lock:
+            metrics.finished[handle.finish_reason] += 1
+            metrics.histograms["request_latency_seconds"].observe(now - handle.submitted_at)
+
+    def _step(self) -> None:
+        failures: list = []
+        start = time.perf_counter()
+        try:
+            results = self._decoder.step(max_prefill_tokens=self.max_prefill_tokens, failures=failures,
+                                         on_admit=lambda result: self._account(result, time.perf_counter()))
+        except Exception as error:  # noqa: BLE001 - not pinned to requests: those in flight fail, the engine goes on
+            self._reset(error)
+            return
+        now = time.perf_counter()
+        self.metrics.observe("step_seconds", now - start)
+        for result in results:
+            if not result.is_prefill:  # admissions were delivered before the decode step ran
+                self._account(result, now)
+        for request_id, error in failures:
+            handle = self._handles.get(request_id)
+            if handle is not None and not handle.done:
+                self._settle(handle, "error", error, now)
+
+    def _account(self, result: StepResult, now: float) -> None:
+        metrics = self.metrics
+        prefill = result.is_prefill
+        if prefill and result.requests:
+            metrics.add("prefilled_prompts", len(result.requests))
+        elif not prefill and result.requests:
+            metrics.account_step(result, self._decoder.prefill_budget)
+        for request_id, tokens in zip(result.requests, result.new_tokens):
+            handle = self._handles.get(request_id)
+            if handle is None or handle.done:
+                continue
+            if prefill:
+                handle.admitted_at = now
+                metrics.add("prompt_tokens", handle.prompt_tokens)
+                metrics.observe("queue_time_seconds", now - handle.submitted_at)
+            else:
+                metrics.add("decode_tokens", len(tokens))
+                metrics.observe("tokens_per_step", len(tokens))
+            chunk = handle.take(list(tokens), now, metrics)
+            if chunk.finish_reason is not None:
+                self._decoder.cancel(request_id)  # ended by a stop string: the decoder does not know yet
+            handle.push(chunk, chunk.finish_reason, None, now)
+            if chunk.finish_reason is not None:
+                self._forget(handle, now)
+
+    def _reset(self, error: BaseException) -> None:
+        """A step raised for no request in particular: fail the requests being decoded, free
+        every slot (with a fresh decoder if closing the old one fails too), queue again those
+        still waiting, and go on."""
+        now = time.perf_counter()
+        self.metrics.add("engine_resets")
+        handles = sorted(self._handles.values(), key=lambda h: h.id)
+        try:
+            self._decoder.close()
+        except Exception:  # noqa: BLE001 - start afresh: release what the target still holds
+            if getattr(self._decoder.caps, "stateful", False):
+                for slot in list(self._decoder.active):
+                    try:
+                        self.plan.drafter.end(slot)
+                    except Exception:  # noqa: BLE001
+                        pass
+            for slot in range(self.num_slots):
+                try:
+                    self.target.release(slot)
+                except Exception:  # noqa: BLE001 - a free slot refuses release
+                    pass
+            self._decoder = Decoder(self.plan)
+        self._handles.clear()
+        for handle in handles:
+            if handle.done:
+                continue
+            if handle.admitted_at is None:  # still waiting: it had no part in the failed step
+                handle.id = None
+                self._enter(handle, now)
+            else:
+                self._settle(handle, "error", error, now)
+
+
+def _registry(registry):
+    from specdec.plugins.registry import default_registry
+
+    return registry or default_registry()
