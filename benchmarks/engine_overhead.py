@@ -1,6 +1,7 @@
 """One request through ``specdec.Engine`` against ``specdec.generate``: what the serving path costs.
 
 Both decode the same prompts on one target (16 slots, the capacity a server gives them), greedy,
+timed from the prompt's submission (``stream``'s first step; the engine's ``submit``) to its last token,
 to a fixed length (EOS ignored), plain (``--drafter none``) and speculative (the default
 ReDrafter), in rounds that interleave the four runs (the order alternating per round); the
 engine is started afresh each round (the target is leased by one at a time). Prints the median
@@ -37,13 +38,14 @@ def same_tokens(prompt, tokens) -> None:
 def run_generate(target, prompt, drafter: str, tokens: int, speculation) -> float:
     import specdec
 
+    steps = specdec.stream(target, prompt, drafter=drafter, max_new_tokens=tokens, stop_at_eos=False,
+                           speculation=speculation)  # names resolved and the drafter loaded here, untimed
     start = time.perf_counter()
-    result = specdec.generate(target, prompt, drafter=drafter, max_new_tokens=tokens, stop_at_eos=False,
-                              speculation=speculation)
+    emitted = [t for step in steps for t in step.new_tokens[0]]
     seconds = time.perf_counter() - start
-    assert len(result.tokens) == tokens
+    assert len(emitted) == tokens
     if tokens > 8:
-        same_tokens(prompt, result.tokens)
+        same_tokens(prompt, emitted)
     return tokens / seconds
 
 
@@ -76,7 +78,7 @@ def main() -> int:
     from specdec.bench.prompts import load_prompt_set
     from specdec.slots import TREE_ROOM
 
-    prompts = [[{"role": "user", "content": p.prompt}] for p in load_prompt_set("mt-bench", per_category=1)]
+    prompts = [p.prompt for p in load_prompt_set("mt-bench", per_category=1)]  # chats
     prompts = prompts[: args.prompts]
     target = specdec.load(args.model, slots=16, capacity=2048 + TREE_ROOM)
     for drafter in args.drafters:  # warm-up: drafter loading, the cost curve, kernels
