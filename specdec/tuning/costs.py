@@ -3,8 +3,8 @@
 
 **The forward's cost curve.** The seconds of one target forward as a function of the tokens it
 carries (prompt chunks plus every tree row's nodes, padding included) are measured once per
-machine: a chain of T tokens after a short prompt, T = 1, 2, 4, ... 512, median of a few
-interleaved repeats (``measure_curve``). The curve is cached under ``<specdec cache>/tuning/``
+machine: a chain of T tokens after a short prompt, T = 1, 2, 4, ... 512, the fastest of a few
+interleaved repeats, made non-decreasing by pooling (``measure_curve``, ``increasing``). The curve is cached under ``<specdec cache>/tuning/``
 beside the dtype choice (``specdec.tuning.dtype``), keyed by the backend and its device, the target's
 shape, dtype and exact mode, so a later start reads it instead of measuring (about 5 s for
 SmolLM2-135M on a 2-core CPU, once).
@@ -29,10 +29,10 @@ __all__ = ["CostCurve", "StepCosts", "curve_for", "measure_curve", "step_costs"]
 
 SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)  # tokens per forward measured
 PROMPT_TOKENS = 64
-REPEATS = 3
+REPEATS = 5
 FORGET = 0.95  # per observation, the weight of the earlier ones in the online fits (a memory of ~20 steps)
 PRIOR_WEIGHT = 1.0  # the starting point of a fit counts as this many observations
-CACHE_VERSION = 1
+CACHE_VERSION = 2  # 2: the fastest of the repeats, fitted to a non-decreasing curve (1 took medians, a running max)
 
 
 @attrs.frozen
@@ -97,13 +97,16 @@ class StepCosts:
     of its drafting. The target part is fitted online as a + b * curve(tokens): a fixed cost per
     step plus the measured curve scaled to the machine's load, starting from the curve itself
     (a = 0, b = 1); without a curve (None), as a + b * tokens from the steps alone. Drafting is
-    fitted as a + b * (drafting rows), starting from free."""
+    fitted as a + b * (drafting rows), starting from free; its first step is left out, because a
+    drafter's first call pays one-off costs (allocation, kernel choice) that would otherwise price
+    drafting out for the steps it takes the fit to forget them."""
 
     def __init__(self, curve: CostCurve | None):
         self.curve = curve
         reference = float(curve.at(16)) if curve is not None else 16.0
         self._target = _Fit(0.0, 1.0 if curve is not None else 0.0, reference)
         self._draft = _Fit(0.0, 0.0, 1.0)
+        self._drafted = False  # a drafting step seen (the first is left out)
 
     def _x(self, tokens) -> np.ndarray:
         tokens = np.asarray(tokens, dtype=np.float64)
@@ -124,7 +127,9 @@ class StepCosts:
         if tokens > 0 and seconds > 0:
             self._target.observe(float(self._x(tokens)), seconds)
         if drafting_rows > 0:
-            self._draft.observe(float(drafting_rows), draft_seconds)
+            if self._drafted:
+                self._draft.observe(float(drafting_rows), draft_seconds)
+            self._drafted = True
 
 
 # ------------------------------------------------------------------------------------------
@@ -180,8 +185,22 @@ def measure_curve(backend, target, slot: int = 0, *, repeats: int = REPEATS) -> 
                 times[k].append(once(k))
     finally:
         target.release(slot)
-    seconds = np.maximum.accumulate([float(np.median(times[k])) for k in sizes])  # more tokens never cost less
+    seconds = increasing([min(times[k]) for k in sizes])
     return CostCurve(tokens=tuple(sizes), seconds=tuple(float(s) for s in seconds))
+
+
+def increasing(values) -> np.ndarray:
+    """The non-decreasing sequence closest to ``values`` in least squares (pool adjacent
+    violators): more tokens never cost less. Each size is timed as its fastest repeat, because
+    other work on the machine only ever adds time; a slow point left over is pooled with its
+    neighbours instead of lifting every larger size, as a running maximum would."""
+    blocks: list[list[float]] = []  # [mean, count]
+    for value in values:
+        blocks.append([float(value), 1.0])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            (mean, count), (last, n) = blocks[-2], blocks.pop()
+            blocks[-1] = [(mean * count + last * n) / (count + n), count + n]
+    return np.concatenate([np.full(int(count), mean) for mean, count in blocks])
 
 
 def curve_for(backend, target, slot: int = 0) -> CostCurve | None:

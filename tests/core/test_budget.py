@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 import specdec
 from specdec.decode.batching import cut_tree, merge_trees
 from specdec.decode.budget import BUDGETS, EXPLORE_EVERY, MIN_PREFILL, REQUEST_DECAY, Speculation, StepPlan, check_speculation
-from specdec.tuning.costs import CostCurve, StepCosts, _Fit
+from specdec.tuning.costs import CostCurve, StepCosts, _Fit, increasing
 from specdec.errors import InvalidInputError
 from specdec.decode.prefill import plan_chunks
 from specdec.reference.tree import build_prefix_tree
@@ -205,6 +205,30 @@ def test_step_costs_fit_a_fixed_cost_and_a_scale():
     for rows in (1, 2, 4, 8) * 5:
         fit.observe(rows, 0.002 + 0.0005 * rows)
     assert fit.coefficients() == pytest.approx((0.002, 0.0005), rel=0.1)
+
+
+@given(st.lists(st.integers(1, 1000), min_size=1, max_size=12))
+def test_a_measured_curve_is_pooled_into_the_closest_non_decreasing_one(values):
+    pooled = increasing(values)
+    assert len(pooled) == len(values) and np.all(np.diff(pooled) >= -1e-9)
+    assert pooled.sum() == pytest.approx(sum(values))  # pooling keeps each block's mean
+    if all(b >= a for a, b in zip(values, values[1:])):
+        assert pooled.tolist() == pytest.approx(values)
+
+
+def test_one_slow_size_does_not_lift_every_larger_one():
+    # 2 tokens timed slow while other work ran: a running maximum would price 4 and 8 tokens at 0.030
+    pooled = increasing([0.020, 0.030, 0.021, 0.022])
+    assert pooled.tolist() == pytest.approx([0.020] + [(0.030 + 0.021 + 0.022) / 3] * 3)
+
+
+def test_a_drafters_first_call_does_not_price_drafting():
+    costs = StepCosts(LINE)
+    costs.observe(2, 0.022, 1, 0.5)  # the first call: one-off costs
+    assert costs.draft([1]).item() == 0.0
+    for _ in range(3):
+        costs.observe(2, 0.022, 1, 0.004)
+    assert 0.0 < costs.draft([1]).item() < 0.01
 
 
 def test_cost_curve_interpolates_and_continues_its_last_slope():
