@@ -24,7 +24,7 @@ from specdec_eagle.reference import check_context, check_target_arrays, tree_opt
 from specdec_eagle.search import extended_beams
 from specdec_mlx import ops
 
-__all__ = ["MlxEagleDrafter", "MlxEagleNet"]
+__all__ = ["MlxEagleDrafter", "MlxEagleNet", "TreeSearch"]
 
 
 class _RMSNorm(nn.Module):
@@ -198,11 +198,11 @@ class MlxEagleDrafter:
         ctx_values = mx.stack([pad(s["values"]) for s in states])
         lengths = mx.array([s["length"] for s in states], dtype=mx.int32)
         ctx_mask = mx.arange(span)[None] < lengths[:, None]
-        beams = _TreeSearch(self, ctx_keys, ctx_values, ctx_mask, lengths).run(roots, hidden)
+        beams = TreeSearch(self, ctx_keys, ctx_values, ctx_mask, lengths).run(roots, hidden)
         return Draft(root_tokens=roots, beams=beams, sampled=False)
 
 
-class _TreeSearch:
+class TreeSearch:
     """One step's dynamic trees (``specdec_eagle.torch.TreeSearch`` on MLX arrays)."""
 
     def __init__(self, drafter: MlxEagleDrafter, ctx_keys, ctx_values, ctx_mask, lengths):

@@ -30,7 +30,7 @@ from specdec_eagle.reference import check_context, check_target_arrays, tree_opt
 from specdec_eagle.search import extended_beams
 from specdec_torch.ops import compute_dtype, top_k_lowest_index
 
-__all__ = ["EagleNet", "TorchEagleDrafter"]
+__all__ = ["EagleNet", "TorchEagleDrafter", "TreeSearch", "rotate"]
 
 
 class _RMSNorm(torch.nn.Module):
