@@ -29,7 +29,16 @@ def save_eagle3(path: str | Path, config: Eagle3Config, weights: Mapping[str, np
 
 
 def load_eagle3_checkpoint(path: str | Path) -> tuple[Eagle3Config, dict[str, np.ndarray]]:
-    """Read a folder written by ``save_eagle3`` -> (config, float64 weights, ``d2t`` int64)."""
+    """Read a folder written by ``save_eagle3``, or one in the SpecForge or speculators layout
+    (``specdec_eagle3.export``) -> (config, float64 weights, ``d2t`` int64)."""
+    from specdec.export import detect_layout
+
+    layout = detect_layout(path)
+    if layout in (("eagle3", "specforge"), ("eagle3", "speculators")):
+        from specdec_eagle3.export import read_specforge, read_speculators
+
+        config, weights, _ = (read_specforge if layout[1] == "specforge" else read_speculators)(path)
+        return config, weights
     config, weights = read_checkpoint(path, label="EAGLE-3")
     config = Eagle3Config.from_dict(config)
     check_weights(config, weights)

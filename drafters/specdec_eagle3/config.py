@@ -33,7 +33,7 @@ import numpy as np
 
 from specdec.checkpoints import config_from_dict
 
-__all__ = ["MODEL_TYPE", "Eagle3Config", "check_weights", "default_hidden_layers", "draft_to_target"]
+__all__ = ["MODEL_TYPE", "Eagle3Config", "check_weights", "default_hidden_layers", "draft_to_target", "resolve_layers"]
 
 MODEL_TYPE = "specdec_eagle3"
 
@@ -66,7 +66,8 @@ class Eagle3Config:
 
     vocab_size V, hidden_size H: the target's. draft_vocab_size N: the rows of the draft's own
     LM head (``d2t`` maps them to target ids). hidden_layers: the three target decoder layers
-    (0-based, output-of-layer) whose outputs are fused, low to high. num_heads, num_kv_heads,
+    (0-based, output-of-layer) whose outputs are fused, low to high; None (an imported head that
+    names none): ``default_hidden_layers`` of the target it is loaded for. num_heads, num_kv_heads,
     head_dim, intermediate_size, rope_theta, rms_norm_eps: the draft decoder layer's.
     norm_before_residual: the attention's residual is the normed feature (the speculators
     variant) instead of the raw one. top_k, depth, total_tokens: the dynamic tree's defaults.
@@ -76,7 +77,8 @@ class Eagle3Config:
     vocab_size: int = attrs.field(validator=_positive_int)
     hidden_size: int = attrs.field(validator=_positive_int)
     draft_vocab_size: int = attrs.field(validator=_positive_int)
-    hidden_layers: tuple[int, ...] = attrs.field(converter=lambda v: tuple(int(i) for i in v))
+    hidden_layers: tuple[int, ...] | None = attrs.field(
+        default=None, converter=lambda v: None if v is None else tuple(int(i) for i in v))
     num_heads: int = attrs.field(validator=_positive_int)
     num_kv_heads: int = attrs.field(validator=_positive_int)
     head_dim: int = attrs.field(validator=_positive_int)
@@ -98,6 +100,8 @@ class Eagle3Config:
 
     @hidden_layers.validator
     def _check_layers(self, attribute, value):
+        if value is None:
+            return
         if len(value) != 3 or any(i < 0 for i in value) or list(value) != sorted(value):
             raise ValueError(f"Eagle3Config.hidden_layers must be three ascending 0-based target layers "
                              f"(low, middle, high), got {value!r}")
@@ -125,7 +129,7 @@ class Eagle3Config:
     def to_dict(self) -> dict[str, Any]:
         """A JSON-serialisable dict (the content of ``config.json``)."""
         data = attrs.asdict(self)
-        data["hidden_layers"] = list(self.hidden_layers)
+        data["hidden_layers"] = None if self.hidden_layers is None else list(self.hidden_layers)
         return data
 
     @classmethod
@@ -149,6 +153,18 @@ class Eagle3Config:
             "norm.weight": (hidden,), "lm_head.weight": (self.draft_vocab_size, hidden),
             "d2t": (self.draft_vocab_size,),
         }
+
+
+def resolve_layers(config: Eagle3Config, num_layers: int) -> Eagle3Config:
+    """``config`` with its fused layers checked against a target of ``num_layers`` decoder layers
+    (the default three when it names none)."""
+    layers = config.hidden_layers or default_hidden_layers(num_layers)
+    if max(layers) >= num_layers:
+        from specdec.errors import InvalidInputError
+
+        raise InvalidInputError(f"this EAGLE-3 drafter fuses target layers {list(layers)}, but the target has {num_layers} "
+                                "decoder layers; use a drafter trained for this target")
+    return attrs.evolve(config, hidden_layers=layers)
 
 
 def draft_to_target(d2t) -> np.ndarray:

@@ -19,7 +19,7 @@ from specdec.errors import InvalidInputError
 from specdec.types import Accepted, Draft, DraftContext, PromptOutput
 from specdec_eagle.mlx import TreeSearch
 from specdec_eagle3.config import Eagle3Config, check_weights, draft_to_target
-from specdec_eagle3.reference import check_embedding, check_slots, missing_slot, tree_options
+from specdec_eagle3.reference import check_embedding, check_layers_resolved, check_slots, missing_slot, tree_options
 from specdec_mlx import ops
 
 __all__ = ["MlxEagle3Drafter", "MlxEagle3Net"]
@@ -138,6 +138,7 @@ class MlxEagle3Drafter:
                  depth: int | None = None, total_tokens: int | None = None):
         embed_tokens = ops.as_array(embed_tokens)
         check_embedding(config, embed_tokens)
+        check_layers_resolved(config)
         self.config, self.embed_tokens = config, embed_tokens
         self.caps = DrafterCaps(stateful=True, tree_builder=("prefix_tree", {}), hidden_layers=config.hidden_layers)
         self.net = MlxEagle3Net.from_weights(config, weights, dtype=embed_tokens.dtype)

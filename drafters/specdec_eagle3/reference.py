@@ -203,6 +203,12 @@ def check_embedding(config: Eagle3Config, embed_tokens) -> None:
                          f"EAGLE-3 drafter was built for (vocab_size, hidden_size) = {expected}; pass the target's")
 
 
+def check_layers_resolved(config: Eagle3Config) -> None:
+    if config.hidden_layers is None:
+        raise ValueError("this EAGLE-3 config names no fused layers; resolve them for the target first "
+                         "(specdec_eagle3.config.resolve_layers, as drafter=... does)")
+
+
 def check_slots(context: DraftContext, batch: int) -> None:
     if context.slots is None or len(context.slots) != batch:
         raise InvalidInputError("EAGLE-3 drafts per request: context.slots must name each row's slot (the decode loop "
@@ -230,6 +236,7 @@ class Eagle3Drafter:
                  depth: int | None = None, total_tokens: int | None = None):
         check_weights(config, weights)
         check_embedding(config, embed_tokens)
+        check_layers_resolved(config)
         self.config = config
         self.caps = DrafterCaps(stateful=True, tree_builder=("prefix_tree", {}), hidden_layers=config.hidden_layers)
         self.weights = {name: np.asarray(array, dtype=np.int64 if name == "d2t" else np.float64)

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from specdec.types import Accepted, Draft, DraftContext, PromptOutput
 from specdec_eagle.torch import TreeSearch, rotate
 from specdec_eagle3.config import Eagle3Config, check_weights, draft_to_target
-from specdec_eagle3.reference import check_embedding, check_slots, missing_slot, tree_options
+from specdec_eagle3.reference import check_embedding, check_layers_resolved, check_slots, missing_slot, tree_options
 from specdec_torch.ops import compute_dtype
 
 __all__ = ["Eagle3Net", "TorchEagle3Drafter"]
@@ -150,6 +150,7 @@ class TorchEagle3Drafter:
 
         check_weights(config, weights)
         check_embedding(config, embed_tokens)
+        check_layers_resolved(config)
         self.config = config
         self.caps = DrafterCaps(stateful=True, tree_builder=("prefix_tree", {}), hidden_layers=config.hidden_layers)
         self.dtype, self.device = embed_tokens.dtype, embed_tokens.device
