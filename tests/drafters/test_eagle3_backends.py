@@ -201,3 +201,18 @@ def test_tree_options_reach_the_drafter(deep_model, eagle3):
                        options={"tree_top_k": 2, "depth": 5, "total_tokens": 9})
     assert (plan.drafter.top_k, plan.drafter.depth, plan.drafter.total_tokens) == (2, 5, 9)
     assert plan.drafter.caps.hidden_layers == (0, 2, 5)
+
+
+def test_bench_takes_the_tree_settings_as_method_options(deep_model, eagle3):
+    """``specdec bench`` methods ``eagle3:drafter=...,tree_top_k=..,depth=..,total_tokens=..``: the
+    options reach the drafter (its beams are depth + 1 long) and the tokens equal plain decoding's."""
+    from specdec.bench import load_prompt_set, parse_method, run_bench
+    from specdec.bench.report import summarize
+
+    method = parse_method(f"eagle3:drafter={eagle3},tree_top_k=2,depth=3,total_tokens=5")
+    assert method.kind == "eagle3" and method.options == {"drafter_path": str(eagle3), "tree_top_k": 2, "depth": 3,
+                                                          "total_tokens": 5}
+    records = run_bench(deep_model, load_prompt_set("mt-bench", per_category=1)[:2], [parse_method("plain"), method],
+                        grid=[("numpy", None)], max_new_tokens=8, repeats=1, progress=False)
+    rows = [r for r in summarize(records) if r["category"] == "all" and r["method"] != "plain"]
+    assert rows and all(r["identical"] == 1.0 for r in rows), rows
