@@ -32,6 +32,7 @@ import attrs
 import numpy as np
 
 from specdec.checkpoints import config_from_dict
+from specdec.errors import InvalidInputError
 
 __all__ = ["MODEL_TYPE", "Eagle3Config", "check_weights", "default_hidden_layers", "draft_to_target", "resolve_layers"]
 
@@ -160,8 +161,6 @@ def resolve_layers(config: Eagle3Config, num_layers: int) -> Eagle3Config:
     (the default three when it names none)."""
     layers = config.hidden_layers or default_hidden_layers(num_layers)
     if max(layers) >= num_layers:
-        from specdec.errors import InvalidInputError
-
         raise InvalidInputError(f"this EAGLE-3 drafter fuses target layers {list(layers)}, but the target has {num_layers} "
                                 "decoder layers; use a drafter trained for this target")
     return attrs.evolve(config, hidden_layers=layers)

@@ -17,6 +17,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from specdec.capabilities import DrafterCaps
+from specdec.errors import InvalidInputError
 from specdec.types import Accepted, Draft, DraftContext, PromptOutput
 from specdec_eagle.torch import TreeSearch, rotate
 from specdec_eagle3.config import Eagle3Config, check_weights, draft_to_target
@@ -70,7 +72,7 @@ class _MidLayer(torch.nn.Module):
 
 class Eagle3Net(torch.nn.Module):
     """The EAGLE-3 draft model; ``state_dict()`` holds the checkpoint's float weights (``fc``,
-    ``midlayer.*``, ``norm``, ``lm_head``; ``d2t`` is kept apart as a buffer-free int tensor).
+    ``midlayer.*``, ``norm``, ``lm_head``; the drafter keeps ``d2t`` apart as target ids).
     embed_tokens (V, H): the target's, a plain attribute (not a parameter, not saved)."""
 
     def __init__(self, config: Eagle3Config, *, embed_tokens: torch.Tensor):
@@ -146,8 +148,6 @@ class TorchEagle3Drafter:
 
     def __init__(self, config: Eagle3Config, weights: dict, *, embed_tokens: torch.Tensor, top_k: int | None = None,
                  depth: int | None = None, total_tokens: int | None = None):
-        from specdec.capabilities import DrafterCaps
-
         check_weights(config, weights)
         check_embedding(config, embed_tokens)
         check_layers_resolved(config)
@@ -164,8 +164,6 @@ class TorchEagle3Drafter:
     def _features(self, layers) -> torch.Tensor:
         missing = [i for i in self.config.hidden_layers if i not in layers]
         if missing:
-            from specdec.errors import InvalidInputError
-
             raise InvalidInputError(f"EAGLE-3 needs the outputs of target layers {list(self.config.hidden_layers)}, "
                                     f"missing {missing}: the target must return the layers in DrafterCaps.hidden_layers")
         return self.net.features([torch.as_tensor(layers[i], device=self.device).to(self.dtype)
