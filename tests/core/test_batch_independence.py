@@ -11,7 +11,7 @@ import specdec
 from specdec.plugins.registry import default_registry
 from specdec.testing import make_random_drafter
 
-CHECKPOINT_KINDS = ("redrafter", "medusa", "draft_model", "eagle")  # installed drafters that need a checkpoint folder
+CHECKPOINT_KINDS = ("redrafter", "medusa", "draft_model", "eagle", "eagle3")  # installed drafters that need a checkpoint folder
 
 
 @pytest.fixture(scope="module")
