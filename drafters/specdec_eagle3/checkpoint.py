@@ -12,8 +12,8 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from specdec.checkpoints import read_checkpoint, read_target_config, save_checkpoint
-from specdec.reference.loading import LlamaConfig
+from specdec.models.checkpoints import read_checkpoint, read_target_config, save_checkpoint
+from specdec.models.llama import LlamaConfig
 
 from specdec_eagle3.config import Eagle3Config, check_weights, default_hidden_layers
 
@@ -31,7 +31,7 @@ def save_eagle3(path: str | Path, config: Eagle3Config, weights: Mapping[str, np
 def load_eagle3_checkpoint(path: str | Path) -> tuple[Eagle3Config, dict[str, np.ndarray]]:
     """Read a folder written by ``save_eagle3``, or one in the SpecForge or speculators layout
     (``specdec_eagle3.export``) -> (config, float64 weights, ``d2t`` int64)."""
-    from specdec.export import detect_layout
+    from specdec.models.export import detect_layout
 
     layout = detect_layout(path)
     if layout in (("eagle3", "specforge"), ("eagle3", "speculators")):

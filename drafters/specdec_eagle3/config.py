@@ -31,7 +31,7 @@ from typing import Any
 import attrs
 import numpy as np
 
-from specdec.checkpoints import config_from_dict
+from specdec.models.checkpoints import config_from_dict
 from specdec.errors import InvalidInputError
 
 __all__ = ["MODEL_TYPE", "Eagle3Config", "check_weights", "default_hidden_layers", "draft_to_target", "resolve_layers"]

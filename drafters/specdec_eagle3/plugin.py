@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from specdec.hookspecs import hookimpl
-from specdec.plugin_support import backend_class, lazy_call, load_trained
-from specdec.specs import DrafterSpec, Layout
+from specdec.plugins.hookspecs import hookimpl
+from specdec.plugins.support import backend_class, lazy_call, load_trained
+from specdec.plugins.specs import DrafterSpec, Layout
 
 CLASSES = {
     "numpy": "specdec_eagle3.reference:Eagle3Drafter",

@@ -142,7 +142,7 @@ def framework(name: str) -> None:
     names it); once installed, its backend must build and EAGLE-3 must be registered for it."""
     import importlib.util
 
-    from specdec.plugins import default_registry
+    from specdec.plugins.registry import default_registry
 
     if importlib.util.find_spec(FRAMEWORKS[name].split(".")[0]) is None:
         pytest.skip(f"{name} is not installed")
@@ -194,7 +194,7 @@ def test_a_drafter_for_another_target_is_refused(model_dir, eagle3):
 
 
 def test_tree_options_reach_the_drafter(deep_model, eagle3):
-    from specdec.generate import prepare
+    from specdec.generation.api import prepare
 
     plan, *_ = prepare(deep_model, [1], str(eagle3), "numpy", max_new_tokens=4, temperature=0.0, top_k=None,
                        top_p=None, dtype=None, device=None, registry=None,

@@ -168,7 +168,7 @@ def test_sampling_over_its_dynamic_tree_emits_exactly_the_targets_distribution(t
     """One step of EAGLE-3's tree under the exact verifier, every branch enumerated, then the
     target's own conditionals: the next depth + 1 tokens are distributed as the target's joint to
     1e-10, whatever the tree holds (a draft vocabulary smaller than the target's included)."""
-    from specdec.generate import prepare
+    from specdec.generation.api import prepare
     from specdec.reference.model import load_target
     from specdec.reference.verify import ExactTreeVerifier
     from specdec.testing import make_random_drafter, make_random_model
