@@ -34,7 +34,7 @@ from specdec.errors import (
 from specdec.capabilities import drafter_caps, verifier_caps
 from specdec.models.files import check_model_folder, read_json
 from specdec.models.llama import load_tokenizer
-from specdec.slots import DEFAULT_CAPACITY, TREE_ROOM
+from specdec.slots import DEFAULT_CAPACITY, TREE_ROOM, check_tree_room
 from specdec.decode.loop import decode_steps
 from specdec.decode.plan import DecodePlan
 from specdec.generation.resolve import Resolved, build, resolve, with_lookup
@@ -110,6 +110,8 @@ def stream(model: Any, prompt: Any, drafter: Any = "redrafter", backend: str | N
 
 def prepare(model, prompt, drafter, backend, **kwargs):
     """Resolve every name and check every argument; returns (plan, token prompts, batched, tokenizer).
+    The drafter's trees are checked against what the target's slots leave beyond the prompts and
+    ``max_new_tokens`` unless ``tree_room`` is given (an engine's, which checks it itself).
 
     If loading fails and the model comes from the specdec cache, the cache folder's hashes are
     checked; a damaged folder is converted again and the load retried once.
@@ -125,7 +127,7 @@ def prepare(model, prompt, drafter, backend, **kwargs):
 
 
 def _prepare(model, prompt, drafter, backend, *, max_new_tokens, temperature, top_k, top_p, dtype, device,
-             registry, options, exact=None):
+             registry, options, exact=None, tree_room=None):
     registry = registry or default_registry()
     options = dict(options)
     sampling = sampling_config(temperature, top_k, top_p)
@@ -163,6 +165,10 @@ def _prepare(model, prompt, drafter, backend, *, max_new_tokens, temperature, to
         drafter_obj = add_lookup(drafter_obj, lookup, backend_obj, target)
         named = with_lookup(named)
     caps = drafter_caps(drafter_obj, named.source)
+    if tree_room is None:  # an engine passes its own, which it checks itself
+        room = int(target.capacity) - max(map(len, prompts)) - int(max_new_tokens) + 1  # the last step's tree
+        check_tree_room(caps.max_tree_size, room, named.source,
+                        "" if isinstance(model, (str, Path)) else ", or load the target with a larger capacity")
     tree_name, tree_options = caps.tree_builder
     tree = resolve("tree_builder", tree_choice or tree_name, registry, backend_obj.name)
     tree_builder = build(tree, registry, backend_obj.name, tree_options)
