@@ -23,8 +23,8 @@ _LAYER = re.compile(r"model\.layers\.(\d+)\.")
 
 
 def weight_files(folder: Path) -> list[Path]:
-    """``model.safetensors``, or the shards its index lists (an empty list when neither is there:
-    the loader then says what is missing)."""
+    """``model.safetensors``, or the shards its index lists (an empty list when neither is there
+    or a listed shard is missing: the loader then says what is missing)."""
     if (folder / "model.safetensors").is_file():
         return [folder / "model.safetensors"]
     index = folder / "model.safetensors.index.json"
@@ -33,7 +33,13 @@ def weight_files(folder: Path) -> list[Path]:
     weight_map = read_json(index, what="weights index").get("weight_map", {})
     if not isinstance(weight_map, dict):
         raise InvalidInputError(f"weights index {index} has a weight_map that is not an object; re-create the index")
-    return [folder / shard for shard in sorted({str(s) for s in weight_map.values()}) if (folder / shard).is_file()]
+    names = sorted({str(s) for s in weight_map.values()})
+    outside = [name for name in names if Path(name).name != name or name in ("", ".", "..")]
+    if outside:
+        raise InvalidInputError(f"weights index {index} names {outside[0]!r}, which is not a file of its folder: "
+                                "a shard must sit beside the index")
+    shards = [folder / shard for shard in names]
+    return shards if all(shard.is_file() for shard in shards) else []
 
 
 def read_headers(files: list[Path]) -> dict[str, tuple[str, tuple[int, ...], Path]]:
