@@ -32,7 +32,7 @@ from specdec.errors import (
     UnknownPluginError,
 )
 from specdec.capabilities import drafter_caps, verifier_caps
-from specdec.models.files import check_model_folder, read_json
+from specdec.models.files import check_model_folder, damaged_checkpoint, read_json
 from specdec.models.llama import load_tokenizer
 from specdec.slots import DEFAULT_CAPACITY, TREE_ROOM, check_tree_room
 from specdec.decode.loop import decode_steps
@@ -139,6 +139,10 @@ def _prepare(model, prompt, drafter, backend, *, max_new_tokens, temperature, to
     if isinstance(model, (str, Path)):  # encode first: the target gets one slot per prompt, sized to fit
         check_model_folder(model)
         tokenizer, config = load_tokenizer(model), read_json(Path(model) / "config.json", what="model config")
+        vocab = config.get("vocab_size", 1)
+        if isinstance(vocab, bool) or not isinstance(vocab, int) or vocab < 1:
+            raise InvalidInputError(f"{Path(model) / 'config.json'}: vocab_size must be a positive integer, got "
+                                    f"{vocab!r}; fix config.json")
         prompts, batched = encode_prompts(prompt, tokenizer, int(config.get("vocab_size", 0)) or 2**62,
                                           chat_template=load_chat_template(model))
         check_fits_context(prompts, max_new_tokens, config.get("max_position_embeddings"), batched=batched)
@@ -347,8 +351,11 @@ def load_drafter(drafter: Resolved, target, backend, registry: PluginRegistry, o
         if options:
             raise InvalidInputError(f"options {sorted(options)} cannot be applied to a Drafter object")
         return drafter.choice
-    return build(drafter, registry, backend.name, options, target=target, checkpoint=drafter.checkpoint,
-                 backend=backend)
+    if drafter.checkpoint is None:
+        return build(drafter, registry, backend.name, options, target=target, checkpoint=None, backend=backend)
+    with damaged_checkpoint(drafter.checkpoint):
+        return build(drafter, registry, backend.name, options, target=target, checkpoint=drafter.checkpoint,
+                     backend=backend)
 
 
 def add_lookup(drafter, lookup, backend, target):

@@ -23,13 +23,17 @@ _LAYER = re.compile(r"model\.layers\.(\d+)\.")
 
 
 def weight_files(folder: Path) -> list[Path]:
-    """``model.safetensors``, or the shards its index lists (an empty list when neither is there
-    or a listed shard is missing: the loader then says what is missing)."""
+    """``model.safetensors``, or the shards its index lists; an error naming what is missing
+    (pickled weights, such as ``pytorch_model.bin``, are never read)."""
     if (folder / "model.safetensors").is_file():
         return [folder / "model.safetensors"]
     index = folder / "model.safetensors.index.json"
     if not index.is_file():
-        return []
+        pickles = sorted(p.name for pattern in ("*.bin", "*.pt", "*.pth", "*.pkl") for p in folder.glob(pattern))
+        raise InvalidInputError(
+            f"no weights in {folder}: expected model.safetensors, or shards listed in model.safetensors.index.json"
+            + (f" ({', '.join(pickles)} is pickled, which specdec never loads: save the weights as safetensors)"
+               if pickles else ""))
     weight_map = read_json(index, what="weights index").get("weight_map", {})
     if not isinstance(weight_map, dict):
         raise InvalidInputError(f"weights index {index} has a weight_map that is not an object; re-create the index")
@@ -39,7 +43,10 @@ def weight_files(folder: Path) -> list[Path]:
         raise InvalidInputError(f"weights index {index} names {outside[0]!r}, which is not a file of its folder: "
                                 "a shard must sit beside the index")
     shards = [folder / shard for shard in names]
-    return shards if all(shard.is_file() for shard in shards) else []
+    missing = [shard for shard in shards if not shard.is_file()]
+    if missing:
+        raise InvalidInputError(f"shard {missing[0]} listed in {index} is missing; restore it or re-create the folder")
+    return shards
 
 
 def read_headers(files: list[Path]) -> dict[str, tuple[str, tuple[int, ...], Path]]:
@@ -95,11 +102,9 @@ def outer_shapes(config) -> dict[str, tuple[int, ...]]:
 def check_weights_header(folder, config) -> None:
     """Refuse a model folder whose weights' headers disagree with ``config`` (a ``LlamaConfig``
     read from its config.json): the layer count, a missing tensor, a shape, or a dtype that is not
-    a float one. Reads the headers only; a folder without weights passes (the loader says so)."""
+    a float one. Reads the headers only."""
     folder = Path(folder)
     tensors = read_headers(weight_files(folder))
-    if not tensors:
-        return
     where = folder / "config.json"
     layers = sorted({int(m.group(1)) for name in tensors if (m := _LAYER.match(name))})
     if layers != list(range(config.num_hidden_layers)):
