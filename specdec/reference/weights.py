@@ -30,7 +30,7 @@ def weight_files(folder: Path) -> list[Path]:
     index = folder / "model.safetensors.index.json"
     if not index.is_file():
         pickles = sorted(p.name for pattern in ("*.bin", "*.pt", "*.pth", "*.pkl") for p in folder.glob(pattern))
-        raise InvalidInputError(
+        raise FileNotFoundError(
             f"no weights in {folder}: expected model.safetensors, or shards listed in model.safetensors.index.json"
             + (f" ({', '.join(pickles)} is pickled, which specdec never loads: save the weights as safetensors)"
                if pickles else ""))
