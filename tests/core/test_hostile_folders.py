@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from specdec.cli import main
+from specdec.cli.main import main
 from specdec.testing import make_random_drafter
 from specdec.testing.hostile import DRAFTER_CASES, MODEL_CASES, hostile_drafters, hostile_models
 

@@ -12,7 +12,7 @@ import pytest
 
 import specdec
 from specdec.capabilities import DrafterCaps
-from specdec.cli import main
+from specdec.cli.main import main
 from specdec.errors import InvalidInputError
 from specdec.slots import TREE_ROOM
 from specdec.types import Draft

@@ -13,7 +13,7 @@ from safetensors.numpy import load_file, save_file
 
 import specdec
 from specdec.errors import InvalidInputError, ModelLoadError
-from specdec.reference.loading import LlamaConfig
+from specdec.models.llama import LlamaConfig
 from specdec.reference.weights import check_weights_header
 
 BACKENDS = ["numpy", "torch", "mlx"]

@@ -61,14 +61,14 @@ def test_close_with_a_timeout_gives_up_on_a_stuck_step_and_closes_once_it_ends(m
 
 STUCK = """
 import threading
-import specdec.drafting
-propose = specdec.drafting.NoDrafter.propose
+import specdec.drafting.none
+propose = specdec.drafting.none.NoDrafter.propose
 def stuck(self, context):
     if any(77 in list(row) for row in context.history):  # a step that never ends
         threading.Event().wait()
     return propose(self, context)
-specdec.drafting.NoDrafter.propose = stuck
-from specdec.cli import main
+specdec.drafting.none.NoDrafter.propose = stuck
+from specdec.cli.main import main
 raise SystemExit(main({argv!r}))
 """
 
