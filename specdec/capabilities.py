@@ -34,6 +34,10 @@ class DrafterCaps:
     hidden_layers: decoder layers (0-based) whose outputs the drafter needs beside the last
         layer's, in ``PromptOutput.layers`` and ``Accepted.layers`` (e.g. low, mid and high
         layers for fused-feature drafters). Only stateful drafters receive them.
+    max_tree_size: the most nodes (root included) one row's draft tree can hold, e.g.
+        1 + W * (L - 1) for W beams of length L; the loop refuses a drafter whose trees cannot
+        fit the room a slot keeps for them before any step runs (None: not known in advance;
+        each tree is then checked when it is verified).
     """
 
     tree_builder: tuple[str, Mapping[str, Any]] = attrs.field(
@@ -43,6 +47,8 @@ class DrafterCaps:
     sampled_proposals: bool = False
     stateful: bool = False
     hidden_layers: tuple[int, ...] = attrs.field(default=(), converter=lambda v: tuple(int(i) for i in v))
+    max_tree_size: int | None = attrs.field(default=None, converter=lambda v: None if v is None else int(v),
+                                            validator=lambda _, __, v: _check_tree_size(v))
 
 
 @attrs.frozen(kw_only=True)
@@ -73,6 +79,11 @@ class VerifierRule:
         """What the loop reads: whether this rule needs the drafter's distributions."""
         return VerifierCaps(needs_draft_probs=self.needs_draft_probs,
                             needs_sampled_draft=self.needs_sampled_draft)
+
+
+def _check_tree_size(value) -> None:
+    if value is not None and value < 1:
+        raise ValueError(f"DrafterCaps.max_tree_size must be None or an integer >= 1 (the root), got {value!r}")
 
 
 def drafter_caps(drafter: Any, source: str = "") -> DrafterCaps:

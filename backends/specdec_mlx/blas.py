@@ -1,4 +1,4 @@
-"""MLX on Linux: use the system's OpenBLAS instead of the reference BLAS bundled in the wheel.
+"""MLX on Linux: use an OpenBLAS instead of the reference BLAS bundled in the wheel.
 
 The ``mlx[cpu]`` wheel for Linux links its matrix products against the reference BLAS it bundles
 (``mlx_cpu.libs/libblas-*.so``), which computes a product of k rows k times as slowly as one
@@ -7,11 +7,20 @@ MLX resolves ``cblas_sgemm`` and its kin when its library loads, looking in the 
 scope first. So, when the mlx backend is first asked for, before ``mlx.core`` is imported,
 ``prefer_system_blas`` loads an OpenBLAS found on the system into the global scope, and MLX then
 binds to it: the same effect as ``LD_PRELOAD=.../libblas.so.3`` without asking the user for it.
+
+The OpenBLAS comes from PyPI by default: the ``mlx`` extra installs ``ngsolve-openblas`` on
+x86-64 Linux, a plain OpenBLAS build (standard ``cblas_*`` names, unlike numpy's and
+``scipy-openblas32``'s prefixed ones) that needs ``libgfortran.so.5``, which it looks for beside
+itself. ``load_pip_openblas`` gives it the libgfortran the ``mlx[cpu]`` wheel bundles: it loads
+that one first, then the OpenBLAS through a link in a private temporary folder that also holds a
+``libgfortran.so.5`` link to it (the loader sees the same file, already loaded), and removes the
+folder. Where that package is missing, a system OpenBLAS is loaded instead.
 Every BLAS call of that process then goes to OpenBLAS, torch's float32 matrix products included
 (several times slower than torch's own MKL on a busy 2-core machine), so it is done only in
 processes that use the mlx backend, never at import or plugin registration.
 
-``$SPECDEC_MLX_BLAS`` names a BLAS library to load instead, or ``bundled`` to keep MLX's own.
+``$SPECDEC_MLX_BLAS`` names a BLAS library to load instead, ``system`` to prefer the system's
+OpenBLAS, or ``bundled`` to keep MLX's own.
 Where no OpenBLAS is found, or MLX was imported first, ``blas_hint`` gives the one-line advice
 that ``MlxBackend.load_target`` prints once.
 """
@@ -22,9 +31,12 @@ import ctypes
 import glob
 import importlib.util
 import os
+import shutil
 import sys
+import tempfile
+from pathlib import Path
 
-__all__ = ["blas_hint", "prefer_system_blas", "system_blas_candidates"]
+__all__ = ["blas_hint", "load_pip_openblas", "pip_openblas", "prefer_system_blas", "system_blas_candidates"]
 
 VARIABLE = "SPECDEC_MLX_BLAS"
 _state = {"loaded": None, "tried": False}
@@ -42,9 +54,43 @@ def system_blas_candidates() -> list[str]:
     return found
 
 
+def _package_folder(name: str) -> Path | None:
+    """The folder of an installed package, found without importing it."""
+    spec = importlib.util.find_spec(name)
+    locations = list(spec.submodule_search_locations or []) if spec is not None else []
+    return Path(locations[0]) if locations else None
+
+
+def pip_openblas() -> tuple[str, str] | None:
+    """(OpenBLAS, the libgfortran for it) from pip packages: ``ngsolve-openblas`` and the
+    libgfortran that the ``mlx[cpu]`` wheel bundles (``mlx_cpu.libs``); None when either is missing."""
+    folder, mlx = _package_folder("ngsolve_openblas"), _package_folder("mlx")
+    if folder is None or mlx is None:
+        return None
+    openblas = sorted(glob.glob(str(folder / "libopenblas*.so*")))
+    gfortran = sorted(glob.glob(str(mlx.parent / "mlx_cpu.libs" / "libgfortran*.so*")))
+    return (openblas[0], gfortran[0]) if openblas and gfortran else None
+
+
+def load_pip_openblas(libraries: tuple[str, str]) -> None:
+    """Load ``pip_openblas()``'s OpenBLAS into the global scope (module docstring); OSError if it
+    cannot be loaded."""
+    openblas, gfortran = libraries
+    ctypes.CDLL(gfortran, mode=os.RTLD_GLOBAL)
+    folder = tempfile.mkdtemp(prefix="specdec-blas-")
+    try:
+        os.symlink(gfortran, os.path.join(folder, "libgfortran.so.5"))
+        os.symlink(openblas, os.path.join(folder, "libopenblas.so.0"))
+        ctypes.CDLL(os.path.join(folder, "libopenblas.so.0"), mode=os.RTLD_GLOBAL)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
 def prefer_system_blas() -> str | None:
-    """Load the system OpenBLAS into the global symbol scope before MLX loads; returns the library
-    loaded, or None (not Linux, MLX not installed or already imported, none found, or disabled)."""
+    """Load an OpenBLAS into the global symbol scope before MLX loads: the one named by
+    ``$SPECDEC_MLX_BLAS``, else the pip package's (``pip_openblas``; unless the variable says
+    ``system``), else the system's; returns the library loaded, or None (not Linux, MLX not
+    installed or already imported, none found, or ``bundled``)."""
     if _state["tried"]:
         return _state["loaded"]
     _state["tried"] = True
@@ -53,7 +99,17 @@ def prefer_system_blas() -> str | None:
         return None
     if importlib.util.find_spec("mlx") is None:
         return None
-    for library in ([choice] if choice else system_blas_candidates()):
+    if not choice:
+        wheel = pip_openblas()
+        if wheel is not None:
+            try:
+                load_pip_openblas(wheel)
+            except OSError:
+                pass
+            else:
+                _state["loaded"] = wheel[0]
+                return wheel[0]
+    for library in ([choice] if choice not in ("", "system") else system_blas_candidates()):
         try:
             ctypes.CDLL(library, mode=os.RTLD_GLOBAL)
         except OSError:
@@ -70,10 +126,11 @@ def blas_hint() -> str | None:
     if _state["loaded"] or _mapped_openblas():  # ours, or one the user preloaded
         return None
     slow = "mlx runs on its bundled reference BLAS, under which a tree of k tokens costs about k decode steps"
-    if system_blas_candidates():
-        return f"{slow}: import specdec before mlx (specdec then loads the system OpenBLAS for it), or preload it"
-    return (f"{slow}: install OpenBLAS (Debian/Ubuntu: apt-get install libopenblas0-pthread) and specdec loads it "
-            f"for mlx automatically, or name a BLAS library in ${VARIABLE}")
+    if system_blas_candidates() or pip_openblas():
+        return f"{slow}: import specdec before mlx (specdec then loads OpenBLAS for it), or preload it"
+    return (f"{slow}: pip install ngsolve-openblas (the mlx extra does, on x86-64 Linux) or the system's OpenBLAS "
+            f"(Debian/Ubuntu: apt-get install libopenblas0-pthread) and specdec loads it for mlx automatically, or "
+            f"name a BLAS library in ${VARIABLE}")
 
 
 def _mapped_openblas() -> bool:

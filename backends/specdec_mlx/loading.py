@@ -17,6 +17,7 @@ import numpy as np
 
 from specdec.errors import InvalidInputError
 from specdec.models.llama import LlamaConfig, load_tokenizer
+from specdec.reference.weights import check_weights_header
 from specdec_mlx.target import MlxTarget
 from specdec_mlx.weights import fingerprint_of, weight_files  # noqa: F401  (fingerprint_of: where it was)
 
@@ -41,6 +42,7 @@ def load_folder(path: str | os.PathLike, *, dtype, **slots) -> MlxTarget:
 
     folder = Path(path)
     config = LlamaConfig.from_folder(folder)  # checks the folder and the architecture
+    check_weights_header(folder, config)  # the weights agree with config.json before a layer is built
     model, _ = load_model(folder)
     model.set_dtype(dtype)
     return MlxTarget(model, config=config, dtype=dtype, tokenizer=load_tokenizer(folder),

@@ -20,6 +20,7 @@ import torch
 from specdec.errors import InvalidInputError
 from specdec.models.llama import SUPPORTED_MODEL_TYPES, LlamaConfig, load_tokenizer
 from specdec_torch.device import default_device
+from specdec.reference.weights import check_weights_header
 from specdec_torch.model import TorchTarget
 
 __all__ = ["DTYPES", "default_device", "load_torch_target", "resolve_dtype", "tensor_fingerprint"]
@@ -97,6 +98,7 @@ def _from_folder(path: str | os.PathLike, dtype: torch.dtype, device: torch.devi
     transformers = require("transformers", extra="torch", feature="the torch backend's model loading")
     folder = Path(path)
     config = LlamaConfig.from_folder(folder)  # clear errors for missing folders and unsupported models
+    check_weights_header(folder, config)  # the weights agree with config.json before a layer is built
     logging = transformers.utils.logging
     bar_was_enabled = logging.is_progress_bar_enabled()
     logging.disable_progress_bar()  # no progress output from a library call

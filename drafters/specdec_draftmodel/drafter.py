@@ -99,7 +99,7 @@ class DraftModelDrafter:
     @property
     def caps(self) -> DrafterCaps:
         return DrafterCaps(stateful=True, sample_shape=(1, self.draft_length) if self.sample else None,
-                           sampled_proposals=self.sample)
+                           sampled_proposals=self.sample, max_tree_size=self.draft_length + 1)
 
     # -- the request lifecycle -------------------------------------------------------------------
 

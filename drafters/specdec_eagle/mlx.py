@@ -125,7 +125,9 @@ class MlxEagleDrafter:
     """EAGLE as a stateful ``specdec.protocols.Drafter`` on the mlx backend (same options as the
     reference's ``EagleDrafter``); each slot's draft cache is an (Hkv, T, Dh) pair of arrays."""
 
-    caps = DrafterCaps(stateful=True, tree_builder=("prefix_tree", {}))
+    @property
+    def caps(self) -> DrafterCaps:
+        return DrafterCaps(stateful=True, tree_builder=("prefix_tree", {}), max_tree_size=self.total_tokens + 1)
 
     def __init__(self, config: EagleConfig, weights: dict, *, embed_tokens, lm_head, top_k: int | None = None,
                  depth: int | None = None, total_tokens: int | None = None):

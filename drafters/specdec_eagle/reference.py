@@ -310,7 +310,9 @@ class EagleDrafter:
     row is computed alone, so a request's draft does not depend on the rest of its batch.
     """
 
-    caps = DrafterCaps(stateful=True, tree_builder=("prefix_tree", {}))
+    @property
+    def caps(self) -> DrafterCaps:
+        return DrafterCaps(stateful=True, tree_builder=("prefix_tree", {}), max_tree_size=self.total_tokens + 1)
 
     def __init__(self, config: EagleConfig, weights: dict, *, embed_tokens, lm_head, top_k: int | None = None,
                  depth: int | None = None, total_tokens: int | None = None):

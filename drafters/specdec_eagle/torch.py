@@ -145,7 +145,9 @@ class TorchEagleDrafter:
     ``EagleDrafter``). Draft caches live per slot in the target's dtype and device, grown by
     doubling; rows of a step run together."""
 
-    caps = DrafterCaps(stateful=True, tree_builder=("prefix_tree", {}))
+    @property
+    def caps(self) -> DrafterCaps:
+        return DrafterCaps(stateful=True, tree_builder=("prefix_tree", {}), max_tree_size=self.total_tokens + 1)
     PREFILL_CHUNK = 256
 
     def __init__(self, config: EagleConfig, weights: dict, *, embed_tokens: torch.Tensor, lm_head: torch.Tensor,

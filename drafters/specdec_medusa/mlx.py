@@ -17,6 +17,7 @@ import numpy as np
 from specdec.capabilities import DrafterCaps
 
 from specdec.types import Draft, DraftContext
+from specdec_medusa.choices import resolve_choices
 from specdec_medusa.config import MedusaConfig
 from specdec_medusa.reference import check_weights
 from specdec_medusa.tree import StaticTreeBuilder
@@ -84,7 +85,8 @@ class MlxMedusaDrafter:
         self.heads = MedusaHeads(config, weights, lm_head=lm_head, dtype=dtype)
         self.top_t = top_t
         self.dtype = dtype
-        self.caps = DrafterCaps(tree_builder=("medusa_tree", {"choices": config.choices}))
+        self.caps = DrafterCaps(tree_builder=("medusa_tree", {"choices": config.choices}),
+                                max_tree_size=1 + len(resolve_choices(config.choices)))
 
     def propose(self, context: DraftContext) -> Draft:
         logits = self.heads(ops.as_array(context.hidden, dtype=self.dtype))  # (B, K, V)

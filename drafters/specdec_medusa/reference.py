@@ -20,6 +20,7 @@ import numpy as np
 from specdec.capabilities import DrafterCaps
 
 from specdec.types import Draft, DraftContext
+from specdec_medusa.choices import resolve_choices
 from specdec_medusa.config import MedusaConfig
 
 
@@ -145,7 +146,8 @@ class MedusaDrafter:
         self.weights = {name: np.asarray(array, dtype=np.float64) for name, array in weights.items()}
         self.lm_head = _check_lm_head(config, lm_head)
         self.top_t = top_t
-        self.caps = DrafterCaps(tree_builder=("medusa_tree", {"choices": config.choices}))
+        self.caps = DrafterCaps(tree_builder=("medusa_tree", {"choices": config.choices}),
+                                max_tree_size=1 + len(resolve_choices(config.choices)))
 
     def propose(self, context: DraftContext) -> Draft:
         """Each head's top-T tokens: ``head_tokens`` (B, K, T) int64, best first."""

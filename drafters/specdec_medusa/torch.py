@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from specdec.types import Draft, DraftContext, DraftTree
+from specdec_medusa.choices import resolve_choices
 from specdec_medusa.config import MedusaConfig
 from specdec_medusa.reference import check_weights
 from specdec_medusa.tree import StaticTreeBuilder
@@ -82,7 +83,8 @@ class TorchMedusaDrafter:
         self.heads = MedusaHeads(config, weights, lm_head=lm_head, dtype=dtype, device=device).eval()
         self.top_t = top_t
         self.dtype = dtype
-        self.caps = DrafterCaps(tree_builder=("medusa_tree", {"choices": config.choices}))
+        self.caps = DrafterCaps(tree_builder=("medusa_tree", {"choices": config.choices}),
+                                max_tree_size=1 + len(resolve_choices(config.choices)))
 
     @torch.inference_mode()
     def propose(self, context: DraftContext) -> Draft:

@@ -281,7 +281,8 @@ class BeamSettings:
 
     @property
     def caps(self) -> DrafterCaps:
-        return DrafterCaps(sample_shape=self.sample_shape, sampled_proposals=self.sampled_proposals)
+        return DrafterCaps(sample_shape=self.sample_shape, sampled_proposals=self.sampled_proposals,
+                           max_tree_size=1 + self.beam_width * (self.beam_length - 1))
 
 
 class RedrafterDrafter(BeamSettings):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 import sys
 
 from specdec.errors import InvalidInputError
@@ -13,7 +12,7 @@ def add_parser(sub) -> None:
     parser.add_argument("action", nargs="?", default="show", choices=("show", "verify", "clear"))
     parser.add_argument("names", nargs="*", help="model names in the cache (default: all of them)")
     parser.add_argument("--no-repair", action="store_true", help="verify: report damage without converting again")
-    parser.add_argument("--all", action="store_true", help="clear: remove the whole cache (models, teacher data ...)")
+    parser.add_argument("--all", action="store_true", help="clear: remove everything specdec keeps in the cache (models, teacher data, tuning ...)")
     parser.set_defaults(func=cmd_cache)
 
 
@@ -50,8 +49,7 @@ def cmd_cache(args) -> int:
             folder = root / "models" / row["name"]
             found = cache.problems(folder, full=True)
             if not found:
-                print(f"{row['name']}: ok (every file matches its recorded size and SHA-256)"
-                      if (folder / cache.MANIFEST).is_file() else f"{row['name']}: ok (no recorded hashes to check)")
+                print(f"{row['name']}: ok (every file matches its recorded size and SHA-256)")
                 continue
             print(f"{row['name']}: damaged: {'; '.join(found)}")
             if args.no_repair:
@@ -63,9 +61,16 @@ def cmd_cache(args) -> int:
     if not args.names and not args.all:
         raise InvalidInputError(f"specdec cache clear: name the models to remove ({', '.join(known) or 'none'}) "
                                 f"or pass --all to remove the whole cache {root}")
-    targets = [root] if args.all else [root / "models" / row["name"] for row in chosen]
-    for path in targets:
-        if path.exists():
-            shutil.rmtree(path)
+    if args.all:
+        removed, others = cache.clear_all(root)
+        for path in removed:
             print(f"removed {path}")
+        if others:
+            print(f"left {len(others)} entr{'y' if len(others) == 1 else 'ies'} of {root} that specdec did not make: "
+                  f"{', '.join(p.name for p in others[:8])}{' ...' if len(others) > 8 else ''}", file=sys.stderr)
+        return 0
+    for row in chosen:
+        path = root / "models" / row["name"]
+        cache.remove_entry(path)
+        print(f"removed {path}")
     return 0

@@ -39,6 +39,8 @@ def add_parser(sub) -> None:
                         help="at shutdown cancel the requests in flight instead of letting them finish")
     parser.add_argument("--shutdown-timeout", type=float, default=30.0,
                         help="seconds the requests in flight get to finish at shutdown")
+    parser.add_argument("--stall-timeout", type=float, default=60.0,
+                        help="seconds one scheduler step may run before /health answers 503 'stalled'")
     parser.add_argument("--beam-width", type=int, default=None)
     parser.add_argument("--beam-length", type=int, default=None)
     parser.add_argument("--lookup", action=argparse.BooleanOptionalAction, default=None,
@@ -89,7 +91,8 @@ def cmd_serve(args) -> int:
 
     from specdec.tuning.exactness import describe as describe_exactness
 
-    for flag in ("max_body_bytes", "header_timeout", "body_timeout", "keep_alive_timeout", "max_connections"):
+    for flag in ("max_body_bytes", "header_timeout", "body_timeout", "keep_alive_timeout", "max_connections",
+                 "stall_timeout"):
         if not getattr(args, flag) > 0:
             raise InvalidInputError(f"--{flag.replace('_', '-')} must be > 0, got {getattr(args, flag)}")
     limits = Limits(max_body_bytes=args.max_body_bytes, header_timeout=args.header_timeout,
@@ -111,7 +114,13 @@ def cmd_serve(args) -> int:
     warning = exposure_warning(args.host, api_key)
     if warning is not None:
         print(warning, file=sys.stderr)
-    Server(engine, model_name=name, host=args.host, port=args.port, drain=not args.no_drain,
-           shutdown_timeout=args.shutdown_timeout, log_level=args.log_level, api_key=api_key,
-           allowed_hosts=tuple(args.allowed_host), limits=limits).run()
+    server = Server(engine, model_name=name, host=args.host, port=args.port, drain=not args.no_drain,
+                    shutdown_timeout=args.shutdown_timeout, log_level=args.log_level, api_key=api_key,
+                    allowed_hosts=tuple(args.allowed_host), limits=limits, stall_timeout=args.stall_timeout)
+    server.run()
+    if server.stuck:  # the scheduler is still inside a step: exit without waiting on it at interpreter exit
+        print("specdec: error: the engine's step did not end at shutdown; exiting with it unfinished", file=sys.stderr)
+        sys.stderr.flush()
+        sys.stdout.flush()
+        os._exit(1)
     return 0

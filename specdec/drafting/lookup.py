@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+import attrs
 import numpy as np
 
 from specdec.capabilities import DrafterCaps, drafter_caps
@@ -159,7 +160,9 @@ class LookupDrafter(PassLifecycle):
         self.beam_width = 1 + getattr(inner, "beam_width", 0)  # beams per draft, and their length (for reports)
         self.beam_length = getattr(inner, "beam_length", self.draft_length + 1)
         # Beside a drafter, its needs (a stateful one keeps its lifecycle: LookupDrafter passes it on).
-        self.caps = DrafterCaps() if inner_caps is None else inner_caps
+        self.caps = (DrafterCaps(max_tree_size=self.draft_length + 1) if inner_caps is None else attrs.evolve(
+            inner_caps, max_tree_size=None if inner_caps.max_tree_size is None
+            else inner_caps.max_tree_size + self.draft_length))
 
     def propose(self, context: DraftContext) -> Draft:
         if context.history is None:

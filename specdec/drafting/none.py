@@ -9,7 +9,7 @@ from specdec.types import Draft, DraftContext
 class NoDrafter:
     """Plain decoding: the tree is the root alone, so each step verifies one token."""
 
-    caps = DrafterCaps()
+    caps = DrafterCaps(max_tree_size=1)
 
     def propose(self, context: DraftContext) -> Draft:
         return Draft(root_tokens=context.root_tokens, beams=context.root_tokens[:, None, None])

@@ -32,9 +32,9 @@ from specdec.errors import (
     UnknownPluginError,
 )
 from specdec.capabilities import drafter_caps, verifier_caps
-from specdec.models.files import check_model_folder, read_json
+from specdec.models.files import check_model_folder, damaged_checkpoint, read_json
 from specdec.models.llama import load_tokenizer
-from specdec.slots import DEFAULT_CAPACITY, TREE_ROOM
+from specdec.slots import DEFAULT_CAPACITY, TREE_ROOM, check_tree_room
 from specdec.decode.loop import decode_steps
 from specdec.decode.plan import DecodePlan
 from specdec.generation.resolve import Resolved, build, resolve, with_lookup
@@ -110,6 +110,8 @@ def stream(model: Any, prompt: Any, drafter: Any = "redrafter", backend: str | N
 
 def prepare(model, prompt, drafter, backend, **kwargs):
     """Resolve every name and check every argument; returns (plan, token prompts, batched, tokenizer).
+    The drafter's trees are checked against what the target's slots leave beyond the prompts and
+    ``max_new_tokens`` unless ``tree_room`` is given (an engine's, which checks it itself).
 
     If loading fails and the model comes from the specdec cache, the cache folder's hashes are
     checked; a damaged folder is converted again and the load retried once.
@@ -125,7 +127,7 @@ def prepare(model, prompt, drafter, backend, **kwargs):
 
 
 def _prepare(model, prompt, drafter, backend, *, max_new_tokens, temperature, top_k, top_p, dtype, device,
-             registry, options, exact=None):
+             registry, options, exact=None, tree_room=None):
     registry = registry or default_registry()
     options = dict(options)
     sampling = sampling_config(temperature, top_k, top_p)
@@ -137,6 +139,10 @@ def _prepare(model, prompt, drafter, backend, *, max_new_tokens, temperature, to
     if isinstance(model, (str, Path)):  # encode first: the target gets one slot per prompt, sized to fit
         check_model_folder(model)
         tokenizer, config = load_tokenizer(model), read_json(Path(model) / "config.json", what="model config")
+        vocab = config.get("vocab_size", 1)
+        if isinstance(vocab, bool) or not isinstance(vocab, int) or vocab < 1:
+            raise InvalidInputError(f"{Path(model) / 'config.json'}: vocab_size must be a positive integer, got "
+                                    f"{vocab!r}; fix config.json")
         prompts, batched = encode_prompts(prompt, tokenizer, int(config.get("vocab_size", 0)) or 2**62,
                                           chat_template=load_chat_template(model))
         check_fits_context(prompts, max_new_tokens, config.get("max_position_embeddings"), batched=batched)
@@ -163,6 +169,10 @@ def _prepare(model, prompt, drafter, backend, *, max_new_tokens, temperature, to
         drafter_obj = add_lookup(drafter_obj, lookup, backend_obj, target)
         named = with_lookup(named)
     caps = drafter_caps(drafter_obj, named.source)
+    if tree_room is None:  # an engine passes its own, which it checks itself
+        room = int(target.capacity) - max(map(len, prompts)) - int(max_new_tokens) + 1  # the last step's tree
+        check_tree_room(caps.max_tree_size, room, named.source,
+                        "" if isinstance(model, (str, Path)) else ", or load the target with a larger capacity")
     tree_name, tree_options = caps.tree_builder
     tree = resolve("tree_builder", tree_choice or tree_name, registry, backend_obj.name)
     tree_builder = build(tree, registry, backend_obj.name, tree_options)
@@ -341,8 +351,11 @@ def load_drafter(drafter: Resolved, target, backend, registry: PluginRegistry, o
         if options:
             raise InvalidInputError(f"options {sorted(options)} cannot be applied to a Drafter object")
         return drafter.choice
-    return build(drafter, registry, backend.name, options, target=target, checkpoint=drafter.checkpoint,
-                 backend=backend)
+    if drafter.checkpoint is None:
+        return build(drafter, registry, backend.name, options, target=target, checkpoint=None, backend=backend)
+    with damaged_checkpoint(drafter.checkpoint):
+        return build(drafter, registry, backend.name, options, target=target, checkpoint=drafter.checkpoint,
+                     backend=backend)
 
 
 def add_lookup(drafter, lookup, backend, target):

@@ -114,8 +114,8 @@ def _upgrade_config(folder: Path) -> None:
 
 
 def _usable(folder: Path) -> bool:
-    """True when a converted folder passes the per-load checks (recording the sizes and hashes
-    of a folder converted before they were recorded); a damaged one is reported for repair."""
+    """True when a converted folder passes the per-load checks; a damaged one (a missing
+    manifest included: its files cannot be told sound) is reported for repair."""
     if not (folder / COMPLETE).is_file():
         return False
     found = cache.problems(folder)
@@ -123,11 +123,6 @@ def _usable(folder: Path) -> bool:
         log.warning("specdec: the cached model %s is damaged (%s); converting it again", folder, "; ".join(found))
         return False
     _upgrade_config(folder)
-    if not (folder / cache.MANIFEST).is_file():
-        try:
-            cache.write_manifest(folder)
-        except OSError as exc:  # a read-only cache still serves, unrecorded
-            log.info("could not record the hashes of %s: %s", folder, exc)
     return True
 
 
@@ -159,8 +154,8 @@ def repair(folder: Path) -> None:
         convert_bundled(BUNDLED[folder.name], folder)
         return
     marker = folder / COMPLETE
-    source = Path(marker.read_text().strip()) if marker.is_file() else None
-    if source is None or not source.is_file():
+    source = Path(marker.read_text().strip()) if marker.is_file() and not marker.is_symlink() else None
+    if source is None or source.suffix != ".gguf" or not source.is_file():
         raise CacheError(
             f"the cached model {folder} is damaged and its source GGUF file ({source}) is not available to convert "
             f"it again: remove it with `specdec cache clear {folder.name}` and convert the GGUF file again")

@@ -3,7 +3,11 @@
 Each converted model folder records the size and SHA-256 of its files in ``MANIFEST`` when it
 is written. Every load checks the sizes (and that the weights file is structurally complete);
 the full hashes are checked when a load fails and on request (``specdec cache verify``), and
-a damaged folder is repaired by converting it again. Work folders of killed runs (a conversion's
+a damaged folder is repaired by converting it again. A folder without its manifest, with a
+manifest that names anything but a plain file of the folder, or with a link among its files
+is damaged too: nothing in a cache folder makes specdec read outside it. ``clear --all``
+removes only the entries specdec makes (``OWN_ENTRIES``), never the folder ``$SPECDEC_CACHE``
+names. Work folders of killed runs (a conversion's
 ``.NAME.partial-PID-*``, a download's ``tmp/fetch-PID-*``) are removed on the next start once
 their process is gone.
 """
@@ -24,6 +28,7 @@ from specdec.models.files import check_safetensors, read_json
 COMPLETE = ".specdec-complete"
 MANIFEST = ".specdec-manifest.json"
 LEFTOVER_PATTERNS = (("models", ".*.partial-*"), ("models", ".*.old-*"), ("tmp", "fetch-*"))
+OWN_ENTRIES = ("models", "tmp", "tuning", "teacher", "corpus")  # what specdec makes in its cache folder
 
 log = logging.getLogger("specdec.models.cache")
 
@@ -37,7 +42,26 @@ def sha256_of(path: Path) -> str:
 
 
 def _content(folder: Path) -> list[Path]:
-    return sorted(p for p in folder.iterdir() if p.is_file() and p.name not in (COMPLETE, MANIFEST))
+    return sorted(p for p in folder.iterdir() if p.is_file() and not p.is_symlink()
+                  and p.name not in (COMPLETE, MANIFEST))
+
+
+def read_manifest(folder: Path) -> dict[str, dict]:
+    """name -> {"size", "sha256"} of ``folder``'s manifest, after checking that every name is a
+    plain file name (no folder part, no link out of the folder) with an integer size and a hex
+    hash; CorruptFileError otherwise."""
+    path = folder / MANIFEST
+    files = read_json(path, what="cache manifest").get("files")
+    if not isinstance(files, dict):
+        raise CorruptFileError(f"cache manifest {path} has no 'files' object")
+    for name, entry in files.items():
+        if name in ("", ".", "..") or Path(name).name != name or "\\" in name or name in (COMPLETE, MANIFEST):
+            raise CorruptFileError(f"cache manifest {path} names {name!r}, which is not a file of its folder")
+        size, digest = (entry.get("size"), entry.get("sha256")) if isinstance(entry, dict) else (None, None)
+        if isinstance(size, bool) or not isinstance(size, int) or size < 0 or not isinstance(digest, str) \
+                or len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
+            raise CorruptFileError(f"cache manifest {path} has a malformed entry for {name!r}")
+    return files
 
 
 def write_manifest(folder: Path) -> None:
@@ -49,10 +73,10 @@ def write_manifest(folder: Path) -> None:
 def record_file(folder: Path, name: str) -> None:
     """Update one file's entry after specdec rewrote it (a config upgrade)."""
     if (folder / MANIFEST).is_file():
-        manifest = read_json(folder / MANIFEST, what="cache manifest")
+        files = read_manifest(folder)
         path = folder / name
-        manifest["files"][name] = {"size": path.stat().st_size, "sha256": sha256_of(path)}
-        write_json_atomic(folder / MANIFEST, manifest)
+        files[name] = {"size": path.stat().st_size, "sha256": sha256_of(path)}
+        write_json_atomic(folder / MANIFEST, {"files": files})
 
 
 def problems(folder: Path, *, full: bool = False) -> list[str]:
@@ -61,13 +85,17 @@ def problems(folder: Path, *, full: bool = False) -> list[str]:
     folder = Path(folder)
     if not (folder / COMPLETE).is_file():
         return [f"{folder} is not a complete conversion (no {COMPLETE})"]
-    found = []
+    if not (folder / MANIFEST).is_file() or (folder / MANIFEST).is_symlink():
+        return [f"{folder / MANIFEST} is missing (the record of its files' sizes and hashes)"]
     try:
-        recorded = read_json(folder / MANIFEST, what="cache manifest")["files"] if (folder / MANIFEST).is_file() else {}
-    except (CorruptFileError, KeyError):
-        recorded, found = {}, [f"{folder / MANIFEST} is damaged"]
+        recorded = read_manifest(folder)
+    except CorruptFileError as exc:
+        return [f"{folder / MANIFEST} is damaged: {exc}"]
+    found = [f"{path} is a link, not a file specdec wrote" for path in sorted(folder.iterdir()) if path.is_symlink()]
     for name, entry in recorded.items():
         path = folder / name
+        if path.is_symlink():
+            continue
         if not path.is_file():
             found.append(f"{path} is missing")
         elif path.stat().st_size != entry["size"]:
@@ -157,7 +185,30 @@ def describe(root: Path) -> list[dict]:
             if models.is_dir() else []:
         found = problems(folder)
         state = "ok" if not found else "damaged: " + "; ".join(found)
-        if not found and not (folder / MANIFEST).is_file():
-            state = "ok (sizes unrecorded: converted by an older specdec)"
         rows.append({"name": folder.name, "path": str(folder), "bytes": folder_size(folder), "state": state})
     return rows
+
+
+def remove_entry(path: Path) -> None:
+    """Remove a cache entry: a link itself (never what it points to), a file, or a folder."""
+    if path.is_symlink() or path.is_file():
+        path.unlink()
+    elif path.is_dir():
+        shutil.rmtree(path)
+
+
+def clear_all(root: Path) -> tuple[list[Path], list[Path]]:
+    """Remove specdec's entries of the cache folder ``root`` (``OWN_ENTRIES``), and ``root``
+    itself once it is empty; returns (removed, the other entries, left in place)."""
+    if not root.is_dir():
+        return [], []
+    removed, others = [], []
+    for path in sorted(root.iterdir()):
+        if path.name in OWN_ENTRIES:
+            remove_entry(path)
+            removed.append(path)
+        else:
+            others.append(path)
+    if not others and not root.is_symlink():
+        root.rmdir()
+    return removed, others

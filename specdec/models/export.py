@@ -91,10 +91,17 @@ def load_drafter_folder(folder, registry=None):
         )
     kind, layout = found
     spec = _spec(kind, registry)
-    if layout == "specdec":
-        config, weights = spec.load_checkpoint(folder)
-        return kind, layout, config, weights, []
-    config, weights, notes = _layout(spec, layout).read(folder)
+    from specdec.models.files import check_checkpoint_folder, damaged_checkpoint
+    from specdec.plugins.support import check_finite
+
+    with damaged_checkpoint(folder):
+        if layout == "specdec":
+            check_checkpoint_folder(folder)
+            config, weights = spec.load_checkpoint(folder)
+            notes = []
+        else:
+            config, weights, notes = _layout(spec, layout).read(folder)
+    check_finite(weights, folder)
     return kind, layout, config, weights, list(notes)
 
 

@@ -7,11 +7,12 @@ parses and its tensors end exactly at the end of the file) without reading the t
 
 from __future__ import annotations
 
+import contextlib
 import json
 import struct
 from pathlib import Path
 
-from specdec.errors import CorruptFileError, InvalidInputError
+from specdec.errors import CorruptFileError, InvalidInputError, SpecdecError
 
 MAX_HEADER = 100 * 1024 * 1024  # safetensors' own limit on the JSON header
 
@@ -87,3 +88,20 @@ def check_checkpoint_folder(folder) -> dict:
     if (folder / "model.safetensors").is_file():
         check_safetensors(folder / "model.safetensors")
     return config
+
+
+@contextlib.contextmanager
+def damaged_checkpoint(folder):
+    """Report what a drafter's own reader raises over a checkpoint folder's contents (a config
+    value it refuses, a missing or misshapen tensor, a safetensors file its library cannot read)
+    as a CorruptFileError naming the folder, in one line."""
+    try:
+        yield
+    except SpecdecError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - ValueError, KeyError, TypeError, safetensors' own errors
+        if not isinstance(exc, (ValueError, KeyError, TypeError, OSError)) and "safetensor" not in type(exc).__name__.lower():
+            raise
+        detail = " ".join(str(exc).split()) or type(exc).__name__
+        raise CorruptFileError(f"drafter checkpoint {folder} could not be read: {detail}; fix its config.json or "
+                               "restore the checkpoint (specdec train or specdec import writes a sound one)") from exc

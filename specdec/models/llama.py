@@ -17,7 +17,7 @@ from typing import Any, Mapping
 import attrs
 import numpy as np
 
-from specdec.errors import InvalidInputError
+from specdec.errors import CorruptFileError, InvalidInputError
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "mistral")
 
@@ -114,8 +114,8 @@ class LlamaConfig:
             raise InvalidInputError(f"hidden_act {hidden_act!r} is not supported; Llama-family models use 'silu'")
         if float(config.get("partial_rotary_factor", 1.0)) != 1.0:
             raise InvalidInputError("partial_rotary_factor != 1 is not supported by the reference target")
-        heads = int(config["num_attention_heads"])
-        head_dim = config.get("head_dim") or int(config["hidden_size"]) // heads
+        heads = _integer(config, "num_attention_heads")
+        head_dim = _integer(config, "head_dim", _integer(config, "hidden_size") // max(heads, 1))
         rope_theta, rope_scaling = _parse_rope(config)
 
         if model_type == "qwen2":
@@ -139,12 +139,12 @@ class LlamaConfig:
             bos = config.get("bos_token_id")
         return cls(
             model_type=model_type,
-            vocab_size=int(config["vocab_size"]),
-            hidden_size=int(config["hidden_size"]),
-            intermediate_size=int(config["intermediate_size"]),
-            num_hidden_layers=int(config["num_hidden_layers"]),
+            vocab_size=_integer(config, "vocab_size"),
+            hidden_size=_integer(config, "hidden_size"),
+            intermediate_size=_integer(config, "intermediate_size"),
+            num_hidden_layers=_integer(config, "num_hidden_layers"),
             num_attention_heads=heads,
-            num_key_value_heads=int(config.get("num_key_value_heads") or heads),
+            num_key_value_heads=_integer(config, "num_key_value_heads", heads),
             head_dim=int(head_dim),
             rms_norm_eps=config.get("rms_norm_eps", 1e-6),
             rope_theta=rope_theta,
@@ -153,9 +153,9 @@ class LlamaConfig:
             attention_bias=attention_bias,
             attention_out_bias=attention_out_bias,
             mlp_bias=bool(config.get("mlp_bias", False)),
-            sliding_window=None if sliding_window is None else int(sliding_window),
-            max_position_embeddings=int(config.get("max_position_embeddings", 4096)),
-            bos_token_id=None if bos is None else int(bos),
+            sliding_window=None if sliding_window is None else _integer(config, "sliding_window"),
+            max_position_embeddings=_integer(config, "max_position_embeddings", 4096),
+            bos_token_id=None if bos is None else _integer({"bos_token_id": bos}, "bos_token_id"),
             eos_token_ids=_token_ids(eos),
         )
 
@@ -167,6 +167,18 @@ class LlamaConfig:
         generation_path = folder / "generation_config.json"
         generation = json.loads(generation_path.read_text()) if generation_path.is_file() else None
         return cls.from_hf_dict(config, generation)
+
+
+def _integer(config: Mapping[str, Any], key: str, default: int | None = None) -> int:
+    """config[key] (or ``default`` when it is absent or null) as an int; an error naming the key
+    when it is not an integer."""
+    value = config.get(key)
+    if value is None and default is not None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (
+            isinstance(value, float) and not value.is_integer()):
+        raise InvalidInputError(f"config.json: {key} must be an integer, got {value!r}; fix config.json")
+    return int(value)
 
 
 def _token_ids(value) -> tuple[int, ...]:
@@ -281,5 +293,9 @@ def load_tokenizer(path: str | os.PathLike):
         return None
     from tokenizers import Tokenizer
 
-    return Tokenizer.from_file(str(tokenizer_path))
+    try:
+        return Tokenizer.from_file(str(tokenizer_path))
+    except Exception as exc:  # noqa: BLE001 - tokenizers raises a bare Exception for a file it cannot parse
+        raise CorruptFileError(f"tokenizer {tokenizer_path} could not be read ({' '.join(str(exc).split())}); "
+                               "restore or re-create it, or remove it and pass token ids") from None
 

@@ -11,7 +11,7 @@ import importlib
 from typing import Callable
 
 from specdec.models.checkpoints import check_target, require_checkpoint
-from specdec.errors import require
+from specdec.errors import CorruptFileError, require
 
 # backend -> (framework modules to import first, the specdec extra that installs them)
 FRAMEWORKS = {"torch": (("torch", "transformers"), "torch"), "mlx": (("mlx.core", "mlx_lm"), "mlx")}
@@ -70,5 +70,18 @@ def load_trained(name: str, label: str, package: str, loader: Callable, checkpoi
     against the target."""
     checkpoint = require_checkpoint(name, checkpoint, target, package=package)
     config, weights = loader(checkpoint)
+    check_finite(weights, checkpoint)
     check_target(config, target, drafter=label)
     return config, weights
+
+
+def check_finite(weights, checkpoint) -> None:
+    """Every float tensor of a drafter checkpoint holds finite values (NaN or infinite weights
+    draft garbage that verification would only reject, silently)."""
+    import numpy as np
+
+    for name, array in weights.items():
+        array = np.asarray(array)
+        if np.issubdtype(array.dtype, np.floating) and not np.isfinite(array).all():
+            raise CorruptFileError(f"drafter checkpoint {checkpoint}: tensor {name!r} holds NaN or infinite values; "
+                                   "the checkpoint is damaged (restore it, or train it again)")

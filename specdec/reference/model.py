@@ -359,8 +359,11 @@ class ReferenceTarget:
 def load_target(path: str | os.PathLike, *, name: str | None = None, slots: int = 1, capacity: int | None = None):
     """Load a local Hugging Face-format Llama-family folder as a float64 ``ReferenceTarget`` with
     ``slots`` request slots of ``capacity`` positions (None: the model's context length)."""
+    from specdec.reference.weights import check_weights_header
+
     folder = check_folder(path)
     config = LlamaConfig.from_folder(folder)
+    check_weights_header(folder, config)  # before reading any tensor
     return ReferenceTarget(
         config=config,
         tensors=load_tensors(folder),

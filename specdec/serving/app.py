@@ -39,6 +39,7 @@ from specdec.serving.prepare import Settings, prepare, too_long
 
 RETRY_AFTER_SECONDS = 1
 LARGE_BODY_BYTES = 256 * 1024  # bodies this long are prepared one at a time, so they take one core at most
+STALL_TIMEOUT = 60.0  # seconds one step may run before /health says the engine is stalled
 logger = logging.getLogger("specdec.serving")
 
 
@@ -103,10 +104,12 @@ def _sse(payload: Any) -> str:
 
 
 def create_app(engine: Engine, *, model_name: str, aliases: tuple[str, ...] = (), api_key: str | None = None,
-               host_check: HostCheck | None = None, limits: Limits | None = None) -> Starlette:
+               host_check: HostCheck | None = None, limits: Limits | None = None,
+               stall_timeout: float = STALL_TIMEOUT) -> Starlette:
     """The application serving ``engine`` as the model ``model_name`` (``aliases`` are accepted too),
     behind ``specdec.serving.guard.Guard``: ``api_key`` (None: no key), ``host_check`` (default:
-    loopback names only) and ``limits`` (body size and time)."""
+    loopback names only) and ``limits`` (body size and time). ``/health`` answers 503 "stalled"
+    while the engine's step in progress has run more than ``stall_timeout`` seconds."""
     names = (model_name, *aliases)
     created = int(time.time())
     large: list[anyio.CapacityLimiter] = []  # made in the event loop, at the first large body
@@ -222,9 +225,10 @@ def create_app(engine: Engine, *, model_name: str, aliases: tuple[str, ...] = ()
 
     async def health(request: Request) -> Response:
         stats = engine.stats()
-        ok = stats["alive"] and not stats["closing"]
+        stalled = stats["step_seconds"] > stall_timeout
+        ok = stats["alive"] and not stats["closing"] and not stalled
         dtype = getattr(engine.target, "dtype", None)
-        return JSONResponse({"status": "ok" if ok else "unavailable", **stats,
+        return JSONResponse({"status": "ok" if ok else "stalled" if stalled else "unavailable", **stats,
                              "dtype": None if dtype is None else str(dtype).rpartition(".")[2],
                              "exact": bool(getattr(engine.target, "exact", False))},
                             status_code=200 if ok else 503)

@@ -39,12 +39,14 @@ from specdec.decode.requests import Request
 from specdec.serving.handle import (
     Completion, EngineClosedError, EngineMetrics, Handle, QueueFullError, RequestFailedError,
 )
-from specdec.slots import TREE_ROOM
+from specdec.capabilities import drafter_caps
+from specdec.slots import TREE_ROOM, check_tree_room
 from specdec.types import StepResult
 
 __all__ = ["Engine", "EngineClosedError", "QueueFullError", "RequestFailedError"]
 
 _LIVE: "weakref.WeakSet[Engine]" = weakref.WeakSet()  # engines whose scheduler may still run
+EXIT_WAIT = 10.0  # seconds an engine left open gets to stop its step when the interpreter exits
 
 
 def _close_at_exit() -> None:
@@ -54,7 +56,7 @@ def _close_at_exit() -> None:
     framework that target imported (atexit runs the last registered first)."""
     for engine in list(_LIVE):
         try:
-            engine.close(drain=False)
+            engine.close(drain=False, timeout=EXIT_WAIT)  # a step that never ends does not hold the exit
         except Exception:  # noqa: BLE001 - exiting anyway; the other engines still get closed
             pass
 
@@ -98,7 +100,7 @@ class Engine:
                               capacity=None if capacity is None else capacity + room, exact=exact, registry=registry)
             plan, *_ = prepare(target, [1], drafter, backend, max_new_tokens=1, temperature=0.0, top_k=None,
                                top_p=None, dtype=None, device=None, exact=exact, registry=registry,
-                               options={"verifier": "exact", **options})
+                               tree_room=room, options={"verifier": "exact", **options})
             return plan, room
 
         self._launch(build, capacity=capacity, max_queue=max_queue, max_prefill_tokens=max_prefill_tokens,
@@ -166,6 +168,8 @@ class Engine:
         if limit < 2:
             raise InvalidInputError(f"the target's slots hold {target.capacity} positions, which leaves no room for "
                                     f"requests beside a draft tree of {tree_room}: load it with a larger capacity")
+        check_tree_room(drafter_caps(plan.drafter, plan.source("drafter")).max_tree_size, tree_room + 1,
+                        plan.source("drafter"), f", or give the engine a larger tree_room (now {tree_room})")
         self.plan = plan
         self.target = target
         self.context_length = limit
@@ -182,6 +186,7 @@ class Engine:
         self._closing = False
         self._drain = True
         self._stopped = False
+        self._step_started: float | None = None  # perf_counter() when the step in progress began
         self._ids = itertools.count()
         lease.acquire(target)
         try:
@@ -277,12 +282,16 @@ class Engine:
         return self.submit(prompt, **settings).result()
 
     def stats(self) -> dict:
-        """{"slots", "running", "waiting", "free_slots", "closing", "alive"} now."""
+        """{"slots", "running", "waiting", "free_slots", "closing", "alive", "step_seconds"} now;
+        step_seconds: how long the step in progress has run (0.0 between steps), which a step
+        stuck in a drafter or the backend makes grow (the server's /health then says so)."""
         with self._cond:
             waiting, running = self._counts()
+            started = self._step_started
             return {"slots": self.num_slots, "running": running, "waiting": waiting,
                     "free_slots": self.num_slots - running, "closing": self._closing,
-                    "alive": self._thread.is_alive()}
+                    "alive": self._thread.is_alive(),
+                    "step_seconds": 0.0 if started is None else time.perf_counter() - started}
 
     def _counts(self) -> tuple[int, int]:
         """(waiting, running) now; called holding ``self._cond``. The decoder's queue and slots
@@ -301,26 +310,35 @@ class Engine:
             self._closing = True
             self._cond.notify_all()
 
-    def close(self, drain: bool = True, timeout: float | None = None) -> None:
+    def close(self, drain: bool = True, timeout: float | None = None) -> bool:
         """Stop taking requests; ``drain``: finish those submitted, else cancel them. Then stop the
-        scheduler, free every slot and release the target's lease. Idempotent."""
+        scheduler, free every slot and release the target's lease. Idempotent. timeout: seconds
+        to wait for the drain or the cancellation (None: as long as it takes); after a drain that
+        timed out, what is left is cancelled and the scheduler gets as long again. Returns False when it still runs then (a
+        step that does not end: the engine stays closed to requests and keeps its slots and the
+        target's lease), True once closed."""
         with self._cond:
             self._closing = True
             self._drain = self._drain and drain
             self._cond.notify_all()
         if threading.current_thread() is not self._thread:
             self._thread.join(timeout)
+            if self._thread.is_alive() and drain:
+                with self._cond:
+                    self._drain = False
+                    self._cond.notify_all()
+                self._thread.join(timeout)
             if self._thread.is_alive():
-                self.close(drain=False)
-                self._thread.join()
+                return False
         with self._cond:
             if self._stopped:
-                return
+                return True
             self._stopped = True
         try:
             self._decoder.close()
         finally:
             lease.release(self.target)
+        return True
 
     def __enter__(self) -> "Engine":
         return self
@@ -406,13 +424,15 @@ class Engine:
 
     def _step(self) -> None:
         failures: list = []
-        start = time.perf_counter()
+        start = self._step_started = time.perf_counter()
         try:
             results = self._decoder.step(max_prefill_tokens=self.max_prefill_tokens, failures=failures,
                                          on_admit=lambda result: self._account(result, time.perf_counter()))
         except Exception as error:  # noqa: BLE001 - not pinned to requests: those in flight fail, the engine goes on
             self._reset(error)
             return
+        finally:
+            self._step_started = None
         now = time.perf_counter()
         self.metrics.observe("step_seconds", now - start)
         for result in results:

@@ -6,7 +6,9 @@ at most ``shutdown_timeout`` seconds, after which those left are cancelled as wi
 stream gets an error event and ``[DONE]``, a waiting client an OpenAI-shaped 503 (uvicorn
 cancels what is still running ``CANCEL_GRACE`` seconds later). Without ``drain`` they are
 cancelled at once. Then the engine closes: every slot is freed and the target's lease released,
-and ``run()`` returns (the process exits 0: the signal is not raised again).
+and ``run()`` returns (the process exits 0: the signal is not raised again). A step that never
+ends (a drafter or backend stuck) does not hold the shutdown: ``run()`` returns CANCEL_GRACE
+seconds after the cancellation with ``stuck`` set, and ``specdec serve`` exits 1 at once.
 """
 
 from __future__ import annotations
@@ -36,10 +38,10 @@ class Server:
     def __init__(self, engine: Engine, *, model_name: str, host: str = "127.0.0.1", port: int = 8000,
                  drain: bool = True, shutdown_timeout: float = 30.0, log_level: str = "info",
                  aliases: tuple[str, ...] = (), api_key: str | None = None, allowed_hosts: tuple[str, ...] = (),
-                 limits: Limits | None = None):
+                 limits: Limits | None = None, stall_timeout: float | None = None):
         uvicorn = require("uvicorn", extra="serve", feature="specdec serve")
         require("starlette", extra="serve", feature="specdec serve")
-        from specdec.serving.app import create_app
+        from specdec.serving.app import STALL_TIMEOUT, create_app
         from specdec.serving.protocol import protocol_class
 
         self.engine = engine
@@ -48,7 +50,9 @@ class Server:
         self.limits = limits or Limits()
         self.drain_expired = threading.Event()  # set when the drain timed out and what was left got cancelled
         self.app = create_app(engine, model_name=model_name, aliases=aliases, api_key=api_key,
-                              host_check=HostCheck(host, allowed_hosts), limits=self.limits)
+                              host_check=HostCheck(host, allowed_hosts), limits=self.limits,
+                              stall_timeout=STALL_TIMEOUT if stall_timeout is None else stall_timeout)
+        self.stuck = False  # set when the engine's step did not end within CANCEL_GRACE of the shutdown
         config = uvicorn.Config(self.app, host=host, port=port, log_level=log_level, lifespan="off",
                                 http=protocol_class(self.limits), timeout_keep_alive=self.limits.keep_alive_timeout,
                                 h11_max_incomplete_event_size=self.limits.max_header_bytes,
@@ -64,8 +68,9 @@ class Server:
                 finally:
                     if expiry is not None:
                         expiry.cancel()
-                # what the graceful period left running was cancelled; now free every slot
-                await asyncio.to_thread(outer.engine.close, False)
+                # what the graceful period left running was cancelled; now free every slot (a step
+                # that never ends gets CANCEL_GRACE seconds, then run() returns without it)
+                outer.stuck = not await asyncio.to_thread(outer.engine.close, False, CANCEL_GRACE)
 
             @contextlib.contextmanager
             def capture_signals(self):
@@ -112,7 +117,10 @@ class Server:
         try:
             self._server.run()
         finally:
-            self.engine.close(drain=False)
+            if self.stuck or not self.engine.close(drain=False, timeout=CANCEL_GRACE):
+                self.stuck = True
+                logger.error("the engine's step in progress did not end within %g s of the shutdown; stopping "
+                             "without it (its slots are not freed)", CANCEL_GRACE)
 
     def start(self, timeout: float = 30.0) -> "Server":
         """Serve in a background thread; returns once listening."""

@@ -106,12 +106,18 @@ def test_leftovers_of_killed_runs_are_removed_on_next_start(tiny_bundle):
     assert not any(p.exists() for p in dead) and alive.exists()
 
 
-def test_legacy_folder_without_manifest_gets_one(tiny_bundle):
+def test_a_folder_without_its_manifest_is_not_trusted_but_converted_again(tiny_bundle, capsys):
     folder, conversions = tiny_bundle
     bundled.resolve_model("tiny")
     (folder / cache.MANIFEST).unlink()
+    data = bytearray((folder / "model.safetensors").read_bytes())
+    data[-8:] = b"\x01" * 8  # damage that the manifest's hash would have caught
+    (folder / "model.safetensors").write_bytes(bytes(data))
+    assert cli.main(["cache", "verify", "--no-repair"]) == 1
+    assert "is missing (the record of its files' sizes and hashes)" in capsys.readouterr().out
     bundled.resolve_model("tiny")
-    assert (folder / cache.MANIFEST).is_file() and len(conversions) == 1
+    assert (folder / cache.MANIFEST).is_file() and len(conversions) == 2
+    assert not cache.problems(folder, full=True)
 
 
 def test_cache_command_shows_verifies_repairs_and_clears(tiny_bundle, capsys):
@@ -148,3 +154,87 @@ def test_damaged_gguf_conversion_without_its_source_names_the_folder(tmp_path, m
     (folder / "model.safetensors").write_bytes(bytes(data))
     with pytest.raises(specdec.CacheError, match=f"{folder} is damaged.*gone.gguf.*specdec cache clear"):
         bundled.repair_if_damaged(folder)
+
+
+def test_clear_all_removes_only_what_specdec_made(tiny_bundle, tmp_path, monkeypatch, capsys):
+    """A mistyped SPECDEC_CACHE (a home folder) loses nothing but specdec's own entries."""
+    folder, _ = tiny_bundle
+    bundled.resolve_model("tiny")
+    root = folder.parent.parent
+    (root / "notes.txt").write_text("mine")
+    (root / "projects").mkdir()
+    (root / "projects" / "code.py").write_text("print(1)")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "keep.bin").write_bytes(b"1")
+    (root / "tuning").symlink_to(elsewhere)  # a link among specdec's entries: the link goes, not its target
+    assert cli.main(["cache", "clear", "--all"]) == 0
+    captured = capsys.readouterr()
+    assert not (root / "models").exists() and not (root / "tuning").exists()
+    assert (root / "notes.txt").read_text() == "mine" and (root / "projects" / "code.py").is_file()
+    assert (elsewhere / "keep.bin").is_file()
+    assert "left 2 entries" in captured.err and "notes.txt" in captured.err
+    (root / "notes.txt").unlink()
+    shutil.rmtree(root / "projects")
+    bundled.resolve_model("tiny")
+    assert cli.main(["cache", "clear", "--all"]) == 0 and not root.exists()  # emptied: the folder goes too
+
+
+def test_clearing_a_model_that_is_a_link_removes_the_link_only(tiny_bundle, tmp_path):
+    folder, _ = tiny_bundle
+    bundled.resolve_model("tiny")
+    outside = tmp_path / "outside-model"
+    shutil.copytree(folder, outside)
+    shutil.rmtree(folder)
+    folder.symlink_to(outside)
+    assert cli.main(["cache", "clear", "tiny"]) == 0
+    assert not folder.exists() and not folder.is_symlink() and (outside / "model.safetensors").is_file()
+
+
+HOSTILE_MANIFESTS = {
+    "a name out of the folder": {"files": {"../secret.bin": {"size": 6, "sha256": "0" * 64}}},
+    "an absolute name": {"files": {"/etc/hostname": {"size": 1, "sha256": "0" * 64}}},
+    "a size that is text": {"files": {"config.json": {"size": "big", "sha256": "0" * 64}}},
+    "no files object": {"files": ["config.json"]},
+    "not an object": [1, 2],
+}
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE_MANIFESTS))
+def test_a_hostile_manifest_is_damage_and_nothing_outside_the_folder_is_read(tiny_bundle, monkeypatch, case):
+    folder, conversions = tiny_bundle
+    bundled.resolve_model("tiny")
+    (folder.parent.parent / "secret.bin").write_bytes(b"secret")
+    (folder / cache.MANIFEST).write_text(json.dumps(HOSTILE_MANIFESTS[case]))
+    read = []
+    hash_of = cache.sha256_of
+    monkeypatch.setattr(cache, "sha256_of", lambda path: read.append(path) or hash_of(path))
+    found = cache.problems(folder, full=True)
+    assert found and "is damaged" in found[0], found
+    assert all(path.resolve().parent == folder.resolve() for path in read), read
+    bundled.resolve_model("tiny")  # converted again, with a sound manifest
+    assert len(conversions) == 2 and not cache.problems(folder, full=True)
+
+
+def test_a_link_inside_a_cache_folder_is_damage_and_is_not_followed(tiny_bundle, tmp_path):
+    folder, _ = tiny_bundle
+    bundled.resolve_model("tiny")
+    target = tmp_path / "elsewhere.json"
+    target.write_text("{}")
+    (folder / "config.json").unlink()
+    (folder / "config.json").symlink_to(target)
+    found = cache.problems(folder, full=True)
+    assert any("is a link, not a file specdec wrote" in problem for problem in found), found
+
+
+def test_a_marker_naming_a_source_that_is_not_gguf_is_not_converted(tmp_path, monkeypatch, model_dir):
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
+    folder = tmp_path / "cache" / "models" / "gguf-0123456789abcdef"
+    partial = cache.work_folder(folder.parent, f".{folder.name}.partial")
+    for path in model_dir.iterdir():
+        shutil.copy(path, partial / path.name)
+    (tmp_path / "notes.txt").write_text("not a model")
+    cache.install(partial, folder, source=str(tmp_path / "notes.txt"))
+    monkeypatch.setattr(bundled, "convert_gguf", lambda *a, **k: pytest.fail("converted a file that is not GGUF"))
+    with pytest.raises(specdec.CacheError, match="is damaged"):
+        bundled.repair(folder)

@@ -444,9 +444,9 @@ def test_options_are_checked_before_anything_is_decoded(world):
                             sample=False, **common).tokens
 
 
-def test_a_chain_beyond_the_shared_capacity_is_refused_naming_draft_length(world):
+def test_a_chain_beyond_the_shared_capacity_is_refused_before_any_step(world):
     target = load_target(world["target"], slots=1, capacity=16)
-    with pytest.raises(specdec.InvalidInputError, match="slot 0 holds 5 positions and a chain of draft_length=12"):
+    with pytest.raises(specdec.InvalidInputError, match="trees of up to 13 nodes, more than the 8 positions"):
         specdec.generate(target, [1, 2, 3, 4, 5], drafter="draft_model", draft_model=world["target"], draft_length=12,
                          backend="numpy", max_new_tokens=4, stop_at_eos=False)
     fits = specdec.generate(target, [1, 2, 3], drafter="draft_model", draft_model=world["target"], draft_length=4,

@@ -69,12 +69,13 @@ def cancel_asked(monkeypatch):
 
 @pytest.fixture
 def make_engine(model_dir):
-    """Engine factory over ``model_dir`` on numpy (64 positions per request); closed at teardown."""
+    """Engine factory over ``model_dir`` on numpy (64 positions per request, 32 more for a draft tree);
+    closed at teardown."""
     engines = []
 
     def make(drafter="lookup", *, slots=2, capacity=64, backend="numpy", **options):
         engine = specdec.Engine(model_dir, drafter=drafter, backend=backend, slots=slots, capacity=capacity,
-                                tree_room=16, **options)
+                                tree_room=32, **options)
         engines.append(engine)
         return engine
 

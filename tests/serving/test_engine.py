@@ -119,7 +119,7 @@ def test_each_request_decodes_as_it_would_alone(model_dir, backend, drafter, sch
         pytest.skip(f"the {backend} backend (examples/specdec-example-backend) is not installed")
     target = _targets.setdefault((str(model_dir), backend, slots), specdec.load(
         model_dir, backend=backend, slots=slots, capacity=96))
-    with Engine(target, drafter=drafter, backend=backend, tree_room=16, max_prefill_tokens=budget) as engine:
+    with Engine(target, drafter=drafter, backend=backend, tree_room=32, max_prefill_tokens=budget) as engine:
         results = run_schedule(engine, schedule)
         check_against_alone(model_dir, backend, drafter, schedule, results)
         assert engine.stats()["free_slots"] == slots and engine.stats()["waiting"] == 0
@@ -192,7 +192,7 @@ def test_framework_backends_greedy_requests_decode_as_alone(model_dir, backend, 
     A budget of 3 prompt tokens per step packs prompt chunks beside the trees of running requests.
     The engine loads its target on its own thread, as MLX needs."""
     framework_backend(backend)
-    with Engine(model_dir, drafter=drafter, backend=backend, slots=3, capacity=80, tree_room=16,
+    with Engine(model_dir, drafter=drafter, backend=backend, slots=3, capacity=80, tree_room=32,
                 dtype="float32", max_prefill_tokens=budget) as engine:
         results = run_schedule(engine, schedule)
         check_against_alone(model_dir, backend, drafter, schedule, results)
@@ -274,7 +274,7 @@ def test_cancel_frees_the_slot_at_once_and_the_queue_moves_on(make_engine, gate)
     snapshot = engine.metrics.snapshot()
     assert snapshot["finished"]["cancelled"] == 2 and snapshot["finished"]["length"] == 1
     assert engine.stats() == {"slots": 1, "running": 0, "waiting": 0, "free_slots": 1, "closing": False,
-                              "alive": True}
+                              "alive": True, "step_seconds": 0.0}
 
 
 def test_a_full_queue_refuses_with_queue_full_error(make_engine, gate):
