@@ -23,7 +23,7 @@ import numpy as np
 ONE_ROUND = """
 import json, sys
 import specdec
-from specdec.plugins import default_registry
+from specdec.plugins.registry import default_registry
 from specdec.tuning import measure_forward
 from specdec_mlx.blas import _state
 backend = default_registry().get("backend", "mlx").factory()
