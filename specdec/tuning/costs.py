@@ -4,10 +4,11 @@
 **The forward's cost curve.** The seconds of one target forward as a function of the tokens it
 carries (prompt chunks plus every tree row's nodes, padding included) are measured once per
 machine: a chain of T tokens after a short prompt, T = 1, 2, 4, ... 512, the fastest of a few
-interleaved repeats, made non-decreasing by pooling (``measure_curve``, ``increasing``). The curve is cached under ``<specdec cache>/tuning/``
-beside the dtype choice (``specdec.tuning.dtype``), keyed by the backend and its device, the target's
-shape, dtype and exact mode, so a later start reads it instead of measuring (about 5 s for
-SmolLM2-135M on a 2-core CPU, once).
+interleaved repeats, made non-decreasing by pooling (``measure_curve``, ``increasing``). The
+curve is cached under ``<specdec cache>/tuning/`` beside the dtype choice
+(``specdec.tuning.dtype``), keyed by the backend and its device, the target's shape, dtype and
+exact mode, so a later start reads it instead of measuring (several seconds for SmolLM2-135M on
+a 2-core CPU, once).
 
 **Corrected online.** A decode step costs more than its forward (verification, commit, the
 loop's bookkeeping) and the machine's load changes, so ``StepCosts`` fits each step's seconds as
