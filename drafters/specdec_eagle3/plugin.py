@@ -46,14 +46,20 @@ def _evaluation_task(checkpoint, target, overrides):
 
 TRAIN_OPTIONS = (
     CliOption(flag="--draft-vocab", type=int, default=8192,
-              help="EAGLE-3: draft vocabulary size, the target ids with the most teacher mass (0: all)"),
-    CliOption(flag="--top-k", type=int, default=4, help="EAGLE-3 tree: children per expanded node and frontier width"),
+              help="EAGLE-3: draft vocabulary size, the target ids with the most teacher mass "
+                   "(0: all)"),
+    CliOption(flag="--top-k", type=int, default=4,
+              help="EAGLE-3 tree: children per expanded node and frontier width"),
     CliOption(flag="--depth", type=int, default=3, help="EAGLE-3 tree: drafted levels"),
-    CliOption(flag="--total-tokens", type=int, default=12, help="EAGLE-3 tree: drafted nodes the target verifies"),
-    CliOption(flag="--window", type=int, default=64, help="EAGLE-3 training: positions per training window"),
+    CliOption(flag="--total-tokens", type=int, default=12,
+              help="EAGLE-3 tree: drafted nodes the target verifies"),
+    CliOption(flag="--window", type=int, default=64,
+              help="EAGLE-3 training: positions per training window"),
     CliOption(flag="--unroll", type=int, default=3,
-              help="EAGLE-3 training-time test: steps per position (later ones read the draft's own outputs)"),
-    CliOption(flag="--unroll-decay", type=float, default=0.8, help="EAGLE-3 training: step j's loss weight is DECAY**j"),
+              help="EAGLE-3 training-time test: steps per position (step j > 0 reads the draft's "
+                   "own outputs)"),
+    CliOption(flag="--unroll-decay", type=float, default=0.8,
+              help="EAGLE-3 training: step j's loss weight is DECAY**j"),
 )
 
 LAYOUTS = (

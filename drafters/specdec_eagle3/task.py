@@ -41,7 +41,8 @@ __all__ = ["Eagle3Task", "map_labels", "target_to_draft", "unrolled_mask"]
 
 def unrolled_mask(length: int, step: int) -> torch.Tensor:
     """(T, T * (step + 1)) bool: which keys the step-``step`` queries of a window of T positions
-    attend to; keys are step 0's T entries, then step 1's, ... then this step's (module docstring)."""
+    attend to; keys are step 0's T entries, then step 1's, ... then this step's (module
+    docstring)."""
     blocks = [torch.ones(length, length, dtype=torch.bool).tril()]
     blocks += [torch.eye(length, dtype=torch.bool)] * step
     return torch.cat(blocks, dim=1)
@@ -66,7 +67,8 @@ def map_labels(label_ids: torch.Tensor, label_probs: torch.Tensor, t2d: torch.Te
 
 
 class Eagle3Task:
-    """EAGLE-3 for ``specdec.training.loop.train`` over an index view of the data (``train_eagle3``).
+    """EAGLE-3 for ``specdec.training.loop.train`` over an index view of the data
+    (``train_eagle3``).
 
     config: the drafter (its ``hidden_layers`` resolved, ``draft_vocab_size`` = len(ids));
     embed_tokens: the target's (V, H); ids: the draft vocabulary's ascending target ids; window:
@@ -79,21 +81,24 @@ class Eagle3Task:
     depth = 0  # the loop's windows carry the sampled index only (train_eagle3's index view)
 
     def __init__(self, config: Eagle3Config, *, embed_tokens: torch.Tensor, ids, window: int = 64,
-                 unroll: int = 3, unroll_decay: float = 0.8, negatives: int | None = None, data=None):
+                 unroll: int = 3, unroll_decay: float = 0.8, negatives: int | None = None,
+                 data=None):
         from specdec_eagle3.torch import Eagle3Net
 
         self.ids = np.asarray(ids, dtype=np.int64)
         if config.hidden_layers is None or len(self.ids) != config.draft_vocab_size:
-            raise ValueError("Eagle3Task needs a config with resolved hidden_layers and draft_vocab_size = len(ids)")
+            raise ValueError("Eagle3Task needs a config with resolved hidden_layers and "
+                             "draft_vocab_size = len(ids)")
         if int(unroll) < 1 or int(window) < 1:
-            raise ValueError(f"unroll and window must be positive, got unroll={unroll}, window={window}")
+            raise ValueError(f"unroll and window must be positive, got unroll={unroll}, "
+                             f"window={window}")
         self.config = config
         self.window, self.unroll, self.unroll_decay = int(window), int(unroll), float(unroll_decay)
         self.negatives = negatives if negatives and negatives < config.draft_vocab_size else None
         self.module = Eagle3Net(config, embed_tokens=embed_tokens.float())
         self.t2d = target_to_draft(self.ids, config.vocab_size)
         self.data = data
-        self._inference = None  # (data, drafter, keys, values, fused features) on the current weights
+        self._inference = None  # (data, drafter, keys, values, fused, starts) on these weights
 
     @property
     def teacher_layers(self) -> tuple[int, ...]:
@@ -115,10 +120,13 @@ class Eagle3Task:
         probabilities (n, T, k) as draft ids, mask (n, T)."""
         steps = torch.arange(self.window)
         remaining = data.remaining[starts][:, None]  # positions after the start in its sequence
-        at = lambda shift: torch.where(steps[None] + shift <= remaining, starts[:, None] + steps + shift,  # noqa: E731
-                                       starts[:, None])
+        def at(shift: int) -> torch.Tensor:
+            inside = steps[None] + shift <= remaining
+            return torch.where(inside, starts[:, None] + steps + shift, starts[:, None])
+
         targets = at(1 + offset)
-        label_ids, label_probs = map_labels(data.label_ids[targets], data.label_probs[targets], self.t2d)
+        label_ids, label_probs = map_labels(data.label_ids[targets], data.label_probs[targets],
+                                            self.t2d)
         mask = (steps[None] + 1 + offset <= remaining) & (self.t2d[data.next_tokens[targets]] >= 0)
         return at(0), data.next_tokens[at(offset)], label_ids, label_probs, mask
 
@@ -141,8 +149,9 @@ class Eagle3Task:
         count = mask.sum().clamp(min=1)
         normed = self.module.norm(out)
         if self.negatives and generator is not None:
-            ce = sampled_soft_cross_entropy(normed, self.module.lm_head.weight, label_ids, label_probs, mask,
-                                            negatives=self.negatives, generator=generator)
+            ce = sampled_soft_cross_entropy(normed, self.module.lm_head.weight, label_ids,
+                                            label_probs, mask, negatives=self.negatives,
+                                            generator=generator)
         else:
             ce = soft_cross_entropy(self.module.lm_head(normed), label_ids, label_probs, mask)
         return ce * out.shape[0] / count  # soft_cross_entropy sums over T and divides by n
@@ -159,7 +168,7 @@ class Eagle3Task:
         out, keys, values = self.step(tokens, self.fused(data, where))
         total = self.step_loss(out, label_ids, label_probs, mask, generator)
         past = ([keys], [values])
-        for step in range(1, self.unroll):  # the draft reads its own outputs, as tree level `step` does
+        for step in range(1, self.unroll):  # its own outputs as features, as tree level `step`
             _, tokens, label_ids, label_probs, mask = self.windows(data, starts, offset=step)
             out, keys, values = self.step(tokens, out, past)
             loss = self.step_loss(out, label_ids, label_probs, mask, generator)
@@ -182,7 +191,8 @@ class Eagle3Task:
 
         if self._inference is not None and self._inference[0] is data:
             return self._inference[1:]
-        drafter = TorchEagle3Drafter(self.config, self.weights(), embed_tokens=self.module.embed_tokens)
+        drafter = TorchEagle3Drafter(self.config, self.weights(),
+                                     embed_tokens=self.module.embed_tokens)
         cfg, net = self.config, drafter.net
         keys = torch.zeros(cfg.num_kv_heads, data.num_positions, cfg.head_dim)
         values = torch.zeros_like(keys)
@@ -191,7 +201,8 @@ class Eagle3Task:
         with torch.no_grad():
             for begin, end in zip(starts[:-1], starts[1:]):
                 length = end - begin
-                layers = data.layer_outputs(cfg.hidden_layers, torch.arange(begin, end)).float()  # (n, 3, H)
+                span = torch.arange(begin, end)
+                layers = data.layer_outputs(cfg.hidden_layers, span).float()  # (n, 3, H)
                 fused[begin:end] = net.features(list(layers.unbind(1)))
                 mask = torch.ones(length, length, dtype=torch.bool).tril()[None]
                 x = net.fuse(data.next_tokens[begin:end][None], fused[begin:end][None])

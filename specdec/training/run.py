@@ -101,8 +101,8 @@ def train_drafter(kind: str, make_task: Callable, model, out, *, steps: int | No
     datasets, teacher_stats, teacher_times = build_teacher_data(
         target, prompts=prompts, heldout_prompts=heldout_prompts, max_new_tokens=max_new_tokens, top_k=top_k,
         teacher_batch_size=teacher_batch_size, seed=seed, cache=cache, corpus=corpus, prompt_source=prompt_source,
-        hidden_dtype=hidden_dtype, prompt_text_prompts=prompt_text_prompts, prompt_mix=prompt_mix, progress=progress,
-        layers=teacher_layers)
+        hidden_dtype=hidden_dtype, prompt_text_prompts=prompt_text_prompts, prompt_mix=prompt_mix,
+        progress=progress, layers=teacher_layers)
     times.update(teacher_times)
     teacher = teacher_stats.pop("settings")
 
@@ -191,7 +191,8 @@ def build_teacher_data(target, *, prompts: int, heldout_prompts: int, max_new_to
                        teacher_batch_size: int = 16, seed: int = 0, cache: Path | None = None, corpus=None,
                        prompt_source: Callable | None = None, hidden_dtype: str = "bfloat16",
                        prompt_text_prompts: int = 0, prompt_text_new_tokens: int = 16,
-                       prompt_mix=None, progress: bool = True, layers: tuple = ()) -> tuple[dict, dict, dict]:
+                       prompt_mix=None, progress: bool = True,
+                       layers: tuple = ()) -> tuple[dict, dict, dict]:
     """Teacher data of both splits for a loaded ``TeacherTarget`` (cached, see ``train_drafter``);
     a split with no prompts is left out.
 
@@ -233,8 +234,8 @@ def build_teacher_data(target, *, prompts: int, heldout_prompts: int, max_new_to
         decoded_source, decoded_key = prompt_source, source_key
 
     teacher = TeacherSettings(max_new_tokens=max_new_tokens, top_k=top_k, batch_size=teacher_batch_size,
-                              dtype=str(target.model.dtype).removeprefix("torch."), hidden_dtype=hidden_dtype,
-                              layers=layers)
+                              dtype=str(target.model.dtype).removeprefix("torch."),
+                              hidden_dtype=hidden_dtype, layers=layers)
     datasets, teacher_stats = {}, {}
     header = _common_prefix(target, prompt_source("train", PREFILL_OFFSET, 2)) if prompt_text_prompts else None
     text = attrs.evolve(teacher, max_new_tokens=prompt_text_new_tokens, prompt_from=header)
@@ -287,7 +288,8 @@ def evaluate_drafter(checkpoint, model, *, heldout_prompts: int = 64, max_new_to
     kind = drafter_kind(Path(checkpoint), default_registry())
     target = load_teacher_target(model)
     task = default_registry().drafter_spec(kind).evaluation_task(checkpoint, target, overrides)
+    layers = tuple(getattr(task, "teacher_layers", ()))
     datasets, _, _ = build_teacher_data(target, prompts=0, heldout_prompts=heldout_prompts,
-                                        max_new_tokens=max_new_tokens, top_k=top_k, seed=seed, cache=cache,
-                                        progress=progress, layers=tuple(getattr(task, "teacher_layers", ())))
+                                        max_new_tokens=max_new_tokens, top_k=top_k, seed=seed,
+                                        cache=cache, progress=progress, layers=layers)
     return {"drafter": kind, **overrides, **evaluate(task, datasets["heldout"], sequences=sequences)}

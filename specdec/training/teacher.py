@@ -106,14 +106,17 @@ class TeacherData:
         first[1:] = self.sequence[1:] != self.sequence[:-1]
         return torch.nonzero(first).flatten()
 
-    def layer_outputs(self, ids: Sequence[int], positions: torch.Tensor | None = None) -> torch.Tensor:
+    def layer_outputs(self, ids: Sequence[int],
+                      positions: torch.Tensor | None = None) -> torch.Tensor:
         """(..., len(ids), H): the kept outputs of decoder layers ``ids`` (in that order, repeats
         allowed) at flat ``positions`` (...) (None: all P); a ValueError naming what is missing
         when the data do not hold them."""
-        missing = sorted(set(int(i) for i in ids) - set(self.layer_ids)) if self.layers is not None else list(ids)
+        held = set(self.layer_ids) if self.layers is not None else set()
+        missing = sorted(set(int(i) for i in ids) - held)
         if missing:
-            raise ValueError(f"these teacher data hold decoder layers {list(self.layer_ids)}, not {missing}: "
-                             "make them with TeacherSettings(layers=...) (train_drafter's teacher_layers)")
+            raise ValueError(f"these teacher data hold decoder layers {sorted(held)}, not "
+                             f"{missing}: make them with TeacherSettings(layers=...) "
+                             "(train_drafter's teacher_layers)")
         where = [self.layer_ids.index(int(i)) for i in ids]
         layers = self.layers if positions is None else self.layers[positions]
         return layers if where == list(range(len(self.layer_ids))) else layers[..., where, :]
@@ -130,8 +133,9 @@ class TeacherData:
         ids = {p.layer_ids if p.layers is not None else None for p in parts}
         same = len(ids) == 1 and None not in ids
         return cls(hidden=join("hidden"), next_tokens=join("next_tokens"), label_ids=join("label_ids"),
-                   label_probs=join("label_probs"), remaining=join("remaining"), sequence=torch.cat(sequences),
-                   layers=join("layers") if same else None, layer_ids=parts[0].layer_ids if same else ())
+                   label_probs=join("label_probs"), remaining=join("remaining"),
+                   sequence=torch.cat(sequences), layers=join("layers") if same else None,
+                   layer_ids=parts[0].layer_ids if same else ())
 
     def save(self, path: Path, metadata: dict | None = None) -> None:
         """Write a safetensors file atomically (compact integer types on disk)."""
@@ -168,10 +172,12 @@ class TeacherData:
             stored = tuple(json.loads((handle.metadata() or {}).get("layers", "[]")))
             if layers:
                 if not set(layers) <= set(stored):
-                    raise ValueError(f"{path} holds decoder layers {list(stored)}, not all of {list(layers)}")
+                    raise ValueError(f"{path} holds decoder layers {list(stored)}, not all of "
+                                     f"{list(layers)}")
                 t["layers"] = handle.get_tensor("layers")[:, [stored.index(i) for i in layers]]
-        return cls(hidden=t["hidden"], next_tokens=t["next_tokens"].long(), label_ids=t["label_ids"].long(),
-                   label_probs=t["label_probs"], remaining=t["remaining"].long(), sequence=t["sequence"].long(),
+        return cls(hidden=t["hidden"], next_tokens=t["next_tokens"].long(),
+                   label_ids=t["label_ids"].long(), label_probs=t["label_probs"],
+                   remaining=t["remaining"].long(), sequence=t["sequence"].long(),
                    layers=t.get("layers"), layer_ids=layers)
 
 
@@ -301,13 +307,13 @@ def greedy_teacher(model, prompts: Sequence[Sequence[int]], *, max_new_tokens: i
         out = target.forward_tree(tree, decoding, context=context, layers=layers)
         hidden = [out.hidden[:, 0]] if tree is not None else []
         logits = [out.logits[:, 0]] if tree is not None else []
-        inner = [_stack_layers(out.layers, layers, column=0)] if tree is not None else []  # (B, n, H)
+        inner = [] if tree is None else [_stack_layers(out.layers, layers, column=0)]  # (B, n, H)
         for (slot, _), index, prompt_out in zip(context, admitted, out.context):
             rows[slot] = _Sequence(index)
             prompt_layers = _stack_layers(prompt_out.layers, layers)  # (P, n, H)
             if prompt_from is not None:
-                rows[slot].keep_prompt(model, prompt_out.hidden, prompts[index], start=prompt_from, top_k=top_k,
-                                       layers=prompt_layers)
+                rows[slot].keep_prompt(model, prompt_out.hidden, prompts[index], start=prompt_from,
+                                       top_k=top_k, layers=prompt_layers)
             hidden.append(prompt_out.hidden[-1:])
             logits.append(prompt_out.logits[None])
             if layers:
@@ -319,7 +325,8 @@ def greedy_teacher(model, prompts: Sequence[Sequence[int]], *, max_new_tokens: i
         if tree is not None:
             target.commit(tree, _root_verdict(chosen[:decoding.size]))
         order = list(decoding) + [slot for slot, _ in context]
-        for slot, h, token, ids, probs, inner_row in zip(order, hidden.to(hidden_dtype), chosen.tolist(), top_ids,
+        for slot, h, token, ids, probs, inner_row in zip(order, hidden.to(hidden_dtype),
+                                                         chosen.tolist(), top_ids,
                                                          top_probs.half(), inner):
             sequence = rows[slot]
             sequence.add(h, token, ids, probs, inner_row)
@@ -339,7 +346,8 @@ def _stack_layers(outputs, layers: tuple, *, column: int | None = None) -> torch
     or, with ``column``, that node of a tree's {layer: (B, N, H)}; None when none are asked for."""
     if not layers:
         return None
-    return torch.stack([outputs[i] if column is None else outputs[i][:, column] for i in layers], dim=1)
+    return torch.stack([outputs[i] if column is None else outputs[i][:, column] for i in layers],
+                       dim=1)
 
 
 def _decoding_target(model, *, slots: int, capacity: int):
@@ -386,8 +394,8 @@ class _Sequence:
         if layers is not None:
             self.layers.append(layers)
 
-    def keep_prompt(self, model, hidden: torch.Tensor, prompt: Sequence[int], *, start: int, top_k: int,
-                    layers: torch.Tensor | None = None) -> None:
+    def keep_prompt(self, model, hidden: torch.Tensor, prompt: Sequence[int], *, start: int,
+                    top_k: int, layers: torch.Tensor | None = None) -> None:
         """Teacher data of prompt positions ``start .. n-2`` (the last one, n-1, is the first
         continuation position); hidden (n, H), layers (n, L, H) or None."""
         n = len(prompt)
@@ -457,8 +465,8 @@ def teacher_dataset(target: TeacherTarget, make_prompts: Callable[[int, int], li
         data.save(file, {"prompt_key": prompt_key, "settings": settings.key(), "shard": shard,
                          "target": target.name, "fingerprint": target.fingerprint})
         if decode_layers != settings.layers:
-            data = attrs.evolve(data, layers=data.layer_outputs(settings.layers) if settings.layers else None,
-                                layer_ids=settings.layers)
+            kept = data.layer_outputs(settings.layers) if settings.layers else None
+            data = attrs.evolve(data, layers=kept, layer_ids=settings.layers)
         parts.append(data)
         stats["shards_made"] += 1
         stats["new_tokens"] += data.num_positions
