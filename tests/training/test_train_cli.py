@@ -59,8 +59,8 @@ def test_train_eagle3_then_resume(tiny_model, tmp_path, monkeypatch, capsys):
                         lambda cache: corpus_module.Corpus(stdlib=lib))
     out = tmp_path / "eagle3"
     args = ["train", "eagle3", "--model", str(tiny_model), "--out", str(out), "--steps", "2",
-            "--prompts", "4", "--heldout-prompts", "2", "--max-new-tokens", "6", "--draft-vocab", "32",
-            "--window", "8", "--batch-size", "16", "--unroll", "2", "--quiet"]
+            "--prompts", "4", "--heldout-prompts", "2", "--max-new-tokens", "6",
+            "--draft-vocab", "32", "--window", "8", "--batch-size", "16", "--unroll", "2", "--quiet"]
     assert cli.main(args) == 0
     assert "tokens/step" in capsys.readouterr().out
     config, weights = load_eagle3_checkpoint(out)
