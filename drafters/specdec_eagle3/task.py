@@ -120,6 +120,7 @@ class Eagle3Task:
         probabilities (n, T, k) as draft ids, mask (n, T)."""
         steps = torch.arange(self.window)
         remaining = data.remaining[starts][:, None]  # positions after the start in its sequence
+
         def at(shift: int) -> torch.Tensor:
             inside = steps[None] + shift <= remaining
             return torch.where(inside, starts[:, None] + steps + shift, starts[:, None])
