@@ -9,6 +9,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from specdec import compute
 from specdec.cli.options import lookup_option
 from specdec.errors import InvalidInputError, SpecdecError
 
@@ -530,6 +531,8 @@ def main(argv=None) -> int:
         return 2
     args = parser.parse_args(argv)
     try:
+        if args.func in (cmd_demo, cmd_generate, cmd_bench, cmd_plan, cmd_tune):  # one OpenMP team: specdec.compute
+            return compute.run(args.func, args)
         return args.func(args)
     except BrokenPipeError:  # `specdec plugins | head`: the reader left, which is not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

@@ -26,6 +26,7 @@ from typing import Iterator, Sequence
 import attrs
 import numpy as np
 
+from specdec import compute
 from specdec.decode import lease
 from specdec.decode import checks as step_checks
 from specdec.decode.batching import (
@@ -405,10 +406,15 @@ class Decoder:
 def decode_steps(plan: DecodePlan, prompts: Sequence[Sequence[int]], *, seed=None) -> Iterator[StepResult]:
     """Yield one StepResult per target forward (admissions and decode steps) until every prompt
     is done; row b of every result is prompt b (finished or waiting rows: no tokens, zero counts).
+    Each step runs on the process's compute thread where the backend wants one (``specdec.compute``).
 
     The target is leased for the whole generation (``specdec.decode.lease``): a second generation on
     it while this one runs raises TargetBusyError at its first step, before touching the cache.
     """
+    return compute.iterate(plan.backend, _decode_steps(plan, prompts, seed))
+
+
+def _decode_steps(plan: DecodePlan, prompts: Sequence[Sequence[int]], seed) -> Iterator[StepResult]:
     lease.acquire(plan.target)
     decoder = None
     try:

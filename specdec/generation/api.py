@@ -31,6 +31,7 @@ from specdec.errors import (
     TargetBusyError,
     UnknownPluginError,
 )
+from specdec import compute
 from specdec.capabilities import drafter_caps, verifier_caps
 from specdec.models.files import check_model_folder, damaged_checkpoint, read_json
 from specdec.models.llama import load_tokenizer
@@ -116,6 +117,11 @@ def prepare(model, prompt, drafter, backend, **kwargs):
     If loading fails and the model comes from the specdec cache, the cache folder's hashes are
     checked; a damaged folder is converted again and the load retried once.
     """
+    backend_obj = load_backend(backend, kwargs.get("registry") or default_registry())
+    return compute.run_for(backend_obj, _prepare_or_repair, model, prompt, drafter, backend, **kwargs)
+
+
+def _prepare_or_repair(model, prompt, drafter, backend, **kwargs):
     try:
         return _prepare(model, prompt, drafter, backend, **kwargs)
     except (InvalidInputError, UnknownPluginError, MissingDependencyError, TargetBusyError):
@@ -233,6 +239,11 @@ def load(model: Any, backend: str | None = None, *, dtype: str | None = None, de
     positions per slot, prompt and new tokens and a draft tree (None: the model's context length,
     at most ``specdec.slots.DEFAULT_CAPACITY``)."""
     backend_obj = load_backend(backend, registry or default_registry())
+    return compute.run_for(backend_obj, _load, backend_obj, model, dtype=dtype, device=device, slots=slots,
+                           capacity=capacity, exact=exact)
+
+
+def _load(backend_obj, model, *, dtype, device, slots, capacity, exact):
     sized = dict(slots=slots, capacity=capacity, exact=exact)
     try:
         target, choice = load_with_choice(backend_obj, resolve_model(model), dtype=dtype, device=device, **sized)

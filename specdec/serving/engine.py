@@ -31,6 +31,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from specdec import compute
 from specdec.decode import lease
 from specdec.errors import InvalidInputError
 from specdec.decode.loop import Decoder
@@ -121,7 +122,8 @@ class Engine:
     def _launch(self, build, **settings) -> None:
         """Start the scheduler thread, which loads the target (``build``: (plan, tree room)) and
         then serves: every array of the target and drafter is made and used on that thread (MLX
-        ties unevaluated arrays to the thread that made them). Returns once it serves; raises
+        ties unevaluated arrays to the thread that made them), or on the process's compute thread
+        where the backend asks for one (``specdec.compute``: torch). Returns once it serves; raises
         what building raised."""
         for name, low in (("max_queue", 0), ("max_new_tokens", 1)):
             value = settings[name]
@@ -135,7 +137,7 @@ class Engine:
         def main():
             try:
                 plan, room = build()
-                self._configure(plan, tree_room=room, **settings)
+                compute.run_for(plan.backend, self._configure, plan, tree_room=room, **settings)
             except BaseException as error:  # noqa: BLE001 - raised again by the constructor
                 failed.append(error)
                 return
@@ -335,7 +337,7 @@ class Engine:
                 return True
             self._stopped = True
         try:
-            self._decoder.close()
+            compute.run_for(self.plan.backend, self._decoder.close)
         finally:
             lease.release(self.target)
         return True
@@ -365,7 +367,7 @@ class Engine:
             self._serve()
         finally:
             try:
-                self._sync()
+                compute.run_for(self.plan.backend, self._sync)
             except Exception:  # noqa: BLE001 - nothing pending, or a backend that cannot say
                 pass
 
@@ -376,21 +378,28 @@ class Engine:
                 commands = list(self._inbox)
                 self._inbox.clear()
                 cancel_all = self._closing and not self._drain
-            now = time.perf_counter()
-            for kind, handle in commands:
-                if kind == "submit":
-                    self._enter(handle, now)
-                else:
-                    self._cancel(handle, now)
-            if cancel_all:
-                for handle in list(self._handles.values()):
-                    self._cancel(handle, now)
-            if not self._decoder.idle:
-                self._step()
+            if compute.run_for(self.plan.backend, self._turn, commands, cancel_all):
                 continue
             with self._cond:
                 if self._closing and not self._inbox and self._decoder.idle:
                     return
+
+    def _turn(self, commands: list, cancel_all: bool) -> bool:
+        """Apply the commands taken from the inbox, then run a step if any request is in the
+        decoder (on the compute thread where the backend wants one); returns whether it ran."""
+        now = time.perf_counter()
+        for kind, handle in commands:
+            if kind == "submit":
+                self._enter(handle, now)
+            else:
+                self._cancel(handle, now)
+        if cancel_all:
+            for handle in list(self._handles.values()):
+                self._cancel(handle, now)
+        if self._decoder.idle:
+            return False
+        self._step()
+        return True
 
     def _enter(self, handle: Handle, now: float) -> None:
         if handle.done:
