@@ -436,7 +436,7 @@ def decode_steps(plan: DecodePlan, prompts: Sequence[Sequence[int]], *, seed=Non
     it while this one runs raises TargetBusyError at its first step, before touching the cache.
     """
     lease.acquire(plan.target)
-    decoder = None
+    decoder, reason = None, "cancelled"  # for requests left: the stream was closed (or it raised)
     try:
         decoder = Decoder(plan)
         for request in plan.requests(prompts, seed):
@@ -444,7 +444,10 @@ def decode_steps(plan: DecodePlan, prompts: Sequence[Sequence[int]], *, seed=Non
         while not decoder.idle:
             for result in decoder.step():
                 yield full_batch(result, len(prompts))
+    except Exception:
+        reason = "error"
+        raise
     finally:
         if decoder is not None:
-            decoder.close()
+            decoder.close(reason)
         lease.release(plan.target)
