@@ -190,7 +190,8 @@ class MlxEagle3Drafter:
                          mx.concatenate([state["pending"][None], g[b, : count - 1]]))
             state["pending"] = g[b, count - 1]
 
-    def end(self, slot: int) -> None:
+    def end(self, slot: int, reason: str) -> None:
+        """The request in ``slot`` ended (any ``reason``): drop its state."""
         self.slots.pop(int(slot), None)
 
     def log_probs(self, out: mx.array) -> mx.array:

@@ -203,7 +203,8 @@ class TorchEagle3Drafter:
             self._append(slot, tokens[b, :count], torch.cat([state["pending"][None], g[b, : count - 1]]))
             state["pending"] = g[b, count - 1].clone()
 
-    def end(self, slot: int) -> None:
+    def end(self, slot: int, reason: str) -> None:
+        """The request in ``slot`` ended (any ``reason``): drop its state."""
         self.slots.pop(int(slot), None)
 
     def _slot(self, slot: int) -> dict:

@@ -459,7 +459,7 @@ class Engine:
             metrics.add("prefilled_prompts", len(result.requests))
         elif not prefill and result.requests:
             metrics.account_step(result, self._decoder.prefill_budget)
-        for request_id, tokens in zip(result.requests, result.new_tokens):
+        for row, (request_id, tokens) in enumerate(zip(result.requests, result.new_tokens)):
             handle = self._handles.get(request_id)
             if handle is None or handle.done:
                 continue
@@ -471,8 +471,10 @@ class Engine:
                 metrics.add("decode_tokens", len(tokens))
                 metrics.observe("tokens_per_step", len(tokens))
             chunk = handle.take(list(tokens), now, metrics)
-            if chunk.finish_reason is not None:
-                self._decoder.cancel(request_id)  # ended by a stop string: the decoder does not know yet
+            if not prefill:
+                handle.count_step(int(result.num_drafted[row]), int(result.num_accepted[row]), len(chunk.tokens))
+            if chunk.finish_reason is not None:  # ended by a stop string: the decoder does not know yet
+                self._decoder.cancel(request_id, chunk.finish_reason)
             handle.push(chunk, chunk.finish_reason, None, now)
             if chunk.finish_reason is not None:
                 self._forget(handle, now)
@@ -485,12 +487,12 @@ class Engine:
         self.metrics.add("engine_resets")
         handles = sorted(self._handles.values(), key=lambda h: h.id)
         try:
-            self._decoder.close()
+            self._decoder.close("error")
         except Exception:  # noqa: BLE001 - start afresh: release what the target still holds
             if getattr(self._decoder.caps, "stateful", False):
-                for slot in list(self._decoder.active):
+                for slot in [s for s in list(self._decoder.active) if self._decoder.began(s)]:
                     try:
-                        self.plan.drafter.end(slot)
+                        self._decoder.drafter_end(slot, "error")
                     except Exception:  # noqa: BLE001
                         pass
             for slot in range(self.num_slots):
