@@ -44,7 +44,7 @@ SPEC = DrafterSpec(
     pairs_with_lookup=False,
     load_checkpoint=lazy_call("specdec_eagle3.checkpoint", "load_eagle3_checkpoint"),
     save_checkpoint=lazy_call("specdec_eagle3.checkpoint", "save_eagle3"), package="specdec_eagle3",
-    layouts=LAYOUTS,
+    layouts=LAYOUTS, tree_size=lazy_call("specdec_eagle3.config", "tree_size"),
 )
 
 

@@ -238,11 +238,12 @@ class Eagle3Drafter:
         check_embedding(config, embed_tokens)
         check_layers_resolved(config)
         self.config = config
-        self.caps = DrafterCaps(stateful=True, tree_builder=("prefix_tree", {}), hidden_layers=config.hidden_layers)
         self.weights = {name: np.asarray(array, dtype=np.int64 if name == "d2t" else np.float64)
                         for name, array in weights.items()}
         self.embed_tokens = np.asarray(embed_tokens, dtype=np.float64)
         self.top_k, self.depth, self.total_tokens = tree_options(config, top_k, depth, total_tokens)
+        self.caps = DrafterCaps(stateful=True, tree_builder=("prefix_tree", {}),
+                                hidden_layers=config.hidden_layers, max_tree_size=self.total_tokens + 1)
         self.slots: dict[int, SlotCache] = {}
 
     def begin(self, slot: int, prompt, output: PromptOutput) -> None:

@@ -38,6 +38,7 @@ from specdec.models.llama import load_tokenizer
 from specdec.slots import DEFAULT_CAPACITY, TREE_ROOM, check_tree_room
 from specdec.decode.loop import decode_steps
 from specdec.decode.plan import DecodePlan
+from specdec.generation.options import check_drafter_options
 from specdec.generation.resolve import Resolved, build, resolve, with_lookup
 from specdec.plugins.registry import PluginRegistry, default_registry
 from specdec.tuning.dtype import cached_beam_plan
@@ -141,6 +142,8 @@ def _prepare(model, prompt, drafter, backend, *, max_new_tokens, temperature, to
     check_prompt_type(prompt)
     check_drafter_path(drafter)
     backend_obj = load_backend(backend, registry)
+    named = resolve("drafter", drafter, registry, backend_obj.name)
+    check_drafter_options(named, registry, backend_obj.name, options)  # before the model loads
     model = resolve_model(model)
     if isinstance(model, (str, Path)):  # encode first: the target gets one slot per prompt, sized to fit
         check_model_folder(model)
@@ -165,7 +168,6 @@ def _prepare(model, prompt, drafter, backend, *, max_new_tokens, temperature, to
     verifier_choice = options.pop("verifier", None)
     tree_choice = options.pop("tree_builder", None)
     lookup = options.pop("lookup", None)
-    named = resolve("drafter", drafter, registry, backend_obj.name)
     if named.name is not None and not {"beam_width", "beam_length"} & set(options):
         options.update(planned_beams(backend_obj, target, named))
     drafter_obj = load_drafter(named, target, backend_obj, registry, options)

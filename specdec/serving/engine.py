@@ -86,10 +86,14 @@ class Engine:
                  max_new_tokens: int = 128, dtype: str | None = None, device: str | None = None,
                  exact: bool | None = None, tree_room: int | None = None, registry=None, **options: Any):
         from specdec.generation.api import load, load_backend, prepare
+        from specdec.generation.options import check_drafter_options
+        from specdec.generation.resolve import resolve
 
         if isinstance(capacity, bool) or (capacity is not None and (not isinstance(capacity, int) or capacity < 2)):
             raise InvalidInputError(f"capacity must be an integer >= 2 (positions per request), got {capacity!r}")
         backend = load_backend(backend, _registry(registry)).name
+        named = resolve("drafter", drafter, _registry(registry), backend)
+        check_drafter_options(named, _registry(registry), backend, options)  # before loading
 
         def build():
             if hasattr(model, "num_slots"):
