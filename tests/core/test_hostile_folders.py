@@ -4,7 +4,6 @@ never a traceback, on every backend under test."""
 
 from __future__ import annotations
 
-import time
 
 import pytest
 
@@ -90,9 +89,6 @@ def test_a_hostile_drafter_folder_is_one_line(model_dir, folders, capsys, backen
 @pytest.mark.parametrize("case", sorted(DRAFTER_CASES))
 def test_import_of_a_hostile_drafter_folder_is_one_line(folders, capsys, case):
     out = folders[2] / "imported" / folders[1][case].name
-    started = time.perf_counter()
     err = one_line_error(capsys, ["import", str(folders[1][case]), "--out", str(out)])
     assert IMPORT_SAYS[case] in err, err
     assert not out.exists()
-    if case == "beams of 100,000":  # read from the config; nothing is built
-        assert time.perf_counter() - started < 1.0
