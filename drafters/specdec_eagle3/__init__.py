@@ -5,5 +5,6 @@ KV cache like EAGLE's.
 
 Modules: ``config`` (Eagle3Config, weight names), ``reference`` (float64 NumPy drafter), ``torch``
 and ``mlx`` (the same on the backends' arrays; the tree search is EAGLE's), ``checkpoint`` (save /
-load / random drafters), ``plugin`` (registration).
+load / random drafters), ``train`` and ``task`` (``specdec train eagle3``: training-time test),
+``plugin`` (registration).
 """

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from specdec.plugins.hookspecs import hookimpl
 from specdec.plugins.support import backend_class, lazy_call, load_trained
-from specdec.plugins.specs import DrafterSpec, Layout
+from specdec.plugins.specs import CliOption, DrafterSpec, Layout
 
 CLASSES = {
     "numpy": "specdec_eagle3.reference:Eagle3Drafter",
@@ -28,6 +28,40 @@ def _factory(backend_name: str):
     return eagle3
 
 
+def _evaluation_task(checkpoint, target, overrides):
+    import attrs
+
+    from specdec.models.llama import LlamaConfig
+    from specdec_eagle3.checkpoint import load_eagle3_checkpoint
+    from specdec_eagle3.config import draft_to_target, resolve_layers
+    from specdec_eagle3.task import Eagle3Task
+
+    config, weights = load_eagle3_checkpoint(checkpoint)
+    config = resolve_layers(config, LlamaConfig.from_folder(target.folder).num_hidden_layers)
+    task = Eagle3Task(attrs.evolve(config, **overrides), embed_tokens=target.embed_tokens,
+                      ids=draft_to_target(weights["d2t"]))
+    task.module.load_weights(weights)
+    return task
+
+
+TRAIN_OPTIONS = (
+    CliOption(flag="--draft-vocab", type=int, default=8192,
+              help="EAGLE-3: draft vocabulary size, the target ids with the most teacher mass "
+                   "(0: all)"),
+    CliOption(flag="--top-k", type=int, default=4,
+              help="EAGLE-3 tree: children per expanded node and frontier width"),
+    CliOption(flag="--depth", type=int, default=3, help="EAGLE-3 tree: drafted levels"),
+    CliOption(flag="--total-tokens", type=int, default=12,
+              help="EAGLE-3 tree: drafted nodes the target verifies"),
+    CliOption(flag="--window", type=int, default=64,
+              help="EAGLE-3 training: positions per training window"),
+    CliOption(flag="--unroll", type=int, default=3,
+              help="EAGLE-3 training-time test: steps per position (step j > 0 reads the draft's "
+                   "own outputs)"),
+    CliOption(flag="--unroll-decay", type=float, default=0.8,
+              help="EAGLE-3 training: step j's loss weight is DECAY**j"),
+)
+
 LAYOUTS = (
     Layout(name="specforge", aliases=("sglang", "tensorrt-llm", "trtllm"),
            detect=lazy_call("specdec_eagle3.export", "detect_specforge"),
@@ -41,7 +75,8 @@ LAYOUTS = (
 SPEC = DrafterSpec(
     name="eagle3", model_type="specdec_eagle3", implementations={b: _factory(b) for b in CLASSES},
     make_random_checkpoint=lazy_call("specdec_eagle3.checkpoint", "make_random_eagle3"),
-    pairs_with_lookup=False,
+    pairs_with_lookup=False, train=lazy_call("specdec_eagle3.train", "train_eagle3"),
+    evaluation_task=_evaluation_task, train_options=TRAIN_OPTIONS,
     load_checkpoint=lazy_call("specdec_eagle3.checkpoint", "load_eagle3_checkpoint"),
     save_checkpoint=lazy_call("specdec_eagle3.checkpoint", "save_eagle3"), package="specdec_eagle3",
     layouts=LAYOUTS, tree_size=lazy_call("specdec_eagle3.config", "tree_size"),

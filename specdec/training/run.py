@@ -36,14 +36,16 @@ def train_drafter(kind: str, make_task: Callable, model, out, *, steps: int | No
                   hidden_dtype: str = "bfloat16", prompt_text_prompts: int = 0, shortlist: int = 0,
                   prompt_mix=None, progress: bool = True, overwrite: bool = False, allow_changes: bool = False,
                   run_settings: dict | None = None, save_minutes: float = 5.0, init=None, keep_init_shortlist=True,
-                  loop_data: Callable | None = None, report_training: dict | None = None) -> dict:
+                  loop_data: Callable | None = None, report_training: dict | None = None,
+                  teacher_layers: tuple = ()) -> dict:
     """Distil a ``kind`` drafter for ``model`` into folder ``out``; returns the report (also saved).
 
     make_task(target, seed, *, shortlist, data) -> the drafter's task (``specdec.training.loop``);
     shortlist: the token ids it drafts from (None: all), data: the training ``TeacherData``.
     ``loop_data(data)``: what the shared loop draws positions from instead of the training data
     itself (EAGLE: an index view, its task reads runs of positions); ``report_training``: the
-    drafter's own fields of the report's "training" section. Budget: ``steps``
+    drafter's own fields of the report's "training" section; ``teacher_layers``: decoder layers
+    whose outputs the teacher data also keep (``TeacherSettings.layers``). Budget: ``steps``
     and/or ``minutes`` of training. Teacher data: ``prompts`` training and ``heldout_prompts``
     held-out prompts (rounded up to whole cache shards), ``max_new_tokens`` greedy tokens each,
     top-``top_k`` soft labels, decoded with the target in ``teacher_dtype`` (None: the dtype
@@ -99,7 +101,8 @@ def train_drafter(kind: str, make_task: Callable, model, out, *, steps: int | No
     datasets, teacher_stats, teacher_times = build_teacher_data(
         target, prompts=prompts, heldout_prompts=heldout_prompts, max_new_tokens=max_new_tokens, top_k=top_k,
         teacher_batch_size=teacher_batch_size, seed=seed, cache=cache, corpus=corpus, prompt_source=prompt_source,
-        hidden_dtype=hidden_dtype, prompt_text_prompts=prompt_text_prompts, prompt_mix=prompt_mix, progress=progress)
+        hidden_dtype=hidden_dtype, prompt_text_prompts=prompt_text_prompts, prompt_mix=prompt_mix,
+        progress=progress, layers=teacher_layers)
     times.update(teacher_times)
     teacher = teacher_stats.pop("settings")
 
@@ -188,7 +191,8 @@ def build_teacher_data(target, *, prompts: int, heldout_prompts: int, max_new_to
                        teacher_batch_size: int = 16, seed: int = 0, cache: Path | None = None, corpus=None,
                        prompt_source: Callable | None = None, hidden_dtype: str = "bfloat16",
                        prompt_text_prompts: int = 0, prompt_text_new_tokens: int = 16,
-                       prompt_mix=None, progress: bool = True) -> tuple[dict, dict, dict]:
+                       prompt_mix=None, progress: bool = True,
+                       layers: tuple = ()) -> tuple[dict, dict, dict]:
     """Teacher data of both splits for a loaded ``TeacherTarget`` (cached, see ``train_drafter``);
     a split with no prompts is left out.
 
@@ -198,6 +202,7 @@ def build_teacher_data(target, *, prompts: int, heldout_prompts: int, max_new_to
     prefill is batched while decoding is one token per forward.
     prompt_mix: (kind, share) pairs of corpus chats, self-instruct chats and plain text for the
     decoded prompts (``specdec.training.selfinstruct``; None: ``DEFAULT_MIX``, () the corpus alone).
+    layers: decoder layers whose outputs the data also keep (``TeacherSettings.layers``).
 
     -> (datasets {"train", "heldout"}, stats per split plus "settings", wall seconds per stage).
     """
@@ -229,7 +234,8 @@ def build_teacher_data(target, *, prompts: int, heldout_prompts: int, max_new_to
         decoded_source, decoded_key = prompt_source, source_key
 
     teacher = TeacherSettings(max_new_tokens=max_new_tokens, top_k=top_k, batch_size=teacher_batch_size,
-                              dtype=str(target.model.dtype).removeprefix("torch."), hidden_dtype=hidden_dtype)
+                              dtype=str(target.model.dtype).removeprefix("torch."),
+                              hidden_dtype=hidden_dtype, layers=layers)
     datasets, teacher_stats = {}, {}
     header = _common_prefix(target, prompt_source("train", PREFILL_OFFSET, 2)) if prompt_text_prompts else None
     text = attrs.evolve(teacher, max_new_tokens=prompt_text_new_tokens, prompt_from=header)
@@ -272,7 +278,8 @@ def evaluate_drafter(checkpoint, model, *, heldout_prompts: int = 64, max_new_to
                      **overrides) -> dict:
     """Held-out tokens per step of a saved checkpoint, with config overrides (``beam_width``,
     ``beam_length`` for ReDrafter; ``choices``, ``top_t`` for Medusa). The held-out teacher data
-    are the cached ones of ``train_drafter`` with the same settings (made when missing)."""
+    are the cached ones of ``train_drafter`` with the same settings (made when missing), with the
+    decoder layers the task's ``teacher_layers`` names, if any."""
     from specdec.generation.resolve import drafter_kind
     from specdec.plugins.registry import default_registry
     from specdec.training.loop import evaluate
@@ -280,8 +287,9 @@ def evaluate_drafter(checkpoint, model, *, heldout_prompts: int = 64, max_new_to
 
     kind = drafter_kind(Path(checkpoint), default_registry())
     target = load_teacher_target(model)
-    datasets, _, _ = build_teacher_data(target, prompts=0, heldout_prompts=heldout_prompts,
-                                        max_new_tokens=max_new_tokens, top_k=top_k, seed=seed, cache=cache,
-                                        progress=progress)
     task = default_registry().drafter_spec(kind).evaluation_task(checkpoint, target, overrides)
+    layers = tuple(getattr(task, "teacher_layers", ()))
+    datasets, _, _ = build_teacher_data(target, prompts=0, heldout_prompts=heldout_prompts,
+                                        max_new_tokens=max_new_tokens, top_k=top_k, seed=seed,
+                                        cache=cache, progress=progress, layers=layers)
     return {"drafter": kind, **overrides, **evaluate(task, datasets["heldout"], sequences=sequences)}

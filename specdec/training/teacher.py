@@ -10,12 +10,17 @@ must learn at decode time:
     label_ids[t]    (k,)  int    the top-k tokens of the target's next-token distribution at t
     label_probs[t]  (k,)  fp16   their probabilities (not renormalised)
     remaining[t]    ()    int    positions left after t in the same sequence
+    layers[t]       (n, H) bf16  opt-in (``TeacherSettings.layers``): the outputs of n decoder
+                                 layers (the residual stream, before any norm), for drafters that
+                                 read inner layers (3 x H x 2 bytes per position for three layers)
 
 A row stops after ``max_new_tokens`` tokens or after it emits an end-of-sequence token (that
 position is kept: the drafter learns to predict the end too). The positions of all sequences are
 stored flat (P positions). Data are cached on disk in shards keyed by the target's fingerprint,
 the prompts and the settings, so a repeated or resumed run, or a run with more prompts, reuses
-what is already there.
+what is already there. The layers, when asked for, are kept in the same shard file (they come from
+the forward the teacher runs anyway); a run that asks for none reads the file without them, and a
+run that asks for layers a cached shard lacks decodes that shard again.
 """
 
 from __future__ import annotations
@@ -46,7 +51,9 @@ class TeacherSettings:
     labels kept per position; batch_size: prompts decoded together; max_prompt_tokens: longer
     prompts are dropped; dtype: the target's dtype while decoding; hidden_dtype: how hidden states
     are stored; prompt_from: also keep prompt positions from this index on (``greedy_teacher``);
-    shard_size: prompts per cache file."""
+    shard_size: prompts per cache file; layers: also keep the outputs of these decoder layers
+    (0-based, ascending, distinct) at every position (not part of ``key``: a shard that holds
+    them is the same data with more fields)."""
 
     max_new_tokens: int = 128
     top_k: int = 32
@@ -56,6 +63,7 @@ class TeacherSettings:
     hidden_dtype: str = "bfloat16"
     prompt_from: int | None = None
     shard_size: int = 64
+    layers: tuple = attrs.field(default=(), converter=lambda v: tuple(sorted({int(i) for i in v})))
 
     def key(self) -> dict:
         """The settings that change the data (batch_size does not, beyond rounding), and the
@@ -72,7 +80,8 @@ class TeacherSettings:
 
 @attrs.frozen(kw_only=True)
 class TeacherData:
-    """Flat per-position teacher data over P positions (see the module docstring for the fields)."""
+    """Flat per-position teacher data over P positions (see the module docstring for the fields).
+    ``layers`` (P, n, H) holds the outputs of decoder layers ``layer_ids`` (None: not kept)."""
 
     hidden: torch.Tensor        # (P, H) bfloat16
     next_tokens: torch.Tensor   # (P,) int64
@@ -80,6 +89,8 @@ class TeacherData:
     label_probs: torch.Tensor   # (P, k) float16
     remaining: torch.Tensor     # (P,) int64
     sequence: torch.Tensor      # (P,) int64, index of the sequence each position belongs to
+    layers: torch.Tensor | None = None  # (P, n, H) bfloat16, decoder layers ``layer_ids``
+    layer_ids: tuple = attrs.field(default=(), converter=tuple)
 
     @property
     def num_positions(self) -> int:
@@ -95,16 +106,36 @@ class TeacherData:
         first[1:] = self.sequence[1:] != self.sequence[:-1]
         return torch.nonzero(first).flatten()
 
+    def layer_outputs(self, ids: Sequence[int],
+                      positions: torch.Tensor | None = None) -> torch.Tensor:
+        """(..., len(ids), H): the kept outputs of decoder layers ``ids`` (in that order, repeats
+        allowed) at flat ``positions`` (...) (None: all P); a ValueError naming what is missing
+        when the data do not hold them."""
+        held = set(self.layer_ids) if self.layers is not None else set()
+        missing = sorted(set(int(i) for i in ids) - held)
+        if missing:
+            raise ValueError(f"these teacher data hold decoder layers {sorted(held)}, not "
+                             f"{missing}: make them with TeacherSettings(layers=...) "
+                             "(train_drafter's teacher_layers)")
+        where = [self.layer_ids.index(int(i)) for i in ids]
+        layers = self.layers if positions is None else self.layers[positions]
+        return layers if where == list(range(len(self.layer_ids))) else layers[..., where, :]
+
     @classmethod
     def concat(cls, parts: Sequence["TeacherData"]) -> "TeacherData":
-        """Join datasets; sequence indices are renumbered to stay distinct."""
+        """Join datasets; sequence indices are renumbered to stay distinct. The layers are kept
+        only when every part holds the same ones."""
         offset, sequences = 0, []
         for part in parts:
             sequences.append(part.sequence + offset)
             offset += part.num_sequences
         join = lambda name: torch.cat([getattr(p, name) for p in parts])  # noqa: E731
+        ids = {p.layer_ids if p.layers is not None else None for p in parts}
+        same = len(ids) == 1 and None not in ids
         return cls(hidden=join("hidden"), next_tokens=join("next_tokens"), label_ids=join("label_ids"),
-                   label_probs=join("label_probs"), remaining=join("remaining"), sequence=torch.cat(sequences))
+                   label_probs=join("label_probs"), remaining=join("remaining"),
+                   sequence=torch.cat(sequences), layers=join("layers") if same else None,
+                   layer_ids=parts[0].layer_ids if same else ())
 
     def save(self, path: Path, metadata: dict | None = None) -> None:
         """Write a safetensors file atomically (compact integer types on disk)."""
@@ -113,17 +144,41 @@ class TeacherData:
         tensors = {"hidden": self.hidden.contiguous(), "next_tokens": self.next_tokens.to(torch.int32),
                    "label_ids": self.label_ids.to(torch.int32), "label_probs": self.label_probs.contiguous(),
                    "remaining": self.remaining.to(torch.int32), "sequence": self.sequence.to(torch.int32)}
+        header = {"specdec": json.dumps(metadata or {})}
+        if self.layers is not None:
+            tensors["layers"] = self.layers.contiguous()
+            header["layers"] = json.dumps(list(self.layer_ids))
         partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
-        save_file(tensors, str(partial), metadata={"specdec": json.dumps(metadata or {})})
+        save_file(tensors, str(partial), metadata=header)
         partial.replace(path)
 
-    @classmethod
-    def load(cls, path: Path) -> "TeacherData":
-        from safetensors.torch import load_file
+    @staticmethod
+    def stored_layers(path: Path) -> tuple:
+        """The decoder layers whose outputs the file at ``path`` holds (() for none)."""
+        from safetensors import safe_open
 
-        t = load_file(str(path))
-        return cls(hidden=t["hidden"], next_tokens=t["next_tokens"].long(), label_ids=t["label_ids"].long(),
-                   label_probs=t["label_probs"], remaining=t["remaining"].long(), sequence=t["sequence"].long())
+        with safe_open(str(path), framework="pt") as handle:
+            return tuple(json.loads((handle.metadata() or {}).get("layers", "[]")))
+
+    @classmethod
+    def load(cls, path: Path, *, layers: Sequence[int] = ()) -> "TeacherData":
+        """The data in ``path``, with the outputs of decoder ``layers`` (ascending) when asked for
+        (a ValueError when the file lacks one; ``stored_layers`` says which it holds)."""
+        from safetensors import safe_open
+
+        layers = tuple(int(i) for i in layers)
+        with safe_open(str(path), framework="pt") as handle:
+            t = {name: handle.get_tensor(name) for name in handle.keys() if name != "layers"}
+            stored = tuple(json.loads((handle.metadata() or {}).get("layers", "[]")))
+            if layers:
+                if not set(layers) <= set(stored):
+                    raise ValueError(f"{path} holds decoder layers {list(stored)}, not all of "
+                                     f"{list(layers)}")
+                t["layers"] = handle.get_tensor("layers")[:, [stored.index(i) for i in layers]]
+        return cls(hidden=t["hidden"], next_tokens=t["next_tokens"].long(),
+                   label_ids=t["label_ids"].long(), label_probs=t["label_probs"],
+                   remaining=t["remaining"].long(), sequence=t["sequence"].long(),
+                   layers=t.get("layers"), layer_ids=layers)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -214,7 +269,8 @@ PREFILL_BUDGET = 1024  # prompt tokens admitted per forward beside the rows deco
 @torch.inference_mode()
 def greedy_teacher(model, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, top_k: int,
                    eos_token_ids: Sequence[int] = (), batch_size: int = 16, hidden_dtype=torch.bfloat16,
-                   prompt_from: int | None = None, progress: Callable[[int], None] | None = None) -> TeacherData:
+                   prompt_from: int | None = None, layers: Sequence[int] = (),
+                   progress: Callable[[int], None] | None = None) -> TeacherData:
     """Decode every prompt greedily with ``model`` (a ``transformers`` Llama-family causal LM) and
     collect the teacher data of each continuation position (module docstring).
 
@@ -225,13 +281,16 @@ def greedy_teacher(model, prompts: Sequence[Sequence[int]], *, max_new_tokens: i
     states are kept in ``hidden_dtype``. ``prompt_from``: also keep the prompt's own positions
     from this index on (teacher forcing on the prompt text, free with the prefill: there
     ``next_tokens`` is the prompt's next token); each sequence then runs through the prompt into
-    the continuation. ``progress(n)`` is called with the number of tokens each forward produced.
+    the continuation. ``layers``: also keep the outputs of these decoder layers (ascending,
+    distinct) at every kept position, returned by the same forwards. ``progress(n)`` is called
+    with the number of tokens each forward produced.
     """
     if not prompts:
         raise ValueError("greedy_teacher needs at least one prompt")
     target = _decoding_target(model, slots=min(batch_size, len(prompts)),
                               capacity=max(len(p) for p in prompts) + max_new_tokens)
     eos = set(int(t) for t in eos_token_ids)
+    layers = tuple(int(i) for i in layers)
     waiting = sorted(range(len(prompts)), key=lambda i: (len(prompts[i]), i))[::-1]  # pop() takes the shortest
     free = list(range(target.num_slots))[::-1]
     rows: dict[int, _Sequence] = {}  # slot -> the sequence decoding there
@@ -245,25 +304,32 @@ def greedy_teacher(model, prompts: Sequence[Sequence[int]], *, max_new_tokens: i
             budget -= len(prompts[index])
         decoding = np.array(sorted(rows), dtype=np.int64)
         tree = _root_trees([rows[s].last for s in decoding]) if decoding.size else None
-        out = target.forward_tree(tree, decoding, context=context)
+        out = target.forward_tree(tree, decoding, context=context, layers=layers)
         hidden = [out.hidden[:, 0]] if tree is not None else []
         logits = [out.logits[:, 0]] if tree is not None else []
+        inner = [] if tree is None else [_stack_layers(out.layers, layers, column=0)]  # (B, n, H)
         for (slot, _), index, prompt_out in zip(context, admitted, out.context):
             rows[slot] = _Sequence(index)
+            prompt_layers = _stack_layers(prompt_out.layers, layers)  # (P, n, H)
             if prompt_from is not None:
-                rows[slot].keep_prompt(model, prompt_out.hidden, prompts[index], start=prompt_from, top_k=top_k)
+                rows[slot].keep_prompt(model, prompt_out.hidden, prompts[index], start=prompt_from,
+                                       top_k=top_k, layers=prompt_layers)
             hidden.append(prompt_out.hidden[-1:])
             logits.append(prompt_out.logits[None])
+            if layers:
+                inner.append(prompt_layers[-1:])
         hidden, logits = torch.cat(hidden), torch.cat(logits).float()
+        inner = torch.cat(inner).to(hidden_dtype) if layers else [None] * hidden.shape[0]
         top_probs, top_ids = torch.topk(torch.softmax(logits, dim=-1), top_k, dim=-1)
         chosen = torch.argmax(logits, dim=-1)  # first maximum: ties to the lowest id
         if tree is not None:
             target.commit(tree, _root_verdict(chosen[:decoding.size]))
         order = list(decoding) + [slot for slot, _ in context]
-        for slot, h, token, ids, probs in zip(order, hidden.to(hidden_dtype), chosen.tolist(), top_ids,
-                                              top_probs.half()):
+        for slot, h, token, ids, probs, inner_row in zip(order, hidden.to(hidden_dtype),
+                                                         chosen.tolist(), top_ids,
+                                                         top_probs.half(), inner):
             sequence = rows[slot]
-            sequence.add(h, token, ids, probs)
+            sequence.add(h, token, ids, probs, inner_row)
             if len(sequence.tokens) >= max_new_tokens or token in eos:
                 per_prompt[sequence.index] = sequence.data()
                 del rows[slot]
@@ -271,7 +337,17 @@ def greedy_teacher(model, prompts: Sequence[Sequence[int]], *, max_new_tokens: i
                 free.append(int(slot))
         if progress is not None:
             progress(len(order))
-    return TeacherData.concat(per_prompt) if len(per_prompt) > 1 else per_prompt[0]
+    data = TeacherData.concat(per_prompt) if len(per_prompt) > 1 else per_prompt[0]
+    return attrs.evolve(data, layers=data.layers if layers else None, layer_ids=layers)
+
+
+def _stack_layers(outputs, layers: tuple, *, column: int | None = None) -> torch.Tensor | None:
+    """(rows, n, H): the outputs of decoder ``layers`` stacked, from a prompt's {layer: (P, H)}
+    or, with ``column``, that node of a tree's {layer: (B, N, H)}; None when none are asked for."""
+    if not layers:
+        return None
+    return torch.stack([outputs[i] if column is None else outputs[i][:, column] for i in layers],
+                       dim=1)
 
 
 def _decoding_target(model, *, slots: int, capacity: int):
@@ -303,22 +379,25 @@ class _Sequence:
 
     def __init__(self, index: int):
         self.index = index
-        self.hidden, self.tokens, self.ids, self.probs = [], [], [], []
+        self.hidden, self.tokens, self.ids, self.probs, self.layers = [], [], [], [], []
         self.prompt: dict | None = None
 
     @property
     def last(self) -> int:
         return self.tokens[-1]
 
-    def add(self, hidden, token: int, ids, probs) -> None:
+    def add(self, hidden, token: int, ids, probs, layers=None) -> None:
         self.hidden.append(hidden)
         self.tokens.append(token)
         self.ids.append(ids)
         self.probs.append(probs)
+        if layers is not None:
+            self.layers.append(layers)
 
-    def keep_prompt(self, model, hidden: torch.Tensor, prompt: Sequence[int], *, start: int, top_k: int) -> None:
+    def keep_prompt(self, model, hidden: torch.Tensor, prompt: Sequence[int], *, start: int,
+                    top_k: int, layers: torch.Tensor | None = None) -> None:
         """Teacher data of prompt positions ``start .. n-2`` (the last one, n-1, is the first
-        continuation position); hidden (n, H)."""
+        continuation position); hidden (n, H), layers (n, L, H) or None."""
         n = len(prompt)
         if n - 1 <= start:
             return
@@ -327,10 +406,14 @@ class _Sequence:
         top_probs, top_ids = torch.topk(probs, top_k, dim=-1)
         self.prompt = {"hidden": h, "next_tokens": torch.tensor(list(prompt[start + 1:]), dtype=torch.long),
                        "label_ids": top_ids, "label_probs": top_probs.half()}
+        if layers is not None:
+            self.prompt["layers"] = layers[start: n - 1]
 
     def data(self) -> TeacherData:
         parts = {"hidden": torch.stack(self.hidden), "next_tokens": torch.tensor(self.tokens, dtype=torch.long),
                  "label_ids": torch.stack(self.ids), "label_probs": torch.stack(self.probs)}
+        if self.layers:
+            parts["layers"] = torch.stack(self.layers)
         if self.prompt is not None:
             parts = {name: torch.cat([self.prompt[name].to(parts[name].dtype), parts[name]]) for name in parts}
         n = int(parts["next_tokens"].shape[0])
@@ -362,10 +445,13 @@ def teacher_dataset(target: TeacherTarget, make_prompts: Callable[[int, int], li
     for shard in range(-(-count // settings.shard_size)):
         start = shard * settings.shard_size
         file = cache / f"teacher-{_shard_key(target.fingerprint, prompt_key, settings, shard)}.safetensors"
-        if file.is_file():
-            parts.append(TeacherData.load(file))
+        stored = TeacherData.stored_layers(file) if file.is_file() else None
+        if stored is not None and set(settings.layers) <= set(stored):
+            parts.append(TeacherData.load(file, layers=settings.layers))
             stats["shards_reused"] += 1
             continue
+        # decoded again when it lacks layers asked for: the new file keeps the ones it held too
+        decode_layers = tuple(sorted(set(settings.layers) | set(stored or ())))
         began = time.perf_counter()
         prompts = make_prompts(start, settings.shard_size)
         ids = [p if isinstance(p[0], (int, np.integer)) else target.encode(p) for p in prompts]
@@ -375,9 +461,12 @@ def teacher_dataset(target: TeacherTarget, make_prompts: Callable[[int, int], li
         data = greedy_teacher(target.model, ids, max_new_tokens=settings.max_new_tokens, top_k=settings.top_k,
                               eos_token_ids=target.eos_token_ids, batch_size=settings.batch_size,
                               hidden_dtype=getattr(torch, settings.hidden_dtype), prompt_from=settings.prompt_from,
-                              progress=progress)
+                              layers=decode_layers, progress=progress)
         data.save(file, {"prompt_key": prompt_key, "settings": settings.key(), "shard": shard,
                          "target": target.name, "fingerprint": target.fingerprint})
+        if decode_layers != settings.layers:
+            kept = data.layer_outputs(settings.layers) if settings.layers else None
+            data = attrs.evolve(data, layers=kept, layer_ids=settings.layers)
         parts.append(data)
         stats["shards_made"] += 1
         stats["new_tokens"] += data.num_positions

@@ -43,3 +43,34 @@ def test_train_rejects_other_backends_and_missing_budget(tiny_model, tmp_path, c
     assert "torch backend only" in capsys.readouterr().err
     assert cli.main(base) == 2
     assert "--minutes N or --steps N" in capsys.readouterr().err
+
+
+def test_train_eagle3_then_resume(tiny_model, tmp_path, monkeypatch, capsys):
+    """``specdec train eagle3`` (registered by the drafter's spec) trains, saves a checkpoint of
+    its draft vocabulary and fused layers, resumes, and refuses ``--shortlist``."""
+    from specdec_eagle3.checkpoint import load_eagle3_checkpoint
+
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    for i in range(30):
+        (lib / f"m{i}.py").write_text(f"def f{i}(x):\n    y = x + {i}\n    return y * 2\n")
+    monkeypatch.setattr(corpus_module, "default_corpus",
+                        lambda cache: corpus_module.Corpus(stdlib=lib))
+    out = tmp_path / "eagle3"
+    args = ["train", "eagle3", "--model", str(tiny_model), "--out", str(out), "--steps", "2",
+            "--prompts", "4", "--heldout-prompts", "2", "--max-new-tokens", "6",
+            "--draft-vocab", "32", "--window", "8", "--batch-size", "16", "--unroll", "2", "--quiet"]
+    assert cli.main(args) == 0
+    assert "tokens/step" in capsys.readouterr().out
+    config, weights = load_eagle3_checkpoint(out)
+    assert config.draft_vocab_size == 32 and len(weights["d2t"]) == 32
+    assert config.hidden_layers == (0, 0, 1)
+    assert config.target["name"] == tiny_model.name and len(config.target["fingerprint"]) == 64
+    report = json.loads((out / "training_report.json").read_text())
+    assert report["training"]["unroll"] == 2 and report["shortlist"] == 32
+    assert cli.main(args[:7] + ["4"] + args[8:] + ["--resume"]) == 0
+    assert json.loads((out / "training_log.json").read_text())["step"] == 4
+    capsys.readouterr()
+    assert cli.main(args + ["--out", str(tmp_path / "other"), "--shortlist", "16"]) == 2
+    assert "--draft-vocab" in capsys.readouterr().err
