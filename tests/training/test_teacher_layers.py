@@ -59,11 +59,11 @@ def test_a_shard_without_layers_is_decoded_again_then_serves_both(tiny_target, t
                   prompt_source=prompt_source, progress=False, hidden_dtype="float32")
     plain, stats, _ = build_teacher_data(tiny_target, **kwargs)
     assert stats["train"]["shards_made"] == 1 and plain["train"].layers is None
-    (file,) = tmp_path.glob("teacher-*.safetensors")
+    (file,) = (tmp_path / "teacher").glob("teacher-*.safetensors")
     assert TeacherData.stored_layers(file) == ()
     with_layers, stats, _ = build_teacher_data(tiny_target, layers=(1,), **kwargs)
     assert stats["train"]["shards_made"] == 1, "a shard lacking a layer asked for is decoded again"
-    assert list(tmp_path.glob("teacher-*.safetensors")) == [file]
+    assert list((tmp_path / "teacher").glob("teacher-*.safetensors")) == [file]
     assert TeacherData.stored_layers(file) == (1,)
     again, stats, _ = build_teacher_data(tiny_target, layers=(1,), **kwargs)
     alone, stats_alone, _ = build_teacher_data(tiny_target, **kwargs)
