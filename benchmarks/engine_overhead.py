@@ -7,7 +7,8 @@ ReDrafter), in rounds that interleave the four runs (the order alternating per r
 engine is started afresh each round (the target is leased by one at a time). Prints the median
 tokens/s of each and the median per-round ratio engine / generate. ``--profile engine|generate``
 instead runs the engine's scheduler thread (or generate) under cProfile and prints where the
-time goes.
+time goes. ``--server`` adds a third way: the same request streamed from a ``specdec serve``
+subprocess per drafter (timed from sending it to its last token), for the same ratio.
 
     OMP_NUM_THREADS=2 python benchmarks/engine_overhead.py --rounds 5
 """
@@ -63,6 +64,23 @@ def run_engine(target, prompt, drafter: str, tokens: int, speculation) -> float:
     return tokens / seconds
 
 
+def run_server(server, prompt, tokens: int) -> float:
+    """One streamed request to a ``specdec serve`` subprocess, timed from sending it to its last
+    token (HTTP, tokenization and detokenization included)."""
+    import asyncio
+
+    import httpx
+    from load_test import one_request
+
+    async def once():
+        async with httpx.AsyncClient(timeout=600) as client:
+            return await one_request(client, server.base, prompt, tokens)
+
+    result = asyncio.run(once())
+    assert result["tokens"] == tokens
+    return tokens / (result["ttft"] + result["itl"] * (tokens - 1))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="smollm2-135m")
@@ -72,8 +90,11 @@ def main() -> int:
     parser.add_argument("--drafters", nargs="+", default=["none", "redrafter"])
     parser.add_argument("--speculation", default=None, help="auto | always | never (default: auto)")
     parser.add_argument("--profile", choices=("engine", "generate"), default=None)
+    parser.add_argument("--server", action="store_true",
+                        help="also time each prompt through a `specdec serve` subprocess per drafter (16 slots)")
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))
+    sys.path.insert(0, str(ROOT / "benchmarks"))
     import specdec
     from specdec.bench.prompts import load_prompt_set
     from specdec.slots import TREE_ROOM
@@ -111,21 +132,41 @@ def main() -> int:
         pstats.Stats(profile, stream=out).sort_stats("cumulative").print_stats(40)
         print(out.getvalue())
         return 0
+    ways = ("generate", "engine", "server") if args.server else ("generate", "engine")
+    servers = {}
+    if args.server:
+        from load_test import ServerProcess
+
+        settings = argparse.Namespace(model=args.model, backend="torch", capacity=2048, dtype=None)
+        for drafter in args.drafters:  # idle while the others run: nothing computes there
+            speculation = f"@{args.speculation}" if args.speculation else ""
+            servers[drafter] = ServerProcess(settings, drafter=drafter + speculation, slots=16)
+            run_server(servers[drafter], prompts[0], 8)  # warm-up
     results: dict = {}
-    for round_ in range(args.rounds):
-        order = [(d, w) for d in args.drafters for w in ("generate", "engine")]
-        for drafter, way in order if round_ % 2 == 0 else order[::-1]:
-            for p, prompt in enumerate(prompts):
-                run = run_generate if way == "generate" else run_engine
-                results.setdefault((drafter, way, p), []).append(run(target, prompt, drafter, args.tokens,
-                                                                     args.speculation))
-    print("| drafter | prompt | generate tok/s | engine tok/s | engine / generate |")
-    print("|---|---|---|---|---|")
+    try:
+        for round_ in range(args.rounds):
+            order = [(d, w) for d in args.drafters for w in ways]
+            for drafter, way in order if round_ % 2 == 0 else order[::-1]:
+                for p, prompt in enumerate(prompts):
+                    if way == "server":
+                        value = run_server(servers[drafter], prompt, args.tokens)
+                    else:
+                        run = run_generate if way == "generate" else run_engine
+                        value = run(target, prompt, drafter, args.tokens, args.speculation)
+                    results.setdefault((drafter, way, p), []).append(value)
+    finally:
+        for server in servers.values():
+            server.stop()
+    print("| drafter | prompt | " + " | ".join(f"{w} tok/s" for w in ways) + " | "
+          + " | ".join(f"{w} / generate" for w in ways[1:]) + " |")
+    print("|---" * (2 + 2 * len(ways) - 1) + "|")
     for drafter in args.drafters:
         for p in range(len(prompts)):
-            g, e = results[(drafter, "generate", p)], results[(drafter, "engine", p)]
-            ratio = statistics.median(x / y for x, y in zip(e, g))
-            print(f"| {drafter} | {p} | {statistics.median(g):.1f} | {statistics.median(e):.1f} | {ratio:.2f} |")
+            g = results[(drafter, "generate", p)]
+            speeds = [statistics.median(results[(drafter, w, p)]) for w in ways]
+            ratios = [statistics.median(x / y for x, y in zip(results[(drafter, w, p)], g)) for w in ways[1:]]
+            print(f"| {drafter} | {p} | " + " | ".join(f"{v:.1f}" for v in speeds) + " | "
+                  + " | ".join(f"{r:.2f}" for r in ratios) + " |")
     return 0
 
 

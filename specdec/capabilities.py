@@ -3,12 +3,14 @@
 A drafter has a ``caps: DrafterCaps`` attribute and a verifier a ``caps: VerifierCaps``
 attribute; the loop and ``generate`` read nothing else from them besides the protocol methods
 (docs/design.md section 2, docs/decisions/0006-request-slots.md). ``drafter_caps`` and
-``verifier_caps`` read them and name the plugin when one is missing.
+``verifier_caps`` read them and name the plugin when one is missing; ``request_end`` reads once
+whether a stateful drafter's ``end`` takes the request's finish reason.
 """
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+import inspect
+from typing import Any, Callable, Mapping
 
 import attrs
 
@@ -31,6 +33,12 @@ class DrafterCaps:
         verifies sampled decoding with rejection sampling by default).
     stateful: the loop calls ``begin`` / ``observe`` / ``end`` (``specdec.protocols.RequestObserver``)
         so the drafter can keep per-request state, e.g. its own KV cache.
+    prompt_states: (stateful drafters) ``begin`` needs the target's hidden states at every
+        prompt position (``PromptOutput.hidden`` (P, H) and ``layers``), as a feature-level
+        drafter does: its requests are then prefilled whole by ``TargetModel.admit``. False:
+        they are prefilled in chunks like any other, and ``begin`` gets the states at the last
+        prompt position only ((1, H)), once the prompt is in (a token-level drafter, a draft
+        model with its own cache). True by default, what stateful drafters always got.
     hidden_layers: decoder layers (0-based) whose outputs the drafter needs beside the last
         layer's, in ``PromptOutput.layers`` and ``Accepted.layers`` (e.g. low, mid and high
         layers for fused-feature drafters). Only stateful drafters receive them.
@@ -46,6 +54,7 @@ class DrafterCaps:
         default=None, converter=lambda v: None if v is None else (int(v[0]), int(v[1])))
     sampled_proposals: bool = False
     stateful: bool = False
+    prompt_states: bool = True
     hidden_layers: tuple[int, ...] = attrs.field(default=(), converter=lambda v: tuple(int(i) for i in v))
     max_tree_size: int | None = attrs.field(default=None, converter=lambda v: None if v is None else int(v),
                                             validator=lambda _, __, v: _check_tree_size(v))
@@ -96,6 +105,28 @@ def drafter_caps(drafter: Any, source: str = "") -> DrafterCaps:
             f"specdec.DrafterCaps (got {type(caps).__name__}); see docs/writing-a-drafter.md"
         )
     return caps
+
+
+def ends_with_reason(drafter: Any) -> bool:
+    """Whether ``drafter.end`` takes the request's finish reason after its slot (``end(slot,
+    reason)``). An ``end(slot)`` written before the reason existed does not (nor one whose
+    signature cannot be read): it is called with the slot alone."""
+    end = getattr(drafter, "end", None)
+    if end is None:
+        return False
+    try:
+        inspect.signature(end).bind(0, "stop")
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+def request_end(drafter: Any) -> Callable[[int, str], None]:
+    """``end(slot, reason)`` for a stateful drafter, passing the reason only to an ``end`` that
+    takes one (``ends_with_reason``, decided once, here)."""
+    if ends_with_reason(drafter):
+        return lambda slot, reason: drafter.end(slot, reason)
+    return lambda slot, reason: drafter.end(slot)
 
 
 def verifier_caps(verifier: Any, source: str = "") -> VerifierCaps:

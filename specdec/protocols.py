@@ -71,18 +71,22 @@ class Drafter(Protocol):
 class RequestObserver(Protocol):
     """The lifecycle of a stateful drafter (``DrafterCaps.stateful``): per request, ``begin``
     once, then per step ``propose`` and ``observe``, and ``end`` once. A draft model or a
-    feature-level drafter keeps its own cache here, keyed by slot."""
+    feature-level drafter keeps its own cache here, keyed by slot (docs/writing-a-drafter.md,
+    "Stateful drafters")."""
 
     def begin(self, slot: int, prompt: Any, output: PromptOutput) -> None:
-        """A request was admitted into ``slot``: prompt (P,) int64 NumPy and the target's
-        PromptOutput for it (hidden states of every prompt position, and the layers in
-        ``caps.hidden_layers``). Its first token is the root of its first draft."""
+        """A request's prompt is in ``slot``: prompt (P,) int64 NumPy and the target's
+        PromptOutput for it (with ``caps.prompt_states``, the default: hidden states of every
+        prompt position and the layers in ``caps.hidden_layers``; without, those of its last
+        position only). Its first token is the root of its first draft."""
 
     def observe(self, accepted: Accepted) -> None:
         """What the last step committed for each of its rows (tokens, hidden states)."""
 
-    def end(self, slot: int) -> None:
-        """The request in ``slot`` finished or was cancelled; drop its state."""
+    def end(self, slot: int, reason: str) -> None:
+        """The request in ``slot`` ended; drop its state. ``reason``: its finish reason, "stop"
+        (a stop token or string), "length" (``max_new_tokens``), "cancelled" or "error". An
+        ``end(slot)`` without the reason is still called, with the slot alone."""
 
 
 @runtime_checkable

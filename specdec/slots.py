@@ -136,11 +136,16 @@ def admit_in_chunks(target, slot: int, prompt: Sequence[int], layers: Sequence[i
                         layers={i: concatenate([p.layers[i] for p in parts]) for i in parts[0].layers})
 
 
-def check_tree_room(max_tree_size: int | None, room: int, who: str, fix: str) -> None:
+LOWER_OPTIONS = ("lower the drafter's tree options (W beams of length L make 1 + W * (L - 1) "
+                 "nodes, e.g. --beam-width 4 --beam-length 5)")
+
+
+def check_tree_room(max_tree_size: int | None, room: int, who: str, fix: str,
+                    lower: str = LOWER_OPTIONS) -> None:
     """A drafter whose trees hold up to ``max_tree_size`` nodes (``DrafterCaps.max_tree_size``)
-    fits the ``room`` positions a slot has for the last step's tree; ``fix``: how to get more."""
+    fits the ``room`` positions a slot has for the last step's tree; ``lower``: how to make its
+    trees smaller, ``fix``: how to get more room."""
     if max_tree_size is not None and max_tree_size > room:
         raise InvalidInputError(
             f"{who} drafts trees of up to {max_tree_size} nodes, more than the {room} positions a slot has for a "
-            f"step's draft tree: lower the drafter's tree options (W beams of length L make 1 + W * (L - 1) nodes, "
-            f"e.g. --beam-width 4 --beam-length 5){fix}")
+            f"step's draft tree: {lower}{fix}")

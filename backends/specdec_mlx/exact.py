@@ -1,8 +1,14 @@
 """Row-invariant forms of the MLX target's products and attention (its exact mode).
 
-The MLX twin of ``specdec_torch.exact`` (whose docstring explains the contract): a one-row
-product is computed as two rows (a matrix-vector kernel rounds differently from a matrix one,
-on Metal ``gemv`` against ``gemm``, for quantized layers ``qmv`` against ``qmm``), and attention
+The MLX twin of ``specdec_torch.exact`` (whose docstring explains the contract): a product of
+few rows is computed over more, copies of its last row that are then dropped, so that every call
+takes the kernel a large one takes. A one-row product is computed as two at least (a
+matrix-vector kernel rounds differently from a matrix one: on Metal ``gemv`` against ``gemm``,
+for quantized layers ``qmv`` against ``qmm``); on a Linux CPU, where MLX runs on OpenBLAS
+(``specdec_mlx.blas``), a float32 product of M rows of K against N outputs goes to a small-matrix
+kernel, which sums in another order, while M * N * K is at most 100**3, so such a product gets
+rows enough to pass that bound (``min_rows``; measured: a SmolLM2-135M k projection, N = 192,
+K = 576, gave other bits for 1 to 6 rows than among 160, and the same bits from 7 rows on). Attention
 takes the *split* form from MLX operations: each query's last ``TAIL`` keys gathered in position
 order ahead of its other keys, read in place, in one softmax; the two products added in float32.
 ``specdec_mlx.invariance`` checks on first use whether this machine's kernels keep the promise.
@@ -14,16 +20,27 @@ import attrs
 
 import mlx.core as mx
 
-__all__ = ["TAIL", "SplitPlan", "attend_split", "plan_split", "rows_invariant"]
+__all__ = ["SMALL_PRODUCT", "TAIL", "SplitPlan", "attend_split", "min_rows", "plan_split", "rows_invariant"]
 
 TAIL = 16
+SMALL_PRODUCT = 100 ** 3  # OpenBLAS's bound on M * N * K for its small-matrix kernels
 
 
-def rows_invariant(fn, x: mx.array) -> mx.array:
-    """``fn(x)`` for x (T, H), a single row computed as two (the row twice, the copy dropped)."""
-    if x.shape[0] != 1:
+def min_rows(weights) -> int:
+    """The fewest rows a product over ``weights`` (2-D arrays, (N, K) each, e.g. a block's
+    projections) is computed with: 2, or more where M * N * K <= ``SMALL_PRODUCT``."""
+    sizes = [int(w.shape[0]) * int(w.shape[1]) for w in weights if getattr(w, "ndim", 0) == 2]
+    return max([2] + [SMALL_PRODUCT // size + 1 for size in sizes if size > 0])
+
+
+def rows_invariant(fn, x: mx.array, rows: int = 2) -> mx.array:
+    """``fn(x)`` for x (T, H), computed over ``rows`` rows at least (x's last row repeated, the
+    copies dropped)."""
+    count = x.shape[0]
+    if count >= rows or count == 0:
         return fn(x)
-    return fn(mx.concatenate([x, x], axis=0))[:1]
+    padded = mx.concatenate([x, mx.broadcast_to(x[-1:], (rows - count, x.shape[1]))], axis=0)
+    return fn(padded)[:count]
 
 
 @attrs.frozen

@@ -15,7 +15,7 @@ import numpy as np
 from specdec.tuning.exactness import InvarianceCheck, cached_check
 from specdec_mlx.blas import _state
 from specdec_mlx.device import describe_device
-from specdec_mlx.exact import TAIL, attend_split, plan_split, rows_invariant
+from specdec_mlx.exact import TAIL, attend_split, plan_split
 
 __all__ = ["check_row_invariance", "check_target_kernels"]
 
@@ -89,7 +89,7 @@ def check_target_kernels(target) -> InvarianceCheck:
             else target.hidden_size
         rows = HEAD_ROWS if name == "LM head" else LAYER_ROWS
         checked.append(name)
-        if not _rows_agree(lambda x, m=module: rows_invariant(m, x), _random((rows, width), target.dtype, seed)):
+        if not _rows_agree(lambda x, m=module: target.exact_product(m, x), _random((rows, width), target.dtype, seed)):
             return InvarianceCheck(holds=False, failed=name, checked=tuple(checked))
     checked.append("RMSNorm")
     if not _rows_agree(layer.input_layernorm, _random((LAYER_ROWS, target.hidden_size), target.dtype, 9)):
@@ -104,7 +104,7 @@ def check_row_invariance(target) -> InvarianceCheck:
     """``check_target_kernels``, cached per machine, software, BLAS, dtype and shapes."""
     cfg = target.config
     key = {"backend": "mlx", "device": describe_device(None), "dtype": str(target.dtype),
-           "blas": str(_state.get("loaded")), "tail": TAIL,
+           "blas": str(_state.get("loaded")), "tail": TAIL, "padding": "min_rows",
            "shapes": [target.hidden_size, cfg.intermediate_size, cfg.num_attention_heads, cfg.num_key_value_heads,
                       cfg.head_dim, target.vocab_size, type(target._layers[0].self_attn.q_proj).__name__]}
     return cached_check(key, lambda: check_target_kernels(target))

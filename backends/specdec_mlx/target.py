@@ -20,6 +20,7 @@ from typing import Any, Callable, Sequence
 import attrs
 
 import mlx.core as mx
+from mlx.utils import tree_flatten
 import numpy as np
 
 from specdec.errors import InvalidInputError
@@ -30,7 +31,7 @@ from specdec.slots import admit_in_chunks, check_forward, check_layers, check_sl
 from specdec.types import DraftTree, PromptOutput, TargetOutput, Verdict
 from specdec_mlx.arrays import to_mx
 from specdec_mlx.invariance import check_row_invariance
-from specdec_mlx.exact import SplitPlan, attend_split, plan_split, rows_invariant
+from specdec_mlx.exact import SplitPlan, attend_split, min_rows, plan_split, rows_invariant
 from specdec_mlx.kvcache import MlxKVCache
 from specdec_mlx.packing import pack, unpack
 from specdec_mlx.weights import fingerprint_of
@@ -91,6 +92,7 @@ class MlxTarget:
         inner = model.model
         self._embedding, self._layers, self._final_norm = inner.embed_tokens, inner.layers, inner.norm
         self._lm_head_module = getattr(model, "lm_head", None)
+        self._min_rows: dict = {}  # a product's rows in exact mode (_product)
         self.embed_tokens = _dequantized(self._embedding)  # (V, H)
         self.lm_head = self.embed_tokens if self._lm_head_module is None else _dequantized(self._lm_head_module)
         self._periods = mx.array((1.0 / rotary_inverse_frequencies(config)).astype(np.float32))  # (Dh/2,)
@@ -140,9 +142,18 @@ class MlxTarget:
     # ------------------------------------------------------------------ the forward
 
     def _product(self, fn, x: mx.array) -> mx.array:
-        """``fn(x)`` for a product (or a block of them) over rows x (T, H); in exact mode a single
-        row is computed as two."""
-        return rows_invariant(fn, x) if self.exact else fn(x)
+        """``fn(x)`` for a product (or a block of them: a module, or ``_head``) over rows x (T, H);
+        in exact mode over the rows ``specdec_mlx.exact.min_rows`` asks for at least."""
+        return self.exact_product(fn, x) if self.exact else fn(x)
+
+    def exact_product(self, fn, x: mx.array) -> mx.array:
+        """``_product``'s exact form, whatever ``exact`` says (the self-test checks it)."""
+        key = "head" if fn == self._head else id(fn)
+        rows = self._min_rows.get(key)
+        if rows is None:
+            module = (self._lm_head_module or self._embedding) if key == "head" else fn
+            rows = self._min_rows[key] = min_rows(w for _, w in tree_flatten(module.parameters()))
+        return rows_invariant(fn, x, rows)
 
     def _head(self, hidden: mx.array) -> mx.array:
         if self._lm_head_module is None:

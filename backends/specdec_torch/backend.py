@@ -19,6 +19,7 @@ class TorchBackend:
     """The ``torch`` backend (``specdec.protocols.Backend``)."""
 
     name = "torch"
+    compute_thread = True  # OpenMP keeps a worker team per calling thread: one thread for all (specdec.compute)
 
     def load_target(self, source: Any, *, dtype: str | None = None, device: str | None = None, slots: int = 1,
                     capacity: int | None = None):

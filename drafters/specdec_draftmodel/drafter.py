@@ -127,7 +127,8 @@ class DraftModelDrafter:
             request.pending = tokens[b, 1 : 1 + int(count)].tolist()
             request.root = request.root_logits = None
 
-    def end(self, slot: int) -> None:
+    def end(self, slot: int, reason: str) -> None:
+        """The request in ``slot`` ended (any ``reason``): free its slot of the draft model."""
         if self._requests.pop(int(slot), None) is not None:  # a request whose begin failed holds no draft slot
             self.draft.release(int(slot))
 

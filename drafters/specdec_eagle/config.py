@@ -28,7 +28,7 @@ import numpy as np
 from specdec.models.checkpoints import config_from_dict
 from specdec.drafting.shortlist import check_shortlist
 
-__all__ = ["MODEL_TYPE", "EagleConfig", "check_weights"]
+__all__ = ["MODEL_TYPE", "EagleConfig", "check_weights", "tree_size"]
 
 MODEL_TYPE = "specdec_eagle"
 
@@ -150,3 +150,9 @@ def check_weights(config: EagleConfig, weights: dict[str, Any]) -> None:
         )
     if config.shortlist_size is not None:
         check_shortlist(np.asarray(weights["vocab_shortlist"]), config.vocab_size, config.shortlist_size)
+
+
+def tree_size(config: EagleConfig) -> int:
+    """The nodes of one row's tree under the config's total_tokens, root included
+    (``DrafterSpec.tree_size``)."""
+    return config.total_tokens + 1

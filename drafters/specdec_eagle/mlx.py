@@ -179,7 +179,8 @@ class MlxEagleDrafter:
             self._append(slot, mx.array(tokens[b, :count].astype(np.int32)), features)
             state["pending"] = hidden[b, count - 1]
 
-    def end(self, slot: int) -> None:
+    def end(self, slot: int, reason: str) -> None:
+        """The request in ``slot`` ended (any ``reason``): drop its state."""
         self.slots.pop(int(slot), None)
 
     def log_probs(self, out: mx.array) -> mx.array:

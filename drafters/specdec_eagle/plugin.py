@@ -58,6 +58,7 @@ SPEC = DrafterSpec(
     default_shortlist=8192, pairs_with_lookup=True,
     load_checkpoint=lazy_call("specdec_eagle.checkpoint", "load_eagle_checkpoint"),
     save_checkpoint=lazy_call("specdec_eagle.checkpoint", "save_eagle"), package="specdec_eagle",
+    tree_size=lazy_call("specdec_eagle.config", "tree_size"),
 )
 
 

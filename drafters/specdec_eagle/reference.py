@@ -348,7 +348,8 @@ class EagleDrafter:
             cache.pending = hidden[b, count - 1]
             self.slots[slot] = cache
 
-    def end(self, slot: int) -> None:
+    def end(self, slot: int, reason: str) -> None:
+        """The request in ``slot`` ended (any ``reason``): drop its state."""
         self.slots.pop(int(slot), None)
 
     def _cache(self, slot: int) -> SlotCache:

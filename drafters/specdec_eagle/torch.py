@@ -220,7 +220,8 @@ class TorchEagleDrafter:
             self._append(slot, tokens[b, :count], features)
             state["pending"] = hidden[b, count - 1].clone()
 
-    def end(self, slot: int) -> None:
+    def end(self, slot: int, reason: str) -> None:
+        """The request in ``slot`` ended (any ``reason``): drop its state."""
         self.slots.pop(int(slot), None)
 
     # ----------------------------------------------------------------------------- drafting

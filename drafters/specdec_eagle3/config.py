@@ -34,7 +34,8 @@ import numpy as np
 from specdec.models.checkpoints import config_from_dict
 from specdec.errors import InvalidInputError
 
-__all__ = ["MODEL_TYPE", "Eagle3Config", "check_weights", "default_hidden_layers", "draft_to_target", "resolve_layers"]
+__all__ = ["MODEL_TYPE", "Eagle3Config", "check_weights", "default_hidden_layers",
+           "draft_to_target", "resolve_layers", "tree_size"]
 
 MODEL_TYPE = "specdec_eagle3"
 
@@ -197,3 +198,9 @@ def check_weights(config: Eagle3Config, weights: dict[str, Any]) -> None:
     if ids.min() < 0 or ids.max() >= config.vocab_size or np.any(np.diff(ids) <= 0):
         raise ValueError(f"EAGLE-3's d2t must map draft ids to distinct ascending target ids in [0, {config.vocab_size}); "
                          f"got ids from {ids.min()} to {ids.max()}{' not ascending' if np.any(np.diff(ids) <= 0) else ''}")
+
+
+def tree_size(config: Eagle3Config) -> int:
+    """The nodes of one row's tree under the config's total_tokens, root included
+    (``DrafterSpec.tree_size``)."""
+    return config.total_tokens + 1

@@ -112,8 +112,13 @@ def write_speculators(config: Eagle3Config, weights: Mapping[str, np.ndarray], o
     """vLLM's speculators layout -> (notes, the ``vllm serve`` command)."""
     _no_options(choices, drop_shortlist)
     if config.hidden_layers is None:
-        raise InvalidInputError("this EAGLE-3 head names no fused layers; the speculators layout records them: load it "
-                                "for its target and export again, or set hidden_layers in its config.json")
+        raise InvalidInputError(
+            "this EAGLE-3 head names no fused layers (loaded for a target, it fuses that "
+            "target's default three), and the speculators layout records them: give them in its "
+            "config.json (hidden_layers in a specdec checkpoint, "
+            "eagle_config.eagle_aux_hidden_state_layer_ids in the SpecForge layout; 0-based "
+            "output-of-layer ids, by default (1, L//2 - 1, L - 4) for L decoder layers) and "
+            "export again")
     data = {
         "architectures": [SPECULATORS_ARCHITECTURE], "speculators_model_type": "eagle3",
         "transformer_layer_config": _llama_config(config), "draft_vocab_size": config.draft_vocab_size,

@@ -140,10 +140,11 @@ class MlxEagle3Drafter:
         check_embedding(config, embed_tokens)
         check_layers_resolved(config)
         self.config, self.embed_tokens = config, embed_tokens
-        self.caps = DrafterCaps(stateful=True, tree_builder=("prefix_tree", {}), hidden_layers=config.hidden_layers)
         self.net = MlxEagle3Net.from_weights(config, weights, dtype=embed_tokens.dtype)
         self.ids = mx.array(draft_to_target(weights["d2t"]).astype(np.int32))  # (N,) target ids
         self.top_k, self.depth, self.total_tokens = tree_options(config, top_k, depth, total_tokens)
+        self.caps = DrafterCaps(stateful=True, tree_builder=("prefix_tree", {}),
+                                hidden_layers=config.hidden_layers, max_tree_size=self.total_tokens + 1)
         self.slots: dict[int, dict] = {}
 
     def _features(self, layers) -> mx.array:
@@ -190,7 +191,8 @@ class MlxEagle3Drafter:
                          mx.concatenate([state["pending"][None], g[b, : count - 1]]))
             state["pending"] = g[b, count - 1]
 
-    def end(self, slot: int) -> None:
+    def end(self, slot: int, reason: str) -> None:
+        """The request in ``slot`` ended (any ``reason``): drop its state."""
         self.slots.pop(int(slot), None)
 
     def log_probs(self, out: mx.array) -> mx.array:

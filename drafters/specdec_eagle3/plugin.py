@@ -79,7 +79,7 @@ SPEC = DrafterSpec(
     evaluation_task=_evaluation_task, train_options=TRAIN_OPTIONS,
     load_checkpoint=lazy_call("specdec_eagle3.checkpoint", "load_eagle3_checkpoint"),
     save_checkpoint=lazy_call("specdec_eagle3.checkpoint", "save_eagle3"), package="specdec_eagle3",
-    layouts=LAYOUTS,
+    layouts=LAYOUTS, tree_size=lazy_call("specdec_eagle3.config", "tree_size"),
 )
 
 

@@ -238,11 +238,12 @@ class Eagle3Drafter:
         check_embedding(config, embed_tokens)
         check_layers_resolved(config)
         self.config = config
-        self.caps = DrafterCaps(stateful=True, tree_builder=("prefix_tree", {}), hidden_layers=config.hidden_layers)
         self.weights = {name: np.asarray(array, dtype=np.int64 if name == "d2t" else np.float64)
                         for name, array in weights.items()}
         self.embed_tokens = np.asarray(embed_tokens, dtype=np.float64)
         self.top_k, self.depth, self.total_tokens = tree_options(config, top_k, depth, total_tokens)
+        self.caps = DrafterCaps(stateful=True, tree_builder=("prefix_tree", {}),
+                                hidden_layers=config.hidden_layers, max_tree_size=self.total_tokens + 1)
         self.slots: dict[int, SlotCache] = {}
 
     def begin(self, slot: int, prompt, output: PromptOutput) -> None:
@@ -267,7 +268,8 @@ class Eagle3Drafter:
             cache.pending = g[b, count - 1]
             self.slots[slot] = cache
 
-    def end(self, slot: int) -> None:
+    def end(self, slot: int, reason: str) -> None:
+        """The request in ``slot`` ended (any ``reason``): drop its state."""
         self.slots.pop(int(slot), None)
 
     def _cache(self, slot: int) -> SlotCache:

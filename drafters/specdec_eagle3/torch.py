@@ -152,13 +152,14 @@ class TorchEagle3Drafter:
         check_embedding(config, embed_tokens)
         check_layers_resolved(config)
         self.config = config
-        self.caps = DrafterCaps(stateful=True, tree_builder=("prefix_tree", {}), hidden_layers=config.hidden_layers)
         self.dtype, self.device = embed_tokens.dtype, embed_tokens.device
         self.net = Eagle3Net(config, embed_tokens=embed_tokens).to(dtype=self.dtype, device=self.device)
         self.net.load_weights(weights)
         self.net.eval().requires_grad_(False)
         self.ids = torch.as_tensor(draft_to_target(weights["d2t"]), device=self.device)  # (N,) target ids
         self.top_k, self.depth, self.total_tokens = tree_options(config, top_k, depth, total_tokens)
+        self.caps = DrafterCaps(stateful=True, tree_builder=("prefix_tree", {}),
+                                hidden_layers=config.hidden_layers, max_tree_size=self.total_tokens + 1)
         self.slots: dict[int, dict] = {}  # slot -> {"keys", "values": (Hkv, T, Dh), "length", "pending" (H,)}
 
     def _features(self, layers) -> torch.Tensor:
@@ -203,7 +204,8 @@ class TorchEagle3Drafter:
             self._append(slot, tokens[b, :count], torch.cat([state["pending"][None], g[b, : count - 1]]))
             state["pending"] = g[b, count - 1].clone()
 
-    def end(self, slot: int) -> None:
+    def end(self, slot: int, reason: str) -> None:
+        """The request in ``slot`` ended (any ``reason``): drop its state."""
         self.slots.pop(int(slot), None)
 
     def _slot(self, slot: int) -> dict:

@@ -128,3 +128,9 @@ class MedusaConfig:
     def from_dict(cls, data: dict[str, Any]) -> "MedusaConfig":
         """Inverse of ``to_dict``; unknown keys are an error (they usually mean another format)."""
         return config_from_dict(cls, data, label="Medusa")
+
+
+def tree_size(config: MedusaConfig) -> int:
+    """The nodes of one row's tree under the config's choices, root included
+    (``DrafterSpec.tree_size``)."""
+    return 1 + len(config.resolved_choices)

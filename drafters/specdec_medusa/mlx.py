@@ -17,8 +17,7 @@ import numpy as np
 from specdec.capabilities import DrafterCaps
 
 from specdec.types import Draft, DraftContext
-from specdec_medusa.choices import resolve_choices
-from specdec_medusa.config import MedusaConfig
+from specdec_medusa.config import MedusaConfig, tree_size
 from specdec_medusa.reference import check_weights
 from specdec_medusa.tree import StaticTreeBuilder
 from specdec_mlx import ops
@@ -86,7 +85,7 @@ class MlxMedusaDrafter:
         self.top_t = top_t
         self.dtype = dtype
         self.caps = DrafterCaps(tree_builder=("medusa_tree", {"choices": config.choices}),
-                                max_tree_size=1 + len(resolve_choices(config.choices)))
+                                max_tree_size=tree_size(config))
 
     def propose(self, context: DraftContext) -> Draft:
         logits = self.heads(ops.as_array(context.hidden, dtype=self.dtype))  # (B, K, V)

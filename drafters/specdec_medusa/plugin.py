@@ -77,6 +77,7 @@ SPEC = DrafterSpec(
     train=lazy_call("specdec_medusa.train", "train_medusa"), evaluation_task=_evaluation_task,
     load_checkpoint=lazy_call("specdec_medusa.checkpoint", "load_medusa_checkpoint"),
     save_checkpoint=lazy_call("specdec_medusa.checkpoint", "save_medusa"), package="specdec_medusa", layouts=LAYOUTS,
+    tree_size=lazy_call("specdec_medusa.config", "tree_size"),
 )
 
 

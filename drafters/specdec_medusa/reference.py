@@ -20,8 +20,7 @@ import numpy as np
 from specdec.capabilities import DrafterCaps
 
 from specdec.types import Draft, DraftContext
-from specdec_medusa.choices import resolve_choices
-from specdec_medusa.config import MedusaConfig
+from specdec_medusa.config import MedusaConfig, tree_size
 
 
 def silu(x: np.ndarray) -> np.ndarray:
@@ -147,7 +146,7 @@ class MedusaDrafter:
         self.lm_head = _check_lm_head(config, lm_head)
         self.top_t = top_t
         self.caps = DrafterCaps(tree_builder=("medusa_tree", {"choices": config.choices}),
-                                max_tree_size=1 + len(resolve_choices(config.choices)))
+                                max_tree_size=tree_size(config))
 
     def propose(self, context: DraftContext) -> Draft:
         """Each head's top-T tokens: ``head_tokens`` (B, K, T) int64, best first."""

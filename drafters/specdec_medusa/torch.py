@@ -18,8 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from specdec.types import Draft, DraftContext, DraftTree
-from specdec_medusa.choices import resolve_choices
-from specdec_medusa.config import MedusaConfig
+from specdec_medusa.config import MedusaConfig, tree_size
 from specdec_medusa.reference import check_weights
 from specdec_medusa.tree import StaticTreeBuilder
 from specdec_torch.ops import top_k_lowest_index
@@ -84,7 +83,7 @@ class TorchMedusaDrafter:
         self.top_t = top_t
         self.dtype = dtype
         self.caps = DrafterCaps(tree_builder=("medusa_tree", {"choices": config.choices}),
-                                max_tree_size=1 + len(resolve_choices(config.choices)))
+                                max_tree_size=tree_size(config))
 
     @torch.inference_mode()
     def propose(self, context: DraftContext) -> Draft:

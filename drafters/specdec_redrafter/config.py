@@ -26,7 +26,8 @@ import numpy as np
 from specdec.models.checkpoints import config_from_dict
 from specdec.drafting.shortlist import check_shortlist
 
-__all__ = ["MODEL_TYPE", "RNN_VARIANTS", "HEADS", "RedrafterConfig", "check_weights"]
+__all__ = ["MODEL_TYPE", "RNN_VARIANTS", "HEADS", "RedrafterConfig", "beam_tree_size",
+           "check_weights", "tree_size"]
 
 MODEL_TYPE = "specdec_redrafter"
 RNN_VARIANTS = ("apple", "trtllm", "paper")
@@ -168,3 +169,13 @@ def check_weights(config: RedrafterConfig, weights: dict[str, Any]) -> None:
         )
     if config.shortlist_size is not None:
         check_shortlist(np.asarray(weights["vocab_shortlist"]), config.vocab_size, config.shortlist_size)
+
+
+def beam_tree_size(beam_width: int, beam_length: int) -> int:
+    """The most nodes (root included) of the prefix tree of W beams of length L: 1 + W * (L - 1)."""
+    return 1 + beam_width * (beam_length - 1)
+
+
+def tree_size(config: RedrafterConfig) -> int:
+    """The most nodes of one row's tree under the config's own beams (``DrafterSpec.tree_size``)."""
+    return beam_tree_size(config.beam_width, config.beam_length)

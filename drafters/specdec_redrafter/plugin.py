@@ -57,7 +57,7 @@ SPEC = DrafterSpec(
     default_shortlist=8192, beam_options=True, pairs_with_lookup=True,
     load_checkpoint=lazy_call("specdec_redrafter.checkpoint", "load_redrafter_checkpoint"),
     save_checkpoint=lazy_call("specdec_redrafter.checkpoint", "save_redrafter"), package="specdec_redrafter",
-    layouts=LAYOUTS,
+    layouts=LAYOUTS, tree_size=lazy_call("specdec_redrafter.config", "tree_size"),
 )
 
 

@@ -27,7 +27,7 @@ from specdec.reference.quantize import check_int8_option, dequantize_rows, quant
 from specdec.reference.sampling import sample_from, target_probs
 from specdec.drafting.shortlist import restrict_logits
 from specdec.types import Draft, DraftContext, SamplingConfig
-from specdec_redrafter.config import RedrafterConfig, check_weights
+from specdec_redrafter.config import RedrafterConfig, beam_tree_size, check_weights
 
 __all__ = [
     "BeamSearchResult",
@@ -282,7 +282,7 @@ class BeamSettings:
     @property
     def caps(self) -> DrafterCaps:
         return DrafterCaps(sample_shape=self.sample_shape, sampled_proposals=self.sampled_proposals,
-                           max_tree_size=1 + self.beam_width * (self.beam_length - 1))
+                           max_tree_size=beam_tree_size(self.beam_width, self.beam_length))
 
 
 class RedrafterDrafter(BeamSettings):

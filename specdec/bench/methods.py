@@ -7,14 +7,17 @@ from typing import Any
 import attrs
 
 from specdec.errors import InvalidInputError
+from specdec.generation import options
 
 # Peer kinds and the backend whose model objects they run on.
 PEERS = {"hf": "torch", "hf-pld": "torch", "hf-assisted": "torch", "mlx-lm": "mlx", "mlx-lm-draft": "mlx"}
 PLAIN = {"plain": "none"}  # every other specdec method is an installed drafter's name
-OPTION_NAMES = {"w": "beam_width", "l": "beam_length", "choices": "choices", "verifier": "verifier",
-                "n": "prompt_lookup_num_tokens", "draft": "draft_model", "drafter": "drafter_path",
-                "top_t": "top_t", "sample": "sample", "lookup": "lookup", "k": "draft_length", "dtype": "dtype",
-                "exact": "exact", "speculation": "speculation"}
+# A method's keys: generate's short names, the bench's own, and option names spelled out.
+ALIASES = {**options.ALIASES, "n": "prompt_lookup_num_tokens", "drafter": "drafter_path"}
+OPTION_NAMES = {**ALIASES, **{key: key for key in ("choices", "verifier", "top_t", "sample",
+                                                    "lookup", "dtype", "exact", "speculation")}}
+# Refused as a method's keys: what the bench sets itself (a method's dtype and exact: below).
+OWN = tuple(name for name in options.OWN_ARGUMENTS if name not in ("dtype", "exact"))
 
 
 @attrs.frozen(kw_only=True)
@@ -47,15 +50,6 @@ class Method:
         return {k: v for k, v in self.options.items() if k not in ("drafter_path", "dtype", "exact")}
 
 
-def _value(text: str):
-    for cast in (int, float):
-        try:
-            return cast(text)
-        except ValueError:
-            pass
-    return {"true": True, "false": False}.get(text.lower(), text)
-
-
 def parse_method(spec: str) -> Method:
     """``kind[:key=value,...]``, e.g. ``redrafter:w=4,l=5``, ``medusa:choices=cpu16``, ``hf-pld:n=10``,
     ``redrafter:drafter=path/to/checkpoint``, ``redrafter:lookup=true`` (a prompt-lookup beam beside
@@ -69,24 +63,20 @@ def parse_method(spec: str) -> Method:
     (peers only), exact, speculation (ours only); a specdec method also takes its drafter
     factory's own keyword options by name, e.g. ``eagle:total_tokens=8,depth=4`` (``generate``
     checks them against the factory and names the ones it takes)."""
-    kind, _, rest = spec.partition(":")
+    kind, settings = options.parse_options(spec, aliases=ALIASES, own=OWN, what="method")
     from specdec.plugins.registry import default_registry
 
     specdec_methods = [*PLAIN, *(n for n in default_registry().names("drafter") if n != PLAIN["plain"])]
     if kind not in specdec_methods and kind not in PEERS:
         raise InvalidInputError(f"unknown method {kind!r}; methods: {', '.join([*specdec_methods, *PEERS])}")
-    options = {}
-    for item in filter(None, rest.split(",")):
-        key, eq, value = item.partition("=")
-        own = kind not in PEERS and key.isidentifier()
-        if not eq or key not in OPTION_NAMES and not own:
-            raise InvalidInputError(f"method {spec!r}: bad option {item!r}; keys: {', '.join(OPTION_NAMES)}"
-                                    + ("" if kind in PEERS else ", or the drafter's own options by name"))
-        options[OPTION_NAMES.get(key, key)] = _value(value)
-    if "exact" in options and (kind in PEERS or not isinstance(options["exact"], bool)):
+    unknown = [key for key in settings if key not in OPTION_NAMES.values()] if kind in PEERS else []
+    if unknown:
+        raise InvalidInputError(f"method {spec!r}: bad option {unknown[0]!r}; a peer's keys: "
+                                f"{', '.join(OPTION_NAMES)}")
+    if "exact" in settings and (kind in PEERS or not isinstance(settings["exact"], bool)):
         raise InvalidInputError(f"method {spec!r}: exact is true or false, and only for our methods")
-    if "dtype" in options and kind not in PEERS:
+    if "dtype" in settings and kind not in PEERS:
         raise InvalidInputError(f"method {spec!r}: dtype is a peer's option; our methods run in the grid's dtype")
-    if kind == "hf-assisted" and "draft_model" not in options or kind == "mlx-lm-draft" and "draft_model" not in options:
+    if kind in ("hf-assisted", "mlx-lm-draft") and "draft_model" not in settings:
         raise InvalidInputError(f"method {kind!r} needs a draft model: {kind}:draft=MODEL")
-    return Method(label=spec, kind=kind, options=options)
+    return Method(label=spec, kind=kind, options=settings)

@@ -9,10 +9,14 @@ import sys
 
 def add_parser(sub) -> None:
     export = sub.add_parser(
-        "export", help="write a drafter in the layout TensorRT-LLM or vLLM loads (see docs/scale-out.md)")
+        "export",
+        help="write a drafter in the layout TensorRT-LLM, vLLM or SGLang loads "
+             "(see docs/scale-out.md)")
     export.add_argument("drafter", help="a checkpoint folder, or redrafter / medusa (the one shipped for --model)")
     export.add_argument("--format", required=True,
-                        help="redrafter: apple (= tensorrt-llm); medusa: fasterdecoding (= tensorrt-llm) or vllm")
+                        help="redrafter: apple (= tensorrt-llm); medusa: fasterdecoding "
+                             "(= tensorrt-llm) or vllm; eagle3: specforge (= sglang, tensorrt-llm) "
+                             "or speculators (= vllm)")
     export.add_argument("--out", required=True, help="an empty folder to write")
     export.add_argument("--model", default=None,
                         help="the target (folder or bundled name): needed for a tied head, whose projection is stored")
@@ -23,8 +27,9 @@ def add_parser(sub) -> None:
     export.add_argument("--dtype", default="float32", choices=("float32", "float16"))
     export.add_argument("--overwrite", action="store_true", help="replace what --out holds")
     export.set_defaults(func=cmd_export)
-    imp = sub.add_parser("import", help="write a published drafter (Apple ReDrafter, FasterDecoding or vLLM Medusa) "
-                                        "as a specdec checkpoint")
+    imp = sub.add_parser(
+        "import", help="write a published drafter (Apple ReDrafter, FasterDecoding or vLLM Medusa, "
+                       "EAGLE-3 in the SpecForge or speculators layout) as a specdec checkpoint")
     imp.add_argument("folder", help="the published drafter's folder")
     imp.add_argument("--out", required=True, help="an empty folder to write")
     imp.add_argument("--dtype", default="float32", choices=("float32", "float16"))

@@ -9,7 +9,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from specdec.cli.options import lookup_option
+from specdec import compute
+from specdec.cli.options import DRAFTER_HELP, drafter_options
 from specdec.errors import InvalidInputError, SpecdecError
 
 
@@ -39,17 +40,6 @@ def _add_exact_arg(parser: argparse.ArgumentParser) -> None:
                         help="exact mode: rows computed so that speculative output is bit-identical to plain "
                              "decoding at any dtype (default: on where this machine's check holds; --exact "
                              "insists, --no-exact turns it off)")
-
-
-def _options(args) -> dict:
-    options = lookup_option(args)
-    if args.beam_width is not None:
-        options["beam_width"] = args.beam_width
-    if args.beam_length is not None:
-        options["beam_length"] = args.beam_length
-    if args.verifier is not None:
-        options["verifier"] = args.verifier
-    return options
 
 
 def _common(args) -> dict:
@@ -83,7 +73,8 @@ def cmd_generate(args) -> int:
             raise InvalidInputError("--chat wraps a text prompt in the model's chat template; give --prompt TEXT, "
                                     "not --prompt-ids")
         prompt = [{"role": "user", "content": args.prompt}]
-    result = specdec.generate(args.model, prompt, drafter=args.drafter, **_common(args), **_options(args))
+    drafter, options = drafter_options(args)
+    result = specdec.generate(args.model, prompt, drafter=drafter, **_common(args), **options)
     print(result.text if result.text is not None else result.tokens)
     print(_report(str(args.drafter), result), file=sys.stderr)
     return 0
@@ -448,7 +439,8 @@ def build_parser() -> argparse.ArgumentParser:
     group.add_argument("--prompt-ids", help="JSON list of token ids")
     gen.add_argument("--chat", action="store_true",
                      help="send --prompt as a user turn of the model's chat template (as the demo and bench do)")
-    gen.add_argument("--drafter", default="redrafter", help="redrafter | medusa | lookup | none | a checkpoint folder")
+    gen.add_argument("--drafter", default="redrafter", metavar="NAME[:key=value,...]",
+                     help=DRAFTER_HELP)
     _add_generation_args(gen)
     gen.set_defaults(func=cmd_generate)
     bench = sub.add_parser("bench", help="measure methods side by side on a prompt set")
@@ -530,6 +522,8 @@ def main(argv=None) -> int:
         return 2
     args = parser.parse_args(argv)
     try:
+        if args.func in (cmd_demo, cmd_generate, cmd_bench, cmd_plan, cmd_tune):  # one OpenMP team: specdec.compute
+            return compute.run(args.func, args)
         return args.func(args)
     except BrokenPipeError:  # `specdec plugins | head`: the reader left, which is not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

@@ -6,8 +6,9 @@ import argparse
 import os
 import sys
 
-from specdec.cli.options import lookup_option
+from specdec.cli.options import DRAFTER_HELP, drafter_options
 from specdec.serving import limits as bounds
+from specdec.slots import TREE_ROOM
 
 API_KEY_VARIABLE = "SPECDEC_API_KEY"
 
@@ -15,7 +16,8 @@ API_KEY_VARIABLE = "SPECDEC_API_KEY"
 def add_parser(sub) -> None:
     parser = sub.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API (needs specdec[serve])")
     parser.add_argument("--model", default="smollm2-135m", help="a bundled name, model folder or .gguf")
-    parser.add_argument("--drafter", default="redrafter", help="redrafter | medusa | lookup | none | a checkpoint folder")
+    parser.add_argument("--drafter", default="redrafter", metavar="NAME[:key=value,...]",
+                        help=DRAFTER_HELP)
     parser.add_argument("--backend", default=None, help="numpy | torch | mlx | any installed backend")
     parser.add_argument("--dtype", default=None, help="default: the fastest measured on this machine (specdec tune)")
     parser.add_argument("--device", default=None)
@@ -27,6 +29,10 @@ def add_parser(sub) -> None:
     parser.add_argument("--slots", type=int, default=8, help="requests decoded at once")
     parser.add_argument("--capacity", type=int, default=2048,
                         help="positions per request, prompt and completion (the context length served)")
+    parser.add_argument("--tree-room", type=int, default=None, metavar="N",
+                        help=f"positions each slot keeps beyond --capacity for a step's draft "
+                             f"tree (default {TREE_ROOM}); a drafter whose trees hold more than "
+                             "N + 1 nodes is refused at start")
     parser.add_argument("--max-queue", type=int, default=64, help="requests that may wait for a slot (then HTTP 429)")
     parser.add_argument("--max-prefill-tokens", type=_prefill_tokens, default="auto", metavar="auto|N",
                         help="prompt tokens a step carries beside the running requests (default auto: the most that "
@@ -99,13 +105,11 @@ def cmd_serve(args) -> int:
                     body_timeout=args.body_timeout, keep_alive_timeout=args.keep_alive_timeout,
                     max_connections=args.max_connections)
     api_key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_VARIABLE) or None
-    options = lookup_option(args)
-    for name in ("beam_width", "beam_length", "speculation"):
-        if getattr(args, name) is not None:
-            options[name] = getattr(args, name)
-    engine = Engine(args.model, drafter=args.drafter, backend=args.backend, slots=args.slots, capacity=args.capacity,
-                    max_queue=args.max_queue, max_prefill_tokens=args.max_prefill_tokens, dtype=args.dtype,
-                    exact=args.exact, device=args.device, **options)
+    drafter, options = drafter_options(args)
+    engine = Engine(args.model, drafter=drafter, backend=args.backend, slots=args.slots,
+                    capacity=args.capacity, max_queue=args.max_queue,
+                    max_prefill_tokens=args.max_prefill_tokens, dtype=args.dtype, exact=args.exact,
+                    device=args.device, tree_room=args.tree_room, **options)
     name = args.served_model_name or str(args.model)
     print(f"specdec: serving {name!r} on http://{args.host}:{args.port}/v1 ({args.slots} slots of "
           f"{engine.context_length} tokens, drafter {args.drafter}, speculation "

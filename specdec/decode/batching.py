@@ -23,10 +23,12 @@ import numpy as np
 
 from specdec.reference.tree import check_beam_lengths
 from specdec.decode.requests import RequestState
-from specdec.types import Accepted, Draft, DraftTree, SamplingConfig, StepResult, TargetOutput, Verdict
+from specdec.types import (
+    Accepted, Draft, DraftTree, PromptOutput, SamplingConfig, StepResult, TargetOutput, Verdict,
+)
 
 __all__ = ["Checked", "Group", "admissions", "cut_to_budgets", "cut_tree", "draw", "drafted_tokens", "empty_step",
-           "full_batch", "group_output", "join_admissions", "join_steps", "merge_trees", "merge_verdicts",
+           "full_batch", "group_output", "join_admissions", "join_steps", "last_position", "merge_trees", "merge_verdicts",
            "observe_accepted", "on_target", "plain_group", "plain_tree", "step_tree", "verify_uniform_shape",
            "verify_uniforms"]
 
@@ -266,6 +268,13 @@ def admissions(step: int, ids: list[int], tokens: list[list[int]], seconds: floa
 def join_admissions(parts: list[StepResult]) -> StepResult:
     return admissions(parts[0].step, [r for p in parts for r in p.requests], [t for p in parts for t in p.new_tokens],
                        sum(p.time_prefill for p in parts))
+
+
+def last_position(output: PromptOutput) -> PromptOutput:
+    """A prompt chunk's output at its last position only: logits (V,), hidden (1, H), layers
+    (1, H) each; what ``begin`` gets without ``DrafterCaps.prompt_states``, whatever the chunks."""
+    return PromptOutput(logits=output.logits, hidden=output.hidden[-1:],
+                        layers={i: value[-1:] for i, value in output.layers.items()})
 
 
 def observe_accepted(plan, group: Group, checked: Checked) -> None:

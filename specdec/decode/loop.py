@@ -26,14 +26,16 @@ from typing import Iterator, Sequence
 import attrs
 import numpy as np
 
+from specdec import compute
 from specdec.decode import lease
 from specdec.decode import checks as step_checks
 from specdec.decode.batching import (
     Checked, Group, admissions, cut_to_budgets, draw, drafted_tokens, full_batch, group_output, join_admissions,
-    join_steps, merge_verdicts, observe_accepted, plain_group, step_tree, verify_uniform_shape, verify_uniforms,
+    join_steps, last_position, merge_verdicts, observe_accepted, plain_group, step_tree, verify_uniform_shape,
+    verify_uniforms,
 )
 from specdec.decode.budget import make_speculation
-from specdec.capabilities import drafter_caps, verifier_caps
+from specdec.capabilities import drafter_caps, request_end, verifier_caps
 from specdec.tuning.costs import step_costs
 from specdec.errors import InvalidInputError
 from specdec.decode.plan import DecodePlan
@@ -53,6 +55,10 @@ class Decoder:
         self.caps = drafter_caps(plan.drafter, plan.source("drafter"))
         self.needs_draft_probs = verifier_caps(plan.verifier, plan.source("verifier")).needs_draft_probs
         self.layers = self.caps.hidden_layers if self.caps.stateful else ()
+        # a stateful drafter's end(slot, reason), or end(slot) when written without the reason
+        self.drafter_end = request_end(plan.drafter) if self.caps.stateful else None
+        # requests admitted whole by TargetModel.admit: the drafter's begin needs every prompt position
+        self.whole_prompts = self.caps.stateful and self.caps.prompt_states
         self.waiting: deque[tuple[int, Request]] = deque()
         self.active: dict[int, tuple[int, RequestState]] = {}  # slot -> (request id, state)
         self._cursor: dict[int, int] = {}  # slot -> prompt tokens in the cache, while its prompt is prefilled
@@ -88,29 +94,36 @@ class Decoder:
         self.waiting.append((request_id, request))
         return request_id
 
-    def cancel(self, request_id: int) -> bool:
-        """Drop a waiting or active request (its slot is freed now); False when it is not here."""
+    def cancel(self, request_id: int, reason: str = "cancelled") -> bool:
+        """Drop a waiting or active request (its slot is freed now); False when it is not here.
+        reason: the finish reason a stateful drafter's ``end`` is told ("stop" when the caller
+        ended it at a stop string)."""
         for item in self.waiting:
             if item[0] == request_id:
                 self.waiting.remove(item)
                 return True
         for slot, (rid, _) in list(self.active.items()):
             if rid == request_id:
-                self._finish(slot)
+                self._finish(slot, reason)
                 return True
         return False
 
-    def close(self) -> None:
-        """Cancel everything: free every slot."""
+    def close(self, reason: str = "cancelled") -> None:
+        """Cancel everything: free every slot (a stateful drafter's ``end`` is told ``reason``)."""
         self.waiting.clear()
         for slot in list(self.active):
-            self._finish(slot)
+            self._finish(slot, reason)
 
-    def _finish(self, slot: int) -> None:
+    def began(self, slot: int) -> bool:
+        """The request in ``slot`` has its prompt in, so a stateful drafter's ``begin`` ran."""
+        return slot in self.active and slot not in self._cursor
+
+    def _finish(self, slot: int, reason: str) -> None:
+        began = self.began(slot)
         self.speculation.forget(self.active.pop(slot)[0])
         self._cursor.pop(slot, None)
-        if self.caps.stateful:
-            self.plan.drafter.end(slot)
+        if self.caps.stateful and began:
+            self.drafter_end(slot, reason)
         self.plan.target.release(slot)
         heapq.heappush(self._free, slot)
 
@@ -124,7 +137,8 @@ class Decoder:
         max_prefill_tokens: prompt tokens per step (None: no bound; "auto": chosen from the step
         costs, ``specdec.decode.budget``). Prompts that finish within the budget go first, then chunks of
         longer ones (``specdec.decode.prefill``), so long prompts never stall the requests being decoded.
-        A stateful drafter's requests are prefilled whole, by ``TargetModel.admit``, before the
+        A stateful drafter's requests get ``begin`` once their prompt is in; with
+        ``caps.prompt_states`` they are prefilled whole, by ``TargetModel.admit``, before the
         step (its ``begin`` needs every prompt position): the budget counts whole prompts, the
         first always admitted. Each request drafts what ``self.speculation`` budgets it.
         failures: None raises what the step raises. A list keeps the other requests going: a
@@ -141,7 +155,7 @@ class Decoder:
                 self._measure_costs()
             budget = self.prefill_budget = self.speculation.prefill_tokens(
                 [rid for slot, (rid, _) in self.active.items() if slot not in self._cursor], max_prefill_tokens)
-            if not self.caps.stateful:
+            if not self.whole_prompts:
                 chunks = self._schedule_chunks(budget)
             elif self.waiting and self._free:
                 results.append(self._admit(budget, failures))
@@ -192,9 +206,10 @@ class Decoder:
         slot = next((s for s, (rid, _) in self.active.items() if rid == request_id), None)
         if slot is None:
             return
+        began = self.began(slot)
         self.active.pop(slot)
-        prefilling = self._cursor.pop(slot, None) is not None
-        ends = (self.plan.drafter.end,) if self.caps.stateful and not prefilling else ()
+        self._cursor.pop(slot, None)
+        ends = ((lambda s: self.drafter_end(s, "error")),) if self.caps.stateful and began else ()
         for release in ends + (self.plan.target.release,):
             try:
                 release(slot)
@@ -203,7 +218,7 @@ class Decoder:
         heapq.heappush(self._free, slot)
 
     def _admit(self, max_prefill_tokens: int | None = None, failures: list | None = None) -> StepResult:
-        """Admit waiting requests whole (stateful drafters): ``TargetModel.admit`` per prompt."""
+        """Admit waiting requests whole (``caps.prompt_states``): ``TargetModel.admit`` per prompt."""
         start = time.perf_counter()
         ids, tokens, prefilled = [], [], 0
         while self.waiting and self._free:
@@ -247,24 +262,24 @@ class Decoder:
         self._hidden[backend.from_numpy(np.array([state.slot]), target)] = output.hidden[last]
         kept = state.emit([int(first[0])])
         if state.done:
-            self._finish(state.slot)
+            self._finish(state.slot, state.finish_reason)
         return kept
 
     def _run_isolated(self, chunks, groups, failures) -> tuple[list[StepResult], list[StepResult]]:
         """``_run``, which with ``failures`` drops the requests it fails for (see ``step``)."""
         if failures is None:
-            return self._run(chunks, groups)
+            return self._run(chunks, groups, None)
         chunk_states = [self.active[s][1] for s, *_ in chunks]
         states = chunk_states + [self.active[s][1] for _, slots in groups for s in slots]
         saved = [None if s.generator is None else s.generator.bit_generator.state for s in states]
         self._committing, self._forwarded = False, None
         try:
-            return self._run(chunks, groups)
+            return self._run(chunks, groups, failures)
         except Exception as error:
             admitted = None
             if self._forwarded is not None:  # the forward ran: its chunks are committed, their requests move on
                 forwarded, self._forwarded = self._forwarded, None
-                admitted = self._advance_chunks(*forwarded)
+                admitted = self._advance_chunks(*forwarded, failures)
                 states, chunks = states[len(chunk_states):], []
             if len(states) <= 1 or self._committing or self.caps.stateful:  # states: the chunks' and rows' requests
                 for state in states:
@@ -306,8 +321,9 @@ class Decoder:
         return Group(sampling=sampling, slots=slots, ids=ids, states=states, where=where, draft=draft, tree=tree,
                      budgets=budgets, full_nodes=full)
 
-    def _run(self, chunks, groups) -> tuple[list[StepResult], list[StepResult]]:
-        """One forward of prompt ``chunks`` and the trees of sampling ``groups``; their results."""
+    def _run(self, chunks, groups, failures) -> tuple[list[StepResult], list[StepResult]]:
+        """One forward of prompt ``chunks`` and the trees of sampling ``groups``; their results
+        (``failures``: as in ``step``, for a drafter's ``begin`` that raises)."""
         backend, target = self.plan.backend, self.plan.target
         t0 = time.perf_counter()
         drafted = [self._draft(key, np.array(slots, dtype=np.int64)) for key, slots in groups]
@@ -339,7 +355,7 @@ class Decoder:
                                         bonus_tokens=on_target(merged.bonus_tokens)))
         decoded = [self._accept(group, checked) for group, checked in zip(drafted, verdicts)]
         self._forwarded = None
-        admitted = self._advance_chunks(chunks, output.context)  # after commit: a request ending here frees its slot
+        admitted = self._advance_chunks(chunks, output.context, failures)  # after commit: ending frees the slot
         t3 = time.perf_counter()
         self.speculation.observe_step(sum(len(c) for _, c in context) + (0 if tree is None else tree.size * len(slots)),
                                       t3 - t1, sum(len(g.slots) for g in drafted if g.budgets[:1] != (0,)), t1 - t0)
@@ -382,15 +398,16 @@ class Decoder:
             observe_accepted(self.plan, group, checked)
         for state in group.states:
             if state.done:
-                self._finish(state.slot)
+                self._finish(state.slot, state.finish_reason)
         return StepResult(
             step=self.steps, requests=group.ids, new_tokens=new_tokens,
             num_accepted=num_accepted, num_drafted=np.asarray(drafted, dtype=np.int64),
             num_verified=num_nodes.astype(np.int64),
         )
 
-    def _advance_chunks(self, chunks, outputs: Sequence[PromptOutput]) -> list[StepResult]:
-        """Move the prefilled requests' cursors; those whose prompt is in emit their first token."""
+    def _advance_chunks(self, chunks, outputs: Sequence[PromptOutput], failures=None) -> list[StepResult]:
+        """Move the prefilled requests' cursors; those whose prompt is in begin with a stateful
+        drafter (the states at their last position) and emit their first token."""
         ids, tokens = [], []
         for (slot, _, end), output in zip(chunks, outputs, strict=True):
             request_id, state = self.active[slot]
@@ -398,19 +415,34 @@ class Decoder:
                 self._cursor[slot] = end
                 continue
             del self._cursor[slot]
+            if self.caps.stateful:
+                try:
+                    self.plan.drafter.begin(slot, np.asarray(state.request.prompt, dtype=np.int64),
+                                            last_position(output))
+                except Exception as error:
+                    if failures is None:
+                        raise
+                    self._drop(request_id, error, failures)
+                    continue
             ids.append(request_id)
             tokens.append(self._first_token(state, output))
         return [admissions(self.steps, ids, tokens, 0.0)] if ids else []
 
+
 def decode_steps(plan: DecodePlan, prompts: Sequence[Sequence[int]], *, seed=None) -> Iterator[StepResult]:
     """Yield one StepResult per target forward (admissions and decode steps) until every prompt
     is done; row b of every result is prompt b (finished or waiting rows: no tokens, zero counts).
+    Each step runs on the process's compute thread where the backend wants one (``specdec.compute``).
 
     The target is leased for the whole generation (``specdec.decode.lease``): a second generation on
     it while this one runs raises TargetBusyError at its first step, before touching the cache.
     """
+    return compute.iterate(plan.backend, _decode_steps(plan, prompts, seed))
+
+
+def _decode_steps(plan: DecodePlan, prompts: Sequence[Sequence[int]], seed) -> Iterator[StepResult]:
     lease.acquire(plan.target)
-    decoder = None
+    decoder, reason = None, "cancelled"  # for requests left: the stream was closed (or it raised)
     try:
         decoder = Decoder(plan)
         for request in plan.requests(prompts, seed):
@@ -418,7 +450,10 @@ def decode_steps(plan: DecodePlan, prompts: Sequence[Sequence[int]], *, seed=Non
         while not decoder.idle:
             for result in decoder.step():
                 yield full_batch(result, len(prompts))
+    except Exception:
+        reason = "error"
+        raise
     finally:
         if decoder is not None:
-            decoder.close()
+            decoder.close(reason)
         lease.release(plan.target)

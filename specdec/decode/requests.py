@@ -20,6 +20,8 @@ from specdec.errors import InvalidInputError
 from specdec.types import SamplingConfig
 
 UNIFORM_BLOCK = 32  # token uniforms drawn at a time
+# why a request ended: a stop token or string, max_new_tokens, cancelled, or its step failed
+FINISH_REASONS = ("stop", "length", "cancelled", "error")
 
 
 def _tokens(value) -> tuple[int, ...]:
@@ -82,6 +84,7 @@ class RequestState:
         self._uniforms = np.zeros(0)
         self.emitted = 0
         self.done = False
+        self.finish_reason: str | None = None  # "stop" or "length" once ``emit`` ended it
         prompt = np.asarray(request.prompt, dtype=np.int64)
         self._history = np.zeros(len(prompt) + request.max_new_tokens, dtype=np.int64)
         self._history[: len(prompt)] = prompt
@@ -116,12 +119,13 @@ class RequestState:
         for i, token in enumerate(kept):
             if token in self.request.stop_token_ids:
                 kept = kept[: i + 1]
-                self.done = True
+                self.done, self.finish_reason = True, "stop"
                 break
         self._history[self._length : self._length + len(kept)] = kept
         self._length += len(kept)
         self.emitted += len(kept)
-        self.done |= self.emitted >= self.request.max_new_tokens
+        if not self.done and self.emitted >= self.request.max_new_tokens:
+            self.done, self.finish_reason = True, "length"
         if kept:
             self.root = kept[-1]
         return kept

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from specdec.capabilities import DrafterCaps
+from specdec.capabilities import DrafterCaps, request_end
 from specdec.types import Draft, DraftContext
 
 
@@ -17,7 +17,9 @@ class NoDrafter:
 
 class PassLifecycle:
     """For drafters that wrap another (``self.inner``, ``self.caps``): the request lifecycle of a
-    stateful inner drafter is passed on to it."""
+    stateful inner drafter is passed on to it (``end``'s reason only to an ``end`` that takes one)."""
+
+    _inner_end = None  # the inner drafter's end(slot, reason), made at the first end
 
     def begin(self, slot, prompt, output) -> None:
         if self.caps.stateful:
@@ -27,6 +29,8 @@ class PassLifecycle:
         if self.caps.stateful:
             self.inner.observe(accepted)
 
-    def end(self, slot) -> None:
+    def end(self, slot, reason) -> None:
         if self.caps.stateful:
-            self.inner.end(slot)
+            if self._inner_end is None:
+                self._inner_end = request_end(self.inner)
+            self._inner_end(slot, reason)

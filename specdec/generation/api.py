@@ -31,12 +31,14 @@ from specdec.errors import (
     TargetBusyError,
     UnknownPluginError,
 )
+from specdec import compute
 from specdec.capabilities import drafter_caps, verifier_caps
 from specdec.models.files import check_model_folder, damaged_checkpoint, read_json
 from specdec.models.llama import load_tokenizer
 from specdec.slots import DEFAULT_CAPACITY, TREE_ROOM, check_tree_room
 from specdec.decode.loop import decode_steps
 from specdec.decode.plan import DecodePlan
+from specdec.generation.options import check_drafter_options
 from specdec.generation.resolve import Resolved, build, resolve, with_lookup
 from specdec.plugins.registry import PluginRegistry, default_registry
 from specdec.tuning.dtype import cached_beam_plan
@@ -116,6 +118,11 @@ def prepare(model, prompt, drafter, backend, **kwargs):
     If loading fails and the model comes from the specdec cache, the cache folder's hashes are
     checked; a damaged folder is converted again and the load retried once.
     """
+    backend_obj = load_backend(backend, kwargs.get("registry") or default_registry())
+    return compute.run_for(backend_obj, _prepare_or_repair, model, prompt, drafter, backend, **kwargs)
+
+
+def _prepare_or_repair(model, prompt, drafter, backend, **kwargs):
     try:
         return _prepare(model, prompt, drafter, backend, **kwargs)
     except (InvalidInputError, UnknownPluginError, MissingDependencyError, TargetBusyError):
@@ -135,6 +142,8 @@ def _prepare(model, prompt, drafter, backend, *, max_new_tokens, temperature, to
     check_prompt_type(prompt)
     check_drafter_path(drafter)
     backend_obj = load_backend(backend, registry)
+    named = resolve("drafter", drafter, registry, backend_obj.name)
+    check_drafter_options(named, registry, backend_obj.name, options)  # before the model loads
     model = resolve_model(model)
     if isinstance(model, (str, Path)):  # encode first: the target gets one slot per prompt, sized to fit
         check_model_folder(model)
@@ -159,7 +168,6 @@ def _prepare(model, prompt, drafter, backend, *, max_new_tokens, temperature, to
     verifier_choice = options.pop("verifier", None)
     tree_choice = options.pop("tree_builder", None)
     lookup = options.pop("lookup", None)
-    named = resolve("drafter", drafter, registry, backend_obj.name)
     if named.name is not None and not {"beam_width", "beam_length"} & set(options):
         options.update(planned_beams(backend_obj, target, named))
     drafter_obj = load_drafter(named, target, backend_obj, registry, options)
@@ -233,6 +241,11 @@ def load(model: Any, backend: str | None = None, *, dtype: str | None = None, de
     positions per slot, prompt and new tokens and a draft tree (None: the model's context length,
     at most ``specdec.slots.DEFAULT_CAPACITY``)."""
     backend_obj = load_backend(backend, registry or default_registry())
+    return compute.run_for(backend_obj, _load, backend_obj, model, dtype=dtype, device=device, slots=slots,
+                           capacity=capacity, exact=exact)
+
+
+def _load(backend_obj, model, *, dtype, device, slots, capacity, exact):
     sized = dict(slots=slots, capacity=capacity, exact=exact)
     try:
         target, choice = load_with_choice(backend_obj, resolve_model(model), dtype=dtype, device=device, **sized)

@@ -17,7 +17,8 @@ from specdec.models.files import check_checkpoint_folder
 from specdec.plugins.registry import PluginRegistry
 from specdec.plugins.specs import DrafterSpec
 
-__all__ = ["Resolved", "build", "drafter_kind", "plugin_source", "resolve", "with_lookup"]
+__all__ = ["Resolved", "build", "check_options", "drafter_kind", "plugin_source", "resolve",
+           "with_lookup"]
 
 
 @attrs.frozen(kw_only=True)
@@ -80,21 +81,31 @@ def with_lookup(drafter: Resolved) -> Resolved:
     return attrs.evolve(drafter, source=drafter.source + beside)
 
 
+def check_options(component: Resolved, registry: PluginRegistry, on_backend: str, options, *,
+                  passed=(), also=()) -> None:
+    """Refuse ``options`` that the factory of ``component`` does not take, naming those it takes:
+    its keywords but ``passed`` (which its caller gives it), and ``also`` (options its caller
+    takes for it)."""
+    kind, choice = component.kind, component.name
+    accepted = inspect.signature(registry.get(kind, choice, on_backend).factory).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in accepted.values()):
+        return
+    valid = sorted(k for k in accepted if k not in passed)
+    unknown = sorted(set(options) - set(valid) - set(also))
+    if unknown:
+        beside = f"; and {', '.join(also)}" if also else ""
+        raise InvalidInputError(
+            f"{kind.replace('_', ' ')} {choice!r} does not take option(s) {unknown}; "
+            f"it takes: {', '.join(valid) or 'none'}{beside}"
+        )
+
+
 def build(component: Resolved, registry: PluginRegistry, on_backend: str, options: dict,
           **positional):
     """The object of ``component`` for backend ``on_backend``, its factory given ``options`` and
     ``positional`` (an object passed in is returned as it is)."""
     if component.name is None:
         return component.choice
-    kind, choice = component.kind, component.name
-    factory = registry.get(kind, choice, on_backend).factory
-    accepted = inspect.signature(factory).parameters
-    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in accepted.values())
-    unknown = sorted(set(options) - set(accepted)) if not takes_any else []
-    if unknown:
-        valid = sorted(k for k in accepted if k not in positional)
-        raise InvalidInputError(
-            f"{kind.replace('_', ' ')} {choice!r} does not take option(s) {unknown}; "
-            f"it takes: {', '.join(valid) or 'none'}"
-        )
+    check_options(component, registry, on_backend, options, passed=positional)
+    factory = registry.get(component.kind, component.name, on_backend).factory
     return factory(**positional, **options)

@@ -4,9 +4,11 @@ Each drafter's spec declares its layouts (``specdec.plugins.specs.Layout``: dete
 module resolves names, checks arguments and dispatches, so it works the same for a third-party
 drafter that declares layouts. The shipped drafters declare: ReDrafter -> ``apple``
 (apple/ml-recurrent-drafter, which TensorRT-LLM's converter reads); Medusa -> ``fasterdecoding``
-(FasterDecoding/Medusa, TensorRT-LLM) and ``vllm``. ``tensorrt-llm`` is an alias of the layout
-TensorRT-LLM reads. EAGLE is not available yet. ``specdec.generate(..., drafter=folder)`` loads
-any declared layout directly; ``import_drafter`` writes one as the drafter's own checkpoint.
+(FasterDecoding/Medusa, TensorRT-LLM) and ``vllm``; EAGLE-3 -> ``specforge`` (SpecForge, which
+SGLang and TensorRT-LLM read) and ``speculators`` (vLLM). ``tensorrt-llm`` is an alias of the
+layout TensorRT-LLM reads. EAGLE (EAGLE-1's draft layer) declares none. ``specdec.generate(...,
+drafter=folder)`` loads any declared layout directly; ``import_drafter`` writes one as the
+drafter's own checkpoint.
 """
 
 from __future__ import annotations
@@ -24,11 +26,17 @@ from specdec.models.bundled import resolve_model
 from specdec.models.checkpoints import check_target
 from specdec.plugins.registry import default_registry
 from specdec.reference.model import load_target
+from specdec.slots import TREE_ROOM, check_tree_room
 
 __all__ = ["ExportResult", "detect_layout", "export", "formats", "import_drafter", "load_drafter_folder"]
 
-EAGLE_MESSAGE = ("EAGLE is not available in specdec yet, so there is no EAGLE drafter to export or run; "
-                 "export a ReDrafter (format 'apple') or Medusa heads (formats 'fasterdecoding', 'vllm')")
+EAGLE_MESSAGE = ("specdec has no engine layout for the EAGLE drafter (EAGLE-1's draft layer), so "
+                 "it is not exported; EAGLE-3 heads are: export an EAGLE-3 checkpoint in format "
+                 "'specforge' (SGLang, TensorRT-LLM) or 'speculators' (vLLM)")
+EAGLE_FOLDER = ("specdec runs its own EAGLE and EAGLE-3 checkpoints, and EAGLE-3 heads in the "
+                "SpecForge layout (a Llama config.json with draft_vocab_size, as SGLang reads) or "
+                "vLLM's speculators layout (speculators_model_type 'eagle3'); this folder is "
+                "none of them")
 
 
 def _specs(registry=None):
@@ -76,12 +84,15 @@ def detect_layout(folder, registry=None) -> tuple[str, str] | None:
             if layout.detect(folder, config):
                 return spec.name, layout.name
     if model_type and "eagle" in str(model_type).lower():
-        raise InvalidInputError(f"drafter checkpoint {folder} has model_type {model_type!r}, an EAGLE drafter: {EAGLE_MESSAGE}")
+        raise InvalidInputError(f"drafter checkpoint {folder} has model_type {model_type!r}, an "
+                                f"EAGLE drafter: {EAGLE_FOLDER}")
     return None
 
 
 def load_drafter_folder(folder, registry=None):
-    """(kind, layout, config, float64 weights, notes) of a drafter folder in any known layout."""
+    """(kind, layout, config, float64 weights, notes) of a drafter folder in any known layout; a
+    config whose trees cannot fit the room ``generate`` keeps for them (``DrafterSpec.tree_size``,
+    ``specdec.slots.TREE_ROOM``) is refused, as ``generate`` refuses it."""
     found = detect_layout(folder, registry)
     if found is None:
         known = ", ".join(f"{name}: {', '.join(layouts)}" for name, layouts in formats(registry).items())
@@ -101,6 +112,11 @@ def load_drafter_folder(folder, registry=None):
             notes = []
         else:
             config, weights, notes = _layout(spec, layout).read(folder)
+    if spec.tree_size is not None:  # from the config: nothing is built
+        check_tree_room(spec.tree_size(config), TREE_ROOM + 1,
+                        f"{Path(folder) / 'config.json'} (a {kind} drafter)", "",
+                        lower="set smaller tree settings in that file (for beams: W of length L "
+                              "make 1 + W * (L - 1) nodes, e.g. beam_width 4, beam_length 5)")
     check_finite(weights, folder)
     return kind, layout, config, weights, list(notes)
 
@@ -114,8 +130,12 @@ def _layout(spec, name: str):
     for layout in spec.layouts:
         if wanted == layout.name or wanted in layout.aliases:
             return layout
+    if not spec.layouts:
+        known = "; ".join(f"{kind}: {', '.join(layouts)}" for kind, layouts in formats().items())
+        raise InvalidInputError(f"a {spec.name} drafter has no layout an engine loads, so it is "
+                                f"not exported (the drafters that have: {known})")
     names = ", ".join(f"{layout.name}" + (f" ({'/'.join(layout.aliases)})" if layout.aliases else "")
-                      for layout in spec.layouts) or "none"
+                      for layout in spec.layouts)
     raise InvalidInputError(f"a {spec.name} drafter exports to {names}, not {name!r}")
 
 

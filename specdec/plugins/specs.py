@@ -65,7 +65,11 @@ class DrafterSpec:
     prompt-lookup beam is added beside its beams by default. load_checkpoint(path) -> (config,
     float64 weights) and save_checkpoint(path, config, weights, *, dtype): its own checkpoint
     files; package: the package whose ``weights/<model name>/`` holds the shipped checkpoints;
-    layouts: the engines' layouts it exports to and imports from.
+    layouts: the engines' layouts it exports to and imports from. tree_size(config) -> the most
+    nodes (root included) one row's draft tree holds under the tree settings of a checkpoint's
+    config (what ``load_checkpoint`` or a layout's ``read`` returns), read without building the
+    drafter: ``specdec import`` and ``export`` refuse a checkpoint whose trees cannot fit the room
+    a slot keeps for them (None: not checked there).
     """
 
     name: str
@@ -82,3 +86,4 @@ class DrafterSpec:
     save_checkpoint: Callable[..., Any] | None = None
     package: str | None = None
     layouts: tuple[Layout, ...] = ()
+    tree_size: Callable[[Any], int] | None = None

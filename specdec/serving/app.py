@@ -50,9 +50,13 @@ def _internal_error(where: str) -> APIError:
     return APIError(500, f"internal server error (logged as {ident})", type="server_error", code="internal_error")
 
 
-def _usage(prompt_tokens: int, completion_tokens: int) -> dict:
+def _usage(completion) -> dict:
+    """OpenAI's ``usage`` of a ``Completion``, with its speculation as the extension ``speculation``."""
+    prompt_tokens, completion_tokens = completion.prompt_tokens, completion.completion_tokens
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+            "total_tokens": prompt_tokens + completion_tokens,
+            "speculation": {"steps": completion.steps, "drafted_tokens": completion.drafted_tokens,
+                            "accepted_tokens": completion.accepted_tokens}}
 
 
 async def _watch_disconnect(receive, on_disconnect: Callable[[], None]) -> None:
@@ -175,7 +179,7 @@ def create_app(engine: Engine, *, model_name: str, aliases: tuple[str, ...] = ()
             choice["text"] = completion.text
         return JSONResponse({**base, "object": "chat.completion" if chat else "text_completion",
                              "choices": [choice],
-                             "usage": _usage(completion.prompt_tokens, completion.completion_tokens)})
+                             "usage": _usage(completion)})
 
     async def _stream(handle, base: dict, chat: bool, include_usage: bool) -> AsyncIterator[str]:
         usage_field = {"usage": None} if include_usage else {}
@@ -190,10 +194,8 @@ def create_app(engine: Engine, *, model_name: str, aliases: tuple[str, ...] = ()
 
         if chat:
             yield _sse(chunk(None, None, first=True))
-        completion_tokens = 0
         try:
             async for part in handle.achunks():
-                completion_tokens += len(part.tokens)
                 if part.finish_reason == "cancelled":
                     raise APIError(503, "the request was cancelled: the server is shutting down",
                                    type="server_error", code="cancelled")
@@ -208,8 +210,8 @@ def create_app(engine: Engine, *, model_name: str, aliases: tuple[str, ...] = ()
         except Exception:
             yield _sse(_internal_error("a stream").body())
         else:
-            if include_usage:
-                yield _sse({**base, "choices": [], "usage": _usage(handle.prompt_tokens, completion_tokens)})
+            if include_usage:  # the request has ended: its Completion is there at once
+                yield _sse({**base, "choices": [], "usage": _usage(handle.result(timeout=0))})
         yield _sse("[DONE]")
 
     async def completions(request: Request) -> Response:

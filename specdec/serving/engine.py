@@ -31,6 +31,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from specdec import compute
 from specdec.decode import lease
 from specdec.errors import InvalidInputError
 from specdec.decode.loop import Decoder
@@ -85,10 +86,14 @@ class Engine:
                  max_new_tokens: int = 128, dtype: str | None = None, device: str | None = None,
                  exact: bool | None = None, tree_room: int | None = None, registry=None, **options: Any):
         from specdec.generation.api import load, load_backend, prepare
+        from specdec.generation.options import check_drafter_options
+        from specdec.generation.resolve import resolve
 
         if isinstance(capacity, bool) or (capacity is not None and (not isinstance(capacity, int) or capacity < 2)):
             raise InvalidInputError(f"capacity must be an integer >= 2 (positions per request), got {capacity!r}")
         backend = load_backend(backend, _registry(registry)).name
+        named = resolve("drafter", drafter, _registry(registry), backend)
+        check_drafter_options(named, _registry(registry), backend, options)  # before loading
 
         def build():
             if hasattr(model, "num_slots"):
@@ -121,7 +126,8 @@ class Engine:
     def _launch(self, build, **settings) -> None:
         """Start the scheduler thread, which loads the target (``build``: (plan, tree room)) and
         then serves: every array of the target and drafter is made and used on that thread (MLX
-        ties unevaluated arrays to the thread that made them). Returns once it serves; raises
+        ties unevaluated arrays to the thread that made them), or on the process's compute thread
+        where the backend asks for one (``specdec.compute``: torch). Returns once it serves; raises
         what building raised."""
         for name, low in (("max_queue", 0), ("max_new_tokens", 1)):
             value = settings[name]
@@ -135,7 +141,7 @@ class Engine:
         def main():
             try:
                 plan, room = build()
-                self._configure(plan, tree_room=room, **settings)
+                compute.run_for(plan.backend, self._configure, plan, tree_room=room, **settings)
             except BaseException as error:  # noqa: BLE001 - raised again by the constructor
                 failed.append(error)
                 return
@@ -335,7 +341,7 @@ class Engine:
                 return True
             self._stopped = True
         try:
-            self._decoder.close()
+            compute.run_for(self.plan.backend, self._decoder.close)
         finally:
             lease.release(self.target)
         return True
@@ -365,7 +371,7 @@ class Engine:
             self._serve()
         finally:
             try:
-                self._sync()
+                compute.run_for(self.plan.backend, self._sync)
             except Exception:  # noqa: BLE001 - nothing pending, or a backend that cannot say
                 pass
 
@@ -376,21 +382,28 @@ class Engine:
                 commands = list(self._inbox)
                 self._inbox.clear()
                 cancel_all = self._closing and not self._drain
-            now = time.perf_counter()
-            for kind, handle in commands:
-                if kind == "submit":
-                    self._enter(handle, now)
-                else:
-                    self._cancel(handle, now)
-            if cancel_all:
-                for handle in list(self._handles.values()):
-                    self._cancel(handle, now)
-            if not self._decoder.idle:
-                self._step()
+            if compute.run_for(self.plan.backend, self._turn, commands, cancel_all):
                 continue
             with self._cond:
                 if self._closing and not self._inbox and self._decoder.idle:
                     return
+
+    def _turn(self, commands: list, cancel_all: bool) -> bool:
+        """Apply the commands taken from the inbox, then run a step if any request is in the
+        decoder (on the compute thread where the backend wants one); returns whether it ran."""
+        now = time.perf_counter()
+        for kind, handle in commands:
+            if kind == "submit":
+                self._enter(handle, now)
+            else:
+                self._cancel(handle, now)
+        if cancel_all:
+            for handle in list(self._handles.values()):
+                self._cancel(handle, now)
+        if self._decoder.idle:
+            return False
+        self._step()
+        return True
 
     def _enter(self, handle: Handle, now: float) -> None:
         if handle.done:
@@ -450,7 +463,7 @@ class Engine:
             metrics.add("prefilled_prompts", len(result.requests))
         elif not prefill and result.requests:
             metrics.account_step(result, self._decoder.prefill_budget)
-        for request_id, tokens in zip(result.requests, result.new_tokens):
+        for row, (request_id, tokens) in enumerate(zip(result.requests, result.new_tokens)):
             handle = self._handles.get(request_id)
             if handle is None or handle.done:
                 continue
@@ -462,8 +475,10 @@ class Engine:
                 metrics.add("decode_tokens", len(tokens))
                 metrics.observe("tokens_per_step", len(tokens))
             chunk = handle.take(list(tokens), now, metrics)
-            if chunk.finish_reason is not None:
-                self._decoder.cancel(request_id)  # ended by a stop string: the decoder does not know yet
+            if not prefill:
+                handle.count_step(int(result.num_drafted[row]), int(result.num_accepted[row]), len(chunk.tokens))
+            if chunk.finish_reason is not None:  # ended by a stop string: the decoder does not know yet
+                self._decoder.cancel(request_id, chunk.finish_reason)
             handle.push(chunk, chunk.finish_reason, None, now)
             if chunk.finish_reason is not None:
                 self._forget(handle, now)
@@ -476,12 +491,12 @@ class Engine:
         self.metrics.add("engine_resets")
         handles = sorted(self._handles.values(), key=lambda h: h.id)
         try:
-            self._decoder.close()
+            self._decoder.close("error")
         except Exception:  # noqa: BLE001 - start afresh: release what the target still holds
             if getattr(self._decoder.caps, "stateful", False):
-                for slot in list(self._decoder.active):
+                for slot in [s for s in list(self._decoder.active) if self._decoder.began(s)]:
                     try:
-                        self.plan.drafter.end(slot)
+                        self._decoder.drafter_end(slot, "error")
                     except Exception:  # noqa: BLE001
                         pass
             for slot in range(self.num_slots):

@@ -14,7 +14,7 @@ import attrs
 import numpy as np
 
 from specdec.errors import InvalidInputError, SpecdecError
-from specdec.decode.requests import Request
+from specdec.decode.requests import FINISH_REASONS, Request
 from specdec.serving.text import IncrementalText, StopStrings
 
 
@@ -28,9 +28,6 @@ class EngineClosedError(SpecdecError, RuntimeError):
 
 class RequestFailedError(SpecdecError, RuntimeError):
     """A request failed while it was decoded; ``__cause__`` is what raised."""
-
-
-FINISH_REASONS = ("stop", "length", "cancelled", "error")
 
 
 @attrs.frozen(kw_only=True)
@@ -47,7 +44,16 @@ class Chunk:
 class Completion:
     """A finished request: every token, the text (no stop string or stop token in it), why it
     ended, its prompt's length and its times in seconds (queue: submit to admission; first
-    token: submit to its first token; total: submit to its end)."""
+    token: submit to its first token; total: submit to its end).
+
+    Its speculation: ``steps``, the target forwards it took part in after its prompt's (each
+    gives it its accepted drafted tokens and one token of the target's own: the bonus);
+    ``drafted_tokens``, the drafted tokens verified for it (after its tree budgets);
+    ``accepted_tokens``, those accepted and kept in ``tokens`` (a step the request's end cut
+    short counts the tokens kept past its first). So ``completion_tokens == 1 + steps +
+    accepted_tokens`` once it has a token (the first comes from the prompt's forward), and
+    plain decoding has ``accepted_tokens == 0``.
+    """
 
     tokens: tuple[int, ...]
     text: str | None
@@ -56,10 +62,19 @@ class Completion:
     time_in_queue: float | None
     time_to_first_token: float | None
     time_total: float
+    steps: int = 0
+    drafted_tokens: int = 0
+    accepted_tokens: int = 0
 
     @property
     def completion_tokens(self) -> int:
         return len(self.tokens)
+
+    @property
+    def tokens_per_step(self) -> float:
+        """Tokens per decode step, bonus counted: ``(steps + accepted_tokens) / steps`` (plain
+        decoding 1.0; the first token, from the prompt's forward, not counted; 0.0 before a step)."""
+        return (self.steps + self.accepted_tokens) / self.steps if self.steps else 0.0
 
 
 class Histogram:
@@ -175,6 +190,7 @@ class Handle:
         self.finish_reason: str | None = None
         self.error: BaseException | None = None
         self._tokens: list[int] = []
+        self.steps = self.drafted_tokens = self.accepted_tokens = 0  # its speculation (``Completion``)
         self._chunks: list[Chunk] = []
         self._cond = threading.Condition()
         self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future]] = []
@@ -277,7 +293,8 @@ class Handle:
             finish_reason=self.finish_reason, prompt_tokens=self.prompt_tokens,
             time_in_queue=None if self.admitted_at is None else self.admitted_at - self.submitted_at,
             time_to_first_token=None if self.first_token_at is None else self.first_token_at - self.submitted_at,
-            time_total=(self.finished_at or time.perf_counter()) - self.submitted_at)
+            time_total=(self.finished_at or time.perf_counter()) - self.submitted_at,
+            steps=self.steps, drafted_tokens=self.drafted_tokens, accepted_tokens=self.accepted_tokens)
 
     # -- writing (the scheduler thread) --
 
@@ -313,6 +330,14 @@ class Handle:
         self._tokens.extend(kept)
         self._text.append("".join(text))
         return Chunk(tokens=tuple(kept), text="".join(text), finish_reason=finish)
+
+    def count_step(self, drafted: int, accepted: int, kept: int) -> None:
+        """Count a decode step of this request: ``drafted`` tokens verified, ``accepted`` of them
+        by the verifier, ``kept`` tokens of the step in its output (``take``): the accepted ones
+        kept are those past the step's first."""
+        self.steps += 1
+        self.drafted_tokens += drafted
+        self.accepted_tokens += max(0, min(accepted, kept - 1))
 
     def finish(self, reason: str, error: BaseException | None, now: float) -> None:
         text = ""

@@ -129,13 +129,12 @@ def test_the_comparison_catches_a_row_variant_product(target, monkeypatch):
     rounding) makes the comparison fail, and the self-test refuse it."""
     exact_rows = mlx_target.rows_invariant
 
-    def variant(fn, x):
-        out = exact_rows(fn, x)
+    def variant(fn, x, rows=2):
+        out = exact_rows(fn, x, rows)
         return out * (1 + 2.0 ** -20) if x.shape[0] == 1 else out
 
-    monkeypatch.setattr(mlx_target, "rows_invariant", variant)
+    monkeypatch.setattr(mlx_target, "rows_invariant", variant)  # the forward's and the self-test's products
     assert differences(target, [[3, 4, 5], [9, 8]], [([-1, 0, 0, 2], [1, 2, 3, 4])] * 2)
-    monkeypatch.setattr(invariance, "rows_invariant", variant)
     check = invariance.check_target_kernels(target)
     assert not check.holds and check.failed == "q projection", check
 
@@ -146,3 +145,24 @@ def test_greedy_speculation_equals_plain_decoding(folder, target):
     redrafter = make_random_drafter(folder.parent / "redrafter", folder, kind="redrafter", seed=1)
     for drafter in ("lookup", redrafter):
         assert specdec.generate(target, prompts, drafter=drafter, backend="mlx", max_new_tokens=30).tokens == plain
+
+
+@pytest.mark.parametrize("shape", [(192, 576), (576, 576), (64, 256), (1536, 576)])
+def test_few_row_products_padded_to_min_rows_give_the_bits_of_a_large_call(shape):
+    """Whatever BLAS this process's MLX runs on (OpenBLAS from pip under the mlx extra: its
+    small-matrix kernels sum in another order below M * N * K = 100**3), a product of 1 to 8 rows
+    computed over ``min_rows`` rows equals the same rows of a 160-row product, bit for bit."""
+    import mlx.core as mx
+
+    from specdec_mlx.exact import min_rows, rows_invariant
+
+    rng = np.random.default_rng(3)
+    weight = mx.array(rng.standard_normal(shape).astype(np.float32))
+    x = mx.array(rng.standard_normal((160, shape[1])).astype(np.float32))
+    whole = np.array(x @ weight.T)
+    rows = min_rows([weight])
+    assert rows * shape[0] * shape[1] > 100 ** 3 >= (rows - 1) * shape[0] * shape[1] or rows == 2
+    for count in range(1, 9):
+        for start in (0, 5, 40):
+            got = np.array(rows_invariant(lambda a: a @ weight.T, x[start:start + count], rows))
+            assert np.array_equal(got, whole[start:start + count]), (count, start)

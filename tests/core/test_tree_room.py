@@ -108,3 +108,19 @@ def test_an_engine_checks_its_own_tree_room(model_dir):
 def test_caps_refuse_a_tree_without_its_root():
     with pytest.raises(ValueError, match="max_tree_size"):
         DrafterCaps(max_tree_size=0)
+
+
+@pytest.mark.parametrize("kind", ["redrafter", "medusa", "eagle", "eagle3"])
+def test_a_specs_tree_size_from_the_config_is_what_its_drafter_declares(target, model_dir, tmp_path,
+                                                                        kind):
+    """``DrafterSpec.tree_size`` reads a checkpoint's config as ``specdec import`` does, without
+    building the drafter; the drafter built with no options declares the same trees."""
+    from specdec.capabilities import drafter_caps
+    from specdec.generation.api import prepare
+
+    spec = specdec.default_registry().drafter_spec(kind)
+    folder = spec.make_random_checkpoint(tmp_path / kind, model_dir, seed=0)
+    config, _ = spec.load_checkpoint(folder)
+    plan, *_ = prepare(target, [1, 2], folder, "numpy", max_new_tokens=2, temperature=0.0, top_k=None,
+                       top_p=None, dtype=None, device=None, registry=None, options={"lookup": False})
+    assert spec.tree_size(config) == drafter_caps(plan.drafter).max_tree_size > 1

@@ -212,7 +212,7 @@ def test_cache_built_step_by_step_equals_one_built_at_once():
     np.testing.assert_allclose(step.keys, whole.keys, rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(step.values, whole.values, rtol=1e-12, atol=1e-12)
     np.testing.assert_array_equal(step.pending, whole.pending)
-    drafter.end(3)
+    drafter.end(3, "length")
     with pytest.raises(InvalidInputError, match="no request in slot 3"):
         rows(drafter, [3], [1], np.zeros((1, H)))
 

@@ -49,9 +49,9 @@ class Recording(EagleDrafter):
             # the draft cache holds one entry per committed token but the last (its token is the next root)
             assert self.slots[slot].length == len(self.committed[slot]) - 1
 
-    def end(self, slot):
+    def end(self, slot, reason):
         assert slot in self.slots, f"slot {slot} ended without begin"
-        super().end(slot)
+        super().end(slot, reason)
         self.events.append(("end", slot))
 
 

@@ -257,7 +257,7 @@ def test_refusals_name_the_problem_and_the_fix(drafters, model_dir, tmp_path):
         export(drafters["medusa_tied"], "fasterdecoding", tmp_path / "c")
     with pytest.raises(InvalidInputError, match="argmax.*choices='chain'"):
         export(drafters["medusa_full"], "vllm", tmp_path / "d")
-    with pytest.raises(InvalidInputError, match="EAGLE is not available"):
+    with pytest.raises(InvalidInputError, match="no engine layout for the EAGLE.*'speculators'"):
         export("eagle", "vllm", tmp_path / "e")
     with pytest.raises(InvalidInputError, match="exports to apple"):
         export(drafters["redrafter_full"], "vllm", tmp_path / "f")
@@ -431,10 +431,21 @@ def test_cli_export_and_import(drafters, model_dir, tmp_path, capsys):
                  str(tmp_path / "refused"), "--model", str(model_dir)]) == 2
     assert "--drop-shortlist" in capsys.readouterr().err
     assert main(["export", "eagle", "--format", "vllm", "--out", str(tmp_path / "eagle")]) == 2
-    assert "EAGLE is not available" in capsys.readouterr().err
+    assert "no engine layout for the EAGLE drafter" in capsys.readouterr().err
 
 
-def test_an_eagle_folder_is_named_as_not_available(target, tmp_path):
+def test_an_eagle_folder_in_no_known_layout_is_told_which_ones_are_read(target, tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "eagle3"}))
-    with pytest.raises(InvalidInputError, match="model_type 'eagle3'.*EAGLE is not available"):
+    with pytest.raises(InvalidInputError, match="model_type 'eagle3'.*SpecForge.*speculators"):
         specdec.generate(target, [1], drafter=tmp_path, backend="numpy")
+
+
+def test_an_eagle_drafter_is_not_exported_and_the_eagle3_formats_are_named(model_dir, tmp_path):
+    from specdec.testing import make_random_drafter
+
+    eagle = make_random_drafter(tmp_path / "eagle", model_dir, kind="eagle", seed=0)
+    with pytest.raises(InvalidInputError, match="eagle drafter has no layout.*eagle3: specforge"):
+        export(eagle, "speculators", tmp_path / "a")
+    redrafter = make_random_redrafter(tmp_path / "redrafter", model_dir, seed=0)
+    with pytest.raises(InvalidInputError, match="format 'specforge'.*'speculators'"):
+        export(redrafter, "eagle", tmp_path / "b")

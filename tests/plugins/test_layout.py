@@ -71,6 +71,7 @@ KNOWN = {
     ("specdec/cli/serve.py", "redrafter"): "specdec serve's default drafter",
     ("specdec/models/export.py", "eagle"): "the message that EAGLE has no export layout",
     ("specdec/bench/methods.py", "draft_model"): "bench's draft-model method",
+    ("specdec/generation/options.py", "draft_model"): "the short name draft= of draft_model=",
     ("specdec/bench/peers.py", "draft_model"): "transformers' assisted generation beside it",
 }
 

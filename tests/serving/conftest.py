@@ -1,9 +1,11 @@
 """Fixtures of the serving tests: engines over the session's tiny model, a drafter that can be
-held mid-step (to fill queues and slots on purpose), and servers on a free loopback port."""
+held mid-step (to fill queues and slots on purpose), servers on a free loopback port, and a wait
+for a condition that another thread makes true."""
 
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -35,6 +37,22 @@ class GateDrafter:
             raise RuntimeError(f"poisoned row: token {self.poison} in its text")
         roots = np.asarray(context.root_tokens)
         return specdec.Draft(root_tokens=context.root_tokens, beams=roots[:, None, None])
+
+
+def _wait_for(predicate, timeout: float = 60.0) -> bool:
+    """Whether ``predicate()`` came true within ``timeout`` seconds (asked every 10 ms)."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if predicate():
+            return True
+        time.sleep(0.01)
+    return False
+
+
+@pytest.fixture
+def wait_for():
+    """``wait_for(predicate, timeout=60.0)``: whether the predicate came true in time."""
+    return _wait_for
 
 
 @pytest.fixture

@@ -33,15 +33,6 @@ def metrics_of(base: str) -> dict[str, float]:
     return out
 
 
-def wait_for(predicate, timeout=20.0):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if predicate():
-            return True
-        time.sleep(0.02)
-    return False
-
-
 def test_completions_match_generate_and_count_usage(serve, model_dir):
     _, base = serve("lookup")
     reply = client(base).completions.create(model="tiny", prompt="daba deba diba", max_tokens=8, temperature=0)
@@ -196,7 +187,7 @@ def test_models_and_health(serve):
     assert health.status_code == 200 and health.json()["status"] == "ok"
 
 
-def test_a_full_queue_is_429_with_retry_after(serve, gate):
+def test_a_full_queue_is_429_with_retry_after(serve, gate, wait_for):
     server, base = serve(gate, slots=1, max_queue=1)
     gate.open.clear()
     results = {}
@@ -222,7 +213,8 @@ def test_a_full_queue_is_429_with_retry_after(serve, gate):
     assert metrics_of(base)["specdec_requests_rejected_total"] == 2
 
 
-def test_a_client_leaving_mid_stream_cancels_its_request_and_frees_the_slot(serve, gate, cancel_asked):
+def test_a_client_leaving_mid_stream_cancels_its_request_and_frees_the_slot(
+        serve, gate, cancel_asked, wait_for):
     server, base = serve(gate, slots=1)
     gate.open.clear()
     with httpx.stream("POST", base + "/completions", json={"model": "tiny", "prompt": [5, 6], "max_tokens": 50,
@@ -242,7 +234,7 @@ def test_a_client_leaving_mid_stream_cancels_its_request_and_frees_the_slot(serv
     assert client(base).completions.create(model="tiny", prompt=[5], max_tokens=2).usage.completion_tokens == 2
 
 
-def test_a_client_leaving_a_plain_request_cancels_it(serve, gate, cancel_asked):
+def test_a_client_leaving_a_plain_request_cancels_it(serve, gate, cancel_asked, wait_for):
     server, base = serve(gate, slots=1)
     gate.open.clear()
 
@@ -284,7 +276,7 @@ def test_metrics_report_steps_acceptance_and_latencies(serve):
     assert 0 <= metrics["specdec_plain_step_share"] < 1 and metrics["specdec_prefill_budget_tokens"] >= 1
 
 
-def test_shutdown_with_drain_finishes_streams_in_flight(serve, gate):
+def test_shutdown_with_drain_finishes_streams_in_flight(serve, gate, wait_for):
     server, base = serve(gate, slots=1)
     gate.open.clear()
     with httpx.stream("POST", base + "/completions", json={"model": "tiny", "prompt": [5], "max_tokens": 6,
@@ -356,6 +348,31 @@ def test_serve_command_line(monkeypatch, model_dir):
     assert cli.main(["serve", "--model", str(model_dir), "--backend", "numpy", "--drafter", "lookup", "--slots", "3",
                      "--capacity", "48", "--served-model-name", "tiny", "--no-drain"]) == 0
     assert seen == {"name": "tiny", "slots": 3, "context": 48, "drain": False}
+
+
+def test_serve_takes_a_drafter_with_options_and_a_tree_room(monkeypatch, model_dir, capsys):
+    from specdec.cli import main as cli
+    from specdec.serving import server as server_module
+
+    seen = {}
+
+    def fake_run(self):
+        engine = self.engine
+        seen.update(length=engine.plan.drafter.draft_length, capacity=engine.target.capacity)
+        self.engine.close()
+
+    monkeypatch.setattr(server_module.Server, "run", fake_run)
+    common = ["serve", "--model", str(model_dir), "--backend", "numpy", "--slots", "1",
+              "--capacity", "48"]
+    assert cli.main([*common, "--drafter", "lookup:k=5", "--tree-room", "5"]) == 0
+    assert seen == {"length": 5, "capacity": 53}  # a chain of 5 and its root fill the room
+    capsys.readouterr()
+    assert cli.main([*common, "--drafter", "lookup:k=6", "--tree-room", "5"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "larger tree_room (now 5)" in err, err
+    assert cli.main([*common, "--drafter", "lookup:beam_width=2"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "does not take option(s) ['beam_width']" in err, err
 
 
 def test_a_request_that_fails_is_500_and_an_error_event_while_others_go_on(serve, gate_drafter):

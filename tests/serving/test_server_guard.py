@@ -21,15 +21,6 @@ openai = pytest.importorskip("openai")
 ONE = {"model": "tiny", "prompt": [5, 6], "max_tokens": 2, "temperature": 0}
 
 
-def wait_for(predicate, timeout=20.0):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if predicate():
-            return True
-        time.sleep(0.02)
-    return False
-
-
 def error_of(response: httpx.Response) -> dict:
     body = response.json()
     assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "param", "code"}, body
@@ -96,7 +87,7 @@ def test_the_command_line_takes_the_key_and_warns_when_exposed_without_one(monke
     assert warnings_of(["--host", "127.0.0.1"]) == [] and warnings_of(["--host", "::1"]) == []
 
 
-def test_the_key_from_the_environment_is_enforced(monkeypatch, model_dir):
+def test_the_key_from_the_environment_is_enforced(monkeypatch, model_dir, wait_for):
     from specdec.cli import main as cli
     from specdec.serving import server as server_module
 

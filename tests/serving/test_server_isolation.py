@@ -20,15 +20,6 @@ from specdec.serving.limits import Limits
 pytest.importorskip("uvicorn")
 
 
-def wait_for(predicate, timeout=60.0):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if predicate():
-            return True
-        time.sleep(0.01)
-    return False
-
-
 class Stream:
     """A streamed completion read on its own thread; ``count`` is the events received so far."""
 
@@ -47,7 +38,8 @@ class Stream:
         self.done = True
 
 
-def test_a_huge_request_and_a_stalled_client_do_not_stall_another_stream(serve, gate_drafter, monkeypatch):
+def test_a_huge_request_and_a_stalled_client_do_not_stall_another_stream(serve, gate_drafter,
+                                                                          monkeypatch, wait_for):
     from specdec.serving import prepare
 
     class Paced(gate_drafter):
@@ -107,7 +99,8 @@ def test_a_huge_request_and_a_stalled_client_do_not_stall_another_stream(serve, 
     assert reply.json()["error"]["param"] == "prompt"
 
 
-def test_large_bodies_are_prepared_one_at_a_time_and_small_ones_beside_them(serve, monkeypatch):
+def test_large_bodies_are_prepared_one_at_a_time_and_small_ones_beside_them(serve, monkeypatch,
+                                                                            wait_for):
     from specdec.serving import prepare
 
     server, base = serve("lookup", server_options={"limits": Limits(max_body_bytes=16 * 1024 * 1024)})

@@ -11,7 +11,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
 
 import httpx
 import pytest
@@ -19,16 +18,8 @@ import pytest
 pytest.importorskip("uvicorn")
 
 
-def wait_for(predicate, timeout=30.0):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if predicate():
-            return True
-        time.sleep(0.02)
-    return False
-
-
-def test_when_the_drain_times_out_every_client_is_answered_the_documented_way(serve, gate):
+def test_when_the_drain_times_out_every_client_is_answered_the_documented_way(serve, gate,
+                                                                              wait_for):
     server, base = serve(gate, slots=1, shutdown_timeout=0.3)
     gate.open.clear()
     results = {}
@@ -70,7 +61,7 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
-def test_a_drained_shutdown_at_sigterm_exits_0(model_dir):
+def test_a_drained_shutdown_at_sigterm_exits_0(model_dir, wait_for):
     port = _free_port()
     argv = ["serve", "--model", str(model_dir), "--backend", "numpy", "--drafter", "none", "--slots", "1",
             "--capacity", "256", "--port", str(port), "--served-model-name", "tiny", "--log-level", "warning"]

@@ -9,7 +9,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 
 import httpx
 import pytest
@@ -19,16 +18,7 @@ import specdec
 pytest.importorskip("uvicorn")
 
 
-def wait_for(predicate, timeout=30.0):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if predicate():
-            return True
-        time.sleep(0.02)
-    return False
-
-
-def test_health_says_stalled_while_a_step_runs_past_the_stall_timeout(serve, gate):
+def test_health_says_stalled_while_a_step_runs_past_the_stall_timeout(serve, gate, wait_for):
     server, base = serve(gate, slots=1, speculation="always", server_options={"stall_timeout": 0.05})
     root = base.removesuffix("/v1")
     assert httpx.get(root + "/health").json()["status"] == "ok"
@@ -79,7 +69,7 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
-def test_a_server_whose_step_is_stuck_exits_at_sigterm(model_dir):
+def test_a_server_whose_step_is_stuck_exits_at_sigterm(model_dir, wait_for):
     port = _free_port()
     argv = ["serve", "--model", str(model_dir), "--backend", "numpy", "--drafter", "none", "--slots", "1",
             "--capacity", "256", "--port", str(port), "--served-model-name", "tiny", "--log-level", "warning",

@@ -135,7 +135,7 @@ def runs(model, tmp_path_factory):
     """A short run (200 steps, unrolled over 2 steps) and the same run at learning rate 0."""
     cache = tmp_path_factory.mktemp("cache")
     out = tmp_path_factory.mktemp("trained")
-    run = dict(steps=200, eval_steps=100, unroll=2, cache=cache)
+    run = dict(steps=200, eval_steps=100, eval_minutes=(), unroll=2, cache=cache)  # evaluations by step only
     trained = train_eagle3(model, out, **run, **COMMON)
     control = train_eagle3(model, tmp_path_factory.mktemp("control"), **run,
                            **{**COMMON, "lr": 0.0})
