@@ -35,7 +35,7 @@ import torch.nn.functional as F
 
 from specdec_eagle.config import EagleConfig
 
-__all__ = ["EagleTask", "default_config", "init_weights", "train_eagle"]
+__all__ = ["EagleTask", "default_config", "init_weights", "train_eagle", "tree_acceptance"]
 
 
 def default_config(target, *, top_k: int = 4, depth: int = 3, total_tokens: int = 12, **overrides) -> EagleConfig:
@@ -208,23 +208,8 @@ class EagleTask:
     def accept(self, data, indices: torch.Tensor) -> torch.Tensor:
         """The inference tree at each position (its cache: the sequence's earlier positions);
         the drafted tokens greedy verification accepts there."""
-        from specdec.training.evaluate import beam_acceptance, gather_window
-        from specdec_eagle.torch import TreeSearch
-
         drafter, keys, values, starts = self._drafter(data)
-        sequence_start = starts[data.sequence[indices]]  # (B,)
-        lengths = indices - sequence_start  # entries before the root entry
-        span = max(int(lengths.max()), 1)
-        where = sequence_start[:, None] + torch.arange(span)[None]  # (B, span)
-        ctx_mask = torch.arange(span)[None] < lengths[:, None]
-        where = torch.where(ctx_mask, where, 0)
-        ctx_keys = keys[:, where].permute(1, 0, 2, 3)  # (B, Hkv, span, Dh)
-        ctx_values = values[:, where].permute(1, 0, 2, 3)
-        with torch.no_grad():
-            beams = TreeSearch(drafter, ctx_keys, ctx_values, ctx_mask, lengths).run(
-                data.next_tokens[indices], data.hidden[indices].float())
-        window = gather_window(data, indices, drafter.depth, labels=False)
-        return beam_acceptance(beams, window.tokens[:, 1:], window.valid)
+        return tree_acceptance(data, indices, drafter, keys, values, starts, data.hidden[indices].float())
 
     def save(self, folder: Path, *, dtype=np.float32) -> Path:
         from specdec.models.checkpoints import save_checkpoint
@@ -261,3 +246,27 @@ def train_eagle(model, out, *, top_k: int = 4, depth: int = 3, total_tokens: int
                                "config_overrides": config_overrides, **options.get("run_settings", {})}
     return train_drafter("eagle", make_task, model, out, top_k=top_k_labels, batch_size=batch_size,
                          loop_data=index_view, report_training=shape, **options)
+
+
+def tree_acceptance(data, indices: torch.Tensor, drafter, keys, values, starts, features) -> torch.Tensor:
+    """The drafted tokens greedy verification accepts at positions ``indices`` of ``data`` when
+    the inference tree search (``specdec_eagle.torch.TreeSearch``) runs there over the draft
+    layer's cached ``keys`` / ``values`` (layer entries of every position; ``starts``: each
+    sequence's first) of the sequence so far, from the root features ``features`` (B, H). EAGLE's
+    and EAGLE-3's held-out evaluations."""
+    from specdec.training.evaluate import beam_acceptance, gather_window
+    from specdec_eagle.torch import TreeSearch
+
+    sequence_start = starts[data.sequence[indices]]  # (B,)
+    lengths = indices - sequence_start  # entries before the root entry
+    span = max(int(lengths.max()), 1)
+    where = sequence_start[:, None] + torch.arange(span)[None]  # (B, span)
+    ctx_mask = torch.arange(span)[None] < lengths[:, None]
+    where = torch.where(ctx_mask, where, 0)
+    ctx_keys = keys[:, where].permute(1, 0, 2, 3)  # (B, Hkv, span, Dh)
+    ctx_values = values[:, where].permute(1, 0, 2, 3)
+    with torch.no_grad():
+        search = TreeSearch(drafter, ctx_keys, ctx_values, ctx_mask, lengths)
+        beams = search.run(data.next_tokens[indices], features)
+    window = gather_window(data, indices, drafter.depth, labels=False)
+    return beam_acceptance(beams, window.tokens[:, 1:], window.valid)

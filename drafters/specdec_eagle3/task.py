@@ -215,23 +215,10 @@ class Eagle3Task:
     def accept(self, data, indices: torch.Tensor) -> torch.Tensor:
         """The inference tree at each position (its cache: the sequence's earlier positions);
         the drafted tokens greedy verification accepts there."""
-        from specdec.training.evaluate import beam_acceptance, gather_window
-        from specdec_eagle.torch import TreeSearch
+        from specdec_eagle.train import tree_acceptance
 
         drafter, keys, values, fused, starts = self._drafter(data)
-        sequence_start = starts[data.sequence[indices]]  # (B,)
-        lengths = indices - sequence_start  # entries before the root entry
-        span = max(int(lengths.max()), 1)
-        where = sequence_start[:, None] + torch.arange(span)[None]  # (B, span)
-        ctx_mask = torch.arange(span)[None] < lengths[:, None]
-        where = torch.where(ctx_mask, where, 0)
-        ctx_keys = keys[:, where].permute(1, 0, 2, 3)  # (B, Hkv, span, Dh)
-        ctx_values = values[:, where].permute(1, 0, 2, 3)
-        with torch.no_grad():
-            beams = TreeSearch(drafter, ctx_keys, ctx_values, ctx_mask, lengths).run(
-                data.next_tokens[indices], fused[indices])
-        window = gather_window(data, indices, drafter.depth, labels=False)
-        return beam_acceptance(beams, window.tokens[:, 1:], window.valid)
+        return tree_acceptance(data, indices, drafter, keys, values, starts, fused[indices])
 
     def save(self, folder: Path, *, dtype=np.float32) -> Path:
         from specdec_eagle3.checkpoint import save_eagle3
