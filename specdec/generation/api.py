@@ -119,21 +119,21 @@ def prepare(model, prompt, drafter, backend, **kwargs):
     checked; a damaged folder is converted again and the load retried once.
     """
     backend_obj = load_backend(backend, kwargs.get("registry") or default_registry())
-    return compute.run_for(backend_obj, _prepare_or_repair, model, prompt, drafter, backend, **kwargs)
+    return compute.run_for(backend_obj, _prepare_or_repair, model, prompt, drafter, backend_obj, **kwargs)
 
 
-def _prepare_or_repair(model, prompt, drafter, backend, **kwargs):
+def _prepare_or_repair(model, prompt, drafter, backend_obj, **kwargs):
     try:
-        return _prepare(model, prompt, drafter, backend, **kwargs)
+        return _prepare(model, prompt, drafter, backend_obj, **kwargs)
     except (InvalidInputError, UnknownPluginError, MissingDependencyError, TargetBusyError):
         raise
     except Exception:
         if not repair_if_damaged(model):
             raise
-    return _prepare(model, prompt, drafter, backend, **kwargs)
+    return _prepare(model, prompt, drafter, backend_obj, **kwargs)
 
 
-def _prepare(model, prompt, drafter, backend, *, max_new_tokens, temperature, top_k, top_p, dtype, device,
+def _prepare(model, prompt, drafter, backend_obj, *, max_new_tokens, temperature, top_k, top_p, dtype, device,
              registry, options, exact=None, tree_room=None):
     registry = registry or default_registry()
     options = dict(options)
@@ -141,7 +141,6 @@ def _prepare(model, prompt, drafter, backend, *, max_new_tokens, temperature, to
     max_new_tokens = check_max_new_tokens(max_new_tokens)
     check_prompt_type(prompt)
     check_drafter_path(drafter)
-    backend_obj = load_backend(backend, registry)
     named = resolve("drafter", drafter, registry, backend_obj.name)
     check_drafter_options(named, registry, backend_obj.name, options)  # before the model loads
     model = resolve_model(model)
