@@ -30,7 +30,9 @@ PEER = {"torch": "hf", "mlx": "mlx-lm"}
 
 def verify_costs(target, backend, sizes, repeats):
     """Median seconds of one forward over a k-node chain tree (``specdec.tuning.dtype.measure_forward``)."""
-    return {k: ms / 1e3 for k, ms in measure_forward(backend, target, sizes, repeats=repeats).items()}
+    return {
+        k: ms / 1e3 for k, ms in measure_forward(backend, target, sizes, repeats=repeats).items()
+    }
 
 
 def step_split(target, backend, prompts, drafter, max_new_tokens, **options):
@@ -50,8 +52,14 @@ def step_split(target, backend, prompts, drafter, max_new_tokens, **options):
     total, draft, tokens, steps = 0.0, 0.0, 0, 0
     try:
         for prompt in prompts:
-            for step in specdec.stream(target, prompt, drafter=drafter, backend=backend.name,
-                                       max_new_tokens=max_new_tokens, **options):
+            for step in specdec.stream(
+                target,
+                prompt,
+                drafter=drafter,
+                backend=backend.name,
+                max_new_tokens=max_new_tokens,
+                **options,
+            ):
                 if not step.is_prefill:
                     total += step.time_draft + step.time_verify + step.time_other
                     draft += step.time_draft
@@ -59,12 +67,18 @@ def step_split(target, backend, prompts, drafter, max_new_tokens, **options):
                 tokens += len(step.new_tokens[0])
     finally:
         del target.forward_tree
-    return dict(outside_share=1 - spent["forward"] / total, draft_share=draft / total,
-                tokens_per_step=tokens / (steps + len(prompts)), step_ms=1e3 * total / max(steps, 1))
+    return dict(
+        outside_share=1 - spent["forward"] / total,
+        draft_share=draft / total,
+        tokens_per_step=tokens / (steps + len(prompts)),
+        step_ms=1e3 * total / max(steps, 1),
+    )
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--backend", default="torch")
     parser.add_argument("--dtype", default="bfloat16")
@@ -79,15 +93,25 @@ def main():
 
     backend = default_registry().get("backend", args.backend).factory()
     target = specdec.load(args.model, backend=args.backend, dtype=args.dtype)
-    prompts = [encode_prompts(p.prompt, target.tokenizer, target.vocab_size,
-                              chat_template=getattr(target, "chat_template", None))[0][0]
-               for p in load_prompt_set(args.prompts, per_category=args.per_category)]
+    prompts = [
+        encode_prompts(
+            p.prompt,
+            target.tokenizer,
+            target.vocab_size,
+            chat_template=getattr(target, "chat_template", None),
+        )[0][0]
+        for p in load_prompt_set(args.prompts, per_category=args.per_category)
+    ]
     costs = verify_costs(target, backend, args.sizes, args.repeats)
 
-    runners = {"specdec plain": specdec_runner(parse_method("plain"), args.model, target, args.backend,
-                                               args.max_new_tokens),
-               f"{PEER[args.backend]} plain": peer_runner(parse_method(PEER[args.backend]), args.model, target,
-                                                          args.dtype, args.max_new_tokens)}
+    runners = {
+        "specdec plain": specdec_runner(
+            parse_method("plain"), args.model, target, args.backend, args.max_new_tokens
+        ),
+        f"{PEER[args.backend]} plain": peer_runner(
+            parse_method(PEER[args.backend]), args.model, target, args.dtype, args.max_new_tokens
+        ),
+    }
     for run in runners.values():
         run(prompts[0], 0.0, 0)  # warm-up
     rates = {name: [] for name in runners}
@@ -98,26 +122,42 @@ def main():
                 measured = run(prompt, 0.0, repeat)
                 tokens, seconds = tokens + measured["new_tokens"], seconds + measured["seconds"]
             rates[name].append(tokens / seconds)
-    ratio = float(np.median(np.array(rates["specdec plain"]) / np.array(rates[f"{PEER[args.backend]} plain"])))
+    ratio = float(
+        np.median(np.array(rates["specdec plain"]) / np.array(rates[f"{PEER[args.backend]} plain"]))
+    )
     split = step_split(target, backend, prompts, args.drafter, args.max_new_tokens)
 
-    print(f"## {args.backend} {args.dtype}, {args.model}, {len(prompts)} prompts x {args.max_new_tokens} tokens, "
-          f"{args.repeats} interleaved repeats\n")
+    print(
+        f"## {args.backend} {args.dtype}, {args.model}, {len(prompts)} prompts x {args.max_new_tokens} tokens, "
+        f"{args.repeats} interleaved repeats\n"
+    )
     print("| method | tokens/s (median) |\n|---|---|")
     for name, values in rates.items():
         print(f"| {name} | {np.median(values):.1f} |")
-    print(f"\nspecdec plain / {PEER[args.backend]} plain: **{ratio:.2f}x** (median of per-repeat ratios)\n")
+    print(
+        f"\nspecdec plain / {PEER[args.backend]} plain: **{ratio:.2f}x** (median of per-repeat ratios)\n"
+    )
     print("| verified tokens k | " + " | ".join(map(str, args.sizes)) + " |")
     print("|---|" + "---|" * len(args.sizes))
     print("| forward ms | " + " | ".join(f"{1e3 * costs[k]:.1f}" for k in args.sizes) + " |")
-    print("| cost / cost(1) | " + " | ".join(f"{costs[k] / costs[args.sizes[0]]:.2f}" for k in args.sizes) + " |")
-    print(f"\n{args.drafter} steps: {split['outside_share']:.1%} of step time outside the target forward "
-          f"(drafter {split['draft_share']:.1%}), {split['tokens_per_step']:.2f} tokens/step, "
-          f"{split['step_ms']:.1f} ms/step")
+    print(
+        "| cost / cost(1) | "
+        + " | ".join(f"{costs[k] / costs[args.sizes[0]]:.2f}" for k in args.sizes)
+        + " |"
+    )
+    print(
+        f"\n{args.drafter} steps: {split['outside_share']:.1%} of step time outside the target forward "
+        f"(drafter {split['draft_share']:.1%}), {split['tokens_per_step']:.2f} tokens/step, "
+        f"{split['step_ms']:.1f} ms/step"
+    )
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(dict(args=vars(args), rates=rates, ratio=ratio, verify_costs=costs, split=split),
-                              indent=1))
+    out.write_text(
+        json.dumps(
+            dict(args=vars(args), rates=rates, ratio=ratio, verify_costs=costs, split=split),
+            indent=1,
+        )
+    )
 
 
 if __name__ == "__main__":

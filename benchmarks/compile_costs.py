@@ -54,9 +54,11 @@ def compiled(function, first_call) -> tuple:
 
 def beam_search(target, int8: bool | None) -> dict:
     config, weights = load_redrafter_checkpoint(CHECKPOINT)
-    module = RedrafterModule(config, weights, embed_tokens=target.embed_tokens, lm_head=target.lm_head, int8=int8)
+    module = RedrafterModule(
+        config, weights, embed_tokens=target.embed_tokens, lm_head=target.lm_head, int8=int8
+    )
     hidden, roots = torch.randn(1, config.hidden_size, dtype=target.dtype), torch.tensor([42])
-    search = lambda fn: (lambda: fn(hidden, roots, width=2, length=3, keep_log_probs=False))  # noqa: E731
+    search = lambda fn: lambda: fn(hidden, roots, width=2, length=3, keep_log_probs=False)  # noqa: E731
     eviction = torch.randn(32_000_000, dtype=target.dtype)  # 64 MB, more than the caches
     search(module.beam_search)()  # int8=None: the measured choices are made eagerly first
     fast, seconds = compiled(module.beam_search, lambda fn: search(fn)())
@@ -78,14 +80,24 @@ def layer_math(target) -> dict:
         q, k, v = F.linear(h, qkv).split([heads * dim, kv_heads * dim, kv_heads * dim], dim=-1)
         q = apply_rotary(q.view(1, 1, heads, dim).transpose(1, 2), cos, sin)
         k = apply_rotary(k.view(1, 1, kv_heads, dim).transpose(1, 2), cos, sin)
-        mixed = q.transpose(1, 2).reshape(1, -1) + (k.transpose(1, 2).reshape(1, -1) + v).repeat(1, group)  # no attention
+        mixed = q.transpose(1, 2).reshape(1, -1) + (k.transpose(1, 2).reshape(1, -1) + v).repeat(
+            1, group
+        )  # no attention
         x = x + F.linear(mixed, o)
         gate, up = F.linear(rms_norm(x, norm2, cfg.rms_norm_eps), gate_up).chunk(2, dim=-1)
         return x + F.linear(F.silu(gate) * up, down)
 
-    weights = [(packed[0], mod.self_attn.o_proj.weight, packed[2], mod.mlp.down_proj.weight,
-                mod.input_layernorm.weight, mod.post_attention_layernorm.weight)
-               for packed, mod in zip(target._packed, target._layers)]
+    weights = [
+        (
+            packed[0],
+            mod.self_attn.o_proj.weight,
+            packed[2],
+            mod.mlp.down_proj.weight,
+            mod.input_layernorm.weight,
+            mod.post_attention_layernorm.weight,
+        )
+        for packed, mod in zip(target._packed, target._layers)
+    ]
     cos, sin = (torch.randn(1, 1, 1, dim, dtype=target.dtype) for _ in range(2))
 
     def run(fn):
@@ -100,7 +112,9 @@ def layer_math(target) -> dict:
     for _ in range(3):  # interleaved rounds
         eager.append(ms(lambda: run(layer), 30))
         quick.append(ms(lambda: run(fast), 30))
-    out.update({"eager 30 layers": float(np.median(eager)), "compiled 30 layers": float(np.median(quick))})
+    out.update(
+        {"eager 30 layers": float(np.median(eager)), "compiled 30 layers": float(np.median(quick))}
+    )
     return out
 
 

@@ -15,7 +15,9 @@ def decode_rate(target, prompts, drafter: str, max_new_tokens: int) -> float:
     """Decode-phase tokens/s over ``prompts`` (prefill and the first token excluded)."""
     tokens, seconds = 0, 0.0
     for prompt in prompts:
-        stats = specdec.generate(target, prompt, drafter=drafter, backend="torch", max_new_tokens=max_new_tokens).stats
+        stats = specdec.generate(
+            target, prompt, drafter=drafter, backend="torch", max_new_tokens=max_new_tokens
+        ).stats
         tokens += stats.new_tokens - 1
         seconds += stats.time_draft + stats.time_verify + stats.time_other
     return tokens / seconds
@@ -43,13 +45,20 @@ def parse_ab_arguments(description: str, *, dtypes: list[str], prompts: int, rou
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--dtypes", nargs="+", default=dtypes)
-    parser.add_argument("--prompts", type=int, default=prompts, help="first MT-Bench prompt of this many categories")
+    parser.add_argument(
+        "--prompts", type=int, default=prompts, help="first MT-Bench prompt of this many categories"
+    )
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=rounds)
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     chosen = [p.prompt for p in load_prompt_set("mt-bench", per_category=1)[: args.prompts]]
-    report = {"model": args.model, "torch": torch.__version__, "threads": torch.get_num_threads(), "dtypes": {}}
+    report = {
+        "model": args.model,
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "dtypes": {},
+    }
     return args, chosen, report
 
 

@@ -36,16 +36,21 @@ def random_data(config, *, positions: int, length: int, top_k: int, seed: int) -
     per = torch.arange(length)
     labels = torch.randint(0, config.vocab_size, (total, top_k), generator=rng)
     probs = torch.softmax(torch.randn(total, top_k, generator=rng), dim=-1).sort(-1, True).values
-    return TeacherData(hidden=torch.zeros(total, 1), next_tokens=labels[:, 0].clone(),
-                       label_ids=labels, label_probs=probs.half(),
-                       remaining=(length - 1 - per).repeat(sequences),
-                       sequence=torch.arange(sequences).repeat_interleave(length),
-                       layers=torch.randn(total, 3, config.hidden_size, generator=rng).bfloat16(),
-                       layer_ids=tuple(config.hidden_layers))
+    return TeacherData(
+        hidden=torch.zeros(total, 1),
+        next_tokens=labels[:, 0].clone(),
+        label_ids=labels,
+        label_probs=probs.half(),
+        remaining=(length - 1 - per).repeat(sequences),
+        sequence=torch.arange(sequences).repeat_interleave(length),
+        layers=torch.randn(total, 3, config.hidden_size, generator=rng).bfloat16(),
+        layer_ids=tuple(config.hidden_layers),
+    )
 
 
-def positions_per_second(task: Eagle3Task, data: TeacherData, *, batch_size: int, steps: int,
-                         seed: int) -> float:
+def positions_per_second(
+    task: Eagle3Task, data: TeacherData, *, batch_size: int, steps: int, seed: int
+) -> float:
     """Median training positions per second of ``steps`` optimiser steps (one warm-up first)."""
     optimizer = torch.optim.AdamW(task.module.parameters(), lr=1e-4)
     rng = np.random.default_rng(seed)
@@ -63,8 +68,9 @@ def positions_per_second(task: Eagle3Task, data: TeacherData, *, batch_size: int
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--draft-vocab", type=int, default=8192)
     parser.add_argument("--unrolls", type=int, nargs="+", default=[1, 2, 3, 4, 7])
@@ -86,15 +92,29 @@ def main() -> None:
     for unroll in args.unrolls:
         for negatives in (None, args.negatives):
             torch.manual_seed(0)
-            task = Eagle3Task(config, embed_tokens=embed, ids=ids, window=args.window,
-                              unroll=unroll, negatives=negatives)
-            rate = positions_per_second(task, data, batch_size=args.batch_size, steps=args.steps,
-                                        seed=0)
-            rows.append({"unroll": unroll, "negatives": negatives,
-                         "positions_per_second": round(rate, 1)})
+            task = Eagle3Task(
+                config,
+                embed_tokens=embed,
+                ids=ids,
+                window=args.window,
+                unroll=unroll,
+                negatives=negatives,
+            )
+            rate = positions_per_second(
+                task, data, batch_size=args.batch_size, steps=args.steps, seed=0
+            )
+            rows.append(
+                {"unroll": unroll, "negatives": negatives, "positions_per_second": round(rate, 1)}
+            )
             print(json.dumps(rows[-1]), flush=True)
-    report = {"model": args.model, "draft_vocab": args.draft_vocab, "batch_size": args.batch_size,
-              "window": args.window, "threads": torch.get_num_threads(), "rows": rows}
+    report = {
+        "model": args.model,
+        "draft_vocab": args.draft_vocab,
+        "batch_size": args.batch_size,
+        "window": args.window,
+        "threads": torch.get_num_threads(),
+        "rows": rows,
+    }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
 

@@ -33,14 +33,23 @@ SEEN: dict = {}  # prompt -> the tokens of its first run: every run must give th
 def same_tokens(prompt, tokens) -> None:
     key = repr(prompt)
     if SEEN.setdefault(key, tuple(tokens)) != tuple(tokens):
-        print(f"warning: a run of prompt {key[:40]}... gave other tokens than its first run", file=sys.stderr)
+        print(
+            f"warning: a run of prompt {key[:40]}... gave other tokens than its first run",
+            file=sys.stderr,
+        )
 
 
 def run_generate(target, prompt, drafter: str, tokens: int, speculation) -> float:
     import specdec
 
-    steps = specdec.stream(target, prompt, drafter=drafter, max_new_tokens=tokens, stop_at_eos=False,
-                           speculation=speculation)  # names resolved and the drafter loaded here, untimed
+    steps = specdec.stream(
+        target,
+        prompt,
+        drafter=drafter,
+        max_new_tokens=tokens,
+        stop_at_eos=False,
+        speculation=speculation,
+    )  # names resolved and the drafter loaded here, untimed
     start = time.perf_counter()
     emitted = [t for step in steps for t in step.new_tokens[0]]
     seconds = time.perf_counter() - start
@@ -54,7 +63,9 @@ def run_engine(target, prompt, drafter: str, tokens: int, speculation) -> float:
     from specdec.serving.engine import Engine
 
     with Engine(target, drafter=drafter, speculation=speculation) as engine:
-        engine.generate(prompt, max_new_tokens=4, ignore_eos=True)  # warm-up: the drafter's first call
+        engine.generate(
+            prompt, max_new_tokens=4, ignore_eos=True
+        )  # warm-up: the drafter's first call
         start = time.perf_counter()
         completion = engine.generate(prompt, max_new_tokens=tokens, ignore_eos=True)
         seconds = time.perf_counter() - start
@@ -86,12 +97,17 @@ def main() -> int:
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--prompts", type=int, default=2, help="MT-Bench first turns, one per category")
+    parser.add_argument(
+        "--prompts", type=int, default=2, help="MT-Bench first turns, one per category"
+    )
     parser.add_argument("--drafters", nargs="+", default=["none", "redrafter"])
     parser.add_argument("--speculation", default=None, help="auto | always | never (default: auto)")
     parser.add_argument("--profile", choices=("engine", "generate"), default=None)
-    parser.add_argument("--server", action="store_true",
-                        help="also time each prompt through a `specdec serve` subprocess per drafter (16 slots)")
+    parser.add_argument(
+        "--server",
+        action="store_true",
+        help="also time each prompt through a `specdec serve` subprocess per drafter (16 slots)",
+    )
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))
     sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -157,16 +173,29 @@ def main() -> int:
     finally:
         for server in servers.values():
             server.stop()
-    print("| drafter | prompt | " + " | ".join(f"{w} tok/s" for w in ways) + " | "
-          + " | ".join(f"{w} / generate" for w in ways[1:]) + " |")
+    print(
+        "| drafter | prompt | "
+        + " | ".join(f"{w} tok/s" for w in ways)
+        + " | "
+        + " | ".join(f"{w} / generate" for w in ways[1:])
+        + " |"
+    )
     print("|---" * (2 + 2 * len(ways) - 1) + "|")
     for drafter in args.drafters:
         for p in range(len(prompts)):
             g = results[(drafter, "generate", p)]
             speeds = [statistics.median(results[(drafter, w, p)]) for w in ways]
-            ratios = [statistics.median(x / y for x, y in zip(results[(drafter, w, p)], g)) for w in ways[1:]]
-            print(f"| {drafter} | {p} | " + " | ".join(f"{v:.1f}" for v in speeds) + " | "
-                  + " | ".join(f"{r:.2f}" for r in ratios) + " |")
+            ratios = [
+                statistics.median(x / y for x, y in zip(results[(drafter, w, p)], g))
+                for w in ways[1:]
+            ]
+            print(
+                f"| {drafter} | {p} | "
+                + " | ".join(f"{v:.1f}" for v in speeds)
+                + " | "
+                + " | ".join(f"{r:.2f}" for r in ratios)
+                + " |"
+            )
     return 0
 
 

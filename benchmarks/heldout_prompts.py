@@ -29,8 +29,11 @@ def main() -> None:
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     corpus = default_corpus(cache_dir() / "corpus")
-    chosen = [p for p in build_prompts(corpus, args.scan, split="heldout", seed=0)
-              if p.template.startswith(KINDS[args.kind])][:args.count]
+    chosen = [
+        p
+        for p in build_prompts(corpus, args.scan, split="heldout", seed=0)
+        if p.template.startswith(KINDS[args.kind])
+    ][: args.count]
     with open(args.out, "w") as f:
         for p in chosen:
             f.write(json.dumps({"messages": list(p.messages), "category": args.kind}) + "\n")

@@ -63,10 +63,30 @@ class ServerProcess:
     def __init__(self, args, *, drafter: str, slots: int):
         self.port = free_port()
         drafter, _, speculation = drafter.partition("@")
-        command = [sys.executable, "-m", "specdec.cli.main", "serve", "--model", args.model, "--backend", args.backend,
-                   "--drafter", drafter, "--slots", str(slots), "--capacity", str(args.capacity),
-                   "--max-queue", "1024", "--port", str(self.port), "--log-level", "warning",
-                   "--served-model-name", "bench"] + (["--speculation", speculation] if speculation else [])
+        command = [
+            sys.executable,
+            "-m",
+            "specdec.cli.main",
+            "serve",
+            "--model",
+            args.model,
+            "--backend",
+            args.backend,
+            "--drafter",
+            drafter,
+            "--slots",
+            str(slots),
+            "--capacity",
+            str(args.capacity),
+            "--max-queue",
+            "1024",
+            "--port",
+            str(self.port),
+            "--log-level",
+            "warning",
+            "--served-model-name",
+            "bench",
+        ] + (["--speculation", speculation] if speculation else [])
         if args.dtype:
             command += ["--dtype", args.dtype]
         self.process = subprocess.Popen(command, cwd=ROOT, stderr=subprocess.PIPE, text=True)
@@ -102,8 +122,15 @@ class ServerProcess:
 
 
 async def one_request(client: httpx.AsyncClient, base: str, messages, max_tokens: int) -> dict:
-    body = {"model": "bench", "messages": messages, "max_tokens": max_tokens, "temperature": 0, "stream": True,
-            "ignore_eos": True, "stream_options": {"include_usage": True}}
+    body = {
+        "model": "bench",
+        "messages": messages,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": True,
+        "ignore_eos": True,
+        "stream_options": {"include_usage": True},
+    }
     start = time.perf_counter()
     first = last = None
     usage = None
@@ -123,8 +150,12 @@ async def one_request(client: httpx.AsyncClient, base: str, messages, max_tokens
                 first = first or now
                 last = now
     tokens = usage["completion_tokens"]
-    return {"ttft": first - start, "itl": (last - first) / (tokens - 1) if tokens > 1 else None, "tokens": tokens,
-            "total": time.perf_counter() - start}
+    return {
+        "ttft": first - start,
+        "itl": (last - first) / (tokens - 1) if tokens > 1 else None,
+        "tokens": tokens,
+        "total": time.perf_counter() - start,
+    }
 
 
 def length_of(index: int, bounds: tuple[int, int]) -> int:
@@ -132,8 +163,9 @@ def length_of(index: int, bounds: tuple[int, int]) -> int:
     return random.Random(index).randint(*bounds)
 
 
-async def run_mode(base: str, mode: str, concurrency: int, prompts: list, requests: int,
-                   bounds: tuple[int, int]) -> dict:
+async def run_mode(
+    base: str, mode: str, concurrency: int, prompts: list, requests: int, bounds: tuple[int, int]
+) -> dict:
     queue = list(range(requests))
     results = []
     limits = httpx.Limits(max_connections=concurrency + 4)
@@ -141,23 +173,41 @@ async def run_mode(base: str, mode: str, concurrency: int, prompts: list, reques
         start = time.perf_counter()
         if mode == "static":
             for wave in range(0, requests, concurrency):
-                batch = queue[wave:wave + concurrency]
-                results += await asyncio.gather(*(one_request(client, base, prompts[i % len(prompts)],
-                                                              length_of(i, bounds)) for i in batch))
+                batch = queue[wave : wave + concurrency]
+                results += await asyncio.gather(
+                    *(
+                        one_request(client, base, prompts[i % len(prompts)], length_of(i, bounds))
+                        for i in batch
+                    )
+                )
         else:
+
             async def worker():
                 while queue:
                     i = queue.pop(0)
-                    results.append(await one_request(client, base, prompts[i % len(prompts)], length_of(i, bounds)))
+                    results.append(
+                        await one_request(
+                            client, base, prompts[i % len(prompts)], length_of(i, bounds)
+                        )
+                    )
 
             await asyncio.gather(*(worker() for _ in range(concurrency)))
         wall = time.perf_counter() - start
     ttft = sorted(r["ttft"] for r in results)
     itl = sorted(r["itl"] for r in results if r["itl"] is not None)
     tokens = sum(r["tokens"] for r in results)
-    return {"mode": mode, "concurrency": concurrency, "requests": len(results), "tokens": tokens, "wall_s": wall,
-            "tokens_per_s": tokens / wall, "ttft_p50": percentile(ttft, 50), "ttft_p99": percentile(ttft, 99),
-            "itl_p50": percentile(itl, 50), "itl_p99": percentile(itl, 99)}
+    return {
+        "mode": mode,
+        "concurrency": concurrency,
+        "requests": len(results),
+        "tokens": tokens,
+        "wall_s": wall,
+        "tokens_per_s": tokens / wall,
+        "ttft_p50": percentile(ttft, 50),
+        "ttft_p99": percentile(ttft, 99),
+        "itl_p50": percentile(itl, 50),
+        "itl_p99": percentile(itl, 99),
+    }
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -165,26 +215,50 @@ def percentile(values: list[float], q: float) -> float:
         return float("nan")
     if len(values) == 1:
         return values[0]
-    return statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1] if q < 100 else values[-1]
+    return (
+        statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1]
+        if q < 100
+        else values[-1]
+    )
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--backend", default="torch")
-    parser.add_argument("--dtype", default=None, help="default: the dtype measured fastest (specdec tune)")
-    parser.add_argument("--drafters", nargs="+", default=["none", "redrafter"],
-                        help="servers: a drafter name, or name@auto|always|never for its --speculation; the first is "
-                             "the baseline of the ratios")
+    parser.add_argument(
+        "--dtype", default=None, help="default: the dtype measured fastest (specdec tune)"
+    )
+    parser.add_argument(
+        "--drafters",
+        nargs="+",
+        default=["none", "redrafter"],
+        help="servers: a drafter name, or name@auto|always|never for its --speculation; the first is "
+        "the baseline of the ratios",
+    )
     parser.add_argument("--concurrency", nargs="+", type=int, default=[1, 4, 16])
     parser.add_argument("--modes", nargs="+", default=["inflight", "static", "serial"])
-    parser.add_argument("--rounds", type=int, default=1, help="rounds of every setting, servers interleaved")
-    parser.add_argument("--requests", type=int, default=32,
-                        help="requests per run: the same ones (prompts, lengths) at every concurrency and mode")
-    parser.add_argument("--max-tokens", type=int, nargs=2, default=[8, 64], metavar=("LOW", "HIGH"),
-                        help="bounds of the requests' lengths")
+    parser.add_argument(
+        "--rounds", type=int, default=1, help="rounds of every setting, servers interleaved"
+    )
+    parser.add_argument(
+        "--requests",
+        type=int,
+        default=32,
+        help="requests per run: the same ones (prompts, lengths) at every concurrency and mode",
+    )
+    parser.add_argument(
+        "--max-tokens",
+        type=int,
+        nargs=2,
+        default=[8, 64],
+        metavar=("LOW", "HIGH"),
+        help="bounds of the requests' lengths",
+    )
     parser.add_argument("--capacity", type=int, default=1024)
-    parser.add_argument("--slots", type=int, default=16, help="slots of the in-flight and static server")
+    parser.add_argument(
+        "--slots", type=int, default=16, help="slots of the in-flight and static server"
+    )
     parser.add_argument("--out", default=None, help="JSON file for every run")
     args = parser.parse_args()
 
@@ -192,29 +266,44 @@ def main() -> int:
     from specdec.bench.prompts import load_prompt_set
 
     prompts = [p.prompt for p in load_prompt_set("mt-bench", per_category=2)]
-    runs, info = [], {"command": " ".join(sys.argv), "load_before": load_average(),
-                      "threads": os.environ.get("OMP_NUM_THREADS")}
+    runs, info = (
+        [],
+        {
+            "command": " ".join(sys.argv),
+            "load_before": load_average(),
+            "threads": os.environ.get("OMP_NUM_THREADS"),
+        },
+    )
     slots_of = {m: 1 if m == "serial" else args.slots for m in args.modes}
     servers = {}
     try:
         for drafter in args.drafters:
             for slots in sorted(set(slots_of.values())):
-                server = servers[(drafter, slots)] = ServerProcess(args, drafter=drafter, slots=slots)
+                server = servers[(drafter, slots)] = ServerProcess(
+                    args, drafter=drafter, slots=slots
+                )
                 info.setdefault("dtype", server.health.get("dtype"))
                 asyncio.run(run_mode(server.base, "inflight", 1, prompts, 1, (8, 8)))  # warm-up
         for round_ in range(args.rounds):
-            for turn, (concurrency, mode) in enumerate((c, m) for c in args.concurrency for m in args.modes):
+            for turn, (concurrency, mode) in enumerate(
+                (c, m) for c in args.concurrency for m in args.modes
+            ):
                 order = args.drafters if (round_ + turn) % 2 == 0 else args.drafters[::-1]
                 for drafter in order:
-                    run = one_run(servers[(drafter, slots_of[mode])], args, prompts, mode, concurrency)
+                    run = one_run(
+                        servers[(drafter, slots_of[mode])], args, prompts, mode, concurrency
+                    )
                     run.update(drafter=drafter, slots=slots_of[mode], round=round_)
                     runs.append(run)
-                    print(f"{drafter:>16} {mode:>8} c={concurrency:<2} {run['tokens_per_s']:7.1f} tok/s  "
-                          f"TTFT p50 {run['ttft_p50'] * 1e3:7.0f} ms p99 {run['ttft_p99'] * 1e3:7.0f} ms  "
-                          f"ITL p50 {run['itl_p50'] * 1e3:6.1f} ms p99 {run['itl_p99'] * 1e3:6.1f} ms  "
-                          f"tokens/step {run['tokens_per_step'] or 0:.2f}  drafted nodes/step "
-                          f"{run['draft_nodes_per_row_step'] or 0:.2f}  no-draft steps "
-                          f"{run['plain_step_share'] or 0:.0%}  load {run['load']}", flush=True)
+                    print(
+                        f"{drafter:>16} {mode:>8} c={concurrency:<2} {run['tokens_per_s']:7.1f} tok/s  "
+                        f"TTFT p50 {run['ttft_p50'] * 1e3:7.0f} ms p99 {run['ttft_p99'] * 1e3:7.0f} ms  "
+                        f"ITL p50 {run['itl_p50'] * 1e3:6.1f} ms p99 {run['itl_p99'] * 1e3:6.1f} ms  "
+                        f"tokens/step {run['tokens_per_step'] or 0:.2f}  drafted nodes/step "
+                        f"{run['draft_nodes_per_row_step'] or 0:.2f}  no-draft steps "
+                        f"{run['plain_step_share'] or 0:.0%}  load {run['load']}",
+                        flush=True,
+                    )
     finally:
         for server in servers.values():
             server.stop()
@@ -229,23 +318,40 @@ def main() -> int:
 def one_run(server: ServerProcess, args, prompts, mode: str, concurrency: int) -> dict:
     """One run on ``server`` with what its /metrics counted during it."""
     before = server.metrics()
-    run = asyncio.run(run_mode(server.base, mode, concurrency, prompts, args.requests, tuple(args.max_tokens)))
+    run = asyncio.run(
+        run_mode(server.base, mode, concurrency, prompts, args.requests, tuple(args.max_tokens))
+    )
     after = server.metrics()
-    delta = {name: after.get(name, 0.0) - before.get(name, 0.0) for name in (
-        "specdec_decode_row_steps_total", "specdec_decode_tokens_total", "specdec_draft_nodes_total",
-        "specdec_decode_steps_total", "specdec_plain_steps_total")}
+    delta = {
+        name: after.get(name, 0.0) - before.get(name, 0.0)
+        for name in (
+            "specdec_decode_row_steps_total",
+            "specdec_decode_tokens_total",
+            "specdec_draft_nodes_total",
+            "specdec_decode_steps_total",
+            "specdec_plain_steps_total",
+        )
+    }
     rows, steps = delta["specdec_decode_row_steps_total"], delta["specdec_decode_steps_total"]
-    run.update(tokens_per_step=delta["specdec_decode_tokens_total"] / rows if rows else None,
-               draft_nodes_per_row_step=delta["specdec_draft_nodes_total"] / rows if rows else None,
-               plain_step_share=delta["specdec_plain_steps_total"] / steps if steps else None, load=load_average())
+    run.update(
+        tokens_per_step=delta["specdec_decode_tokens_total"] / rows if rows else None,
+        draft_nodes_per_row_step=delta["specdec_draft_nodes_total"] / rows if rows else None,
+        plain_step_share=delta["specdec_plain_steps_total"] / steps if steps else None,
+        load=load_average(),
+    )
     return run
 
 
 def markdown(runs: list[dict], drafters: list[str]) -> str:
     """Per setting and server: medians over rounds, and the median ratio to the first server."""
     baseline = drafters[0]
-    lines = ["| clients | mode | server | tok/s | / " + baseline + " | TTFT p50 / p99 ms | ITL p50 / p99 ms "
-             "| tokens/step | drafted nodes/step | no-draft steps |", "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| clients | mode | server | tok/s | / "
+        + baseline
+        + " | TTFT p50 / p99 ms | ITL p50 / p99 ms "
+        "| tokens/step | drafted nodes/step | no-draft steps |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     settings = dict.fromkeys((r["concurrency"], r["mode"]) for r in runs)
     median = statistics.median
     for concurrency, mode in sorted(settings):
@@ -260,7 +366,8 @@ def markdown(runs: list[dict], drafters: list[str]) -> str:
                 f"{median(ratios) if ratios else float('nan'):.2f} | {pick('ttft_p50') * 1e3:.0f} / "
                 f"{pick('ttft_p99') * 1e3:.0f} | {pick('itl_p50') * 1e3:.1f} / {pick('itl_p99') * 1e3:.1f} | "
                 f"{pick('tokens_per_step'):.2f} | {pick('draft_nodes_per_row_step'):.2f} | "
-                f"{pick('plain_step_share'):.0%} |")
+                f"{pick('plain_step_share'):.0%} |"
+            )
     return "\n".join(lines)
 
 

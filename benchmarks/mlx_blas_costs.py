@@ -37,7 +37,9 @@ CHOICES = {"bundled reference BLAS": "bundled", "OpenBLAS from PyPI (ngsolve-ope
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--sizes", nargs="+", type=int, default=[1, 4, 8, 16, 32])
     parser.add_argument("--rounds", type=int, default=5)
@@ -47,18 +49,35 @@ def main() -> None:
     for _ in range(args.rounds):
         for name, choice in CHOICES.items():
             env = {**os.environ, "SPECDEC_MLX_BLAS": choice}
-            done = subprocess.run([sys.executable, "-c", ONE_ROUND, args.model, *map(str, args.sizes)], env=env,
-                                  capture_output=True, text=True, check=True)
+            done = subprocess.run(
+                [sys.executable, "-c", ONE_ROUND, args.model, *map(str, args.sizes)],
+                env=env,
+                capture_output=True,
+                text=True,
+                check=True,
+            )
             runs[name].append(json.loads(done.stdout.strip().splitlines()[-1]))
-    table = {name: {k: float(np.median([r["costs"][str(k)] for r in rounds])) for k in args.sizes}
-             for name, rounds in runs.items()}
+    table = {
+        name: {k: float(np.median([r["costs"][str(k)] for r in rounds])) for k in args.sizes}
+        for name, rounds in runs.items()
+    }
     print(f"{args.model}, mlx float32, {args.rounds} interleaved rounds\n")
-    print("| BLAS | " + " | ".join(f"t({k}) ms" for k in args.sizes) + " | " +
-          " | ".join(f"t({k})/t(1)" for k in args.sizes[1:]) + " |")
+    print(
+        "| BLAS | "
+        + " | ".join(f"t({k}) ms" for k in args.sizes)
+        + " | "
+        + " | ".join(f"t({k})/t(1)" for k in args.sizes[1:])
+        + " |"
+    )
     print("|---|" + "---|" * (2 * len(args.sizes) - 1))
     for name, costs in table.items():
-        print(f"| {name} | " + " | ".join(f"{costs[k]:.1f}" for k in args.sizes) + " | " +
-              " | ".join(f"{costs[k] / costs[args.sizes[0]]:.2f}" for k in args.sizes[1:]) + " |")
+        print(
+            f"| {name} | "
+            + " | ".join(f"{costs[k]:.1f}" for k in args.sizes)
+            + " | "
+            + " | ".join(f"{costs[k] / costs[args.sizes[0]]:.2f}" for k in args.sizes[1:])
+            + " |"
+        )
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(dict(args=vars(args), table=table, rounds=runs), indent=1))

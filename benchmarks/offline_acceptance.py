@@ -49,7 +49,7 @@ def ngram_store(sequences) -> dict:
         for i in range(len(seq) - 1):
             for n in (2, 3):
                 if i + 1 >= n:
-                    counts[tuple(seq[i + 1 - n:i + 1])][seq[i + 1]] += 1
+                    counts[tuple(seq[i + 1 - n : i + 1])][seq[i + 1]] += 1
     return counts
 
 
@@ -85,7 +85,7 @@ def replay(sequences, prompts, accept_at) -> float:
     for index, (seq, prompt) in enumerate(zip(sequences, prompts)):
         seq, j = seq.tolist(), 0
         while j < len(seq):
-            j += accept_at(index, j, prompt + seq[:j + 1], seq[j + 1:]) + 1
+            j += accept_at(index, j, prompt + seq[: j + 1], seq[j + 1 :]) + 1
             steps += 1
         tokens += len(seq)
     return tokens / steps
@@ -94,11 +94,16 @@ def replay(sequences, prompts, accept_at) -> float:
 def pruned(checkpoint, target, data, thresholds=(0.0, 0.05, 0.1, 0.2, 0.3)) -> dict:
     """Tokens and tree nodes per step (root counted) of W=2, L=4 beams cut below each threshold."""
     config, weights = load_redrafter_checkpoint(checkpoint)
-    module = RedrafterModule(config, weights, embed_tokens=target.embed_tokens.float(), lm_head=target.lm_head.float())
-    window = gather_window(data, torch.arange(data.num_positions), 3, labels=False)  # L - 1 = 3 drafted tokens
+    module = RedrafterModule(
+        config, weights, embed_tokens=target.embed_tokens.float(), lm_head=target.lm_head.float()
+    )
+    window = gather_window(
+        data, torch.arange(data.num_positions), 3, labels=False
+    )  # L - 1 = 3 drafted tokens
     with torch.no_grad():
-        beams, _, log_probs = module.beam_search(window.hidden.float(), window.tokens[:, 0], width=2, length=4,
-                                                 keep_log_probs=True)
+        beams, _, log_probs = module.beam_search(
+            window.hidden.float(), window.tokens[:, 0], width=2, length=4, keep_log_probs=True
+        )
     drafted = beams[:, :, 1:]
     probs = torch.gather(log_probs, 3, drafted[..., None])[..., 0].exp()  # (P, W, 3) conditional
     match = (drafted == window.tokens[:, None, 1:4]) & window.valid[:, None, :3]
@@ -107,15 +112,24 @@ def pruned(checkpoint, target, data, thresholds=(0.0, 0.05, 0.1, 0.2, 0.3)) -> d
     for threshold in thresholds:
         keep = torch.cumprod((probs >= threshold).int(), dim=2).bool()
         accepted_at = torch.cumprod((match & keep).int(), dim=2).sum(2).max(1).values.numpy()
-        nodes = np.array([1 + len({tuple(beam[:j + 1]) for beam, kept in zip(b, k) for j in range(3) if kept[j]})
-                          for b, k in zip(drafted.tolist(), keep.tolist())])
+        nodes = np.array(
+            [
+                1
+                + len(
+                    {tuple(beam[: j + 1]) for beam, kept in zip(b, k) for j in range(3) if kept[j]}
+                )
+                for b, k in zip(drafted.tolist(), keep.tolist())
+            ]
+        )
         steps = node_sum = 0
         for first, end in zip(starts[:-1], starts[1:]):
             j = first
             while j < end:
                 steps, node_sum, j = steps + 1, node_sum + nodes[j], j + accepted_at[j] + 1
-        out[f"p >= {threshold}"] = {"tokens_per_step": round(data.num_positions / steps, 3),
-                                    "nodes_per_step": round(node_sum / steps, 2)}
+        out[f"p >= {threshold}"] = {
+            "tokens_per_step": round(data.num_positions / steps, 3),
+            "nodes_per_step": round(node_sum / steps, 2),
+        }
     return out
 
 
@@ -126,36 +140,62 @@ def main() -> None:
     parser.add_argument("--prompts", default="mt-bench")
     parser.add_argument("--per-category", type=int, default=2)
     parser.add_argument("--beams", default="2x4,4x5", help="W x L pairs to evaluate")
-    parser.add_argument("--lookup", action="store_true", help="also replay the lookup beam and an n-gram store")
-    parser.add_argument("--prune", action="store_true", help="also replay beams cut at low drafter probability")
-    parser.add_argument("--store-prompts", type=int, default=3200,
-                        help="training prompts whose continuations fill the store")
+    parser.add_argument(
+        "--lookup", action="store_true", help="also replay the lookup beam and an n-gram store"
+    )
+    parser.add_argument(
+        "--prune", action="store_true", help="also replay beams cut at low drafter probability"
+    )
+    parser.add_argument(
+        "--store-prompts",
+        type=int,
+        default=3200,
+        help="training prompts whose continuations fill the store",
+    )
     parser.add_argument("--cache", default=str(Path.home() / ".cache/specdec/offline"))
     args = parser.parse_args()
     torch.set_num_threads(2)
     prompts = load_prompt_set(args.prompts, per_category=args.per_category)
     target = load_teacher_target(args.model)
-    source = lambda split, start, count: [list(p.messages) for p in prompts[start:start + count]]  # noqa: E731
-    data = build_teacher_data(target, prompts=0, heldout_prompts=len(prompts), prompt_source=source,
-                              cache=Path(args.cache) / args.prompts, progress=False)[0]["heldout"]
-    report = {"prompts": f"{args.prompts} ({len(prompts)})", "positions": data.num_positions, "drafters": {}}
+    source = lambda split, start, count: [list(p.messages) for p in prompts[start : start + count]]  # noqa: E731
+    data = build_teacher_data(
+        target,
+        prompts=0,
+        heldout_prompts=len(prompts),
+        prompt_source=source,
+        cache=Path(args.cache) / args.prompts,
+        progress=False,
+    )[0]["heldout"]
+    report = {
+        "prompts": f"{args.prompts} ({len(prompts)})",
+        "positions": data.num_positions,
+        "drafters": {},
+    }
     first = None
     for checkpoint in args.checkpoints:
         for pair in args.beams.split(","):
             width, length = (int(v) for v in pair.split("x"))
-            task = default_registry().drafter_spec("redrafter").evaluation_task(
-                checkpoint, target, {"beam_width": width, "beam_length": length})
+            task = (
+                default_registry()
+                .drafter_spec("redrafter")
+                .evaluation_task(checkpoint, target, {"beam_width": width, "beam_length": length})
+            )
             report["drafters"][f"{checkpoint} W={width} L={length}"] = round(
-                evaluate(task, data, sequences=None)["tokens_per_step"], 3)
+                evaluate(task, data, sequences=None)["tokens_per_step"], 3
+            )
             if first is None and (width, length) == (2, 4):
                 with torch.no_grad():
-                    first = np.asarray(task.accept(data, torch.arange(data.num_positions))).reshape(-1)
+                    first = np.asarray(task.accept(data, torch.arange(data.num_positions))).reshape(
+                        -1
+                    )
     if args.prune:
         report["pruned beams (first checkpoint)"] = pruned(args.checkpoints[0], target, data)
     if args.lookup and first is not None:
         sequences, starts = continuations(data), data.starts().tolist()
         encoded = [target.encode(list(p.messages)) for p in prompts]
-        train = build_teacher_data(target, prompts=args.store_prompts, heldout_prompts=64, progress=False)[0]["train"]
+        train = build_teacher_data(
+            target, prompts=args.store_prompts, heldout_prompts=64, progress=False
+        )[0]["train"]
         store = ngram_store(continuations(train))
 
         def best(index, j, history, future, *, drafter=True, lookup=True, from_store=False):
@@ -170,9 +210,13 @@ def main() -> None:
             "redrafter": replay(sequences, encoded, lambda *a: best(*a, lookup=False)),
             "redrafter + lookup": replay(sequences, encoded, best),
             "redrafter + lookup + store where lookup finds nothing": replay(
-                sequences, encoded, lambda *a: best(*a, from_store=True)),
-            "lookup alone": replay(sequences, encoded, lambda *a: best(*a, drafter=False))}
-        report["replayed (first checkpoint W=2 L=4)"] = {k: round(v, 3) for k, v in replayed.items()}
+                sequences, encoded, lambda *a: best(*a, from_store=True)
+            ),
+            "lookup alone": replay(sequences, encoded, lambda *a: best(*a, drafter=False)),
+        }
+        report["replayed (first checkpoint W=2 L=4)"] = {
+            k: round(v, 3) for k, v in replayed.items()
+        }
         report["store_ngrams"] = len(store)
     print(json.dumps(report, indent=1))
 

@@ -26,7 +26,9 @@ from specdec.testing.checks import to_backend_tree
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--backend", default="torch")
     parser.add_argument("--dtype", default=None, help="default: the dtype measured fastest here")
@@ -36,7 +38,9 @@ def main() -> None:
     parser.add_argument("--out", default="benchmarks/results/packed_step.json")
     args = parser.parse_args()
     backend = default_registry().get("backend", args.backend).factory()
-    target = specdec.load(args.model, backend=args.backend, dtype=args.dtype, slots=args.rows + 1, capacity=1024)
+    target = specdec.load(
+        args.model, backend=args.backend, dtype=args.dtype, slots=args.rows + 1, capacity=1024
+    )
     rng = np.random.default_rng(0)
     vocab = int(target.vocab_size)
     slots = np.arange(args.rows, dtype=np.int64)
@@ -46,8 +50,13 @@ def main() -> None:
     beams[:, 1, :2] = beams[:, 0, :2]  # the beams share a prefix, as drafted beams do
     tree = to_backend_tree(build_prefix_tree(beams), backend, target)
     spare = args.rows
-    sync = lambda output: backend.to_numpy(output.hidden[..., :1] if output.hidden is not None  # noqa: E731
-                                           else output.context[-1].hidden[:1])
+    sync = (
+        lambda output: backend.to_numpy(
+            output.hidden[..., :1]
+            if output.hidden is not None  # noqa: E731
+            else output.context[-1].hidden[:1]
+        )
+    )
 
     def timed(fn) -> float:
         start = time.perf_counter()
@@ -77,13 +86,19 @@ def main() -> None:
             runs["packed"].append(timed(lambda: packed(chunk)))
         table[c] = {name: float(np.median(values[1:])) for name, values in runs.items()}
     dtype = getattr(target, "dtype", "")
-    print(f"{args.model}, {args.backend} {dtype}, {args.rows} decoding rows of {int(np.asarray(tree.num_nodes).max())} "
-          f"nodes at most, medians of {args.rounds} rounds (ms)\n")
-    print("| chunk | tree alone | chunk alone | separate (2 forwards) | packed (1 forward) | separate / packed |")
+    print(
+        f"{args.model}, {args.backend} {dtype}, {args.rows} decoding rows of {int(np.asarray(tree.num_nodes).max())} "
+        f"nodes at most, medians of {args.rounds} rounds (ms)\n"
+    )
+    print(
+        "| chunk | tree alone | chunk alone | separate (2 forwards) | packed (1 forward) | separate / packed |"
+    )
     print("|---|---|---|---|---|---|")
     for c, row in table.items():
-        print(f"| {c} | {row['tree']:.1f} | {row['chunk']:.1f} | {row['separate']:.1f} | {row['packed']:.1f} | "
-              f"{row['separate'] / row['packed']:.2f} |")
+        print(
+            f"| {c} | {row['tree']:.1f} | {row['chunk']:.1f} | {row['separate']:.1f} | {row['packed']:.1f} | "
+            f"{row['separate'] / row['packed']:.2f} |"
+        )
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(dict(args=vars(args), dtype=str(dtype), table=table), indent=1))

@@ -40,7 +40,12 @@ from pathlib import Path
 import httpx
 
 ROOT = Path(__file__).resolve().parents[1]
-PROMPTS = ["daba deba diba", "tell me about caches", "fabe gaba laba goba", "one two three four five six"]
+PROMPTS = [
+    "daba deba diba",
+    "tell me about caches",
+    "fabe gaba laba goba",
+    "one two three four five six",
+]
 
 
 def free_port() -> int:
@@ -62,7 +67,11 @@ def metrics(port: int) -> dict[str, float]:
         if line and not line.startswith("#") and "_bucket" not in line:
             name, value = line.rsplit(" ", 1)
             labels = name.partition("{")[2]
-            reason = labels.split('finish_reason="')[1].split('"')[0] if "finish_reason" in labels else None
+            reason = (
+                labels.split('finish_reason="')[1].split('"')[0]
+                if "finish_reason" in labels
+                else None
+            )
             out[name.split("{")[0] + (f":{reason}" if reason else "")] = float(value)
     return out
 
@@ -85,14 +94,26 @@ class Soak:
 
     def plan(self, index: int) -> dict:
         rng = self.rng
-        kind = rng.choices(["stream", "leave_stream", "plain", "leave_plain"], weights=[4, 2, 3, 1])[0]
+        kind = rng.choices(
+            ["stream", "leave_stream", "plain", "leave_plain"], weights=[4, 2, 3, 1]
+        )[0]
         sampled = rng.random() < 0.4
-        body = {"model": "soak", "prompt": rng.choice(PROMPTS), "max_tokens": rng.randint(1, self.args.max_tokens),
-                "temperature": 0.8 if sampled else 0, "ignore_eos": True}
+        body = {
+            "model": "soak",
+            "prompt": rng.choice(PROMPTS),
+            "max_tokens": rng.randint(1, self.args.max_tokens),
+            "temperature": 0.8 if sampled else 0,
+            "ignore_eos": True,
+        }
         if sampled:
             body["seed"] = rng.randint(0, 3)
-        return {"index": index, "kind": kind, "body": body, "leave_after": rng.randint(1, 3),
-                "give_up_s": rng.uniform(0.001, 0.02)}
+        return {
+            "index": index,
+            "kind": kind,
+            "body": body,
+            "leave_after": rng.randint(1, 3),
+            "give_up_s": rng.uniform(0.001, 0.02),
+        }
 
     def check_answer(self, item: dict, text: str, tokens: int) -> None:
         body = item["body"]
@@ -115,7 +136,9 @@ class Soak:
             except httpx.HTTPStatusError as error:
                 if error.response.status_code == 429:
                     self.retries_429 += 1
-                    await asyncio.sleep(float(error.response.headers.get("retry-after", "1")) * 0.05)
+                    await asyncio.sleep(
+                        float(error.response.headers.get("retry-after", "1")) * 0.05
+                    )
                     continue
                 self.errors.append((item["index"], repr(error)))
                 outcome = "error"
@@ -134,11 +157,15 @@ class Soak:
                 raise httpx.HTTPStatusError("status", request=response.request, response=response)
             reply = response.json()
             self.record_id(reply["id"])
-            self.check_answer(item, reply["choices"][0]["text"], reply["usage"]["completion_tokens"])
+            self.check_answer(
+                item, reply["choices"][0]["text"], reply["usage"]["completion_tokens"]
+            )
             return "completed"
         stream_body = {**body, "stream": True, "stream_options": {"include_usage": True}}
         events, done, text, usage, ident = 0, 0, [], None, None
-        async with client.stream("POST", self.base + "/completions", json=stream_body, timeout=120) as response:
+        async with client.stream(
+            "POST", self.base + "/completions", json=stream_body, timeout=120
+        ) as response:
             if response.status_code != 200:
                 await response.aread()
                 raise httpx.HTTPStatusError("status", request=response.request, response=response)
@@ -158,8 +185,11 @@ class Soak:
                 if event.get("choices"):
                     text.append(event["choices"][0]["text"])
                     events += 1
-                    if kind == "leave_stream" and events >= item["leave_after"] and not event["choices"][0][
-                            "finish_reason"]:
+                    if (
+                        kind == "leave_stream"
+                        and events >= item["leave_after"]
+                        and not event["choices"][0]["finish_reason"]
+                    ):
                         return "left_stream"  # leaving the block closes the connection
         if done != 1:
             self.duplicates += int(done > 1)
@@ -173,6 +203,7 @@ class Soak:
         queue = list(items)
         limits = httpx.Limits(max_connections=self.args.clients + 4)
         async with httpx.AsyncClient(limits=limits) as client:
+
             async def worker():
                 while queue:
                     item = queue.pop(0)
@@ -186,7 +217,9 @@ class Soak:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default=None, help="default: a small random model made for the run")
+    parser.add_argument(
+        "--model", default=None, help="default: a small random model made for the run"
+    )
     parser.add_argument("--backend", default="numpy")
     parser.add_argument("--drafter", default="lookup")
     parser.add_argument("--dtype", default=None, help="default: the server's (measured fastest)")
@@ -194,8 +227,12 @@ def main() -> int:
     parser.add_argument("--clients", type=int, default=16)
     parser.add_argument("--slots", type=int, default=4)
     parser.add_argument("--max-queue", type=int, default=8)
-    parser.add_argument("--max-prefill-tokens", type=int, default=512,
-                        help="prompt tokens per step (smaller than the prompts: they are prefilled in chunks)")
+    parser.add_argument(
+        "--max-prefill-tokens",
+        type=int,
+        default=512,
+        help="prompt tokens per step (smaller than the prompts: they are prefilled in chunks)",
+    )
     parser.add_argument("--max-tokens", type=int, default=12)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=None)
@@ -207,12 +244,45 @@ def main() -> int:
     if model is None:
         from specdec.testing import make_random_model
 
-        model = str(make_random_model(Path(tmp.name) / "model", vocab_size=512, hidden_size=64, num_layers=2,
-                                      num_heads=4, num_kv_heads=2, seed=0, with_tokenizer=True))
+        model = str(
+            make_random_model(
+                Path(tmp.name) / "model",
+                vocab_size=512,
+                hidden_size=64,
+                num_layers=2,
+                num_heads=4,
+                num_kv_heads=2,
+                seed=0,
+                with_tokenizer=True,
+            )
+        )
     port = free_port()
-    command = [sys.executable, "-m", "specdec.cli.main", "serve", "--model", model, "--backend", args.backend,
-               "--drafter", args.drafter, "--slots", str(args.slots), "--capacity", "256", "--max-queue",
-               str(args.max_queue), "--max-prefill-tokens", str(args.max_prefill_tokens), "--port", str(port), "--served-model-name", "soak", "--log-level", "warning"]
+    command = [
+        sys.executable,
+        "-m",
+        "specdec.cli.main",
+        "serve",
+        "--model",
+        model,
+        "--backend",
+        args.backend,
+        "--drafter",
+        args.drafter,
+        "--slots",
+        str(args.slots),
+        "--capacity",
+        "256",
+        "--max-queue",
+        str(args.max_queue),
+        "--max-prefill-tokens",
+        str(args.max_prefill_tokens),
+        "--port",
+        str(port),
+        "--served-model-name",
+        "soak",
+        "--log-level",
+        "warning",
+    ]
     if args.dtype:
         command += ["--dtype", args.dtype]
     server = subprocess.Popen(command, cwd=ROOT, stderr=subprocess.PIPE, text=True)
@@ -240,33 +310,56 @@ def main() -> int:
     finally:
         server.send_signal(signal.SIGTERM)
         server.wait(60)
-    finished = {k.split(":")[1]: v for k, v in end.items() if k.startswith("specdec_requests_finished_total:")}
+    finished = {
+        k.split(":")[1]: v
+        for k, v in end.items()
+        if k.startswith("specdec_requests_finished_total:")
+    }
     warm = next((mb for n, mb in soak.rss if n >= min(200, args.requests // 2)), start_rss)
     completed = soak.outcomes["completed"]
     checks = {
-        "no slot leak (all slots free, nothing running or waiting)": end["specdec_slots_free"] == args.slots and
-        end["specdec_requests_running"] == 0 and end["specdec_requests_waiting"] == 0,
-        "every accepted request ended once (submitted = finished)": end["specdec_requests_submitted_total"] ==
-        sum(finished.values()),
+        "no slot leak (all slots free, nothing running or waiting)": end["specdec_slots_free"]
+        == args.slots
+        and end["specdec_requests_running"] == 0
+        and end["specdec_requests_waiting"] == 0,
+        "every accepted request ended once (submitted = finished)": end[
+            "specdec_requests_submitted_total"
+        ]
+        == sum(finished.values()),
         "every client request accounted for": sum(soak.outcomes.values()) == args.requests,
-        "server saw every completion": finished.get("length", 0) + finished.get("stop", 0) >= completed,
+        "server saw every completion": finished.get("length", 0) + finished.get("stop", 0)
+        >= completed,
         "no answer twice (one [DONE] per stream, distinct ids)": soak.duplicates == 0,
         "every answer has max_tokens tokens": not soak.wrong_length,
         "same request, same answer": not soak.mismatches,
         "no errors": not soak.errors and finished.get("error", 0) == 0,
-        "RSS flat (end within 5% or 10 MB of after warm-up)": end_rss - warm <= max(10.0, 0.05 * warm),
+        "RSS flat (end within 5% or 10 MB of after warm-up)": end_rss - warm
+        <= max(10.0, 0.05 * warm),
     }
     report = {
-        "command": " ".join(sys.argv), "wall_s": wall, "requests": args.requests, "clients": args.clients,
-        "outcomes": dict(soak.outcomes), "retries_429": soak.retries_429, "server_finished": finished,
-        "server_submitted": end["specdec_requests_submitted_total"], "server_rejected_429":
-        end["specdec_requests_rejected_total"], "rss_mb": {"start": start_rss, "after_warmup": warm, "end": end_rss,
-                                                           "series": soak.rss},
-        "errors": soak.errors[:10], "mismatch_count": len(soak.mismatches), "mismatches": soak.mismatches[:10], "wrong_length": soak.wrong_length[:10],
+        "command": " ".join(sys.argv),
+        "wall_s": wall,
+        "requests": args.requests,
+        "clients": args.clients,
+        "outcomes": dict(soak.outcomes),
+        "retries_429": soak.retries_429,
+        "server_finished": finished,
+        "server_submitted": end["specdec_requests_submitted_total"],
+        "server_rejected_429": end["specdec_requests_rejected_total"],
+        "rss_mb": {"start": start_rss, "after_warmup": warm, "end": end_rss, "series": soak.rss},
+        "errors": soak.errors[:10],
+        "mismatch_count": len(soak.mismatches),
+        "mismatches": soak.mismatches[:10],
+        "wrong_length": soak.wrong_length[:10],
         "checks": checks,
     }
-    print(json.dumps({k: v for k, v in report.items() if k != "rss_mb"} | {"rss_mb": {
-        k: v for k, v in report["rss_mb"].items() if k != "series"}}, indent=1))
+    print(
+        json.dumps(
+            {k: v for k, v in report.items() if k != "rss_mb"}
+            | {"rss_mb": {k: v for k, v in report["rss_mb"].items() if k != "series"}},
+            indent=1,
+        )
+    )
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(report, indent=1))

@@ -26,7 +26,9 @@ from specdec.training.teacher import greedy_teacher, load_teacher_target
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--prompts", type=int, default=128)
     parser.add_argument("--max-new-tokens", type=int, default=128)
@@ -36,16 +38,34 @@ def main() -> None:
     args = parser.parse_args()
     target = load_teacher_target(args.model, dtype=args.dtype)
     corpus = default_corpus(cache_dir() / "corpus")
-    prompts = [target.encode(list(p.messages)) for p in build_prompts(corpus, args.prompts, split="train", seed=0,
-                                                                      start=5000)]
+    prompts = [
+        target.encode(list(p.messages))
+        for p in build_prompts(corpus, args.prompts, split="train", seed=0, start=5000)
+    ]
     prompts = [p for p in prompts if len(p) <= 320]
     began = time.perf_counter()
-    data = greedy_teacher(target.model, prompts, max_new_tokens=args.max_new_tokens, top_k=32,
-                          eos_token_ids=target.eos_token_ids, batch_size=args.batch_size)
+    data = greedy_teacher(
+        target.model,
+        prompts,
+        max_new_tokens=args.max_new_tokens,
+        top_k=32,
+        eos_token_ids=target.eos_token_ids,
+        batch_size=args.batch_size,
+    )
     seconds = time.perf_counter() - began
-    print(json.dumps({"label": args.label, "specdec": specdec.__file__, "prompts": len(prompts),
-                      "prompt_tokens": sum(map(len, prompts)), "new_tokens": data.num_positions,
-                      "seconds": round(seconds, 2), "new_tokens_per_second": round(data.num_positions / seconds, 1)}))
+    print(
+        json.dumps(
+            {
+                "label": args.label,
+                "specdec": specdec.__file__,
+                "prompts": len(prompts),
+                "prompt_tokens": sum(map(len, prompts)),
+                "new_tokens": data.num_positions,
+                "seconds": round(seconds, 2),
+                "new_tokens_per_second": round(data.num_positions / seconds, 1),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -23,7 +23,9 @@ from specdec.tuning.dtype import measure_forward
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--backend", default="torch")
     parser.add_argument("--sizes", nargs="+", type=int, default=[1, 4, 8, 16, 32])
@@ -34,23 +36,45 @@ def main() -> None:
     after = specdec.load(args.model, backend=args.backend)
     before = specdec.load(args.model, backend=args.backend, dtype="float32")
     before._packed = None  # the forward as it was: one matmul per projection
-    targets = {"before (float32, unpacked)": before, f"after ({after.dtype_choice.dtype}, packed)": after}
+    targets = {
+        "before (float32, unpacked)": before,
+        f"after ({after.dtype_choice.dtype}, packed)": after,
+    }
     runs = {name: [] for name in targets}
     for _ in range(args.rounds):
         for name, target in targets.items():
             runs[name].append(measure_forward(backend, target, args.sizes))
-    table = {name: {k: float(np.median([r[k] for r in rounds])) for k in args.sizes} for name, rounds in runs.items()}
+    table = {
+        name: {k: float(np.median([r[k] for r in rounds])) for k in args.sizes}
+        for name, rounds in runs.items()
+    }
     print(f"{args.model}, {args.backend}, {after.dtype_choice.device or ''}\n")
-    print("| path | " + " | ".join(f"t({k}) ms" for k in args.sizes) + " | " +
-          " | ".join(f"t({k})/t(1)" for k in args.sizes[1:]) + " |")
+    print(
+        "| path | "
+        + " | ".join(f"t({k}) ms" for k in args.sizes)
+        + " | "
+        + " | ".join(f"t({k})/t(1)" for k in args.sizes[1:])
+        + " |"
+    )
     print("|---|" + "---|" * (2 * len(args.sizes) - 1))
     for name, costs in table.items():
-        print(f"| {name} | " + " | ".join(f"{costs[k]:.1f}" for k in args.sizes) + " | " +
-              " | ".join(f"{costs[k] / costs[args.sizes[0]]:.2f}" for k in args.sizes[1:]) + " |")
+        print(
+            f"| {name} | "
+            + " | ".join(f"{costs[k]:.1f}" for k in args.sizes)
+            + " | "
+            + " | ".join(f"{costs[k] / costs[args.sizes[0]]:.2f}" for k in args.sizes[1:])
+            + " |"
+        )
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(dict(args=vars(args), table=table, rounds=runs,
-                                   choice=str(after.dtype_choice.describe())), indent=1))
+    out.write_text(
+        json.dumps(
+            dict(
+                args=vars(args), table=table, rounds=runs, choice=str(after.dtype_choice.describe())
+            ),
+            indent=1,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -25,8 +25,11 @@ FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef)
 def module_files(folder: Path) -> dict[str, Path]:
     """``dotted.name -> path`` of every module of every package directly under ``folder``, or of
     ``folder`` itself when it is a package (``specdec/``)."""
-    roots = [folder] if (folder / "__init__.py").is_file() else [
-        p for p in sorted(folder.iterdir()) if (p / "__init__.py").is_file()]
+    roots = (
+        [folder]
+        if (folder / "__init__.py").is_file()
+        else [p for p in sorted(folder.iterdir()) if (p / "__init__.py").is_file()]
+    )
     found: dict[str, Path] = {}
     for package in roots:
         for path in sorted(package.rglob("*.py")):
@@ -61,8 +64,10 @@ def imports_of(name: str, path: Path, known: set[str]) -> list[tuple[str, int, b
                 if child.level:
                     anchor = package.split(".")[: len(package.split(".")) - child.level + 1]
                     base = ".".join(anchor + ([base] if base else []))
-                targets = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in known else base
-                           for alias in child.names]
+                targets = [
+                    f"{base}.{alias.name}" if f"{base}.{alias.name}" in known else base
+                    for alias in child.names
+                ]
             else:
                 visit(child, nested)
                 continue
@@ -75,8 +80,9 @@ def imports_of(name: str, path: Path, known: set[str]) -> list[tuple[str, int, b
     return found
 
 
-def graph(folders: list[Path]
-          ) -> tuple[dict[str, Path], dict[str, set[str]], list[tuple[str, int, str]]]:
+def graph(
+    folders: list[Path],
+) -> tuple[dict[str, Path], dict[str, set[str]], list[tuple[str, int, str]]]:
     """Modules, arrows (importer -> imported) and imports inside functions
     (``(module, line, imported)``) of the packages in ``folders``."""
     modules: dict[str, Path] = {}
@@ -134,14 +140,19 @@ def imports_inside_functions(folder: Path) -> int:
     for path in module_files(folder).values():
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             if isinstance(node, FUNCTIONS):
-                count += sum(isinstance(n, (ast.Import, ast.ImportFrom)) for n in ast.walk(node)
-                             if n is not node and not isinstance(n, FUNCTIONS))
+                count += sum(
+                    isinstance(n, (ast.Import, ast.ImportFrom))
+                    for n in ast.walk(node)
+                    if n is not node and not isinstance(n, FUNCTIONS)
+                )
     return count
 
 
-def packages(modules: dict[str, Path], arrows: dict[str, set[str]]
-             ) -> tuple[set[str], dict[str, set[str]]]:
+def packages(
+    modules: dict[str, Path], arrows: dict[str, set[str]]
+) -> tuple[set[str], dict[str, set[str]]]:
     """The graph with every module of a package two levels down drawn as that package."""
+
     def node(name: str) -> str:
         parts = name.split(".")
         package = len(parts) > 2 or (len(parts) == 2 and modules[name].name == "__init__.py")
@@ -161,15 +172,19 @@ def main(argv: list[str]) -> int:
     for folder in argv or ["specdec", "backends", "drafters"]:
         modules, arrows, inner = graph([root / folder])
         groups = cycles(arrows)
-        print(f"{folder}/: {len(modules)} modules, {sum(map(len, arrows.values()))} arrows, "
-              f"{len(groups)} cycles, {imports_inside_functions(root / folder)} imports inside "
-              "functions")
+        print(
+            f"{folder}/: {len(modules)} modules, {sum(map(len, arrows.values()))} arrows, "
+            f"{len(groups)} cycles, {imports_inside_functions(root / folder)} imports inside "
+            "functions"
+        )
         for group in groups:
             print("  cycle: " + " <-> ".join(group))
         nodes, outer = packages(modules, arrows)
         groups = cycles(outer)
-        print(f"  by package: {len(nodes)} nodes, {sum(map(len, outer.values()))} arrows, "
-              f"{len(groups)} cycles")
+        print(
+            f"  by package: {len(nodes)} nodes, {sum(map(len, outer.values()))} arrows, "
+            f"{len(groups)} cycles"
+        )
         for group in groups:
             print("  cycle: " + " <-> ".join(group))
     return 0

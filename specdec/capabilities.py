@@ -49,15 +49,22 @@ class DrafterCaps:
     """
 
     tree_builder: tuple[str, Mapping[str, Any]] = attrs.field(
-        default=("prefix_tree", {}), converter=lambda v: (str(v[0]), _options(v[1])))
+        default=("prefix_tree", {}), converter=lambda v: (str(v[0]), _options(v[1]))
+    )
     sample_shape: tuple[int, int] | None = attrs.field(
-        default=None, converter=lambda v: None if v is None else (int(v[0]), int(v[1])))
+        default=None, converter=lambda v: None if v is None else (int(v[0]), int(v[1]))
+    )
     sampled_proposals: bool = False
     stateful: bool = False
     prompt_states: bool = True
-    hidden_layers: tuple[int, ...] = attrs.field(default=(), converter=lambda v: tuple(int(i) for i in v))
-    max_tree_size: int | None = attrs.field(default=None, converter=lambda v: None if v is None else int(v),
-                                            validator=lambda _, __, v: _check_tree_size(v))
+    hidden_layers: tuple[int, ...] = attrs.field(
+        default=(), converter=lambda v: tuple(int(i) for i in v)
+    )
+    max_tree_size: int | None = attrs.field(
+        default=None,
+        converter=lambda v: None if v is None else int(v),
+        validator=lambda _, __, v: _check_tree_size(v),
+    )
 
 
 @attrs.frozen(kw_only=True)
@@ -86,13 +93,16 @@ class VerifierRule:
     @property
     def caps(self) -> VerifierCaps:
         """What the loop reads: whether this rule needs the drafter's distributions."""
-        return VerifierCaps(needs_draft_probs=self.needs_draft_probs,
-                            needs_sampled_draft=self.needs_sampled_draft)
+        return VerifierCaps(
+            needs_draft_probs=self.needs_draft_probs, needs_sampled_draft=self.needs_sampled_draft
+        )
 
 
 def _check_tree_size(value) -> None:
     if value is not None and value < 1:
-        raise ValueError(f"DrafterCaps.max_tree_size must be None or an integer >= 1 (the root), got {value!r}")
+        raise ValueError(
+            f"DrafterCaps.max_tree_size must be None or an integer >= 1 (the root), got {value!r}"
+        )
 
 
 def drafter_caps(drafter: Any, source: str = "") -> DrafterCaps:

@@ -69,7 +69,10 @@ def on_compute_thread() -> bool:
 def wanted(backend: Any) -> bool:
     """Whether ``backend``'s work goes to the compute thread: it asks for it (``compute_thread``)
     and ``$SPECDEC_COMPUTE_THREAD`` is not 0."""
-    return bool(getattr(backend, "compute_thread", False)) and os.environ.get(VARIABLE, "").strip() != "0"
+    return (
+        bool(getattr(backend, "compute_thread", False))
+        and os.environ.get(VARIABLE, "").strip() != "0"
+    )
 
 
 def run(fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:

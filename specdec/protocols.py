@@ -10,7 +10,14 @@ from typing import Any, Protocol, Sequence, runtime_checkable
 
 from specdec.capabilities import DrafterCaps, VerifierCaps
 from specdec.types import (
-    Accepted, Draft, DraftContext, DraftTree, PromptOutput, SamplingConfig, TargetOutput, Verdict,
+    Accepted,
+    Draft,
+    DraftContext,
+    DraftTree,
+    PromptOutput,
+    SamplingConfig,
+    TargetOutput,
+    Verdict,
 )
 
 
@@ -33,12 +40,16 @@ class TargetModel(Protocol):
     capacity: int
     eos_token_ids: tuple[int, ...]
 
-    def admit(self, slot: int, prompt: Sequence[int], *, layers: Sequence[int] = ()) -> PromptOutput:
+    def admit(
+        self, slot: int, prompt: Sequence[int], *, layers: Sequence[int] = ()
+    ) -> PromptOutput:
         """Prefill ``prompt`` into the free ``slot`` (0 <= slot < num_slots) and return its
         PromptOutput (logits at the last position, hidden states at every position, and the
         outputs of decoder ``layers``). Other slots are untouched."""
 
-    def forward_tree(self, tree: DraftTree, slots: Any, *, layers: Sequence[int] = ()) -> TargetOutput:
+    def forward_tree(
+        self, tree: DraftTree, slots: Any, *, layers: Sequence[int] = ()
+    ) -> TargetOutput:
         """Run every node of ``tree`` in one forward; row b belongs to slot ``slots[b]`` ((B,)
         int64 NumPy, distinct admitted slots): node i sits at position ``length[slot] +
         depth[b, i]`` and attends to the slot's cache and its tree ancestors. Returns logits
@@ -110,7 +121,12 @@ class Verifier(Protocol):
     caps: VerifierCaps
 
     def verify(
-        self, tree: DraftTree, draft: Draft, target: TargetOutput, sampling: SamplingConfig, uniforms: Any
+        self,
+        tree: DraftTree,
+        draft: Draft,
+        target: TargetOutput,
+        sampling: SamplingConfig,
+        uniforms: Any,
     ) -> Verdict: ...
 
 
@@ -120,8 +136,15 @@ class Backend(Protocol):
 
     name: str
 
-    def load_target(self, source: Any, *, dtype: str | None, device: str | None, slots: int = 1,
-                    capacity: int | None = None) -> TargetModel:
+    def load_target(
+        self,
+        source: Any,
+        *,
+        dtype: str | None,
+        device: str | None,
+        slots: int = 1,
+        capacity: int | None = None,
+    ) -> TargetModel:
         """Load a target from a local Hugging Face-format folder or a backend-native model object,
         with ``slots`` request slots of ``capacity`` positions each (None: the model's context
         length)."""

@@ -9,7 +9,9 @@ import numpy as np
 from specdec.errors import InvalidInputError
 from specdec.types import PromptOutput
 
-DEFAULT_CAPACITY = 4096  # positions per slot when a target is loaded without a capacity (at most its context)
+DEFAULT_CAPACITY = (
+    4096  # positions per slot when a target is loaded without a capacity (at most its context)
+)
 TREE_ROOM = 256  # positions a slot keeps beyond prompt + new tokens for the last step's draft tree
 PREFILL_CHUNK = 512  # prompt tokens of one request per forward (specdec.decode.loop.Decoder; bounds the attention matrix)
 
@@ -18,11 +20,15 @@ def check_slot_arguments(slots, capacity, context_length: int) -> tuple[int, int
     """(slots, capacity) of a target being loaded; capacity None means the model's context length,
     at most DEFAULT_CAPACITY."""
     if isinstance(slots, bool) or not isinstance(slots, (int, np.integer)) or slots < 1:
-        raise InvalidInputError(f"slots must be a positive integer (requests decoded at once), got {slots!r}")
+        raise InvalidInputError(
+            f"slots must be a positive integer (requests decoded at once), got {slots!r}"
+        )
     if capacity is None:
         capacity = min(int(context_length), DEFAULT_CAPACITY)
     if isinstance(capacity, bool) or not isinstance(capacity, (int, np.integer)) or capacity < 2:
-        raise InvalidInputError(f"capacity must be an integer >= 2 (positions per slot), got {capacity!r}")
+        raise InvalidInputError(
+            f"capacity must be an integer >= 2 (positions per slot), got {capacity!r}"
+        )
     return int(slots), int(capacity)
 
 
@@ -30,25 +36,37 @@ def check_prompt(prompt: Sequence[int], vocab_size: int) -> np.ndarray:
     """A prompt as (P,) int64 after checking it is a non-empty sequence of ids in the vocabulary."""
     array = np.asarray(prompt, dtype=np.int64) if len(prompt) else np.zeros(0, dtype=np.int64)
     if array.ndim != 1 or array.size == 0:
-        raise InvalidInputError(f"a prompt must be a non-empty sequence of token ids, got shape {array.shape}")
+        raise InvalidInputError(
+            f"a prompt must be a non-empty sequence of token ids, got shape {array.shape}"
+        )
     if array.min() < 0 or array.max() >= vocab_size:
-        raise InvalidInputError(f"the prompt holds token ids outside [0, {vocab_size}): {array.min()}..{array.max()}")
+        raise InvalidInputError(
+            f"the prompt holds token ids outside [0, {vocab_size}): {array.min()}..{array.max()}"
+        )
     return array
 
 
-def check_slots(admitted: np.ndarray, slots, *, admitted_state: bool = True, what: str) -> np.ndarray:
+def check_slots(
+    admitted: np.ndarray, slots, *, admitted_state: bool = True, what: str
+) -> np.ndarray:
     """``slots`` as (B,) int64 after checking they are distinct, in range and each admitted (or,
     with ``admitted_state=False``, free); ``admitted`` (num_slots,) bool is the target's record."""
     num_slots = len(admitted)
     slots = np.asarray(slots, dtype=np.int64).reshape(-1)
     if np.any(slots < 0) or np.any(slots >= num_slots):
-        raise InvalidInputError(f"{what}: slots {slots.tolist()} outside [0, {num_slots}); the target was loaded "
-                                f"with {num_slots} slot(s) (load it with more: slots=N)")
+        raise InvalidInputError(
+            f"{what}: slots {slots.tolist()} outside [0, {num_slots}); the target was loaded "
+            f"with {num_slots} slot(s) (load it with more: slots=N)"
+        )
     if len(set(slots.tolist())) != len(slots):
         raise InvalidInputError(f"{what}: slots {slots.tolist()} repeat a slot")
     wrong = slots[admitted[slots] != admitted_state]
     if wrong.size:
-        state = "holds no request (admit one first)" if admitted_state else "already holds a request (release it first)"
+        state = (
+            "holds no request (admit one first)"
+            if admitted_state
+            else "already holds a request (release it first)"
+        )
         raise InvalidInputError(f"{what}: slot {int(wrong[0])} {state}")
     return slots
 
@@ -60,19 +78,28 @@ def check_room(lengths: np.ndarray, slots: np.ndarray, size: int, capacity: int,
         s = int(full[0])
         raise InvalidInputError(
             f"{what}: slot {s} holds {int(lengths[s])} positions and {size} more do not fit its capacity of "
-            f"{capacity}; load the target with a larger capacity")
+            f"{capacity}; load the target with a larger capacity"
+        )
 
 
 def check_layers(layers: Sequence[int], num_layers: int) -> set[int]:
     """The decoder layers asked for, after checking they exist."""
     wanted = {int(i) for i in layers}
     if any(not 0 <= i < num_layers for i in wanted):
-        raise InvalidInputError(f"layers {sorted(wanted)} outside the target's decoder layers 0..{num_layers - 1}")
+        raise InvalidInputError(
+            f"layers {sorted(wanted)} outside the target's decoder layers 0..{num_layers - 1}"
+        )
     return wanted
 
 
-def check_chunks(context, admitted: np.ndarray, lengths: np.ndarray, capacity: int, vocab_size: int,
-                  tree_slots: np.ndarray) -> list[tuple[int, np.ndarray]]:
+def check_chunks(
+    context,
+    admitted: np.ndarray,
+    lengths: np.ndarray,
+    capacity: int,
+    vocab_size: int,
+    tree_slots: np.ndarray,
+) -> list[tuple[int, np.ndarray]]:
     """The prompt chunks of a forward as [(slot, (c,) int64 tokens)], after checking each is a
     non-empty chunk of token ids for a distinct slot that no tree row uses and that has room for
     it. A chunk's slot may be free (the chunk starts its request at position 0) or admitted (the
@@ -89,38 +116,61 @@ def check_chunks(context, admitted: np.ndarray, lengths: np.ndarray, capacity: i
     slots = np.array([slot for slot, _ in chunks], dtype=np.int64)
     num_slots = len(admitted)
     if np.any(slots < 0) or np.any(slots >= num_slots):
-        raise InvalidInputError(f"context: slots {slots.tolist()} outside [0, {num_slots}); the target was loaded "
-                                f"with {num_slots} slot(s) (load it with more: slots=N)")
-    if len(set(slots.tolist()) | set(np.asarray(tree_slots).tolist())) != len(slots) + len(tree_slots):
-        raise InvalidInputError(f"context: slots {slots.tolist()} repeat a slot or one of the tree rows' "
-                                f"{np.asarray(tree_slots).tolist()}: a slot takes one chunk or one tree row per forward")
+        raise InvalidInputError(
+            f"context: slots {slots.tolist()} outside [0, {num_slots}); the target was loaded "
+            f"with {num_slots} slot(s) (load it with more: slots=N)"
+        )
+    if len(set(slots.tolist()) | set(np.asarray(tree_slots).tolist())) != len(slots) + len(
+        tree_slots
+    ):
+        raise InvalidInputError(
+            f"context: slots {slots.tolist()} repeat a slot or one of the tree rows' "
+            f"{np.asarray(tree_slots).tolist()}: a slot takes one chunk or one tree row per forward"
+        )
     for slot, tokens in chunks:
         start = int(lengths[slot]) if admitted[slot] else 0
         if start + tokens.size > capacity:
             raise InvalidInputError(
                 f"context: slot {slot} holds {start} positions and a chunk of {tokens.size} more does not fit its "
-                f"capacity of {capacity}; load the target with a larger capacity")
+                f"capacity of {capacity}; load the target with a larger capacity"
+            )
     return chunks
 
 
-def check_forward(tree, slots, context, admitted: np.ndarray, lengths: np.ndarray, capacity: int,
-                  vocab_size: int) -> tuple[np.ndarray, list[tuple[int, np.ndarray]], list[int]]:
+def check_forward(
+    tree, slots, context, admitted: np.ndarray, lengths: np.ndarray, capacity: int, vocab_size: int
+) -> tuple[np.ndarray, list[tuple[int, np.ndarray]], list[int]]:
     """The checks of ``forward_tree(tree, slots, context=...)``: (tree slots (B,) int64, prompt
     chunks as ``check_chunks``, each chunk's start position: its slot's length, 0 for a free slot)."""
-    slots = np.zeros(0, dtype=np.int64) if tree is None else check_slots(admitted, slots, what="forward_tree")
+    slots = (
+        np.zeros(0, dtype=np.int64)
+        if tree is None
+        else check_slots(admitted, slots, what="forward_tree")
+    )
     chunks = check_chunks(context, admitted, lengths, capacity, vocab_size, slots)
     if tree is None and not chunks:
         raise InvalidInputError("forward_tree needs a tree or at least one context chunk")
     if tree is not None:
         if tree.batch_size != len(slots):
-            raise InvalidInputError(f"tree has {tree.batch_size} rows but {len(slots)} slots were given; "
-                                    "pass one slot per tree row")
+            raise InvalidInputError(
+                f"tree has {tree.batch_size} rows but {len(slots)} slots were given; "
+                "pass one slot per tree row"
+            )
         check_room(lengths, slots, tree.size, capacity, "forward_tree")
     return slots, chunks, [int(lengths[slot]) if admitted[slot] else 0 for slot, _ in chunks]
 
 
-def admit_in_chunks(target, slot: int, prompt: Sequence[int], layers: Sequence[int], *, admitted: np.ndarray,
-                    lengths: np.ndarray, chunk: int, concatenate):
+def admit_in_chunks(
+    target,
+    slot: int,
+    prompt: Sequence[int],
+    layers: Sequence[int],
+    *,
+    admitted: np.ndarray,
+    lengths: np.ndarray,
+    chunk: int,
+    concatenate,
+):
     """``TargetModel.admit`` through ``target.forward_tree``: after the checks (``admitted`` and
     ``lengths`` are the target's records), the prompt runs as context chunks of at most ``chunk``
     tokens, and their PromptOutputs are joined with ``concatenate`` (the framework's, over axis 0)."""
@@ -128,24 +178,35 @@ def admit_in_chunks(target, slot: int, prompt: Sequence[int], layers: Sequence[i
     check_layers(layers, target.num_layers)
     slot = int(check_slots(admitted, [slot], admitted_state=False, what="admit")[0])
     check_room(lengths, np.array([slot]), prompt.size, target.capacity, f"admit(slot={slot})")
-    parts = [target.forward_tree(None, (), context=[(slot, prompt[start:start + chunk])], layers=layers).context[0]
-             for start in range(0, prompt.size, chunk)]
+    parts = [
+        target.forward_tree(
+            None, (), context=[(slot, prompt[start : start + chunk])], layers=layers
+        ).context[0]
+        for start in range(0, prompt.size, chunk)
+    ]
     if len(parts) == 1:
         return parts[0]
-    return PromptOutput(logits=parts[-1].logits, hidden=concatenate([p.hidden for p in parts]),
-                        layers={i: concatenate([p.layers[i] for p in parts]) for i in parts[0].layers})
+    return PromptOutput(
+        logits=parts[-1].logits,
+        hidden=concatenate([p.hidden for p in parts]),
+        layers={i: concatenate([p.layers[i] for p in parts]) for i in parts[0].layers},
+    )
 
 
-LOWER_OPTIONS = ("lower the drafter's tree options (W beams of length L make 1 + W * (L - 1) "
-                 "nodes, e.g. --beam-width 4 --beam-length 5)")
+LOWER_OPTIONS = (
+    "lower the drafter's tree options (W beams of length L make 1 + W * (L - 1) "
+    "nodes, e.g. --beam-width 4 --beam-length 5)"
+)
 
 
-def check_tree_room(max_tree_size: int | None, room: int, who: str, fix: str,
-                    lower: str = LOWER_OPTIONS) -> None:
+def check_tree_room(
+    max_tree_size: int | None, room: int, who: str, fix: str, lower: str = LOWER_OPTIONS
+) -> None:
     """A drafter whose trees hold up to ``max_tree_size`` nodes (``DrafterCaps.max_tree_size``)
     fits the ``room`` positions a slot has for the last step's tree; ``lower``: how to make its
     trees smaller, ``fix``: how to get more room."""
     if max_tree_size is not None and max_tree_size > room:
         raise InvalidInputError(
             f"{who} drafts trees of up to {max_tree_size} nodes, more than the {room} positions a slot has for a "
-            f"step's draft tree: {lower}{fix}")
+            f"step's draft tree: {lower}{fix}"
+        )

@@ -45,7 +45,9 @@ class SamplingConfig:
 
     @top_k.validator
     def _check_top_k(self, attribute, value):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, int) or value < 1
+        ):
             raise ValueError(f"top_k must be a positive integer or None, got {value!r}")
 
     @top_p.validator
@@ -119,14 +121,20 @@ class Draft:
             raise ValueError("Draft.draft_probs is only meaningful for beams")
         if self.beam_lengths is not None:
             if self.beams is None or tuple(self.beam_lengths.shape) != tuple(self.beams.shape[:2]):
-                raise ValueError(f"Draft.beam_lengths must have the shape (B, W) of its beams "
-                                 f"{None if self.beams is None else tuple(self.beams.shape)}, "
-                                 f"got {tuple(self.beam_lengths.shape)}")
+                raise ValueError(
+                    f"Draft.beam_lengths must have the shape (B, W) of its beams "
+                    f"{None if self.beams is None else tuple(self.beams.shape)}, "
+                    f"got {tuple(self.beam_lengths.shape)}"
+                )
             if self.draft_probs is not None:
-                raise ValueError("Draft.beam_lengths is for drafts verified on the tree; a draft with "
-                                 "draft_probs (verified beam by beam) must have beams of one length")
+                raise ValueError(
+                    "Draft.beam_lengths is for drafts verified on the tree; a draft with "
+                    "draft_probs (verified beam by beam) must have beams of one length"
+                )
         if self.sampled and self.draft_probs is None:
-            raise ValueError("a sampled Draft must carry the draft_probs its tokens were drawn from")
+            raise ValueError(
+                "a sampled Draft must carry the draft_probs its tokens were drawn from"
+            )
 
     @property
     def batch_size(self) -> int:
@@ -157,11 +165,17 @@ class DraftTree:
         b, n = self.tokens.shape
         for name in ("parents", "depth"):
             if tuple(getattr(self, name).shape) != (b, n):
-                raise ValueError(f"DraftTree.{name} must have shape {(b, n)}, got {tuple(getattr(self, name).shape)}")
+                raise ValueError(
+                    f"DraftTree.{name} must have shape {(b, n)}, got {tuple(getattr(self, name).shape)}"
+                )
         if tuple(self.ancestor_mask.shape) != (b, n, n):
-            raise ValueError(f"DraftTree.ancestor_mask must have shape {(b, n, n)}, got {tuple(self.ancestor_mask.shape)}")
+            raise ValueError(
+                f"DraftTree.ancestor_mask must have shape {(b, n, n)}, got {tuple(self.ancestor_mask.shape)}"
+            )
         if tuple(self.num_nodes.shape) != (b,):
-            raise ValueError(f"DraftTree.num_nodes must have shape {(b,)}, got {tuple(self.num_nodes.shape)}")
+            raise ValueError(
+                f"DraftTree.num_nodes must have shape {(b,)}, got {tuple(self.num_nodes.shape)}"
+            )
 
     @property
     def batch_size(self) -> int:

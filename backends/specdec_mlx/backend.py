@@ -19,6 +19,7 @@ from specdec_mlx.arrays import to_mx  # noqa: F401  (where it was first defined)
 from specdec_mlx.device import DEVICES, describe_device, parse_dtype, select_device
 from specdec_mlx.loading import load_target
 
+
 def _warn_slow_blas() -> None:
     """Say once, at the first load, when MLX computes on the CPU with its slow bundled BLAS."""
     from specdec_mlx.blas import blas_hint
@@ -42,13 +43,22 @@ class MlxBackend:
     def __init__(self):
         self._targets: weakref.WeakSet = weakref.WeakSet()
 
-    def load_target(self, source: Any, *, dtype: str | None = None, device: str | None = None, slots: int = 1,
-                    capacity: int | None = None):
+    def load_target(
+        self,
+        source: Any,
+        *,
+        dtype: str | None = None,
+        device: str | None = None,
+        slots: int = 1,
+        capacity: int | None = None,
+    ):
         """A ``MlxTarget`` from a local Hugging Face-format folder, an mlx-lm model object, a
         ``(model, tokenizer)`` pair, or an already loaded ``MlxTarget`` (returned as is)."""
         _warn_slow_blas()
         select_device(device)
-        target = load_target(source, dtype=parse_dtype(dtype), requested_dtype=dtype, slots=slots, capacity=capacity)
+        target = load_target(
+            source, dtype=parse_dtype(dtype), requested_dtype=dtype, slots=slots, capacity=capacity
+        )
         self._targets.add(target)
         return target
 

@@ -36,7 +36,13 @@ import sys
 import tempfile
 from pathlib import Path
 
-__all__ = ["blas_hint", "load_pip_openblas", "pip_openblas", "prefer_system_blas", "system_blas_candidates"]
+__all__ = [
+    "blas_hint",
+    "load_pip_openblas",
+    "pip_openblas",
+    "prefer_system_blas",
+    "system_blas_candidates",
+]
 
 VARIABLE = "SPECDEC_MLX_BLAS"
 _state = {"loaded": None, "tried": False}
@@ -45,9 +51,14 @@ _state = {"loaded": None, "tried": False}
 def system_blas_candidates() -> list[str]:
     """OpenBLAS libraries of this system, the threaded builds first (Debian/Ubuntu multiarch
     folders, then the usual library folders)."""
-    patterns = ("/usr/lib/*-linux-gnu/openblas-pthread/libblas.so.3", "/usr/lib/*-linux-gnu/openblas-openmp/libblas.so.3",
-                "/usr/lib/*-linux-gnu/libopenblas.so.0", "/usr/lib64/libopenblas.so.0", "/usr/lib/libopenblas.so.0",
-                "/usr/local/lib/libopenblas.so.0")
+    patterns = (
+        "/usr/lib/*-linux-gnu/openblas-pthread/libblas.so.3",
+        "/usr/lib/*-linux-gnu/openblas-openmp/libblas.so.3",
+        "/usr/lib/*-linux-gnu/libopenblas.so.0",
+        "/usr/lib64/libopenblas.so.0",
+        "/usr/lib/libopenblas.so.0",
+        "/usr/local/lib/libopenblas.so.0",
+    )
     found = []
     for pattern in patterns:
         found.extend(sorted(glob.glob(pattern)))
@@ -109,7 +120,7 @@ def prefer_system_blas() -> str | None:
             else:
                 _state["loaded"] = wheel[0]
                 return wheel[0]
-    for library in ([choice] if choice not in ("", "system") else system_blas_candidates()):
+    for library in [choice] if choice not in ("", "system") else system_blas_candidates():
         try:
             ctypes.CDLL(library, mode=os.RTLD_GLOBAL)
         except OSError:
@@ -127,10 +138,14 @@ def blas_hint() -> str | None:
         return None
     slow = "mlx runs on its bundled reference BLAS, under which a tree of k tokens costs about k decode steps"
     if system_blas_candidates() or pip_openblas():
-        return f"{slow}: import specdec before mlx (specdec then loads OpenBLAS for it), or preload it"
-    return (f"{slow}: pip install ngsolve-openblas (the mlx extra does, on x86-64 Linux) or the system's OpenBLAS "
-            f"(Debian/Ubuntu: apt-get install libopenblas0-pthread) and specdec loads it for mlx automatically, or "
-            f"name a BLAS library in ${VARIABLE}")
+        return (
+            f"{slow}: import specdec before mlx (specdec then loads OpenBLAS for it), or preload it"
+        )
+    return (
+        f"{slow}: pip install ngsolve-openblas (the mlx extra does, on x86-64 Linux) or the system's OpenBLAS "
+        f"(Debian/Ubuntu: apt-get install libopenblas0-pthread) and specdec loads it for mlx automatically, or "
+        f"name a BLAS library in ${VARIABLE}"
+    )
 
 
 def _mapped_openblas() -> bool:

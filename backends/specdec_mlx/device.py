@@ -34,10 +34,14 @@ def select_device(device: str | None) -> None:
     if device is None:
         return
     if device not in DEVICES:
-        raise InvalidInputError(f"the mlx backend runs on {', '.join(DEVICES)}; got device={device!r}")
+        raise InvalidInputError(
+            f"the mlx backend runs on {', '.join(DEVICES)}; got device={device!r}"
+        )
     wanted = mx.gpu if DEVICES[device] == "gpu" else mx.cpu
     if wanted == mx.gpu and not mx.metal.is_available():
-        raise InvalidInputError("device='gpu' needs Metal (Apple silicon); this MLX build has only the cpu")
+        raise InvalidInputError(
+            "device='gpu' needs Metal (Apple silicon); this MLX build has only the cpu"
+        )
     if mx.default_device() != wanted:
         mx.set_default_device(wanted)
 

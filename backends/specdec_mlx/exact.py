@@ -20,10 +20,18 @@ import attrs
 
 import mlx.core as mx
 
-__all__ = ["SMALL_PRODUCT", "TAIL", "SplitPlan", "attend_split", "min_rows", "plan_split", "rows_invariant"]
+__all__ = [
+    "SMALL_PRODUCT",
+    "TAIL",
+    "SplitPlan",
+    "attend_split",
+    "min_rows",
+    "plan_split",
+    "rows_invariant",
+]
 
 TAIL = 16
-SMALL_PRODUCT = 100 ** 3  # OpenBLAS's bound on M * N * K for its small-matrix kernels
+SMALL_PRODUCT = 100**3  # OpenBLAS's bound on M * N * K for its small-matrix kernels
 
 
 def min_rows(weights) -> int:
@@ -62,7 +70,9 @@ def plan_split(mask: mx.array, tail: int = TAIL) -> SplitPlan:
     split = mx.maximum(count - tail, 0)
     in_tail = allowed & (rank >= split)
     slots = mx.arange(size, dtype=mx.int32)
-    order = mx.argsort(mx.where(in_tail, rank - split, tail + slots), axis=-1)[..., :tail].astype(mx.int32)
+    order = mx.argsort(mx.where(in_tail, rank - split, tail + slots), axis=-1)[..., :tail].astype(
+        mx.int32
+    )
     if size < tail:
         order = mx.concatenate([order, mx.zeros((batch, n, tail - size), dtype=mx.int32)], axis=-1)
     padding = mx.arange(tail)[None, None, :] >= (count - split)
@@ -70,20 +80,36 @@ def plan_split(mask: mx.array, tail: int = TAIL) -> SplitPlan:
     return SplitPlan(tail_slots=order[:, None, None], masked=masked[:, None, None])
 
 
-def attend_split(query: mx.array, keys: mx.array, values: mx.array, plan: SplitPlan, scale: float) -> mx.array:
+def attend_split(
+    query: mx.array, keys: mx.array, values: mx.array, plan: SplitPlan, scale: float
+) -> mx.array:
     """query (B, Hq, n, Dh); keys, values (B, Hkv, S, Dh) -> (B, n, Hq * Dh), each query's bits
     independent of the other queries, keys and rows (where the kernels keep their promise)."""
     batch, heads, n, dim = query.shape
     kv_heads, size = keys.shape[1], keys.shape[2]
     group, tail = heads // kv_heads, plan.tail_slots.shape[-1]
-    scores = (query.reshape(batch, kv_heads, group * n, dim) @ keys.transpose(0, 1, 3, 2)).astype(mx.float32)
+    scores = (query.reshape(batch, kv_heads, group * n, dim) @ keys.transpose(0, 1, 3, 2)).astype(
+        mx.float32
+    )
     scores = scores.reshape(batch, kv_heads, group, n, size)
-    tail_scores = mx.take_along_axis(scores, mx.broadcast_to(plan.tail_slots, (batch, kv_heads, group, n, tail)), -1)
+    tail_scores = mx.take_along_axis(
+        scores, mx.broadcast_to(plan.tail_slots, (batch, kv_heads, group, n, tail)), -1
+    )
     row = mx.where(plan.masked, -mx.inf, mx.concatenate([tail_scores, scores], axis=-1) * scale)
     probs = mx.softmax(row, axis=-1)  # float32
-    prefix = probs[..., tail:].astype(values.dtype).reshape(batch, kv_heads, group * n, size) @ values
-    where = mx.broadcast_to(plan.tail_slots.reshape(batch, 1, n * tail, 1), (batch, kv_heads, n * tail, dim))
-    tail_values = mx.take_along_axis(values, where, 2).reshape(batch, kv_heads, n, tail, dim).astype(mx.float32)
+    prefix = (
+        probs[..., tail:].astype(values.dtype).reshape(batch, kv_heads, group * n, size) @ values
+    )
+    where = mx.broadcast_to(
+        plan.tail_slots.reshape(batch, 1, n * tail, 1), (batch, kv_heads, n * tail, dim)
+    )
+    tail_values = (
+        mx.take_along_axis(values, where, 2)
+        .reshape(batch, kv_heads, n, tail, dim)
+        .astype(mx.float32)
+    )
     out = probs[..., :tail].transpose(0, 1, 3, 2, 4) @ tail_values  # (B, Hkv, n, G, Dh)
-    out = out + prefix.reshape(batch, kv_heads, group, n, dim).transpose(0, 1, 3, 2, 4).astype(mx.float32)
+    out = out + prefix.reshape(batch, kv_heads, group, n, dim).transpose(0, 1, 3, 2, 4).astype(
+        mx.float32
+    )
     return out.astype(query.dtype).transpose(0, 2, 1, 3, 4).reshape(batch, n, heads * dim)

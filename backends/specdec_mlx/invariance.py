@@ -34,13 +34,19 @@ def _rows_agree(product, inputs: mx.array) -> bool:
     whole = product(inputs)
     for rows in SMALL_ROWS:
         for start in range(0, min(COVERED, inputs.shape[0]) - rows + 1, rows):
-            if not _equal(product(inputs[start:start + rows]), whole[start:start + rows]):
+            if not _equal(product(inputs[start : start + rows]), whole[start : start + rows]):
                 return False
-    return all(_equal(product(inputs[:rows]), whole[:rows]) for rows in LARGE_ROWS if rows < inputs.shape[0])
+    return all(
+        _equal(product(inputs[:rows]), whole[:rows])
+        for rows in LARGE_ROWS
+        if rows < inputs.shape[0]
+    )
 
 
 def _random(shape, dtype, seed: int) -> mx.array:
-    return mx.array(np.random.default_rng(seed).standard_normal(shape).astype(np.float32)).astype(dtype)
+    return mx.array(np.random.default_rng(seed).standard_normal(shape).astype(np.float32)).astype(
+        dtype
+    )
 
 
 def _attention_agrees(target) -> bool:
@@ -64,14 +70,24 @@ def _attention_agrees(target) -> bool:
     mask[1, 0, :, :60] = True  # a shorter row beside it
     queries = _random((2, heads, nodes, dim), dtype, 2)
     tree_keys = mx.array(keys).astype(dtype)
-    tree = attend_split(queries, tree_keys[0, :, :, :size], tree_keys[1, :, :, :size], plan_split(mx.array(mask)),
-                        target._scale)[0]
+    tree = attend_split(
+        queries,
+        tree_keys[0, :, :, :size],
+        tree_keys[1, :, :, :size],
+        plan_split(mx.array(mask)),
+        target._scale,
+    )[0]
     for depth, node in enumerate(path):
         alone = np.zeros((1, 1, 1, length + depth + 1 + 5), dtype=bool)
-        alone[..., :length + depth + 1] = True  # trailing slots outside the query's keys
+        alone[..., : length + depth + 1] = True  # trailing slots outside the query's keys
         width = alone.shape[-1]
-        out = attend_split(queries[:1, :, node:node + 1], cache[0, 1:2, :, :width], cache[1, 1:2, :, :width],
-                           plan_split(mx.array(alone)), target._scale)
+        out = attend_split(
+            queries[:1, :, node : node + 1],
+            cache[0, 1:2, :, :width],
+            cache[1, 1:2, :, :width],
+            plan_split(mx.array(alone)),
+            target._scale,
+        )
         if not _equal(out[0, 0], tree[node]):
             return False
     return True
@@ -81,18 +97,28 @@ def check_target_kernels(target) -> InvarianceCheck:
     """Run the checks now (module docstring)."""
     layer = target._layers[0]
     attention = layer.self_attn
-    products = [(f"{name} projection", getattr(attention, f"{name}_proj")) for name in ("q", "k", "v", "o")]
+    products = [
+        (f"{name} projection", getattr(attention, f"{name}_proj")) for name in ("q", "k", "v", "o")
+    ]
     products += [("MLP", layer.mlp), ("LM head", target._head)]
     checked = []
     for seed, (name, module) in enumerate(products):
-        width = target.config.num_attention_heads * target.config.head_dim if name == "o projection" \
+        width = (
+            target.config.num_attention_heads * target.config.head_dim
+            if name == "o projection"
             else target.hidden_size
+        )
         rows = HEAD_ROWS if name == "LM head" else LAYER_ROWS
         checked.append(name)
-        if not _rows_agree(lambda x, m=module: target.exact_product(m, x), _random((rows, width), target.dtype, seed)):
+        if not _rows_agree(
+            lambda x, m=module: target.exact_product(m, x),
+            _random((rows, width), target.dtype, seed),
+        ):
             return InvarianceCheck(holds=False, failed=name, checked=tuple(checked))
     checked.append("RMSNorm")
-    if not _rows_agree(layer.input_layernorm, _random((LAYER_ROWS, target.hidden_size), target.dtype, 9)):
+    if not _rows_agree(
+        layer.input_layernorm, _random((LAYER_ROWS, target.hidden_size), target.dtype, 9)
+    ):
         return InvarianceCheck(holds=False, failed="RMSNorm", checked=tuple(checked))
     checked.append("attention (split)")
     if not _attention_agrees(target):
@@ -103,8 +129,21 @@ def check_target_kernels(target) -> InvarianceCheck:
 def check_row_invariance(target) -> InvarianceCheck:
     """``check_target_kernels``, cached per machine, software, BLAS, dtype and shapes."""
     cfg = target.config
-    key = {"backend": "mlx", "device": describe_device(None), "dtype": str(target.dtype),
-           "blas": str(_state.get("loaded")), "tail": TAIL, "padding": "min_rows",
-           "shapes": [target.hidden_size, cfg.intermediate_size, cfg.num_attention_heads, cfg.num_key_value_heads,
-                      cfg.head_dim, target.vocab_size, type(target._layers[0].self_attn.q_proj).__name__]}
+    key = {
+        "backend": "mlx",
+        "device": describe_device(None),
+        "dtype": str(target.dtype),
+        "blas": str(_state.get("loaded")),
+        "tail": TAIL,
+        "padding": "min_rows",
+        "shapes": [
+            target.hidden_size,
+            cfg.intermediate_size,
+            cfg.num_attention_heads,
+            cfg.num_key_value_heads,
+            cfg.head_dim,
+            target.vocab_size,
+            type(target._layers[0].self_attn.q_proj).__name__,
+        ],
+    }
     return cached_check(key, lambda: check_target_kernels(target))

@@ -18,7 +18,16 @@ import numpy as np
 class MlxKVCache:
     """Keys and values of ``num_slots`` request slots with ragged lengths."""
 
-    def __init__(self, *, num_layers: int, num_kv_heads: int, head_dim: int, dtype, num_slots: int, capacity: int):
+    def __init__(
+        self,
+        *,
+        num_layers: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype,
+        num_slots: int,
+        capacity: int,
+    ):
         self.num_layers = num_layers
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
@@ -37,8 +46,15 @@ class MlxKVCache:
     def capacity(self) -> int:
         return int(self.keys[0].shape[2])
 
-    def write(self, layer: int, slots: mx.array, positions: mx.array, keys: mx.array, values: mx.array,
-              block: tuple[int, int, int] | None) -> None:
+    def write(
+        self,
+        layer: int,
+        slots: mx.array,
+        positions: mx.array,
+        keys: mx.array,
+        values: mx.array,
+        block: tuple[int, int, int] | None,
+    ) -> None:
         """Write keys, values (B, Hkv, n, Dh) at positions (B, n) of ``slots`` (B,); ``block`` =
         (first slot, end slot, start) when the rows are consecutive slots all writing start .. start + n - 1."""
         if block is not None:
@@ -51,12 +67,16 @@ class MlxKVCache:
         self.keys[layer][index] = keys
         self.values[layer][index] = values
 
-    def view(self, layer: int, slots: mx.array, size: int, span: tuple[int, int] | None) -> tuple[mx.array, mx.array]:
+    def view(
+        self, layer: int, slots: mx.array, size: int, span: tuple[int, int] | None
+    ) -> tuple[mx.array, mx.array]:
         """Keys and values (B, Hkv, size, Dh) at positions 0 .. size - 1 of ``slots``: slices when
         ``span`` = (first, end) says the rows are the consecutive slots first .. end - 1."""
         if span is not None:
             first, end = span
-            return self.keys[layer][first:end, :, :size, :], self.values[layer][first:end, :, :size, :]
+            return self.keys[layer][first:end, :, :size, :], self.values[layer][
+                first:end, :, :size, :
+            ]
         return self.keys[layer][:, :, :size, :][slots], self.values[layer][:, :, :size, :][slots]
 
     def commit_path(self, slots: np.ndarray, path: mx.array, num_accepted: np.ndarray) -> None:
@@ -69,7 +89,11 @@ class MlxKVCache:
             accepted = steps <= mx.array(num_accepted.astype(np.int32))[:, None]
             base = mx.array(self.lengths[slots].astype(np.int32))[:, None]  # (B, 1)
             rows = mx.array(slots.astype(np.int32))[:, None, None]
-            source = rows, self._heads, (base + mx.where(accepted, path, steps))[:, None, :]  # (B, Hkv, P)
+            source = (
+                rows,
+                self._heads,
+                (base + mx.where(accepted, path, steps))[:, None, :],
+            )  # (B, Hkv, P)
             target = rows, self._heads, (base + steps)[:, None, :]
             for layer in range(self.num_layers):
                 for buffers in (self.keys, self.values):

@@ -28,7 +28,9 @@ def load_target(source: Any, *, dtype, requested_dtype: str | None = None, **slo
     for another dtype is an error). ``slots``: the ``slots`` / ``capacity`` of its KV cache."""
     if isinstance(source, MlxTarget):
         if requested_dtype is not None and source.dtype != dtype:
-            raise InvalidInputError(f"this target was loaded in {source.dtype}; load it again with dtype={requested_dtype!r}")
+            raise InvalidInputError(
+                f"this target was loaded in {source.dtype}; load it again with dtype={requested_dtype!r}"
+            )
         return source
     if isinstance(source, (str, os.PathLike)):
         return load_folder(source, dtype=dtype, **slots)
@@ -42,11 +44,20 @@ def load_folder(path: str | os.PathLike, *, dtype, **slots) -> MlxTarget:
 
     folder = Path(path)
     config = LlamaConfig.from_folder(folder)  # checks the folder and the architecture
-    check_weights_header(folder, config)  # the weights agree with config.json before a layer is built
+    check_weights_header(
+        folder, config
+    )  # the weights agree with config.json before a layer is built
     model, _ = load_model(folder)
     model.set_dtype(dtype)
-    return MlxTarget(model, config=config, dtype=dtype, tokenizer=load_tokenizer(folder),
-                     name=folder.resolve().name, fingerprint_source=folder, **slots)
+    return MlxTarget(
+        model,
+        config=config,
+        dtype=dtype,
+        tokenizer=load_tokenizer(folder),
+        name=folder.resolve().name,
+        fingerprint_source=folder,
+        **slots,
+    )
 
 
 def wrap_model(model, tokenizer: Any = None, *, dtype, **slots) -> MlxTarget:
@@ -59,12 +70,20 @@ def wrap_model(model, tokenizer: Any = None, *, dtype, **slots) -> MlxTarget:
         )
     fields = dataclasses.asdict(args) if dataclasses.is_dataclass(args) else dict(vars(args))
     if fields.get("rope_traditional"):
-        raise InvalidInputError("models with rope_traditional=True are not supported (Llama-family models use rotate_half)")
+        raise InvalidInputError(
+            "models with rope_traditional=True are not supported (Llama-family models use rotate_half)"
+        )
     eos = list(getattr(tokenizer, "eos_token_ids", None) or [])
     config = LlamaConfig.from_hf_dict(fields, {"eos_token_id": eos} if eos else None)
     model.set_dtype(dtype)
-    return MlxTarget(model, config=config, dtype=dtype, tokenizer=as_tokenizers_tokenizer(tokenizer),
-                     name=str(fields.get("model_type", "mlx-model")), **slots)
+    return MlxTarget(
+        model,
+        config=config,
+        dtype=dtype,
+        tokenizer=as_tokenizers_tokenizer(tokenizer),
+        name=str(fields.get("model_type", "mlx-model")),
+        **slots,
+    )
 
 
 def as_tokenizers_tokenizer(tokenizer: Any):
@@ -75,5 +94,3 @@ def as_tokenizers_tokenizer(tokenizer: Any):
     if hasattr(tokenizer, "encode") and hasattr(tokenizer, "token_to_id"):
         return tokenizer
     return getattr(tokenizer, "backend_tokenizer", None)
-
-

@@ -25,8 +25,21 @@ from specdec_mlx.arrays import to_mx
 from specdec_mlx.tree import MlxDraftTree
 
 __all__ = [
-    "MlxDraftTree", "as_array", "categorical", "compute_dtype", "draft_weight", "first_argmax", "head_product", "log_softmax",
-    "sample_from", "softmax", "stable_descending_order", "target_probs", "top_indices", "top_k_lowest_index", "top_k_mask",
+    "MlxDraftTree",
+    "as_array",
+    "categorical",
+    "compute_dtype",
+    "draft_weight",
+    "first_argmax",
+    "head_product",
+    "log_softmax",
+    "sample_from",
+    "softmax",
+    "stable_descending_order",
+    "target_probs",
+    "top_indices",
+    "top_k_lowest_index",
+    "top_k_mask",
 ]
 
 _NEG_INF = float("-inf")
@@ -67,8 +80,10 @@ def draft_weight(weight: mx.array, bias: mx.array | None = None, *, int8: bool |
     the weight's dtype, so ``int8=True`` is refused here with InvalidInputError."""
     check_int8_option(int8)
     if int8:
-        raise InvalidInputError("int8 drafter weights are a torch CPU kernel; the mlx backend computes in the "
-                                "weights' dtype: use int8=None or False")
+        raise InvalidInputError(
+            "int8 drafter weights are a torch CPU kernel; the mlx backend computes in the "
+            "weights' dtype: use int8=None or False"
+        )
     return (lambda x: x @ weight.T) if bias is None else (lambda x: x @ weight.T + bias)
 
 
@@ -162,7 +177,9 @@ def target_probs(logits: mx.array, sampling: SamplingConfig) -> mx.array:
     if sampling.top_p is not None and sampling.top_p < 1.0:
         order = stable_descending_order(z)  # (..., V) best first
         sorted_probs = mx.take_along_axis(probs, order, axis=-1)
-        mass_before = mx.cumsum(sorted_probs, axis=-1) - sorted_probs  # mass of strictly better tokens
+        mass_before = (
+            mx.cumsum(sorted_probs, axis=-1) - sorted_probs
+        )  # mass of strictly better tokens
         keep_sorted = mass_before < sampling.top_p  # always keeps rank 0
         keep = mx.put_along_axis(mx.zeros(probs.shape, dtype=mx.bool_), order, keep_sorted, axis=-1)
         probs = mx.where(keep, probs, 0.0)

@@ -21,12 +21,13 @@ def pack(parts: Sequence[mx.array], has_tree: bool) -> mx.array:
     return parts[0] if len(parts) == 1 else mx.concatenate(parts, axis=0)
 
 
-def unpack(stream: mx.array, segments: Sequence[Segment], num_chunks: int, has_tree: bool
-           ) -> tuple[list[mx.array], mx.array | None]:
+def unpack(
+    stream: mx.array, segments: Sequence[Segment], num_chunks: int, has_tree: bool
+) -> tuple[list[mx.array], mx.array | None]:
     """``pack`` undone: ([(c_i, ...) per chunk], (B, N, ...) tree rows or None)."""
-    chunks = [stream[s.offset:s.end] for s in segments[:num_chunks]]
+    chunks = [stream[s.offset : s.end] for s in segments[:num_chunks]]
     tree = None
     if has_tree:
         s = segments[-1]
-        tree = stream[s.offset:s.end].reshape((s.rows, s.width) + tuple(stream.shape[1:]))
+        tree = stream[s.offset : s.end].reshape((s.rows, s.width) + tuple(stream.shape[1:]))
     return chunks, tree

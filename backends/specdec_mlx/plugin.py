@@ -27,8 +27,13 @@ def specdec_register_backends(register):
 
 @hookimpl
 def specdec_register_tree_builders(register):
-    register("prefix_tree", "mlx", lazy_factory("mlx", "specdec_mlx.tree:PrefixTreeBuilder",
-                                                feature="the prefix tree builder"))
+    register(
+        "prefix_tree",
+        "mlx",
+        lazy_factory(
+            "mlx", "specdec_mlx.tree:PrefixTreeBuilder", feature="the prefix tree builder"
+        ),
+    )
 
 
 @hookimpl

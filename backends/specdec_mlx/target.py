@@ -27,7 +27,13 @@ from specdec.errors import InvalidInputError
 from specdec.models.llama import LlamaConfig
 from specdec.reference.model import rotary_inverse_frequencies
 from specdec.reference import packing
-from specdec.slots import admit_in_chunks, check_forward, check_layers, check_slot_arguments, check_slots
+from specdec.slots import (
+    admit_in_chunks,
+    check_forward,
+    check_layers,
+    check_slot_arguments,
+    check_slots,
+)
 from specdec.types import DraftTree, PromptOutput, TargetOutput, Verdict
 from specdec_mlx.arrays import to_mx
 from specdec_mlx.invariance import check_row_invariance
@@ -49,16 +55,29 @@ def rotate(x: mx.array, positions: mx.array, periods: mx.array) -> mx.array:
     batch, n, _ = x.shape
     head_dim = 2 * periods.shape[0]
     tokens = x.reshape(batch * n, -1, 1, head_dim)  # (B*n, heads, 1, Dh)
-    rotated = mx.fast.rope(tokens, head_dim, traditional=False, base=None, scale=1.0,
-                           offset=positions.reshape(-1), freqs=periods)
+    rotated = mx.fast.rope(
+        tokens,
+        head_dim,
+        traditional=False,
+        base=None,
+        scale=1.0,
+        offset=positions.reshape(-1),
+        freqs=periods,
+    )
     return rotated.reshape(batch, n, -1, head_dim).transpose(0, 2, 1, 3)
 
 
 def _dequantized(module) -> mx.array:
     """The (out, in) weight of an mlx Linear or Embedding, dequantized when it is quantized."""
     if hasattr(module, "scales"):
-        return mx.dequantize(module.weight, module.scales, module.get("biases"), module.group_size, module.bits,
-                             mode=getattr(module, "mode", "affine"))
+        return mx.dequantize(
+            module.weight,
+            module.scales,
+            module.get("biases"),
+            module.group_size,
+            module.bits,
+            mode=getattr(module, "mode", "affine"),
+        )
     return module.weight
 
 
@@ -75,8 +94,19 @@ class MlxTarget:
     ``check_row_invariance``).
     """
 
-    def __init__(self, model, *, config: LlamaConfig, dtype, tokenizer: Any = None, name: str = "mlx-model",
-                 fingerprint_source: Any = None, slots: int = 1, capacity: int | None = None, exact: bool = False):
+    def __init__(
+        self,
+        model,
+        *,
+        config: LlamaConfig,
+        dtype,
+        tokenizer: Any = None,
+        name: str = "mlx-model",
+        fingerprint_source: Any = None,
+        slots: int = 1,
+        capacity: int | None = None,
+        exact: bool = False,
+    ):
         self.model = model
         self.exact = bool(exact)
         self.config = config
@@ -90,17 +120,35 @@ class MlxTarget:
         self._fingerprint_source = fingerprint_source
         self._fingerprint: str | None = None
         inner = model.model
-        self._embedding, self._layers, self._final_norm = inner.embed_tokens, inner.layers, inner.norm
+        self._embedding, self._layers, self._final_norm = (
+            inner.embed_tokens,
+            inner.layers,
+            inner.norm,
+        )
         self._lm_head_module = getattr(model, "lm_head", None)
         self._min_rows: dict = {}  # a product's rows in exact mode (_product)
         self.embed_tokens = _dequantized(self._embedding)  # (V, H)
-        self.lm_head = self.embed_tokens if self._lm_head_module is None else _dequantized(self._lm_head_module)
-        self._periods = mx.array((1.0 / rotary_inverse_frequencies(config)).astype(np.float32))  # (Dh/2,)
+        self.lm_head = (
+            self.embed_tokens
+            if self._lm_head_module is None
+            else _dequantized(self._lm_head_module)
+        )
+        self._periods = mx.array(
+            (1.0 / rotary_inverse_frequencies(config)).astype(np.float32)
+        )  # (Dh/2,)
         self._scale = 1.0 / math.sqrt(config.head_dim)
         slots, capacity = check_slot_arguments(slots, capacity, config.max_position_embeddings)
-        self.cache = MlxKVCache(num_layers=config.num_hidden_layers, num_kv_heads=config.num_key_value_heads,
-                                head_dim=config.head_dim, dtype=dtype, num_slots=slots, capacity=capacity)
-        self._staged: tuple[np.ndarray, int] | None = None  # (slots, nodes) of the last forward_tree
+        self.cache = MlxKVCache(
+            num_layers=config.num_hidden_layers,
+            num_kv_heads=config.num_key_value_heads,
+            head_dim=config.head_dim,
+            dtype=dtype,
+            num_slots=slots,
+            capacity=capacity,
+        )
+        self._staged: tuple[np.ndarray, int] | None = (
+            None  # (slots, nodes) of the last forward_tree
+        )
         self._pending = False  # the cache changed since the last evaluation point
         self._pending_extra: list[mx.array] = []
 
@@ -110,7 +158,9 @@ class MlxTarget:
     def fingerprint(self) -> str:
         """Hex sha256 over sorted tensor names, shapes and float32 bytes (as the reference)."""
         if self._fingerprint is None:
-            self._fingerprint = fingerprint_of(self._fingerprint_source if self._fingerprint_source else self.model)
+            self._fingerprint = fingerprint_of(
+                self._fingerprint_source if self._fingerprint_source else self.model
+            )
         return self._fingerprint
 
     @property
@@ -175,21 +225,37 @@ class MlxTarget:
             # Attention block: pre-norm, projections, rotary, masked attention per segment, residual.
             attention, product = layer.self_attn, self._product
             h = layer.input_layernorm(x)
-            q, k, v = product(attention.q_proj, h), product(attention.k_proj, h), product(attention.v_proj, h)
+            q, k, v = (
+                product(attention.q_proj, h),
+                product(attention.k_proj, h),
+                product(attention.v_proj, h),
+            )
             heads = []
             for s in segments:
                 rows, width = s.shape
-                part = lambda a: a[s.start:s.end].reshape(rows, width, -1)  # noqa: E731
+                part = lambda a: a[s.start : s.end].reshape(rows, width, -1)  # noqa: E731
                 qs = rotate(part(q), s.positions, self._periods)  # (rows, Hq, width, Dh)
                 ks = rotate(part(k), s.positions, self._periods)  # (rows, Hkv, width, Dh)
-                vs = part(v).reshape(rows, width, cfg.num_key_value_heads, cfg.head_dim).transpose(0, 2, 1, 3)
+                vs = (
+                    part(v)
+                    .reshape(rows, width, cfg.num_key_value_heads, cfg.head_dim)
+                    .transpose(0, 2, 1, 3)
+                )
                 keys, values = s.store(index, ks, vs)
                 if s.plan is not None:  # exact mode
-                    heads.append(attend_split(qs, keys, values, s.plan, self._scale).reshape(rows * width, -1))
+                    heads.append(
+                        attend_split(qs, keys, values, s.plan, self._scale).reshape(
+                            rows * width, -1
+                        )
+                    )
                     continue
-                out = mx.fast.scaled_dot_product_attention(qs, keys, values, scale=self._scale, mask=s.mask)
+                out = mx.fast.scaled_dot_product_attention(
+                    qs, keys, values, scale=self._scale, mask=s.mask
+                )
                 heads.append(out.transpose(0, 2, 1, 3).reshape(rows * width, -1))
-            x = x + product(attention.o_proj, heads[0] if len(heads) == 1 else mx.concatenate(heads, axis=0))
+            x = x + product(
+                attention.o_proj, heads[0] if len(heads) == 1 else mx.concatenate(heads, axis=0)
+            )
             # MLP block: pre-norm, SwiGLU, residual.
             x = x + product(layer.mlp, layer.post_attention_layernorm(x))
             if index in layers:
@@ -208,8 +274,15 @@ class MlxTarget:
             self.cache.write(layer, slots, positions, k, v, (slot, slot + 1, start))
             return self.cache.view(layer, slots, start + n, (slot, slot + 1))
 
-        return _Segment(place.offset, place.end, (1, n), positions, allowed[:, None], store,
-                        plan_split(allowed[:, None]) if self.exact else None)
+        return _Segment(
+            place.offset,
+            place.end,
+            (1, n),
+            positions,
+            allowed[:, None],
+            store,
+            plan_split(allowed[:, None]) if self.exact else None,
+        )
 
     def _tree_segment(self, place, tree: DraftTree, slots: np.ndarray) -> "_Segment":
         """The tree rows: node i of row b at position ``length + depth``, written at ``length + i``."""
@@ -226,24 +299,40 @@ class MlxTarget:
         slot_index = mx.array(slots.astype(np.int32))
         positions = lengths[:, None] + depth  # (B, N)
         stored = lengths[:, None] + mx.arange(size)[None, :]  # (B, N): where the nodes are written
-        relative = mx.arange(span)[None, None, :] - lengths[:, None, None]  # (B, 1, S): node index of a position
+        relative = (
+            mx.arange(span)[None, None, :] - lengths[:, None, None]
+        )  # (B, 1, S): node index of a position
         node = mx.clip(relative, 0, size - 1)
         in_tree = (relative >= 0) & (relative < size)
-        sees_node = mx.take_along_axis(ancestor_mask, mx.broadcast_to(node, (batch, size, span)), axis=2)
+        sees_node = mx.take_along_axis(
+            ancestor_mask, mx.broadcast_to(node, (batch, size, span)), axis=2
+        )
         allowed = (relative < 0) | (in_tree & sees_node)  # (B, N, S)
         if self.config.sliding_window is not None:
-            key_positions = mx.where(relative < 0, mx.arange(span)[None, None, :],
-                                     lengths[:, None, None] + mx.take_along_axis(depth[:, None, :], node, axis=2))
+            key_positions = mx.where(
+                relative < 0,
+                mx.arange(span)[None, None, :],
+                lengths[:, None, None] + mx.take_along_axis(depth[:, None, :], node, axis=2),
+            )
             allowed = self._window(allowed, positions, key_positions)
 
         def store(layer, k, v):
             self.cache.write(layer, slot_index, stored, k, v, block)
             return self.cache.view(layer, slot_index, span, rows)
 
-        return _Segment(place.offset, place.end, (batch, size), positions, allowed[:, None], store,
-                        plan_split(allowed[:, None]) if self.exact else None)
+        return _Segment(
+            place.offset,
+            place.end,
+            (batch, size),
+            positions,
+            allowed[:, None],
+            store,
+            plan_split(allowed[:, None]) if self.exact else None,
+        )
 
-    def _window(self, allowed: mx.array, query_positions: mx.array, key_positions: mx.array) -> mx.array:
+    def _window(
+        self, allowed: mx.array, query_positions: mx.array, key_positions: mx.array
+    ) -> mx.array:
         """Apply the sliding window: a query sees keys at positions > its position - window."""
         if self.config.sliding_window is None:
             return allowed
@@ -251,12 +340,22 @@ class MlxTarget:
 
     # ------------------------------------------------------------------ the protocol
 
-    def admit(self, slot: int, prompt: Sequence[int], *, layers: Sequence[int] = ()) -> PromptOutput:
+    def admit(
+        self, slot: int, prompt: Sequence[int], *, layers: Sequence[int] = ()
+    ) -> PromptOutput:
         """Prefill ``prompt`` into the free ``slot``: logits (V,) at its last token, hidden (P, H)
         at every token and the outputs of decoder ``layers`` (P, H); a forward per PREFILL_CHUNK
         tokens (``forward_tree`` with the chunk as its context)."""
-        return admit_in_chunks(self, slot, prompt, layers, admitted=self.cache.admitted, lengths=self.cache.lengths,
-                               chunk=PREFILL_CHUNK, concatenate=lambda arrays: mx.concatenate(arrays, axis=0))
+        return admit_in_chunks(
+            self,
+            slot,
+            prompt,
+            layers,
+            admitted=self.cache.admitted,
+            lengths=self.cache.lengths,
+            chunk=PREFILL_CHUNK,
+            concatenate=lambda arrays: mx.concatenate(arrays, axis=0),
+        )
 
     def release(self, slot: int) -> None:
         """Free ``slot`` for another request."""
@@ -266,7 +365,9 @@ class MlxTarget:
         if self._staged is not None and slot in self._staged[0]:
             self._staged = None
 
-    def forward_tree(self, tree: DraftTree | None, slots, *, context=(), layers: Sequence[int] = ()) -> TargetOutput:
+    def forward_tree(
+        self, tree: DraftTree | None, slots, *, context=(), layers: Sequence[int] = ()
+    ) -> TargetOutput:
         """Prompt chunks and tree rows in one packed forward (``specdec.reference.packing``).
 
         ``context``: (slot, tokens) chunks; a free slot is claimed and its chunk starts at
@@ -278,20 +379,35 @@ class MlxTarget:
         written at ``length[s] + i`` (kept by commit)."""
         cache = self.cache
         wanted = check_layers(layers, self.num_layers)
-        slots, chunks, starts = check_forward(tree, slots, context, cache.admitted, cache.lengths, self.capacity,
-                                              self.vocab_size)
-        places = packing.layout([t.size for _, t in chunks], None if tree is None else (len(slots), tree.size))
-        segments = [self._chunk_segment(place, slot, start) for place, (slot, _), start in zip(places, chunks, starts)]
+        slots, chunks, starts = check_forward(
+            tree, slots, context, cache.admitted, cache.lengths, self.capacity, self.vocab_size
+        )
+        places = packing.layout(
+            [t.size for _, t in chunks], None if tree is None else (len(slots), tree.size)
+        )
+        segments = [
+            self._chunk_segment(place, slot, start)
+            for place, (slot, _), start in zip(places, chunks, starts)
+        ]
         tokens = [mx.array(t.astype(np.int32)) for _, t in chunks]
         if tree is not None:
             segments.append(self._tree_segment(places[-1], tree, slots))
             tokens.append(to_mx(tree.tokens).astype(mx.int32))
-        hidden, outputs = self._run(pack(tokens, tree is not None), segments, wanted)  # lazy: nothing fails later
+        hidden, outputs = self._run(
+            pack(tokens, tree is not None), segments, wanted
+        )  # lazy: nothing fails later
         chunk_hidden, tree_hidden = unpack(hidden, places, len(chunks), tree is not None)
-        chunk_layers = {i: unpack(v, places, len(chunks), tree is not None) for i, v in outputs.items()}
-        prompts = tuple(PromptOutput(logits=self._logits(h[-1]), hidden=h,
-                                     layers={i: v[0][c] for i, v in chunk_layers.items()})
-                        for c, h in enumerate(chunk_hidden))
+        chunk_layers = {
+            i: unpack(v, places, len(chunks), tree is not None) for i, v in outputs.items()
+        }
+        prompts = tuple(
+            PromptOutput(
+                logits=self._logits(h[-1]),
+                hidden=h,
+                layers={i: v[0][c] for i, v in chunk_layers.items()},
+            )
+            for c, h in enumerate(chunk_hidden)
+        )
         for (slot, t), start in zip(chunks, starts):
             cache.admitted[slot] = True
             cache.lengths[slot] = start + t.size
@@ -301,29 +417,48 @@ class MlxTarget:
             self._staged = None
             return TargetOutput(logits=None, hidden=None, context=prompts)
         self._staged = (slots, tree.size)
-        return TargetOutput(logits=self._logits(tree_hidden), hidden=tree_hidden,
-                            layers={i: v[1] for i, v in chunk_layers.items()}, context=prompts)
+        return TargetOutput(
+            logits=self._logits(tree_hidden),
+            hidden=tree_hidden,
+            layers={i: v[1] for i, v in chunk_layers.items()},
+            context=prompts,
+        )
 
     def commit(self, tree: DraftTree, verdict: Verdict) -> None:
         """Keep the entries of ``verdict.path[b, :num_accepted[b] + 1]`` (root first) behind each
         row's committed ones in its slot; the rest of the tree is dropped (its positions become scratch)."""
         if self._staged is None:
-            raise InvalidInputError("commit(tree, verdict) needs a preceding forward_tree(tree); no tree is staged")
+            raise InvalidInputError(
+                "commit(tree, verdict) needs a preceding forward_tree(tree); no tree is staged"
+            )
         slots, size = self._staged
         if tree.size != size:
-            raise InvalidInputError(f"commit got a tree of {tree.size} nodes, the last forward_tree ran "
-                                    f"{size}; pass the tree that was run")
+            raise InvalidInputError(
+                f"commit got a tree of {tree.size} nodes, the last forward_tree ran "
+                f"{size}; pass the tree that was run"
+            )
         path = to_mx(verdict.path).astype(mx.int32)
         if path.ndim != 2 or path.shape[0] != len(slots) or path.shape[1] > tree.size:
-            raise InvalidInputError(f"verdict.path must be (B, D+1) with B = {len(slots)} and "
-                                    f"D+1 <= {tree.size}, got {tuple(path.shape)}")
+            raise InvalidInputError(
+                f"verdict.path must be (B, D+1) with B = {len(slots)} and "
+                f"D+1 <= {tree.size}, got {tuple(path.shape)}"
+            )
         num_accepted = np.array(to_mx(verdict.num_accepted)).astype(np.int64).reshape(-1)
         self.cache.commit_path(slots, path, num_accepted)
         self._staged = None
         self._pending = True
         # The loop reads these right after commit: evaluate them with the cache, in one go.
-        self._pending_extra = [a for a in (verdict.path, verdict.num_accepted, verdict.bonus_tokens, tree.tokens,
-                                           tree.num_nodes) if isinstance(a, mx.array)]
+        self._pending_extra = [
+            a
+            for a in (
+                verdict.path,
+                verdict.num_accepted,
+                verdict.bonus_tokens,
+                tree.tokens,
+                tree.num_nodes,
+            )
+            if isinstance(a, mx.array)
+        ]
 
 
 @attrs.frozen

@@ -54,14 +54,22 @@ def prefix_tree_arrays(beams: mx.array, lengths: mx.array | None = None) -> dict
     """
     batch, width, length = beams.shape
     bound = 1 + width * (length - 1)
-    running = mx.ones(beams.shape, dtype=mx.bool_) if lengths is None else (
-        mx.arange(length)[None, None, :] < lengths[:, :, None])  # (B, W, L)
+    running = (
+        mx.ones(beams.shape, dtype=mx.bool_)
+        if lengths is None
+        else (mx.arange(length)[None, None, :] < lengths[:, :, None])
+    )  # (B, W, L)
     # 1. Prefix match: shares[b, i, j, k] iff beams i and j agree on tokens 0..k (both running).
-    match = ((beams[:, :, None, :] == beams[:, None, :, :]) & running[:, :, None, :] & running[:, None, :, :]
-             ).astype(mx.int32)  # (B, W, W, L)
+    match = (
+        (beams[:, :, None, :] == beams[:, None, :, :])
+        & running[:, :, None, :]
+        & running[:, None, :, :]
+    ).astype(mx.int32)  # (B, W, W, L)
     shares = mx.cumprod(match, axis=-1) > 0
     # 2. First owner of each prefix (lowest beam index), 3. keep mask of first occurrences.
-    owner = mx.min(mx.where(shares, mx.arange(width)[None, None, :, None], width), axis=2)  # (B, W, L)
+    owner = mx.min(
+        mx.where(shares, mx.arange(width)[None, None, :, None], width), axis=2
+    )  # (B, W, L)
     keep = running & (owner == mx.arange(width)[None, :, None])
     owner = mx.where(running, owner, 0)  # padding: any beam, masked below
     # 4. Node index by exclusive cumsum over row-major (beam, depth) order.
@@ -72,11 +80,17 @@ def prefix_tree_arrays(beams: mx.array, lengths: mx.array | None = None) -> dict
     beam_to_node = mx.where(running, mx.take_along_axis(node_index, owner, axis=1), -1)  # (B, W, L)
     # 6. Scatter as exact one-hot sums: position (i, k) kept -> node node_index[i, k].
     nodes = mx.arange(bound)
-    creates = (keep[..., None] & (node_index[..., None] == nodes)).reshape(batch, width * length, bound)  # (B, WL, M)
+    creates = (keep[..., None] & (node_index[..., None] == nodes)).reshape(
+        batch, width * length, bound
+    )  # (B, WL, M)
     depth_of = mx.broadcast_to(mx.arange(length)[None, None, :], beams.shape)
-    parent_of = mx.concatenate([mx.full((batch, width, 1), -1, dtype=mx.int32), beam_to_node[:, :, :-1]], axis=2)
+    parent_of = mx.concatenate(
+        [mx.full((batch, width, 1), -1, dtype=mx.int32), beam_to_node[:, :, :-1]], axis=2
+    )
 
-    def scatter(values: mx.array) -> mx.array:  # (B, W, L) -> (B, M), 0 where no position creates the node
+    def scatter(
+        values: mx.array,
+    ) -> mx.array:  # (B, W, L) -> (B, M), 0 where no position creates the node
         return mx.sum(mx.where(creates, values.reshape(batch, width * length, 1), 0), axis=1)
 
     real = nodes[None, :] < num_nodes[:, None]  # (B, M)
@@ -88,11 +102,18 @@ def prefix_tree_arrays(beams: mx.array, lengths: mx.array | None = None) -> dict
     on_beam = (beam_to_node[..., None] == nodes).astype(mx.int32)  # (B, W, L, M)
     seen = (mx.cummax(on_beam, axis=2) > 0).reshape(batch, width * length, bound).astype(mx.float32)
     ancestor_mask = (creates.astype(mx.float32).transpose(0, 2, 1) @ seen) > 0  # (B, M, M)
-    padding_row = ~real[:, :, None] & ((nodes[None, :] == nodes[:, None]) | (nodes[None, :] == 0))[None]
+    padding_row = (
+        ~real[:, :, None] & ((nodes[None, :] == nodes[:, None]) | (nodes[None, :] == 0))[None]
+    )
     ancestor_mask = ancestor_mask | padding_row
-    return dict(tokens=tokens.astype(mx.int32), parents=parents.astype(mx.int32), depth=depth.astype(mx.int32),
-                ancestor_mask=ancestor_mask, num_nodes=num_nodes.astype(mx.int32),
-                beam_to_node=beam_to_node.astype(mx.int32))
+    return dict(
+        tokens=tokens.astype(mx.int32),
+        parents=parents.astype(mx.int32),
+        depth=depth.astype(mx.int32),
+        ancestor_mask=ancestor_mask,
+        num_nodes=num_nodes.astype(mx.int32),
+        beam_to_node=beam_to_node.astype(mx.int32),
+    )
 
 
 @attrs.frozen(kw_only=True)
@@ -114,9 +135,15 @@ class PrefixTreeBuilder:
             )
         beams = to_mx(draft.beams).astype(mx.int32)
         if beams.ndim != 3 or min(beams.shape) < 1:
-            raise ValueError(f"beams must have shape (B, W, L) with B, W, L >= 1, got {tuple(beams.shape)}")
+            raise ValueError(
+                f"beams must have shape (B, W, L) with B, W, L >= 1, got {tuple(beams.shape)}"
+            )
         batch, width, length = beams.shape
-        lengths = None if draft.beam_lengths is None else mx.array(np.asarray(draft.beam_lengths, dtype=np.int32))
+        lengths = (
+            None
+            if draft.beam_lengths is None
+            else mx.array(np.asarray(draft.beam_lengths, dtype=np.int32))
+        )
         arrays = prefix_tree_arrays(beams, lengths)
         if width == 1 and lengths is None:
             size = length  # a single beam is a chain: every token is a node
@@ -124,8 +151,10 @@ class PrefixTreeBuilder:
             size = 1 + width * (length - 1)
         else:
             size = int(mx.max(arrays["num_nodes"]).item())  # host read: the tree's size is data
-        arrays = {name: value[:, :size] if name in ("tokens", "parents", "depth") else value
-                  for name, value in arrays.items()}
+        arrays = {
+            name: value[:, :size] if name in ("tokens", "parents", "depth") else value
+            for name, value in arrays.items()
+        }
         arrays["ancestor_mask"] = arrays["ancestor_mask"][:, :size, :size]
         depth = length if lengths is None else int(np.max(draft.beam_lengths))
         return MlxDraftTree(**arrays, max_depth=depth - 1)

@@ -40,7 +40,9 @@ def gather_nodes(values: mx.array, nodes: mx.array) -> mx.array:
     return picked.reshape(nodes.shape + rest)
 
 
-def accepted_path(tree: DraftTree, accepted: mx.array, depth_limit: int) -> tuple[mx.array, mx.array, mx.array]:
+def accepted_path(
+    tree: DraftTree, accepted: mx.array, depth_limit: int
+) -> tuple[mx.array, mx.array, mx.array]:
     """Walk the tree along accepted children. accepted (B, N) bool: node i would be taken from
     its parent. Returns path (B, D+1) (-1 padded), num_accepted (B,), last node (B,)."""
     parents = to_mx(tree.parents).astype(mx.int32)
@@ -51,13 +53,17 @@ def accepted_path(tree: DraftTree, accepted: mx.array, depth_limit: int) -> tupl
     real = ids[None, :] < to_mx(tree.num_nodes)[:, None]
     candidate = accepted & real & (ids[None, :] > 0)
     # 2. Chosen: no earlier sibling (same parent, lower index) is a candidate too.
-    sibling_before = (parents[:, :, None] == parents[:, None, :]) & (ids[None, :] < ids[:, None])[None]
+    sibling_before = (parents[:, :, None] == parents[:, None, :]) & (ids[None, :] < ids[:, None])[
+        None
+    ]
     shadowed = mx.any(sibling_before & candidate[:, None, :], axis=2)
     chosen = (candidate & ~shadowed) | (ids[None, :] == 0)
     # 3. On the path: every ancestor (self included) chosen.
     on_path = ~mx.any(ancestor_mask & ~chosen[:, None, :], axis=2)  # (B, N)
     # 4. The on-path node of each depth; the deepest is the largest index (parents come first).
-    at_depth = on_path[:, None, :] & (depth[:, None, :] == mx.arange(depth_limit + 1)[None, :, None])  # (B, D+1, N)
+    at_depth = on_path[:, None, :] & (
+        depth[:, None, :] == mx.arange(depth_limit + 1)[None, :, None]
+    )  # (B, D+1, N)
     path = mx.where(mx.any(at_depth, axis=2), mx.sum(mx.where(at_depth, ids, 0), axis=2), -1)
     num_accepted = mx.sum(on_path, axis=1) - 1
     last = mx.max(mx.where(on_path, ids, 0), axis=1)
@@ -77,8 +83,14 @@ class MlxVerifier(VerifierRule):
     """Input checks shared by the MLX verifiers; subclasses set the class attributes of
     ``specdec.capabilities.VerifierRule``."""
 
-    def prepare(self, tree: DraftTree, draft: Draft, target: TargetOutput, sampling: SamplingConfig,
-                uniforms: Any) -> tuple[int, mx.array, mx.array | None]:
+    def prepare(
+        self,
+        tree: DraftTree,
+        draft: Draft,
+        target: TargetOutput,
+        sampling: SamplingConfig,
+        uniforms: Any,
+    ) -> tuple[int, mx.array, mx.array | None]:
         """Check the inputs; returns (D, logits (B, N, V) float32, uniforms (B, D+1, W+1) or None)."""
         check_verifier_inputs(self, tree, draft, target, backend="mlx")
         depth = static_depth(tree, draft)
@@ -86,8 +98,15 @@ class MlxVerifier(VerifierRule):
         if not self.uses_uniforms:
             return depth, logits, None
         width = 0 if draft is None or draft.beams is None else int(draft.beams.shape[1])
-        check_uniform_shape(self, None if uniforms is None else tuple(uniforms.shape), sampling,
-                            tree.batch_size, depth, width, backend="mlx")
+        check_uniform_shape(
+            self,
+            None if uniforms is None else tuple(uniforms.shape),
+            sampling,
+            tree.batch_size,
+            depth,
+            width,
+            backend="mlx",
+        )
         return depth, logits, None if uniforms is None else to_mx(uniforms).astype(mx.float32)
 
 
@@ -95,9 +114,13 @@ def walk_by_tokens(tree: DraftTree, next_tokens: mx.array, depth: int) -> Verdic
     """Descend while a child carries the node's next token (B, N); the bonus is the last node's."""
     if tree.size == 1:  # plain decoding: the root alone
         zeros = mx.zeros((tree.batch_size, 1), dtype=mx.int32)
-        return Verdict(path=zeros, num_accepted=zeros[:, 0], bonus_tokens=next_tokens[:, 0].astype(mx.int32))
+        return Verdict(
+            path=zeros, num_accepted=zeros[:, 0], bonus_tokens=next_tokens[:, 0].astype(mx.int32)
+        )
     parents = mx.maximum(to_mx(tree.parents).astype(mx.int32), 0)
-    accepted = to_mx(tree.tokens).astype(mx.int32) == mx.take_along_axis(next_tokens, parents, axis=1)
+    accepted = to_mx(tree.tokens).astype(mx.int32) == mx.take_along_axis(
+        next_tokens, parents, axis=1
+    )
     path, num_accepted, last = accepted_path(tree, accepted, depth)
     bonus = mx.take_along_axis(next_tokens, last[:, None], axis=1)[:, 0]
     return Verdict(path=path, num_accepted=num_accepted, bonus_tokens=bonus)
@@ -131,7 +154,9 @@ class ExactTreeVerifier(MlxVerifier):
 def beam_nodes(tree: DraftTree) -> mx.array:
     """(B, W, L) node of every beam token; needs a tree packed from beams."""
     if tree.beam_to_node is None:
-        raise InvalidInputError("this verifier needs a tree packed from beams (tree.beam_to_node), e.g. 'prefix_tree'")
+        raise InvalidInputError(
+            "this verifier needs a tree packed from beams (tree.beam_to_node), e.g. 'prefix_tree'"
+        )
     return to_mx(tree.beam_to_node).astype(mx.int32)
 
 
@@ -160,7 +185,11 @@ class RejectionVerifier(MlxVerifier):
         inner = nodes[:, :, :-1]  # (B, W, L-1): the node each drafted token hangs from
         residual = gather_nodes(target_probs, inner)  # (B, W, L-1, V)
         same_node = inner[:, :, None, :] == inner[:, None, :, :]  # (B, W, W, L-1) [k, i]
-        coins = None if uniforms is None else uniforms[:, : length - 1, 1 : width + 1].transpose(0, 2, 1)  # (B, W, L-1)
+        coins = (
+            None
+            if uniforms is None
+            else uniforms[:, : length - 1, 1 : width + 1].transpose(0, 2, 1)
+        )  # (B, W, L-1)
         accepted, remaining = [], []
         for i in range(width):
             probability = acceptance_probability(residual[:, i], draft_probs[:, i], beams[:, i, 1:])
@@ -175,16 +204,28 @@ class RejectionVerifier(MlxVerifier):
         beaten = mx.any(same_node & earlier[None, :, :, None] & accepted[:, None, :, :], axis=2)
         takes = accepted & ~beaten  # (B, W, L-1)
         child = nodes[:, :, 1:]
-        node_taken = mx.any((takes[..., None] & (child[..., None] == mx.arange(tree.size))).reshape(
-            batch, -1, tree.size), axis=1)  # (B, N)
+        node_taken = mx.any(
+            (takes[..., None] & (child[..., None] == mx.arange(tree.size))).reshape(
+                batch, -1, tree.size
+            ),
+            axis=1,
+        )  # (B, N)
         path, num_accepted, last = accepted_path(tree, node_taken, depth)
         # Bonus: the final residual at the last node (the residual after its last beam), or the
         # target's probabilities at a leaf.
-        remaining = mx.concatenate([mx.stack(remaining, axis=1), gather_nodes(target_probs, nodes[:, :, -1:])], axis=2)
+        remaining = mx.concatenate(
+            [mx.stack(remaining, axis=1), gather_nodes(target_probs, nodes[:, :, -1:])], axis=2
+        )
         same_all = nodes[:, :, None, :] == nodes[:, None, :, :]  # (B, W, W, L) [k, i]
-        later_same = mx.any(same_all & earlier.T[None, :, :, None], axis=2)  # a later beam shares the node
+        later_same = mx.any(
+            same_all & earlier.T[None, :, :, None], axis=2
+        )  # a later beam shares the node
         depth_ids = mx.broadcast_to(mx.arange(length)[None, None, :], nodes.shape)
         draws = ops.categorical(remaining, node_uniforms(uniforms, depth_ids))  # (B, W, L)
-        pick = (nodes == last[:, None, None]) & (depth_ids == num_accepted[:, None, None]) & ~later_same
+        pick = (
+            (nodes == last[:, None, None])
+            & (depth_ids == num_accepted[:, None, None])
+            & ~later_same
+        )
         bonus = mx.sum(mx.where(pick, draws, 0), axis=(1, 2))
         return Verdict(path=path, num_accepted=num_accepted, bonus_tokens=bonus.astype(mx.int32))

@@ -33,8 +33,14 @@ class RedrafterPublishedVerifier(MlxVerifier):
         draft_probs = to_mx(draft.draft_probs).astype(mx.float32)  # (B, W, L-1, V)
         batch, width, length = beams.shape
         beam_probs = gather_nodes(ops.target_probs(logits, sampling), nodes)  # (B, W, L, V)
-        probability = acceptance_probability(beam_probs[:, :, :-1], draft_probs, beams[:, :, 1:])  # (B, W, L-1)
-        coins = None if uniforms is None else uniforms[:, : length - 1, 1 : width + 1].transpose(0, 2, 1)
+        probability = acceptance_probability(
+            beam_probs[:, :, :-1], draft_probs, beams[:, :, 1:]
+        )  # (B, W, L-1)
+        coins = (
+            None
+            if uniforms is None
+            else uniforms[:, : length - 1, 1 : width + 1].transpose(0, 2, 1)
+        )
         passes = coin(probability, coins).astype(mx.int32)
         leading = mx.sum(mx.cumprod(passes, axis=2), axis=2)  # (B, W): leading passes of each beam
         best_length = mx.max(leading, axis=1)  # (B,)
@@ -42,15 +48,27 @@ class RedrafterPublishedVerifier(MlxVerifier):
         best_nodes = mx.take_along_axis(nodes, best[:, None, None], axis=1)[:, 0]  # (B, L)
         steps = mx.arange(length)[None, :]
         path = mx.where(steps <= best_length[:, None], best_nodes, -1)
-        chosen = lambda values: mx.take_along_axis(  # values (B, W, J, V) at beam best, depth best_length
-            mx.take_along_axis(values, best[:, None, None, None], axis=1)[:, 0],
-            mx.minimum(best_length, values.shape[2] - 1)[:, None, None], axis=1)[:, 0]
+        chosen = lambda values: (
+            mx.take_along_axis(  # values (B, W, J, V) at beam best, depth best_length
+                mx.take_along_axis(values, best[:, None, None, None], axis=1)[:, 0],
+                mx.minimum(best_length, values.shape[2] - 1)[:, None, None],
+                axis=1,
+            )[:, 0]
+        )
         probs = chosen(beam_probs)  # (B, V)
         residual = subtract_draft(probs, chosen(draft_probs))
         probs = mx.where((best_length < length - 1)[:, None], residual, probs)
-        draw_uniforms = None if uniforms is None else mx.take_along_axis(uniforms[:, :, 0], best_length[:, None], axis=1)[:, 0]
+        draw_uniforms = (
+            None
+            if uniforms is None
+            else mx.take_along_axis(uniforms[:, :, 0], best_length[:, None], axis=1)[:, 0]
+        )
         bonus = ops.categorical(probs, draw_uniforms)
-        return Verdict(path=path.astype(mx.int32), num_accepted=best_length.astype(mx.int32), bonus_tokens=bonus)
+        return Verdict(
+            path=path.astype(mx.int32),
+            num_accepted=best_length.astype(mx.int32),
+            bonus_tokens=bonus,
+        )
 
 
 class TypicalVerifier(MlxVerifier):
@@ -75,6 +93,10 @@ class TypicalVerifier(MlxVerifier):
         accepted = token_probs > mx.take_along_axis(threshold, parents, axis=1)
         path, num_accepted, last = accepted_path(tree, accepted, depth)
         last_probs = gather_nodes(probs, last[:, None])[:, 0]  # (B, V)
-        draw_uniforms = None if uniforms is None else mx.take_along_axis(uniforms[:, :, 0], num_accepted[:, None], axis=1)[:, 0]
+        draw_uniforms = (
+            None
+            if uniforms is None
+            else mx.take_along_axis(uniforms[:, :, 0], num_accepted[:, None], axis=1)[:, 0]
+        )
         bonus = ops.categorical(last_probs, draw_uniforms)
         return Verdict(path=path, num_accepted=num_accepted, bonus_tokens=bonus)

@@ -22,8 +22,13 @@ def weight_files(folder: Path) -> list[Path]:
         return [single]
     index = folder / "model.safetensors.index.json"
     if index.is_file():
-        return [folder / shard for shard in sorted(set(json.loads(index.read_text())["weight_map"].values()))]
-    raise FileNotFoundError(f"no weights in {str(folder)!r}: expected model.safetensors or an index of shards")
+        return [
+            folder / shard
+            for shard in sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        ]
+    raise FileNotFoundError(
+        f"no weights in {str(folder)!r}: expected model.safetensors or an index of shards"
+    )
 
 
 def fingerprint_of(source: Any) -> str:
@@ -43,5 +48,7 @@ def fingerprint_of(source: Any) -> str:
         value = tensors[key]
         digest.update(key.encode())
         digest.update(repr(tuple(value.shape)).encode())
-        digest.update(np.ascontiguousarray(np.array(value.astype(mx.float32)), dtype="<f4").tobytes())
+        digest.update(
+            np.ascontiguousarray(np.array(value.astype(mx.float32)), dtype="<f4").tobytes()
+        )
     return digest.hexdigest()

@@ -19,10 +19,19 @@ class TorchBackend:
     """The ``torch`` backend (``specdec.protocols.Backend``)."""
 
     name = "torch"
-    compute_thread = True  # OpenMP keeps a worker team per calling thread: one thread for all (specdec.compute)
+    compute_thread = (
+        True  # OpenMP keeps a worker team per calling thread: one thread for all (specdec.compute)
+    )
 
-    def load_target(self, source: Any, *, dtype: str | None = None, device: str | None = None, slots: int = 1,
-                    capacity: int | None = None):
+    def load_target(
+        self,
+        source: Any,
+        *,
+        dtype: str | None = None,
+        device: str | None = None,
+        slots: int = 1,
+        capacity: int | None = None,
+    ):
         """A ``TorchTarget`` from a local Hugging Face-format folder, a ``transformers`` Llama-family
         model object or a TorchTarget (see ``specdec_torch.loading.load_torch_target``)."""
         return load_torch_target(source, dtype=dtype, device=device, slots=slots, capacity=capacity)
@@ -33,6 +42,7 @@ class TorchBackend:
         measured, never assumed), float16 too where the CPU has half-precision arithmetic;
         bfloat16 and float16 on CUDA; float16 and float32 on MPS."""
         from specdec.tuning.dtype import cpu_flags
+
         resolved = torch.device(device) if device is not None else default_device()
         if resolved.type == "cuda":
             return ("bfloat16", "float16") if torch.cuda.is_bf16_supported() else ("float16",)
@@ -63,4 +73,3 @@ class TorchBackend:
         if device.type == "mps" and host.dtype == torch.float64:
             host = host.to(torch.float32)
         return host.to(device)
-

@@ -45,14 +45,24 @@ import attrs
 import torch
 import torch.nn.functional as F
 
-__all__ = ["TAIL", "KernelPlan", "SplitPlan", "attend_kernel", "attend_split", "linear_rows", "plan_kernel",
-           "plan_split"]
+__all__ = [
+    "TAIL",
+    "KernelPlan",
+    "SplitPlan",
+    "attend_kernel",
+    "attend_split",
+    "linear_rows",
+    "plan_kernel",
+    "plan_split",
+]
 
 TAIL = 16  # keys gathered per query: a tree path of up to TAIL - 1 drafted tokens is bit-exact
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
 
 
-def linear_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+def linear_rows(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+) -> torch.Tensor:
     """``F.linear(x, weight, bias)`` with a one-row product computed as a two-row one (the row
     twice, the copy dropped): every row count then runs the same kind of kernel."""
     if x.numel() != x.shape[-1]:
@@ -93,11 +103,14 @@ def plan_split(mask: torch.Tensor, tail: int = TAIL) -> SplitPlan:
     tail_slots = tail_slots.scatter_(-1, column, slots)[..., :tail]
     padding = torch.arange(tail, device=mask.device) >= (count - split)  # (B, n, tail)
     masked = torch.cat([padding, ~(allowed & ~in_tail)], dim=-1)  # (B, n, tail + S)
-    return SplitPlan(tail_slots=tail_slots[:, None, None].contiguous(), masked=masked[:, None, None])
+    return SplitPlan(
+        tail_slots=tail_slots[:, None, None].contiguous(), masked=masked[:, None, None]
+    )
 
 
-def attend_split(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, plan: SplitPlan
-                 ) -> torch.Tensor:
+def attend_split(
+    query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, plan: SplitPlan
+) -> torch.Tensor:
     """Grouped-query attention in the split form. query (B, Hq, n, Dh); keys, values (B, Hkv,
     S, Dh); ``plan`` of the mask (B, 1, n, S). -> (B, n, Hq * Dh), like ``specdec_torch.layers.attend``,
     with each query's bits independent of the other queries, keys and rows.
@@ -112,8 +125,12 @@ def attend_split(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, 
     scores = scores.float().view(batch, kv_heads, group, n, size)
     tail_scores = scores.gather(-1, plan.tail_slots.expand(batch, kv_heads, group, n, tail))
     row = torch.cat([tail_scores, scores], dim=-1).masked_fill_(plan.masked, float("-inf"))
-    probs = torch.softmax(row.mul_(1.0 / math.sqrt(dim)), dim=-1)  # (B, Hkv, G, n, tail + S) float32
-    prefix = torch.matmul(probs[..., tail:].to(values.dtype).view(batch, kv_heads, group * n, size), values)
+    probs = torch.softmax(
+        row.mul_(1.0 / math.sqrt(dim)), dim=-1
+    )  # (B, Hkv, G, n, tail + S) float32
+    prefix = torch.matmul(
+        probs[..., tail:].to(values.dtype).view(batch, kv_heads, group * n, size), values
+    )
     where = plan.tail_slots.view(batch, 1, n * tail, 1).expand(batch, kv_heads, n * tail, dim)
     tail_values = values.gather(2, where).view(batch, kv_heads, n, tail, dim).float()
     out = torch.matmul(probs[..., :tail].transpose(2, 3), tail_values)  # (B, Hkv, n, G, Dh) float32
@@ -149,13 +166,28 @@ def plan_kernel(mask: torch.Tensor, rows: torch.Tensor) -> KernelPlan:
     column = torch.where(rest, rest.cumsum(-1) - 1, most)
     extra = torch.zeros((batch, n, most + 1), dtype=torch.int64, device=mask.device)
     extra = extra.scatter_(-1, column, index.expand(batch, n, size))[..., :most].contiguous()
-    return KernelPlan(rows=rows.to(torch.int64).contiguous(), lo=lo, hi=lo + in_run.sum(-1), extra=extra,
-                      extra_count=extra_count)
+    return KernelPlan(
+        rows=rows.to(torch.int64).contiguous(),
+        lo=lo,
+        hi=lo + in_run.sum(-1),
+        extra=extra,
+        extra_count=extra_count,
+    )
 
 
-def attend_kernel(kernel, query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, plan: KernelPlan
-                  ) -> torch.Tensor:
+def attend_kernel(
+    kernel, query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, plan: KernelPlan
+) -> torch.Tensor:
     """Grouped-query attention by the compiled kernel (``specdec_torch.kernels``). query (B, Hq,
     n, Dh); keys, values (slots, Hkv, capacity, Dh): a layer of the cache. -> (B, n, Hq * Dh)."""
-    return kernel.exact_attention(query, keys, values, plan.rows, plan.lo, plan.hi, plan.extra, plan.extra_count,
-                                  1.0 / math.sqrt(query.shape[-1]))
+    return kernel.exact_attention(
+        query,
+        keys,
+        values,
+        plan.rows,
+        plan.lo,
+        plan.hi,
+        plan.extra,
+        plan.extra_count,
+        1.0 / math.sqrt(query.shape[-1]),
+    )

@@ -45,15 +45,20 @@ _INT8: dict[tuple, bool] = {}
 
 def int8_supported(weight: torch.Tensor) -> bool:
     """Whether the int8 kernel may run for ``weight`` (N, K): see the module docstring."""
-    if weight.device.type != "cpu" or weight.ndim != 2 or not hasattr(torch.ops.aten, "_weight_int8pack_mm"):
+    if (
+        weight.device.type != "cpu"
+        or weight.ndim != 2
+        or not hasattr(torch.ops.aten, "_weight_int8pack_mm")
+    ):
         return False
     if weight.dtype == torch.float32:
         return True
     return weight.dtype in (torch.bfloat16, torch.float16) and weight.shape[1] % 64 == 0
 
 
-def draft_weight(weight: torch.Tensor, bias: torch.Tensor | None = None, *,
-                 int8: bool | None = None) -> Callable[[torch.Tensor], torch.Tensor]:
+def draft_weight(
+    weight: torch.Tensor, bias: torch.Tensor | None = None, *, int8: bool | None = None
+) -> Callable[[torch.Tensor], torch.Tensor]:
     """``x -> x @ weight.T + bias`` for a drafter's weight (N, K): (..., K) -> (..., N).
 
     int8: False computes in the weight's dtype (``head_product``, exact); True with the weight
@@ -67,8 +72,13 @@ def draft_weight(weight: torch.Tensor, bias: torch.Tensor | None = None, *,
         raise InvalidInputError(
             f"int8 drafter weights need torch's int8 CPU kernel, which runs here for float32 weights, or bfloat16 "
             f"and float16 ones whose input size is a multiple of 64; this weight is {tuple(weight.shape)} "
-            f"{str(weight.dtype).removeprefix('torch.')} on {weight.device.type}: use int8=None (measured) or False")
-    if int8 is False or not int8_supported(weight) or (int8 is None and weight.dtype not in MEASURED_DTYPES):
+            f"{str(weight.dtype).removeprefix('torch.')} on {weight.device.type}: use int8=None (measured) or False"
+        )
+    if (
+        int8 is False
+        or not int8_supported(weight)
+        or (int8 is None and weight.dtype not in MEASURED_DTYPES)
+    ):
         return _Native(weight, bias)
     return _Int8(weight, bias, forced=bool(int8))
 
@@ -102,12 +112,15 @@ class _Int8(_Native):
         chosen = _INT8.get(key)
         if chosen is None:
             chosen = _INT8[key] = self._correct(rows) and second_is_faster(
-                lambda: head_product(rows, self.weight), lambda: self._product(rows))
+                lambda: head_product(rows, self.weight), lambda: self._product(rows)
+            )
         return chosen
 
     def _correct(self, rows: torch.Tensor) -> bool:
         """The kernel's product against the dequantized weights' in float64, within its dtype's rounding."""
-        weights = dequantize_rows(self.q.cpu().numpy(), self.scale.double().cpu().numpy())  # the scales it multiplies by
+        weights = dequantize_rows(
+            self.q.cpu().numpy(), self.scale.double().cpu().numpy()
+        )  # the scales it multiplies by
         expected = rows.double().cpu().numpy() @ weights.T
         got = self._product(rows).double().cpu().numpy()
         bound = 0.05 * float(np.abs(expected).max()) + 1e-6
@@ -123,5 +136,9 @@ class _Int8(_Native):
 
 def int8_choices() -> dict[str, str]:
     """What was measured so far, for reports: "N x K dtype, one row|several rows" -> "int8" | "own dtype"."""
-    return {f"{k[0][0]} x {k[0][1]} {str(k[1]).removeprefix('torch.')}, {'several rows' if k[2] else 'one row'}":
-            "int8" if v else "own dtype" for k, v in _INT8.items()}
+    return {
+        f"{k[0][0]} x {k[0][1]} {str(k[1]).removeprefix('torch.')}, {'several rows' if k[2] else 'one row'}": "int8"
+        if v
+        else "own dtype"
+        for k, v in _INT8.items()
+    }

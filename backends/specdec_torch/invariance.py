@@ -26,7 +26,14 @@ import torch
 
 from specdec.tuning.exactness import InvarianceCheck, cached_check
 from specdec_torch.device import describe_device
-from specdec_torch.exact import TAIL, attend_kernel, attend_split, linear_rows, plan_kernel, plan_split
+from specdec_torch.exact import (
+    TAIL,
+    attend_kernel,
+    attend_split,
+    linear_rows,
+    plan_kernel,
+    plan_split,
+)
 from specdec_torch.kernels import SOURCE
 from specdec_torch.layers import apply_rotary, rms_norm, rotary_cos_sin
 from specdec_torch.products import head_product
@@ -45,9 +52,13 @@ def _rows_agree(product: Callable[[torch.Tensor], torch.Tensor], inputs: torch.T
     whole = product(inputs)
     for rows in SMALL_ROWS:
         for start in range(0, min(COVERED, len(inputs)) - rows + 1, rows):
-            if not torch.equal(product(inputs[start:start + rows]), whole[start:start + rows]):
+            if not torch.equal(product(inputs[start : start + rows]), whole[start : start + rows]):
                 return False
-    return all(torch.equal(product(inputs[:rows]), whole[:rows]) for rows in LARGE_ROWS if rows < len(inputs))
+    return all(
+        torch.equal(product(inputs[:rows]), whole[:rows])
+        for rows in LARGE_ROWS
+        if rows < len(inputs)
+    )
 
 
 def _products(target) -> list[tuple[str, torch.Tensor, torch.Tensor | None, int]]:
@@ -56,15 +67,34 @@ def _products(target) -> list[tuple[str, torch.Tensor, torch.Tensor | None, int]
     attention, mlp = layer.self_attn, layer.mlp
     if target._packed is not None:
         qkv, qkv_bias, gate_up, gate_up_bias = target._packed[0]
-        products = [("q/k/v projection", qkv, qkv_bias), ("gate/up projection", gate_up, gate_up_bias)]
+        products = [
+            ("q/k/v projection", qkv, qkv_bias),
+            ("gate/up projection", gate_up, gate_up_bias),
+        ]
     else:
-        products = [(f"{name} projection", getattr(attention, f"{name}_proj").weight,
-                     getattr(attention, f"{name}_proj").bias) for name in ("q", "k", "v")]
-        products += [(f"{name} projection", getattr(mlp, f"{name}_proj").weight, getattr(mlp, f"{name}_proj").bias)
-                     for name in ("gate", "up")]
-    products += [("o projection", attention.o_proj.weight, attention.o_proj.bias),
-                 ("down projection", mlp.down_proj.weight, mlp.down_proj.bias)]
-    return [(name, w, b, LAYER_ROWS) for name, w, b in products] + [("LM head", target.lm_head, None, HEAD_ROWS)]
+        products = [
+            (
+                f"{name} projection",
+                getattr(attention, f"{name}_proj").weight,
+                getattr(attention, f"{name}_proj").bias,
+            )
+            for name in ("q", "k", "v")
+        ]
+        products += [
+            (
+                f"{name} projection",
+                getattr(mlp, f"{name}_proj").weight,
+                getattr(mlp, f"{name}_proj").bias,
+            )
+            for name in ("gate", "up")
+        ]
+    products += [
+        ("o projection", attention.o_proj.weight, attention.o_proj.bias),
+        ("down projection", mlp.down_proj.weight, mlp.down_proj.bias),
+    ]
+    return [(name, w, b, LAYER_ROWS) for name, w, b in products] + [
+        ("LM head", target.lm_head, None, HEAD_ROWS)
+    ]
 
 
 def _attention_agrees(target, generator: torch.Generator) -> bool:
@@ -74,12 +104,18 @@ def _attention_agrees(target, generator: torch.Generator) -> bool:
     heads, kv_heads, dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
     length, nodes = 300, 9  # committed positions; tree: root, a 4-node decoy beam, then the path
     size = length + nodes
-    cache = torch.randn((2, 3, kv_heads, size + 8, dim), generator=generator).to(dtype=dtype, device=device)
+    cache = torch.randn((2, 3, kv_heads, size + 8, dim), generator=generator).to(
+        dtype=dtype, device=device
+    )
     path = [0, 5, 6, 7, 8]  # root then the second beam: its nodes sit after the decoy's
-    for depth, node in enumerate(path):  # slot 1 holds, at the plain layout, what slot 0's tree holds
+    for depth, node in enumerate(
+        path
+    ):  # slot 1 holds, at the plain layout, what slot 0's tree holds
         cache[:, 1, :, length + depth] = cache[:, 0, :, length + node]
     cache[:, 1, :, :length] = cache[:, 0, :, :length]
-    queries = torch.randn((1, heads, nodes, dim), generator=generator).to(dtype=dtype, device=device)
+    queries = torch.randn((1, heads, nodes, dim), generator=generator).to(
+        dtype=dtype, device=device
+    )
     parents = [-1, 0, 1, 2, 3, 0, 5, 6, 7]
     tree_mask = torch.zeros((1, 1, nodes, size), dtype=torch.bool, device=device)
     tree_mask[..., :length] = True
@@ -91,12 +127,20 @@ def _attention_agrees(target, generator: torch.Generator) -> bool:
     other = torch.zeros((1, 1, nodes, size), dtype=torch.bool, device=device)
     other[..., :120] = True  # a shorter row beside it
     mask = torch.cat([tree_mask, other])
-    both = torch.cat([queries, torch.randn(queries.shape, generator=generator).to(dtype=dtype, device=device)])
+    both = torch.cat(
+        [queries, torch.randn(queries.shape, generator=generator).to(dtype=dtype, device=device)]
+    )
     tree = _attend(target, both, cache, torch.tensor([0, 2], device=device), mask)[0]
     for depth, node in enumerate(path):
         alone_mask = torch.zeros((1, 1, 1, length + depth + 1 + 7), dtype=torch.bool, device=device)
-        alone_mask[..., :length + depth + 1] = True  # trailing slots outside the query's keys
-        alone = _attend(target, queries[:, :, node:node + 1], cache, torch.tensor([1], device=device), alone_mask)
+        alone_mask[..., : length + depth + 1] = True  # trailing slots outside the query's keys
+        alone = _attend(
+            target,
+            queries[:, :, node : node + 1],
+            cache,
+            torch.tensor([1], device=device),
+            alone_mask,
+        )
         if not torch.equal(alone[0, 0], tree[node]):
             return False
     return True
@@ -119,7 +163,11 @@ def check_target_kernels(target) -> InvarianceCheck:
     try:
         with torch.inference_mode():
             for name, weight, bias, rows in _products(target):
-                inputs = torch.randn((rows, weight.shape[1]), generator=generator).to(weight.dtype).to(weight.device)
+                inputs = (
+                    torch.randn((rows, weight.shape[1]), generator=generator)
+                    .to(weight.dtype)
+                    .to(weight.device)
+                )
                 if name == "LM head":
                     product = lambda x, w=weight: head_product(x, w, exact=True)  # noqa: E731
                 else:
@@ -129,7 +177,11 @@ def check_target_kernels(target) -> InvarianceCheck:
                 if not _rows_agree(product, inputs):
                     return InvarianceCheck(holds=False, failed=label, checked=tuple(checked))
             hidden = target.hidden_size
-            x = torch.randn((LAYER_ROWS, hidden), generator=generator).to(target.dtype).to(target.device)
+            x = (
+                torch.randn((LAYER_ROWS, hidden), generator=generator)
+                .to(target.dtype)
+                .to(target.device)
+            )
             norm = target._layers[0].input_layernorm.weight
             row_ops = {
                 "RMSNorm": lambda rows: rms_norm(rows, norm, target.config.rms_norm_eps),
@@ -143,16 +195,27 @@ def check_target_kernels(target) -> InvarianceCheck:
             dim, heads = target.config.head_dim, target.config.num_attention_heads
             positions = torch.arange(LAYER_ROWS, device=target.device)[None]
             cos, sin = rotary_cos_sin(positions, target._inv_freq, target.dtype)
-            q = torch.randn((1, heads, LAYER_ROWS, dim), generator=generator).to(target.dtype).to(target.device)
+            q = (
+                torch.randn((1, heads, LAYER_ROWS, dim), generator=generator)
+                .to(target.dtype)
+                .to(target.device)
+            )
             whole = apply_rotary(q, cos, sin)
             for start, rows in ((0, 1), (7, 1), (3, 5), (40, 17)):
-                part = apply_rotary(q[:, :, start:start + rows], cos[:, :, start:start + rows],
-                                    sin[:, :, start:start + rows])
-                if not torch.equal(part, whole[:, :, start:start + rows]):
-                    return InvarianceCheck(holds=False, failed="rotary embedding", checked=tuple(checked))
+                part = apply_rotary(
+                    q[:, :, start : start + rows],
+                    cos[:, :, start : start + rows],
+                    sin[:, :, start : start + rows],
+                )
+                if not torch.equal(part, whole[:, :, start : start + rows]):
+                    return InvarianceCheck(
+                        holds=False, failed="rotary embedding", checked=tuple(checked)
+                    )
             checked.append(f"attention ({target.exact_form})")
             if not _attention_agrees(target, generator):
-                return InvarianceCheck(holds=False, failed=f"attention ({target.exact_form})", checked=tuple(checked))
+                return InvarianceCheck(
+                    holds=False, failed=f"attention ({target.exact_form})", checked=tuple(checked)
+                )
     finally:
         target.exact = was
     return InvarianceCheck(holds=True, checked=tuple(checked))
@@ -165,8 +228,20 @@ def check_row_invariance(target) -> InvarianceCheck:
     form = target.exact_form
     target.exact = was
     shapes = sorted(str(tuple(w.shape)) for _, w, _, _ in _products(target))
-    key = {"backend": "torch", "device": describe_device(str(target.device)),
-           "dtype": str(target.dtype), "shapes": shapes, "heads": [target.config.num_attention_heads,
-           target.config.num_key_value_heads, target.config.head_dim], "form": form, "tail": TAIL,
-           "kernel": hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:16] if form == "kernel" else None}
+    key = {
+        "backend": "torch",
+        "device": describe_device(str(target.device)),
+        "dtype": str(target.dtype),
+        "shapes": shapes,
+        "heads": [
+            target.config.num_attention_heads,
+            target.config.num_key_value_heads,
+            target.config.head_dim,
+        ],
+        "form": form,
+        "tail": TAIL,
+        "kernel": hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:16]
+        if form == "kernel"
+        else None,
+    }
     return cached_check(key, lambda: check_target_kernels(target))

@@ -56,7 +56,10 @@ def attention_kernel():
             except Exception as exc:  # noqa: BLE001 - any build failure falls back to torch operations
                 detail = " ".join(str(exc).split())[:300] or type(exc).__name__
                 status = f"not built ({detail}); exact mode uses torch operations"
-                log.warning("specdec: the torch backend's exact attention kernel could not be built: %s", detail)
+                log.warning(
+                    "specdec: the torch backend's exact attention kernel could not be built: %s",
+                    detail,
+                )
         _STATE["module"], _STATE["status"] = module, status
         return module
 
@@ -68,9 +71,14 @@ def _load():
     folder = Path(cpp_extension._get_build_directory(name, verbose=False))
     built = any(folder.glob(f"{name}*.so"))
     if not built:
-        print("specdec: compiling the exact attention kernel for this machine (once, about a minute)",
-              file=sys.stderr, flush=True)
-    module = cpp_extension.load(name=name, sources=[str(SOURCE)], extra_cflags=list(FLAGS), verbose=False)
+        print(
+            "specdec: compiling the exact attention kernel for this machine (once, about a minute)",
+            file=sys.stderr,
+            flush=True,
+        )
+    module = cpp_extension.load(
+        name=name, sources=[str(SOURCE)], extra_cflags=list(FLAGS), verbose=False
+    )
     return module, f"compiled for this CPU ({'cached' if built else 'built now'})"
 
 

@@ -24,8 +24,17 @@ __all__ = ["TorchKVCache"]
 class TorchKVCache:
     """Committed keys and values of ``num_slots`` request slots, plus one staged tree."""
 
-    def __init__(self, *, num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype,
-                 device: torch.device, num_slots: int, capacity: int):
+    def __init__(
+        self,
+        *,
+        num_layers: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        num_slots: int,
+        capacity: int,
+    ):
         self.num_layers = num_layers
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
@@ -35,7 +44,9 @@ class TorchKVCache:
         self.lengths = np.zeros(num_slots, dtype=np.int64)  # host
         self.device_lengths = torch.zeros(num_slots, dtype=torch.int64, device=device)
         self.admitted = np.zeros(num_slots, dtype=bool)
-        self.staged_slots: np.ndarray | None = None  # slots of the last forward_tree, None when none is staged
+        self.staged_slots: np.ndarray | None = (
+            None  # slots of the last forward_tree, None when none is staged
+        )
         self.staged_size = 0
 
     @property
@@ -53,12 +64,21 @@ class TorchKVCache:
     def flat_index(self, slots: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Row-major index into the flattened (slots, Hkv, capacity) axes of positions (B, n) of
         ``slots`` (B,) for every head -> (B*Hkv*n,) int64, ordered like a (B, Hkv, n) tensor."""
-        heads = torch.arange(self.num_kv_heads, device=positions.device)[None, :, None]  # (1, Hkv, 1)
+        heads = torch.arange(self.num_kv_heads, device=positions.device)[
+            None, :, None
+        ]  # (1, Hkv, 1)
         rows = slots[:, None, None] * self.num_kv_heads  # (B, 1, 1)
         return ((rows + heads) * self.capacity + positions[:, None, :]).reshape(-1)
 
-    def write(self, layer: int, slots: torch.Tensor, positions: torch.Tensor, keys: torch.Tensor,
-              values: torch.Tensor, block: tuple[int, int, int] | None = None) -> None:
+    def write(
+        self,
+        layer: int,
+        slots: torch.Tensor,
+        positions: torch.Tensor,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        block: tuple[int, int, int] | None = None,
+    ) -> None:
         """Store keys, values (B, Hkv, n, Dh) of ``layer`` at positions (B, n) of ``slots`` (B,).
 
         ``block`` = (first slot, last slot + 1, start): when the rows are consecutive slots that
@@ -75,17 +95,22 @@ class TorchKVCache:
         layer_data[0].index_copy_(0, index, keys.reshape(-1, self.head_dim))
         layer_data[1].index_copy_(0, index, values.reshape(-1, self.head_dim))
 
-    def view(self, layer: int, slots: torch.Tensor, size: int, span: tuple[int, int] | None
-             ) -> tuple[torch.Tensor, torch.Tensor]:
+    def view(
+        self, layer: int, slots: torch.Tensor, size: int, span: tuple[int, int] | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values (B, Hkv, size, Dh) of ``layer`` at positions 0 .. size - 1 of ``slots``:
         views when ``span`` = (first, end) says the rows are the consecutive slots first .. end - 1,
         else gathered copies."""
         if span is not None:
             first, end = span
-            return self.data[layer, 0, first:end, :, :size], self.data[layer, 1, first:end, :, :size]
+            return self.data[layer, 0, first:end, :, :size], self.data[
+                layer, 1, first:end, :, :size
+            ]
         return self.data[layer, 0, :, :, :size][slots], self.data[layer, 1, :, :, :size][slots]
 
-    def commit(self, path: torch.Tensor, num_accepted: torch.Tensor, host_accepted: np.ndarray) -> None:
+    def commit(
+        self, path: torch.Tensor, num_accepted: torch.Tensor, host_accepted: np.ndarray
+    ) -> None:
         """Keep the staged entries of ``path[b, :num_accepted[b] + 1]`` (node indices, root first)
         in the staged slots. path (B, A) int64, -1 past the accepted nodes; node i of row b was
         written at ``lengths[slot] + i`` and moves to ``lengths[slot] + d`` for its depth d: every
@@ -95,7 +120,9 @@ class TorchKVCache:
         start = self.device_lengths[slots][:, None]  # (B, 1)
         source = start + path.clamp(min=0)  # (B, A)
         target = start + torch.arange(width, device=self.device)  # (B, A)
-        flat = self.data.view(self.num_layers, 2, -1, self.head_dim)  # (layers, 2, slots*Hkv*capacity, Dh)
+        flat = self.data.view(
+            self.num_layers, 2, -1, self.head_dim
+        )  # (layers, 2, slots*Hkv*capacity, Dh)
         moved = flat.index_select(2, self.flat_index(slots, source))  # (layers, 2, B*Hkv*A, Dh)
         flat.index_copy_(2, self.flat_index(slots, target), moved)
         self.device_lengths[slots] += num_accepted + 1

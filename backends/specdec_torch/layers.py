@@ -17,7 +17,14 @@ import torch.nn.functional as F
 
 from specdec_torch.timing import fastest
 
-__all__ = ["apply_rotary", "attend", "attention_choices", "rms_norm", "rotary_cos_sin", "rotary_dtype"]
+__all__ = [
+    "apply_rotary",
+    "attend",
+    "attention_choices",
+    "rms_norm",
+    "rotary_cos_sin",
+    "rotary_dtype",
+]
 
 _LOW_PRECISION = (torch.float16, torch.bfloat16)
 
@@ -38,7 +45,9 @@ def rotary_dtype(device: torch.device) -> torch.dtype:
     return torch.float32 if device.type == "mps" else torch.float64
 
 
-def rotary_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+def rotary_cos_sin(
+    positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
     """positions (B, n) int64 -> cos, sin (B, 1, n, Dh) in ``dtype``.
 
     ``inv_freq`` (Dh/2,) holds the rotation speeds (float64 where available); each angle is
@@ -60,7 +69,9 @@ def inverse_frequencies(config, device: torch.device) -> torch.Tensor:
     """(Dh/2,) rotation speeds with the model's rope scaling, computed by the reference in float64."""
     from specdec.reference.model import rotary_inverse_frequencies
 
-    return torch.from_numpy(np.asarray(rotary_inverse_frequencies(config))).to(device=device, dtype=rotary_dtype(device))
+    return torch.from_numpy(np.asarray(rotary_inverse_frequencies(config))).to(
+        device=device, dtype=rotary_dtype(device)
+    )
 
 
 MEASURED_QUERIES = 32  # attention of up to this many new tokens (one, or a draft tree) is measured
@@ -70,8 +81,9 @@ _CHOSEN: dict[tuple, str] = {}
 
 
 def _grouped(query, keys, values, mask, scale):
-    return F.scaled_dot_product_attention(query, keys, values, attn_mask=mask, scale=scale,
-                                          enable_gqa=query.shape[1] != keys.shape[1])
+    return F.scaled_dot_product_attention(
+        query, keys, values, attn_mask=mask, scale=scale, enable_gqa=query.shape[1] != keys.shape[1]
+    )
 
 
 def _folded(query, keys, values, mask, scale):
@@ -81,8 +93,13 @@ def _folded(query, keys, values, mask, scale):
     kv_heads, span = keys.shape[1], keys.shape[2]
     group = heads // kv_heads  # query head h reads key/value head h // group
     rows_mask = mask[:, :, None].expand(batch, 1, group, n, span).reshape(batch, 1, group * n, span)
-    out = F.scaled_dot_product_attention(query.reshape(batch, kv_heads, group * n, dim), keys, values,
-                                         attn_mask=rows_mask, scale=scale)
+    out = F.scaled_dot_product_attention(
+        query.reshape(batch, kv_heads, group * n, dim),
+        keys,
+        values,
+        attn_mask=rows_mask,
+        scale=scale,
+    )
     return out.reshape(batch, heads, n, dim)
 
 
@@ -95,7 +112,11 @@ def _matmul(query, keys, values, mask, scale):
     group = heads // kv_heads
     scores = torch.matmul(query.reshape(batch, kv_heads, group * n, dim), keys.transpose(-1, -2))
     scores = scores.to(torch.float32) if scores.dtype in _LOW_PRECISION else scores
-    scores = (scores * scale).view(batch, kv_heads, group, n, span).masked_fill(~mask[:, :, None], float("-inf"))
+    scores = (
+        (scores * scale)
+        .view(batch, kv_heads, group, n, span)
+        .masked_fill(~mask[:, :, None], float("-inf"))
+    )
     probs = torch.softmax(scores, dim=-1).to(query.dtype).view(batch, kv_heads, group * n, span)
     return torch.matmul(probs, values).view(batch, heads, n, dim)
 
@@ -103,7 +124,9 @@ def _matmul(query, keys, values, mask, scale):
 _FORMS = {"grouped": _grouped, "folded": _folded, "matmul": _matmul}
 
 
-def attend(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+def attend(
+    query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor
+) -> torch.Tensor:
     """Grouped-query attention. query (B, Hq, n, Dh); keys, values (B, Hkv, S, Dh); mask (B, 1, n, S)
     bool (True = may attend; every query row has at least one True). Returns (B, n, Hq * Dh).
 
@@ -125,8 +148,12 @@ def attend(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: 
         form = _CHOSEN.get(key)
         if form is None:
             names = [name for name in _FORMS if name != "folded" or heads != keys.shape[1]]
-            form = _CHOSEN[key] = fastest({name: (lambda f=_FORMS[name]: f(query, keys, values, mask, scale))
-                                           for name in names})
+            form = _CHOSEN[key] = fastest(
+                {
+                    name: (lambda f=_FORMS[name]: f(query, keys, values, mask, scale))
+                    for name in names
+                }
+            )
     out = _FORMS[form](query, keys, values, mask, scale)  # (B, Hq, n, Dh)
     return out.transpose(1, 2).reshape(batch, n, heads * dim)
 
@@ -134,11 +161,13 @@ def attend(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: 
 def attention_choices() -> dict[str, str]:
     """What was measured so far, for reports: "dtype Hq/Hkv x Dh, one query|several, rows R-R'" ->
     "grouped" | "folded" | "matmul"."""
-    return {f"{str(k[0]).removeprefix('torch.')} {k[1]}/{k[2]} x {k[3]}, {'several' if k[4] else 'one query'}, "
-            f"{_rows_class(k[5])}": v for k, v in _CHOSEN.items()}
+    return {
+        f"{str(k[0]).removeprefix('torch.')} {k[1]}/{k[2]} x {k[3]}, {'several' if k[4] else 'one query'}, "
+        f"{_rows_class(k[5])}": v
+        for k, v in _CHOSEN.items()
+    }
 
 
 def _rows_class(bits: int) -> str:
     low, high = 1 << (bits - 1), (1 << bits) - 1
     return "1 row" if bits == 1 else f"rows {low}-{high}"
-

@@ -25,7 +25,12 @@ from specdec_torch.model import TorchTarget
 
 __all__ = ["DTYPES", "default_device", "load_torch_target", "resolve_dtype", "tensor_fingerprint"]
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
+DTYPES = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "float64": torch.float64,
+}
 
 
 def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
@@ -34,10 +39,14 @@ def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torc
         return {"cuda": torch.bfloat16, "mps": torch.float16}.get(device.type, torch.float32)
     if isinstance(dtype, torch.dtype):
         if dtype not in DTYPES.values():
-            raise InvalidInputError(f"dtype {dtype} is not supported by the torch backend; use one of {sorted(DTYPES)}")
+            raise InvalidInputError(
+                f"dtype {dtype} is not supported by the torch backend; use one of {sorted(DTYPES)}"
+            )
         return dtype
     if dtype not in DTYPES:
-        raise InvalidInputError(f"unknown dtype {dtype!r} for the torch backend; use one of {sorted(DTYPES)}")
+        raise InvalidInputError(
+            f"unknown dtype {dtype!r} for the torch backend; use one of {sorted(DTYPES)}"
+        )
     return DTYPES[dtype]
 
 
@@ -47,7 +56,14 @@ def tensor_fingerprint(named_tensors: Iterable[tuple[str, Any]]) -> str:
     for name, tensor in sorted(named_tensors, key=lambda item: item[0]):
         digest.update(name.encode())
         digest.update(repr(tuple(tensor.shape)).encode())
-        digest.update(tensor.detach().to(device="cpu", dtype=torch.float32).contiguous().numpy().astype("<f4").tobytes())
+        digest.update(
+            tensor.detach()
+            .to(device="cpu", dtype=torch.float32)
+            .contiguous()
+            .numpy()
+            .astype("<f4")
+            .tobytes()
+        )
     return digest.hexdigest()
 
 
@@ -75,7 +91,11 @@ def _module_tensors(model: Any, tied: bool):
 
 def _check_family(model: Any) -> None:
     model_type = getattr(getattr(model, "config", None), "model_type", None)
-    if model_type not in SUPPORTED_MODEL_TYPES or not hasattr(model, "model") or not hasattr(model, "lm_head"):
+    if (
+        model_type not in SUPPORTED_MODEL_TYPES
+        or not hasattr(model, "model")
+        or not hasattr(model, "lm_head")
+    ):
         raise InvalidInputError(
             f"the torch backend runs Llama-family causal LMs ({', '.join(SUPPORTED_MODEL_TYPES)}); got "
             f"{type(model).__name__} with model_type {model_type!r}"
@@ -92,13 +112,21 @@ def _eos_ids(model: Any, config: LlamaConfig) -> tuple[int, ...]:
     return tuple(int(t) for t in (eos if isinstance(eos, (list, tuple)) else [eos]))
 
 
-def _from_folder(path: str | os.PathLike, dtype: torch.dtype, device: torch.device, **slots) -> TorchTarget:
+def _from_folder(
+    path: str | os.PathLike, dtype: torch.dtype, device: torch.device, **slots
+) -> TorchTarget:
     from specdec.errors import require
 
-    transformers = require("transformers", extra="torch", feature="the torch backend's model loading")
+    transformers = require(
+        "transformers", extra="torch", feature="the torch backend's model loading"
+    )
     folder = Path(path)
-    config = LlamaConfig.from_folder(folder)  # clear errors for missing folders and unsupported models
-    check_weights_header(folder, config)  # the weights agree with config.json before a layer is built
+    config = LlamaConfig.from_folder(
+        folder
+    )  # clear errors for missing folders and unsupported models
+    check_weights_header(
+        folder, config
+    )  # the weights agree with config.json before a layer is built
     logging = transformers.utils.logging
     bar_was_enabled = logging.is_progress_bar_enabled()
     logging.disable_progress_bar()  # no progress output from a library call
@@ -109,30 +137,49 @@ def _from_folder(path: str | os.PathLike, dtype: torch.dtype, device: torch.devi
             logging.enable_progress_bar()
     model = model.to(device).eval()
     return TorchTarget(
-        model, config=config, fingerprint_fn=lambda: tensor_fingerprint(_folder_tensors(folder)),
-        tokenizer=load_tokenizer(folder), name=folder.resolve().name, eos_token_ids=config.eos_token_ids, pack=True,
+        model,
+        config=config,
+        fingerprint_fn=lambda: tensor_fingerprint(_folder_tensors(folder)),
+        tokenizer=load_tokenizer(folder),
+        name=folder.resolve().name,
+        eos_token_ids=config.eos_token_ids,
+        pack=True,
         **slots,
     )
 
 
-def _from_module(model: Any, dtype: torch.dtype | None, device: torch.device | None, **slots) -> TorchTarget:
+def _from_module(
+    model: Any, dtype: torch.dtype | None, device: torch.device | None, **slots
+) -> TorchTarget:
     """Wrap a ``transformers`` model object; given a dtype or device it is moved there (in place)."""
     _check_family(model)
     generation = getattr(model, "generation_config", None)
-    config = LlamaConfig.from_hf_dict(model.config.to_dict(), generation.to_dict() if generation is not None else None)
+    config = LlamaConfig.from_hf_dict(
+        model.config.to_dict(), generation.to_dict() if generation is not None else None
+    )
     if dtype is not None or device is not None:
         model.to(device=device, dtype=dtype)
     model.eval()
     tied = bool(config.tie_word_embeddings)
     name = Path(str(getattr(model.config, "_name_or_path", "") or type(model).__name__)).name
     return TorchTarget(
-        model, config=config, fingerprint_fn=lambda: tensor_fingerprint(_module_tensors(model, tied)),
-        name=name, eos_token_ids=_eos_ids(model, config), **slots,
+        model,
+        config=config,
+        fingerprint_fn=lambda: tensor_fingerprint(_module_tensors(model, tied)),
+        name=name,
+        eos_token_ids=_eos_ids(model, config),
+        **slots,
     )
 
 
-def load_torch_target(source: Any, *, dtype: str | torch.dtype | None = None, device: str | None = None,
-                      slots: int = 1, capacity: int | None = None) -> TorchTarget:
+def load_torch_target(
+    source: Any,
+    *,
+    dtype: str | torch.dtype | None = None,
+    device: str | None = None,
+    slots: int = 1,
+    capacity: int | None = None,
+) -> TorchTarget:
     """A TorchTarget from a model folder, a ``transformers`` model object or a TorchTarget.
 
     dtype: "float32" | "bfloat16" | "float16" | "float64" (None: float32 on cpu, bfloat16 on cuda,
@@ -145,7 +192,9 @@ def load_torch_target(source: Any, *, dtype: str | torch.dtype | None = None, de
         wanted_dtype = None if dtype is None else resolve_dtype(dtype, source.device)
         wanted_device = None if device is None else torch.device(device)
         other_device = wanted_device is not None and (
-            wanted_device.type != source.device.type or wanted_device.index not in (None, source.device.index))
+            wanted_device.type != source.device.type
+            or wanted_device.index not in (None, source.device.index)
+        )
         if wanted_dtype not in (None, source.dtype) or other_device:
             raise InvalidInputError(
                 f"this target is loaded as {source.dtype} on {source.device}; load it again for dtype={dtype!r}, "
@@ -154,8 +203,12 @@ def load_torch_target(source: Any, *, dtype: str | torch.dtype | None = None, de
         return source
     if isinstance(source, torch.nn.Module):
         resolved_device = None if device is None else torch.device(device)
-        return _from_module(source, None if dtype is None else resolve_dtype(dtype, torch.device("cpu")), resolved_device,
-                            **sized)
+        return _from_module(
+            source,
+            None if dtype is None else resolve_dtype(dtype, torch.device("cpu")),
+            resolved_device,
+            **sized,
+        )
     if isinstance(source, (str, os.PathLike)):
         resolved_device = torch.device(device) if device is not None else default_device()
         return _from_folder(source, resolve_dtype(dtype, resolved_device), resolved_device, **sized)

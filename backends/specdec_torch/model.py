@@ -22,10 +22,22 @@ import attrs
 
 from specdec.errors import InvalidInputError
 from specdec.reference import packing
-from specdec.slots import admit_in_chunks, check_forward, check_layers, check_slot_arguments, check_slots
+from specdec.slots import (
+    admit_in_chunks,
+    check_forward,
+    check_layers,
+    check_slot_arguments,
+    check_slots,
+)
 from specdec.types import DraftTree, PromptOutput, TargetOutput, Verdict
 from specdec_torch.exact import (
-    KernelPlan, SplitPlan, attend_kernel, attend_split, linear_rows, plan_kernel, plan_split,
+    KernelPlan,
+    SplitPlan,
+    attend_kernel,
+    attend_split,
+    linear_rows,
+    plan_kernel,
+    plan_split,
 )
 from specdec_torch.invariance import check_row_invariance
 from specdec_torch.kvcache import TorchKVCache
@@ -42,7 +54,9 @@ PREFILL_CHUNK = 512  # prompt tokens per forward during prefill (bounds the atte
 SPAN_SPARSITY = 2
 
 
-def tree_attention_mask(lengths: torch.Tensor, ancestor_mask: torch.Tensor, size: int) -> torch.Tensor:
+def tree_attention_mask(
+    lengths: torch.Tensor, ancestor_mask: torch.Tensor, size: int
+) -> torch.Tensor:
     """Which key slots each tree node may attend to. lengths (B,), ancestor_mask (B, N, N) bool
     -> (B, N, S) bool with S = ``size``: slot j is allowed for node i of row b iff
     ``j < lengths[b]`` (committed) or ``j = lengths[b] + m`` with ``ancestor_mask[b, i, m]``."""
@@ -56,7 +70,9 @@ def tree_attention_mask(lengths: torch.Tensor, ancestor_mask: torch.Tensor, size
     return committed[:, None, :] | tree_part
 
 
-def pack_layer(layer) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor | None]:
+def pack_layer(
+    layer,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor | None]:
     """(qkv weight, qkv bias, gate-up weight, gate-up bias) of a decoder layer, each in one buffer
     (a bias is None where the projections have none).
 
@@ -77,14 +93,18 @@ def _pack(projections) -> tuple[torch.Tensor, torch.Tensor | None]:
     weight = torch.cat([p.weight.data for p in projections])
     bias = None
     if any(p.bias is not None for p in projections):
-        bias = torch.cat([p.bias.data if p.bias is not None else p.weight.new_zeros(p.weight.shape[0])
-                          for p in projections])
+        bias = torch.cat(
+            [
+                p.bias.data if p.bias is not None else p.weight.new_zeros(p.weight.shape[0])
+                for p in projections
+            ]
+        )
     start = 0
     for projection in projections:
         rows = projection.weight.shape[0]
-        projection.weight.data = weight[start:start + rows]
+        projection.weight.data = weight[start : start + rows]
         if projection.bias is not None:
-            projection.bias.data = bias[start:start + rows]
+            projection.bias.data = bias[start : start + rows]
         start += rows
     return weight, bias
 
@@ -94,7 +114,9 @@ def _tree_key_positions(lengths: torch.Tensor, depth: torch.Tensor, size: int) -
     ``lengths[b] + m`` holds node m at ``lengths[b] + depth[b, m]``. -> (B, S) int64."""
     slot = torch.arange(size, device=lengths.device)[None, :]  # (1, S)
     node = (slot - lengths[:, None]).clamp(0, depth.shape[1] - 1)  # (B, S)
-    return torch.where(slot < lengths[:, None], slot, lengths[:, None] + torch.gather(depth, 1, node))
+    return torch.where(
+        slot < lengths[:, None], slot, lengths[:, None] + torch.gather(depth, 1, node)
+    )
 
 
 class TorchTarget:
@@ -114,9 +136,20 @@ class TorchTarget:
     promise (``specdec.tuning.exactness`` sets ``exact`` from it when the target is loaded).
     """
 
-    def __init__(self, model: Any, *, config, fingerprint_fn: Callable[[], str], tokenizer: Any = None,
-                 name: str = "torch", eos_token_ids: Sequence[int] = (), pack: bool = False, slots: int = 1,
-                 capacity: int | None = None, exact: bool = False):
+    def __init__(
+        self,
+        model: Any,
+        *,
+        config,
+        fingerprint_fn: Callable[[], str],
+        tokenizer: Any = None,
+        name: str = "torch",
+        eos_token_ids: Sequence[int] = (),
+        pack: bool = False,
+        slots: int = 1,
+        capacity: int | None = None,
+        exact: bool = False,
+    ):
         self.model = model
         self._kernel = None
         self.config = config
@@ -140,13 +173,20 @@ class TorchTarget:
         self._layers = list(decoder.layers)
         self._packed = [pack_layer(layer) for layer in self._layers] if pack else None
         self._final_norm = decoder.norm
-        self._qkv_sizes = [config.num_attention_heads * config.head_dim] + [config.num_key_value_heads * config.head_dim] * 2
+        self._qkv_sizes = [config.num_attention_heads * config.head_dim] + [
+            config.num_key_value_heads * config.head_dim
+        ] * 2
         self._inv_freq = inverse_frequencies(config, self.device)
         self.num_layers = config.num_hidden_layers
         slots, capacity = check_slot_arguments(slots, capacity, config.max_position_embeddings)
         self.cache = TorchKVCache(
-            num_layers=config.num_hidden_layers, num_kv_heads=config.num_key_value_heads,
-            head_dim=config.head_dim, dtype=self.dtype, device=self.device, num_slots=slots, capacity=capacity,
+            num_layers=config.num_hidden_layers,
+            num_kv_heads=config.num_key_value_heads,
+            head_dim=config.head_dim,
+            dtype=self.dtype,
+            device=self.device,
+            num_slots=slots,
+            capacity=capacity,
         )
         self.exact = exact
 
@@ -197,7 +237,9 @@ class TorchTarget:
     # ------------------------------------------------------------------------------------
     # The forward pass: packed segments (specdec.reference.packing), attention per segment
 
-    def _product(self, x: torch.Tensor, projection: torch.nn.Module | torch.Tensor, bias=None) -> torch.Tensor:
+    def _product(
+        self, x: torch.Tensor, projection: torch.nn.Module | torch.Tensor, bias=None
+    ) -> torch.Tensor:
         """``x @ W.T + b`` of a projection module or a weight, one row as two in exact mode."""
         if isinstance(projection, torch.nn.Module):
             projection, bias = projection.weight, projection.bias
@@ -213,9 +255,17 @@ class TorchTarget:
             qkv_weight, qkv_bias, gate_up, gate_up_bias = self._packed[index]
             q, k, v = product(h, qkv_weight, qkv_bias).split(self._qkv_sizes, dim=-1)
         else:
-            q, k, v = product(h, attention.q_proj), product(h, attention.k_proj), product(h, attention.v_proj)
-        heads = [self._attend_segment(index, s, q[s.start:s.end], k[s.start:s.end], v[s.start:s.end])
-                 for s in segments]
+            q, k, v = (
+                product(h, attention.q_proj),
+                product(h, attention.k_proj),
+                product(h, attention.v_proj),
+            )
+        heads = [
+            self._attend_segment(
+                index, s, q[s.start : s.end], k[s.start : s.end], v[s.start : s.end]
+            )
+            for s in segments
+        ]
         x = x + product(heads[0] if len(heads) == 1 else torch.cat(heads), attention.o_proj)
         h = rms_norm(x, layer.post_attention_layernorm.weight, cfg.rms_norm_eps)
         if self._packed is not None:  # one matmul for the gate and up projections
@@ -235,9 +285,13 @@ class TorchTarget:
         self.cache.write(index, rows.slots, rows.positions, k, v, rows.block)
         if isinstance(segment.plan, KernelPlan):  # the kernel reads the cache itself
             data = self.cache.data[index]
-            return attend_kernel(self._kernel, q, data[0], data[1], segment.plan).reshape(batch * n, -1)
+            return attend_kernel(self._kernel, q, data[0], data[1], segment.plan).reshape(
+                batch * n, -1
+            )
         keys, values = self.cache.view(index, rows.slots, segment.key_size, rows.span)
-        if rows.within is not None:  # the span's other slots attend with zero queries; their rows are dropped
+        if (
+            rows.within is not None
+        ):  # the span's other slots attend with zero queries; their rows are dropped
             q = q.new_zeros((keys.shape[0],) + tuple(q.shape[1:])).index_copy_(0, rows.within, q)
             return self._attend(q, keys, values, segment)[rows.within].reshape(batch * n, -1)
         return self._attend(q, keys, values, segment).reshape(batch * n, -1)
@@ -248,8 +302,9 @@ class TorchTarget:
             return attend_split(q, keys, values, segment.plan)
         return attend(q, keys, values, segment.mask)
 
-    def _forward(self, tokens: torch.Tensor, segments: list["_Segment"], layers: set[int]
-                 ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+    def _forward(
+        self, tokens: torch.Tensor, segments: list["_Segment"], layers: set[int]
+    ) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
         """Hidden states (T, H) after the final norm of the packed new tokens (T,), and {layer:
         (T, H)} the outputs of decoder ``layers``."""
         x = torch.nn.functional.embedding(tokens, self.embed_tokens)
@@ -260,52 +315,94 @@ class TorchTarget:
                 outputs[index] = x
         return rms_norm(x, self._final_norm.weight, self.config.rms_norm_eps), outputs
 
-    def _segment(self, place: "packing.Segment", positions: torch.Tensor, rows: "_Rows", mask: torch.Tensor
-                 ) -> "_Segment":
+    def _segment(
+        self, place: "packing.Segment", positions: torch.Tensor, rows: "_Rows", mask: torch.Tensor
+    ) -> "_Segment":
         """A segment with its rotary angles at ``positions`` (rows, width) and mask (rows, width, S)."""
         cos, sin = rotary_cos_sin(positions, self._inv_freq, self.dtype)
         mask = mask[:, None]
         plan = None
         if self.exact:
             plan = plan_kernel(mask, rows.slots) if self._kernel is not None else plan_split(mask)
-        return _Segment(start=place.offset, end=place.end, shape=(place.rows, place.width), cos=cos, sin=sin,
-                        rows=rows, mask=mask, key_size=int(mask.shape[-1]), plan=plan)
+        return _Segment(
+            start=place.offset,
+            end=place.end,
+            shape=(place.rows, place.width),
+            cos=cos,
+            sin=sin,
+            rows=rows,
+            mask=mask,
+            key_size=int(mask.shape[-1]),
+            plan=plan,
+        )
 
     def _chunk_segment(self, place: "packing.Segment", slot: int, start: int) -> "_Segment":
         """A prompt chunk of ``place.width`` tokens written at ``start ..`` of ``slot``: causal."""
         positions = torch.arange(start, start + place.width, device=self.device)[None]  # (1, c)
         keys = torch.arange(start + place.width, device=self.device)[None]  # (1, S)
-        mask = self._sliding(keys[:, None, :] <= positions[:, :, None], positions, keys)  # (1, c, S)
+        mask = self._sliding(
+            keys[:, None, :] <= positions[:, :, None], positions, keys
+        )  # (1, c, S)
         slots = torch.tensor([slot], device=self.device)
-        rows = _Rows(slots=slots, positions=positions, block=(slot, slot + 1, start), span=(slot, slot + 1), within=None)
+        rows = _Rows(
+            slots=slots,
+            positions=positions,
+            block=(slot, slot + 1, start),
+            span=(slot, slot + 1),
+            within=None,
+        )
         return self._segment(place, positions, rows, mask)
 
-    def _tree_segment(self, place: "packing.Segment", tree: DraftTree, slots: np.ndarray) -> "_Segment":
+    def _tree_segment(
+        self, place: "packing.Segment", tree: DraftTree, slots: np.ndarray
+    ) -> "_Segment":
         """The tree rows: node i of row b stored at ``length + i``, at position ``length + depth``."""
         host_lengths = self.cache.lengths[slots]
         longest, nodes = int(host_lengths.max()), tree.size
         lengths = torch.from_numpy(host_lengths).to(self.device)
         consecutive = bool(np.all(np.diff(slots) == 1))
         width = int(slots[-1]) - int(slots[0]) + 1
-        ascending_and_dense = bool(np.all(np.diff(slots) > 0)) and width <= SPAN_SPARSITY * len(slots)
-        ascending_and_dense = ascending_and_dense and self.exact_form != "kernel"  # the kernel reads slots itself
+        ascending_and_dense = bool(np.all(np.diff(slots) > 0)) and width <= SPAN_SPARSITY * len(
+            slots
+        )
+        ascending_and_dense = (
+            ascending_and_dense and self.exact_form != "kernel"
+        )  # the kernel reads slots itself
         span = (int(slots[0]), int(slots[-1]) + 1) if consecutive or ascending_and_dense else None
-        within = None if consecutive or span is None else torch.from_numpy(slots - slots[0]).to(self.device)
+        within = (
+            None
+            if consecutive or span is None
+            else torch.from_numpy(slots - slots[0]).to(self.device)
+        )
         block = span + (longest,) if consecutive and int(host_lengths.min()) == longest else None
-        stored = lengths[:, None] + torch.arange(nodes, device=self.device)  # (B, N) where the nodes are stored
+        stored = lengths[:, None] + torch.arange(
+            nodes, device=self.device
+        )  # (B, N) where the nodes are stored
         depth = tree.depth.to(self.device)
-        mask = tree_attention_mask(lengths, tree.ancestor_mask.to(self.device), longest + nodes)  # (B, N, S)
+        mask = tree_attention_mask(
+            lengths, tree.ancestor_mask.to(self.device), longest + nodes
+        )  # (B, N, S)
         if self.config.sliding_window is not None:
             key_positions = _tree_key_positions(lengths, depth, longest + nodes)
             mask = self._sliding(mask, lengths[:, None] + depth, key_positions)
-        if within is not None:  # every slot of the span gets a mask row; those not in the tree see all keys
-            mask = torch.ones((width,) + tuple(mask.shape[1:]), dtype=torch.bool, device=self.device).index_copy_(
-                0, within, mask)
-        rows = _Rows(slots=torch.from_numpy(slots).to(self.device), positions=stored, block=block, span=span,
-                     within=within)
+        if (
+            within is not None
+        ):  # every slot of the span gets a mask row; those not in the tree see all keys
+            mask = torch.ones(
+                (width,) + tuple(mask.shape[1:]), dtype=torch.bool, device=self.device
+            ).index_copy_(0, within, mask)
+        rows = _Rows(
+            slots=torch.from_numpy(slots).to(self.device),
+            positions=stored,
+            block=block,
+            span=span,
+            within=within,
+        )
         return self._segment(place, lengths[:, None] + depth, rows, mask)
 
-    def _sliding(self, mask: torch.Tensor, query_positions: torch.Tensor, key_positions: torch.Tensor) -> torch.Tensor:
+    def _sliding(
+        self, mask: torch.Tensor, query_positions: torch.Tensor, key_positions: torch.Tensor
+    ) -> torch.Tensor:
         """Apply the sliding window (mistral): a query sees keys at positions > its position - window."""
         window = self.config.sliding_window
         if window is None:
@@ -326,12 +423,22 @@ class TorchTarget:
         return check_layers(layers, self.num_layers)
 
     @torch.inference_mode()
-    def admit(self, slot: int, prompt: Sequence[int], *, layers: Sequence[int] = ()) -> PromptOutput:
+    def admit(
+        self, slot: int, prompt: Sequence[int], *, layers: Sequence[int] = ()
+    ) -> PromptOutput:
         """Prefill ``prompt`` into the free ``slot``: logits (V,) at its last token, hidden (P, H)
         at every token and the outputs of decoder ``layers`` (P, H); a forward per PREFILL_CHUNK
         tokens (``forward_tree`` with the chunk as its context)."""
-        return admit_in_chunks(self, slot, prompt, layers, admitted=self.cache.admitted, lengths=self.cache.lengths,
-                               chunk=PREFILL_CHUNK, concatenate=torch.cat)
+        return admit_in_chunks(
+            self,
+            slot,
+            prompt,
+            layers,
+            admitted=self.cache.admitted,
+            lengths=self.cache.lengths,
+            chunk=PREFILL_CHUNK,
+            concatenate=torch.cat,
+        )
 
     def release(self, slot: int) -> None:
         """Free ``slot`` for another request."""
@@ -342,7 +449,9 @@ class TorchTarget:
             self.cache.staged_slots, self.cache.staged_size = None, 0
 
     @torch.inference_mode()
-    def forward_tree(self, tree: DraftTree | None, slots, *, context=(), layers: Sequence[int] = ()) -> TargetOutput:
+    def forward_tree(
+        self, tree: DraftTree | None, slots, *, context=(), layers: Sequence[int] = ()
+    ) -> TargetOutput:
         """Prompt chunks and tree rows in one packed forward (``specdec.reference.packing``).
 
         ``context``: (slot, tokens) chunks; a free slot is claimed and its chunk starts at
@@ -354,11 +463,16 @@ class TorchTarget:
         nothing of the tree is committed until commit."""
         cache = self.cache
         wanted = self._check_layers(layers)
-        slots, chunks, starts = check_forward(tree, slots, context, cache.admitted, cache.lengths, self.capacity,
-                                              self.vocab_size)
-        places = packing.layout([t.size for _, t in chunks], None if tree is None else (len(slots), tree.size))
-        segments = [self._chunk_segment(place, slot, start)
-                    for place, (slot, _), start in zip(places, chunks, starts)]
+        slots, chunks, starts = check_forward(
+            tree, slots, context, cache.admitted, cache.lengths, self.capacity, self.vocab_size
+        )
+        places = packing.layout(
+            [t.size for _, t in chunks], None if tree is None else (len(slots), tree.size)
+        )
+        segments = [
+            self._chunk_segment(place, slot, start)
+            for place, (slot, _), start in zip(places, chunks, starts)
+        ]
         tokens = [torch.from_numpy(t).to(self.device) for _, t in chunks]
         if tree is not None:
             segments.append(self._tree_segment(places[-1], tree, slots))
@@ -371,18 +485,29 @@ class TorchTarget:
             cache.admitted[claimed] = False  # a failed forward claims nothing
             raise
         chunk_hidden, tree_hidden = unpack_stream(hidden, places, len(chunks), tree is not None)
-        chunk_layers = {i: unpack_stream(v, places, len(chunks), tree is not None) for i, v in outputs.items()}
-        prompts = tuple(PromptOutput(logits=self._logits(h[-1]), hidden=h,
-                                     layers={i: v[0][c] for i, v in chunk_layers.items()})
-                        for c, h in enumerate(chunk_hidden))
+        chunk_layers = {
+            i: unpack_stream(v, places, len(chunks), tree is not None) for i, v in outputs.items()
+        }
+        prompts = tuple(
+            PromptOutput(
+                logits=self._logits(h[-1]),
+                hidden=h,
+                layers={i: v[0][c] for i, v in chunk_layers.items()},
+            )
+            for c, h in enumerate(chunk_hidden)
+        )
         for (slot, t), start in zip(chunks, starts):
             cache.set_length(slot, start + t.size)
         if tree is None:
             cache.staged_slots, cache.staged_size = None, 0
             return TargetOutput(logits=None, hidden=None, context=prompts)
         cache.staged_slots, cache.staged_size = slots, tree.size
-        return TargetOutput(logits=self._logits(tree_hidden), hidden=tree_hidden,
-                            layers={i: v[1] for i, v in chunk_layers.items()}, context=prompts)
+        return TargetOutput(
+            logits=self._logits(tree_hidden),
+            hidden=tree_hidden,
+            layers={i: v[1] for i, v in chunk_layers.items()},
+            context=prompts,
+        )
 
     @torch.inference_mode()
     def commit(self, tree: DraftTree, verdict: Verdict) -> None:
@@ -390,7 +515,9 @@ class TorchTarget:
         to each row's slot and drop the rest of the tree: one gather and one indexed write."""
         cache = self.cache
         if cache.staged_slots is None:
-            raise InvalidInputError("commit(tree, verdict) needs a preceding forward_tree(tree); no tree is staged")
+            raise InvalidInputError(
+                "commit(tree, verdict) needs a preceding forward_tree(tree); no tree is staged"
+            )
         if tree.size != cache.staged_size:
             raise InvalidInputError(
                 f"commit got a tree of {tree.size} nodes, the last forward_tree ran {cache.staged_size}; "

@@ -35,12 +35,26 @@ from specdec_torch.sampling import (
 )
 
 __all__ = [
-    "as_array", "categorical", "compute_dtype", "draft_weight", "first_argmax", "head_product", "log_softmax", "sample_from", "softmax",
-    "stable_descending_order", "target_probs", "top_indices", "top_k_lowest_index", "top_k_mask",
+    "as_array",
+    "categorical",
+    "compute_dtype",
+    "draft_weight",
+    "first_argmax",
+    "head_product",
+    "log_softmax",
+    "sample_from",
+    "softmax",
+    "stable_descending_order",
+    "target_probs",
+    "top_indices",
+    "top_k_lowest_index",
+    "top_k_mask",
 ]
 
 
-def as_array(array: Any, *, dtype: torch.dtype | None = None, device: torch.device | str | None = None) -> torch.Tensor:
+def as_array(
+    array: Any, *, dtype: torch.dtype | None = None, device: torch.device | str | None = None
+) -> torch.Tensor:
     """``array`` (a tensor, a NumPy array or anything array-like) as a torch tensor.
 
     Keeps the dtype (int64 token ids, float64 uniforms) unless ``dtype`` is given, and the

@@ -21,12 +21,13 @@ def pack(parts: Sequence[torch.Tensor], has_tree: bool) -> torch.Tensor:
     return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
-def unpack(stream: torch.Tensor, segments: Sequence[Segment], num_chunks: int, has_tree: bool
-           ) -> tuple[list[torch.Tensor], torch.Tensor | None]:
+def unpack(
+    stream: torch.Tensor, segments: Sequence[Segment], num_chunks: int, has_tree: bool
+) -> tuple[list[torch.Tensor], torch.Tensor | None]:
     """``pack`` undone as views: ([(c_i, ...) per chunk], (B, N, ...) tree rows or None)."""
-    chunks = [stream[s.offset:s.end] for s in segments[:num_chunks]]
+    chunks = [stream[s.offset : s.end] for s in segments[:num_chunks]]
     tree = None
     if has_tree:
         s = segments[-1]
-        tree = stream[s.offset:s.end].view((s.rows, s.width) + tuple(stream.shape[1:]))
+        tree = stream[s.offset : s.end].view((s.rows, s.width) + tuple(stream.shape[1:]))
     return chunks, tree

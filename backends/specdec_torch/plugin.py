@@ -12,13 +12,21 @@ from specdec.plugins.support import lazy_factory, register_verifiers
 
 @hookimpl
 def specdec_register_backends(register):
-    register("torch", lazy_factory("torch", "specdec_torch.backend:TorchBackend", feature="the torch backend"))
+    register(
+        "torch",
+        lazy_factory("torch", "specdec_torch.backend:TorchBackend", feature="the torch backend"),
+    )
 
 
 @hookimpl
 def specdec_register_tree_builders(register):
-    register("prefix_tree", "torch", lazy_factory("torch", "specdec_torch.tree:TorchPrefixTreeBuilder",
-                                                  feature="the prefix tree builder"))
+    register(
+        "prefix_tree",
+        "torch",
+        lazy_factory(
+            "torch", "specdec_torch.tree:TorchPrefixTreeBuilder", feature="the prefix tree builder"
+        ),
+    )
 
 
 @hookimpl

@@ -64,14 +64,23 @@ def head_product(x: torch.Tensor, weight: torch.Tensor, *, exact: bool = False) 
     key = (tuple(weight.shape), weight.dtype, several)
     transposed = _TRANSPOSED.get(key)
     if transposed is None:  # timed on a few rows (a row repeated when exact mode meets one first)
-        sample = rows[:MEASURED_ROWS] if rows.shape[0] > 1 or not several else rows.expand(8, -1).contiguous()
-        transposed = _TRANSPOSED[key] = second_is_faster(lambda: plain(sample, weight),
-                                                         lambda: _transposed(sample, weight))
+        sample = (
+            rows[:MEASURED_ROWS]
+            if rows.shape[0] > 1 or not several
+            else rows.expand(8, -1).contiguous()
+        )
+        transposed = _TRANSPOSED[key] = second_is_faster(
+            lambda: plain(sample, weight), lambda: _transposed(sample, weight)
+        )
     out = _transposed(rows, weight) if transposed else plain(rows, weight)
     return out.reshape(*x.shape[:-1], weight.shape[0])
 
 
 def head_product_choices() -> dict[str, str]:
     """What was measured so far, for reports: "N x K dtype, one row|several rows" -> "F.linear" | "transposed"."""
-    return {f"{key[0][0]} x {key[0][1]} {str(key[1]).removeprefix('torch.')}, {'several rows' if key[2] else 'one row'}":
-            "transposed" if value else "F.linear" for key, value in _TRANSPOSED.items()}
+    return {
+        f"{key[0][0]} x {key[0][1]} {str(key[1]).removeprefix('torch.')}, {'several rows' if key[2] else 'one row'}": "transposed"
+        if value
+        else "F.linear"
+        for key, value in _TRANSPOSED.items()
+    }

@@ -14,8 +14,18 @@ import torch
 from specdec.types import SamplingConfig
 
 __all__ = [
-    "categorical", "compute_dtype", "first_argmax", "greedy_tokens", "log_softmax", "sample_from", "softmax",
-    "stable_descending_order", "target_probs", "top_indices", "top_k_lowest_index", "top_k_mask",
+    "categorical",
+    "compute_dtype",
+    "first_argmax",
+    "greedy_tokens",
+    "log_softmax",
+    "sample_from",
+    "softmax",
+    "stable_descending_order",
+    "target_probs",
+    "top_indices",
+    "top_k_lowest_index",
+    "top_k_mask",
 ]
 
 
@@ -55,13 +65,19 @@ def top_k_lowest_index(values: torch.Tensor, k: int) -> tuple[torch.Tensor, torc
     rows, size = values.shape
     kth = torch.topk(values, k, dim=1).values[:, -1:]  # (R, 1): the k-th largest value
     key_dtype = torch.int32 if 2 * size < 2**31 else torch.int64
-    position = torch.arange(size, 0, -1, device=values.device, dtype=key_dtype)  # size .. 1: lower index, larger key
+    position = torch.arange(
+        size, 0, -1, device=values.device, dtype=key_dtype
+    )  # size .. 1: lower index, larger key
     # Above the k-th value: keys in (size, 2 size]; equal to it: (0, size]; below: 0.
     key = torch.where(values > kth, position + size, torch.where(values == kth, position, 0))
-    picked = torch.topk(key, k, dim=1).indices  # (R, k) int64; distinct keys: exact, ascending index within a class
+    picked = torch.topk(
+        key, k, dim=1
+    ).indices  # (R, k) int64; distinct keys: exact, ascending index within a class
     picked, _ = torch.sort(picked, dim=1)  # ascending index
     picked_values = torch.gather(values, 1, picked)
-    order = torch.sort(picked_values, dim=1, descending=True, stable=True).indices  # equal values keep index order
+    order = torch.sort(
+        picked_values, dim=1, descending=True, stable=True
+    ).indices  # equal values keep index order
     return torch.gather(picked_values, 1, order), torch.gather(picked, 1, order)
 
 
@@ -118,7 +134,9 @@ def target_probs(logits: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor
     probs = torch.softmax(z, dim=-1)
     if sampling.top_p is not None and sampling.top_p < 1.0:
         sorted_probs, order = torch.sort(probs, dim=-1, descending=True, stable=True)
-        mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs  # mass of strictly better tokens
+        mass_before = (
+            torch.cumsum(sorted_probs, dim=-1) - sorted_probs
+        )  # mass of strictly better tokens
         keep_sorted = mass_before < sampling.top_p  # always keeps rank 0
         keep = torch.zeros_like(keep_sorted).scatter_(-1, order, keep_sorted)
         probs = torch.where(keep, probs, 0.0)
@@ -137,7 +155,9 @@ def sample_from(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
     token = torch.sum(cdf <= threshold, dim=-1)
     # Guard against rounding at the top end: fall back to the last token with mass.
     vocab = probs.shape[-1]
-    last_nonzero = vocab - 1 - torch.argmax(torch.flip(probs > 0, dims=(-1,)).to(torch.int8), dim=-1)
+    last_nonzero = (
+        vocab - 1 - torch.argmax(torch.flip(probs > 0, dims=(-1,)).to(torch.int8), dim=-1)
+    )
     return torch.minimum(token, last_nonzero)
 
 

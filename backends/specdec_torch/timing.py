@@ -19,7 +19,9 @@ ROUNDS = 5
 MARGIN = 0.9  # the second formulation must take under 90% of the first's time to be chosen
 
 
-def fastest(candidates: dict[str, Callable[[], Any]], *, rounds: int = ROUNDS, margin: float = MARGIN) -> str:
+def fastest(
+    candidates: dict[str, Callable[[], Any]], *, rounds: int = ROUNDS, margin: float = MARGIN
+) -> str:
     """The name of the fastest of ``candidates`` (name -> formulation; the first is the default):
     each warmed up once, then timed in ``rounds`` interleaved rounds. Another than the first is
     chosen only when its median is under ``margin`` times the first's, and it is the fastest such
@@ -40,7 +42,12 @@ def fastest(candidates: dict[str, Callable[[], Any]], *, rounds: int = ROUNDS, m
     return best if medians[best] < margin * medians[default] else default
 
 
-def second_is_faster(first: Callable[[], Any], second: Callable[[], Any], *, rounds: int = ROUNDS,
-                     margin: float = MARGIN) -> bool:
+def second_is_faster(
+    first: Callable[[], Any],
+    second: Callable[[], Any],
+    *,
+    rounds: int = ROUNDS,
+    margin: float = MARGIN,
+) -> bool:
     """Whether ``second()`` beats ``first()`` by the margin (``fastest`` of the two)."""
     return fastest({"first": first, "second": second}, rounds=rounds, margin=margin) == "second"

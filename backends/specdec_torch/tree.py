@@ -44,8 +44,12 @@ def chain_tree(chain: torch.Tensor) -> DraftTree:
     batch, length = chain.shape
     index = torch.arange(length, device=chain.device)
     return DraftTree(
-        tokens=chain.to(torch.int64), parents=(index - 1).expand(batch, length), depth=index.expand(batch, length),
-        ancestor_mask=torch.ones(length, length, dtype=torch.bool, device=chain.device).tril().expand(batch, -1, -1),
+        tokens=chain.to(torch.int64),
+        parents=(index - 1).expand(batch, length),
+        depth=index.expand(batch, length),
+        ancestor_mask=torch.ones(length, length, dtype=torch.bool, device=chain.device)
+        .tril()
+        .expand(batch, -1, -1),
         num_nodes=torch.full((batch,), length, dtype=torch.int64, device=chain.device),
         beam_to_node=index.expand(batch, 1, length),
     )
@@ -61,12 +65,23 @@ def build_prefix_tree(beams: torch.Tensor, lengths: torch.Tensor | None = None) 
     if width == 1 and lengths is None:
         return chain_tree(beams[:, 0])
     # 1. Prefix match between every pair of beams, per depth (both beams still running).
-    running = torch.ones(batch, width, length, dtype=torch.bool, device=device) if lengths is None else (
-        torch.arange(length, device=device) < lengths[:, :, None])  # (B, W, L)
-    equal = (beams[:, :, None, :] == beams[:, None, :, :]) & running[:, :, None, :] & running[:, None, :, :]
-    same = torch.cumprod(equal.to(torch.int64), dim=3).bool()  # same[b, i, j, k]: prefixes of length k+1 agree
+    running = (
+        torch.ones(batch, width, length, dtype=torch.bool, device=device)
+        if lengths is None
+        else (torch.arange(length, device=device) < lengths[:, :, None])
+    )  # (B, W, L)
+    equal = (
+        (beams[:, :, None, :] == beams[:, None, :, :])
+        & running[:, :, None, :]
+        & running[:, None, :, :]
+    )
+    same = torch.cumprod(
+        equal.to(torch.int64), dim=3
+    ).bool()  # same[b, i, j, k]: prefixes of length k+1 agree
     # 2. Keep mask: a real token that no earlier beam shares the prefix of.
-    earlier = torch.ones(width, width, dtype=torch.bool, device=device).tril(diagonal=-1)  # [i, j]: j < i
+    earlier = torch.ones(width, width, dtype=torch.bool, device=device).tril(
+        diagonal=-1
+    )  # [i, j]: j < i
     keep = running & ~(same & earlier[None, :, :, None]).any(dim=2)  # (B, W, L)
     flat_keep = keep.reshape(batch, width * length)
     # 3. Node ids in first-occurrence (row-major) order.
@@ -76,7 +91,9 @@ def build_prefix_tree(beams: torch.Tensor, lengths: torch.Tensor | None = None) 
     # 4. The first beam with the same prefix owns the node.
     owner = torch.argmax(same.to(torch.int8), dim=2)  # (B, W, L): first j with same[b, i, j, k]
     owner_token = owner * length + torch.arange(length, device=device)  # flat (beam, depth) index
-    beam_to_node = torch.gather(node_of_token, 1, owner_token.reshape(batch, -1)).reshape(batch, width, length)
+    beam_to_node = torch.gather(node_of_token, 1, owner_token.reshape(batch, -1)).reshape(
+        batch, width, length
+    )
     if lengths is not None:
         beam_to_node = torch.where(running, beam_to_node, -1)
     # 5. Scatter per-token facts to their nodes; dropped tokens go to a spare column N.
@@ -94,14 +111,26 @@ def build_prefix_tree(beams: torch.Tensor, lengths: torch.Tensor | None = None) 
     depth = scatter(1, depth_of_token)
     # Ancestor mask: node of token (i, k) sees the nodes of tokens (i, 0..k).
     # (padding tokens (-1) are never kept, so they reach no mask row; clamp keeps the index valid)
-    ancestor_node = beam_to_node.clamp(min=0)[:, :, None, :].expand(batch, width, length, length)  # [.., k, k']
+    ancestor_node = beam_to_node.clamp(min=0)[:, :, None, :].expand(
+        batch, width, length, length
+    )  # [.., k, k']
     upto = torch.ones(length, length, dtype=torch.bool, device=device).tril()  # [k, k']: k' <= k
-    row = torch.where(keep[:, :, :, None] & upto, destination.reshape(batch, width, length)[..., None], size)
+    row = torch.where(
+        keep[:, :, :, None] & upto, destination.reshape(batch, width, length)[..., None], size
+    )
     flat = (row * size + ancestor_node).reshape(batch, -1)
-    mask = torch.zeros(batch, (size + 1) * size, dtype=torch.bool, device=device).scatter_(1, flat, True)
+    mask = torch.zeros(batch, (size + 1) * size, dtype=torch.bool, device=device).scatter_(
+        1, flat, True
+    )
     mask = padding_ancestor_mask(mask.view(batch, size + 1, size)[:, :size], num_nodes)
-    return DraftTree(tokens=tokens, parents=parents, depth=depth, ancestor_mask=mask, num_nodes=num_nodes,
-                     beam_to_node=beam_to_node)
+    return DraftTree(
+        tokens=tokens,
+        parents=parents,
+        depth=depth,
+        ancestor_mask=mask,
+        num_nodes=num_nodes,
+        beam_to_node=beam_to_node,
+    )
 
 
 class TorchPrefixTreeBuilder:
@@ -117,6 +146,9 @@ class TorchPrefixTreeBuilder:
                 "the prefix_tree builder needs a Draft with beams (B, W, L), but this draft has only "
                 "head_tokens (B, K, T); use a tree builder for head top-k drafts (a static tree) instead"
             )
-        lengths = None if draft.beam_lengths is None else torch.as_tensor(
-            draft.beam_lengths, dtype=torch.int64, device=draft.beams.device)
+        lengths = (
+            None
+            if draft.beam_lengths is None
+            else torch.as_tensor(draft.beam_lengths, dtype=torch.int64, device=draft.beams.device)
+        )
         return build_prefix_tree(draft.beams, lengths)

@@ -23,8 +23,14 @@ from specdec.types import Draft, DraftTree, SamplingConfig, TargetOutput, Verdic
 from specdec_torch.sampling import compute_dtype, greedy_tokens, sample_from, target_probs
 
 __all__ = [
-    "ExactTreeVerifier", "GreedyVerifier", "RejectionVerifier", "TorchVerifier", "acceptance_probability",
-    "beam_nodes", "subtract_draft", "walk_depth",
+    "ExactTreeVerifier",
+    "GreedyVerifier",
+    "RejectionVerifier",
+    "TorchVerifier",
+    "acceptance_probability",
+    "beam_nodes",
+    "subtract_draft",
+    "walk_depth",
 ]
 
 
@@ -36,7 +42,9 @@ def walk_depth(tree: DraftTree, draft: Draft | None) -> int:
     return int(tree.depth.max())
 
 
-def acceptance_probability(residual_probs: torch.Tensor, draft_probs: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+def acceptance_probability(
+    residual_probs: torch.Tensor, draft_probs: torch.Tensor, tokens: torch.Tensor
+) -> torch.Tensor:
     """min(1, residual_probs[x] / draft_probs[x]) per row; a token the drafter gave no mass is
     accepted iff the target gives it some. residual_probs, draft_probs (..., V), tokens (...) -> (...)."""
     numerator = torch.gather(residual_probs, -1, tokens[..., None])[..., 0]
@@ -62,8 +70,11 @@ def beam_nodes(tree: DraftTree, draft: Draft) -> torch.Tensor:
     real = _real_children(tree)  # (B, N)
     nodes = [torch.zeros(batch, width, dtype=torch.int64, device=beams.device)]
     for k in range(1, length):
-        match = real[:, None, :] & (tree.parents[:, None, :] == nodes[-1][..., None]) & (
-            tree.tokens[:, None, :] == beams[:, :, k, None])  # (B, W, N)
+        match = (
+            real[:, None, :]
+            & (tree.parents[:, None, :] == nodes[-1][..., None])
+            & (tree.tokens[:, None, :] == beams[:, :, k, None])
+        )  # (B, W, N)
         nodes.append(torch.argmax(match.to(torch.int8), dim=-1))
     return torch.stack(nodes, dim=2)
 
@@ -78,17 +89,33 @@ class TorchVerifier(VerifierRule):
     """Shared checks and the batched tree walk; subclasses implement ``verify`` and set the class
     attributes of ``specdec.capabilities.VerifierRule``."""
 
-    def check_inputs(self, tree: DraftTree, draft: Draft, target: TargetOutput, sampling: SamplingConfig,
-                     uniforms: Any, depth: int) -> None:
+    def check_inputs(
+        self,
+        tree: DraftTree,
+        draft: Draft,
+        target: TargetOutput,
+        sampling: SamplingConfig,
+        uniforms: Any,
+        depth: int,
+    ) -> None:
         check_verifier_inputs(self, tree, draft, target, backend="torch")
         if not self.uses_uniforms:
             return
         width = 0 if draft is None or draft.beams is None else int(draft.beams.shape[1])
-        check_uniform_shape(self, None if uniforms is None else tuple(uniforms.shape), sampling,
-                            tree.batch_size, depth, width, backend="torch")
+        check_uniform_shape(
+            self,
+            None if uniforms is None else tuple(uniforms.shape),
+            sampling,
+            tree.batch_size,
+            depth,
+            width,
+            backend="torch",
+        )
 
     @staticmethod
-    def categorical(probs: torch.Tensor, uniforms: torch.Tensor | None, depth: torch.Tensor | int) -> torch.Tensor:
+    def categorical(
+        probs: torch.Tensor, uniforms: torch.Tensor | None, depth: torch.Tensor | int
+    ) -> torch.Tensor:
         """A token per row from probs (B, V) with ``uniforms[b, depth, 0]`` (argmax when greedy)."""
         if uniforms is None:
             return greedy_tokens(probs)
@@ -99,7 +126,11 @@ class TorchVerifier(VerifierRule):
         return sample_from(probs, u)
 
     @staticmethod
-    def walk(tree: DraftTree, depth: int, choose: Callable[[torch.Tensor, int], tuple[torch.Tensor, torch.Tensor]]) -> Verdict:
+    def walk(
+        tree: DraftTree,
+        depth: int,
+        choose: Callable[[torch.Tensor, int], tuple[torch.Tensor, torch.Tensor]],
+    ) -> Verdict:
         """Walk all rows from the root for ``depth`` + 1 rounds.
 
         choose(node (B,), d) -> (accept (B, N) bool over candidate children, bonus (B,) int64):
@@ -188,7 +219,9 @@ class RejectionVerifier(TorchVerifier):
             accepted = torch.full_like(node, -1)
             if d + 1 < length:
                 for i in range(width):
-                    on = (accepted < 0) & (nodes[:, i, d] == node)  # beam i passes through node, none accepted yet
+                    on = (accepted < 0) & (
+                        nodes[:, i, d] == node
+                    )  # beam i passes through node, none accepted yet
                     proposal = draft_probs[:, i, d].to(dtype)  # (B, V)
                     probability = acceptance_probability(residual, proposal, beams[:, i, d + 1])
                     if uniforms is None:

@@ -7,7 +7,13 @@ import torch
 
 from specdec.types import Verdict
 from specdec_torch.sampling import compute_dtype, target_probs
-from specdec_torch.verify import TorchVerifier, acceptance_probability, beam_nodes, subtract_draft, walk_depth
+from specdec_torch.verify import (
+    TorchVerifier,
+    acceptance_probability,
+    beam_nodes,
+    subtract_draft,
+    walk_depth,
+)
 
 __all__ = ["RedrafterPublishedVerifier", "TypicalVerifier", "entropy"]
 
@@ -41,13 +47,19 @@ class RedrafterPublishedVerifier(TorchVerifier):
         rows = torch.arange(batch, device=beams.device)
         # Every drafted token's test: target probabilities at its parent node.
         parent_nodes = nodes[:, :, :-1].reshape(batch, -1)  # (B, W*(L-1))
-        probs = target_probs(target.logits[rows[:, None], parent_nodes], sampling).view(batch, width, length - 1, -1)
+        probs = target_probs(target.logits[rows[:, None], parent_nodes], sampling).view(
+            batch, width, length - 1, -1
+        )
         probability = acceptance_probability(probs, draft_probs, beams[:, :, 1:])  # (B, W, L-1)
         if uniforms is None:
             passed = probability >= 1.0
         else:
-            passed = uniforms[:, : length - 1, 1 : 1 + width].transpose(1, 2) < probability  # (B, W, L-1)
-        leading = torch.cumprod(passed.to(torch.int64), dim=2).sum(dim=2)  # (B, W): leading passes per beam
+            passed = (
+                uniforms[:, : length - 1, 1 : 1 + width].transpose(1, 2) < probability
+            )  # (B, W, L-1)
+        leading = torch.cumprod(passed.to(torch.int64), dim=2).sum(
+            dim=2
+        )  # (B, W): leading passes per beam
         best = torch.argmax(leading, dim=1)  # first (lowest-index) longest beam
         accepted = leading[rows, best]  # (B,)
         steps = torch.arange(length, device=beams.device)
@@ -80,7 +92,9 @@ class TypicalVerifier(TorchVerifier):
 
         def choose(node, d):
             probs = target_probs(target.logits[rows, node], sampling)  # (B, V)
-            threshold = torch.clamp(self.delta * torch.exp(-entropy(probs)), max=self.epsilon)  # (B,)
+            threshold = torch.clamp(
+                self.delta * torch.exp(-entropy(probs)), max=self.epsilon
+            )  # (B,)
             accept = torch.gather(probs, 1, tree.tokens) > threshold[:, None]  # (B, N)
             return accept, self.categorical(probs, uniforms, d)
 

@@ -28,11 +28,15 @@ def read_drafter_folder(folder: Path) -> dict:
     a relative path is relative to the folder."""
     config = read_json(Path(folder) / "config.json", what="drafter config")
     if config.get("model_type") != MODEL_TYPE:
-        raise InvalidInputError(f"drafter folder {folder} has model_type {config.get('model_type')!r}, "
-                                f"not {MODEL_TYPE!r}")
+        raise InvalidInputError(
+            f"drafter folder {folder} has model_type {config.get('model_type')!r}, "
+            f"not {MODEL_TYPE!r}"
+        )
     model = config.get("draft_model")
     if not isinstance(model, str) or not model:
-        raise InvalidInputError(f"drafter folder {folder}: config.json names no draft model; {HOW_TO_PASS}")
+        raise InvalidInputError(
+            f"drafter folder {folder}: config.json names no draft model; {HOW_TO_PASS}"
+        )
     if (Path(folder) / model).exists():
         model = str((Path(folder) / model).resolve())
     out = {"draft_model": model}
@@ -58,7 +62,8 @@ def check_same_tokenizer(target: Any, folder: Path) -> None:
     if size is not None and int(size) != int(target.vocab_size):
         raise InvalidInputError(
             f"drafter 'draft_model': the draft model {folder} has a vocabulary of {size} tokens and {label} of "
-            f"{target.vocab_size}; the tokenizers must match: a draft model must use the target's tokenizer")
+            f"{target.vocab_size}; the tokenizers must match: a draft model must use the target's tokenizer"
+        )
     mine, theirs = load_tokenizer(folder), getattr(target, "tokenizer", None)
     if mine is None or theirs is None or not hasattr(theirs, "get_vocab"):
         return  # nothing to compare beyond the vocabulary size
@@ -69,7 +74,8 @@ def check_same_tokenizer(target: Any, folder: Path) -> None:
         raise InvalidInputError(
             f"drafter 'draft_model': the tokenizer of the draft model {folder} differs from that of {label} "
             f"({len(ours)} and {len(other)} tokens; {len(differ)} token-id pairs are in one only, e.g. {example}); "
-            "the tokenizers must match: a draft model must use the target's tokenizer")
+            "the tokenizers must match: a draft model must use the target's tokenizer"
+        )
 
 
 def _dtype(target: Any) -> str | None:
@@ -90,24 +96,45 @@ def load_draft_model(backend: Any, target: Any, source: Any):
     check_same_tokenizer(target, folder)
     dtype, device = _dtype(target), _device(target)
     try:
-        draft = backend.load_target(folder, dtype=dtype, device=device, slots=int(target.num_slots),
-                                    capacity=int(target.capacity))
+        draft = backend.load_target(
+            folder,
+            dtype=dtype,
+            device=device,
+            slots=int(target.num_slots),
+            capacity=int(target.capacity),
+        )
     except SpecdecError:
         raise
     except (OSError, ValueError, RuntimeError, AssertionError, KeyError, TypeError) as exc:
-        asked = "".join(f", {k}={v!r}" for k, v in (("dtype", dtype), ("device", device)) if v is not None)
-        raise ModelLoadError(f"drafter 'draft_model': the {backend.name} backend could not load the draft model "
-                             f"{folder}{asked}: {' '.join(str(exc).split()) or type(exc).__name__}") from exc
+        asked = "".join(
+            f", {k}={v!r}" for k, v in (("dtype", dtype), ("device", device)) if v is not None
+        )
+        raise ModelLoadError(
+            f"drafter 'draft_model': the {backend.name} backend could not load the draft model "
+            f"{folder}{asked}: {' '.join(str(exc).split()) or type(exc).__name__}"
+        ) from exc
     return draft, folder
 
 
 def _first(value):
-    return value[0] if isinstance(value, list) and value else (value if isinstance(value, int) else None)
+    return (
+        value[0]
+        if isinstance(value, list) and value
+        else (value if isinstance(value, int) else None)
+    )
 
 
-def make_random_draft_model(path, model_path, *, seed: int, draft_length: int = DEFAULT_DRAFT_LENGTH,
-                            hidden_size: int | None = None, num_layers: int = 1, num_heads: int = 2,
-                            num_kv_heads: int = 1) -> Path:
+def make_random_draft_model(
+    path,
+    model_path,
+    *,
+    seed: int,
+    draft_length: int = DEFAULT_DRAFT_LENGTH,
+    hidden_size: int | None = None,
+    num_layers: int = 1,
+    num_heads: int = 2,
+    num_kv_heads: int = 1,
+) -> Path:
     """A drafter folder for the model at ``model_path``: ``path/model`` is a random model of the
     same architecture and vocabulary (its tokenizer files copied), ``path/config.json`` names it."""
     from specdec.testing import make_random_model
@@ -115,16 +142,35 @@ def make_random_draft_model(path, model_path, *, seed: int, draft_length: int = 
     source = Path(model_path)
     config = json.loads((source / "config.json").read_text())
     folder = Path(path)
-    hidden = hidden_size or max(8 * num_heads, (int(config["hidden_size"]) // 2) // (2 * num_heads) * 2 * num_heads)
-    make_random_model(folder / "model", vocab_size=int(config["vocab_size"]), hidden_size=hidden,
-                      num_layers=num_layers, num_heads=num_heads, num_kv_heads=num_kv_heads, seed=seed,
-                      architecture=config.get("model_type", "llama"),
-                      tie_word_embeddings=bool(config.get("tie_word_embeddings", True)),
-                      eos_token_id=_first(config.get("eos_token_id")),
-                      max_position_embeddings=int(config.get("max_position_embeddings", 4096)))
-    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja"):
+    hidden = hidden_size or max(
+        8 * num_heads, (int(config["hidden_size"]) // 2) // (2 * num_heads) * 2 * num_heads
+    )
+    make_random_model(
+        folder / "model",
+        vocab_size=int(config["vocab_size"]),
+        hidden_size=hidden,
+        num_layers=num_layers,
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        seed=seed,
+        architecture=config.get("model_type", "llama"),
+        tie_word_embeddings=bool(config.get("tie_word_embeddings", True)),
+        eos_token_id=_first(config.get("eos_token_id")),
+        max_position_embeddings=int(config.get("max_position_embeddings", 4096)),
+    )
+    for name in (
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "special_tokens_map.json",
+        "chat_template.jinja",
+    ):
         if (source / name).is_file():
             shutil.copyfile(source / name, folder / "model" / name)
-    (folder / "config.json").write_text(json.dumps(
-        {"model_type": MODEL_TYPE, "draft_model": "model", "draft_length": int(draft_length)}, indent=2) + "\n")
+    (folder / "config.json").write_text(
+        json.dumps(
+            {"model_type": MODEL_TYPE, "draft_model": "model", "draft_length": int(draft_length)},
+            indent=2,
+        )
+        + "\n"
+    )
     return folder

@@ -44,7 +44,11 @@ def chain_tree(tokens: np.ndarray, lengths: np.ndarray | None = None) -> DraftTr
     ``build_prefix_tree(tokens[:, None, :])`` without ``beam_to_node``."""
     tokens = np.asarray(tokens, dtype=np.int64)
     batch, size = tokens.shape
-    lengths = np.full(batch, size, dtype=np.int64) if lengths is None else np.asarray(lengths, dtype=np.int64)
+    lengths = (
+        np.full(batch, size, dtype=np.int64)
+        if lengths is None
+        else np.asarray(lengths, dtype=np.int64)
+    )
     index = np.arange(size)
     real = index[None, :] < lengths[:, None]  # (B, n)
     parents = np.where(real, index[None, :] - 1, 0)
@@ -56,8 +60,13 @@ def chain_tree(tokens: np.ndarray, lengths: np.ndarray | None = None) -> DraftTr
     pad_rows = ~real
     mask[:, :, 0] |= pad_rows  # a padding node attends to the root ...
     mask[:, index, index] |= pad_rows  # ... and to itself
-    return DraftTree(tokens=np.where(real, tokens, 0), parents=parents.astype(np.int64), depth=depth.astype(np.int64),
-                     ancestor_mask=mask, num_nodes=lengths.copy())
+    return DraftTree(
+        tokens=np.where(real, tokens, 0),
+        parents=parents.astype(np.int64),
+        depth=depth.astype(np.int64),
+        ancestor_mask=mask,
+        num_nodes=lengths.copy(),
+    )
 
 
 class _Request:
@@ -81,25 +90,49 @@ class DraftModelDrafter:
     exact in distribution); False drafts the greedy chain (verified by the exact tree walk).
     """
 
-    def __init__(self, backend: Any, target: Any, draft: Any, *, draft_length: int = 4, sample: bool = True,
-                 label: str = "the draft model"):
-        if isinstance(draft_length, bool) or not isinstance(draft_length, (int, np.integer)) or draft_length < 1:
-            raise InvalidInputError(f"drafter {NAME!r}: draft_length must be an integer >= 1, got {draft_length!r}")
+    def __init__(
+        self,
+        backend: Any,
+        target: Any,
+        draft: Any,
+        *,
+        draft_length: int = 4,
+        sample: bool = True,
+        label: str = "the draft model",
+    ):
+        if (
+            isinstance(draft_length, bool)
+            or not isinstance(draft_length, (int, np.integer))
+            or draft_length < 1
+        ):
+            raise InvalidInputError(
+                f"drafter {NAME!r}: draft_length must be an integer >= 1, got {draft_length!r}"
+            )
         if not isinstance(sample, (bool, np.bool_)):
-            raise InvalidInputError(f"drafter {NAME!r}: sample must be True or False, got {sample!r}")
+            raise InvalidInputError(
+                f"drafter {NAME!r}: sample must be True or False, got {sample!r}"
+            )
         if int(draft.vocab_size) != int(target.vocab_size):
             raise InvalidInputError(
                 f"drafter {NAME!r}: {label} scores {draft.vocab_size} tokens and the target {target.vocab_size}; "
-                "the draft model must use the target's tokenizer")
+                "the draft model must use the target's tokenizer"
+            )
         self.backend, self.target, self.draft, self.label = backend, target, draft, label
         self.draft_length, self.sample = int(draft_length), bool(sample)
-        self.beam_width, self.beam_length = 1, self.draft_length + 1  # one chain of K tokens after the root
+        self.beam_width, self.beam_length = (
+            1,
+            self.draft_length + 1,
+        )  # one chain of K tokens after the root
         self._requests: dict[int, _Request] = {}  # slot -> its draft state
 
     @property
     def caps(self) -> DrafterCaps:
-        return DrafterCaps(stateful=True, sample_shape=(1, self.draft_length) if self.sample else None,
-                           sampled_proposals=self.sample, max_tree_size=self.draft_length + 1)
+        return DrafterCaps(
+            stateful=True,
+            sample_shape=(1, self.draft_length) if self.sample else None,
+            sampled_proposals=self.sample,
+            max_tree_size=self.draft_length + 1,
+        )
 
     # -- the request lifecycle -------------------------------------------------------------------
 
@@ -114,22 +147,28 @@ class DraftModelDrafter:
         draft this step (no propose: its budget was 0) commits its root alone, which waits
         with the others."""
         tokens = np.asarray(accepted.tokens, dtype=np.int64)
-        for b, (slot, count) in enumerate(zip(np.asarray(accepted.slots).tolist(),
-                                               np.asarray(accepted.num_accepted).tolist())):
+        for b, (slot, count) in enumerate(
+            zip(np.asarray(accepted.slots).tolist(), np.asarray(accepted.num_accepted).tolist())
+        ):
             request = self._request(slot, "observe")
-            if request.root is None and count == 0:  # a step in which this row did not draft: its root waits too
+            if (
+                request.root is None and count == 0
+            ):  # a step in which this row did not draft: its root waits too
                 request.pending.append(int(tokens[b, 0]))
                 continue
             if request.root is None or int(tokens[b, 0]) != request.root:
                 raise PluginOutputError(
                     f"drafter {NAME!r}: observe for slot {slot} commits root {int(tokens[b, 0])}, but the drafter "
-                    f"proposed from {request.root}; observe must follow the propose of the same step")
+                    f"proposed from {request.root}; observe must follow the propose of the same step"
+                )
             request.pending = tokens[b, 1 : 1 + int(count)].tolist()
             request.root = request.root_logits = None
 
     def end(self, slot: int, reason: str) -> None:
         """The request in ``slot`` ended (any ``reason``): free its slot of the draft model."""
-        if self._requests.pop(int(slot), None) is not None:  # a request whose begin failed holds no draft slot
+        if (
+            self._requests.pop(int(slot), None) is not None
+        ):  # a request whose begin failed holds no draft slot
             self.draft.release(int(slot))
 
     @property
@@ -139,24 +178,34 @@ class DraftModelDrafter:
 
     def _request(self, slot: int, what: str) -> _Request:
         if slot not in self._requests:
-            raise PluginOutputError(f"drafter {NAME!r}: {what} for slot {slot}, which no request began in")
+            raise PluginOutputError(
+                f"drafter {NAME!r}: {what} for slot {slot}, which no request began in"
+            )
         return self._requests[slot]
 
     # -- drafting --------------------------------------------------------------------------------
 
     def _on_backend(self, tree: DraftTree) -> DraftTree:
         put = lambda a: self.backend.from_numpy(np.asarray(a), self.draft)  # noqa: E731
-        return DraftTree(tokens=put(tree.tokens), parents=put(tree.parents), depth=put(tree.depth),
-                         ancestor_mask=put(tree.ancestor_mask), num_nodes=put(tree.num_nodes))
+        return DraftTree(
+            tokens=put(tree.tokens),
+            parents=put(tree.parents),
+            depth=put(tree.depth),
+            ancestor_mask=put(tree.ancestor_mask),
+            num_nodes=put(tree.num_nodes),
+        )
 
     def _check_room(self, slot: int, request: _Request) -> None:
-        needed = (0 if request.root is not None else len(request.pending) + 1) + self.draft_length - 1
+        needed = (
+            (0 if request.root is not None else len(request.pending) + 1) + self.draft_length - 1
+        )
         if request.length + needed > int(self.draft.capacity):
             raise InvalidInputError(
                 f"drafter {NAME!r}: slot {slot} holds {request.length} positions and a chain of "
                 f"draft_length={self.draft_length} needs {needed} more, beyond the capacity of "
                 f"{self.draft.capacity} it shares with the target; load the target with a larger capacity "
-                "or use a smaller draft_length")
+                "or use a smaller draft_length"
+            )
 
     def _commit_and_score_roots(self, slots: np.ndarray, roots: np.ndarray) -> None:
         """Forward 1 for ``slots`` (rows without a committed root): run pending + root, commit all
@@ -168,28 +217,44 @@ class DraftModelDrafter:
             chains[i, : lengths[i]] = request.pending + [root]
         tree = self._on_backend(chain_tree(chains, lengths))
         output = self.draft.forward_tree(tree, slots)
-        at_root = (self.backend.from_numpy(np.arange(len(slots)), self.draft),
-                   self.backend.from_numpy(lengths - 1, self.draft))
-        logits = np.asarray(self.backend.to_numpy(output.logits[at_root]), dtype=np.float64)  # (B', V)
+        at_root = (
+            self.backend.from_numpy(np.arange(len(slots)), self.draft),
+            self.backend.from_numpy(lengths - 1, self.draft),
+        )
+        logits = np.asarray(
+            self.backend.to_numpy(output.logits[at_root]), dtype=np.float64
+        )  # (B', V)
         steps = np.arange(chains.shape[1])[None, :]
         put = lambda a: self.backend.from_numpy(np.asarray(a, dtype=np.int64), self.draft)  # noqa: E731
-        self.draft.commit(tree, Verdict(path=put(np.where(steps < lengths[:, None], steps, -1)),
-                                        num_accepted=put(lengths - 1), bonus_tokens=put(np.zeros(len(slots)))))
+        self.draft.commit(
+            tree,
+            Verdict(
+                path=put(np.where(steps < lengths[:, None], steps, -1)),
+                num_accepted=put(lengths - 1),
+                bonus_tokens=put(np.zeros(len(slots))),
+            ),
+        )
         for i, (request, root) in enumerate(zip(requests, roots.tolist())):
             request.length += int(lengths[i])
             request.pending, request.root, request.root_logits = [], root, logits[i]
 
     def propose(self, context: DraftContext) -> Draft:
         if context.slots is None:
-            raise InvalidInputError(f"drafter {NAME!r} keeps a cache per request and needs context.slots "
-                                    "(the decode loop gives them)")
+            raise InvalidInputError(
+                f"drafter {NAME!r} keeps a cache per request and needs context.slots "
+                "(the decode loop gives them)"
+            )
         slots = np.asarray(context.slots, dtype=np.int64).reshape(-1)
-        roots = np.asarray(self.backend.to_numpy(context.root_tokens)).astype(np.int64).reshape(-1)  # (B,)
+        roots = (
+            np.asarray(self.backend.to_numpy(context.root_tokens)).astype(np.int64).reshape(-1)
+        )  # (B,)
         requests = [self._request(s, "propose") for s in slots.tolist()]
         for slot, request, root in zip(slots.tolist(), requests, roots.tolist()):
             if request.root is not None and request.root != root:
-                raise PluginOutputError(f"drafter {NAME!r}: propose for slot {slot} from root {root} before the "
-                                        f"observe of the step drafted from root {request.root}")
+                raise PluginOutputError(
+                    f"drafter {NAME!r}: propose for slot {slot} from root {root} before the "
+                    f"observe of the step drafted from root {request.root}"
+                )
             self._check_room(slot, request)
         fresh = np.array([r.root is None for r in requests])
         if fresh.any():
@@ -197,8 +262,10 @@ class DraftModelDrafter:
         length = self.draft_length
         sampled = self.sample and not context.sampling.greedy
         if sampled and context.uniforms is None:
-            raise InvalidInputError(f"drafter {NAME!r} samples its chain and needs context.uniforms (B, 1, "
-                                    f"{length}) (the decode loop draws them for caps.sample_shape)")
+            raise InvalidInputError(
+                f"drafter {NAME!r} samples its chain and needs context.uniforms (B, 1, "
+                f"{length}) (the decode loop draws them for caps.sample_shape)"
+            )
         keep_probs = sampled or context.want_draft_probs
         chains = np.zeros((len(roots), length + 1), dtype=np.int64)
         chains[:, 0] = roots
@@ -207,17 +274,27 @@ class DraftModelDrafter:
             if k == 1:
                 logits = np.stack([r.root_logits for r in requests])  # (B, V), from forward 1
             else:  # d1 .. d(k-1) after the committed root
-                output = self.draft.forward_tree(self._on_backend(chain_tree(chains[:, 1:k])), slots)
-                logits = np.asarray(self.backend.to_numpy(output.logits[:, k - 2]), dtype=np.float64)
+                output = self.draft.forward_tree(
+                    self._on_backend(chain_tree(chains[:, 1:k])), slots
+                )
+                logits = np.asarray(
+                    self.backend.to_numpy(output.logits[:, k - 2]), dtype=np.float64
+                )
             if keep_probs:
                 q = target_probs(logits, context.sampling)
                 if probs is None:
                     probs = np.zeros((len(roots), length, q.shape[-1]), dtype=np.float64)
                 probs[:, k - 1] = q
             if sampled:
-                chains[:, k] = sample_from(probs[:, k - 1], np.asarray(context.uniforms)[:, 0, k - 1])
+                chains[:, k] = sample_from(
+                    probs[:, k - 1], np.asarray(context.uniforms)[:, 0, k - 1]
+                )
             else:
                 chains[:, k] = np.argmax(logits, axis=-1)  # ties to the lowest id
         on_target = lambda a: self.backend.from_numpy(a, self.target)  # noqa: E731
-        return Draft(root_tokens=context.root_tokens, beams=on_target(chains[:, None, :]),
-                     draft_probs=None if probs is None else on_target(probs[:, None]), sampled=sampled)
+        return Draft(
+            root_tokens=context.root_tokens,
+            beams=on_target(chains[:, None, :]),
+            draft_probs=None if probs is None else on_target(probs[:, None]),
+            sampled=sampled,
+        )

@@ -15,9 +15,16 @@ from specdec.plugins.support import lazy_call
 from specdec.plugins.specs import DrafterSpec
 
 
-def draft_model_factory(target, checkpoint=None, *, backend, draft_model=None, draft_length=None, sample=True):
+def draft_model_factory(
+    target, checkpoint=None, *, backend, draft_model=None, draft_length=None, sample=True
+):
     from specdec.errors import InvalidInputError
-    from specdec_draftmodel.checkpoint import DEFAULT_DRAFT_LENGTH, HOW_TO_PASS, load_draft_model, read_drafter_folder
+    from specdec_draftmodel.checkpoint import (
+        DEFAULT_DRAFT_LENGTH,
+        HOW_TO_PASS,
+        load_draft_model,
+        read_drafter_folder,
+    )
     from specdec_draftmodel.drafter import DraftModelDrafter
 
     saved = read_drafter_folder(checkpoint) if checkpoint is not None else {}
@@ -27,14 +34,24 @@ def draft_model_factory(target, checkpoint=None, *, backend, draft_model=None, d
     if draft_length is None:
         draft_length = saved.get("draft_length", DEFAULT_DRAFT_LENGTH)
     if isinstance(draft_length, bool) or not isinstance(draft_length, int) or draft_length < 1:
-        raise InvalidInputError(f"drafter 'draft_model': draft_length must be an integer >= 1, got {draft_length!r}")
+        raise InvalidInputError(
+            f"drafter 'draft_model': draft_length must be an integer >= 1, got {draft_length!r}"
+        )
     draft, folder = load_draft_model(backend, target, source)
-    return DraftModelDrafter(backend, target, draft, draft_length=draft_length, sample=sample,
-                             label=f"the draft model {folder}")
+    return DraftModelDrafter(
+        backend,
+        target,
+        draft,
+        draft_length=draft_length,
+        sample=sample,
+        label=f"the draft model {folder}",
+    )
 
 
 SPEC = DrafterSpec(
-    name="draft_model", model_type="specdec_draft_model", implementations={"*": draft_model_factory},
+    name="draft_model",
+    model_type="specdec_draft_model",
+    implementations={"*": draft_model_factory},
     make_random_checkpoint=lazy_call("specdec_draftmodel.checkpoint", "make_random_draft_model"),
 )
 

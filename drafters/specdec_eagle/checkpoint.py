@@ -18,10 +18,18 @@ from specdec.models.llama import LlamaConfig, load_tensors
 from specdec_eagle.config import EagleConfig, check_weights
 from specdec_eagle.reference import SlotCache, run_entries
 
-__all__ = ["config_for_target", "load_eagle_checkpoint", "make_random_eagle", "random_eagle_weights", "save_eagle"]
+__all__ = [
+    "config_for_target",
+    "load_eagle_checkpoint",
+    "make_random_eagle",
+    "random_eagle_weights",
+    "save_eagle",
+]
 
 
-def save_eagle(path: str | Path, config: EagleConfig, weights: Mapping[str, np.ndarray], *, dtype=np.float32) -> Path:
+def save_eagle(
+    path: str | Path, config: EagleConfig, weights: Mapping[str, np.ndarray], *, dtype=np.float32
+) -> Path:
     """Write ``config.json`` and ``model.safetensors`` (float32, or float16 to ship) into ``path``; return it."""
     check_weights(config, weights)
     return save_checkpoint(path, config.to_dict(), weights, dtype=dtype)
@@ -39,15 +47,29 @@ def config_for_target(target: LlamaConfig, record: dict, **overrides) -> EagleCo
     """An EagleConfig whose draft layer has the target's head layout, MLP width, rotary base and
     norm epsilon; ``overrides`` are further fields."""
     fields: dict[str, Any] = dict(
-        vocab_size=target.vocab_size, hidden_size=target.hidden_size, num_heads=target.num_attention_heads,
-        num_kv_heads=target.num_key_value_heads, head_dim=target.head_dim, intermediate_size=target.intermediate_size,
-        rope_theta=target.rope_theta, rms_norm_eps=target.rms_norm_eps, target=record)
+        vocab_size=target.vocab_size,
+        hidden_size=target.hidden_size,
+        num_heads=target.num_attention_heads,
+        num_kv_heads=target.num_key_value_heads,
+        head_dim=target.head_dim,
+        intermediate_size=target.intermediate_size,
+        rope_theta=target.rope_theta,
+        rms_norm_eps=target.rms_norm_eps,
+        target=record,
+    )
     fields.update(overrides)
     return EagleConfig(**fields)
 
 
-def random_eagle_weights(config: EagleConfig, rng: np.random.Generator, *, embed_tokens: np.ndarray,
-                         lm_head: np.ndarray, logit_std: float = 3.0, feature_rms: float = 1.0) -> dict[str, np.ndarray]:
+def random_eagle_weights(
+    config: EagleConfig,
+    rng: np.random.Generator,
+    *,
+    embed_tokens: np.ndarray,
+    lm_head: np.ndarray,
+    logit_std: float = 3.0,
+    feature_rms: float = 1.0,
+) -> dict[str, np.ndarray]:
     """Random float64 weights for ``config`` whose draft logits have std ~``logit_std`` on inputs
     like the target's (features of RMS ``feature_rms``, tokens of ``embed_tokens``).
 
@@ -66,11 +88,14 @@ def random_eagle_weights(config: EagleConfig, rng: np.random.Generator, *, embed
     fc[:, :hidden] /= embed_rms  # both halves of [embedding ; feature] count alike
     fc[:, hidden:] /= feature_rms
     weights = {
-        "fc.weight": fc, attn + "q_proj.weight": normal((q_out, hidden), hidden),
-        attn + "k_proj.weight": normal((kv_out, hidden), hidden), attn + "v_proj.weight": normal((kv_out, hidden), hidden),
+        "fc.weight": fc,
+        attn + "q_proj.weight": normal((q_out, hidden), hidden),
+        attn + "k_proj.weight": normal((kv_out, hidden), hidden),
+        attn + "v_proj.weight": normal((kv_out, hidden), hidden),
         attn + "o_proj.weight": normal((hidden, q_out), q_out),
         "layers.0.post_attention_layernorm.weight": 1.0 + 0.1 * rng.normal(size=hidden),
-        mlp + "gate_proj.weight": normal((inner, hidden), hidden), mlp + "up_proj.weight": normal((inner, hidden), hidden),
+        mlp + "gate_proj.weight": normal((inner, hidden), hidden),
+        mlp + "up_proj.weight": normal((inner, hidden), hidden),
         mlp + "down_proj.weight": normal((hidden, inner), inner),
     }
     if config.fc_bias:
@@ -85,8 +110,14 @@ def random_eagle_weights(config: EagleConfig, rng: np.random.Generator, *, embed
     lm_gain = float(np.sqrt(np.mean(lm_head**2)) * np.sqrt(hidden)) or 1.0
     for _ in range(4):
         empty = np.zeros((config.num_kv_heads, 0, config.head_dim))
-        out, _ = run_entries(config, weights, embed_tokens, SlotCache(keys=empty, values=empty, pending=features[0]),
-                             tokens, features)
+        out, _ = run_entries(
+            config,
+            weights,
+            embed_tokens,
+            SlotCache(keys=empty, values=empty, pending=features[0]),
+            tokens,
+            features,
+        )
         scale = logit_std / (lm_gain * float(np.sqrt(np.mean(out**2))))
         for name in ("fc.weight", "fc.bias", mlp + "down_proj.weight"):
             if name in weights:
@@ -101,7 +132,9 @@ def _tensor(tensors: dict, names: tuple[str, ...]) -> np.ndarray | None:
     return None
 
 
-def make_random_eagle(path: str | Path, model_path: str | Path, *, seed: int, **config_overrides) -> Path:
+def make_random_eagle(
+    path: str | Path, model_path: str | Path, *, seed: int, **config_overrides
+) -> Path:
     """A random (untrained) EAGLE drafter for the target folder ``model_path``, saved at ``path``.
 
     The draft layer copies the target's head layout, MLP width, rotary base and norm epsilon
@@ -118,7 +151,13 @@ def make_random_eagle(path: str | Path, model_path: str | Path, *, seed: int, **
         tensors = {}
     embed = _tensor(tensors, ("model.embed_tokens.weight", "embed_tokens.weight"))
     if embed is None:
-        embed = rng.normal(0.0, float(target_config.get("initializer_range", 0.02)), size=(llama.vocab_size, llama.hidden_size))
+        embed = rng.normal(
+            0.0,
+            float(target_config.get("initializer_range", 0.02)),
+            size=(llama.vocab_size, llama.hidden_size),
+        )
     lm_head = _tensor(tensors, ("lm_head.weight",))
-    weights = random_eagle_weights(config, rng, embed_tokens=embed, lm_head=embed if lm_head is None else lm_head)
+    weights = random_eagle_weights(
+        config, rng, embed_tokens=embed, lm_head=embed if lm_head is None else lm_head
+    )
     return save_eagle(path, config, weights)

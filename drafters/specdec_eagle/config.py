@@ -77,25 +77,33 @@ class EagleConfig:
     def _check_heads(self, attribute, value):
         _positive_int(self, attribute, value)
         if self.num_heads % value:
-            raise ValueError(f"EagleConfig.num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({value})")
+            raise ValueError(
+                f"EagleConfig.num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({value})"
+            )
 
     @head_dim.validator
     def _check_head_dim(self, attribute, value):
         _positive_int(self, attribute, value)
         if value % 2:
-            raise ValueError(f"EagleConfig.head_dim must be even for rotary embeddings, got {value}")
+            raise ValueError(
+                f"EagleConfig.head_dim must be even for rotary embeddings, got {value}"
+            )
 
     @shortlist_size.validator
     def _check_shortlist(self, attribute, value):
         if value is not None:
             _positive_int(self, attribute, value)
             if value > self.vocab_size:
-                raise ValueError(f"EagleConfig.shortlist_size={value} exceeds vocab_size={self.vocab_size}")
+                raise ValueError(
+                    f"EagleConfig.shortlist_size={value} exceeds vocab_size={self.vocab_size}"
+                )
 
     @model_type.validator
     def _check_model_type(self, attribute, value):
         if value != MODEL_TYPE:
-            raise ValueError(f"not an EAGLE config: model_type is {value!r}, expected {MODEL_TYPE!r}")
+            raise ValueError(
+                f"not an EAGLE config: model_type is {value!r}, expected {MODEL_TYPE!r}"
+            )
 
     @property
     def draft_vocab_size(self) -> int:
@@ -119,13 +127,18 @@ class EagleConfig:
         if self.fc_bias:
             shapes["fc.bias"] = (hidden,)
         attn, mlp = "layers.0.self_attn.", "layers.0.mlp."
-        shapes.update({
-            attn + "q_proj.weight": (q_out, hidden), attn + "k_proj.weight": (kv_out, hidden),
-            attn + "v_proj.weight": (kv_out, hidden), attn + "o_proj.weight": (hidden, q_out),
-            "layers.0.post_attention_layernorm.weight": (hidden,),
-            mlp + "gate_proj.weight": (inner, hidden), mlp + "up_proj.weight": (inner, hidden),
-            mlp + "down_proj.weight": (hidden, inner),
-        })
+        shapes.update(
+            {
+                attn + "q_proj.weight": (q_out, hidden),
+                attn + "k_proj.weight": (kv_out, hidden),
+                attn + "v_proj.weight": (kv_out, hidden),
+                attn + "o_proj.weight": (hidden, q_out),
+                "layers.0.post_attention_layernorm.weight": (hidden,),
+                mlp + "gate_proj.weight": (inner, hidden),
+                mlp + "up_proj.weight": (inner, hidden),
+                mlp + "down_proj.weight": (hidden, inner),
+            }
+        )
         if self.shortlist_size is not None:
             shapes["vocab_shortlist"] = (self.shortlist_size,)
         return shapes
@@ -149,7 +162,9 @@ def check_weights(config: EagleConfig, weights: dict[str, Any]) -> None:
             f"wrong shapes {wrong}; check that config.json belongs to these weights"
         )
     if config.shortlist_size is not None:
-        check_shortlist(np.asarray(weights["vocab_shortlist"]), config.vocab_size, config.shortlist_size)
+        check_shortlist(
+            np.asarray(weights["vocab_shortlist"]), config.vocab_size, config.shortlist_size
+        )
 
 
 def tree_size(config: EagleConfig) -> int:

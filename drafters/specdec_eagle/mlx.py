@@ -35,13 +35,19 @@ class _RMSNorm(nn.Module):
 
     def __call__(self, x: mx.array) -> mx.array:
         z = x.astype(mx.float32)
-        return (z * mx.rsqrt(mx.mean(z * z, axis=-1, keepdims=True) + self.eps)).astype(x.dtype) * self.weight
+        return (z * mx.rsqrt(mx.mean(z * z, axis=-1, keepdims=True) + self.eps)).astype(
+            x.dtype
+        ) * self.weight
 
 
 class _Attention(nn.Module):
     def __init__(self, config: EagleConfig):
         super().__init__()
-        hidden, q_out, kv_out = config.hidden_size, config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
+        hidden, q_out, kv_out = (
+            config.hidden_size,
+            config.num_heads * config.head_dim,
+            config.num_kv_heads * config.head_dim,
+        )
         self.q_proj = nn.Linear(hidden, q_out, bias=False)
         self.k_proj = nn.Linear(hidden, kv_out, bias=False)
         self.v_proj = nn.Linear(hidden, kv_out, bias=False)
@@ -76,21 +82,31 @@ class MlxEagleNet(nn.Module):
         self.fc = nn.Linear(2 * config.hidden_size, config.hidden_size, bias=config.fc_bias)
         self.layers = [_Layer(config)]
         dim = config.head_dim
-        self._inv_freq = mx.array(1.0 / config.rope_theta ** (np.arange(0, dim, 2, dtype=np.float64) / dim),
-                                  dtype=mx.float32)
+        self._inv_freq = mx.array(
+            1.0 / config.rope_theta ** (np.arange(0, dim, 2, dtype=np.float64) / dim),
+            dtype=mx.float32,
+        )
 
     @classmethod
     def from_weights(cls, config: EagleConfig, weights: dict, *, dtype=mx.float32) -> MlxEagleNet:
         check_weights(config, weights)
         net = cls(config)
-        net.load_weights([(name, mx.array(np.asarray(w, dtype=np.float32)).astype(dtype))
-                          for name, w in weights.items() if name != "vocab_shortlist"], strict=True)
+        net.load_weights(
+            [
+                (name, mx.array(np.asarray(w, dtype=np.float32)).astype(dtype))
+                for name, w in weights.items()
+                if name != "vocab_shortlist"
+            ],
+            strict=True,
+        )
         mx.eval(net.parameters())
         return net
 
     def fuse(self, embed_tokens: mx.array, tokens: mx.array, features: mx.array) -> mx.array:
         """fc([embed(tokens) ; features]): tokens (...), features (..., H) -> (..., H)."""
-        return self.fc(mx.concatenate([embed_tokens[tokens], features.astype(embed_tokens.dtype)], axis=-1))
+        return self.fc(
+            mx.concatenate([embed_tokens[tokens], features.astype(embed_tokens.dtype)], axis=-1)
+        )
 
     def _rotate(self, x: mx.array, positions: mx.array) -> mx.array:
         angles = positions[:, None, :, None].astype(mx.float32) * self._inv_freq  # (B, 1, m, Dh/2)
@@ -116,7 +132,9 @@ class MlxEagleNet(nn.Module):
         scores = (q @ keys.transpose(0, 1, 3, 2)) / math.sqrt(cfg.head_dim)  # (B, Hq, m, S + m)
         scores = mx.where(mask[:, None], scores.astype(mx.float32), float("-inf"))
         weights = mx.softmax(scores, axis=-1).astype(x.dtype)
-        context = (weights @ values).transpose(0, 2, 1, 3).reshape(batch, m, cfg.num_heads * cfg.head_dim)
+        context = (
+            (weights @ values).transpose(0, 2, 1, 3).reshape(batch, m, cfg.num_heads * cfg.head_dim)
+        )
         h = x + attn.o_proj(context)
         return h + layer.mlp(layer.post_attention_layernorm(h)), k, v
 
@@ -127,10 +145,21 @@ class MlxEagleDrafter:
 
     @property
     def caps(self) -> DrafterCaps:
-        return DrafterCaps(stateful=True, tree_builder=("prefix_tree", {}), max_tree_size=self.total_tokens + 1)
+        return DrafterCaps(
+            stateful=True, tree_builder=("prefix_tree", {}), max_tree_size=self.total_tokens + 1
+        )
 
-    def __init__(self, config: EagleConfig, weights: dict, *, embed_tokens, lm_head, top_k: int | None = None,
-                 depth: int | None = None, total_tokens: int | None = None):
+    def __init__(
+        self,
+        config: EagleConfig,
+        weights: dict,
+        *,
+        embed_tokens,
+        lm_head,
+        top_k: int | None = None,
+        depth: int | None = None,
+        total_tokens: int | None = None,
+    ):
         embed_tokens, lm_head = ops.as_array(embed_tokens), ops.as_array(lm_head)
         check_target_arrays(config, embed_tokens, lm_head)
         self.config, self.embed_tokens = config, embed_tokens
@@ -144,8 +173,10 @@ class MlxEagleDrafter:
 
     def _slot(self, slot: int) -> dict:
         if slot not in self.slots:
-            raise InvalidInputError(f"EAGLE has no request in slot {slot}: a stateful drafter needs begin(slot, ...) "
-                                    "before propose/observe (the decode loop calls it when it admits a request)")
+            raise InvalidInputError(
+                f"EAGLE has no request in slot {slot}: a stateful drafter needs begin(slot, ...) "
+                "before propose/observe (the decode loop calls it when it admits a request)"
+            )
         return self.slots[slot]
 
     def _append(self, slot: int, tokens: mx.array, features: mx.array) -> None:
@@ -210,7 +241,12 @@ class TreeSearch:
 
     def __init__(self, drafter: MlxEagleDrafter, ctx_keys, ctx_values, ctx_mask, lengths):
         self.drafter, self.net = drafter, drafter.net
-        self.ctx_keys, self.ctx_values, self.ctx_mask, self.lengths = ctx_keys, ctx_values, ctx_mask, lengths
+        self.ctx_keys, self.ctx_values, self.ctx_mask, self.lengths = (
+            ctx_keys,
+            ctx_values,
+            ctx_mask,
+            lengths,
+        )
         self.keys = self.values = self.anc = self.outs = self.top1 = None
 
     def _run(self, tokens, features, levels, parents):
@@ -222,12 +258,21 @@ class TreeSearch:
             tree_mask = mx.zeros((batch, m, 0), dtype=mx.bool_)
             past_keys, past_values = self.ctx_keys, self.ctx_values
         else:
-            tree_mask = mx.take_along_axis(self.anc, mx.broadcast_to(parents[:, :, None], (batch, m, self.anc.shape[2])),
-                                           axis=1)
+            tree_mask = mx.take_along_axis(
+                self.anc,
+                mx.broadcast_to(parents[:, :, None], (batch, m, self.anc.shape[2])),
+                axis=1,
+            )
             past_keys = mx.concatenate([self.ctx_keys, self.keys], axis=2)
             past_values = mx.concatenate([self.ctx_values, self.values], axis=2)
-        mask = mx.concatenate([mx.broadcast_to(self.ctx_mask[:, None], (batch, m, self.ctx_mask.shape[1])),
-                               tree_mask, eye], axis=2)
+        mask = mx.concatenate(
+            [
+                mx.broadcast_to(self.ctx_mask[:, None], (batch, m, self.ctx_mask.shape[1])),
+                tree_mask,
+                eye,
+            ],
+            axis=2,
+        )
         out, k, v = self.net.layer(x, positions, past_keys, past_values, mask)
         log_probs = self.drafter.log_probs(out)
         top1 = ops.top_k_lowest_index(log_probs, 1)[1][..., 0]
@@ -236,13 +281,21 @@ class TreeSearch:
         else:
             grown = mx.pad(self.anc, [(0, 0), (0, 0), (0, m)])
             self.anc = mx.concatenate([grown, mx.concatenate([tree_mask, eye], axis=2)], axis=1)
-            self.keys, self.values = mx.concatenate([self.keys, k], axis=2), mx.concatenate([self.values, v], axis=2)
-            self.outs, self.top1 = mx.concatenate([self.outs, out], axis=1), mx.concatenate([self.top1, top1], axis=1)
+            self.keys, self.values = (
+                mx.concatenate([self.keys, k], axis=2),
+                mx.concatenate([self.values, v], axis=2),
+            )
+            self.outs, self.top1 = (
+                mx.concatenate([self.outs, out], axis=1),
+                mx.concatenate([self.top1, top1], axis=1),
+            )
         return log_probs
 
     def _gather_outs(self, parents):
         batch, m = parents.shape
-        return mx.take_along_axis(self.outs, mx.broadcast_to(parents[:, :, None], (batch, m, self.outs.shape[2])), axis=1)
+        return mx.take_along_axis(
+            self.outs, mx.broadcast_to(parents[:, :, None], (batch, m, self.outs.shape[2])), axis=1
+        )
 
     def run(self, roots: mx.array, hidden: mx.array) -> mx.array:
         drafter, batch = self.drafter, roots.shape[0]
@@ -260,25 +313,40 @@ class TreeSearch:
         for level in range(2, depth + 1):
             first_entry = self.anc.shape[1]
             tokens = mx.take_along_axis(mx.concatenate(cand_tokens, axis=1), frontier, axis=1)
-            log_probs = self._run(tokens, self._gather_outs(frontier_parent), mx.full(frontier.shape, level - 1,
-                                                                                      dtype=mx.int32), frontier_parent)
-            entries = mx.broadcast_to(mx.arange(first_entry, first_entry + k, dtype=mx.int32)[None], (batch, k))
+            log_probs = self._run(
+                tokens,
+                self._gather_outs(frontier_parent),
+                mx.full(frontier.shape, level - 1, dtype=mx.int32),
+                frontier_parent,
+            )
+            entries = mx.broadcast_to(
+                mx.arange(first_entry, first_entry + k, dtype=mx.int32)[None], (batch, k)
+            )
             entry_of = mx.concatenate(cand_entry, axis=1)
-            hit = (mx.arange(entry_of.shape[1])[None, :, None] == frontier[:, None, :])  # (B, C, k)
-            entry_of = mx.where(hit.any(axis=2), mx.sum(mx.where(hit, entries[:, None, :], 0), axis=2), entry_of)
+            hit = mx.arange(entry_of.shape[1])[None, :, None] == frontier[:, None, :]  # (B, C, k)
+            entry_of = mx.where(
+                hit.any(axis=2), mx.sum(mx.where(hit, entries[:, None, :], 0), axis=2), entry_of
+            )
             child_scores, child_local = ops.top_k_lowest_index(log_probs, k)  # (B, k, k)
             child_scores = (frontier_scores[:, :, None] + child_scores).reshape(batch, k * k)
             cand_entry = [entry_of, mx.full((batch, k * k), -1, dtype=mx.int32)]
             cand_tokens.append(drafter.to_vocab(child_local).astype(mx.int32).reshape(batch, k * k))
-            cand_parents.append(mx.broadcast_to(frontier[:, :, None], (batch, k, k)).reshape(batch, k * k))
+            cand_parents.append(
+                mx.broadcast_to(frontier[:, :, None], (batch, k, k)).reshape(batch, k * k)
+            )
             cand_scores.append(child_scores)
             frontier_scores, best = ops.top_k_lowest_index(child_scores, k)
             frontier_parent = mx.take_along_axis(entries, best // k, axis=1)
             frontier = (count + best).astype(mx.int32)
             count += k * k
         tokens, parents = mx.concatenate(cand_tokens, axis=1), mx.concatenate(cand_parents, axis=1)
-        all_scores, entry_of = mx.concatenate(cand_scores, axis=1), mx.concatenate(cand_entry, axis=1)
-        return self._beams(np.array(tokens), np.array(parents), np.array(all_scores), np.array(entry_of))
+        all_scores, entry_of = (
+            mx.concatenate(cand_scores, axis=1),
+            mx.concatenate(cand_entry, axis=1),
+        )
+        return self._beams(
+            np.array(tokens), np.array(parents), np.array(all_scores), np.array(entry_of)
+        )
 
     def _beams(self, tokens, parents, scores, entry_of) -> mx.array:
         """Beams (B, W, L) of the kept candidates, short leaves extended along their top-1
@@ -288,10 +356,22 @@ class TreeSearch:
         def run(run_tokens, run_parent, run_level) -> int:
             first = self.anc.shape[1]
             parent = mx.array(run_parent.astype(np.int32))
-            self._run(mx.array(run_tokens.astype(np.int32)), self._gather_outs(parent),
-                      mx.array(run_level.astype(np.int32)), parent)
+            self._run(
+                mx.array(run_tokens.astype(np.int32)),
+                self._gather_outs(parent),
+                mx.array(run_level.astype(np.int32)),
+                parent,
+            )
             return first
 
-        beams = extended_beams(tokens, parents, scores, entry_of, depth=drafter.depth, width=drafter.total_tokens,
-                               run=run, top1=lambda: np.array(drafter.to_vocab(self.top1)))
+        beams = extended_beams(
+            tokens,
+            parents,
+            scores,
+            entry_of,
+            depth=drafter.depth,
+            width=drafter.total_tokens,
+            run=run,
+            top1=lambda: np.array(drafter.to_vocab(self.top1)),
+        )
         return mx.array(beams.astype(np.int32))

@@ -45,13 +45,28 @@ from specdec.types import Accepted, Draft, DraftContext, PromptOutput
 from specdec_eagle.config import EagleConfig, check_weights
 
 __all__ = [
-    "EagleDrafter", "SlotCache", "TreeDraft", "check_tree_options", "draft_layer", "draft_log_probs",
-    "dynamic_tree", "fuse", "inverse_frequencies", "run_entries", "select_nodes", "tree_beams",
+    "EagleDrafter",
+    "SlotCache",
+    "TreeDraft",
+    "check_tree_options",
+    "draft_layer",
+    "draft_log_probs",
+    "dynamic_tree",
+    "fuse",
+    "inverse_frequencies",
+    "run_entries",
+    "select_nodes",
+    "tree_beams",
 ]
 
 
-def fuse(config: EagleConfig, weights: dict, embed_tokens: np.ndarray, tokens: np.ndarray,
-         features: np.ndarray) -> np.ndarray:
+def fuse(
+    config: EagleConfig,
+    weights: dict,
+    embed_tokens: np.ndarray,
+    tokens: np.ndarray,
+    features: np.ndarray,
+) -> np.ndarray:
     """fc([embed(tokens) ; features]): tokens (...) int, features (..., H) -> (..., H)."""
     x = np.concatenate([embed_tokens[tokens], features], axis=-1)  # (..., 2H)
     y = x @ weights["fc.weight"].T
@@ -60,11 +75,20 @@ def fuse(config: EagleConfig, weights: dict, embed_tokens: np.ndarray, tokens: n
 
 def inverse_frequencies(config: EagleConfig) -> np.ndarray:
     """(Dh/2,) rotary speeds theta ** (-2i / Dh) of the draft layer (no scaling)."""
-    return 1.0 / config.rope_theta ** (np.arange(0, config.head_dim, 2, dtype=np.float64) / config.head_dim)
+    return 1.0 / config.rope_theta ** (
+        np.arange(0, config.head_dim, 2, dtype=np.float64) / config.head_dim
+    )
 
 
-def draft_layer(config: EagleConfig, weights: dict, x: np.ndarray, positions: np.ndarray,
-                past: tuple[np.ndarray, np.ndarray], past_allowed: np.ndarray, new_allowed: np.ndarray):
+def draft_layer(
+    config: EagleConfig,
+    weights: dict,
+    x: np.ndarray,
+    positions: np.ndarray,
+    past: tuple[np.ndarray, np.ndarray],
+    past_allowed: np.ndarray,
+    new_allowed: np.ndarray,
+):
     """The draft decoder layer on n new entries.
 
     x (n, H) fused inputs; positions (n,) their rotary positions; past = (keys, values) each
@@ -76,12 +100,18 @@ def draft_layer(config: EagleConfig, weights: dict, x: np.ndarray, positions: np
     q = (x @ weights[attn + "q_proj.weight"].T).reshape(n, heads, dim).transpose(1, 0, 2)
     k = (x @ weights[attn + "k_proj.weight"].T).reshape(n, kv_heads, dim).transpose(1, 0, 2)
     v = (x @ weights[attn + "v_proj.weight"].T).reshape(n, kv_heads, dim).transpose(1, 0, 2)
-    cos, sin = rotary_cos_sin(np.asarray(positions, dtype=np.float64), inverse_frequencies(config))  # (n, Dh)
+    cos, sin = rotary_cos_sin(
+        np.asarray(positions, dtype=np.float64), inverse_frequencies(config)
+    )  # (n, Dh)
     q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
     h = x + attend(q, past, (k, v), past_allowed, new_allowed) @ weights[attn + "o_proj.weight"].T
     normed = rms_norm(h, weights["layers.0.post_attention_layernorm.weight"], config.rms_norm_eps)
     gate = silu(normed @ weights[mlp + "gate_proj.weight"].T)
-    out = h + (gate * (normed @ weights[mlp + "up_proj.weight"].T)) @ weights[mlp + "down_proj.weight"].T
+    out = (
+        h
+        + (gate * (normed @ weights[mlp + "up_proj.weight"].T))
+        @ weights[mlp + "down_proj.weight"].T
+    )
     return out, k, v
 
 
@@ -120,18 +150,34 @@ class SlotCache:
         return int(self.keys.shape[1])
 
 
-def run_entries(config: EagleConfig, weights: dict, embed_tokens: np.ndarray, cache: SlotCache,
-                tokens: np.ndarray, features: np.ndarray):
+def run_entries(
+    config: EagleConfig,
+    weights: dict,
+    embed_tokens: np.ndarray,
+    cache: SlotCache,
+    tokens: np.ndarray,
+    features: np.ndarray,
+):
     """Append entries at positions T .. T+n-1 (causal among themselves, after the whole cache).
     tokens (n,), features (n, H) -> (outputs (n, H), the cache with the entries appended)."""
     n, length = len(tokens), cache.length
     if n == 0:
         return np.zeros((0, config.hidden_size)), cache
     x = fuse(config, weights, embed_tokens, np.asarray(tokens, dtype=np.int64), features)
-    out, k, v = draft_layer(config, weights, x, length + np.arange(n), (cache.keys, cache.values),
-                            np.ones((n, length), dtype=bool), np.tril(np.ones((n, n), dtype=bool)))
-    grown = SlotCache(keys=np.concatenate([cache.keys, k], axis=1),
-                      values=np.concatenate([cache.values, v], axis=1), pending=cache.pending)
+    out, k, v = draft_layer(
+        config,
+        weights,
+        x,
+        length + np.arange(n),
+        (cache.keys, cache.values),
+        np.ones((n, length), dtype=bool),
+        np.tril(np.ones((n, n), dtype=bool)),
+    )
+    grown = SlotCache(
+        keys=np.concatenate([cache.keys, k], axis=1),
+        values=np.concatenate([cache.values, v], axis=1),
+        pending=cache.pending,
+    )
     return out, grown
 
 
@@ -166,13 +212,19 @@ def check_tree_options(config: EagleConfig, top_k: int, depth: int, total_tokens
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
             raise ValueError(f"EAGLE's {name} must be a positive integer, got {value!r}")
     if top_k > config.draft_vocab_size:
-        raise ValueError(f"EAGLE's top_k={top_k} exceeds the {config.draft_vocab_size} tokens it drafts from")
+        raise ValueError(
+            f"EAGLE's top_k={top_k} exceeds the {config.draft_vocab_size} tokens it drafts from"
+        )
     if total_tokens < depth:
-        raise ValueError(f"EAGLE's total_tokens={total_tokens} cannot hold one path of depth={depth} drafted tokens; "
-                         "give total_tokens >= depth")
+        raise ValueError(
+            f"EAGLE's total_tokens={total_tokens} cannot hold one path of depth={depth} drafted tokens; "
+            "give total_tokens >= depth"
+        )
 
 
-def select_nodes(scores, parents, levels, *, depth: int, budget: int, gaps: list | None = None) -> np.ndarray:
+def select_nodes(
+    scores, parents, levels, *, depth: int, budget: int, gaps: list | None = None
+) -> np.ndarray:
     """The kept candidates (ascending) of a tree whose beams all reach level ``depth``: candidates
     in score order (best first, ties to the earlier node) are kept while the drafted nodes the
     target will verify stay within ``budget``. Every leaf is extended to level ``depth`` along its
@@ -202,9 +254,19 @@ def select_nodes(scores, parents, levels, *, depth: int, budget: int, gaps: list
     return np.array(sorted(kept), dtype=np.int64)
 
 
-def dynamic_tree(config: EagleConfig, weights: dict, embed_tokens: np.ndarray, lm_head: np.ndarray,
-                 cache: SlotCache, root: int, feature: np.ndarray, *, top_k: int, depth: int,
-                 total_tokens: int) -> TreeDraft:
+def dynamic_tree(
+    config: EagleConfig,
+    weights: dict,
+    embed_tokens: np.ndarray,
+    lm_head: np.ndarray,
+    cache: SlotCache,
+    root: int,
+    feature: np.ndarray,
+    *,
+    top_k: int,
+    depth: int,
+    total_tokens: int,
+) -> TreeDraft:
     """EAGLE-2's dynamic tree for one request (see the module docstring).
 
     cache: the request's draft cache (positions 0 .. T-1); root: the root token; feature (H,):
@@ -232,8 +294,15 @@ def dynamic_tree(config: EagleConfig, weights: dict, embed_tokens: np.ndarray, l
         x = fuse(config, weights, embed_tokens, np.array([tokens[node]]), feature_in[None])
         keys = np.concatenate([cache.keys] + [ran[a][1][:, None] for a in path], axis=1)
         values = np.concatenate([cache.values] + [ran[a][2][:, None] for a in path], axis=1)
-        out, k, v = draft_layer(config, weights, x, np.array([length + levels[node]]), (keys, values),
-                                np.ones((1, keys.shape[1]), dtype=bool), np.ones((1, 1), dtype=bool))
+        out, k, v = draft_layer(
+            config,
+            weights,
+            x,
+            np.array([length + levels[node]]),
+            (keys, values),
+            np.ones((1, keys.shape[1]), dtype=bool),
+            np.ones((1, 1), dtype=bool),
+        )
         log_probs = draft_log_probs(weights, lm_head, out[0])
         ran[node] = (out[0], k[:, 0], v[:, 0], log_probs)
         return log_probs
@@ -253,7 +322,9 @@ def dynamic_tree(config: EagleConfig, weights: dict, embed_tokens: np.ndarray, l
         children = []
         for node in frontier:
             log_probs = run(node)
-            children += [add(t, node, scores[node] + log_probs[t]) for t in _top(log_probs, top_k, gaps)]
+            children += [
+                add(t, node, scores[node] + log_probs[t]) for t in _top(log_probs, top_k, gaps)
+            ]
         child_scores = np.array([scores[c] for c in children])
         frontier = [children[i] for i in _top(child_scores, top_k, gaps)]
 
@@ -267,18 +338,28 @@ def dynamic_tree(config: EagleConfig, weights: dict, embed_tokens: np.ndarray, l
         token = int(_top(log_probs, 1, gaps)[0])
         return add(token, node, scores[node] + log_probs[token])
 
-    beams = tree_beams(tokens, parents, levels, scores, selected, depth=depth, width=total_tokens, extend=extend)
+    beams = tree_beams(
+        tokens, parents, levels, scores, selected, depth=depth, width=total_tokens, extend=extend
+    )
     kept = set(selected.tolist())
     leaf_scores = np.sort([scores[s] for s in kept if s not in {parents[t] for t in kept}])
     if len(leaf_scores) > 1:
         gaps.append(float(np.min(np.diff(leaf_scores))))
-    return TreeDraft(tokens=np.array(tokens, dtype=np.int64), parents=np.array(parents, dtype=np.int64),
-                     depth=np.array(levels, dtype=np.int64), scores=np.array(scores), selected=selected,
-                     beams=beams, extension=np.array(tokens[candidates:], dtype=np.int64),
-                     margin=min(gaps, default=np.inf))
+    return TreeDraft(
+        tokens=np.array(tokens, dtype=np.int64),
+        parents=np.array(parents, dtype=np.int64),
+        depth=np.array(levels, dtype=np.int64),
+        scores=np.array(scores),
+        selected=selected,
+        beams=beams,
+        extension=np.array(tokens[candidates:], dtype=np.int64),
+        margin=min(gaps, default=np.inf),
+    )
 
 
-def tree_beams(tokens, parents, levels, scores, selected, *, depth: int, width: int, extend) -> np.ndarray:
+def tree_beams(
+    tokens, parents, levels, scores, selected, *, depth: int, width: int, extend
+) -> np.ndarray:
     """Beams (W, L = depth + 1) of the kept nodes: one per leaf (a kept node that is no kept
     node's parent), ordered by leaf score (best first, ties to the earlier node), then copies of
     beam 0 up to W = ``width`` rows. A leaf above level ``depth`` is extended along its own
@@ -312,15 +393,28 @@ class EagleDrafter:
 
     @property
     def caps(self) -> DrafterCaps:
-        return DrafterCaps(stateful=True, tree_builder=("prefix_tree", {}), max_tree_size=self.total_tokens + 1)
+        return DrafterCaps(
+            stateful=True, tree_builder=("prefix_tree", {}), max_tree_size=self.total_tokens + 1
+        )
 
-    def __init__(self, config: EagleConfig, weights: dict, *, embed_tokens, lm_head, top_k: int | None = None,
-                 depth: int | None = None, total_tokens: int | None = None):
+    def __init__(
+        self,
+        config: EagleConfig,
+        weights: dict,
+        *,
+        embed_tokens,
+        lm_head,
+        top_k: int | None = None,
+        depth: int | None = None,
+        total_tokens: int | None = None,
+    ):
         check_weights(config, weights)
         check_target_arrays(config, embed_tokens, lm_head)
         self.config = config
-        self.weights = {name: np.asarray(array, dtype=np.int64 if name == "vocab_shortlist" else np.float64)
-                        for name, array in weights.items()}
+        self.weights = {
+            name: np.asarray(array, dtype=np.int64 if name == "vocab_shortlist" else np.float64)
+            for name, array in weights.items()
+        }
         self.embed_tokens = np.asarray(embed_tokens, dtype=np.float64)
         self.lm_head = np.asarray(lm_head, dtype=np.float64)
         self.top_k, self.depth, self.total_tokens = tree_options(config, top_k, depth, total_tokens)
@@ -333,7 +427,9 @@ class EagleDrafter:
         empty = np.zeros((self.config.num_kv_heads, 0, self.config.head_dim))
         cache = SlotCache(keys=empty, values=empty.copy(), pending=hidden[-1])
         if len(prompt) > 1:
-            _, cache = run_entries(self.config, self.weights, self.embed_tokens, cache, prompt[1:], hidden[:-1])
+            _, cache = run_entries(
+                self.config, self.weights, self.embed_tokens, cache, prompt[1:], hidden[:-1]
+            )
         self.slots[int(slot)] = cache
 
     def observe(self, accepted: Accepted) -> None:
@@ -343,8 +439,14 @@ class EagleDrafter:
             count = int(accepted.num_accepted[b]) + 1  # the root and the accepted drafted tokens
             cache = self._cache(slot)
             features = np.concatenate([cache.pending[None], hidden[b, : count - 1]])
-            _, cache = run_entries(self.config, self.weights, self.embed_tokens, cache,
-                                   np.asarray(accepted.tokens[b, :count]), features)
+            _, cache = run_entries(
+                self.config,
+                self.weights,
+                self.embed_tokens,
+                cache,
+                np.asarray(accepted.tokens[b, :count]),
+                features,
+            )
             cache.pending = hidden[b, count - 1]
             self.slots[slot] = cache
 
@@ -354,8 +456,10 @@ class EagleDrafter:
 
     def _cache(self, slot: int) -> SlotCache:
         if slot not in self.slots:
-            raise InvalidInputError(f"EAGLE has no request in slot {slot}: a stateful drafter needs begin(slot, ...) "
-                                    "before propose/observe (the decode loop calls it when it admits a request)")
+            raise InvalidInputError(
+                f"EAGLE has no request in slot {slot}: a stateful drafter needs begin(slot, ...) "
+                "before propose/observe (the decode loop calls it when it admits a request)"
+            )
         return self.slots[slot]
 
     def propose(self, context: DraftContext) -> Draft:
@@ -363,18 +467,32 @@ class EagleDrafter:
         roots = np.asarray(context.root_tokens, dtype=np.int64)
         hidden = np.asarray(context.hidden, dtype=np.float64)
         check_context(self.config, context, roots, hidden.shape)
-        beams = np.stack([
-            dynamic_tree(self.config, self.weights, self.embed_tokens, self.lm_head, self._cache(int(slot)),
-                         int(roots[b]), hidden[b], top_k=self.top_k, depth=self.depth,
-                         total_tokens=self.total_tokens).beams
-            for b, slot in enumerate(np.asarray(context.slots).tolist())])
+        beams = np.stack(
+            [
+                dynamic_tree(
+                    self.config,
+                    self.weights,
+                    self.embed_tokens,
+                    self.lm_head,
+                    self._cache(int(slot)),
+                    int(roots[b]),
+                    hidden[b],
+                    top_k=self.top_k,
+                    depth=self.depth,
+                    total_tokens=self.total_tokens,
+                ).beams
+                for b, slot in enumerate(np.asarray(context.slots).tolist())
+            ]
+        )
         return Draft(root_tokens=roots, beams=beams, sampled=False)
 
 
 def tree_options(config: EagleConfig, top_k, depth, total_tokens) -> tuple[int, int, int]:
     """The tree's (top_k, depth, total_tokens): the given ones, else the config's; checked."""
-    chosen = tuple(int(getattr(config, name)) if value is None else value
-                   for name, value in (("top_k", top_k), ("depth", depth), ("total_tokens", total_tokens)))
+    chosen = tuple(
+        int(getattr(config, name)) if value is None else value
+        for name, value in (("top_k", top_k), ("depth", depth), ("total_tokens", total_tokens))
+    )
     check_tree_options(config, *chosen)
     return chosen
 
@@ -384,18 +502,26 @@ def check_target_arrays(config: EagleConfig, embed_tokens, lm_head) -> None:
     expected = (config.vocab_size, config.hidden_size)
     for name, array in (("embed_tokens", embed_tokens), ("lm_head", lm_head)):
         if array is None or tuple(array.shape) != expected:
-            raise ValueError(f"{name} has shape {None if array is None else tuple(array.shape)}, but the EAGLE drafter "
-                             f"was built for (vocab_size, hidden_size) = {expected}; pass the target's {name}")
+            raise ValueError(
+                f"{name} has shape {None if array is None else tuple(array.shape)}, but the EAGLE drafter "
+                f"was built for (vocab_size, hidden_size) = {expected}; pass the target's {name}"
+            )
 
 
 def check_context(config: EagleConfig, context: DraftContext, roots, hidden_shape) -> None:
     """What ``propose`` needs: slots (the decode loop gives them), hidden (B, H), no draft probabilities."""
     batch = len(roots)
     if context.slots is None or len(context.slots) != batch:
-        raise InvalidInputError("EAGLE drafts per request: context.slots must name each row's slot (the decode loop "
-                                "gives them)")
+        raise InvalidInputError(
+            "EAGLE drafts per request: context.slots must name each row's slot (the decode loop "
+            "gives them)"
+        )
     if tuple(hidden_shape) != (batch, config.hidden_size):
-        raise ValueError(f"context.hidden has shape {tuple(hidden_shape)}, expected (B, H) = {(batch, config.hidden_size)}")
+        raise ValueError(
+            f"context.hidden has shape {tuple(hidden_shape)}, expected (B, H) = {(batch, config.hidden_size)}"
+        )
     if context.want_draft_probs:
-        raise InvalidInputError("the EAGLE drafter gives no draft probabilities, which the chosen verifier needs; use "
-                                "the greedy or exact verifier (the defaults)")
+        raise InvalidInputError(
+            "the EAGLE drafter gives no draft probabilities, which the chosen verifier needs; use "
+            "the greedy or exact verifier (the defaults)"
+        )

@@ -14,9 +14,17 @@ from specdec_eagle.reference import select_nodes, tree_beams
 __all__ = ["extended_beams"]
 
 
-def extended_beams(tokens: np.ndarray, parents: np.ndarray, scores: np.ndarray, entry_of: np.ndarray, *,
-                   depth: int, width: int, run: Callable[[np.ndarray, np.ndarray, np.ndarray], int],
-                   top1: Callable[[], np.ndarray]) -> np.ndarray:
+def extended_beams(
+    tokens: np.ndarray,
+    parents: np.ndarray,
+    scores: np.ndarray,
+    entry_of: np.ndarray,
+    *,
+    depth: int,
+    width: int,
+    run: Callable[[np.ndarray, np.ndarray, np.ndarray], int],
+    top1: Callable[[], np.ndarray],
+) -> np.ndarray:
     """Beams (B, W = width, L = depth + 1) int64 of the candidates tokens, parents, scores,
     entry_of (B, C) (``entry_of``: the layer entry that ran each candidate, -1 if none).
 
@@ -26,19 +34,31 @@ def extended_beams(tokens: np.ndarray, parents: np.ndarray, scores: np.ndarray, 
     parents, their levels; unused places hold the root's first child and are ignored) runs them
     and returns the entry of their first; ``top1()`` gives (B, entries) the top-1 vocabulary token
     of every entry so far."""
-    rows = [dict(tokens=tokens[b].tolist(), parents=parents[b].tolist(), scores=scores[b].tolist(),
-                 entry=entry_of[b].tolist(), child={}) for b in range(tokens.shape[0])]
+    rows = [
+        dict(
+            tokens=tokens[b].tolist(),
+            parents=parents[b].tolist(),
+            scores=scores[b].tolist(),
+            entry=entry_of[b].tolist(),
+            child={},
+        )
+        for b in range(tokens.shape[0])
+    ]
     selected, chains = [], []
     for b, row in enumerate(rows):
         row["levels"] = [0] * len(row["tokens"])
         for i in range(1, len(row["tokens"])):
             row["levels"][i] = row["levels"][row["parents"][i]] + 1
-        selected.append(select_nodes(row["scores"], row["parents"], row["levels"], depth=depth, budget=width))
+        selected.append(
+            select_nodes(row["scores"], row["parents"], row["levels"], depth=depth, budget=width)
+        )
         kept = set(int(s) for s in selected[b])
         inner = {row["parents"][s] for s in kept}
         chains.append(sorted(s for s in kept if s not in inner and row["levels"][s] < depth))
     while any(chains):
-        need = [[node for node in chain if rows[b]["entry"][node] < 0] for b, chain in enumerate(chains)]
+        need = [
+            [node for node in chain if rows[b]["entry"][node] < 0] for b, chain in enumerate(chains)
+        ]
         if any(need):
             size = max(len(n) for n in need)
             run_tokens = np.zeros((len(rows), size), dtype=np.int64)
@@ -67,6 +87,18 @@ def extended_beams(tokens: np.ndarray, parents: np.ndarray, scores: np.ndarray, 
                 if row["levels"][child] < depth:
                     following.append(child)
             chains[b] = following
-    return np.stack([tree_beams(row["tokens"], row["parents"], row["levels"], row["scores"], selected[b],
-                                depth=depth, width=width, extend=row["child"].__getitem__)
-                     for b, row in enumerate(rows)])
+    return np.stack(
+        [
+            tree_beams(
+                row["tokens"],
+                row["parents"],
+                row["levels"],
+                row["scores"],
+                selected[b],
+                depth=depth,
+                width=width,
+                extend=row["child"].__getitem__,
+            )
+            for b, row in enumerate(rows)
+        ]
+    )

@@ -41,13 +41,19 @@ class _RMSNorm(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         z = x.to(compute_dtype(x.dtype))
-        return (z * torch.rsqrt(z.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype) * self.weight
+        return (z * torch.rsqrt(z.pow(2).mean(-1, keepdim=True) + self.eps)).to(
+            x.dtype
+        ) * self.weight
 
 
 class _Attention(torch.nn.Module):
     def __init__(self, config: EagleConfig):
         super().__init__()
-        hidden, q_out, kv_out = config.hidden_size, config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
+        hidden, q_out, kv_out = (
+            config.hidden_size,
+            config.num_heads * config.head_dim,
+            config.num_kv_heads * config.head_dim,
+        )
         self.q_proj = torch.nn.Linear(hidden, q_out, bias=False)
         self.k_proj = torch.nn.Linear(hidden, kv_out, bias=False)
         self.v_proj = torch.nn.Linear(hidden, kv_out, bias=False)
@@ -94,28 +100,46 @@ class EagleNet(torch.nn.Module):
         self.fc = torch.nn.Linear(2 * config.hidden_size, config.hidden_size, bias=config.fc_bias)
         self.layers = torch.nn.ModuleList([_Layer(config)])
         dim = config.head_dim
-        self.register_buffer("inv_freq", 1.0 / config.rope_theta ** (
-            torch.arange(0, dim, 2, dtype=torch.float64) / dim), persistent=False)
+        self.register_buffer(
+            "inv_freq",
+            1.0 / config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim),
+            persistent=False,
+        )
 
     def load_weights(self, weights: dict) -> None:
         """Set the layer weights from name -> array (the shortlist, if any, is ignored here)."""
-        layer_weights = {name: array for name, array in weights.items() if name != "vocab_shortlist"}
+        layer_weights = {
+            name: array for name, array in weights.items() if name != "vocab_shortlist"
+        }
         check_weights(attrs.evolve(self.config, shortlist_size=None), layer_weights)
         dtype = self.fc.weight.dtype
-        self.load_state_dict({name: torch.as_tensor(np.asarray(array), dtype=dtype)
-                              for name, array in layer_weights.items()})
+        self.load_state_dict(
+            {
+                name: torch.as_tensor(np.asarray(array), dtype=dtype)
+                for name, array in layer_weights.items()
+            }
+        )
 
     def weights(self) -> dict[str, np.ndarray]:
         """Name -> float64 array of the layer weights."""
-        return {name: tensor.detach().double().cpu().numpy() for name, tensor in self.state_dict().items()}
+        return {
+            name: tensor.detach().double().cpu().numpy()
+            for name, tensor in self.state_dict().items()
+        }
 
     def fuse(self, tokens: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
         """fc([embed(tokens) ; features]): tokens (...), features (..., H) -> (..., H)."""
         embedding = F.embedding(tokens, self.embed_tokens).to(self.fc.weight.dtype)
         return self.fc(torch.cat([embedding, features.to(self.fc.weight.dtype)], dim=-1))
 
-    def layer(self, x: torch.Tensor, positions: torch.Tensor, past_keys: torch.Tensor | None,
-              past_values: torch.Tensor | None, mask: torch.Tensor):
+    def layer(
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        past_keys: torch.Tensor | None,
+        past_values: torch.Tensor | None,
+        mask: torch.Tensor,
+    ):
         """The draft layer on m new entries per row. x (B, m, H); positions (B, m); past keys and
         values (B, Hkv, S, Dh) or None; mask (B, m, S + m) bool (what each entry attends to).
         -> out (B, m, H), keys and values (B, Hkv, m, Dh) of the new entries (rotary applied)."""
@@ -147,31 +171,51 @@ class TorchEagleDrafter:
 
     @property
     def caps(self) -> DrafterCaps:
-        return DrafterCaps(stateful=True, tree_builder=("prefix_tree", {}), max_tree_size=self.total_tokens + 1)
+        return DrafterCaps(
+            stateful=True, tree_builder=("prefix_tree", {}), max_tree_size=self.total_tokens + 1
+        )
+
     PREFILL_CHUNK = 256
 
-    def __init__(self, config: EagleConfig, weights: dict, *, embed_tokens: torch.Tensor, lm_head: torch.Tensor,
-                 top_k: int | None = None, depth: int | None = None, total_tokens: int | None = None):
+    def __init__(
+        self,
+        config: EagleConfig,
+        weights: dict,
+        *,
+        embed_tokens: torch.Tensor,
+        lm_head: torch.Tensor,
+        top_k: int | None = None,
+        depth: int | None = None,
+        total_tokens: int | None = None,
+    ):
         check_weights(config, weights)
         check_target_arrays(config, embed_tokens, lm_head)
         self.config = config
         self.dtype, self.device = embed_tokens.dtype, embed_tokens.device
-        self.net = EagleNet(config, embed_tokens=embed_tokens, lm_head=lm_head).to(dtype=self.dtype, device=self.device)
+        self.net = EagleNet(config, embed_tokens=embed_tokens, lm_head=lm_head).to(
+            dtype=self.dtype, device=self.device
+        )
         self.net.load_weights(weights)
         self.net.eval().requires_grad_(False)
         self.shortlist = None
         if config.shortlist_size is not None:
-            self.shortlist = torch.as_tensor(np.asarray(weights["vocab_shortlist"]), dtype=torch.int64, device=self.device)
+            self.shortlist = torch.as_tensor(
+                np.asarray(weights["vocab_shortlist"]), dtype=torch.int64, device=self.device
+            )
         self.head_rows = lm_head if self.shortlist is None else lm_head[self.shortlist]  # (S, H)
         self.top_k, self.depth, self.total_tokens = tree_options(config, top_k, depth, total_tokens)
-        self.slots: dict[int, dict] = {}  # slot -> {"keys", "values": (Hkv, capacity, Dh), "length", "pending" (H,)}
+        self.slots: dict[
+            int, dict
+        ] = {}  # slot -> {"keys", "values": (Hkv, capacity, Dh), "length", "pending" (H,)}
 
     # ----------------------------------------------------------------------------- request state
 
     def _slot(self, slot: int) -> dict:
         if slot not in self.slots:
-            raise InvalidInputError(f"EAGLE has no request in slot {slot}: a stateful drafter needs begin(slot, ...) "
-                                    "before propose/observe (the decode loop calls it when it admits a request)")
+            raise InvalidInputError(
+                f"EAGLE has no request in slot {slot}: a stateful drafter needs begin(slot, ...) "
+                "before propose/observe (the decode loop calls it when it admits a request)"
+            )
         return self.slots[slot]
 
     def _reserve(self, state: dict, size: int) -> None:
@@ -189,9 +233,13 @@ class TorchEagleDrafter:
         length, n = state["length"], int(tokens.shape[0])
         self._reserve(state, length + n)
         positions = torch.arange(length, length + n, device=self.device)[None]
-        mask = torch.ones(n, length + n, dtype=torch.bool, device=self.device).tril(diagonal=length)[None]
+        mask = torch.ones(n, length + n, dtype=torch.bool, device=self.device).tril(
+            diagonal=length
+        )[None]
         x = self.net.fuse(tokens[None], features[None])
-        _, k, v = self.net.layer(x, positions, state["keys"][None, :, :length], state["values"][None, :, :length], mask)
+        _, k, v = self.net.layer(
+            x, positions, state["keys"][None, :, :length], state["values"][None, :, :length], mask
+        )
         state["keys"][:, length : length + n] = k[0]
         state["values"][:, length : length + n] = v[0]
         state["length"] = length + n
@@ -202,8 +250,19 @@ class TorchEagleDrafter:
         prompt = torch.as_tensor(np.asarray(prompt), dtype=torch.int64, device=self.device)
         hidden = torch.as_tensor(output.hidden, device=self.device).to(self.dtype)  # (P, H)
         cfg = self.config
-        empty = torch.zeros(cfg.num_kv_heads, max(64, len(prompt) + 64), cfg.head_dim, dtype=self.dtype, device=self.device)
-        self.slots[int(slot)] = {"keys": empty, "values": empty.clone(), "length": 0, "pending": hidden[-1].clone()}
+        empty = torch.zeros(
+            cfg.num_kv_heads,
+            max(64, len(prompt) + 64),
+            cfg.head_dim,
+            dtype=self.dtype,
+            device=self.device,
+        )
+        self.slots[int(slot)] = {
+            "keys": empty,
+            "values": empty.clone(),
+            "length": 0,
+            "pending": hidden[-1].clone(),
+        }
         for start in range(0, len(prompt) - 1, self.PREFILL_CHUNK):
             stop = min(start + self.PREFILL_CHUNK, len(prompt) - 1)
             self._append(int(slot), prompt[start + 1 : stop + 1], hidden[start:stop])
@@ -244,12 +303,27 @@ class TorchEagleDrafter:
         lengths = torch.tensor([s["length"] for s in states], device=self.device)
         span = int(lengths.max())
         if len(slots) == 1:
-            ctx_keys, ctx_values = states[0]["keys"][None, :, :span], states[0]["values"][None, :, :span]
+            ctx_keys, ctx_values = (
+                states[0]["keys"][None, :, :span],
+                states[0]["values"][None, :, :span],
+            )
         else:
-            ctx_keys = torch.stack([s["keys"][:, :span] if s["keys"].shape[1] >= span else
-                                    F.pad(s["keys"], (0, 0, 0, span - s["keys"].shape[1])) for s in states])
-            ctx_values = torch.stack([s["values"][:, :span] if s["values"].shape[1] >= span else
-                                      F.pad(s["values"], (0, 0, 0, span - s["values"].shape[1])) for s in states])
+            ctx_keys = torch.stack(
+                [
+                    s["keys"][:, :span]
+                    if s["keys"].shape[1] >= span
+                    else F.pad(s["keys"], (0, 0, 0, span - s["keys"].shape[1]))
+                    for s in states
+                ]
+            )
+            ctx_values = torch.stack(
+                [
+                    s["values"][:, :span]
+                    if s["values"].shape[1] >= span
+                    else F.pad(s["values"], (0, 0, 0, span - s["values"].shape[1]))
+                    for s in states
+                ]
+            )
         ctx_mask = torch.arange(span, device=self.device)[None] < lengths[:, None]  # (B, span)
         search = TreeSearch(self, ctx_keys, ctx_values, ctx_mask, lengths)
         beams = search.run(roots, hidden)
@@ -267,10 +341,21 @@ class TreeSearch:
 
     def __init__(self, drafter: TorchEagleDrafter, ctx_keys, ctx_values, ctx_mask, lengths):
         self.drafter, self.net = drafter, drafter.net
-        self.ctx_keys, self.ctx_values, self.ctx_mask, self.lengths = ctx_keys, ctx_values, ctx_mask, lengths
+        self.ctx_keys, self.ctx_values, self.ctx_mask, self.lengths = (
+            ctx_keys,
+            ctx_values,
+            ctx_mask,
+            lengths,
+        )
         self.keys = self.values = self.anc = self.outs = self.top1 = None
 
-    def _run(self, tokens: torch.Tensor, features: torch.Tensor, levels: torch.Tensor, parents: torch.Tensor | None):
+    def _run(
+        self,
+        tokens: torch.Tensor,
+        features: torch.Tensor,
+        levels: torch.Tensor,
+        parents: torch.Tensor | None,
+    ):
         """Run m new entries per row: tokens (B, m), features (B, m, H), levels (B, m) (position
         offsets from the root entry), parents (B, m) entry indices (None: the root entry).
         Appends them to the tree's entries; returns their log-probs (B, m, S)."""
@@ -282,7 +367,9 @@ class TreeSearch:
             tree_mask = torch.ones(batch, m, 0, dtype=torch.bool, device=device)
             past_keys, past_values = self.ctx_keys, self.ctx_values
         else:
-            tree_mask = torch.gather(self.anc, 1, parents[:, :, None].expand(-1, -1, self.anc.shape[2]))  # (B, m, t)
+            tree_mask = torch.gather(
+                self.anc, 1, parents[:, :, None].expand(-1, -1, self.anc.shape[2])
+            )  # (B, m, t)
             past_keys = torch.cat([self.ctx_keys, self.keys], dim=2)
             past_values = torch.cat([self.ctx_values, self.values], dim=2)
         eye = torch.eye(m, dtype=torch.bool, device=device).expand(batch, m, m)
@@ -296,8 +383,14 @@ class TreeSearch:
             grown = F.pad(self.anc, (0, m))  # (B, t, t + m)
             new_rows = torch.cat([tree_mask, eye], dim=2)  # (B, m, t + m)
             self.anc = torch.cat([grown, new_rows], dim=1)
-            self.keys, self.values = torch.cat([self.keys, k], dim=2), torch.cat([self.values, v], dim=2)
-            self.outs, self.top1 = torch.cat([self.outs, out], dim=1), torch.cat([self.top1, top1], dim=1)
+            self.keys, self.values = (
+                torch.cat([self.keys, k], dim=2),
+                torch.cat([self.values, v], dim=2),
+            )
+            self.outs, self.top1 = (
+                torch.cat([self.outs, out], dim=1),
+                torch.cat([self.top1, top1], dim=1),
+            )
         return log_probs
 
     def run(self, roots: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
@@ -311,15 +404,22 @@ class TreeSearch:
         cand_tokens = [roots[:, None], drafter.to_vocab(local)]
         cand_parents = [zeros - 1, zeros.expand(batch, k)]
         cand_scores = [torch.zeros_like(scores[:, :1]), scores]
-        cand_entry = [zeros, torch.full((batch, k), -1, dtype=torch.int64, device=device)]  # entry of run nodes
+        cand_entry = [
+            zeros,
+            torch.full((batch, k), -1, dtype=torch.int64, device=device),
+        ]  # entry of run nodes
         frontier = torch.arange(1, k + 1, device=device).expand(batch, k)  # candidate ids
         frontier_scores, frontier_parent = scores, zeros.expand(batch, k)  # parent entry indices
         count = 1 + k
         for level in range(2, depth + 1):
             first_entry = self.anc.shape[1]
-            parent_outs = torch.gather(self.outs, 1, frontier_parent[:, :, None].expand(-1, -1, self.outs.shape[2]))
+            parent_outs = torch.gather(
+                self.outs, 1, frontier_parent[:, :, None].expand(-1, -1, self.outs.shape[2])
+            )
             tokens = torch.gather(torch.cat(cand_tokens, 1), 1, frontier)
-            log_probs = self._run(tokens, parent_outs, torch.full_like(frontier, level - 1), frontier_parent)  # (B, k, S)
+            log_probs = self._run(
+                tokens, parent_outs, torch.full_like(frontier, level - 1), frontier_parent
+            )  # (B, k, S)
             entries = torch.arange(first_entry, first_entry + k, device=device).expand(batch, k)
             entry_of = torch.cat(cand_entry, 1).scatter(1, frontier, entries)
             cand_entry = [entry_of]
@@ -345,12 +445,23 @@ class TreeSearch:
 
         def run(run_tokens, run_parent, run_level) -> int:
             first = self.anc.shape[1]
-            run_tokens, run_parent, run_level = (torch.from_numpy(a).to(device)
-                                                 for a in (run_tokens, run_parent, run_level))
-            features = torch.gather(self.outs, 1, run_parent[:, :, None].expand(-1, -1, self.outs.shape[2]))
+            run_tokens, run_parent, run_level = (
+                torch.from_numpy(a).to(device) for a in (run_tokens, run_parent, run_level)
+            )
+            features = torch.gather(
+                self.outs, 1, run_parent[:, :, None].expand(-1, -1, self.outs.shape[2])
+            )
             self._run(run_tokens, features, run_level, run_parent)
             return first
 
-        beams = extended_beams(host(tokens), host(parents), host(scores), host(entry_of), depth=drafter.depth,
-                               width=drafter.total_tokens, run=run, top1=lambda: host(drafter.to_vocab(self.top1)))
+        beams = extended_beams(
+            host(tokens),
+            host(parents),
+            host(scores),
+            host(entry_of),
+            depth=drafter.depth,
+            width=drafter.total_tokens,
+            run=run,
+            top1=lambda: host(drafter.to_vocab(self.top1)),
+        )
         return torch.as_tensor(beams, device=device)

@@ -38,16 +38,24 @@ from specdec_eagle.config import EagleConfig
 __all__ = ["EagleTask", "default_config", "init_weights", "train_eagle", "tree_acceptance"]
 
 
-def default_config(target, *, top_k: int = 4, depth: int = 3, total_tokens: int = 12, **overrides) -> EagleConfig:
+def default_config(
+    target, *, top_k: int = 4, depth: int = 3, total_tokens: int = 12, **overrides
+) -> EagleConfig:
     """The draft layer for a ``TeacherTarget``: the target's head layout, MLP width, rotary base
     and norm epsilon, fc with a bias (EAGLE-1)."""
     from specdec.models.llama import LlamaConfig
     from specdec_eagle.checkpoint import config_for_target
 
     llama = LlamaConfig.from_folder(target.folder)
-    record = {"name": target.name, "fingerprint": target.fingerprint, "vocab_size": llama.vocab_size,
-              "hidden_size": llama.hidden_size}
-    return config_for_target(llama, record, top_k=top_k, depth=depth, total_tokens=total_tokens, **overrides)
+    record = {
+        "name": target.name,
+        "fingerprint": target.fingerprint,
+        "vocab_size": llama.vocab_size,
+        "hidden_size": llama.hidden_size,
+    }
+    return config_for_target(
+        llama, record, top_k=top_k, depth=depth, total_tokens=total_tokens, **overrides
+    )
 
 
 @torch.no_grad()
@@ -58,10 +66,16 @@ def init_weights(net, generator: torch.Generator | None = None) -> None:
     hidden = net.config.hidden_size
 
     def normal(module, fan_in: int, std_scale: float = 1.0):
-        module.weight.copy_(torch.randn(module.weight.shape, generator=generator) * std_scale / fan_in ** 0.5)
+        module.weight.copy_(
+            torch.randn(module.weight.shape, generator=generator) * std_scale / fan_in**0.5
+        )
 
     embed_rms = float(net.embed_tokens.float().pow(2).mean().sqrt()) or 1.0
-    fc = torch.randn(hidden, 2 * hidden, generator=generator) * 0.01 / ((2 * hidden) ** 0.5 * embed_rms)
+    fc = (
+        torch.randn(hidden, 2 * hidden, generator=generator)
+        * 0.01
+        / ((2 * hidden) ** 0.5 * embed_rms)
+    )
     fc[:, hidden:] += torch.eye(hidden)
     net.fc.weight.copy_(fc)
     if net.fc.bias is not None:
@@ -89,19 +103,41 @@ class EagleTask:
 
     depth = 0  # the loop's windows carry the sampled index only (train_eagle's index view)
 
-    def __init__(self, config: EagleConfig, *, embed_tokens: torch.Tensor, lm_head: torch.Tensor, seed: int = 0,
-                 window: int = 64, noise: float = 0.1, feature_weight: float = 1.0, ce_weight: float = 0.1,
-                 unroll: int = 1, unroll_decay: float = 0.8, negatives: int | None = None,
-                 shortlist: np.ndarray | None = None, data=None):
+    def __init__(
+        self,
+        config: EagleConfig,
+        *,
+        embed_tokens: torch.Tensor,
+        lm_head: torch.Tensor,
+        seed: int = 0,
+        window: int = 64,
+        noise: float = 0.1,
+        feature_weight: float = 1.0,
+        ce_weight: float = 0.1,
+        unroll: int = 1,
+        unroll_decay: float = 0.8,
+        negatives: int | None = None,
+        shortlist: np.ndarray | None = None,
+        data=None,
+    ):
         from specdec_eagle.torch import EagleNet
 
         self.shortlist = None if shortlist is None else np.asarray(shortlist, dtype=np.int64)
-        self.config = attrs.evolve(config, shortlist_size=None if shortlist is None else len(self.shortlist))
+        self.config = attrs.evolve(
+            config, shortlist_size=None if shortlist is None else len(self.shortlist)
+        )
         self.window, self.noise = int(window), float(noise)
-        self.feature_weight, self.ce_weight, self.negatives = float(feature_weight), float(ce_weight), negatives
+        self.feature_weight, self.ce_weight, self.negatives = (
+            float(feature_weight),
+            float(ce_weight),
+            negatives,
+        )
         self.unroll, self.unroll_decay = int(unroll), float(unroll_decay)
-        self.module = EagleNet(attrs.evolve(config, shortlist_size=None), embed_tokens=embed_tokens.float(),
-                               lm_head=lm_head.float())
+        self.module = EagleNet(
+            attrs.evolve(config, shortlist_size=None),
+            embed_tokens=embed_tokens.float(),
+            lm_head=lm_head.float(),
+        )
         init_weights(self.module, torch.Generator().manual_seed(seed))
         self.data = data  # the training data (TeacherData) that the loop's index view stands for
         self._inference = None  # (drafter, held-out draft caches) on the current weights
@@ -115,12 +151,21 @@ class EagleTask:
         label ids and probs (n, T, k), valid (n, T): the target position exists in the sequence."""
         steps = torch.arange(self.window)
         remaining = data.remaining[starts][:, None]  # positions after the start in its sequence
-        at = lambda shift: torch.where(steps[None] + shift <= remaining, starts[:, None] + steps + shift,  # noqa: E731
-                                       starts[:, None])
+        at = lambda shift: torch.where(
+            steps[None] + shift <= remaining,
+            starts[:, None] + steps + shift,  # noqa: E731
+            starts[:, None],
+        )
         valid = steps[None] + 1 + offset <= remaining
         targets = at(1 + offset)
-        return (data.next_tokens[at(offset)], data.hidden[at(0)].float(), data.hidden[targets].float(),
-                data.label_ids[targets], data.label_probs[targets], valid)
+        return (
+            data.next_tokens[at(offset)],
+            data.hidden[at(0)].float(),
+            data.hidden[targets].float(),
+            data.label_ids[targets],
+            data.label_probs[targets],
+            valid,
+        )
 
     def forward_windows(self, tokens: torch.Tensor, features: torch.Tensor, past=None):
         """The draft layer over windows: tokens (n, T), features (n, T, H) -> out (n, T, H), keys,
@@ -144,12 +189,23 @@ class EagleTask:
         from specdec.training.loop import sampled_soft_cross_entropy, soft_cross_entropy
 
         count = valid.sum().clamp(min=1)
-        feature_loss = (F.smooth_l1_loss(out, targets, reduction="none").mean(-1) * valid).sum() / count
+        feature_loss = (
+            F.smooth_l1_loss(out, targets, reduction="none").mean(-1) * valid
+        ).sum() / count
         if self.negatives and generator is not None:
-            ce = sampled_soft_cross_entropy(out, self.module.lm_head, label_ids, label_probs, valid,
-                                            negatives=self.negatives, generator=generator)
+            ce = sampled_soft_cross_entropy(
+                out,
+                self.module.lm_head,
+                label_ids,
+                label_probs,
+                valid,
+                negatives=self.negatives,
+                generator=generator,
+            )
         else:
-            ce = soft_cross_entropy(F.linear(out, self.module.lm_head), label_ids, label_probs, valid)
+            ce = soft_cross_entropy(
+                F.linear(out, self.module.lm_head), label_ids, label_probs, valid
+            )
         return self.feature_weight * feature_loss + self.ce_weight * ce * out.shape[0] / count
 
     def loss(self, window, generator: torch.Generator | None = None) -> torch.Tensor:
@@ -158,15 +214,22 @@ class EagleTask:
         starts = indices[: max(1, indices.shape[0] // self.window)]
         tokens, features, targets, label_ids, label_probs, valid = self.windows(self.data, starts)
         if self.noise:
-            features = features + (torch.rand(features.shape, generator=generator) * 2 - 1) * self.noise
+            features = (
+                features + (torch.rand(features.shape, generator=generator) * 2 - 1) * self.noise
+            )
         out, keys, values = self.forward_windows(tokens, features)
         total = self.step_loss(out, targets, label_ids, label_probs, valid, generator)
         past = ([keys], [values])
-        for step in range(1, self.unroll):  # the draft reads its own predicted features, as deeper tree levels do
-            tokens, _, targets, label_ids, label_probs, valid = self.windows(self.data, starts, offset=step)
+        for step in range(
+            1, self.unroll
+        ):  # the draft reads its own predicted features, as deeper tree levels do
+            tokens, _, targets, label_ids, label_probs, valid = self.windows(
+                self.data, starts, offset=step
+            )
             out, keys, values = self.forward_windows(tokens, out, past)
-            total = total + self.unroll_decay ** step * self.step_loss(out, targets, label_ids, label_probs, valid,
-                                                                         generator)
+            total = total + self.unroll_decay**step * self.step_loss(
+                out, targets, label_ids, label_probs, valid, generator
+            )
             past[0].append(keys)
             past[1].append(values)
         return total
@@ -189,7 +252,9 @@ class EagleTask:
         if self._inference is not None and self._inference[0] is data:
             return self._inference[1:]
         net = self.module
-        drafter = TorchEagleDrafter(self.config, self.weights(), embed_tokens=net.embed_tokens, lm_head=net.lm_head)
+        drafter = TorchEagleDrafter(
+            self.config, self.weights(), embed_tokens=net.embed_tokens, lm_head=net.lm_head
+        )
         cfg = self.config
         keys = torch.zeros(cfg.num_kv_heads, data.num_positions, cfg.head_dim)
         values = torch.zeros_like(keys)
@@ -199,7 +264,9 @@ class EagleTask:
                 length = end - begin
                 positions = torch.arange(length)[None]
                 mask = torch.ones(length, length, dtype=torch.bool).tril()[None]
-                x = drafter.net.fuse(data.next_tokens[begin:end][None], data.hidden[begin:end][None].float())
+                x = drafter.net.fuse(
+                    data.next_tokens[begin:end][None], data.hidden[begin:end][None].float()
+                )
                 _, k, v = drafter.net.layer(x, positions, None, None, mask)
                 keys[:, begin:end], values[:, begin:end] = k[0], v[0]
         self._inference = (data, drafter, keys, values, data.starts())
@@ -209,7 +276,9 @@ class EagleTask:
         """The inference tree at each position (its cache: the sequence's earlier positions);
         the drafted tokens greedy verification accepts there."""
         drafter, keys, values, starts = self._drafter(data)
-        return tree_acceptance(data, indices, drafter, keys, values, starts, data.hidden[indices].float())
+        return tree_acceptance(
+            data, indices, drafter, keys, values, starts, data.hidden[indices].float()
+        )
 
     def save(self, folder: Path, *, dtype=np.float32) -> Path:
         from specdec.models.checkpoints import save_checkpoint
@@ -217,10 +286,24 @@ class EagleTask:
         return save_checkpoint(folder, self.config.to_dict(), self.weights(), dtype=dtype)
 
 
-def train_eagle(model, out, *, top_k: int = 4, depth: int = 3, total_tokens: int = 12, window: int = 64,
-                noise: float = 0.1, feature_weight: float = 1.0, ce_weight: float = 0.1, unroll: int = 1,
-                negatives: int | None = None, config_overrides: dict | None = None, top_k_labels: int = 32,
-                batch_size: int = 512, **options) -> dict:
+def train_eagle(
+    model,
+    out,
+    *,
+    top_k: int = 4,
+    depth: int = 3,
+    total_tokens: int = 12,
+    window: int = 64,
+    noise: float = 0.1,
+    feature_weight: float = 1.0,
+    ce_weight: float = 0.1,
+    unroll: int = 1,
+    negatives: int | None = None,
+    config_overrides: dict | None = None,
+    top_k_labels: int = 32,
+    batch_size: int = 512,
+    **options,
+) -> dict:
     """Distil an EAGLE drafter for ``model`` (a bundled name or a model folder) into folder ``out``.
 
     The pipeline of ``specdec.training.run.train_drafter`` (output folder checks, teacher data and
@@ -231,24 +314,60 @@ def train_eagle(model, out, *, top_k: int = 4, depth: int = 3, total_tokens: int
     """
     from specdec.training.run import train_drafter
 
-    def make_task(target, seed: int, *, shortlist: np.ndarray | None = None, data=None) -> EagleTask:
-        config = default_config(target, top_k=top_k, depth=depth, total_tokens=total_tokens, **(config_overrides or {}))
-        return EagleTask(config, embed_tokens=target.embed_tokens, lm_head=target.lm_head, seed=seed, window=window,
-                         noise=noise, feature_weight=feature_weight, ce_weight=ce_weight, unroll=unroll,
-                         negatives=negatives, shortlist=shortlist, data=data)
+    def make_task(
+        target, seed: int, *, shortlist: np.ndarray | None = None, data=None
+    ) -> EagleTask:
+        config = default_config(
+            target, top_k=top_k, depth=depth, total_tokens=total_tokens, **(config_overrides or {})
+        )
+        return EagleTask(
+            config,
+            embed_tokens=target.embed_tokens,
+            lm_head=target.lm_head,
+            seed=seed,
+            window=window,
+            noise=noise,
+            feature_weight=feature_weight,
+            ce_weight=ce_weight,
+            unroll=unroll,
+            negatives=negatives,
+            shortlist=shortlist,
+            data=data,
+        )
 
     def index_view(data):
         return attrs.evolve(data, hidden=torch.arange(data.num_positions)[:, None])
 
-    shape = {"window": window, "noise": noise, "feature_weight": feature_weight, "ce_weight": ce_weight,
-             "unroll": unroll, "negatives": negatives}
-    options["run_settings"] = {"tree": {"top_k": top_k, "depth": depth, "total_tokens": total_tokens}, **shape,
-                               "config_overrides": config_overrides, **options.get("run_settings", {})}
-    return train_drafter("eagle", make_task, model, out, top_k=top_k_labels, batch_size=batch_size,
-                         loop_data=index_view, report_training=shape, **options)
+    shape = {
+        "window": window,
+        "noise": noise,
+        "feature_weight": feature_weight,
+        "ce_weight": ce_weight,
+        "unroll": unroll,
+        "negatives": negatives,
+    }
+    options["run_settings"] = {
+        "tree": {"top_k": top_k, "depth": depth, "total_tokens": total_tokens},
+        **shape,
+        "config_overrides": config_overrides,
+        **options.get("run_settings", {}),
+    }
+    return train_drafter(
+        "eagle",
+        make_task,
+        model,
+        out,
+        top_k=top_k_labels,
+        batch_size=batch_size,
+        loop_data=index_view,
+        report_training=shape,
+        **options,
+    )
 
 
-def tree_acceptance(data, indices: torch.Tensor, drafter, keys, values, starts, features) -> torch.Tensor:
+def tree_acceptance(
+    data, indices: torch.Tensor, drafter, keys, values, starts, features
+) -> torch.Tensor:
     """The drafted tokens greedy verification accepts at positions ``indices`` of ``data`` when
     the inference tree search (``specdec_eagle.torch.TreeSearch``) runs there over the draft
     layer's cached ``keys`` / ``values`` (layer entries of every position; ``starts``: each

@@ -17,11 +17,19 @@ from specdec.models.llama import LlamaConfig
 
 from specdec_eagle3.config import Eagle3Config, check_weights, default_hidden_layers
 
-__all__ = ["config_for_target", "d2t_from_ids", "load_eagle3_checkpoint", "make_random_eagle3",
-           "random_eagle3_weights", "save_eagle3"]
+__all__ = [
+    "config_for_target",
+    "d2t_from_ids",
+    "load_eagle3_checkpoint",
+    "make_random_eagle3",
+    "random_eagle3_weights",
+    "save_eagle3",
+]
 
 
-def save_eagle3(path: str | Path, config: Eagle3Config, weights: Mapping[str, np.ndarray], *, dtype=np.float32) -> Path:
+def save_eagle3(
+    path: str | Path, config: Eagle3Config, weights: Mapping[str, np.ndarray], *, dtype=np.float32
+) -> Path:
     """Write ``config.json`` and ``model.safetensors`` (float32, or float16 to ship; ``d2t`` int64) into ``path``."""
     check_weights(config, weights)
     weights = {**weights, "d2t": np.asarray(weights["d2t"], dtype=np.int64)}
@@ -37,7 +45,9 @@ def load_eagle3_checkpoint(path: str | Path) -> tuple[Eagle3Config, dict[str, np
     if layout in (("eagle3", "specforge"), ("eagle3", "speculators")):
         from specdec_eagle3.export import read_specforge, read_speculators
 
-        config, weights, _ = (read_specforge if layout[1] == "specforge" else read_speculators)(path)
+        config, weights, _ = (read_specforge if layout[1] == "specforge" else read_speculators)(
+            path
+        )
         return config, weights
     config, weights = read_checkpoint(path, label="EAGLE-3")
     config = Eagle3Config.from_dict(config)
@@ -55,17 +65,25 @@ def config_for_target(target: LlamaConfig, record: dict, **overrides) -> Eagle3C
     """An Eagle3Config with the target's head layout, MLP width, rotary base and norm epsilon, the
     default three layers and the full vocabulary as draft vocabulary; ``overrides`` are further fields."""
     fields: dict[str, Any] = dict(
-        vocab_size=target.vocab_size, hidden_size=target.hidden_size, draft_vocab_size=target.vocab_size,
-        hidden_layers=default_hidden_layers(target.num_hidden_layers), num_heads=target.num_attention_heads,
-        num_kv_heads=target.num_key_value_heads, head_dim=target.head_dim, intermediate_size=target.intermediate_size,
-        rope_theta=target.rope_theta, rms_norm_eps=target.rms_norm_eps,
-        target={**record, "num_hidden_layers": target.num_hidden_layers})
+        vocab_size=target.vocab_size,
+        hidden_size=target.hidden_size,
+        draft_vocab_size=target.vocab_size,
+        hidden_layers=default_hidden_layers(target.num_hidden_layers),
+        num_heads=target.num_attention_heads,
+        num_kv_heads=target.num_key_value_heads,
+        head_dim=target.head_dim,
+        intermediate_size=target.intermediate_size,
+        rope_theta=target.rope_theta,
+        rms_norm_eps=target.rms_norm_eps,
+        target={**record, "num_hidden_layers": target.num_hidden_layers},
+    )
     fields.update(overrides)
     return Eagle3Config(**fields)
 
 
-def random_eagle3_weights(config: Eagle3Config, rng: np.random.Generator, *, logit_std: float = 3.0,
-                          ids=None) -> dict[str, np.ndarray]:
+def random_eagle3_weights(
+    config: Eagle3Config, rng: np.random.Generator, *, logit_std: float = 3.0, ids=None
+) -> dict[str, np.ndarray]:
     """Random float64 weights for ``config`` (Linear layers scaled 1/sqrt(fan_in), norms near 1;
     the LM head reads a normed state, so rows of std logit_std / sqrt(H) give logits of std
     ~``logit_std``). ids: the draft vocabulary's target ids (ascending); by default a random
@@ -84,21 +102,27 @@ def random_eagle3_weights(config: Eagle3Config, rng: np.random.Generator, *, log
     attn, mlp = "midlayer.self_attn.", "midlayer.mlp."
     return {
         "fc.weight": normal((hidden, 3 * hidden), 3 * hidden),
-        "midlayer.input_layernorm.weight": norm(), "midlayer.hidden_norm.weight": norm(),
+        "midlayer.input_layernorm.weight": norm(),
+        "midlayer.hidden_norm.weight": norm(),
         attn + "q_proj.weight": normal((q_out, 2 * hidden), 2 * hidden),
         attn + "k_proj.weight": normal((kv_out, 2 * hidden), 2 * hidden),
         attn + "v_proj.weight": normal((kv_out, 2 * hidden), 2 * hidden),
         attn + "o_proj.weight": normal((hidden, q_out), q_out),
         "midlayer.post_attention_layernorm.weight": norm(),
-        mlp + "gate_proj.weight": normal((inner, hidden), hidden), mlp + "up_proj.weight": normal((inner, hidden), hidden),
+        mlp + "gate_proj.weight": normal((inner, hidden), hidden),
+        mlp + "up_proj.weight": normal((inner, hidden), hidden),
         mlp + "down_proj.weight": normal((hidden, inner), inner),
-        "norm.weight": norm(), "lm_head.weight": rng.normal(0.0, logit_std / np.sqrt(hidden),
-                                                            size=(config.draft_vocab_size, hidden)),
+        "norm.weight": norm(),
+        "lm_head.weight": rng.normal(
+            0.0, logit_std / np.sqrt(hidden), size=(config.draft_vocab_size, hidden)
+        ),
         "d2t": d2t_from_ids(ids),
     }
 
 
-def make_random_eagle3(path: str | Path, model_path: str | Path, *, seed: int, **config_overrides) -> Path:
+def make_random_eagle3(
+    path: str | Path, model_path: str | Path, *, seed: int, **config_overrides
+) -> Path:
     """A random (untrained) EAGLE-3 drafter for the target folder ``model_path``, saved at ``path``.
 
     The draft layer copies the target's head layout, MLP width, rotary base and norm epsilon and

@@ -34,8 +34,15 @@ import numpy as np
 from specdec.models.checkpoints import config_from_dict
 from specdec.errors import InvalidInputError
 
-__all__ = ["MODEL_TYPE", "Eagle3Config", "check_weights", "default_hidden_layers",
-           "draft_to_target", "resolve_layers", "tree_size"]
+__all__ = [
+    "MODEL_TYPE",
+    "Eagle3Config",
+    "check_weights",
+    "default_hidden_layers",
+    "draft_to_target",
+    "resolve_layers",
+    "tree_size",
+]
 
 MODEL_TYPE = "specdec_eagle3"
 
@@ -55,7 +62,11 @@ def default_hidden_layers(num_layers: int) -> tuple[int, int, int]:
     contract's ``hidden_layers``): (1, L//2 - 1, L - 4). They are the inputs of layers 2, L//2 and
     L - 3, vLLM's and llama.cpp's input-of-layer ids (docs/scale-out.md). A target of fewer than
     8 layers (test models) fuses its first, middle and last: (0, (L-1)//2, L-1)."""
-    if isinstance(num_layers, bool) or not isinstance(num_layers, (int, np.integer)) or num_layers < 1:
+    if (
+        isinstance(num_layers, bool)
+        or not isinstance(num_layers, (int, np.integer))
+        or num_layers < 1
+    ):
         raise ValueError(f"a target's layer count must be a positive integer, got {num_layers!r}")
     if num_layers < 8:
         return (0, (num_layers - 1) // 2, num_layers - 1)
@@ -80,14 +91,17 @@ class Eagle3Config:
     hidden_size: int = attrs.field(validator=_positive_int)
     draft_vocab_size: int = attrs.field(validator=_positive_int)
     hidden_layers: tuple[int, ...] | None = attrs.field(
-        default=None, converter=lambda v: None if v is None else tuple(int(i) for i in v))
+        default=None, converter=lambda v: None if v is None else tuple(int(i) for i in v)
+    )
     num_heads: int = attrs.field(validator=_positive_int)
     num_kv_heads: int = attrs.field(validator=_positive_int)
     head_dim: int = attrs.field(validator=_positive_int)
     intermediate_size: int = attrs.field(validator=_positive_int)
     rope_theta: float = attrs.field(default=10000.0, converter=float, validator=_positive_float)
     rms_norm_eps: float = attrs.field(default=1e-6, converter=float, validator=_positive_float)
-    norm_before_residual: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
+    norm_before_residual: bool = attrs.field(
+        default=False, validator=attrs.validators.instance_of(bool)
+    )
     top_k: int = attrs.field(default=4, validator=_positive_int)
     depth: int = attrs.field(default=4, validator=_positive_int)
     total_tokens: int = attrs.field(default=12, validator=_positive_int)
@@ -98,35 +112,47 @@ class Eagle3Config:
     def _check_draft_vocab(self, attribute, value):
         _positive_int(self, attribute, value)
         if value > self.vocab_size:
-            raise ValueError(f"Eagle3Config.draft_vocab_size={value} exceeds the target's vocab_size={self.vocab_size}")
+            raise ValueError(
+                f"Eagle3Config.draft_vocab_size={value} exceeds the target's vocab_size={self.vocab_size}"
+            )
 
     @hidden_layers.validator
     def _check_layers(self, attribute, value):
         if value is None:
             return
         if len(value) != 3 or any(i < 0 for i in value) or list(value) != sorted(value):
-            raise ValueError(f"Eagle3Config.hidden_layers must be three ascending 0-based target layers "
-                             f"(low, middle, high), got {value!r}")
+            raise ValueError(
+                f"Eagle3Config.hidden_layers must be three ascending 0-based target layers "
+                f"(low, middle, high), got {value!r}"
+            )
         layers = self.target.get("num_hidden_layers") if isinstance(self.target, dict) else None
         if layers is not None and value[-1] >= int(layers):
-            raise ValueError(f"Eagle3Config.hidden_layers {value!r} name a layer past the target's {layers}")
+            raise ValueError(
+                f"Eagle3Config.hidden_layers {value!r} name a layer past the target's {layers}"
+            )
 
     @num_kv_heads.validator
     def _check_heads(self, attribute, value):
         _positive_int(self, attribute, value)
         if self.num_heads % value:
-            raise ValueError(f"Eagle3Config.num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({value})")
+            raise ValueError(
+                f"Eagle3Config.num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({value})"
+            )
 
     @head_dim.validator
     def _check_head_dim(self, attribute, value):
         _positive_int(self, attribute, value)
         if value % 2:
-            raise ValueError(f"Eagle3Config.head_dim must be even for rotary embeddings, got {value}")
+            raise ValueError(
+                f"Eagle3Config.head_dim must be even for rotary embeddings, got {value}"
+            )
 
     @model_type.validator
     def _check_model_type(self, attribute, value):
         if value != MODEL_TYPE:
-            raise ValueError(f"not an EAGLE-3 config: model_type is {value!r}, expected {MODEL_TYPE!r}")
+            raise ValueError(
+                f"not an EAGLE-3 config: model_type is {value!r}, expected {MODEL_TYPE!r}"
+            )
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-serialisable dict (the content of ``config.json``)."""
@@ -146,13 +172,18 @@ class Eagle3Config:
         attn, mlp = "midlayer.self_attn.", "midlayer.mlp."
         return {
             "fc.weight": (hidden, 3 * hidden),
-            "midlayer.input_layernorm.weight": (hidden,), "midlayer.hidden_norm.weight": (hidden,),
-            attn + "q_proj.weight": (q_out, 2 * hidden), attn + "k_proj.weight": (kv_out, 2 * hidden),
-            attn + "v_proj.weight": (kv_out, 2 * hidden), attn + "o_proj.weight": (hidden, q_out),
+            "midlayer.input_layernorm.weight": (hidden,),
+            "midlayer.hidden_norm.weight": (hidden,),
+            attn + "q_proj.weight": (q_out, 2 * hidden),
+            attn + "k_proj.weight": (kv_out, 2 * hidden),
+            attn + "v_proj.weight": (kv_out, 2 * hidden),
+            attn + "o_proj.weight": (hidden, q_out),
             "midlayer.post_attention_layernorm.weight": (hidden,),
-            mlp + "gate_proj.weight": (inner, hidden), mlp + "up_proj.weight": (inner, hidden),
+            mlp + "gate_proj.weight": (inner, hidden),
+            mlp + "up_proj.weight": (inner, hidden),
             mlp + "down_proj.weight": (hidden, inner),
-            "norm.weight": (hidden,), "lm_head.weight": (self.draft_vocab_size, hidden),
+            "norm.weight": (hidden,),
+            "lm_head.weight": (self.draft_vocab_size, hidden),
             "d2t": (self.draft_vocab_size,),
         }
 
@@ -162,8 +193,10 @@ def resolve_layers(config: Eagle3Config, num_layers: int) -> Eagle3Config:
     (the default three when it names none)."""
     layers = config.hidden_layers or default_hidden_layers(num_layers)
     if max(layers) >= num_layers:
-        raise InvalidInputError(f"this EAGLE-3 drafter fuses target layers {list(layers)}, but the target has {num_layers} "
-                                "decoder layers; use a drafter trained for this target")
+        raise InvalidInputError(
+            f"this EAGLE-3 drafter fuses target layers {list(layers)}, but the target has {num_layers} "
+            "decoder layers; use a drafter trained for this target"
+        )
     return attrs.evolve(config, hidden_layers=layers)
 
 
@@ -193,11 +226,15 @@ def check_weights(config: Eagle3Config, weights: dict[str, Any]) -> None:
         )
     d2t = np.asarray(weights["d2t"])
     if not np.issubdtype(d2t.dtype, np.integer) and not np.array_equal(d2t, np.round(d2t)):
-        raise ValueError("EAGLE-3's d2t must hold integer offsets (target id = draft id + d2t[draft id])")
+        raise ValueError(
+            "EAGLE-3's d2t must hold integer offsets (target id = draft id + d2t[draft id])"
+        )
     ids = draft_to_target(d2t)
     if ids.min() < 0 or ids.max() >= config.vocab_size or np.any(np.diff(ids) <= 0):
-        raise ValueError(f"EAGLE-3's d2t must map draft ids to distinct ascending target ids in [0, {config.vocab_size}); "
-                         f"got ids from {ids.min()} to {ids.max()}{' not ascending' if np.any(np.diff(ids) <= 0) else ''}")
+        raise ValueError(
+            f"EAGLE-3's d2t must map draft ids to distinct ascending target ids in [0, {config.vocab_size}); "
+            f"got ids from {ids.min()} to {ids.max()}{' not ascending' if np.any(np.diff(ids) <= 0) else ''}"
+        )
 
 
 def tree_size(config: Eagle3Config) -> int:

@@ -19,7 +19,13 @@ from specdec.errors import InvalidInputError
 from specdec.types import Accepted, Draft, DraftContext, PromptOutput
 from specdec_eagle.mlx import TreeSearch
 from specdec_eagle3.config import Eagle3Config, check_weights, draft_to_target
-from specdec_eagle3.reference import check_embedding, check_layers_resolved, check_slots, missing_slot, tree_options
+from specdec_eagle3.reference import (
+    check_embedding,
+    check_layers_resolved,
+    check_slots,
+    missing_slot,
+    tree_options,
+)
 from specdec_mlx import ops
 
 __all__ = ["MlxEagle3Drafter", "MlxEagle3Net"]
@@ -33,13 +39,19 @@ class _RMSNorm(nn.Module):
 
     def __call__(self, x: mx.array) -> mx.array:
         z = x.astype(mx.float32)
-        return (z * mx.rsqrt(mx.mean(z * z, axis=-1, keepdims=True) + self.eps)).astype(x.dtype) * self.weight
+        return (z * mx.rsqrt(mx.mean(z * z, axis=-1, keepdims=True) + self.eps)).astype(
+            x.dtype
+        ) * self.weight
 
 
 class _Attention(nn.Module):
     def __init__(self, config: Eagle3Config):
         super().__init__()
-        hidden, q_out, kv_out = config.hidden_size, config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
+        hidden, q_out, kv_out = (
+            config.hidden_size,
+            config.num_heads * config.head_dim,
+            config.num_kv_heads * config.head_dim,
+        )
         self.q_proj = nn.Linear(2 * hidden, q_out, bias=False)
         self.k_proj = nn.Linear(2 * hidden, kv_out, bias=False)
         self.v_proj = nn.Linear(2 * hidden, kv_out, bias=False)
@@ -61,7 +73,10 @@ class _MidLayer(nn.Module):
     def __init__(self, config: Eagle3Config):
         super().__init__()
         eps = config.rms_norm_eps
-        self.input_layernorm, self.hidden_norm = _RMSNorm(config.hidden_size, eps), _RMSNorm(config.hidden_size, eps)
+        self.input_layernorm, self.hidden_norm = (
+            _RMSNorm(config.hidden_size, eps),
+            _RMSNorm(config.hidden_size, eps),
+        )
         self.self_attn = _Attention(config)
         self.post_attention_layernorm = _RMSNorm(config.hidden_size, eps)
         self.mlp = _MLP(config)
@@ -78,15 +93,23 @@ class MlxEagle3Net(nn.Module):
         self.norm = _RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.lm_head = nn.Linear(config.hidden_size, config.draft_vocab_size, bias=False)
         dim = config.head_dim
-        self._inv_freq = mx.array(1.0 / config.rope_theta ** (np.arange(0, dim, 2, dtype=np.float64) / dim),
-                                  dtype=mx.float32)
+        self._inv_freq = mx.array(
+            1.0 / config.rope_theta ** (np.arange(0, dim, 2, dtype=np.float64) / dim),
+            dtype=mx.float32,
+        )
 
     @classmethod
     def from_weights(cls, config: Eagle3Config, weights: dict, *, dtype=mx.float32) -> MlxEagle3Net:
         check_weights(config, weights)
         net = cls(config)
-        net.load_weights([(name, mx.array(np.asarray(w, dtype=np.float32)).astype(dtype))
-                          for name, w in weights.items() if name != "d2t"], strict=True)
+        net.load_weights(
+            [
+                (name, mx.array(np.asarray(w, dtype=np.float32)).astype(dtype))
+                for name, w in weights.items()
+                if name != "d2t"
+            ],
+            strict=True,
+        )
         mx.eval(net.parameters())
         return net
 
@@ -96,7 +119,10 @@ class MlxEagle3Net(nn.Module):
 
     def fuse(self, embed_tokens: mx.array, tokens: mx.array, g: mx.array) -> mx.array:
         """[input_layernorm(embed(tokens)) ; g]: tokens (...), g (..., H) -> (..., 2H)."""
-        return mx.concatenate([self.midlayer.input_layernorm(embed_tokens[tokens]), g.astype(embed_tokens.dtype)], axis=-1)
+        return mx.concatenate(
+            [self.midlayer.input_layernorm(embed_tokens[tokens]), g.astype(embed_tokens.dtype)],
+            axis=-1,
+        )
 
     def _rotate(self, x: mx.array, positions: mx.array) -> mx.array:
         angles = positions[:, None, :, None].astype(mx.float32) * self._inv_freq  # (B, 1, m, Dh/2)
@@ -125,7 +151,9 @@ class MlxEagle3Net(nn.Module):
         scores = (q @ keys.transpose(0, 1, 3, 2)) / math.sqrt(cfg.head_dim)  # (B, Hq, m, S + m)
         scores = mx.where(mask[:, None], scores.astype(mx.float32), float("-inf"))
         weights = mx.softmax(scores, axis=-1).astype(x.dtype)
-        context = (weights @ values).transpose(0, 2, 1, 3).reshape(batch, m, cfg.num_heads * cfg.head_dim)
+        context = (
+            (weights @ values).transpose(0, 2, 1, 3).reshape(batch, m, cfg.num_heads * cfg.head_dim)
+        )
         h = (normed_g if cfg.norm_before_residual else g) + attn.o_proj(context)
         return h + layer.mlp(layer.post_attention_layernorm(h)), k, v
 
@@ -134,8 +162,16 @@ class MlxEagle3Drafter:
     """EAGLE-3 as a stateful ``specdec.protocols.Drafter`` on the mlx backend (same options as the
     reference's ``Eagle3Drafter``); each slot's draft cache is an (Hkv, T, Dh) pair of arrays."""
 
-    def __init__(self, config: Eagle3Config, weights: dict, *, embed_tokens, top_k: int | None = None,
-                 depth: int | None = None, total_tokens: int | None = None):
+    def __init__(
+        self,
+        config: Eagle3Config,
+        weights: dict,
+        *,
+        embed_tokens,
+        top_k: int | None = None,
+        depth: int | None = None,
+        total_tokens: int | None = None,
+    ):
         embed_tokens = ops.as_array(embed_tokens)
         check_embedding(config, embed_tokens)
         check_layers_resolved(config)
@@ -143,17 +179,27 @@ class MlxEagle3Drafter:
         self.net = MlxEagle3Net.from_weights(config, weights, dtype=embed_tokens.dtype)
         self.ids = mx.array(draft_to_target(weights["d2t"]).astype(np.int32))  # (N,) target ids
         self.top_k, self.depth, self.total_tokens = tree_options(config, top_k, depth, total_tokens)
-        self.caps = DrafterCaps(stateful=True, tree_builder=("prefix_tree", {}),
-                                hidden_layers=config.hidden_layers, max_tree_size=self.total_tokens + 1)
+        self.caps = DrafterCaps(
+            stateful=True,
+            tree_builder=("prefix_tree", {}),
+            hidden_layers=config.hidden_layers,
+            max_tree_size=self.total_tokens + 1,
+        )
         self.slots: dict[int, dict] = {}
 
     def _features(self, layers) -> mx.array:
         missing = [i for i in self.config.hidden_layers if i not in layers]
         if missing:
-            raise InvalidInputError(f"EAGLE-3 needs the outputs of target layers {list(self.config.hidden_layers)}, "
-                                    f"missing {missing}: the target must return the layers in DrafterCaps.hidden_layers")
-        return self.net.features([ops.as_array(layers[i]).astype(self.embed_tokens.dtype)
-                                  for i in self.config.hidden_layers])
+            raise InvalidInputError(
+                f"EAGLE-3 needs the outputs of target layers {list(self.config.hidden_layers)}, "
+                f"missing {missing}: the target must return the layers in DrafterCaps.hidden_layers"
+            )
+        return self.net.features(
+            [
+                ops.as_array(layers[i]).astype(self.embed_tokens.dtype)
+                for i in self.config.hidden_layers
+            ]
+        )
 
     def _slot(self, slot: int) -> dict:
         if slot not in self.slots:
@@ -187,8 +233,11 @@ class MlxEagle3Drafter:
         for b, slot in enumerate(np.asarray(accepted.slots).tolist()):
             count = int(accepted.num_accepted[b]) + 1
             state = self._slot(slot)
-            self._append(slot, mx.array(tokens[b, :count].astype(np.int32)),
-                         mx.concatenate([state["pending"][None], g[b, : count - 1]]))
+            self._append(
+                slot,
+                mx.array(tokens[b, :count].astype(np.int32)),
+                mx.concatenate([state["pending"][None], g[b, : count - 1]]),
+            )
             state["pending"] = g[b, count - 1]
 
     def end(self, slot: int, reason: str) -> None:

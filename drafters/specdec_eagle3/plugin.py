@@ -14,16 +14,26 @@ CLASSES = {
 
 
 def _factory(backend_name: str):
-    def eagle3(target, checkpoint=None, *, backend=None, tree_top_k=None, depth=None, total_tokens=None):
+    def eagle3(
+        target, checkpoint=None, *, backend=None, tree_top_k=None, depth=None, total_tokens=None
+    ):
         """``tree_top_k``: the children each expanded node proposes (``top_k`` is generate's sampling option)."""
         from specdec_eagle3.checkpoint import load_eagle3_checkpoint
         from specdec_eagle3.config import resolve_layers
 
         drafter_class = backend_class(backend_name, CLASSES, feature="the EAGLE-3 drafter")
-        config, weights = load_trained("eagle3", "EAGLE-3", "specdec_eagle3", load_eagle3_checkpoint, checkpoint, target)
+        config, weights = load_trained(
+            "eagle3", "EAGLE-3", "specdec_eagle3", load_eagle3_checkpoint, checkpoint, target
+        )
         config = resolve_layers(config, int(target.num_layers))
-        return drafter_class(config, weights, embed_tokens=target.embed_tokens, top_k=tree_top_k, depth=depth,
-                             total_tokens=total_tokens)
+        return drafter_class(
+            config,
+            weights,
+            embed_tokens=target.embed_tokens,
+            top_k=tree_top_k,
+            depth=depth,
+            total_tokens=total_tokens,
+        )
 
     return eagle3
 
@@ -38,48 +48,87 @@ def _evaluation_task(checkpoint, target, overrides):
 
     config, weights = load_eagle3_checkpoint(checkpoint)
     config = resolve_layers(config, LlamaConfig.from_folder(target.folder).num_hidden_layers)
-    task = Eagle3Task(attrs.evolve(config, **overrides), embed_tokens=target.embed_tokens,
-                      ids=draft_to_target(weights["d2t"]))
+    task = Eagle3Task(
+        attrs.evolve(config, **overrides),
+        embed_tokens=target.embed_tokens,
+        ids=draft_to_target(weights["d2t"]),
+    )
     task.module.load_weights(weights)
     return task
 
 
 TRAIN_OPTIONS = (
-    CliOption(flag="--draft-vocab", type=int, default=8192,
-              help="EAGLE-3: draft vocabulary size, the target ids with the most teacher mass "
-                   "(0: all)"),
-    CliOption(flag="--top-k", type=int, default=4,
-              help="EAGLE-3 tree: children per expanded node and frontier width"),
+    CliOption(
+        flag="--draft-vocab",
+        type=int,
+        default=8192,
+        help="EAGLE-3: draft vocabulary size, the target ids with the most teacher mass (0: all)",
+    ),
+    CliOption(
+        flag="--top-k",
+        type=int,
+        default=4,
+        help="EAGLE-3 tree: children per expanded node and frontier width",
+    ),
     CliOption(flag="--depth", type=int, default=3, help="EAGLE-3 tree: drafted levels"),
-    CliOption(flag="--total-tokens", type=int, default=12,
-              help="EAGLE-3 tree: drafted nodes the target verifies"),
-    CliOption(flag="--window", type=int, default=64,
-              help="EAGLE-3 training: positions per training window"),
-    CliOption(flag="--unroll", type=int, default=3,
-              help="EAGLE-3 training-time test: steps per position (step j > 0 reads the draft's "
-                   "own outputs)"),
-    CliOption(flag="--unroll-decay", type=float, default=0.8,
-              help="EAGLE-3 training: step j's loss weight is DECAY**j"),
+    CliOption(
+        flag="--total-tokens",
+        type=int,
+        default=12,
+        help="EAGLE-3 tree: drafted nodes the target verifies",
+    ),
+    CliOption(
+        flag="--window",
+        type=int,
+        default=64,
+        help="EAGLE-3 training: positions per training window",
+    ),
+    CliOption(
+        flag="--unroll",
+        type=int,
+        default=3,
+        help="EAGLE-3 training-time test: steps per position (step j > 0 reads the draft's "
+        "own outputs)",
+    ),
+    CliOption(
+        flag="--unroll-decay",
+        type=float,
+        default=0.8,
+        help="EAGLE-3 training: step j's loss weight is DECAY**j",
+    ),
 )
 
 LAYOUTS = (
-    Layout(name="specforge", aliases=("sglang", "tensorrt-llm", "trtllm"),
-           detect=lazy_call("specdec_eagle3.export", "detect_specforge"),
-           read=lazy_call("specdec_eagle3.export", "read_specforge"),
-           write=lazy_call("specdec_eagle3.export", "write_specforge")),
-    Layout(name="speculators", aliases=("vllm",), detect=lazy_call("specdec_eagle3.export", "detect_speculators"),
-           read=lazy_call("specdec_eagle3.export", "read_speculators"),
-           write=lazy_call("specdec_eagle3.export", "write_speculators")),
+    Layout(
+        name="specforge",
+        aliases=("sglang", "tensorrt-llm", "trtllm"),
+        detect=lazy_call("specdec_eagle3.export", "detect_specforge"),
+        read=lazy_call("specdec_eagle3.export", "read_specforge"),
+        write=lazy_call("specdec_eagle3.export", "write_specforge"),
+    ),
+    Layout(
+        name="speculators",
+        aliases=("vllm",),
+        detect=lazy_call("specdec_eagle3.export", "detect_speculators"),
+        read=lazy_call("specdec_eagle3.export", "read_speculators"),
+        write=lazy_call("specdec_eagle3.export", "write_speculators"),
+    ),
 )
 
 SPEC = DrafterSpec(
-    name="eagle3", model_type="specdec_eagle3", implementations={b: _factory(b) for b in CLASSES},
+    name="eagle3",
+    model_type="specdec_eagle3",
+    implementations={b: _factory(b) for b in CLASSES},
     make_random_checkpoint=lazy_call("specdec_eagle3.checkpoint", "make_random_eagle3"),
-    pairs_with_lookup=False, train=lazy_call("specdec_eagle3.train", "train_eagle3"),
-    evaluation_task=_evaluation_task, train_options=TRAIN_OPTIONS,
+    pairs_with_lookup=False,
+    train=lazy_call("specdec_eagle3.train", "train_eagle3"),
+    evaluation_task=_evaluation_task,
+    train_options=TRAIN_OPTIONS,
     load_checkpoint=lazy_call("specdec_eagle3.checkpoint", "load_eagle3_checkpoint"),
-    save_checkpoint=lazy_call("specdec_eagle3.checkpoint", "save_eagle3"), package="specdec_eagle3",
-    layouts=LAYOUTS, tree_size=lazy_call("specdec_eagle3.config", "tree_size"),
+    save_checkpoint=lazy_call("specdec_eagle3.checkpoint", "save_eagle3"),
+    package="specdec_eagle3",
+    layouts=LAYOUTS,
+    tree_size=lazy_call("specdec_eagle3.config", "tree_size"),
 )
 
 

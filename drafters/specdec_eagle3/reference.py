@@ -39,31 +39,53 @@ from specdec.types import Accepted, Draft, DraftContext, PromptOutput
 from specdec_eagle.reference import SlotCache, TreeDraft, select_nodes, tree_beams
 from specdec_eagle3.config import Eagle3Config, check_weights, draft_to_target
 
-__all__ = ["Eagle3Drafter", "check_tree_options", "draft_layer", "draft_log_probs", "dynamic_tree", "features",
-           "run_entries", "tree_options"]
+__all__ = [
+    "Eagle3Drafter",
+    "check_tree_options",
+    "draft_layer",
+    "draft_log_probs",
+    "dynamic_tree",
+    "features",
+    "run_entries",
+    "tree_options",
+]
 
 
 def features(config: Eagle3Config, weights: dict, layers) -> np.ndarray:
     """g = fc([low ; mid ; high]): layers maps each of ``config.hidden_layers`` to (..., H) -> (..., H)."""
     missing = [i for i in config.hidden_layers if i not in layers]
     if missing:
-        raise InvalidInputError(f"EAGLE-3 needs the outputs of target layers {list(config.hidden_layers)}, missing "
-                                f"{missing}: the target must return the layers named in DrafterCaps.hidden_layers")
-    fused = np.concatenate([np.asarray(layers[i], dtype=np.float64) for i in config.hidden_layers], axis=-1)  # (..., 3H)
+        raise InvalidInputError(
+            f"EAGLE-3 needs the outputs of target layers {list(config.hidden_layers)}, missing "
+            f"{missing}: the target must return the layers named in DrafterCaps.hidden_layers"
+        )
+    fused = np.concatenate(
+        [np.asarray(layers[i], dtype=np.float64) for i in config.hidden_layers], axis=-1
+    )  # (..., 3H)
     return fused @ weights["fc.weight"].T
 
 
-def draft_layer(config: Eagle3Config, weights: dict, embed_tokens: np.ndarray, tokens: np.ndarray, g: np.ndarray,
-                positions: np.ndarray, past: tuple[np.ndarray, np.ndarray], past_allowed: np.ndarray,
-                new_allowed: np.ndarray):
+def draft_layer(
+    config: Eagle3Config,
+    weights: dict,
+    embed_tokens: np.ndarray,
+    tokens: np.ndarray,
+    g: np.ndarray,
+    positions: np.ndarray,
+    past: tuple[np.ndarray, np.ndarray],
+    past_allowed: np.ndarray,
+    new_allowed: np.ndarray,
+):
     """The draft decoder layer on n new entries: tokens (n,) int, g (n, H) their features,
     positions (n,) rotary positions; past = (keys, values) each (Hkv, S, Dh), rotary applied;
     past_allowed (n, S), new_allowed (n, n) bool. -> out (n, H) (before ``norm``), keys, values (Hkv, n, Dh)."""
     n, heads, kv_heads, dim = len(tokens), config.num_heads, config.num_kv_heads, config.head_dim
     eps, attn, mlp = config.rms_norm_eps, "midlayer.self_attn.", "midlayer.mlp."
     normed_g = rms_norm(g, weights["midlayer.hidden_norm.weight"], eps)
-    y = np.concatenate([rms_norm(embed_tokens[tokens], weights["midlayer.input_layernorm.weight"], eps), normed_g],
-                       axis=-1)  # (n, 2H)
+    y = np.concatenate(
+        [rms_norm(embed_tokens[tokens], weights["midlayer.input_layernorm.weight"], eps), normed_g],
+        axis=-1,
+    )  # (n, 2H)
     q = (y @ weights[attn + "q_proj.weight"].T).reshape(n, heads, dim).transpose(1, 0, 2)
     k = (y @ weights[attn + "k_proj.weight"].T).reshape(n, kv_heads, dim).transpose(1, 0, 2)
     v = (y @ weights[attn + "v_proj.weight"].T).reshape(n, kv_heads, dim).transpose(1, 0, 2)
@@ -71,32 +93,58 @@ def draft_layer(config: Eagle3Config, weights: dict, embed_tokens: np.ndarray, t
     cos, sin = rotary_cos_sin(np.asarray(positions, dtype=np.float64), inv_freq)  # (n, Dh)
     q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
     residual = normed_g if config.norm_before_residual else g
-    h = residual + attend(q, past, (k, v), past_allowed, new_allowed) @ weights[attn + "o_proj.weight"].T
+    h = (
+        residual
+        + attend(q, past, (k, v), past_allowed, new_allowed) @ weights[attn + "o_proj.weight"].T
+    )
     normed = rms_norm(h, weights["midlayer.post_attention_layernorm.weight"], eps)
     gate = silu(normed @ weights[mlp + "gate_proj.weight"].T)
-    out = h + (gate * (normed @ weights[mlp + "up_proj.weight"].T)) @ weights[mlp + "down_proj.weight"].T
+    out = (
+        h
+        + (gate * (normed @ weights[mlp + "up_proj.weight"].T))
+        @ weights[mlp + "down_proj.weight"].T
+    )
     return out, k, v
 
 
 def draft_log_probs(config: Eagle3Config, weights: dict, out: np.ndarray) -> np.ndarray:
     """log_softmax of lm_head(norm(out)) over the draft vocabulary: out (..., H) -> (..., N)."""
-    logits = rms_norm(out, weights["norm.weight"], config.rms_norm_eps) @ weights["lm_head.weight"].T
+    logits = (
+        rms_norm(out, weights["norm.weight"], config.rms_norm_eps) @ weights["lm_head.weight"].T
+    )
     z = logits - logits.max(axis=-1, keepdims=True)
     return z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
 
 
-def run_entries(config: Eagle3Config, weights: dict, embed_tokens: np.ndarray, cache: SlotCache,
-                tokens: np.ndarray, g: np.ndarray):
+def run_entries(
+    config: Eagle3Config,
+    weights: dict,
+    embed_tokens: np.ndarray,
+    cache: SlotCache,
+    tokens: np.ndarray,
+    g: np.ndarray,
+):
     """Append entries at positions T .. T+n-1 (causal among themselves, after the whole cache).
     tokens (n,), g (n, H) -> (outputs (n, H), the cache with the entries appended)."""
     n, length = len(tokens), cache.length
     if n == 0:
         return np.zeros((0, config.hidden_size)), cache
-    out, k, v = draft_layer(config, weights, embed_tokens, np.asarray(tokens, dtype=np.int64), g,
-                            length + np.arange(n), (cache.keys, cache.values), np.ones((n, length), dtype=bool),
-                            np.tril(np.ones((n, n), dtype=bool)))
-    grown = SlotCache(keys=np.concatenate([cache.keys, k], axis=1),
-                      values=np.concatenate([cache.values, v], axis=1), pending=cache.pending)
+    out, k, v = draft_layer(
+        config,
+        weights,
+        embed_tokens,
+        np.asarray(tokens, dtype=np.int64),
+        g,
+        length + np.arange(n),
+        (cache.keys, cache.values),
+        np.ones((n, length), dtype=bool),
+        np.tril(np.ones((n, n), dtype=bool)),
+    )
+    grown = SlotCache(
+        keys=np.concatenate([cache.keys, k], axis=1),
+        values=np.concatenate([cache.values, v], axis=1),
+        pending=cache.pending,
+    )
     return out, grown
 
 
@@ -110,8 +158,18 @@ def _top(values: np.ndarray, count: int, gaps: list) -> np.ndarray:
     return order[:count]
 
 
-def dynamic_tree(config: Eagle3Config, weights: dict, embed_tokens: np.ndarray, cache: SlotCache, root: int,
-                 feature: np.ndarray, *, top_k: int, depth: int, total_tokens: int) -> TreeDraft:
+def dynamic_tree(
+    config: Eagle3Config,
+    weights: dict,
+    embed_tokens: np.ndarray,
+    cache: SlotCache,
+    root: int,
+    feature: np.ndarray,
+    *,
+    top_k: int,
+    depth: int,
+    total_tokens: int,
+) -> TreeDraft:
     """EAGLE-2's dynamic tree over the EAGLE-3 layer for one request. cache: positions 0 .. T-1;
     root: the root token; feature (H,): the pending fused feature. A node of level d sits at
     position T + d and attends to the cache, the root entry and its ancestors; its children read
@@ -132,9 +190,17 @@ def dynamic_tree(config: Eagle3Config, weights: dict, embed_tokens: np.ndarray, 
         g = feature if node == 0 else ran[parents[node]][0]
         keys = np.concatenate([cache.keys] + [ran[a][1][:, None] for a in path], axis=1)
         values = np.concatenate([cache.values] + [ran[a][2][:, None] for a in path], axis=1)
-        out, k, v = draft_layer(config, weights, embed_tokens, np.array([tokens[node]]), g[None],
-                                np.array([length + levels[node]]), (keys, values),
-                                np.ones((1, keys.shape[1]), dtype=bool), np.ones((1, 1), dtype=bool))
+        out, k, v = draft_layer(
+            config,
+            weights,
+            embed_tokens,
+            np.array([tokens[node]]),
+            g[None],
+            np.array([length + levels[node]]),
+            (keys, values),
+            np.ones((1, keys.shape[1]), dtype=bool),
+            np.ones((1, 1), dtype=bool),
+        )
         ran[node] = (out[0], k[:, 0], v[:, 0], draft_log_probs(config, weights, out[0]))
         return ran[node][3]
 
@@ -153,7 +219,9 @@ def dynamic_tree(config: Eagle3Config, weights: dict, embed_tokens: np.ndarray, 
         children = []
         for node in frontier:
             log_probs = run(node)
-            children += [add(i, node, scores[node] + log_probs[i]) for i in _top(log_probs, top_k, gaps)]
+            children += [
+                add(i, node, scores[node] + log_probs[i]) for i in _top(log_probs, top_k, gaps)
+            ]
         frontier = [children[i] for i in _top(np.array([scores[c] for c in children]), top_k, gaps)]
 
     candidates = len(tokens)
@@ -164,15 +232,23 @@ def dynamic_tree(config: Eagle3Config, weights: dict, embed_tokens: np.ndarray, 
         local = int(_top(log_probs, 1, gaps)[0])
         return add(local, node, scores[node] + log_probs[local])
 
-    beams = tree_beams(tokens, parents, levels, scores, selected, depth=depth, width=total_tokens, extend=extend)
+    beams = tree_beams(
+        tokens, parents, levels, scores, selected, depth=depth, width=total_tokens, extend=extend
+    )
     kept = set(selected.tolist())
     leaf_scores = np.sort([scores[s] for s in kept if s not in {parents[t] for t in kept}])
     if len(leaf_scores) > 1:
         gaps.append(float(np.min(np.diff(leaf_scores))))
-    return TreeDraft(tokens=np.array(tokens, dtype=np.int64), parents=np.array(parents, dtype=np.int64),
-                     depth=np.array(levels, dtype=np.int64), scores=np.array(scores), selected=selected,
-                     beams=beams, extension=np.array(tokens[candidates:], dtype=np.int64),
-                     margin=min(gaps, default=np.inf))
+    return TreeDraft(
+        tokens=np.array(tokens, dtype=np.int64),
+        parents=np.array(parents, dtype=np.int64),
+        depth=np.array(levels, dtype=np.int64),
+        scores=np.array(scores),
+        selected=selected,
+        beams=beams,
+        extension=np.array(tokens[candidates:], dtype=np.int64),
+        margin=min(gaps, default=np.inf),
+    )
 
 
 def check_tree_options(config: Eagle3Config, top_k, depth, total_tokens) -> None:
@@ -181,16 +257,22 @@ def check_tree_options(config: Eagle3Config, top_k, depth, total_tokens) -> None
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
             raise ValueError(f"EAGLE-3's {name} must be a positive integer, got {value!r}")
     if top_k > config.draft_vocab_size:
-        raise ValueError(f"EAGLE-3's top_k={top_k} exceeds its draft vocabulary of {config.draft_vocab_size} tokens")
+        raise ValueError(
+            f"EAGLE-3's top_k={top_k} exceeds its draft vocabulary of {config.draft_vocab_size} tokens"
+        )
     if total_tokens < depth:
-        raise ValueError(f"EAGLE-3's total_tokens={total_tokens} cannot hold one path of depth={depth} drafted tokens; "
-                         "give total_tokens >= depth")
+        raise ValueError(
+            f"EAGLE-3's total_tokens={total_tokens} cannot hold one path of depth={depth} drafted tokens; "
+            "give total_tokens >= depth"
+        )
 
 
 def tree_options(config: Eagle3Config, top_k, depth, total_tokens) -> tuple[int, int, int]:
     """The tree's (top_k, depth, total_tokens): the given ones, else the config's; checked."""
-    chosen = tuple(int(getattr(config, name)) if value is None else value
-                   for name, value in (("top_k", top_k), ("depth", depth), ("total_tokens", total_tokens)))
+    chosen = tuple(
+        int(getattr(config, name)) if value is None else value
+        for name, value in (("top_k", top_k), ("depth", depth), ("total_tokens", total_tokens))
+    )
     check_tree_options(config, *chosen)
     return chosen
 
@@ -199,28 +281,38 @@ def check_embedding(config: Eagle3Config, embed_tokens) -> None:
     """The target's embedding (any backend's array) has the drafter's (V, H)."""
     expected = (config.vocab_size, config.hidden_size)
     if embed_tokens is None or tuple(embed_tokens.shape) != expected:
-        raise ValueError(f"embed_tokens has shape {None if embed_tokens is None else tuple(embed_tokens.shape)}, but the "
-                         f"EAGLE-3 drafter was built for (vocab_size, hidden_size) = {expected}; pass the target's")
+        raise ValueError(
+            f"embed_tokens has shape {None if embed_tokens is None else tuple(embed_tokens.shape)}, but the "
+            f"EAGLE-3 drafter was built for (vocab_size, hidden_size) = {expected}; pass the target's"
+        )
 
 
 def check_layers_resolved(config: Eagle3Config) -> None:
     if config.hidden_layers is None:
-        raise ValueError("this EAGLE-3 config names no fused layers; resolve them for the target first "
-                         "(specdec_eagle3.config.resolve_layers, as drafter=... does)")
+        raise ValueError(
+            "this EAGLE-3 config names no fused layers; resolve them for the target first "
+            "(specdec_eagle3.config.resolve_layers, as drafter=... does)"
+        )
 
 
 def check_slots(context: DraftContext, batch: int) -> None:
     if context.slots is None or len(context.slots) != batch:
-        raise InvalidInputError("EAGLE-3 drafts per request: context.slots must name each row's slot (the decode loop "
-                                "gives them)")
+        raise InvalidInputError(
+            "EAGLE-3 drafts per request: context.slots must name each row's slot (the decode loop "
+            "gives them)"
+        )
     if context.want_draft_probs:
-        raise InvalidInputError("the EAGLE-3 drafter gives no draft probabilities, which the chosen verifier needs; use "
-                                "the greedy or exact verifier (the defaults)")
+        raise InvalidInputError(
+            "the EAGLE-3 drafter gives no draft probabilities, which the chosen verifier needs; use "
+            "the greedy or exact verifier (the defaults)"
+        )
 
 
 def missing_slot(slot: int) -> InvalidInputError:
-    return InvalidInputError(f"EAGLE-3 has no request in slot {slot}: a stateful drafter needs begin(slot, ...) before "
-                             "propose/observe (the decode loop calls it when it admits a request)")
+    return InvalidInputError(
+        f"EAGLE-3 has no request in slot {slot}: a stateful drafter needs begin(slot, ...) before "
+        "propose/observe (the decode loop calls it when it admits a request)"
+    )
 
 
 class Eagle3Drafter:
@@ -232,18 +324,32 @@ class Eagle3Drafter:
     feature is the drafter's own pending fused feature (``context.hidden`` is not read).
     """
 
-    def __init__(self, config: Eagle3Config, weights: dict, *, embed_tokens, top_k: int | None = None,
-                 depth: int | None = None, total_tokens: int | None = None):
+    def __init__(
+        self,
+        config: Eagle3Config,
+        weights: dict,
+        *,
+        embed_tokens,
+        top_k: int | None = None,
+        depth: int | None = None,
+        total_tokens: int | None = None,
+    ):
         check_weights(config, weights)
         check_embedding(config, embed_tokens)
         check_layers_resolved(config)
         self.config = config
-        self.weights = {name: np.asarray(array, dtype=np.int64 if name == "d2t" else np.float64)
-                        for name, array in weights.items()}
+        self.weights = {
+            name: np.asarray(array, dtype=np.int64 if name == "d2t" else np.float64)
+            for name, array in weights.items()
+        }
         self.embed_tokens = np.asarray(embed_tokens, dtype=np.float64)
         self.top_k, self.depth, self.total_tokens = tree_options(config, top_k, depth, total_tokens)
-        self.caps = DrafterCaps(stateful=True, tree_builder=("prefix_tree", {}),
-                                hidden_layers=config.hidden_layers, max_tree_size=self.total_tokens + 1)
+        self.caps = DrafterCaps(
+            stateful=True,
+            tree_builder=("prefix_tree", {}),
+            hidden_layers=config.hidden_layers,
+            max_tree_size=self.total_tokens + 1,
+        )
         self.slots: dict[int, SlotCache] = {}
 
     def begin(self, slot: int, prompt, output: PromptOutput) -> None:
@@ -253,7 +359,9 @@ class Eagle3Drafter:
         empty = np.zeros((self.config.num_kv_heads, 0, self.config.head_dim))
         cache = SlotCache(keys=empty, values=empty.copy(), pending=g[-1])
         if len(prompt) > 1:
-            _, cache = run_entries(self.config, self.weights, self.embed_tokens, cache, prompt[1:], g[:-1])
+            _, cache = run_entries(
+                self.config, self.weights, self.embed_tokens, cache, prompt[1:], g[:-1]
+            )
         self.slots[int(slot)] = cache
 
     def observe(self, accepted: Accepted) -> None:
@@ -263,8 +371,14 @@ class Eagle3Drafter:
             count = int(accepted.num_accepted[b]) + 1  # the root and the accepted drafted tokens
             cache = self._cache(slot)
             entry_features = np.concatenate([cache.pending[None], g[b, : count - 1]])
-            _, cache = run_entries(self.config, self.weights, self.embed_tokens, cache,
-                                   np.asarray(accepted.tokens[b, :count]), entry_features)
+            _, cache = run_entries(
+                self.config,
+                self.weights,
+                self.embed_tokens,
+                cache,
+                np.asarray(accepted.tokens[b, :count]),
+                entry_features,
+            )
             cache.pending = g[b, count - 1]
             self.slots[slot] = cache
 
@@ -281,8 +395,22 @@ class Eagle3Drafter:
         """Beams (B, W = total_tokens, L = depth + 1), one dynamic tree per row."""
         roots = np.asarray(context.root_tokens, dtype=np.int64)
         check_slots(context, len(roots))
-        beams = np.stack([
-            dynamic_tree(self.config, self.weights, self.embed_tokens, cache, int(roots[b]), cache.pending,
-                         top_k=self.top_k, depth=self.depth, total_tokens=self.total_tokens).beams
-            for b, cache in enumerate(self._cache(int(s)) for s in np.asarray(context.slots).tolist())])
+        beams = np.stack(
+            [
+                dynamic_tree(
+                    self.config,
+                    self.weights,
+                    self.embed_tokens,
+                    cache,
+                    int(roots[b]),
+                    cache.pending,
+                    top_k=self.top_k,
+                    depth=self.depth,
+                    total_tokens=self.total_tokens,
+                ).beams
+                for b, cache in enumerate(
+                    self._cache(int(s)) for s in np.asarray(context.slots).tolist()
+                )
+            ]
+        )
         return Draft(root_tokens=roots, beams=beams, sampled=False)

@@ -80,18 +80,30 @@ class Eagle3Task:
 
     depth = 0  # the loop's windows carry the sampled index only (train_eagle3's index view)
 
-    def __init__(self, config: Eagle3Config, *, embed_tokens: torch.Tensor, ids, window: int = 64,
-                 unroll: int = 3, unroll_decay: float = 0.8, negatives: int | None = None,
-                 data=None):
+    def __init__(
+        self,
+        config: Eagle3Config,
+        *,
+        embed_tokens: torch.Tensor,
+        ids,
+        window: int = 64,
+        unroll: int = 3,
+        unroll_decay: float = 0.8,
+        negatives: int | None = None,
+        data=None,
+    ):
         from specdec_eagle3.torch import Eagle3Net
 
         self.ids = np.asarray(ids, dtype=np.int64)
         if config.hidden_layers is None or len(self.ids) != config.draft_vocab_size:
-            raise ValueError("Eagle3Task needs a config with resolved hidden_layers and "
-                             "draft_vocab_size = len(ids)")
+            raise ValueError(
+                "Eagle3Task needs a config with resolved hidden_layers and "
+                "draft_vocab_size = len(ids)"
+            )
         if int(unroll) < 1 or int(window) < 1:
-            raise ValueError(f"unroll and window must be positive, got unroll={unroll}, "
-                             f"window={window}")
+            raise ValueError(
+                f"unroll and window must be positive, got unroll={unroll}, window={window}"
+            )
         self.config = config
         self.window, self.unroll, self.unroll_decay = int(window), int(unroll), float(unroll_decay)
         self.negatives = negatives if negatives and negatives < config.draft_vocab_size else None
@@ -126,8 +138,9 @@ class Eagle3Task:
             return torch.where(inside, starts[:, None] + steps + shift, starts[:, None])
 
         targets = at(1 + offset)
-        label_ids, label_probs = map_labels(data.label_ids[targets], data.label_probs[targets],
-                                            self.t2d)
+        label_ids, label_probs = map_labels(
+            data.label_ids[targets], data.label_probs[targets], self.t2d
+        )
         mask = (steps[None] + 1 + offset <= remaining) & (self.t2d[data.next_tokens[targets]] >= 0)
         return at(0), data.next_tokens[at(offset)], label_ids, label_probs, mask
 
@@ -150,9 +163,15 @@ class Eagle3Task:
         count = mask.sum().clamp(min=1)
         normed = self.module.norm(out)
         if self.negatives and generator is not None:
-            ce = sampled_soft_cross_entropy(normed, self.module.lm_head.weight, label_ids,
-                                            label_probs, mask, negatives=self.negatives,
-                                            generator=generator)
+            ce = sampled_soft_cross_entropy(
+                normed,
+                self.module.lm_head.weight,
+                label_ids,
+                label_probs,
+                mask,
+                negatives=self.negatives,
+                generator=generator,
+            )
         else:
             ce = soft_cross_entropy(self.module.lm_head(normed), label_ids, label_probs, mask)
         return ce * out.shape[0] / count  # soft_cross_entropy sums over T and divides by n
@@ -173,7 +192,7 @@ class Eagle3Task:
             _, tokens, label_ids, label_probs, mask = self.windows(data, starts, offset=step)
             out, keys, values = self.step(tokens, out, past)
             loss = self.step_loss(out, label_ids, label_probs, mask, generator)
-            total = total + self.unroll_decay ** step * loss
+            total = total + self.unroll_decay**step * loss
             past[0].append(keys)
             past[1].append(values)
         return total
@@ -192,8 +211,9 @@ class Eagle3Task:
 
         if self._inference is not None and self._inference[0] is data:
             return self._inference[1:]
-        drafter = TorchEagle3Drafter(self.config, self.weights(),
-                                     embed_tokens=self.module.embed_tokens)
+        drafter = TorchEagle3Drafter(
+            self.config, self.weights(), embed_tokens=self.module.embed_tokens
+        )
         cfg, net = self.config, drafter.net
         keys = torch.zeros(cfg.num_kv_heads, data.num_positions, cfg.head_dim)
         values = torch.zeros_like(keys)

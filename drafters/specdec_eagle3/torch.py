@@ -22,7 +22,13 @@ from specdec.errors import InvalidInputError
 from specdec.types import Accepted, Draft, DraftContext, PromptOutput
 from specdec_eagle.torch import TreeSearch, rotate
 from specdec_eagle3.config import Eagle3Config, check_weights, draft_to_target
-from specdec_eagle3.reference import check_embedding, check_layers_resolved, check_slots, missing_slot, tree_options
+from specdec_eagle3.reference import (
+    check_embedding,
+    check_layers_resolved,
+    check_slots,
+    missing_slot,
+    tree_options,
+)
 from specdec_torch.ops import compute_dtype
 
 __all__ = ["Eagle3Net", "TorchEagle3Drafter"]
@@ -36,13 +42,19 @@ class _RMSNorm(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         z = x.to(compute_dtype(x.dtype))
-        return (z * torch.rsqrt(z.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype) * self.weight
+        return (z * torch.rsqrt(z.pow(2).mean(-1, keepdim=True) + self.eps)).to(
+            x.dtype
+        ) * self.weight
 
 
 class _Attention(torch.nn.Module):
     def __init__(self, config: Eagle3Config):
         super().__init__()
-        hidden, q_out, kv_out = config.hidden_size, config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
+        hidden, q_out, kv_out = (
+            config.hidden_size,
+            config.num_heads * config.head_dim,
+            config.num_kv_heads * config.head_dim,
+        )
         self.q_proj = torch.nn.Linear(2 * hidden, q_out, bias=False)
         self.k_proj = torch.nn.Linear(2 * hidden, kv_out, bias=False)
         self.v_proj = torch.nn.Linear(2 * hidden, kv_out, bias=False)
@@ -64,7 +76,10 @@ class _MidLayer(torch.nn.Module):
     def __init__(self, config: Eagle3Config):
         super().__init__()
         eps = config.rms_norm_eps
-        self.input_layernorm, self.hidden_norm = _RMSNorm(config.hidden_size, eps), _RMSNorm(config.hidden_size, eps)
+        self.input_layernorm, self.hidden_norm = (
+            _RMSNorm(config.hidden_size, eps),
+            _RMSNorm(config.hidden_size, eps),
+        )
         self.self_attn = _Attention(config)
         self.post_attention_layernorm = _RMSNorm(config.hidden_size, eps)
         self.mlp = _MLP(config)
@@ -84,19 +99,30 @@ class Eagle3Net(torch.nn.Module):
         self.norm = _RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.lm_head = torch.nn.Linear(config.hidden_size, config.draft_vocab_size, bias=False)
         dim = config.head_dim
-        self.register_buffer("inv_freq", 1.0 / config.rope_theta ** (
-            torch.arange(0, dim, 2, dtype=torch.float64) / dim), persistent=False)
+        self.register_buffer(
+            "inv_freq",
+            1.0 / config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim),
+            persistent=False,
+        )
 
     def load_weights(self, weights: dict) -> None:
         """Set the float weights from name -> array (``d2t`` is checked and ignored here)."""
         check_weights(self.config, weights)
         dtype = self.fc.weight.dtype
-        self.load_state_dict({name: torch.as_tensor(np.asarray(array), dtype=dtype)
-                              for name, array in weights.items() if name != "d2t"})
+        self.load_state_dict(
+            {
+                name: torch.as_tensor(np.asarray(array), dtype=dtype)
+                for name, array in weights.items()
+                if name != "d2t"
+            }
+        )
 
     def weights(self) -> dict[str, np.ndarray]:
         """Name -> float64 array of the float weights (no ``d2t``)."""
-        return {name: tensor.detach().double().cpu().numpy() for name, tensor in self.state_dict().items()}
+        return {
+            name: tensor.detach().double().cpu().numpy()
+            for name, tensor in self.state_dict().items()
+        }
 
     def features(self, layers: list[torch.Tensor]) -> torch.Tensor:
         """g = fc([low ; mid ; high]): three (..., H) -> (..., H)."""
@@ -105,10 +131,18 @@ class Eagle3Net(torch.nn.Module):
     def fuse(self, tokens: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
         """[input_layernorm(embed(tokens)) ; g]: tokens (...), g (..., H) -> (..., 2H)."""
         embedding = F.embedding(tokens, self.embed_tokens).to(self.fc.weight.dtype)
-        return torch.cat([self.midlayer.input_layernorm(embedding), g.to(self.fc.weight.dtype)], dim=-1)
+        return torch.cat(
+            [self.midlayer.input_layernorm(embedding), g.to(self.fc.weight.dtype)], dim=-1
+        )
 
-    def layer(self, x: torch.Tensor, positions: torch.Tensor, past_keys: torch.Tensor | None,
-              past_values: torch.Tensor | None, mask: torch.Tensor):
+    def layer(
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        past_keys: torch.Tensor | None,
+        past_values: torch.Tensor | None,
+        mask: torch.Tensor,
+    ):
         """The draft layer on m new entries per row. x (B, m, 2H) from ``fuse``; positions (B, m);
         past keys and values (B, Hkv, S, Dh) or None; mask (B, m, S + m) bool.
         -> out (B, m, H) before ``norm``, keys and values (B, Hkv, m, Dh) (rotary applied)."""
@@ -146,39 +180,68 @@ class TorchEagle3Drafter:
 
     PREFILL_CHUNK = 256
 
-    def __init__(self, config: Eagle3Config, weights: dict, *, embed_tokens: torch.Tensor, top_k: int | None = None,
-                 depth: int | None = None, total_tokens: int | None = None):
+    def __init__(
+        self,
+        config: Eagle3Config,
+        weights: dict,
+        *,
+        embed_tokens: torch.Tensor,
+        top_k: int | None = None,
+        depth: int | None = None,
+        total_tokens: int | None = None,
+    ):
         check_weights(config, weights)
         check_embedding(config, embed_tokens)
         check_layers_resolved(config)
         self.config = config
         self.dtype, self.device = embed_tokens.dtype, embed_tokens.device
-        self.net = Eagle3Net(config, embed_tokens=embed_tokens).to(dtype=self.dtype, device=self.device)
+        self.net = Eagle3Net(config, embed_tokens=embed_tokens).to(
+            dtype=self.dtype, device=self.device
+        )
         self.net.load_weights(weights)
         self.net.eval().requires_grad_(False)
-        self.ids = torch.as_tensor(draft_to_target(weights["d2t"]), device=self.device)  # (N,) target ids
+        self.ids = torch.as_tensor(
+            draft_to_target(weights["d2t"]), device=self.device
+        )  # (N,) target ids
         self.top_k, self.depth, self.total_tokens = tree_options(config, top_k, depth, total_tokens)
-        self.caps = DrafterCaps(stateful=True, tree_builder=("prefix_tree", {}),
-                                hidden_layers=config.hidden_layers, max_tree_size=self.total_tokens + 1)
-        self.slots: dict[int, dict] = {}  # slot -> {"keys", "values": (Hkv, T, Dh), "length", "pending" (H,)}
+        self.caps = DrafterCaps(
+            stateful=True,
+            tree_builder=("prefix_tree", {}),
+            hidden_layers=config.hidden_layers,
+            max_tree_size=self.total_tokens + 1,
+        )
+        self.slots: dict[
+            int, dict
+        ] = {}  # slot -> {"keys", "values": (Hkv, T, Dh), "length", "pending" (H,)}
 
     def _features(self, layers) -> torch.Tensor:
         missing = [i for i in self.config.hidden_layers if i not in layers]
         if missing:
-            raise InvalidInputError(f"EAGLE-3 needs the outputs of target layers {list(self.config.hidden_layers)}, "
-                                    f"missing {missing}: the target must return the layers in DrafterCaps.hidden_layers")
-        return self.net.features([torch.as_tensor(layers[i], device=self.device).to(self.dtype)
-                                  for i in self.config.hidden_layers])
+            raise InvalidInputError(
+                f"EAGLE-3 needs the outputs of target layers {list(self.config.hidden_layers)}, "
+                f"missing {missing}: the target must return the layers in DrafterCaps.hidden_layers"
+            )
+        return self.net.features(
+            [
+                torch.as_tensor(layers[i], device=self.device).to(self.dtype)
+                for i in self.config.hidden_layers
+            ]
+        )
 
     def _append(self, slot: int, tokens: torch.Tensor, g: torch.Tensor) -> None:
         """Run entries (n,) tokens with (n, H) features after the slot's cache, causally; store them."""
         state = self.slots[slot]
         length, n = state["length"], int(tokens.shape[0])
         positions = torch.arange(length, length + n, device=self.device)[None]
-        mask = torch.ones(n, length + n, dtype=torch.bool, device=self.device).tril(diagonal=length)[None]
+        mask = torch.ones(n, length + n, dtype=torch.bool, device=self.device).tril(
+            diagonal=length
+        )[None]
         x = self.net.fuse(tokens[None], g[None])
         _, k, v = self.net.layer(x, positions, state["keys"][None], state["values"][None], mask)
-        state["keys"], state["values"] = torch.cat([state["keys"], k[0]], dim=1), torch.cat([state["values"], v[0]], dim=1)
+        state["keys"], state["values"] = (
+            torch.cat([state["keys"], k[0]], dim=1),
+            torch.cat([state["values"], v[0]], dim=1),
+        )
         state["length"] = length + n
 
     @torch.inference_mode()
@@ -188,7 +251,12 @@ class TorchEagle3Drafter:
         g = self._features(output.layers)  # (P, H)
         cfg = self.config
         empty = torch.zeros(cfg.num_kv_heads, 0, cfg.head_dim, dtype=self.dtype, device=self.device)
-        self.slots[int(slot)] = {"keys": empty, "values": empty.clone(), "length": 0, "pending": g[-1].clone()}
+        self.slots[int(slot)] = {
+            "keys": empty,
+            "values": empty.clone(),
+            "length": 0,
+            "pending": g[-1].clone(),
+        }
         for start in range(0, len(prompt) - 1, self.PREFILL_CHUNK):
             stop = min(start + self.PREFILL_CHUNK, len(prompt) - 1)
             self._append(int(slot), prompt[start + 1 : stop + 1], g[start:stop])
@@ -201,7 +269,9 @@ class TorchEagle3Drafter:
         for b, slot in enumerate(np.asarray(accepted.slots).tolist()):
             count = int(accepted.num_accepted[b]) + 1
             state = self._slot(slot)
-            self._append(slot, tokens[b, :count], torch.cat([state["pending"][None], g[b, : count - 1]]))
+            self._append(
+                slot, tokens[b, :count], torch.cat([state["pending"][None], g[b, : count - 1]])
+            )
             state["pending"] = g[b, count - 1].clone()
 
     def end(self, slot: int, reason: str) -> None:
@@ -229,7 +299,9 @@ class TorchEagle3Drafter:
         lengths = torch.tensor([s["length"] for s in states], device=self.device)
         span = int(lengths.max())
         ctx_keys = torch.stack([F.pad(s["keys"], (0, 0, 0, span - s["length"])) for s in states])
-        ctx_values = torch.stack([F.pad(s["values"], (0, 0, 0, span - s["length"])) for s in states])
+        ctx_values = torch.stack(
+            [F.pad(s["values"], (0, 0, 0, span - s["length"])) for s in states]
+        )
         ctx_mask = torch.arange(span, device=self.device)[None] < lengths[:, None]  # (B, span)
         pending = torch.stack([s["pending"] for s in states])  # (B, H)
         beams = TreeSearch(self, ctx_keys, ctx_values, ctx_mask, lengths).run(roots, pending)

@@ -32,32 +32,55 @@ from specdec_eagle3.config import Eagle3Config, default_hidden_layers, draft_to_
 __all__ = ["default_config", "init_weights", "train_eagle3"]
 
 
-def default_config(target, *, draft_vocab_size: int, top_k: int = 4, depth: int = 3,
-                   total_tokens: int = 12, **overrides) -> Eagle3Config:
+def default_config(
+    target,
+    *,
+    draft_vocab_size: int,
+    top_k: int = 4,
+    depth: int = 3,
+    total_tokens: int = 12,
+    **overrides,
+) -> Eagle3Config:
     """The draft layer for a ``TeacherTarget``: the target's head layout, MLP width, rotary base
     and norm epsilon, its default three layers (``overrides`` may name others)."""
     from specdec.models.llama import LlamaConfig
     from specdec_eagle3.checkpoint import config_for_target
 
     llama = LlamaConfig.from_folder(target.folder)
-    record = {"name": target.name, "fingerprint": target.fingerprint,
-              "vocab_size": llama.vocab_size, "hidden_size": llama.hidden_size}
-    return config_for_target(llama, record, draft_vocab_size=draft_vocab_size, top_k=top_k,
-                             depth=depth, total_tokens=total_tokens, **overrides)
+    record = {
+        "name": target.name,
+        "fingerprint": target.fingerprint,
+        "vocab_size": llama.vocab_size,
+        "hidden_size": llama.hidden_size,
+    }
+    return config_for_target(
+        llama,
+        record,
+        draft_vocab_size=draft_vocab_size,
+        top_k=top_k,
+        depth=depth,
+        total_tokens=total_tokens,
+        **overrides,
+    )
 
 
 @torch.no_grad()
-def init_weights(net, *, lm_head_rows: torch.Tensor, final_norm: torch.Tensor | None,
-                 generator: torch.Generator | None = None) -> None:
+def init_weights(
+    net,
+    *,
+    lm_head_rows: torch.Tensor,
+    final_norm: torch.Tensor | None,
+    generator: torch.Generator | None = None,
+) -> None:
     """The module docstring's start: g = fc([low ; mid ; high]) ~ high, the residual blocks add
     nothing, the head is the target's (``lm_head_rows`` (N, H), ``final_norm`` (H,) or None)."""
     hidden = net.config.hidden_size
 
     def normal(module, fan_in: int) -> None:
-        module.weight.copy_(torch.randn(module.weight.shape, generator=generator) / fan_in ** 0.5)
+        module.weight.copy_(torch.randn(module.weight.shape, generator=generator) / fan_in**0.5)
 
     fc = torch.randn(hidden, 3 * hidden, generator=generator) * 0.01 / (3 * hidden) ** 0.5
-    fc[:, 2 * hidden:] = torch.eye(hidden)
+    fc[:, 2 * hidden :] = torch.eye(hidden)
     net.fc.weight.copy_(fc)
     layer = net.midlayer
     for norm in (layer.input_layernorm, layer.hidden_norm, layer.post_attention_layernorm):
@@ -86,11 +109,25 @@ def _init_vocabulary(init) -> tuple[np.ndarray, tuple[int, ...]]:
     return draft_to_target(weights["d2t"]), config.hidden_layers
 
 
-def train_eagle3(model, out, *, draft_vocab: int = 8192, top_k: int = 4, depth: int = 3,
-                 total_tokens: int = 12, window: int = 64, unroll: int = 3,
-                 unroll_decay: float = 0.8, negatives: int | None = None,
-                 config_overrides: dict | None = None, top_k_labels: int = 32,
-                 batch_size: int = 512, shortlist: int = 0, init=None, **options) -> dict:
+def train_eagle3(
+    model,
+    out,
+    *,
+    draft_vocab: int = 8192,
+    top_k: int = 4,
+    depth: int = 3,
+    total_tokens: int = 12,
+    window: int = 64,
+    unroll: int = 3,
+    unroll_decay: float = 0.8,
+    negatives: int | None = None,
+    config_overrides: dict | None = None,
+    top_k_labels: int = 32,
+    batch_size: int = 512,
+    shortlist: int = 0,
+    init=None,
+    **options,
+) -> dict:
     """Distil an EAGLE-3 drafter for ``model`` (a bundled name or a model folder) into ``out``.
 
     The pipeline of ``specdec.training.run.train_drafter``, which ``options`` go to (``steps``,
@@ -109,8 +146,10 @@ def train_eagle3(model, out, *, draft_vocab: int = 8192, top_k: int = 4, depth: 
     from specdec_eagle3.task import Eagle3Task
 
     if shortlist:
-        raise InvalidInputError("EAGLE-3 drafts over its own draft vocabulary: give "
-                                "--draft-vocab N (draft_vocab=N), not --shortlist")
+        raise InvalidInputError(
+            "EAGLE-3 drafts over its own draft vocabulary: give "
+            "--draft-vocab N (draft_vocab=N), not --shortlist"
+        )
     overrides = dict(config_overrides or {})
     init_ids = None
     if init is not None:
@@ -119,32 +158,69 @@ def train_eagle3(model, out, *, draft_vocab: int = 8192, top_k: int = 4, depth: 
     layers = tuple(overrides.get("hidden_layers") or default_hidden_layers(llama.num_hidden_layers))
     overrides["hidden_layers"] = layers
 
-    def make_task(target, seed: int, *, shortlist: np.ndarray | None = None,
-                  data=None) -> Eagle3Task:
+    def make_task(
+        target, seed: int, *, shortlist: np.ndarray | None = None, data=None
+    ) -> Eagle3Task:
         vocab = int(target.embed_tokens.shape[0])
         ids = init_ids if init_ids is not None else shortlist
         ids = np.arange(vocab) if ids is None else ids
-        config = default_config(target, draft_vocab_size=len(ids), top_k=top_k, depth=depth,
-                                total_tokens=total_tokens, **overrides)
-        task = Eagle3Task(config, embed_tokens=target.embed_tokens, ids=ids, window=window,
-                          unroll=unroll, unroll_decay=unroll_decay, negatives=negatives, data=data)
-        init_weights(task.module, lm_head_rows=target.lm_head[torch.as_tensor(ids)],
-                     final_norm=_final_norm(target), generator=torch.Generator().manual_seed(seed))
+        config = default_config(
+            target,
+            draft_vocab_size=len(ids),
+            top_k=top_k,
+            depth=depth,
+            total_tokens=total_tokens,
+            **overrides,
+        )
+        task = Eagle3Task(
+            config,
+            embed_tokens=target.embed_tokens,
+            ids=ids,
+            window=window,
+            unroll=unroll,
+            unroll_decay=unroll_decay,
+            negatives=negatives,
+            data=data,
+        )
+        init_weights(
+            task.module,
+            lm_head_rows=target.lm_head[torch.as_tensor(ids)],
+            final_norm=_final_norm(target),
+            generator=torch.Generator().manual_seed(seed),
+        )
         return task
 
     def index_view(data):
-        return attrs.evolve(data, hidden=torch.arange(data.num_positions)[:, None], layers=None,
-                            layer_ids=())
+        return attrs.evolve(
+            data, hidden=torch.arange(data.num_positions)[:, None], layers=None, layer_ids=()
+        )
 
-    shape = {"window": window, "unroll": unroll, "unroll_decay": unroll_decay,
-             "negatives": negatives,
-             "draft_vocab": len(init_ids) if init_ids is not None else draft_vocab}
+    shape = {
+        "window": window,
+        "unroll": unroll,
+        "unroll_decay": unroll_decay,
+        "negatives": negatives,
+        "draft_vocab": len(init_ids) if init_ids is not None else draft_vocab,
+    }
     tree = {"top_k": top_k, "depth": depth, "total_tokens": total_tokens}
-    options["run_settings"] = {"tree": tree, **shape, "hidden_layers": list(layers),
-                               "config_overrides": config_overrides,
-                               **options.get("run_settings", {})}
-    return train_drafter("eagle3", make_task, model, out, top_k=top_k_labels,
-                         batch_size=batch_size,
-                         shortlist=0 if init_ids is not None else int(draft_vocab), init=init,
-                         loop_data=index_view, report_training=shape,
-                         teacher_layers=tuple(sorted(set(layers))), **options)
+    options["run_settings"] = {
+        "tree": tree,
+        **shape,
+        "hidden_layers": list(layers),
+        "config_overrides": config_overrides,
+        **options.get("run_settings", {}),
+    }
+    return train_drafter(
+        "eagle3",
+        make_task,
+        model,
+        out,
+        top_k=top_k_labels,
+        batch_size=batch_size,
+        shortlist=0 if init_ids is not None else int(draft_vocab),
+        init=init,
+        loop_data=index_view,
+        report_training=shape,
+        teacher_layers=tuple(sorted(set(layers))),
+        **options,
+    )

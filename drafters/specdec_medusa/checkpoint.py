@@ -13,8 +13,10 @@ from specdec.models.checkpoints import read_checkpoint, read_target_config, save
 from specdec_medusa.config import MedusaConfig
 from specdec_medusa.reference import check_weights, init_random_weights
 
-def save_medusa(path: str | Path, config: MedusaConfig, weights: Mapping[str, np.ndarray], *,
-                dtype=np.float32) -> Path:
+
+def save_medusa(
+    path: str | Path, config: MedusaConfig, weights: Mapping[str, np.ndarray], *, dtype=np.float32
+) -> Path:
     """Write ``config.json`` and ``model.safetensors`` (float32, or float16 to ship) into ``path``; return it."""
     check_weights(config, weights)
     return save_checkpoint(path, config.to_dict(), weights, dtype=dtype)
@@ -29,7 +31,9 @@ def load_medusa_checkpoint(path: str | Path) -> tuple[MedusaConfig, dict[str, np
     if layout in (("medusa", "fasterdecoding"), ("medusa", "vllm")):
         from specdec_medusa.export import read_fasterdecoding, read_vllm
 
-        config, weights, _ = (read_fasterdecoding if layout[1] == "fasterdecoding" else read_vllm)(path)
+        config, weights, _ = (read_fasterdecoding if layout[1] == "fasterdecoding" else read_vllm)(
+            path
+        )
         return config, weights
     config, weights = read_checkpoint(path, label="Medusa")
     config = MedusaConfig.from_dict(config)
@@ -37,7 +41,9 @@ def load_medusa_checkpoint(path: str | Path) -> tuple[MedusaConfig, dict[str, np
     return config, weights
 
 
-def make_random_medusa(path: str | Path, model_path: str | Path, *, seed: int, **config_overrides) -> Path:
+def make_random_medusa(
+    path: str | Path, model_path: str | Path, *, seed: int, **config_overrides
+) -> Path:
     """A random (untrained) Medusa drafter for the target folder ``model_path``, saved at ``path``.
 
     Reads ``hidden_size`` and ``vocab_size`` from the target's ``config.json``; the target's

@@ -28,17 +28,55 @@ PRESETS: dict[str, Choices] = {
     "small8": ((0,), (1,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 0, 0, 0)),
     # 4 + 6 + 4 + 1 drafted nodes: wide at depth 1, then mostly rank-0 children.
     "cpu16": (
-        (0,), (1,), (2,), (3,),
-        (0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (2, 0),
-        (0, 0, 0), (0, 0, 1), (0, 1, 0), (1, 0, 0),
+        (0,),
+        (1,),
+        (2,),
+        (3,),
+        (0, 0),
+        (0, 1),
+        (0, 2),
+        (1, 0),
+        (1, 1),
+        (2, 0),
+        (0, 0, 0),
+        (0, 0, 1),
+        (0, 1, 0),
+        (1, 0, 0),
         (0, 0, 0, 0),
     ),
     # 6 + 12 + 10 + 3 drafted nodes, for targets where a 32-token forward is still cheap.
     "wide32": (
-        (0,), (1,), (2,), (3,), (4,), (5,),
-        (0, 0), (0, 1), (0, 2), (0, 3), (0, 4), (1, 0), (1, 1), (1, 2), (2, 0), (2, 1), (3, 0), (4, 0),
-        (0, 0, 0), (0, 0, 1), (0, 0, 2), (0, 1, 0), (0, 1, 1), (0, 2, 0), (1, 0, 0), (1, 0, 1), (1, 1, 0), (2, 0, 0),
-        (0, 0, 0, 0), (0, 0, 0, 1), (0, 1, 0, 0),
+        (0,),
+        (1,),
+        (2,),
+        (3,),
+        (4,),
+        (5,),
+        (0, 0),
+        (0, 1),
+        (0, 2),
+        (0, 3),
+        (0, 4),
+        (1, 0),
+        (1, 1),
+        (1, 2),
+        (2, 0),
+        (2, 1),
+        (3, 0),
+        (4, 0),
+        (0, 0, 0),
+        (0, 0, 1),
+        (0, 0, 2),
+        (0, 1, 0),
+        (0, 1, 1),
+        (0, 2, 0),
+        (1, 0, 0),
+        (1, 0, 1),
+        (1, 1, 0),
+        (2, 0, 0),
+        (0, 0, 0, 0),
+        (0, 0, 0, 1),
+        (0, 1, 0, 0),
     ),
 }
 
@@ -59,10 +97,14 @@ def _as_path(choice) -> tuple[int, ...]:
             f"Medusa choice {choice!r} is not a sequence of ranks; write each choice as a tuple such as (0, 1)"
         ) from None
     if not path:
-        raise ValueError("Medusa choice () is empty; the root is implicit, list only paths of length >= 1")
+        raise ValueError(
+            "Medusa choice () is empty; the root is implicit, list only paths of length >= 1"
+        )
     for rank in path:
         if isinstance(rank, bool) or not isinstance(rank, numbers.Integral) or rank < 0:
-            raise ValueError(f"Medusa choice {path!r} must contain non-negative integer ranks, got {rank!r}")
+            raise ValueError(
+                f"Medusa choice {path!r} must contain non-negative integer ranks, got {rank!r}"
+            )
     return tuple(int(rank) for rank in path)
 
 
@@ -102,7 +144,10 @@ def check_choices(
 
 
 def resolve_choices(
-    choices: str | Iterable[Sequence[int]], *, num_heads: int | None = None, top_t: int | None = None
+    choices: str | Iterable[Sequence[int]],
+    *,
+    num_heads: int | None = None,
+    top_t: int | None = None,
 ) -> Choices:
     """A preset name or an explicit list of paths -> validated choices in canonical order.
 

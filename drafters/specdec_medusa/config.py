@@ -86,7 +86,9 @@ class MedusaConfig:
     def _check_target(self, attribute, value):
         unknown = sorted(set(value) - set(TARGET_KEYS))
         if unknown:
-            raise ValueError(f"MedusaConfig.target has unknown keys {unknown}; allowed keys are {list(TARGET_KEYS)}")
+            raise ValueError(
+                f"MedusaConfig.target has unknown keys {unknown}; allowed keys are {list(TARGET_KEYS)}"
+            )
         for key, own in (("vocab_size", self.vocab_size), ("hidden_size", self.hidden_size)):
             if value.get(key) is not None and value[key] != own:
                 raise ValueError(
@@ -96,7 +98,9 @@ class MedusaConfig:
 
     def __attrs_post_init__(self):
         if self.top_t > self.vocab_size:
-            raise ValueError(f"MedusaConfig.top_t = {self.top_t} exceeds vocab_size = {self.vocab_size}")
+            raise ValueError(
+                f"MedusaConfig.top_t = {self.top_t} exceeds vocab_size = {self.vocab_size}"
+            )
         self.resolved_choices  # validate the tree against K and T now, not at the first step
 
     @property

@@ -72,7 +72,9 @@ def medusa_choices_arg(config: MedusaConfig) -> str:
     return json.dumps([list(path) for path in config.resolved_choices])
 
 
-def fasterdecoding_names(num_heads: int, num_layers: int, vocab_size: int, hidden_size: int) -> dict[str, tuple]:
+def fasterdecoding_names(
+    num_heads: int, num_layers: int, vocab_size: int, hidden_size: int
+) -> dict[str, tuple]:
     shapes: dict[str, tuple] = {}
     for k in range(num_heads):
         for j in range(num_layers):
@@ -82,7 +84,9 @@ def fasterdecoding_names(num_heads: int, num_layers: int, vocab_size: int, hidde
     return shapes
 
 
-def vllm_names(num_heads: int, num_layers: int, vocab_size: int, hidden_size: int, *, shared: bool) -> dict[str, tuple]:
+def vllm_names(
+    num_heads: int, num_layers: int, vocab_size: int, hidden_size: int, *, shared: bool
+) -> dict[str, tuple]:
     shapes: dict[str, tuple] = {}
     for k in range(num_heads):
         for j in range(num_layers):
@@ -105,8 +109,10 @@ def _projection(config: MedusaConfig, weights, k: int, lm_head) -> np.ndarray:
         )
     lm_head = np.asarray(lm_head)
     if lm_head.shape != (config.vocab_size, config.hidden_size):
-        raise InvalidInputError(f"the target's LM head has shape {lm_head.shape}, expected "
-                                f"(vocab_size, hidden_size) = {(config.vocab_size, config.hidden_size)}")
+        raise InvalidInputError(
+            f"the target's LM head has shape {lm_head.shape}, expected "
+            f"(vocab_size, hidden_size) = {(config.vocab_size, config.hidden_size)}"
+        )
     return lm_head
 
 
@@ -132,14 +138,23 @@ def _save(folder: Path, arrays: dict, config_json: dict, filename: str, dtype: s
     if dtype not in DTYPES:
         raise InvalidInputError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
     folder.mkdir(parents=True, exist_ok=True)
-    arrays = {name: np.ascontiguousarray(array, dtype=DTYPES[dtype]) for name, array in arrays.items()}
+    arrays = {
+        name: np.ascontiguousarray(array, dtype=DTYPES[dtype]) for name, array in arrays.items()
+    }
     save_file(arrays, str(folder / filename), metadata={"format": "pt"})
     (folder / "config.json").write_text(json.dumps(config_json, indent=2) + "\n")
     return folder
 
 
-def export_fasterdecoding(config: MedusaConfig, weights: Mapping[str, np.ndarray], out, *, lm_head=None,
-                          choices=None, dtype: str = "float32") -> tuple[Path, list[str]]:
+def export_fasterdecoding(
+    config: MedusaConfig,
+    weights: Mapping[str, np.ndarray],
+    out,
+    *,
+    lm_head=None,
+    choices=None,
+    dtype: str = "float32",
+) -> tuple[Path, list[str]]:
     """FasterDecoding's ``medusa_lm_head.safetensors`` + ``config.json`` (TensorRT-LLM reads it).
 
     choices: None (keep the drafter's tree), "chain" or an explicit list, recorded for import and
@@ -149,12 +164,16 @@ def export_fasterdecoding(config: MedusaConfig, weights: Mapping[str, np.ndarray
     notes: list[str] = []
     max_rank = max(max(path) for path in config.resolved_choices)
     if max_rank >= FASTERDECODING_TOPK:
-        notes.append(f"the tree uses rank {max_rank}; FasterDecoding's own generate() builds trees from the top "
-                     f"{FASTERDECODING_TOPK} tokens of each head only (TensorRT-LLM has no such limit)")
+        notes.append(
+            f"the tree uses rank {max_rank}; FasterDecoding's own generate() builds trees from the top "
+            f"{FASTERDECODING_TOPK} tokens of each head only (TensorRT-LLM has no such limit)"
+        )
     if config.num_layers > 1:
-        notes.append("FasterDecoding's own MedusaModel builds a head's blocks as [ResBlock] * num_layers, one "
-                     "module repeated, so it loads the last block into all of them; TensorRT-LLM and vLLM keep "
-                     "them apart")
+        notes.append(
+            "FasterDecoding's own MedusaModel builds a head's blocks as [ResBlock] * num_layers, one "
+            "module repeated, so it loads the last block into all of them; TensorRT-LLM and vLLM keep "
+            "them apart"
+        )
     arrays: dict[str, np.ndarray] = {}
     for k in range(config.num_heads):
         for j in range(config.num_layers):
@@ -162,8 +181,10 @@ def export_fasterdecoding(config: MedusaConfig, weights: Mapping[str, np.ndarray
                 arrays[f"{k}.{j}.linear.{part}"] = weights[f"medusa_head.{k}.{j}.linear.{part}"]
         arrays[f"{k}.{config.num_layers}.weight"] = _projection(config, weights, k, lm_head)
     if config.head == "tied":
-        notes.append("the tied head was exported as a copy of the target's LM head in every head "
-                     "(TensorRT-LLM reads one projection per head)")
+        notes.append(
+            "the tied head was exported as a copy of the target's LM head in every head "
+            "(TensorRT-LLM reads one projection per head)"
+        )
     target_name = config.target.get("name") or ""
     config_json = {
         "medusa_num_heads": config.num_heads,
@@ -177,8 +198,15 @@ def export_fasterdecoding(config: MedusaConfig, weights: Mapping[str, np.ndarray
     return folder, notes
 
 
-def export_vllm(config: MedusaConfig, weights: Mapping[str, np.ndarray], out, *, lm_head=None, choices=None,
-                dtype: str = "float32") -> tuple[Path, list[str]]:
+def export_vllm(
+    config: MedusaConfig,
+    weights: Mapping[str, np.ndarray],
+    out,
+    *,
+    lm_head=None,
+    choices=None,
+    dtype: str = "float32",
+) -> tuple[Path, list[str]]:
     """vLLM's Medusa layout. vLLM drafts each head's argmax as one chain (``chain_choices``), so a
     drafter whose tree is anything else is refused unless ``choices="chain"`` (which records the
     chain for import). -> (folder, notes)."""
@@ -203,7 +231,9 @@ def export_vllm(config: MedusaConfig, weights: Mapping[str, np.ndarray], out, *,
     notes: list[str] = []
     if shared:
         arrays["lm_head.weight"] = _projection(config, weights, 0, lm_head)
-        notes.append("the tied head was exported as one copy of the target's LM head (original_lm_head: true)")
+        notes.append(
+            "the tied head was exported as one copy of the target's LM head (original_lm_head: true)"
+        )
     config_json = {
         "architectures": ["MedusaModel"],
         "model_type": VLLM_MODEL_TYPE,
@@ -231,34 +261,56 @@ def _load_any(path: Path) -> dict[str, np.ndarray]:
     try:
         import torch
     except ImportError as exc:
-        raise InvalidInputError(f"{path} is a torch file: install specdec[torch] to read it") from exc
+        raise InvalidInputError(
+            f"{path} is a torch file: install specdec[torch] to read it"
+        ) from exc
     state = torch.load(path, map_location="cpu", weights_only=True)
     return {name: tensor.float().numpy() for name, tensor in state.items()}
 
 
-def _finish(folder: Path, raw: dict, num_heads: int, num_layers: int, blocks: dict, projections: dict,
-            *, vocab_size: int | None, notes: list[str]) -> tuple[MedusaConfig, dict[str, np.ndarray], list[str]]:
+def _finish(
+    folder: Path,
+    raw: dict,
+    num_heads: int,
+    num_layers: int,
+    blocks: dict,
+    projections: dict,
+    *,
+    vocab_size: int | None,
+    notes: list[str],
+) -> tuple[MedusaConfig, dict[str, np.ndarray], list[str]]:
     """Build (config, weights) from blocks {(k, j): (weight, bias)} and projections {k: (V, H)}."""
     extra = dict(raw.get(SPECDEC_KEY) or {})
-    hidden = int(next(iter(blocks.values()))[0].shape[0]) if blocks else int(raw.get("hidden_size", 0))
+    hidden = (
+        int(next(iter(blocks.values()))[0].shape[0]) if blocks else int(raw.get("hidden_size", 0))
+    )
     if projections and len(projections) != num_heads:
-        raise InvalidInputError(f"{folder}: {len(projections)} head projections for {num_heads} heads")
+        raise InvalidInputError(
+            f"{folder}: {len(projections)} head projections for {num_heads} heads"
+        )
     head = "full" if projections else "tied"
     if projections:
         vocab_size = int(next(iter(projections.values())).shape[0])
         if extra.get("head") == "tied":
             first = projections[0]
             if not all(np.array_equal(first, p) for p in projections.values()):
-                raise InvalidInputError(f"{folder}: the specdec entry says the heads share the target's LM head, "
-                                        "but the stored projections differ")
+                raise InvalidInputError(
+                    f"{folder}: the specdec entry says the heads share the target's LM head, "
+                    "but the stored projections differ"
+                )
             head = "tied"
     if vocab_size is None:
         raise InvalidInputError(
             f"{folder} holds Medusa-2 heads (blocks only: they end with the target's LM head) and its config.json "
             "does not record vocab_size: add \"vocab_size\" (the target's) to config.json"
         )
-    fields: dict[str, Any] = dict(vocab_size=vocab_size, hidden_size=hidden, num_heads=num_heads,
-                                  num_layers=num_layers, head=head)
+    fields: dict[str, Any] = dict(
+        vocab_size=vocab_size,
+        hidden_size=hidden,
+        num_heads=num_heads,
+        num_layers=num_layers,
+        head=head,
+    )
     for key in ("top_t", "choices", "target"):
         if key in extra:
             fields[key] = extra[key]
@@ -268,11 +320,14 @@ def _finish(folder: Path, raw: dict, num_heads: int, num_layers: int, blocks: di
     weights: dict[str, np.ndarray] = {}
     for (k, j), (weight, bias) in blocks.items():
         weights[f"medusa_head.{k}.{j}.linear.weight"] = np.asarray(weight, dtype=np.float64)
-        weights[f"medusa_head.{k}.{j}.linear.bias"] = (np.zeros(hidden) if bias is None
-                                                        else np.asarray(bias, dtype=np.float64))
+        weights[f"medusa_head.{k}.{j}.linear.bias"] = (
+            np.zeros(hidden) if bias is None else np.asarray(bias, dtype=np.float64)
+        )
     if head == "full":
         for k, projection in projections.items():
-            weights[f"medusa_head.{k}.{num_layers}.weight"] = np.asarray(projection, dtype=np.float64)
+            weights[f"medusa_head.{k}.{num_layers}.weight"] = np.asarray(
+                projection, dtype=np.float64
+            )
     check_weights(config, weights)
     return config, weights, notes
 
@@ -293,7 +348,11 @@ def read_fasterdecoding(folder) -> tuple[MedusaConfig, dict[str, np.ndarray], li
     heads than the file holds; a note says so). Without per-head projections (Medusa-2) the heads
     end with the target's LM head (``head="tied"``)."""
     folder = Path(folder)
-    raw = json.loads((folder / "config.json").read_text()) if (folder / "config.json").is_file() else {}
+    raw = (
+        json.loads((folder / "config.json").read_text())
+        if (folder / "config.json").is_file()
+        else {}
+    )
     files = [folder / name for name in FD_WEIGHT_FILES if (folder / name).is_file()]
     if not files:
         raise InvalidInputError(f"{folder} holds no {' or '.join(FD_WEIGHT_FILES)}")
@@ -306,20 +365,43 @@ def read_fasterdecoding(folder) -> tuple[MedusaConfig, dict[str, np.ndarray], li
     num_layers = max(j for _, j in weights_idx) + 1
     notes: list[str] = []
     if raw.get("medusa_num_heads") not in (None, num_heads):
-        notes.append(f"config.json says medusa_num_heads={raw['medusa_num_heads']}, the file holds {num_heads} heads: "
-                     "the file was followed")
-    blocks = {(k, j): (tensors[f"{k}.{j}.linear.weight"], tensors.get(f"{k}.{j}.linear.bias"))
-              for k in range(num_heads) for j in range(num_layers)}
-    projections = {k: tensors[f"{k}.{num_layers}.weight"] for k in range(num_heads)
-                   if f"{k}.{num_layers}.weight" in tensors}
-    known = {f"{k}.{j}.linear.{p}" for k in range(num_heads) for j in range(num_layers) for p in ("weight", "bias")}
+        notes.append(
+            f"config.json says medusa_num_heads={raw['medusa_num_heads']}, the file holds {num_heads} heads: "
+            "the file was followed"
+        )
+    blocks = {
+        (k, j): (tensors[f"{k}.{j}.linear.weight"], tensors.get(f"{k}.{j}.linear.bias"))
+        for k in range(num_heads)
+        for j in range(num_layers)
+    }
+    projections = {
+        k: tensors[f"{k}.{num_layers}.weight"]
+        for k in range(num_heads)
+        if f"{k}.{num_layers}.weight" in tensors
+    }
+    known = {
+        f"{k}.{j}.linear.{p}"
+        for k in range(num_heads)
+        for j in range(num_layers)
+        for p in ("weight", "bias")
+    }
     known |= {f"{k}.{num_layers}.weight" for k in range(num_heads)}
     unexpected = sorted(set(tensors) - known)
     if unexpected:
-        raise InvalidInputError(f"{files[0]} holds tensors a Medusa head does not have: {unexpected[:8]}")
+        raise InvalidInputError(
+            f"{files[0]} holds tensors a Medusa head does not have: {unexpected[:8]}"
+        )
     vocab = raw.get("vocab_size")
-    return _finish(folder, raw, num_heads, num_layers, blocks, projections,
-                   vocab_size=None if vocab is None else int(vocab), notes=notes)
+    return _finish(
+        folder,
+        raw,
+        num_heads,
+        num_layers,
+        blocks,
+        projections,
+        vocab_size=None if vocab is None else int(vocab),
+        notes=notes,
+    )
 
 
 def read_vllm(folder) -> tuple[MedusaConfig, dict[str, np.ndarray], list[str]]:
@@ -333,9 +415,15 @@ def read_vllm(folder) -> tuple[MedusaConfig, dict[str, np.ndarray], list[str]]:
         raise InvalidInputError(f"{folder} has a vLLM Medusa config.json but no .safetensors file")
     tensors: dict[str, np.ndarray] = {}
     for path in files:
-        tensors.update({name.replace("medusa_heads.", ""): array for name, array in load_file(str(path)).items()})
-    if "token_map" in tensors or int(raw.get("truncated_vocab_size") or raw.get("vocab_size", 0)) != int(
-            raw.get("vocab_size", 0)):
+        tensors.update(
+            {
+                name.replace("medusa_heads.", ""): array
+                for name, array in load_file(str(path)).items()
+            }
+        )
+    if "token_map" in tensors or int(
+        raw.get("truncated_vocab_size") or raw.get("vocab_size", 0)
+    ) != int(raw.get("vocab_size", 0)):
         raise InvalidInputError(
             f"{folder} drafts a truncated vocabulary (token_map / truncated_vocab_size), which specdec's Medusa "
             "does not have: expand the heads to the full vocabulary before importing"
@@ -347,37 +435,69 @@ def read_vllm(folder) -> tuple[MedusaConfig, dict[str, np.ndarray], list[str]]:
         for j in range(num_layers):
             name = f"blocks.{k}.layers.{j}"
             if f"{name}.weight" not in tensors:
-                raise InvalidInputError(f"{folder} lacks {name}.weight for num_heads={num_heads}, "
-                                        f"num_hidden_layers={num_layers}")
+                raise InvalidInputError(
+                    f"{folder} lacks {name}.weight for num_heads={num_heads}, "
+                    f"num_hidden_layers={num_layers}"
+                )
             bias = tensors.get(f"{name}.bias") if raw.get("medusa_fc_bias") else None
             blocks[(k, j)] = (tensors[f"{name}.weight"], bias)
     notes: list[str] = []
     if not raw.get("medusa_fc_bias") and any(name.endswith(".bias") for name in tensors):
-        notes.append("the file holds block biases but config.json lacks medusa_fc_bias, so vLLM ignores them; "
-                     "they were ignored here too, as vLLM runs the heads")
+        notes.append(
+            "the file holds block biases but config.json lacks medusa_fc_bias, so vLLM ignores them; "
+            "they were ignored here too, as vLLM runs the heads"
+        )
     if raw.get("original_lm_head"):
         shared = tensors.get("lm_head.weight", tensors.get("lm_heads.0.weight"))
         if shared is None:
-            raise InvalidInputError(f"{folder}: original_lm_head is set but lm_head.weight is missing")
+            raise InvalidInputError(
+                f"{folder}: original_lm_head is set but lm_head.weight is missing"
+            )
         projections = {k: shared for k in range(num_heads)}
     else:
-        projections = {k: tensors[f"lm_heads.{k}.weight"] for k in range(num_heads) if f"lm_heads.{k}.weight" in tensors}
+        projections = {
+            k: tensors[f"lm_heads.{k}.weight"]
+            for k in range(num_heads)
+            if f"lm_heads.{k}.weight" in tensors
+        }
         if len(projections) != num_heads:
-            raise InvalidInputError(f"{folder} lacks lm_heads.{{k}}.weight for some of its {num_heads} heads")
-    return _finish(folder, raw, num_heads, num_layers, blocks, projections, vocab_size=int(raw["vocab_size"]),
-                   notes=notes)
+            raise InvalidInputError(
+                f"{folder} lacks lm_heads.{{k}}.weight for some of its {num_heads} heads"
+            )
+    return _finish(
+        folder,
+        raw,
+        num_heads,
+        num_layers,
+        blocks,
+        projections,
+        vocab_size=int(raw["vocab_size"]),
+        notes=notes,
+    )
 
 
 def _no_shortlist(drop_shortlist: bool) -> None:
     if drop_shortlist:
-        raise InvalidInputError("drop_shortlist applies to ReDrafter; Medusa heads have no shortlist")
+        raise InvalidInputError(
+            "drop_shortlist applies to ReDrafter; Medusa heads have no shortlist"
+        )
 
 
-def write_fasterdecoding(config: MedusaConfig, weights: Mapping[str, np.ndarray], out, *, lm_head=None,
-                         dtype: str = "float32", choices=None, drop_shortlist: bool = False):
+def write_fasterdecoding(
+    config: MedusaConfig,
+    weights: Mapping[str, np.ndarray],
+    out,
+    *,
+    lm_head=None,
+    dtype: str = "float32",
+    choices=None,
+    drop_shortlist: bool = False,
+):
     """``export_fasterdecoding`` as the spec's layout writer: (notes, the TensorRT-LLM commands)."""
     _no_shortlist(drop_shortlist)
-    _, notes = export_fasterdecoding(config, weights, out, lm_head=lm_head, choices=choices, dtype=dtype)
+    _, notes = export_fasterdecoding(
+        config, weights, out, lm_head=lm_head, choices=choices, dtype=dtype
+    )
     exported = _resolve_choices(config, choices)
     nodes = len(exported.resolved_choices)
     return notes, (
@@ -392,12 +512,22 @@ def write_fasterdecoding(config: MedusaConfig, weights: Mapping[str, np.ndarray]
     )
 
 
-def write_vllm(config: MedusaConfig, weights: Mapping[str, np.ndarray], out, *, lm_head=None,
-               dtype: str = "float32", choices=None, drop_shortlist: bool = False):
+def write_vllm(
+    config: MedusaConfig,
+    weights: Mapping[str, np.ndarray],
+    out,
+    *,
+    lm_head=None,
+    dtype: str = "float32",
+    choices=None,
+    drop_shortlist: bool = False,
+):
     """``export_vllm`` as the spec's layout writer: (notes, the ``vllm serve`` command)."""
     _no_shortlist(drop_shortlist)
     _, notes = export_vllm(config, weights, out, lm_head=lm_head, choices=choices, dtype=dtype)
-    spec = json.dumps({"method": "medusa", "model": str(out), "num_speculative_tokens": config.num_heads})
+    spec = json.dumps(
+        {"method": "medusa", "model": str(out), "num_speculative_tokens": config.num_heads}
+    )
     return notes, (f"vllm serve TARGET_HF_FOLDER --speculative-config '{spec}'",)
 
 
@@ -407,4 +537,6 @@ def detect_vllm(folder: Path, config: Mapping[str, Any]) -> bool:
 
 def detect_fasterdecoding(folder: Path, config: Mapping[str, Any]) -> bool:
     return not detect_vllm(folder, config) and any(
-        (Path(folder) / name).is_file() for name in ("medusa_lm_head.safetensors", "medusa_lm_head.pt"))
+        (Path(folder) / name).is_file()
+        for name in ("medusa_lm_head.safetensors", "medusa_lm_head.pt")
+    )

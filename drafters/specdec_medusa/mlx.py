@@ -33,33 +33,48 @@ class MedusaHeads(nn.Module):
     target's LM head (borrowed, needed for ``head="tied"``); dtype: the target's.
     """
 
-    def __init__(self, config: MedusaConfig, weights: dict, *, lm_head: mx.array | None, dtype=mx.float32):
+    def __init__(
+        self, config: MedusaConfig, weights: dict, *, lm_head: mx.array | None, dtype=mx.float32
+    ):
         super().__init__()
         check_weights(config, weights)
         if config.head == "tied" and lm_head is None:
-            raise ValueError("a Medusa drafter with head='tied' needs the target's lm_head (V, H); pass lm_head=")
+            raise ValueError(
+                "a Medusa drafter with head='tied' needs the target's lm_head (V, H); pass lm_head="
+            )
         if lm_head is not None and tuple(lm_head.shape) != (config.vocab_size, config.hidden_size):
             raise ValueError(
                 f"lm_head has shape {tuple(lm_head.shape)}, expected (vocab_size, hidden_size) = "
                 f"{(config.vocab_size, config.hidden_size)}"
             )
         self.config = config
-        object.__setattr__(self, "lm_head", lm_head)  # borrowed from the target: not a parameter of this module
+        object.__setattr__(
+            self, "lm_head", lm_head
+        )  # borrowed from the target: not a parameter of this module
 
         def stacked(name: str) -> mx.array:  # one array per head -> (K, ...)
-            arrays = [np.asarray(weights[name.format(k=k)], dtype=np.float32) for k in range(config.num_heads)]
+            arrays = [
+                np.asarray(weights[name.format(k=k)], dtype=np.float32)
+                for k in range(config.num_heads)
+            ]
             return mx.array(np.stack(arrays)).astype(dtype)
 
         layers = range(config.num_layers)
-        self.block_weights = [stacked(f"medusa_head.{{k}}.{j}.linear.weight") for j in layers]  # (K, H, H) each
-        self.block_biases = [stacked(f"medusa_head.{{k}}.{j}.linear.bias") for j in layers]  # (K, H) each
+        self.block_weights = [
+            stacked(f"medusa_head.{{k}}.{j}.linear.weight") for j in layers
+        ]  # (K, H, H) each
+        self.block_biases = [
+            stacked(f"medusa_head.{{k}}.{j}.linear.bias") for j in layers
+        ]  # (K, H) each
         if config.head == "full":
             self.projections = stacked(f"medusa_head.{{k}}.{config.num_layers}.weight")  # (K, V, H)
         mx.eval(self.parameters())
 
     def __call__(self, hidden: mx.array) -> mx.array:
         """Logits of every head. hidden (B, H) -> (B, K, V)."""
-        x = mx.broadcast_to(hidden[None], (self.config.num_heads,) + tuple(hidden.shape))  # (K, B, H)
+        x = mx.broadcast_to(
+            hidden[None], (self.config.num_heads,) + tuple(hidden.shape)
+        )  # (K, B, H)
         for weight, bias in zip(self.block_weights, self.block_biases):
             x = x + nn.silu(x @ weight.transpose(0, 2, 1) + bias[:, None, :])  # x + SiLU(W x + b)
         if self.config.head == "full":
@@ -74,18 +89,33 @@ class MlxMedusaDrafter:
     (B, K, T) int32, best first, ties to the lower id. Same arguments as the reference
     ``MedusaDrafter``; ``tree_builder`` names the static tree."""
 
-    def __init__(self, config: MedusaConfig, weights: dict, *, lm_head: mx.array | None = None,
-                 dtype=mx.float32, top_t: int | None = None):
+    def __init__(
+        self,
+        config: MedusaConfig,
+        weights: dict,
+        *,
+        lm_head: mx.array | None = None,
+        dtype=mx.float32,
+        top_t: int | None = None,
+    ):
         top_t = config.top_t if top_t is None else top_t
-        if isinstance(top_t, bool) or not isinstance(top_t, int) or not 1 <= top_t <= config.vocab_size:
-            raise ValueError(f"top_t must be an integer in [1, vocab_size={config.vocab_size}], got {top_t!r}")
+        if (
+            isinstance(top_t, bool)
+            or not isinstance(top_t, int)
+            or not 1 <= top_t <= config.vocab_size
+        ):
+            raise ValueError(
+                f"top_t must be an integer in [1, vocab_size={config.vocab_size}], got {top_t!r}"
+            )
         self.config = config
         lm_head = None if lm_head is None else ops.as_array(lm_head, dtype=dtype)
         self.heads = MedusaHeads(config, weights, lm_head=lm_head, dtype=dtype)
         self.top_t = top_t
         self.dtype = dtype
-        self.caps = DrafterCaps(tree_builder=("medusa_tree", {"choices": config.choices}),
-                                max_tree_size=tree_size(config))
+        self.caps = DrafterCaps(
+            tree_builder=("medusa_tree", {"choices": config.choices}),
+            max_tree_size=tree_size(config),
+        )
 
     def propose(self, context: DraftContext) -> Draft:
         logits = self.heads(ops.as_array(context.hidden, dtype=self.dtype))  # (B, K, V)
@@ -104,7 +134,10 @@ class MlxStaticTreeBuilder:
     def __init__(self, choices: str | Iterable[Sequence[int]]):
         self.reference = StaticTreeBuilder(choices)
         ref = self.reference
-        self.parents, self.depth = mx.array(ref.parents.astype(np.int32)), mx.array(ref.depth.astype(np.int32))
+        self.parents, self.depth = (
+            mx.array(ref.parents.astype(np.int32)),
+            mx.array(ref.depth.astype(np.int32)),
+        )
         self.ancestor_mask = mx.array(ref.ancestor_mask)
         self.head_index = mx.array(np.asarray([len(p) - 1 for p in ref.choices], dtype=np.int32))
         self.rank_index = mx.array(np.asarray([p[-1] for p in ref.choices], dtype=np.int32))
@@ -121,7 +154,9 @@ class MlxStaticTreeBuilder:
         self.reference._check_fits(num_heads, top_t)
         n = self.reference.num_nodes
         roots = ops.as_array(draft.root_tokens, dtype=mx.int32)[:, None]
-        tokens = mx.concatenate([roots, head_tokens[:, self.head_index, self.rank_index]], axis=1)  # (B, N)
+        tokens = mx.concatenate(
+            [roots, head_tokens[:, self.head_index, self.rank_index]], axis=1
+        )  # (B, N)
         return ops.MlxDraftTree(
             tokens=tokens,
             parents=mx.broadcast_to(self.parents, (batch, n)),

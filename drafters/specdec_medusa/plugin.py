@@ -32,10 +32,14 @@ def _drafter_factory(backend_name: str):
         from specdec_medusa.checkpoint import load_medusa_checkpoint
 
         drafter_class = backend_class(backend_name, DRAFTERS, feature="the Medusa drafter")
-        config, weights = load_trained("medusa", "Medusa", "specdec_medusa", load_medusa_checkpoint, checkpoint, target)
+        config, weights = load_trained(
+            "medusa", "Medusa", "specdec_medusa", load_medusa_checkpoint, checkpoint, target
+        )
         if choices is not None:
             config = attrs.evolve(config, choices=choices)
-        return drafter_class(config, weights, lm_head=target.lm_head, top_t=top_t, **_placement(backend_name, target))
+        return drafter_class(
+            config, weights, lm_head=target.lm_head, top_t=top_t, **_placement(backend_name, target)
+        )
 
     return medusa
 
@@ -45,8 +49,6 @@ def _tree_factory(backend: str):
         return backend_class(backend, TREE_BUILDERS, feature="the Medusa tree builder")(choices)
 
     return medusa_tree
-
-
 
 
 def _evaluation_task(checkpoint, target, overrides):
@@ -61,22 +63,33 @@ def _evaluation_task(checkpoint, target, overrides):
     return task
 
 
-
 LAYOUTS = (
-    Layout(name="fasterdecoding", aliases=("tensorrt-llm", "trtllm"),
-           detect=lazy_call("specdec_medusa.export", "detect_fasterdecoding"),
-           read=lazy_call("specdec_medusa.export", "read_fasterdecoding"),
-           write=lazy_call("specdec_medusa.export", "write_fasterdecoding")),
-    Layout(name="vllm", detect=lazy_call("specdec_medusa.export", "detect_vllm"),
-           read=lazy_call("specdec_medusa.export", "read_vllm"), write=lazy_call("specdec_medusa.export", "write_vllm")),
+    Layout(
+        name="fasterdecoding",
+        aliases=("tensorrt-llm", "trtllm"),
+        detect=lazy_call("specdec_medusa.export", "detect_fasterdecoding"),
+        read=lazy_call("specdec_medusa.export", "read_fasterdecoding"),
+        write=lazy_call("specdec_medusa.export", "write_fasterdecoding"),
+    ),
+    Layout(
+        name="vllm",
+        detect=lazy_call("specdec_medusa.export", "detect_vllm"),
+        read=lazy_call("specdec_medusa.export", "read_vllm"),
+        write=lazy_call("specdec_medusa.export", "write_vllm"),
+    ),
 )
 
 SPEC = DrafterSpec(
-    name="medusa", model_type="specdec_medusa", implementations={b: _drafter_factory(b) for b in DRAFTERS},
+    name="medusa",
+    model_type="specdec_medusa",
+    implementations={b: _drafter_factory(b) for b in DRAFTERS},
     make_random_checkpoint=lazy_call("specdec_medusa.checkpoint", "make_random_medusa"),
-    train=lazy_call("specdec_medusa.train", "train_medusa"), evaluation_task=_evaluation_task,
+    train=lazy_call("specdec_medusa.train", "train_medusa"),
+    evaluation_task=_evaluation_task,
     load_checkpoint=lazy_call("specdec_medusa.checkpoint", "load_medusa_checkpoint"),
-    save_checkpoint=lazy_call("specdec_medusa.checkpoint", "save_medusa"), package="specdec_medusa", layouts=LAYOUTS,
+    save_checkpoint=lazy_call("specdec_medusa.checkpoint", "save_medusa"),
+    package="specdec_medusa",
+    layouts=LAYOUTS,
     tree_size=lazy_call("specdec_medusa.config", "tree_size"),
 )
 

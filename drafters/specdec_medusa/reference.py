@@ -45,13 +45,17 @@ def check_weights(config: MedusaConfig, weights: Mapping[str, np.ndarray]) -> No
         )
     for name, shape in expected.items():
         if tuple(np.shape(weights[name])) != shape:
-            raise ValueError(f"Medusa weight {name!r} has shape {tuple(np.shape(weights[name]))}, expected {shape}")
+            raise ValueError(
+                f"Medusa weight {name!r} has shape {tuple(np.shape(weights[name]))}, expected {shape}"
+            )
 
 
 def _check_lm_head(config: MedusaConfig, lm_head) -> np.ndarray | None:
     if lm_head is None:
         if config.head == "tied":
-            raise ValueError("a Medusa drafter with head='tied' needs the target's lm_head (V, H); pass lm_head=")
+            raise ValueError(
+                "a Medusa drafter with head='tied' needs the target's lm_head (V, H); pass lm_head="
+            )
         return None
     lm_head = np.asarray(lm_head, dtype=np.float64)
     if lm_head.shape != (config.vocab_size, config.hidden_size):
@@ -63,7 +67,10 @@ def _check_lm_head(config: MedusaConfig, lm_head) -> np.ndarray | None:
 
 
 def head_logits(
-    config: MedusaConfig, weights: Mapping[str, np.ndarray], lm_head: np.ndarray | None, hidden: np.ndarray
+    config: MedusaConfig,
+    weights: Mapping[str, np.ndarray],
+    lm_head: np.ndarray | None,
+    hidden: np.ndarray,
 ) -> np.ndarray:
     """Logits of every head. hidden (B, H) -> (B, K, V) float64.
 
@@ -84,7 +91,9 @@ def head_logits(
             x = x + silu(x @ weight.T + bias)
         # Vocabulary projection: the head's own, or the target's LM head.
         if config.head == "full":
-            projection = np.asarray(weights[f"medusa_head.{k}.{config.num_layers}.weight"], dtype=np.float64)
+            projection = np.asarray(
+                weights[f"medusa_head.{k}.{config.num_layers}.weight"], dtype=np.float64
+            )
         else:
             projection = lm_head
         logits[:, k, :] = x @ projection.T
@@ -111,10 +120,14 @@ def init_random_weights(config: MedusaConfig, rng: np.random.Generator) -> dict[
     weights: dict[str, np.ndarray] = {}
     for k in range(config.num_heads):
         for j in range(config.num_layers):
-            weights[f"medusa_head.{k}.{j}.linear.weight"] = rng.normal(0.0, 0.5 / np.sqrt(h), size=(h, h))
+            weights[f"medusa_head.{k}.{j}.linear.weight"] = rng.normal(
+                0.0, 0.5 / np.sqrt(h), size=(h, h)
+            )
             weights[f"medusa_head.{k}.{j}.linear.bias"] = rng.normal(0.0, 0.1, size=(h,))
         if config.head == "full":
-            weights[f"medusa_head.{k}.{config.num_layers}.weight"] = rng.normal(0.0, 4.0 / np.sqrt(h), size=(v, h))
+            weights[f"medusa_head.{k}.{config.num_layers}.weight"] = rng.normal(
+                0.0, 4.0 / np.sqrt(h), size=(v, h)
+            )
     return weights
 
 
@@ -139,14 +152,24 @@ class MedusaDrafter:
     ):
         check_weights(config, weights)
         top_t = config.top_t if top_t is None else top_t
-        if isinstance(top_t, bool) or not isinstance(top_t, int) or not 1 <= top_t <= config.vocab_size:
-            raise ValueError(f"top_t must be an integer in [1, vocab_size={config.vocab_size}], got {top_t!r}")
+        if (
+            isinstance(top_t, bool)
+            or not isinstance(top_t, int)
+            or not 1 <= top_t <= config.vocab_size
+        ):
+            raise ValueError(
+                f"top_t must be an integer in [1, vocab_size={config.vocab_size}], got {top_t!r}"
+            )
         self.config = config
-        self.weights = {name: np.asarray(array, dtype=np.float64) for name, array in weights.items()}
+        self.weights = {
+            name: np.asarray(array, dtype=np.float64) for name, array in weights.items()
+        }
         self.lm_head = _check_lm_head(config, lm_head)
         self.top_t = top_t
-        self.caps = DrafterCaps(tree_builder=("medusa_tree", {"choices": config.choices}),
-                                max_tree_size=tree_size(config))
+        self.caps = DrafterCaps(
+            tree_builder=("medusa_tree", {"choices": config.choices}),
+            max_tree_size=tree_size(config),
+        )
 
     def propose(self, context: DraftContext) -> Draft:
         """Each head's top-T tokens: ``head_tokens`` (B, K, T) int64, best first."""

@@ -30,12 +30,21 @@ class MedusaHeads(torch.nn.Module):
     """K Medusa heads. weights: name -> array as in ``specdec_medusa.config``; lm_head (V, H):
     the target's LM head (borrowed, needed for ``head="tied"``); dtype and device of the target."""
 
-    def __init__(self, config: MedusaConfig, weights: dict, *, lm_head: torch.Tensor | None,
-                 dtype: torch.dtype, device: torch.device):
+    def __init__(
+        self,
+        config: MedusaConfig,
+        weights: dict,
+        *,
+        lm_head: torch.Tensor | None,
+        dtype: torch.dtype,
+        device: torch.device,
+    ):
         super().__init__()
         check_weights(config, weights)
         if config.head == "tied" and lm_head is None:
-            raise ValueError("a Medusa drafter with head='tied' needs the target's lm_head (V, H); pass lm_head=")
+            raise ValueError(
+                "a Medusa drafter with head='tied' needs the target's lm_head (V, H); pass lm_head="
+            )
         if lm_head is not None and tuple(lm_head.shape) != (config.vocab_size, config.hidden_size):
             raise ValueError(
                 f"lm_head has shape {tuple(lm_head.shape)}, expected (vocab_size, hidden_size) = "
@@ -49,18 +58,30 @@ class MedusaHeads(torch.nn.Module):
             return torch.as_tensor(np.stack(arrays), dtype=dtype, device=device)
 
         layers = range(config.num_layers)
-        self.register_buffer("block_weights", torch.stack([stacked(f"medusa_head.{{k}}.{j}.linear.weight") for j in layers])
-                             if config.num_layers else torch.zeros(0, dtype=dtype, device=device))  # (layers, K, H, H)
-        self.register_buffer("block_biases", torch.stack([stacked(f"medusa_head.{{k}}.{j}.linear.bias") for j in layers])
-                             if config.num_layers else torch.zeros(0, dtype=dtype, device=device))  # (layers, K, H)
+        self.register_buffer(
+            "block_weights",
+            torch.stack([stacked(f"medusa_head.{{k}}.{j}.linear.weight") for j in layers])
+            if config.num_layers
+            else torch.zeros(0, dtype=dtype, device=device),
+        )  # (layers, K, H, H)
+        self.register_buffer(
+            "block_biases",
+            torch.stack([stacked(f"medusa_head.{{k}}.{j}.linear.bias") for j in layers])
+            if config.num_layers
+            else torch.zeros(0, dtype=dtype, device=device),
+        )  # (layers, K, H)
         if config.head == "full":
-            self.register_buffer("projections", stacked(f"medusa_head.{{k}}.{config.num_layers}.weight"))  # (K, V, H)
+            self.register_buffer(
+                "projections", stacked(f"medusa_head.{{k}}.{config.num_layers}.weight")
+            )  # (K, V, H)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits of every head. hidden (B, H) -> (B, K, V)."""
         x = hidden[None].expand(self.config.num_heads, -1, -1)  # (K, B, H)
         for weight, bias in zip(self.block_weights, self.block_biases):
-            x = x + F.silu(torch.bmm(x, weight.transpose(1, 2)) + bias[:, None, :])  # x + SiLU(W x + b)
+            x = x + F.silu(
+                torch.bmm(x, weight.transpose(1, 2)) + bias[:, None, :]
+            )  # x + SiLU(W x + b)
         if self.config.head == "full":
             logits = torch.bmm(x, self.projections.transpose(1, 2))  # (K, B, V)
         else:
@@ -73,24 +94,44 @@ class TorchMedusaDrafter:
 
     Same arguments as the reference ``MedusaDrafter``; ``tree_builder`` names the static tree."""
 
-    def __init__(self, config: MedusaConfig, weights: dict, *, lm_head: torch.Tensor | None = None,
-                 dtype: torch.dtype, device: torch.device, top_t: int | None = None):
+    def __init__(
+        self,
+        config: MedusaConfig,
+        weights: dict,
+        *,
+        lm_head: torch.Tensor | None = None,
+        dtype: torch.dtype,
+        device: torch.device,
+        top_t: int | None = None,
+    ):
         top_t = config.top_t if top_t is None else top_t
-        if isinstance(top_t, bool) or not isinstance(top_t, int) or not 1 <= top_t <= config.vocab_size:
-            raise ValueError(f"top_t must be an integer in [1, vocab_size={config.vocab_size}], got {top_t!r}")
+        if (
+            isinstance(top_t, bool)
+            or not isinstance(top_t, int)
+            or not 1 <= top_t <= config.vocab_size
+        ):
+            raise ValueError(
+                f"top_t must be an integer in [1, vocab_size={config.vocab_size}], got {top_t!r}"
+            )
         self.config = config
-        self.heads = MedusaHeads(config, weights, lm_head=lm_head, dtype=dtype, device=device).eval()
+        self.heads = MedusaHeads(
+            config, weights, lm_head=lm_head, dtype=dtype, device=device
+        ).eval()
         self.top_t = top_t
         self.dtype = dtype
-        self.caps = DrafterCaps(tree_builder=("medusa_tree", {"choices": config.choices}),
-                                max_tree_size=tree_size(config))
+        self.caps = DrafterCaps(
+            tree_builder=("medusa_tree", {"choices": config.choices}),
+            max_tree_size=tree_size(config),
+        )
 
     @torch.inference_mode()
     def propose(self, context: DraftContext) -> Draft:
         logits = self.heads(context.hidden.to(self.dtype))  # (B, K, V)
         batch, heads, vocab = logits.shape
         _, tokens = top_k_lowest_index(logits.reshape(batch * heads, vocab), self.top_t)
-        return Draft(root_tokens=context.root_tokens, head_tokens=tokens.reshape(batch, heads, self.top_t))
+        return Draft(
+            root_tokens=context.root_tokens, head_tokens=tokens.reshape(batch, heads, self.top_t)
+        )
 
 
 class TorchStaticTreeBuilder:
@@ -102,7 +143,9 @@ class TorchStaticTreeBuilder:
 
     def __init__(self, choices: str | Iterable[Sequence[int]]):
         self.reference = StaticTreeBuilder(choices)
-        self.head_index = np.asarray([len(path) - 1 for path in self.reference.choices], dtype=np.int64)
+        self.head_index = np.asarray(
+            [len(path) - 1 for path in self.reference.choices], dtype=np.int64
+        )
         self.rank_index = np.asarray([path[-1] for path in self.reference.choices], dtype=np.int64)
         self._on_device: dict[torch.device, tuple[torch.Tensor, ...]] = {}
 
@@ -125,7 +168,10 @@ class TorchStaticTreeBuilder:
         self.reference._check_fits(num_heads, top_t)
         parents, depth, mask, head_index, rank_index = self._tensors(head_tokens.device)
         n = self.reference.num_nodes
-        tokens = torch.cat([draft.root_tokens[:, None].to(torch.int64), head_tokens[:, head_index, rank_index]], dim=1)
+        tokens = torch.cat(
+            [draft.root_tokens[:, None].to(torch.int64), head_tokens[:, head_index, rank_index]],
+            dim=1,
+        )
         return DraftTree(
             tokens=tokens,
             parents=parents.expand(batch, n),

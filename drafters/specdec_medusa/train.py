@@ -55,7 +55,9 @@ class MedusaNet(torch.nn.Module):
         self.target_lm_head = None if target_lm_head is None else target_lm_head.detach()
         heads = []
         for _ in range(config.num_heads):
-            layers: list[torch.nn.Module] = [_Block(config.hidden_size) for _ in range(config.num_layers)]
+            layers: list[torch.nn.Module] = [
+                _Block(config.hidden_size) for _ in range(config.num_layers)
+            ]
             if config.head == "full":
                 layers.append(torch.nn.Linear(config.hidden_size, config.vocab_size, bias=False))
             heads.append(torch.nn.ModuleList(layers))
@@ -87,18 +89,33 @@ class MedusaNet(torch.nn.Module):
 
     def weights(self) -> dict[str, np.ndarray]:
         """Name -> float64 array, the checkpoint's weights."""
-        return {name: tensor.detach().double().cpu().numpy() for name, tensor in self.state_dict().items()}
+        return {
+            name: tensor.detach().double().cpu().numpy()
+            for name, tensor in self.state_dict().items()
+        }
 
     def load_weights(self, weights: dict[str, Any]) -> None:
         check_weights(self.config, weights)
-        dtype = next(self.parameters(), torch.empty(0)).dtype  # no parameters: tied heads without blocks
-        self.load_state_dict({name: torch.as_tensor(np.asarray(a), dtype=dtype) for name, a in weights.items()})
+        dtype = next(
+            self.parameters(), torch.empty(0)
+        ).dtype  # no parameters: tied heads without blocks
+        self.load_state_dict(
+            {name: torch.as_tensor(np.asarray(a), dtype=dtype) for name, a in weights.items()}
+        )
 
 
 def default_config(*, vocab_size: int, hidden_size: int, target: dict, **overrides) -> MedusaConfig:
     """The recipe for small targets: K=4 tied heads of one residual block, the ``cpu16`` tree."""
-    fields = dict(vocab_size=vocab_size, hidden_size=hidden_size, num_heads=4, num_layers=1, head="tied", top_t=8,
-                  choices="cpu16", target=target)
+    fields = dict(
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        num_heads=4,
+        num_layers=1,
+        head="tied",
+        top_t=8,
+        choices="cpu16",
+        target=target,
+    )
     fields.update(overrides)
     return MedusaConfig(**fields)
 
@@ -110,7 +127,9 @@ class MedusaTask:
     batch's label tokens plus that many sampled tokens (``sampled_soft_cross_entropy``).
     """
 
-    def __init__(self, config: MedusaConfig, *, lm_head: torch.Tensor | None, negatives: int | None = None):
+    def __init__(
+        self, config: MedusaConfig, *, lm_head: torch.Tensor | None, negatives: int | None = None
+    ):
         if negatives and config.head != "tied":
             raise ValueError("the sampled-softmax loss (negatives=) needs tied Medusa heads")
         self.config = config
@@ -125,10 +144,18 @@ class MedusaTask:
         self._inference = None
         if self.negatives and generator is not None:
             features = self.module.features(window.hidden.float())  # (B, K, H)
-            return sampled_soft_cross_entropy(features, self.module.target_lm_head, window.label_ids,
-                                              window.label_probs, window.valid, negatives=self.negatives,
-                                              generator=generator)
-        logits = self.module(window.hidden.float())  # (B, K, V): head k scores x_{t+k+2}, window step k+1
+            return sampled_soft_cross_entropy(
+                features,
+                self.module.target_lm_head,
+                window.label_ids,
+                window.label_probs,
+                window.valid,
+                negatives=self.negatives,
+                generator=generator,
+            )
+        logits = self.module(
+            window.hidden.float()
+        )  # (B, K, V): head k scores x_{t+k+2}, window step k+1
         return soft_cross_entropy(logits, window.label_ids, window.label_probs, window.valid)
 
     def accept(self, data, indices: torch.Tensor) -> torch.Tensor:
@@ -138,15 +165,22 @@ class MedusaTask:
         from specdec_torch.ops import top_k_lowest_index
 
         if self._inference is None:
-            self._inference = MedusaHeads(self.config, self.module.weights(), lm_head=self.module.target_lm_head,
-                                          dtype=torch.float32, device=torch.device("cpu"))
+            self._inference = MedusaHeads(
+                self.config,
+                self.module.weights(),
+                lm_head=self.module.target_lm_head,
+                dtype=torch.float32,
+                device=torch.device("cpu"),
+            )
         window = gather_window(data, indices, self.depth, labels=False)
         logits = self._inference(window.hidden.float())  # (B, K, V)
         batch, heads, vocab = logits.shape
         _, tokens = top_k_lowest_index(logits.reshape(batch * heads, vocab), self.config.top_t)
         head_tokens = tokens.reshape(batch, heads, self.config.top_t)
         # window.tokens[:, 1:] holds x_{t+2} .. x_{t+K+1}: head k's node must equal x_{t+k+2}.
-        return tree_acceptance(head_tokens, self.config.resolved_choices, window.tokens[:, 1:], window.valid)
+        return tree_acceptance(
+            head_tokens, self.config.resolved_choices, window.tokens[:, 1:], window.valid
+        )
 
     def save(self, folder: Path, *, dtype=np.float32) -> Path:
         from specdec.models.checkpoints import save_checkpoint
@@ -154,8 +188,9 @@ class MedusaTask:
         return save_checkpoint(folder, self.config.to_dict(), self.module.weights(), dtype=dtype)
 
 
-def train_medusa(model, out, *, config_overrides: dict | None = None, negatives: int | None = None,
-                 **options) -> dict:
+def train_medusa(
+    model, out, *, config_overrides: dict | None = None, negatives: int | None = None, **options
+) -> dict:
     """Distil Medusa heads for ``model`` (a bundled name or a model folder) into folder ``out``.
 
     ``negatives``: sampled-softmax loss (``MedusaTask``). ``options`` go to
@@ -165,13 +200,26 @@ def train_medusa(model, out, *, config_overrides: dict | None = None, negatives:
 
     def make_task(target, seed: int, *, shortlist=None, data=None) -> MedusaTask:
         if shortlist is not None:
-            raise ValueError("vocabulary shortlists are built for ReDrafter only; train Medusa with shortlist=0")
+            raise ValueError(
+                "vocabulary shortlists are built for ReDrafter only; train Medusa with shortlist=0"
+            )
         vocab, hidden = (int(n) for n in target.embed_tokens.shape)
-        config = default_config(vocab_size=vocab, hidden_size=hidden, target={
-            "name": target.name, "fingerprint": target.fingerprint, "vocab_size": vocab, "hidden_size": hidden},
-            **(config_overrides or {}))
+        config = default_config(
+            vocab_size=vocab,
+            hidden_size=hidden,
+            target={
+                "name": target.name,
+                "fingerprint": target.fingerprint,
+                "vocab_size": vocab,
+                "hidden_size": hidden,
+            },
+            **(config_overrides or {}),
+        )
         return MedusaTask(config, lm_head=target.lm_head, negatives=negatives)
 
-    options["run_settings"] = {"negatives": negatives, "config_overrides": config_overrides,
-                              **options.get("run_settings", {})}
+    options["run_settings"] = {
+        "negatives": negatives,
+        "config_overrides": config_overrides,
+        **options.get("run_settings", {}),
+    }
     return train_drafter("medusa", make_task, model, out, **options)

@@ -72,7 +72,9 @@ class StaticTreeBuilder:
         root_tokens = np.asarray(draft.root_tokens, dtype=np.int64)  # (B,)
         batch, num_heads, top_t = head_tokens.shape
         if root_tokens.shape != (batch,):
-            raise ValueError(f"root_tokens has shape {root_tokens.shape}, expected ({batch},) to match head_tokens")
+            raise ValueError(
+                f"root_tokens has shape {root_tokens.shape}, expected ({batch},) to match head_tokens"
+            )
         self._check_fits(num_heads, top_t)
         n = self.num_nodes
         tokens = np.empty((batch, n), dtype=np.int64)

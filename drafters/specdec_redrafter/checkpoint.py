@@ -25,8 +25,14 @@ __all__ = [
     "save_redrafter",
 ]
 
-def save_redrafter(path: str | Path, config: RedrafterConfig, weights: Mapping[str, np.ndarray], *,
-                   dtype=np.float32) -> Path:
+
+def save_redrafter(
+    path: str | Path,
+    config: RedrafterConfig,
+    weights: Mapping[str, np.ndarray],
+    *,
+    dtype=np.float32,
+) -> Path:
     """Write ``config.json`` and ``model.safetensors`` (float32, or float16 to ship) into ``path``; return it."""
     check_weights(config, weights)
     return save_checkpoint(path, config.to_dict(), weights, dtype=dtype)
@@ -74,27 +80,45 @@ def random_redrafter_weights(
         weights["input_proj.weight"] = normal((exit_dim, 2 * hidden), 1.0 / np.sqrt(2 * hidden))
         weights["input_proj.bias"] = np.zeros(exit_dim)
     for i in range(config.num_draft_layers):
-        weights[f"lm_head.{i}.linear.weight"] = normal((exit_dim, exit_dim), 1.0 / np.sqrt(exit_dim))
+        weights[f"lm_head.{i}.linear.weight"] = normal(
+            (exit_dim, exit_dim), 1.0 / np.sqrt(exit_dim)
+        )
         weights[f"lm_head.{i}.linear.bias"] = np.zeros(exit_dim)
     if config.rnn:
-        weights["rnn_w.weight"] = normal((hidden, hidden), 1.0 / (np.sqrt(hidden) * embed_rms))  # W e ~ unit scale
+        weights["rnn_w.weight"] = normal(
+            (hidden, hidden), 1.0 / (np.sqrt(hidden) * embed_rms)
+        )  # W e ~ unit scale
         weights["rnn_u.weight"] = normal((hidden, hidden), 0.5 / np.sqrt(hidden))
         weights["rnn_u.bias"] = np.zeros(hidden)
 
     # Calibrate the head on features of random contexts after one and two recurrence steps.
     samples = 64
     h = normal((samples, hidden), 1.0)
-    state = rnn_step(config, weights, np.zeros((samples, hidden)), normal((samples, hidden), embed_rms), first=True)
-    state = np.concatenate([state, rnn_step(config, weights, state, normal((samples, hidden), embed_rms), first=False)])
+    state = rnn_step(
+        config,
+        weights,
+        np.zeros((samples, hidden)),
+        normal((samples, hidden), embed_rms),
+        first=True,
+    )
+    state = np.concatenate(
+        [state, rnn_step(config, weights, state, normal((samples, hidden), embed_rms), first=False)]
+    )
     features = drafter_features(config, weights, np.concatenate([h, h]), state)  # (2 * samples, E)
     feature_rms = float(np.sqrt(np.mean(features**2))) or 1.0
-    head_std = logit_std / (feature_rms * np.sqrt(exit_dim))  # a full head then has output std logit_std
+    head_std = logit_std / (
+        feature_rms * np.sqrt(exit_dim)
+    )  # a full head then has output std logit_std
     if config.head == "full":
         weights[f"lm_head.{config.num_draft_layers}.weight"] = normal((vocab, exit_dim), head_std)
     else:  # logits = lm_head @ head_proj @ x: divide out the LM head's own gain sqrt(H) * rms
-        weights["head_proj.weight"] = normal((hidden, exit_dim), head_std / (lm_head_rms * np.sqrt(hidden)))
+        weights["head_proj.weight"] = normal(
+            (hidden, exit_dim), head_std / (lm_head_rms * np.sqrt(hidden))
+        )
     if config.shortlist_size is not None:
-        weights["vocab_shortlist"] = np.sort(rng.choice(vocab, size=config.shortlist_size, replace=False)).astype(np.int64)
+        weights["vocab_shortlist"] = np.sort(
+            rng.choice(vocab, size=config.shortlist_size, replace=False)
+        ).astype(np.int64)
     return weights
 
 
@@ -105,7 +129,9 @@ def _rms(tensors: dict, names: tuple[str, ...]) -> float | None:
     return None
 
 
-def make_random_redrafter(path: str | Path, model_path: str | Path, *, seed: int, **config_overrides) -> Path:
+def make_random_redrafter(
+    path: str | Path, model_path: str | Path, *, seed: int, **config_overrides
+) -> Path:
     """A random (untrained) ReDrafter for the target folder ``model_path``, saved at ``path``.
 
     Reads ``hidden_size`` and ``vocab_size`` from the target's ``config.json``; the target's
@@ -115,8 +141,12 @@ def make_random_redrafter(path: str | Path, model_path: str | Path, *, seed: int
     head read from its safetensors files (else its ``initializer_range``, default 0.02).
     """
     target_config, record = read_target_config(model_path, label="ReDrafter")
-    fields: dict[str, Any] = dict(vocab_size=record["vocab_size"], hidden_size=record["hidden_size"], head="tied",
-                                  target=record)
+    fields: dict[str, Any] = dict(
+        vocab_size=record["vocab_size"],
+        hidden_size=record["hidden_size"],
+        head="tied",
+        target=record,
+    )
     fields.update(config_overrides)
     config = RedrafterConfig(**fields)
     fallback = float(target_config.get("initializer_range", 0.02))

@@ -26,8 +26,15 @@ import numpy as np
 from specdec.models.checkpoints import config_from_dict
 from specdec.drafting.shortlist import check_shortlist
 
-__all__ = ["MODEL_TYPE", "RNN_VARIANTS", "HEADS", "RedrafterConfig", "beam_tree_size",
-           "check_weights", "tree_size"]
+__all__ = [
+    "MODEL_TYPE",
+    "RNN_VARIANTS",
+    "HEADS",
+    "RedrafterConfig",
+    "beam_tree_size",
+    "check_weights",
+    "tree_size",
+]
 
 MODEL_TYPE = "specdec_redrafter"
 RNN_VARIANTS = ("apple", "trtllm", "paper")
@@ -36,13 +43,17 @@ HEADS = ("full", "tied")
 
 def _positive_int(instance, attribute, value):
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"RedrafterConfig.{attribute.name} must be a positive integer, got {value!r}")
+        raise ValueError(
+            f"RedrafterConfig.{attribute.name} must be a positive integer, got {value!r}"
+        )
 
 
 def _one_of(choices):
     def check(instance, attribute, value):
         if value not in choices:
-            raise ValueError(f"RedrafterConfig.{attribute.name} must be one of {choices}, got {value!r}")
+            raise ValueError(
+                f"RedrafterConfig.{attribute.name} must be one of {choices}, got {value!r}"
+            )
 
     return check
 
@@ -70,7 +81,8 @@ class RedrafterConfig:
     vocab_size: int = attrs.field(validator=_positive_int)
     hidden_size: int = attrs.field(validator=_positive_int)
     exit_dim: int = attrs.field(
-        default=attrs.Factory(lambda self: 2 * self.hidden_size, takes_self=True), validator=_positive_int
+        default=attrs.Factory(lambda self: 2 * self.hidden_size, takes_self=True),
+        validator=_positive_int,
     )
     num_draft_layers: int = attrs.field(default=1)
     rnn: bool = attrs.field(default=True, validator=attrs.validators.instance_of(bool))
@@ -86,7 +98,9 @@ class RedrafterConfig:
     @num_draft_layers.validator
     def _check_layers(self, attribute, value):
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise ValueError(f"RedrafterConfig.num_draft_layers must be an integer >= 0, got {value!r}")
+            raise ValueError(
+                f"RedrafterConfig.num_draft_layers must be an integer >= 0, got {value!r}"
+            )
 
     @draft_top_k.validator
     def _check_top_k(self, attribute, value):
@@ -98,7 +112,9 @@ class RedrafterConfig:
         if value is not None:
             _positive_int(self, attribute, value)
             if value > self.vocab_size:
-                raise ValueError(f"RedrafterConfig.shortlist_size={value} exceeds vocab_size={self.vocab_size}")
+                raise ValueError(
+                    f"RedrafterConfig.shortlist_size={value} exceeds vocab_size={self.vocab_size}"
+                )
 
     @property
     def draft_vocab_size(self) -> int:
@@ -116,7 +132,9 @@ class RedrafterConfig:
     @model_type.validator
     def _check_model_type(self, attribute, value):
         if value != MODEL_TYPE:
-            raise ValueError(f"not a ReDrafter config: model_type is {value!r}, expected {MODEL_TYPE!r}")
+            raise ValueError(
+                f"not a ReDrafter config: model_type is {value!r}, expected {MODEL_TYPE!r}"
+            )
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-serialisable dict (the content of ``config.json``)."""
@@ -168,7 +186,9 @@ def check_weights(config: RedrafterConfig, weights: dict[str, Any]) -> None:
             f"unexpected {unexpected}, wrong shapes {wrong}; check that config.json belongs to these weights"
         )
     if config.shortlist_size is not None:
-        check_shortlist(np.asarray(weights["vocab_shortlist"]), config.vocab_size, config.shortlist_size)
+        check_shortlist(
+            np.asarray(weights["vocab_shortlist"]), config.vocab_size, config.shortlist_size
+        )
 
 
 def beam_tree_size(beam_width: int, beam_length: int) -> int:

@@ -57,12 +57,17 @@ APPLE_MODEL_TYPE = "recurrent_drafting_drafter"
 UPSTREAM_TOP_K = 50  # warp_logits(top_k=50) in Apple's modeling_drafter.py and TensorRT-LLM's redrafter_helper.py
 SPECDEC_KEY = "specdec"
 # Names TensorRT-LLM's converter also accepts for the head and the input projection (hf_drafter docstring).
-ALTERNATE_PREFIXES = (("lm_heads.", "lm_head."), ("input_projs.", "input_proj."), ("0.", "lm_head."))
+ALTERNATE_PREFIXES = (
+    ("lm_heads.", "lm_head."),
+    ("input_projs.", "input_proj."),
+    ("0.", "lm_head."),
+)
 DTYPES = {"float32": np.float32, "float16": np.float16}
 
 
-def apple_weight_shapes(*, vocab_size: int, hidden_size: int, exit_dim: int, num_draft_layers: int,
-                        rnn: bool) -> dict[str, tuple[int, ...]]:
+def apple_weight_shapes(
+    *, vocab_size: int, hidden_size: int, exit_dim: int, num_draft_layers: int, rnn: bool
+) -> dict[str, tuple[int, ...]]:
     """Every tensor of an upstream drafter with its shape (``Drafter.__init__``)."""
     shapes: dict[str, tuple[int, ...]] = {}
     if 2 * hidden_size != exit_dim:
@@ -83,8 +88,13 @@ def is_apple_config(config: Mapping[str, Any]) -> bool:
     return config.get("model_type") == APPLE_MODEL_TYPE
 
 
-def materialise(config: RedrafterConfig, weights: Mapping[str, np.ndarray], *, lm_head=None,
-                drop_shortlist: bool = False) -> tuple[RedrafterConfig, dict[str, np.ndarray], list[str]]:
+def materialise(
+    config: RedrafterConfig,
+    weights: Mapping[str, np.ndarray],
+    *,
+    lm_head=None,
+    drop_shortlist: bool = False,
+) -> tuple[RedrafterConfig, dict[str, np.ndarray], list[str]]:
     """The same drafter with a full head and no shortlist, as the upstream layout holds it.
 
     -> (config, float64 weights, notes on what changed). Raises InvalidInputError for what cannot
@@ -106,12 +116,18 @@ def materialise(config: RedrafterConfig, weights: Mapping[str, np.ndarray], *, l
             "(`--drop-shortlist`) to export the head over the full vocabulary (the drafter may then propose any "
             "token, so its drafts can differ from the shortlisted ones), or retrain with --shortlist 0"
         )
-    out = {name: np.asarray(array, dtype=np.float64) for name, array in weights.items() if name != "vocab_shortlist"}
+    out = {
+        name: np.asarray(array, dtype=np.float64)
+        for name, array in weights.items()
+        if name != "vocab_shortlist"
+    }
     fields = config.to_dict()
     if config.shortlist_size is not None:
         fields["shortlist_size"] = None
-        notes.append(f"the vocabulary shortlist ({config.shortlist_size} of {config.vocab_size} tokens) was dropped "
-                     "on request: the exported head scores all tokens")
+        notes.append(
+            f"the vocabulary shortlist ({config.shortlist_size} of {config.vocab_size} tokens) was dropped "
+            "on request: the exported head scores all tokens"
+        )
     if config.head == "tied":
         if lm_head is None:
             raise InvalidInputError(
@@ -121,12 +137,16 @@ def materialise(config: RedrafterConfig, weights: Mapping[str, np.ndarray], *, l
             )
         lm_head = np.asarray(lm_head, dtype=np.float64)
         if lm_head.shape != (config.vocab_size, config.hidden_size):
-            raise InvalidInputError(f"the target's LM head has shape {lm_head.shape}, expected "
-                                    f"(vocab_size, hidden_size) = {(config.vocab_size, config.hidden_size)}")
+            raise InvalidInputError(
+                f"the target's LM head has shape {lm_head.shape}, expected "
+                f"(vocab_size, hidden_size) = {(config.vocab_size, config.hidden_size)}"
+            )
         out[f"lm_head.{config.num_draft_layers}.weight"] = lm_head @ out.pop("head_proj.weight")
         fields["head"] = "full"
-        notes.append("the tied head was materialised: lm_head.{L}.weight = the target's LM head @ head_proj "
-                     "(the same map, rounded once to the file's dtype)")
+        notes.append(
+            "the tied head was materialised: lm_head.{L}.weight = the target's LM head @ head_proj "
+            "(the same map, rounded once to the file's dtype)"
+        )
     fields.pop("model_type", None)
     return RedrafterConfig.from_dict(fields), out, notes
 
@@ -152,8 +172,15 @@ def apple_config(config: RedrafterConfig, *, dtype: str = "float32") -> dict[str
     }
 
 
-def export_apple(config: RedrafterConfig, weights: Mapping[str, np.ndarray], out, *, lm_head=None,
-                 drop_shortlist: bool = False, dtype: str = "float32") -> tuple[Path, list[str]]:
+def export_apple(
+    config: RedrafterConfig,
+    weights: Mapping[str, np.ndarray],
+    out,
+    *,
+    lm_head=None,
+    drop_shortlist: bool = False,
+    dtype: str = "float32",
+) -> tuple[Path, list[str]]:
     """Write ``config.json`` and ``model.safetensors`` in Apple's layout into ``out``.
 
     -> (folder, notes). Notes name every conversion and every behaviour the engines fix themselves.
@@ -162,19 +189,30 @@ def export_apple(config: RedrafterConfig, weights: Mapping[str, np.ndarray], out
 
     if dtype not in DTYPES:
         raise InvalidInputError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
-    config, full, notes = materialise(config, weights, lm_head=lm_head, drop_shortlist=drop_shortlist)
-    shapes = apple_weight_shapes(vocab_size=config.vocab_size, hidden_size=config.hidden_size,
-                                 exit_dim=config.exit_dim, num_draft_layers=config.num_draft_layers, rnn=config.rnn)
+    config, full, notes = materialise(
+        config, weights, lm_head=lm_head, drop_shortlist=drop_shortlist
+    )
+    shapes = apple_weight_shapes(
+        vocab_size=config.vocab_size,
+        hidden_size=config.hidden_size,
+        exit_dim=config.exit_dim,
+        num_draft_layers=config.num_draft_layers,
+        rnn=config.rnn,
+    )
     assert set(full) == set(shapes), (sorted(full), sorted(shapes))  # same names by construction
     if config.draft_top_k != UPSTREAM_TOP_K:
-        notes.append(f"Apple's code and TensorRT-LLM keep the top {UPSTREAM_TOP_K} drafter logits at every step "
-                     f"(a constant there); this drafter has draft_top_k={config.draft_top_k}, so their beams can "
-                     f"differ from specdec's: set draft_top_k={UPSTREAM_TOP_K} here to draft as they do")
+        notes.append(
+            f"Apple's code and TensorRT-LLM keep the top {UPSTREAM_TOP_K} drafter logits at every step "
+            f"(a constant there); this drafter has draft_top_k={config.draft_top_k}, so their beams can "
+            f"differ from specdec's: set draft_top_k={UPSTREAM_TOP_K} here to draft as they do"
+        )
     folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)
     arrays = {name: np.ascontiguousarray(full[name], dtype=DTYPES[dtype]) for name in shapes}
     save_file(arrays, str(folder / "model.safetensors"), metadata={"format": "pt"})
-    (folder / "config.json").write_text(json.dumps(apple_config(config, dtype=dtype), indent=2) + "\n")
+    (folder / "config.json").write_text(
+        json.dumps(apple_config(config, dtype=dtype), indent=2) + "\n"
+    )
     return folder, notes
 
 
@@ -188,10 +226,14 @@ def _read_tensors(folder: Path) -> dict[str, np.ndarray]:
         try:
             import torch
         except ImportError as exc:
-            raise InvalidInputError(f"{folder / 'model.pt'} is a torch file: install specdec[torch] to read it") from exc
+            raise InvalidInputError(
+                f"{folder / 'model.pt'} is a torch file: install specdec[torch] to read it"
+            ) from exc
         state = torch.load(folder / "model.pt", map_location="cpu", weights_only=True)
         return {name: tensor.float().numpy() for name, tensor in state.items()}
-    raise InvalidInputError(f"{folder} has an Apple ReDrafter config.json but neither model.safetensors nor model.pt")
+    raise InvalidInputError(
+        f"{folder} has an Apple ReDrafter config.json but neither model.safetensors nor model.pt"
+    )
 
 
 def read_apple(folder) -> tuple[RedrafterConfig, dict[str, np.ndarray], list[str]]:
@@ -204,37 +246,62 @@ def read_apple(folder) -> tuple[RedrafterConfig, dict[str, np.ndarray], list[str
     folder = Path(folder)
     raw = json.loads((folder / "config.json").read_text())
     if not is_apple_config(raw):
-        raise InvalidInputError(f"{folder}/config.json has model_type {raw.get('model_type')!r}, not "
-                                f"{APPLE_MODEL_TYPE!r}: not an Apple ReDrafter folder")
-    missing = [key for key in ("vocab_size", "hidden_size", "exit_dim", "num_draft_layers") if key not in raw]
+        raise InvalidInputError(
+            f"{folder}/config.json has model_type {raw.get('model_type')!r}, not "
+            f"{APPLE_MODEL_TYPE!r}: not an Apple ReDrafter folder"
+        )
+    missing = [
+        key
+        for key in ("vocab_size", "hidden_size", "exit_dim", "num_draft_layers")
+        if key not in raw
+    ]
     if missing:
-        raise InvalidInputError(f"{folder}/config.json lacks {missing}, which Apple's DrafterConfig needs")
+        raise InvalidInputError(
+            f"{folder}/config.json lacks {missing}, which Apple's DrafterConfig needs"
+        )
     tensors = _read_tensors(folder)
     notes: list[str] = []
     renamed = {}
     for name, array in tensors.items():
         for old, new in ALTERNATE_PREFIXES:
             if name.startswith(old) and not name.startswith(new):
-                name = new + name[len(old):]
+                name = new + name[len(old) :]
                 break
         renamed[name] = array
     if "emb_norm.weight" in renamed and raw.get("emb_norm"):
         renamed.pop("emb_norm.weight")
-        notes.append("emb_norm.weight was ignored: Apple's MLX drafter creates it but never applies it")
+        notes.append(
+            "emb_norm.weight was ignored: Apple's MLX drafter creates it but never applies it"
+        )
     extra = dict(raw.get(SPECDEC_KEY) or {})
-    fields = dict(vocab_size=int(raw["vocab_size"]), hidden_size=int(raw["hidden_size"]), exit_dim=int(raw["exit_dim"]),
-                  num_draft_layers=int(raw["num_draft_layers"]), rnn=bool(raw.get("rnn", False)),
-                  rnn_variant="apple", head="full", draft_top_k=extra.get("draft_top_k", UPSTREAM_TOP_K))
+    fields = dict(
+        vocab_size=int(raw["vocab_size"]),
+        hidden_size=int(raw["hidden_size"]),
+        exit_dim=int(raw["exit_dim"]),
+        num_draft_layers=int(raw["num_draft_layers"]),
+        rnn=bool(raw.get("rnn", False)),
+        rnn_variant="apple",
+        head="full",
+        draft_top_k=extra.get("draft_top_k", UPSTREAM_TOP_K),
+    )
     for key in ("beam_width", "beam_length", "target"):
         if key in extra:
             fields[key] = extra[key]
     config = RedrafterConfig(**fields)
-    shapes = apple_weight_shapes(vocab_size=config.vocab_size, hidden_size=config.hidden_size,
-                                 exit_dim=config.exit_dim, num_draft_layers=config.num_draft_layers, rnn=config.rnn)
+    shapes = apple_weight_shapes(
+        vocab_size=config.vocab_size,
+        hidden_size=config.hidden_size,
+        exit_dim=config.exit_dim,
+        num_draft_layers=config.num_draft_layers,
+        rnn=config.rnn,
+    )
     unexpected = sorted(set(renamed) - set(shapes))
     missing = sorted(set(shapes) - set(renamed))
-    wrong = sorted(f"{name}: {tuple(renamed[name].shape)} != {shape}" for name, shape in shapes.items()
-                   if name in renamed and tuple(renamed[name].shape) != shape)
+    wrong = sorted(
+        f"{name}: {tuple(renamed[name].shape)} != {shape}"
+        for name, shape in shapes.items()
+        if name in renamed and tuple(renamed[name].shape) != shape
+    )
     if missing or unexpected or wrong:
         raise InvalidInputError(
             f"{folder} does not hold the Apple ReDrafter its config.json describes (exit_dim={config.exit_dim}, "
@@ -246,12 +313,24 @@ def read_apple(folder) -> tuple[RedrafterConfig, dict[str, np.ndarray], list[str
     return config, weights, notes
 
 
-def write_apple(config: RedrafterConfig, weights: Mapping[str, np.ndarray], out, *, lm_head=None,
-                dtype: str = "float32", drop_shortlist: bool = False, choices=None) -> tuple[list[str], tuple[str, ...]]:
+def write_apple(
+    config: RedrafterConfig,
+    weights: Mapping[str, np.ndarray],
+    out,
+    *,
+    lm_head=None,
+    dtype: str = "float32",
+    drop_shortlist: bool = False,
+    choices=None,
+) -> tuple[list[str], tuple[str, ...]]:
     """``export_apple`` as the spec's layout writer: (notes, the TensorRT-LLM commands that load it)."""
     if choices is not None:
-        raise InvalidInputError("choices applies to Medusa heads; a ReDrafter's tree comes from its beams")
-    _, notes = export_apple(config, weights, out, lm_head=lm_head, drop_shortlist=drop_shortlist, dtype=dtype)
+        raise InvalidInputError(
+            "choices applies to Medusa heads; a ReDrafter's tree comes from its beams"
+        )
+    _, notes = export_apple(
+        config, weights, out, lm_head=lm_head, drop_shortlist=drop_shortlist, dtype=dtype
+    )
     exported = materialise(config, weights, lm_head=lm_head, drop_shortlist=drop_shortlist)[0]
     commands = (
         "python examples/redrafter/convert_checkpoint.py --model_dir TARGET_HF_FOLDER "

@@ -61,7 +61,11 @@ class RedrafterModule(nn.Module):
         self.config = config
         if exit_dim != 2 * hidden:
             self.input_proj = nn.Linear(2 * hidden, exit_dim)
-        head = [nn.Linear(exit_dim, config.draft_vocab_size, bias=False)] if config.head == "full" else []
+        head = (
+            [nn.Linear(exit_dim, config.draft_vocab_size, bias=False)]
+            if config.head == "full"
+            else []
+        )
         self.lm_head = [_Block(exit_dim) for _ in range(config.num_draft_layers)] + head
         if config.head == "tied":
             self.head_proj = nn.Linear(exit_dim, hidden, bias=False)
@@ -70,7 +74,9 @@ class RedrafterModule(nn.Module):
             self.rnn_u = nn.Linear(hidden, hidden)
 
     @classmethod
-    def from_weights(cls, config: RedrafterConfig, weights: dict, *, dtype=mx.float32) -> RedrafterModule:
+    def from_weights(
+        cls, config: RedrafterConfig, weights: dict, *, dtype=mx.float32
+    ) -> RedrafterModule:
         check_weights(config, weights)
         module = cls(config)
         weights = dict(weights)
@@ -78,8 +84,13 @@ class RedrafterModule(nn.Module):
         full = f"lm_head.{config.num_draft_layers}.weight"
         if shortlist is not None and full in weights:  # a full head keeps only the shortlisted rows
             weights[full] = np.asarray(weights[full])[np.asarray(shortlist, dtype=np.int64)]
-        module.load_weights([(name, mx.array(np.asarray(w, dtype=np.float32)).astype(dtype))
-                             for name, w in weights.items()], strict=True)
+        module.load_weights(
+            [
+                (name, mx.array(np.asarray(w, dtype=np.float32)).astype(dtype))
+                for name, w in weights.items()
+            ],
+            strict=True,
+        )
         mx.eval(module.parameters())
         return module
 
@@ -95,7 +106,9 @@ class RedrafterModule(nn.Module):
             return w_e if first else w_e + self.rnn_u(state)
         return embedding if first else nn.silu(w_e + self.rnn_u(state))  # "paper": s_1 = e_1
 
-    def __call__(self, hidden: mx.array, state: mx.array, lm_head: mx.array | None = None) -> mx.array:
+    def __call__(
+        self, hidden: mx.array, state: mx.array, lm_head: mx.array | None = None
+    ) -> mx.array:
         """Drafter logits over the drafted vocabulary. hidden (B, 1, H) or (B, W, H), state (B, W, H),
         lm_head: the target's LM head rows of the drafted vocabulary (S, H) -> (B, W, S)."""
         hidden = mx.broadcast_to(hidden, state.shape)
@@ -120,9 +133,18 @@ class MlxRedrafterDrafter(BeamSettings):
     but MLX computes in the weights' dtype, so only None and False are taken (``ops.draft_weight``).
     """
 
-    def __init__(self, config: RedrafterConfig, weights: dict, *, embed_tokens: mx.array,
-                 lm_head: mx.array | None = None, beam_width: int | None = None, beam_length: int | None = None,
-                 sample: bool = False, int8: bool | None = None):
+    def __init__(
+        self,
+        config: RedrafterConfig,
+        weights: dict,
+        *,
+        embed_tokens: mx.array,
+        lm_head: mx.array | None = None,
+        beam_width: int | None = None,
+        beam_length: int | None = None,
+        sample: bool = False,
+        int8: bool | None = None,
+    ):
         ops.draft_weight(embed_tokens, int8=int8)  # refuses int8=True with the reason
         embed_tokens = ops.as_array(embed_tokens)
         lm_head = None if lm_head is None else ops.as_array(lm_head)
@@ -133,12 +155,16 @@ class MlxRedrafterDrafter(BeamSettings):
         self.shortlist = None
         if config.shortlist_size is not None:
             self.shortlist = mx.array(np.asarray(weights["vocab_shortlist"], dtype=np.int32))
-        self.head_rows = lm_head if lm_head is None or self.shortlist is None else lm_head[self.shortlist]  # (S, H)
+        self.head_rows = (
+            lm_head if lm_head is None or self.shortlist is None else lm_head[self.shortlist]
+        )  # (S, H)
         self.set_beams(config, beam_width, beam_length, sample)
 
     def _log_probs(self, hidden: mx.array, state: mx.array) -> mx.array:
         """Warped drafter log-probs of the next token. hidden (B, H), state (B, W, H) -> (B, W, S)."""
-        return draft_log_probs(self.module(hidden[:, None, :], state, self.head_rows), top_k=self.config.draft_top_k)
+        return draft_log_probs(
+            self.module(hidden[:, None, :], state, self.head_rows), top_k=self.config.draft_top_k
+        )
 
     def _to_vocab(self, local: mx.array) -> mx.array:
         """Token ids of drafted-vocabulary ids (the identity without a shortlist)."""
@@ -162,23 +188,36 @@ class MlxRedrafterDrafter(BeamSettings):
         """
         batch, vocab, width = roots.shape[0], self.config.draft_vocab_size, self.beam_width
         start = mx.zeros((batch, 1, self.config.hidden_size), dtype=hidden.dtype)
-        state = self.module.rnn_step(start, self.embed_tokens[roots][:, None, :], first=True)  # (B, 1, H)
+        state = self.module.rnn_step(
+            start, self.embed_tokens[roots][:, None, :], first=True
+        )  # (B, 1, H)
         log_probs = self._log_probs(hidden, state)  # (B, 1, S)
         history = [mx.broadcast_to(log_probs, (batch, width, vocab))] if want_draft_probs else []
         if width <= vocab:
             local = ops.top_indices(log_probs[:, 0], width)  # (B, W)
             scores = mx.take_along_axis(log_probs[:, 0], local, axis=1)
             token = self._to_vocab(local).astype(roots.dtype)
-            beams = mx.concatenate([mx.broadcast_to(roots[:, None, None], (batch, width, 1)), token[:, :, None]], axis=2)
+            beams = mx.concatenate(
+                [mx.broadcast_to(roots[:, None, None], (batch, width, 1)), token[:, :, None]],
+                axis=2,
+            )
             state = mx.broadcast_to(state, (batch, width, state.shape[2]))
             first_step = 2
         else:  # W > V: some beams start dead; run the general step from "only beam 0 alive"
             beams = mx.broadcast_to(roots[:, None, None], (batch, width, 1))
-            scores = mx.where(mx.arange(width) == 0, 0.0, float("-inf"))[None] + mx.zeros((batch, 1))
-            state, history, first_step = mx.zeros((batch, width, self.config.hidden_size), dtype=hidden.dtype), [], 1
+            scores = mx.where(mx.arange(width) == 0, 0.0, float("-inf"))[None] + mx.zeros(
+                (batch, 1)
+            )
+            state, history, first_step = (
+                mx.zeros((batch, width, self.config.hidden_size), dtype=hidden.dtype),
+                [],
+                1,
+            )
         for t in range(first_step, self.beam_length):
             # 1. Advance every beam's state with its last token, then score the next token.
-            state = self.module.rnn_step(state, self.embed_tokens[beams[:, :, -1]], first=t == 1)  # (B, W, H)
+            state = self.module.rnn_step(
+                state, self.embed_tokens[beams[:, :, -1]], first=t == 1
+            )  # (B, W, H)
             log_probs = self._log_probs(hidden, state)  # (B, W, S)
             # 2. Joint log-prob of every (beam, token) extension; keep the best W, ties to the lower index.
             candidates = (scores[:, :, None] + log_probs).reshape(batch, width * vocab)
@@ -186,12 +225,18 @@ class MlxRedrafterDrafter(BeamSettings):
             parent, token = best // vocab, self._to_vocab(best % vocab).astype(beams.dtype)
             scores = mx.take_along_axis(candidates, best, axis=1)
             # 3. Gather the surviving beams' histories from their parents and append the new token.
-            beams = mx.concatenate([mx.take_along_axis(beams, parent[:, :, None], axis=1), token[:, :, None]], axis=2)
+            beams = mx.concatenate(
+                [mx.take_along_axis(beams, parent[:, :, None], axis=1), token[:, :, None]], axis=2
+            )
             state = mx.take_along_axis(state, parent[:, :, None], axis=1)
             if want_draft_probs:
                 history = [mx.take_along_axis(h, parent[:, :, None], axis=1) for h in history]
                 history.append(mx.take_along_axis(log_probs, parent[:, :, None], axis=1))
-        draft_probs = self._scatter_vocab(mx.exp(mx.stack(history, axis=2)), 0.0) if want_draft_probs else None
+        draft_probs = (
+            self._scatter_vocab(mx.exp(mx.stack(history, axis=2)), 0.0)
+            if want_draft_probs
+            else None
+        )
         return beams.astype(mx.int32), scores, draft_probs
 
     def sample_chains(self, hidden: mx.array, roots: mx.array, uniforms: mx.array, sampling):
@@ -202,10 +247,16 @@ class MlxRedrafterDrafter(BeamSettings):
         state = mx.zeros((batch, width, self.config.hidden_size), dtype=hidden.dtype)
         draft_probs = []
         for t in range(1, length):
-            state = self.module.rnn_step(state, self.embed_tokens[tokens[-1]], first=t == 1)  # (B, W, H)
-            probs = ops.target_probs(self.module(hidden[:, None, :], state, self.head_rows), sampling)  # (B, W, S)
+            state = self.module.rnn_step(
+                state, self.embed_tokens[tokens[-1]], first=t == 1
+            )  # (B, W, H)
+            probs = ops.target_probs(
+                self.module(hidden[:, None, :], state, self.head_rows), sampling
+            )  # (B, W, S)
             draft_probs.append(probs)
-            tokens.append(self._to_vocab(ops.sample_from(probs, uniforms[:, :, t])).astype(mx.int32))
+            tokens.append(
+                self._to_vocab(ops.sample_from(probs, uniforms[:, :, t])).astype(mx.int32)
+            )
         return mx.stack(tokens, axis=2), self._scatter_vocab(mx.stack(draft_probs, axis=2), 0.0)
 
     def propose(self, context: DraftContext) -> Draft:
@@ -224,7 +275,11 @@ class MlxRedrafterDrafter(BeamSettings):
                     f"a sampling ReDrafter needs context.uniforms of shape (B, W, L) = {shape}, "
                     f"got {None if context.uniforms is None else tuple(context.uniforms.shape)}"
                 )
-            beams, draft_probs = self.sample_chains(hidden, roots, ops.as_array(context.uniforms), context.sampling)
+            beams, draft_probs = self.sample_chains(
+                hidden, roots, ops.as_array(context.uniforms), context.sampling
+            )
             return Draft(root_tokens=roots, beams=beams, draft_probs=draft_probs, sampled=True)
-        beams, _, draft_probs = self.beam_search(hidden, roots, want_draft_probs=context.want_draft_probs)
+        beams, _, draft_probs = self.beam_search(
+            hidden, roots, want_draft_probs=context.want_draft_probs
+        )
         return Draft(root_tokens=roots, beams=beams, draft_probs=draft_probs, sampled=False)

@@ -14,19 +14,39 @@ CLASSES = {
 
 
 def _factory(backend_name: str):
-    def redrafter(target, checkpoint=None, *, backend=None, beam_width=None, beam_length=None, sample=False,
-                  int8=None):
+    def redrafter(
+        target,
+        checkpoint=None,
+        *,
+        backend=None,
+        beam_width=None,
+        beam_length=None,
+        sample=False,
+        int8=None,
+    ):
         from specdec_redrafter.checkpoint import load_redrafter_checkpoint
 
         drafter_class = backend_class(backend_name, CLASSES, feature="the ReDrafter drafter")
-        config, weights = load_trained("redrafter", "ReDrafter", "specdec_redrafter", load_redrafter_checkpoint,
-                                       checkpoint, target)
-        return drafter_class(config, weights, embed_tokens=target.embed_tokens, lm_head=target.lm_head,
-                             beam_width=beam_width, beam_length=beam_length, sample=sample, int8=int8)
+        config, weights = load_trained(
+            "redrafter",
+            "ReDrafter",
+            "specdec_redrafter",
+            load_redrafter_checkpoint,
+            checkpoint,
+            target,
+        )
+        return drafter_class(
+            config,
+            weights,
+            embed_tokens=target.embed_tokens,
+            lm_head=target.lm_head,
+            beam_width=beam_width,
+            beam_length=beam_length,
+            sample=sample,
+            int8=int8,
+        )
 
     return redrafter
-
-
 
 
 def _evaluation_task(checkpoint, target, overrides):
@@ -36,28 +56,50 @@ def _evaluation_task(checkpoint, target, overrides):
     from specdec_redrafter.train import RedrafterTask
 
     config, weights = load_redrafter_checkpoint(checkpoint)
-    shortlist = weights.pop("vocab_shortlist", None)  # drafting evaluates with it, as inference does
-    task = RedrafterTask(attrs.evolve(config, **overrides), embed_tokens=target.embed_tokens, lm_head=target.lm_head,
-                         shortlist=shortlist)
+    shortlist = weights.pop(
+        "vocab_shortlist", None
+    )  # drafting evaluates with it, as inference does
+    task = RedrafterTask(
+        attrs.evolve(config, **overrides),
+        embed_tokens=target.embed_tokens,
+        lm_head=target.lm_head,
+        shortlist=shortlist,
+    )
     task.module.load_weights(weights)
     return task
 
 
-
-LAYOUTS = (Layout(name="apple", aliases=("tensorrt-llm", "trtllm"), detect=lazy_call("specdec_redrafter.export", "detect_apple"),
-                  read=lazy_call("specdec_redrafter.export", "read_apple"),
-                  write=lazy_call("specdec_redrafter.export", "write_apple")),)
+LAYOUTS = (
+    Layout(
+        name="apple",
+        aliases=("tensorrt-llm", "trtllm"),
+        detect=lazy_call("specdec_redrafter.export", "detect_apple"),
+        read=lazy_call("specdec_redrafter.export", "read_apple"),
+        write=lazy_call("specdec_redrafter.export", "write_apple"),
+    ),
+)
 
 SPEC = DrafterSpec(
-    name="redrafter", model_type="specdec_redrafter", implementations={b: _factory(b) for b in CLASSES},
+    name="redrafter",
+    model_type="specdec_redrafter",
+    implementations={b: _factory(b) for b in CLASSES},
     make_random_checkpoint=lazy_call("specdec_redrafter.checkpoint", "make_random_redrafter"),
-    train=lazy_call("specdec_redrafter.train", "train_redrafter"), evaluation_task=_evaluation_task,
-    train_options=(CliOption(flag="--beam-width", type=int, default=4, help="ReDrafter beam width"),
-                   CliOption(flag="--beam-length", type=int, default=5, help="ReDrafter beam length, root included")),
-    default_shortlist=8192, beam_options=True, pairs_with_lookup=True,
+    train=lazy_call("specdec_redrafter.train", "train_redrafter"),
+    evaluation_task=_evaluation_task,
+    train_options=(
+        CliOption(flag="--beam-width", type=int, default=4, help="ReDrafter beam width"),
+        CliOption(
+            flag="--beam-length", type=int, default=5, help="ReDrafter beam length, root included"
+        ),
+    ),
+    default_shortlist=8192,
+    beam_options=True,
+    pairs_with_lookup=True,
     load_checkpoint=lazy_call("specdec_redrafter.checkpoint", "load_redrafter_checkpoint"),
-    save_checkpoint=lazy_call("specdec_redrafter.checkpoint", "save_redrafter"), package="specdec_redrafter",
-    layouts=LAYOUTS, tree_size=lazy_call("specdec_redrafter.config", "tree_size"),
+    save_checkpoint=lazy_call("specdec_redrafter.checkpoint", "save_redrafter"),
+    package="specdec_redrafter",
+    layouts=LAYOUTS,
+    tree_size=lazy_call("specdec_redrafter.config", "tree_size"),
 )
 
 

@@ -23,7 +23,12 @@ import numpy as np
 
 from specdec.capabilities import DrafterCaps
 
-from specdec.reference.quantize import check_int8_option, dequantize_rows, quantize_rows, quantized_weights
+from specdec.reference.quantize import (
+    check_int8_option,
+    dequantize_rows,
+    quantize_rows,
+    quantized_weights,
+)
 from specdec.reference.sampling import sample_from, target_probs
 from specdec.drafting.shortlist import restrict_logits
 from specdec.types import Draft, DraftContext, SamplingConfig
@@ -44,9 +49,13 @@ __all__ = [
 
 def product_weights(config: RedrafterConfig) -> list[str]:
     """Names of the weights that multiply an input (everything but biases and the shortlist)."""
-    return (["input_proj.weight", "head_proj.weight", "rnn_w.weight", "rnn_u.weight",
-             f"lm_head.{config.num_draft_layers}.weight"]
-            + [f"lm_head.{i}.linear.weight" for i in range(config.num_draft_layers)])
+    return [
+        "input_proj.weight",
+        "head_proj.weight",
+        "rnn_w.weight",
+        "rnn_u.weight",
+        f"lm_head.{config.num_draft_layers}.weight",
+    ] + [f"lm_head.{i}.linear.weight" for i in range(config.num_draft_layers)]
 
 
 def silu(x: np.ndarray) -> np.ndarray:
@@ -60,7 +69,9 @@ def _linear(x: np.ndarray, weight: np.ndarray, bias: np.ndarray | None = None) -
     return y if bias is None else y + bias
 
 
-def rnn_step(config: RedrafterConfig, weights: dict, state: np.ndarray, embedding: np.ndarray, *, first: bool) -> np.ndarray:
+def rnn_step(
+    config: RedrafterConfig, weights: dict, state: np.ndarray, embedding: np.ndarray, *, first: bool
+) -> np.ndarray:
     """One step of the drafter's recurrence: s_{t-1}, e_t -> s_t (all (..., H)).
 
     ``embedding`` is the target's embedding of the beam's last token (e_1: the root);
@@ -81,7 +92,9 @@ def rnn_step(config: RedrafterConfig, weights: dict, state: np.ndarray, embeddin
     raise ValueError(f"unknown rnn_variant {variant!r}")
 
 
-def drafter_features(config: RedrafterConfig, weights: dict, hidden: np.ndarray, state: np.ndarray) -> np.ndarray:
+def drafter_features(
+    config: RedrafterConfig, weights: dict, hidden: np.ndarray, state: np.ndarray
+) -> np.ndarray:
     """The head's input: [h ; s] through input_proj and the residual blocks.
 
     hidden (..., H) and state (..., H), broadcast against each other -> (..., E).
@@ -91,12 +104,19 @@ def drafter_features(config: RedrafterConfig, weights: dict, hidden: np.ndarray,
     if config.exit_dim != 2 * config.hidden_size:
         x = _linear(x, weights["input_proj.weight"], weights["input_proj.bias"])  # (..., E)
     for i in range(config.num_draft_layers):
-        x = x + silu(_linear(x, weights[f"lm_head.{i}.linear.weight"], weights[f"lm_head.{i}.linear.bias"]))
+        x = x + silu(
+            _linear(x, weights[f"lm_head.{i}.linear.weight"], weights[f"lm_head.{i}.linear.bias"])
+        )
     return x
 
 
 def drafter_logits(
-    config: RedrafterConfig, weights: dict, hidden: np.ndarray, state: np.ndarray, *, lm_head: np.ndarray | None = None
+    config: RedrafterConfig,
+    weights: dict,
+    hidden: np.ndarray,
+    state: np.ndarray,
+    *,
+    lm_head: np.ndarray | None = None,
 ) -> np.ndarray:
     """Drafter logits for the next token. hidden, state (..., H) -> (..., V).
 
@@ -107,7 +127,9 @@ def drafter_logits(
     if config.head == "full":
         logits = _linear(x, weights[f"lm_head.{config.num_draft_layers}.weight"])
     elif lm_head is None:
-        raise ValueError("a ReDrafter with head='tied' needs the target's lm_head (V, H); pass lm_head=")
+        raise ValueError(
+            "a ReDrafter with head='tied' needs the target's lm_head (V, H); pass lm_head="
+        )
     else:
         logits = _linear(_linear(x, weights["head_proj.weight"]), lm_head)  # (..., H) -> (..., V)
     return restrict_logits(logits, weights.get("vocab_shortlist"))
@@ -175,7 +197,9 @@ def beam_search(
     hidden = np.asarray(hidden, dtype=np.float64)
     root_tokens = np.asarray(root_tokens, dtype=np.int64)
     # The candidates are the drafted vocabulary: the shortlist's ids (sorted), or every token.
-    drafted = np.asarray(weights.get("vocab_shortlist", np.arange(config.vocab_size)), dtype=np.int64)
+    drafted = np.asarray(
+        weights.get("vocab_shortlist", np.arange(config.vocab_size)), dtype=np.int64
+    )
     batch, vocab, width = root_tokens.shape[0], drafted.shape[0], beam_width
     _check_beam_shape(vocab, beam_width, beam_length)
     beams = np.repeat(root_tokens[:, None, None], width, axis=1)  # (B, W, 1)
@@ -185,8 +209,12 @@ def beam_search(
     history = np.zeros((batch, width, 0, config.vocab_size))
     for t in range(1, beam_length):
         # 1. Advance every beam's state with its last token, then score the next token.
-        state = rnn_step(config, weights, state, embed_tokens[beams[:, :, -1]], first=t == 1)  # (B, W, H)
-        logits = drafter_logits(config, weights, hidden[:, None, :], state, lm_head=lm_head)  # (B, W, V)
+        state = rnn_step(
+            config, weights, state, embed_tokens[beams[:, :, -1]], first=t == 1
+        )  # (B, W, H)
+        logits = drafter_logits(
+            config, weights, hidden[:, None, :], state, lm_head=lm_head
+        )  # (B, W, V)
         log_probs = draft_log_probs(logits, top_k=config.draft_top_k)
         # 2. Joint log-prob of every (beam, token) extension; keep the best W (stable: ties to lower index).
         candidates = (scores[:, :, None] + log_probs[:, :, drafted]).reshape(batch, width * vocab)
@@ -194,7 +222,9 @@ def beam_search(
         parent, token = best // vocab, drafted[best % vocab]
         scores = np.take_along_axis(candidates, best, axis=1)
         # 3. Gather the surviving beams' histories from their parents and append the new token.
-        beams = np.concatenate([np.take_along_axis(beams, parent[:, :, None], axis=1), token[:, :, None]], axis=2)
+        beams = np.concatenate(
+            [np.take_along_axis(beams, parent[:, :, None], axis=1), token[:, :, None]], axis=2
+        )
         state = np.take_along_axis(state, parent[:, :, None], axis=1)
         history = np.concatenate(
             [
@@ -233,8 +263,12 @@ def sample_chains(
     draft_probs = np.zeros((batch, width, length - 1, config.vocab_size))
     state = np.zeros((batch, width, config.hidden_size))
     for t in range(1, length):
-        state = rnn_step(config, weights, state, embed_tokens[beams[:, :, t - 1]], first=t == 1)  # (B, W, H)
-        logits = drafter_logits(config, weights, hidden[:, None, :], state, lm_head=lm_head)  # (B, W, V)
+        state = rnn_step(
+            config, weights, state, embed_tokens[beams[:, :, t - 1]], first=t == 1
+        )  # (B, W, H)
+        logits = drafter_logits(
+            config, weights, hidden[:, None, :], state, lm_head=lm_head
+        )  # (B, W, V)
         draft_probs[:, :, t - 1] = target_probs(logits, sampling)
         beams[:, :, t] = sample_from(draft_probs[:, :, t - 1], uniforms[:, :, t])
     return beams, draft_probs
@@ -249,9 +283,13 @@ def check_target_arrays(config: RedrafterConfig, embed_tokens, lm_head) -> None:
             f"(vocab_size, hidden_size) = {expected}; pass the target's input embedding"
         )
     if lm_head is not None and tuple(lm_head.shape) != expected:
-        raise ValueError(f"lm_head has shape {tuple(lm_head.shape)}, expected {expected} (the target's LM head)")
+        raise ValueError(
+            f"lm_head has shape {tuple(lm_head.shape)}, expected {expected} (the target's LM head)"
+        )
     if config.head == "tied" and lm_head is None:
-        raise ValueError("a ReDrafter with head='tied' needs the target's lm_head (V, H); pass lm_head=")
+        raise ValueError(
+            "a ReDrafter with head='tied' needs the target's lm_head (V, H); pass lm_head="
+        )
 
 
 class BeamSettings:
@@ -263,7 +301,9 @@ class BeamSettings:
 
     pairs_with_lookup = True
 
-    def set_beams(self, config: RedrafterConfig, beam_width: int | None, beam_length: int | None, sample: bool):
+    def set_beams(
+        self, config: RedrafterConfig, beam_width: int | None, beam_length: int | None, sample: bool
+    ):
         self.beam_width = config.beam_width if beam_width is None else int(beam_width)
         self.beam_length = config.beam_length if beam_length is None else int(beam_length)
         self.sample = bool(sample)
@@ -281,8 +321,11 @@ class BeamSettings:
 
     @property
     def caps(self) -> DrafterCaps:
-        return DrafterCaps(sample_shape=self.sample_shape, sampled_proposals=self.sampled_proposals,
-                           max_tree_size=beam_tree_size(self.beam_width, self.beam_length))
+        return DrafterCaps(
+            sample_shape=self.sample_shape,
+            sampled_proposals=self.sampled_proposals,
+            max_tree_size=beam_tree_size(self.beam_width, self.beam_length),
+        )
 
 
 class RedrafterDrafter(BeamSettings):
@@ -314,8 +357,10 @@ class RedrafterDrafter(BeamSettings):
         check_weights(config, weights)
         check_target_arrays(config, embed_tokens, lm_head)
         self.config = config
-        self.weights = {name: np.asarray(array, dtype=np.int64 if name == "vocab_shortlist" else np.float64)
-                        for name, array in weights.items()}
+        self.weights = {
+            name: np.asarray(array, dtype=np.int64 if name == "vocab_shortlist" else np.float64)
+            for name, array in weights.items()
+        }
         self.embed_tokens = np.asarray(embed_tokens, dtype=np.float64)
         self.lm_head = None if lm_head is None else np.asarray(lm_head, dtype=np.float64)
         check_int8_option(int8)
@@ -335,7 +380,9 @@ class RedrafterDrafter(BeamSettings):
                 f"context.hidden has shape {hidden.shape}, expected (B, H) = {(batch, self.config.hidden_size)}"
             )
         if np.any(root_tokens < 0) or np.any(root_tokens >= self.config.vocab_size):
-            raise ValueError(f"context.root_tokens must be token ids in [0, {self.config.vocab_size}), got {root_tokens}")
+            raise ValueError(
+                f"context.root_tokens must be token ids in [0, {self.config.vocab_size}), got {root_tokens}"
+            )
         pieces = dict(embed_tokens=self.embed_tokens, lm_head=self.lm_head)
         if self.sample and not context.sampling.greedy:
             shape = (batch, self.beam_width, self.beam_length)
@@ -345,12 +392,27 @@ class RedrafterDrafter(BeamSettings):
                     f"got {None if context.uniforms is None else np.shape(context.uniforms)}"
                 )
             beams, draft_probs = sample_chains(
-                self.config, self.weights, hidden, root_tokens, context.uniforms, context.sampling, **pieces
+                self.config,
+                self.weights,
+                hidden,
+                root_tokens,
+                context.uniforms,
+                context.sampling,
+                **pieces,
             )
-            return Draft(root_tokens=root_tokens, beams=beams, draft_probs=draft_probs, sampled=True)
+            return Draft(
+                root_tokens=root_tokens, beams=beams, draft_probs=draft_probs, sampled=True
+            )
         result = beam_search(
-            self.config, self.weights, hidden, root_tokens,
-            beam_width=self.beam_width, beam_length=self.beam_length, **pieces,
+            self.config,
+            self.weights,
+            hidden,
+            root_tokens,
+            beam_width=self.beam_width,
+            beam_length=self.beam_length,
+            **pieces,
         )
         draft_probs = np.exp(result.log_probs) if context.want_draft_probs else None
-        return Draft(root_tokens=root_tokens, beams=result.beams, draft_probs=draft_probs, sampled=False)
+        return Draft(
+            root_tokens=root_tokens, beams=result.beams, draft_probs=draft_probs, sampled=False
+        )

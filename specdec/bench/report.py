@@ -57,45 +57,89 @@ def summarize(records: Sequence[BenchRecord], *, plain: str = "plain") -> list[d
         records, ("backend", "dtype", "temperature", "category", "method")
     ).items():
         repeats = sorted({r.repeat for r in group})
-        tps = [_throughput(cells[(backend, dtype, temperature, category, method, k)]) for k in repeats]
+        tps = [
+            _throughput(cells[(backend, dtype, temperature, category, method, k)]) for k in repeats
+        ]
 
         def ratio(baseline: str) -> float:
-            values = [t / _throughput(cells[key]) for t, k in zip(tps, repeats)
-                      if (key := (backend, dtype, temperature, category, baseline, k)) in cells]
+            values = [
+                t / _throughput(cells[key])
+                for t, k in zip(tps, repeats)
+                if (key := (backend, dtype, temperature, category, baseline, k)) in cells
+            ]
             return float(np.median(values)) if values else float("nan")
 
         steps = sum(r.steps for r in group)
         baseline = plains.get(exact_of[method], plain)
-        compared = [_compare(r, cells.get((backend, dtype, temperature, category, baseline, r.repeat), ()))
-                    for r in group] if temperature == 0 else []
+        compared = (
+            [
+                _compare(
+                    r, cells.get((backend, dtype, temperature, category, baseline, r.repeat), ())
+                )
+                for r in group
+            ]
+            if temperature == 0
+            else []
+        )
         compared = [v for v in compared if v is not None]
-        same = [matched == total and len(r_tokens) == total for matched, total, r_tokens in compared]
+        same = [
+            matched == total and len(r_tokens) == total for matched, total, r_tokens in compared
+        ]
         decode_steps = sum(len(r.accepted) for r in group)
         decode_time = sum(r.time_draft + r.time_verify + r.time_other for r in group)
         drafted = sum(r.drafted for r in group)
         row = dict(
-            backend=backend, dtype=dtype, temperature=temperature, category=category, method=method,
-            prompts=len({r.prompt_id for r in group}), repeats=len(repeats),
+            backend=backend,
+            dtype=dtype,
+            temperature=temperature,
+            category=category,
+            method=method,
+            prompts=len({r.prompt_id for r in group}),
+            repeats=len(repeats),
             exact=exact_of[method],
-            tokens_per_second=float(np.median(tps)), speedup=ratio(baseline),
+            tokens_per_second=float(np.median(tps)),
+            speedup=ratio(baseline),
             speedup_vs_peer=ratio(PEER_BASELINE.get(backend, "")),
             tokens_per_step=sum(r.new_tokens for r in group) / steps if steps else float("nan"),
-            verified_per_step=sum(r.verified for r in group) / decode_steps if decode_steps else float("nan"),
+            verified_per_step=sum(r.verified for r in group) / decode_steps
+            if decode_steps
+            else float("nan"),
             # the budgets chosen (specdec.decode.budget): share of decode steps that verified the root alone
-            plain_step_share=sum(r.plain_steps for r in group) / decode_steps if decode_steps else float("nan"),
+            plain_step_share=sum(r.plain_steps for r in group) / decode_steps
+            if decode_steps
+            else float("nan"),
             # share of the beams' drafted tokens that deduplication into the tree did not verify
-            tree_reduction=1 - (sum(r.verified for r in group) - decode_steps) / drafted if drafted else float("nan"),
-            draft_share=sum(r.time_draft for r in group) / decode_time if decode_time else float("nan"),
-            verify_share=sum(r.time_verify for r in group) / decode_time if decode_time else float("nan"),
-            other_share=sum(r.time_other for r in group) / decode_time if decode_time else float("nan"),
+            tree_reduction=1 - (sum(r.verified for r in group) - decode_steps) / drafted
+            if drafted
+            else float("nan"),
+            draft_share=sum(r.time_draft for r in group) / decode_time
+            if decode_time
+            else float("nan"),
+            verify_share=sum(r.time_verify for r in group) / decode_time
+            if decode_time
+            else float("nan"),
+            other_share=sum(r.time_other for r in group) / decode_time
+            if decode_time
+            else float("nan"),
             identical=float(np.mean(same)) if same else float("nan"),
-            identical_tokens=sum(m for m, _, _ in compared), compared_tokens=sum(t for _, t, _ in compared),
-            peak_rss_mb=max((r.peak_rss_mb for r in group if not np.isnan(r.peak_rss_mb)), default=float("nan")),
+            identical_tokens=sum(m for m, _, _ in compared),
+            compared_tokens=sum(t for _, t, _ in compared),
+            peak_rss_mb=max(
+                (r.peak_rss_mb for r in group if not np.isnan(r.peak_rss_mb)), default=float("nan")
+            ),
         )
         rows.append(row)
     order = {m: i for i, m in enumerate(dict.fromkeys(r.method for r in records))}
-    rows.sort(key=lambda r: (r["backend"], r["dtype"], r["temperature"], r["category"] != "all", r["category"],
-                             order[r["method"]]))
+    rows.sort(
+        key=lambda r: (
+            r["backend"],
+            r["dtype"],
+            r["temperature"],
+            r["category"] != "all",
+            r["category"],
+            order[r["method"]],
+        )
+    )
     return rows
 
 
@@ -105,33 +149,44 @@ def _compare(record: BenchRecord, plain_records) -> tuple[int, int, tuple] | Non
     reference = next((r for r in plain_records if r.prompt_id == record.prompt_id), None)
     if reference is None or not reference.tokens or not record.tokens:
         return None
-    matched = next((i for i, (a, b) in enumerate(zip(record.tokens, reference.tokens)) if a != b),
-                   min(len(record.tokens), len(reference.tokens)))
+    matched = next(
+        (i for i, (a, b) in enumerate(zip(record.tokens, reference.tokens)) if a != b),
+        min(len(record.tokens), len(reference.tokens)),
+    )
     return matched, len(reference.tokens), tuple(record.tokens)
 
 
 def identity_line(row: dict) -> str:
-    """"identical to plain decoding: N of M tokens" for a summary row (greedy rows only)."""
+    """ "identical to plain decoding: N of M tokens" for a summary row (greedy rows only)."""
     if not row.get("compared_tokens"):
         return "-"
     return f"{row['identical_tokens']} of {row['compared_tokens']} tokens"
 
 
 def _fmt(value, spec: str) -> str:
-    return "-" if value is None or (isinstance(value, float) and np.isnan(value)) else format(value, spec)
+    return (
+        "-"
+        if value is None or (isinstance(value, float) and np.isnan(value))
+        else format(value, spec)
+    )
 
 
 def markdown(rows: Sequence[dict], *, categories: bool = True) -> str:
     """A Markdown table of ``summarize`` rows."""
-    header = ("| backend | dtype | exact | T | category | method | tok/s | speedup vs plain (x) | vs peer's plain (x) "
-              "| tokens/step | verified/step | no-draft steps | tree reduction | draft / verify / other "
-              "| identical to plain | peak RSS MB |")
+    header = (
+        "| backend | dtype | exact | T | category | method | tok/s | speedup vs plain (x) | vs peer's plain (x) "
+        "| tokens/step | verified/step | no-draft steps | tree reduction | draft / verify / other "
+        "| identical to plain | peak RSS MB |"
+    )
     lines = [header, "|" + "---|" * (header.count("|") - 1)]
     for r in rows:
         if not categories and r["category"] != "all":
             continue
-        split = "-" if np.isnan(r["draft_share"]) else (
-            f"{r['draft_share']:.0%} / {r['verify_share']:.0%} / {r['other_share']:.0%}")
+        split = (
+            "-"
+            if np.isnan(r["draft_share"])
+            else (f"{r['draft_share']:.0%} / {r['verify_share']:.0%} / {r['other_share']:.0%}")
+        )
         lines.append(
             f"| {r['backend']} | {r['dtype']} | {r.get('exact') or '-'} | {r['temperature']:g} | {r['category']} "
             f"| {r['method']} "
@@ -157,9 +212,18 @@ def write_outputs(records: Sequence[BenchRecord], out: Path, *, meta: dict) -> d
     """bench.json (records, summary, meta), bench.md, and plots speedup.png, accepted.png."""
     out.mkdir(parents=True, exist_ok=True)
     rows = summarize(records)
-    (out / "bench.json").write_text(json.dumps(
-        dict(meta=meta, summary=rows, records=[attrs.asdict(r) for r in records],
-             accepted_histogram=accepted_histogram(records)), indent=1, default=float))
+    (out / "bench.json").write_text(
+        json.dumps(
+            dict(
+                meta=meta,
+                summary=rows,
+                records=[attrs.asdict(r) for r in records],
+                accepted_histogram=accepted_histogram(records),
+            ),
+            indent=1,
+            default=float,
+        )
+    )
     (out / "bench.md").write_text(markdown(rows) + "\n")
     plot(rows, records, out)
     return dict(summary=rows)
@@ -175,16 +239,27 @@ def plot(rows: Sequence[dict], records: Sequence[BenchRecord], out: Path) -> Non
     configs = sorted({(r["backend"], r["dtype"], r["temperature"]) for r in rows})
     fig, axes = plt.subplots(len(configs), 1, figsize=(10, 3.5 * len(configs)), squeeze=False)
     for ax, (backend, dtype, temperature) in zip(axes[:, 0], configs):
-        sub = [r for r in rows if (r["backend"], r["dtype"], r["temperature"]) == (backend, dtype, temperature)]
+        sub = [
+            r
+            for r in rows
+            if (r["backend"], r["dtype"], r["temperature"]) == (backend, dtype, temperature)
+        ]
         categories = list(dict.fromkeys(r["category"] for r in sub))
         methods = [m for m in dict.fromkeys(r["method"] for r in sub) if m != "plain"]
         width = 0.8 / max(len(methods), 1)
         for i, method in enumerate(methods):
-            values = [next((r["speedup"] for r in sub if r["category"] == c and r["method"] == method), np.nan)
-                      for c in categories]
+            values = [
+                next(
+                    (r["speedup"] for r in sub if r["category"] == c and r["method"] == method),
+                    np.nan,
+                )
+                for c in categories
+            ]
             ax.bar(np.arange(len(categories)) + i * width, values, width, label=method)
         ax.axhline(1.0, color="black", linewidth=0.8)
-        ax.set_xticks(np.arange(len(categories)) + width * (len(methods) - 1) / 2, categories, rotation=30)
+        ax.set_xticks(
+            np.arange(len(categories)) + width * (len(methods) - 1) / 2, categories, rotation=30
+        )
         ax.set_ylabel("speedup vs plain")
         ax.set_title(f"{backend} {dtype} T={temperature:g}")
         ax.legend(fontsize=8)
@@ -196,8 +271,12 @@ def plot(rows: Sequence[dict], records: Sequence[BenchRecord], out: Path) -> Non
     for i, (method, counts) in enumerate(hist.items()):
         total = sum(counts.values())
         keys = np.array(list(counts))
-        ax.bar(keys + i * 0.8 / max(len(hist), 1), [c / total for c in counts.values()], 0.8 / max(len(hist), 1),
-               label=method)
+        ax.bar(
+            keys + i * 0.8 / max(len(hist), 1),
+            [c / total for c in counts.values()],
+            0.8 / max(len(hist), 1),
+            label=method,
+        )
     ax.set_xlabel("drafted tokens accepted per step")
     ax.set_ylabel("share of steps")
     ax.legend(fontsize=8)

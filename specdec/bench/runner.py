@@ -28,13 +28,19 @@ class BenchRecord:
     seconds: float
     accepted: tuple = ()
     verified: int = 0
-    drafted: int = 0  # tokens of the distinct beams (roots not counted), before deduplication into trees
-    plain_steps: int = 0  # decode steps that verified the root alone (a budget of 0, or nothing drafted)
+    drafted: int = (
+        0  # tokens of the distinct beams (roots not counted), before deduplication into trees
+    )
+    plain_steps: int = (
+        0  # decode steps that verified the root alone (a budget of 0, or nothing drafted)
+    )
     time_draft: float = 0.0
     time_verify: float = 0.0
     time_other: float = 0.0
     time_prefill: float = 0.0
-    tokens: tuple = attrs.field(default=(), repr=False)  # the generated ids, for greedy identity checks
+    tokens: tuple = attrs.field(
+        default=(), repr=False
+    )  # the generated ids, for greedy identity checks
     peak_rss_mb: float = float("nan")  # the process's peak resident memory during this generation
     exact: str = ""  # the target's exact mode: "on", "off" ("" for peers)
 
@@ -43,31 +49,55 @@ class BenchRecord:
         return len(self.accepted) + 1 if self.accepted or self.verified else 0
 
 
-def specdec_runner(method: Method, model, target, backend: str, max_new_tokens: int) -> Callable[..., dict]:
+def specdec_runner(
+    method: Method, model, target, backend: str, max_new_tokens: int
+) -> Callable[..., dict]:
     """A callable(prompt ids, temperature, seed) -> dict of measurements, for a specdec method.
     The drafter is loaded once; only decoding is timed."""
-    from specdec.generation.api import add_lookup, load_drafter, lookup_by_default, planned_beams, stream
+    from specdec.generation.api import (
+        add_lookup,
+        load_drafter,
+        lookup_by_default,
+        planned_beams,
+        stream,
+    )
     from specdec.generation.resolve import resolve
     from specdec.plugins.registry import default_registry
 
     registry = default_registry()
     backend_obj = registry.get("backend", backend).factory()
     options = dict(method.generate_options)
-    loop_options = {k: options.pop(k) for k in ("verifier", "tree_builder", "speculation") if k in options}
+    loop_options = {
+        k: options.pop(k) for k in ("verifier", "tree_builder", "speculation") if k in options
+    }
     lookup = options.pop("lookup", None)
     named = resolve("drafter", method.drafter, registry, backend_obj.name)
-    if not {"beam_width", "beam_length"} & set(options):  # as generate: specdec plan's beams, when kept
+    if not {"beam_width", "beam_length"} & set(
+        options
+    ):  # as generate: specdec plan's beams, when kept
         options.update(planned_beams(backend_obj, target, named))
     drafter = load_drafter(named, target, backend_obj, registry, options)
     if lookup is None:
         lookup = lookup_by_default(named, drafter, loop_options.get("verifier"))
     if lookup:
         drafter = add_lookup(drafter, lookup, backend_obj, target)
-    beam_drafter = method.kind in registry.names("drafter_spec") and registry.drafter_spec(method.kind).beam_options
+    beam_drafter = (
+        method.kind in registry.names("drafter_spec")
+        and registry.drafter_spec(method.kind).beam_options
+    )
 
     def run(ids: list[int], temperature: float, seed: int) -> dict:
-        steps = stream(target, ids, drafter=drafter, backend=backend, max_new_tokens=max_new_tokens,
-                       temperature=temperature, seed=[seed], lookup=False, **loop_options)  # drafter is complete
+        steps = stream(
+            target,
+            ids,
+            drafter=drafter,
+            backend=backend,
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            seed=[seed],
+            lookup=False,
+            **loop_options,
+        )  # drafter is complete
         accepted, verified, drafted, plain_steps, generated = [], 0, 0, 0, []
         times = dict(time_draft=0.0, time_verify=0.0, time_other=0.0, time_prefill=0.0)
         start = time.perf_counter()
@@ -85,8 +115,16 @@ def specdec_runner(method: Method, model, target, backend: str, max_new_tokens: 
             times["time_verify"] += step.time_verify
             times["time_other"] += step.time_other
         seconds = time.perf_counter() - start
-        return dict(new_tokens=len(generated), seconds=seconds, accepted=tuple(accepted), verified=verified,
-                    drafted=drafted, plain_steps=plain_steps, tokens=tuple(generated), **times)
+        return dict(
+            new_tokens=len(generated),
+            seconds=seconds,
+            accepted=tuple(accepted),
+            verified=verified,
+            drafted=drafted,
+            plain_steps=plain_steps,
+            tokens=tuple(generated),
+            **times,
+        )
 
     run.drafter = drafter  # what the method drafts with, for reports and tests
     return run
@@ -122,8 +160,12 @@ def run_bench(
     total = len(grid) * len(temperatures) * repeats * len(prompts) * len(methods)
     bar = tqdm(total=total, desc="bench", disable=not progress)
     folder = resolve_model(model)  # prompts first: the target's one slot is sized to the longest
-    encoded = [encode_prompts(p.prompt, load_tokenizer(folder), 2**62, chat_template=load_chat_template(folder))[0][0]
-               for p in prompts]
+    encoded = [
+        encode_prompts(
+            p.prompt, load_tokenizer(folder), 2**62, chat_template=load_chat_template(folder)
+        )[0][0]
+        for p in prompts
+    ]
     capacity = max(map(len, encoded)) + max_new_tokens + TREE_ROOM
     for backend, dtype in grid:
         target = specdec.load(folder, backend=backend, dtype=dtype, capacity=capacity)
@@ -135,15 +177,24 @@ def run_bench(
             if method.is_peer:
                 if method.peer_backend != backend:
                     continue
-                runners[method.label] = peer_runner(method, model, target, dtype or _dtype_name(target),
-                                                    max_new_tokens)
+                runners[method.label] = peer_runner(
+                    method, model, target, dtype or _dtype_name(target), max_new_tokens
+                )
             else:
                 if method.exact not in targets:
-                    targets[method.exact] = specdec.load(folder, backend=backend, dtype=target_dtype(target, dtype),
-                                                         capacity=capacity, exact=method.exact)
-                runners[method.label] = specdec_runner(method, model, targets[method.exact], backend,
-                                                       max_new_tokens)
-                runners[method.label].exact = "on" if getattr(targets[method.exact], "exact", False) else "off"
+                    targets[method.exact] = specdec.load(
+                        folder,
+                        backend=backend,
+                        dtype=target_dtype(target, dtype),
+                        capacity=capacity,
+                        exact=method.exact,
+                    )
+                runners[method.label] = specdec_runner(
+                    method, model, targets[method.exact], backend, max_new_tokens
+                )
+                runners[method.label].exact = (
+                    "on" if getattr(targets[method.exact], "exact", False) else "off"
+                )
         for temperature in temperatures:
             for label, run in runners.items():
                 for _ in range(warmup):
@@ -153,10 +204,20 @@ def run_bench(
                     for label, run in runners.items():
                         reset_peak_rss()
                         measured = run(ids, temperature, seed + 1000 * repeat + index)
-                        records.append(BenchRecord(
-                            method=label, backend=backend, dtype=dtype_label, temperature=temperature,
-                            prompt_id=prompt.id, category=prompt.category, repeat=repeat, peak_rss_mb=peak_rss_mb(),
-                            exact=getattr(run, "exact", ""), **measured))
+                        records.append(
+                            BenchRecord(
+                                method=label,
+                                backend=backend,
+                                dtype=dtype_label,
+                                temperature=temperature,
+                                prompt_id=prompt.id,
+                                category=prompt.category,
+                                repeat=repeat,
+                                peak_rss_mb=peak_rss_mb(),
+                                exact=getattr(run, "exact", ""),
+                                **measured,
+                            )
+                        )
                         bar.update(1)
     bar.close()
     return records

@@ -8,11 +8,19 @@ from specdec.errors import InvalidInputError
 
 
 def add_parser(sub) -> None:
-    parser = sub.add_parser("cache", help="show, verify or clear the specdec cache (converted models, teacher data)")
+    parser = sub.add_parser(
+        "cache", help="show, verify or clear the specdec cache (converted models, teacher data)"
+    )
     parser.add_argument("action", nargs="?", default="show", choices=("show", "verify", "clear"))
     parser.add_argument("names", nargs="*", help="model names in the cache (default: all of them)")
-    parser.add_argument("--no-repair", action="store_true", help="verify: report damage without converting again")
-    parser.add_argument("--all", action="store_true", help="clear: remove everything specdec keeps in the cache (models, teacher data, tuning ...)")
+    parser.add_argument(
+        "--no-repair", action="store_true", help="verify: report damage without converting again"
+    )
+    parser.add_argument(
+        "--all",
+        action="store_true",
+        help="clear: remove everything specdec keeps in the cache (models, teacher data, tuning ...)",
+    )
     parser.set_defaults(func=cmd_cache)
 
 
@@ -32,14 +40,20 @@ def cmd_cache(args) -> int:
     known = {row["name"]: row for row in rows}
     unknown = [n for n in args.names if n not in known]
     if unknown:
-        raise InvalidInputError(f"no model named {', '.join(unknown)} in the cache {root}; it holds: "
-                                f"{', '.join(known) or 'none'}")
+        raise InvalidInputError(
+            f"no model named {', '.join(unknown)} in the cache {root}; it holds: "
+            f"{', '.join(known) or 'none'}"
+        )
     chosen = [known[n] for n in args.names] if args.names else rows
     if args.action == "show":
         print(f"cache {root}")
         for row in rows:
             print(f"  {row['name']:<24} {_size(row['bytes']):>10}  {row['state']}  ({row['path']})")
-        others = [p for p in sorted(root.iterdir()) if p.name not in ("models", "tmp")] if root.is_dir() else []
+        others = (
+            [p for p in sorted(root.iterdir()) if p.name not in ("models", "tmp")]
+            if root.is_dir()
+            else []
+        )
         for path in others:
             print(f"  {path.name + '/':<24} {_size(cache.folder_size(path)):>10}  ({path})")
         return 0
@@ -59,15 +73,20 @@ def cmd_cache(args) -> int:
             print(f"{row['name']}: repaired (converted again)")
         return status
     if not args.names and not args.all:
-        raise InvalidInputError(f"specdec cache clear: name the models to remove ({', '.join(known) or 'none'}) "
-                                f"or pass --all to remove the whole cache {root}")
+        raise InvalidInputError(
+            f"specdec cache clear: name the models to remove ({', '.join(known) or 'none'}) "
+            f"or pass --all to remove the whole cache {root}"
+        )
     if args.all:
         removed, others = cache.clear_all(root)
         for path in removed:
             print(f"removed {path}")
         if others:
-            print(f"left {len(others)} entr{'y' if len(others) == 1 else 'ies'} of {root} that specdec did not make: "
-                  f"{', '.join(p.name for p in others[:8])}{' ...' if len(others) > 8 else ''}", file=sys.stderr)
+            print(
+                f"left {len(others)} entr{'y' if len(others) == 1 else 'ies'} of {root} that specdec did not make: "
+                f"{', '.join(p.name for p in others[:8])}{' ...' if len(others) > 8 else ''}",
+                file=sys.stderr,
+            )
         return 0
     for row in chosen:
         path = root / "models" / row["name"]

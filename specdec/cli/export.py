@@ -11,25 +11,42 @@ def add_parser(sub) -> None:
     export = sub.add_parser(
         "export",
         help="write a drafter in the layout TensorRT-LLM, vLLM or SGLang loads "
-             "(see docs/scale-out.md)")
-    export.add_argument("drafter", help="a checkpoint folder, or redrafter / medusa (the one shipped for --model)")
-    export.add_argument("--format", required=True,
-                        help="redrafter: apple (= tensorrt-llm); medusa: fasterdecoding "
-                             "(= tensorrt-llm) or vllm; eagle3: specforge (= sglang, tensorrt-llm) "
-                             "or speculators (= vllm)")
+        "(see docs/scale-out.md)",
+    )
+    export.add_argument(
+        "drafter", help="a checkpoint folder, or redrafter / medusa (the one shipped for --model)"
+    )
+    export.add_argument(
+        "--format",
+        required=True,
+        help="redrafter: apple (= tensorrt-llm); medusa: fasterdecoding "
+        "(= tensorrt-llm) or vllm; eagle3: specforge (= sglang, tensorrt-llm) "
+        "or speculators (= vllm)",
+    )
     export.add_argument("--out", required=True, help="an empty folder to write")
-    export.add_argument("--model", default=None,
-                        help="the target (folder or bundled name): needed for a tied head, whose projection is stored")
-    export.add_argument("--drop-shortlist", action="store_true",
-                        help="ReDrafter: export a shortlisted head over the full vocabulary (refused otherwise)")
-    export.add_argument("--medusa-choices", default=None,
-                        help="Medusa: 'chain' or a JSON list of paths to record instead of the drafter's tree")
+    export.add_argument(
+        "--model",
+        default=None,
+        help="the target (folder or bundled name): needed for a tied head, whose projection is stored",
+    )
+    export.add_argument(
+        "--drop-shortlist",
+        action="store_true",
+        help="ReDrafter: export a shortlisted head over the full vocabulary (refused otherwise)",
+    )
+    export.add_argument(
+        "--medusa-choices",
+        default=None,
+        help="Medusa: 'chain' or a JSON list of paths to record instead of the drafter's tree",
+    )
     export.add_argument("--dtype", default="float32", choices=("float32", "float16"))
     export.add_argument("--overwrite", action="store_true", help="replace what --out holds")
     export.set_defaults(func=cmd_export)
     imp = sub.add_parser(
-        "import", help="write a published drafter (Apple ReDrafter, FasterDecoding or vLLM Medusa, "
-                       "EAGLE-3 in the SpecForge or speculators layout) as a specdec checkpoint")
+        "import",
+        help="write a published drafter (Apple ReDrafter, FasterDecoding or vLLM Medusa, "
+        "EAGLE-3 in the SpecForge or speculators layout) as a specdec checkpoint",
+    )
     imp.add_argument("folder", help="the published drafter's folder")
     imp.add_argument("--out", required=True, help="an empty folder to write")
     imp.add_argument("--dtype", default="float32", choices=("float32", "float16"))
@@ -46,9 +63,19 @@ def cmd_export(args) -> int:
         try:
             choices = [tuple(path) for path in json.loads(choices)]
         except (ValueError, TypeError) as exc:
-            raise InvalidInputError(f"--medusa-choices must be 'chain' or a JSON list of lists, got {choices!r}") from exc
-    result = export(args.drafter, args.format, args.out, model=args.model, drop_shortlist=args.drop_shortlist,
-                    choices=choices, dtype=args.dtype, overwrite=args.overwrite)
+            raise InvalidInputError(
+                f"--medusa-choices must be 'chain' or a JSON list of lists, got {choices!r}"
+            ) from exc
+    result = export(
+        args.drafter,
+        args.format,
+        args.out,
+        model=args.model,
+        drop_shortlist=args.drop_shortlist,
+        choices=choices,
+        dtype=args.dtype,
+        overwrite=args.overwrite,
+    )
     lines = describe(result)
     print(lines[0], file=sys.stderr)
     for line in lines[1:]:

@@ -15,37 +15,61 @@ from specdec.errors import InvalidInputError, SpecdecError
 
 
 def _add_generation_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--backend", default=None, help="numpy | torch | mlx | any installed backend")
+    parser.add_argument(
+        "--backend", default=None, help="numpy | torch | mlx | any installed backend"
+    )
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--top-k", type=int, default=None)
     parser.add_argument("--top-p", type=float, default=None)
     parser.add_argument("--seed", type=int, default=None)
-    parser.add_argument("--dtype", default=None, help="default: the fastest measured on this machine (specdec tune)")
+    parser.add_argument(
+        "--dtype", default=None, help="default: the fastest measured on this machine (specdec tune)"
+    )
     parser.add_argument("--device", default=None)
     _add_exact_arg(parser)
     parser.add_argument("--beam-width", type=int, default=None)
     parser.add_argument("--beam-length", type=int, default=None)
     parser.add_argument("--verifier", default=None)
-    parser.add_argument("--lookup", action=argparse.BooleanOptionalAction, default=None,
-                        help="add a prompt-lookup beam (n-gram copy from the text so far) to the drafter's beams "
-                             "(default: on beside ReDrafter)")
-    parser.add_argument("--lookup-length", type=int, default=None, metavar="N",
-                        help="tokens the prompt-lookup beam drafts, whatever the beam length (default 10; with "
-                             "--drafter lookup, the length of prompt lookup alone)")
+    parser.add_argument(
+        "--lookup",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="add a prompt-lookup beam (n-gram copy from the text so far) to the drafter's beams "
+        "(default: on beside ReDrafter)",
+    )
+    parser.add_argument(
+        "--lookup-length",
+        type=int,
+        default=None,
+        metavar="N",
+        help="tokens the prompt-lookup beam drafts, whatever the beam length (default 10; with "
+        "--drafter lookup, the length of prompt lookup alone)",
+    )
 
 
 def _add_exact_arg(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--exact", action=argparse.BooleanOptionalAction, default=None,
-                        help="exact mode: rows computed so that speculative output is bit-identical to plain "
-                             "decoding at any dtype (default: on where this machine's check holds; --exact "
-                             "insists, --no-exact turns it off)")
+    parser.add_argument(
+        "--exact",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="exact mode: rows computed so that speculative output is bit-identical to plain "
+        "decoding at any dtype (default: on where this machine's check holds; --exact "
+        "insists, --no-exact turns it off)",
+    )
 
 
 def _common(args) -> dict:
     return dict(
-        backend=args.backend, max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
-        top_p=args.top_p, seed=args.seed, dtype=args.dtype, device=args.device, exact=args.exact,
+        backend=args.backend,
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        seed=args.seed,
+        dtype=args.dtype,
+        device=args.device,
+        exact=args.exact,
     )
 
 
@@ -66,12 +90,16 @@ def cmd_generate(args) -> int:
     try:
         prompt = args.prompt if args.prompt is not None else json.loads(args.prompt_ids)
     except json.JSONDecodeError as exc:
-        raise InvalidInputError(f"--prompt-ids must be a JSON list of token ids such as '[1, 2, 3]', got "
-                                f"{args.prompt_ids!r} ({exc})") from None
+        raise InvalidInputError(
+            f"--prompt-ids must be a JSON list of token ids such as '[1, 2, 3]', got "
+            f"{args.prompt_ids!r} ({exc})"
+        ) from None
     if args.chat:
         if args.prompt is None:
-            raise InvalidInputError("--chat wraps a text prompt in the model's chat template; give --prompt TEXT, "
-                                    "not --prompt-ids")
+            raise InvalidInputError(
+                "--chat wraps a text prompt in the model's chat template; give --prompt TEXT, "
+                "not --prompt-ids"
+            )
         prompt = [{"role": "user", "content": args.prompt}]
     drafter, options = drafter_options(args)
     result = specdec.generate(args.model, prompt, drafter=drafter, **_common(args), **options)
@@ -87,13 +115,25 @@ def _demo_models(args, tmp: Path):
     if args.random:
         from specdec.testing import make_random_drafter, make_random_model
 
-        model = make_random_model(tmp / "model", vocab_size=512, hidden_size=64, num_layers=2, num_heads=4,
-                                  num_kv_heads=2, seed=0, with_tokenizer=True)
+        model = make_random_model(
+            tmp / "model",
+            vocab_size=512,
+            hidden_size=64,
+            num_layers=2,
+            num_heads=4,
+            num_kv_heads=2,
+            seed=0,
+            with_tokenizer=True,
+        )
         redrafter = make_random_drafter(tmp / "redrafter", model, kind="redrafter", seed=1)
         medusa = make_random_drafter(tmp / "medusa", model, kind="medusa", seed=2)
     else:
         model, redrafter, medusa = args.model, "redrafter", "medusa"
-    return model, {"default": (redrafter, {}), "redrafter": (redrafter, {"lookup": False}), "medusa": (medusa, {})}
+    return model, {
+        "default": (redrafter, {}),
+        "redrafter": (redrafter, {"lookup": False}),
+        "medusa": (medusa, {}),
+    }
 
 
 def _same_prefix(a: list, b: list) -> int:
@@ -108,18 +148,41 @@ def _describe_default(target, drafter, backend, registry) -> str:
     from specdec.generation.api import planned_beams
     from specdec.generation.resolve import resolve
 
-    planned = planned_beams(registry.get("backend", backend).factory(), target,
-                            resolve("drafter", drafter, registry, backend)) if backend else {}
+    planned = (
+        planned_beams(
+            registry.get("backend", backend).factory(),
+            target,
+            resolve("drafter", drafter, registry, backend),
+        )
+        if backend
+        else {}
+    )
     if planned:
         where = "chosen by `specdec plan` on this machine"
     else:
         where = "the checkpoint's default; `specdec plan` chooses for this machine"
     from specdec.generation.api import prepare
 
-    plan, *_ = prepare(target, [1], drafter, backend, max_new_tokens=1, temperature=0.0, top_k=None, top_p=None,
-                       dtype=None, device=None, registry=registry, options={})
+    plan, *_ = prepare(
+        target,
+        [1],
+        drafter,
+        backend,
+        max_new_tokens=1,
+        temperature=0.0,
+        top_k=None,
+        top_p=None,
+        dtype=None,
+        device=None,
+        registry=registry,
+        options={},
+    )
     inner = getattr(plan.drafter, "inner", None) or plan.drafter
-    lookup = f" + a prompt-lookup beam of {plan.drafter.draft_length} tokens" if inner is not plan.drafter else ""
+    lookup = (
+        f" + a prompt-lookup beam of {plan.drafter.draft_length} tokens"
+        if inner is not plan.drafter
+        else ""
+    )
     return f"ReDrafter W={inner.beam_width} L={inner.beam_length} ({where}){lookup}"
 
 
@@ -154,21 +217,38 @@ def cmd_demo(args) -> int:
         methods = {"plain": ("none", {}), **drafters}
 
         def run(text, drafter, options, max_new_tokens=args.max_new_tokens):
-            return specdec.generate(target, [{"role": "user", "content": text}], drafter=drafter, backend=backend,
-                                    max_new_tokens=max_new_tokens, **options)
+            return specdec.generate(
+                target,
+                [{"role": "user", "content": text}],
+                drafter=drafter,
+                backend=backend,
+                max_new_tokens=max_new_tokens,
+                **options,
+            )
 
         for drafter, options in methods.values():  # warm-up: first calls pay one-off costs
             run(args.prompt[0], drafter, options, max_new_tokens=4)
-        label = "random untrained drafters: expect no acceptance" if args.random else "shipped drafters"
+        label = (
+            "random untrained drafters: expect no acceptance" if args.random else "shipped drafters"
+        )
         print(f"model {model}, backend {backend}; {label}")
         print(f"dtype: {choice.describe() if choice else args.dtype}")
         print(describe_exactness(target))
-        print(f"default drafting: {_describe_default(target, drafters['default'][0], backend, registry)}")
-        exact = bool(getattr(target, "exact", False)) or str(getattr(target, "dtype", "")).endswith("float64")
-        status, totals = 0, {name: [0, 0.0] for name in methods}  # new tokens, seconds (prefill included)
+        print(
+            f"default drafting: {_describe_default(target, drafters['default'][0], backend, registry)}"
+        )
+        exact = bool(getattr(target, "exact", False)) or str(getattr(target, "dtype", "")).endswith(
+            "float64"
+        )
+        status, totals = (
+            0,
+            {name: [0, 0.0] for name in methods},
+        )  # new tokens, seconds (prefill included)
         for text in args.prompt:
             runs: dict[str, list] = {}
-            for _ in range(args.repeats):  # plain and speculative decoding interleaved; the median is reported
+            for _ in range(
+                args.repeats
+            ):  # plain and speculative decoding interleaved; the median is reported
                 for name, (drafter, options) in methods.items():
                     runs.setdefault(name, []).append(run(text, drafter, options))
             results = {name: _median(found) for name, found in runs.items()}
@@ -187,15 +267,24 @@ def cmd_demo(args) -> int:
                     note = f"DIFFERS from plain decoding after {same} of {len(plain.tokens)} tokens"
                     status = 1
                 else:
-                    note = (f"identical to plain decoding: {same} of {len(plain.tokens)} tokens (exact mode is off: "
-                            "tree and one-token forwards round differently)")
+                    note = (
+                        f"identical to plain decoding: {same} of {len(plain.tokens)} tokens (exact mode is off: "
+                        "tree and one-token forwards round differently)"
+                    )
                 print(_report(name, result, plain.stats.tokens_per_second) + f"; {note}")
         if len(args.prompt) > 1:
             rate = {name: tokens / seconds for name, (tokens, seconds) in totals.items()}
-            print(f"\nall {len(args.prompt)} prompts: " + ", ".join(
-                f"{name} {rate[name]:.1f} tokens/s" + ("" if name == "plain" else f" ({rate[name] / rate['plain']:.2f}x)")
-                for name in methods))
-        print("(default: generate()'s defaults, ReDrafter with a prompt-lookup beam; redrafter: lookup=False)")
+            print(
+                f"\nall {len(args.prompt)} prompts: "
+                + ", ".join(
+                    f"{name} {rate[name]:.1f} tokens/s"
+                    + ("" if name == "plain" else f" ({rate[name] / rate['plain']:.2f}x)")
+                    for name in methods
+                )
+            )
+        print(
+            "(default: generate()'s defaults, ReDrafter with a prompt-lookup beam; redrafter: lookup=False)"
+        )
     return int(status)
 
 
@@ -210,14 +299,31 @@ def cmd_bench(args) -> int:
     from specdec.bench.report import markdown, write_outputs
     from specdec.plugins.registry import installed_distributions
 
-    Path(args.out).mkdir(parents=True, exist_ok=True)  # an unwritable --out fails before the runs, not after
+    Path(args.out).mkdir(
+        parents=True, exist_ok=True
+    )  # an unwritable --out fails before the runs, not after
     prompts = load_prompt_set(args.prompts, per_category=args.per_category)
     methods = [parse_method(m) for m in args.methods]
     grid = [(item.partition(":")[0], item.partition(":")[2] or None) for item in args.backends]
-    records = run_bench(args.model, prompts, methods, grid=grid, temperatures=args.temperatures,
-                        max_new_tokens=args.max_new_tokens, repeats=args.repeats, warmup=args.warmup, seed=args.seed)
-    meta = dict(command=" ".join(sys.argv), versions=installed_distributions(), model=str(args.model),
-                prompts=args.prompts, per_category=args.per_category, max_new_tokens=args.max_new_tokens)
+    records = run_bench(
+        args.model,
+        prompts,
+        methods,
+        grid=grid,
+        temperatures=args.temperatures,
+        max_new_tokens=args.max_new_tokens,
+        repeats=args.repeats,
+        warmup=args.warmup,
+        seed=args.seed,
+    )
+    meta = dict(
+        command=" ".join(sys.argv),
+        versions=installed_distributions(),
+        model=str(args.model),
+        prompts=args.prompts,
+        per_category=args.per_category,
+        max_new_tokens=args.max_new_tokens,
+    )
     out = write_outputs(records, Path(args.out), meta=meta)
     print(markdown(out["summary"], categories=args.categories))
     print(f"wrote {args.out}/bench.json, bench.md, speedup.png, accepted.png", file=sys.stderr)
@@ -233,26 +339,60 @@ def cmd_plan(args) -> int:
 
     prompts = [p.prompt for p in load_prompt_set(args.prompts, per_category=args.per_category)]
     lookup = not args.no_lookup
-    rows = plan(args.model, args.drafter, prompts, backend=args.backend, dtype=args.dtype, widths=args.widths,
-                lengths=args.lengths, max_new_tokens=args.max_new_tokens, lookup=lookup, save=not args.no_save)
-    checked = measure(args.model, args.drafter, prompts, rows[: args.measure_top], backend=args.backend,
-                      dtype=args.dtype, max_new_tokens=args.max_new_tokens, lookup=lookup) if args.measure_top else []
+    rows = plan(
+        args.model,
+        args.drafter,
+        prompts,
+        backend=args.backend,
+        dtype=args.dtype,
+        widths=args.widths,
+        lengths=args.lengths,
+        max_new_tokens=args.max_new_tokens,
+        lookup=lookup,
+        save=not args.no_save,
+    )
+    checked = (
+        measure(
+            args.model,
+            args.drafter,
+            prompts,
+            rows[: args.measure_top],
+            backend=args.backend,
+            dtype=args.dtype,
+            max_new_tokens=args.max_new_tokens,
+            lookup=lookup,
+        )
+        if args.measure_top
+        else []
+    )
     measured = {(r.beam_width, r.beam_length): r.measured_speedup for r in checked}
-    print("| W | L | tokens/step (est.) | tree size | draft ms | verify ms | predicted speedup | measured |")
+    print(
+        "| W | L | tokens/step (est.) | tree size | draft ms | verify ms | predicted speedup | measured |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         m = measured.get((r.beam_width, r.beam_length))
-        print(f"| {r.beam_width} | {r.beam_length} | {r.tokens_per_step:.2f} | {r.tree_size:.1f} | {r.draft_ms:.1f} "
-              f"| {r.verify_ms:.1f} | {r.predicted_speedup:.2f}x | {'-' if m is None else f'{m:.2f}x'} |")
+        print(
+            f"| {r.beam_width} | {r.beam_length} | {r.tokens_per_step:.2f} | {r.tree_size:.1f} | {r.draft_ms:.1f} "
+            f"| {r.verify_ms:.1f} | {r.predicted_speedup:.2f}x | {'-' if m is None else f'{m:.2f}x'} |"
+        )
     best = rows[0]
-    print(f"recommended: beam_width={best.beam_width} beam_length={best.beam_length} "
-          f"(predicted {best.predicted_speedup:.2f}x over plain decoding, decode phase"
-          f"{f', with the prompt-lookup beam of {DEFAULT_DRAFT_LENGTH} tokens' if lookup else ''})")
+    print(
+        f"recommended: beam_width={best.beam_width} beam_length={best.beam_length} "
+        f"(predicted {best.predicted_speedup:.2f}x over plain decoding, decode phase"
+        f"{f', with the prompt-lookup beam of {DEFAULT_DRAFT_LENGTH} tokens' if lookup else ''})"
+    )
     if not args.no_save:
-        print("saved: generate uses it for this drafter on this machine when no beams are given", file=sys.stderr)
+        print(
+            "saved: generate uses it for this drafter on this machine when no beams are given",
+            file=sys.stderr,
+        )
     if args.prompts in PROMPT_SETS:
-        print(f"planned on the {args.prompts} prompts; the best beams depend on the text: for another kind of use "
-              "(code, say) plan with --prompts FILE.jsonl of prompts like your own", file=sys.stderr)
+        print(
+            f"planned on the {args.prompts} prompts; the best beams depend on the text: for another kind of use "
+            "(code, say) plan with --prompts FILE.jsonl of prompts like your own",
+            file=sys.stderr,
+        )
     return 0
 
 
@@ -267,7 +407,9 @@ def cmd_tune(args) -> int:
     if not hasattr(backend, "dtype_candidates"):
         print(f"backend {backend.name!r} computes in one dtype: nothing to tune")
         return 0
-    target, choice = load_fastest(backend, resolve_model(args.model), device=args.device, remeasure=True)
+    target, choice = load_fastest(
+        backend, resolve_model(args.model), device=args.device, remeasure=True
+    )
     print(f"device: {choice.device or backend.name}")
     if choice.timings:
         sizes = list(next(iter(choice.timings.values())))
@@ -281,7 +423,10 @@ def cmd_tune(args) -> int:
 
     configure(target, None, backend=backend.name)
     check = getattr(target.exactness, "check", None)
-    print(describe(target) + (f" (checked: {', '.join(check.checked)})" if check and check.checked else ""))
+    print(
+        describe(target)
+        + (f" (checked: {', '.join(check.checked)})" if check and check.checked else "")
+    )
 
     arch = architecture_key(resolve_model(args.model))
     if arch is not None and choice.timings:
@@ -302,7 +447,9 @@ def cmd_plugins(args) -> int:
             backend = "" if row["backend"] is None else f" [{row['backend']}]"
             flag = "" if row["lossless"] is None else (" lossless" if row["lossless"] else " LOSSY")
             conflict = "  CONFLICT: registered by another plugin too" if row["conflict"] else ""
-            print(f"  {row['name']}{backend}{flag}  ({row['package']}, plugin {row['plugin']}){conflict}")
+            print(
+                f"  {row['name']}{backend}{flag}  ({row['package']}, plugin {row['plugin']}){conflict}"
+            )
     for kind in ("broken", "disabled"):
         listed = [r for r in rows if r["kind"] == kind]
         if listed:
@@ -325,8 +472,10 @@ def _parse_mix(text: str | None):
         try:
             pairs.append((kind.strip(), float(share)))
         except ValueError:
-            raise InvalidInputError(f"--prompt-mix takes kind=share pairs, e.g. corpus=0.3,general=0.5,plain=0.2; "
-                                    f"got {text!r}") from None
+            raise InvalidInputError(
+                f"--prompt-mix takes kind=share pairs, e.g. corpus=0.3,general=0.5,plain=0.2; "
+                f"got {text!r}"
+            ) from None
     from specdec.training.selfinstruct import check_mix
 
     try:
@@ -341,73 +490,141 @@ def cmd_train(args) -> int:
     from specdec.errors import InvalidInputError, require
 
     if args.backend != "torch":
-        raise InvalidInputError(f"training runs on the torch backend only, got --backend {args.backend!r}")
+        raise InvalidInputError(
+            f"training runs on the torch backend only, got --backend {args.backend!r}"
+        )
     if args.steps is None and args.minutes is None:
         raise InvalidInputError("give a training budget: --minutes N or --steps N")
     require("torch", extra="train", feature="specdec train")
     require("transformers", extra="train", feature="specdec train")
-    options = dict(steps=args.steps, minutes=args.minutes, prompts=args.prompts, heldout_prompts=args.heldout_prompts,
-                   max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, lr=args.lr,
-                   teacher_dtype=args.teacher_dtype, teacher_batch_size=args.teacher_batch_size,
-                   prompt_mix=_parse_mix(args.prompt_mix),
-                   weight_decay=args.weight_decay, seed=args.seed,
-                   resume=args.resume, overwrite=args.overwrite, allow_changes=args.allow_changes, threads=args.threads,
-                   save_dtype=args.save_dtype, bf16=args.bf16,
-                   negatives=args.negatives or None, prompt_text_prompts=args.prompt_text_prompts,
-                   shortlist=(args.spec.default_shortlist if args.shortlist is None else args.shortlist),
-                   keep_init_shortlist=args.shortlist is None, init=args.init,
-                   progress=not args.quiet)
+    options = dict(
+        steps=args.steps,
+        minutes=args.minutes,
+        prompts=args.prompts,
+        heldout_prompts=args.heldout_prompts,
+        max_new_tokens=args.max_new_tokens,
+        batch_size=args.batch_size,
+        lr=args.lr,
+        teacher_dtype=args.teacher_dtype,
+        teacher_batch_size=args.teacher_batch_size,
+        prompt_mix=_parse_mix(args.prompt_mix),
+        weight_decay=args.weight_decay,
+        seed=args.seed,
+        resume=args.resume,
+        overwrite=args.overwrite,
+        allow_changes=args.allow_changes,
+        threads=args.threads,
+        save_dtype=args.save_dtype,
+        bf16=args.bf16,
+        negatives=args.negatives or None,
+        prompt_text_prompts=args.prompt_text_prompts,
+        shortlist=(args.spec.default_shortlist if args.shortlist is None else args.shortlist),
+        keep_init_shortlist=args.shortlist is None,
+        init=args.init,
+        progress=not args.quiet,
+    )
     options.update({option.dest: getattr(args, option.dest) for option in args.spec.train_options})
     report = args.spec.train(args.model, args.out, **options)
     for row in report["history"]:
-        print(f"step {row['step']:>6}  {row['minutes']:7.2f} min  loss {row['loss']:.3f}  held-out "
-              f"{row['tokens_per_step']:.2f} tokens/step (bonus token counted)")
+        print(
+            f"step {row['step']:>6}  {row['minutes']:7.2f} min  loss {row['loss']:.3f}  held-out "
+            f"{row['tokens_per_step']:.2f} tokens/step (bonus token counted)"
+        )
     print(f"saved {args.drafter} drafter to {args.out}", file=sys.stderr)
     return 0
 
 
 def _add_train_parser(train: argparse.ArgumentParser, spec) -> None:
     """The options of ``specdec train NAME``: the common ones, then the drafter spec's own."""
-    train.add_argument("--model", required=True, help="a bundled name (smollm2-135m) or a model folder")
+    train.add_argument(
+        "--model", required=True, help="a bundled name (smollm2-135m) or a model folder"
+    )
     train.add_argument("--backend", default="torch", help="torch (the only training backend)")
-    train.add_argument("--out", required=True, help="checkpoint folder (config.json, model.safetensors, state)")
+    train.add_argument(
+        "--out", required=True, help="checkpoint folder (config.json, model.safetensors, state)"
+    )
     train.add_argument("--minutes", type=float, default=None, help="training-time budget")
     train.add_argument("--steps", type=int, default=None, help="optimiser-step budget")
-    train.add_argument("--resume", action="store_true", help="continue the run saved in --out (trainer_state.safetensors)")
-    train.add_argument("--overwrite", action="store_true",
-                       help="start again in a non-empty --out, replacing the run (or the files) there")
-    train.add_argument("--allow-changes", action="store_true",
-                       help="with --resume: accept settings that differ from the saved run's (both are recorded)")
-    train.add_argument("--prompts", type=int, default=640, help="training prompts decoded for the teacher data")
-    train.add_argument("--heldout-prompts", type=int, default=64,
-                       help="held-out prompts (same prompt mix, documents and topics no training prompt uses)")
-    train.add_argument("--prompt-text-prompts", type=int, default=1024,
-                       help="more prompts whose prompt text (teacher-forced) and first 16 tokens are training data")
-    train.add_argument("--max-new-tokens", type=int, default=128, help="teacher continuation length")
+    train.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the run saved in --out (trainer_state.safetensors)",
+    )
+    train.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="start again in a non-empty --out, replacing the run (or the files) there",
+    )
+    train.add_argument(
+        "--allow-changes",
+        action="store_true",
+        help="with --resume: accept settings that differ from the saved run's (both are recorded)",
+    )
+    train.add_argument(
+        "--prompts", type=int, default=640, help="training prompts decoded for the teacher data"
+    )
+    train.add_argument(
+        "--heldout-prompts",
+        type=int,
+        default=64,
+        help="held-out prompts (same prompt mix, documents and topics no training prompt uses)",
+    )
+    train.add_argument(
+        "--prompt-text-prompts",
+        type=int,
+        default=1024,
+        help="more prompts whose prompt text (teacher-forced) and first 16 tokens are training data",
+    )
+    train.add_argument(
+        "--max-new-tokens", type=int, default=128, help="teacher continuation length"
+    )
     train.add_argument("--batch-size", type=int, default=64, help="positions per optimiser step")
-    train.add_argument("--teacher-dtype", default=None,
-                       help="dtype the target decodes the teacher data in (default: the fastest on this machine)")
-    train.add_argument("--teacher-batch-size", type=int, default=64,
-                       help="prompts the teacher decodes at once (request slots, batched in flight)")
-    train.add_argument("--prompt-mix", default=None,
-                       help="shares of the decoded prompts as KIND=SHARE pairs (kinds corpus, self_instruct, general, "
-                            "plain; kinds left out get none, shares are normalised), e.g. "
-                            "corpus=0.3,self_instruct=0.15,general=0.35,plain=0.2 (the default) or general=1; "
-                            "'corpus' alone for the corpus's chat requests")
+    train.add_argument(
+        "--teacher-dtype",
+        default=None,
+        help="dtype the target decodes the teacher data in (default: the fastest on this machine)",
+    )
+    train.add_argument(
+        "--teacher-batch-size",
+        type=int,
+        default=64,
+        help="prompts the teacher decodes at once (request slots, batched in flight)",
+    )
+    train.add_argument(
+        "--prompt-mix",
+        default=None,
+        help="shares of the decoded prompts as KIND=SHARE pairs (kinds corpus, self_instruct, general, "
+        "plain; kinds left out get none, shares are normalised), e.g. "
+        "corpus=0.3,self_instruct=0.15,general=0.35,plain=0.2 (the default) or general=1; "
+        "'corpus' alone for the corpus's chat requests",
+    )
     train.add_argument("--lr", type=float, default=1e-3)
-    train.add_argument("--weight-decay", type=float, default=0.0, help="AdamW decoupled weight decay")
+    train.add_argument(
+        "--weight-decay", type=float, default=0.0, help="AdamW decoupled weight decay"
+    )
     train.add_argument("--seed", type=int, default=0)
     train.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     train.add_argument("--save-dtype", default="float32", choices=("float32", "float16"))
     train.add_argument("--bf16", action="store_true", help="bfloat16 autocast for the drafter")
-    train.add_argument("--negatives", type=int, default=4096,
-                       help="sampled-softmax loss: label tokens plus N sampled tokens instead of all (0: all)")
-    train.add_argument("--shortlist", type=int, default=None,
-                       help="draft only the N token ids with the most teacher mass (0: all; default "
-                            f"{spec.default_shortlist})")
-    train.add_argument("--init", default=None,
-                       help="start from this checkpoint's weights (and its shortlist, unless --shortlist is given), "
-                            "e.g. the shipped drafter")
+    train.add_argument(
+        "--negatives",
+        type=int,
+        default=4096,
+        help="sampled-softmax loss: label tokens plus N sampled tokens instead of all (0: all)",
+    )
+    train.add_argument(
+        "--shortlist",
+        type=int,
+        default=None,
+        help="draft only the N token ids with the most teacher mass (0: all; default "
+        f"{spec.default_shortlist})",
+    )
+    train.add_argument(
+        "--init",
+        default=None,
+        help="start from this checkpoint's weights (and its shortlist, unless --shortlist is given), "
+        "e.g. the shipped drafter",
+    )
     train.add_argument("--quiet", action="store_true", help="no progress bars")
     for option in spec.train_options:
         train.add_argument(option.flag, type=option.type, default=option.default, help=option.help)
@@ -415,43 +632,78 @@ def _add_train_parser(train: argparse.ArgumentParser, spec) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="specdec", description="Speculative decoding with pluggable backends.")
+    parser = argparse.ArgumentParser(
+        prog="specdec", description="Speculative decoding with pluggable backends."
+    )
     parser.add_argument("--debug", action="store_true", help="show the full traceback of an error")
-    parser.add_argument("--disable-plugin", action="append", default=[], metavar="NAME",
-                        help="do not load this installed plugin (entry-point or distribution name); repeatable, "
-                             "added to SPECDEC_DISABLE_PLUGINS")
+    parser.add_argument(
+        "--disable-plugin",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="do not load this installed plugin (entry-point or distribution name); repeatable, "
+        "added to SPECDEC_DISABLE_PLUGINS",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help="answer a prompt with each drafter and with plain decoding, side by side")
+    demo = sub.add_parser(
+        "demo", help="answer a prompt with each drafter and with plain decoding, side by side"
+    )
     demo.add_argument("--model", default="smollm2-135m")
     demo.add_argument("--backend", default=None, help="default: torch when installed, else numpy")
     demo.add_argument("--dtype", default=None)
     _add_exact_arg(demo)
-    demo.add_argument("--prompt", action="append", default=None,
-                      help="a chat prompt (repeatable); default: an open question and a code edit")
+    demo.add_argument(
+        "--prompt",
+        action="append",
+        default=None,
+        help="a chat prompt (repeatable); default: an open question and a code edit",
+    )
     demo.add_argument("--max-new-tokens", type=int, default=128)
-    demo.add_argument("--random", action="store_true", help="a small random model and untrained drafters instead")
-    demo.add_argument("--repeats", type=int, default=3, help="interleaved runs of each method; medians reported")
+    demo.add_argument(
+        "--random", action="store_true", help="a small random model and untrained drafters instead"
+    )
+    demo.add_argument(
+        "--repeats", type=int, default=3, help="interleaved runs of each method; medians reported"
+    )
     demo.set_defaults(func=cmd_demo)
     gen = sub.add_parser("generate", help="generate from a model folder")
     gen.add_argument("--model", required=True)
     group = gen.add_mutually_exclusive_group(required=True)
-    group.add_argument("--prompt", help="text the model continues as it is (with --chat: one user turn)")
+    group.add_argument(
+        "--prompt", help="text the model continues as it is (with --chat: one user turn)"
+    )
     group.add_argument("--prompt-ids", help="JSON list of token ids")
-    gen.add_argument("--chat", action="store_true",
-                     help="send --prompt as a user turn of the model's chat template (as the demo and bench do)")
-    gen.add_argument("--drafter", default="redrafter", metavar="NAME[:key=value,...]",
-                     help=DRAFTER_HELP)
+    gen.add_argument(
+        "--chat",
+        action="store_true",
+        help="send --prompt as a user turn of the model's chat template (as the demo and bench do)",
+    )
+    gen.add_argument(
+        "--drafter", default="redrafter", metavar="NAME[:key=value,...]", help=DRAFTER_HELP
+    )
     _add_generation_args(gen)
     gen.set_defaults(func=cmd_generate)
     bench = sub.add_parser("bench", help="measure methods side by side on a prompt set")
-    bench.add_argument("--model", required=True, help="a bundled name (smollm2-135m), folder or .gguf")
+    bench.add_argument(
+        "--model", required=True, help="a bundled name (smollm2-135m), folder or .gguf"
+    )
     bench.add_argument("--prompts", default="mt-bench", help="mt-bench | humaneval | a JSONL file")
-    bench.add_argument("--per-category", type=int, default=None, help="first N prompts of each category")
-    bench.add_argument("--methods", nargs="+", default=["plain", "redrafter", "medusa"],
-                       help="plain, redrafter[:w=4,l=5,lookup=true], medusa[:choices=cpu16], lookup[:k=10], hf, hf-pld[:n=10], "
-                            "hf-assisted:draft=M, mlx-lm, mlx-lm-draft:draft=M")
-    bench.add_argument("--backends", nargs="+", default=["torch"],
-                       help="backend[:dtype] ... (no dtype: the one measured fastest here, as generate)")
+    bench.add_argument(
+        "--per-category", type=int, default=None, help="first N prompts of each category"
+    )
+    bench.add_argument(
+        "--methods",
+        nargs="+",
+        default=["plain", "redrafter", "medusa"],
+        help="plain, redrafter[:w=4,l=5,lookup=true], medusa[:choices=cpu16], lookup[:k=10], hf, hf-pld[:n=10], "
+        "hf-assisted:draft=M, mlx-lm, mlx-lm-draft:draft=M",
+    )
+    bench.add_argument(
+        "--backends",
+        nargs="+",
+        default=["torch"],
+        help="backend[:dtype] ... (no dtype: the one measured fastest here, as generate)",
+    )
     bench.add_argument("--temperatures", nargs="+", type=float, default=[0.0])
     bench.add_argument("--max-new-tokens", type=int, default=128)
     bench.add_argument("--repeats", type=int, default=3)
@@ -460,9 +712,13 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--categories", action="store_true", help="print per-category rows too")
     bench.add_argument("--out", default="bench-out")
     bench.set_defaults(func=cmd_bench)
-    planner = sub.add_parser("plan", help="predict the best ReDrafter beam configuration on this machine")
+    planner = sub.add_parser(
+        "plan", help="predict the best ReDrafter beam configuration on this machine"
+    )
     planner.add_argument("--model", required=True)
-    planner.add_argument("--drafter", default="redrafter", help="redrafter (the shipped one) or a checkpoint")
+    planner.add_argument(
+        "--drafter", default="redrafter", help="redrafter (the shipped one) or a checkpoint"
+    )
     planner.add_argument("--backend", default="torch")
     planner.add_argument("--dtype", default=None)
     planner.add_argument("--prompts", default="mt-bench")
@@ -470,12 +726,21 @@ def build_parser() -> argparse.ArgumentParser:
     planner.add_argument("--widths", nargs="+", type=int, default=[1, 2, 4, 8])
     planner.add_argument("--lengths", nargs="+", type=int, default=[2, 3, 4, 5, 6])
     planner.add_argument("--max-new-tokens", type=int, default=64)
-    planner.add_argument("--measure-top", type=int, default=3, help="run the best N for real and compare")
-    planner.add_argument("--no-lookup", action="store_true", help="plan the drafter's beams without the lookup beam")
-    planner.add_argument("--no-save", action="store_true",
-                         help="do not keep the recommendation (by default generate uses it when no beams are given)")
+    planner.add_argument(
+        "--measure-top", type=int, default=3, help="run the best N for real and compare"
+    )
+    planner.add_argument(
+        "--no-lookup", action="store_true", help="plan the drafter's beams without the lookup beam"
+    )
+    planner.add_argument(
+        "--no-save",
+        action="store_true",
+        help="do not keep the recommendation (by default generate uses it when no beams are given)",
+    )
     planner.set_defaults(func=cmd_plan)
-    tune = sub.add_parser("tune", help="measure which dtype runs a model fastest on this machine (cached)")
+    tune = sub.add_parser(
+        "tune", help="measure which dtype runs a model fastest on this machine (cached)"
+    )
     tune.add_argument("--model", default="smollm2-135m")
     tune.add_argument("--backend", default=None)
     tune.add_argument("--device", default=None)
@@ -483,10 +748,18 @@ def build_parser() -> argparse.ArgumentParser:
     from specdec.plugins.registry import default_registry
 
     trainable = [spec for spec in default_registry().drafter_specs() if spec.train is not None]
-    train_sub = sub.add_parser("train", help="distil a drafter from a model (needs specdec[train])").add_subparsers(
-        dest="drafter", required=True, metavar="DRAFTER", help=", ".join(spec.name for spec in trainable))
+    train_sub = sub.add_parser(
+        "train", help="distil a drafter from a model (needs specdec[train])"
+    ).add_subparsers(
+        dest="drafter",
+        required=True,
+        metavar="DRAFTER",
+        help=", ".join(spec.name for spec in trainable),
+    )
     for spec in trainable:
-        _add_train_parser(train_sub.add_parser(spec.name, help=f"distil a {spec.name} drafter"), spec)
+        _add_train_parser(
+            train_sub.add_parser(spec.name, help=f"distil a {spec.name} drafter"), spec
+        )
     from specdec.cli.cache import add_parser as add_cache_parser
 
     add_cache_parser(sub)
@@ -496,7 +769,9 @@ def build_parser() -> argparse.ArgumentParser:
     from specdec.cli.serve import add_parser as add_serve_parser
 
     add_serve_parser(sub)
-    plugins = sub.add_parser("plugins", help="list installed backends, drafters, tree builders and verifiers")
+    plugins = sub.add_parser(
+        "plugins", help="list installed backends, drafters, tree builders and verifiers"
+    )
     plugins.add_argument("--json", action="store_true")
     plugins.set_defaults(func=cmd_plugins)
     return parser
@@ -522,7 +797,13 @@ def main(argv=None) -> int:
         return 2
     args = parser.parse_args(argv)
     try:
-        if args.func in (cmd_demo, cmd_generate, cmd_bench, cmd_plan, cmd_tune):  # one OpenMP team: specdec.compute
+        if args.func in (
+            cmd_demo,
+            cmd_generate,
+            cmd_bench,
+            cmd_plan,
+            cmd_tune,
+        ):  # one OpenMP team: specdec.compute
             return compute.run(args.func, args)
         return args.func(args)
     except BrokenPipeError:  # `specdec plugins | head`: the reader left, which is not an error

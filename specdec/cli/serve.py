@@ -14,63 +14,157 @@ API_KEY_VARIABLE = "SPECDEC_API_KEY"
 
 
 def add_parser(sub) -> None:
-    parser = sub.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API (needs specdec[serve])")
-    parser.add_argument("--model", default="smollm2-135m", help="a bundled name, model folder or .gguf")
-    parser.add_argument("--drafter", default="redrafter", metavar="NAME[:key=value,...]",
-                        help=DRAFTER_HELP)
-    parser.add_argument("--backend", default=None, help="numpy | torch | mlx | any installed backend")
-    parser.add_argument("--dtype", default=None, help="default: the fastest measured on this machine (specdec tune)")
+    parser = sub.add_parser(
+        "serve", help="serve a model over an OpenAI-compatible HTTP API (needs specdec[serve])"
+    )
+    parser.add_argument(
+        "--model", default="smollm2-135m", help="a bundled name, model folder or .gguf"
+    )
+    parser.add_argument(
+        "--drafter", default="redrafter", metavar="NAME[:key=value,...]", help=DRAFTER_HELP
+    )
+    parser.add_argument(
+        "--backend", default=None, help="numpy | torch | mlx | any installed backend"
+    )
+    parser.add_argument(
+        "--dtype", default=None, help="default: the fastest measured on this machine (specdec tune)"
+    )
     parser.add_argument("--device", default=None)
-    parser.add_argument("--exact", action=argparse.BooleanOptionalAction, default=None,
-                        help="exact mode: every request's tokens bit-identical to decoding it alone, at any dtype "
-                             "(default: on where this machine's check holds)")
+    parser.add_argument(
+        "--exact",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="exact mode: every request's tokens bit-identical to decoding it alone, at any dtype "
+        "(default: on where this machine's check holds)",
+    )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--slots", type=int, default=8, help="requests decoded at once")
-    parser.add_argument("--capacity", type=int, default=2048,
-                        help="positions per request, prompt and completion (the context length served)")
-    parser.add_argument("--tree-room", type=int, default=None, metavar="N",
-                        help=f"positions each slot keeps beyond --capacity for a step's draft "
-                             f"tree (default {TREE_ROOM}); a drafter whose trees hold more than "
-                             "N + 1 nodes is refused at start")
-    parser.add_argument("--max-queue", type=int, default=64, help="requests that may wait for a slot (then HTTP 429)")
-    parser.add_argument("--max-prefill-tokens", type=_prefill_tokens, default="auto", metavar="auto|N",
-                        help="prompt tokens a step carries beside the running requests (default auto: the most that "
-                             "keep their step within twice its time, from this machine's measured costs)")
-    parser.add_argument("--speculation", choices=("auto", "always", "never"), default=None,
-                        help="auto (default): each step, each request drafts what this machine's measured costs and "
-                             "its acceptance say pays (none under load); always: every step; never: plain decoding")
-    parser.add_argument("--served-model-name", default=None, help="the model name clients use (default: --model)")
-    parser.add_argument("--no-drain", action="store_true",
-                        help="at shutdown cancel the requests in flight instead of letting them finish")
-    parser.add_argument("--shutdown-timeout", type=float, default=30.0,
-                        help="seconds the requests in flight get to finish at shutdown")
-    parser.add_argument("--stall-timeout", type=float, default=60.0,
-                        help="seconds one scheduler step may run before /health answers 503 'stalled'")
+    parser.add_argument(
+        "--capacity",
+        type=int,
+        default=2048,
+        help="positions per request, prompt and completion (the context length served)",
+    )
+    parser.add_argument(
+        "--tree-room",
+        type=int,
+        default=None,
+        metavar="N",
+        help=f"positions each slot keeps beyond --capacity for a step's draft "
+        f"tree (default {TREE_ROOM}); a drafter whose trees hold more than "
+        "N + 1 nodes is refused at start",
+    )
+    parser.add_argument(
+        "--max-queue",
+        type=int,
+        default=64,
+        help="requests that may wait for a slot (then HTTP 429)",
+    )
+    parser.add_argument(
+        "--max-prefill-tokens",
+        type=_prefill_tokens,
+        default="auto",
+        metavar="auto|N",
+        help="prompt tokens a step carries beside the running requests (default auto: the most that "
+        "keep their step within twice its time, from this machine's measured costs)",
+    )
+    parser.add_argument(
+        "--speculation",
+        choices=("auto", "always", "never"),
+        default=None,
+        help="auto (default): each step, each request drafts what this machine's measured costs and "
+        "its acceptance say pays (none under load); always: every step; never: plain decoding",
+    )
+    parser.add_argument(
+        "--served-model-name", default=None, help="the model name clients use (default: --model)"
+    )
+    parser.add_argument(
+        "--no-drain",
+        action="store_true",
+        help="at shutdown cancel the requests in flight instead of letting them finish",
+    )
+    parser.add_argument(
+        "--shutdown-timeout",
+        type=float,
+        default=30.0,
+        help="seconds the requests in flight get to finish at shutdown",
+    )
+    parser.add_argument(
+        "--stall-timeout",
+        type=float,
+        default=60.0,
+        help="seconds one scheduler step may run before /health answers 503 'stalled'",
+    )
     parser.add_argument("--beam-width", type=int, default=None)
     parser.add_argument("--beam-length", type=int, default=None)
-    parser.add_argument("--lookup", action=argparse.BooleanOptionalAction, default=None,
-                        help="add a prompt-lookup beam to the drafter's beams (default: on beside ReDrafter)")
-    parser.add_argument("--lookup-length", type=int, default=None, metavar="N",
-                        help="tokens the prompt-lookup beam drafts, whatever the beam length (default 10; with "
-                             "--drafter lookup, the length of prompt lookup alone)")
-    parser.add_argument("--api-key", default=None, metavar="KEY",
-                        help="require 'Authorization: Bearer KEY' on every route but /health (default: "
-                             "$SPECDEC_API_KEY, which other users cannot read in the process list; none: no key)")
-    parser.add_argument("--allowed-host", action="append", default=[], metavar="NAME",
-                        help="a name the Host header may give beside the loopback names and --host (repeatable; "
-                             "'*': any)")
-    parser.add_argument("--max-body-bytes", type=int, default=bounds.MAX_BODY_BYTES, metavar="N",
-                        help="largest request body; more is answered 413 before it is read (default 4 MiB)")
-    parser.add_argument("--header-timeout", type=float, default=bounds.HEADER_TIMEOUT, metavar="S",
-                        help="seconds a request's headers may take to arrive (default 10)")
-    parser.add_argument("--body-timeout", type=float, default=bounds.BODY_TIMEOUT, metavar="S",
-                        help="seconds a request's body may take to arrive (default 30; then 408)")
-    parser.add_argument("--keep-alive-timeout", type=float, default=bounds.KEEP_ALIVE_TIMEOUT, metavar="S",
-                        help="seconds an idle connection is kept open (default 5)")
-    parser.add_argument("--max-connections", type=int, default=bounds.MAX_CONNECTIONS, metavar="N",
-                        help="connections served at once; a request on one more gets 503 (default 256)")
-    parser.add_argument("--log-level", default="info", choices=("critical", "error", "warning", "info", "debug"))
+    parser.add_argument(
+        "--lookup",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="add a prompt-lookup beam to the drafter's beams (default: on beside ReDrafter)",
+    )
+    parser.add_argument(
+        "--lookup-length",
+        type=int,
+        default=None,
+        metavar="N",
+        help="tokens the prompt-lookup beam drafts, whatever the beam length (default 10; with "
+        "--drafter lookup, the length of prompt lookup alone)",
+    )
+    parser.add_argument(
+        "--api-key",
+        default=None,
+        metavar="KEY",
+        help="require 'Authorization: Bearer KEY' on every route but /health (default: "
+        "$SPECDEC_API_KEY, which other users cannot read in the process list; none: no key)",
+    )
+    parser.add_argument(
+        "--allowed-host",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="a name the Host header may give beside the loopback names and --host (repeatable; "
+        "'*': any)",
+    )
+    parser.add_argument(
+        "--max-body-bytes",
+        type=int,
+        default=bounds.MAX_BODY_BYTES,
+        metavar="N",
+        help="largest request body; more is answered 413 before it is read (default 4 MiB)",
+    )
+    parser.add_argument(
+        "--header-timeout",
+        type=float,
+        default=bounds.HEADER_TIMEOUT,
+        metavar="S",
+        help="seconds a request's headers may take to arrive (default 10)",
+    )
+    parser.add_argument(
+        "--body-timeout",
+        type=float,
+        default=bounds.BODY_TIMEOUT,
+        metavar="S",
+        help="seconds a request's body may take to arrive (default 30; then 408)",
+    )
+    parser.add_argument(
+        "--keep-alive-timeout",
+        type=float,
+        default=bounds.KEEP_ALIVE_TIMEOUT,
+        metavar="S",
+        help="seconds an idle connection is kept open (default 5)",
+    )
+    parser.add_argument(
+        "--max-connections",
+        type=int,
+        default=bounds.MAX_CONNECTIONS,
+        metavar="N",
+        help="connections served at once; a request on one more gets 503 (default 256)",
+    )
+    parser.add_argument(
+        "--log-level", default="info", choices=("critical", "error", "warning", "info", "debug")
+    )
     parser.set_defaults(func=cmd_serve)
 
 
@@ -80,7 +174,9 @@ def _prefill_tokens(value: str):
     try:
         number = int(value)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected 'auto' or a positive integer, got {value!r}") from None
+        raise argparse.ArgumentTypeError(
+            f"expected 'auto' or a positive integer, got {value!r}"
+        ) from None
     if number < 1:
         raise argparse.ArgumentTypeError(f"expected 'auto' or a positive integer, got {value!r}")
     return number
@@ -97,33 +193,72 @@ def cmd_serve(args) -> int:
 
     from specdec.tuning.exactness import describe as describe_exactness
 
-    for flag in ("max_body_bytes", "header_timeout", "body_timeout", "keep_alive_timeout", "max_connections",
-                 "stall_timeout"):
+    for flag in (
+        "max_body_bytes",
+        "header_timeout",
+        "body_timeout",
+        "keep_alive_timeout",
+        "max_connections",
+        "stall_timeout",
+    ):
         if not getattr(args, flag) > 0:
-            raise InvalidInputError(f"--{flag.replace('_', '-')} must be > 0, got {getattr(args, flag)}")
-    limits = Limits(max_body_bytes=args.max_body_bytes, header_timeout=args.header_timeout,
-                    body_timeout=args.body_timeout, keep_alive_timeout=args.keep_alive_timeout,
-                    max_connections=args.max_connections)
+            raise InvalidInputError(
+                f"--{flag.replace('_', '-')} must be > 0, got {getattr(args, flag)}"
+            )
+    limits = Limits(
+        max_body_bytes=args.max_body_bytes,
+        header_timeout=args.header_timeout,
+        body_timeout=args.body_timeout,
+        keep_alive_timeout=args.keep_alive_timeout,
+        max_connections=args.max_connections,
+    )
     api_key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_VARIABLE) or None
     drafter, options = drafter_options(args)
-    engine = Engine(args.model, drafter=drafter, backend=args.backend, slots=args.slots,
-                    capacity=args.capacity, max_queue=args.max_queue,
-                    max_prefill_tokens=args.max_prefill_tokens, dtype=args.dtype, exact=args.exact,
-                    device=args.device, tree_room=args.tree_room, **options)
+    engine = Engine(
+        args.model,
+        drafter=drafter,
+        backend=args.backend,
+        slots=args.slots,
+        capacity=args.capacity,
+        max_queue=args.max_queue,
+        max_prefill_tokens=args.max_prefill_tokens,
+        dtype=args.dtype,
+        exact=args.exact,
+        device=args.device,
+        tree_room=args.tree_room,
+        **options,
+    )
     name = args.served_model_name or str(args.model)
-    print(f"specdec: serving {name!r} on http://{args.host}:{args.port}/v1 ({args.slots} slots of "
-          f"{engine.context_length} tokens, drafter {args.drafter}, speculation "
-          f"{engine.plan.speculation or 'auto'}; {describe_exactness(engine.target)})",
-          file=sys.stderr)
+    print(
+        f"specdec: serving {name!r} on http://{args.host}:{args.port}/v1 ({args.slots} slots of "
+        f"{engine.context_length} tokens, drafter {args.drafter}, speculation "
+        f"{engine.plan.speculation or 'auto'}; {describe_exactness(engine.target)})",
+        file=sys.stderr,
+    )
     warning = exposure_warning(args.host, api_key)
     if warning is not None:
         print(warning, file=sys.stderr)
-    server = Server(engine, model_name=name, host=args.host, port=args.port, drain=not args.no_drain,
-                    shutdown_timeout=args.shutdown_timeout, log_level=args.log_level, api_key=api_key,
-                    allowed_hosts=tuple(args.allowed_host), limits=limits, stall_timeout=args.stall_timeout)
+    server = Server(
+        engine,
+        model_name=name,
+        host=args.host,
+        port=args.port,
+        drain=not args.no_drain,
+        shutdown_timeout=args.shutdown_timeout,
+        log_level=args.log_level,
+        api_key=api_key,
+        allowed_hosts=tuple(args.allowed_host),
+        limits=limits,
+        stall_timeout=args.stall_timeout,
+    )
     server.run()
-    if server.stuck:  # the scheduler is still inside a step: exit without waiting on it at interpreter exit
-        print("specdec: error: the engine's step did not end at shutdown; exiting with it unfinished", file=sys.stderr)
+    if (
+        server.stuck
+    ):  # the scheduler is still inside a step: exit without waiting on it at interpreter exit
+        print(
+            "specdec: error: the engine's step did not end at shutdown; exiting with it unfinished",
+            file=sys.stderr,
+        )
         sys.stderr.flush()
         sys.stdout.flush()
         os._exit(1)

@@ -24,13 +24,40 @@ import numpy as np
 from specdec.reference.tree import check_beam_lengths
 from specdec.decode.requests import RequestState
 from specdec.types import (
-    Accepted, Draft, DraftTree, PromptOutput, SamplingConfig, StepResult, TargetOutput, Verdict,
+    Accepted,
+    Draft,
+    DraftTree,
+    PromptOutput,
+    SamplingConfig,
+    StepResult,
+    TargetOutput,
+    Verdict,
 )
 
-__all__ = ["Checked", "Group", "admissions", "cut_to_budgets", "cut_tree", "draw", "drafted_tokens", "empty_step",
-           "full_batch", "group_output", "join_admissions", "join_steps", "last_position", "merge_trees", "merge_verdicts",
-           "observe_accepted", "on_target", "plain_group", "plain_tree", "step_tree", "verify_uniform_shape",
-           "verify_uniforms"]
+__all__ = [
+    "Checked",
+    "Group",
+    "admissions",
+    "cut_to_budgets",
+    "cut_tree",
+    "draw",
+    "drafted_tokens",
+    "empty_step",
+    "full_batch",
+    "group_output",
+    "join_admissions",
+    "join_steps",
+    "last_position",
+    "merge_trees",
+    "merge_verdicts",
+    "observe_accepted",
+    "on_target",
+    "plain_group",
+    "plain_tree",
+    "step_tree",
+    "verify_uniform_shape",
+    "verify_uniforms",
+]
 
 
 def verify_uniform_shape(draft: Draft) -> tuple[int, int]:
@@ -47,12 +74,16 @@ def drafted_tokens(beams: np.ndarray, lengths: np.ndarray | None = None) -> np.n
     lengths = check_beam_lengths(lengths, beams.shape)  # (B, W): L each when None
     running = np.arange(beams.shape[2]) < lengths[..., None]  # (B, W, L)
     tokens = np.where(running, beams, -1)
-    same = (tokens[:, :, None, :] == tokens[:, None, :, :]).all(axis=-1)  # (B, W, W): beam i equals beam j
+    same = (tokens[:, :, None, :] == tokens[:, None, :, :]).all(
+        axis=-1
+    )  # (B, W, W): beam i equals beam j
     repeats = np.tril(same, k=-1).any(axis=-1)  # (B, W): beam i equals an earlier beam
     return np.where(repeats, 0, lengths - 1).sum(axis=-1).astype(np.int64)
 
 
-def merge_trees(trees: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]]) -> DraftTree:
+def merge_trees(
+    trees: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]],
+) -> DraftTree:
     """One DraftTree (NumPy) whose rows are those of ``trees`` in order, each given as host
     arrays (tokens, parents, depth, ancestor_mask, num_nodes), padded to the widest."""
     width = max(t[0].shape[1] for t in trees)
@@ -73,31 +104,48 @@ def merge_trees(trees: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray, np.nda
         num_nodes[block] = t_num
         row += rows
     parents[:, 0], depth[:, 0] = -1, 0
-    return DraftTree(tokens=tokens, parents=parents, depth=depth, ancestor_mask=mask, num_nodes=num_nodes)
+    return DraftTree(
+        tokens=tokens, parents=parents, depth=depth, ancestor_mask=mask, num_nodes=num_nodes
+    )
 
 
 def group_output(output: TargetOutput, start: int, stop: int, nodes: int) -> TargetOutput:
     """Rows ``start .. stop - 1`` of a merged forward's output, cut to the group's ``nodes``."""
     cut = lambda value: value[start:stop, :nodes]  # noqa: E731 - basic slicing works on every backend's arrays
-    return TargetOutput(logits=cut(output.logits), hidden=cut(output.hidden),
-                        layers={i: cut(v) for i, v in output.layers.items()})
+    return TargetOutput(
+        logits=cut(output.logits),
+        hidden=cut(output.hidden),
+        layers={i: cut(v) for i, v in output.layers.items()},
+    )
 
 
 def merge_verdicts(checked: Sequence[Checked]) -> Verdict:
     """One host Verdict of the groups' checked verdicts in order; paths padded with -1."""
     width = max(c.path.shape[1] for c in checked)
-    path = np.concatenate([np.pad(c.path, ((0, 0), (0, width - c.path.shape[1])), constant_values=-1)
-                           for c in checked])
-    return Verdict(path=path.astype(np.int64),
-                   num_accepted=np.concatenate([c.num_accepted for c in checked]).astype(np.int64),
-                   bonus_tokens=np.concatenate([c.bonus for c in checked]).astype(np.int64))
+    path = np.concatenate(
+        [
+            np.pad(c.path, ((0, 0), (0, width - c.path.shape[1])), constant_values=-1)
+            for c in checked
+        ]
+    )
+    return Verdict(
+        path=path.astype(np.int64),
+        num_accepted=np.concatenate([c.num_accepted for c in checked]).astype(np.int64),
+        bonus_tokens=np.concatenate([c.bonus for c in checked]).astype(np.int64),
+    )
 
 
 def empty_step(step: int) -> StepResult:
     """A decode step whose every row failed (``Decoder.step`` with ``failures``)."""
     zeros = np.zeros(0, dtype=np.int64)
-    return StepResult(step=step, requests=(), new_tokens=[], num_accepted=zeros, num_drafted=zeros,
-                      num_verified=zeros)
+    return StepResult(
+        step=step,
+        requests=(),
+        new_tokens=[],
+        num_accepted=zeros,
+        num_drafted=zeros,
+        num_verified=zeros,
+    )
 
 
 def join_steps(step: int, parts: Sequence[StepResult]) -> StepResult:
@@ -108,10 +156,14 @@ def join_steps(step: int, parts: Sequence[StepResult]) -> StepResult:
         return parts[0]
     join = lambda name: np.concatenate([getattr(p, name) for p in parts])  # noqa: E731
     return StepResult(
-        step=step, requests=tuple(r for p in parts for r in p.requests),
-        new_tokens=[t for p in parts for t in p.new_tokens], num_accepted=join("num_accepted"),
-        num_drafted=join("num_drafted"), num_verified=join("num_verified"),
-        time_draft=sum(p.time_draft for p in parts), time_verify=sum(p.time_verify for p in parts),
+        step=step,
+        requests=tuple(r for p in parts for r in p.requests),
+        new_tokens=[t for p in parts for t in p.new_tokens],
+        num_accepted=join("num_accepted"),
+        num_drafted=join("num_drafted"),
+        num_verified=join("num_verified"),
+        time_draft=sum(p.time_draft for p in parts),
+        time_verify=sum(p.time_verify for p in parts),
         time_other=sum(p.time_other for p in parts),
     )
 
@@ -129,8 +181,12 @@ def full_batch(result: StepResult, batch_size: int) -> StepResult:
         return out
 
     return attrs.evolve(
-        result, requests=tuple(range(batch_size)), new_tokens=tokens, num_accepted=spread(result.num_accepted),
-        num_drafted=spread(result.num_drafted), num_verified=spread(result.num_verified),
+        result,
+        requests=tuple(range(batch_size)),
+        new_tokens=tokens,
+        num_accepted=spread(result.num_accepted),
+        num_drafted=spread(result.num_drafted),
+        num_verified=spread(result.num_verified),
         prefilled=None if result.prefilled is None else spread(result.prefilled, bool),
     )
 
@@ -159,26 +215,45 @@ def verify_uniforms(states: list[RequestState], shape: tuple[int, int]) -> np.nd
 def on_target(value, backend, target):
     """A host array, or every array of a host DraftTree, on the target's backend."""
     if isinstance(value, DraftTree):
-        return DraftTree(**{f.name: None if getattr(value, f.name) is None else backend.from_numpy(
-            np.asarray(getattr(value, f.name)), target) for f in attrs.fields(DraftTree)})
+        return DraftTree(
+            **{
+                f.name: None
+                if getattr(value, f.name) is None
+                else backend.from_numpy(np.asarray(getattr(value, f.name)), target)
+                for f in attrs.fields(DraftTree)
+            }
+        )
     return backend.from_numpy(np.asarray(value), target)
 
 
 def plain_tree(roots: np.ndarray) -> DraftTree:
     """One-node trees (host) of the roots (B,): plain decoding of each row."""
     batch = len(roots)
-    return DraftTree(tokens=np.asarray(roots, dtype=np.int64)[:, None], parents=np.full((batch, 1), -1),
-                     depth=np.zeros((batch, 1), dtype=np.int64), ancestor_mask=np.ones((batch, 1, 1), dtype=bool),
-                     num_nodes=np.ones(batch, dtype=np.int64), beam_to_node=np.zeros((batch, 1, 1), dtype=np.int64))
+    return DraftTree(
+        tokens=np.asarray(roots, dtype=np.int64)[:, None],
+        parents=np.full((batch, 1), -1),
+        depth=np.zeros((batch, 1), dtype=np.int64),
+        ancestor_mask=np.ones((batch, 1, 1), dtype=bool),
+        num_nodes=np.ones(batch, dtype=np.int64),
+        beam_to_node=np.zeros((batch, 1, 1), dtype=np.int64),
+    )
 
 
-def cut_tree(tokens: np.ndarray, parents: np.ndarray, depth: np.ndarray, mask: np.ndarray, num_nodes: np.ndarray,
-             budgets: Sequence[int | None]) -> DraftTree | None:
+def cut_tree(
+    tokens: np.ndarray,
+    parents: np.ndarray,
+    depth: np.ndarray,
+    mask: np.ndarray,
+    num_nodes: np.ndarray,
+    budgets: Sequence[int | None],
+) -> DraftTree | None:
     """The host tree cut to ``budgets`` (per row: drafted nodes kept, None all): row b keeps its
     first ``budgets[b] + 1`` nodes (parents come before children, so they form a tree) and the
     rest become padding; the width shrinks to the largest row. None when no row is cut."""
-    keep = np.array([n if k is None else min(int(n), int(k) + 1) for n, k in zip(num_nodes, budgets)],
-                    dtype=np.int64)
+    keep = np.array(
+        [n if k is None else min(int(n), int(k) + 1) for n, k in zip(num_nodes, budgets)],
+        dtype=np.int64,
+    )
     if np.array_equal(keep, num_nodes):
         return None
     width = int(keep.max())
@@ -188,8 +263,13 @@ def cut_tree(tokens: np.ndarray, parents: np.ndarray, depth: np.ndarray, mask: n
     cut_mask[:, :, 0] |= padding
     rows, nodes = np.nonzero(padding)
     cut_mask[rows, nodes, nodes] = True
-    return DraftTree(tokens=np.where(padding, 0, tokens[:, :width]), parents=np.where(padding, 0, parents[:, :width]),
-                     depth=np.where(padding, 1, depth[:, :width]), ancestor_mask=cut_mask, num_nodes=keep)
+    return DraftTree(
+        tokens=np.where(padding, 0, tokens[:, :width]),
+        parents=np.where(padding, 0, parents[:, :width]),
+        depth=np.where(padding, 1, depth[:, :width]),
+        ancestor_mask=cut_mask,
+        num_nodes=keep,
+    )
 
 
 @attrs.frozen(kw_only=True)
@@ -204,7 +284,9 @@ class Group:
     draft: Draft
     tree: DraftTree
     budgets: tuple = ()  # per row: drafted nodes allowed (0: plain, None: the whole tree); () all None
-    full_nodes: np.ndarray | None = None  # per row: nodes of the tree before its budget cut it (host)
+    full_nodes: np.ndarray | None = (
+        None  # per row: nodes of the tree before its budget cut it (host)
+    )
 
 
 @attrs.frozen(kw_only=True, eq=False)
@@ -227,18 +309,32 @@ def plain_group(group: Group, backend, target) -> Group:
     on the host, and the draft of the roots alone; no drafter call."""
     roots = np.array([s.root for s in group.states], dtype=np.int64)
     put = lambda a: on_target(a, backend, target)  # noqa: E731
-    return attrs.evolve(group, tree=put(plain_tree(roots)), draft=Draft(root_tokens=put(roots), beams=put(
-        roots[:, None, None])), budgets=(0,) * len(roots), full_nodes=np.ones(len(roots), dtype=np.int64))
+    return attrs.evolve(
+        group,
+        tree=put(plain_tree(roots)),
+        draft=Draft(root_tokens=put(roots), beams=put(roots[:, None, None])),
+        budgets=(0,) * len(roots),
+        full_nodes=np.ones(len(roots), dtype=np.int64),
+    )
 
 
-def cut_to_budgets(tree: DraftTree, budgets: Sequence, backend, target) -> tuple[DraftTree, np.ndarray]:
+def cut_to_budgets(
+    tree: DraftTree, budgets: Sequence, backend, target
+) -> tuple[DraftTree, np.ndarray]:
     """(the tree cut to ``budgets`` (``cut_tree``; itself when none cuts it), its rows' node
     counts before the cut (host))."""
     host = backend.to_numpy
     full = host(tree.num_nodes).astype(np.int64)
     if all(b is None for b in budgets):
         return tree, full
-    cut = cut_tree(host(tree.tokens), host(tree.parents), host(tree.depth), host(tree.ancestor_mask), full, budgets)
+    cut = cut_tree(
+        host(tree.tokens),
+        host(tree.parents),
+        host(tree.depth),
+        host(tree.ancestor_mask),
+        full,
+        budgets,
+    )
     return (tree, full) if cut is None else (on_target(cut, backend, target), full)
 
 
@@ -249,32 +345,61 @@ def step_tree(groups: list[Group], backend, target) -> tuple[DraftTree | None, n
     if len(groups) == 1:
         return groups[0].tree, groups[0].slots
     host = backend.to_numpy
-    merged = merge_trees([(host(g.tree.tokens), host(g.tree.parents), host(g.tree.depth),
-                           host(g.tree.ancestor_mask), host(g.tree.num_nodes)) for g in groups])
+    merged = merge_trees(
+        [
+            (
+                host(g.tree.tokens),
+                host(g.tree.parents),
+                host(g.tree.depth),
+                host(g.tree.ancestor_mask),
+                host(g.tree.num_nodes),
+            )
+            for g in groups
+        ]
+    )
     on_target = lambda a: backend.from_numpy(a, target)  # noqa: E731
-    tree = DraftTree(tokens=on_target(merged.tokens), parents=on_target(merged.parents),
-                     depth=on_target(merged.depth), ancestor_mask=on_target(merged.ancestor_mask),
-                     num_nodes=on_target(merged.num_nodes))
+    tree = DraftTree(
+        tokens=on_target(merged.tokens),
+        parents=on_target(merged.parents),
+        depth=on_target(merged.depth),
+        ancestor_mask=on_target(merged.ancestor_mask),
+        num_nodes=on_target(merged.num_nodes),
+    )
     return tree, np.concatenate([g.slots for g in groups])
 
 
 def admissions(step: int, ids: list[int], tokens: list[list[int]], seconds: float) -> StepResult:
     """The StepResult of requests whose prompts were prefilled: their first tokens."""
     zeros = np.zeros(len(ids), dtype=np.int64)
-    return StepResult(step=step, requests=tuple(ids), new_tokens=tokens, num_accepted=zeros, num_drafted=zeros,
-                      num_verified=zeros + 1, time_prefill=seconds, prefilled=np.ones(len(ids), dtype=bool))
+    return StepResult(
+        step=step,
+        requests=tuple(ids),
+        new_tokens=tokens,
+        num_accepted=zeros,
+        num_drafted=zeros,
+        num_verified=zeros + 1,
+        time_prefill=seconds,
+        prefilled=np.ones(len(ids), dtype=bool),
+    )
 
 
 def join_admissions(parts: list[StepResult]) -> StepResult:
-    return admissions(parts[0].step, [r for p in parts for r in p.requests], [t for p in parts for t in p.new_tokens],
-                       sum(p.time_prefill for p in parts))
+    return admissions(
+        parts[0].step,
+        [r for p in parts for r in p.requests],
+        [t for p in parts for t in p.new_tokens],
+        sum(p.time_prefill for p in parts),
+    )
 
 
 def last_position(output: PromptOutput) -> PromptOutput:
     """A prompt chunk's output at its last position only: logits (V,), hidden (1, H), layers
     (1, H) each; what ``begin`` gets without ``DrafterCaps.prompt_states``, whatever the chunks."""
-    return PromptOutput(logits=output.logits, hidden=output.hidden[-1:],
-                        layers={i: value[-1:] for i, value in output.layers.items()})
+    return PromptOutput(
+        logits=output.logits,
+        hidden=output.hidden[-1:],
+        layers={i: value[-1:] for i, value in output.layers.items()},
+    )
 
 
 def observe_accepted(plan, group: Group, checked: Checked) -> None:
@@ -285,9 +410,14 @@ def observe_accepted(plan, group: Group, checked: Checked) -> None:
     rows = np.arange(len(group.slots))[:, None]
     nodes = np.where(path >= 0, path, 0)  # (B, A)
     index = backend.from_numpy(rows, target), backend.from_numpy(nodes, target)
-    plan.drafter.observe(Accepted(
-        slots=group.slots, tokens=np.where(path >= 0, tokens[rows, nodes], -1),
-        num_accepted=checked.num_accepted, bonus_tokens=checked.bonus, hidden=output.hidden[index],
-        layers={i: value[index] for i, value in output.layers.items()},
-        finished=np.array([s.done for s in group.states]),
-    ))
+    plan.drafter.observe(
+        Accepted(
+            slots=group.slots,
+            tokens=np.where(path >= 0, tokens[rows, nodes], -1),
+            num_accepted=checked.num_accepted,
+            bonus_tokens=checked.bonus,
+            hidden=output.hidden[index],
+            layers={i: value[index] for i, value in output.layers.items()},
+            finished=np.array([s.done for s in group.states]),
+        )
+    )

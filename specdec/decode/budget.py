@@ -57,9 +57,13 @@ from specdec.slots import PREFILL_CHUNK
 __all__ = ["BUDGETS", "MODES", "Speculation", "StepPlan", "check_speculation", "make_speculation"]
 
 MODES = ("auto", "always", "never")
-SPECULATION_VARIABLE = "SPECDEC_SPECULATION"  # the default mode when set (the test suite pins "always")
+SPECULATION_VARIABLE = (
+    "SPECDEC_SPECULATION"  # the default mode when set (the test suite pins "always")
+)
 BUDGETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)  # drafted nodes a request may verify in a step
-PREFILL_STALL = 2.0  # a step carrying prompt chunks lasts at most this many times the step without them
+PREFILL_STALL = (
+    2.0  # a step carrying prompt chunks lasts at most this many times the step without them
+)
 MIN_PREFILL = 16  # prompt tokens a step carries at least, so that a long prompt always advances
 MARGIN = 0.03  # drafting must beat plain decoding's predicted tokens/s by this much
 REQUEST_DECAY = 0.15  # weight of a request's newest step in its acceptance average
@@ -67,7 +71,9 @@ PRIOR_DECAY = 0.05  # weight of a step in the engine-wide acceptance average
 FORGET = 0.05  # per step without drafting, a request's estimate moves this far back to the engine's
 EXPLORE_EVERY = 16  # steps without its whole tree after which a request tries it again, one per this many steps,
 EXPLORE_COST = 0.05  # ... when its extra cost spread over them is at most this share of a step
-GUESS = 1.0 + 0.4 * np.sqrt(np.asarray(BUDGETS, dtype=np.float64))  # tokens per step before any was seen
+GUESS = 1.0 + 0.4 * np.sqrt(
+    np.asarray(BUDGETS, dtype=np.float64)
+)  # tokens per step before any was seen
 
 
 @attrs.frozen
@@ -90,8 +96,10 @@ def check_speculation(value):
     if isinstance(value, Speculation):
         return value
     if not isinstance(value, str) or value.lower() not in MODES:
-        raise InvalidInputError(f"speculation must be one of {', '.join(MODES)} (or a specdec.decode.budget.Speculation), "
-                                f"got {value!r}")
+        raise InvalidInputError(
+            f"speculation must be one of {', '.join(MODES)} (or a specdec.decode.budget.Speculation), "
+            f"got {value!r}"
+        )
     return value.lower()
 
 
@@ -114,7 +122,9 @@ class _Acceptance:
         self.nodes = 0.0
         self.stale = 0
 
-    def observe(self, upto: int, tokens: np.ndarray, nodes: int, prior: np.ndarray, prior_nodes: float) -> None:
+    def observe(
+        self, upto: int, tokens: np.ndarray, nodes: int, prior: np.ndarray, prior_nodes: float
+    ) -> None:
         """``tokens[j]`` for budgets j < ``upto``; ``nodes`` in the whole tree."""
         old = np.where(self.known[:upto], self.tokens[:upto], prior[:upto])
         self.tokens[:upto] = (1 - self.decay) * old + self.decay * tokens[:upto]
@@ -166,10 +176,14 @@ class Speculation:
         """(B, budgets) tokens per step and (B,) whole-tree nodes expected of requests ``ids``."""
         prior, prior_nodes = self._prior_tokens(), self._prior_nodes()
         rows = [self._rows.get(i) for i in ids]
-        known = np.array([r.known if r is not None else np.zeros(len(BUDGETS), dtype=bool) for r in rows])
+        known = np.array(
+            [r.known if r is not None else np.zeros(len(BUDGETS), dtype=bool) for r in rows]
+        )
         values = np.array([r.tokens if r is not None else prior for r in rows])
         nodes = np.array([(r.nodes if r is not None else 0.0) or prior_nodes for r in rows])
-        return np.maximum.accumulate(np.where(known, values, prior), axis=1), nodes  # more nodes never accept less
+        return np.maximum.accumulate(
+            np.where(known, values, prior), axis=1
+        ), nodes  # more nodes never accept less
 
     # -- the choice --------------------------------------------------------------------------
 
@@ -181,7 +195,11 @@ class Speculation:
         if self.mode == "never":
             return StepPlan(dict.fromkeys(ids, 0), len(ids), 0)
         if self.mode == "always" or self.costs is None:
-            return StepPlan(dict.fromkeys(ids, None), int(round(len(ids) * self._estimates(ids)[1].max())), len(ids))
+            return StepPlan(
+                dict.fromkeys(ids, None),
+                int(round(len(ids) * self._estimates(ids)[1].max())),
+                len(ids),
+            )
         return self.choose(ids, chunk_tokens)
 
     def choose(self, ids: list[int], chunk_tokens: int) -> StepPlan:
@@ -189,12 +207,18 @@ class Speculation:
         every budget (columns) and every prefix of the requests ranked by their gain at it (rows)."""
         costs, batch = self.costs, len(ids)
         tokens, nodes = self._estimates(ids)  # (B, budgets), (B,)
-        useful = int(np.searchsorted(BUDGETS, max(nodes.max() - 1, 1), side="left")) + 1  # larger ones cut nothing
+        useful = (
+            int(np.searchsorted(BUDGETS, max(nodes.max() - 1, 1), side="left")) + 1
+        )  # larger ones cut nothing
         limits = np.asarray(BUDGETS[:useful], dtype=np.float64)
         gain = tokens[:, :useful] - 1.0
-        order = np.argsort(-gain, axis=0, kind="stable")  # (B, budgets): requests by gain at each budget
+        order = np.argsort(
+            -gain, axis=0, kind="stable"
+        )  # (B, budgets): requests by gain at each budget
         ranked = np.take_along_axis(gain, order, axis=0)
-        deepest = np.maximum.accumulate(np.maximum(nodes[order] - 1, 0), axis=0)  # widest tree of the first m
+        deepest = np.maximum.accumulate(
+            np.maximum(nodes[order] - 1, 0), axis=0
+        )  # widest tree of the first m
         width = np.ceil(1 + np.minimum(limits[None, :], deepest)).astype(np.int64)
         drafting = np.arange(1, batch + 1)[:, None]
         seconds = costs.target(chunk_tokens + batch * width) + costs.draft(drafting)
@@ -208,21 +232,28 @@ class Speculation:
             chosen = StepPlan(budgets, int(batch * width[m, j]), int(m) + 1, float(seconds[m, j]))
         return self._explore(ids, nodes, chunk_tokens, chosen)
 
-    def _explore(self, ids: list[int], nodes: np.ndarray, chunk_tokens: int, chosen: StepPlan) -> StepPlan:
+    def _explore(
+        self, ids: list[int], nodes: np.ndarray, chunk_tokens: int, chosen: StepPlan
+    ) -> StepPlan:
         """``chosen`` with the request whose whole tree was verified longest ago (``EXPLORE_EVERY``
         steps at least) drafting its whole tree: its estimate is old. At most one such step in
         ``EXPLORE_EVERY``, and only when its extra seconds spread over them are at most
         ``EXPLORE_COST`` of the step's."""
         batch, budgets = len(ids), dict(chosen.budgets)
         width = chosen.tokens / batch if batch else 1.0
-        stale = [b for b, i in enumerate(ids) if budgets[i] is not None and i in self._rows
-                 and self._rows[i].stale >= EXPLORE_EVERY]
+        stale = [
+            b
+            for b, i in enumerate(ids)
+            if budgets[i] is not None and i in self._rows and self._rows[i].stale >= EXPLORE_EVERY
+        ]
         if not stale or self._quiet < EXPLORE_EVERY:
             return chosen
         b = max(stale, key=lambda b: self._rows[ids[b]].stale)
         wider = max(width, float(np.ceil(nodes[b])))
         drafting = chosen.drafting + (budgets[ids[b]] == 0)
-        seconds = float(self.costs.target(chunk_tokens + batch * wider) + self.costs.draft(drafting))
+        seconds = float(
+            self.costs.target(chunk_tokens + batch * wider) + self.costs.draft(drafting)
+        )
         if seconds - chosen.seconds > EXPLORE_COST * EXPLORE_EVERY * max(chosen.seconds, 1e-9):
             return chosen
         budgets[ids[b]] = None
@@ -243,34 +274,58 @@ class Speculation:
             return high
         while high - low > 1:  # the largest chunk budget within the limit (the curve increases)
             middle = (low + high) // 2
-            low, high = (middle, high) if float(self.costs.target(plan.tokens + middle)) + draft <= limit else (
-                low, middle)
+            low, high = (
+                (middle, high)
+                if float(self.costs.target(plan.tokens + middle)) + draft <= limit
+                else (low, middle)
+            )
         return low
 
     # -- what happened -----------------------------------------------------------------------
 
-    def observe_rows(self, request_ids: Sequence[int], budgets: Sequence, verified: np.ndarray,
-                     full_nodes: np.ndarray, path: np.ndarray, num_accepted: np.ndarray) -> None:
+    def observe_rows(
+        self,
+        request_ids: Sequence[int],
+        budgets: Sequence,
+        verified: np.ndarray,
+        full_nodes: np.ndarray,
+        path: np.ndarray,
+        num_accepted: np.ndarray,
+    ) -> None:
         """A group's rows were verified: ``verified`` nodes of trees of ``full_nodes`` (before
         their budgets cut them), accepted ``path`` (B, D+1) with ``num_accepted`` (B,)."""
         limits, prior = np.asarray(BUDGETS), self._prior_tokens()
         for b, request_id in enumerate(request_ids):
             row = self._rows.setdefault(request_id, _Acceptance(REQUEST_DECAY))
             if budgets[b] == 0:  # did not draft: drift back toward the engine's average
-                row.tokens = np.where(row.known, row.tokens + FORGET * (prior - row.tokens), row.tokens)
+                row.tokens = np.where(
+                    row.known, row.tokens + FORGET * (prior - row.tokens), row.tokens
+                )
                 row.stale += 1
                 continue
             cut = int(verified[b]) < int(full_nodes[b])
             if not cut and row.stale >= EXPLORE_EVERY:  # tried again (_explore)
                 self._quiet = 0
             row.stale = row.stale + 1 if cut else 0
-            nodes = np.sort(path[b, 1: int(num_accepted[b]) + 1])  # accepted drafted nodes (their indices)
-            accepted = np.searchsorted(nodes, limits, side="right")  # what a tree cut at each budget accepts
-            upto = int(np.searchsorted(limits, int(verified[b]) - 1, side="right")) if cut else len(BUDGETS)
+            nodes = np.sort(
+                path[b, 1 : int(num_accepted[b]) + 1]
+            )  # accepted drafted nodes (their indices)
+            accepted = np.searchsorted(
+                nodes, limits, side="right"
+            )  # what a tree cut at each budget accepts
+            upto = (
+                int(np.searchsorted(limits, int(verified[b]) - 1, side="right"))
+                if cut
+                else len(BUDGETS)
+            )
             row.observe(upto, accepted + 1.0, int(full_nodes[b]), prior, self._prior_nodes())
-            self._prior.observe(upto, accepted + 1.0, int(full_nodes[b]), prior, self._prior_nodes())
+            self._prior.observe(
+                upto, accepted + 1.0, int(full_nodes[b]), prior, self._prior_nodes()
+            )
 
-    def observe_step(self, tokens: int, seconds: float, drafting: int, draft_seconds: float) -> None:
+    def observe_step(
+        self, tokens: int, seconds: float, drafting: int, draft_seconds: float
+    ) -> None:
         """A step ran: ``tokens`` in its forward, ``seconds`` for the target part, ``drafting``
         requests drafted in ``draft_seconds``."""
         self._quiet += 1

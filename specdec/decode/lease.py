@@ -17,7 +17,9 @@ from typing import Any, Iterator
 from specdec.errors import TargetBusyError
 
 _guard = threading.Lock()
-_holders: dict[int, str] = {}  # id(target) -> who holds it (the target is alive while leased: its holder refers to it)
+_holders: dict[
+    int, str
+] = {}  # id(target) -> who holds it (the target is alive while leased: its holder refers to it)
 
 
 def _describe_holder() -> str:

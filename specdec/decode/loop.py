@@ -30,8 +30,22 @@ from specdec import compute
 from specdec.decode import lease
 from specdec.decode import checks as step_checks
 from specdec.decode.batching import (
-    Checked, Group, admissions, cut_to_budgets, draw, drafted_tokens, full_batch, group_output, join_admissions,
-    join_steps, last_position, merge_verdicts, observe_accepted, plain_group, step_tree, verify_uniform_shape,
+    Checked,
+    Group,
+    admissions,
+    cut_to_budgets,
+    draw,
+    drafted_tokens,
+    full_batch,
+    group_output,
+    join_admissions,
+    join_steps,
+    last_position,
+    merge_verdicts,
+    observe_accepted,
+    plain_group,
+    step_tree,
+    verify_uniform_shape,
     verify_uniforms,
 )
 from specdec.decode.budget import make_speculation
@@ -43,7 +57,13 @@ from specdec.decode.prefill import plan_chunks
 from specdec.reference.sampling import sample_from, target_probs
 from specdec.decode.requests import Request, RequestState
 from specdec.types import (
-    Draft, DraftContext, PromptOutput, SamplingConfig, StepResult, TargetOutput, Verdict,
+    Draft,
+    DraftContext,
+    PromptOutput,
+    SamplingConfig,
+    StepResult,
+    TargetOutput,
+    Verdict,
 )
 
 
@@ -53,7 +73,9 @@ class Decoder:
     def __init__(self, plan: DecodePlan):
         self.plan = plan
         self.caps = drafter_caps(plan.drafter, plan.source("drafter"))
-        self.needs_draft_probs = verifier_caps(plan.verifier, plan.source("verifier")).needs_draft_probs
+        self.needs_draft_probs = verifier_caps(
+            plan.verifier, plan.source("verifier")
+        ).needs_draft_probs
         self.layers = self.caps.hidden_layers if self.caps.stateful else ()
         # a stateful drafter's end(slot, reason), or end(slot) when written without the reason
         self.drafter_end = request_end(plan.drafter) if self.caps.stateful else None
@@ -61,22 +83,34 @@ class Decoder:
         self.whole_prompts = self.caps.stateful and self.caps.prompt_states
         self.waiting: deque[tuple[int, Request]] = deque()
         self.active: dict[int, tuple[int, RequestState]] = {}  # slot -> (request id, state)
-        self._cursor: dict[int, int] = {}  # slot -> prompt tokens in the cache, while its prompt is prefilled
+        self._cursor: dict[
+            int, int
+        ] = {}  # slot -> prompt tokens in the cache, while its prompt is prefilled
         self._free = list(range(int(plan.target.num_slots)))
         self._ids = itertools.count()
         self._hidden = None  # (num_slots, H) backend array: each slot's hidden state at its root
         self._committing = False
-        self._forwarded = None  # (chunks, their PromptOutputs) once the running step's forward has run
+        self._forwarded = (
+            None  # (chunks, their PromptOutputs) once the running step's forward has run
+        )
         self.steps = 0
         # verifiers that read draft distributions verify whole drafts only: every request drafts
-        self.speculation = make_speculation("always" if self.needs_draft_probs else plan.speculation)
+        self.speculation = make_speculation(
+            "always" if self.needs_draft_probs else plan.speculation
+        )
         self._budgets: dict = {}  # request id -> this step's budget (specdec.decode.budget)
-        self.prefill_budget = None  # the prompt tokens the last step with prompts to prefill could carry
+        self.prefill_budget = (
+            None  # the prompt tokens the last step with prompts to prefill could carry
+        )
         if self.speculation.needs_costs and self.speculation.costs is None:
             self._measure_costs()
 
-    def _measure_costs(self) -> None:  # this machine's step costs, measured in a free slot unless cached
-        self.speculation.use_costs(step_costs(self.plan.backend, self.plan.target, self._free[0] if self._free else None))
+    def _measure_costs(
+        self,
+    ) -> None:  # this machine's step costs, measured in a free slot unless cached
+        self.speculation.use_costs(
+            step_costs(self.plan.backend, self.plan.target, self._free[0] if self._free else None)
+        )
 
     @property
     def idle(self) -> bool:
@@ -89,7 +123,8 @@ class Decoder:
             raise InvalidInputError(
                 f"a prompt of {len(request.prompt)} tokens plus max_new_tokens={request.max_new_tokens} needs "
                 f"{longest} positions; the target's slots hold {self.plan.target.capacity} (load it with a "
-                "larger capacity, or ask for fewer tokens)")
+                "larger capacity, or ask for fewer tokens)"
+            )
         request_id = next(self._ids)
         self.waiting.append((request_id, request))
         return request_id
@@ -127,8 +162,9 @@ class Decoder:
         self.plan.target.release(slot)
         heapq.heappush(self._free, slot)
 
-    def step(self, *, max_prefill_tokens: int | None = None, failures: list | None = None,
-             on_admit=None) -> list[StepResult]:
+    def step(
+        self, *, max_prefill_tokens: int | None = None, failures: list | None = None, on_admit=None
+    ) -> list[StepResult]:
         """One target forward: prompt chunks of the requests in their context phase, then the
         draft trees of those in their generation phase (``specdec.reference.packing``). Returns
         the admissions' StepResult (requests whose prompt finished this step, with their first
@@ -147,25 +183,36 @@ class Decoder:
         is dropped (its slot freed) and ``(request id, exception)`` appended.
         on_admit: called with the admissions' StepResult before the decode step's is returned.
         """
-        if max_prefill_tokens != "auto" and max_prefill_tokens is not None and max_prefill_tokens < 1:
-            raise InvalidInputError(f"max_prefill_tokens must be >= 1, None or 'auto', got {max_prefill_tokens}")
+        if (
+            max_prefill_tokens != "auto"
+            and max_prefill_tokens is not None
+            and max_prefill_tokens < 1
+        ):
+            raise InvalidInputError(
+                f"max_prefill_tokens must be >= 1, None or 'auto', got {max_prefill_tokens}"
+            )
         results, chunks = [], []
         if (self.waiting and self._free) or self._cursor:
             if max_prefill_tokens == "auto" and self.speculation.costs is None:
                 self._measure_costs()
             budget = self.prefill_budget = self.speculation.prefill_tokens(
-                [rid for slot, (rid, _) in self.active.items() if slot not in self._cursor], max_prefill_tokens)
+                [rid for slot, (rid, _) in self.active.items() if slot not in self._cursor],
+                max_prefill_tokens,
+            )
             if not self.whole_prompts:
                 chunks = self._schedule_chunks(budget)
             elif self.waiting and self._free:
                 results.append(self._admit(budget, failures))
         decoding = [slot for slot in sorted(self.active) if slot not in self._cursor]
-        self._budgets = self.speculation.plan([self.active[s][0] for s in decoding],
-                                              sum(end - start for _, start, end in chunks)).budgets
+        self._budgets = self.speculation.plan(
+            [self.active[s][0] for s in decoding], sum(end - start for _, start, end in chunks)
+        ).budgets
         groups: dict[tuple[SamplingConfig, bool], list[int]] = {}  # (sampling, drafts) -> slots
         for slot in decoding:
             request_id, state = self.active[slot]
-            groups.setdefault((state.request.sampling, self._budgets[request_id] != 0), []).append(slot)
+            groups.setdefault((state.request.sampling, self._budgets[request_id] != 0), []).append(
+                slot
+            )
         if chunks or groups:
             self.steps += bool(groups)
             admitted, decoded = self._run_isolated(chunks, list(groups.items()), failures)
@@ -185,9 +232,11 @@ class Decoder:
         cursor = list(self._cursor.items())
         waiting = list(itertools.islice(self.waiting, len(self._free)))
         chunks = []
-        for kind, index, take in plan_chunks([len(self.active[s][1].request.prompt) - start for s, start in cursor],
-                                             [len(request.prompt) for _, request in waiting],
-                                             float("inf") if budget is None else budget):
+        for kind, index, take in plan_chunks(
+            [len(self.active[s][1].request.prompt) - start for s, start in cursor],
+            [len(request.prompt) for _, request in waiting],
+            float("inf") if budget is None else budget,
+        ):
             if kind == "prefilling":
                 slot, start = cursor[index]
             else:
@@ -217,13 +266,19 @@ class Decoder:
                 pass
         heapq.heappush(self._free, slot)
 
-    def _admit(self, max_prefill_tokens: int | None = None, failures: list | None = None) -> StepResult:
+    def _admit(
+        self, max_prefill_tokens: int | None = None, failures: list | None = None
+    ) -> StepResult:
         """Admit waiting requests whole (``caps.prompt_states``): ``TargetModel.admit`` per prompt."""
         start = time.perf_counter()
         ids, tokens, prefilled = [], [], 0
         while self.waiting and self._free:
             request_id, request = self.waiting[0]
-            if max_prefill_tokens is not None and prefilled and prefilled + len(request.prompt) > max_prefill_tokens:
+            if (
+                max_prefill_tokens is not None
+                and prefilled
+                and prefilled + len(request.prompt) > max_prefill_tokens
+            ):
                 break
             self.waiting.popleft()
             prefilled += len(request.prompt)
@@ -254,11 +309,16 @@ class Decoder:
         """Emit the first token of a request whose prompt's forward gave ``output``."""
         backend, target = self.plan.backend, self.plan.target
         logits = backend.to_numpy(output.logits)[None]  # (1, V)
-        first = (np.argmax(logits, axis=-1) if state.generator is None else
-                 sample_from(target_probs(logits, state.request.sampling), state.token_uniforms(1)))
+        first = (
+            np.argmax(logits, axis=-1)
+            if state.generator is None
+            else sample_from(target_probs(logits, state.request.sampling), state.token_uniforms(1))
+        )
         last = backend.from_numpy(np.array([output.hidden.shape[0] - 1]), target)
         if self._hidden is None:
-            self._hidden = output.hidden[backend.from_numpy(np.zeros(target.num_slots, dtype=np.int64), target)]
+            self._hidden = output.hidden[
+                backend.from_numpy(np.zeros(target.num_slots, dtype=np.int64), target)
+            ]
         self._hidden[backend.from_numpy(np.array([state.slot]), target)] = output.hidden[last]
         kept = state.emit([int(first[0])])
         if state.done:
@@ -277,20 +337,26 @@ class Decoder:
             return self._run(chunks, groups, failures)
         except Exception as error:
             admitted = None
-            if self._forwarded is not None:  # the forward ran: its chunks are committed, their requests move on
+            if (
+                self._forwarded is not None
+            ):  # the forward ran: its chunks are committed, their requests move on
                 forwarded, self._forwarded = self._forwarded, None
                 admitted = self._advance_chunks(*forwarded, failures)
-                states, chunks = states[len(chunk_states):], []
-            if len(states) <= 1 or self._committing or self.caps.stateful:  # states: the chunks' and rows' requests
+                states, chunks = states[len(chunk_states) :], []
+            if (
+                len(states) <= 1 or self._committing or self.caps.stateful
+            ):  # states: the chunks' and rows' requests
                 for state in states:
                     if state.slot in self.active and self.active[state.slot][1] is state:
                         self._drop(self.active[state.slot][0], error, failures)
                 return admitted or [], []
-        for state, generator_state in zip(states, saved[len(saved) - len(states):]):
+        for state, generator_state in zip(states, saved[len(saved) - len(states) :]):
             if generator_state is not None:
                 state.generator.bit_generator.state = generator_state
         admitted, decoded = list(admitted or []), []
-        alone = [([chunk], []) for chunk in chunks] + [([], [(key, [s])]) for key, slots in groups for s in slots]
+        alone = [([chunk], []) for chunk in chunks] + [
+            ([], [(key, [s])]) for key, slots in groups for s in slots
+        ]
         for part_chunks, part_groups in alone:
             a, d = self._run_isolated(part_chunks, part_groups, failures)
             admitted += a
@@ -305,21 +371,46 @@ class Decoder:
         states, ids = [self.active[s][1] for s in slots], tuple(self.active[s][0] for s in slots)
         where = backend.from_numpy(slots, target)
         if not drafts:
-            return plain_group(Group(sampling=sampling, slots=slots, ids=ids, states=states, where=where, draft=None,
-                                     tree=None), backend, target)
+            return plain_group(
+                Group(
+                    sampling=sampling,
+                    slots=slots,
+                    ids=ids,
+                    states=states,
+                    where=where,
+                    draft=None,
+                    tree=None,
+                ),
+                backend,
+                target,
+            )
         sample_shape = self.caps.sample_shape
         context = DraftContext(
-            root_tokens=backend.from_numpy(np.array([s.root for s in states], dtype=np.int64), target),
-            hidden=self._hidden[where], sampling=sampling,
+            root_tokens=backend.from_numpy(
+                np.array([s.root for s in states], dtype=np.int64), target
+            ),
+            hidden=self._hidden[where],
+            sampling=sampling,
             num_generated=np.array([s.emitted for s in states], dtype=np.int64),
-            uniforms=draw(states, sample_shape) if sample_shape else None, want_draft_probs=self.needs_draft_probs,
-            history=tuple(s.history for s in states), slots=slots,
+            uniforms=draw(states, sample_shape) if sample_shape else None,
+            want_draft_probs=self.needs_draft_probs,
+            history=tuple(s.history for s in states),
+            slots=slots,
         )
         draft = plan.drafter.propose(context)
         budgets = tuple(self._budgets.get(i) for i in ids)
         tree, full = cut_to_budgets(plan.tree_builder.build(draft), budgets, backend, target)
-        return Group(sampling=sampling, slots=slots, ids=ids, states=states, where=where, draft=draft, tree=tree,
-                     budgets=budgets, full_nodes=full)
+        return Group(
+            sampling=sampling,
+            slots=slots,
+            ids=ids,
+            states=states,
+            where=where,
+            draft=draft,
+            tree=tree,
+            budgets=budgets,
+            full_nodes=full,
+        )
 
     def _run(self, chunks, groups, failures) -> tuple[list[StepResult], list[StepResult]]:
         """One forward of prompt ``chunks`` and the trees of sampling ``groups``; their results
@@ -329,19 +420,29 @@ class Decoder:
         drafted = [self._draft(key, np.array(slots, dtype=np.int64)) for key, slots in groups]
         t1 = time.perf_counter()
         tree, slots = step_tree(drafted, backend, target)
-        context = [(slot, self.active[slot][1].request.prompt[start:end]) for slot, start, end in chunks]
+        context = [
+            (slot, self.active[slot][1].request.prompt[start:end]) for slot, start, end in chunks
+        ]
         try:
             output = target.forward_tree(tree, slots, context=context, layers=self.layers)
-        except Exception as exc:  # a bad draft or tree fails here first: name the plugin that made it
+        except (
+            Exception
+        ) as exc:  # a bad draft or tree fails here first: name the plugin that made it
             for group in drafted:
                 step_checks.check_group(self.plan, group.draft, group.tree, cause=exc)
             raise
-        step_checks.check_chunk_outputs(f"the {backend.name!r} target {type(target).__name__}", output.context, context)
+        step_checks.check_chunk_outputs(
+            f"the {backend.name!r} target {type(target).__name__}", output.context, context
+        )
         self._forwarded = (chunks, output.context)  # committed: never run again (_run_isolated)
         verdicts, row = [], 0
         for group in drafted:
             rows = len(group.slots)
-            own = output if len(drafted) == 1 else group_output(output, row, row + rows, group.tree.size)
+            own = (
+                output
+                if len(drafted) == 1
+                else group_output(output, row, row + rows, group.tree.size)
+            )
             verdicts.append(self._verify(group, own))
             row += rows
         t2 = time.perf_counter()
@@ -351,16 +452,30 @@ class Decoder:
         elif drafted:
             merged = merge_verdicts(verdicts)
             on_target = lambda a: backend.from_numpy(a, target)  # noqa: E731
-            target.commit(tree, Verdict(path=on_target(merged.path), num_accepted=on_target(merged.num_accepted),
-                                        bonus_tokens=on_target(merged.bonus_tokens)))
+            target.commit(
+                tree,
+                Verdict(
+                    path=on_target(merged.path),
+                    num_accepted=on_target(merged.num_accepted),
+                    bonus_tokens=on_target(merged.bonus_tokens),
+                ),
+            )
         decoded = [self._accept(group, checked) for group, checked in zip(drafted, verdicts)]
         self._forwarded = None
-        admitted = self._advance_chunks(chunks, output.context, failures)  # after commit: ending frees the slot
+        admitted = self._advance_chunks(
+            chunks, output.context, failures
+        )  # after commit: ending frees the slot
         t3 = time.perf_counter()
-        self.speculation.observe_step(sum(len(c) for _, c in context) + (0 if tree is None else tree.size * len(slots)),
-                                      t3 - t1, sum(len(g.slots) for g in drafted if g.budgets[:1] != (0,)), t1 - t0)
+        self.speculation.observe_step(
+            sum(len(c) for _, c in context) + (0 if tree is None else tree.size * len(slots)),
+            t3 - t1,
+            sum(len(g.slots) for g in drafted if g.budgets[:1] != (0,)),
+            t1 - t0,
+        )
         if decoded:
-            decoded[0] = attrs.evolve(decoded[0], time_draft=t1 - t0, time_verify=t2 - t1, time_other=t3 - t2)
+            decoded[0] = attrs.evolve(
+                decoded[0], time_draft=t1 - t0, time_verify=t2 - t1, time_other=t3 - t2
+            )
         elif admitted:
             admitted[0] = attrs.evolve(admitted[0], time_prefill=t3 - t0)
         return admitted, decoded
@@ -370,42 +485,89 @@ class Decoder:
         plan, backend, target = self.plan, self.plan.backend, self.plan.target
 
         uniforms = verify_uniforms(group.states, verify_uniform_shape(group.draft))
-        verdict = plan.verifier.verify(group.tree, group.draft, output, group.sampling,
-                                       None if uniforms is None else backend.from_numpy(uniforms, target))
+        verdict = plan.verifier.verify(
+            group.tree,
+            group.draft,
+            output,
+            group.sampling,
+            None if uniforms is None else backend.from_numpy(uniforms, target),
+        )
         path = backend.to_numpy(verdict.path)  # the step's one wait for the device
-        num_accepted, bonus = backend.to_numpy(verdict.num_accepted), backend.to_numpy(verdict.bonus_tokens)
-        beams, tokens, parents, num_nodes = step_checks.check_group(self.plan, group.draft, group.tree)
-        step_checks.check_verdict(plan.source("verifier"), path, num_accepted, bonus, parents, num_nodes,
-                                  int(target.vocab_size))
-        return Checked(output=output, verdict=verdict, path=path, num_accepted=num_accepted, bonus=bonus,
-                       beams=beams, tokens=tokens, num_nodes=num_nodes)
+        num_accepted, bonus = (
+            backend.to_numpy(verdict.num_accepted),
+            backend.to_numpy(verdict.bonus_tokens),
+        )
+        beams, tokens, parents, num_nodes = step_checks.check_group(
+            self.plan, group.draft, group.tree
+        )
+        step_checks.check_verdict(
+            plan.source("verifier"),
+            path,
+            num_accepted,
+            bonus,
+            parents,
+            num_nodes,
+            int(target.vocab_size),
+        )
+        return Checked(
+            output=output,
+            verdict=verdict,
+            path=path,
+            num_accepted=num_accepted,
+            bonus=bonus,
+            beams=beams,
+            tokens=tokens,
+            num_nodes=num_nodes,
+        )
 
     def _accept(self, group: Group, checked: Checked) -> StepResult:
         """Emit what ``group``'s rows accepted; hidden states of their new roots; finished requests leave."""
         backend, target = self.plan.backend, self.plan.target
-        path, num_accepted, bonus, tokens = checked.path, checked.num_accepted, checked.bonus, checked.tokens
+        path, num_accepted, bonus, tokens = (
+            checked.path,
+            checked.num_accepted,
+            checked.bonus,
+            checked.tokens,
+        )
         beams, num_nodes = checked.beams, checked.num_nodes
         on_target = lambda array: backend.from_numpy(array, target)  # noqa: E731
         # tokens of the distinct beams, before deduplication into the tree
-        drafted = drafted_tokens(beams, group.draft.beam_lengths) if beams is not None else num_nodes - 1
-        drafted = np.where(num_nodes < group.full_nodes, num_nodes - 1, drafted)  # cut to a budget: what was verified
-        self.speculation.observe_rows(group.ids, group.budgets, num_nodes, group.full_nodes, path, num_accepted)
+        drafted = (
+            drafted_tokens(beams, group.draft.beam_lengths) if beams is not None else num_nodes - 1
+        )
+        drafted = np.where(
+            num_nodes < group.full_nodes, num_nodes - 1, drafted
+        )  # cut to a budget: what was verified
+        self.speculation.observe_rows(
+            group.ids, group.budgets, num_nodes, group.full_nodes, path, num_accepted
+        )
         rows = np.arange(len(group.slots))
-        self._hidden[group.where] = checked.output.hidden[on_target(rows), on_target(path[rows, num_accepted])]
-        new_tokens = [state.emit([int(t) for t in tokens[b, path[b, 1 : num_accepted[b] + 1]]] + [int(bonus[b])])
-                      for b, state in enumerate(group.states)]
+        self._hidden[group.where] = checked.output.hidden[
+            on_target(rows), on_target(path[rows, num_accepted])
+        ]
+        new_tokens = [
+            state.emit(
+                [int(t) for t in tokens[b, path[b, 1 : num_accepted[b] + 1]]] + [int(bonus[b])]
+            )
+            for b, state in enumerate(group.states)
+        ]
         if self.caps.stateful:
             observe_accepted(self.plan, group, checked)
         for state in group.states:
             if state.done:
                 self._finish(state.slot, state.finish_reason)
         return StepResult(
-            step=self.steps, requests=group.ids, new_tokens=new_tokens,
-            num_accepted=num_accepted, num_drafted=np.asarray(drafted, dtype=np.int64),
+            step=self.steps,
+            requests=group.ids,
+            new_tokens=new_tokens,
+            num_accepted=num_accepted,
+            num_drafted=np.asarray(drafted, dtype=np.int64),
             num_verified=num_nodes.astype(np.int64),
         )
 
-    def _advance_chunks(self, chunks, outputs: Sequence[PromptOutput], failures=None) -> list[StepResult]:
+    def _advance_chunks(
+        self, chunks, outputs: Sequence[PromptOutput], failures=None
+    ) -> list[StepResult]:
         """Move the prefilled requests' cursors; those whose prompt is in begin with a stateful
         drafter (the states at their last position) and emit their first token."""
         ids, tokens = [], []
@@ -417,8 +579,11 @@ class Decoder:
             del self._cursor[slot]
             if self.caps.stateful:
                 try:
-                    self.plan.drafter.begin(slot, np.asarray(state.request.prompt, dtype=np.int64),
-                                            last_position(output))
+                    self.plan.drafter.begin(
+                        slot,
+                        np.asarray(state.request.prompt, dtype=np.int64),
+                        last_position(output),
+                    )
                 except Exception as error:
                     if failures is None:
                         raise
@@ -429,7 +594,9 @@ class Decoder:
         return [admissions(self.steps, ids, tokens, 0.0)] if ids else []
 
 
-def decode_steps(plan: DecodePlan, prompts: Sequence[Sequence[int]], *, seed=None) -> Iterator[StepResult]:
+def decode_steps(
+    plan: DecodePlan, prompts: Sequence[Sequence[int]], *, seed=None
+) -> Iterator[StepResult]:
     """Yield one StepResult per target forward (admissions and decode steps) until every prompt
     is done; row b of every result is prompt b (finished or waiting rows: no tokens, zero counts).
     Each step runs on the process's compute thread where the backend wants one (``specdec.compute``).

@@ -28,17 +28,32 @@ class DecodePlan:
     sampling: SamplingConfig = attrs.field(factory=SamplingConfig)
     max_new_tokens: int = 128
     eos_token_ids: tuple[int, ...] = ()
-    sources: dict[str, str] = attrs.field(factory=dict)  # "drafter" -> "drafter 'x' (plugin p, dist 1.0)"
+    sources: dict[str, str] = attrs.field(
+        factory=dict
+    )  # "drafter" -> "drafter 'x' (plugin p, dist 1.0)"
     # how much each request drafts per step (specdec.decode.budget): "auto", "always", "never", a
     # Speculation object, or None ($SPECDEC_SPECULATION, else "auto")
     speculation: object = None
 
     def source(self, kind: str) -> str:
         """Who made the ``kind`` component, for errors about what it returned."""
-        return self.sources.get(kind) or f"{kind.replace('_', ' ')} {type(getattr(self, kind)).__name__}"
+        return (
+            self.sources.get(kind)
+            or f"{kind.replace('_', ' ')} {type(getattr(self, kind)).__name__}"
+        )
 
     def requests(self, prompts: Sequence[Sequence[int]], seed=None) -> list[Request]:
         """One Request per prompt with the plan's settings (seeds as ``specdec.decode.requests.batch_seeds``)."""
-        seeds = batch_seeds(seed, len(prompts)) if not self.sampling.greedy else [None] * len(prompts)
-        return [Request(prompt=p, sampling=self.sampling, seed=s, max_new_tokens=self.max_new_tokens,
-                        stop_token_ids=self.eos_token_ids) for p, s in zip(prompts, seeds)]
+        seeds = (
+            batch_seeds(seed, len(prompts)) if not self.sampling.greedy else [None] * len(prompts)
+        )
+        return [
+            Request(
+                prompt=p,
+                sampling=self.sampling,
+                seed=s,
+                max_new_tokens=self.max_new_tokens,
+                stop_token_ids=self.eos_token_ids,
+            )
+            for p, s in zip(prompts, seeds)
+        ]

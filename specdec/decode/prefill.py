@@ -19,18 +19,27 @@ __all__ = ["plan_chunks"]
 RESERVED_SHARE = 4  # the oldest unfinished prompt keeps budget // RESERVED_SHARE of a step
 
 
-def plan_chunks(prefilling: Sequence[int], waiting: Sequence[int], budget: float) -> list[tuple[str, int, int]]:
+def plan_chunks(
+    prefilling: Sequence[int], waiting: Sequence[int], budget: float
+) -> list[tuple[str, int, int]]:
     """This step's chunks as (kind, index, tokens): kind "prefilling" for ``prefilling[index]``
     (remaining prompt tokens of a request being prefilled, oldest first), "waiting" for
     ``waiting[index]`` (prompt lengths of waiting requests that have a free slot, in arrival
     order); in the order they go into the forward. ``budget``: prompt tokens (inf: no bound)."""
     candidates = [("prefilling", i, n) for i, n in enumerate(prefilling)] + [
-        ("waiting", i, n) for i, n in enumerate(waiting)]
+        ("waiting", i, n) for i, n in enumerate(waiting)
+    ]
     reserve = 0
-    if prefilling and prefilling[0] > min(budget, PREFILL_CHUNK):  # the oldest cannot finish in this step
+    if prefilling and prefilling[0] > min(
+        budget, PREFILL_CHUNK
+    ):  # the oldest cannot finish in this step
         reserve = min(PREFILL_CHUNK, budget // RESERVED_SHARE)
     left, chosen, taken = budget - reserve, [], set()
-    for kind, index, remaining in candidates:  # whole prompts first: their first token comes this step
+    for (
+        kind,
+        index,
+        remaining,
+    ) in candidates:  # whole prompts first: their first token comes this step
         if remaining <= min(left, PREFILL_CHUNK):
             chosen.append((kind, index, int(remaining)))
             taken.add((kind, index))

@@ -56,7 +56,11 @@ class Request:
     def generator(self, stream: int = 0) -> np.random.Generator:
         """The request's generator: stream 0 draws its tokens, stream 1 the drafter's and the
         per-beam tests' uniforms (independent streams of the same seed)."""
-        entropy = self.seed if self.seed is not None else (int(np.random.SeedSequence().entropy % (2**63)), 0)
+        entropy = (
+            self.seed
+            if self.seed is not None
+            else (int(np.random.SeedSequence().entropy % (2**63)), 0)
+        )
         if stream == 0:
             return np.random.default_rng(list(entropy))
         return np.random.default_rng(np.random.SeedSequence(list(entropy), spawn_key=(stream,)))
@@ -79,8 +83,12 @@ class RequestState:
     def __init__(self, request: Request, slot: int):
         self.request = request
         self.slot = slot
-        self.generator = None if request.sampling.greedy else request.generator(1)  # drafter and beam tests
-        self._stream = None if request.sampling.greedy else request.generator(0)  # the tokens, by position
+        self.generator = (
+            None if request.sampling.greedy else request.generator(1)
+        )  # drafter and beam tests
+        self._stream = (
+            None if request.sampling.greedy else request.generator(0)
+        )  # the tokens, by position
         self._uniforms = np.zeros(0)
         self.emitted = 0
         self.done = False
@@ -100,9 +108,11 @@ class RequestState:
         if self._stream is None:
             return None
         end = self.emitted + count
-        while len(self._uniforms) < end:  # drawn in blocks: the stream's n-th number is the n-th token's
+        while (
+            len(self._uniforms) < end
+        ):  # drawn in blocks: the stream's n-th number is the n-th token's
             self._uniforms = np.concatenate([self._uniforms, self._stream.random(UNIFORM_BLOCK)])
-        return self._uniforms[self.emitted:end].copy()
+        return self._uniforms[self.emitted : end].copy()
 
     @property
     def history(self) -> np.ndarray:

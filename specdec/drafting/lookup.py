@@ -30,7 +30,9 @@ from specdec.types import Draft, DraftContext
 
 DEFAULT_MAX_NGRAM = 3
 DEFAULT_MIN_NGRAM = 2
-DEFAULT_DRAFT_LENGTH = 10  # measured: benchmarks/README.md, "The prompt-lookup beam at its own length"
+DEFAULT_DRAFT_LENGTH = (
+    10  # measured: benchmarks/README.md, "The prompt-lookup beam at its own length"
+)
 
 
 def check_ngram_sizes(max_ngram: int, min_ngram: int) -> None:
@@ -39,7 +41,9 @@ def check_ngram_sizes(max_ngram: int, min_ngram: int) -> None:
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
             raise InvalidInputError(f"lookup {name} must be an integer >= 1, got {value!r}")
     if min_ngram > max_ngram:
-        raise InvalidInputError(f"lookup min_ngram ({min_ngram}) must not exceed max_ngram ({max_ngram})")
+        raise InvalidInputError(
+            f"lookup min_ngram ({min_ngram}) must not exceed max_ngram ({max_ngram})"
+        )
 
 
 def next_token_by_lookup(tokens: np.ndarray, *, max_ngram: int, min_ngram: int) -> int | None:
@@ -58,8 +62,13 @@ def next_token_by_lookup(tokens: np.ndarray, *, max_ngram: int, min_ngram: int) 
     return None
 
 
-def lookup_chain(history: np.ndarray, length: int, *, max_ngram: int = DEFAULT_MAX_NGRAM,
-                 min_ngram: int = DEFAULT_MIN_NGRAM) -> np.ndarray:
+def lookup_chain(
+    history: np.ndarray,
+    length: int,
+    *,
+    max_ngram: int = DEFAULT_MAX_NGRAM,
+    min_ngram: int = DEFAULT_MIN_NGRAM,
+) -> np.ndarray:
     """Up to ``length`` tokens continuing ``history`` (T,) int: each is ``next_token_by_lookup``
     of the history plus the tokens chosen before it. Shorter (possibly empty) only when the
     history's own suffix never occurred before: once one token is found, the suffix that ends
@@ -87,17 +96,22 @@ def lookup_chain(history: np.ndarray, length: int, *, max_ngram: int = DEFAULT_M
 def _next_token_in_bytes(text: bytearray, count: int, max_ngram: int, min_ngram: int) -> int | None:
     """``next_token_by_lookup`` over ``count`` tokens stored as little-endian int32 in ``text``."""
     for n in range(min(max_ngram, count - 1), min_ngram - 1, -1):
-        suffix = bytes(text[(count - n) * 4:])
+        suffix = bytes(text[(count - n) * 4 :])
         end = (count - 1) * 4  # an occurrence must end before the last token
         while (at := text.rfind(suffix, 0, end)) >= 0:
             if at % 4 == 0:  # on a token boundary: the most recent occurrence
-                return int.from_bytes(text[at + 4 * n: at + 4 * n + 4], "little")
+                return int.from_bytes(text[at + 4 * n : at + 4 * n + 4], "little")
             end = at + len(suffix) - 1  # a match across token boundaries: look before it
     return None
 
 
-def lookup_chain_reference(history: np.ndarray, length: int, *, max_ngram: int = DEFAULT_MAX_NGRAM,
-                           min_ngram: int = DEFAULT_MIN_NGRAM) -> np.ndarray:
+def lookup_chain_reference(
+    history: np.ndarray,
+    length: int,
+    *,
+    max_ngram: int = DEFAULT_MAX_NGRAM,
+    min_ngram: int = DEFAULT_MIN_NGRAM,
+) -> np.ndarray:
     """``lookup_chain``'s readable twin: ``next_token_by_lookup`` applied ``length`` times."""
     tokens = np.asarray(history, dtype=np.int64)
     chain: list[int] = []
@@ -110,8 +124,14 @@ def lookup_chain_reference(history: np.ndarray, length: int, *, max_ngram: int =
     return np.array(chain, dtype=np.int64)
 
 
-def lookup_beams(histories: Sequence[np.ndarray], length: int, *, max_ngram: int, min_ngram: int,
-                 fallback: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def lookup_beams(
+    histories: Sequence[np.ndarray],
+    length: int,
+    *,
+    max_ngram: int,
+    min_ngram: int,
+    fallback: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray]:
     """One lookup beam per row: (B, 1, length) int64 beams, and (B,) bool, whether the row found a
     full chain. ``fallback`` (B, length): each row's beam when it finds none (the root
     repeated); its first column is the root. A row whose history does
@@ -143,11 +163,25 @@ class LookupDrafter(PassLifecycle):
         a match).
     """
 
-    def __init__(self, backend: Any, target: Any, *, inner: Any = None, draft_length: int = DEFAULT_DRAFT_LENGTH,
-                 max_ngram: int = DEFAULT_MAX_NGRAM, min_ngram: int = DEFAULT_MIN_NGRAM):
+    def __init__(
+        self,
+        backend: Any,
+        target: Any,
+        *,
+        inner: Any = None,
+        draft_length: int = DEFAULT_DRAFT_LENGTH,
+        max_ngram: int = DEFAULT_MAX_NGRAM,
+        min_ngram: int = DEFAULT_MIN_NGRAM,
+    ):
         check_ngram_sizes(max_ngram, min_ngram)
-        if isinstance(draft_length, bool) or not isinstance(draft_length, (int, np.integer)) or draft_length < 1:
-            raise InvalidInputError(f"lookup draft_length must be an integer >= 1, got {draft_length!r}")
+        if (
+            isinstance(draft_length, bool)
+            or not isinstance(draft_length, (int, np.integer))
+            or draft_length < 1
+        ):
+            raise InvalidInputError(
+                f"lookup draft_length must be an integer >= 1, got {draft_length!r}"
+            )
         inner_caps = None if inner is None else drafter_caps(inner)
         if inner_caps is not None and inner_caps.sampled_proposals:
             raise InvalidInputError(
@@ -156,13 +190,26 @@ class LookupDrafter(PassLifecycle):
                 "drop sample=True (the exact verifier then keeps sampling lossless) or drop lookup"
             )
         self.backend, self.target, self.inner = backend, target, inner
-        self.draft_length, self.max_ngram, self.min_ngram = int(draft_length), int(max_ngram), int(min_ngram)
-        self.beam_width = 1 + getattr(inner, "beam_width", 0)  # beams per draft, and their length (for reports)
+        self.draft_length, self.max_ngram, self.min_ngram = (
+            int(draft_length),
+            int(max_ngram),
+            int(min_ngram),
+        )
+        self.beam_width = 1 + getattr(
+            inner, "beam_width", 0
+        )  # beams per draft, and their length (for reports)
         self.beam_length = getattr(inner, "beam_length", self.draft_length + 1)
         # Beside a drafter, its needs (a stateful one keeps its lifecycle: LookupDrafter passes it on).
-        self.caps = (DrafterCaps(max_tree_size=self.draft_length + 1) if inner_caps is None else attrs.evolve(
-            inner_caps, max_tree_size=None if inner_caps.max_tree_size is None
-            else inner_caps.max_tree_size + self.draft_length))
+        self.caps = (
+            DrafterCaps(max_tree_size=self.draft_length + 1)
+            if inner_caps is None
+            else attrs.evolve(
+                inner_caps,
+                max_tree_size=None
+                if inner_caps.max_tree_size is None
+                else inner_caps.max_tree_size + self.draft_length,
+            )
+        )
 
     def propose(self, context: DraftContext) -> Draft:
         if context.history is None:
@@ -191,26 +238,44 @@ class LookupDrafter(PassLifecycle):
         lengths = check_beam_lengths(draft.beam_lengths, beams.shape)  # (B, W): L each when None
         chain_length = self.draft_length + 1
         roots = beams[:, 0, 0]
-        chains, found = lookup_beams(context.history, chain_length, max_ngram=self.max_ngram,
-                                     min_ngram=self.min_ngram, fallback=np.repeat(roots[:, None], chain_length, axis=1))
+        chains, found = lookup_beams(
+            context.history,
+            chain_length,
+            max_ngram=self.max_ngram,
+            min_ngram=self.min_ngram,
+            fallback=np.repeat(roots[:, None], chain_length, axis=1),
+        )
         if not found.any() and context.sampling.greedy:
             chains, chain_length = chains[:, :, :1], 1
         size = max(length, chain_length)
         joined = np.concatenate([_pad(beams, size), _pad(chains, size)], axis=1)  # (B, W + 1, size)
         lengths = np.concatenate([lengths, np.where(found, chain_length, 1)[:, None]], axis=1)
-        return Draft(root_tokens=draft.root_tokens, beams=self.backend.from_numpy(joined, self.target),
-                     sampled=False, beam_lengths=lengths)
+        return Draft(
+            root_tokens=draft.root_tokens,
+            beams=self.backend.from_numpy(joined, self.target),
+            sampled=False,
+            beam_lengths=lengths,
+        )
 
     def _propose_alone(self, context: DraftContext) -> Draft:
         roots = np.asarray(self.backend.to_numpy(context.root_tokens), dtype=np.int64)  # (B,)
         length = self.draft_length + 1
-        beams, found = lookup_beams(context.history, length, max_ngram=self.max_ngram, min_ngram=self.min_ngram,
-                                    fallback=np.repeat(roots[:, None], length, axis=1))
+        beams, found = lookup_beams(
+            context.history,
+            length,
+            max_ngram=self.max_ngram,
+            min_ngram=self.min_ngram,
+            fallback=np.repeat(roots[:, None], length, axis=1),
+        )
         if not found.any() and context.sampling.greedy:
             beams = beams[:, :, :1]  # (B, 1, 1): nothing to draft, a plain step
         # When sampling, the draft keeps its shape: a shorter draft would change how many random
         # numbers each row draws, and so a row's sample would depend on the rest of the batch.
-        return Draft(root_tokens=context.root_tokens, beams=self.backend.from_numpy(beams, self.target), sampled=False)
+        return Draft(
+            root_tokens=context.root_tokens,
+            beams=self.backend.from_numpy(beams, self.target),
+            sampled=False,
+        )
 
 
 def _pad(beams: np.ndarray, length: int) -> np.ndarray:

@@ -23,14 +23,20 @@ def check_shortlist(shortlist, vocab_size: int, size: int | None = None) -> np.n
     (and of length ``size`` when given); a ValueError naming the problem otherwise."""
     ids = np.asarray(shortlist)
     if ids.ndim != 1 or ids.size == 0:
-        raise ValueError(f"a vocabulary shortlist is a non-empty 1-D array of token ids, got shape {ids.shape}")
+        raise ValueError(
+            f"a vocabulary shortlist is a non-empty 1-D array of token ids, got shape {ids.shape}"
+        )
     if not np.all(ids == np.round(ids)):
         raise ValueError("a vocabulary shortlist holds integer token ids; got non-integer values")
     ids = ids.astype(np.int64)
     if size is not None and ids.size != size:
-        raise ValueError(f"the vocabulary shortlist has {ids.size} ids but the config says shortlist_size={size}")
+        raise ValueError(
+            f"the vocabulary shortlist has {ids.size} ids but the config says shortlist_size={size}"
+        )
     if ids[0] < 0 or ids[-1] >= vocab_size or np.any(np.diff(ids) <= 0):
-        raise ValueError(f"a vocabulary shortlist must be strictly increasing token ids in [0, {vocab_size})")
+        raise ValueError(
+            f"a vocabulary shortlist must be strictly increasing token ids in [0, {vocab_size})"
+        )
     return ids
 
 
@@ -44,7 +50,9 @@ def restrict_logits(logits: np.ndarray, shortlist: np.ndarray | None) -> np.ndar
     return out
 
 
-def choose_shortlist(vocab_size: int, size: int, *, next_tokens, label_ids=None, label_probs=None) -> np.ndarray:
+def choose_shortlist(
+    vocab_size: int, size: int, *, next_tokens, label_ids=None, label_probs=None
+) -> np.ndarray:
     """The ``size`` token ids with the most teacher mass, sorted ascending.
 
     Mass of a token: how often it is the target's greedy next token, plus its soft-label
@@ -53,10 +61,15 @@ def choose_shortlist(vocab_size: int, size: int, *, next_tokens, label_ids=None,
     """
     if size < 1:
         raise ValueError(f"a shortlist needs at least one token, got size={size}")
-    mass = np.bincount(np.asarray(next_tokens, dtype=np.int64).ravel(), minlength=vocab_size).astype(np.float64)
+    mass = np.bincount(
+        np.asarray(next_tokens, dtype=np.int64).ravel(), minlength=vocab_size
+    ).astype(np.float64)
     if label_ids is not None:
-        mass += np.bincount(np.asarray(label_ids, dtype=np.int64).ravel(),
-                            weights=np.asarray(label_probs, dtype=np.float64).ravel(), minlength=vocab_size)
+        mass += np.bincount(
+            np.asarray(label_ids, dtype=np.int64).ravel(),
+            weights=np.asarray(label_probs, dtype=np.float64).ravel(),
+            minlength=vocab_size,
+        )
     order = np.argsort(-mass, kind="stable")[: min(size, vocab_size)]
     return np.sort(order).astype(np.int64)
 

@@ -44,6 +44,7 @@ from specdec.plugins.registry import PluginRegistry, default_registry
 from specdec.tuning.dtype import cached_beam_plan
 from specdec.types import GenerationResult, GenerationStats, StepResult
 
+
 def generate(
     model: Any,
     prompt: Any,
@@ -86,25 +87,62 @@ def generate(
     """
     check_seed(seed)
     plan, prompts, batched, tokenizer = prepare(
-        model, prompt, drafter, backend, max_new_tokens=max_new_tokens, temperature=temperature,
-        top_k=top_k, top_p=top_p, dtype=dtype, device=device, exact=exact, registry=registry, options=options,
+        model,
+        prompt,
+        drafter,
+        backend,
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        dtype=dtype,
+        device=device,
+        exact=exact,
+        registry=registry,
+        options=options,
     )
     check_seed(seed, len(prompts))
-    return collect(decode_steps(plan, prompts, seed=seed), len(prompts), batched=batched, tokenizer=tokenizer)
+    return collect(
+        decode_steps(plan, prompts, seed=seed), len(prompts), batched=batched, tokenizer=tokenizer
+    )
 
 
-def stream(model: Any, prompt: Any, drafter: Any = "redrafter", backend: str | None = None, *,
-           max_new_tokens: int = 128, temperature: float = 0.0, top_k: int | None = None,
-           top_p: float | None = None, seed=None, dtype: str | None = None, device: str | None = None,
-           exact: bool | None = None, registry: PluginRegistry | None = None, **options: Any) -> Iterator[StepResult]:
+def stream(
+    model: Any,
+    prompt: Any,
+    drafter: Any = "redrafter",
+    backend: str | None = None,
+    *,
+    max_new_tokens: int = 128,
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    seed=None,
+    dtype: str | None = None,
+    device: str | None = None,
+    exact: bool | None = None,
+    registry: PluginRegistry | None = None,
+    **options: Any,
+) -> Iterator[StepResult]:
     """Like ``generate``, but yield one ``StepResult`` per target forward as it happens.
 
     Arguments are checked when this is called, before the first step runs.
     """
     check_seed(seed)
     plan, prompts, _, _ = prepare(
-        model, prompt, drafter, backend, max_new_tokens=max_new_tokens, temperature=temperature,
-        top_k=top_k, top_p=top_p, dtype=dtype, device=device, exact=exact, registry=registry, options=options,
+        model,
+        prompt,
+        drafter,
+        backend,
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        dtype=dtype,
+        device=device,
+        exact=exact,
+        registry=registry,
+        options=options,
     )
     check_seed(seed, len(prompts))
     return decode_steps(plan, prompts, seed=seed)
@@ -119,7 +157,9 @@ def prepare(model, prompt, drafter, backend, **kwargs):
     checked; a damaged folder is converted again and the load retried once.
     """
     backend_obj = load_backend(backend, kwargs.get("registry") or default_registry())
-    return compute.run_for(backend_obj, _prepare_or_repair, model, prompt, drafter, backend_obj, **kwargs)
+    return compute.run_for(
+        backend_obj, _prepare_or_repair, model, prompt, drafter, backend_obj, **kwargs
+    )
 
 
 def _prepare_or_repair(model, prompt, drafter, backend_obj, **kwargs):
@@ -133,8 +173,23 @@ def _prepare_or_repair(model, prompt, drafter, backend_obj, **kwargs):
     return _prepare(model, prompt, drafter, backend_obj, **kwargs)
 
 
-def _prepare(model, prompt, drafter, backend_obj, *, max_new_tokens, temperature, top_k, top_p, dtype, device,
-             registry, options, exact=None, tree_room=None):
+def _prepare(
+    model,
+    prompt,
+    drafter,
+    backend_obj,
+    *,
+    max_new_tokens,
+    temperature,
+    top_k,
+    top_p,
+    dtype,
+    device,
+    registry,
+    options,
+    exact=None,
+    tree_room=None,
+):
     registry = registry or default_registry()
     options = dict(options)
     sampling = sampling_config(temperature, top_k, top_p)
@@ -144,23 +199,47 @@ def _prepare(model, prompt, drafter, backend_obj, *, max_new_tokens, temperature
     named = resolve("drafter", drafter, registry, backend_obj.name)
     check_drafter_options(named, registry, backend_obj.name, options)  # before the model loads
     model = resolve_model(model)
-    if isinstance(model, (str, Path)):  # encode first: the target gets one slot per prompt, sized to fit
+    if isinstance(
+        model, (str, Path)
+    ):  # encode first: the target gets one slot per prompt, sized to fit
         check_model_folder(model)
-        tokenizer, config = load_tokenizer(model), read_json(Path(model) / "config.json", what="model config")
+        tokenizer, config = (
+            load_tokenizer(model),
+            read_json(Path(model) / "config.json", what="model config"),
+        )
         vocab = config.get("vocab_size", 1)
         if isinstance(vocab, bool) or not isinstance(vocab, int) or vocab < 1:
-            raise InvalidInputError(f"{Path(model) / 'config.json'}: vocab_size must be a positive integer, got "
-                                    f"{vocab!r}; fix config.json")
-        prompts, batched = encode_prompts(prompt, tokenizer, int(config.get("vocab_size", 0)) or 2**62,
-                                          chat_template=load_chat_template(model))
-        check_fits_context(prompts, max_new_tokens, config.get("max_position_embeddings"), batched=batched)
-        target, _ = load_with_choice(backend_obj, model, dtype=dtype, device=device, slots=len(prompts),
-                                capacity=max(map(len, prompts)) + max_new_tokens + TREE_ROOM, exact=exact)
+            raise InvalidInputError(
+                f"{Path(model) / 'config.json'}: vocab_size must be a positive integer, got "
+                f"{vocab!r}; fix config.json"
+            )
+        prompts, batched = encode_prompts(
+            prompt,
+            tokenizer,
+            int(config.get("vocab_size", 0)) or 2**62,
+            chat_template=load_chat_template(model),
+        )
+        check_fits_context(
+            prompts, max_new_tokens, config.get("max_position_embeddings"), batched=batched
+        )
+        target, _ = load_with_choice(
+            backend_obj,
+            model,
+            dtype=dtype,
+            device=device,
+            slots=len(prompts),
+            capacity=max(map(len, prompts)) + max_new_tokens + TREE_ROOM,
+            exact=exact,
+        )
     else:
         target, _ = load_with_choice(backend_obj, model, dtype=dtype, device=device, exact=exact)
         tokenizer = getattr(target, "tokenizer", None)
-        prompts, batched = encode_prompts(prompt, tokenizer, target.vocab_size,
-                                          chat_template=getattr(target, "chat_template", None))
+        prompts, batched = encode_prompts(
+            prompt,
+            tokenizer,
+            target.vocab_size,
+            chat_template=getattr(target, "chat_template", None),
+        )
         check_fits_context(prompts, max_new_tokens, context_length(target), batched=batched)
     stop_at_eos = options.pop("stop_at_eos", True)
     speculation = check_speculation(options.pop("speculation", None))
@@ -177,14 +256,22 @@ def _prepare(model, prompt, drafter, backend_obj, *, max_new_tokens, temperature
         named = with_lookup(named)
     caps = drafter_caps(drafter_obj, named.source)
     if tree_room is None:  # an engine passes its own, which it checks itself
-        room = int(target.capacity) - max(map(len, prompts)) - int(max_new_tokens) + 1  # the last step's tree
-        check_tree_room(caps.max_tree_size, room, named.source,
-                        "" if isinstance(model, (str, Path)) else ", or load the target with a larger capacity")
+        room = (
+            int(target.capacity) - max(map(len, prompts)) - int(max_new_tokens) + 1
+        )  # the last step's tree
+        check_tree_room(
+            caps.max_tree_size,
+            room,
+            named.source,
+            "" if isinstance(model, (str, Path)) else ", or load the target with a larger capacity",
+        )
     tree_name, tree_options = caps.tree_builder
     tree = resolve("tree_builder", tree_choice or tree_name, registry, backend_obj.name)
     tree_builder = build(tree, registry, backend_obj.name, tree_options)
     if verifier_choice is None:
-        verifier_choice = "greedy" if sampling.greedy else ("rejection" if caps.sampled_proposals else "exact")
+        verifier_choice = (
+            "greedy" if sampling.greedy else ("rejection" if caps.sampled_proposals else "exact")
+        )
     checker = resolve("verifier", verifier_choice, registry, backend_obj.name)
     verifier = build(checker, registry, backend_obj.name, {})
     if lookup and verifier_caps(verifier, checker.source).needs_draft_probs:
@@ -195,8 +282,15 @@ def _prepare(model, prompt, drafter, backend_obj, *, max_new_tokens, temperature
     eos = tuple(target.eos_token_ids) if stop_at_eos else ()
     sources = {c.kind: c.source for c in (named, tree, checker)}
     plan = DecodePlan(
-        backend=backend_obj, target=target, drafter=drafter_obj, tree_builder=tree_builder, verifier=verifier,
-        sampling=sampling, max_new_tokens=int(max_new_tokens), eos_token_ids=eos, sources=sources,
+        backend=backend_obj,
+        target=target,
+        drafter=drafter_obj,
+        tree_builder=tree_builder,
+        verifier=verifier,
+        sampling=sampling,
+        max_new_tokens=int(max_new_tokens),
+        eos_token_ids=eos,
+        sources=sources,
         speculation=speculation,
     )
     return plan, prompts, batched, tokenizer
@@ -207,7 +301,11 @@ def lookup_by_default(drafter: Resolved, drafter_obj, verifier_choice) -> bool:
     (ReDrafter; an object passed in: never), when the verifier is the default, greedy or exact
     one and the beams are not sampled."""
     pairs = drafter.spec is not None and drafter.spec.pairs_with_lookup
-    return pairs and verifier_choice in (None, "greedy", "exact") and not drafter_caps(drafter_obj).sampled_proposals
+    return (
+        pairs
+        and verifier_choice in (None, "greedy", "exact")
+        and not drafter_caps(drafter_obj).sampled_proposals
+    )
 
 
 def planned_beams(backend, target, drafter: Resolved) -> dict:
@@ -226,13 +324,25 @@ def load_backend(name: str | None, registry: PluginRegistry):
     if name is None:
         import importlib.util
 
-        name = "torch" if "torch" in registry.names("backend") and importlib.util.find_spec("torch") else "numpy"
+        name = (
+            "torch"
+            if "torch" in registry.names("backend") and importlib.util.find_spec("torch")
+            else "numpy"
+        )
     return registry.get("backend", name).factory()
 
 
-def load(model: Any, backend: str | None = None, *, dtype: str | None = None, device: str | None = None,
-         slots: int = 1, capacity: int | None = None, exact: bool | None = None,
-         registry: PluginRegistry | None = None):
+def load(
+    model: Any,
+    backend: str | None = None,
+    *,
+    dtype: str | None = None,
+    device: str | None = None,
+    slots: int = 1,
+    capacity: int | None = None,
+    exact: bool | None = None,
+    registry: PluginRegistry | None = None,
+):
     """Load a target model once, to pass to ``generate`` many times. ``dtype=None``: the fastest
     dtype measured on this machine (``specdec.tuning.dtype``; cached after the first measurement).
     exact: the target's exact mode, as in ``generate`` (None: on where this machine's check holds).
@@ -240,20 +350,33 @@ def load(model: Any, backend: str | None = None, *, dtype: str | None = None, de
     positions per slot, prompt and new tokens and a draft tree (None: the model's context length,
     at most ``specdec.slots.DEFAULT_CAPACITY``)."""
     backend_obj = load_backend(backend, registry or default_registry())
-    return compute.run_for(backend_obj, _load, backend_obj, model, dtype=dtype, device=device, slots=slots,
-                           capacity=capacity, exact=exact)
+    return compute.run_for(
+        backend_obj,
+        _load,
+        backend_obj,
+        model,
+        dtype=dtype,
+        device=device,
+        slots=slots,
+        capacity=capacity,
+        exact=exact,
+    )
 
 
 def _load(backend_obj, model, *, dtype, device, slots, capacity, exact):
     sized = dict(slots=slots, capacity=capacity, exact=exact)
     try:
-        target, choice = load_with_choice(backend_obj, resolve_model(model), dtype=dtype, device=device, **sized)
+        target, choice = load_with_choice(
+            backend_obj, resolve_model(model), dtype=dtype, device=device, **sized
+        )
     except (InvalidInputError, MissingDependencyError):
         raise
     except Exception:
         if not repair_if_damaged(model):
             raise
-        target, choice = load_with_choice(backend_obj, resolve_model(model), dtype=dtype, device=device, **sized)
+        target, choice = load_with_choice(
+            backend_obj, resolve_model(model), dtype=dtype, device=device, **sized
+        )
     try:
         target.dtype_choice = choice
     except AttributeError:  # a frozen target class
@@ -266,21 +389,38 @@ def _load(backend_obj, model, *, dtype, device, slots, capacity, exact):
     return target
 
 
-def load_with_choice(backend, model, *, dtype: str | None, device: str | None, slots: int = 1,
-                capacity: int | None = None, exact: bool | None = None):
+def load_with_choice(
+    backend,
+    model,
+    *,
+    dtype: str | None,
+    device: str | None,
+    slots: int = 1,
+    capacity: int | None = None,
+    exact: bool | None = None,
+):
     """(target, DtypeChoice) of ``_load_target``, with the target's exact mode set from ``exact``
     (``specdec.tuning.exactness.configure``; a loaded target keeps its own unless ``exact`` is given)."""
     from specdec.tuning.exactness import check_exact_option, configure
 
     exact = check_exact_option(exact)
-    target, choice = _load_target(backend, model, dtype=dtype, device=device, slots=slots, capacity=capacity)
+    target, choice = _load_target(
+        backend, model, dtype=dtype, device=device, slots=slots, capacity=capacity
+    )
     if exact is not None or getattr(target, "exactness", None) is None:
         configure(target, exact, backend=backend.name)
     return target, choice
 
 
-def _load_target(backend, model, *, dtype: str | None, device: str | None, slots: int = 1,
-                 capacity: int | None = None):
+def _load_target(
+    backend,
+    model,
+    *,
+    dtype: str | None,
+    device: str | None,
+    slots: int = 1,
+    capacity: int | None = None,
+):
     """(target, ``specdec.tuning.dtype.DtypeChoice``): ``model`` loaded on ``backend`` after checking a
     model folder's files. ``dtype=None`` (or "auto") loads a model folder in the dtype measured
     fastest on this machine (``specdec.tuning.dtype``) when the backend offers several; a loaded target
@@ -291,42 +431,64 @@ def _load_target(backend, model, *, dtype: str | None, device: str | None, slots
     if isinstance(model, (str, Path)):
         check_model_folder(model)
         if capacity is None:
-            capacity = min(int(read_json(Path(model) / "config.json", what="model config").get(
-                "max_position_embeddings", DEFAULT_CAPACITY)), DEFAULT_CAPACITY)
+            capacity = min(
+                int(
+                    read_json(Path(model) / "config.json", what="model config").get(
+                        "max_position_embeddings", DEFAULT_CAPACITY
+                    )
+                ),
+                DEFAULT_CAPACITY,
+            )
     try:
-        if dtype in (None, "auto") and hasattr(backend, "dtype_candidates") and isinstance(model, (str, Path)):
+        if (
+            dtype in (None, "auto")
+            and hasattr(backend, "dtype_candidates")
+            and isinstance(model, (str, Path))
+        ):
             return load_fastest(backend, model, device=device, slots=slots, capacity=capacity)
         dtype = None if dtype == "auto" else dtype
-        target = backend.load_target(model, dtype=dtype, device=device, slots=slots, capacity=capacity)
+        target = backend.load_target(
+            model, dtype=dtype, device=device, slots=slots, capacity=capacity
+        )
     except SpecdecError:
         raise
     except (OSError, ValueError, RuntimeError, AssertionError, KeyError, TypeError) as exc:
-        asked = "".join(f", {k}={v!r}" for k, v in (("dtype", dtype), ("device", device)) if v is not None)
+        asked = "".join(
+            f", {k}={v!r}" for k, v in (("dtype", dtype), ("device", device)) if v is not None
+        )
         detail = " ".join(str(exc).split()) or type(exc).__name__
         raise ModelLoadError(
             f"the {backend.name} backend could not load {model if isinstance(model, (str, Path)) else 'the model'}"
-            f"{asked}: {detail}") from exc
+            f"{asked}: {detail}"
+        ) from exc
     loaded = getattr(target, "dtype", None) or dtype
-    return target, DtypeChoice(dtype=str(loaded).rpartition(".")[2] if loaded else "the backend's own",
-                               source="given" if dtype else "the backend's default")
+    return target, DtypeChoice(
+        dtype=str(loaded).rpartition(".")[2] if loaded else "the backend's own",
+        source="given" if dtype else "the backend's default",
+    )
 
 
-def encode_prompts(prompt: Any, tokenizer, vocab_size: int, *, chat_template: str | None = None
-                   ) -> tuple[list[list[int]], bool]:
+def encode_prompts(
+    prompt: Any, tokenizer, vocab_size: int, *, chat_template: str | None = None
+) -> tuple[list[list[int]], bool]:
     """Token-id prompts and whether the input was a batch; checks emptiness and id range.
 
     A prompt is text, token ids, or a chat (a list of {"role", "content"} messages, rendered with
     the model's chat template); a batch is a list of prompts.
     """
     check_prompt_type(prompt)
-    if isinstance(prompt, str) or is_messages(prompt) or (
-        isinstance(prompt, Sequence) and prompt and _is_token(prompt[0])
+    if (
+        isinstance(prompt, str)
+        or is_messages(prompt)
+        or (isinstance(prompt, Sequence) and prompt and _is_token(prompt[0]))
     ):
         prompts, batched = [prompt], False
     elif isinstance(prompt, (Sequence, np.ndarray)) and len(prompt) > 0:
         prompts, batched = list(prompt), True
     else:
-        raise InvalidInputError("the prompt is empty: give a string, a list of token ids, or a list of those")
+        raise InvalidInputError(
+            "the prompt is empty: give a string, a list of token ids, or a list of those"
+        )
     encoded = []
     for row, p in enumerate(prompts):
         where = f"prompt {row} of the batch" if batched else "the prompt"
@@ -361,13 +523,30 @@ def load_drafter(drafter: Resolved, target, backend, registry: PluginRegistry, o
     """The Drafter object of a resolved drafter, for the Backend ``backend``."""
     if drafter.name is None:
         if options:
-            raise InvalidInputError(f"options {sorted(options)} cannot be applied to a Drafter object")
+            raise InvalidInputError(
+                f"options {sorted(options)} cannot be applied to a Drafter object"
+            )
         return drafter.choice
     if drafter.checkpoint is None:
-        return build(drafter, registry, backend.name, options, target=target, checkpoint=None, backend=backend)
+        return build(
+            drafter,
+            registry,
+            backend.name,
+            options,
+            target=target,
+            checkpoint=None,
+            backend=backend,
+        )
     with damaged_checkpoint(drafter.checkpoint):
-        return build(drafter, registry, backend.name, options, target=target, checkpoint=drafter.checkpoint,
-                     backend=backend)
+        return build(
+            drafter,
+            registry,
+            backend.name,
+            options,
+            target=target,
+            checkpoint=drafter.checkpoint,
+            backend=backend,
+        )
 
 
 def add_lookup(drafter, lookup, backend, target):
@@ -376,9 +555,12 @@ def add_lookup(drafter, lookup, backend, target):
     from specdec.drafting.lookup import LookupDrafter
 
     if isinstance(drafter, (NoDrafter, LookupDrafter)):
-        alone = ("drafter='lookup' is prompt lookup alone: give its chain's length as draft_length=N "
-                 "(CLI: --lookup-length N)" if isinstance(drafter, LookupDrafter)
-                 else "for prompt lookup alone use drafter='lookup'")
+        alone = (
+            "drafter='lookup' is prompt lookup alone: give its chain's length as draft_length=N "
+            "(CLI: --lookup-length N)"
+            if isinstance(drafter, LookupDrafter)
+            else "for prompt lookup alone use drafter='lookup'"
+        )
         raise InvalidInputError(
             f"lookup={lookup!r} adds a prompt-lookup beam to a model drafter's beams (e.g. drafter='redrafter'); {alone}"
         )
@@ -393,15 +575,19 @@ def add_lookup(drafter, lookup, backend, target):
     elif is_int(lookup):
         lookup = {"draft_length": lookup}
     if not isinstance(lookup, dict) or set(lookup) - {"max_ngram", "min_ngram", "draft_length"}:
-        raise InvalidInputError("lookup must be True, the lookup chain's length in drafted tokens (an int), or a dict "
-                                f"of draft_length / max_ngram / min_ngram, got {lookup!r}")
+        raise InvalidInputError(
+            "lookup must be True, the lookup chain's length in drafted tokens (an int), or a dict "
+            f"of draft_length / max_ngram / min_ngram, got {lookup!r}"
+        )
     return LookupDrafter(backend, target, inner=drafter, **lookup)
 
 
 def collect(steps, batch_size: int, *, batched: bool, tokenizer=None) -> GenerationResult:
     """Run the step generator to the end and aggregate tokens and stats."""
     tokens: list[list[int]] = [[] for _ in range(batch_size)]
-    totals = dict(steps=0, row_steps=0, drafted=0, verified=0, accepted=0, draft=0.0, verify=0.0, other=0.0)
+    totals = dict(
+        steps=0, row_steps=0, drafted=0, verified=0, accepted=0, draft=0.0, verify=0.0, other=0.0
+    )
     prefill = 0.0
     admitted = False
     for result in steps:
@@ -421,11 +607,20 @@ def collect(steps, batch_size: int, *, batched: bool, tokenizer=None) -> Generat
         totals["verify"] += result.time_verify
         totals["other"] += result.time_other
     stats = GenerationStats(
-        steps=totals["steps"] + int(admitted), new_tokens=sum(map(len, tokens)), row_steps=totals["row_steps"],
-        drafted_tokens=totals["drafted"], verified_tokens=totals["verified"], accepted_tokens=totals["accepted"],
-        time_draft=totals["draft"], time_verify=totals["verify"], time_other=totals["other"], time_prefill=prefill,
+        steps=totals["steps"] + int(admitted),
+        new_tokens=sum(map(len, tokens)),
+        row_steps=totals["row_steps"],
+        drafted_tokens=totals["drafted"],
+        verified_tokens=totals["verified"],
+        accepted_tokens=totals["accepted"],
+        time_draft=totals["draft"],
+        time_verify=totals["verify"],
+        time_other=totals["other"],
+        time_prefill=prefill,
     )
     text = [tokenizer.decode(t) for t in tokens] if tokenizer is not None else None
     if not batched:
-        return GenerationResult(tokens=tokens[0], stats=stats, text=None if text is None else text[0])
+        return GenerationResult(
+            tokens=tokens[0], stats=stats, text=None if text is None else text[0]
+        )
     return GenerationResult(tokens=tokens, stats=stats, text=text)

@@ -22,8 +22,12 @@ def is_int(value) -> bool:
 
 def sampling_config(temperature, top_k, top_p) -> SamplingConfig:
     if isinstance(temperature, bool) or not isinstance(temperature, (int, float, np.number)):
-        raise InvalidInputError(f"temperature must be a number >= 0 (0 = greedy), got {temperature!r}")
-    if top_p is not None and (isinstance(top_p, bool) or not isinstance(top_p, (int, float, np.number))):
+        raise InvalidInputError(
+            f"temperature must be a number >= 0 (0 = greedy), got {temperature!r}"
+        )
+    if top_p is not None and (
+        isinstance(top_p, bool) or not isinstance(top_p, (int, float, np.number))
+    ):
         raise InvalidInputError(f"top_p must be a number in (0, 1] or None, got {top_p!r}")
     try:
         return SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p)
@@ -43,41 +47,62 @@ def check_seed(seed, batch_size: int | None = None) -> None:
         return
     if is_int(seed):
         if seed < 0:
-            raise InvalidInputError(f"seed must be an integer >= 0 or a list of them (one per row), got {seed!r}")
+            raise InvalidInputError(
+                f"seed must be an integer >= 0 or a list of them (one per row), got {seed!r}"
+            )
         return
-    if not isinstance(seed, (Sequence, np.ndarray)) or isinstance(seed, (str, bytes)) or \
-            not all(is_int(s) and s >= 0 for s in seed):
-        raise InvalidInputError(f"seed must be an integer >= 0 or a list of them (one per row), got {seed!r}")
+    if (
+        not isinstance(seed, (Sequence, np.ndarray))
+        or isinstance(seed, (str, bytes))
+        or not all(is_int(s) and s >= 0 for s in seed)
+    ):
+        raise InvalidInputError(
+            f"seed must be an integer >= 0 or a list of them (one per row), got {seed!r}"
+        )
     if batch_size is not None and len(seed) != batch_size:
-        raise InvalidInputError(f"seed lists {len(seed)} seeds for a batch of {batch_size} prompts: give one per row")
+        raise InvalidInputError(
+            f"seed lists {len(seed)} seeds for a batch of {batch_size} prompts: give one per row"
+        )
 
 
 def _check_one_prompt(prompt, where: str) -> None:
     if isinstance(prompt, bytes):
-        raise InvalidInputError(f"{where} is bytes: decode it to a str for a text prompt, or pass a list of token ids")
+        raise InvalidInputError(
+            f"{where} is bytes: decode it to a str for a text prompt, or pass a list of token ids"
+        )
     if isinstance(prompt, str) or is_messages(prompt):
         return
     if not isinstance(prompt, (Sequence, np.ndarray)):
-        raise InvalidInputError(f"{where} must be {PROMPT_KINDS}; got {type(prompt).__name__} {prompt!r:.60}")
+        raise InvalidInputError(
+            f"{where} must be {PROMPT_KINDS}; got {type(prompt).__name__} {prompt!r:.60}"
+        )
 
 
 def check_prompt_type(prompt) -> None:
     """The prompt is one of the accepted kinds (contents are checked once encoded)."""
     _check_one_prompt(prompt, "the prompt")
-    if isinstance(prompt, (Sequence, np.ndarray)) and not isinstance(prompt, str) and not is_messages(prompt) \
-            and len(prompt) and not is_int(prompt[0]):
+    if (
+        isinstance(prompt, (Sequence, np.ndarray))
+        and not isinstance(prompt, str)
+        and not is_messages(prompt)
+        and len(prompt)
+        and not is_int(prompt[0])
+    ):
         for row, p in enumerate(prompt):
             _check_one_prompt(p, f"prompt {row} of the batch")
 
 
 def context_length(target) -> int | None:
     """The number of positions the target's model holds, when it says."""
-    value = getattr(target, "context_length", None) or getattr(getattr(target, "config", None),
-                                                             "max_position_embeddings", None)
+    value = getattr(target, "context_length", None) or getattr(
+        getattr(target, "config", None), "max_position_embeddings", None
+    )
     return int(value) if is_int(value) and value > 0 else None
 
 
-def check_fits_context(prompts: list[list[int]], max_new_tokens: int, limit: int | None, *, batched: bool) -> None:
+def check_fits_context(
+    prompts: list[list[int]], max_new_tokens: int, limit: int | None, *, batched: bool
+) -> None:
     """Every prompt plus max_new_tokens fits in the model's context of ``limit`` positions (None: unknown)."""
     if limit is None:
         return
@@ -85,17 +110,22 @@ def check_fits_context(prompts: list[list[int]], max_new_tokens: int, limit: int
     for row, prompt in enumerate(prompts):
         where = f"prompt {row} of the batch" if batched else "the prompt"
         if len(prompt) >= limit:
-            raise InvalidInputError(f"{where} has {len(prompt)} tokens; the model's context holds {limit}: shorten it")
+            raise InvalidInputError(
+                f"{where} has {len(prompt)} tokens; the model's context holds {limit}: shorten it"
+            )
         if len(prompt) + max_new_tokens > limit:
             raise InvalidInputError(
                 f"max_new_tokens={max_new_tokens} after {where} of {len(prompt)} tokens exceeds the model's context "
-                f"of {limit} tokens: ask for at most {limit - len(prompt)}")
+                f"of {limit} tokens: ask for at most {limit - len(prompt)}"
+            )
 
 
 def looks_like_path(value) -> bool:
     if isinstance(value, Path):
         return True
-    return isinstance(value, str) and (os.sep in value or "/" in value or value.startswith((".", "~")))
+    return isinstance(value, str) and (
+        os.sep in value or "/" in value or value.startswith((".", "~"))
+    )
 
 
 def check_drafter_path(drafter: Any) -> None:
@@ -105,6 +135,9 @@ def check_drafter_path(drafter: Any) -> None:
         if not path.exists():
             raise InvalidInputError(
                 f"drafter checkpoint folder {path} does not exist; pass a folder with config.json and "
-                "model.safetensors, or a drafter name (redrafter, medusa, lookup, none)")
+                "model.safetensors, or a drafter name (redrafter, medusa, lookup, none)"
+            )
         if not path.is_dir():
-            raise InvalidInputError(f"drafter {path} is a file: pass the checkpoint folder that holds it")
+            raise InvalidInputError(
+                f"drafter {path} is a file: pass the checkpoint folder that holds it"
+            )

@@ -9,17 +9,40 @@ from pathlib import Path
 from specdec.errors import InvalidInputError
 from specdec.generation.resolve import Resolved, check_options
 
-__all__ = ["ALIASES", "GENERATE_OPTIONS", "OWN_ARGUMENTS", "check_drafter_options", "option_value",
-           "parse_options"]
+__all__ = [
+    "ALIASES",
+    "GENERATE_OPTIONS",
+    "OWN_ARGUMENTS",
+    "check_drafter_options",
+    "option_value",
+    "parse_options",
+]
 
 # Short names of drafter options: redrafter:w=4,l=5, lookup:k=10, draft_model:draft=MODEL.
 ALIASES = {"w": "beam_width", "l": "beam_length", "k": "draft_length", "draft": "draft_model"}
 # Options generate takes for every drafter (beside its factory's own keywords).
 GENERATE_OPTIONS = ("lookup", "speculation", "stop_at_eos", "tree_builder", "verifier")
 # Arguments generate and Engine take by name, which a command sets with its own flags.
-OWN_ARGUMENTS = ("model", "prompt", "drafter", "backend", "max_new_tokens", "temperature", "top_k",
-                 "top_p", "seed", "dtype", "device", "exact", "registry", "slots", "capacity",
-                 "max_queue", "max_prefill_tokens", "tree_room")
+OWN_ARGUMENTS = (
+    "model",
+    "prompt",
+    "drafter",
+    "backend",
+    "max_new_tokens",
+    "temperature",
+    "top_k",
+    "top_p",
+    "seed",
+    "dtype",
+    "device",
+    "exact",
+    "registry",
+    "slots",
+    "capacity",
+    "max_queue",
+    "max_prefill_tokens",
+    "tree_room",
+)
 # What generate passes every drafter factory itself.
 FACTORY_ARGUMENTS = ("target", "checkpoint", "backend")
 
@@ -35,8 +58,9 @@ def option_value(text: str):
     return {"true": True, "false": False}.get(text.lower(), text)
 
 
-def parse_options(spec: str, *, aliases: dict = ALIASES, own: tuple = OWN_ARGUMENTS,
-                  what: str = "drafter") -> tuple[str, dict]:
+def parse_options(
+    spec: str, *, aliases: dict = ALIASES, own: tuple = OWN_ARGUMENTS, what: str = "drafter"
+) -> tuple[str, dict]:
     """``name[:key=value,...]`` -> (name, {option: value}), e.g. ``redrafter:w=4,l=5,lookup=false``
     -> ("redrafter", {"beam_width": 4, "beam_length": 5, "lookup": False}). Keys are ``aliases``
     or option names as ``generate`` takes them, values typed by ``option_value``. An existing
@@ -48,18 +72,23 @@ def parse_options(spec: str, *, aliases: dict = ALIASES, own: tuple = OWN_ARGUME
         return spec, {}
     name, _, rest = spec.partition(":")
     if not name:
-        raise InvalidInputError(f"{what} {spec!r} names no drafter: NAME[:key=value,...], e.g. "
-                                "redrafter:w=4,l=5")
+        raise InvalidInputError(
+            f"{what} {spec!r} names no drafter: NAME[:key=value,...], e.g. redrafter:w=4,l=5"
+        )
     options = {}
     for item in filter(None, rest.split(",")):
         key, eq, value = (part.strip() for part in item.partition("="))
         if not eq or not key.isidentifier():
-            raise InvalidInputError(f"{what} {spec!r}: bad option {item!r}; write key=value pairs "
-                                    f"separated by commas, e.g. {name}:beam_width=4")
+            raise InvalidInputError(
+                f"{what} {spec!r}: bad option {item!r}; write key=value pairs "
+                f"separated by commas, e.g. {name}:beam_width=4"
+            )
         key = aliases.get(key, key)
         if key in own:
-            raise InvalidInputError(f"{what} {spec!r}: {key} is not a drafter option but an "
-                                    "argument of its own (on the command line, its own flag)")
+            raise InvalidInputError(
+                f"{what} {spec!r}: {key} is not a drafter option but an "
+                "argument of its own (on the command line, its own flag)"
+            )
         if key in options:
             raise InvalidInputError(f"{what} {spec!r} gives {key} twice")
         options[key] = option_value(value)
@@ -71,5 +100,6 @@ def check_drafter_options(drafter: Resolved, registry, on_backend: str, options)
     takes, naming those they take; nothing is loaded. A Drafter object passed in is left to
     ``load_drafter``, which refuses any option for it."""
     if drafter.name is not None:
-        check_options(drafter, registry, on_backend, options, passed=FACTORY_ARGUMENTS,
-                      also=GENERATE_OPTIONS)
+        check_options(
+            drafter, registry, on_backend, options, passed=FACTORY_ARGUMENTS, also=GENERATE_OPTIONS
+        )

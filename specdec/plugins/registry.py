@@ -55,7 +55,8 @@ class Registration:
     def overlaps(self, other: "Registration") -> bool:
         """Both answer one (kind, name, backend) lookup."""
         return (self.kind, self.name) == (other.kind, other.name) and (
-            self.backend == other.backend or ANY_BACKEND in (self.backend, other.backend))
+            self.backend == other.backend or ANY_BACKEND in (self.backend, other.backend)
+        )
 
 
 class PluginRegistry:
@@ -66,8 +67,13 @@ class PluginRegistry:
     ``SPECDEC_DISABLE_PLUGINS``); a malformed one is skipped with a PluginWarning.
     """
 
-    def __init__(self, plugins: Iterable[Any] = (), *, entry_points: bool = False,
-                 disabled: Iterable[str] | None = None):
+    def __init__(
+        self,
+        plugins: Iterable[Any] = (),
+        *,
+        entry_points: bool = False,
+        disabled: Iterable[str] | None = None,
+    ):
         self._pm = PluginManager("specdec")
         self._pm.add_hookspecs(hookspecs)
         self._distributions: dict[str, str] = {}
@@ -77,11 +83,16 @@ class PluginRegistry:
         if entry_points:
             off = disabled_plugins() if disabled is None else frozenset(map(normalize, disabled))
             found, skipped = entry_point_plugins(off)
-            self.disabled = [BrokenPlugin(name=p.name, distribution=p.distribution, error="disabled")
-                             for p in skipped]
+            self.disabled = [
+                BrokenPlugin(name=p.name, distribution=p.distribution, error="disabled")
+                for p in skipped
+            ]
             for plugin in found:  # an entry-point name two distributions use is qualified by each
                 twice = sum(p.name == plugin.name for p in found) > 1
-                self._add_installed(plugin, f"{plugin.distribution.split()[0]}:{plugin.name}" if twice else plugin.name)
+                self._add_installed(
+                    plugin,
+                    f"{plugin.distribution.split()[0]}:{plugin.name}" if twice else plugin.name,
+                )
         for plugin in plugins:
             self._add(plugin, self._pm.get_canonical_name(plugin), "local")
 
@@ -91,10 +102,15 @@ class PluginRegistry:
             self._add(module, name, found.distribution)
         except Exception as exc:  # noqa: BLE001 - any failure of an installed plugin is isolated
             error = one_line_error(exc)
-            self.broken.append(BrokenPlugin(name=found.name, distribution=found.distribution, error=error))
+            self.broken.append(
+                BrokenPlugin(name=found.name, distribution=found.distribution, error=error)
+            )
             warnings.warn(
                 f"skipped the specdec plugin {found.name!r} from {found.distribution}: {error} "
-                f"(set {DISABLE_ENV}={found.distribution.split()[0]} to silence this)", PluginWarning, stacklevel=4)
+                f"(set {DISABLE_ENV}={found.distribution.split()[0]} to silence this)",
+                PluginWarning,
+                stacklevel=4,
+            )
 
     def _add(self, plugin: Any, name: str, distribution: str) -> None:
         """Register ``plugin`` and collect its registrations, all or none."""
@@ -124,26 +140,50 @@ class PluginRegistry:
             if kind == "drafter_spec":
                 return register_spec(name, *args)
             if len(args) != (2 if with_backend else 1):
-                usage = "register(name, backend, factory)" if with_backend else "register(name, factory)"
-                raise PluginError(f"{label} registered {kind} {name!r} with {len(args) + 1} arguments; use {usage}")
+                usage = (
+                    "register(name, backend, factory)"
+                    if with_backend
+                    else "register(name, factory)"
+                )
+                raise PluginError(
+                    f"{label} registered {kind} {name!r} with {len(args) + 1} arguments; use {usage}"
+                )
             backend, factory = args if with_backend else (None, args[0])
             if kind == "verifier" and lossless is None:
-                raise PluginError(f"{label} registered verifier {name!r} without lossless=True/False")
-            entry = Registration(kind=kind, name=name, backend=backend, factory=factory, plugin=plugin,
-                                 lossless=lossless)
-            if any((other.kind, other.name, other.backend) == (kind, name, backend) for other in collected):
-                raise PluginError(f"{label} registered {kind} {name!r} on backend {backend!r} twice")
+                raise PluginError(
+                    f"{label} registered verifier {name!r} without lossless=True/False"
+                )
+            entry = Registration(
+                kind=kind,
+                name=name,
+                backend=backend,
+                factory=factory,
+                plugin=plugin,
+                lossless=lossless,
+            )
+            if any(
+                (other.kind, other.name, other.backend) == (kind, name, backend)
+                for other in collected
+            ):
+                raise PluginError(
+                    f"{label} registered {kind} {name!r} on backend {backend!r} twice"
+                )
             collected.append(entry)
 
         def register_spec(spec, *extra):
             if extra or not isinstance(spec, DrafterSpec):
-                raise PluginError(f"{label} called register({spec!r}{', ...' if extra else ''}) in "
-                                  "specdec_register_drafter_specs; use register(DrafterSpec(...))")
+                raise PluginError(
+                    f"{label} called register({spec!r}{', ...' if extra else ''}) in "
+                    "specdec_register_drafter_specs; use register(DrafterSpec(...))"
+                )
             register_drafter = self._registrar("drafter", plugin, label, True, collected)
             for backend, factory in spec.implementations.items():
                 register_drafter(spec.name, backend, factory)
-            collected.append(Registration(kind="drafter_spec", name=spec.name, backend=None, factory=spec,
-                                          plugin=plugin))
+            collected.append(
+                Registration(
+                    kind="drafter_spec", name=spec.name, backend=None, factory=spec, plugin=plugin
+                )
+            )
 
         return register
 
@@ -163,7 +203,12 @@ class PluginRegistry:
     def conflicts(self) -> list[tuple[Registration, Registration]]:
         """Pairs of registrations from different plugins that answer the same lookup."""
         regs = self.registrations
-        return [(a, b) for i, a in enumerate(regs) for b in regs[i + 1:] if a.plugin != b.plugin and a.overlaps(b)]
+        return [
+            (a, b)
+            for i, a in enumerate(regs)
+            for b in regs[i + 1 :]
+            if a.plugin != b.plugin and a.overlaps(b)
+        ]
 
     def get(self, kind: str, name: str, backend: str | None = None) -> Registration:
         """The registration of ``name`` on ``backend`` (one registered for every backend when
@@ -176,19 +221,29 @@ class PluginRegistry:
         if kind == "backend":
             exact = matches
         else:
-            exact = [r for r in matches if r.backend == backend] or [r for r in matches if r.backend == ANY_BACKEND]
+            exact = [r for r in matches if r.backend == backend] or [
+                r for r in matches if r.backend == ANY_BACKEND
+            ]
         if not exact:
             has = ", ".join(sorted({r.backend for r in matches}))
             raise UnknownPluginError(
                 f"{label} {name!r} is not available on backend {backend!r}; it is installed for: {has}. "
                 f"{label.capitalize()}s on {backend!r}: {', '.join(self.names(kind, backend)) or 'none'}"
             )
-        chosen = exact[0]  # a plugin may register one name for every backend and again for one backend
-        rivals = [r for r in matches
-                  if r.plugin != chosen.plugin and (kind == "backend" or r.backend in (backend, ANY_BACKEND))]
+        chosen = exact[
+            0
+        ]  # a plugin may register one name for every backend and again for one backend
+        rivals = [
+            r
+            for r in matches
+            if r.plugin != chosen.plugin
+            and (kind == "backend" or r.backend in (backend, ANY_BACKEND))
+        ]
         if rivals:
-            who = " and ".join(f"plugin {r.plugin!r} ({self.distribution(r.plugin)})"
-                               for r in sorted([chosen, *rivals], key=lambda r: r.plugin))
+            who = " and ".join(
+                f"plugin {r.plugin!r} ({self.distribution(r.plugin)})"
+                for r in sorted([chosen, *rivals], key=lambda r: r.plugin)
+            )
             raise PluginConflictError(
                 f"{label} {name!r} is registered by both {who}; disable one with "
                 f"`specdec --disable-plugin NAME` or {DISABLE_ENV}=NAME (a plugin or distribution name)"
@@ -209,7 +264,8 @@ class PluginRegistry:
         if model_type not in specs:
             raise InvalidInputError(
                 f"drafter checkpoint {checkpoint} has model_type {model_type!r}; the installed drafters read: "
-                f"{', '.join(sorted(specs)) or 'none'}")
+                f"{', '.join(sorted(specs)) or 'none'}"
+            )
         return specs[model_type]
 
     def describe(self) -> list[dict[str, Any]]:
@@ -225,11 +281,20 @@ class PluginRegistry:
                 "package": self.distribution(r.plugin),
                 "conflict": id(r) in conflicting,
             }
-            for r in self.registrations if r.kind != "drafter_spec"
+            for r in self.registrations
+            if r.kind != "drafter_spec"
         ]
         for kind, plugins in (("broken", self.broken), ("disabled", self.disabled)):
-            rows += [{"kind": kind, "name": p.name, "plugin": p.name, "package": p.distribution, "error": p.error}
-                     for p in plugins]
+            rows += [
+                {
+                    "kind": kind,
+                    "name": p.name,
+                    "plugin": p.name,
+                    "package": p.distribution,
+                    "error": p.error,
+                }
+                for p in plugins
+            ]
         return rows
 
 

@@ -61,8 +61,12 @@ def register_verifiers(register, backend: str, package: str) -> None:
     """Register the five standard verifiers of ``backend`` from ``package.verify(_lossy)``."""
     for name, (class_name, lossless) in VERIFIERS.items():
         module = f"{package}.verify" if lossless else f"{package}.verify_lossy"
-        register(name, backend, lazy_factory(backend, f"{module}:{class_name}", feature=f"the {name} verifier"),
-                 lossless=lossless)
+        register(
+            name,
+            backend,
+            lazy_factory(backend, f"{module}:{class_name}", feature=f"the {name} verifier"),
+            lossless=lossless,
+        )
 
 
 def load_trained(name: str, label: str, package: str, loader: Callable, checkpoint, target):
@@ -83,5 +87,7 @@ def check_finite(weights, checkpoint) -> None:
     for name, array in weights.items():
         array = np.asarray(array)
         if np.issubdtype(array.dtype, np.floating) and not np.isfinite(array).all():
-            raise CorruptFileError(f"drafter checkpoint {checkpoint}: tensor {name!r} holds NaN or infinite values; "
-                                   "the checkpoint is damaged (restore it, or train it again)")
+            raise CorruptFileError(
+                f"drafter checkpoint {checkpoint}: tensor {name!r} holds NaN or infinite values; "
+                "the checkpoint is damaged (restore it, or train it again)"
+            )

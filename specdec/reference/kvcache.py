@@ -30,7 +30,9 @@ class TreeKVCache:
     """Committed keys and values of ``num_slots`` request slots (ragged lengths) and the staged
     entries of one tree."""
 
-    def __init__(self, *, num_layers: int, num_kv_heads: int, head_dim: int, num_slots: int, capacity: int):
+    def __init__(
+        self, *, num_layers: int, num_kv_heads: int, head_dim: int, num_slots: int, capacity: int
+    ):
         self.num_layers = num_layers
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
@@ -114,9 +116,13 @@ class TreeKVCache:
         consecutive positions ``lengths[b] + depth``. The staged tree is dropped afterwards.
         """
         if self._staged_tree is None:
-            raise InvalidInputError("commit(tree, verdict) needs a preceding forward_tree(tree); no tree is staged")
+            raise InvalidInputError(
+                "commit(tree, verdict) needs a preceding forward_tree(tree); no tree is staged"
+            )
         if not _same_tree(tree, self._staged_tree):
-            raise InvalidInputError("commit got a different tree than the last forward_tree; pass the tree that was run")
+            raise InvalidInputError(
+                "commit got a different tree than the last forward_tree; pass the tree that was run"
+            )
         path = np.asarray(verdict.path, dtype=np.int64)
         num_accepted = np.asarray(verdict.num_accepted, dtype=np.int64)
         batch = len(self._staged_slots)
@@ -141,8 +147,12 @@ class TreeKVCache:
                     f"verdict.path[{b}] = {nodes.tolist()} must start at the root 0 and stay below "
                     f"num_nodes = {int(num_nodes[b])}"
                 )
-            if np.any(parents[b, nodes[1:]] != nodes[:-1]) or np.any(depth[b, nodes] != np.arange(count)):
-                raise InvalidInputError(f"verdict.path[{b}] = {nodes.tolist()} does not follow the tree's parent links")
+            if np.any(parents[b, nodes[1:]] != nodes[:-1]) or np.any(
+                depth[b, nodes] != np.arange(count)
+            ):
+                raise InvalidInputError(
+                    f"verdict.path[{b}] = {nodes.tolist()} does not follow the tree's parent links"
+                )
             kept.append(nodes)
         staged, slots = self._staged, self._staged_slots
         for b, nodes in enumerate(kept):

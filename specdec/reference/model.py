@@ -30,8 +30,15 @@ from specdec.slots import admit_in_chunks, check_forward, check_layers, check_sl
 from specdec.types import DraftTree, PromptOutput, TargetOutput, Verdict
 
 __all__ = [
-    "LlamaConfig", "ReferenceTarget", "apply_rotary", "attend", "load_target", "rms_norm",
-    "rotary_cos_sin", "rotary_inverse_frequencies", "silu",
+    "LlamaConfig",
+    "ReferenceTarget",
+    "apply_rotary",
+    "attend",
+    "load_target",
+    "rms_norm",
+    "rotary_cos_sin",
+    "rotary_inverse_frequencies",
+    "silu",
 ]
 
 PREFILL_CHUNK = 128  # prompt tokens per forward during prefill (bounds the attention matrix)
@@ -58,10 +65,16 @@ def rotary_inverse_frequencies(config: LlamaConfig) -> np.ndarray:
     # `factor`, shorter than original / high_freq_factor kept, and the band between blended.
     wavelength = 2 * np.pi / inv_freq
     original = scaling.original_max_position_embeddings
-    blend = (original / wavelength - scaling.low_freq_factor) / (scaling.high_freq_factor - scaling.low_freq_factor)
+    blend = (original / wavelength - scaling.low_freq_factor) / (
+        scaling.high_freq_factor - scaling.low_freq_factor
+    )
     blended = (1 - blend) * inv_freq / scaling.factor + blend * inv_freq
-    stretched = np.where(wavelength > original / scaling.low_freq_factor, inv_freq / scaling.factor, inv_freq)
-    medium = (wavelength >= original / scaling.high_freq_factor) & (wavelength <= original / scaling.low_freq_factor)
+    stretched = np.where(
+        wavelength > original / scaling.low_freq_factor, inv_freq / scaling.factor, inv_freq
+    )
+    medium = (wavelength >= original / scaling.high_freq_factor) & (
+        wavelength <= original / scaling.low_freq_factor
+    )
     return np.where(medium, blended, stretched)
 
 
@@ -94,12 +107,16 @@ def attend(
     heads, n, dim = query.shape
     kv_heads = cached[0].shape[0]
     grouped = query.reshape(kv_heads, (heads // kv_heads) * n, dim)  # (Hkv, G*n, Dh)
-    scores = np.concatenate([grouped @ cached[0].transpose(0, 2, 1), grouped @ new[0].transpose(0, 2, 1)], axis=-1)
+    scores = np.concatenate(
+        [grouped @ cached[0].transpose(0, 2, 1), grouped @ new[0].transpose(0, 2, 1)], axis=-1
+    )
     scores = scores.reshape(heads, n, -1) / np.sqrt(dim)  # (Hq, n, S+n)
     allowed = np.concatenate([cached_allowed, new_allowed], axis=-1)  # (n, S+n)
     scores = np.where(allowed, scores, -np.inf)
     weights = np.exp(scores - scores.max(axis=-1, keepdims=True))
-    weights = (weights / weights.sum(axis=-1, keepdims=True)).reshape(kv_heads, -1, scores.shape[-1])
+    weights = (weights / weights.sum(axis=-1, keepdims=True)).reshape(
+        kv_heads, -1, scores.shape[-1]
+    )
     split = cached[0].shape[1]
     out = weights[..., :split] @ cached[1] + weights[..., split:] @ new[1]  # (Hkv, G*n, Dh)
     return out.reshape(heads, n, dim).transpose(1, 0, 2).reshape(n, heads * dim)
@@ -140,8 +157,16 @@ class ReferenceTarget:
     ``eos_token_ids``, ``tokenizer`` (a ``tokenizers.Tokenizer`` or None), ``name``.
     """
 
-    def __init__(self, *, config: LlamaConfig, tensors: Mapping[str, Any], tokenizer: Any = None,
-                 name: str = "reference", slots: int = 1, capacity: int | None = None):
+    def __init__(
+        self,
+        *,
+        config: LlamaConfig,
+        tensors: Mapping[str, Any],
+        tokenizer: Any = None,
+        name: str = "reference",
+        slots: int = 1,
+        capacity: int | None = None,
+    ):
         self.config = config
         self.tokenizer = tokenizer
         self.name = name
@@ -159,34 +184,49 @@ class ReferenceTarget:
         if config.tie_word_embeddings:
             self.lm_head = self.embed_tokens
         else:
-            self.lm_head = self._weight("lm_head.weight", (vocab, hidden), hint="or set tie_word_embeddings")
+            self.lm_head = self._weight(
+                "lm_head.weight", (vocab, hidden), hint="or set tie_word_embeddings"
+            )
         self.final_norm = self._weight("model.norm.weight", (hidden,))
         self.layers = []
         for i in range(config.num_hidden_layers):
             attn, mlp = f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp."
-            qkv_bias, o_bias, mlp_bias = config.attention_bias, config.attention_out_bias, config.mlp_bias
-            self.layers.append(_Layer(
-                input_norm=self._weight(f"model.layers.{i}.input_layernorm.weight", (hidden,)),
-                q_proj=self._weight(attn + "q_proj.weight", (q_out, hidden)),
-                k_proj=self._weight(attn + "k_proj.weight", (kv_out, hidden)),
-                v_proj=self._weight(attn + "v_proj.weight", (kv_out, hidden)),
-                o_proj=self._weight(attn + "o_proj.weight", (hidden, q_out)),
-                q_bias=self._weight(attn + "q_proj.bias", (q_out,)) if qkv_bias else None,
-                k_bias=self._weight(attn + "k_proj.bias", (kv_out,)) if qkv_bias else None,
-                v_bias=self._weight(attn + "v_proj.bias", (kv_out,)) if qkv_bias else None,
-                o_bias=self._weight(attn + "o_proj.bias", (hidden,)) if o_bias else None,
-                post_norm=self._weight(f"model.layers.{i}.post_attention_layernorm.weight", (hidden,)),
-                gate_proj=self._weight(mlp + "gate_proj.weight", (inner, hidden)),
-                up_proj=self._weight(mlp + "up_proj.weight", (inner, hidden)),
-                down_proj=self._weight(mlp + "down_proj.weight", (hidden, inner)),
-                gate_bias=self._weight(mlp + "gate_proj.bias", (inner,)) if mlp_bias else None,
-                up_bias=self._weight(mlp + "up_proj.bias", (inner,)) if mlp_bias else None,
-                down_bias=self._weight(mlp + "down_proj.bias", (hidden,)) if mlp_bias else None,
-            ))
+            qkv_bias, o_bias, mlp_bias = (
+                config.attention_bias,
+                config.attention_out_bias,
+                config.mlp_bias,
+            )
+            self.layers.append(
+                _Layer(
+                    input_norm=self._weight(f"model.layers.{i}.input_layernorm.weight", (hidden,)),
+                    q_proj=self._weight(attn + "q_proj.weight", (q_out, hidden)),
+                    k_proj=self._weight(attn + "k_proj.weight", (kv_out, hidden)),
+                    v_proj=self._weight(attn + "v_proj.weight", (kv_out, hidden)),
+                    o_proj=self._weight(attn + "o_proj.weight", (hidden, q_out)),
+                    q_bias=self._weight(attn + "q_proj.bias", (q_out,)) if qkv_bias else None,
+                    k_bias=self._weight(attn + "k_proj.bias", (kv_out,)) if qkv_bias else None,
+                    v_bias=self._weight(attn + "v_proj.bias", (kv_out,)) if qkv_bias else None,
+                    o_bias=self._weight(attn + "o_proj.bias", (hidden,)) if o_bias else None,
+                    post_norm=self._weight(
+                        f"model.layers.{i}.post_attention_layernorm.weight", (hidden,)
+                    ),
+                    gate_proj=self._weight(mlp + "gate_proj.weight", (inner, hidden)),
+                    up_proj=self._weight(mlp + "up_proj.weight", (inner, hidden)),
+                    down_proj=self._weight(mlp + "down_proj.weight", (hidden, inner)),
+                    gate_bias=self._weight(mlp + "gate_proj.bias", (inner,)) if mlp_bias else None,
+                    up_bias=self._weight(mlp + "up_proj.bias", (inner,)) if mlp_bias else None,
+                    down_bias=self._weight(mlp + "down_proj.bias", (hidden,)) if mlp_bias else None,
+                )
+            )
         self.inv_freq = rotary_inverse_frequencies(config)
         slots, capacity = check_slot_arguments(slots, capacity, config.max_position_embeddings)
-        self.cache = TreeKVCache(num_layers=config.num_hidden_layers, num_kv_heads=config.num_key_value_heads,
-                                 head_dim=config.head_dim, num_slots=slots, capacity=capacity)
+        self.cache = TreeKVCache(
+            num_layers=config.num_hidden_layers,
+            num_kv_heads=config.num_key_value_heads,
+            head_dim=config.head_dim,
+            num_slots=slots,
+            capacity=capacity,
+        )
 
     @property
     def num_slots(self) -> int:
@@ -204,7 +244,9 @@ class ReferenceTarget:
             )
         value = self._tensors[key]
         if value.shape != shape:
-            raise InvalidInputError(f"tensor {key!r} has shape {value.shape}, the config implies {shape}")
+            raise InvalidInputError(
+                f"tensor {key!r} has shape {value.shape}, the config implies {shape}"
+            )
         return value
 
     @property
@@ -225,8 +267,14 @@ class ReferenceTarget:
         """(num_slots,) int64: committed positions per slot (0 for free slots)."""
         return self.cache.lengths
 
-    def _forward(self, rows: Sequence[int], tokens: np.ndarray, depth: np.ndarray, mask: np.ndarray,
-                 layers: Sequence[int] = ()):
+    def _forward(
+        self,
+        rows: Sequence[int],
+        tokens: np.ndarray,
+        depth: np.ndarray,
+        mask: np.ndarray,
+        layers: Sequence[int] = (),
+    ):
         """Run new tokens of some slots on top of their committed caches.
 
         tokens (R, n) int64 for cache slots ``rows``; depth (R, n): token i sits at position
@@ -241,9 +289,13 @@ class ReferenceTarget:
         lengths = self.cache.lengths[list(rows)]
         positions = lengths[:, None] + depth  # (R, n)
         cos, sin = rotary_cos_sin(positions[:, None], self.inv_freq)  # (R, 1, n, Dh)
-        cached_allowed = [np.ones((n, lengths[r]), dtype=bool) for r in range(num_rows)]  # (n, S) each
+        cached_allowed = [
+            np.ones((n, lengths[r]), dtype=bool) for r in range(num_rows)
+        ]  # (n, S) each
         if cfg.sliding_window is not None:
-            earliest = positions - cfg.sliding_window  # (R, n): a query sees keys at positions > this
+            earliest = (
+                positions - cfg.sliding_window
+            )  # (R, n): a query sees keys at positions > this
             mask = mask & (positions[:, None, :] > earliest[:, :, None])
             cached_allowed = [
                 allowed & (np.arange(lengths[r])[None, :] > earliest[r][:, None])
@@ -256,9 +308,21 @@ class ReferenceTarget:
         for index, layer in enumerate(self.layers):
             # Attention block: pre-norm, projections, rotary, tree-masked attention, residual.
             h = rms_norm(x, layer.input_norm, cfg.rms_norm_eps)
-            q = _linear(h, layer.q_proj, layer.q_bias).reshape(num_rows, n, heads, dim).transpose(0, 2, 1, 3)
-            k = _linear(h, layer.k_proj, layer.k_bias).reshape(num_rows, n, kv_heads, dim).transpose(0, 2, 1, 3)
-            v = _linear(h, layer.v_proj, layer.v_bias).reshape(num_rows, n, kv_heads, dim).transpose(0, 2, 1, 3)
+            q = (
+                _linear(h, layer.q_proj, layer.q_bias)
+                .reshape(num_rows, n, heads, dim)
+                .transpose(0, 2, 1, 3)
+            )
+            k = (
+                _linear(h, layer.k_proj, layer.k_bias)
+                .reshape(num_rows, n, kv_heads, dim)
+                .transpose(0, 2, 1, 3)
+            )
+            v = (
+                _linear(h, layer.v_proj, layer.v_bias)
+                .reshape(num_rows, n, kv_heads, dim)
+                .transpose(0, 2, 1, 3)
+            )
             q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)  # (R, Hq|Hkv, n, Dh)
             entries[:, index, 0], entries[:, index, 1] = k, v
             out = np.empty((num_rows, n, heads * dim))
@@ -269,30 +333,46 @@ class ReferenceTarget:
             # MLP block: pre-norm, SwiGLU, residual.
             h = rms_norm(x, layer.post_norm, cfg.rms_norm_eps)
             gate = silu(_linear(h, layer.gate_proj, layer.gate_bias))
-            x = x + _linear(gate * _linear(h, layer.up_proj, layer.up_bias), layer.down_proj, layer.down_bias)
+            x = x + _linear(
+                gate * _linear(h, layer.up_proj, layer.up_bias), layer.down_proj, layer.down_bias
+            )
             if index in wanted:
                 outputs[index] = x
         return rms_norm(x, self.final_norm, cfg.rms_norm_eps), entries, outputs
 
     def _check_tokens(self, tokens: np.ndarray, what: str) -> None:
         if tokens.size and (tokens.min() < 0 or tokens.max() >= self.vocab_size):
-            raise InvalidInputError(f"{what} holds token ids outside [0, {self.vocab_size}): {tokens.min()}..{tokens.max()}")
+            raise InvalidInputError(
+                f"{what} holds token ids outside [0, {self.vocab_size}): {tokens.min()}..{tokens.max()}"
+            )
 
     def _check_layers(self, layers: Sequence[int]) -> set[int]:
         return check_layers(layers, self.num_layers)
 
-    def admit(self, slot: int, prompt: Sequence[int], *, layers: Sequence[int] = ()) -> PromptOutput:
+    def admit(
+        self, slot: int, prompt: Sequence[int], *, layers: Sequence[int] = ()
+    ) -> PromptOutput:
         """Prefill ``prompt`` into the free ``slot``: logits (V,) at its last token, hidden (P, H)
         at every token and the outputs of decoder ``layers``; a forward per PREFILL_CHUNK tokens
         (``forward_tree`` with the chunk as its context)."""
-        return admit_in_chunks(self, slot, prompt, layers, admitted=self.cache.admitted, lengths=self.cache.lengths,
-                               chunk=PREFILL_CHUNK, concatenate=np.concatenate)
+        return admit_in_chunks(
+            self,
+            slot,
+            prompt,
+            layers,
+            admitted=self.cache.admitted,
+            lengths=self.cache.lengths,
+            chunk=PREFILL_CHUNK,
+            concatenate=np.concatenate,
+        )
 
     def release(self, slot: int) -> None:
         """Free ``slot`` for another request."""
         self.cache.release(slot)
 
-    def forward_tree(self, tree: DraftTree | None, slots, *, context=(), layers: Sequence[int] = ()) -> TargetOutput:
+    def forward_tree(
+        self, tree: DraftTree | None, slots, *, context=(), layers: Sequence[int] = ()
+    ) -> TargetOutput:
         """Prompt chunks and tree rows in one forward (docs/design.md section 2).
 
         ``context``: (slot, tokens) prompt chunks; a chunk for a free slot starts its request
@@ -307,15 +387,31 @@ class ReferenceTarget:
         so a row's numbers are exactly those it gets in any other forward: the reference is
         batch-independent by construction, which the per-request determinism tests rely on."""
         self._check_layers(layers)
-        slots, chunks, _ = check_forward(tree, slots, context, self.cache.admitted, self.cache.lengths, self.capacity,
-                                         self.vocab_size)
+        slots, chunks, _ = check_forward(
+            tree,
+            slots,
+            context,
+            self.cache.admitted,
+            self.cache.lengths,
+            self.capacity,
+            self.vocab_size,
+        )
         prompts, appends = [], []
-        for slot, tokens in chunks:  # computed first, committed at the end: a failed forward commits nothing
+        for (
+            slot,
+            tokens,
+        ) in chunks:  # computed first, committed at the end: a failed forward commits nothing
             causal = np.tril(np.ones((tokens.size, tokens.size), dtype=bool))
-            hidden, entries, outputs = self._forward([slot], tokens[None], np.arange(tokens.size)[None],
-                                                     causal[None], layers)
-            prompts.append(PromptOutput(logits=hidden[0, -1] @ self.lm_head.T, hidden=hidden[0],
-                                        layers={i: v[0] for i, v in outputs.items()}))
+            hidden, entries, outputs = self._forward(
+                [slot], tokens[None], np.arange(tokens.size)[None], causal[None], layers
+            )
+            prompts.append(
+                PromptOutput(
+                    logits=hidden[0, -1] @ self.lm_head.T,
+                    hidden=hidden[0],
+                    layers={i: v[0] for i, v in outputs.items()},
+                )
+            )
             appends.append((slot, entries[0]))
         output = self._forward_rows(tree, slots, layers) if tree is not None else None
         for slot, entries in appends:
@@ -327,22 +423,32 @@ class ReferenceTarget:
             return TargetOutput(logits=None, hidden=None, context=prompts)
         return attrs.evolve(output, context=prompts)
 
-    def _forward_rows(self, tree: DraftTree, slots: np.ndarray, layers: Sequence[int]) -> TargetOutput:
+    def _forward_rows(
+        self, tree: DraftTree, slots: np.ndarray, layers: Sequence[int]
+    ) -> TargetOutput:
         """The tree part of forward_tree: each row alone; stages the nodes' keys and values."""
         tokens = np.asarray(tree.tokens, dtype=np.int64)
         depth = np.asarray(tree.depth, dtype=np.int64)
         mask = np.asarray(tree.ancestor_mask, dtype=bool)
         self._check_tokens(tokens, "tree.tokens")
         if np.any(depth < 0) or not np.all(np.diagonal(mask, axis1=1, axis2=2)):
-            raise InvalidInputError("tree.depth must be >= 0 and tree.ancestor_mask[b, i, i] True for every node")
+            raise InvalidInputError(
+                "tree.depth must be >= 0 and tree.ancestor_mask[b, i, i] True for every node"
+            )
         cfg, (batch, size) = self.config, tokens.shape
         real = np.clip(np.asarray(tree.num_nodes, dtype=np.int64), 1, size)
-        hidden, logits = np.zeros((batch, size, self.hidden_size)), np.zeros((batch, size, self.vocab_size))
-        entries = np.zeros((batch, cfg.num_hidden_layers, 2, cfg.num_key_value_heads, size, cfg.head_dim))
+        hidden, logits = (
+            np.zeros((batch, size, self.hidden_size)),
+            np.zeros((batch, size, self.vocab_size)),
+        )
+        entries = np.zeros(
+            (batch, cfg.num_hidden_layers, 2, cfg.num_key_value_heads, size, cfg.head_dim)
+        )
         outputs = {int(i): np.zeros_like(hidden) for i in layers}
         for b, (slot, n) in enumerate(zip(slots.tolist(), real)):
             row_hidden, row_entries, row_outputs = self._forward(
-                [slot], tokens[b : b + 1, :n], depth[b : b + 1, :n], mask[b : b + 1, :n, :n], layers)
+                [slot], tokens[b : b + 1, :n], depth[b : b + 1, :n], mask[b : b + 1, :n, :n], layers
+            )
             hidden[b, :n], entries[b, ..., :n, :] = row_hidden[0], row_entries[0]
             logits[b, :n] = row_hidden[0] @ self.lm_head.T
             for i, value in row_outputs.items():
@@ -356,7 +462,9 @@ class ReferenceTarget:
         self.cache.commit(tree, verdict)
 
 
-def load_target(path: str | os.PathLike, *, name: str | None = None, slots: int = 1, capacity: int | None = None):
+def load_target(
+    path: str | os.PathLike, *, name: str | None = None, slots: int = 1, capacity: int | None = None
+):
     """Load a local Hugging Face-format Llama-family folder as a float64 ``ReferenceTarget`` with
     ``slots`` request slots of ``capacity`` positions (None: the model's context length)."""
     from specdec.reference.weights import check_weights_header

@@ -68,8 +68,9 @@ def pack(chunks: Sequence[np.ndarray], tree: np.ndarray | None) -> np.ndarray:
     return np.concatenate(parts)
 
 
-def unpack(stream: np.ndarray, chunk_sizes: Sequence[int], tree_shape: tuple[int, int] | None
-           ) -> tuple[list[np.ndarray], np.ndarray | None]:
+def unpack(
+    stream: np.ndarray, chunk_sizes: Sequence[int], tree_shape: tuple[int, int] | None
+) -> tuple[list[np.ndarray], np.ndarray | None]:
     """``pack`` undone: ([(c_i, ...) per chunk], (B, N, ...) tree rows or None)."""
     segments = layout(chunk_sizes, tree_shape)
     chunks = [stream[s.offset : s.end] for s in segments[: len(chunk_sizes)]]

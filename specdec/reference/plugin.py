@@ -19,9 +19,13 @@ class NumpyBackend:
         from specdec.reference.model import ReferenceTarget, load_target
 
         if dtype not in (None, "float64"):
-            raise InvalidInputError(f"the numpy backend computes in float64 only, got dtype={dtype!r}")
+            raise InvalidInputError(
+                f"the numpy backend computes in float64 only, got dtype={dtype!r}"
+            )
         if device not in (None, "cpu"):
-            raise InvalidInputError(f"the numpy backend runs on the cpu only, got device={device!r}")
+            raise InvalidInputError(
+                f"the numpy backend runs on the cpu only, got device={device!r}"
+            )
         if isinstance(source, ReferenceTarget):
             return source
         return load_target(source, slots=slots, capacity=capacity)
@@ -41,13 +45,16 @@ def _no_drafter(target, checkpoint=None, *, backend=None):
     return NoDrafter()
 
 
-def _lookup_drafter(target, checkpoint=None, *, backend, draft_length=None, max_ngram=None, min_ngram=None):
+def _lookup_drafter(
+    target, checkpoint=None, *, backend, draft_length=None, max_ngram=None, min_ngram=None
+):
     from specdec.drafting import lookup
 
     if checkpoint is not None:
         raise InvalidInputError("drafter 'lookup' (prompt lookup) takes no checkpoint")
     return lookup.LookupDrafter(
-        backend, target,
+        backend,
+        target,
         draft_length=lookup.DEFAULT_DRAFT_LENGTH if draft_length is None else draft_length,
         max_ngram=lookup.DEFAULT_MAX_NGRAM if max_ngram is None else max_ngram,
         min_ngram=lookup.DEFAULT_MIN_NGRAM if min_ngram is None else min_ngram,
@@ -67,8 +74,13 @@ def specdec_register_drafters(register):
 
 @hookimpl
 def specdec_register_tree_builders(register):
-    register("prefix_tree", "numpy", lazy_factory("numpy", "specdec.reference.tree:PrefixTreeBuilder",
-                                                  feature="the prefix tree builder"))
+    register(
+        "prefix_tree",
+        "numpy",
+        lazy_factory(
+            "numpy", "specdec.reference.tree:PrefixTreeBuilder", feature="the prefix tree builder"
+        ),
+    )
 
 
 @hookimpl

@@ -156,11 +156,15 @@ def check_beam_lengths(lengths, shape) -> np.ndarray:
         return np.full((batch, width), length, dtype=np.int64)
     lengths = np.asarray(lengths)
     if lengths.shape != (batch, width) or not np.issubdtype(lengths.dtype, np.integer):
-        raise ValueError(f"beam_lengths must be integers of shape (B, W) = {(batch, width)}, "
-                         f"got {lengths.dtype} {lengths.shape}")
+        raise ValueError(
+            f"beam_lengths must be integers of shape (B, W) = {(batch, width)}, "
+            f"got {lengths.dtype} {lengths.shape}"
+        )
     if np.any((lengths < 1) | (lengths > length)):
-        raise ValueError(f"beam_lengths must lie in [1, L] = [1, {length}] (the root counts), "
-                         f"got {lengths.min()}..{lengths.max()}")
+        raise ValueError(
+            f"beam_lengths must lie in [1, L] = [1, {length}] (the root counts), "
+            f"got {lengths.min()}..{lengths.max()}"
+        )
     return lengths.astype(np.int64)
 
 
@@ -181,7 +185,9 @@ def check_tree(tree: DraftTree, *, beams: np.ndarray | None = None) -> None:
     depth = np.asarray(tree.depth)
     for b in range(batch):
         if not 1 <= num_nodes[b] <= size:
-            raise ValueError(f"tree invariant '1 <= num_nodes <= N' violated in row {b}: {num_nodes[b]} with N={size}")
+            raise ValueError(
+                f"tree invariant '1 <= num_nodes <= N' violated in row {b}: {num_nodes[b]} with N={size}"
+            )
         for i in range(num_nodes[b], size):
             if parents[b, i] != 0:
                 raise ValueError(
@@ -189,7 +195,9 @@ def check_tree(tree: DraftTree, *, beams: np.ndarray | None = None) -> None:
                     f"(num_nodes {num_nodes[b]}): parent {parents[b, i]}"
                 )
         if depth[b, 0] != 0:
-            raise ValueError(f"tree invariant 'root depth 0' violated in row {b}: depth {depth[b, 0]}")
+            raise ValueError(
+                f"tree invariant 'root depth 0' violated in row {b}: depth {depth[b, 0]}"
+            )
         for i in range(1, size):
             if depth[b, i] != depth[b, parents[b, i]] + 1:
                 raise ValueError(
@@ -210,13 +218,20 @@ def check_tree(tree: DraftTree, *, beams: np.ndarray | None = None) -> None:
             beams = np.asarray(beams)
             beam_to_node = np.asarray(tree.beam_to_node)
             real = beam_to_node >= 0
-            gathered = np.take_along_axis(np.asarray(tree.tokens), np.where(real, beam_to_node, 0).reshape(batch, -1),
-                                          axis=1)
-            if beams.shape != beam_to_node.shape or np.any(real & (gathered.reshape(beams.shape) != beams)):
-                raise ValueError("tree invariant 'tokens[b, beam_to_node[b, i, k]] == beams[b, i, k]' violated")
+            gathered = np.take_along_axis(
+                np.asarray(tree.tokens), np.where(real, beam_to_node, 0).reshape(batch, -1), axis=1
+            )
+            if beams.shape != beam_to_node.shape or np.any(
+                real & (gathered.reshape(beams.shape) != beams)
+            ):
+                raise ValueError(
+                    "tree invariant 'tokens[b, beam_to_node[b, i, k]] == beams[b, i, k]' violated"
+                )
 
 
-def _check_beam_to_node(beam_to_node: np.ndarray, parents: np.ndarray, num_nodes: np.ndarray) -> None:
+def _check_beam_to_node(
+    beam_to_node: np.ndarray, parents: np.ndarray, num_nodes: np.ndarray
+) -> None:
     batch, width, length = beam_to_node.shape
     if batch != parents.shape[0]:
         raise ValueError(f"beam_to_node has batch {batch}, the tree has {parents.shape[0]} rows")
@@ -232,7 +247,8 @@ def _check_beam_to_node(beam_to_node: np.ndarray, parents: np.ndarray, num_nodes
             if np.any(nodes[end:] != -1):
                 raise ValueError(
                     f"tree invariant 'a beam that ended stays ended' violated: beam_to_node[{b}, {i}] = "
-                    f"{nodes.tolist()}")
+                    f"{nodes.tolist()}"
+                )
             for k in range(1, end):
                 if not 0 < nodes[k] < num_nodes[b] or parents[b, nodes[k]] != nodes[k - 1]:
                     raise ValueError(
@@ -254,5 +270,7 @@ class PrefixTreeBuilder:
         beams = np.asarray(draft.beams)
         roots = np.asarray(draft.root_tokens)
         if beams.shape[0] != roots.shape[0] or np.any(beams[:, :, 0] != roots[:, None]):
-            raise ValueError("every beam must start with its row's root token: beams[:, :, 0] != draft.root_tokens")
+            raise ValueError(
+                "every beam must start with its row's root token: beams[:, :, 0] != draft.root_tokens"
+            )
         return build_prefix_tree(beams, draft.beam_lengths)

@@ -107,12 +107,16 @@ def beam_nodes(tree: DraftTree, draft: Draft, b: int) -> np.ndarray:
         for k in range(1, length):
             child = child_with_token(tree, b, int(nodes[i, k - 1]), int(beams[i, k]))
             if child is None:
-                raise InvalidInputError(f"beam {i} of row {b} ({beams[i].tolist()}) is not a path of the draft tree")
+                raise InvalidInputError(
+                    f"beam {i} of row {b} ({beams[i].tolist()}) is not a path of the draft tree"
+                )
             nodes[i, k] = child
     return nodes
 
 
-def acceptance_probability(residual_probs: np.ndarray, draft_probs: np.ndarray, token: int) -> float:
+def acceptance_probability(
+    residual_probs: np.ndarray, draft_probs: np.ndarray, token: int
+) -> float:
     """min(1, residual_probs[token] / draft_probs[token]); a token the drafter gave no mass is
     accepted when the target gives it some (the ratio is infinite) and rejected otherwise."""
     numerator = float(residual_probs[token])
@@ -157,7 +161,9 @@ def make_verdict(paths: list[list[int]], bonus_tokens: list[int], depth: int) ->
 # The batch wrapper shared by every verifier
 
 
-def check_verifier_inputs(verifier, tree: DraftTree, draft: Draft, target: TargetOutput, *, backend: str = "") -> None:
+def check_verifier_inputs(
+    verifier, tree: DraftTree, draft: Draft, target: TargetOutput, *, backend: str = ""
+) -> None:
     """Shape-only checks every backend's verifiers make (no device reads): logits match the tree,
     and the draft carries what ``verifier.needs_draft_probs`` / ``needs_sampled_draft`` ask for."""
     name = f"{backend} {type(verifier).__name__}".strip()
@@ -167,7 +173,9 @@ def check_verifier_inputs(verifier, tree: DraftTree, draft: Draft, target: Targe
             f"{name}: target.logits must have shape (B, N, V) = ({batch}, {size}, V) to match the tree, "
             f"got {tuple(target.logits.shape)}"
         )
-    if verifier.needs_draft_probs and (draft is None or draft.beams is None or draft.draft_probs is None):
+    if verifier.needs_draft_probs and (
+        draft is None or draft.beams is None or draft.draft_probs is None
+    ):
         raise InvalidInputError(f"{name} needs a Draft with beams and draft_probs (B, W, L-1, V)")
     if getattr(verifier, "needs_sampled_draft", False) and not draft.sampled:
         raise InvalidInputError(
@@ -176,14 +184,24 @@ def check_verifier_inputs(verifier, tree: DraftTree, draft: Draft, target: Targe
         )
 
 
-def check_uniform_shape(verifier, shape, sampling: SamplingConfig, batch: int, depth: int, width: int, *,
-                        backend: str = "") -> None:
+def check_uniform_shape(
+    verifier,
+    shape,
+    sampling: SamplingConfig,
+    batch: int,
+    depth: int,
+    width: int,
+    *,
+    backend: str = "",
+) -> None:
     """Uniforms are needed unless greedy, and must be at least (B, D+1, W+1) (or (B, D+1, 1) for
     verifiers that draw no per-beam tests)."""
     name = f"{backend} {type(verifier).__name__}".strip()
     if shape is None:
         if not sampling.greedy:
-            raise InvalidInputError(f"{name}: uniforms (B, D+1, W+1) are needed when temperature > 0")
+            raise InvalidInputError(
+                f"{name}: uniforms (B, D+1, W+1) are needed when temperature > 0"
+            )
         return
     columns = 1 + width if verifier.uses_beam_uniforms else 1
     if len(shape) != 3 or shape[0] != batch or shape[1] < depth + 1 or shape[2] < columns:
@@ -197,14 +215,21 @@ class RowVerifier(VerifierRule):
     set the class attributes of ``specdec.capabilities.VerifierRule``)."""
 
     def verify(
-        self, tree: DraftTree, draft: Draft, target: TargetOutput, sampling: SamplingConfig, uniforms: Any
+        self,
+        tree: DraftTree,
+        draft: Draft,
+        target: TargetOutput,
+        sampling: SamplingConfig,
+        uniforms: Any,
     ) -> Verdict:
         """tree (B, N); target.logits (B, N, V); uniforms (B, D+1, W+1) float64 or None when
         greedy. Returns the Verdict: path (B, D+1), num_accepted (B,), bonus_tokens (B,)."""
         self.check_inputs(tree, draft, target)
         depth = tree_depth(tree)
         if self.uses_uniforms:
-            uniforms = self.check_uniforms(uniforms, sampling, tree.batch_size, depth, num_beams(draft))
+            uniforms = self.check_uniforms(
+                uniforms, sampling, tree.batch_size, depth, num_beams(draft)
+            )
         else:
             uniforms = None
         paths, bonus_tokens = [], []
@@ -216,7 +241,13 @@ class RowVerifier(VerifierRule):
         return make_verdict(paths, bonus_tokens, depth)
 
     def verify_row(
-        self, tree: DraftTree, draft: Draft, target: TargetOutput, sampling: SamplingConfig, b: int, chooser: Chooser
+        self,
+        tree: DraftTree,
+        draft: Draft,
+        target: TargetOutput,
+        sampling: SamplingConfig,
+        b: int,
+        chooser: Chooser,
     ) -> tuple[list[int], int]:
         """Row b: the accepted node path (root first) and the bonus token."""
         raise NotImplementedError
@@ -224,8 +255,12 @@ class RowVerifier(VerifierRule):
     def check_inputs(self, tree: DraftTree, draft: Draft, target: TargetOutput) -> None:
         check_verifier_inputs(self, tree, draft, target)
 
-    def check_uniforms(self, uniforms: Any, sampling: SamplingConfig, batch: int, depth: int, width: int) -> Any:
-        check_uniform_shape(self, None if uniforms is None else np.shape(uniforms), sampling, batch, depth, width)
+    def check_uniforms(
+        self, uniforms: Any, sampling: SamplingConfig, batch: int, depth: int, width: int
+    ) -> Any:
+        check_uniform_shape(
+            self, None if uniforms is None else np.shape(uniforms), sampling, batch, depth, width
+        )
         return None if uniforms is None else np.asarray(uniforms, dtype=np.float64)
 
 
@@ -277,7 +312,9 @@ class ExactTreeVerifier(RowVerifier):
         path = [0]
         while True:
             node = path[-1]
-            token = chooser.categorical(node_probs(target, sampling, b, node), int(tree.depth[b, node]))
+            token = chooser.categorical(
+                node_probs(target, sampling, b, node), int(tree.depth[b, node])
+            )
             child = child_with_token(tree, b, node, token)
             if child is None:
                 return path, token
@@ -323,7 +360,9 @@ class RejectionVerifier(RowVerifier):
                     if nodes[i, depth] != node:
                         continue
                     token = int(beams[i, depth + 1])
-                    probability = acceptance_probability(residual_probs, draft_probs[i, depth], token)
+                    probability = acceptance_probability(
+                        residual_probs, draft_probs[i, depth], token
+                    )
                     if chooser.accept(probability, depth, i):
                         accepted = int(nodes[i, depth + 1])
                         break

@@ -38,7 +38,9 @@ from specdec.serving.limits import Limits
 from specdec.serving.prepare import Settings, prepare, too_long
 
 RETRY_AFTER_SECONDS = 1
-LARGE_BODY_BYTES = 256 * 1024  # bodies this long are prepared one at a time, so they take one core at most
+LARGE_BODY_BYTES = (
+    256 * 1024
+)  # bodies this long are prepared one at a time, so they take one core at most
 STALL_TIMEOUT = 60.0  # seconds one step may run before /health says the engine is stalled
 logger = logging.getLogger("specdec.serving")
 
@@ -47,16 +49,27 @@ def _internal_error(where: str) -> APIError:
     """A 500 that tells the client nothing of the exception; the log has it, under an id."""
     ident = uuid.uuid4().hex[:12]
     logger.exception("internal error %s in %s", ident, where)
-    return APIError(500, f"internal server error (logged as {ident})", type="server_error", code="internal_error")
+    return APIError(
+        500,
+        f"internal server error (logged as {ident})",
+        type="server_error",
+        code="internal_error",
+    )
 
 
 def _usage(completion) -> dict:
     """OpenAI's ``usage`` of a ``Completion``, with its speculation as the extension ``speculation``."""
     prompt_tokens, completion_tokens = completion.prompt_tokens, completion.completion_tokens
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens,
-            "speculation": {"steps": completion.steps, "drafted_tokens": completion.drafted_tokens,
-                            "accepted_tokens": completion.accepted_tokens}}
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "speculation": {
+            "steps": completion.steps,
+            "drafted_tokens": completion.drafted_tokens,
+            "accepted_tokens": completion.accepted_tokens,
+        },
+    }
 
 
 async def _watch_disconnect(receive, on_disconnect: Callable[[], None]) -> None:
@@ -75,9 +88,17 @@ class EventStream:
         self.events, self.on_disconnect = events, on_disconnect
 
     async def __call__(self, scope, receive, send) -> None:
-        await send({"type": "http.response.start", "status": 200, "headers": [
-            (b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache"),
-            (b"x-accel-buffering", b"no")]})
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [
+                    (b"content-type", b"text/event-stream; charset=utf-8"),
+                    (b"cache-control", b"no-cache"),
+                    (b"x-accel-buffering", b"no"),
+                ],
+            }
+        )
         gone = False
 
         def disconnected():
@@ -91,7 +112,9 @@ class EventStream:
                 if gone:
                     break
                 try:
-                    await send({"type": "http.response.body", "body": event.encode(), "more_body": True})
+                    await send(
+                        {"type": "http.response.body", "body": event.encode(), "more_body": True}
+                    )
                 except OSError:
                     disconnected()
                     break
@@ -107,9 +130,16 @@ def _sse(payload: Any) -> str:
     return f"data: {json.dumps(payload, ensure_ascii=False) if not isinstance(payload, str) else payload}\n\n"
 
 
-def create_app(engine: Engine, *, model_name: str, aliases: tuple[str, ...] = (), api_key: str | None = None,
-               host_check: HostCheck | None = None, limits: Limits | None = None,
-               stall_timeout: float = STALL_TIMEOUT) -> Starlette:
+def create_app(
+    engine: Engine,
+    *,
+    model_name: str,
+    aliases: tuple[str, ...] = (),
+    api_key: str | None = None,
+    host_check: HostCheck | None = None,
+    limits: Limits | None = None,
+    stall_timeout: float = STALL_TIMEOUT,
+) -> Starlette:
     """The application serving ``engine`` as the model ``model_name`` (``aliases`` are accepted too),
     behind ``specdec.serving.guard.Guard``: ``api_key`` (None: no key), ``host_check`` (default:
     loopback names only) and ``limits`` (body size and time). ``/health`` answers 503 "stalled"
@@ -125,16 +155,32 @@ def create_app(engine: Engine, *, model_name: str, aliases: tuple[str, ...] = ()
         room = context - len(prompt_tokens)
         max_tokens = settings.max_tokens if settings.max_tokens is not None else room
         if max_tokens > room:
-            raise bad(f"This model's maximum context length is {context} tokens; you asked for {max_tokens} "
-                      f"tokens after a prompt of {len(prompt_tokens)} tokens. Ask for at most {room}.",
-                      settings.max_tokens_param, "context_length_exceeded")
+            raise bad(
+                f"This model's maximum context length is {context} tokens; you asked for {max_tokens} "
+                f"tokens after a prompt of {len(prompt_tokens)} tokens. Ask for at most {room}.",
+                settings.max_tokens_param,
+                "context_length_exceeded",
+            )
         try:
-            return engine.submit(prompt_tokens, max_new_tokens=max_tokens, temperature=settings.temperature,
-                                 top_k=settings.top_k, top_p=settings.top_p, seed=settings.seed, stop=settings.stop,
-                                 stop_token_ids=settings.stop_token_ids, ignore_eos=settings.ignore_eos)
+            return engine.submit(
+                prompt_tokens,
+                max_new_tokens=max_tokens,
+                temperature=settings.temperature,
+                top_k=settings.top_k,
+                top_p=settings.top_p,
+                seed=settings.seed,
+                stop=settings.stop,
+                stop_token_ids=settings.stop_token_ids,
+                ignore_eos=settings.ignore_eos,
+            )
         except QueueFullError as error:
-            raise APIError(429, str(error), type="rate_limit_error", code="queue_full",
-                           headers={"Retry-After": str(RETRY_AFTER_SECONDS)}) from None
+            raise APIError(
+                429,
+                str(error),
+                type="rate_limit_error",
+                code="queue_full",
+                headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
+            ) from None
         except EngineClosedError as error:
             raise APIError(503, str(error), type="server_error", code="shutting_down") from None
         except InvalidInputError as error:
@@ -142,8 +188,12 @@ def create_app(engine: Engine, *, model_name: str, aliases: tuple[str, ...] = ()
 
     def finish_error(completion) -> APIError | None:
         if completion.finish_reason == "cancelled":
-            return APIError(503, "the request was cancelled: the server is shutting down", type="server_error",
-                            code="cancelled")
+            return APIError(
+                503,
+                "the request was cancelled: the server is shutting down",
+                type="server_error",
+                code="cancelled",
+            )
         return None
 
     async def complete(request: Request, *, chat: bool) -> Response:
@@ -154,12 +204,17 @@ def create_app(engine: Engine, *, model_name: str, aliases: tuple[str, ...] = ()
             large.append(anyio.CapacityLimiter(1))
         prepared = await anyio.to_thread.run_sync(
             functools.partial(prepare, raw, chat=chat, engine=engine, names=names),
-            limiter=large[0] if len(raw) > LARGE_BODY_BYTES else None)
+            limiter=large[0] if len(raw) > LARGE_BODY_BYTES else None,
+        )
         body, settings = prepared.body, prepared.settings
         handle = submit(prepared.tokens, settings, prepared.prompt_param)
         ident = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
-        base = {"id": ident, "object": "chat.completion.chunk" if chat else "text_completion",
-                "created": int(time.time()), "model": body.get("model") or model_name}
+        base = {
+            "id": ident,
+            "object": "chat.completion.chunk" if chat else "text_completion",
+            "created": int(time.time()),
+            "model": body.get("model") or model_name,
+        }
         if settings.stream:
             return EventStream(_stream(handle, base, chat, settings.include_usage), handle.cancel)
         watcher = asyncio.create_task(_watch_disconnect(request.receive, handle.cancel))
@@ -177,16 +232,25 @@ def create_app(engine: Engine, *, model_name: str, aliases: tuple[str, ...] = ()
             choice["message"] = {"role": "assistant", "content": completion.text}
         else:
             choice["text"] = completion.text
-        return JSONResponse({**base, "object": "chat.completion" if chat else "text_completion",
-                             "choices": [choice],
-                             "usage": _usage(completion)})
+        return JSONResponse(
+            {
+                **base,
+                "object": "chat.completion" if chat else "text_completion",
+                "choices": [choice],
+                "usage": _usage(completion),
+            }
+        )
 
     async def _stream(handle, base: dict, chat: bool, include_usage: bool) -> AsyncIterator[str]:
         usage_field = {"usage": None} if include_usage else {}
 
         def chunk(text: str | None, finish: str | None, first: bool = False) -> dict:
             if chat:
-                delta = {"role": "assistant", "content": ""} if first else ({} if text is None else {"content": text})
+                delta = (
+                    {"role": "assistant", "content": ""}
+                    if first
+                    else ({} if text is None else {"content": text})
+                )
                 choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
             else:
                 choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
@@ -197,8 +261,12 @@ def create_app(engine: Engine, *, model_name: str, aliases: tuple[str, ...] = ()
         try:
             async for part in handle.achunks():
                 if part.finish_reason == "cancelled":
-                    raise APIError(503, "the request was cancelled: the server is shutting down",
-                                   type="server_error", code="cancelled")
+                    raise APIError(
+                        503,
+                        "the request was cancelled: the server is shutting down",
+                        type="server_error",
+                        code="cancelled",
+                    )
                 if part.text:
                     yield _sse(chunk(part.text, None))
                 if part.finish_reason is not None:
@@ -221,22 +289,42 @@ def create_app(engine: Engine, *, model_name: str, aliases: tuple[str, ...] = ()
         return await complete(request, chat=True)
 
     async def models(request: Request) -> Response:
-        return JSONResponse({"object": "list", "data": [
-            {"id": name, "object": "model", "created": created, "owned_by": "specdec", "root": model_name,
-             "max_model_len": engine.context_length} for name in names]})
+        return JSONResponse(
+            {
+                "object": "list",
+                "data": [
+                    {
+                        "id": name,
+                        "object": "model",
+                        "created": created,
+                        "owned_by": "specdec",
+                        "root": model_name,
+                        "max_model_len": engine.context_length,
+                    }
+                    for name in names
+                ],
+            }
+        )
 
     async def health(request: Request) -> Response:
         stats = engine.stats()
         stalled = stats["step_seconds"] > stall_timeout
         ok = stats["alive"] and not stats["closing"] and not stalled
         dtype = getattr(engine.target, "dtype", None)
-        return JSONResponse({"status": "ok" if ok else "stalled" if stalled else "unavailable", **stats,
-                             "dtype": None if dtype is None else str(dtype).rpartition(".")[2],
-                             "exact": bool(getattr(engine.target, "exact", False))},
-                            status_code=200 if ok else 503)
+        return JSONResponse(
+            {
+                "status": "ok" if ok else "stalled" if stalled else "unavailable",
+                **stats,
+                "dtype": None if dtype is None else str(dtype).rpartition(".")[2],
+                "exact": bool(getattr(engine.target, "exact", False)),
+            },
+            status_code=200 if ok else 503,
+        )
 
     async def metrics(request: Request) -> Response:
-        return Response(prometheus.render(engine, model_name=model_name), media_type=prometheus.CONTENT_TYPE)
+        return Response(
+            prometheus.render(engine, model_name=model_name), media_type=prometheus.CONTENT_TYPE
+        )
 
     def wrap(endpoint):
         async def handler(request: Request) -> Response:
@@ -246,14 +334,18 @@ def create_app(engine: Engine, *, model_name: str, aliases: tuple[str, ...] = ()
                 return error.response()
             except Exception:
                 return _internal_error(f"{request.method} {request.url.path}").response()
+
         return handler
 
     async def not_found(request: Request, exc) -> Response:
-        return APIError(404, f"no route {request.method} {request.url.path}", code="not_found").response()
+        return APIError(
+            404, f"no route {request.method} {request.url.path}", code="not_found"
+        ).response()
 
     async def method_not_allowed(request: Request, exc) -> Response:
-        return APIError(405, f"{request.method} is not allowed on {request.url.path}",
-                        code="method_not_allowed").response()
+        return APIError(
+            405, f"{request.method} is not allowed on {request.url.path}", code="method_not_allowed"
+        ).response()
 
     async def server_error(request: Request, exc) -> Response:
         return _internal_error(f"{request.method} {request.url.path}").response()
@@ -265,10 +357,17 @@ def create_app(engine: Engine, *, model_name: str, aliases: tuple[str, ...] = ()
         Route("/health", wrap(health), methods=["GET"]),
         Route("/metrics", wrap(metrics), methods=["GET"]),
     ]
-    guard = Middleware(Guard, host_check=host_check or HostCheck("127.0.0.1"), api_key=api_key,
-                       limits=limits or Limits())
-    app = Starlette(routes=routes, middleware=[guard],
-                    exception_handlers={404: not_found, 405: method_not_allowed, Exception: server_error})
+    guard = Middleware(
+        Guard,
+        host_check=host_check or HostCheck("127.0.0.1"),
+        api_key=api_key,
+        limits=limits or Limits(),
+    )
+    app = Starlette(
+        routes=routes,
+        middleware=[guard],
+        exception_handlers={404: not_found, 405: method_not_allowed, Exception: server_error},
+    )
     app.state.engine = engine
     app.state.model_name = model_name
     app.state.large_body_limiter = large  # [the limiter] once a large body came

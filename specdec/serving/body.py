@@ -19,13 +19,18 @@ MAX_DEPTH = 32  # a chat with content parts is 5 deep
 MAX_INT = 2**63  # integers in [-2**63, 2**63)
 MAX_NUMBER_CHARS = 64
 _SURROGATE = re.compile("[\ud800-\udfff]")
-_SEARCH_CHARS = 1 << 18  # a long string is searched in slices, each short enough not to hold up the others
+_SEARCH_CHARS = (
+    1 << 18
+)  # a long string is searched in slices, each short enough not to hold up the others
 
 
 def _has_surrogate(text: str) -> bool:
     if text.isascii():
         return False
-    return any(_SURROGATE.search(text, start, start + _SEARCH_CHARS) for start in range(0, len(text), _SEARCH_CHARS))
+    return any(
+        _SURROGATE.search(text, start, start + _SEARCH_CHARS)
+        for start in range(0, len(text), _SEARCH_CHARS)
+    )
 
 
 class _Refused:
@@ -34,7 +39,9 @@ class _Refused:
     __slots__ = ("literal", "why")
 
     def __init__(self, literal: str, why: str):
-        self.literal = literal if len(literal) <= 24 else f"{literal[:20]}... ({len(literal)} characters)"
+        self.literal = (
+            literal if len(literal) <= 24 else f"{literal[:20]}... ({len(literal)} characters)"
+        )
         self.why = why
 
 
@@ -42,7 +49,11 @@ def _parse_int(literal: str):
     if len(literal) > 20:
         return _Refused(literal, "is out of range (integers must fit in 64 bits)")
     value = int(literal)
-    return value if -MAX_INT <= value < MAX_INT else _Refused(literal, "is out of range (integers must fit in 64 bits)")
+    return (
+        value
+        if -MAX_INT <= value < MAX_INT
+        else _Refused(literal, "is out of range (integers must fit in 64 bits)")
+    )
 
 
 def _parse_float(literal: str):
@@ -73,14 +84,22 @@ def parse(raw: bytes) -> dict:
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as error:
-        raise bad(f"the request body is not valid UTF-8 (byte {error.start})", code="invalid_json") from None
+        raise bad(
+            f"the request body is not valid UTF-8 (byte {error.start})", code="invalid_json"
+        ) from None
     try:
-        body = json.loads(text, parse_int=_parse_int, parse_float=_parse_float, parse_constant=_parse_constant)
+        body = json.loads(
+            text, parse_int=_parse_int, parse_float=_parse_float, parse_constant=_parse_constant
+        )
     except json.JSONDecodeError as error:
-        raise bad(f"the request body is not valid JSON: {error.msg} at line {error.lineno} column {error.colno}",
-                  code="invalid_json") from None
+        raise bad(
+            f"the request body is not valid JSON: {error.msg} at line {error.lineno} column {error.colno}",
+            code="invalid_json",
+        ) from None
     except RecursionError:
-        raise bad(f"the request body is nested deeper than {MAX_DEPTH} levels", code="invalid_json") from None
+        raise bad(
+            f"the request body is nested deeper than {MAX_DEPTH} levels", code="invalid_json"
+        ) from None
     if not isinstance(body, dict):
         raise bad("the request body must be a JSON object")
     check(body)
@@ -95,21 +114,34 @@ def check(body: dict) -> None:
         items, path = stack[-1]
         for key, item in items:
             if isinstance(key, str) and _has_surrogate(key):
-                raise bad(f"a key of {path_text(path) or 'the request body'} holds a lone surrogate, which is not "
-                          "Unicode text", _field(path))
+                raise bad(
+                    f"a key of {path_text(path) or 'the request body'} holds a lone surrogate, which is not "
+                    "Unicode text",
+                    _field(path),
+                )
             if isinstance(item, (dict, list)):
                 where = path + (key,)
                 if len(stack) >= MAX_DEPTH:
-                    raise bad(f"{path_text(where)} is nested deeper than {MAX_DEPTH} levels", _field(where))
-                stack.append((iter(item.items()) if isinstance(item, dict) else enumerate(item), where))
+                    raise bad(
+                        f"{path_text(where)} is nested deeper than {MAX_DEPTH} levels",
+                        _field(where),
+                    )
+                stack.append(
+                    (iter(item.items()) if isinstance(item, dict) else enumerate(item), where)
+                )
                 break
             if isinstance(item, str):
                 if _has_surrogate(item):
                     where = path + (key,)
-                    raise bad(f"{path_text(where)} holds a lone surrogate (an unpaired \\ud800-\\udfff escape), "
-                              "which is not Unicode text", _field(where))
+                    raise bad(
+                        f"{path_text(where)} holds a lone surrogate (an unpaired \\ud800-\\udfff escape), "
+                        "which is not Unicode text",
+                        _field(where),
+                    )
             elif isinstance(item, _Refused):
                 where = path + (key,)
-                raise bad(f"{path_text(where)}: the number {item.literal} {item.why}", _field(where))
+                raise bad(
+                    f"{path_text(where)}: the number {item.literal} {item.why}", _field(where)
+                )
         else:
             stack.pop()

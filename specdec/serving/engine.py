@@ -38,7 +38,12 @@ from specdec.decode.loop import Decoder
 from specdec.decode.plan import DecodePlan
 from specdec.decode.requests import Request
 from specdec.serving.handle import (
-    Completion, EngineClosedError, EngineMetrics, Handle, QueueFullError, RequestFailedError,
+    Completion,
+    EngineClosedError,
+    EngineMetrics,
+    Handle,
+    QueueFullError,
+    RequestFailedError,
 )
 from specdec.capabilities import drafter_caps
 from specdec.slots import TREE_ROOM, check_tree_room
@@ -57,7 +62,9 @@ def _close_at_exit() -> None:
     framework that target imported (atexit runs the last registered first)."""
     for engine in list(_LIVE):
         try:
-            engine.close(drain=False, timeout=EXIT_WAIT)  # a step that never ends does not hold the exit
+            engine.close(
+                drain=False, timeout=EXIT_WAIT
+            )  # a step that never ends does not hold the exit
         except Exception:  # noqa: BLE001 - exiting anyway; the other engines still get closed
             pass
 
@@ -81,16 +88,34 @@ class Engine:
     max_new_tokens: the default of ``submit``.
     """
 
-    def __init__(self, model: Any, drafter: Any = "redrafter", backend: str | None = None, *, slots: int = 4,
-                 capacity: int | None = None, max_queue: int = 64, max_prefill_tokens: int | str | None = "auto",
-                 max_new_tokens: int = 128, dtype: str | None = None, device: str | None = None,
-                 exact: bool | None = None, tree_room: int | None = None, registry=None, **options: Any):
+    def __init__(
+        self,
+        model: Any,
+        drafter: Any = "redrafter",
+        backend: str | None = None,
+        *,
+        slots: int = 4,
+        capacity: int | None = None,
+        max_queue: int = 64,
+        max_prefill_tokens: int | str | None = "auto",
+        max_new_tokens: int = 128,
+        dtype: str | None = None,
+        device: str | None = None,
+        exact: bool | None = None,
+        tree_room: int | None = None,
+        registry=None,
+        **options: Any,
+    ):
         from specdec.generation.api import load, load_backend, prepare
         from specdec.generation.options import check_drafter_options
         from specdec.generation.resolve import resolve
 
-        if isinstance(capacity, bool) or (capacity is not None and (not isinstance(capacity, int) or capacity < 2)):
-            raise InvalidInputError(f"capacity must be an integer >= 2 (positions per request), got {capacity!r}")
+        if isinstance(capacity, bool) or (
+            capacity is not None and (not isinstance(capacity, int) or capacity < 2)
+        ):
+            raise InvalidInputError(
+                f"capacity must be an integer >= 2 (positions per request), got {capacity!r}"
+            )
         backend = load_backend(backend, _registry(registry)).name
         named = resolve("drafter", drafter, _registry(registry), backend)
         check_drafter_options(named, _registry(registry), backend, options)  # before loading
@@ -98,29 +123,73 @@ class Engine:
         def build():
             if hasattr(model, "num_slots"):
                 target = model
-                room = tree_room if tree_room is not None else min(TREE_ROOM, int(target.capacity) // 4)
+                room = (
+                    tree_room
+                    if tree_room is not None
+                    else min(TREE_ROOM, int(target.capacity) // 4)
+                )
             else:
                 room = TREE_ROOM if tree_room is None else tree_room
-                target = load(model, backend, dtype=dtype, device=device, slots=slots,
-                              capacity=None if capacity is None else capacity + room, exact=exact, registry=registry)
-            plan, *_ = prepare(target, [1], drafter, backend, max_new_tokens=1, temperature=0.0, top_k=None,
-                               top_p=None, dtype=None, device=None, exact=exact, registry=registry,
-                               tree_room=room, options={"verifier": "exact", **options})
+                target = load(
+                    model,
+                    backend,
+                    dtype=dtype,
+                    device=device,
+                    slots=slots,
+                    capacity=None if capacity is None else capacity + room,
+                    exact=exact,
+                    registry=registry,
+                )
+            plan, *_ = prepare(
+                target,
+                [1],
+                drafter,
+                backend,
+                max_new_tokens=1,
+                temperature=0.0,
+                top_k=None,
+                top_p=None,
+                dtype=None,
+                device=None,
+                exact=exact,
+                registry=registry,
+                tree_room=room,
+                options={"verifier": "exact", **options},
+            )
             return plan, room
 
-        self._launch(build, capacity=capacity, max_queue=max_queue, max_prefill_tokens=max_prefill_tokens,
-                     max_new_tokens=max_new_tokens)
+        self._launch(
+            build,
+            capacity=capacity,
+            max_queue=max_queue,
+            max_prefill_tokens=max_prefill_tokens,
+            max_new_tokens=max_new_tokens,
+        )
 
     @classmethod
-    def from_plan(cls, plan: DecodePlan, *, capacity: int | None = None, tree_room: int | None = None,
-                  max_queue: int = 64, max_prefill_tokens: int | str | None = "auto", max_new_tokens: int = 128
-                  ) -> "Engine":
+    def from_plan(
+        cls,
+        plan: DecodePlan,
+        *,
+        capacity: int | None = None,
+        tree_room: int | None = None,
+        max_queue: int = 64,
+        max_prefill_tokens: int | str | None = "auto",
+        max_new_tokens: int = 128,
+    ) -> "Engine":
         """An engine over a prepared plan (``specdec.generation.api.prepare``); its verifier must serve
         every sampling setting the requests use (``exact`` does)."""
         engine = cls.__new__(cls)
-        room = tree_room if tree_room is not None else min(TREE_ROOM, int(plan.target.capacity) // 4)
-        engine._launch(lambda: (plan, room), capacity=capacity, max_queue=max_queue,
-                       max_prefill_tokens=max_prefill_tokens, max_new_tokens=max_new_tokens)
+        room = (
+            tree_room if tree_room is not None else min(TREE_ROOM, int(plan.target.capacity) // 4)
+        )
+        engine._launch(
+            lambda: (plan, room),
+            capacity=capacity,
+            max_queue=max_queue,
+            max_prefill_tokens=max_prefill_tokens,
+            max_new_tokens=max_new_tokens,
+        )
         return engine
 
     def _launch(self, build, **settings) -> None:
@@ -134,8 +203,12 @@ class Engine:
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise InvalidInputError(f"{name} must be an integer >= {low}, got {value!r}")
         budget = settings["max_prefill_tokens"]
-        if budget not in (None, "auto") and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 1):
-            raise InvalidInputError(f"max_prefill_tokens must be a positive integer, 'auto' or None, got {budget!r}")
+        if budget not in (None, "auto") and (
+            isinstance(budget, bool) or not isinstance(budget, int) or budget < 1
+        ):
+            raise InvalidInputError(
+                f"max_prefill_tokens must be a positive integer, 'auto' or None, got {budget!r}"
+            )
         ready, failed = threading.Event(), []
 
         def main():
@@ -159,7 +232,16 @@ class Engine:
         atexit.unregister(_close_at_exit)
         atexit.register(_close_at_exit)
 
-    def _configure(self, plan: DecodePlan, *, capacity, tree_room, max_queue, max_prefill_tokens, max_new_tokens):
+    def _configure(
+        self,
+        plan: DecodePlan,
+        *,
+        capacity,
+        tree_room,
+        max_queue,
+        max_prefill_tokens,
+        max_new_tokens,
+    ):
         from specdec.generation.arguments import context_length
 
         if isinstance(tree_room, bool) or not isinstance(tree_room, int) or tree_room < 0:
@@ -172,10 +254,16 @@ class Engine:
         if capacity is not None:
             limit = min(limit, capacity)
         if limit < 2:
-            raise InvalidInputError(f"the target's slots hold {target.capacity} positions, which leaves no room for "
-                                    f"requests beside a draft tree of {tree_room}: load it with a larger capacity")
-        check_tree_room(drafter_caps(plan.drafter, plan.source("drafter")).max_tree_size, tree_room + 1,
-                        plan.source("drafter"), f", or give the engine a larger tree_room (now {tree_room})")
+            raise InvalidInputError(
+                f"the target's slots hold {target.capacity} positions, which leaves no room for "
+                f"requests beside a draft tree of {tree_room}: load it with a larger capacity"
+            )
+        check_tree_room(
+            drafter_caps(plan.drafter, plan.source("drafter")).max_tree_size,
+            tree_room + 1,
+            plan.source("drafter"),
+            f", or give the engine a larger tree_room (now {tree_room})",
+        )
         self.plan = plan
         self.target = target
         self.context_length = limit
@@ -207,16 +295,28 @@ class Engine:
         """Token ids of one prompt: text, token ids, or a chat (rendered with the model's template)."""
         from specdec.generation.api import encode_prompts
 
-        prompts, batched = encode_prompts(prompt, self.tokenizer, int(self.target.vocab_size),
-                                          chat_template=self.chat_template)
+        prompts, batched = encode_prompts(
+            prompt, self.tokenizer, int(self.target.vocab_size), chat_template=self.chat_template
+        )
         if batched:
-            raise InvalidInputError("submit takes one prompt; submit each prompt of a batch on its own")
+            raise InvalidInputError(
+                "submit takes one prompt; submit each prompt of a batch on its own"
+            )
         return prompts[0]
 
-    def submit(self, prompt: Any, *, max_new_tokens: int | None = None, temperature: float = 0.0,
-               top_k: int | None = None, top_p: float | None = None, seed: int | Sequence[int] | None = None,
-               stop: str | Sequence[str] | None = None, stop_token_ids: Sequence[int] = (),
-               ignore_eos: bool = False) -> Handle:
+    def submit(
+        self,
+        prompt: Any,
+        *,
+        max_new_tokens: int | None = None,
+        temperature: float = 0.0,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        seed: int | Sequence[int] | None = None,
+        stop: str | Sequence[str] | None = None,
+        stop_token_ids: Sequence[int] = (),
+        ignore_eos: bool = False,
+    ) -> Handle:
         """Queue one request and return its Handle; raises QueueFullError when ``max_queue``
         requests already wait, EngineClosedError once closing, InvalidInputError for a prompt that
         does not fit ``context_length`` with ``max_new_tokens`` (None: the engine's
@@ -235,21 +335,39 @@ class Engine:
         if not all(isinstance(s, str) for s in stop):
             raise InvalidInputError(f"stop must be a string or a list of strings, got {stop!r}")
         if isinstance(prompt, Request):
-            if (max_new_tokens, temperature, top_k, top_p, seed, tuple(stop_token_ids), ignore_eos) != (
-                    None, 0.0, None, None, None, (), False):
-                raise InvalidInputError("a Request carries its own settings: pass only stop= beside it")
+            if (
+                max_new_tokens,
+                temperature,
+                top_k,
+                top_p,
+                seed,
+                tuple(stop_token_ids),
+                ignore_eos,
+            ) != (None, 0.0, None, None, None, (), False):
+                raise InvalidInputError(
+                    "a Request carries its own settings: pass only stop= beside it"
+                )
             request = prompt
         else:
             from specdec.generation.arguments import check_seed, sampling_config
 
             sampling = sampling_config(temperature, top_k, top_p)
             check_seed(seed)
-            eos = () if ignore_eos else tuple(self.plan.eos_token_ids or getattr(self.target, "eos_token_ids", ()))
+            eos = (
+                ()
+                if ignore_eos
+                else tuple(self.plan.eos_token_ids or getattr(self.target, "eos_token_ids", ()))
+            )
             tokens = self.encode(prompt)
             if max_new_tokens is None:  # the default, as far as the context allows
                 max_new_tokens = max(1, min(self.max_new_tokens, self.context_length - len(tokens)))
-            request = Request(prompt=tokens, sampling=sampling, seed=seed, max_new_tokens=max_new_tokens,
-                              stop_token_ids=tuple(dict.fromkeys([*map(int, stop_token_ids), *eos])))
+            request = Request(
+                prompt=tokens,
+                sampling=sampling,
+                seed=seed,
+                max_new_tokens=max_new_tokens,
+                stop_token_ids=tuple(dict.fromkeys([*map(int, stop_token_ids), *eos])),
+            )
         self.check_request(request)
         handle = Handle(self.post, request, stop=stop, tokenizer=self.tokenizer)
         with self._cond:
@@ -258,8 +376,10 @@ class Engine:
             waiting, _ = self._counts()
             if waiting >= self.max_queue:
                 self.metrics.add("requests_rejected")
-                raise QueueFullError(f"{waiting} requests are waiting for a slot, the most this engine queues "
-                                     f"(max_queue={self.max_queue}); retry later")
+                raise QueueFullError(
+                    f"{waiting} requests are waiting for a slot, the most this engine queues "
+                    f"(max_queue={self.max_queue}); retry later"
+                )
             self._inbox.append(("submit", handle))
             self._cond.notify_all()
         self.metrics.add("requests_submitted")
@@ -273,15 +393,20 @@ class Engine:
             raise InvalidInputError("the prompt is empty: it needs at least one token")
         bad = [t for t in request.prompt if not 0 <= t < vocab]
         if bad:
-            raise InvalidInputError(f"the prompt has token ids outside the vocabulary [0, {vocab}): {bad[:8]}")
+            raise InvalidInputError(
+                f"the prompt has token ids outside the vocabulary [0, {vocab}): {bad[:8]}"
+            )
         if len(request.prompt) >= self.context_length:
-            raise InvalidInputError(f"the prompt has {len(request.prompt)} tokens; this engine's context holds "
-                                    f"{self.context_length}: shorten it")
+            raise InvalidInputError(
+                f"the prompt has {len(request.prompt)} tokens; this engine's context holds "
+                f"{self.context_length}: shorten it"
+            )
         if len(request.prompt) + request.max_new_tokens > self.context_length:
             raise InvalidInputError(
                 f"max_new_tokens={request.max_new_tokens} after a prompt of {len(request.prompt)} tokens exceeds this "
                 f"engine's context of {self.context_length} tokens: ask for at most "
-                f"{self.context_length - len(request.prompt)}")
+                f"{self.context_length - len(request.prompt)}"
+            )
 
     def generate(self, prompt: Any, **settings: Any) -> Completion:
         """``submit(prompt, **settings).result()``."""
@@ -294,10 +419,15 @@ class Engine:
         with self._cond:
             waiting, running = self._counts()
             started = self._step_started
-            return {"slots": self.num_slots, "running": running, "waiting": waiting,
-                    "free_slots": self.num_slots - running, "closing": self._closing,
-                    "alive": self._thread.is_alive(),
-                    "step_seconds": 0.0 if started is None else time.perf_counter() - started}
+            return {
+                "slots": self.num_slots,
+                "running": running,
+                "waiting": waiting,
+                "free_slots": self.num_slots - running,
+                "closing": self._closing,
+                "alive": self._thread.is_alive(),
+                "step_seconds": 0.0 if started is None else time.perf_counter() - started,
+            }
 
     def _counts(self) -> tuple[int, int]:
         """(waiting, running) now; called holding ``self._cond``. The decoder's queue and slots
@@ -439,8 +569,11 @@ class Engine:
         failures: list = []
         start = self._step_started = time.perf_counter()
         try:
-            results = self._decoder.step(max_prefill_tokens=self.max_prefill_tokens, failures=failures,
-                                         on_admit=lambda result: self._account(result, time.perf_counter()))
+            results = self._decoder.step(
+                max_prefill_tokens=self.max_prefill_tokens,
+                failures=failures,
+                on_admit=lambda result: self._account(result, time.perf_counter()),
+            )
         except Exception as error:  # noqa: BLE001 - not pinned to requests: those in flight fail, the engine goes on
             self._reset(error)
             return
@@ -476,8 +609,12 @@ class Engine:
                 metrics.observe("tokens_per_step", len(tokens))
             chunk = handle.take(list(tokens), now, metrics)
             if not prefill:
-                handle.count_step(int(result.num_drafted[row]), int(result.num_accepted[row]), len(chunk.tokens))
-            if chunk.finish_reason is not None:  # ended by a stop string: the decoder does not know yet
+                handle.count_step(
+                    int(result.num_drafted[row]), int(result.num_accepted[row]), len(chunk.tokens)
+                )
+            if (
+                chunk.finish_reason is not None
+            ):  # ended by a stop string: the decoder does not know yet
                 self._decoder.cancel(request_id, chunk.finish_reason)
             handle.push(chunk, chunk.finish_reason, None, now)
             if chunk.finish_reason is not None:

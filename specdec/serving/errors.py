@@ -11,14 +11,35 @@ from starlette.responses import JSONResponse
 class APIError(Exception):
     """An error answered with an OpenAI-shaped body."""
 
-    def __init__(self, status: int, message: str, *, type: str = "invalid_request_error", param: str | None = None,
-                 code: str | None = None, headers: dict | None = None):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict | None = None,
+    ):
         super().__init__(message)
-        self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
+        self.status, self.message, self.type, self.param, self.code = (
+            status,
+            message,
+            type,
+            param,
+            code,
+        )
         self.headers = headers or {}
 
     def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
 
     def response(self) -> JSONResponse:
         return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
@@ -26,8 +47,13 @@ class APIError(Exception):
     def raw(self) -> tuple[list[tuple[bytes, bytes]], bytes]:
         """(headers, body) of the response, for the layers below Starlette."""
         body = json.dumps(self.body()).encode()
-        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-        headers += [(k.lower().encode("latin-1"), str(v).encode("latin-1")) for k, v in self.headers.items()]
+        headers = [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+        ]
+        headers += [
+            (k.lower().encode("latin-1"), str(v).encode("latin-1")) for k, v in self.headers.items()
+        ]
         return headers, body
 
     async def send(self, send) -> None:

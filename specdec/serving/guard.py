@@ -35,7 +35,7 @@ def _host_name(value: str) -> str:
     """The name of a ``Host`` header value, without its port."""
     value = value.strip()
     if value.startswith("["):
-        return value[1:value.find("]")] if "]" in value else value
+        return value[1 : value.find("]")] if "]" in value else value
     if value.count(":") == 1:
         value = value.partition(":")[0]
     return value.lower().rstrip(".")
@@ -53,7 +53,9 @@ class HostCheck:
         self.allowed = frozenset(allowed)
 
     def __call__(self, value: str | None) -> bool:
-        if value is None or self.any:  # no Host: not a browser (HTTP/1.1 requires one; h11 refuses its absence)
+        if (
+            value is None or self.any
+        ):  # no Host: not a browser (HTTP/1.1 requires one; h11 refuses its absence)
             return True
         name = _host_name(value)
         if name in self.allowed or name in LOOPBACK_NAMES:
@@ -82,8 +84,12 @@ class Guard:
             size += len(name) + len(value) + 4
         try:
             if size > self.limits.max_header_bytes:  # h11 bounds only headers still arriving
-                raise APIError(431, f"the request's headers are over {self.limits.max_header_bytes} bytes",
-                               code="headers_too_large", headers={"Connection": "close"})
+                raise APIError(
+                    431,
+                    f"the request's headers are over {self.limits.max_header_bytes} bytes",
+                    code="headers_too_large",
+                    headers={"Connection": "close"},
+                )
             self._check_headers(scope, headers)
             if scope["method"] in BODY_METHODS:
                 body = await self._read_body(headers, receive)
@@ -97,32 +103,56 @@ class Guard:
     def _check_headers(self, scope, headers: dict[bytes, bytes]) -> None:
         host = headers.get(b"host")
         if not self.host_check(None if host is None else host.decode("latin-1")):
-            raise APIError(421, f"this server does not answer for the host {host.decode('latin-1')[:100]!r} (a "
-                                "loopback name or the host it is bound to; specdec serve --allowed-host adds names)",
-                           code="host_not_allowed", headers={"Connection": "close"})
+            raise APIError(
+                421,
+                f"this server does not answer for the host {host.decode('latin-1')[:100]!r} (a "
+                "loopback name or the host it is bound to; specdec serve --allowed-host adds names)",
+                code="host_not_allowed",
+                headers={"Connection": "close"},
+            )
         if self.api_key is not None and scope["path"] not in OPEN_PATHS:
             scheme, _, key = headers.get(b"authorization", b"").partition(b" ")
             if scheme.lower() != b"bearer" or not hmac.compare_digest(key.strip(), self.api_key):
-                raise APIError(401, "Incorrect or missing API key: send the header 'Authorization: Bearer <key>' "
-                                    "with the key the server was started with", code="invalid_api_key",
-                               headers={"WWW-Authenticate": "Bearer"})
+                raise APIError(
+                    401,
+                    "Incorrect or missing API key: send the header 'Authorization: Bearer <key>' "
+                    "with the key the server was started with",
+                    code="invalid_api_key",
+                    headers={"WWW-Authenticate": "Bearer"},
+                )
         if scope["method"] not in BODY_METHODS:
             return
         media, _, parameters = headers.get(b"content-type", b"").decode("latin-1").partition(";")
-        charset = [p.split("=", 1)[1].strip().strip('"').lower() for p in parameters.split(";")
-                   if p.strip().lower().startswith("charset=")]
-        if media.strip().lower() != "application/json" or any(c not in ("utf-8", "utf8") for c in charset):
-            raise APIError(415, "the request body must be JSON in UTF-8, sent with the header "
-                                f"'Content-Type: application/json' (got {media.strip()[:60]!r})",
-                           code="unsupported_media_type")
+        charset = [
+            p.split("=", 1)[1].strip().strip('"').lower()
+            for p in parameters.split(";")
+            if p.strip().lower().startswith("charset=")
+        ]
+        if media.strip().lower() != "application/json" or any(
+            c not in ("utf-8", "utf8") for c in charset
+        ):
+            raise APIError(
+                415,
+                "the request body must be JSON in UTF-8, sent with the header "
+                f"'Content-Type: application/json' (got {media.strip()[:60]!r})",
+                code="unsupported_media_type",
+            )
         declared = headers.get(b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.limits.max_body_bytes:
+        if (
+            declared is not None
+            and declared.isdigit()
+            and int(declared) > self.limits.max_body_bytes
+        ):
             raise self._too_large()
 
     def _too_large(self) -> APIError:
-        return APIError(413, f"the request body is larger than this server's limit of {self.limits.max_body_bytes} "
-                             "bytes (specdec serve --max-body-bytes)", code="request_too_large",
-                        headers={"Connection": "close"})
+        return APIError(
+            413,
+            f"the request body is larger than this server's limit of {self.limits.max_body_bytes} "
+            "bytes (specdec serve --max-body-bytes)",
+            code="request_too_large",
+            headers={"Connection": "close"},
+        )
 
     async def _read_body(self, headers, receive) -> bytes | None:
         """The whole body, or None when the client disconnected; 413 as soon as it is too long,
@@ -142,8 +172,12 @@ class Guard:
                     if not message.get("more_body", False):
                         return b"".join(chunks)
         except TimeoutError:
-            raise APIError(408, f"the request body did not arrive within {self.limits.body_timeout:g} s",
-                           code="request_timeout", headers={"Connection": "close"}) from None
+            raise APIError(
+                408,
+                f"the request body did not arrive within {self.limits.body_timeout:g} s",
+                code="request_timeout",
+                headers={"Connection": "close"},
+            ) from None
 
 
 def _replay(body: bytes, receive):
@@ -156,4 +190,5 @@ def _replay(body: bytes, receive):
             given = True
             return {"type": "http.request", "body": body, "more_body": False}
         return await receive()
+
     return replay

@@ -87,7 +87,9 @@ class Histogram:
         self.count = 0
 
     def observe(self, value: float, times: int = 1) -> None:
-        index = next((i for i, bound in enumerate(self.buckets) if value <= bound), len(self.buckets))
+        index = next(
+            (i for i, bound in enumerate(self.buckets) if value <= bound), len(self.buckets)
+        )
         self.counts[index] += times
         self.sum += value * times
         self.count += times
@@ -101,8 +103,28 @@ class Histogram:
         return out
 
 
-LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5,
-                   5.0, 10.0, 20.0, 40.0, 80.0)
+LATENCY_BUCKETS = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
 
 
 class EngineMetrics:
@@ -142,7 +164,9 @@ class EngineMetrics:
 
     def account_step(self, result, prefill_budget) -> None:
         """Count a decode step: its rows, drafts, acceptance and the budgets chosen."""
-        nodes = np.asarray(result.num_verified, dtype=np.int64) - 1  # drafted nodes each row verified
+        nodes = (
+            np.asarray(result.num_verified, dtype=np.int64) - 1
+        )  # drafted nodes each row verified
         with self.lock:
             counters = self.counters
             counters["decode_steps"] += 1
@@ -168,9 +192,14 @@ class EngineMetrics:
         """{"counters", "finished" (per finish reason), "prefill_budget", "histograms": {name: (cumulative
         buckets, sum, count)}}."""
         with self.lock:
-            return {"counters": dict(self.counters), "finished": dict(self.finished),
-                    "prefill_budget": self.prefill_budget,
-                    "histograms": {name: (h.cumulative(), h.sum, h.count) for name, h in self.histograms.items()}}
+            return {
+                "counters": dict(self.counters),
+                "finished": dict(self.finished),
+                "prefill_budget": self.prefill_budget,
+                "histograms": {
+                    name: (h.cumulative(), h.sum, h.count) for name, h in self.histograms.items()
+                },
+            }
 
 
 class Handle:
@@ -179,7 +208,9 @@ class Handle:
     ``result()`` waits for the ``Completion``; ``cancel()`` from any thread. A request that
     failed raises ``RequestFailedError`` from iteration and ``result()``."""
 
-    def __init__(self, post: Callable[[tuple], None], request: Request, *, stop: Sequence[str], tokenizer):
+    def __init__(
+        self, post: Callable[[tuple], None], request: Request, *, stop: Sequence[str], tokenizer
+    ):
         self._post = post  # hands a command to the engine's scheduler (``Engine.post``)
         self.request = request
         self.id: int | None = None  # the decoder's request id, once the scheduler has it
@@ -190,7 +221,9 @@ class Handle:
         self.finish_reason: str | None = None
         self.error: BaseException | None = None
         self._tokens: list[int] = []
-        self.steps = self.drafted_tokens = self.accepted_tokens = 0  # its speculation (``Completion``)
+        self.steps = self.drafted_tokens = self.accepted_tokens = (
+            0  # its speculation (``Completion``)
+        )
         self._chunks: list[Chunk] = []
         self._cond = threading.Condition()
         self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future]] = []
@@ -199,8 +232,10 @@ class Handle:
         self._stops = StopStrings(stop)
         self._text: list[str] = []
         if stop and tokenizer is None:
-            raise InvalidInputError("stop strings need the model's tokenizer, and this model has none; "
-                                    "use stop token ids")
+            raise InvalidInputError(
+                "stop strings need the model's tokenizer, and this model has none; "
+                "use stop token ids"
+            )
 
     # -- reading (any thread) --
 
@@ -284,17 +319,27 @@ class Handle:
 
     def _raise_if_failed(self) -> None:
         if self.error is not None:
-            raise RequestFailedError(f"request {self.id} failed: {type(self.error).__name__}: {self.error}"
-                                     ) from self.error
+            raise RequestFailedError(
+                f"request {self.id} failed: {type(self.error).__name__}: {self.error}"
+            ) from self.error
 
     def _completion(self) -> Completion:
         return Completion(
-            tokens=tuple(self._tokens), text="".join(self._text) if self._detok is not None else None,
-            finish_reason=self.finish_reason, prompt_tokens=self.prompt_tokens,
-            time_in_queue=None if self.admitted_at is None else self.admitted_at - self.submitted_at,
-            time_to_first_token=None if self.first_token_at is None else self.first_token_at - self.submitted_at,
+            tokens=tuple(self._tokens),
+            text="".join(self._text) if self._detok is not None else None,
+            finish_reason=self.finish_reason,
+            prompt_tokens=self.prompt_tokens,
+            time_in_queue=None
+            if self.admitted_at is None
+            else self.admitted_at - self.submitted_at,
+            time_to_first_token=None
+            if self.first_token_at is None
+            else self.first_token_at - self.submitted_at,
             time_total=(self.finished_at or time.perf_counter()) - self.submitted_at,
-            steps=self.steps, drafted_tokens=self.drafted_tokens, accepted_tokens=self.accepted_tokens)
+            steps=self.steps,
+            drafted_tokens=self.drafted_tokens,
+            accepted_tokens=self.accepted_tokens,
+        )
 
     # -- writing (the scheduler thread) --
 
@@ -312,7 +357,11 @@ class Handle:
             elif len(self._tokens) + len(kept) >= request.max_new_tokens:
                 finish = "length"
             if self._detok is not None:
-                text.append(self._stops.add(self._detok.add(() if stop_token else (token,), final=finish is not None)))
+                text.append(
+                    self._stops.add(
+                        self._detok.add(() if stop_token else (token,), final=finish is not None)
+                    )
+                )
                 if self._stops.hit is not None:
                     finish = "stop"
                 elif finish is not None:
@@ -324,7 +373,9 @@ class Handle:
                 self.first_token_at = now
                 metrics.observe("time_to_first_token_seconds", now - self.submitted_at)
             else:
-                metrics.observe("inter_token_latency_seconds", (now - self._last_at) / len(kept), len(kept))
+                metrics.observe(
+                    "inter_token_latency_seconds", (now - self._last_at) / len(kept), len(kept)
+                )
             self._last_at = now
         metrics.add("generation_tokens", len(kept))
         self._tokens.extend(kept)
@@ -346,7 +397,9 @@ class Handle:
             self._text.append(text)
         self.push(Chunk(text=text, finish_reason=reason), reason, error, now)
 
-    def push(self, chunk: Chunk, finish: str | None, error: BaseException | None, now: float) -> None:
+    def push(
+        self, chunk: Chunk, finish: str | None, error: BaseException | None, now: float
+    ) -> None:
         with self._cond:
             if self.done:
                 return
@@ -365,5 +418,3 @@ class Handle:
 def _wake(future: asyncio.Future) -> None:
     if not future.done():
         future.set_result(None)
-
-

@@ -43,5 +43,7 @@ def exposure_warning(host: str, api_key: str | None) -> str | None:
     """The one-line warning for a server bound beyond loopback without an API key, or None."""
     if api_key or is_loopback(host):
         return None
-    return (f"specdec: warning: serving on {host or '0.0.0.0'} without an API key: anyone who can reach this address "
-            "can use the model (set --api-key or SPECDEC_API_KEY)")
+    return (
+        f"specdec: warning: serving on {host or '0.0.0.0'} without an API key: anyone who can reach this address "
+        "can use the model (set --api-key or SPECDEC_API_KEY)"
+    )

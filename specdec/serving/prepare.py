@@ -30,8 +30,12 @@ def tokenize(tokenizer, text: str):
 
 
 def too_long(count: int, context: int, param: str) -> APIError:
-    return bad(f"This model's maximum context length is {context} tokens; the prompt has {count} tokens. "
-               f"Shorten the {param}.", param, "context_length_exceeded")
+    return bad(
+        f"This model's maximum context length is {context} tokens; the prompt has {count} tokens. "
+        f"Shorten the {param}.",
+        param,
+        "context_length_exceeded",
+    )
 
 
 def encode(engine, prompt, param: str) -> list[int]:
@@ -56,7 +60,9 @@ def encode(engine, prompt, param: str) -> list[int]:
         return engine.encode(list(encoding.ids))
     except InvalidInputError as error:
         raise bad(str(error), param) from None
-    except Exception as error:  # the chat template refused the messages (jinja's raise_exception, a bad role)
+    except (
+        Exception
+    ) as error:  # the chat template refused the messages (jinja's raise_exception, a bad role)
         from jinja2 import TemplateError
 
         if isinstance(error, TemplateError):
@@ -71,8 +77,12 @@ def prepare(raw: bytes, *, chat: bool, engine, names: tuple[str, ...]) -> Prepar
     check_fields(body, chat=chat)
     model = body.get("model")
     if model is not None and model not in names:
-        raise APIError(404, f"The model {model[:200]!r} does not exist; this server serves {names[0]!r}",
-                       param="model", code="model_not_found")
+        raise APIError(
+            404,
+            f"The model {model[:200]!r} does not exist; this server serves {names[0]!r}",
+            param="model",
+            code="model_not_found",
+        )
     settings = Settings(body, chat=chat, vocab=int(engine.target.vocab_size))
     if chat:
         prompt_param, prompt = "messages", messages_of(body)

@@ -28,7 +28,10 @@ def protocol_class(limits):
             super().connection_lost(exc)
 
         def data_received(self, data: bytes) -> None:
-            over = len(self.connections) > limits.max_connections or len(self.tasks) >= limits.max_connections
+            over = (
+                len(self.connections) > limits.max_connections
+                or len(self.tasks) >= limits.max_connections
+            )
             self.app = _busy if over else self.config.loaded_app
             super().data_received(data)
             if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
@@ -42,7 +45,9 @@ def protocol_class(limits):
 
         def _arm_header_timer(self) -> None:
             if self._header_timer is None:
-                self._header_timer = self.loop.call_later(limits.header_timeout, self._headers_timed_out)
+                self._header_timer = self.loop.call_later(
+                    limits.header_timeout, self._headers_timed_out
+                )
 
         def _disarm_header_timer(self) -> None:
             timer, self._header_timer = getattr(self, "_header_timer", None), None
@@ -54,14 +59,23 @@ def protocol_class(limits):
             if self.transport.is_closing() or self.conn.their_state is not h11.IDLE:
                 return
             if self.conn.trailing_data[0]:  # part of a request came, and then nothing
-                error = APIError(408, f"the request's headers did not arrive within {limits.header_timeout:g} s",
-                                 code="request_timeout", headers={"Connection": "close"})
+                error = APIError(
+                    408,
+                    f"the request's headers did not arrive within {limits.header_timeout:g} s",
+                    code="request_timeout",
+                    headers={"Connection": "close"},
+                )
                 self.transport.write(error.http("Request Timeout"))
             self.transport.close()
 
         def send_400_response(self, msg: str) -> None:
-            error = APIError(400, f"invalid HTTP request (malformed, or headers over {limits.max_header_bytes} "
-                                  "bytes)", code="invalid_http", headers={"Connection": "close"})
+            error = APIError(
+                400,
+                f"invalid HTTP request (malformed, or headers over {limits.max_header_bytes} "
+                "bytes)",
+                code="invalid_http",
+                headers={"Connection": "close"},
+            )
             self.transport.write(error.http("Bad Request"))
             self.transport.close()
 
@@ -69,6 +83,11 @@ def protocol_class(limits):
 
 
 async def _busy(scope, receive, send) -> None:
-    await APIError(503, "this server has as many connections as it serves (specdec serve --max-connections); "
-                        "retry later", type="server_error", code="too_many_connections",
-                   headers={"Connection": "close", "Retry-After": "1"}).send(send)
+    await APIError(
+        503,
+        "this server has as many connections as it serves (specdec serve --max-connections); "
+        "retry later",
+        type="server_error",
+        code="too_many_connections",
+        headers={"Connection": "close", "Retry-After": "1"},
+    ).send(send)

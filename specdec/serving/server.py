@@ -24,7 +24,9 @@ from specdec.errors import require
 from specdec.serving.guard import HostCheck
 from specdec.serving.limits import Limits
 
-CANCEL_GRACE = 5.0  # seconds the cancelled requests get to send their error, once the drain timed out
+CANCEL_GRACE = (
+    5.0  # seconds the cancelled requests get to send their error, once the drain timed out
+)
 logger = logging.getLogger("specdec.serving")
 
 
@@ -35,10 +37,22 @@ class Server:
     header may give beside the loopback names and ``host`` (``"*"``: any); ``limits``:
     ``specdec.serving.guard.Limits``."""
 
-    def __init__(self, engine: Engine, *, model_name: str, host: str = "127.0.0.1", port: int = 8000,
-                 drain: bool = True, shutdown_timeout: float = 30.0, log_level: str = "info",
-                 aliases: tuple[str, ...] = (), api_key: str | None = None, allowed_hosts: tuple[str, ...] = (),
-                 limits: Limits | None = None, stall_timeout: float | None = None):
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        model_name: str,
+        host: str = "127.0.0.1",
+        port: int = 8000,
+        drain: bool = True,
+        shutdown_timeout: float = 30.0,
+        log_level: str = "info",
+        aliases: tuple[str, ...] = (),
+        api_key: str | None = None,
+        allowed_hosts: tuple[str, ...] = (),
+        limits: Limits | None = None,
+        stall_timeout: float | None = None,
+    ):
         uvicorn = require("uvicorn", extra="serve", feature="specdec serve")
         require("starlette", extra="serve", feature="specdec serve")
         from specdec.serving.app import STALL_TIMEOUT, create_app
@@ -48,16 +62,33 @@ class Server:
         self.drain = drain
         self.shutdown_timeout = shutdown_timeout
         self.limits = limits or Limits()
-        self.drain_expired = threading.Event()  # set when the drain timed out and what was left got cancelled
-        self.app = create_app(engine, model_name=model_name, aliases=aliases, api_key=api_key,
-                              host_check=HostCheck(host, allowed_hosts), limits=self.limits,
-                              stall_timeout=STALL_TIMEOUT if stall_timeout is None else stall_timeout)
-        self.stuck = False  # set when the engine's step did not end within CANCEL_GRACE of the shutdown
-        config = uvicorn.Config(self.app, host=host, port=port, log_level=log_level, lifespan="off",
-                                http=protocol_class(self.limits), timeout_keep_alive=self.limits.keep_alive_timeout,
-                                h11_max_incomplete_event_size=self.limits.max_header_bytes,
-                                timeout_graceful_shutdown=shutdown_timeout + CANCEL_GRACE,
-                                access_log=log_level == "debug")
+        self.drain_expired = (
+            threading.Event()
+        )  # set when the drain timed out and what was left got cancelled
+        self.app = create_app(
+            engine,
+            model_name=model_name,
+            aliases=aliases,
+            api_key=api_key,
+            host_check=HostCheck(host, allowed_hosts),
+            limits=self.limits,
+            stall_timeout=STALL_TIMEOUT if stall_timeout is None else stall_timeout,
+        )
+        self.stuck = (
+            False  # set when the engine's step did not end within CANCEL_GRACE of the shutdown
+        )
+        config = uvicorn.Config(
+            self.app,
+            host=host,
+            port=port,
+            log_level=log_level,
+            lifespan="off",
+            http=protocol_class(self.limits),
+            timeout_keep_alive=self.limits.keep_alive_timeout,
+            h11_max_incomplete_event_size=self.limits.max_header_bytes,
+            timeout_graceful_shutdown=shutdown_timeout + CANCEL_GRACE,
+            access_log=log_level == "debug",
+        )
         outer = self
 
         class _Uvicorn(uvicorn.Server):
@@ -98,10 +129,14 @@ class Server:
 
         async def expire():
             await asyncio.sleep(self.shutdown_timeout)
-            logger.warning("the requests in flight did not finish within the shutdown timeout (%g s): cancelling "
-                           "them", self.shutdown_timeout)
+            logger.warning(
+                "the requests in flight did not finish within the shutdown timeout (%g s): cancelling "
+                "them",
+                self.shutdown_timeout,
+            )
             self.drain_expired.set()
             threading.Thread(target=self.engine.close, args=(False,), daemon=True).start()
+
         return asyncio.get_running_loop().create_task(expire())
 
     @property
@@ -119,8 +154,11 @@ class Server:
         finally:
             if self.stuck or not self.engine.close(drain=False, timeout=CANCEL_GRACE):
                 self.stuck = True
-                logger.error("the engine's step in progress did not end within %g s of the shutdown; stopping "
-                             "without it (its slots are not freed)", CANCEL_GRACE)
+                logger.error(
+                    "the engine's step in progress did not end within %g s of the shutdown; stopping "
+                    "without it (its slots are not freed)",
+                    CANCEL_GRACE,
+                )
 
     def start(self, timeout: float = 30.0) -> "Server":
         """Serve in a background thread; returns once listening."""

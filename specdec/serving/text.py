@@ -34,11 +34,11 @@ class IncrementalText:
         self._tokens.extend(int(t) for t in tokens)
         if self._read == len(self._tokens) and not final:
             return ""
-        before = self._decode(self._tokens[self._prefix:self._read])
-        after = self._decode(self._tokens[self._prefix:])
+        before = self._decode(self._tokens[self._prefix : self._read])
+        after = self._decode(self._tokens[self._prefix :])
         if len(after) > len(before) and (final or not after.endswith("\ufffd")):
             self._prefix, self._read = self._read, len(self._tokens)
-            return after[len(before):]
+            return after[len(before) :]
         return ""
 
     def flush(self) -> str:
@@ -62,7 +62,9 @@ class StopStrings:
             return ""
         start = max(0, len(self._text) - self._longest + 1)
         self._text += text
-        found = [(index, stop) for stop in self.stops if (index := self._text.find(stop, start)) >= 0]
+        found = [
+            (index, stop) for stop in self.stops if (index := self._text.find(stop, start)) >= 0
+        ]
         if found:
             index, self.hit = min(found)
             self._text = self._text[:index]
@@ -80,7 +82,7 @@ class StopStrings:
         return self._release(len(self._text))
 
     def _release(self, end: int) -> str:
-        out = self._text[self._released:end]
+        out = self._text[self._released : end]
         self._released = max(self._released, end)
         return out
 

@@ -39,21 +39,28 @@ def to_backend_tree(tree: DraftTree, backend, target) -> DraftTree:
     """Copy a reference DraftTree's arrays to ``backend``."""
     convert = lambda a: None if a is None else backend.from_numpy(np.asarray(a), target)
     return DraftTree(
-        tokens=convert(tree.tokens), parents=convert(tree.parents), depth=convert(tree.depth),
-        ancestor_mask=convert(tree.ancestor_mask), num_nodes=convert(tree.num_nodes),
+        tokens=convert(tree.tokens),
+        parents=convert(tree.parents),
+        depth=convert(tree.depth),
+        ancestor_mask=convert(tree.ancestor_mask),
+        num_nodes=convert(tree.num_nodes),
         beam_to_node=convert(tree.beam_to_node),
     )
 
 
 def _compare(name: str, expected, actual, tolerance: dict) -> None:
     expected, actual = np.asarray(expected, dtype=np.float64), np.asarray(actual, dtype=np.float64)
-    assert expected.shape == actual.shape, f"{name}: shape {actual.shape}, reference {expected.shape}"
+    assert expected.shape == actual.shape, (
+        f"{name}: shape {actual.shape}, reference {expected.shape}"
+    )
     if not np.allclose(actual, expected, **tolerance):
         worst = float(np.max(np.abs(actual - expected)))
         raise AssertionError(f"{name}: max abs difference {worst:.3g} exceeds {tolerance}")
 
 
-def random_beams(rng: np.random.Generator, roots: np.ndarray, width: int, length: int, vocab: int) -> np.ndarray:
+def random_beams(
+    rng: np.random.Generator, roots: np.ndarray, width: int, length: int, vocab: int
+) -> np.ndarray:
     """(B, W, L) beams sharing each row's root, drawn from a few tokens so prefixes repeat."""
     alphabet = rng.choice(vocab, size=min(vocab, 3), replace=False)
     beams = alphabet[rng.integers(0, len(alphabet), size=(len(roots), width, length))]
@@ -69,12 +76,24 @@ def random_verdict(rng: np.random.Generator, tree: DraftTree, beams: np.ndarray)
     for b in range(batch):
         beam = rng.integers(0, beams.shape[1])
         path[b, : num_accepted[b] + 1] = tree.beam_to_node[b, beam, : num_accepted[b] + 1]
-    return Verdict(path=path, num_accepted=num_accepted.astype(np.int64), bonus_tokens=beams[:, 0, 0].copy())
+    return Verdict(
+        path=path, num_accepted=num_accepted.astype(np.int64), bonus_tokens=beams[:, 0, 0].copy()
+    )
 
 
-def check_target(backend_name: str, model_path, *, dtype: str | None = "float32", device: str | None = None,
-                 prompts: Sequence[Sequence[int]] = ((1, 2, 3), (4,), (5, 6, 7, 8, 9)), steps: int = 3,
-                 width: int = 3, length: int = 4, seed: int = 0, registry: PluginRegistry | None = None) -> None:
+def check_target(
+    backend_name: str,
+    model_path,
+    *,
+    dtype: str | None = "float32",
+    device: str | None = None,
+    prompts: Sequence[Sequence[int]] = ((1, 2, 3), (4,), (5, 6, 7, 8, 9)),
+    steps: int = 3,
+    width: int = 3,
+    length: int = 4,
+    seed: int = 0,
+    registry: PluginRegistry | None = None,
+) -> None:
     """Admissions, tree forwards over some slots, commits and releases of ``backend_name`` match
     the reference on ``model_path``: the prompts go to slots in a scrambled order (two slots stay
     free), every step runs a different subset of them, and midway one request is released and a
@@ -88,7 +107,9 @@ def check_target(backend_name: str, model_path, *, dtype: str | None = "float32"
     backend = registry.get("backend", backend_name).factory()
     num_slots = len(prompts) + 2
     reference = load_target(model_path, slots=num_slots, capacity=64)
-    target = backend.load_target(model_path, dtype=dtype, device=device, slots=num_slots, capacity=64)
+    target = backend.load_target(
+        model_path, dtype=dtype, device=device, slots=num_slots, capacity=64
+    )
     tolerance = _tolerance(dtype)
     where = f"check_target(backend={backend_name!r}, dtype={dtype!r}, model={model_path})"
     layers = sorted({0, reference.num_layers - 1})
@@ -97,14 +118,25 @@ def check_target(backend_name: str, model_path, *, dtype: str | None = "float32"
     roots = {}
 
     def compare_prompt(what: str, expected, actual) -> None:
-        _compare(f"{where} {what} logits", expected.logits, backend.to_numpy(actual.logits), tolerance)
-        _compare(f"{where} {what} hidden", expected.hidden, backend.to_numpy(actual.hidden), tolerance)
+        _compare(
+            f"{where} {what} logits", expected.logits, backend.to_numpy(actual.logits), tolerance
+        )
+        _compare(
+            f"{where} {what} hidden", expected.hidden, backend.to_numpy(actual.hidden), tolerance
+        )
         for layer in layers:
-            _compare(f"{where} {what} layer {layer}", expected.layers[layer], backend.to_numpy(actual.layers[layer]),
-                     tolerance)
+            _compare(
+                f"{where} {what} layer {layer}",
+                expected.layers[layer],
+                backend.to_numpy(actual.layers[layer]),
+                tolerance,
+            )
 
     def admit(slot: int, prompt) -> None:
-        expected, actual = reference.admit(slot, prompt, layers=layers), target.admit(slot, prompt, layers=layers)
+        expected, actual = (
+            reference.admit(slot, prompt, layers=layers),
+            target.admit(slot, prompt, layers=layers),
+        )
         compare_prompt(f"admit slot {slot}", expected, actual)
         roots[slot] = int(np.argmax(expected.logits))
 
@@ -113,29 +145,47 @@ def check_target(backend_name: str, model_path, *, dtype: str | None = "float32"
         random path per row; returns the reference's PromptOutput of each chunk."""
         tree = beams = None
         if len(active):
-            beams = random_beams(rng, np.array([roots[int(s)] for s in active]), width, length, reference.vocab_size)
+            beams = random_beams(
+                rng, np.array([roots[int(s)] for s in active]), width, length, reference.vocab_size
+            )
             tree = build_prefix_tree(beams)
         expected = reference.forward_tree(tree, active, context=context, layers=layers)
-        actual = target.forward_tree(None if tree is None else to_backend_tree(tree, backend, target), active.copy(),
-                                     context=[(slot, np.asarray(tokens)) for slot, tokens in context], layers=layers)
+        actual = target.forward_tree(
+            None if tree is None else to_backend_tree(tree, backend, target),
+            active.copy(),
+            context=[(slot, np.asarray(tokens)) for slot, tokens in context],
+            layers=layers,
+        )
         assert len(actual.context) == len(expected.context) == len(context), (
             f"{where} step {step}: forward_tree returned {len(actual.context)} context outputs for {len(context)} "
-            f"prompt chunks (the reference: {len(expected.context)}); it must return one PromptOutput per chunk")
+            f"prompt chunks (the reference: {len(expected.context)}); it must return one PromptOutput per chunk"
+        )
         for (slot, _), want, got in zip(context, expected.context, actual.context, strict=True):
             compare_prompt(f"step {step} chunk of slot {slot}", want, got)
         if tree is None:
             return list(expected.context)
         mask = np.arange(tree.size)[None, :] < tree.num_nodes[:, None]  # compare real nodes only
-        for name, want, got in [("logits", expected.logits, actual.logits), ("hidden", expected.hidden, actual.hidden),
-                                *[(f"layer {i}", expected.layers[i], actual.layers[i]) for i in layers]]:
-            _compare(f"{where} step {step} slots {active.tolist()} tree {name}", want[mask],
-                     backend.to_numpy(got)[mask], tolerance)
+        for name, want, got in [
+            ("logits", expected.logits, actual.logits),
+            ("hidden", expected.hidden, actual.hidden),
+            *[(f"layer {i}", expected.layers[i], actual.layers[i]) for i in layers],
+        ]:
+            _compare(
+                f"{where} step {step} slots {active.tolist()} tree {name}",
+                want[mask],
+                backend.to_numpy(got)[mask],
+                tolerance,
+            )
         verdict = random_verdict(rng, tree, beams)
         reference.commit(tree, verdict)
-        target.commit(to_backend_tree(tree, backend, target),
-                      Verdict(path=backend.from_numpy(verdict.path, target),
-                              num_accepted=backend.from_numpy(verdict.num_accepted, target),
-                              bonus_tokens=backend.from_numpy(verdict.bonus_tokens, target)))
+        target.commit(
+            to_backend_tree(tree, backend, target),
+            Verdict(
+                path=backend.from_numpy(verdict.path, target),
+                num_accepted=backend.from_numpy(verdict.num_accepted, target),
+                bonus_tokens=backend.from_numpy(verdict.bonus_tokens, target),
+            ),
+        )
         roots.update({int(s): int(t) for s, t in zip(active, verdict.bonus_tokens, strict=True)})
         return list(expected.context)
 
@@ -151,31 +201,53 @@ def check_target(backend_name: str, model_path, *, dtype: str | None = "float32"
             active = active[rng.permutation(len(active))][:-1]  # a subset, in another order
         forward(str(step), active)
     free = [s for s in range(num_slots) if s not in roots]
-    bad = [(free[0], [1, 2]), (free[1], [reference.vocab_size])]  # the second chunk's token is outside the vocabulary
+    bad = [
+        (free[0], [1, 2]),
+        (free[1], [reference.vocab_size]),
+    ]  # the second chunk's token is outside the vocabulary
     try:
         target.forward_tree(None, np.zeros(0, dtype=np.int64), context=bad)
     except InvalidInputError:
         pass
     else:
-        raise AssertionError(f"{where}: forward_tree(context={bad}) did not refuse a token outside the vocabulary")
+        raise AssertionError(
+            f"{where}: forward_tree(context={bad}) did not refuse a token outside the vocabulary"
+        )
     for slot in free:  # a failed forward claims no slot and commits nothing
         try:
             actual = target.admit(slot, [3, 4], layers=layers)
         except InvalidInputError as error:
-            raise AssertionError(f"{where}: after a refused forward_tree(context={bad}), slot {slot} cannot be "
-                                 f"admitted into ({error}): a failed forward must claim no slot") from error
-        compare_prompt(f"admit slot {slot} after a refused forward", reference.admit(slot, [3, 4], layers=layers),
-                       actual)
+            raise AssertionError(
+                f"{where}: after a refused forward_tree(context={bad}), slot {slot} cannot be "
+                f"admitted into ({error}): a failed forward must claim no slot"
+            ) from error
+        compare_prompt(
+            f"admit slot {slot} after a refused forward",
+            reference.admit(slot, [3, 4], layers=layers),
+            actual,
+        )
         reference.release(slot), target.release(slot)
-    chunks = {slot: rng.integers(0, reference.vocab_size, size=3 + 2 * i).tolist() for i, slot in enumerate(free)}
+    chunks = {
+        slot: rng.integers(0, reference.vocab_size, size=3 + 2 * i).tolist()
+        for i, slot in enumerate(free)
+    }
     forward("chunks", np.zeros(0, dtype=np.int64), [(s, c[:2]) for s, c in chunks.items()])
-    last = forward("packed", np.array(sorted(roots), dtype=np.int64), [(s, c[2:]) for s, c in chunks.items()])
+    last = forward(
+        "packed", np.array(sorted(roots), dtype=np.int64), [(s, c[2:]) for s, c in chunks.items()]
+    )
     roots.update({slot: int(np.argmax(out.logits)) for slot, out in zip(chunks, last, strict=True)})
     forward("after chunks", np.array(sorted(roots), dtype=np.int64)[::-1].copy())
 
 
-def check_tree_builder(backend_name: str, target, *, name: str = "prefix_tree", options: dict | None = None,
-                       drafts: Sequence[Draft] = (), registry: PluginRegistry | None = None) -> None:
+def check_tree_builder(
+    backend_name: str,
+    target,
+    *,
+    name: str = "prefix_tree",
+    options: dict | None = None,
+    drafts: Sequence[Draft] = (),
+    registry: PluginRegistry | None = None,
+) -> None:
     """The backend's tree builder ``name`` gives the reference's trees for these (NumPy) drafts."""
     registry = _registry(registry)
     backend = registry.get("backend", backend_name).factory()
@@ -186,14 +258,18 @@ def check_tree_builder(backend_name: str, target, *, name: str = "prefix_tree", 
         moved = Draft(
             root_tokens=backend.from_numpy(draft.root_tokens, target),
             beams=None if draft.beams is None else backend.from_numpy(draft.beams, target),
-            head_tokens=None if draft.head_tokens is None else backend.from_numpy(draft.head_tokens, target),
+            head_tokens=None
+            if draft.head_tokens is None
+            else backend.from_numpy(draft.head_tokens, target),
             beam_lengths=draft.beam_lengths,  # host-side, as drafters give them
         )
         actual = builder.build(moved)
         for field in ("tokens", "parents", "depth", "ancestor_mask", "num_nodes", "beam_to_node"):
             want, got = getattr(expected, field), getattr(actual, field)
             if want is None:
-                assert got is None, f"check_tree_builder({backend_name!r}, {name!r}) draft {i}: {field} should be None"
+                assert got is None, (
+                    f"check_tree_builder({backend_name!r}, {name!r}) draft {i}: {field} should be None"
+                )
                 continue
             got = backend.to_numpy(got)
             assert np.array_equal(np.asarray(want), got), (
@@ -202,20 +278,43 @@ def check_tree_builder(backend_name: str, target, *, name: str = "prefix_tree", 
             )
 
 
-def check_verifier(backend_name: str, target, *, name: str, tree: DraftTree, draft: Draft, logits: np.ndarray,
-                   sampling: SamplingConfig, uniforms: np.ndarray | None, registry: PluginRegistry | None = None) -> None:
+def check_verifier(
+    backend_name: str,
+    target,
+    *,
+    name: str,
+    tree: DraftTree,
+    draft: Draft,
+    logits: np.ndarray,
+    sampling: SamplingConfig,
+    uniforms: np.ndarray | None,
+    registry: PluginRegistry | None = None,
+) -> None:
     """The backend's verifier ``name`` gives the reference's verdict for the same logits and uniforms."""
     registry = _registry(registry)
     backend = registry.get("backend", backend_name).factory()
     reference = registry.get("verifier", name, "numpy").factory()
     verifier = registry.get("verifier", name, backend_name).factory()
     hidden = np.zeros(logits.shape[:2] + (1,))
-    expected = reference.verify(tree, draft, TargetOutput(logits=logits, hidden=hidden), sampling, uniforms)
+    expected = reference.verify(
+        tree, draft, TargetOutput(logits=logits, hidden=hidden), sampling, uniforms
+    )
     put = lambda a: None if a is None else backend.from_numpy(np.asarray(a), target)
-    moved_draft = Draft(root_tokens=put(draft.root_tokens), beams=put(draft.beams), head_tokens=put(draft.head_tokens),
-                        draft_probs=put(draft.draft_probs), sampled=draft.sampled, beam_lengths=draft.beam_lengths)
-    actual = verifier.verify(to_backend_tree(tree, backend, target), moved_draft,
-                             TargetOutput(logits=put(logits), hidden=put(hidden)), sampling, put(uniforms))
+    moved_draft = Draft(
+        root_tokens=put(draft.root_tokens),
+        beams=put(draft.beams),
+        head_tokens=put(draft.head_tokens),
+        draft_probs=put(draft.draft_probs),
+        sampled=draft.sampled,
+        beam_lengths=draft.beam_lengths,
+    )
+    actual = verifier.verify(
+        to_backend_tree(tree, backend, target),
+        moved_draft,
+        TargetOutput(logits=put(logits), hidden=put(hidden)),
+        sampling,
+        put(uniforms),
+    )
     for field in ("path", "num_accepted", "bonus_tokens"):
         want, got = np.asarray(getattr(expected, field)), backend.to_numpy(getattr(actual, field))
         assert np.array_equal(want, got), (
@@ -223,26 +322,59 @@ def check_verifier(backend_name: str, target, *, name: str, tree: DraftTree, dra
         )
 
 
-def check_generation(backend_name: str, model_path, drafter, *, prompts, dtype: str | None = "float32",
-                     max_new_tokens: int = 8, registry: PluginRegistry | None = None, **options) -> None:
+def check_generation(
+    backend_name: str,
+    model_path,
+    drafter,
+    *,
+    prompts,
+    dtype: str | None = "float32",
+    max_new_tokens: int = 8,
+    registry: PluginRegistry | None = None,
+    **options,
+) -> None:
     """``generate`` on ``backend_name`` in ``dtype`` emits the same tokens as on the numpy reference
     (same seed). ``drafter`` must be available on both backends: a name registered for every
     backend ("none", "lookup"), or one (or a checkpoint of one) registered for both."""
     from specdec.generation.api import generate
 
-    expected = generate(model_path, prompts, drafter=drafter, backend="numpy", max_new_tokens=max_new_tokens,
-                        registry=registry, **options).tokens
-    actual = generate(model_path, prompts, drafter=drafter, backend=backend_name, dtype=dtype,
-                      max_new_tokens=max_new_tokens, registry=registry, **options).tokens
+    expected = generate(
+        model_path,
+        prompts,
+        drafter=drafter,
+        backend="numpy",
+        max_new_tokens=max_new_tokens,
+        registry=registry,
+        **options,
+    ).tokens
+    actual = generate(
+        model_path,
+        prompts,
+        drafter=drafter,
+        backend=backend_name,
+        dtype=dtype,
+        max_new_tokens=max_new_tokens,
+        registry=registry,
+        **options,
+    ).tokens
     assert actual == expected, (
         f"check_generation({backend_name!r}, drafter={drafter}, dtype={dtype}, {options}): tokens differ\n"
         f"reference {expected}\nbackend   {actual}"
     )
 
 
-def check_drafter(drafter, model_path, *, backends: Sequence[str] = ("numpy",), dtype: str | None = "float32",
-                  prompts: Sequence[Sequence[int]] = ((1, 2, 3, 1, 2, 3, 1, 2), (4, 5, 6), (7,)),
-                  max_new_tokens: int = 16, seed: int = 0, registry: PluginRegistry | None = None, **options) -> None:
+def check_drafter(
+    drafter,
+    model_path,
+    *,
+    backends: Sequence[str] = ("numpy",),
+    dtype: str | None = "float32",
+    prompts: Sequence[Sequence[int]] = ((1, 2, 3, 1, 2, 3, 1, 2), (4, 5, 6), (7,)),
+    max_new_tokens: int = 16,
+    seed: int = 0,
+    registry: PluginRegistry | None = None,
+    **options,
+) -> None:
     """Drafter ``drafter`` (a name or a checkpoint folder) is lossless on each of ``backends``: its
     greedy tokens equal plain decoding's (``drafter="none"``) on that backend and the numpy
     reference's, and a seeded sampled generation (temperature 1) runs, every draft checked by the
@@ -254,26 +386,65 @@ def check_drafter(drafter, model_path, *, backends: Sequence[str] = ("numpy",), 
     never change a request's tokens. ``dtype`` applies to every backend but numpy (float64 only)."""
     from specdec.generation.api import generate, load
 
-    plain = generate(model_path, [list(p) for p in prompts], drafter="none", backend="numpy",
-                     max_new_tokens=max_new_tokens, stop_at_eos=False, registry=registry).tokens
+    plain = generate(
+        model_path,
+        [list(p) for p in prompts],
+        drafter="none",
+        backend="numpy",
+        max_new_tokens=max_new_tokens,
+        stop_at_eos=False,
+        registry=registry,
+    ).tokens
     for backend in backends:
         where = f"check_drafter({drafter!s}, backend={backend!r}, dtype={dtype!r}, {options})"
-        run = dict(backend=backend, dtype=None if backend == "numpy" else dtype, max_new_tokens=max_new_tokens,
-                   stop_at_eos=False, registry=registry)
-        baseline = plain if backend == "numpy" else generate(
-            model_path, [list(p) for p in prompts], drafter="none", **run).tokens
-        assert baseline == plain, f"{where}: plain decoding differs from the reference's; check the backend first"
-        tokens = generate(model_path, [list(p) for p in prompts], drafter=drafter, **run, **options).tokens
-        assert tokens == plain, f"{where}: greedy tokens differ from plain decoding\nplain   {plain}\ndrafted {tokens}"
-        sampled = generate(model_path, [list(p) for p in prompts], drafter=drafter, temperature=1.0, seed=seed,
-                           **run, **options).tokens
-        assert [len(row) for row in sampled] == [max_new_tokens] * len(prompts), f"{where}: sampled rows cut short"
+        run = dict(
+            backend=backend,
+            dtype=None if backend == "numpy" else dtype,
+            max_new_tokens=max_new_tokens,
+            stop_at_eos=False,
+            registry=registry,
+        )
+        baseline = (
+            plain
+            if backend == "numpy"
+            else generate(model_path, [list(p) for p in prompts], drafter="none", **run).tokens
+        )
+        assert baseline == plain, (
+            f"{where}: plain decoding differs from the reference's; check the backend first"
+        )
+        tokens = generate(
+            model_path, [list(p) for p in prompts], drafter=drafter, **run, **options
+        ).tokens
+        assert tokens == plain, (
+            f"{where}: greedy tokens differ from plain decoding\nplain   {plain}\ndrafted {tokens}"
+        )
+        sampled = generate(
+            model_path,
+            [list(p) for p in prompts],
+            drafter=drafter,
+            temperature=1.0,
+            seed=seed,
+            **run,
+            **options,
+        ).tokens
+        assert [len(row) for row in sampled] == [max_new_tokens] * len(prompts), (
+            f"{where}: sampled rows cut short"
+        )
     seeds = [seed + b for b in range(len(prompts))]
+
     def decode(slots, temperature):
-        result = generate(load(model_path, backend="numpy", slots=slots, registry=registry), [list(p) for p in prompts],
-                          drafter=drafter, backend="numpy", max_new_tokens=max_new_tokens, stop_at_eos=False,
-                          temperature=temperature, seed=seeds, registry=registry,
-                          **{"speculation": "always", **options})
+        result = generate(
+            load(model_path, backend="numpy", slots=slots, registry=registry),
+            [list(p) for p in prompts],
+            drafter=drafter,
+            backend="numpy",
+            max_new_tokens=max_new_tokens,
+            stop_at_eos=False,
+            temperature=temperature,
+            seed=seeds,
+            registry=registry,
+            **{"speculation": "always", **options},
+        )
         return result.tokens, result.stats.drafted_tokens, result.stats.accepted_tokens
 
     for temperature in (0.0, 1.0):
@@ -281,4 +452,5 @@ def check_drafter(drafter, model_path, *, backends: Sequence[str] = ("numpy",), 
         assert runs[1] == runs[len(prompts)], (
             f"check_drafter({drafter!s}, {options}): at temperature {temperature} the prompts decoded one after "
             f"another in one slot differ from decoding them side by side (tokens, drafted tokens, accepted "
-            f"tokens)\none slot {runs[1]}\nside by side {runs[len(prompts)]}")
+            f"tokens)\none slot {runs[1]}\nside by side {runs[len(prompts)]}"
+        )

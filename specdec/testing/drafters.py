@@ -14,7 +14,13 @@ def make_random_drafter(path, model_path, *, kind: str, seed: int, registry=None
     from specdec.plugins.registry import default_registry
 
     registry = registry or default_registry()
-    makers = {spec.name: spec.make_random_checkpoint for spec in registry.drafter_specs() if spec.make_random_checkpoint}
+    makers = {
+        spec.name: spec.make_random_checkpoint
+        for spec in registry.drafter_specs()
+        if spec.make_random_checkpoint
+    }
     if kind not in makers:
-        raise ValueError(f"unknown drafter kind {kind!r}; make_random_drafter knows: {', '.join(sorted(makers))}")
+        raise ValueError(
+            f"unknown drafter kind {kind!r}; make_random_drafter knows: {', '.join(sorted(makers))}"
+        )
     return Path(makers[kind](path, model_path, seed=seed, **config))

@@ -35,7 +35,9 @@ class ScriptedChooser:
         return self._choose([(int(t), float(probs[t])) for t in np.flatnonzero(probs > 0)])
 
     def accept(self, probability, depth, beam):
-        return self._choose([(v, w) for v, w in ((True, probability), (False, 1.0 - probability)) if w > 0])
+        return self._choose(
+            [(v, w) for v, w in ((True, probability), (False, 1.0 - probability)) if w > 0]
+        )
 
 
 def enumerate_outcomes(run) -> list[tuple[object, float]]:
@@ -66,8 +68,10 @@ def target_joint(target, sampling):
         if length == 0:
             return {(): 1.0}
         probs = conditional(tuple(prefix))
-        return {(int(t),) + rest: probs[t] * w for t in np.flatnonzero(probs > 0)
-                for rest, w in joint(tuple(prefix) + (int(t),), length - 1).items()}
+        return {
+            (int(t),) + rest: probs[t] * w
+            for t in np.flatnonzero(probs > 0)
+            for rest, w in joint(tuple(prefix) + (int(t),), length - 1).items()
+        }
 
     return joint
-

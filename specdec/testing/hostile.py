@@ -23,12 +23,14 @@ def _config(**fields) -> Callable[[Path], None]:
         config = json.loads((folder / "config.json").read_text())
         config.update(fields)
         (folder / "config.json").write_text(json.dumps(config))
+
     return edit
 
 
 def _write(name: str, data: bytes) -> Callable[[Path], None]:
     def edit(folder: Path) -> None:
         (folder / name).write_bytes(data)
+
     return edit
 
 
@@ -63,6 +65,7 @@ def _tensors(change: Callable[[dict], None]) -> Callable[[Path], None]:
         weights = load_file(str(folder / "model.safetensors"))
         change(weights)
         save_file(weights, str(folder / "model.safetensors"))
+
     return edit
 
 

@@ -92,7 +92,9 @@ def make_random_model(
             f"num_heads must be a multiple of num_kv_heads ({num_kv_heads})"
         )
     if eos_token_id is not None and not 0 <= eos_token_id < vocab_size:
-        raise InvalidInputError(f"eos_token_id {eos_token_id} is outside the vocabulary [0, {vocab_size})")
+        raise InvalidInputError(
+            f"eos_token_id {eos_token_id} is outside the vocabulary [0, {vocab_size})"
+        )
     intermediate_size = intermediate_size or 2 * hidden_size
     head_dim = hidden_size // num_heads
     folder = Path(path)
@@ -108,20 +110,34 @@ def make_random_model(
     # Hidden states leave the final norm with unit RMS, so a head of std s gives logits of std
     # about s * sqrt(H); projections of std 1/sqrt(fan_in) keep every activation near unit scale.
     head_std = LOGIT_SCALE / np.sqrt(hidden_size)
-    tensors = {"model.embed_tokens.weight": normal(vocab_size, hidden_size, std=head_std if tie_word_embeddings else 1.0)}
+    tensors = {
+        "model.embed_tokens.weight": normal(
+            vocab_size, hidden_size, std=head_std if tie_word_embeddings else 1.0
+        )
+    }
     q_out, kv_out = num_heads * head_dim, num_kv_heads * head_dim
     for i in range(num_layers):
         prefix = f"model.layers.{i}."
         tensors[prefix + "input_layernorm.weight"] = norm_weight()
         for name, rows in (("q_proj", q_out), ("k_proj", kv_out), ("v_proj", kv_out)):
-            tensors[prefix + f"self_attn.{name}.weight"] = normal(rows, hidden_size, std=1 / np.sqrt(hidden_size))
+            tensors[prefix + f"self_attn.{name}.weight"] = normal(
+                rows, hidden_size, std=1 / np.sqrt(hidden_size)
+            )
             if architecture == "qwen2":
                 tensors[prefix + f"self_attn.{name}.bias"] = normal(rows, std=0.5)
-        tensors[prefix + "self_attn.o_proj.weight"] = normal(hidden_size, q_out, std=1 / np.sqrt(q_out))
+        tensors[prefix + "self_attn.o_proj.weight"] = normal(
+            hidden_size, q_out, std=1 / np.sqrt(q_out)
+        )
         tensors[prefix + "post_attention_layernorm.weight"] = norm_weight()
-        tensors[prefix + "mlp.gate_proj.weight"] = normal(intermediate_size, hidden_size, std=1 / np.sqrt(hidden_size))
-        tensors[prefix + "mlp.up_proj.weight"] = normal(intermediate_size, hidden_size, std=1 / np.sqrt(hidden_size))
-        tensors[prefix + "mlp.down_proj.weight"] = normal(hidden_size, intermediate_size, std=1 / np.sqrt(intermediate_size))
+        tensors[prefix + "mlp.gate_proj.weight"] = normal(
+            intermediate_size, hidden_size, std=1 / np.sqrt(hidden_size)
+        )
+        tensors[prefix + "mlp.up_proj.weight"] = normal(
+            intermediate_size, hidden_size, std=1 / np.sqrt(hidden_size)
+        )
+        tensors[prefix + "mlp.down_proj.weight"] = normal(
+            hidden_size, intermediate_size, std=1 / np.sqrt(intermediate_size)
+        )
     tensors["model.norm.weight"] = norm_weight()
     if not tie_word_embeddings:
         tensors["lm_head.weight"] = normal(vocab_size, hidden_size, std=head_std)

@@ -11,13 +11,20 @@ from specdec.capabilities import DrafterCaps
 from specdec.types import Draft, DraftContext
 
 
-def greedy_continuations(target, prompts, num_tokens: int, *, backend: str = "numpy", registry=None) -> list[list[int]]:
+def greedy_continuations(
+    target, prompts, num_tokens: int, *, backend: str = "numpy", registry=None
+) -> list[list[int]]:
     """Plain greedy decoding of ``num_tokens`` tokens per prompt (EOS ignored)."""
     from specdec.generation.api import generate
 
     result = generate(
-        target, [list(p) for p in prompts], drafter="none", backend=backend, max_new_tokens=num_tokens,
-        stop_at_eos=False, registry=registry,
+        target,
+        [list(p) for p in prompts],
+        drafter="none",
+        backend=backend,
+        max_new_tokens=num_tokens,
+        stop_at_eos=False,
+        registry=registry,
     )
     return result.tokens
 
@@ -35,13 +42,24 @@ class OracleDrafter:
 
     caps = DrafterCaps()
 
-    def __init__(self, continuations: Sequence[Sequence[int]], *, prompts: Sequence[Sequence[int]], vocab_size: int,
-                 backend, target, beam_width: int = 2, beam_length: int = 4, corruption: float = 0.3,
-                 rng: np.random.Generator | None = None):
+    def __init__(
+        self,
+        continuations: Sequence[Sequence[int]],
+        *,
+        prompts: Sequence[Sequence[int]],
+        vocab_size: int,
+        backend,
+        target,
+        beam_width: int = 2,
+        beam_length: int = 4,
+        corruption: float = 0.3,
+        rng: np.random.Generator | None = None,
+    ):
         if not 0.0 <= corruption <= 1.0:
             raise ValueError(f"corruption must be in [0, 1], got {corruption}")
-        self.continuations = {tuple(int(t) for t in p): list(c)
-                              for p, c in zip(prompts, continuations, strict=True)}
+        self.continuations = {
+            tuple(int(t) for t in p): list(c) for p, c in zip(prompts, continuations, strict=True)
+        }
         self.vocab_size = vocab_size
         self.backend, self.target = backend, target
         self.beam_width, self.beam_length, self.corruption = beam_width, beam_length, corruption
@@ -62,4 +80,6 @@ class OracleDrafter:
                 shift = self.rng.integers(1, self.vocab_size, size=length - 1)
                 drafted = np.where(corrupt, (drafted + shift) % self.vocab_size, drafted)
                 beams[b, i] = np.concatenate([[roots[b]], drafted])
-        return Draft(root_tokens=context.root_tokens, beams=self.backend.from_numpy(beams, self.target))
+        return Draft(
+            root_tokens=context.root_tokens, beams=self.backend.from_numpy(beams, self.target)
+        )

@@ -15,14 +15,31 @@ def decoding_plan(target, drafter: Any, backend: str = "numpy", **options) -> De
     sampled requests alike; ``options`` go to ``specdec.generate``'s options (drafter options...)."""
     from specdec.generation.api import prepare
 
-    plan, *_ = prepare(target, [1], drafter, backend, max_new_tokens=8, temperature=0.0, top_k=None, top_p=None,
-                       dtype=None, device=None, registry=None, options={"verifier": "exact", **options})
+    plan, *_ = prepare(
+        target,
+        [1],
+        drafter,
+        backend,
+        max_new_tokens=8,
+        temperature=0.0,
+        top_k=None,
+        top_p=None,
+        dtype=None,
+        device=None,
+        registry=None,
+        options={"verifier": "exact", **options},
+    )
     return plan
 
 
-def run_schedule(plan: DecodePlan, schedule: Sequence[tuple[int, Request, int | None]], *,
-                 max_steps: int = 500, max_prefill_tokens: int | None = None,
-                 failures: list | None = None) -> dict[int, list[int]]:
+def run_schedule(
+    plan: DecodePlan,
+    schedule: Sequence[tuple[int, Request, int | None]],
+    *,
+    max_steps: int = 500,
+    max_prefill_tokens: int | None = None,
+    failures: list | None = None,
+) -> dict[int, list[int]]:
     """Decode ``schedule``, a list of (arrival step, Request, cancel step or None): each request is
     submitted at its arrival step and cancelled at its cancel step (if it arrived by then), with
     ``max_prefill_tokens`` prompt tokens per step (``Decoder.step``). Returns
@@ -41,8 +58,9 @@ def run_schedule(plan: DecodePlan, schedule: Sequence[tuple[int, Request, int | 
                 if cancel == step and index in ids.values():
                     decoder.cancel(next(r for r, i in ids.items() if i == index))
                     tokens[index] = None
-            for result in decoder.step(max_prefill_tokens=max_prefill_tokens,
-                                       failures=None if failures is None else failed):
+            for result in decoder.step(
+                max_prefill_tokens=max_prefill_tokens, failures=None if failures is None else failed
+            ):
                 for request_id, new in zip(result.requests, result.new_tokens, strict=True):
                     if tokens.get(ids[request_id], []) is not None:
                         tokens.setdefault(ids[request_id], []).extend(new)
@@ -51,7 +69,9 @@ def run_schedule(plan: DecodePlan, schedule: Sequence[tuple[int, Request, int | 
                 tokens[ids[request_id]] = None
             failed.clear()
             step += 1
-            assert step < max_steps, f"the decoder did not finish {len(schedule)} requests in {max_steps} steps"
+            assert step < max_steps, (
+                f"the decoder did not finish {len(schedule)} requests in {max_steps} steps"
+            )
     finally:
         decoder.close()
     return {index: t for index, t in tokens.items() if t is not None}

@@ -27,8 +27,14 @@ import numpy as np
 from specdec.reference.sampling import sample_from
 from specdec.types import Draft, DraftTree, SamplingConfig, TargetOutput
 
-__all__ = ["ProbingChooser", "boundary_uniforms", "chi2_power", "chi2_quantile", "conditional_chi_square",
-           "emitted_rows"]
+__all__ = [
+    "ProbingChooser",
+    "boundary_uniforms",
+    "chi2_power",
+    "chi2_quantile",
+    "conditional_chi_square",
+    "emitted_rows",
+]
 
 
 def chi2_quantile(df: int, alpha: float = 1e-3) -> float:
@@ -48,16 +54,24 @@ def chi2_power(df: int, noncentrality: float, alpha: float = 1e-3) -> float:
     return 1.0 - NormalDist().cdf(((x / h) ** (1.0 / 3.0) - (1.0 - c)) / math.sqrt(c))
 
 
-def emitted_rows(tree_tokens: np.ndarray, path: np.ndarray, num_accepted: np.ndarray, bonus: np.ndarray
-                 ) -> list[tuple[int, ...]]:
+def emitted_rows(
+    tree_tokens: np.ndarray, path: np.ndarray, num_accepted: np.ndarray, bonus: np.ndarray
+) -> list[tuple[int, ...]]:
     """The tokens each row of a verdict emits: its accepted drafted tokens, then the bonus token.
     All host arrays: tree tokens (B, N), path (B, D+1), num_accepted (B,), bonus (B,)."""
-    return [tuple(int(tree_tokens[b, u]) for u in path[b, 1 : int(num_accepted[b]) + 1]) + (int(bonus[b]),)
-            for b in range(len(bonus))]
+    return [
+        tuple(int(tree_tokens[b, u]) for u in path[b, 1 : int(num_accepted[b]) + 1])
+        + (int(bonus[b]),)
+        for b in range(len(bonus))
+    ]
 
 
-def conditional_chi_square(rows: Sequence[Sequence[int]], conditional: Callable[[tuple[int, ...]], np.ndarray],
-                           *, min_expected: float = 5.0) -> tuple[float, int]:
+def conditional_chi_square(
+    rows: Sequence[Sequence[int]],
+    conditional: Callable[[tuple[int, ...]], np.ndarray],
+    *,
+    min_expected: float = 5.0,
+) -> tuple[float, int]:
     """(statistic, degrees of freedom) of the emitted tokens of ``rows`` against
     ``conditional(prefix)``, the target's distribution (V,) after the tokens ``prefix``: token j
     of a row is a cell of the group of its prefix (the row's first j tokens). Within a group,
@@ -73,7 +87,8 @@ def conditional_chi_square(rows: Sequence[Sequence[int]], conditional: Callable[
         total = sum(group.values())
         probs = np.asarray(conditional(prefix), dtype=np.float64)
         assert all(probs[token] > 0 for token in group), (
-            f"after {prefix} a token the target gives no probability was emitted: {sorted(group)}")
+            f"after {prefix} a token the target gives no probability was emitted: {sorted(group)}"
+        )
         order = sorted(np.flatnonzero(probs > 0), key=lambda t: -probs[t])
         cells = [[t] for t in order if total * probs[t] >= min_expected]
         rest = [t for t in order if total * probs[t] < min_expected]
@@ -98,7 +113,9 @@ class ProbingChooser:
     the decision's boundary, 1/4 just above (within ``near`` of it, relative to the side's width),
     else anywhere; never within ``margin`` of a boundary. ``decisions`` counts what was chosen."""
 
-    def __init__(self, uniforms: np.ndarray, rng: np.random.Generator, *, margin: float, near: float):
+    def __init__(
+        self, uniforms: np.ndarray, rng: np.random.Generator, *, margin: float, near: float
+    ):
         self.uniforms, self.rng, self.margin, self.near = uniforms, rng, margin, near
         self.decisions = 0
 
@@ -111,9 +128,14 @@ class ProbingChooser:
         if points and kind < 0.5:
             c = points[int(rng.integers(len(points)))]
             i = edges.index(c)
-            sides = [(side, width) for side, width in ((-1.0, c - edges[i - 1] if i else 0.0),
-                                                       (1.0, edges[i + 1] - c if i + 1 < len(edges) else 0.0))
-                     if width > 4.0 * margin]
+            sides = [
+                (side, width)
+                for side, width in (
+                    (-1.0, c - edges[i - 1] if i else 0.0),
+                    (1.0, edges[i + 1] - c if i + 1 < len(edges) else 0.0),
+                )
+                if width > 4.0 * margin
+            ]
             if sides:
                 side, width = sides[0] if kind < 0.25 or len(sides) == 1 else sides[1]
                 reach = min(max(self.near * width, 2.0 * margin), width / 2.0)
@@ -128,20 +150,33 @@ class ProbingChooser:
     def categorical(self, probs: np.ndarray, depth: int) -> int:
         probs = np.asarray(probs, dtype=np.float64)
         cdf = np.cumsum(probs) / probs.sum()
-        u = self._pick([float(c) for c in cdf[:-1] if 0.0 < c < 1.0])  # u * total crosses cdf[k] there
+        u = self._pick(
+            [float(c) for c in cdf[:-1] if 0.0 < c < 1.0]
+        )  # u * total crosses cdf[k] there
         self.uniforms[depth, 0] = u
         self.decisions += 1
         return int(sample_from(probs, np.array(u)))
 
     def accept(self, probability: float, depth: int, beam: int) -> bool:
-        u = self._pick([float(probability)])  # 1: accepted below it (a coin scaled down would flip there)
+        u = self._pick(
+            [float(probability)]
+        )  # 1: accepted below it (a coin scaled down would flip there)
         self.uniforms[depth, 1 + beam] = u
         self.decisions += 1
         return bool(u < probability)
 
 
-def boundary_uniforms(verifier, tree: DraftTree, draft: Draft, logits: np.ndarray, sampling: SamplingConfig, *,
-                      rng: np.random.Generator, margin: float = 1e-4, near: float = 0.05) -> np.ndarray:
+def boundary_uniforms(
+    verifier,
+    tree: DraftTree,
+    draft: Draft,
+    logits: np.ndarray,
+    sampling: SamplingConfig,
+    *,
+    rng: np.random.Generator,
+    margin: float = 1e-4,
+    near: float = 0.05,
+) -> np.ndarray:
     """Uniforms (B, D+1, W+1) float64 for the reference ``verifier`` (a ``RowVerifier`` of
     ``specdec.reference.verify``) on these NumPy inputs, every one it reads chosen by a
     ``ProbingChooser``; those it does not read are uniform. The reference's verdict with them is
@@ -153,12 +188,19 @@ def boundary_uniforms(verifier, tree: DraftTree, draft: Draft, logits: np.ndarra
     target = TargetOutput(logits=logits, hidden=np.zeros(logits.shape[:2] + (1,)))
     paths, bonus = [], []
     for b in range(tree.batch_size):
-        path, token = verifier.verify_row(tree, draft, target, sampling, b,
-                                          ProbingChooser(uniforms[b], rng, margin=margin, near=near))
+        path, token = verifier.verify_row(
+            tree,
+            draft,
+            target,
+            sampling,
+            b,
+            ProbingChooser(uniforms[b], rng, margin=margin, near=near),
+        )
         paths.append(path), bonus.append(token)
     expected = make_verdict(paths, bonus, depth)
     again = verifier.verify(tree, draft, target, sampling, uniforms)
     for field in ("path", "num_accepted", "bonus_tokens"):
         assert np.array_equal(getattr(again, field), getattr(expected, field)), (
-            f"boundary_uniforms: the reference's {field} with the chosen uniforms is not what they were chosen for")
+            f"boundary_uniforms: the reference's {field} with the chosen uniforms is not what they were chosen for"
+        )
     return uniforms

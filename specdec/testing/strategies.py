@@ -8,20 +8,32 @@ from hypothesis import strategies as st
 from specdec.types import SamplingConfig
 
 
-def prompts(vocab_size: int, *, max_batch: int = 3, max_length: int = 8) -> st.SearchStrategy[list[list[int]]]:
+def prompts(
+    vocab_size: int, *, max_batch: int = 3, max_length: int = 8
+) -> st.SearchStrategy[list[list[int]]]:
     """A ragged batch of token-id prompts."""
-    return st.lists(st.lists(st.integers(0, vocab_size - 1), min_size=1, max_size=max_length),
-                    min_size=1, max_size=max_batch)
+    return st.lists(
+        st.lists(st.integers(0, vocab_size - 1), min_size=1, max_size=max_length),
+        min_size=1,
+        max_size=max_batch,
+    )
 
 
 @st.composite
-def beams(draw, *, max_batch: int = 3, max_width: int = 4, max_length: int = 5, alphabet: int = 3) -> np.ndarray:
+def beams(
+    draw, *, max_batch: int = 3, max_width: int = 4, max_length: int = 5, alphabet: int = 3
+) -> np.ndarray:
     """(B, W, L) int64 beams whose rows share their root; a small alphabet makes prefixes repeat."""
     batch = draw(st.integers(1, max_batch))
     width = draw(st.integers(1, max_width))
     length = draw(st.integers(1, max_length))
-    flat = draw(st.lists(st.integers(0, alphabet - 1), min_size=batch * width * length,
-                         max_size=batch * width * length))
+    flat = draw(
+        st.lists(
+            st.integers(0, alphabet - 1),
+            min_size=batch * width * length,
+            max_size=batch * width * length,
+        )
+    )
     out = np.array(flat, dtype=np.int64).reshape(batch, width, length)
     out[:, :, 0] = out[:, :1, 0]
     return out
@@ -48,11 +60,13 @@ def sampling_configs(*, greedy: bool = True) -> st.SearchStrategy[SamplingConfig
 
 def model_shapes() -> st.SearchStrategy[dict]:
     """Keyword arguments for ``make_random_model`` describing tiny Llama-family models."""
-    return st.fixed_dictionaries({
-        "vocab_size": st.sampled_from([48, 64, 96]),
-        "hidden_size": st.sampled_from([16, 32]),
-        "num_layers": st.integers(1, 2),
-        "num_heads": st.sampled_from([2, 4]),
-        "num_kv_heads": st.sampled_from([1, 2]),
-        "architecture": st.sampled_from(["llama", "qwen2"]),
-    })
+    return st.fixed_dictionaries(
+        {
+            "vocab_size": st.sampled_from([48, 64, 96]),
+            "hidden_size": st.sampled_from([16, 32]),
+            "num_layers": st.integers(1, 2),
+            "num_heads": st.sampled_from([2, 4]),
+            "num_kv_heads": st.sampled_from([1, 2]),
+            "architecture": st.sampled_from(["llama", "qwen2"]),
+        }
+    )

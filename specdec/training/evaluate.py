@@ -42,18 +42,31 @@ class Window:
     label_probs: torch.Tensor
 
 
-def gather_window(data: TeacherData, indices: torch.Tensor, depth: int, *, labels: bool = True) -> Window:
+def gather_window(
+    data: TeacherData, indices: torch.Tensor, depth: int, *, labels: bool = True
+) -> Window:
     """The ``Window`` of depth D at flat positions ``indices`` (B,) of ``data``."""
     steps = torch.arange(depth + 1)
-    valid = steps[None, :] <= data.remaining[indices][:, None]  # (B, D+1); step 0 (the root) always valid
-    where = torch.where(valid, indices[:, None] + steps[None, :], indices[:, None])  # (B, D+1) flat indices
+    valid = (
+        steps[None, :] <= data.remaining[indices][:, None]
+    )  # (B, D+1); step 0 (the root) always valid
+    where = torch.where(
+        valid, indices[:, None] + steps[None, :], indices[:, None]
+    )  # (B, D+1) flat indices
     label_ids = data.label_ids[where[:, 1:]] if labels else None  # (B, D, k)
     label_probs = data.label_probs[where[:, 1:]] if labels else None
-    return Window(hidden=data.hidden[indices], tokens=data.next_tokens[where], valid=valid[:, 1:],
-                  label_ids=label_ids, label_probs=label_probs)
+    return Window(
+        hidden=data.hidden[indices],
+        tokens=data.next_tokens[where],
+        valid=valid[:, 1:],
+        label_ids=label_ids,
+        label_probs=label_probs,
+    )
 
 
-def _matched_prefix(drafted: torch.Tensor, truth: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+def _matched_prefix(
+    drafted: torch.Tensor, truth: torch.Tensor, valid: torch.Tensor
+) -> torch.Tensor:
     """Length of the longest prefix where drafted == truth. drafted, truth, valid (..., D) -> (...)."""
     match = (drafted == truth) & valid
     return torch.cumprod(match.long(), dim=-1).sum(-1)
@@ -67,11 +80,17 @@ def beam_acceptance(beams: torch.Tensor, truth: torch.Tensor, valid: torch.Tenso
     """
     drafted = beams[:, :, 1:]  # (B, W, L-1)
     length = drafted.shape[-1]
-    return _matched_prefix(drafted, truth[:, None, :length], valid[:, None, :length]).max(dim=1).values
+    return (
+        _matched_prefix(drafted, truth[:, None, :length], valid[:, None, :length]).max(dim=1).values
+    )
 
 
-def tree_acceptance(head_tokens: torch.Tensor, choices: Sequence[Sequence[int]], truth: torch.Tensor,
-                    valid: torch.Tensor) -> torch.Tensor:
+def tree_acceptance(
+    head_tokens: torch.Tensor,
+    choices: Sequence[Sequence[int]],
+    truth: torch.Tensor,
+    valid: torch.Tensor,
+) -> torch.Tensor:
     """Drafted tokens greedy verification accepts from a static Medusa tree.
 
     head_tokens (B, K, T): head k's top-T tokens for the token k+1 after the root; choices: the
@@ -89,8 +108,13 @@ def tree_acceptance(head_tokens: torch.Tensor, choices: Sequence[Sequence[int]],
     return best
 
 
-def walk_tokens_per_step(data: TeacherData, accept: Callable[[torch.Tensor], torch.Tensor], *,
-                         sequences: int | None = None, batch_size: int = 256) -> dict:
+def walk_tokens_per_step(
+    data: TeacherData,
+    accept: Callable[[torch.Tensor], torch.Tensor],
+    *,
+    sequences: int | None = None,
+    batch_size: int = 256,
+) -> dict:
     """Replay greedy speculative decoding over the continuations of ``data``.
 
     accept(indices (B,)) -> (B,) int64: drafted tokens accepted at those flat positions. The first
@@ -109,16 +133,24 @@ def walk_tokens_per_step(data: TeacherData, accept: Callable[[torch.Tensor], tor
         active = current[moving]
         if active.numel() == 0:
             break
-        accepted = torch.cat([accept(active[i:i + batch_size]) for i in range(0, active.numel(), batch_size)])
+        accepted = torch.cat(
+            [accept(active[i : i + batch_size]) for i in range(0, active.numel(), batch_size)]
+        )
         left = data.remaining[active]
         accepted = torch.minimum(accepted, left)
-        emitted = torch.where(accepted < left, accepted + 1, accepted)  # no bonus token past the data
+        emitted = torch.where(
+            accepted < left, accepted + 1, accepted
+        )  # no bonus token past the data
         tokens += int(emitted.sum())
         steps += int(active.numel())
         for value, count in zip(*torch.unique(accepted, return_counts=True)):
             histogram[int(value)] = histogram.get(int(value), 0) + int(count)
         current = current.clone()
         current[moving] = active + emitted
-    return {"tokens_per_step": tokens / steps if steps else 0.0, "steps": steps, "tokens": tokens,
-            "mean_accepted": sum(k * v for k, v in histogram.items()) / steps if steps else 0.0,
-            "histogram": dict(sorted(histogram.items()))}
+    return {
+        "tokens_per_step": tokens / steps if steps else 0.0,
+        "steps": steps,
+        "tokens": tokens,
+        "mean_accepted": sum(k * v for k, v in histogram.items()) / steps if steps else 0.0,
+        "histogram": dict(sorted(histogram.items())),
+    }

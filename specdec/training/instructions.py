@@ -16,7 +16,15 @@ from pathlib import Path
 
 import numpy as np
 
-from specdec.training.snippets import Prompt, _choose, _functions, _paragraphs, _play_lines, _play_title, as_task
+from specdec.training.snippets import (
+    Prompt,
+    _choose,
+    _functions,
+    _paragraphs,
+    _play_lines,
+    _play_title,
+    as_task,
+)
 
 __all__ = ["OPEN_TEMPLATES", "open_prompt"]
 
@@ -35,7 +43,7 @@ OPEN_TEMPLATES = {
     "pros": "What are the advantages and disadvantages of {topic}?",
     "steps": "Describe, step by step, how to get started with {topic}.",
     "order": "{character} is older than {other_character}, and {other_character} is older than {third}. "
-             "Who is the youngest? Explain your reasoning.",
+    "Who is the youngest? Explain your reasoning.",
     "speed": "A train travels {a} miles in {b} hours. What is its average speed? Show your work.",
     "arith": "What is {a} * {b} + {c}? Show your work.",
     "solve": "Solve for x: {a}x + {b} = {c}.",
@@ -46,15 +54,35 @@ OPEN_TEMPLATES = {
 }
 _SPEAKER = re.compile(r"^\s*([A-Z][A-Z]+(?: [A-Z][A-Z]+)?)\.\s*$")
 _PHRASE = re.compile(r"\b(the [a-z]{4,12})\b")
-_NOT_TOPICS = {"the rest", "the whole", "the first", "the other", "the very", "the most", "the same", "the time",
-               "the more", "the last", "the next", "the best", "the less", "the least", "the while", "the which"}
-_NOT_NAMES = re.compile(r"\b(act|scene|book|song|part|end|notes?|prologue|epilogue|chorus|[ivxl]+)\b", re.I)
+_NOT_TOPICS = {
+    "the rest",
+    "the whole",
+    "the first",
+    "the other",
+    "the very",
+    "the most",
+    "the same",
+    "the time",
+    "the more",
+    "the last",
+    "the next",
+    "the best",
+    "the less",
+    "the least",
+    "the while",
+    "the which",
+}
+_NOT_NAMES = re.compile(
+    r"\b(act|scene|book|song|part|end|notes?|prologue|epilogue|chorus|[ivxl]+)\b", re.I
+)
 
 
 def _topics(corpus, split: str, rng: np.random.Generator, count: int) -> list[tuple[str, str]]:
     """``count`` (source key, topic) pairs from random documents of ``split``."""
     found = []
-    sources = [s for s in ("stdlib", "docs", "shakespeare") if corpus.documents.get(s, {}).get(split)]
+    sources = [
+        s for s in ("stdlib", "docs", "shakespeare") if corpus.documents.get(s, {}).get(split)
+    ]
     while len(found) < count:
         source = _choose(rng, sources)
         document = _choose(rng, corpus.documents[source][split])
@@ -62,6 +90,7 @@ def _topics(corpus, split: str, rng: np.random.Generator, count: int) -> list[tu
         if topic:
             found.append((corpus._doc_key(source, document), topic))
     return found
+
 
 def open_prompt(corpus, split: str, rng: np.random.Generator) -> Prompt | None:
     """One open-ended request (module docstring), or None when the draw yields nothing usable."""
@@ -71,8 +100,18 @@ def open_prompt(corpus, split: str, rng: np.random.Generator) -> Prompt | None:
     if None in names or len(set(names)) < 3:
         return None
     a, b = int(rng.integers(2, 60)), int(rng.integers(2, 30))
-    fields = dict(topic=topic, other=other, character=names[0], other_character=names[1], third=names[2],
-                  a=a, b=b, c=int(rng.integers(b + 1, 200)), task="", module="")
+    fields = dict(
+        topic=topic,
+        other=other,
+        character=names[0],
+        other_character=names[1],
+        third=names[2],
+        a=a,
+        b=b,
+        c=int(rng.integers(b + 1, 200)),
+        task="",
+        module="",
+    )
     if template == "code":
         task = _function_purpose(corpus, split, rng)
         if task is None:
@@ -87,7 +126,9 @@ def open_prompt(corpus, split: str, rng: np.random.Generator) -> Prompt | None:
             return None
         fields["module"] = f"the {module} module"
     text = OPEN_TEMPLATES[template].format(**fields)
-    return Prompt(messages=({"role": "user", "content": text},), source=key, template=f"open:{template}")
+    return Prompt(
+        messages=({"role": "user", "content": text},), source=key, template=f"open:{template}"
+    )
 
 
 def _topic(source: str, document: str, rng: np.random.Generator) -> str | None:
@@ -120,9 +161,17 @@ def _phrases(sdist: str, member: str) -> tuple[str, ...]:
 @functools.lru_cache(maxsize=64)
 def _speakers(sdist: str, member: str) -> tuple[str, ...]:
     """Character names of a play, from its speaker lines ("HAMLET.")."""
-    names = {m.group(1).title() for line in _play_lines(sdist, member) if (m := _SPEAKER.match(line))}
-    return tuple(sorted(n for n in names
-                        if not _NOT_NAMES.search(n) and n not in {"All", "Both", "Exeunt", "Exit", "Enter", "Finis"}))
+    names = {
+        m.group(1).title() for line in _play_lines(sdist, member) if (m := _SPEAKER.match(line))
+    }
+    return tuple(
+        sorted(
+            n
+            for n in names
+            if not _NOT_NAMES.search(n)
+            and n not in {"All", "Both", "Exeunt", "Exit", "Enter", "Finis"}
+        )
+    )
 
 
 def _character(corpus, split: str, rng: np.random.Generator) -> str | None:

@@ -32,9 +32,14 @@ from specdec.training.outdir import LAST_DIR, LOG_FILE, STATE_FILE, has_state
 from specdec.training.state import load_state, save_state as write_state
 from specdec.training.teacher import TeacherData
 
-__all__ = ["STATE_FILE", "TrainSettings", "learning_rate", "sampled_soft_cross_entropy",
-           "soft_cross_entropy", "train"]
-
+__all__ = [
+    "STATE_FILE",
+    "TrainSettings",
+    "learning_rate",
+    "sampled_soft_cross_entropy",
+    "soft_cross_entropy",
+    "train",
+]
 
 
 @attrs.frozen(kw_only=True)
@@ -84,8 +89,9 @@ def learning_rate(settings: TrainSettings, progress: float) -> float:
     return settings.lr * (settings.final_lr + (1.0 - settings.final_lr) * cosine)
 
 
-def soft_cross_entropy(logits: torch.Tensor, label_ids: torch.Tensor, label_probs: torch.Tensor,
-                       valid: torch.Tensor) -> torch.Tensor:
+def soft_cross_entropy(
+    logits: torch.Tensor, label_ids: torch.Tensor, label_probs: torch.Tensor, valid: torch.Tensor
+) -> torch.Tensor:
     """Cross-entropy between the target's top-k distribution (renormalised) and the drafter's.
 
     logits (B, D, V); label_ids, label_probs (B, D, k); valid (B, D). Equal to
@@ -100,9 +106,16 @@ def soft_cross_entropy(logits: torch.Tensor, label_ids: torch.Tensor, label_prob
     return (per_step * valid).sum() / logits.shape[0]
 
 
-def sampled_soft_cross_entropy(features: torch.Tensor, vocab_weight: torch.Tensor, label_ids: torch.Tensor,
-                               label_probs: torch.Tensor, valid: torch.Tensor, *, negatives: int,
-                               generator: torch.Generator) -> torch.Tensor:
+def sampled_soft_cross_entropy(
+    features: torch.Tensor,
+    vocab_weight: torch.Tensor,
+    label_ids: torch.Tensor,
+    label_probs: torch.Tensor,
+    valid: torch.Tensor,
+    *,
+    negatives: int,
+    generator: torch.Generator,
+) -> torch.Tensor:
     """``soft_cross_entropy`` with the softmax normaliser estimated on a sample of the vocabulary.
 
     features (B, D, F) and vocab_weight (V, F): logits = features @ vocab_weight.T. Exact logits
@@ -116,8 +129,12 @@ def sampled_soft_cross_entropy(features: torch.Tensor, vocab_weight: torch.Tenso
     exact_ids, rest = torch.nonzero(exact).flatten(), torch.nonzero(~exact).flatten()
     drawn = rest[torch.randperm(rest.numel(), generator=generator)[:negatives]]
     candidates = torch.cat([exact_ids, drawn])  # (C,)
-    weight = torch.cat([torch.zeros(exact_ids.numel()), torch.full((drawn.numel(),),
-                        math.log(rest.numel() / max(drawn.numel(), 1)))]).to(features.dtype)
+    weight = torch.cat(
+        [
+            torch.zeros(exact_ids.numel()),
+            torch.full((drawn.numel(),), math.log(rest.numel() / max(drawn.numel(), 1))),
+        ]
+    ).to(features.dtype)
     logits = F.linear(features, vocab_weight[candidates].to(features.dtype)) + weight  # (B, D, C)
     where = torch.full((vocab,), -1, dtype=torch.long)
     where[exact_ids] = torch.arange(exact_ids.numel())
@@ -129,13 +146,25 @@ def evaluate(task, heldout: TeacherData, *, sequences: int | None) -> dict:
     task.module.eval()
     try:
         with torch.no_grad():
-            return walk_tokens_per_step(heldout, lambda idx: task.accept(heldout, idx), sequences=sequences)
+            return walk_tokens_per_step(
+                heldout, lambda idx: task.accept(heldout, idx), sequences=sequences
+            )
     finally:
         task.module.train()
 
 
-def train(task, data: TeacherData, heldout: TeacherData, settings: TrainSettings, out: Path, *,
-          resume: bool = False, progress: bool = True, save_dtype=np.float32, save_minutes: float = 5.0) -> dict:
+def train(
+    task,
+    data: TeacherData,
+    heldout: TeacherData,
+    settings: TrainSettings,
+    out: Path,
+    *,
+    resume: bool = False,
+    progress: bool = True,
+    save_dtype=np.float32,
+    save_minutes: float = 5.0,
+) -> dict:
     """Train ``task`` on ``data``, evaluate on ``heldout``, checkpoint into ``out``.
 
     Checkpoints: ``out`` holds the best one by held-out score (replaced only by one that is not
@@ -155,11 +184,21 @@ def train(task, data: TeacherData, heldout: TeacherData, settings: TrainSettings
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     module = task.module.train()
-    optimizer = torch.optim.AdamW([p for p in module.parameters() if p.requires_grad], lr=settings.lr,
-                                  weight_decay=settings.weight_decay)
+    optimizer = torch.optim.AdamW(
+        [p for p in module.parameters() if p.requires_grad],
+        lr=settings.lr,
+        weight_decay=settings.weight_decay,
+    )
     rng = np.random.default_rng(settings.seed)
-    state = {"step": 0, "train_seconds": 0.0, "eval_seconds": 0.0, "positions": 0, "history": [], "marks_done": 0,
-             "best": None}
+    state = {
+        "step": 0,
+        "train_seconds": 0.0,
+        "eval_seconds": 0.0,
+        "positions": 0,
+        "history": [],
+        "marks_done": 0,
+        "best": None,
+    }
     if resume and has_state(out):
         saved = load_state(out / STATE_FILE)
         module.load_state_dict(saved["module"])
@@ -167,43 +206,84 @@ def train(task, data: TeacherData, heldout: TeacherData, settings: TrainSettings
         rng.bit_generator.state = saved["rng"]
         state.update({k: saved[k] for k in state if k in saved})
         if state["best"] is None and state["history"]:  # saved before best checkpoints were tracked
-            state["best"] = {"step": state["history"][-1]["step"], "score": state["history"][-1]["tokens_per_step"]}
-    marks = sorted(m for m in settings.eval_minutes if settings.minutes is None or m < settings.minutes)
-    state["marks_done"] = sum(m <= state["train_seconds"] / 60.0 for m in marks)  # a longer budget on resume
+            state["best"] = {
+                "step": state["history"][-1]["step"],
+                "score": state["history"][-1]["tokens_per_step"],
+            }
+    marks = sorted(
+        m for m in settings.eval_minutes if settings.minutes is None or m < settings.minutes
+    )
+    state["marks_done"] = sum(
+        m <= state["train_seconds"] / 60.0 for m in marks
+    )  # a longer budget on resume
     last_save = [time.monotonic()]
 
     def save_state(final: bool) -> None:
         task.save(out / LAST_DIR, dtype=save_dtype)
-        if not (out / "model.safetensors").is_file():  # the first save: ``out`` loads at once (not yet scored)
+        if not (
+            out / "model.safetensors"
+        ).is_file():  # the first save: ``out`` loads at once (not yet scored)
             task.save(out, dtype=save_dtype)
-        write_state(out / STATE_FILE, {"module": module.state_dict(), "optimizer": optimizer.state_dict(),
-                                       "rng": rng.bit_generator.state, "settings": attrs.asdict(settings),
-                                       **state})
-        write_json_atomic(out / LOG_FILE, {"history": state["history"], "final": final, "step": state["step"],
-                                           "train_seconds": state["train_seconds"], "positions": state["positions"],
-                                           "best": state["best"]})
+        write_state(
+            out / STATE_FILE,
+            {
+                "module": module.state_dict(),
+                "optimizer": optimizer.state_dict(),
+                "rng": rng.bit_generator.state,
+                "settings": attrs.asdict(settings),
+                **state,
+            },
+        )
+        write_json_atomic(
+            out / LOG_FILE,
+            {
+                "history": state["history"],
+                "final": final,
+                "step": state["step"],
+                "train_seconds": state["train_seconds"],
+                "positions": state["positions"],
+                "best": state["best"],
+            },
+        )
         last_save[0] = time.monotonic()
 
     def run_eval(loss: float, final: bool) -> None:
         began = time.perf_counter()
         result = evaluate(task, heldout, sequences=None if final else settings.eval_sequences)
         score = result["tokens_per_step"]
-        if final and settings.eval_sequences is not None:  # scored on the sequences every evaluation uses
+        if (
+            final and settings.eval_sequences is not None
+        ):  # scored on the sequences every evaluation uses
             score = evaluate(task, heldout, sequences=settings.eval_sequences)["tokens_per_step"]
         state["eval_seconds"] += time.perf_counter() - began
         best = state["best"] is None or score >= state["best"]["score"]
-        state["history"].append({
-            "step": state["step"], "minutes": round(state["train_seconds"] / 60.0, 3), "positions": state["positions"],
-            "loss": round(loss, 4), "tokens_per_step": round(result["tokens_per_step"], 4), "score": round(score, 4),
-            "best": best, "mean_accepted": round(result["mean_accepted"], 4), "eval_steps": result["steps"],
-            "heldout_sequences": "all" if final else settings.eval_sequences, "histogram": result["histogram"],
-        })
+        state["history"].append(
+            {
+                "step": state["step"],
+                "minutes": round(state["train_seconds"] / 60.0, 3),
+                "positions": state["positions"],
+                "loss": round(loss, 4),
+                "tokens_per_step": round(result["tokens_per_step"], 4),
+                "score": round(score, 4),
+                "best": best,
+                "mean_accepted": round(result["mean_accepted"], 4),
+                "eval_steps": result["steps"],
+                "heldout_sequences": "all" if final else settings.eval_sequences,
+                "histogram": result["histogram"],
+            }
+        )
         if best:
             task.save(out, dtype=save_dtype)
             state["best"] = {"step": state["step"], "score": score}
         save_state(final)
 
-    bar = tqdm(total=settings.steps, initial=state["step"], disable=not progress, unit="step", desc="training")
+    bar = tqdm(
+        total=settings.steps,
+        initial=state["step"],
+        disable=not progress,
+        unit="step",
+        desc="training",
+    )
     running = None
     with deferred_signals() as caught:
         while settings.progress(state["step"], state["train_seconds"]) < 1.0:
@@ -212,11 +292,16 @@ def train(task, data: TeacherData, heldout: TeacherData, settings: TrainSettings
                 bar.close()
                 raise TrainingInterrupted(
                     f"training stopped by {caught[0]} at step {state['step']}; its state is saved in {out} "
-                    f"({STATE_FILE}, the latest weights in {out / LAST_DIR}): continue with --resume")
+                    f"({STATE_FILE}, the latest weights in {out / LAST_DIR}): continue with --resume"
+                )
             began = time.perf_counter()
             for group in optimizer.param_groups:
-                group["lr"] = learning_rate(settings, settings.progress(state["step"], state["train_seconds"]))
-            indices = torch.from_numpy(rng.integers(0, data.num_positions, size=settings.batch_size))
+                group["lr"] = learning_rate(
+                    settings, settings.progress(state["step"], state["train_seconds"])
+                )
+            indices = torch.from_numpy(
+                rng.integers(0, data.num_positions, size=settings.batch_size)
+            )
             window: Window = gather_window(data, indices, task.depth)
             generator = torch.Generator().manual_seed(settings.seed * 1_000_003 + state["step"])
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=settings.bf16):
@@ -232,8 +317,11 @@ def train(task, data: TeacherData, heldout: TeacherData, settings: TrainSettings
             state["positions"] += settings.batch_size
             state["train_seconds"] += time.perf_counter() - began
             bar.update(1)
-            bar.set_postfix(loss=f"{running:.3f}", pos_per_s=f"{state['positions'] / state['train_seconds']:.0f}",
-                            min=f"{state['train_seconds'] / 60:.1f}")
+            bar.set_postfix(
+                loss=f"{running:.3f}",
+                pos_per_s=f"{state['positions'] / state['train_seconds']:.0f}",
+                min=f"{state['train_seconds'] / 60:.1f}",
+            )
             minutes = state["train_seconds"] / 60.0
             due_mark = state["marks_done"] < len(marks) and minutes >= marks[state["marks_done"]]
             due_step = settings.eval_steps and state["step"] % settings.eval_steps == 0
@@ -241,12 +329,18 @@ def train(task, data: TeacherData, heldout: TeacherData, settings: TrainSettings
                 while state["marks_done"] < len(marks) and minutes >= marks[state["marks_done"]]:
                     state["marks_done"] += 1
                 run_eval(running, final=False)
-                bar.set_postfix(loss=f"{running:.3f}", tokens_per_step=f"{state['history'][-1]['tokens_per_step']:.2f}")
+                bar.set_postfix(
+                    loss=f"{running:.3f}",
+                    tokens_per_step=f"{state['history'][-1]['tokens_per_step']:.2f}",
+                )
             if time.monotonic() - last_save[0] >= 60.0 * save_minutes:
                 save_state(False)
         bar.close()
-        if not state["history"] or state["history"][-1]["step"] != state["step"] or \
-                state["history"][-1]["heldout_sequences"] != "all":
+        if (
+            not state["history"]
+            or state["history"][-1]["step"] != state["step"]
+            or state["history"][-1]["heldout_sequences"] != "all"
+        ):
             run_eval(running if running is not None else float("nan"), final=True)
         else:  # a resumed run with its budget already spent: write its files again (e.g. another save dtype)
             if state["best"] and state["best"]["step"] == state["step"]:

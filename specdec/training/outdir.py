@@ -31,15 +31,24 @@ LEGACY_STATE_FILE = "trainer_state.pt"  # pickled by older versions; read only w
 LOG_FILE = "training_log.json"
 LAST_DIR = "last"
 REPORT_FILE = "training_report.json"
-RUN_FILES = ("config.json", "model.safetensors", STATE_FILE, LEGACY_STATE_FILE, LOG_FILE, REPORT_FILE,
-             RUN_FILE)
+RUN_FILES = (
+    "config.json",
+    "model.safetensors",
+    STATE_FILE,
+    LEGACY_STATE_FILE,
+    LOG_FILE,
+    REPORT_FILE,
+    RUN_FILE,
+)
 
 
 def _model_types() -> dict[str, str]:
     """Drafter name -> the model_type of its checkpoints, for every installed drafter spec."""
     from specdec.plugins.registry import default_registry
 
-    return {spec.name: spec.model_type for spec in default_registry().drafter_specs() if spec.model_type}
+    return {
+        spec.name: spec.model_type for spec in default_registry().drafter_specs() if spec.model_type
+    }
 
 
 def _listing(folder: Path) -> str:
@@ -85,7 +94,10 @@ def describe_progress(folder: Path) -> str:
 
 
 def has_work(folder: Path) -> bool:
-    return any((folder / name).exists() for name in ("model.safetensors", STATE_FILE, LEGACY_STATE_FILE, LAST_DIR))
+    return any(
+        (folder / name).exists()
+        for name in ("model.safetensors", STATE_FILE, LEGACY_STATE_FILE, LAST_DIR)
+    )
 
 
 def remove_leftovers(folder: Path) -> None:
@@ -99,62 +111,103 @@ def remove_leftovers(folder: Path) -> None:
 def _changes(old: dict | None, new: dict) -> dict:
     if old is None:
         return {}
-    return {key: [old.get(key), new.get(key)] for key in sorted(set(old) | set(new)) if old.get(key) != new.get(key)}
+    return {
+        key: [old.get(key), new.get(key)]
+        for key in sorted(set(old) | set(new))
+        if old.get(key) != new.get(key)
+    }
 
 
-def claim_out(out, *, kind: str, settings: dict, resume: bool, overwrite: bool = False,
-              allow_changes: bool = False) -> dict:
+def claim_out(
+    out,
+    *,
+    kind: str,
+    settings: dict,
+    resume: bool,
+    overwrite: bool = False,
+    allow_changes: bool = False,
+) -> dict:
     """Check ``out`` for a ``kind`` run with ``settings`` (JSON values) and record the run; returns the record."""
     folder = Path(out)
     if folder.exists() and not folder.is_dir():
-        raise TrainingOutputError(f"--out {folder} is a file, not a folder: choose a folder for the checkpoint")
+        raise TrainingOutputError(
+            f"--out {folder} is a file, not a folder: choose a folder for the checkpoint"
+        )
     if resume and overwrite:
-        raise TrainingOutputError("--resume continues the run in --out and --overwrite starts it again: give one")
+        raise TrainingOutputError(
+            "--resume continues the run in --out and --overwrite starts it again: give one"
+        )
     empty = not folder.exists() or not any(folder.iterdir())
     run = None if empty else existing_run(folder)
     if resume:
         if run is None or run["kind"] != kind or not has_state(folder):
-            what = "does not exist" if not folder.exists() else "is empty" if empty else (
-                f"holds a {run['kind']} run" if run and run["kind"] != kind else
-                f"has no saved training state ({STATE_FILE})" if run else f"holds no training run ({_listing(folder)})")
+            what = (
+                "does not exist"
+                if not folder.exists()
+                else "is empty"
+                if empty
+                else (
+                    f"holds a {run['kind']} run"
+                    if run and run["kind"] != kind
+                    else f"has no saved training state ({STATE_FILE})"
+                    if run
+                    else f"holds no training run ({_listing(folder)})"
+                )
+            )
             raise TrainingOutputError(
-                f"--resume: nothing to resume in {folder}: it {what}; run without --resume to start a new run")
+                f"--resume: nothing to resume in {folder}: it {what}; run without --resume to start a new run"
+            )
         changed = _changes(current_settings(run), settings)
         if changed and not allow_changes:
-            listed = "; ".join(f"{k}: {old!r} -> {new!r}" for k, old, new in ((k, *v) for k, v in changed.items()))
+            listed = "; ".join(
+                f"{k}: {old!r} -> {new!r}" for k, old, new in ((k, *v) for k, v in changed.items())
+            )
             raise TrainingOutputError(
                 f"--resume with settings that change the run in {folder} ({listed}): pass --allow-changes to "
-                "continue with the new settings (both are recorded in training_run.json), or train into a new folder")
-        run.setdefault("resumes", []).append({"at": time.strftime("%Y-%m-%dT%H:%M:%S"), "settings": settings,
-                                              "changed": changed})
+                "continue with the new settings (both are recorded in training_run.json), or train into a new folder"
+            )
+        run.setdefault("resumes", []).append(
+            {"at": time.strftime("%Y-%m-%dT%H:%M:%S"), "settings": settings, "changed": changed}
+        )
     elif not empty:
         if run is None and not overwrite:
             raise TrainingOutputError(
                 f"--out {folder} is not empty and holds no training run (it has {_listing(folder)}); training "
                 "writes config.json and model.safetensors there and would replace those files: choose a new or "
-                "empty folder, or pass --overwrite to write there anyway")
+                "empty folder, or pass --overwrite to write there anyway"
+            )
         if run is not None and run["kind"] != kind and not overwrite:
             raise TrainingOutputError(
                 f"--out {folder} holds a {run['kind']} training run, not a {kind} one: choose another folder, "
-                "or pass --overwrite to replace it")
+                "or pass --overwrite to replace it"
+            )
         if run is not None and run["kind"] == kind and has_work(folder) and not overwrite:
             raise TrainingOutputError(
                 f"--out {folder} already holds a {kind} training run ({describe_progress(folder)}): pass --resume "
-                "to continue it, choose a new folder, or pass --overwrite to start again and replace it")
-        if run is not None:  # starting again over a run: its files go, nothing else in the folder does
+                "to continue it, choose a new folder, or pass --overwrite to start again and replace it"
+            )
+        if (
+            run is not None
+        ):  # starting again over a run: its files go, nothing else in the folder does
             for name in RUN_FILES:
                 (folder / name).unlink(missing_ok=True)
             shutil.rmtree(folder / LAST_DIR, ignore_errors=True)
         run = None
     if run is None:
-        run = {"kind": kind, "settings": settings, "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "resumes": []}
+        run = {
+            "kind": kind,
+            "settings": settings,
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
+            "resumes": [],
+        }
     try:
         folder.mkdir(parents=True, exist_ok=True)
         remove_leftovers(folder)
         write_json_atomic(folder / RUN_FILE, run)
     except OSError as exc:
-        raise TrainingOutputError(f"cannot write to --out {folder}: {exc.strerror or exc}; choose a writable folder") \
-            from None
+        raise TrainingOutputError(
+            f"cannot write to --out {folder}: {exc.strerror or exc}; choose a writable folder"
+        ) from None
     return run
 
 
@@ -162,4 +215,3 @@ def current_settings(run: dict) -> dict | None:
     """The settings in effect: the last resume's, else the run's own."""
     resumes = run.get("resumes") or []
     return resumes[-1]["settings"] if resumes else run.get("settings")
-

@@ -25,19 +25,49 @@ REPORT_FILE = "training_report.json"
 SAVE_DTYPES = {"float32": np.float32, "float16": np.float16}
 
 
-def train_drafter(kind: str, make_task: Callable, model, out, *, steps: int | None = None,
-                  minutes: float | None = None, prompts: int = 512, heldout_prompts: int = 64,
-                  max_new_tokens: int = 128, top_k: int = 32, teacher_batch_size: int = 64,
-                  teacher_dtype: str | None = None, batch_size: int = 64, lr: float = 1e-3, weight_decay: float = 0.0,
-                  bf16: bool = False,
-                  seed: int = 0, resume: bool = False, threads: int | None = None, save_dtype: str = "float32",
-                  cache: Path | None = None, corpus=None, prompt_source: Callable | None = None,
-                  eval_minutes: tuple | None = None, eval_steps: int | None = None, eval_sequences: int | None = 32,
-                  hidden_dtype: str = "bfloat16", prompt_text_prompts: int = 0, shortlist: int = 0,
-                  prompt_mix=None, progress: bool = True, overwrite: bool = False, allow_changes: bool = False,
-                  run_settings: dict | None = None, save_minutes: float = 5.0, init=None, keep_init_shortlist=True,
-                  loop_data: Callable | None = None, report_training: dict | None = None,
-                  teacher_layers: tuple = ()) -> dict:
+def train_drafter(
+    kind: str,
+    make_task: Callable,
+    model,
+    out,
+    *,
+    steps: int | None = None,
+    minutes: float | None = None,
+    prompts: int = 512,
+    heldout_prompts: int = 64,
+    max_new_tokens: int = 128,
+    top_k: int = 32,
+    teacher_batch_size: int = 64,
+    teacher_dtype: str | None = None,
+    batch_size: int = 64,
+    lr: float = 1e-3,
+    weight_decay: float = 0.0,
+    bf16: bool = False,
+    seed: int = 0,
+    resume: bool = False,
+    threads: int | None = None,
+    save_dtype: str = "float32",
+    cache: Path | None = None,
+    corpus=None,
+    prompt_source: Callable | None = None,
+    eval_minutes: tuple | None = None,
+    eval_steps: int | None = None,
+    eval_sequences: int | None = 32,
+    hidden_dtype: str = "bfloat16",
+    prompt_text_prompts: int = 0,
+    shortlist: int = 0,
+    prompt_mix=None,
+    progress: bool = True,
+    overwrite: bool = False,
+    allow_changes: bool = False,
+    run_settings: dict | None = None,
+    save_minutes: float = 5.0,
+    init=None,
+    keep_init_shortlist=True,
+    loop_data: Callable | None = None,
+    report_training: dict | None = None,
+    teacher_layers: tuple = (),
+) -> dict:
     """Distil a ``kind`` drafter for ``model`` into folder ``out``; returns the report (also saved).
 
     make_task(target, seed, *, shortlist, data) -> the drafter's task (``specdec.training.loop``);
@@ -82,15 +112,34 @@ def train_drafter(kind: str, make_task: Callable, model, out, *, steps: int | No
     if threads:
         torch.set_num_threads(threads)
     out = Path(out)
-    identity = {"model": _model_key(model), "prompts": prompts, "heldout_prompts": heldout_prompts,
-                "max_new_tokens": max_new_tokens, "top_k": top_k, "teacher_dtype": teacher_dtype,
-                "hidden_dtype": hidden_dtype, "prompt_text_prompts": prompt_text_prompts, "shortlist": shortlist,
-                "batch_size": batch_size, "lr": lr, "weight_decay": weight_decay, "bf16": bf16, "seed": seed,
-                "prompt_mix": prompt_mix, "init": None if init is None else str(Path(init).resolve()),
-                "keep_init_shortlist": keep_init_shortlist,
-                **(run_settings or {})}
-    claim_out(out, kind=kind, settings=json.loads(json.dumps(identity, default=str)), resume=resume,
-              overwrite=overwrite, allow_changes=allow_changes)
+    identity = {
+        "model": _model_key(model),
+        "prompts": prompts,
+        "heldout_prompts": heldout_prompts,
+        "max_new_tokens": max_new_tokens,
+        "top_k": top_k,
+        "teacher_dtype": teacher_dtype,
+        "hidden_dtype": hidden_dtype,
+        "prompt_text_prompts": prompt_text_prompts,
+        "shortlist": shortlist,
+        "batch_size": batch_size,
+        "lr": lr,
+        "weight_decay": weight_decay,
+        "bf16": bf16,
+        "seed": seed,
+        "prompt_mix": prompt_mix,
+        "init": None if init is None else str(Path(init).resolve()),
+        "keep_init_shortlist": keep_init_shortlist,
+        **(run_settings or {}),
+    }
+    claim_out(
+        out,
+        kind=kind,
+        settings=json.loads(json.dumps(identity, default=str)),
+        resume=resume,
+        overwrite=overwrite,
+        allow_changes=allow_changes,
+    )
     cache = Path(cache) if cache is not None else cache_dir()
     times: dict[str, float] = {}
     began = time.perf_counter()
@@ -99,10 +148,22 @@ def train_drafter(kind: str, make_task: Callable, model, out, *, steps: int | No
     times["load_target"] = time.perf_counter() - began
 
     datasets, teacher_stats, teacher_times = build_teacher_data(
-        target, prompts=prompts, heldout_prompts=heldout_prompts, max_new_tokens=max_new_tokens, top_k=top_k,
-        teacher_batch_size=teacher_batch_size, seed=seed, cache=cache, corpus=corpus, prompt_source=prompt_source,
-        hidden_dtype=hidden_dtype, prompt_text_prompts=prompt_text_prompts, prompt_mix=prompt_mix,
-        progress=progress, layers=teacher_layers)
+        target,
+        prompts=prompts,
+        heldout_prompts=heldout_prompts,
+        max_new_tokens=max_new_tokens,
+        top_k=top_k,
+        teacher_batch_size=teacher_batch_size,
+        seed=seed,
+        cache=cache,
+        corpus=corpus,
+        prompt_source=prompt_source,
+        hidden_dtype=hidden_dtype,
+        prompt_text_prompts=prompt_text_prompts,
+        prompt_mix=prompt_mix,
+        progress=progress,
+        layers=teacher_layers,
+    )
     times.update(teacher_times)
     teacher = teacher_stats.pop("settings")
 
@@ -115,31 +176,69 @@ def train_drafter(kind: str, make_task: Callable, model, out, *, steps: int | No
         from specdec.drafting.shortlist import choose_shortlist, shortlist_coverage
 
         train_data = datasets["train"]
-        ids = choose_shortlist(int(target.embed_tokens.shape[0]), shortlist, next_tokens=train_data.next_tokens.numpy(),
-                               label_ids=train_data.label_ids.numpy(), label_probs=train_data.label_probs.float().numpy())
-        listed = {"shortlist": shortlist, "heldout_coverage": round(shortlist_coverage(
-            datasets["heldout"].next_tokens.numpy(), ids), 4) if "heldout" in datasets else None}
+        ids = choose_shortlist(
+            int(target.embed_tokens.shape[0]),
+            shortlist,
+            next_tokens=train_data.next_tokens.numpy(),
+            label_ids=train_data.label_ids.numpy(),
+            label_probs=train_data.label_probs.float().numpy(),
+        )
+        listed = {
+            "shortlist": shortlist,
+            "heldout_coverage": round(
+                shortlist_coverage(datasets["heldout"].next_tokens.numpy(), ids), 4
+            )
+            if "heldout" in datasets
+            else None,
+        }
     task = make_task(target, seed, shortlist=ids, data=datasets["train"])
     if init_weights is not None:
         task.module.load_weights(init_weights)
-    settings = TrainSettings(steps=steps, minutes=minutes, batch_size=batch_size, lr=lr, weight_decay=weight_decay,
-                             bf16=bf16, seed=seed,
-                             eval_steps=eval_steps, eval_sequences=eval_sequences,
-                             **({"eval_minutes": tuple(eval_minutes)} if eval_minutes is not None else {}))
+    settings = TrainSettings(
+        steps=steps,
+        minutes=minutes,
+        batch_size=batch_size,
+        lr=lr,
+        weight_decay=weight_decay,
+        bf16=bf16,
+        seed=seed,
+        eval_steps=eval_steps,
+        eval_sequences=eval_sequences,
+        **({"eval_minutes": tuple(eval_minutes)} if eval_minutes is not None else {}),
+    )
     began = time.perf_counter()
     train_data = datasets["train"] if loop_data is None else loop_data(datasets["train"])
-    summary = train(task, train_data, datasets["heldout"], settings, out, resume=resume, progress=progress,
-                    save_dtype=SAVE_DTYPES[save_dtype], save_minutes=save_minutes)
+    summary = train(
+        task,
+        train_data,
+        datasets["heldout"],
+        settings,
+        out,
+        resume=resume,
+        progress=progress,
+        save_dtype=SAVE_DTYPES[save_dtype],
+        save_minutes=save_minutes,
+    )
     times["training_wall"] = time.perf_counter() - began
     report = {
-        "drafter": kind, "target": {"name": target.name, "fingerprint": target.fingerprint},
-        "config": task.config.to_dict(), "train_settings": attrs.asdict(settings), "teacher_settings": teacher,
-        "teacher": teacher_stats, "stage_seconds": {k: round(v, 2) for k, v in times.items()},
-        "training": {"steps": summary["step"], "train_seconds": round(summary["train_seconds"], 2),
-                     "eval_seconds": round(summary["eval_seconds"], 2), "positions": summary["positions"],
-                     "positions_per_second": round(summary["positions_per_second"], 1),
-                     **(report_training or {})},
-        "history": summary["history"], "threads": torch.get_num_threads(), **listed,
+        "drafter": kind,
+        "target": {"name": target.name, "fingerprint": target.fingerprint},
+        "config": task.config.to_dict(),
+        "train_settings": attrs.asdict(settings),
+        "teacher_settings": teacher,
+        "teacher": teacher_stats,
+        "stage_seconds": {k: round(v, 2) for k, v in times.items()},
+        "training": {
+            "steps": summary["step"],
+            "train_seconds": round(summary["train_seconds"], 2),
+            "eval_seconds": round(summary["eval_seconds"], 2),
+            "positions": summary["positions"],
+            "positions_per_second": round(summary["positions_per_second"], 1),
+            **(report_training or {}),
+        },
+        "history": summary["history"],
+        "threads": torch.get_num_threads(),
+        **listed,
     }
     write_json_atomic(out / REPORT_FILE, json.loads(json.dumps(report, default=str)))
     return report
@@ -155,13 +254,16 @@ def _warm_start(init, kind: str, target) -> tuple[dict, np.ndarray | None]:
     config, weights = read_checkpoint(init, label=f"{kind} (--init)")
     expected = default_registry().drafter_spec(kind).model_type
     if config.get("model_type") != expected:
-        raise InvalidInputError(f"--init {init} holds a {config.get('model_type')!r} checkpoint; a {kind} run starts "
-                                f"from a {expected!r} one")
+        raise InvalidInputError(
+            f"--init {init} holds a {config.get('model_type')!r} checkpoint; a {kind} run starts "
+            f"from a {expected!r} one"
+        )
     trained_for = (config.get("target") or {}).get("fingerprint")
     if trained_for != target.fingerprint:
         raise IncompatibleDrafterError(
             f"--init {init} was trained for another model ({(config.get('target') or {}).get('name')!r}); "
-            f"start from a checkpoint of {target.name!r}, or leave --init out")
+            f"start from a checkpoint of {target.name!r}, or leave --init out"
+        )
     shortlist = weights.pop("vocab_shortlist", None)
     return weights, shortlist
 
@@ -184,15 +286,30 @@ def _model_key(model) -> str:
     return str(path.resolve()) if path.exists() else str(model)
 
 
-PREFILL_OFFSET = 1_000_000  # prompt indices of the prompt-text data: disjoint from the continuation prompts
+PREFILL_OFFSET = (
+    1_000_000  # prompt indices of the prompt-text data: disjoint from the continuation prompts
+)
 
 
-def build_teacher_data(target, *, prompts: int, heldout_prompts: int, max_new_tokens: int = 128, top_k: int = 32,
-                       teacher_batch_size: int = 16, seed: int = 0, cache: Path | None = None, corpus=None,
-                       prompt_source: Callable | None = None, hidden_dtype: str = "bfloat16",
-                       prompt_text_prompts: int = 0, prompt_text_new_tokens: int = 16,
-                       prompt_mix=None, progress: bool = True,
-                       layers: tuple = ()) -> tuple[dict, dict, dict]:
+def build_teacher_data(
+    target,
+    *,
+    prompts: int,
+    heldout_prompts: int,
+    max_new_tokens: int = 128,
+    top_k: int = 32,
+    teacher_batch_size: int = 16,
+    seed: int = 0,
+    cache: Path | None = None,
+    corpus=None,
+    prompt_source: Callable | None = None,
+    hidden_dtype: str = "bfloat16",
+    prompt_text_prompts: int = 0,
+    prompt_text_new_tokens: int = 16,
+    prompt_mix=None,
+    progress: bool = True,
+    layers: tuple = (),
+) -> tuple[dict, dict, dict]:
     """Teacher data of both splits for a loaded ``TeacherTarget`` (cached, see ``train_drafter``);
     a split with no prompts is left out.
 
@@ -222,45 +339,77 @@ def build_teacher_data(target, *, prompts: int, heldout_prompts: int, max_new_to
         times["corpus"] = time.perf_counter() - began
 
         def prompt_source(split: str, start: int, count: int) -> list:
-            return [list(p.messages) for p in build_prompts(corpus, count, split=split, seed=seed, start=start)]
+            return [
+                list(p.messages)
+                for p in build_prompts(corpus, count, split=split, seed=seed, start=start)
+            ]
+
         source_key = {"corpus": CORPUS_VERSION, "sources": sources, "seed": seed}
         mix = DEFAULT_MIX if prompt_mix is None else tuple(prompt_mix)
         decoded_source, decoded_key = prompt_source, source_key
         if mix and dict(mix).get("corpus", 0) < sum(share for _, share in mix):
-            decoded_source = MixedPrompts(corpus, target, seed=seed, mix=mix, batch_size=teacher_batch_size)
+            decoded_source = MixedPrompts(
+                corpus, target, seed=seed, mix=mix, batch_size=teacher_batch_size
+            )
             decoded_key = {**source_key, **decoded_source.key()}
     else:
         source_key = {"custom": getattr(prompt_source, "__name__", "prompts"), "seed": seed}
         decoded_source, decoded_key = prompt_source, source_key
 
-    teacher = TeacherSettings(max_new_tokens=max_new_tokens, top_k=top_k, batch_size=teacher_batch_size,
-                              dtype=str(target.model.dtype).removeprefix("torch."),
-                              hidden_dtype=hidden_dtype, layers=layers)
+    teacher = TeacherSettings(
+        max_new_tokens=max_new_tokens,
+        top_k=top_k,
+        batch_size=teacher_batch_size,
+        dtype=str(target.model.dtype).removeprefix("torch."),
+        hidden_dtype=hidden_dtype,
+        layers=layers,
+    )
     datasets, teacher_stats = {}, {}
-    header = _common_prefix(target, prompt_source("train", PREFILL_OFFSET, 2)) if prompt_text_prompts else None
+    header = (
+        _common_prefix(target, prompt_source("train", PREFILL_OFFSET, 2))
+        if prompt_text_prompts
+        else None
+    )
     text = attrs.evolve(teacher, max_new_tokens=prompt_text_new_tokens, prompt_from=header)
-    parts = (("heldout", heldout_prompts, teacher, 0, decoded_source, decoded_key),
-             ("train", prompts, teacher, 0, decoded_source, decoded_key),
-             ("prompt_text", prompt_text_prompts, text, PREFILL_OFFSET, prompt_source, source_key))
+    parts = (
+        ("heldout", heldout_prompts, teacher, 0, decoded_source, decoded_key),
+        ("train", prompts, teacher, 0, decoded_source, decoded_key),
+        ("prompt_text", prompt_text_prompts, text, PREFILL_OFFSET, prompt_source, source_key),
+    )
     for name, count, settings, offset, source, key in parts:
         if count <= 0:
             continue
         split = "heldout" if name == "heldout" else "train"
         began = time.perf_counter()
-        with tqdm(total=count * settings.max_new_tokens, disable=not progress, unit="tok", desc=f"teacher {name}") as bar:
+        with tqdm(
+            total=count * settings.max_new_tokens,
+            disable=not progress,
+            unit="tok",
+            desc=f"teacher {name}",
+        ) as bar:
             datasets[name], teacher_stats[name] = teacher_dataset(
-                target, lambda start, n, split=split, offset=offset, source=source: source(split, offset + start, n),
-                count=count, prompt_key={**key, "split": split, **({"offset": offset} if offset else {})},
-                cache=cache / "teacher", settings=attrs.evolve(settings, shard_size=max(1, min(settings.shard_size, count))),
-                progress=bar.update)
+                target,
+                lambda start, n, split=split, offset=offset, source=source: source(
+                    split, offset + start, n
+                ),
+                count=count,
+                prompt_key={**key, "split": split, **({"offset": offset} if offset else {})},
+                cache=cache / "teacher",
+                settings=attrs.evolve(settings, shard_size=max(1, min(settings.shard_size, count))),
+                progress=bar.update,
+            )
         times[f"teacher_{name}"] = time.perf_counter() - began
-    if isinstance(decoded_source, MixedPrompts):  # prompts made in this run (cached shards need none)
+    if isinstance(
+        decoded_source, MixedPrompts
+    ):  # prompts made in this run (cached shards need none)
         teacher_stats["prompt_kinds_made"] = dict(decoded_source.stats)
     if "prompt_text" in datasets:
         from specdec.training.teacher import TeacherData
 
         extra = datasets.pop("prompt_text")
-        datasets["train"] = TeacherData.concat([datasets["train"], extra]) if "train" in datasets else extra
+        datasets["train"] = (
+            TeacherData.concat([datasets["train"], extra]) if "train" in datasets else extra
+        )
     return datasets, {**teacher_stats, "settings": attrs.asdict(teacher)}, times
 
 
@@ -273,9 +422,19 @@ def _common_prefix(target, prompts) -> int:
     return length
 
 
-def evaluate_drafter(checkpoint, model, *, heldout_prompts: int = 64, max_new_tokens: int = 128, top_k: int = 32,
-                     seed: int = 0, sequences: int | None = None, cache: Path | None = None, progress: bool = False,
-                     **overrides) -> dict:
+def evaluate_drafter(
+    checkpoint,
+    model,
+    *,
+    heldout_prompts: int = 64,
+    max_new_tokens: int = 128,
+    top_k: int = 32,
+    seed: int = 0,
+    sequences: int | None = None,
+    cache: Path | None = None,
+    progress: bool = False,
+    **overrides,
+) -> dict:
     """Held-out tokens per step of a saved checkpoint, with config overrides (``beam_width``,
     ``beam_length`` for ReDrafter; ``choices``, ``top_t`` for Medusa). The held-out teacher data
     are the cached ones of ``train_drafter`` with the same settings (made when missing), with the
@@ -289,7 +448,19 @@ def evaluate_drafter(checkpoint, model, *, heldout_prompts: int = 64, max_new_to
     target = load_teacher_target(model)
     task = default_registry().drafter_spec(kind).evaluation_task(checkpoint, target, overrides)
     layers = tuple(getattr(task, "teacher_layers", ()))
-    datasets, _, _ = build_teacher_data(target, prompts=0, heldout_prompts=heldout_prompts,
-                                        max_new_tokens=max_new_tokens, top_k=top_k, seed=seed,
-                                        cache=cache, progress=progress, layers=layers)
-    return {"drafter": kind, **overrides, **evaluate(task, datasets["heldout"], sequences=sequences)}
+    datasets, _, _ = build_teacher_data(
+        target,
+        prompts=0,
+        heldout_prompts=heldout_prompts,
+        max_new_tokens=max_new_tokens,
+        top_k=top_k,
+        seed=seed,
+        cache=cache,
+        progress=progress,
+        layers=layers,
+    )
+    return {
+        "drafter": kind,
+        **overrides,
+        **evaluate(task, datasets["heldout"], sequences=sequences),
+    }

@@ -31,9 +31,19 @@ import numpy as np
 
 from specdec.training.corpus import SPLITS, Corpus
 
-__all__ = ["DEFAULT_MIX", "KINDS", "MIX_KINDS", "MixedPrompts", "check_mix", "clean_request", "meta_request"]
+__all__ = [
+    "DEFAULT_MIX",
+    "KINDS",
+    "MIX_KINDS",
+    "MixedPrompts",
+    "check_mix",
+    "clean_request",
+    "meta_request",
+]
 
-MIX_VERSION = 3  # bump when the kinds, the meta prompt or the cleaning change: it keys the teacher cache
+MIX_VERSION = (
+    3  # bump when the kinds, the meta prompt or the cleaning change: it keys the teacher cache
+)
 MIX_KINDS = ("corpus", "self_instruct", "general", "plain")
 DEFAULT_MIX = (("corpus", 0.3), ("self_instruct", 0.15), ("general", 0.35), ("plain", 0.2))
 REQUEST_TOKENS = 64  # the longest request the target writes
@@ -53,10 +63,14 @@ META = (  # phrasings a 135M chat model answers with a request (the second, quot
     "Give an example of {kind} task about {topic} that a user could ask an assistant to do. Reply with the task only.",
 )
 _QUOTED = re.compile(r"(?:\b(?:ask|send|request)s?\s*:?|:)\s*[\"“]([^\"”]{15,600})[\"”]", re.I)
-_LABEL = re.compile(r"^\s*(?:\*\*)?(?:user request|request|user|question|prompt|task)\s*[:\-]\s*(?:\*\*)?\s*", re.I)
+_LABEL = re.compile(
+    r"^\s*(?:\*\*)?(?:user request|request|user|question|prompt|task)\s*[:\-]\s*(?:\*\*)?\s*", re.I
+)
 _NOT_A_REQUEST = re.compile(
     r"^(?:i'?m (?:sorry|ready|here|happy)|i cannot|i can't|as an ai|sure\b|here is|here's|what a\b|"
-    r"certainly|of course|hello|hi\b)", re.I)
+    r"certainly|of course|hello|hi\b)",
+    re.I,
+)
 
 
 def check_mix(mix: Sequence) -> None:
@@ -66,12 +80,19 @@ def check_mix(mix: Sequence) -> None:
 
     unknown = {kind for kind, _ in mix} - set(MIX_KINDS)
     if unknown or not mix or any(share < 0 for _, share in mix) or sum(s for _, s in mix) <= 0:
-        raise InvalidInputError(f"mix must give non-negative shares of {', '.join(MIX_KINDS)}; got {mix!r}")
+        raise InvalidInputError(
+            f"mix must give non-negative shares of {', '.join(MIX_KINDS)}; got {mix!r}"
+        )
 
 
 def meta_request(kind: str, topic: str, phrasing: int = 0) -> list[dict]:
     """The chat that asks the target for one request of ``kind`` about ``topic``."""
-    return [{"role": "user", "content": META[phrasing % len(META)].format(kind=KINDS[kind], topic=topic)}]
+    return [
+        {
+            "role": "user",
+            "content": META[phrasing % len(META)].format(kind=KINDS[kind], topic=topic),
+        }
+    ]
 
 
 def clean_request(text: str) -> str | None:
@@ -97,16 +118,32 @@ class MixedPrompts:
     encodes plain text; mix: (kind, share) pairs; seed: the stream's seed.
     """
 
-    def __init__(self, corpus: Corpus, target, *, seed: int = 0, mix: Sequence = DEFAULT_MIX,
-                 batch_size: int = 64):
+    def __init__(
+        self,
+        corpus: Corpus,
+        target,
+        *,
+        seed: int = 0,
+        mix: Sequence = DEFAULT_MIX,
+        batch_size: int = 64,
+    ):
         check_mix(mix)
-        self.corpus, self.target, self.seed, self.batch_size = corpus, target, int(seed), int(batch_size)
+        self.corpus, self.target, self.seed, self.batch_size = (
+            corpus,
+            target,
+            int(seed),
+            int(batch_size),
+        )
         self.mix = tuple((kind, float(share)) for kind, share in mix)
         self.stats = {**{kind: 0 for kind in MIX_KINDS}, "written_by_target": 0, "fallback": 0}
 
     def key(self) -> dict:
         """What identifies this prompt stream in the teacher-data cache."""
-        return {"mix": MIX_VERSION, "shares": [list(item) for item in self.mix], "request_tokens": REQUEST_TOKENS}
+        return {
+            "mix": MIX_VERSION,
+            "shares": [list(item) for item in self.mix],
+            "request_tokens": REQUEST_TOKENS,
+        }
 
     def kind_of(self, index: int, split: str) -> str:
         rng = np.random.default_rng([self.seed, SPLITS[split], index, 7])
@@ -129,24 +166,40 @@ class MixedPrompts:
             elif kind == "self_instruct":
                 rng = np.random.default_rng([self.seed, SPLITS[split], index, 11])
                 request_kind = list(KINDS)[int(rng.integers(len(KINDS)))]
-                (_, topic), = _topics(self.corpus, split, rng, 1)
-                asked.append((offset, meta_request(request_kind, topic, phrasing=int(rng.integers(len(META)))),
-                               list(prompt.messages)))
+                ((_, topic),) = _topics(self.corpus, split, rng, 1)
+                asked.append(
+                    (
+                        offset,
+                        meta_request(request_kind, topic, phrasing=int(rng.integers(len(META)))),
+                        list(prompt.messages),
+                    )
+                )
                 prompts.append(None)
             elif kind == "general":  # an everyday topic: half the requests written by the target
                 rng = np.random.default_rng([self.seed, SPLITS[split], index, 13])
                 fallback = general_prompt(split, rng)
                 if rng.random() < 0.5:
                     request_kind = list(KINDS)[int(rng.integers(len(KINDS)))]
-                    asked.append((offset, meta_request(request_kind, general_topic(split, rng),
-                                                       phrasing=int(rng.integers(len(META)))), fallback))
+                    asked.append(
+                        (
+                            offset,
+                            meta_request(
+                                request_kind,
+                                general_topic(split, rng),
+                                phrasing=int(rng.integers(len(META))),
+                            ),
+                            fallback,
+                        )
+                    )
                     prompts.append(None)
                 else:
                     prompts.append(fallback)
             else:
                 prompts.append(list(prompt.messages))
             self.stats[kind] += 1
-        for (offset, _, fallback), reply in zip(asked, self._replies([messages for _, messages, _ in asked])):
+        for (offset, _, fallback), reply in zip(
+            asked, self._replies([messages for _, messages, _ in asked])
+        ):
             request = clean_request(reply)
             if request is None:
                 prompts[offset] = fallback
@@ -163,8 +216,14 @@ class MixedPrompts:
         from specdec.training.teacher import greedy_teacher
 
         ids = [self.target.encode(chat) for chat in chats]
-        data = greedy_teacher(self.target.model, ids, max_new_tokens=REQUEST_TOKENS, top_k=1,
-                              eos_token_ids=self.target.eos_token_ids, batch_size=self.batch_size)
+        data = greedy_teacher(
+            self.target.model,
+            ids,
+            max_new_tokens=REQUEST_TOKENS,
+            top_k=1,
+            eos_token_ids=self.target.eos_token_ids,
+            batch_size=self.batch_size,
+        )
         tokens, sequence = data.next_tokens.tolist(), data.sequence.tolist()
         eos = set(self.target.eos_token_ids)
         replies: list[list[int]] = [[] for _ in chats]

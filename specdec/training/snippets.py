@@ -46,7 +46,7 @@ def _functions(path: str) -> tuple[tuple[str, str, str, str], ...]:
     for node in ast.walk(tree):
         if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) or node.end_lineno is None:
             continue
-        span = lines[node.lineno - 1 - len(node.decorator_list): node.end_lineno]
+        span = lines[node.lineno - 1 - len(node.decorator_list) : node.end_lineno]
         if not 4 <= len(span) <= 30:
             continue
         indent = min(len(s) - len(s.lstrip()) for s in span if s.strip())
@@ -56,7 +56,7 @@ def _functions(path: str) -> tuple[tuple[str, str, str, str], ...]:
         doc = (ast.get_docstring(node) or "").strip().split("\n")[0].strip().rstrip(".")
         stub = ""
         if doc and node.body and isinstance(node.body[0], ast.Expr):
-            header = lines[node.lineno - 1: node.body[0].end_lineno]
+            header = lines[node.lineno - 1 : node.body[0].end_lineno]
             stub = "\n".join(s[indent:] for s in header)
         found.append((node.name, code, doc, stub))
     return tuple(found)
@@ -75,7 +75,11 @@ def _paragraphs(path: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
         lines = Path(path).read_text(encoding="utf-8").splitlines()
     except (UnicodeDecodeError, OSError):
         return (), ()
-    titles = [lines[i - 1].strip() for i in range(1, len(lines)) if _UNDERLINE.match(lines[i]) and lines[i - 1].strip()]
+    titles = [
+        lines[i - 1].strip()
+        for i in range(1, len(lines))
+        if _UNDERLINE.match(lines[i]) and lines[i - 1].strip()
+    ]
     paragraphs, current = [], []
     for line in lines + [""]:
         if line.strip():

@@ -37,8 +37,10 @@ def _encode(value, tensors: dict, path: str):
         tensors[key] = value.detach().to("cpu").clone().contiguous()  # no shared storage
         return {"$tensor": key}
     if isinstance(value, dict):
-        items = [[_encode(k, tensors, f"{path}/{k}#key"), _encode(v, tensors, f"{path}/{k}")]
-                 for k, v in value.items()]
+        items = [
+            [_encode(k, tensors, f"{path}/{k}#key"), _encode(v, tensors, f"{path}/{k}")]
+            for k, v in value.items()
+        ]
         return {"$dict": items}
     if isinstance(value, tuple):
         return {"$tuple": [_encode(v, tensors, f"{path}/{i}") for i, v in enumerate(value)]}
@@ -48,15 +50,17 @@ def _encode(value, tensors: dict, path: str):
         return value
     if isinstance(value, float):
         return value if value == value and abs(value) != float("inf") else {"$float": repr(value)}
-    raise TypeError(f"trainer state at {path or '/'} holds a {type(value).__name__}, which the "
-                    f"state format cannot store (tensors, dicts, lists, tuples and plain values only)")
+    raise TypeError(
+        f"trainer state at {path or '/'} holds a {type(value).__name__}, which the "
+        f"state format cannot store (tensors, dicts, lists, tuples and plain values only)"
+    )
 
 
 def _decode(value, tensors: dict):
     if isinstance(value, list):
         return [_decode(v, tensors) for v in value]
     if isinstance(value, dict):
-        (tag, inner), = value.items()
+        ((tag, inner),) = value.items()
         if tag == "$tensor":
             return tensors[inner]
         if tag == "$dict":
@@ -97,7 +101,8 @@ def load_state(path: Path) -> dict:
     except (OSError, ValueError, KeyError, SafetensorError) as exc:
         raise TrainingOutputError(
             f"{path} is not a trainer state this version can read ({exc}); start the run again "
-            f"with --overwrite instead of --resume") from None
+            f"with --overwrite instead of --resume"
+        ) from None
 
 
 def _load_legacy(path: Path) -> dict:
@@ -109,4 +114,5 @@ def _load_legacy(path: Path) -> dict:
         raise TrainingOutputError(
             f"{path} was not loaded: it holds more than tensors and plain values, and a pickle of "
             f"arbitrary objects can run code ({first}); start the run again with --overwrite "
-            f"instead of --resume") from None
+            f"instead of --resume"
+        ) from None

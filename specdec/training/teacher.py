@@ -38,8 +38,15 @@ import torch
 
 from specdec.types import DraftTree, Verdict
 
-__all__ = ["TeacherData", "TeacherSettings", "TeacherTarget", "greedy_teacher", "load_teacher_target",
-           "target_fingerprint", "teacher_dataset"]
+__all__ = [
+    "TeacherData",
+    "TeacherSettings",
+    "TeacherTarget",
+    "greedy_teacher",
+    "load_teacher_target",
+    "target_fingerprint",
+    "teacher_dataset",
+]
 
 
 DECODER = "specdec-torch"  # teacher data are decoded by the torch backend's TargetModel (was transformers' forward)
@@ -69,8 +76,13 @@ class TeacherSettings:
         """The settings that change the data (batch_size does not, beyond rounding), and the
         decoder that computes them (``DECODER``: in half precision another implementation rounds
         differently, so its continuations can part at near-ties)."""
-        key = {"max_new_tokens": self.max_new_tokens, "top_k": self.top_k,
-               "max_prompt_tokens": self.max_prompt_tokens, "dtype": self.dtype, "decoder": DECODER}
+        key = {
+            "max_new_tokens": self.max_new_tokens,
+            "top_k": self.top_k,
+            "max_prompt_tokens": self.max_prompt_tokens,
+            "dtype": self.dtype,
+            "decoder": DECODER,
+        }
         if self.hidden_dtype != "bfloat16":
             key["hidden_dtype"] = self.hidden_dtype
         if self.prompt_from is not None:
@@ -83,12 +95,12 @@ class TeacherData:
     """Flat per-position teacher data over P positions (see the module docstring for the fields).
     ``layers`` (P, n, H) holds the outputs of decoder layers ``layer_ids`` (None: not kept)."""
 
-    hidden: torch.Tensor        # (P, H) bfloat16
-    next_tokens: torch.Tensor   # (P,) int64
-    label_ids: torch.Tensor     # (P, k) int64
-    label_probs: torch.Tensor   # (P, k) float16
-    remaining: torch.Tensor     # (P,) int64
-    sequence: torch.Tensor      # (P,) int64, index of the sequence each position belongs to
+    hidden: torch.Tensor  # (P, H) bfloat16
+    next_tokens: torch.Tensor  # (P,) int64
+    label_ids: torch.Tensor  # (P, k) int64
+    label_probs: torch.Tensor  # (P, k) float16
+    remaining: torch.Tensor  # (P,) int64
+    sequence: torch.Tensor  # (P,) int64, index of the sequence each position belongs to
     layers: torch.Tensor | None = None  # (P, n, H) bfloat16, decoder layers ``layer_ids``
     layer_ids: tuple = attrs.field(default=(), converter=tuple)
 
@@ -106,17 +118,20 @@ class TeacherData:
         first[1:] = self.sequence[1:] != self.sequence[:-1]
         return torch.nonzero(first).flatten()
 
-    def layer_outputs(self, ids: Sequence[int],
-                      positions: torch.Tensor | None = None) -> torch.Tensor:
+    def layer_outputs(
+        self, ids: Sequence[int], positions: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """(..., len(ids), H): the kept outputs of decoder layers ``ids`` (in that order, repeats
         allowed) at flat ``positions`` (...) (None: all P); a ValueError naming what is missing
         when the data do not hold them."""
         held = set(self.layer_ids) if self.layers is not None else set()
         missing = sorted(set(int(i) for i in ids) - held)
         if missing:
-            raise ValueError(f"these teacher data hold decoder layers {sorted(held)}, not "
-                             f"{missing}: make them with TeacherSettings(layers=...) "
-                             "(train_drafter's teacher_layers)")
+            raise ValueError(
+                f"these teacher data hold decoder layers {sorted(held)}, not "
+                f"{missing}: make them with TeacherSettings(layers=...) "
+                "(train_drafter's teacher_layers)"
+            )
         where = [self.layer_ids.index(int(i)) for i in ids]
         layers = self.layers if positions is None else self.layers[positions]
         return layers if where == list(range(len(self.layer_ids))) else layers[..., where, :]
@@ -132,18 +147,29 @@ class TeacherData:
         join = lambda name: torch.cat([getattr(p, name) for p in parts])  # noqa: E731
         ids = {p.layer_ids if p.layers is not None else None for p in parts}
         same = len(ids) == 1 and None not in ids
-        return cls(hidden=join("hidden"), next_tokens=join("next_tokens"), label_ids=join("label_ids"),
-                   label_probs=join("label_probs"), remaining=join("remaining"),
-                   sequence=torch.cat(sequences), layers=join("layers") if same else None,
-                   layer_ids=parts[0].layer_ids if same else ())
+        return cls(
+            hidden=join("hidden"),
+            next_tokens=join("next_tokens"),
+            label_ids=join("label_ids"),
+            label_probs=join("label_probs"),
+            remaining=join("remaining"),
+            sequence=torch.cat(sequences),
+            layers=join("layers") if same else None,
+            layer_ids=parts[0].layer_ids if same else (),
+        )
 
     def save(self, path: Path, metadata: dict | None = None) -> None:
         """Write a safetensors file atomically (compact integer types on disk)."""
         from safetensors.torch import save_file
 
-        tensors = {"hidden": self.hidden.contiguous(), "next_tokens": self.next_tokens.to(torch.int32),
-                   "label_ids": self.label_ids.to(torch.int32), "label_probs": self.label_probs.contiguous(),
-                   "remaining": self.remaining.to(torch.int32), "sequence": self.sequence.to(torch.int32)}
+        tensors = {
+            "hidden": self.hidden.contiguous(),
+            "next_tokens": self.next_tokens.to(torch.int32),
+            "label_ids": self.label_ids.to(torch.int32),
+            "label_probs": self.label_probs.contiguous(),
+            "remaining": self.remaining.to(torch.int32),
+            "sequence": self.sequence.to(torch.int32),
+        }
         header = {"specdec": json.dumps(metadata or {})}
         if self.layers is not None:
             tensors["layers"] = self.layers.contiguous()
@@ -172,13 +198,20 @@ class TeacherData:
             stored = tuple(json.loads((handle.metadata() or {}).get("layers", "[]")))
             if layers:
                 if not set(layers) <= set(stored):
-                    raise ValueError(f"{path} holds decoder layers {list(stored)}, not all of "
-                                     f"{list(layers)}")
+                    raise ValueError(
+                        f"{path} holds decoder layers {list(stored)}, not all of {list(layers)}"
+                    )
                 t["layers"] = handle.get_tensor("layers")[:, [stored.index(i) for i in layers]]
-        return cls(hidden=t["hidden"], next_tokens=t["next_tokens"].long(),
-                   label_ids=t["label_ids"].long(), label_probs=t["label_probs"],
-                   remaining=t["remaining"].long(), sequence=t["sequence"].long(),
-                   layers=t.get("layers"), layer_ids=layers)
+        return cls(
+            hidden=t["hidden"],
+            next_tokens=t["next_tokens"].long(),
+            label_ids=t["label_ids"].long(),
+            label_probs=t["label_probs"],
+            remaining=t["remaining"].long(),
+            sequence=t["sequence"].long(),
+            layers=t.get("layers"),
+            layer_ids=layers,
+        )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -214,9 +247,15 @@ class TeacherTarget:
         """Token ids of a chat prompt, rendered and encoded exactly as ``specdec.generate`` does."""
         from specdec.generation.chat import render_chat
 
-        text = render_chat(self.chat_template, messages) if self.chat_template else messages[-1]["content"]
+        text = (
+            render_chat(self.chat_template, messages)
+            if self.chat_template
+            else messages[-1]["content"]
+        )
         if self.tokenizer is None:
-            raise ValueError(f"target {self.name!r} has no tokenizer.json: text prompts cannot be encoded")
+            raise ValueError(
+                f"target {self.name!r} has no tokenizer.json: text prompts cannot be encoded"
+            )
         return list(self.tokenizer.encode(text).ids)
 
 
@@ -251,26 +290,45 @@ def load_teacher_target(source, *, dtype: str = "bfloat16") -> TeacherTarget:
     from specdec.models.llama import LlamaConfig, load_tokenizer
 
     folder = Path(resolve_model(source))
-    model = transformers.AutoModelForCausalLM.from_pretrained(str(folder), dtype=getattr(torch, dtype))
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        str(folder), dtype=getattr(torch, dtype)
+    )
     model.eval().requires_grad_(False)
     config = LlamaConfig.from_folder(folder)
-    return TeacherTarget(model=model, tokenizer=load_tokenizer(folder), chat_template=load_chat_template(folder),
-                         eos_token_ids=tuple(config.eos_token_ids), name=folder.resolve().name,
-                         fingerprint=target_fingerprint(folder), folder=folder)
+    return TeacherTarget(
+        model=model,
+        tokenizer=load_tokenizer(folder),
+        chat_template=load_chat_template(folder),
+        eos_token_ids=tuple(config.eos_token_ids),
+        name=folder.resolve().name,
+        fingerprint=target_fingerprint(folder),
+        folder=folder,
+    )
 
 
 # ---------------------------------------------------------------------------------------------
 # Greedy decoding with hidden states and soft labels
 
 
-PREFILL_BUDGET = 1024  # prompt tokens admitted per forward beside the rows decoding (at least one prompt)
+PREFILL_BUDGET = (
+    1024  # prompt tokens admitted per forward beside the rows decoding (at least one prompt)
+)
 
 
 @torch.inference_mode()
-def greedy_teacher(model, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, top_k: int,
-                   eos_token_ids: Sequence[int] = (), batch_size: int = 16, hidden_dtype=torch.bfloat16,
-                   prompt_from: int | None = None, layers: Sequence[int] = (),
-                   progress: Callable[[int], None] | None = None) -> TeacherData:
+def greedy_teacher(
+    model,
+    prompts: Sequence[Sequence[int]],
+    *,
+    max_new_tokens: int,
+    top_k: int,
+    eos_token_ids: Sequence[int] = (),
+    batch_size: int = 16,
+    hidden_dtype=torch.bfloat16,
+    prompt_from: int | None = None,
+    layers: Sequence[int] = (),
+    progress: Callable[[int], None] | None = None,
+) -> TeacherData:
     """Decode every prompt greedily with ``model`` (a ``transformers`` Llama-family causal LM) and
     collect the teacher data of each continuation position (module docstring).
 
@@ -287,11 +345,16 @@ def greedy_teacher(model, prompts: Sequence[Sequence[int]], *, max_new_tokens: i
     """
     if not prompts:
         raise ValueError("greedy_teacher needs at least one prompt")
-    target = _decoding_target(model, slots=min(batch_size, len(prompts)),
-                              capacity=max(len(p) for p in prompts) + max_new_tokens)
+    target = _decoding_target(
+        model,
+        slots=min(batch_size, len(prompts)),
+        capacity=max(len(p) for p in prompts) + max_new_tokens,
+    )
     eos = set(int(t) for t in eos_token_ids)
     layers = tuple(int(i) for i in layers)
-    waiting = sorted(range(len(prompts)), key=lambda i: (len(prompts[i]), i))[::-1]  # pop() takes the shortest
+    waiting = sorted(range(len(prompts)), key=lambda i: (len(prompts[i]), i))[
+        ::-1
+    ]  # pop() takes the shortest
     free = list(range(target.num_slots))[::-1]
     rows: dict[int, _Sequence] = {}  # slot -> the sequence decoding there
     per_prompt: list[TeacherData | None] = [None] * len(prompts)
@@ -312,8 +375,14 @@ def greedy_teacher(model, prompts: Sequence[Sequence[int]], *, max_new_tokens: i
             rows[slot] = _Sequence(index)
             prompt_layers = _stack_layers(prompt_out.layers, layers)  # (P, n, H)
             if prompt_from is not None:
-                rows[slot].keep_prompt(model, prompt_out.hidden, prompts[index], start=prompt_from,
-                                       top_k=top_k, layers=prompt_layers)
+                rows[slot].keep_prompt(
+                    model,
+                    prompt_out.hidden,
+                    prompts[index],
+                    start=prompt_from,
+                    top_k=top_k,
+                    layers=prompt_layers,
+                )
             hidden.append(prompt_out.hidden[-1:])
             logits.append(prompt_out.logits[None])
             if layers:
@@ -323,11 +392,11 @@ def greedy_teacher(model, prompts: Sequence[Sequence[int]], *, max_new_tokens: i
         top_probs, top_ids = torch.topk(torch.softmax(logits, dim=-1), top_k, dim=-1)
         chosen = torch.argmax(logits, dim=-1)  # first maximum: ties to the lowest id
         if tree is not None:
-            target.commit(tree, _root_verdict(chosen[:decoding.size]))
+            target.commit(tree, _root_verdict(chosen[: decoding.size]))
         order = list(decoding) + [slot for slot, _ in context]
-        for slot, h, token, ids, probs, inner_row in zip(order, hidden.to(hidden_dtype),
-                                                         chosen.tolist(), top_ids,
-                                                         top_probs.half(), inner):
+        for slot, h, token, ids, probs, inner_row in zip(
+            order, hidden.to(hidden_dtype), chosen.tolist(), top_ids, top_probs.half(), inner
+        ):
             sequence = rows[slot]
             sequence.add(h, token, ids, probs, inner_row)
             if len(sequence.tokens) >= max_new_tokens or token in eos:
@@ -346,8 +415,9 @@ def _stack_layers(outputs, layers: tuple, *, column: int | None = None) -> torch
     or, with ``column``, that node of a tree's {layer: (B, N, H)}; None when none are asked for."""
     if not layers:
         return None
-    return torch.stack([outputs[i] if column is None else outputs[i][:, column] for i in layers],
-                       dim=1)
+    return torch.stack(
+        [outputs[i] if column is None else outputs[i][:, column] for i in layers], dim=1
+    )
 
 
 def _decoding_target(model, *, slots: int, capacity: int):
@@ -361,16 +431,23 @@ def _decoding_target(model, *, slots: int, capacity: int):
 def _root_trees(tokens: Sequence[int]) -> DraftTree:
     """Trees of the root alone (one token per row): plain decoding through ``forward_tree``."""
     rows = len(tokens)
-    return DraftTree(tokens=torch.tensor(tokens, dtype=torch.long)[:, None],
-                     parents=torch.full((rows, 1), -1, dtype=torch.long), depth=torch.zeros((rows, 1), dtype=torch.long),
-                     ancestor_mask=torch.ones((rows, 1, 1), dtype=torch.bool), num_nodes=torch.ones(rows, dtype=torch.long))
+    return DraftTree(
+        tokens=torch.tensor(tokens, dtype=torch.long)[:, None],
+        parents=torch.full((rows, 1), -1, dtype=torch.long),
+        depth=torch.zeros((rows, 1), dtype=torch.long),
+        ancestor_mask=torch.ones((rows, 1, 1), dtype=torch.bool),
+        num_nodes=torch.ones(rows, dtype=torch.long),
+    )
 
 
 def _root_verdict(chosen: torch.Tensor) -> Verdict:
     """Commit each row's root; ``chosen`` (B,) is the next root."""
     rows = int(chosen.shape[0])
-    return Verdict(path=torch.zeros((rows, 1), dtype=torch.long), num_accepted=torch.zeros(rows, dtype=torch.long),
-                   bonus_tokens=chosen)
+    return Verdict(
+        path=torch.zeros((rows, 1), dtype=torch.long),
+        num_accepted=torch.zeros(rows, dtype=torch.long),
+        bonus_tokens=chosen,
+    )
 
 
 class _Sequence:
@@ -394,30 +471,53 @@ class _Sequence:
         if layers is not None:
             self.layers.append(layers)
 
-    def keep_prompt(self, model, hidden: torch.Tensor, prompt: Sequence[int], *, start: int,
-                    top_k: int, layers: torch.Tensor | None = None) -> None:
+    def keep_prompt(
+        self,
+        model,
+        hidden: torch.Tensor,
+        prompt: Sequence[int],
+        *,
+        start: int,
+        top_k: int,
+        layers: torch.Tensor | None = None,
+    ) -> None:
         """Teacher data of prompt positions ``start .. n-2`` (the last one, n-1, is the first
         continuation position); hidden (n, H), layers (n, L, H) or None."""
         n = len(prompt)
         if n - 1 <= start:
             return
-        h = hidden[start: n - 1]
+        h = hidden[start : n - 1]
         probs = torch.softmax(model.lm_head(h).float(), dim=-1)
         top_probs, top_ids = torch.topk(probs, top_k, dim=-1)
-        self.prompt = {"hidden": h, "next_tokens": torch.tensor(list(prompt[start + 1:]), dtype=torch.long),
-                       "label_ids": top_ids, "label_probs": top_probs.half()}
+        self.prompt = {
+            "hidden": h,
+            "next_tokens": torch.tensor(list(prompt[start + 1 :]), dtype=torch.long),
+            "label_ids": top_ids,
+            "label_probs": top_probs.half(),
+        }
         if layers is not None:
-            self.prompt["layers"] = layers[start: n - 1]
+            self.prompt["layers"] = layers[start : n - 1]
 
     def data(self) -> TeacherData:
-        parts = {"hidden": torch.stack(self.hidden), "next_tokens": torch.tensor(self.tokens, dtype=torch.long),
-                 "label_ids": torch.stack(self.ids), "label_probs": torch.stack(self.probs)}
+        parts = {
+            "hidden": torch.stack(self.hidden),
+            "next_tokens": torch.tensor(self.tokens, dtype=torch.long),
+            "label_ids": torch.stack(self.ids),
+            "label_probs": torch.stack(self.probs),
+        }
         if self.layers:
             parts["layers"] = torch.stack(self.layers)
         if self.prompt is not None:
-            parts = {name: torch.cat([self.prompt[name].to(parts[name].dtype), parts[name]]) for name in parts}
+            parts = {
+                name: torch.cat([self.prompt[name].to(parts[name].dtype), parts[name]])
+                for name in parts
+            }
         n = int(parts["next_tokens"].shape[0])
-        return TeacherData(**parts, remaining=torch.arange(n - 1, -1, -1), sequence=torch.zeros(n, dtype=torch.long))
+        return TeacherData(
+            **parts,
+            remaining=torch.arange(n - 1, -1, -1),
+            sequence=torch.zeros(n, dtype=torch.long),
+        )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -425,14 +525,29 @@ class _Sequence:
 
 
 def _shard_key(fingerprint: str, prompt_key: dict, settings: TeacherSettings, shard: int) -> str:
-    blob = json.dumps({"fingerprint": fingerprint, "prompts": prompt_key, "settings": settings.key(),
-                       "shard": shard, "shard_size": settings.shard_size}, sort_keys=True)
+    blob = json.dumps(
+        {
+            "fingerprint": fingerprint,
+            "prompts": prompt_key,
+            "settings": settings.key(),
+            "shard": shard,
+            "shard_size": settings.shard_size,
+        },
+        sort_keys=True,
+    )
     return hashlib.sha256(blob.encode()).hexdigest()[:24]
 
 
-def teacher_dataset(target: TeacherTarget, make_prompts: Callable[[int, int], list], *, count: int,
-                    prompt_key: dict, settings: TeacherSettings, cache: Path,
-                    progress: Callable[[int], None] | None = None) -> tuple[TeacherData, dict]:
+def teacher_dataset(
+    target: TeacherTarget,
+    make_prompts: Callable[[int, int], list],
+    *,
+    count: int,
+    prompt_key: dict,
+    settings: TeacherSettings,
+    cache: Path,
+    progress: Callable[[int], None] | None = None,
+) -> tuple[TeacherData, dict]:
     """Teacher data for the first ``count`` prompts, from the cache where present.
 
     make_prompts(start, n) -> the prompts ``start .. start+n-1`` (chat messages or token ids);
@@ -441,10 +556,16 @@ def teacher_dataset(target: TeacherTarget, make_prompts: Callable[[int, int], li
     """
     cache = Path(cache)
     cache.mkdir(parents=True, exist_ok=True)
-    parts, stats = [], {"shards_reused": 0, "shards_made": 0, "new_tokens": 0, "prompt_tokens": 0, "seconds": 0.0}
+    parts, stats = (
+        [],
+        {"shards_reused": 0, "shards_made": 0, "new_tokens": 0, "prompt_tokens": 0, "seconds": 0.0},
+    )
     for shard in range(-(-count // settings.shard_size)):
         start = shard * settings.shard_size
-        file = cache / f"teacher-{_shard_key(target.fingerprint, prompt_key, settings, shard)}.safetensors"
+        file = (
+            cache
+            / f"teacher-{_shard_key(target.fingerprint, prompt_key, settings, shard)}.safetensors"
+        )
         stored = TeacherData.stored_layers(file) if file.is_file() else None
         if stored is not None and set(settings.layers) <= set(stored):
             parts.append(TeacherData.load(file, layers=settings.layers))
@@ -457,13 +578,31 @@ def teacher_dataset(target: TeacherTarget, make_prompts: Callable[[int, int], li
         ids = [p if isinstance(p[0], (int, np.integer)) else target.encode(p) for p in prompts]
         ids = [p for p in ids if len(p) <= settings.max_prompt_tokens]
         if not ids:
-            raise ValueError(f"every prompt of teacher shard {shard} is longer than {settings.max_prompt_tokens} tokens")
-        data = greedy_teacher(target.model, ids, max_new_tokens=settings.max_new_tokens, top_k=settings.top_k,
-                              eos_token_ids=target.eos_token_ids, batch_size=settings.batch_size,
-                              hidden_dtype=getattr(torch, settings.hidden_dtype), prompt_from=settings.prompt_from,
-                              layers=decode_layers, progress=progress)
-        data.save(file, {"prompt_key": prompt_key, "settings": settings.key(), "shard": shard,
-                         "target": target.name, "fingerprint": target.fingerprint})
+            raise ValueError(
+                f"every prompt of teacher shard {shard} is longer than {settings.max_prompt_tokens} tokens"
+            )
+        data = greedy_teacher(
+            target.model,
+            ids,
+            max_new_tokens=settings.max_new_tokens,
+            top_k=settings.top_k,
+            eos_token_ids=target.eos_token_ids,
+            batch_size=settings.batch_size,
+            hidden_dtype=getattr(torch, settings.hidden_dtype),
+            prompt_from=settings.prompt_from,
+            layers=decode_layers,
+            progress=progress,
+        )
+        data.save(
+            file,
+            {
+                "prompt_key": prompt_key,
+                "settings": settings.key(),
+                "shard": shard,
+                "target": target.name,
+                "fingerprint": target.fingerprint,
+            },
+        )
         if decode_layers != settings.layers:
             kept = data.layer_outputs(settings.layers) if settings.layers else None
             data = attrs.evolve(data, layers=kept, layer_ids=settings.layers)
@@ -476,5 +615,7 @@ def teacher_dataset(target: TeacherTarget, make_prompts: Callable[[int, int], li
     stats["positions"] = data.num_positions
     if stats["seconds"]:
         stats["new_tokens_per_second"] = stats["new_tokens"] / stats["seconds"]
-        stats["tokens_per_second"] = (stats["new_tokens"] + stats["prompt_tokens"]) / stats["seconds"]
+        stats["tokens_per_second"] = (stats["new_tokens"] + stats["prompt_tokens"]) / stats[
+            "seconds"
+        ]
     return data, stats

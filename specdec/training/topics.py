@@ -22,7 +22,10 @@ from specdec.training.corpus import _choose, _split_of
 
 __all__ = ["ROLES", "TEMPLATES", "TOPICS", "general_prompt", "general_topic"]
 
-TOPICS = tuple(sorted(set("""
+TOPICS = tuple(
+    sorted(
+        set(
+            """
 healthy breakfast ideas|baking bread at home|vegetarian cooking|street food|coffee|tea ceremonies|spices|
 food waste|growing tomatoes|houseplants|composting|beekeeping|keeping chickens|adopting a dog|training a cat|
 aquariums|bird watching|hiking|camping in the mountains|road trips|traveling on a budget|learning to swim|
@@ -50,12 +53,38 @@ farming|fishing|forests|wildlife conservation|endangered species|zoos|national p
 time management|procrastination|habits|goal setting|memory|creativity|critical thinking|decision making|
 birthdays|weddings|holidays|gift giving|moving to a new city|first day at school|customer service|
 restaurants|hotels|airports|hospitals|fire safety|first aid|road safety|personal privacy|misinformation
-""".replace("\n", "").split("|")) - {""}))
+""".replace("\n", "").split("|")
+        )
+        - {""}
+    )
+)
 
-ROLES = ("a chef", "a detective", "a pilot", "a museum guide", "a park ranger", "a teacher", "a doctor",
-         "a travel agent", "a sports coach", "a librarian", "a ship captain", "a shopkeeper", "a scientist",
-         "a news reporter", "a personal trainer", "a job interviewer", "a tour guide", "an astronaut",
-         "a farmer", "a career counselor", "a film critic", "a software engineer", "a historian", "a judge")
+ROLES = (
+    "a chef",
+    "a detective",
+    "a pilot",
+    "a museum guide",
+    "a park ranger",
+    "a teacher",
+    "a doctor",
+    "a travel agent",
+    "a sports coach",
+    "a librarian",
+    "a ship captain",
+    "a shopkeeper",
+    "a scientist",
+    "a news reporter",
+    "a personal trainer",
+    "a job interviewer",
+    "a tour guide",
+    "an astronaut",
+    "a farmer",
+    "a career counselor",
+    "a film critic",
+    "a software engineer",
+    "a historian",
+    "a judge",
+)
 
 TEMPLATES = {  # our own phrasings of everyday requests; {topic} and {place} are filled in
     "blog": "Write a short blog post about {topic}.",
@@ -82,11 +111,11 @@ TEMPLATES = {  # our own phrasings of everyday requests; {topic} and {place} are
     "json": "List three key ideas about {topic} as a JSON array of objects with \"idea\" and \"why\" fields.",
     "words": "Describe {topic} in exactly three sentences.",
     "cost": "A ticket to {place} costs ${a} and a hotel costs ${b} per night. How much do {n} nights and the ticket "
-            "cost? Explain your answer.",
+    "cost? Explain your answer.",
     "rate": "A shop sells {a} items on Monday and {b} more each day after that. How many items does it sell on "
-            "day {n}, and in total over those {n} days?",
+    "day {n}, and in total over those {n} days?",
     "logic": "Three friends like {topic}, {other} and {third}, one each. Ana does not like {third}, and Ben "
-             "likes {other}. Who likes what? Explain your reasoning.",
+    "likes {other}. Who likes what? Explain your reasoning.",
 }
 
 
@@ -96,8 +125,13 @@ def places() -> tuple[str, ...]:
     names = set()
     for zone in zoneinfo.available_timezones():
         area, _, city = zone.partition("/")
-        if area in {"Africa", "America", "Asia", "Atlantic", "Australia", "Europe", "Indian", "Pacific"} \
-                and city and "/" not in city and not any(ch.isdigit() for ch in city):
+        if (
+            area
+            in {"Africa", "America", "Asia", "Atlantic", "Australia", "Europe", "Indian", "Pacific"}
+            and city
+            and "/" not in city
+            and not any(ch.isdigit() for ch in city)
+        ):
             names.add(city.replace("_", " "))
     return tuple(sorted(names))
 
@@ -112,7 +146,11 @@ def _of_split(split: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
 def general_topic(split: str, rng: np.random.Generator) -> str:
     """A topic of ``split``: one of ``TOPICS`` (or, one time in eight, a city)."""
     topics, cities = _of_split(split)
-    return f"visiting {_choose(rng, cities)}" if cities and rng.random() < 0.125 else _choose(rng, topics)
+    return (
+        f"visiting {_choose(rng, cities)}"
+        if cities and rng.random() < 0.125
+        else _choose(rng, topics)
+    )
 
 
 def general_prompt(split: str, rng: np.random.Generator) -> list[dict]:
@@ -122,6 +160,14 @@ def general_prompt(split: str, rng: np.random.Generator) -> list[dict]:
     topic = _choose(rng, topics)
     other, third = rng.choice([t for t in topics if t != topic], size=2, replace=False)
     a, b, n = int(rng.integers(20, 900)), int(rng.integers(3, 60)), int(rng.integers(2, 9))
-    text = TEMPLATES[name].format(topic=topic, other=other, third=third, role=_choose(rng, ROLES),
-                                  place=_choose(rng, cities or topics), a=a, b=b, n=n)
+    text = TEMPLATES[name].format(
+        topic=topic,
+        other=other,
+        third=third,
+        role=_choose(rng, ROLES),
+        place=_choose(rng, cities or topics),
+        a=a,
+        b=b,
+        n=n,
+    )
     return [{"role": "user", "content": text}]

@@ -47,7 +47,10 @@ class CostCurve:
         """Seconds of forwards of ``tokens`` (array): piecewise linear between the measured sizes,
         continued beyond the largest with the last segment's slope."""
         t = np.asarray(tokens, dtype=np.float64)
-        xs, ys = np.asarray(self.tokens, dtype=np.float64), np.asarray(self.seconds, dtype=np.float64)
+        xs, ys = (
+            np.asarray(self.tokens, dtype=np.float64),
+            np.asarray(self.seconds, dtype=np.float64),
+        )
         inside = np.interp(t, xs, ys)
         if len(xs) < 2:
             return inside
@@ -64,7 +67,12 @@ class _Fit:
     x = ``x_ref`` (and weakly toward a0); a >= 0 and b >= 0 (more work never costs less)."""
 
     def __init__(self, a0: float, b0: float, x_ref: float):
-        self.prior = (a0, b0, 0.1 * PRIOR_WEIGHT, PRIOR_WEIGHT * x_ref * x_ref)  # a weak pull on the fixed cost
+        self.prior = (
+            a0,
+            b0,
+            0.1 * PRIOR_WEIGHT,
+            PRIOR_WEIGHT * x_ref * x_ref,
+        )  # a weak pull on the fixed cost
         self.sums = np.zeros(5)  # weights, x, y, x^2, x*y
         self._solved: tuple[float, float] | None = None
 
@@ -122,7 +130,9 @@ class StepCosts:
         rows = np.asarray(rows, dtype=np.float64)
         return np.where(rows > 0, self._draft.at(rows), 0.0)
 
-    def observe(self, tokens: int, seconds: float, drafting_rows: int, draft_seconds: float) -> None:
+    def observe(
+        self, tokens: int, seconds: float, drafting_rows: int, draft_seconds: float
+    ) -> None:
         """A step ran: its forward carried ``tokens``; target part ``seconds``; drafting
         ``draft_seconds`` for ``drafting_rows`` requests."""
         if tokens > 0 and seconds > 0:
@@ -146,10 +156,19 @@ def _cache_file(backend, target):
     except Exception:  # noqa: BLE001 - a backend that cannot say: keyed by its name alone
         device = ""
     exactness = getattr(target, "exactness", None)
-    key = {"version": CACHE_VERSION, "backend": backend.name, "device": device, "target": type(target).__name__,
-           "dtype": str(getattr(target, "dtype", "")), "exact": bool(getattr(exactness, "on", False)),
-           "shape": [int(getattr(target, name, 0) or 0) for name in ("vocab_size", "hidden_size", "num_layers")],
-           "sizes": list(SIZES)}
+    key = {
+        "version": CACHE_VERSION,
+        "backend": backend.name,
+        "device": device,
+        "target": type(target).__name__,
+        "dtype": str(getattr(target, "dtype", "")),
+        "exact": bool(getattr(exactness, "on", False)),
+        "shape": [
+            int(getattr(target, name, 0) or 0)
+            for name in ("vocab_size", "hidden_size", "num_layers")
+        ],
+        "sizes": list(SIZES),
+    }
     return _tuning_dir() / f"costs-{backend.name}-{_digest(key)}.json"
 
 
@@ -166,13 +185,21 @@ def measure_curve(backend, target, slot: int = 0, *, repeats: int = REPEATS) -> 
         return None
     trees = {}
     for k in sizes:
-        chain = build_prefix_tree(((np.arange(k, dtype=np.int64) * 104729 + 1) % vocab).reshape(1, 1, k))
-        trees[k] = DraftTree(**{f.name: None if getattr(chain, f.name) is None else
-                                backend.from_numpy(np.asarray(getattr(chain, f.name)), target)
-                                for f in attrs.fields(DraftTree)})
+        chain = build_prefix_tree(
+            ((np.arange(k, dtype=np.int64) * 104729 + 1) % vocab).reshape(1, 1, k)
+        )
+        trees[k] = DraftTree(
+            **{
+                f.name: None
+                if getattr(chain, f.name) is None
+                else backend.from_numpy(np.asarray(getattr(chain, f.name)), target)
+                for f in attrs.fields(DraftTree)
+            }
+        )
     where = np.array([slot])
     target.admit(slot, ((np.arange(prompt_tokens, dtype=np.int64) * 7919 + 13) % vocab).tolist())
     try:
+
         def once(k: int) -> float:
             start = time.perf_counter()
             backend.to_numpy(target.forward_tree(trees[k], where).logits[:, -1:, :1])
@@ -212,8 +239,10 @@ def curve_for(backend, target, slot: int = 0) -> CostCurve | None:
     file = _cache_file(backend, target)
     cached = _read(file)
     if cached and cached.get("tokens") and len(cached["tokens"]) == len(cached.get("seconds", ())):
-        return CostCurve(tokens=tuple(int(t) for t in cached["tokens"]),
-                         seconds=tuple(float(s) for s in cached["seconds"]))
+        return CostCurve(
+            tokens=tuple(int(t) for t in cached["tokens"]),
+            seconds=tuple(float(s) for s in cached["seconds"]),
+        )
     try:
         curve = measure_curve(backend, target, slot)
     except Exception:  # noqa: BLE001 - a speed choice: without a curve the costs are learned online

@@ -40,8 +40,15 @@ import attrs
 import numpy as np
 
 __all__ = [
-    "DtypeChoice", "architecture_key", "cached_beam_plan", "cpu_description", "cpu_flags", "dtype_cache_file",
-    "load_fastest", "measure_forward", "save_beam_plan",
+    "DtypeChoice",
+    "architecture_key",
+    "cached_beam_plan",
+    "cpu_description",
+    "cpu_flags",
+    "dtype_cache_file",
+    "load_fastest",
+    "measure_forward",
+    "save_beam_plan",
 ]
 
 DTYPE_VARIABLE = "SPECDEC_DTYPE"  # when set (e.g. float32), the dtype used instead of measuring
@@ -49,8 +56,17 @@ TREE_SIZES = (1, 8)  # a one-token decode step and a typical verification tree
 PROMPT_TOKENS = 64
 REPEATS = 5
 CACHE_VERSION = 1
-SHAPE_FIELDS = ("model_type", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                "num_key_value_heads", "head_dim", "vocab_size", "tie_word_embeddings")
+SHAPE_FIELDS = (
+    "model_type",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "vocab_size",
+    "tie_word_embeddings",
+)
 
 
 @attrs.frozen(kw_only=True)
@@ -78,8 +94,10 @@ class DtypeChoice:
             for name, sizes in self.timings.items()
         )
         sizes = "/".join(str(k) for k in next(iter(self.timings.values())))
-        return (f"{self.dtype}, the fastest here ({self.source}: one forward of {sizes} tokens: {parts}; "
-                f"on {self.device})")
+        return (
+            f"{self.dtype}, the fastest here ({self.source}: one forward of {sizes} tokens: {parts}; "
+            f"on {self.device})"
+        )
 
 
 @functools.lru_cache(maxsize=1)
@@ -108,7 +126,9 @@ def cpu_description() -> str:
     """The CPU's model name and a digest of its flags: two machines with the same name but other
     instruction sets (AVX-512 BF16 or only AVX2) are told apart."""
     model, flags = _cpuinfo()
-    digest = hashlib.sha256(" ".join(sorted(flags)).encode()).hexdigest()[:12] if flags else "no flags"
+    digest = (
+        hashlib.sha256(" ".join(sorted(flags)).encode()).hexdigest()[:12] if flags else "no flags"
+    )
     return f"{model} [flags {digest}]"
 
 
@@ -140,8 +160,12 @@ def _tuning_dir() -> Path:
 
 def dtype_cache_file(backend, device: str | None, architecture: dict) -> Path:
     """Where the dtype choice of this backend, device and model shape is kept."""
-    key = {"version": CACHE_VERSION, "backend": backend.name, "device": backend.describe_device(device),
-           "architecture": architecture}
+    key = {
+        "version": CACHE_VERSION,
+        "backend": backend.name,
+        "device": backend.describe_device(device),
+        "architecture": architecture,
+    }
     return _tuning_dir() / f"dtype-{backend.name}-{_digest(key)}.json"
 
 
@@ -162,7 +186,9 @@ def _write(file: Path, value: dict) -> None:
         pass  # a read-only cache only costs a measurement next time
 
 
-def measure_forward(backend, target, sizes: Sequence[int] = TREE_SIZES, *, repeats: int = REPEATS) -> dict[int, float]:
+def measure_forward(
+    backend, target, sizes: Sequence[int] = TREE_SIZES, *, repeats: int = REPEATS
+) -> dict[int, float]:
     """Median milliseconds of one ``forward_tree`` over a chain of k tokens, for each k in ``sizes``,
     after a ``PROMPT_TOKENS``-token prompt admitted into slot 0 (the result is read back to the host,
     so lazy backends are timed too). Sizes are interleaved per repeat; slot 0 is released after."""
@@ -175,10 +201,17 @@ def measure_forward(backend, target, sizes: Sequence[int] = TREE_SIZES, *, repea
     target.admit(0, prompt.tolist())
     trees = {}
     for k in sizes:
-        chain = build_prefix_tree(((np.arange(k, dtype=np.int64) * 104729 + 1) % vocab).reshape(1, 1, k))
-        trees[k] = DraftTree(**{f.name: None if getattr(chain, f.name) is None else
-                                backend.from_numpy(np.asarray(getattr(chain, f.name)), target)
-                                for f in attrs.fields(DraftTree)})
+        chain = build_prefix_tree(
+            ((np.arange(k, dtype=np.int64) * 104729 + 1) % vocab).reshape(1, 1, k)
+        )
+        trees[k] = DraftTree(
+            **{
+                f.name: None
+                if getattr(chain, f.name) is None
+                else backend.from_numpy(np.asarray(getattr(chain, f.name)), target)
+                for f in attrs.fields(DraftTree)
+            }
+        )
 
     def once(k: int) -> float:
         start = time.perf_counter()
@@ -211,14 +244,25 @@ def load_fastest(backend, source, *, device: str | None = None, remeasure: bool 
     candidates = tuple(backend.dtype_candidates(device))
     architecture = architecture_key(source)
     if len(candidates) == 1 or architecture is None:
-        target = backend.load_target(source, dtype=candidates[0] if architecture is not None else None, device=device, **slots)
-        return target, DtypeChoice(dtype=_dtype_name(target, candidates[0]), source="only candidate")
+        target = backend.load_target(
+            source,
+            dtype=candidates[0] if architecture is not None else None,
+            device=device,
+            **slots,
+        )
+        return target, DtypeChoice(
+            dtype=_dtype_name(target, candidates[0]), source="only candidate"
+        )
     file = dtype_cache_file(backend, device, architecture)
     cached = None if remeasure else _read(file)
     if cached and cached.get("dtype") in candidates:
         target = backend.load_target(source, dtype=cached["dtype"], device=device, **slots)
-        return target, DtypeChoice(dtype=cached["dtype"], source="cached", timings=cached.get("timings", {}),
-                                   device=cached.get("device", ""))
+        return target, DtypeChoice(
+            dtype=cached["dtype"],
+            source="cached",
+            timings=cached.get("timings", {}),
+            device=cached.get("device", ""),
+        )
     best, best_score, timings = None, float("inf"), {}
     if slots.get("capacity") is not None:  # room for the measurement's prompt and trees
         slots = {**slots, "capacity": max(int(slots["capacity"]), PROMPT_TOKENS + max(TREE_SIZES))}
@@ -230,8 +274,17 @@ def load_fastest(backend, source, *, device: str | None = None, remeasure: bool 
         del target  # at most two targets are held at once: the best so far and this one
     dtype, target = best
     described = backend.describe_device(device)
-    _write(file, {"dtype": dtype, "timings": timings, "device": described, "architecture": architecture,
-                  "candidates": list(candidates), "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S")})
+    _write(
+        file,
+        {
+            "dtype": dtype,
+            "timings": timings,
+            "device": described,
+            "architecture": architecture,
+            "candidates": list(candidates),
+            "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        },
+    )
     return target, DtypeChoice(dtype=dtype, source="measured", timings=timings, device=described)
 
 
@@ -245,10 +298,16 @@ def _dtype_name(target, fallback: str) -> str:
 
 
 def _plan_file(backend, target, drafter: str) -> Path:
-    key = {"version": CACHE_VERSION, "backend": backend.name,
-           "device": backend.describe_device(getattr(target, "device", None)) if hasattr(backend, "describe_device")
-           else "", "dtype": _dtype_name(target, ""), "target": getattr(target, "name", ""),
-           "drafter": _drafter_identity(drafter)}
+    key = {
+        "version": CACHE_VERSION,
+        "backend": backend.name,
+        "device": backend.describe_device(getattr(target, "device", None))
+        if hasattr(backend, "describe_device")
+        else "",
+        "dtype": _dtype_name(target, ""),
+        "target": getattr(target, "name", ""),
+        "drafter": _drafter_identity(drafter),
+    }
     return _tuning_dir() / f"beams-{backend.name}-{_digest(key)}.json"
 
 
@@ -263,11 +322,20 @@ def _drafter_identity(drafter: str) -> str:
     return str(drafter)
 
 
-def save_beam_plan(backend, target, drafter: str, *, beam_width: int, beam_length: int, details: dict) -> Path:
+def save_beam_plan(
+    backend, target, drafter: str, *, beam_width: int, beam_length: int, details: dict
+) -> Path:
     """Keep ``specdec plan``'s recommendation for this backend, device, dtype, target and drafter."""
     file = _plan_file(backend, target, drafter)
-    _write(file, {"beam_width": int(beam_width), "beam_length": int(beam_length), **details,
-                  "planned_at": time.strftime("%Y-%m-%dT%H:%M:%S")})
+    _write(
+        file,
+        {
+            "beam_width": int(beam_width),
+            "beam_length": int(beam_length),
+            **details,
+            "planned_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        },
+    )
     return file
 
 
@@ -276,6 +344,8 @@ def cached_beam_plan(backend, target, drafter) -> dict | None:
     if not isinstance(drafter, (str, Path)):
         return None
     plan = _read(_plan_file(backend, target, str(drafter)))
-    if not plan or not all(isinstance(plan.get(k), int) and plan[k] >= 1 for k in ("beam_width", "beam_length")):
+    if not plan or not all(
+        isinstance(plan.get(k), int) and plan[k] >= 1 for k in ("beam_width", "beam_length")
+    ):
         return None
     return plan

@@ -34,7 +34,14 @@ import attrs
 
 from specdec.errors import InvalidInputError
 
-__all__ = ["Exactness", "InvarianceCheck", "cached_check", "check_exact_option", "configure", "describe"]
+__all__ = [
+    "Exactness",
+    "InvarianceCheck",
+    "cached_check",
+    "check_exact_option",
+    "configure",
+    "describe",
+]
 
 CHECK_VERSION = 1
 
@@ -68,14 +75,22 @@ def check_exact_option(exact: Any) -> bool | None:
         return exact
     if isinstance(exact, str) and exact.lower() in ("auto", "true", "false", "on", "off"):
         return {"auto": None, "true": True, "on": True}.get(exact.lower(), False)
-    raise InvalidInputError(f"exact must be True, False or None (checked on this machine), got {exact!r}")
+    raise InvalidInputError(
+        f"exact must be True, False or None (checked on this machine), got {exact!r}"
+    )
 
 
 def _check_file(key: dict) -> Path:
     from specdec.models.bundled import cache_dir
 
-    digest = hashlib.sha256(json.dumps({"version": CHECK_VERSION, **key}, sort_keys=True, default=str).encode())
-    return cache_dir() / "tuning" / f"exact-{key.get('backend', 'target')}-{digest.hexdigest()[:20]}.json"
+    digest = hashlib.sha256(
+        json.dumps({"version": CHECK_VERSION, **key}, sort_keys=True, default=str).encode()
+    )
+    return (
+        cache_dir()
+        / "tuning"
+        / f"exact-{key.get('backend', 'target')}-{digest.hexdigest()[:20]}.json"
+    )
 
 
 def cached_check(key: dict, run: Callable[[], InvarianceCheck]) -> InvarianceCheck:
@@ -86,14 +101,21 @@ def cached_check(key: dict, run: Callable[[], InvarianceCheck]) -> InvarianceChe
     file = _check_file(key)
     try:
         saved = json.loads(file.read_text())
-        return InvarianceCheck(holds=bool(saved["holds"]), failed=saved.get("failed"),
-                               checked=tuple(saved.get("checked", ())), source="cached")
+        return InvarianceCheck(
+            holds=bool(saved["holds"]),
+            failed=saved.get("failed"),
+            checked=tuple(saved.get("checked", ())),
+            source="cached",
+        )
     except (OSError, ValueError, KeyError, TypeError):
         pass  # absent or damaged: measure
     check = run()
     try:
         file.parent.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(file, {**attrs.asdict(check), "key": key, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S")})
+        write_json_atomic(
+            file,
+            {**attrs.asdict(check), "key": key, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S")},
+        )
     except OSError:
         pass  # a read-only cache only costs a check next time
     return check
@@ -117,28 +139,41 @@ def configure(target, exact: bool | None, *, backend: str = "this") -> Exactness
         if exact:
             raise InvalidInputError(
                 f"exact=True: the {backend} backend's target has no row-invariant mode (it offers no "
-                "check_row_invariance); pass exact=False or None, or use the torch or mlx backend")
+                "check_row_invariance); pass exact=False or None, or use the torch or mlx backend"
+            )
         outcome = Exactness(on=False, reason=f"not offered by the {backend} backend's target")
     else:
         check = target.check_row_invariance()
         if check.holds:
             target.exact = True
-            outcome = Exactness(on=True, reason=f"on: rows checked invariant on this machine ({check.source})",
-                                check=check)
+            outcome = Exactness(
+                on=True,
+                reason=f"on: rows checked invariant on this machine ({check.source})",
+                check=check,
+            )
         else:
             target.exact = False
-            what = (f"{check.failed} gives a row other bits alone than among other rows on this machine "
-                    f"({_dtype(target)})")
+            what = (
+                f"{check.failed} gives a row other bits alone than among other rows on this machine "
+                f"({_dtype(target)})"
+            )
             if exact:
                 raise InvalidInputError(
                     f"exact=True, but {what}: speculative output could part from plain decoding; pass "
-                    "exact=False (or None) to decode anyway")
+                    "exact=False (or None) to decode anyway"
+                )
             outcome = Exactness(on=False, reason=f"off: {what}", check=check)
-            if _dtype(target) in ("bfloat16", "float16"):  # in float32 and float64 rounding hides at 1e-7
+            if _dtype(target) in (
+                "bfloat16",
+                "float16",
+            ):  # in float32 and float64 rounding hides at 1e-7
                 warnings.warn(
                     f"specdec: exact mode off: {what}; greedy speculative output then follows each "
                     "verification forward's rounding (float32 matches plain decoding token for token in "
-                    "practice); exact=False silences this", RuntimeWarning, stacklevel=3)
+                    "practice); exact=False silences this",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
     try:
         target.exactness = outcome
     except AttributeError:  # a frozen target class

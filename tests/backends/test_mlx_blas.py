@@ -34,10 +34,15 @@ print(repr(float(np.abs(np.array(mx.array(a) @ mx.array(w)) - a @ w).max())))
 """
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the bundled reference BLAS is the Linux wheel's")
+@pytest.mark.skipif(
+    not sys.platform.startswith("linux"), reason="the bundled reference BLAS is the Linux wheel's"
+)
 def test_the_pip_or_system_openblas_is_loaded_before_mlx_or_the_hint_says_how():
-    loaded, mapped, hint = eval(subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True,
-                                               check=True).stdout)
+    loaded, mapped, hint = eval(
+        subprocess.run(
+            [sys.executable, "-c", PROBE], capture_output=True, text=True, check=True
+        ).stdout
+    )
     if blas.pip_openblas():
         assert loaded == blas.pip_openblas()[0] and mapped and hint is None
     elif blas.system_blas_candidates():
@@ -46,24 +51,33 @@ def test_the_pip_or_system_openblas_is_loaded_before_mlx_or_the_hint_says_how():
         assert loaded is None and "pip install ngsolve-openblas" in hint
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux") or platform.machine() != "x86_64",
-                    reason="ngsolve-openblas is built for x86-64 Linux")
+@pytest.mark.skipif(
+    not sys.platform.startswith("linux") or platform.machine() != "x86_64",
+    reason="ngsolve-openblas is built for x86-64 Linux",
+)
 def test_the_mlx_extra_brings_an_openblas_that_mlx_computes_with():
     """The extra's package is installed (setup.sh installs the extra) and MLX's products run on it
     and agree with numpy's."""
     assert blas.pip_openblas() is not None, "ngsolve-openblas (the mlx extra's) is not installed"
     check = PROBE + PRODUCT
-    lines = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, check=True).stdout
+    lines = subprocess.run(
+        [sys.executable, "-c", check], capture_output=True, text=True, check=True
+    ).stdout
     (loaded, mapped, hint), err = map(eval, lines.splitlines())
     assert loaded == blas.pip_openblas()[0] and mapped and hint is None
     assert err < 1e-3, f"MLX on the pip OpenBLAS is off numpy's product by {err}"
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the bundled reference BLAS is the Linux wheel's")
+@pytest.mark.skipif(
+    not sys.platform.startswith("linux"), reason="the bundled reference BLAS is the Linux wheel's"
+)
 def test_specdec_mlx_blas_bundled_keeps_mlx_own_blas():
     env = {"SPECDEC_MLX_BLAS": "bundled", "PATH": "/usr/bin:/bin"}
-    loaded, _, hint = eval(subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, check=True,
-                                          env=env).stdout)
+    loaded, _, hint = eval(
+        subprocess.run(
+            [sys.executable, "-c", PROBE], capture_output=True, text=True, check=True, env=env
+        ).stdout
+    )
     assert loaded is None and hint is None
 
 
@@ -73,7 +87,11 @@ def test_the_hint_names_the_fix(monkeypatch):
     monkeypatch.setattr(blas, "_mapped_openblas", lambda: False)
     monkeypatch.setattr(blas, "system_blas_candidates", lambda: [])
     monkeypatch.setattr(blas, "pip_openblas", lambda: None)
-    assert "apt-get install libopenblas0-pthread" in blas.blas_hint() and "pip install ngsolve-openblas" in blas.blas_hint() and "$SPECDEC_MLX_BLAS" in blas.blas_hint()
+    assert (
+        "apt-get install libopenblas0-pthread" in blas.blas_hint()
+        and "pip install ngsolve-openblas" in blas.blas_hint()
+        and "$SPECDEC_MLX_BLAS" in blas.blas_hint()
+    )
     monkeypatch.setattr(blas, "system_blas_candidates", lambda: ["/usr/lib/libopenblas.so.0"])
     assert "import specdec before mlx" in blas.blas_hint()
     monkeypatch.setattr(blas, "_mapped_openblas", lambda: True)

@@ -12,7 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-pytest.importorskip("mlx_lm", reason="mlx is not installed")  # required when SPECDEC_TEST_BACKENDS names mlx
+pytest.importorskip(
+    "mlx_lm", reason="mlx is not installed"
+)  # required when SPECDEC_TEST_BACKENDS names mlx
 
 import specdec  # noqa: E402
 from specdec.testing import make_random_drafter, make_random_model  # noqa: E402
@@ -26,16 +28,28 @@ ALL_LAYERS = tuple(range(LAYERS))
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
-    return make_random_model(tmp_path_factory.mktemp("mlx-exact") / "llama", vocab_size=VOCAB, hidden_size=256,
-                             intermediate_size=768, num_layers=LAYERS, num_heads=4, num_kv_heads=2, seed=12)
+    return make_random_model(
+        tmp_path_factory.mktemp("mlx-exact") / "llama",
+        vocab_size=VOCAB,
+        hidden_size=256,
+        intermediate_size=768,
+        num_layers=LAYERS,
+        num_heads=4,
+        num_kv_heads=2,
+        seed=12,
+    )
 
 
 @pytest.fixture(scope="module")
 def target(folder):
-    loaded = specdec.load(folder, backend="mlx", dtype="float32", slots=3, capacity=300, exact=False)
+    loaded = specdec.load(
+        folder, backend="mlx", dtype="float32", slots=3, capacity=300, exact=False
+    )
     check = loaded.check_row_invariance()
     if not check.holds:
-        pytest.skip(f"exact mode does not hold on this machine: {check.failed} (specdec.tuning.exactness)")
+        pytest.skip(
+            f"exact mode does not hold on this machine: {check.failed} (specdec.tuning.exactness)"
+        )
     loaded.exact = True
     return loaded
 
@@ -48,13 +62,22 @@ def tree_of(parents: list[int], tokens: list[int]) -> DraftTree:
         while j >= 0:
             ancestors[0, i, j] = True
             j = parents[j]
-    return DraftTree(tokens=np.array([tokens]), parents=np.array([parents]), depth=ancestors.sum(-1) - 1,
-                     ancestor_mask=ancestors, num_nodes=np.array([n]))
+    return DraftTree(
+        tokens=np.array([tokens]),
+        parents=np.array([parents]),
+        depth=ancestors.sum(-1) - 1,
+        ancestor_mask=ancestors,
+        num_nodes=np.array([n]),
+    )
 
 
 def stack(trees):
-    return DraftTree(**{name: np.concatenate([getattr(t, name) for t in trees])
-                        for name in ("tokens", "parents", "depth", "ancestor_mask", "num_nodes")})
+    return DraftTree(
+        **{
+            name: np.concatenate([getattr(t, name) for t in trees])
+            for name in ("tokens", "parents", "depth", "ancestor_mask", "num_nodes")
+        }
+    )
 
 
 def host(array) -> np.ndarray:
@@ -76,8 +99,15 @@ def plain_path(target, slot, prompt, tokens):
         for token in tokens:
             tree = tree_of([-1], [token])
             out = target.forward_tree(tree, [slot], layers=ALL_LAYERS)
-            found.append((host(out.logits[0, 0]), {i: host(v[0, 0]) for i, v in out.layers.items()}))
-            target.commit(tree, Verdict(path=np.array([[0]]), num_accepted=np.array([0]), bonus_tokens=np.array([0])))
+            found.append(
+                (host(out.logits[0, 0]), {i: host(v[0, 0]) for i, v in out.layers.items()})
+            )
+            target.commit(
+                tree,
+                Verdict(
+                    path=np.array([[0]]), num_accepted=np.array([0]), bonus_tokens=np.array([0])
+                ),
+            )
     finally:
         target.release(slot)
     return found
@@ -87,8 +117,9 @@ def differences(target, prompts, trees) -> list[str]:
     for slot, prompt in enumerate(prompts):
         target.admit(slot, prompt)
     try:
-        out = target.forward_tree(stack([tree_of(p, t) for p, t in trees]), list(range(len(prompts))),
-                                  layers=ALL_LAYERS)
+        out = target.forward_tree(
+            stack([tree_of(p, t) for p, t in trees]), list(range(len(prompts))), layers=ALL_LAYERS
+        )
         logits, layers = host(out.logits), {i: host(v) for i, v in out.layers.items()}
     finally:
         for slot in range(len(prompts)):
@@ -97,12 +128,16 @@ def differences(target, prompts, trees) -> list[str]:
     for row, ((parents, tokens), prompt) in enumerate(zip(trees, prompts, strict=True)):
         for leaf in (i for i in range(len(parents)) if i not in parents):
             nodes = path_of(parents, leaf)
-            for node, (plain_logits, plain_layers) in zip(nodes, plain_path(target, 2, prompt,
-                                                                              [tokens[i] for i in nodes]), strict=True):
+            for node, (plain_logits, plain_layers) in zip(
+                nodes, plain_path(target, 2, prompt, [tokens[i] for i in nodes]), strict=True
+            ):
                 if not np.array_equal(logits[row, node], plain_logits):
                     found.append(f"row {row} node {node}: logits")
-                found += [f"row {row} node {node}: layer {i}" for i in ALL_LAYERS
-                          if not np.array_equal(layers[i][row, node], plain_layers[i])]
+                found += [
+                    f"row {row} node {node}: layer {i}"
+                    for i in ALL_LAYERS
+                    if not np.array_equal(layers[i][row, node], plain_layers[i])
+                ]
     return found
 
 
@@ -112,8 +147,12 @@ def cases(draw):
     trees = []
     for _ in range(2):
         parents = [-1] + [draw(st.integers(0, i - 1)) for i in range(1, nodes)]
-        trees.append((parents, draw(st.lists(st.integers(0, VOCAB - 1), min_size=nodes, max_size=nodes))))
-    prompts = [draw(st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=100)) for _ in range(2)]
+        trees.append(
+            (parents, draw(st.lists(st.integers(0, VOCAB - 1), min_size=nodes, max_size=nodes)))
+        )
+    prompts = [
+        draw(st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=100)) for _ in range(2)
+    ]
     return prompts, trees
 
 
@@ -131,9 +170,11 @@ def test_the_comparison_catches_a_row_variant_product(target, monkeypatch):
 
     def variant(fn, x, rows=2):
         out = exact_rows(fn, x, rows)
-        return out * (1 + 2.0 ** -20) if x.shape[0] == 1 else out
+        return out * (1 + 2.0**-20) if x.shape[0] == 1 else out
 
-    monkeypatch.setattr(mlx_target, "rows_invariant", variant)  # the forward's and the self-test's products
+    monkeypatch.setattr(
+        mlx_target, "rows_invariant", variant
+    )  # the forward's and the self-test's products
     assert differences(target, [[3, 4, 5], [9, 8]], [([-1, 0, 0, 2], [1, 2, 3, 4])] * 2)
     check = invariance.check_target_kernels(target)
     assert not check.holds and check.failed == "q projection", check
@@ -141,10 +182,17 @@ def test_the_comparison_catches_a_row_variant_product(target, monkeypatch):
 
 def test_greedy_speculation_equals_plain_decoding(folder, target):
     prompts = [[5, 9, 2, 7, 5, 9, 2], [100, 3, 3, 3, 41]]
-    plain = specdec.generate(target, prompts, drafter="none", backend="mlx", max_new_tokens=30).tokens
+    plain = specdec.generate(
+        target, prompts, drafter="none", backend="mlx", max_new_tokens=30
+    ).tokens
     redrafter = make_random_drafter(folder.parent / "redrafter", folder, kind="redrafter", seed=1)
     for drafter in ("lookup", redrafter):
-        assert specdec.generate(target, prompts, drafter=drafter, backend="mlx", max_new_tokens=30).tokens == plain
+        assert (
+            specdec.generate(
+                target, prompts, drafter=drafter, backend="mlx", max_new_tokens=30
+            ).tokens
+            == plain
+        )
 
 
 @pytest.mark.parametrize("shape", [(192, 576), (576, 576), (64, 256), (1536, 576)])
@@ -161,8 +209,8 @@ def test_few_row_products_padded_to_min_rows_give_the_bits_of_a_large_call(shape
     x = mx.array(rng.standard_normal((160, shape[1])).astype(np.float32))
     whole = np.array(x @ weight.T)
     rows = min_rows([weight])
-    assert rows * shape[0] * shape[1] > 100 ** 3 >= (rows - 1) * shape[0] * shape[1] or rows == 2
+    assert rows * shape[0] * shape[1] > 100**3 >= (rows - 1) * shape[0] * shape[1] or rows == 2
     for count in range(1, 9):
         for start in (0, 5, 40):
-            got = np.array(rows_invariant(lambda a: a @ weight.T, x[start:start + count], rows))
-            assert np.array_equal(got, whole[start:start + count]), (count, start)
+            got = np.array(rows_invariant(lambda a: a @ weight.T, x[start : start + count], rows))
+            assert np.array_equal(got, whole[start : start + count]), (count, start)

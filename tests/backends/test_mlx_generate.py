@@ -13,7 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-pytest.importorskip("mlx_lm", reason="mlx is not installed")  # required when SPECDEC_TEST_BACKENDS names mlx (conftest)
+pytest.importorskip(
+    "mlx_lm", reason="mlx is not installed"
+)  # required when SPECDEC_TEST_BACKENDS names mlx (conftest)
 
 import mlx.core as mx  # noqa: E402
 
@@ -31,13 +33,30 @@ def world(tmp_path_factory):
     root = tmp_path_factory.mktemp("mlx_generate")
     out = {}
     for arch, seed in (("llama", 11), ("qwen2", 12)):
-        model = make_random_model(root / arch, vocab_size=96, hidden_size=32, num_layers=2, num_heads=4,
-                                  num_kv_heads=2, seed=seed, architecture=arch, tie_word_embeddings=arch == "llama")
+        model = make_random_model(
+            root / arch,
+            vocab_size=96,
+            hidden_size=32,
+            num_layers=2,
+            num_heads=4,
+            num_kv_heads=2,
+            seed=seed,
+            architecture=arch,
+            tie_word_embeddings=arch == "llama",
+        )
         out[arch] = dict(
             model=model,
-            redrafter=make_random_drafter(root / f"{arch}-redrafter", model, kind="redrafter", seed=1,
-                                          beam_width=3, beam_length=4),
-            medusa=make_random_drafter(root / f"{arch}-medusa", model, kind="medusa", seed=1, choices="small8"),
+            redrafter=make_random_drafter(
+                root / f"{arch}-redrafter",
+                model,
+                kind="redrafter",
+                seed=1,
+                beam_width=3,
+                beam_length=4,
+            ),
+            medusa=make_random_drafter(
+                root / f"{arch}-medusa", model, kind="medusa", seed=1, choices="small8"
+            ),
         )
     return out
 
@@ -50,11 +69,17 @@ def mlx_lm_greedy(folder: Path, prompts, count: int) -> list[list[int]]:
     model, _ = load_model(Path(folder))
     rows = []
     for prompt in prompts:
-        steps = list(generate_step(mx.array(prompt), model, max_tokens=count, sampler=lambda x: mx.argmax(x, axis=-1)))
+        steps = list(
+            generate_step(
+                mx.array(prompt), model, max_tokens=count, sampler=lambda x: mx.argmax(x, axis=-1)
+            )
+        )
         tokens = [int(token) for token, _ in steps]
         for position, (_, log_probs) in enumerate(steps):
             top2 = np.sort(np.array(log_probs.astype(mx.float32)).ravel())[-2:]
-            assert top2[1] - top2[0] > 1e-3, f"test precondition: near-tie at position {position} of prompt {prompt}"
+            assert top2[1] - top2[0] > 1e-3, (
+                f"test precondition: near-tie at position {position} of prompt {prompt}"
+            )
         rows.append(tokens)
     return rows
 
@@ -65,10 +90,18 @@ def test_greedy_parity_with_mlx_lm(world, arch):
     expected = mlx_lm_greedy(world[arch]["model"], PROMPTS, NEW_TOKENS)
     target = specdec.load(world[arch]["model"], backend="mlx")
     for drafter in ("none", world[arch]["redrafter"], world[arch]["medusa"]):
-        result = specdec.generate(target, PROMPTS, drafter=drafter, backend="mlx", max_new_tokens=NEW_TOKENS,
-                                  stop_at_eos=False)
+        result = specdec.generate(
+            target,
+            PROMPTS,
+            drafter=drafter,
+            backend="mlx",
+            max_new_tokens=NEW_TOKENS,
+            stop_at_eos=False,
+        )
         for row, (got, want) in enumerate(zip(result.tokens, expected, strict=True)):
-            assert got == want, f"generate(backend='mlx', {arch}, drafter={drafter}) row {row}: {got} != mlx-lm {want}"
+            assert got == want, (
+                f"generate(backend='mlx', {arch}, drafter={drafter}) row {row}: {got} != mlx-lm {want}"
+            )
 
 
 @pytest.mark.parametrize("corruption", [0.0, 0.4])
@@ -80,45 +113,83 @@ def test_oracle_drafter_is_accepted_as_far_as_it_is_right(world, corruption):
     backend = MlxBackend()
     target = backend.load_target(folder, slots=len(PROMPTS))
     length = 4
-    oracle = OracleDrafter(expected, prompts=PROMPTS,
-                           vocab_size=target.vocab_size, backend=backend, target=target, beam_width=2,
-                           beam_length=length, corruption=corruption, rng=np.random.default_rng(3))
-    result = specdec.generate(target, PROMPTS, drafter=oracle, backend="mlx", max_new_tokens=NEW_TOKENS,
-                              stop_at_eos=False)
-    assert result.tokens == [row[:NEW_TOKENS] for row in expected], f"oracle drafter (corruption {corruption})"
+    oracle = OracleDrafter(
+        expected,
+        prompts=PROMPTS,
+        vocab_size=target.vocab_size,
+        backend=backend,
+        target=target,
+        beam_width=2,
+        beam_length=length,
+        corruption=corruption,
+        rng=np.random.default_rng(3),
+    )
+    result = specdec.generate(
+        target, PROMPTS, drafter=oracle, backend="mlx", max_new_tokens=NEW_TOKENS, stop_at_eos=False
+    )
+    assert result.tokens == [row[:NEW_TOKENS] for row in expected], (
+        f"oracle drafter (corruption {corruption})"
+    )
     if corruption == 0.0:
         steps = result.stats.steps - 1  # the prefill emits the first token, then L tokens per step
-        assert steps == -(-(NEW_TOKENS - 1) // length), f"a perfect drafter took {steps} steps for {NEW_TOKENS} tokens"
-        assert result.stats.accepted_tokens == len(PROMPTS) * steps * (length - 1), "every drafted token is accepted"
+        assert steps == -(-(NEW_TOKENS - 1) // length), (
+            f"a perfect drafter took {steps} steps for {NEW_TOKENS} tokens"
+        )
+        assert result.stats.accepted_tokens == len(PROMPTS) * steps * (length - 1), (
+            "every drafted token is accepted"
+        )
     else:
         assert result.stats.accepted_tokens > 0, "some drafted tokens must be accepted"
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 @pytest.mark.parametrize("drafter_name", ["none", "redrafter", "medusa"])
-@pytest.mark.parametrize("sampling", [dict(), dict(temperature=0.8, seed=5),
-                                      dict(temperature=1.0, top_k=6, top_p=0.9, seed=[3, 4, 5])],
-                         ids=["greedy", "t0.8", "topk-topp"])
+@pytest.mark.parametrize(
+    "sampling",
+    [
+        dict(),
+        dict(temperature=0.8, seed=5),
+        dict(temperature=1.0, top_k=6, top_p=0.9, seed=[3, 4, 5]),
+    ],
+    ids=["greedy", "t0.8", "topk-topp"],
+)
 def test_same_tokens_as_numpy(world, arch, drafter_name, sampling):
     drafter = "none" if drafter_name == "none" else world[arch][drafter_name]
     options = dict(drafter=drafter, max_new_tokens=NEW_TOKENS, stop_at_eos=False, **sampling)
     expected = specdec.generate(world[arch]["model"], PROMPTS, backend="numpy", **options).tokens
-    actual = specdec.generate(world[arch]["model"], PROMPTS, backend="mlx", dtype="float32", **options).tokens
-    assert actual == expected, f"generate({arch}, drafter={drafter_name}, {sampling}): mlx {actual} != numpy {expected}"
+    actual = specdec.generate(
+        world[arch]["model"], PROMPTS, backend="mlx", dtype="float32", **options
+    ).tokens
+    assert actual == expected, (
+        f"generate({arch}, drafter={drafter_name}, {sampling}): mlx {actual} != numpy {expected}"
+    )
 
 
 LOOPING_PROMPTS = [[1, 2, 3, 1, 2, 3, 1, 2], [4], [5, 6, 5, 6, 5]]
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
-@pytest.mark.parametrize("sampling", [dict(), dict(temperature=0.8, seed=5)], ids=["greedy", "t0.8"])
+@pytest.mark.parametrize(
+    "sampling", [dict(), dict(temperature=0.8, seed=5)], ids=["greedy", "t0.8"]
+)
 def test_lookup_gives_the_same_tokens_as_numpy(world, arch, sampling):
     """Prompt lookup alone and beside ReDrafter (the host-side n-gram drafts, joined to mlx beams)."""
-    for drafter, extra in (("lookup", dict(draft_length=3, min_ngram=1)), (world[arch]["redrafter"], dict(lookup=True))):
-        options = dict(drafter=drafter, max_new_tokens=NEW_TOKENS, stop_at_eos=False, **sampling, **extra)
-        expected = specdec.generate(world[arch]["model"], LOOPING_PROMPTS, backend="numpy", **options)
-        actual = specdec.generate(world[arch]["model"], LOOPING_PROMPTS, backend="mlx", dtype="float32", **options)
-        assert actual.tokens == expected.tokens, f"generate({arch}, {drafter}, {extra}, {sampling}): mlx != numpy"
+    for drafter, extra in (
+        ("lookup", dict(draft_length=3, min_ngram=1)),
+        (world[arch]["redrafter"], dict(lookup=True)),
+    ):
+        options = dict(
+            drafter=drafter, max_new_tokens=NEW_TOKENS, stop_at_eos=False, **sampling, **extra
+        )
+        expected = specdec.generate(
+            world[arch]["model"], LOOPING_PROMPTS, backend="numpy", **options
+        )
+        actual = specdec.generate(
+            world[arch]["model"], LOOPING_PROMPTS, backend="mlx", dtype="float32", **options
+        )
+        assert actual.tokens == expected.tokens, (
+            f"generate({arch}, {drafter}, {extra}, {sampling}): mlx != numpy"
+        )
         assert actual.stats.drafted_tokens == expected.stats.drafted_tokens
 
 
@@ -128,25 +199,50 @@ def test_same_tokens_as_torch_when_installed(world, drafter_name):
     pytest.importorskip("torch")
     if "torch" not in specdec.default_registry().names("backend"):
         pytest.skip("the torch backend plugin is not installed")
-    options = dict(drafter=world["llama"][drafter_name], max_new_tokens=NEW_TOKENS, stop_at_eos=False,
-                   dtype="float32", temperature=0.8, seed=9)
-    expected = specdec.generate(world["llama"]["model"], PROMPTS, backend="torch", device="cpu", **options).tokens
+    options = dict(
+        drafter=world["llama"][drafter_name],
+        max_new_tokens=NEW_TOKENS,
+        stop_at_eos=False,
+        dtype="float32",
+        temperature=0.8,
+        seed=9,
+    )
+    expected = specdec.generate(
+        world["llama"]["model"], PROMPTS, backend="torch", device="cpu", **options
+    ).tokens
     actual = specdec.generate(world["llama"]["model"], PROMPTS, backend="mlx", **options).tokens
-    assert actual == expected, f"generate(drafter={drafter_name}, t=0.8): mlx {actual} != torch {expected}"
+    assert actual == expected, (
+        f"generate(drafter={drafter_name}, t=0.8): mlx {actual} != torch {expected}"
+    )
 
 
-@pytest.mark.parametrize("verifier,drafter_options", [
-    (None, dict(sample=True)), ("exact", dict(sample=True)), ("rejection", dict(sample=True)),
-    ("redrafter_published", {}), ("typical", {}),
-])
+@pytest.mark.parametrize(
+    "verifier,drafter_options",
+    [
+        (None, dict(sample=True)),
+        ("exact", dict(sample=True)),
+        ("rejection", dict(sample=True)),
+        ("redrafter_published", {}),
+        ("typical", {}),
+    ],
+)
 def test_same_tokens_as_numpy_with_each_verifier(world, verifier, drafter_options):
     """None: the default choice (rejection sampling for sampled proposals) on both backends."""
     chosen = {} if verifier is None else dict(verifier=verifier)
-    options = dict(drafter=world["llama"]["redrafter"], max_new_tokens=NEW_TOKENS, stop_at_eos=False,
-                   temperature=0.9, seed=7, **chosen, **drafter_options)
+    options = dict(
+        drafter=world["llama"]["redrafter"],
+        max_new_tokens=NEW_TOKENS,
+        stop_at_eos=False,
+        temperature=0.9,
+        seed=7,
+        **chosen,
+        **drafter_options,
+    )
     expected = specdec.generate(world["llama"]["model"], PROMPTS, backend="numpy", **options).tokens
     actual = specdec.generate(world["llama"]["model"], PROMPTS, backend="mlx", **options).tokens
-    assert actual == expected, f"generate(verifier={verifier}, {drafter_options}): mlx {actual} != numpy {expected}"
+    assert actual == expected, (
+        f"generate(verifier={verifier}, {drafter_options}): mlx {actual} != numpy {expected}"
+    )
 
 
 @pytest.mark.parametrize("verifier", ["exact", "typical"])
@@ -158,32 +254,69 @@ def test_same_tokens_as_numpy_when_drafts_are_accepted(world, verifier):
     results = {}
     for name in ("numpy", "mlx"):
         backend = specdec.default_registry().get("backend", name).factory()
-        target = backend.load_target(folder, dtype=None if name == "numpy" else "float32", device=None,
-                                     slots=len(PROMPTS))
-        oracle = OracleDrafter(truth, prompts=PROMPTS,
-                           vocab_size=target.vocab_size, backend=backend, target=target, beam_width=3,
-                               beam_length=4, corruption=0.3, rng=np.random.default_rng(5))
-        results[name] = specdec.generate(target, PROMPTS, drafter=oracle, backend=name, max_new_tokens=NEW_TOKENS,
-                                         stop_at_eos=False, temperature=0.3, seed=21, verifier=verifier)
-    assert results["mlx"].tokens == results["numpy"].tokens, f"oracle drafts, {verifier}: mlx != numpy"
-    assert results["mlx"].stats.accepted_tokens > 3 * len(PROMPTS), f"{verifier}: drafts must be accepted"
+        target = backend.load_target(
+            folder, dtype=None if name == "numpy" else "float32", device=None, slots=len(PROMPTS)
+        )
+        oracle = OracleDrafter(
+            truth,
+            prompts=PROMPTS,
+            vocab_size=target.vocab_size,
+            backend=backend,
+            target=target,
+            beam_width=3,
+            beam_length=4,
+            corruption=0.3,
+            rng=np.random.default_rng(5),
+        )
+        results[name] = specdec.generate(
+            target,
+            PROMPTS,
+            drafter=oracle,
+            backend=name,
+            max_new_tokens=NEW_TOKENS,
+            stop_at_eos=False,
+            temperature=0.3,
+            seed=21,
+            verifier=verifier,
+        )
+    assert results["mlx"].tokens == results["numpy"].tokens, (
+        f"oracle drafts, {verifier}: mlx != numpy"
+    )
+    assert results["mlx"].stats.accepted_tokens > 3 * len(PROMPTS), (
+        f"{verifier}: drafts must be accepted"
+    )
 
 
 def test_static_size_trees_give_the_same_tokens(world):
     """Padding every prefix tree to 1 + W (L - 1) nodes (no host read of the tree size) changes nothing."""
     from specdec_mlx.tree import PrefixTreeBuilder
 
-    options = dict(drafter=world["llama"]["redrafter"], max_new_tokens=NEW_TOKENS, stop_at_eos=False,
-                   temperature=0.9, seed=11)
+    options = dict(
+        drafter=world["llama"]["redrafter"],
+        max_new_tokens=NEW_TOKENS,
+        stop_at_eos=False,
+        temperature=0.9,
+        seed=11,
+    )
     expected = specdec.generate(world["llama"]["model"], PROMPTS, backend="numpy", **options).tokens
-    actual = specdec.generate(world["llama"]["model"], PROMPTS, backend="mlx",
-                              tree_builder=PrefixTreeBuilder(static_size=True), **options).tokens
+    actual = specdec.generate(
+        world["llama"]["model"],
+        PROMPTS,
+        backend="mlx",
+        tree_builder=PrefixTreeBuilder(static_size=True),
+        **options,
+    ).tokens
     assert actual == expected, f"static_size prefix trees: mlx {actual} != numpy {expected}"
 
 
 def test_a_row_decodes_the_same_alone_and_in_a_batch(world):
-    options = dict(drafter=world["qwen2"]["redrafter"], backend="mlx", max_new_tokens=NEW_TOKENS, stop_at_eos=False,
-                   temperature=1.0)
+    options = dict(
+        drafter=world["qwen2"]["redrafter"],
+        backend="mlx",
+        max_new_tokens=NEW_TOKENS,
+        stop_at_eos=False,
+        temperature=1.0,
+    )
     batch = specdec.generate(world["qwen2"]["model"], PROMPTS, seed=[7, 8, 9], **options).tokens
     alone = specdec.generate(world["qwen2"]["model"], PROMPTS[2], seed=[9], **options).tokens
     assert alone == batch[2], f"row 2 alone {alone} != in batch {batch[2]}"

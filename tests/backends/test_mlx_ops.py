@@ -12,7 +12,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-pytest.importorskip("mlx_lm", reason="mlx is not installed")  # required when SPECDEC_TEST_BACKENDS names mlx (conftest)
+pytest.importorskip(
+    "mlx_lm", reason="mlx is not installed"
+)  # required when SPECDEC_TEST_BACKENDS names mlx (conftest)
 
 import mlx.core as mx  # noqa: E402
 
@@ -36,7 +38,10 @@ def test_indices_are_int32_and_probabilities_float32():
     assert ops.first_argmax(logits).tolist() == [1, 0]
     assert ops.top_indices(logits, 2).dtype == mx.int32
     assert ops.top_k_lowest_index(logits, 2)[1].dtype == mx.int32
-    assert ops.target_probs(logits.astype(mx.float16), SamplingConfig(temperature=0.5)).dtype == mx.float32
+    assert (
+        ops.target_probs(logits.astype(mx.float16), SamplingConfig(temperature=0.5)).dtype
+        == mx.float32
+    )
     assert ops.compute_dtype(mx.bfloat16) == mx.float32
     assert ops.sample_from(ops.softmax(logits), mx.array([0.0, 0.99])).dtype == mx.int32
 
@@ -54,7 +59,9 @@ def test_draft_weight_keeps_the_dtype_and_refuses_int8():
 
     weight, bias = mx.array([[1.0, 2.0], [3.0, -1.0]]), mx.array([0.5, 0.0])
     for int8 in (None, False):
-        assert ops.draft_weight(weight, bias, int8=int8)(mx.array([[1.0, 1.0]])).tolist() == [[3.5, 2.0]]
+        assert ops.draft_weight(weight, bias, int8=int8)(mx.array([[1.0, 1.0]])).tolist() == [
+            [3.5, 2.0]
+        ]
     with pytest.raises(InvalidInputError, match="int8=None or False"):
         ops.draft_weight(weight, int8=True)
     with pytest.raises(InvalidInputError, match="True, False or None"):

@@ -35,13 +35,28 @@ ALL_LAYERS = tuple(range(LAYERS))
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
-    return make_random_model(tmp_path_factory.mktemp("exact") / "llama", vocab_size=VOCAB, hidden_size=576,
-                             intermediate_size=1536, num_layers=LAYERS, num_heads=9, num_kv_heads=3, seed=11)
+    return make_random_model(
+        tmp_path_factory.mktemp("exact") / "llama",
+        vocab_size=VOCAB,
+        hidden_size=576,
+        intermediate_size=1536,
+        num_layers=LAYERS,
+        num_heads=9,
+        num_kv_heads=3,
+        seed=11,
+    )
 
 
 def _load(folder, exact, slots=4):
-    return specdec.load(folder, backend="torch", dtype="bfloat16", device=DEVICE, slots=slots, capacity=400,
-                        exact=exact)
+    return specdec.load(
+        folder,
+        backend="torch",
+        dtype="bfloat16",
+        device=DEVICE,
+        slots=slots,
+        capacity=400,
+        exact=exact,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +64,9 @@ def target(folder):
     loaded = _load(folder, False)
     check = loaded.check_row_invariance()
     if not check.holds:
-        pytest.skip(f"exact mode does not hold on this machine: {check.failed} (specdec.tuning.exactness)")
+        pytest.skip(
+            f"exact mode does not hold on this machine: {check.failed} (specdec.tuning.exactness)"
+        )
     loaded.exact = True
     return loaded
 
@@ -62,13 +79,22 @@ def tree_of(parents: list[int], tokens: list[int]) -> DraftTree:
         while j >= 0:
             ancestors[0, i, j] = True
             j = parents[j]
-    return DraftTree(tokens=torch.tensor([tokens]), parents=torch.tensor([parents]),
-                     depth=ancestors.sum(-1) - 1, ancestor_mask=ancestors, num_nodes=torch.tensor([n]))
+    return DraftTree(
+        tokens=torch.tensor([tokens]),
+        parents=torch.tensor([parents]),
+        depth=ancestors.sum(-1) - 1,
+        ancestor_mask=ancestors,
+        num_nodes=torch.tensor([n]),
+    )
 
 
 def stack(trees: list[DraftTree]) -> DraftTree:
-    return DraftTree(**{name: torch.cat([getattr(t, name) for t in trees])
-                        for name in ("tokens", "parents", "depth", "ancestor_mask", "num_nodes")})
+    return DraftTree(
+        **{
+            name: torch.cat([getattr(t, name) for t in trees])
+            for name in ("tokens", "parents", "depth", "ancestor_mask", "num_nodes")
+        }
+    )
 
 
 def one_token(target, slot: int, token: int):
@@ -76,8 +102,12 @@ def one_token(target, slot: int, token: int):
     tree = tree_of([-1], [token])
     out = target.forward_tree(tree, [slot], layers=ALL_LAYERS)
     result = out.logits[0, 0].clone(), {i: v[0, 0].clone() for i, v in out.layers.items()}
-    target.commit(tree, Verdict(path=torch.tensor([[0]]), num_accepted=torch.tensor([0]),
-                                bonus_tokens=torch.tensor([0])))
+    target.commit(
+        tree,
+        Verdict(
+            path=torch.tensor([[0]]), num_accepted=torch.tensor([0]), bonus_tokens=torch.tensor([0])
+        ),
+    )
     return result
 
 
@@ -106,8 +136,12 @@ def differences(target, prompts, trees, chunk=None) -> list[str]:
         target.admit(slot, prompt)
     context = [] if chunk is None else [(len(prompts), np.array(chunk))]
     try:
-        out = target.forward_tree(stack([tree_of(p, t) for p, t in trees]), list(range(len(prompts))),
-                                  context=context, layers=ALL_LAYERS)
+        out = target.forward_tree(
+            stack([tree_of(p, t) for p, t in trees]),
+            list(range(len(prompts))),
+            context=context,
+            layers=ALL_LAYERS,
+        )
     finally:
         for slot in range(len(prompts) + (chunk is not None)):
             if target.cache.admitted[slot]:
@@ -122,8 +156,11 @@ def differences(target, prompts, trees, chunk=None) -> list[str]:
             for node, (logits, layers) in zip(nodes, plain, strict=True):
                 if not torch.equal(out.logits[row, node], logits):
                     found.append(f"row {row} node {node}: logits")
-                found += [f"row {row} node {node}: layer {i}" for i in ALL_LAYERS
-                          if not torch.equal(out.layers[i][row, node], layers[i])]
+                found += [
+                    f"row {row} node {node}: layer {i}"
+                    for i in ALL_LAYERS
+                    if not torch.equal(out.layers[i][row, node], layers[i])
+                ]
     return found
 
 
@@ -141,7 +178,9 @@ def trees(draw, rows=1):
             parents.append(parent if depth < 8 else 0)
         tokens = draw(st.lists(st.integers(0, VOCAB - 1), min_size=nodes, max_size=nodes))
         out.append((parents, tokens))
-    prompts = [draw(st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=120)) for _ in range(rows)]
+    prompts = [
+        draw(st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=120)) for _ in range(rows)
+    ]
     return prompts, out
 
 
@@ -165,10 +204,17 @@ def test_the_comparison_can_fail(folder):
     blocking follows the key count; the down projection's one-row kernel rounds differently)."""
     target = _load(folder, False)
     rng = np.random.default_rng(5)
-    cases = [([int(t) for t in rng.integers(0, VOCAB, 90 + 7 * k)],
-              ([-1, 0, 1, 2, 0, 4, 5, 6], [int(t) for t in rng.integers(0, VOCAB, 8)])) for k in range(3)]
+    cases = [
+        (
+            [int(t) for t in rng.integers(0, VOCAB, 90 + 7 * k)],
+            ([-1, 0, 1, 2, 0, 4, 5, 6], [int(t) for t in rng.integers(0, VOCAB, 8)]),
+        )
+        for k in range(3)
+    ]
     found = [d for prompt, tree in cases for d in differences(target, [prompt], [tree])]
-    assert len(found) >= 3, f"exact mode off gave {found}: this comparison could hardly catch a difference"
+    assert len(found) >= 3, (
+        f"exact mode off gave {found}: this comparison could hardly catch a difference"
+    )
 
 
 @settings(max_examples=6, deadline=None)
@@ -181,7 +227,10 @@ def test_a_prompt_admitted_in_chunks_writes_the_same_cache_as_at_once(target, pr
         target.forward_tree(None, [1] if start else [], context=[(1, np.array(prompt[start:end]))])
         start = end
     try:
-        assert torch.equal(target.cache.data[:, :, 0, :, :len(prompt)], target.cache.data[:, :, 1, :, :len(prompt)])
+        assert torch.equal(
+            target.cache.data[:, :, 0, :, : len(prompt)],
+            target.cache.data[:, :, 1, :, : len(prompt)],
+        )
     finally:
         target.release(0)
         target.release(1)
@@ -193,13 +242,23 @@ def test_greedy_speculation_equals_plain_decoding_in_bfloat16(folder, target):
     from specdec.testing import make_random_drafter
 
     prompts = [[5, 9, 2, 7, 5, 9, 2], [100, 3, 3, 3, 41], list(range(30, 70))]
-    plain = specdec.generate(target, prompts, drafter="none", backend="torch", max_new_tokens=40).tokens
-    drafters = {"lookup": "lookup",
-                "redrafter": make_random_drafter(folder.parent / "redrafter", folder, kind="redrafter", seed=1),
-                "medusa": make_random_drafter(folder.parent / "medusa", folder, kind="medusa", seed=2)}
+    plain = specdec.generate(
+        target, prompts, drafter="none", backend="torch", max_new_tokens=40
+    ).tokens
+    drafters = {
+        "lookup": "lookup",
+        "redrafter": make_random_drafter(
+            folder.parent / "redrafter", folder, kind="redrafter", seed=1
+        ),
+        "medusa": make_random_drafter(folder.parent / "medusa", folder, kind="medusa", seed=2),
+    }
     for name, drafter in drafters.items():
-        spec = specdec.generate(target, prompts, drafter=drafter, backend="torch", max_new_tokens=40)
-        assert spec.tokens == plain, f"{name}: speculative bfloat16 output differs from plain decoding"
+        spec = specdec.generate(
+            target, prompts, drafter=drafter, backend="torch", max_new_tokens=40
+        )
+        assert spec.tokens == plain, (
+            f"{name}: speculative bfloat16 output differs from plain decoding"
+        )
 
 
 def test_the_self_test_refuses_a_row_variant_product(target, monkeypatch):

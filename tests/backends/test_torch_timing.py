@@ -23,24 +23,37 @@ class FakeClock:
     def taking(self, seconds: float):
         def run():
             self.now += seconds
+
         return run
 
 
-@pytest.mark.parametrize("costs, chosen", [
-    ({"default": 1.0, "a": 0.95, "b": 0.99}, "default"),  # within the margin: the default stays
-    ({"default": 1.0, "a": 0.5, "b": 0.8}, "a"),
-    ({"default": 1.0, "a": 0.8, "b": 0.5}, "b"),  # the fastest, not the first one under the margin
-    ({"default": 1.0, "a": 2.0}, "default"),
-    ({"default": 1.0}, "default"),
-])
-def test_fastest_keeps_the_default_unless_another_beats_it_by_the_margin(monkeypatch, costs, chosen):
+@pytest.mark.parametrize(
+    "costs, chosen",
+    [
+        ({"default": 1.0, "a": 0.95, "b": 0.99}, "default"),  # within the margin: the default stays
+        ({"default": 1.0, "a": 0.5, "b": 0.8}, "a"),
+        (
+            {"default": 1.0, "a": 0.8, "b": 0.5},
+            "b",
+        ),  # the fastest, not the first one under the margin
+        ({"default": 1.0, "a": 2.0}, "default"),
+        ({"default": 1.0}, "default"),
+    ],
+)
+def test_fastest_keeps_the_default_unless_another_beats_it_by_the_margin(
+    monkeypatch, costs, chosen
+):
     clock = FakeClock()
-    monkeypatch.setattr(timing, "time", SimpleNamespace(perf_counter=clock))  # this module's clock only
+    monkeypatch.setattr(
+        timing, "time", SimpleNamespace(perf_counter=clock)
+    )  # this module's clock only
     assert timing.fastest({name: clock.taking(cost) for name, cost in costs.items()}) == chosen
 
 
 def test_second_is_faster_is_fastest_of_two(monkeypatch):
     clock = FakeClock()
-    monkeypatch.setattr(timing, "time", SimpleNamespace(perf_counter=clock))  # this module's clock only
+    monkeypatch.setattr(
+        timing, "time", SimpleNamespace(perf_counter=clock)
+    )  # this module's clock only
     assert timing.second_is_faster(clock.taking(1.0), clock.taking(0.5))
     assert not timing.second_is_faster(clock.taking(1.0), clock.taking(0.95))

@@ -24,15 +24,23 @@ def test_prompt_sets():
 
 def test_jsonl_prompts(tmp_path):
     path = tmp_path / "p.jsonl"
-    path.write_text(json.dumps({"prompt": "hi", "category": "x"}) + "\n" +
-                    json.dumps({"messages": [{"role": "user", "content": "yo"}]}) + "\n")
+    path.write_text(
+        json.dumps({"prompt": "hi", "category": "x"})
+        + "\n"
+        + json.dumps({"messages": [{"role": "user", "content": "yo"}]})
+        + "\n"
+    )
     prompts = load_prompt_set(str(path))
     assert [p.category for p in prompts] == ["x", "all"] and prompts[0].prompt == "hi"
 
 
 def test_parse_method():
     method = parse_method("redrafter:w=4,l=5,verifier=exact")
-    assert method.kind == "redrafter" and method.options == {"beam_width": 4, "beam_length": 5, "verifier": "exact"}
+    assert method.kind == "redrafter" and method.options == {
+        "beam_width": 4,
+        "beam_length": 5,
+        "verifier": "exact",
+    }
     with pytest.raises(InvalidInputError, match="unknown method"):
         parse_method("hydra")
     with pytest.raises(InvalidInputError, match="needs a draft model"):
@@ -67,15 +75,31 @@ def test_the_bench_runs_the_default_path_and_records_peak_memory(model_dir, targ
     from specdec.drafting.lookup import LookupDrafter
 
     drafter = make_random_drafter(tmp_path / "d", model_dir, kind="redrafter", seed=1)
-    default, alone = (parse_method(f"redrafter:drafter={drafter},w=2,l=3{extra}") for extra in ("", ",lookup=false"))
+    default, alone = (
+        parse_method(f"redrafter:drafter={drafter},w=2,l=3{extra}")
+        for extra in ("", ",lookup=false")
+    )
     assert isinstance(specdec_runner(default, model_dir, target, "numpy", 8).drafter, LookupDrafter)
-    assert not isinstance(specdec_runner(alone, model_dir, target, "numpy", 8).drafter, LookupDrafter)
-    with_lookup, without = (specdec_runner(m, model_dir, target, "numpy", 12)([5, 6, 7, 5, 6, 7, 5, 6], 0.0, 0)
-                            for m in (default, alone))
+    assert not isinstance(
+        specdec_runner(alone, model_dir, target, "numpy", 8).drafter, LookupDrafter
+    )
+    with_lookup, without = (
+        specdec_runner(m, model_dir, target, "numpy", 12)([5, 6, 7, 5, 6, 7, 5, 6], 0.0, 0)
+        for m in (default, alone)
+    )
     # this random target repeats itself, which the lookup beam copies and the random ReDrafter cannot
-    assert sum(with_lookup["accepted"]) > sum(without["accepted"]) == 0, "lookup=false runs ReDrafter alone"
-    records = run_bench(model_dir, load_prompt_set("mt-bench", per_category=1)[:1], [default, alone],
-                        grid=[("numpy", None)], max_new_tokens=8, repeats=1, progress=False)
+    assert sum(with_lookup["accepted"]) > sum(without["accepted"]) == 0, (
+        "lookup=false runs ReDrafter alone"
+    )
+    records = run_bench(
+        model_dir,
+        load_prompt_set("mt-bench", per_category=1)[:1],
+        [default, alone],
+        grid=[("numpy", None)],
+        max_new_tokens=8,
+        repeats=1,
+        progress=False,
+    )
     if sys.platform.startswith("linux"):
         assert all(r.peak_rss_mb > 10 for r in records)
         assert "peak RSS MB" in markdown(summarize(records))
@@ -85,21 +109,41 @@ def test_run_bench_and_outputs(model_dir, tmp_path):
     drafter = make_random_drafter(tmp_path / "d", model_dir, kind="redrafter", seed=1)
     prompts = load_prompt_set("mt-bench", per_category=1)[:2]
     methods = [parse_method("plain"), parse_method(f"redrafter:drafter={drafter},w=2,l=3")]
-    records = run_bench(model_dir, prompts, methods, grid=[("numpy", None)], max_new_tokens=6, repeats=2,
-                        temperatures=[0.0, 1.0], progress=False)
+    records = run_bench(
+        model_dir,
+        prompts,
+        methods,
+        grid=[("numpy", None)],
+        max_new_tokens=6,
+        repeats=2,
+        temperatures=[0.0, 1.0],
+        progress=False,
+    )
     assert len(records) == 2 * 2 * 2 * 2
     rows = summarize(records)
     plain = [r for r in rows if r["method"] == "plain" and r["category"] == "all"]
     assert all(r["speedup"] == 1.0 and r["tokens_per_step"] == 1.0 for r in plain), plain
     spec = [r for r in rows if r["method"] != "plain" and r["category"] == "all"]
     # W=2 beams of L=3 and the default lookup chain of 10 drafted tokens: at most 1 + 2 x 2 + 10 nodes
-    assert all(0.0 <= r["tree_reduction"] < 1.0 and r["verified_per_step"] <= 15 for r in spec), spec
+    assert all(0.0 <= r["tree_reduction"] < 1.0 and r["verified_per_step"] <= 15 for r in spec), (
+        spec
+    )
     greedy = [r for r in rows if r["temperature"] == 0]
-    assert all(r["identical"] == 1.0 for r in greedy), "greedy speculative output differs from plain decoding"
-    assert all(np.isnan(r["identical"]) for r in rows if r["temperature"] > 0), "identity is a greedy check"
-    changed = [attrs.evolve(r, tokens=r.tokens[:-1] + (r.tokens[-1] + 1,)) if r.method != "plain" else r
-               for r in records]
-    assert all(r["identical"] == 0.0 for r in summarize(changed) if r["temperature"] == 0 and r["method"] != "plain")
+    assert all(r["identical"] == 1.0 for r in greedy), (
+        "greedy speculative output differs from plain decoding"
+    )
+    assert all(np.isnan(r["identical"]) for r in rows if r["temperature"] > 0), (
+        "identity is a greedy check"
+    )
+    changed = [
+        attrs.evolve(r, tokens=r.tokens[:-1] + (r.tokens[-1] + 1,)) if r.method != "plain" else r
+        for r in records
+    ]
+    assert all(
+        r["identical"] == 0.0
+        for r in summarize(changed)
+        if r["temperature"] == 0 and r["method"] != "plain"
+    )
     write_outputs(records, tmp_path / "out", meta={"test": True})
     for name in ("bench.json", "bench.md", "speedup.png", "accepted.png"):
         assert (tmp_path / "out" / name).stat().st_size > 0, name
@@ -119,12 +163,29 @@ def test_planner_predicts_and_measures(model_dir, tmp_path):
     # the lookup beam (the last) keeps its own length whatever L the model beams are cut to
     with_lookup, lengths = np.array([[7, 1, 2, 3, 3, 3], [7, 4, 4, 4, 9, 8]]), np.array([4, 6])
     assert accepted_length(with_lookup, [4, 4, 4, 9, 8, 0], 1, 3, True, lengths) == 5
-    assert accepted_length(with_lookup, [1, 2, 3, 3, 0], 1, 6, False, lengths) == 3, "beam 0 ends after 3 drafted"
+    assert accepted_length(with_lookup, [1, 2, 3, 3, 0], 1, 6, False, lengths) == 3, (
+        "beam 0 ends after 3 drafted"
+    )
     assert tree_size(with_lookup, 1, 3, True, lengths) == 1 + 2 + 5
     drafter = make_random_drafter(tmp_path / "d", model_dir, kind="redrafter", seed=1)
-    rows = plan(model_dir, str(drafter), [[1, 2, 3], [4, 5]], backend="numpy", widths=(1, 2), lengths=(2, 3),
-                max_new_tokens=8)
+    rows = plan(
+        model_dir,
+        str(drafter),
+        [[1, 2, 3], [4, 5]],
+        backend="numpy",
+        widths=(1, 2),
+        lengths=(2, 3),
+        max_new_tokens=8,
+    )
     assert len(rows) == 4 and rows == sorted(rows, key=lambda r: -r.predicted_speedup)
     assert all(r.tokens_per_step >= 1.0 and r.predicted_speedup > 0 for r in rows)
-    checked = measure(model_dir, str(drafter), [[1, 2, 3]], rows[:1], backend="numpy", dtype=None, max_new_tokens=8)
+    checked = measure(
+        model_dir,
+        str(drafter),
+        [[1, 2, 3]],
+        rows[:1],
+        backend="numpy",
+        dtype=None,
+        max_new_tokens=8,
+    )
     assert checked[0].measured_speedup > 0

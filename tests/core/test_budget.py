@@ -18,7 +18,15 @@ from hypothesis import strategies as st
 
 import specdec
 from specdec.decode.batching import cut_tree, merge_trees
-from specdec.decode.budget import BUDGETS, EXPLORE_EVERY, MIN_PREFILL, REQUEST_DECAY, Speculation, StepPlan, check_speculation
+from specdec.decode.budget import (
+    BUDGETS,
+    EXPLORE_EVERY,
+    MIN_PREFILL,
+    REQUEST_DECAY,
+    Speculation,
+    StepPlan,
+    check_speculation,
+)
 from specdec.tuning.costs import CostCurve, StepCosts, _Fit, increasing
 from specdec.errors import InvalidInputError
 from specdec.decode.prefill import plan_chunks
@@ -37,16 +45,23 @@ def policy(curve=LINE) -> Speculation:
     return speculation
 
 
-def teach(speculation: Speculation, request_id: int, tokens_per_step: float, nodes: int = 9, steps: int = 20,
-          accepted_nodes=None):
+def teach(
+    speculation: Speculation,
+    request_id: int,
+    tokens_per_step: float,
+    nodes: int = 9,
+    steps: int = 20,
+    accepted_nodes=None,
+):
     """Steps of a request whose whole tree (``nodes``) had every row accept ``tokens_per_step - 1``
     drafted tokens, at ``accepted_nodes`` (default: along the first beam, nodes 1, 2, ...)."""
     accepted = int(tokens_per_step - 1)
     along = list(range(1, accepted + 1)) if accepted_nodes is None else list(accepted_nodes)
     path = np.array([[0] + along + [-1] * (nodes - 1 - accepted)])
     for _ in range(steps):
-        speculation.observe_rows([request_id], [None], np.array([nodes]), np.array([nodes]), path,
-                                 np.array([accepted]))
+        speculation.observe_rows(
+            [request_id], [None], np.array([nodes]), np.array([nodes]), path, np.array([accepted])
+        )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -56,10 +71,14 @@ def teach(speculation: Speculation, request_id: int, tokens_per_step: float, nod
 def test_one_request_that_accepts_drafts_and_a_full_batch_decodes_plainly():
     speculation = policy()
     for i in range(32):
-        teach(speculation, i, 3.0, accepted_nodes=(6, 8))  # accepted deep in the tree: it takes 8 nodes
+        teach(
+            speculation, i, 3.0, accepted_nodes=(6, 8)
+        )  # accepted deep in the tree: it takes 8 nodes
     alone = speculation.plan([0])
     assert alone.budgets[0] == 8 and alone.drafting == 1
-    batch = speculation.plan(list(range(32)))  # 32 x 9 nodes cost 6x the plain step; 3 tokens do not pay
+    batch = speculation.plan(
+        list(range(32))
+    )  # 32 x 9 nodes cost 6x the plain step; 3 tokens do not pay
     assert set(batch.budgets.values()) == {0} and batch.drafting == 0
 
 
@@ -70,7 +89,9 @@ def test_a_request_that_accepts_nothing_decodes_plainly_even_alone():
 
 
 def test_free_tokens_make_every_request_draft_its_whole_tree():
-    speculation = policy(CostCurve(tokens=(1, 1024), seconds=(0.02, 0.02)))  # a forward costs the same at any size
+    speculation = policy(
+        CostCurve(tokens=(1, 1024), seconds=(0.02, 0.02))
+    )  # a forward costs the same at any size
     for i in range(8):
         teach(speculation, i, 4.0, nodes=9)
     plan = speculation.plan(list(range(8)))
@@ -107,19 +128,43 @@ class FixedCosts(StepCosts):
         pass
 
 
-@pytest.mark.parametrize("curve, batch, drafts", [
-    (CostCurve(tokens=(1, 1024), seconds=(0.02, 0.02)), 3, True),  # a forward costs the same at any size
-    (CostCurve(tokens=(1, 2, 1024), seconds=(0.02, 0.2, 100.0)), 3, False),  # a second token costs 10x the first
-])
+@pytest.mark.parametrize(
+    "curve, batch, drafts",
+    [
+        (
+            CostCurve(tokens=(1, 1024), seconds=(0.02, 0.02)),
+            3,
+            True,
+        ),  # a forward costs the same at any size
+        (
+            CostCurve(tokens=(1, 2, 1024), seconds=(0.02, 0.2, 100.0)),
+            3,
+            False,
+        ),  # a second token costs 10x the first
+    ],
+)
 def test_auto_decodes_plainly_where_drafting_cannot_pay(model_dir, curve, batch, drafts):
     speculation = Speculation("auto")
     speculation.use_costs(FixedCosts(curve))
     prompts = [[5, 6, 7, 5, 6, 7, 5, 6]] * batch
-    result = specdec.generate(model_dir, prompts, drafter="lookup", backend="numpy", max_new_tokens=12,
-                              speculation=speculation)
+    result = specdec.generate(
+        model_dir,
+        prompts,
+        drafter="lookup",
+        backend="numpy",
+        max_new_tokens=12,
+        speculation=speculation,
+    )
     assert (result.stats.verified_tokens > result.stats.row_steps - batch) == drafts
-    assert result.tokens == [specdec.generate(model_dir, prompts[0], drafter="none", backend="numpy",
-                                              max_new_tokens=12).tokens] * batch
+    assert (
+        result.tokens
+        == [
+            specdec.generate(
+                model_dir, prompts[0], drafter="none", backend="numpy", max_new_tokens=12
+            ).tokens
+        ]
+        * batch
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -132,9 +177,18 @@ def test_one_full_tree_tells_what_every_cut_would_have_accepted():
     speculation.observe_rows([7], [None], np.array([9]), np.array([9]), path, np.array([2]))
     row = speculation._rows[7]
     assert row.known.all()  # every budget learnt from one step
-    for _ in range(int(np.ceil(np.log(1e-8) / np.log(1 - REQUEST_DECAY)))):  # the first step's weight below 1e-8
+    for _ in range(
+        int(np.ceil(np.log(1e-8) / np.log(1 - REQUEST_DECAY)))
+    ):  # the first step's weight below 1e-8
         speculation.observe_rows([7], [None], np.array([9]), np.array([9]), path, np.array([2]))
-    expected = {1: 1, 2: 2, 3: 2, 4: 2, 6: 3, 8: 3}  # tokens per step had the tree been cut at k nodes
+    expected = {
+        1: 1,
+        2: 2,
+        3: 2,
+        4: 2,
+        6: 3,
+        8: 3,
+    }  # tokens per step had the tree been cut at k nodes
     for k, tokens in expected.items():
         assert row.tokens[BUDGETS.index(k)] == pytest.approx(tokens, abs=1e-6)
     assert row.nodes == pytest.approx(9)
@@ -143,9 +197,11 @@ def test_one_full_tree_tells_what_every_cut_would_have_accepted():
 def test_a_cut_tree_tells_nothing_about_larger_budgets():
     speculation = policy()
     path = np.array([[0, 1, 2, -1]])
-    speculation.observe_rows([3], [3], np.array([4]), np.array([9]), path, np.array([2]))  # cut to 3 drafted nodes
+    speculation.observe_rows(
+        [3], [3], np.array([4]), np.array([9]), path, np.array([2])
+    )  # cut to 3 drafted nodes
     row = speculation._rows[3]
-    assert row.known[: BUDGETS.index(3) + 1].all() and not row.known[BUDGETS.index(4):].any()
+    assert row.known[: BUDGETS.index(3) + 1].all() and not row.known[BUDGETS.index(4) :].any()
 
 
 def test_a_request_that_stops_drafting_drifts_back_to_the_engines_average():
@@ -154,19 +210,27 @@ def test_a_request_that_stops_drafting_drifts_back_to_the_engines_average():
     teach(speculation, 0, 5.0)  # the engine's average rises
     before = speculation.estimate(1)[0][BUDGETS.index(8)]
     for _ in range(40):
-        speculation.observe_rows([1], [0], np.array([1]), np.array([1]), np.array([[0]]), np.array([0]))
+        speculation.observe_rows(
+            [1], [0], np.array([1]), np.array([1]), np.array([[0]]), np.array([0])
+        )
     after = speculation.estimate(1)[0][BUDGETS.index(8)]
     assert before == pytest.approx(1.0, abs=0.01) and after > before + 0.5
 
 
-STEEP = CostCurve(tokens=(1, 1024), seconds=(0.001, 1.024))  # 1 ms per token: a 3-node tree costs 3 steps
+STEEP = CostCurve(
+    tokens=(1, 1024), seconds=(0.001, 1.024)
+)  # 1 ms per token: a 3-node tree costs 3 steps
 
 
-@pytest.mark.parametrize("curve, tried", [(CostCurve(tokens=(1, 1024), seconds=(0.02, 0.02)), True), (LINE, True),
-                                          (STEEP, False)])
+@pytest.mark.parametrize(
+    "curve, tried",
+    [(CostCurve(tokens=(1, 1024), seconds=(0.02, 0.02)), True), (LINE, True), (STEEP, False)],
+)
 def test_a_request_idle_for_a_while_drafts_again_where_that_is_cheap(curve, tried):
     speculation = policy(curve)
-    teach(speculation, 0, 1.0, nodes=3, steps=200)  # accepts nothing, and so does the engine's average
+    teach(
+        speculation, 0, 1.0, nodes=3, steps=200
+    )  # accepts nothing, and so does the engine's average
     plain = (np.array([1]), np.array([1]), np.array([[0]]), np.array([0]))
     for _ in range(EXPLORE_EVERY - 1):
         speculation.observe_rows([0], [0], *plain)
@@ -186,8 +250,14 @@ def test_requests_are_tried_again_at_most_once_in_so_many_steps():
     first = speculation.plan([0, 1]).budgets
     assert sorted(first.values(), key=str) == [0, None]  # one of the two, not both
     tried = next(r for r, budget in first.items() if budget is None)
-    speculation.observe_rows([0, 1], [first[0], first[1]], np.array([3, 1]) if tried == 0 else np.array([1, 3]),
-                             np.array([3, 3]), np.array([[0], [0]]), np.array([0, 0]))
+    speculation.observe_rows(
+        [0, 1],
+        [first[0], first[1]],
+        np.array([3, 1]) if tried == 0 else np.array([1, 3]),
+        np.array([3, 3]),
+        np.array([[0], [0]]),
+        np.array([0, 0]),
+    )
     for step in range(EXPLORE_EVERY):
         assert speculation.plan([0, 1]).budgets == {0: 0, 1: 0}, step  # the other waits its turn
         speculation.observe_step(2, 0.021, 0, 0.0)
@@ -196,11 +266,15 @@ def test_requests_are_tried_again_at_most_once_in_so_many_steps():
 
 def test_step_costs_fit_a_fixed_cost_and_a_scale():
     costs = StepCosts(CostCurve(tokens=(1, 16, 64), seconds=(0.02, 0.025, 0.05)))
-    assert costs.target([1, 64]).tolist() == pytest.approx([0.02, 0.05])  # the curve until a step ran
+    assert costs.target([1, 64]).tolist() == pytest.approx(
+        [0.02, 0.05]
+    )  # the curve until a step ran
     for _ in range(200):
         for tokens, seconds in ((1, 0.005 + 2 * 0.02), (64, 0.005 + 2 * 0.05)):
             costs.observe(tokens, seconds, 0, 0.0)
-    assert costs.target([16]).item() == pytest.approx(0.005 + 2 * 0.025, rel=0.05)  # the prior pulls a little
+    assert costs.target([16]).item() == pytest.approx(
+        0.005 + 2 * 0.025, rel=0.05
+    )  # the prior pulls a little
     fit = _Fit(0.0, 0.0, 1.0)
     for rows in (1, 2, 4, 8) * 5:
         fit.observe(rows, 0.002 + 0.0005 * rows)
@@ -244,26 +318,43 @@ def test_prefill_budget_keeps_the_step_within_its_stall():
     speculation = policy()
     for i in range(4):
         teach(speculation, i, 1.0)
-    budget = speculation.prefill_tokens([0, 1, 2, 3], "auto")  # 4 plain rows: 24 ms; twice that allows 24 tokens
+    budget = speculation.prefill_tokens(
+        [0, 1, 2, 3], "auto"
+    )  # 4 plain rows: 24 ms; twice that allows 24 tokens
     assert budget in (23, 24)
     assert speculation.prefill_tokens([], "auto") == PREFILL_CHUNK  # nobody to stall
-    assert speculation.prefill_tokens([0], 100) == 100 and speculation.prefill_tokens([0], None) is None
+    assert (
+        speculation.prefill_tokens([0], 100) == 100
+        and speculation.prefill_tokens([0], None) is None
+    )
     steep = policy(CostCurve(tokens=(1, 2), seconds=(0.02, 1.0)))
     assert steep.prefill_tokens([0], "auto") == MIN_PREFILL  # a long prompt always advances
 
 
 def test_a_short_prompt_goes_before_a_long_one_and_the_long_one_keeps_a_share():
     chunks = plan_chunks([2000], [12, 900, 30], 128)
-    assert chunks[:2] == [("waiting", 0, 12), ("waiting", 2, 30)]  # whole: their first tokens come now
+    assert chunks[:2] == [
+        ("waiting", 0, 12),
+        ("waiting", 2, 30),
+    ]  # whole: their first tokens come now
     assert chunks[2] == ("prefilling", 0, 128 - 12 - 30)
-    assert plan_chunks([2000], [90, 10], 128) == [("waiting", 0, 90), ("prefilling", 0, 38)]  # 32 kept for it
+    assert plan_chunks([2000], [90, 10], 128) == [
+        ("waiting", 0, 90),
+        ("prefilling", 0, 38),
+    ]  # 32 kept for it
     assert plan_chunks([2000], [100], 128) == [("prefilling", 0, 128)]  # the rest goes oldest first
-    assert plan_chunks([600, 10], [5], float("inf")) == [("prefilling", 1, 10), ("waiting", 0, 5),
-                                                          ("prefilling", 0, PREFILL_CHUNK)]
+    assert plan_chunks([600, 10], [5], float("inf")) == [
+        ("prefilling", 1, 10),
+        ("waiting", 0, 5),
+        ("prefilling", 0, PREFILL_CHUNK),
+    ]
 
 
-@given(prefilling=st.lists(st.integers(1, 1500), max_size=3), waiting=st.lists(st.integers(1, 1500), max_size=4),
-       budget=st.integers(1, 1024))
+@given(
+    prefilling=st.lists(st.integers(1, 1500), max_size=3),
+    waiting=st.lists(st.integers(1, 1500), max_size=4),
+    budget=st.integers(1, 1024),
+)
 def test_chunks_respect_the_budget_and_take_each_prompt_at_most_once(prefilling, waiting, budget):
     chunks = plan_chunks(prefilling, waiting, budget)
     assert sum(t for *_, t in chunks) <= budget
@@ -278,13 +369,20 @@ def test_chunks_respect_the_budget_and_take_each_prompt_at_most_once(prefilling,
 # Cut trees and position-keyed uniforms
 
 
-@given(beams=st.lists(st.lists(st.integers(0, 3), min_size=3, max_size=3), min_size=1, max_size=4),
-       rows=st.integers(1, 3), data=st.data())
+@given(
+    beams=st.lists(st.lists(st.integers(0, 3), min_size=3, max_size=3), min_size=1, max_size=4),
+    rows=st.integers(1, 3),
+    data=st.data(),
+)
 def test_a_cut_tree_is_the_first_nodes_of_the_whole_one(beams, rows, data):
     beams = np.array([[[5] + b for b in beams]] * rows)  # (rows, W, 4), root 5
     tree = build_prefix_tree(beams)
-    budgets = data.draw(st.lists(st.one_of(st.none(), st.integers(0, 12)), min_size=rows, max_size=rows))
-    cut = cut_tree(tree.tokens, tree.parents, tree.depth, tree.ancestor_mask, tree.num_nodes, budgets)
+    budgets = data.draw(
+        st.lists(st.one_of(st.none(), st.integers(0, 12)), min_size=rows, max_size=rows)
+    )
+    cut = cut_tree(
+        tree.tokens, tree.parents, tree.depth, tree.ancestor_mask, tree.num_nodes, budgets
+    )
     keep = [n if k is None else min(n, k + 1) for n, k in zip(tree.num_nodes, budgets)]
     if cut is None:
         assert keep == tree.num_nodes.tolist()
@@ -294,14 +392,26 @@ def test_a_cut_tree_is_the_first_nodes_of_the_whole_one(beams, rows, data):
     for b, n in enumerate(keep):
         assert np.array_equal(cut.tokens[b, :n], tree.tokens[b, :n])
         assert np.array_equal(cut.ancestor_mask[b, :n, :n], tree.ancestor_mask[b, :n, :n])
-    padded = merge_trees([(cut.tokens[b:b + 1, :n], cut.parents[b:b + 1, :n], cut.depth[b:b + 1, :n],
-                           cut.ancestor_mask[b:b + 1, :n, :n], cut.num_nodes[b:b + 1]) for b, n in enumerate(keep)])
+    padded = merge_trees(
+        [
+            (
+                cut.tokens[b : b + 1, :n],
+                cut.parents[b : b + 1, :n],
+                cut.depth[b : b + 1, :n],
+                cut.ancestor_mask[b : b + 1, :n, :n],
+                cut.num_nodes[b : b + 1],
+            )
+            for b, n in enumerate(keep)
+        ]
+    )
     for field in ("tokens", "parents", "depth", "ancestor_mask"):  # padding as merge_trees pads
         assert np.array_equal(getattr(padded, field)[:, : cut.size], getattr(cut, field))
 
 
 def test_token_uniforms_are_keyed_by_position():
-    request = Request(prompt=[1, 2], sampling=specdec.SamplingConfig(temperature=0.7), seed=4, max_new_tokens=80)
+    request = Request(
+        prompt=[1, 2], sampling=specdec.SamplingConfig(temperature=0.7), seed=4, max_new_tokens=80
+    )
     one, other = RequestState(request, 0), RequestState(request, 1)
     first = one.token_uniforms(3)
     one.emit([9, 9, 9])
@@ -334,23 +444,52 @@ BUDGET_DRAWS = st.lists(st.sampled_from([0, 0, 1, 2, 3, 5, None]), min_size=1, m
 @pytest.fixture(scope="module")
 def drafters(model_dir, tmp_path_factory):
     root = tmp_path_factory.mktemp("budget_drafters")
-    return {kind: make_random_drafter(root / kind, model_dir, kind=kind, seed=3)
-            for kind in ("redrafter", "eagle", "draft_model")}
+    return {
+        kind: make_random_drafter(root / kind, model_dir, kind=kind, seed=3)
+        for kind in ("redrafter", "eagle", "draft_model")
+    }
 
 
 @pytest.mark.parametrize("drafter", ["lookup", "redrafter", "eagle", "draft_model"])
 @settings(max_examples=10, deadline=None)
-@given(prompts=st.lists(st.lists(st.integers(1, 95), min_size=1, max_size=5).map(lambda p: p * 2), min_size=1,
-                        max_size=3),
-       budgets=BUDGET_DRAWS, temperature=st.sampled_from([0.0, 0.0, 0.8]), seed=st.integers(0, 2**20))
-def test_budgets_drawn_by_hypothesis_never_change_a_requests_tokens(model_dir, drafters, drafter, prompts, budgets,
-                                                                    temperature, seed):
+@given(
+    prompts=st.lists(
+        st.lists(st.integers(1, 95), min_size=1, max_size=5).map(lambda p: p * 2),
+        min_size=1,
+        max_size=3,
+    ),
+    budgets=BUDGET_DRAWS,
+    temperature=st.sampled_from([0.0, 0.0, 0.8]),
+    seed=st.integers(0, 2**20),
+)
+def test_budgets_drawn_by_hypothesis_never_change_a_requests_tokens(
+    model_dir, drafters, drafter, prompts, budgets, temperature, seed
+):
     source = drafters.get(drafter, drafter)
-    options = {"sample": False} if drafter == "draft_model" else {}  # sampled chains: rejection, whole drafts only
-    result = specdec.generate(model_dir, prompts, drafter=source, backend="numpy", max_new_tokens=10,
-                              temperature=temperature, seed=[seed + i for i in range(len(prompts))],
-                              speculation=Drawn(budgets), **options)
+    options = (
+        {"sample": False} if drafter == "draft_model" else {}
+    )  # sampled chains: rejection, whole drafts only
+    result = specdec.generate(
+        model_dir,
+        prompts,
+        drafter=source,
+        backend="numpy",
+        max_new_tokens=10,
+        temperature=temperature,
+        seed=[seed + i for i in range(len(prompts))],
+        speculation=Drawn(budgets),
+        **options,
+    )
     for prompt, tokens, s in zip(prompts, result.tokens, itertools.count(seed)):
-        plain = specdec.generate(model_dir, prompt, drafter="none", backend="numpy", max_new_tokens=10,
-                                 temperature=temperature, seed=[s]).tokens
-        assert tokens == plain, f"prompt {prompt} with budgets {budgets} differs from plain decoding alone"
+        plain = specdec.generate(
+            model_dir,
+            prompt,
+            drafter="none",
+            backend="numpy",
+            max_new_tokens=10,
+            temperature=temperature,
+            seed=[s],
+        ).tokens
+        assert tokens == plain, (
+            f"prompt {prompt} with budgets {budgets} differs from plain decoding alone"
+        )

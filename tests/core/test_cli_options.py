@@ -24,13 +24,20 @@ def redrafter(model_dir, tmp_path_factory):
 def test_options_are_typed_as_generate_takes_them():
     name, options = parse_options("redrafter:w=4,l=5,lookup=false,int8=TRUE,choices=cpu16")
     assert name == "redrafter"
-    assert options == {"beam_width": 4, "beam_length": 5, "lookup": False, "int8": True,
-                       "choices": "cpu16"}
+    assert options == {
+        "beam_width": 4,
+        "beam_length": 5,
+        "lookup": False,
+        "int8": True,
+        "choices": "cpu16",
+    }
     eagle = parse_options("eagle:total_tokens=8,tree_top_k=2")
     assert eagle == ("eagle", {"total_tokens": 8, "tree_top_k": 2})
     assert parse_options("lookup:k=3") == ("lookup", {"draft_length": 3})
     assert parse_options("draft_model:draft=qwen2.5-coder-0.5b") == (
-        "draft_model", {"draft_model": "qwen2.5-coder-0.5b"})
+        "draft_model",
+        {"draft_model": "qwen2.5-coder-0.5b"},
+    )
     assert parse_options("redrafter:lookup=16,") == ("redrafter", {"lookup": 16})
     assert parse_options("none") == ("none", {})
 
@@ -42,23 +49,29 @@ def test_a_folder_is_a_name_whole(tmp_path):
     assert parse_options(f"{tmp_path / 'ckpt'}:w=2") == (str(tmp_path / "ckpt"), {"beam_width": 2})
 
 
-@pytest.mark.parametrize("spec, says", [
-    ("redrafter:w", "bad option 'w'; write key=value pairs"),
-    ("redrafter:beam-width=4", "bad option"),
-    (":w=4", "names no drafter"),
-    ("redrafter:w=4,beam_width=2", "gives beam_width twice"),
-    ("redrafter:temperature=0.5", "temperature is not a drafter option"),
-    ("redrafter:slots=2", "slots is not a drafter option"),
-])
+@pytest.mark.parametrize(
+    "spec, says",
+    [
+        ("redrafter:w", "bad option 'w'; write key=value pairs"),
+        ("redrafter:beam-width=4", "bad option"),
+        (":w=4", "names no drafter"),
+        ("redrafter:w=4,beam_width=2", "gives beam_width twice"),
+        ("redrafter:temperature=0.5", "temperature is not a drafter option"),
+        ("redrafter:slots=2", "slots is not a drafter option"),
+    ],
+)
 def test_malformed_options_are_refused(spec, says):
     with pytest.raises(InvalidInputError, match=says):
         parse_options(spec)
 
 
 def test_every_argument_generate_and_engine_take_by_name_is_refused_as_an_option():
-    named = {name for function in (specdec.generate, specdec.Engine.__init__)
-             for name, p in inspect.signature(function).parameters.items()
-             if p.kind is not inspect.Parameter.VAR_KEYWORD and name != "self"}
+    named = {
+        name
+        for function in (specdec.generate, specdec.Engine.__init__)
+        for name, p in inspect.signature(function).parameters.items()
+        if p.kind is not inspect.Parameter.VAR_KEYWORD and name != "self"
+    }
     assert named <= set(OWN_ARGUMENTS), sorted(named - set(OWN_ARGUMENTS))
 
 
@@ -73,8 +86,17 @@ def test_generate_applies_the_drafters_options(model_dir, redrafter, monkeypatch
         return steps(plan, *args, **kwargs)
 
     monkeypatch.setattr(api, "decode_steps", recorded)
-    common = ["generate", "--model", str(model_dir), "--prompt-ids", "[1, 2, 3, 1, 2, 3]",
-              "--backend", "numpy", "--max-new-tokens", "6"]
+    common = [
+        "generate",
+        "--model",
+        str(model_dir),
+        "--prompt-ids",
+        "[1, 2, 3, 1, 2, 3]",
+        "--backend",
+        "numpy",
+        "--max-new-tokens",
+        "6",
+    ]
     assert main([*common, "--drafter", f"{redrafter}:w=2,l=3,lookup=false"]) == 0
     drafter = plans[-1].drafter
     assert (drafter.beam_width, drafter.beam_length) == (2, 3)
@@ -87,15 +109,27 @@ def test_generate_applies_the_drafters_options(model_dir, redrafter, monkeypatch
 
 
 def test_an_unknown_option_is_one_line_naming_those_taken_before_the_model_loads(
-        model_dir, redrafter, monkeypatch, capsys):
+    model_dir, redrafter, monkeypatch, capsys
+):
     from specdec.generation import api
 
     def no_load(*args, **kwargs):
         raise AssertionError("the model was loaded")
 
     monkeypatch.setattr(api, "load_with_choice", no_load)
-    code = main(["generate", "--model", str(model_dir), "--prompt", "hi", "--backend", "numpy",
-                 "--drafter", f"{redrafter}:beam_wdith=3"])
+    code = main(
+        [
+            "generate",
+            "--model",
+            str(model_dir),
+            "--prompt",
+            "hi",
+            "--backend",
+            "numpy",
+            "--drafter",
+            f"{redrafter}:beam_wdith=3",
+        ]
+    )
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1 and "Traceback" not in err, err
     taken = "it takes: beam_length, beam_width, int8, sample"
@@ -104,7 +138,20 @@ def test_an_unknown_option_is_one_line_naming_those_taken_before_the_model_loads
 
 
 def test_an_option_given_twice_is_refused(model_dir, redrafter, capsys):
-    code = main(["generate", "--model", str(model_dir), "--prompt", "hi", "--backend", "numpy",
-                 "--drafter", f"{redrafter}:w=2", "--beam-width", "3"])
+    code = main(
+        [
+            "generate",
+            "--model",
+            str(model_dir),
+            "--prompt",
+            "hi",
+            "--backend",
+            "numpy",
+            "--drafter",
+            f"{redrafter}:w=2",
+            "--beam-width",
+            "3",
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 2 and "beam_width is given twice" in err and "--beam-width" in err, err

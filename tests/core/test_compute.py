@@ -11,7 +11,10 @@ from specdec import compute
 
 
 def test_run_returns_the_result_and_runs_on_the_compute_thread():
-    assert compute.run(lambda a, b=0: (a + b, threading.current_thread().name), 2, b=3) == (5, "specdec-compute")
+    assert compute.run(lambda a, b=0: (a + b, threading.current_thread().name), 2, b=3) == (
+        5,
+        "specdec-compute",
+    )
 
 
 def test_run_raises_the_error_in_the_callers_thread():
@@ -69,7 +72,9 @@ def test_a_backend_that_does_not_ask_stays_on_the_callers_thread(model_dir):
     assert not compute.wanted(object())
     assert list(compute.iterate(object(), record(iter(range(3))))) == [0, 1, 2]
     assert names == [threading.current_thread().name] * 3
-    result = specdec.generate(model_dir, [1, 2, 3], drafter="none", backend="numpy", max_new_tokens=4)
+    result = specdec.generate(
+        model_dir, [1, 2, 3], drafter="none", backend="numpy", max_new_tokens=4
+    )
     assert len(result.tokens) == 4
 
 
@@ -87,9 +92,16 @@ def test_torch_steps_run_on_the_compute_thread(model_dir, monkeypatch):
 
     monkeypatch.setattr(TorchTarget, "forward_tree", recording)
     target = specdec.load(model_dir, backend="torch", dtype="float32", slots=2)
-    plain = specdec.generate(target, [1, 2, 3], drafter="none", backend="torch", max_new_tokens=6).tokens
-    streamed = [t for step in specdec.stream(target, [1, 2, 3], drafter="none", backend="torch", max_new_tokens=6)
-                for t in step.new_tokens[0]]
+    plain = specdec.generate(
+        target, [1, 2, 3], drafter="none", backend="torch", max_new_tokens=6
+    ).tokens
+    streamed = [
+        t
+        for step in specdec.stream(
+            target, [1, 2, 3], drafter="none", backend="torch", max_new_tokens=6
+        )
+        for t in step.new_tokens[0]
+    ]
     with Engine(target, drafter="none", backend="torch") as engine:
         served = engine.generate([1, 2, 3], max_new_tokens=6, ignore_eos=True).tokens
     assert list(streamed) == list(plain) == list(served)[: len(plain)]

@@ -11,11 +11,15 @@ from specdec.decode import lease
 
 
 def test_interleaved_streams_fail_at_once_and_never_mix(target):
-    alone = specdec.generate(target, [5, 6, 7], drafter="none", backend="numpy", max_new_tokens=6).tokens
+    alone = specdec.generate(
+        target, [5, 6, 7], drafter="none", backend="numpy", max_new_tokens=6
+    ).tokens
     first = specdec.stream(target, [5, 6, 7], drafter="none", backend="numpy", max_new_tokens=6)
     second = specdec.stream(target, [9, 1, 2, 3], drafter="none", backend="numpy", max_new_tokens=6)
     tokens = list(next(first).new_tokens[0])
-    with pytest.raises(specdec.TargetBusyError, match="busy.*close\\(\\) the first stream.*second target"):
+    with pytest.raises(
+        specdec.TargetBusyError, match="busy.*close\\(\\) the first stream.*second target"
+    ):
         next(second)
     tokens += [t for step in first for t in step.new_tokens[0]]
     assert tokens == alone  # the refused stream left the first one's cache untouched
@@ -23,16 +27,24 @@ def test_interleaved_streams_fail_at_once_and_never_mix(target):
 
 
 def test_closed_or_dropped_stream_releases_the_target(target):
-    expected = specdec.generate(target, [4, 4], drafter="none", backend="numpy", max_new_tokens=3).tokens
+    expected = specdec.generate(
+        target, [4, 4], drafter="none", backend="numpy", max_new_tokens=3
+    ).tokens
     steps = specdec.stream(target, [1, 2], drafter="none", backend="numpy", max_new_tokens=8)
     next(steps)
     assert lease.is_busy(target)
     steps.close()
-    assert specdec.generate(target, [4, 4], drafter="none", backend="numpy", max_new_tokens=3).tokens == expected
+    assert (
+        specdec.generate(target, [4, 4], drafter="none", backend="numpy", max_new_tokens=3).tokens
+        == expected
+    )
     steps = specdec.stream(target, [1, 2], drafter="none", backend="numpy", max_new_tokens=8)
     next(steps)
     del steps  # garbage-collected mid-generation
-    assert specdec.generate(target, [4, 4], drafter="none", backend="numpy", max_new_tokens=3).tokens == expected
+    assert (
+        specdec.generate(target, [4, 4], drafter="none", backend="numpy", max_new_tokens=3).tokens
+        == expected
+    )
 
 
 def test_a_failing_generation_releases_the_target(target):
@@ -43,13 +55,17 @@ def test_a_failing_generation_releases_the_target(target):
 
 def test_threads_on_one_target_get_a_clear_error_or_the_right_tokens(target):
     prompts = [[3, 4, 5], [7, 8], [1, 2, 3, 4], [6]]
-    expected = [specdec.generate(target, p, drafter="none", backend="numpy", max_new_tokens=5).tokens
-                for p in prompts]
+    expected = [
+        specdec.generate(target, p, drafter="none", backend="numpy", max_new_tokens=5).tokens
+        for p in prompts
+    ]
     holding, release = threading.Event(), threading.Event()
     outcomes: dict[int, object] = {}
 
     def hold():  # a stream paused mid-generation on another thread
-        steps = specdec.stream(target, prompts[0], drafter="none", backend="numpy", max_new_tokens=5)
+        steps = specdec.stream(
+            target, prompts[0], drafter="none", backend="numpy", max_new_tokens=5
+        )
         tokens = list(next(steps).new_tokens[0])
         holding.set()
         release.wait(10)
@@ -57,7 +73,9 @@ def test_threads_on_one_target_get_a_clear_error_or_the_right_tokens(target):
 
     def run(i):
         try:
-            outcomes[i] = specdec.generate(target, prompts[i], drafter="none", backend="numpy", max_new_tokens=5).tokens
+            outcomes[i] = specdec.generate(
+                target, prompts[i], drafter="none", backend="numpy", max_new_tokens=5
+            ).tokens
         except specdec.TargetBusyError as exc:
             outcomes[i] = exc
 
@@ -73,7 +91,9 @@ def test_threads_on_one_target_get_a_clear_error_or_the_right_tokens(target):
     holder.join(10)
     assert outcomes[0] == expected[0]
     assert all(isinstance(outcomes[i], specdec.TargetBusyError) for i in (1, 2, 3)), outcomes
-    threads = [threading.Thread(target=run, args=(i,)) for i in (1, 2, 3)]  # one after another, all succeed
+    threads = [
+        threading.Thread(target=run, args=(i,)) for i in (1, 2, 3)
+    ]  # one after another, all succeed
     for thread in threads:
         thread.start()
         thread.join(10)

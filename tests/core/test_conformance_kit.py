@@ -32,13 +32,19 @@ class LeakyDrafter:
         self.served = {}
 
     def begin(self, slot, prompt, output):
-        self.served[slot] = self.served.get(slot, 0) + 1  # the bug: a new request should start afresh
+        self.served[slot] = (
+            self.served.get(slot, 0) + 1
+        )  # the bug: a new request should start afresh
 
     def propose(self, context):
         roots = np.asarray(context.root_tokens).tolist()
         slots = context.slots.tolist()
-        guess = [r if self.served[s] > 1 else (r + 1) % 96 for r, s in zip(roots, slots, strict=True)]
-        beams = np.array([[[r, g, g, g]] for r, g in zip(roots, guess, strict=True)], dtype=np.int64)
+        guess = [
+            r if self.served[s] > 1 else (r + 1) % 96 for r, s in zip(roots, slots, strict=True)
+        ]
+        beams = np.array(
+            [[[r, g, g, g]] for r, g in zip(roots, guess, strict=True)], dtype=np.int64
+        )
         return Draft(root_tokens=context.root_tokens, beams=beams)
 
     def observe(self, accepted):
@@ -51,13 +57,20 @@ class LeakyDrafter:
 class LeakyPlugin:
     @hookimpl
     def specdec_register_drafter_specs(register):
-        register(DrafterSpec(name="leaky", implementations={"*": lambda target, checkpoint=None, *, backend: LeakyDrafter()}))
+        register(
+            DrafterSpec(
+                name="leaky",
+                implementations={"*": lambda target, checkpoint=None, *, backend: LeakyDrafter()},
+            )
+        )
 
 
 def test_check_drafter_catches_state_kept_across_requests(model_dir):
     registry = PluginRegistry([LeakyPlugin], entry_points=True)
     with pytest.raises(AssertionError, match="one after another in one slot differ"):
-        checks.check_drafter("leaky", model_dir, backends=["numpy"], max_new_tokens=10, registry=registry)
+        checks.check_drafter(
+            "leaky", model_dir, backends=["numpy"], max_new_tokens=10, registry=registry
+        )
 
 
 class DroppingTarget:
@@ -105,4 +118,6 @@ def test_check_target_fails_a_backend_that_returns_fewer_chunk_outputs(model_dir
     registry = PluginRegistry([DroppingPlugin], entry_points=True)
     with pytest.raises(AssertionError, match="returned 1 context outputs for 2 prompt chunks"):
         checks.check_target("dropping", model_dir, dtype=None, registry=registry)
-    checks.check_target("numpy", model_dir, dtype=None)  # the same check passes the reference itself
+    checks.check_target(
+        "numpy", model_dir, dtype=None
+    )  # the same check passes the reference itself

@@ -42,8 +42,14 @@ def run_snippets(doc: str, folder: Path) -> subprocess.CompletedProcess:
         (folder / name).write_text(text)
     (folder / "snippets.py").write_text("\n".join(script))
     env = {**os.environ, "PYTHONPATH": str(folder), "SPECDEC_CACHE": str(folder / "cache")}
-    return subprocess.run([sys.executable, "snippets.py"], cwd=folder, env=env, capture_output=True, text=True,
-                          timeout=600)
+    return subprocess.run(
+        [sys.executable, "snippets.py"],
+        cwd=folder,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 def test_writing_a_drafter_snippets_run(tmp_path):
@@ -64,24 +70,40 @@ def test_writing_a_backend_snippets_run(tmp_path):
 
 
 def tracked_text_files() -> list[Path]:
-    names = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True).stdout.split()
+    names = subprocess.run(
+        ["git", "ls-files"], cwd=ROOT, capture_output=True, text=True
+    ).stdout.split()
     if not names:
         pytest.skip("not a git checkout")
-    return [ROOT / n for n in names if n.endswith((".md", ".py", ".sh", ".toml")) and (ROOT / n).is_file()]
+    return [
+        ROOT / n
+        for n in names
+        if n.endswith((".md", ".py", ".sh", ".toml")) and (ROOT / n).is_file()
+    ]
 
 
 def test_design_citations_name_existing_sections():
-    sections = {int(n) for n in re.findall(r"^## (\d+)\. ", (ROOT / "docs/design.md").read_text(), re.M)}
+    sections = {
+        int(n) for n in re.findall(r"^## (\d+)\. ", (ROOT / "docs/design.md").read_text(), re.M)
+    }
     assert sections == set(range(1, len(sections) + 1)), sorted(sections)
     cited = re.compile(r"design\.md,?\s+sections?\s+(\d+)(?:\s*-\s*(\d+))?")
     bad = []
     for path in tracked_text_files():
         text = path.read_text(errors="replace")
         if path.name != "test_docs.py":
-            bad += [f"{path.relative_to(ROOT)}: cites DESIGN" for _ in re.findall(r"DESIGN section", text)]
-            bad += [f"{path.relative_to(ROOT)}: cites {m}" for m in re.findall(r"/work/shared\S*|cpu-limits\.md", text)]
+            bad += [
+                f"{path.relative_to(ROOT)}: cites DESIGN"
+                for _ in re.findall(r"DESIGN section", text)
+            ]
+            bad += [
+                f"{path.relative_to(ROOT)}: cites {m}"
+                for m in re.findall(r"/work/shared\S*|cpu-limits\.md", text)
+            ]
         for first, last in cited.findall(text):
             for n in range(int(first), int(last or first) + 1):
                 if n not in sections:
-                    bad.append(f"{path.relative_to(ROOT)}: docs/design.md section {n} does not exist")
+                    bad.append(
+                        f"{path.relative_to(ROOT)}: docs/design.md section {n} does not exist"
+                    )
     assert not bad, "\n".join(bad)

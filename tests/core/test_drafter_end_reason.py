@@ -137,8 +137,12 @@ def test_a_drafter_whose_end_takes_no_reason_still_works(model_dir):
     while cancelled not in [rid for rid, _ in d.active.values()]:
         d.step()
     d.cancel(cancelled)
-    assert drafter.events == [("begin", tuple(A)), ("end", None),
-                              ("begin", tuple(B)), ("end", None)]
+    assert drafter.events == [
+        ("begin", tuple(A)),
+        ("end", None),
+        ("begin", tuple(B)),
+        ("end", None),
+    ]
     plain = specdec.generate(model_dir, A, drafter="none", backend="numpy", max_new_tokens=6)
     old = specdec.generate(model_dir, A, drafter=OldEnd(), backend="numpy", max_new_tokens=6)
     assert old.tokens == plain.tokens
@@ -150,4 +154,3 @@ def test_a_request_cancelled_while_its_prompt_is_prefilled_never_begins(model_di
     request = d.submit(specdec.Request(prompt=list(range(1, 11)), max_new_tokens=4))
     d.step(max_prefill_tokens=3)  # the first of four chunks
     assert d.cancel(request) and drafter.events == [] and not d.plan.target.cache.admitted.any()
-

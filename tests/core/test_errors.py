@@ -12,7 +12,9 @@ from specdec.testing import make_random_drafter, make_random_model
 
 @pytest.fixture(scope="module")
 def redrafter(model_dir, tmp_path_factory):
-    return make_random_drafter(tmp_path_factory.mktemp("d") / "rd", model_dir, kind="redrafter", seed=0)
+    return make_random_drafter(
+        tmp_path_factory.mktemp("d") / "rd", model_dir, kind="redrafter", seed=0
+    )
 
 
 @pytest.mark.parametrize(
@@ -39,29 +41,50 @@ def test_invalid_arguments(target, prompt, kwargs, message):
 
 
 def test_unknown_names_list_what_is_installed(target):
-    with pytest.raises(specdec.UnknownPluginError, match=r"unknown backend 'tensorflow'; installed backends: .*numpy"):
+    with pytest.raises(
+        specdec.UnknownPluginError,
+        match=r"unknown backend 'tensorflow'; installed backends: .*numpy",
+    ):
         specdec.generate(target, [1], drafter="none", backend="tensorflow")
-    with pytest.raises(specdec.UnknownPluginError, match=r"unknown drafter 'hydra'; installed drafters: .*medusa.*redrafter"):
+    with pytest.raises(
+        specdec.UnknownPluginError,
+        match=r"unknown drafter 'hydra'; installed drafters: .*medusa.*redrafter",
+    ):
         specdec.generate(target, [1], drafter="hydra", backend="numpy")
-    with pytest.raises(specdec.UnknownPluginError, match=r"unknown verifier 'lenient'; installed verifiers: .*exact.*greedy"):
+    with pytest.raises(
+        specdec.UnknownPluginError,
+        match=r"unknown verifier 'lenient'; installed verifiers: .*exact.*greedy",
+    ):
         specdec.generate(target, [1], drafter="none", backend="numpy", verifier="lenient")
 
 
 def test_unknown_drafter_option(target, redrafter):
-    with pytest.raises(specdec.InvalidInputError, match=r"does not take option\(s\) \['beam_wdith'\]; it takes: .*beam_width"):
+    with pytest.raises(
+        specdec.InvalidInputError,
+        match=r"does not take option\(s\) \['beam_wdith'\]; it takes: .*beam_width",
+    ):
         specdec.generate(target, [1], drafter=redrafter, backend="numpy", beam_wdith=3)
 
 
 def test_trained_drafter_needs_checkpoint(target):
-    with pytest.raises(specdec.InvalidInputError, match="needs a checkpoint trained for this model"):
+    with pytest.raises(
+        specdec.InvalidInputError, match="needs a checkpoint trained for this model"
+    ):
         specdec.generate(target, [1], drafter="redrafter", backend="numpy")
 
 
 @pytest.mark.parametrize("kind", ["redrafter", "medusa"])
 @pytest.mark.parametrize("change", [{"hidden_size": 48}, {"vocab_size": 100}])
 def test_drafter_for_another_model(target, tmp_path, kind, change):
-    other = make_random_model(tmp_path / "other", **{**dict(vocab_size=96, hidden_size=32, num_layers=1,
-                              num_heads=4, num_kv_heads=2, seed=9), **change})
+    other = make_random_model(
+        tmp_path / "other",
+        **{
+            **dict(
+                vocab_size=96, hidden_size=32, num_layers=1, num_heads=4, num_kv_heads=2, seed=9
+            ),
+            **change,
+        },
+    )
     drafter = make_random_drafter(tmp_path / kind, other, kind=kind, seed=1)
     with pytest.raises(specdec.IncompatibleDrafterError, match="trained for another model"):
         specdec.generate(target, [1], drafter=drafter, backend="numpy")
@@ -80,8 +103,13 @@ def test_missing_model_folder(tmp_path):
 
 def test_rejected_calls_leave_no_state(model_dir, redrafter):
     """A loaded target used by failing calls decodes exactly as a fresh one afterwards."""
-    fresh = specdec.generate(specdec.load(model_dir, backend="numpy"), [[3, 4], [5]], drafter=redrafter,
-                             backend="numpy", max_new_tokens=6).tokens
+    fresh = specdec.generate(
+        specdec.load(model_dir, backend="numpy"),
+        [[3, 4], [5]],
+        drafter=redrafter,
+        backend="numpy",
+        max_new_tokens=6,
+    ).tokens
     used = specdec.load(model_dir, backend="numpy")
     specdec.generate(used, [[9, 9, 9]], drafter="none", backend="numpy", max_new_tokens=3)
     for bad in ({"max_new_tokens": 0}, {"top_p": 2.0}, {"verifier": "nope"}):
@@ -89,5 +117,7 @@ def test_rejected_calls_leave_no_state(model_dir, redrafter):
             specdec.generate(used, [[3, 4], [5]], drafter=redrafter, backend="numpy", **bad)
     with pytest.raises(specdec.InvalidInputError):
         specdec.generate(used, [[3, 4], [500]], drafter=redrafter, backend="numpy")
-    again = specdec.generate(used, [[3, 4], [5]], drafter=redrafter, backend="numpy", max_new_tokens=6).tokens
+    again = specdec.generate(
+        used, [[3, 4], [5]], drafter=redrafter, backend="numpy", max_new_tokens=6
+    ).tokens
     assert again == fresh

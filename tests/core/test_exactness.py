@@ -48,7 +48,9 @@ class World:
     the target probabilities of given prefixes (constructed cases).
     """
 
-    def __init__(self, seed: int, vocab: int, table: dict | None = None, draft_table: dict | None = None):
+    def __init__(
+        self, seed: int, vocab: int, table: dict | None = None, draft_table: dict | None = None
+    ):
         self.seed, self.vocab = seed, vocab
         self.table, self.draft_table = table or {}, draft_table or {}
 
@@ -60,7 +62,11 @@ class World:
         return np.where(keep, probs, 0.0) / np.where(keep, probs, 0.0).sum()
 
     def target_logits(self, prefix: tuple[int, ...]) -> np.ndarray:
-        probs = np.asarray(self.table[prefix]) if prefix in self.table else self._random_probs(1, prefix, 1 / 3)
+        probs = (
+            np.asarray(self.table[prefix])
+            if prefix in self.table
+            else self._random_probs(1, prefix, 1 / 3)
+        )
         return np.where(probs > 0, np.log(np.where(probs > 0, probs, 1.0)), -np.inf)
 
     def draft_probs(self, prefix: tuple[int, ...]) -> np.ndarray:
@@ -81,7 +87,9 @@ def continuations(world, sampling, prefix, length) -> dict[tuple[int, ...], floa
     out = {}
     probs = _conditional(world, sampling, prefix)
     for token in np.flatnonzero(probs > 0):
-        for rest, weight in continuations(world, sampling, prefix + (int(token),), length - 1).items():
+        for rest, weight in continuations(
+            world, sampling, prefix + (int(token),), length - 1
+        ).items():
             out[(int(token),) + rest] = probs[token] * weight
     return out
 
@@ -99,13 +107,17 @@ def path_tokens(tree, node: int) -> tuple[int, ...]:
     return tuple(reversed(tokens))
 
 
-def step_distribution(verifier, world, sampling, context, beams, draft_probs=None, sampled=False, length=None):
+def step_distribution(
+    verifier, world, sampling, context, beams, draft_probs=None, sampled=False, length=None
+):
     """Distribution of the next ``length`` tokens: one verified step, then the target's own
     conditionals. beams (W, L) with beams[:, 0] == context[-1]."""
     beams = np.asarray(beams, dtype=np.int64)[None]  # (1, W, L)
     length = length or beams.shape[2]
     tree = build_prefix_tree(beams)
-    logits = np.stack([world.target_logits(context + path_tokens(tree, u)) for u in range(tree.size)])[None]
+    logits = np.stack(
+        [world.target_logits(context + path_tokens(tree, u)) for u in range(tree.size)]
+    )[None]
     target = TargetOutput(logits=logits, hidden=np.zeros(logits.shape[:2] + (1,)))
     draft = Draft(
         root_tokens=beams[:, 0, 0],
@@ -113,9 +125,13 @@ def step_distribution(verifier, world, sampling, context, beams, draft_probs=Non
         draft_probs=None if draft_probs is None else np.asarray(draft_probs)[None],
         sampled=sampled,
     )
-    outcomes = enumerate_outcomes(lambda chooser: verifier.verify_row(tree, draft, target, sampling, 0, chooser))
+    outcomes = enumerate_outcomes(
+        lambda chooser: verifier.verify_row(tree, draft, target, sampling, 0, chooser)
+    )
     total = sum(weight for _, weight in outcomes)
-    assert abs(total - 1.0) < TOLERANCE, f"{type(verifier).__name__}: enumerated branches sum to {total}"
+    assert abs(total - 1.0) < TOLERANCE, (
+        f"{type(verifier).__name__}: enumerated branches sum to {total}"
+    )
     out: dict[tuple[int, ...], float] = {}
     for (path, bonus), weight in outcomes:
         emitted = tuple(int(tree.tokens[0, u]) for u in path[1:]) + (int(bonus),)
@@ -136,13 +152,19 @@ def sampled_drafts(world, context, width, length):
             chains.append((tokens, np.array(probs).reshape(length - 1, world.vocab), weight))
     for combo in itertools.product(chains, repeat=width):
         beams = np.array([(context[-1],) + tokens for tokens, _, _ in combo])  # (W, L)
-        yield beams, np.stack([probs for _, probs, _ in combo]), float(np.prod([w for _, _, w in combo]))
+        yield (
+            beams,
+            np.stack([probs for _, probs, _ in combo]),
+            float(np.prod([w for _, _, w in combo])),
+        )
 
 
 def sampled_step_distribution(verifier, world, sampling, context, width, length):
     out: dict[tuple[int, ...], float] = {}
     for beams, draft_probs, weight in sampled_drafts(world, context, width, length):
-        for seq, p in step_distribution(verifier, world, sampling, context, beams, draft_probs, sampled=True).items():
+        for seq, p in step_distribution(
+            verifier, world, sampling, context, beams, draft_probs, sampled=True
+        ).items():
             out[seq] = out.get(seq, 0.0) + weight * p
     return out
 
@@ -179,10 +201,14 @@ def test_exact_tree_verifier_is_exact_for_fixed_beams(sampling, beam_set, vocab,
     world = World(seed, vocab)
     beams = [[CONTEXT[-1], *beam] for beam in BEAM_SETS[beam_set]]
     length = len(beams[0])
-    got = step_distribution(ExactTreeVerifier(), world, SAMPLINGS[sampling], CONTEXT, beams, length=length + 1)
+    got = step_distribution(
+        ExactTreeVerifier(), world, SAMPLINGS[sampling], CONTEXT, beams, length=length + 1
+    )
     expected = continuations(world, SAMPLINGS[sampling], CONTEXT, length + 1)
     error = max_error(got, expected)
-    assert error < TOLERANCE, f"ExactTreeVerifier, {sampling}, beams {beams}, V={vocab}, seed {seed}: max error {error:.3g}"
+    assert error < TOLERANCE, (
+        f"ExactTreeVerifier, {sampling}, beams {beams}, V={vocab}, seed {seed}: max error {error:.3g}"
+    )
 
 
 @pytest.mark.parametrize("beam_set", list(BEAM_SETS))
@@ -197,20 +223,35 @@ def test_greedy_verifier_emits_the_argmax_sequence_with_probability_one(sampling
     )
     # The rule reads no randomness: even under a sampling config it is still the argmax sequence.
     tree = build_prefix_tree(np.array(beams)[None])
-    logits = np.stack([world.target_logits(CONTEXT + path_tokens(tree, u)) for u in range(tree.size)])[None]
+    logits = np.stack(
+        [world.target_logits(CONTEXT + path_tokens(tree, u)) for u in range(tree.size)]
+    )[None]
     target = TargetOutput(logits=logits, hidden=np.zeros(logits.shape[:2] + (1,)))
     draft = Draft(root_tokens=np.array([CONTEXT[-1]]), beams=np.array(beams)[None])
     outcomes = enumerate_outcomes(
-        lambda chooser: GreedyVerifier().verify_row(tree, draft, target, SAMPLINGS[sampling], 0, chooser)
+        lambda chooser: GreedyVerifier().verify_row(
+            tree, draft, target, SAMPLINGS[sampling], 0, chooser
+        )
     )
-    assert len(outcomes) == 1 and outcomes[0][1] == 1.0, f"GreedyVerifier, {sampling}: one outcome, got {outcomes}"
+    assert len(outcomes) == 1 and outcomes[0][1] == 1.0, (
+        f"GreedyVerifier, {sampling}: one outcome, got {outcomes}"
+    )
 
 
 # ----------------------------------------------------------------------------------------
 # Sampled drafts: every draft enumerated with its probability
 
-SAMPLED_SHAPES = [(3, 1, 3), (3, 2, 2), (3, 2, 3), (3, 3, 2), (4, 2, 2), (2, 3, 3),  # (V, W, L)
-                  (2, 1, 5), (2, 2, 4), (2, 2, 5)]  # deeper chains: 4 drafted tokens, every draft enumerated
+SAMPLED_SHAPES = [
+    (3, 1, 3),
+    (3, 2, 2),
+    (3, 2, 3),
+    (3, 3, 2),
+    (4, 2, 2),
+    (2, 3, 3),  # (V, W, L)
+    (2, 1, 5),
+    (2, 2, 4),
+    (2, 2, 5),
+]  # deeper chains: 4 drafted tokens, every draft enumerated
 
 
 @pytest.mark.parametrize("vocab, width, length", SAMPLED_SHAPES)
@@ -247,9 +288,15 @@ def test_redrafter_published_is_exact_only_for_one_sampled_beam():
     verifier, sampling, context = RedrafterPublishedVerifier(), SAMPLINGS["t1"], (0, 1)
     expected = continuations(world, sampling, context, 3)
     one_beam = sampled_step_distribution(verifier, world, sampling, context, 1, 3)
-    assert max_error(one_beam, expected) < TOLERANCE, "RedrafterPublishedVerifier, one sampled beam: exact"
-    two_beams = total_variation(sampled_step_distribution(verifier, world, sampling, context, 2, 3), expected)
-    assert two_beams > 0.01, f"RedrafterPublishedVerifier, two sampled beams: total variation {two_beams:.4f} > 0.01"
+    assert max_error(one_beam, expected) < TOLERANCE, (
+        "RedrafterPublishedVerifier, one sampled beam: exact"
+    )
+    two_beams = total_variation(
+        sampled_step_distribution(verifier, world, sampling, context, 2, 3), expected
+    )
+    assert two_beams > 0.01, (
+        f"RedrafterPublishedVerifier, two sampled beams: total variation {two_beams:.4f} > 0.01"
+    )
 
 
 def test_redrafter_published_constructed_case():
@@ -258,9 +305,13 @@ def test_redrafter_published_constructed_case():
     instead of 0.5: total variation exactly 0.5."""
     world = World(0, 2, table={(0,): [0.5, 0.5]}, draft_table={(0,): [0.5, 0.5]})
     draft_probs = [[world.draft_probs((0,))], [world.draft_probs((0,))]]  # (W=2, L-1=1, V)
-    got = step_distribution(RedrafterPublishedVerifier(), world, SAMPLINGS["t1"], (0,), [[0, 0], [0, 1]], draft_probs)
+    got = step_distribution(
+        RedrafterPublishedVerifier(), world, SAMPLINGS["t1"], (0,), [[0, 0], [0, 1]], draft_probs
+    )
     tv = total_variation(got, continuations(world, SAMPLINGS["t1"], (0,), 2))
-    assert abs(tv - 0.5) < TOLERANCE, f"RedrafterPublishedVerifier constructed case: total variation {tv} != 0.5"
+    assert abs(tv - 0.5) < TOLERANCE, (
+        f"RedrafterPublishedVerifier constructed case: total variation {tv} != 0.5"
+    )
 
 
 def test_typical_constructed_case():
@@ -269,7 +320,9 @@ def test_typical_constructed_case():
     world = World(0, 3, table={(0,): [0.7, 0.2, 0.1]})
     got = step_distribution(TypicalVerifier(), world, SAMPLINGS["t1"], (0,), [[0, 2]])
     tv = total_variation(got, continuations(world, SAMPLINGS["t1"], (0,), 2))
-    assert abs(tv - 0.9) < TOLERANCE, f"TypicalVerifier constructed case: total variation {tv} != 0.9"
+    assert abs(tv - 0.9) < TOLERANCE, (
+        f"TypicalVerifier constructed case: total variation {tv} != 0.9"
+    )
 
 
 def test_typical_is_greedy_at_temperature_zero():
@@ -278,4 +331,6 @@ def test_typical_is_greedy_at_temperature_zero():
         beams = [[CONTEXT[-1], *beam] for beam in beams]
         got = step_distribution(TypicalVerifier(), world, SAMPLINGS["greedy"], CONTEXT, beams)
         expected = continuations(world, SAMPLINGS["greedy"], CONTEXT, len(beams[0]))
-        assert max_error(got, expected) < TOLERANCE, f"TypicalVerifier at temperature 0, beams {beams}"
+        assert max_error(got, expected) < TOLERANCE, (
+            f"TypicalVerifier at temperature 0, beams {beams}"
+        )

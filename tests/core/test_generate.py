@@ -21,15 +21,22 @@ def repeating(path, kind: str, *, heads: int | None = None):
 
         config, weights = load_redrafter_checkpoint(path)
         assert config.head == "tied" and config.exit_dim == 2 * config.hidden_size
-        weights = {name: np.zeros_like(w) if name.startswith("lm_head.") else w for name, w in weights.items()}
-        weights["head_proj.weight"] = np.eye(config.hidden_size, 2 * config.hidden_size)  # reads h, not the state
+        weights = {
+            name: np.zeros_like(w) if name.startswith("lm_head.") else w
+            for name, w in weights.items()
+        }
+        weights["head_proj.weight"] = np.eye(
+            config.hidden_size, 2 * config.hidden_size
+        )  # reads h, not the state
         return save_redrafter(path, config, weights)
     from specdec_medusa.checkpoint import load_medusa_checkpoint, save_medusa
 
     config, weights = load_medusa_checkpoint(path)
     assert config.head == "tied"
     zero = [f"medusa_head.{k}." for k in range(config.num_heads if heads is None else heads)]
-    weights = {name: np.zeros_like(w) if name.startswith(tuple(zero)) else w for name, w in weights.items()}
+    weights = {
+        name: np.zeros_like(w) if name.startswith(tuple(zero)) else w for name, w in weights.items()
+    }
     return save_medusa(path, config, weights)
 
 
@@ -38,14 +45,18 @@ def drafters(model_dir, tmp_path_factory):
     root = tmp_path_factory.mktemp("drafters")
     return {
         "redrafter": make_random_drafter(root / "redrafter", model_dir, kind="redrafter", seed=3),
-        "redrafter_full": make_random_drafter(root / "rd_full", model_dir, kind="redrafter", seed=4, head="full",
-                                              num_draft_layers=2),
+        "redrafter_full": make_random_drafter(
+            root / "rd_full", model_dir, kind="redrafter", seed=4, head="full", num_draft_layers=2
+        ),
         "medusa": make_random_drafter(root / "medusa", model_dir, kind="medusa", seed=5),
-        "redrafter_repeat": repeating(make_random_drafter(root / "rd_rep", model_dir, kind="redrafter", seed=6),
-                                      "redrafter"),
-        "medusa_repeat_2": repeating(make_random_drafter(root / "md_rep", model_dir, kind="medusa", seed=7, head="tied"),
-                                    "medusa",
-                                    heads=2),
+        "redrafter_repeat": repeating(
+            make_random_drafter(root / "rd_rep", model_dir, kind="redrafter", seed=6), "redrafter"
+        ),
+        "medusa_repeat_2": repeating(
+            make_random_drafter(root / "md_rep", model_dir, kind="medusa", seed=7, head="tied"),
+            "medusa",
+            heads=2,
+        ),
     }
 
 
@@ -55,30 +66,58 @@ prompts_strategy = st.lists(
 
 
 @settings(max_examples=30)
-@given(prompts=prompts_strategy, width=st.integers(1, 3), length=st.integers(2, 4),
-       kind=st.sampled_from(["redrafter", "redrafter_full", "medusa", "redrafter_repeat", "medusa_repeat_2"]))
+@given(
+    prompts=prompts_strategy,
+    width=st.integers(1, 3),
+    length=st.integers(2, 4),
+    kind=st.sampled_from(
+        ["redrafter", "redrafter_full", "medusa", "redrafter_repeat", "medusa_repeat_2"]
+    ),
+)
 def test_greedy_parity_with_trained_style_drafters(target, drafters, prompts, width, length, kind):
     plain = specdec.generate(target, prompts, drafter="none", backend="numpy", max_new_tokens=9)
     options = {} if kind.startswith("medusa") else {"beam_width": width, "beam_length": length}
-    spec = specdec.generate(target, prompts, drafter=drafters[kind], backend="numpy", max_new_tokens=9, **options)
-    assert spec.tokens == plain.tokens, f"generate(drafter={kind}, W={width}, L={length}) differs for {prompts}"
+    spec = specdec.generate(
+        target, prompts, drafter=drafters[kind], backend="numpy", max_new_tokens=9, **options
+    )
+    assert spec.tokens == plain.tokens, (
+        f"generate(drafter={kind}, W={width}, L={length}) differs for {prompts}"
+    )
     if "repeat" in kind:  # the accept-and-commit path is exercised, not only the all-rejected one
         assert spec.stats.accepted_tokens >= len(prompts), (kind, spec.stats)
 
 
 @settings(max_examples=30)
-@given(prompts=prompts_strategy, width=st.integers(1, 3), length=st.integers(2, 5),
-       corruption=st.sampled_from([0.0, 0.2, 0.5, 1.0]), seed=st.integers(0, 2**16))
+@given(
+    prompts=prompts_strategy,
+    width=st.integers(1, 3),
+    length=st.integers(2, 5),
+    corruption=st.sampled_from([0.0, 0.2, 0.5, 1.0]),
+    seed=st.integers(0, 2**16),
+)
 def test_greedy_parity_with_oracle_drafter(target, prompts, width, length, corruption, seed):
     new = 10
     truth = greedy_continuations(target, prompts, new + length)
-    oracle = OracleDrafter(truth, prompts=prompts,
-                           vocab_size=target.vocab_size, backend=NumpyBackend(), target=target,
-                           beam_width=width, beam_length=length, corruption=corruption,
-                           rng=np.random.default_rng(seed))
-    spec = specdec.generate(target, prompts, drafter=oracle, backend="numpy", max_new_tokens=new, stop_at_eos=False)
-    assert spec.tokens == [t[:new] for t in truth], f"oracle W={width} L={length} corruption={corruption}"
-    if corruption == 0.0:  # the first step after prefill accepts all L - 1 drafted tokens of every row
+    oracle = OracleDrafter(
+        truth,
+        prompts=prompts,
+        vocab_size=target.vocab_size,
+        backend=NumpyBackend(),
+        target=target,
+        beam_width=width,
+        beam_length=length,
+        corruption=corruption,
+        rng=np.random.default_rng(seed),
+    )
+    spec = specdec.generate(
+        target, prompts, drafter=oracle, backend="numpy", max_new_tokens=new, stop_at_eos=False
+    )
+    assert spec.tokens == [t[:new] for t in truth], (
+        f"oracle W={width} L={length} corruption={corruption}"
+    )
+    if (
+        corruption == 0.0
+    ):  # the first step after prefill accepts all L - 1 drafted tokens of every row
         assert spec.stats.accepted_tokens >= len(prompts) * (length - 1), spec.stats
     if corruption == 1.0:  # every drafted token differs from the truth
         assert spec.stats.accepted_tokens == 0, spec.stats
@@ -88,13 +127,24 @@ def test_self_drafting_accepts_everything(target):
     """A drafter that proposes the target's own continuation has every drafted token accepted."""
     prompts, length, new = [[1, 2, 3], [7]], 4, 13
     truth = greedy_continuations(target, prompts, new + length)
-    oracle = OracleDrafter(truth, prompts=prompts,
-                           vocab_size=target.vocab_size, backend=NumpyBackend(), target=target,
-                           beam_width=2, beam_length=length, corruption=0.0)
-    steps = list(specdec.stream(target, prompts, oracle, "numpy", max_new_tokens=new, stop_at_eos=False))
+    oracle = OracleDrafter(
+        truth,
+        prompts=prompts,
+        vocab_size=target.vocab_size,
+        backend=NumpyBackend(),
+        target=target,
+        beam_width=2,
+        beam_length=length,
+        corruption=0.0,
+    )
+    steps = list(
+        specdec.stream(target, prompts, oracle, "numpy", max_new_tokens=new, stop_at_eos=False)
+    )
     # Prefill emits 1 token, each later step L (3 accepted + bonus): 1 + 3*4 = 13 tokens in 4 steps.
     assert [list(s.num_accepted) for s in steps[1:]] == [[3, 3]] * 3
-    assert all(len(row) == new for row in [sum((s.new_tokens[b] for s in steps), []) for b in range(2)])
+    assert all(
+        len(row) == new for row in [sum((s.new_tokens[b] for s in steps), []) for b in range(2)]
+    )
 
 
 def test_tokens_per_step_counts_bonus_token(target):
@@ -105,29 +155,64 @@ def test_tokens_per_step_counts_bonus_token(target):
 
 def test_batch_rows_match_rows_alone_greedy(target, drafters):
     prompts = [[3], [9, 8, 7, 6, 5, 4], [11, 12]]
-    batch = specdec.generate(target, prompts, drafter=drafters["redrafter"], backend="numpy", max_new_tokens=8)
+    batch = specdec.generate(
+        target, prompts, drafter=drafters["redrafter"], backend="numpy", max_new_tokens=8
+    )
     for row, prompt in enumerate(prompts):
-        alone = specdec.generate(target, prompt, drafter=drafters["redrafter"], backend="numpy", max_new_tokens=8)
-        assert batch.tokens[row] == alone.tokens, f"row {row} of the batch differs from the row alone"
+        alone = specdec.generate(
+            target, prompt, drafter=drafters["redrafter"], backend="numpy", max_new_tokens=8
+        )
+        assert batch.tokens[row] == alone.tokens, (
+            f"row {row} of the batch differs from the row alone"
+        )
 
 
 @pytest.mark.parametrize("kind", ["redrafter", "medusa", "none"])
 def test_batch_rows_match_rows_alone_sampling(target, drafters, kind):
     prompts, seeds = [[3], [9, 8, 7, 6], [11, 12]], [101, 202, 303]
     drafter = drafters.get(kind, kind)
-    batch = specdec.generate(target, prompts, drafter=drafter, backend="numpy", max_new_tokens=8,
-                             temperature=0.8, top_p=0.9, seed=seeds)
+    batch = specdec.generate(
+        target,
+        prompts,
+        drafter=drafter,
+        backend="numpy",
+        max_new_tokens=8,
+        temperature=0.8,
+        top_p=0.9,
+        seed=seeds,
+    )
     for row, prompt in enumerate(prompts):
-        alone = specdec.generate(target, prompt, drafter=drafter, backend="numpy", max_new_tokens=8,
-                                 temperature=0.8, top_p=0.9, seed=[seeds[row]])
-        assert batch.tokens[row] == alone.tokens, f"{kind}: sampled row {row} differs from the row alone"
+        alone = specdec.generate(
+            target,
+            prompt,
+            drafter=drafter,
+            backend="numpy",
+            max_new_tokens=8,
+            temperature=0.8,
+            top_p=0.9,
+            seed=[seeds[row]],
+        )
+        assert batch.tokens[row] == alone.tokens, (
+            f"{kind}: sampled row {row} differs from the row alone"
+        )
 
 
 def test_sampling_is_reproducible_and_seed_dependent(target, drafters):
-    run = lambda seed: specdec.generate(target, [1, 2], drafter=drafters["redrafter"], backend="numpy",
-                                        max_new_tokens=12, temperature=1.0, seed=seed).tokens
+    run = lambda seed: (
+        specdec.generate(
+            target,
+            [1, 2],
+            drafter=drafters["redrafter"],
+            backend="numpy",
+            max_new_tokens=12,
+            temperature=1.0,
+            seed=seed,
+        ).tokens
+    )
     assert run(7) == run(7)
-    assert len({tuple(run(s)) for s in range(4)}) > 1, "different seeds should give different samples"
+    assert len({tuple(run(s)) for s in range(4)}) > 1, (
+        "different seeds should give different samples"
+    )
 
 
 def test_sampled_redrafter_uses_rejection_verifier(target, drafters):
@@ -135,19 +220,47 @@ def test_sampled_redrafter_uses_rejection_verifier(target, drafters):
     from specdec.reference.verify import ExactTreeVerifier, RejectionVerifier
 
     common = dict(max_new_tokens=4, top_k=None, top_p=None, dtype=None, device=None, registry=None)
-    plan = prepare(target, [1], drafters["redrafter"], "numpy", temperature=0.9, options={"sample": True}, **common)[0]
+    plan = prepare(
+        target,
+        [1],
+        drafters["redrafter"],
+        "numpy",
+        temperature=0.9,
+        options={"sample": True},
+        **common,
+    )[0]
     assert isinstance(plan.verifier, RejectionVerifier), type(plan.verifier)
-    plan = prepare(target, [1], drafters["redrafter"], "numpy", temperature=0.9, options={}, **common)[0]
+    plan = prepare(
+        target, [1], drafters["redrafter"], "numpy", temperature=0.9, options={}, **common
+    )[0]
     assert isinstance(plan.verifier, ExactTreeVerifier), type(plan.verifier)
-    result = specdec.generate(target, [[1, 2], [4]], drafter=drafters["redrafter"], backend="numpy",
-                              max_new_tokens=10, temperature=0.9, seed=5, sample=True)
-    again = specdec.generate(target, [[1, 2], [4]], drafter=drafters["redrafter"], backend="numpy",
-                             max_new_tokens=10, temperature=0.9, seed=5, sample=True)
+    result = specdec.generate(
+        target,
+        [[1, 2], [4]],
+        drafter=drafters["redrafter"],
+        backend="numpy",
+        max_new_tokens=10,
+        temperature=0.9,
+        seed=5,
+        sample=True,
+    )
+    again = specdec.generate(
+        target,
+        [[1, 2], [4]],
+        drafter=drafters["redrafter"],
+        backend="numpy",
+        max_new_tokens=10,
+        temperature=0.9,
+        seed=5,
+        sample=True,
+    )
     assert result.tokens == again.tokens and all(len(t) == 10 for t in result.tokens)
 
 
 def test_text_prompt_and_stats(target, drafters):
-    result = specdec.generate(target, "alpha beta", drafter=drafters["medusa"], backend="numpy", max_new_tokens=5)
+    result = specdec.generate(
+        target, "alpha beta", drafter=drafters["medusa"], backend="numpy", max_new_tokens=5
+    )
     assert isinstance(result.text, str) and len(result.tokens) == 5
     stats = result.stats
     assert stats.verified_tokens >= stats.steps - 1 and stats.drafted_tokens > 0
@@ -156,9 +269,14 @@ def test_text_prompt_and_stats(target, drafters):
 
 def test_stop_at_eos(model_dir, tmp_path):
     target = specdec.load(model_dir, backend="numpy")
-    tokens = specdec.generate(target, [4, 5], drafter="none", backend="numpy", max_new_tokens=12).tokens
+    tokens = specdec.generate(
+        target, [4, 5], drafter="none", backend="numpy", max_new_tokens=12
+    ).tokens
     eos = tokens[3]
-    object.__setattr__(target, "eos_token_ids", (eos,)) if hasattr(type(target), "__attrs_attrs__") else setattr(
-        target, "eos_token_ids", (eos,))
-    stopped = specdec.generate(target, [4, 5], drafter="none", backend="numpy", max_new_tokens=12).tokens
+    object.__setattr__(target, "eos_token_ids", (eos,)) if hasattr(
+        type(target), "__attrs_attrs__"
+    ) else setattr(target, "eos_token_ids", (eos,))
+    stopped = specdec.generate(
+        target, [4, 5], drafter="none", backend="numpy", max_new_tokens=12
+    ).tokens
     assert stopped == tokens[: tokens.index(eos) + 1]

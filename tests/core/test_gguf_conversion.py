@@ -16,17 +16,26 @@ from specdec.testing import make_random_model
 gguf = pytest.importorskip("gguf", reason="GGUF conversion needs the 'hf' extra")
 pytest.importorskip("transformers", reason="GGUF conversion needs the 'hf' extra")
 
-LAYER_NAMES = {"input_layernorm.weight": "attn_norm.weight", "post_attention_layernorm.weight": "ffn_norm.weight",
-               "self_attn.q_proj.weight": "attn_q.weight", "self_attn.k_proj.weight": "attn_k.weight",
-               "self_attn.v_proj.weight": "attn_v.weight", "self_attn.o_proj.weight": "attn_output.weight",
-               "mlp.gate_proj.weight": "ffn_gate.weight", "mlp.up_proj.weight": "ffn_up.weight",
-               "mlp.down_proj.weight": "ffn_down.weight"}
+LAYER_NAMES = {
+    "input_layernorm.weight": "attn_norm.weight",
+    "post_attention_layernorm.weight": "ffn_norm.weight",
+    "self_attn.q_proj.weight": "attn_q.weight",
+    "self_attn.k_proj.weight": "attn_k.weight",
+    "self_attn.v_proj.weight": "attn_v.weight",
+    "self_attn.o_proj.weight": "attn_output.weight",
+    "mlp.gate_proj.weight": "ffn_gate.weight",
+    "mlp.up_proj.weight": "ffn_up.weight",
+    "mlp.down_proj.weight": "ffn_down.weight",
+}
 
 
 def _permute(weights: np.ndarray, heads: int) -> np.ndarray:
     """llama.cpp's row order for q (heads = query heads) and k (heads = key/value heads)."""
-    return weights.reshape(heads, 2, weights.shape[0] // heads // 2, *weights.shape[1:]).swapaxes(1, 2).reshape(
-        weights.shape)
+    return (
+        weights.reshape(heads, 2, weights.shape[0] // heads // 2, *weights.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(weights.shape)
+    )
 
 
 def write_gguf(folder: Path, out: Path, *, eos: int) -> None:
@@ -74,8 +83,17 @@ def test_a_gguf_file_converts_back_to_the_model_it_came_from(tmp_path, monkeypat
     from safetensors.numpy import load_file
 
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
-    original = make_random_model(tmp_path / "llama", vocab_size=96, hidden_size=32, num_layers=2, num_heads=4,
-                                 num_kv_heads=2, seed=5, with_tokenizer=True, eos_token_id=3)
+    original = make_random_model(
+        tmp_path / "llama",
+        vocab_size=96,
+        hidden_size=32,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        seed=5,
+        with_tokenizer=True,
+        eos_token_id=3,
+    )
     write_gguf(Path(original), tmp_path / "tiny.gguf", eos=3)
     converted = specdec.models.bundled.resolve_model(str(tmp_path / "tiny.gguf"))
     assert Path(converted).parent == tmp_path / "cache" / "models"
@@ -85,10 +103,18 @@ def test_a_gguf_file_converts_back_to_the_model_it_came_from(tmp_path, monkeypat
     for name, array in before.items():
         np.testing.assert_array_equal(after[name], array, err_msg=name)  # q/k un-permuted exactly
     config = json.loads((Path(converted) / "config.json").read_text())
-    assert {k: config[k] for k in ("num_attention_heads", "num_key_value_heads", "hidden_size", "vocab_size")} == {
-        "num_attention_heads": 4, "num_key_value_heads": 2, "hidden_size": 32, "vocab_size": 96}
-    assert specdec.models.bundled.resolve_model(str(tmp_path / "tiny.gguf")) == converted, "converted once, then reused"
+    assert {
+        k: config[k]
+        for k in ("num_attention_heads", "num_key_value_heads", "hidden_size", "vocab_size")
+    } == {"num_attention_heads": 4, "num_key_value_heads": 2, "hidden_size": 32, "vocab_size": 96}
+    assert specdec.models.bundled.resolve_model(str(tmp_path / "tiny.gguf")) == converted, (
+        "converted once, then reused"
+    )
     prompt = [5, 6, 7, 8]
-    plain = specdec.generate(original, prompt, drafter="none", backend="numpy", max_new_tokens=8, stop_at_eos=False)
-    again = specdec.generate(converted, prompt, drafter="none", backend="numpy", max_new_tokens=8, stop_at_eos=False)
+    plain = specdec.generate(
+        original, prompt, drafter="none", backend="numpy", max_new_tokens=8, stop_at_eos=False
+    )
+    again = specdec.generate(
+        converted, prompt, drafter="none", backend="numpy", max_new_tokens=8, stop_at_eos=False
+    )
     assert again.tokens == plain.tokens

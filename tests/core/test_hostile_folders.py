@@ -41,9 +41,12 @@ DRAFTER_SAYS = {
     "a missing tensor": "missing ['head_proj.weight']",
     "a tensor of the wrong shape": "wrong shapes ['head_proj.weight",
 }
-IMPORT_SAYS = {**DRAFTER_SAYS, "config.json not JSON": "is not a drafter checkpoint specdec knows",
-               "an unknown model_type": "is not a drafter checkpoint specdec knows",
-               "beams of 100,000": "config.json (a redrafter drafter) drafts trees of up to"}
+IMPORT_SAYS = {
+    **DRAFTER_SAYS,
+    "config.json not JSON": "is not a drafter checkpoint specdec knows",
+    "an unknown model_type": "is not a drafter checkpoint specdec knows",
+    "beams of 100,000": "config.json (a redrafter drafter) drafts trees of up to",
+}
 
 
 def test_every_case_has_its_expected_line():
@@ -54,14 +57,22 @@ def test_every_case_has_its_expected_line():
 def folders(model_dir, tmp_path_factory):
     root = tmp_path_factory.mktemp("hostile")
     drafter = make_random_drafter(root / "redrafter", model_dir, kind="redrafter", seed=0)
-    return hostile_models(model_dir, root / "models"), hostile_drafters(drafter, root / "drafters"), root
+    return (
+        hostile_models(model_dir, root / "models"),
+        hostile_drafters(drafter, root / "drafters"),
+        root,
+    )
 
 
 def one_line_error(capsys, argv) -> str:
     code = main(argv)
     captured = capsys.readouterr()
     err = captured.err.strip()
-    assert code == 2 and len(err.splitlines()) == 1 and err.startswith("specdec: error: "), (argv, code, captured)
+    assert code == 2 and len(err.splitlines()) == 1 and err.startswith("specdec: error: "), (
+        argv,
+        code,
+        captured,
+    )
     assert "Traceback" not in captured.out + captured.err
     return err
 
@@ -70,9 +81,24 @@ def one_line_error(capsys, argv) -> str:
 @pytest.mark.parametrize("case", sorted(MODEL_CASES))
 def test_a_hostile_model_folder_is_one_line(folders, capsys, backend, case):
     pytest.importorskip({"numpy": "numpy", "torch": "torch", "mlx": "mlx.core"}[backend])
-    err = one_line_error(capsys, ["generate", "--model", str(folders[0][case]), "--prompt", "hi", "--drafter", "none",
-                                  "--backend", backend, "--dtype", "float32" if backend != "numpy" else "float64",
-                                  "--max-new-tokens", "2"])
+    err = one_line_error(
+        capsys,
+        [
+            "generate",
+            "--model",
+            str(folders[0][case]),
+            "--prompt",
+            "hi",
+            "--drafter",
+            "none",
+            "--backend",
+            backend,
+            "--dtype",
+            "float32" if backend != "numpy" else "float64",
+            "--max-new-tokens",
+            "2",
+        ],
+    )
     assert MODEL_SAYS[case] in err, err
 
 
@@ -80,9 +106,24 @@ def test_a_hostile_model_folder_is_one_line(folders, capsys, backend, case):
 @pytest.mark.parametrize("case", sorted(DRAFTER_CASES))
 def test_a_hostile_drafter_folder_is_one_line(model_dir, folders, capsys, backend, case):
     pytest.importorskip({"numpy": "numpy", "torch": "torch", "mlx": "mlx.core"}[backend])
-    err = one_line_error(capsys, ["generate", "--model", str(model_dir), "--prompt", "hi", "--drafter",
-                                  str(folders[1][case]), "--backend", backend, "--dtype",
-                                  "float32" if backend != "numpy" else "float64", "--max-new-tokens", "2"])
+    err = one_line_error(
+        capsys,
+        [
+            "generate",
+            "--model",
+            str(model_dir),
+            "--prompt",
+            "hi",
+            "--drafter",
+            str(folders[1][case]),
+            "--backend",
+            backend,
+            "--dtype",
+            "float32" if backend != "numpy" else "float64",
+            "--max-new-tokens",
+            "2",
+        ],
+    )
     assert DRAFTER_SAYS[case] in err, err
 
 

@@ -37,7 +37,9 @@ class EndRecorder:
         self.events.append((self.step, "begin", tuple(prompt.tolist())))
 
     def propose(self, context):
-        return specdec.Draft(root_tokens=context.root_tokens, beams=np.asarray(context.root_tokens)[:, None, None])
+        return specdec.Draft(
+            root_tokens=context.root_tokens, beams=np.asarray(context.root_tokens)[:, None, None]
+        )
 
     def observe(self, accepted):
         pass
@@ -76,7 +78,9 @@ class Steps:
         forward, admit = target.forward_tree, target.admit
 
         def forward_tree(tree, slots, *, context=(), layers=()):
-            if self.admitting:  # the reference's admit runs its prompt as chunks: recorded as the admission
+            if (
+                self.admitting
+            ):  # the reference's admit runs its prompt as chunks: recorded as the admission
                 return forward(tree, slots, context=context, layers=layers)
             active = self.decoder.active
             rows = [] if tree is None else [active[int(s)][0] for s in slots]
@@ -114,7 +118,9 @@ class Steps:
 
     def holding(self, request_id: int) -> list[int]:
         """The steps (1-based) whose forwards or admissions hold a chunk or a row for ``request_id``."""
-        return [i + 1 for i, step in enumerate(self.log) if any(request_id in c + r for _, c, r in step)]
+        return [
+            i + 1 for i, step in enumerate(self.log) if any(request_id in c + r for _, c, r in step)
+        ]
 
 
 def chunk(request):
@@ -125,11 +131,17 @@ def row(*requests):
     return [("forward", [], list(requests))]
 
 
-def test_a_finished_request_frees_its_slot_in_its_last_step_and_the_next_request_takes_it(model_dir):
+def test_a_finished_request_frees_its_slot_in_its_last_step_and_the_next_request_takes_it(
+    model_dir,
+):
     steps = Steps(model_dir)
     a, b = steps.submit(A, max_new_tokens=3), steps.submit(B, max_new_tokens=2)
-    assert steps.run() == [chunk(a), row(a), row(a), chunk(b), row(b)], "one forward per step, B right after A"
-    assert steps.free == [False, False, True, False, True], "A's slot is free after the step of its third token"
+    assert steps.run() == [chunk(a), row(a), row(a), chunk(b), row(b)], (
+        "one forward per step, B right after A"
+    )
+    assert steps.free == [False, False, True, False, True], (
+        "A's slot is free after the step of its third token"
+    )
 
 
 def test_with_two_slots_the_waiting_request_is_admitted_beside_the_running_one(model_dir):
@@ -137,8 +149,14 @@ def test_with_two_slots_the_waiting_request_is_admitted_beside_the_running_one(m
     a, c = steps.submit(A, max_new_tokens=2), steps.submit([6, 7], max_new_tokens=5)
     b = steps.submit(B, max_new_tokens=2)
     log = steps.run()
-    assert log[:4] == [[("forward", [a, c], [])], row(a, c), [("forward", [b], [c])], row(b, c)], log
-    assert steps.holding(a) == [1, 2] and steps.holding(b) == [3, 4] and steps.holding(c) == [1, 2, 3, 4, 5]
+    assert log[:4] == [[("forward", [a, c], [])], row(a, c), [("forward", [b], [c])], row(b, c)], (
+        log
+    )
+    assert (
+        steps.holding(a) == [1, 2]
+        and steps.holding(b) == [3, 4]
+        and steps.holding(c) == [1, 2, 3, 4, 5]
+    )
 
 
 def test_a_stop_token_ends_the_request_in_that_step(model_dir):
@@ -153,7 +171,9 @@ def test_a_request_cancelled_between_steps_frees_its_slot_at_once(model_dir):
     steps = Steps(model_dir)
     a, b = steps.submit(A, max_new_tokens=20), steps.submit(B, max_new_tokens=2)
     steps.step(), steps.step()
-    assert steps.decoder.cancel(a) and not steps.target.cache.admitted.any(), "cancel frees the slot before any step"
+    assert steps.decoder.cancel(a) and not steps.target.cache.admitted.any(), (
+        "cancel frees the slot before any step"
+    )
     assert steps.run()[2:] == [chunk(b), row(b)] and steps.holding(a) == [1, 2]
 
 
@@ -162,7 +182,12 @@ def test_a_request_that_fails_frees_its_slot_in_the_failing_step(model_dir):
     a = steps.submit(A, max_new_tokens=8, sampling=specdec.SamplingConfig(temperature=0.7), seed=1)
     b = steps.submit(B, max_new_tokens=2)
     assert steps.run() == [chunk(a), row(a), chunk(b), row(b)]
-    assert [request for request, _ in steps.failures] == [a] and steps.free == [False, True, False, True]
+    assert [request for request, _ in steps.failures] == [a] and steps.free == [
+        False,
+        True,
+        False,
+        True,
+    ]
 
 
 @pytest.mark.parametrize("ending", ["finish", "stop", "cancel", "fail"])
@@ -171,9 +196,12 @@ def test_a_stateful_drafter_is_told_in_the_step_its_request_ends(model_dir, endi
     waiting request's admission comes in the step after the first one ends, and ``end`` in it."""
     recorder = EndRecorder()
     steps = Steps(model_dir, drafter=recorder, failing=0.7 if ending == "fail" else None)
-    settings = {"finish": dict(max_new_tokens=3), "stop": dict(max_new_tokens=10, stop_token_ids=(18,)),
-                "cancel": dict(max_new_tokens=20),
-                "fail": dict(max_new_tokens=8, sampling=specdec.SamplingConfig(temperature=0.7), seed=1)}[ending]
+    settings = {
+        "finish": dict(max_new_tokens=3),
+        "stop": dict(max_new_tokens=10, stop_token_ids=(18,)),
+        "cancel": dict(max_new_tokens=20),
+        "fail": dict(max_new_tokens=8, sampling=specdec.SamplingConfig(temperature=0.7), seed=1),
+    }[ending]
     a, b = steps.submit(A, **settings), steps.submit(B, max_new_tokens=2)
     admit_a = [("admit", [a], [])]
     if ending == "cancel":
@@ -183,8 +211,13 @@ def test_a_stateful_drafter_is_told_in_the_step_its_request_ends(model_dir, endi
         last = "between steps"
         expected_a = [admit_a + row(a)]
     else:
-        last = {"finish": 2, "stop": 1, "fail": 1}[ending]  # the step whose forward gave A's last token
+        last = {"finish": 2, "stop": 1, "fail": 1}[
+            ending
+        ]  # the step whose forward gave A's last token
         expected_a = [admit_a + row(a)] + [row(a)] * (last - 1)
     log = steps.run()
     assert log == expected_a + [[("admit", [b], [])] + row(b)], log
-    assert [e for e in recorder.events if e[1] == "end"] == [(last, "end", 0), (len(log), "end", 0)], recorder.events
+    assert [e for e in recorder.events if e[1] == "end"] == [
+        (last, "end", 0),
+        (len(log), "end", 0),
+    ], recorder.events

@@ -20,13 +20,18 @@ from specdec.reference.model import load_target
 from specdec.testing import make_random_drafter
 from specdec.testing.requests import decoding_plan, run_schedule
 
-SAMPLINGS = [specdec.SamplingConfig(), specdec.SamplingConfig(temperature=0.8),
-             specdec.SamplingConfig(temperature=1.2, top_k=20)]
+SAMPLINGS = [
+    specdec.SamplingConfig(),
+    specdec.SamplingConfig(temperature=0.8),
+    specdec.SamplingConfig(temperature=1.2, top_k=20),
+]
 
 
 @pytest.fixture(scope="module")
 def redrafter(model_dir, tmp_path_factory):
-    return make_random_drafter(tmp_path_factory.mktemp("requests") / "redrafter", model_dir, kind="redrafter", seed=3)
+    return make_random_drafter(
+        tmp_path_factory.mktemp("requests") / "redrafter", model_dir, kind="redrafter", seed=3
+    )
 
 
 def run(plan, schedule, budget=None) -> dict[int, list[int]]:
@@ -36,38 +41,70 @@ def run(plan, schedule, budget=None) -> dict[int, list[int]]:
 
 
 requests = st.builds(
-    lambda prompt, sampling, seed, new: specdec.Request(prompt=prompt, sampling=sampling, seed=seed,
-                                                        max_new_tokens=new),
-    st.one_of(st.lists(st.integers(0, 95), min_size=1, max_size=6),
-              st.lists(st.integers(0, 95), min_size=1, max_size=3).map(lambda p: p * 3)),
-    st.sampled_from(SAMPLINGS), st.integers(0, 2**31), st.integers(1, 9))
-schedules = st.lists(st.tuples(st.integers(0, 6), requests, st.one_of(st.none(), st.integers(0, 8))),
-                     min_size=1, max_size=5)
+    lambda prompt, sampling, seed, new: specdec.Request(
+        prompt=prompt, sampling=sampling, seed=seed, max_new_tokens=new
+    ),
+    st.one_of(
+        st.lists(st.integers(0, 95), min_size=1, max_size=6),
+        st.lists(st.integers(0, 95), min_size=1, max_size=3).map(lambda p: p * 3),
+    ),
+    st.sampled_from(SAMPLINGS),
+    st.integers(0, 2**31),
+    st.integers(1, 9),
+)
+schedules = st.lists(
+    st.tuples(st.integers(0, 6), requests, st.one_of(st.none(), st.integers(0, 8))),
+    min_size=1,
+    max_size=5,
+)
 
 
 @pytest.mark.parametrize("drafter", ["none", "lookup", "redrafter"])
 @settings(max_examples=15, deadline=None)
 @given(schedule=schedules, slots=st.integers(1, 3), budget=st.sampled_from([None, 2, 5]))
-def test_a_request_decodes_the_same_whatever_shares_its_steps(model_dir, redrafter, drafter, schedule, slots, budget):
+def test_a_request_decodes_the_same_whatever_shares_its_steps(
+    model_dir, redrafter, drafter, schedule, slots, budget
+):
     """... and however its prompt is chunked (a budget of prompt tokens per step)."""
-    if drafter == "redrafter":  # its float drafts change with the batch: greedy output is the target's anyway
-        schedule = [(a, r.__class__(prompt=r.prompt, max_new_tokens=r.max_new_tokens), c) for a, r, c in schedule]
+    if (
+        drafter == "redrafter"
+    ):  # its float drafts change with the batch: greedy output is the target's anyway
+        schedule = [
+            (a, r.__class__(prompt=r.prompt, max_new_tokens=r.max_new_tokens), c)
+            for a, r, c in schedule
+        ]
     name = redrafter if drafter == "redrafter" else drafter
-    together = run(decoding_plan(load_target(model_dir, slots=slots, capacity=64), name), schedule, budget)
+    together = run(
+        decoding_plan(load_target(model_dir, slots=slots, capacity=64), name), schedule, budget
+    )
     alone_plan = decoding_plan(load_target(model_dir, slots=1, capacity=64), name)
     for index, tokens in together.items():
         _, request, _ = schedule[index]
         alone = run(alone_plan, [(0, request, None)])[0]
-        assert tokens == alone, (f"request {index} ({request}) with {slots} slot(s) and schedule "
-                                 f"{[(a, c) for a, _, c in schedule]} differs from decoding it alone")
+        assert tokens == alone, (
+            f"request {index} ({request}) with {slots} slot(s) and schedule "
+            f"{[(a, c) for a, _, c in schedule]} differs from decoding it alone"
+        )
 
 
 def test_generate_with_fewer_slots_than_prompts_queues_them(model_dir):
     prompts = [[1, 2, 3], [4, 5], [6], [7, 8, 9, 10]]
-    one = specdec.generate(specdec.load(model_dir, backend="numpy", slots=1), prompts, drafter="lookup",
-                           backend="numpy", max_new_tokens=6, stop_at_eos=False)
-    four = specdec.generate(specdec.load(model_dir, backend="numpy", slots=4), prompts, drafter="lookup",
-                            backend="numpy", max_new_tokens=6, stop_at_eos=False)
+    one = specdec.generate(
+        specdec.load(model_dir, backend="numpy", slots=1),
+        prompts,
+        drafter="lookup",
+        backend="numpy",
+        max_new_tokens=6,
+        stop_at_eos=False,
+    )
+    four = specdec.generate(
+        specdec.load(model_dir, backend="numpy", slots=4),
+        prompts,
+        drafter="lookup",
+        backend="numpy",
+        max_new_tokens=6,
+        stop_at_eos=False,
+    )
     assert one.tokens == four.tokens and all(len(t) == 6 for t in one.tokens)
 
 
@@ -81,13 +118,21 @@ class Recorder:
 
     def begin(self, slot, prompt, output):
         assert slot not in self.open, f"slot {slot} began twice without end"
-        self.open[slot] = {"prompt": prompt.tolist(), "tokens": [], "hidden": [output.hidden],
-                           "layer0": [output.layers[0]]}
+        self.open[slot] = {
+            "prompt": prompt.tolist(),
+            "tokens": [],
+            "hidden": [output.hidden],
+            "layer0": [output.layers[0]],
+        }
         self.events.append(("begin", slot))
 
     def propose(self, context):
-        assert set(context.slots.tolist()) <= set(self.open), "propose for a slot that did not begin"
-        return specdec.Draft(root_tokens=context.root_tokens, beams=np.asarray(context.root_tokens)[:, None, None])
+        assert set(context.slots.tolist()) <= set(self.open), (
+            "propose for a slot that did not begin"
+        )
+        return specdec.Draft(
+            root_tokens=context.root_tokens, beams=np.asarray(context.root_tokens)[:, None, None]
+        )
 
     def observe(self, accepted):
         for b, slot in enumerate(accepted.slots.tolist()):
@@ -109,7 +154,11 @@ def test_stateful_drafter_sees_every_request_begin_commit_and_end(model_dir):
     prompts = [[1, 2, 3], [4, 5], [6, 7, 8, 9]]
     emitted = run(plan, [(0, specdec.Request(prompt=p, max_new_tokens=5), None) for p in prompts])
     ended = [event[2] for event in recorder.events if event[0] == "end"]
-    assert len(ended) == 3 and not recorder.open and [e[0] for e in recorder.events].count("begin") == 3
+    assert (
+        len(ended) == 3
+        and not recorder.open
+        and [e[0] for e in recorder.events].count("begin") == 3
+    )
     fresh = load_target(model_dir, slots=1, capacity=64)
     for record in ended:
         index = prompts.index(record["prompt"])
@@ -118,8 +167,12 @@ def test_stateful_drafter_sees_every_request_begin_commit_and_end(model_dir):
         text = record["prompt"] + record["tokens"]
         expected = fresh.admit(0, text, layers=[0])
         fresh.release(0)
-        np.testing.assert_allclose(np.concatenate(record["hidden"]), expected.hidden, rtol=0, atol=1e-12)
-        np.testing.assert_allclose(np.concatenate(record["layer0"]), expected.layers[0], rtol=0, atol=1e-12)
+        np.testing.assert_allclose(
+            np.concatenate(record["hidden"]), expected.hidden, rtol=0, atol=1e-12
+        )
+        np.testing.assert_allclose(
+            np.concatenate(record["layer0"]), expected.layers[0], rtol=0, atol=1e-12
+        )
 
 
 def test_cancel_frees_the_slot_and_ends_the_request(model_dir):
@@ -140,7 +193,9 @@ def test_cancel_frees_the_slot_and_ends_the_request(model_dir):
 def test_requests_beyond_the_capacity_are_refused_before_anything_runs(model_dir):
     target = load_target(model_dir, slots=1, capacity=16)
     decoder = Decoder(decoding_plan(target, "none"))
-    with pytest.raises(specdec.InvalidInputError, match="needs 20 positions; the target's slots hold 16"):
+    with pytest.raises(
+        specdec.InvalidInputError, match="needs 20 positions; the target's slots hold 16"
+    ):
         decoder.submit(specdec.Request(prompt=[1] * 10, max_new_tokens=10))
     assert decoder.idle and not target.cache.admitted.any()
 
@@ -150,11 +205,15 @@ def counting(target):
     forward, target.forwards = target.forward_tree, []
 
     def forward_tree(tree, slots, *, context=(), layers=()):
-        target.forwards.append(([(int(s), len(t)) for s, t in context], [] if tree is None else list(slots)))
+        target.forwards.append(
+            ([(int(s), len(t)) for s, t in context], [] if tree is None else list(slots))
+        )
         return forward(tree, slots, context=context, layers=layers)
 
     def admit(slot, prompt, *, layers=()):
-        raise AssertionError("the decoder prefills prompt chunks inside forward_tree, not with admit")
+        raise AssertionError(
+            "the decoder prefills prompt chunks inside forward_tree, not with admit"
+        )
 
     target.forward_tree, target.admit = forward_tree, admit
     return target
@@ -167,22 +226,41 @@ def test_each_step_is_one_forward_of_prompt_chunks_and_every_groups_trees(model_
     target = counting(load_target(model_dir, slots=3, capacity=64))
     decoder = Decoder(decoding_plan(target, "lookup"))
     greedy = decoder.submit(specdec.Request(prompt=[1, 2, 3], max_new_tokens=40))
-    sampled = decoder.submit(specdec.Request(prompt=[4, 5], max_new_tokens=40,
-                                             sampling=specdec.SamplingConfig(temperature=0.8), seed=1))
-    assert [r.requests for r in decoder.step(max_prefill_tokens=4)] == [(greedy,)]  # 3 + 2 > 4: one prompt
+    sampled = decoder.submit(
+        specdec.Request(
+            prompt=[4, 5],
+            max_new_tokens=40,
+            sampling=specdec.SamplingConfig(temperature=0.8),
+            seed=1,
+        )
+    )
+    assert [r.requests for r in decoder.step(max_prefill_tokens=4)] == [
+        (greedy,)
+    ]  # 3 + 2 > 4: one prompt
     assert [r.requests for r in decoder.step(max_prefill_tokens=4)] == [(sampled,), (greedy,)]
     long = decoder.submit(specdec.Request(prompt=list(range(10, 21)), max_new_tokens=4))
     target.forwards.clear()
     emitted = []
     for _ in range(3):
         results = decoder.step(max_prefill_tokens=4)
-        emitted.append({r: len(t) for result in results
-                        for r, t in zip(result.requests, result.new_tokens, strict=True)})
+        emitted.append(
+            {
+                r: len(t)
+                for result in results
+                for r, t in zip(result.requests, result.new_tokens, strict=True)
+            }
+        )
     chunks = [f[0] for f in target.forwards]
     assert chunks == [[(2, 4)], [(2, 4)], [(2, 3)]], "11 prompt tokens in chunks of the budget"
-    assert all(sorted(f[1]) == [0, 1] for f in target.forwards), "both groups' trees ride every forward"
-    assert all(e[greedy] >= 1 and e[sampled] >= 1 for e in emitted), "the decoding requests did not stall"
-    assert long not in emitted[0] and long not in emitted[1] and emitted[2][long] == 1, "first token at the last chunk"
+    assert all(sorted(f[1]) == [0, 1] for f in target.forwards), (
+        "both groups' trees ride every forward"
+    )
+    assert all(e[greedy] >= 1 and e[sampled] >= 1 for e in emitted), (
+        "the decoding requests did not stall"
+    )
+    assert long not in emitted[0] and long not in emitted[1] and emitted[2][long] == 1, (
+        "first token at the last chunk"
+    )
     decoder.close()
     assert not target.cache.admitted.any()
 
@@ -212,16 +290,23 @@ def test_a_prompt_chunk_whose_forward_fails_fails_its_request_alone(model_dir):
 
     target.forward_tree = forward_tree
     good_request = specdec.Request(prompt=[1, 2, 3], max_new_tokens=6)
-    schedule = [(0, good_request, None), (0, specdec.Request(prompt=[13, 14], max_new_tokens=6), None)]
+    schedule = [
+        (0, good_request, None),
+        (0, specdec.Request(prompt=[13, 14], max_new_tokens=6), None),
+    ]
     failures = []
-    tokens = run_schedule(decoding_plan(target, "lookup"), schedule, max_prefill_tokens=8, failures=failures)
+    tokens = run_schedule(
+        decoding_plan(target, "lookup"), schedule, max_prefill_tokens=8, failures=failures
+    )
     assert [index for index, _ in failures] == [1]
     assert not target.cache.admitted.any()
     alone = decoding_plan(load_target(model_dir, slots=1, capacity=64), "lookup")
     assert tokens == {0: run(alone, [(0, good_request, None)])[0]}
 
 
-def test_a_request_failing_after_the_forward_leaves_the_prompt_chunks_of_that_forward_committed_once(model_dir):
+def test_a_request_failing_after_the_forward_leaves_the_prompt_chunks_of_that_forward_committed_once(
+    model_dir,
+):
     """A verifier fails for one request after a forward that also carried another request's prompt
     chunk: that chunk is committed once (not prefilled again when the failing step is retried row
     by row), the failing request is dropped, and every other request decodes as it would alone."""
@@ -229,7 +314,9 @@ def test_a_request_failing_after_the_forward_leaves_the_prompt_chunks_of_that_fo
 
     plan = decoding_plan(counting(load_target(model_dir, slots=3, capacity=64)), "lookup")
     plan = attrs.evolve(plan, verifier=FailingFor(plan.verifier, 0.7))
-    failing = specdec.Request(prompt=[4, 5], max_new_tokens=6, sampling=specdec.SamplingConfig(temperature=0.7), seed=2)
+    failing = specdec.Request(
+        prompt=[4, 5], max_new_tokens=6, sampling=specdec.SamplingConfig(temperature=0.7), seed=2
+    )
     greedy = specdec.Request(prompt=[1, 2, 3], max_new_tokens=6)
     chunked = specdec.Request(prompt=list(range(10, 19)), max_new_tokens=6)
     schedule = [(0, failing, None), (0, greedy, None), (1, chunked, None)]
@@ -238,6 +325,10 @@ def test_a_request_failing_after_the_forward_leaves_the_prompt_chunks_of_that_fo
     assert [index for index, _ in failures] == [0]
     assert not plan.target.cache.admitted.any()
     sent = sum(size for chunks, _ in plan.target.forwards for _, size in chunks)
-    assert sent == 2 + 3 + 9, f"{sent} prompt tokens forwarded for prompts of 2 + 3 + 9: a chunk ran twice"
+    assert sent == 2 + 3 + 9, (
+        f"{sent} prompt tokens forwarded for prompts of 2 + 3 + 9: a chunk ran twice"
+    )
     alone = decoding_plan(load_target(model_dir, slots=1, capacity=64), "lookup")
-    assert tokens == {index: run(alone, [(0, request, None)])[0] for index, request in ((1, greedy), (2, chunked))}
+    assert tokens == {
+        index: run(alone, [(0, request, None)])[0] for index, request in ((1, greedy), (2, chunked))
+    }

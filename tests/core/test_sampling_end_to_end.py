@@ -48,8 +48,15 @@ def chi2_quantile(df: int) -> float:
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
     root = tmp_path_factory.mktemp("e2e")
-    model = make_random_model(root / "model", vocab_size=V, hidden_size=16, num_layers=1, num_heads=2, num_kv_heads=1,
-                              seed=4)
+    model = make_random_model(
+        root / "model",
+        vocab_size=V,
+        hidden_size=16,
+        num_layers=1,
+        num_heads=2,
+        num_kv_heads=1,
+        seed=4,
+    )
     target = Batch(specdec.load(model, backend="numpy"))
     joint = {}
     for cell in itertools.product(range(V), repeat=NEW):
@@ -60,19 +67,37 @@ def world(tmp_path_factory):
         joint[cell] = p
     assert abs(sum(joint.values()) - 1.0) < 1e-9
     drafters = {
-        "none": "none", "lookup": "lookup",
+        "none": "none",
+        "lookup": "lookup",
         "redrafter": make_random_drafter(root / "redrafter", model, kind="redrafter", seed=1),
-        "medusa": make_random_drafter(root / "medusa", model, kind="medusa", seed=2, top_t=2,
-                                      choices=[[0], [1], [0, 0], [0, 1], [1, 0]]),
+        "medusa": make_random_drafter(
+            root / "medusa",
+            model,
+            kind="medusa",
+            seed=2,
+            top_t=2,
+            choices=[[0], [1], [0, 0], [0, 1], [1, 0]],
+        ),
         "eagle": make_random_drafter(root / "eagle", model, kind="eagle", seed=3),
         "draft_model": "draft_model",
     }
-    draft = make_random_model(root / "draft", vocab_size=V, hidden_size=16, num_layers=1, num_heads=2, num_kv_heads=1,
-                              seed=6)
+    draft = make_random_model(
+        root / "draft",
+        vocab_size=V,
+        hidden_size=16,
+        num_layers=1,
+        num_heads=2,
+        num_kv_heads=1,
+        seed=6,
+    )
     return model, joint, drafters, draft
 
 
-BACKENDS = {"numpy": (None, ()), "torch": ("float64", ("torch",)), "mlx": ("float32", ("mlx.core", "mlx_lm"))}
+BACKENDS = {
+    "numpy": (None, ()),
+    "torch": ("float64", ("torch",)),
+    "mlx": ("float32", ("mlx.core", "mlx_lm")),
+}
 
 
 def on_backend(model, backend: str):
@@ -88,17 +113,30 @@ def on_backend(model, backend: str):
 def chi_square(world, drafter: str, verifier: str | None, seed: int = 5, backend: str = "numpy"):
     model, joint, drafters, draft = world
     options = {"beam_width": 2, "beam_length": 3} if drafter.startswith("redrafter") else {}
-    if drafter == "redrafter-sampled":  # beams drawn from the drafter (rejection verifier by default)
+    if (
+        drafter == "redrafter-sampled"
+    ):  # beams drawn from the drafter (rejection verifier by default)
         drafter, options["sample"] = "redrafter", True
-    if drafter.startswith("draft_model"):  # a chain of 2 drawn from the draft model (rejection), or its argmax
+    if drafter.startswith(
+        "draft_model"
+    ):  # a chain of 2 drawn from the draft model (rejection), or its argmax
         options.update(draft_model=draft, draft_length=2, sample=drafter == "draft_model")
         drafter = "draft_model"
     if verifier is not None:
         options["verifier"] = verifier
     target, dtype = on_backend(model, backend)
-    result = specdec.generate(target, [PROMPT] * ROWS, drafter=drafters[drafter], backend=backend, dtype=dtype,
-                              max_new_tokens=NEW, temperature=SAMPLING.temperature, seed=seed, stop_at_eos=False,
-                              **options)
+    result = specdec.generate(
+        target,
+        [PROMPT] * ROWS,
+        drafter=drafters[drafter],
+        backend=backend,
+        dtype=dtype,
+        max_new_tokens=NEW,
+        temperature=SAMPLING.temperature,
+        seed=seed,
+        stop_at_eos=False,
+        **options,
+    )
     counts = {}
     for row in result.tokens:
         counts[tuple(row)] = counts.get(tuple(row), 0) + 1
@@ -131,22 +169,39 @@ class OnceChooser(reference_verify.UniformChooser):
         return super().accept(probability, depth, beam)
 
 
-@pytest.mark.parametrize("drafter, verifier", [  # None: the default verifier (exact, or rejection for sampled beams)
-    ("none", None), ("lookup", None), ("redrafter", None), ("redrafter-sampled", None), ("redrafter-sampled", "exact"),
-    ("medusa", None), ("eagle", None), ("draft_model", None), ("draft_model-argmax", None),
-])
+@pytest.mark.parametrize(
+    "drafter, verifier",
+    [  # None: the default verifier (exact, or rejection for sampled beams)
+        ("none", None),
+        ("lookup", None),
+        ("redrafter", None),
+        ("redrafter-sampled", None),
+        ("redrafter-sampled", "exact"),
+        ("medusa", None),
+        ("eagle", None),
+        ("draft_model", None),
+        ("draft_model-argmax", None),
+    ],
+)
 @pytest.mark.parametrize("backend", sorted(BACKENDS))
-def test_emitted_tokens_have_the_target_distribution(world, backend, drafter, verifier, monkeypatch):
+def test_emitted_tokens_have_the_target_distribution(
+    world, backend, drafter, verifier, monkeypatch
+):
     monkeypatch.setattr(reference_verify, "UniformChooser", OnceChooser)
     statistic, quantile, stats = chi_square(world, drafter, verifier, backend=backend)
     assert statistic < quantile, (
-        f"{backend} drafter={drafter} verifier={verifier}: chi-square {statistic:.1f} >= {quantile:.1f}")
+        f"{backend} drafter={drafter} verifier={verifier}: chi-square {statistic:.1f} >= {quantile:.1f}"
+    )
     if drafter != "none":  # drafted tokens were accepted, so the accept path is what was tested
         assert stats.accepted_tokens > ROWS // 4, stats
 
 
-@pytest.mark.parametrize("drafter, verifier", [("medusa", "typical"), ("redrafter", "redrafter_published")])
+@pytest.mark.parametrize(
+    "drafter, verifier", [("medusa", "typical"), ("redrafter", "redrafter_published")]
+)
 def test_lossy_verifiers_are_detected(world, drafter, verifier):
     """The test's power, shown: rules known to change the distribution fail it."""
     statistic, quantile, _ = chi_square(world, drafter, verifier)
-    assert statistic > quantile, f"drafter={drafter} verifier={verifier}: chi-square {statistic:.1f} < {quantile:.1f}"
+    assert statistic > quantile, (
+        f"drafter={drafter} verifier={verifier}: chi-square {statistic:.1f} < {quantile:.1f}"
+    )

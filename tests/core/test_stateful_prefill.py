@@ -89,8 +89,9 @@ class Counted:
 
 def schedule():
     greedy = [specdec.Request(prompt=p, max_new_tokens=12) for p in (LONG, [1, 2, 3], [4, 5, 4, 5])]
-    sampled = specdec.Request(prompt=LONG[:7], max_new_tokens=10, seed=5,
-                              sampling=specdec.SamplingConfig(temperature=0.9))
+    sampled = specdec.Request(
+        prompt=LONG[:7], max_new_tokens=10, seed=5, sampling=specdec.SamplingConfig(temperature=0.9)
+    )
     return [(0, greedy[0], None), (0, greedy[1], None), (1, sampled, None), (3, greedy[2], None)]
 
 

@@ -59,16 +59,33 @@ def too_many_accepted(verdict):
     return attrs.evolve(verdict, num_accepted=verdict.num_accepted + 10)
 
 
-@pytest.mark.parametrize("change, message", [
-    (float_path, r"returned Verdict.path of dtype float64; it must hold integers"),
-    (bonus_outside, r"returned Verdict.bonus_tokens\[0\] = \d+, outside the vocabulary \[0, 96\)"),
-    (skips_a_node, r"returned a Verdict.path that is not a chain of parent links in row 0: \[0, 2\]"),
-    (too_many_accepted, r"returned Verdict.num_accepted \[1\d\] outside \[0, 2\]"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (float_path, r"returned Verdict.path of dtype float64; it must hold integers"),
+        (
+            bonus_outside,
+            r"returned Verdict.bonus_tokens\[0\] = \d+, outside the vocabulary \[0, 96\)",
+        ),
+        (
+            skips_a_node,
+            r"returned a Verdict.path that is not a chain of parent links in row 0: \[0, 2\]",
+        ),
+        (too_many_accepted, r"returned Verdict.num_accepted \[1\d\] outside \[0, 2\]"),
+    ],
+)
 def test_a_bad_verdict_names_the_verifier(target, change, message):
-    with pytest.raises(PluginOutputError, match=r"^verifier Corrupting \(an object passed in\) " + message):
-        specdec.generate(target, [5, 6], drafter=ChainDrafter(), backend="numpy", max_new_tokens=6,
-                         verifier=Corrupting(change))
+    with pytest.raises(
+        PluginOutputError, match=r"^verifier Corrupting \(an object passed in\) " + message
+    ):
+        specdec.generate(
+            target,
+            [5, 6],
+            drafter=ChainDrafter(),
+            backend="numpy",
+            max_new_tokens=6,
+            verifier=Corrupting(change),
+        )
 
 
 def test_a_registered_verifier_is_named_with_its_plugin(target):
@@ -80,21 +97,37 @@ def test_a_registered_verifier_is_named_with_its_plugin(target):
 
     plugin.specdec_register_verifiers = specdec_register_verifiers
     registry = PluginRegistry([numpy_plugin, plugin])
-    with pytest.raises(PluginOutputError, match=r"^verifier 'skippy' \(plugin 'skippy_plugin', local\) returned"):
-        specdec.generate(target, [5, 6], drafter=ChainDrafter(), backend="numpy", max_new_tokens=6,
-                         verifier="skippy", registry=registry)
+    with pytest.raises(
+        PluginOutputError, match=r"^verifier 'skippy' \(plugin 'skippy_plugin', local\) returned"
+    ):
+        specdec.generate(
+            target,
+            [5, 6],
+            drafter=ChainDrafter(),
+            backend="numpy",
+            max_new_tokens=6,
+            verifier="skippy",
+            registry=registry,
+        )
 
 
 def test_a_draft_outside_the_vocabulary_names_the_drafter(target):
     """The target fails first (an index error in its embedding); the error blames the drafter."""
-    with pytest.raises(PluginOutputError, match=r"^drafter ChainDrafter \(an object passed in\) returned "
-                                                r"Draft.beams\[0, 0, 1\] = 500, outside the vocabulary"):
-        specdec.generate(target, [5, 6], drafter=ChainDrafter(tokens=500), backend="numpy", max_new_tokens=6)
+    with pytest.raises(
+        PluginOutputError,
+        match=r"^drafter ChainDrafter \(an object passed in\) returned "
+        r"Draft.beams\[0, 0, 1\] = 500, outside the vocabulary",
+    ):
+        specdec.generate(
+            target, [5, 6], drafter=ChainDrafter(tokens=500), backend="numpy", max_new_tokens=6
+        )
 
 
 def test_good_plugins_pass_the_checks(target):
     plain = specdec.generate(target, [5, 6], drafter="none", backend="numpy", max_new_tokens=6)
-    chained = specdec.generate(target, [5, 6], drafter=ChainDrafter(), backend="numpy", max_new_tokens=6)
+    chained = specdec.generate(
+        target, [5, 6], drafter=ChainDrafter(), backend="numpy", max_new_tokens=6
+    )
     assert chained.tokens == plain.tokens and chained.stats.accepted_tokens > 0
 
 
@@ -110,6 +143,9 @@ def test_a_target_returning_fewer_chunk_outputs_is_named_before_a_request_is_los
         return attrs.evolve(output, context=output.context[:-1]) if output.context else output
 
     target.forward_tree = forward_tree
-    with pytest.raises(PluginOutputError, match=r"'numpy' target ReferenceTarget returned 1 context outputs from "
-                                                r"forward_tree for 2 prompt chunks"):
+    with pytest.raises(
+        PluginOutputError,
+        match=r"'numpy' target ReferenceTarget returned 1 context outputs from "
+        r"forward_tree for 2 prompt chunks",
+    ):
         specdec.generate(target, [[1, 2], [3]], drafter="none", backend="numpy", max_new_tokens=3)

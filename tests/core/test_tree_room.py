@@ -34,7 +34,9 @@ class CountingDrafter:
 def drafter_dir(model_dir, tmp_path_factory):
     """A random ReDrafter folder for ``model_dir``."""
     spec = specdec.default_registry().drafter_spec("redrafter")
-    return spec.make_random_checkpoint(tmp_path_factory.mktemp("redrafter") / "drafter", model_dir, seed=0)
+    return spec.make_random_checkpoint(
+        tmp_path_factory.mktemp("redrafter") / "drafter", model_dir, seed=0
+    )
 
 
 @pytest.fixture(scope="module")
@@ -50,14 +52,26 @@ def huge_drafter(drafter_dir, tmp_path_factory):
 
 def test_huge_beam_options_are_refused_with_the_limit_and_the_fix(model_dir, drafter_dir):
     with pytest.raises(InvalidInputError) as caught:
-        specdec.generate(model_dir, [1, 2, 3], drafter_dir, "numpy", max_new_tokens=4, beam_width=100_000,
-                         beam_length=100_000, lookup=False)
+        specdec.generate(
+            model_dir,
+            [1, 2, 3],
+            drafter_dir,
+            "numpy",
+            max_new_tokens=4,
+            beam_width=100_000,
+            beam_length=100_000,
+            lookup=False,
+        )
     message = str(caught.value)
-    assert f"{1 + 100_000 * 99_999} nodes" in message and f"{TREE_ROOM + 1} positions" in message, message
+    assert f"{1 + 100_000 * 99_999} nodes" in message and f"{TREE_ROOM + 1} positions" in message, (
+        message
+    )
     assert "--beam-width" in message and "capacity" not in message, message
 
 
-def test_a_drafter_folder_with_huge_beams_is_refused_by_generate_and_the_engine(model_dir, huge_drafter):
+def test_a_drafter_folder_with_huge_beams_is_refused_by_generate_and_the_engine(
+    model_dir, huge_drafter
+):
     with pytest.raises(InvalidInputError, match="drafts trees of up to"):
         specdec.generate(model_dir, [1, 2, 3], huge_drafter, "numpy", max_new_tokens=4)
     with pytest.raises(InvalidInputError, match="larger tree_room"):
@@ -65,8 +79,21 @@ def test_a_drafter_folder_with_huge_beams_is_refused_by_generate_and_the_engine(
 
 
 def test_the_cli_says_it_in_one_line(model_dir, huge_drafter, capsys):
-    code = main(["generate", "--model", str(model_dir), "--prompt", "hello", "--drafter", str(huge_drafter),
-                 "--backend", "numpy", "--max-new-tokens", "2"])
+    code = main(
+        [
+            "generate",
+            "--model",
+            str(model_dir),
+            "--prompt",
+            "hello",
+            "--drafter",
+            str(huge_drafter),
+            "--backend",
+            "numpy",
+            "--max-new-tokens",
+            "2",
+        ]
+    )
     err = capsys.readouterr().err.strip()
     assert code != 0 and len(err.splitlines()) == 1 and "drafts trees of up to" in err, err
 
@@ -91,17 +118,37 @@ def test_a_loaded_target_is_checked_against_what_its_slots_leave(model_dir):
 
 def test_the_lookup_beam_counts_toward_the_tree(model_dir, drafter_dir):
     # 1 + 4 * 63 = 253 nodes fit 257; a lookup chain of 8 more does not
-    specdec.generate(model_dir, [1, 2, 3], drafter_dir, "numpy", max_new_tokens=2, beam_width=4, beam_length=64,
-                     lookup=False)
+    specdec.generate(
+        model_dir,
+        [1, 2, 3],
+        drafter_dir,
+        "numpy",
+        max_new_tokens=2,
+        beam_width=4,
+        beam_length=64,
+        lookup=False,
+    )
     with pytest.raises(InvalidInputError, match="up to 261 nodes"):
-        specdec.generate(model_dir, [1, 2, 3], drafter_dir, "numpy", max_new_tokens=2, beam_width=4,
-                         beam_length=64, lookup=8)
+        specdec.generate(
+            model_dir,
+            [1, 2, 3],
+            drafter_dir,
+            "numpy",
+            max_new_tokens=2,
+            beam_width=4,
+            beam_length=64,
+            lookup=8,
+        )
 
 
 def test_an_engine_checks_its_own_tree_room(model_dir):
     with pytest.raises(InvalidInputError, match=r"9 positions.*tree_room \(now 8\)"):
-        specdec.Engine(model_dir, drafter=CountingDrafter(10), backend="numpy", slots=1, tree_room=8)
-    with specdec.Engine(model_dir, drafter=CountingDrafter(9), backend="numpy", slots=1, tree_room=8) as engine:
+        specdec.Engine(
+            model_dir, drafter=CountingDrafter(10), backend="numpy", slots=1, tree_room=8
+        )
+    with specdec.Engine(
+        model_dir, drafter=CountingDrafter(9), backend="numpy", slots=1, tree_room=8
+    ) as engine:
         assert engine.generate([1, 2], max_new_tokens=2).tokens
 
 
@@ -111,8 +158,9 @@ def test_caps_refuse_a_tree_without_its_root():
 
 
 @pytest.mark.parametrize("kind", ["redrafter", "medusa", "eagle", "eagle3"])
-def test_a_specs_tree_size_from_the_config_is_what_its_drafter_declares(target, model_dir, tmp_path,
-                                                                        kind):
+def test_a_specs_tree_size_from_the_config_is_what_its_drafter_declares(
+    target, model_dir, tmp_path, kind
+):
     """``DrafterSpec.tree_size`` reads a checkpoint's config as ``specdec import`` does, without
     building the drafter; the drafter built with no options declares the same trees."""
     from specdec.capabilities import drafter_caps
@@ -121,6 +169,18 @@ def test_a_specs_tree_size_from_the_config_is_what_its_drafter_declares(target, 
     spec = specdec.default_registry().drafter_spec(kind)
     folder = spec.make_random_checkpoint(tmp_path / kind, model_dir, seed=0)
     config, _ = spec.load_checkpoint(folder)
-    plan, *_ = prepare(target, [1, 2], folder, "numpy", max_new_tokens=2, temperature=0.0, top_k=None,
-                       top_p=None, dtype=None, device=None, registry=None, options={"lookup": False})
+    plan, *_ = prepare(
+        target,
+        [1, 2],
+        folder,
+        "numpy",
+        max_new_tokens=2,
+        temperature=0.0,
+        top_k=None,
+        top_p=None,
+        dtype=None,
+        device=None,
+        registry=None,
+        options={"lookup": False},
+    )
     assert spec.tree_size(config) == drafter_caps(plan.drafter).max_tree_size > 1

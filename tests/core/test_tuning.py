@@ -63,7 +63,9 @@ class TwoDtypeBackend(NumpyBackend):
 @pytest.fixture
 def cache(tmp_path, monkeypatch):
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
-    monkeypatch.delenv("SPECDEC_DTYPE", raising=False)  # measured here (conftest pins it for other tests)
+    monkeypatch.delenv(
+        "SPECDEC_DTYPE", raising=False
+    )  # measured here (conftest pins it for other tests)
     return tmp_path / "cache"
 
 
@@ -79,8 +81,14 @@ def test_fastest_dtype_is_measured_once_then_read_from_the_cache(model_dir, cach
     backend = TwoDtypeBackend()
     target, choice = tuning.load_fastest(backend, model_dir)
     assert (choice.dtype, choice.source, target.dtype) == ("fast", "measured", "fast")
-    assert set(choice.timings) == {"slow", "fast"} and set(choice.timings["slow"]) == set(tuning.TREE_SIZES)
-    assert min(choice.timings["slow"].values()) >= 1e3 * SLOW_SECONDS > max(choice.timings["fast"].values())
+    assert set(choice.timings) == {"slow", "fast"} and set(choice.timings["slow"]) == set(
+        tuning.TREE_SIZES
+    )
+    assert (
+        min(choice.timings["slow"].values())
+        >= 1e3 * SLOW_SECONDS
+        > max(choice.timings["fast"].values())
+    )
     assert backend.loads == ["slow", "fast"]
     files = list((cache / "tuning").glob("dtype-twodtype-*.json"))
     assert len(files) == 1 and json.loads(files[0].read_text())["dtype"] == "fast"
@@ -95,11 +103,25 @@ def test_fastest_dtype_is_measured_once_then_read_from_the_cache(model_dir, cach
 def test_the_cache_key_is_the_shape_not_the_weights(model_dir, cache, tmp_path):
     backend = TwoDtypeBackend()
     tuning.load_fastest(backend, model_dir)
-    same_shape = make_random_model(tmp_path / "other-weights", vocab_size=96, hidden_size=32, num_layers=2,
-                                   num_heads=4, num_kv_heads=2, seed=7)
+    same_shape = make_random_model(
+        tmp_path / "other-weights",
+        vocab_size=96,
+        hidden_size=32,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        seed=7,
+    )
     assert tuning.load_fastest(backend, same_shape)[1].source == "cached"
-    wider = make_random_model(tmp_path / "wider", vocab_size=96, hidden_size=48, num_layers=2, num_heads=4,
-                              num_kv_heads=2, seed=7)
+    wider = make_random_model(
+        tmp_path / "wider",
+        vocab_size=96,
+        hidden_size=48,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        seed=7,
+    )
     assert tuning.load_fastest(backend, wider)[1].source == "measured"
     assert tuning.load_fastest(TwoDtypeBackend(("fast", "slow")), model_dir)[1].source == "cached"
 
@@ -141,9 +163,16 @@ def test_generate_and_load_use_the_fastest_dtype(model_dir, cache):
     registry = _registry_with(TwoDtypeBackend)
     target = specdec.load(model_dir, backend="twodtype", registry=registry)
     assert target.dtype == "fast" and target.dtype_choice.source == "measured"
-    assert specdec.load(model_dir, backend="twodtype", registry=registry).dtype_choice.source == "cached"
-    assert specdec.load(model_dir, backend="twodtype", dtype="slow", registry=registry).dtype == "slow"
-    assert specdec.load(model_dir, backend="twodtype", dtype="auto", registry=registry).dtype == "fast"
+    assert (
+        specdec.load(model_dir, backend="twodtype", registry=registry).dtype_choice.source
+        == "cached"
+    )
+    assert (
+        specdec.load(model_dir, backend="twodtype", dtype="slow", registry=registry).dtype == "slow"
+    )
+    assert (
+        specdec.load(model_dir, backend="twodtype", dtype="auto", registry=registry).dtype == "fast"
+    )
 
 
 def test_the_torch_backend_offers_float32_and_bfloat16_on_the_cpu():
@@ -158,40 +187,75 @@ def test_the_torch_backend_offers_float32_and_bfloat16_on_the_cpu():
 
 @pytest.fixture(scope="module")
 def redrafter(model_dir, tmp_path_factory):
-    return make_random_drafter(tmp_path_factory.mktemp("rd") / "redrafter", model_dir, kind="redrafter", seed=3)
+    return make_random_drafter(
+        tmp_path_factory.mktemp("rd") / "redrafter", model_dir, kind="redrafter", seed=3
+    )
 
 
 def _drafter_of(target, drafter, **options):
-    plan, *_ = prepare(target, [1, 2], drafter, "numpy", max_new_tokens=4, temperature=options.pop("temperature", 0.0),
-                       top_k=None, top_p=None, dtype=None, device=None, registry=None, options=options)
+    plan, *_ = prepare(
+        target,
+        [1, 2],
+        drafter,
+        "numpy",
+        max_new_tokens=4,
+        temperature=options.pop("temperature", 0.0),
+        top_k=None,
+        top_p=None,
+        dtype=None,
+        device=None,
+        registry=None,
+        options=options,
+    )
     return plan.drafter
 
 
 def test_a_saved_beam_plan_is_used_when_no_beams_are_given(target, model_dir, redrafter, cache):
     default = _drafter_of(target, redrafter).inner
-    tuning.save_beam_plan(NumpyBackend(), target, str(redrafter), beam_width=1, beam_length=2, details={})
+    tuning.save_beam_plan(
+        NumpyBackend(), target, str(redrafter), beam_width=1, beam_length=2, details={}
+    )
     planned = _drafter_of(target, redrafter).inner
-    assert (planned.beam_width, planned.beam_length) == (1, 2) != (default.beam_width, default.beam_length)
+    assert (
+        (planned.beam_width, planned.beam_length)
+        == (1, 2)
+        != (default.beam_width, default.beam_length)
+    )
     given = _drafter_of(target, redrafter, beam_width=3).inner
-    assert given.beam_width == 3 and given.beam_length == default.beam_length, "the caller's beams win"
+    assert given.beam_width == 3 and given.beam_length == default.beam_length, (
+        "the caller's beams win"
+    )
     other = make_random_drafter(cache.parent / "other-rd", model_dir, kind="redrafter", seed=4)
-    assert _drafter_of(target, other).inner.beam_width == default.beam_width, "a plan belongs to its drafter"
+    assert _drafter_of(target, other).inner.beam_width == default.beam_width, (
+        "a plan belongs to its drafter"
+    )
 
 
 def test_the_lookup_beam_is_on_by_default_beside_redrafter(target, redrafter):
     assert isinstance(_drafter_of(target, redrafter), LookupDrafter)
     assert not isinstance(_drafter_of(target, redrafter, lookup=False), LookupDrafter)
-    assert isinstance(_drafter_of(target, redrafter, temperature=0.8), LookupDrafter), "exact verifier: kept"
-    assert not isinstance(_drafter_of(target, redrafter, temperature=0.8, sample=True), LookupDrafter)
-    assert not isinstance(_drafter_of(target, redrafter, verifier="typical", temperature=0.8), LookupDrafter)
+    assert isinstance(_drafter_of(target, redrafter, temperature=0.8), LookupDrafter), (
+        "exact verifier: kept"
+    )
+    assert not isinstance(
+        _drafter_of(target, redrafter, temperature=0.8, sample=True), LookupDrafter
+    )
+    assert not isinstance(
+        _drafter_of(target, redrafter, verifier="typical", temperature=0.8), LookupDrafter
+    )
     assert not isinstance(_drafter_of(target, "none"), LookupDrafter)
 
 
 def test_greedy_output_with_the_default_lookup_beam_is_plain_decoding(target, redrafter):
-    prompts = [[5, 6, 7, 5, 6, 7, 5, 6], [9, 10, 9, 10, 9, 10]]  # repeating: the lookup beam finds matches
+    prompts = [
+        [5, 6, 7, 5, 6, 7, 5, 6],
+        [9, 10, 9, 10, 9, 10],
+    ]  # repeating: the lookup beam finds matches
     plain = specdec.generate(target, prompts, drafter="none", backend="numpy", max_new_tokens=12)
     spec = specdec.generate(target, prompts, drafter=redrafter, backend="numpy", max_new_tokens=12)
-    alone = specdec.generate(target, prompts, drafter=redrafter, backend="numpy", max_new_tokens=12, lookup=False)
+    alone = specdec.generate(
+        target, prompts, drafter=redrafter, backend="numpy", max_new_tokens=12, lookup=False
+    )
     assert spec.tokens == plain.tokens == alone.tokens
     # this random target repeats itself, which the lookup beam copies and the random ReDrafter cannot
     assert spec.stats.accepted_tokens > alone.stats.accepted_tokens == 0

@@ -47,7 +47,9 @@ def log_of(probs) -> np.ndarray:
 
 def head_draft(tree: DraftTree) -> Draft:
     """A stand-in draft for verifiers that only read the tree."""
-    return Draft(root_tokens=tree.tokens[:, 0], head_tokens=np.zeros((tree.batch_size, 1, 1), dtype=np.int64))
+    return Draft(
+        root_tokens=tree.tokens[:, 0], head_tokens=np.zeros((tree.batch_size, 1, 1), dtype=np.int64)
+    )
 
 
 def one_hot_logits(argmax: list[int], vocab: int, rng) -> np.ndarray:
@@ -70,7 +72,13 @@ def random_beam_case(seed: int, batch=2, width=3, length=4, vocab=3):
     return tree, draft, target, uniforms
 
 
-ALL_VERIFIERS = [GreedyVerifier(), ExactTreeVerifier(), RejectionVerifier(), RedrafterPublishedVerifier(), TypicalVerifier()]
+ALL_VERIFIERS = [
+    GreedyVerifier(),
+    ExactTreeVerifier(),
+    RejectionVerifier(),
+    RedrafterPublishedVerifier(),
+    TypicalVerifier(),
+]
 
 
 def test_every_verifier_satisfies_the_protocol_and_is_flagged():
@@ -83,7 +91,9 @@ def test_every_verifier_satisfies_the_protocol_and_is_flagged():
         "TypicalVerifier": False,
     }, f"lossless flags: {flags}"
     for verifier in ALL_VERIFIERS:
-        assert isinstance(verifier, Verifier), f"{type(verifier).__name__} satisfies specdec.protocols.Verifier"
+        assert isinstance(verifier, Verifier), (
+            f"{type(verifier).__name__} satisfies specdec.protocols.Verifier"
+        )
     assert RedrafterPublishedVerifier.needs_draft_probs and RejectionVerifier.needs_draft_probs
     assert not ExactTreeVerifier.needs_draft_probs and not TypicalVerifier.needs_draft_probs
 
@@ -101,8 +111,12 @@ def test_greedy_accepts_the_longest_argmax_chain():
     target = make_target(one_hot_logits(argmax, 4, np.random.default_rng(0))[None])
     verdict = GreedyVerifier().verify(tree, head_draft(tree), target, GREEDY, None)
     assert verdict.path.tolist() == [[0, 2, 4, -1]], f"GreedyVerifier path {verdict.path.tolist()}"
-    assert verdict.num_accepted.tolist() == [2], f"GreedyVerifier num_accepted {verdict.num_accepted.tolist()}"
-    assert verdict.bonus_tokens.tolist() == [2], f"GreedyVerifier bonus {verdict.bonus_tokens.tolist()}"
+    assert verdict.num_accepted.tolist() == [2], (
+        f"GreedyVerifier num_accepted {verdict.num_accepted.tolist()}"
+    )
+    assert verdict.bonus_tokens.tolist() == [2], (
+        f"GreedyVerifier bonus {verdict.bonus_tokens.tolist()}"
+    )
     for dtype_name in ("path", "num_accepted", "bonus_tokens"):
         assert getattr(verdict, dtype_name).dtype == np.int64, f"Verdict.{dtype_name} is int64"
 
@@ -116,7 +130,9 @@ def test_greedy_breaks_ties_to_the_lowest_token_id():
     )
 
 
-@pytest.mark.parametrize("verifier", [GreedyVerifier(), ExactTreeVerifier(), TypicalVerifier()], ids=type)
+@pytest.mark.parametrize(
+    "verifier", [GreedyVerifier(), ExactTreeVerifier(), TypicalVerifier()], ids=type
+)
 @pytest.mark.parametrize("sampling", [GREEDY, SAMPLE], ids=["greedy", "sample"])
 def test_padded_nodes_are_never_accepted(verifier, sampling):
     # row 1 has 2 real nodes; its padding nodes 2, 3 carry token 0 under the root, and the
@@ -129,9 +145,15 @@ def test_padded_nodes_are_never_accepted(verifier, sampling):
     uniforms = np.random.default_rng(1).random((2, 4, 1))
     verdict = verifier.verify(tree, head_draft(tree), make_target(logits), sampling, uniforms)
     name = type(verifier).__name__
-    assert verdict.path.tolist() == [[0, 1, 2, 3], [0, -1, -1, -1]], f"{name} {sampling}: path {verdict.path.tolist()}"
-    assert verdict.num_accepted.tolist() == [3, 0], f"{name} {sampling}: num_accepted {verdict.num_accepted.tolist()}"
-    assert verdict.bonus_tokens.tolist() == [0, 0], f"{name} {sampling}: bonus {verdict.bonus_tokens.tolist()}"
+    assert verdict.path.tolist() == [[0, 1, 2, 3], [0, -1, -1, -1]], (
+        f"{name} {sampling}: path {verdict.path.tolist()}"
+    )
+    assert verdict.num_accepted.tolist() == [3, 0], (
+        f"{name} {sampling}: num_accepted {verdict.num_accepted.tolist()}"
+    )
+    assert verdict.bonus_tokens.tolist() == [0, 0], (
+        f"{name} {sampling}: bonus {verdict.bonus_tokens.tolist()}"
+    )
 
 
 @pytest.mark.parametrize("verifier", [RejectionVerifier(), RedrafterPublishedVerifier()], ids=type)
@@ -141,7 +163,12 @@ def test_beam_verifiers_never_reach_padding(verifier):
     tree = build_prefix_tree(beams)
     logits = np.full((2, tree.size, 3), LOG0)
     logits[:, :, 0] = 0.0  # the target wants token 0 everywhere
-    draft = Draft(root_tokens=beams[:, 0, 0], beams=beams, draft_probs=np.full((2, 2, 2, 3), 1 / 3), sampled=True)
+    draft = Draft(
+        root_tokens=beams[:, 0, 0],
+        beams=beams,
+        draft_probs=np.full((2, 2, 2, 3), 1 / 3),
+        sampled=True,
+    )
     uniforms = np.random.default_rng(2).random((2, 3, 3))
     verdict = verifier.verify(tree, draft, make_target(logits), SAMPLE, uniforms)
     name = type(verifier).__name__
@@ -156,12 +183,16 @@ def test_exact_tree_verifier_follows_the_uniforms():
     tree = make_tree([([7, 1, 2], [-1, 0, 0])])
     logits = log_of([[[0.5, 0.25, 0.25], [0.5, 0.5, 0.0], [1.0, 1.0, 1.0]]])
     uniforms = np.array([[[0.6], [0.1]]])
-    verdict = ExactTreeVerifier().verify(tree, head_draft(tree), make_target(logits), SAMPLE, uniforms)
+    verdict = ExactTreeVerifier().verify(
+        tree, head_draft(tree), make_target(logits), SAMPLE, uniforms
+    )
     assert verdict.path.tolist() == [[0, 1]] and verdict.bonus_tokens.tolist() == [0], (
         f"ExactTreeVerifier u=0.6 then 0.1: path {verdict.path.tolist()}, bonus {verdict.bonus_tokens.tolist()}"
     )
     uniforms = np.array([[[0.3], [0.1]]])  # u = 0.3 draws t0, not drafted: the bonus
-    verdict = ExactTreeVerifier().verify(tree, head_draft(tree), make_target(logits), SAMPLE, uniforms)
+    verdict = ExactTreeVerifier().verify(
+        tree, head_draft(tree), make_target(logits), SAMPLE, uniforms
+    )
     assert verdict.path.tolist() == [[0, -1]] and verdict.bonus_tokens.tolist() == [0], (
         f"ExactTreeVerifier u=0.3: path {verdict.path.tolist()}, bonus {verdict.bonus_tokens.tolist()}"
     )
@@ -198,9 +229,13 @@ def test_redrafter_published_picks_the_longest_beam_lowest_index_on_ties():
     tree = build_prefix_tree(beams)  # nodes: 0 root, 1 t1, 2 t1-t2, 3 t2, 4 t2-t1, 5 t2-t2
     half = [LOG0, 0.0, 0.0]
     logits = np.array([[half, [0.0, LOG0, LOG0], [0, 0, 0], half, [0.0, LOG0, LOG0], [0, 0, 0]]])
-    draft = Draft(root_tokens=np.array([0]), beams=beams, draft_probs=np.tile([0.0, 0.5, 0.5], (1, 3, 2, 1)))
+    draft = Draft(
+        root_tokens=np.array([0]), beams=beams, draft_probs=np.tile([0.0, 0.5, 0.5], (1, 3, 2, 1))
+    )
     uniforms = np.full((1, 3, 4), 0.999)
-    verdict = RedrafterPublishedVerifier().verify(tree, draft, make_target(logits), SAMPLE, uniforms)
+    verdict = RedrafterPublishedVerifier().verify(
+        tree, draft, make_target(logits), SAMPLE, uniforms
+    )
     assert verdict.path.tolist() == [[0, 3, 4]] and verdict.bonus_tokens.tolist() == [0], (
         f"RedrafterPublishedVerifier: path {verdict.path.tolist()} (want beam 1: [0, 3, 4]), bonus {verdict.bonus_tokens}"
     )
@@ -211,12 +246,18 @@ def test_typical_accepts_the_first_child_above_the_threshold():
     # child t2 (p = 0.1) comes first in node order and passes, although t0 is likelier.
     tree = make_tree([([5, 2, 0], [-1, 0, 0])])
     logits = log_of([[[0.7, 0.2, 0.1], [0.0, 1.0, 0.0], [1.0, 1.0, 1.0]]])
-    verdict = TypicalVerifier().verify(tree, head_draft(tree), make_target(logits), SAMPLE, np.zeros((1, 2, 1)))
+    verdict = TypicalVerifier().verify(
+        tree, head_draft(tree), make_target(logits), SAMPLE, np.zeros((1, 2, 1))
+    )
     assert verdict.path.tolist() == [[0, 1]] and verdict.bonus_tokens.tolist() == [1], (
         f"TypicalVerifier: path {verdict.path.tolist()}, bonus {verdict.bonus_tokens.tolist()}"
     )
-    verdict = TypicalVerifier(epsilon=0.15).verify(tree, head_draft(tree), make_target(logits), SAMPLE, np.zeros((1, 2, 1)))
-    assert verdict.path.tolist() == [[0, 2]], f"TypicalVerifier(epsilon=0.15) skips t2 (0.1 < 0.135): {verdict.path}"
+    verdict = TypicalVerifier(epsilon=0.15).verify(
+        tree, head_draft(tree), make_target(logits), SAMPLE, np.zeros((1, 2, 1))
+    )
+    assert verdict.path.tolist() == [[0, 2]], (
+        f"TypicalVerifier(epsilon=0.15) skips t2 (0.1 < 0.135): {verdict.path}"
+    )
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -247,10 +288,18 @@ def test_temperature_zero_makes_every_verifier_greedy(seed):
     for verifier in ALL_VERIFIERS:
         for u in (None, uniforms):
             got = verifier.verify(tree, draft, target, GREEDY, u)
-            name = f"{type(verifier).__name__} seed {seed} uniforms {'None' if u is None else 'given'}"
-            assert np.array_equal(got.path, expected.path), f"{name}: path {got.path.tolist()} != {expected.path.tolist()}"
-            assert np.array_equal(got.bonus_tokens, expected.bonus_tokens), f"{name}: bonus differs from greedy"
-            assert np.array_equal(got.num_accepted, expected.num_accepted), f"{name}: num_accepted differs from greedy"
+            name = (
+                f"{type(verifier).__name__} seed {seed} uniforms {'None' if u is None else 'given'}"
+            )
+            assert np.array_equal(got.path, expected.path), (
+                f"{name}: path {got.path.tolist()} != {expected.path.tolist()}"
+            )
+            assert np.array_equal(got.bonus_tokens, expected.bonus_tokens), (
+                f"{name}: bonus differs from greedy"
+            )
+            assert np.array_equal(got.num_accepted, expected.num_accepted), (
+                f"{name}: num_accepted differs from greedy"
+            )
 
 
 @pytest.mark.parametrize("verifier", ALL_VERIFIERS, ids=type)
@@ -260,23 +309,46 @@ def test_rows_are_verified_independently(verifier):
     for b in range(3):
         row = slice(b, b + 1)
         row_tree = DraftTree(
-            tokens=tree.tokens[row], parents=tree.parents[row], depth=tree.depth[row],
-            ancestor_mask=tree.ancestor_mask[row], num_nodes=tree.num_nodes[row], beam_to_node=tree.beam_to_node[row],
+            tokens=tree.tokens[row],
+            parents=tree.parents[row],
+            depth=tree.depth[row],
+            ancestor_mask=tree.ancestor_mask[row],
+            num_nodes=tree.num_nodes[row],
+            beam_to_node=tree.beam_to_node[row],
         )
-        row_draft = Draft(root_tokens=draft.root_tokens[row], beams=draft.beams[row], draft_probs=draft.draft_probs[row], sampled=True)
-        alone = verifier.verify(row_tree, row_draft, make_target(target.logits[row]), SAMPLE, uniforms[row])
+        row_draft = Draft(
+            root_tokens=draft.root_tokens[row],
+            beams=draft.beams[row],
+            draft_probs=draft.draft_probs[row],
+            sampled=True,
+        )
+        alone = verifier.verify(
+            row_tree, row_draft, make_target(target.logits[row]), SAMPLE, uniforms[row]
+        )
         n = int(verdict.num_accepted[b])
         name = type(verifier).__name__
-        assert alone.num_accepted[0] == n and alone.bonus_tokens[0] == verdict.bonus_tokens[b], f"{name} row {b} alone vs batched"
-        assert alone.path[0, : n + 1].tolist() == verdict.path[b, : n + 1].tolist(), f"{name} row {b} path alone vs batched"
-        assert np.all(verdict.path[b, n + 1 :] == -1), f"{name} row {b}: path past num_accepted is -1"
-        assert verdict.path.shape == (3, 4), f"{name}: path shape (B, D+1) = (3, 4), got {verdict.path.shape}"
+        assert alone.num_accepted[0] == n and alone.bonus_tokens[0] == verdict.bonus_tokens[b], (
+            f"{name} row {b} alone vs batched"
+        )
+        assert alone.path[0, : n + 1].tolist() == verdict.path[b, : n + 1].tolist(), (
+            f"{name} row {b} path alone vs batched"
+        )
+        assert np.all(verdict.path[b, n + 1 :] == -1), (
+            f"{name} row {b}: path past num_accepted is -1"
+        )
+        assert verdict.path.shape == (3, 4), (
+            f"{name}: path shape (B, D+1) = (3, 4), got {verdict.path.shape}"
+        )
 
 
 def test_beam_to_node_is_found_when_the_tree_lacks_it():
     tree, draft, target, uniforms = random_beam_case(8)
     bare = DraftTree(
-        tokens=tree.tokens, parents=tree.parents, depth=tree.depth, ancestor_mask=tree.ancestor_mask, num_nodes=tree.num_nodes
+        tokens=tree.tokens,
+        parents=tree.parents,
+        depth=tree.depth,
+        ancestor_mask=tree.ancestor_mask,
+        num_nodes=tree.num_nodes,
     )
     for verifier in (RejectionVerifier(), RedrafterPublishedVerifier()):
         a = verifier.verify(tree, draft, target, SAMPLE, uniforms)
@@ -288,7 +360,9 @@ def test_beam_to_node_is_found_when_the_tree_lacks_it():
 
 def test_clear_errors():
     tree, draft, target, uniforms = random_beam_case(9)
-    deterministic = Draft(root_tokens=draft.root_tokens, beams=draft.beams, draft_probs=draft.draft_probs)
+    deterministic = Draft(
+        root_tokens=draft.root_tokens, beams=draft.beams, draft_probs=draft.draft_probs
+    )
     no_probs = Draft(root_tokens=draft.root_tokens, beams=draft.beams)
     cases = [
         (RejectionVerifier(), deterministic, target, uniforms, "sampled"),

@@ -24,12 +24,30 @@ V, H = 48, 16
 LAYERS = (0, 1, 3)
 CONFIGS = [
     dict(num_heads=4, num_kv_heads=2, head_dim=4, intermediate_size=24, draft_vocab_size=V),
-    dict(num_heads=2, num_kv_heads=2, head_dim=8, intermediate_size=16, draft_vocab_size=20, norm_before_residual=True),
-    dict(num_heads=4, num_kv_heads=1, head_dim=2, intermediate_size=8, rope_theta=100.0, draft_vocab_size=30),
+    dict(
+        num_heads=2,
+        num_kv_heads=2,
+        head_dim=8,
+        intermediate_size=16,
+        draft_vocab_size=20,
+        norm_before_residual=True,
+    ),
+    dict(
+        num_heads=4,
+        num_kv_heads=1,
+        head_dim=2,
+        intermediate_size=8,
+        rope_theta=100.0,
+        draft_vocab_size=30,
+    ),
 ]
 IDS = ["gqa-full-vocab", "small-vocab-normed-residual", "one-kv-head"]
-TREES = [dict(top_k=3, depth=4, total_tokens=9), dict(top_k=2, depth=2, total_tokens=2),
-         dict(top_k=4, depth=3, total_tokens=30), dict(top_k=1, depth=3, total_tokens=3)]
+TREES = [
+    dict(top_k=3, depth=4, total_tokens=9),
+    dict(top_k=2, depth=2, total_tokens=2),
+    dict(top_k=4, depth=3, total_tokens=30),
+    dict(top_k=1, depth=3, total_tokens=3),
+]
 
 
 def float32_exact(array):
@@ -41,7 +59,10 @@ def make_pair(backend: str, overrides: dict, tree: dict, seed: int, dtype: str):
     rng = np.random.default_rng(seed)
     config = Eagle3Config(vocab_size=V, hidden_size=H, hidden_layers=LAYERS, **overrides)
     embed = float32_exact(rng.normal(size=(V, H)))
-    weights = {k: v if k == "d2t" else float32_exact(v) for k, v in random_eagle3_weights(config, rng).items()}
+    weights = {
+        k: v if k == "d2t" else float32_exact(v)
+        for k, v in random_eagle3_weights(config, rng).items()
+    }
     ref = Eagle3Drafter(config, weights, embed_tokens=embed, **tree)
     if backend == "torch":
         torch = pytest.importorskip("torch")
@@ -64,24 +85,53 @@ def host(array) -> np.ndarray:
     return np.array(array.tolist()) if not isinstance(array, np.ndarray) else array
 
 
-def check_against_reference(backend: str, dtype: str, overrides: dict, tree: dict, seed: int, margin: float,
-                            tolerance: dict):
+def check_against_reference(
+    backend: str, dtype: str, overrides: dict, tree: dict, seed: int, margin: float, tolerance: dict
+):
     ref, twin, to, ints, rng = make_pair(backend, overrides, tree, seed, dtype)
     slots, lengths = [2, 0, 1], [5, 1, 9]
     for slot, length in zip(slots, lengths, strict=True):
         prompt = rng.integers(0, V, length)
         layers = {i: float32_exact(rng.normal(size=(length, H))) for i in LAYERS}
-        ref.begin(slot, prompt, PromptOutput(logits=np.zeros(V), hidden=np.zeros((length, H)), layers=layers))
-        twin.begin(slot, prompt, PromptOutput(logits=to(np.zeros(V)), hidden=to(np.zeros((length, H))),
-                                              layers={i: to(a) for i, a in layers.items()}))
+        ref.begin(
+            slot,
+            prompt,
+            PromptOutput(logits=np.zeros(V), hidden=np.zeros((length, H)), layers=layers),
+        )
+        twin.begin(
+            slot,
+            prompt,
+            PromptOutput(
+                logits=to(np.zeros(V)),
+                hidden=to(np.zeros((length, H))),
+                layers={i: to(a) for i, a in layers.items()},
+            ),
+        )
     for step in range(3):
         roots = rng.integers(0, V, 3)
-        trees = [dynamic_tree(ref.config, ref.weights, ref.embed_tokens, ref.slots[s], int(roots[b]),
-                              ref.slots[s].pending, top_k=ref.top_k, depth=ref.depth, total_tokens=ref.total_tokens)
-                 for b, s in enumerate(slots)]
+        trees = [
+            dynamic_tree(
+                ref.config,
+                ref.weights,
+                ref.embed_tokens,
+                ref.slots[s],
+                int(roots[b]),
+                ref.slots[s].pending,
+                top_k=ref.top_k,
+                depth=ref.depth,
+                total_tokens=ref.total_tokens,
+            )
+            for b, s in enumerate(slots)
+        ]
         assume(min(t.margin for t in trees) > margin)
-        expected = ref.propose(DraftContext(root_tokens=roots, hidden=np.zeros((3, H)), slots=np.array(slots)))
-        actual = twin.propose(DraftContext(root_tokens=ints(roots), hidden=to(np.zeros((3, H))), slots=np.array(slots)))
+        expected = ref.propose(
+            DraftContext(root_tokens=roots, hidden=np.zeros((3, H)), slots=np.array(slots))
+        )
+        actual = twin.propose(
+            DraftContext(
+                root_tokens=ints(roots), hidden=to(np.zeros((3, H))), slots=np.array(slots)
+            )
+        )
         where = f"{type(twin).__name__}.propose({overrides}, {tree}, seed={seed}, step {step})"
         np.testing.assert_array_equal(host(actual.beams), expected.beams, err_msg=where)
         counts = rng.integers(0, 3, 3)
@@ -89,23 +139,41 @@ def check_against_reference(backend: str, dtype: str, overrides: dict, tree: dic
         for b in range(3):
             tokens[b, : counts[b] + 1] = [roots[b], *rng.integers(0, V, counts[b])]
         layers = {i: float32_exact(rng.normal(size=(3, counts.max() + 1, H))) for i in LAYERS}
-        fields = dict(slots=np.array(slots), tokens=tokens, num_accepted=counts, bonus_tokens=rng.integers(0, V, 3))
+        fields = dict(
+            slots=np.array(slots),
+            tokens=tokens,
+            num_accepted=counts,
+            bonus_tokens=rng.integers(0, V, 3),
+        )
         ref.observe(Accepted(hidden=np.zeros((3, counts.max() + 1, H)), layers=layers, **fields))
-        twin.observe(Accepted(hidden=to(np.zeros((3, counts.max() + 1, H))), layers={i: to(a) for i, a in layers.items()},
-                              **fields))
+        twin.observe(
+            Accepted(
+                hidden=to(np.zeros((3, counts.max() + 1, H))),
+                layers={i: to(a) for i, a in layers.items()},
+                **fields,
+            )
+        )
     for slot in slots:
         expected, state = ref.slots[slot], twin.slots[slot]
         assert state["length"] == expected.length
-        np.testing.assert_allclose(host(state["keys"])[:, : expected.length], expected.keys, **tolerance)
-        np.testing.assert_allclose(host(state["values"])[:, : expected.length], expected.values, **tolerance)
+        np.testing.assert_allclose(
+            host(state["keys"])[:, : expected.length], expected.keys, **tolerance
+        )
+        np.testing.assert_allclose(
+            host(state["values"])[:, : expected.length], expected.values, **tolerance
+        )
         np.testing.assert_allclose(host(state["pending"]), expected.pending, **tolerance)
 
 
-@pytest.mark.parametrize("tree", TREES, ids=lambda t: "k{top_k}-d{depth}-n{total_tokens}".format(**t))
+@pytest.mark.parametrize(
+    "tree", TREES, ids=lambda t: "k{top_k}-d{depth}-n{total_tokens}".format(**t)
+)
 @pytest.mark.parametrize("overrides", CONFIGS, ids=IDS)
 @given(seed=st.integers(0, 2**32 - 1))
 def test_torch_float64_matches_reference(overrides, tree, seed):
-    check_against_reference("torch", "float64", overrides, tree, seed, 1e-7, dict(rtol=1e-9, atol=1e-9))
+    check_against_reference(
+        "torch", "float64", overrides, tree, seed, 1e-7, dict(rtol=1e-9, atol=1e-9)
+    )
 
 
 @pytest.mark.parametrize("overrides", CONFIGS[:2], ids=IDS[:2])
@@ -114,7 +182,9 @@ def test_torch_float32_matches_reference(overrides, seed):
     check_against_reference("torch", "float32", overrides, TREES[0], seed, 1e-4, checks.FLOAT32)
 
 
-@pytest.mark.parametrize("tree", TREES[:3], ids=lambda t: "k{top_k}-d{depth}-n{total_tokens}".format(**t))
+@pytest.mark.parametrize(
+    "tree", TREES[:3], ids=lambda t: "k{top_k}-d{depth}-n{total_tokens}".format(**t)
+)
 @pytest.mark.parametrize("overrides", CONFIGS, ids=IDS)
 @given(seed=st.integers(0, 2**32 - 1))
 def test_mlx_float32_matches_reference(overrides, tree, seed):
@@ -124,14 +194,27 @@ def test_mlx_float32_matches_reference(overrides, tree, seed):
 @pytest.fixture(scope="module")
 def deep_model(tmp_path_factory):
     """A random llama of 6 layers, so the three fused layers are distinct (0, 2, 5)."""
-    return make_random_model(tmp_path_factory.mktemp("deep") / "llama", vocab_size=96, hidden_size=32, num_layers=6,
-                             num_heads=4, num_kv_heads=2, seed=1, with_tokenizer=True)
+    return make_random_model(
+        tmp_path_factory.mktemp("deep") / "llama",
+        vocab_size=96,
+        hidden_size=32,
+        num_layers=6,
+        num_heads=4,
+        num_kv_heads=2,
+        seed=1,
+        with_tokenizer=True,
+    )
 
 
 @pytest.fixture(scope="module")
 def eagle3(deep_model, tmp_path_factory):
-    return make_random_drafter(tmp_path_factory.mktemp("eagle3") / "eagle3", deep_model, kind="eagle3", seed=3,
-                               draft_vocab_size=64)
+    return make_random_drafter(
+        tmp_path_factory.mktemp("eagle3") / "eagle3",
+        deep_model,
+        kind="eagle3",
+        seed=3,
+        draft_vocab_size=64,
+    )
 
 
 FRAMEWORKS = {"torch": "torch", "mlx": "mlx.core"}
@@ -159,18 +242,31 @@ def test_greedy_is_plain_decoding_and_slots_start_afresh(deep_model, eagle3, bac
     checks.check_drafter(str(eagle3), deep_model, backends=["numpy", backend], max_new_tokens=20)
 
 
-@pytest.mark.parametrize("options", [dict(tree_top_k=1, depth=5, total_tokens=5),
-                                     dict(tree_top_k=5, depth=2, total_tokens=7)])
+@pytest.mark.parametrize(
+    "options",
+    [dict(tree_top_k=1, depth=5, total_tokens=5), dict(tree_top_k=5, depth=2, total_tokens=7)],
+)
 def test_greedy_identity_float64_and_other_trees(deep_model, eagle3, options):
     prompts = [[1, 2, 3, 1, 2, 3, 1], [9], [40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50]]
-    plain = specdec.generate(deep_model, prompts, drafter="none", backend="numpy", max_new_tokens=18).tokens
-    got = specdec.generate(deep_model, prompts, drafter=str(eagle3), backend="numpy", max_new_tokens=18, **options)
+    plain = specdec.generate(
+        deep_model, prompts, drafter="none", backend="numpy", max_new_tokens=18
+    ).tokens
+    got = specdec.generate(
+        deep_model, prompts, drafter=str(eagle3), backend="numpy", max_new_tokens=18, **options
+    )
     assert got.tokens == plain
     assert got.stats.verified_tokens <= got.stats.row_steps * (1 + options["total_tokens"])
     framework("torch")
     for dtype in ("float32", "float64"):
-        got = specdec.generate(deep_model, prompts, drafter=str(eagle3), backend="torch", dtype=dtype,
-                               max_new_tokens=18, **options)
+        got = specdec.generate(
+            deep_model,
+            prompts,
+            drafter=str(eagle3),
+            backend="torch",
+            dtype=dtype,
+            max_new_tokens=18,
+            **options,
+        )
         assert got.tokens == plain, f"torch {dtype} {options}"
 
 
@@ -189,16 +285,32 @@ def test_a_drafter_for_another_target_is_refused(model_dir, eagle3):
     """Fused layers past the target's depth are refused by name (the 2-layer model lacks layer 5)."""
     from specdec.errors import InvalidInputError
 
-    with pytest.raises(InvalidInputError, match=r"fuses target layers \[0, 2, 5\], but the target has 2 decoder layers"):
-        specdec.generate(model_dir, [[1, 2]], drafter=str(eagle3), backend="numpy", max_new_tokens=2)
+    with pytest.raises(
+        InvalidInputError,
+        match=r"fuses target layers \[0, 2, 5\], but the target has 2 decoder layers",
+    ):
+        specdec.generate(
+            model_dir, [[1, 2]], drafter=str(eagle3), backend="numpy", max_new_tokens=2
+        )
 
 
 def test_tree_options_reach_the_drafter(deep_model, eagle3):
     from specdec.generation.api import prepare
 
-    plan, *_ = prepare(deep_model, [1], str(eagle3), "numpy", max_new_tokens=4, temperature=0.0, top_k=None,
-                       top_p=None, dtype=None, device=None, registry=None,
-                       options={"tree_top_k": 2, "depth": 5, "total_tokens": 9})
+    plan, *_ = prepare(
+        deep_model,
+        [1],
+        str(eagle3),
+        "numpy",
+        max_new_tokens=4,
+        temperature=0.0,
+        top_k=None,
+        top_p=None,
+        dtype=None,
+        device=None,
+        registry=None,
+        options={"tree_top_k": 2, "depth": 5, "total_tokens": 9},
+    )
     assert (plan.drafter.top_k, plan.drafter.depth, plan.drafter.total_tokens) == (2, 5, 9)
     assert plan.drafter.caps.hidden_layers == (0, 2, 5)
 
@@ -210,9 +322,20 @@ def test_bench_takes_the_tree_settings_as_method_options(deep_model, eagle3):
     from specdec.bench.report import summarize
 
     method = parse_method(f"eagle3:drafter={eagle3},tree_top_k=2,depth=3,total_tokens=5")
-    assert method.kind == "eagle3" and method.options == {"drafter_path": str(eagle3), "tree_top_k": 2, "depth": 3,
-                                                          "total_tokens": 5}
-    records = run_bench(deep_model, load_prompt_set("mt-bench", per_category=1)[:2], [parse_method("plain"), method],
-                        grid=[("numpy", None)], max_new_tokens=8, repeats=1, progress=False)
+    assert method.kind == "eagle3" and method.options == {
+        "drafter_path": str(eagle3),
+        "tree_top_k": 2,
+        "depth": 3,
+        "total_tokens": 5,
+    }
+    records = run_bench(
+        deep_model,
+        load_prompt_set("mt-bench", per_category=1)[:2],
+        [parse_method("plain"), method],
+        grid=[("numpy", None)],
+        max_new_tokens=8,
+        repeats=1,
+        progress=False,
+    )
     rows = [r for r in summarize(records) if r["category"] == "all" and r["method"] != "plain"]
     assert rows and all(r["identical"] == 1.0 for r in rows), rows

@@ -23,11 +23,22 @@ from specdec_eagle.reference import EagleDrafter, dynamic_tree
 V, H = 48, 16
 CONFIGS = [
     dict(num_heads=4, num_kv_heads=2, head_dim=4, intermediate_size=24),
-    dict(num_heads=2, num_kv_heads=2, head_dim=8, intermediate_size=16, fc_bias=False, shortlist_size=20),
+    dict(
+        num_heads=2,
+        num_kv_heads=2,
+        head_dim=8,
+        intermediate_size=16,
+        fc_bias=False,
+        shortlist_size=20,
+    ),
     dict(num_heads=4, num_kv_heads=1, head_dim=2, intermediate_size=8, rope_theta=100.0),
 ]
-TREES = [dict(top_k=3, depth=4, total_tokens=9), dict(top_k=2, depth=2, total_tokens=2),
-         dict(top_k=4, depth=3, total_tokens=30), dict(top_k=1, depth=3, total_tokens=3)]
+TREES = [
+    dict(top_k=3, depth=4, total_tokens=9),
+    dict(top_k=2, depth=2, total_tokens=2),
+    dict(top_k=4, depth=3, total_tokens=30),
+    dict(top_k=1, depth=3, total_tokens=3),
+]
 
 
 def float32_exact(array):
@@ -38,9 +49,14 @@ def make_pair(backend: str, overrides: dict, tree: dict, seed: int, dtype: str):
     """A reference EAGLE and its twin on ``backend`` on the same float32-exact weights."""
     rng = np.random.default_rng(seed)
     config = EagleConfig(vocab_size=V, hidden_size=H, **overrides)
-    embed, lm_head = float32_exact(rng.normal(size=(V, H))), float32_exact(rng.normal(0, 0.4, size=(V, H)))
-    weights = {k: v if k == "vocab_shortlist" else float32_exact(v)
-               for k, v in random_eagle_weights(config, rng, embed_tokens=embed, lm_head=lm_head).items()}
+    embed, lm_head = (
+        float32_exact(rng.normal(size=(V, H))),
+        float32_exact(rng.normal(0, 0.4, size=(V, H))),
+    )
+    weights = {
+        k: v if k == "vocab_shortlist" else float32_exact(v)
+        for k, v in random_eagle_weights(config, rng, embed_tokens=embed, lm_head=lm_head).items()
+    }
     ref = EagleDrafter(config, weights, embed_tokens=embed, lm_head=lm_head, **tree)
     if backend == "torch":
         torch = pytest.importorskip("torch")
@@ -48,7 +64,9 @@ def make_pair(backend: str, overrides: dict, tree: dict, seed: int, dtype: str):
 
         to = lambda a: torch.as_tensor(np.asarray(a, dtype=dtype))  # noqa: E731
         ints = lambda a: torch.as_tensor(np.asarray(a, dtype=np.int64))  # noqa: E731
-        twin = TorchEagleDrafter(config, weights, embed_tokens=to(embed), lm_head=to(lm_head), **tree)
+        twin = TorchEagleDrafter(
+            config, weights, embed_tokens=to(embed), lm_head=to(lm_head), **tree
+        )
     else:
         mx = pytest.importorskip("mlx.core")
         from specdec_eagle.mlx import MlxEagleDrafter
@@ -63,8 +81,9 @@ def host(array) -> np.ndarray:
     return np.array(array.tolist()) if not isinstance(array, np.ndarray) else array
 
 
-def check_against_reference(backend: str, dtype: str, overrides: dict, tree: dict, seed: int, margin: float,
-                            tolerance: dict):
+def check_against_reference(
+    backend: str, dtype: str, overrides: dict, tree: dict, seed: int, margin: float, tolerance: dict
+):
     ref, twin, to, ints, rng = make_pair(backend, overrides, tree, seed, dtype)
     slots, lengths = [2, 0, 1], [5, 1, 9]
     for slot, length in zip(slots, lengths, strict=True):
@@ -73,12 +92,28 @@ def check_against_reference(backend: str, dtype: str, overrides: dict, tree: dic
         twin.begin(slot, prompt, PromptOutput(logits=to(np.zeros(V)), hidden=to(hidden)))
     for step in range(3):
         roots, hidden = rng.integers(0, V, 3), float32_exact(rng.normal(size=(3, H)))
-        trees = [dynamic_tree(ref.config, ref.weights, ref.embed_tokens, ref.lm_head, ref.slots[s], int(roots[b]),
-                              hidden[b], top_k=ref.top_k, depth=ref.depth, total_tokens=ref.total_tokens)
-                 for b, s in enumerate(slots)]
+        trees = [
+            dynamic_tree(
+                ref.config,
+                ref.weights,
+                ref.embed_tokens,
+                ref.lm_head,
+                ref.slots[s],
+                int(roots[b]),
+                hidden[b],
+                top_k=ref.top_k,
+                depth=ref.depth,
+                total_tokens=ref.total_tokens,
+            )
+            for b, s in enumerate(slots)
+        ]
         assume(min(t.margin for t in trees) > margin)
-        expected = ref.propose(DraftContext(root_tokens=roots, hidden=hidden, slots=np.array(slots)))
-        actual = twin.propose(DraftContext(root_tokens=ints(roots), hidden=to(hidden), slots=np.array(slots)))
+        expected = ref.propose(
+            DraftContext(root_tokens=roots, hidden=hidden, slots=np.array(slots))
+        )
+        actual = twin.propose(
+            DraftContext(root_tokens=ints(roots), hidden=to(hidden), slots=np.array(slots))
+        )
         where = f"{type(twin).__name__}.propose({overrides}, {tree}, seed={seed}, step {step})"
         np.testing.assert_array_equal(host(actual.beams), expected.beams, err_msg=where)
         counts = rng.integers(0, 3, 3)
@@ -86,21 +121,34 @@ def check_against_reference(backend: str, dtype: str, overrides: dict, tree: dic
         for b in range(3):
             tokens[b, : counts[b] + 1] = [roots[b], *rng.integers(0, V, counts[b])]
         step_hidden = float32_exact(rng.normal(size=(3, counts.max() + 1, H)))
-        fields = dict(slots=np.array(slots), tokens=tokens, num_accepted=counts, bonus_tokens=rng.integers(0, V, 3))
+        fields = dict(
+            slots=np.array(slots),
+            tokens=tokens,
+            num_accepted=counts,
+            bonus_tokens=rng.integers(0, V, 3),
+        )
         ref.observe(Accepted(hidden=step_hidden, **fields))
         twin.observe(Accepted(hidden=to(step_hidden), **fields))
     for slot in slots:
         expected, state = ref.slots[slot], twin.slots[slot]
         assert state["length"] == expected.length
-        np.testing.assert_allclose(host(state["keys"])[:, : expected.length], expected.keys, **tolerance)
-        np.testing.assert_allclose(host(state["values"])[:, : expected.length], expected.values, **tolerance)
+        np.testing.assert_allclose(
+            host(state["keys"])[:, : expected.length], expected.keys, **tolerance
+        )
+        np.testing.assert_allclose(
+            host(state["values"])[:, : expected.length], expected.values, **tolerance
+        )
 
 
-@pytest.mark.parametrize("tree", TREES, ids=lambda t: "k{top_k}-d{depth}-n{total_tokens}".format(**t))
+@pytest.mark.parametrize(
+    "tree", TREES, ids=lambda t: "k{top_k}-d{depth}-n{total_tokens}".format(**t)
+)
 @pytest.mark.parametrize("overrides", CONFIGS, ids=["gqa", "shortlist-nobias", "one-kv-head"])
 @given(seed=st.integers(0, 2**32 - 1))
 def test_torch_float64_matches_reference(overrides, tree, seed):
-    check_against_reference("torch", "float64", overrides, tree, seed, 1e-7, dict(rtol=1e-9, atol=1e-9))
+    check_against_reference(
+        "torch", "float64", overrides, tree, seed, 1e-7, dict(rtol=1e-9, atol=1e-9)
+    )
 
 
 @pytest.mark.parametrize("overrides", CONFIGS[:2], ids=["gqa", "shortlist-nobias"])
@@ -109,7 +157,9 @@ def test_torch_float32_matches_reference(overrides, seed):
     check_against_reference("torch", "float32", overrides, TREES[0], seed, 1e-4, checks.FLOAT32)
 
 
-@pytest.mark.parametrize("tree", TREES[:3], ids=lambda t: "k{top_k}-d{depth}-n{total_tokens}".format(**t))
+@pytest.mark.parametrize(
+    "tree", TREES[:3], ids=lambda t: "k{top_k}-d{depth}-n{total_tokens}".format(**t)
+)
 @pytest.mark.parametrize("overrides", CONFIGS, ids=["gqa", "shortlist-nobias", "one-kv-head"])
 @given(seed=st.integers(0, 2**32 - 1))
 def test_mlx_float32_matches_reference(overrides, tree, seed):
@@ -118,7 +168,9 @@ def test_mlx_float32_matches_reference(overrides, tree, seed):
 
 @pytest.fixture(scope="module")
 def eagle(model_dir, tmp_path_factory):
-    return make_random_drafter(tmp_path_factory.mktemp("eagle") / "eagle", model_dir, kind="eagle", seed=3)
+    return make_random_drafter(
+        tmp_path_factory.mktemp("eagle") / "eagle", model_dir, kind="eagle", seed=3
+    )
 
 
 FRAMEWORKS = {"torch": "torch", "mlx": "mlx.core"}
@@ -147,20 +199,39 @@ def test_greedy_is_plain_decoding_and_slots_start_afresh(model_dir, eagle, backe
     checks.check_drafter(str(eagle), model_dir, backends=["numpy", backend], max_new_tokens=20)
 
 
-@pytest.mark.parametrize("options", [dict(tree_top_k=1, depth=5, total_tokens=5),
-                                     dict(tree_top_k=5, depth=2, total_tokens=7)])
+@pytest.mark.parametrize(
+    "options",
+    [dict(tree_top_k=1, depth=5, total_tokens=5), dict(tree_top_k=5, depth=2, total_tokens=7)],
+)
 def test_greedy_identity_float64_and_other_trees(model_dir, eagle, options):
     prompts = [[1, 2, 3, 1, 2, 3, 1], [9], [40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50]]
-    plain = specdec.generate(model_dir, prompts, drafter="none", backend="numpy", max_new_tokens=18).tokens
-    got = specdec.generate(model_dir, prompts, drafter=str(eagle), backend="numpy", max_new_tokens=18,
-                           lookup=False, **options)
+    plain = specdec.generate(
+        model_dir, prompts, drafter="none", backend="numpy", max_new_tokens=18
+    ).tokens
+    got = specdec.generate(
+        model_dir,
+        prompts,
+        drafter=str(eagle),
+        backend="numpy",
+        max_new_tokens=18,
+        lookup=False,
+        **options,
+    )
     assert got.tokens == plain
     # the options reach the drafter: at most total_tokens drafted nodes, beams of depth + 1
     assert got.stats.verified_tokens <= got.stats.row_steps * (1 + options["total_tokens"])
     framework("torch")
     for dtype in ("float32", "float64"):
-        got = specdec.generate(model_dir, prompts, drafter=str(eagle), backend="torch", dtype=dtype,
-                               max_new_tokens=18, lookup=False, **options)
+        got = specdec.generate(
+            model_dir,
+            prompts,
+            drafter=str(eagle),
+            backend="torch",
+            dtype=dtype,
+            max_new_tokens=18,
+            lookup=False,
+            **options,
+        )
         assert got.tokens == plain, f"torch {dtype} {options}"
 
 
@@ -180,8 +251,9 @@ FLOAT32_MARGIN = 1e-4  # float32 against float64 moves probabilities and draft s
 
 
 @pytest.mark.parametrize("backend", ["torch", "mlx"])
-def test_seeded_sampling_gives_the_same_tokens_in_float32_away_from_near_ties(model_dir, eagle, backend,
-                                                                               monkeypatch):
+def test_seeded_sampling_gives_the_same_tokens_in_float32_away_from_near_ties(
+    model_dir, eagle, backend, monkeypatch
+):
     """Sampling with EAGLE in float32 on torch and mlx gives the reference's tokens for the same
     seed. Float32 can only differ where the reference decided something by less than
     FLOAT32_MARGIN: a uniform that close to a boundary of the target's cumulative probabilities, or
@@ -217,7 +289,8 @@ def test_seeded_sampling_gives_the_same_tokens_in_float32_away_from_near_ties(mo
     assert gaps["sampling"] and gaps["tree"], "the reference run was not observed"
     assert min(gaps["sampling"]) > FLOAT32_MARGIN and min(gaps["tree"]) > FLOAT32_MARGIN, (
         f"seed 7 meets a near-tie (smallest gaps {min(gaps['sampling']):.2e}, {min(gaps['tree']):.2e}); "
-        "pick a seed without one")
+        "pick a seed without one"
+    )
     actual = specdec.generate(model_dir, prompts, backend=backend, dtype="float32", **run)
     assert actual.tokens == reference.tokens
     assert actual.stats.tokens_per_step == reference.stats.tokens_per_step
@@ -227,7 +300,18 @@ def test_tree_options_reach_the_drafter(model_dir, eagle):
     """``tree_top_k`` (not generate's sampling ``top_k``), ``depth`` and ``total_tokens`` set the tree."""
     from specdec.generation.api import prepare
 
-    plan, *_ = prepare(model_dir, [1], str(eagle), "numpy", max_new_tokens=4, temperature=0.0, top_k=None, top_p=None,
-                       dtype=None, device=None, registry=None,
-                       options={"tree_top_k": 2, "depth": 5, "total_tokens": 9, "lookup": False})
+    plan, *_ = prepare(
+        model_dir,
+        [1],
+        str(eagle),
+        "numpy",
+        max_new_tokens=4,
+        temperature=0.0,
+        top_k=None,
+        top_p=None,
+        dtype=None,
+        device=None,
+        registry=None,
+        options={"tree_top_k": 2, "depth": 5, "total_tokens": 9, "lookup": False},
+    )
     assert (plan.drafter.top_k, plan.drafter.depth, plan.drafter.total_tokens) == (2, 5, 9)

@@ -19,14 +19,24 @@ from specdec.testing.requests import decoding_plan, run_schedule
 from specdec_eagle.checkpoint import load_eagle_checkpoint
 from specdec_eagle.reference import EagleDrafter
 
-SAMPLINGS = [specdec.SamplingConfig(), specdec.SamplingConfig(temperature=0.8),
-             specdec.SamplingConfig(temperature=1.2, top_k=20)]
+SAMPLINGS = [
+    specdec.SamplingConfig(),
+    specdec.SamplingConfig(temperature=0.8),
+    specdec.SamplingConfig(temperature=1.2, top_k=20),
+]
 
 
 @pytest.fixture(scope="module")
 def eagle(model_dir, tmp_path_factory):
-    return make_random_drafter(tmp_path_factory.mktemp("requests") / "eagle", model_dir, kind="eagle", seed=5,
-                               top_k=3, depth=3, total_tokens=7)
+    return make_random_drafter(
+        tmp_path_factory.mktemp("requests") / "eagle",
+        model_dir,
+        kind="eagle",
+        seed=5,
+        top_k=3,
+        depth=3,
+        total_tokens=7,
+    )
 
 
 class Recording(EagleDrafter):
@@ -67,12 +77,22 @@ def recording(eagle, target) -> Recording:
 
 
 requests = st.builds(
-    lambda prompt, sampling, seed, new: specdec.Request(prompt=prompt, sampling=sampling, seed=seed, max_new_tokens=new),
-    st.one_of(st.lists(st.integers(0, 95), min_size=1, max_size=6),
-              st.lists(st.integers(0, 95), min_size=1, max_size=3).map(lambda p: p * 3)),
-    st.sampled_from(SAMPLINGS), st.integers(0, 2**31), st.integers(1, 9))
-schedules = st.lists(st.tuples(st.integers(0, 6), requests, st.one_of(st.none(), st.integers(0, 8))),
-                     min_size=1, max_size=4)
+    lambda prompt, sampling, seed, new: specdec.Request(
+        prompt=prompt, sampling=sampling, seed=seed, max_new_tokens=new
+    ),
+    st.one_of(
+        st.lists(st.integers(0, 95), min_size=1, max_size=6),
+        st.lists(st.integers(0, 95), min_size=1, max_size=3).map(lambda p: p * 3),
+    ),
+    st.sampled_from(SAMPLINGS),
+    st.integers(0, 2**31),
+    st.integers(1, 9),
+)
+schedules = st.lists(
+    st.tuples(st.integers(0, 6), requests, st.one_of(st.none(), st.integers(0, 8))),
+    min_size=1,
+    max_size=4,
+)
 
 
 @settings(max_examples=12, deadline=None)
@@ -89,13 +109,16 @@ def test_a_request_decodes_the_same_whatever_shares_its_steps(model_dir, eagle, 
     for index, tokens in together.items():
         _, request, _ = schedule[index]
         assert tokens == run(alone_plan, [(0, request, None)])[0], (
-            f"request {index} ({request}) with {slots} slot(s) differs from decoding it alone")
+            f"request {index} ({request}) with {slots} slot(s) differs from decoding it alone"
+        )
 
 
 def test_generate_releases_every_slot_and_matches_plain(model_dir, eagle):
     prompts = [[1, 2, 3], [4, 5], [6], [7, 8, 9, 10], [11]]
     target = specdec.load(model_dir, backend="numpy", slots=2)
-    plain = specdec.generate(model_dir, prompts, drafter="none", backend="numpy", max_new_tokens=12).tokens
+    plain = specdec.generate(
+        model_dir, prompts, drafter="none", backend="numpy", max_new_tokens=12
+    ).tokens
     got = specdec.generate(target, prompts, drafter=str(eagle), backend="numpy", max_new_tokens=12)
     assert got.tokens == plain
     assert not target.cache.admitted.any()

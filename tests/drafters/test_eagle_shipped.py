@@ -29,7 +29,11 @@ def test_shipped_checkpoint_loads_and_names_its_target():
     for name, array in weights.items():
         assert np.isfinite(array).all() and np.abs(array).max() > 0, name
     ids = weights["vocab_shortlist"]
-    assert len(np.unique(ids)) == len(ids) == config.shortlist_size and 0 <= ids.min() and ids.max() < VOCAB
+    assert (
+        len(np.unique(ids)) == len(ids) == config.shortlist_size
+        and 0 <= ids.min()
+        and ids.max() < VOCAB
+    )
     redrafter, _ = load_redrafter_checkpoint(shipped("specdec_redrafter"))
     assert config.target["fingerprint"] == redrafter.target["fingerprint"]
 
@@ -40,4 +44,7 @@ def test_shipped_checkpoint_drafts_for_the_real_model(shipped_model):
     assert target.fingerprint == load_eagle_checkpoint(shipped())[0].target["fingerprint"]
     plain = specdec.generate(target, PROMPT, drafter="none", backend="torch", max_new_tokens=12)
     drafted = specdec.generate(target, PROMPT, drafter="eagle", backend="torch", max_new_tokens=12)
-    assert drafted.tokens == plain.tokens and drafted.stats.accepted_tokens > 0, (drafted.tokens, plain.tokens)
+    assert drafted.tokens == plain.tokens and drafted.stats.accepted_tokens > 0, (
+        drafted.tokens,
+        plain.tokens,
+    )

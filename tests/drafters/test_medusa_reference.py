@@ -48,14 +48,28 @@ def test_tree_from_hand_written_choices():
         ],
         dtype=bool,
     )
-    assert np.array_equal(tree.tokens, expected_tokens), f"StaticTreeBuilder({choices}).tokens = {tree.tokens}"
+    assert np.array_equal(tree.tokens, expected_tokens), (
+        f"StaticTreeBuilder({choices}).tokens = {tree.tokens}"
+    )
     for b in range(2):
-        assert tree.parents[b].tolist() == [-1, 0, 0, 1, 1, 2, 3], f"StaticTreeBuilder({choices}).parents[{b}]"
-        assert tree.depth[b].tolist() == [0, 1, 1, 2, 2, 2, 3], f"StaticTreeBuilder({choices}).depth[{b}]"
-        assert np.array_equal(tree.ancestor_mask[b], expected_mask), f"StaticTreeBuilder({choices}).ancestor_mask[{b}]"
-    assert tree.num_nodes.tolist() == [7, 7] and tree.beam_to_node is None, "StaticTreeBuilder num_nodes / beam_to_node"
-    assert choices_to_parents(choices).tolist() == [-1, 0, 0, 1, 1, 2, 3], f"choices_to_parents({choices})"
-    assert tree.tokens.dtype == np.int64 and tree.ancestor_mask.dtype == bool, "StaticTreeBuilder dtypes"
+        assert tree.parents[b].tolist() == [-1, 0, 0, 1, 1, 2, 3], (
+            f"StaticTreeBuilder({choices}).parents[{b}]"
+        )
+        assert tree.depth[b].tolist() == [0, 1, 1, 2, 2, 2, 3], (
+            f"StaticTreeBuilder({choices}).depth[{b}]"
+        )
+        assert np.array_equal(tree.ancestor_mask[b], expected_mask), (
+            f"StaticTreeBuilder({choices}).ancestor_mask[{b}]"
+        )
+    assert tree.num_nodes.tolist() == [7, 7] and tree.beam_to_node is None, (
+        "StaticTreeBuilder num_nodes / beam_to_node"
+    )
+    assert choices_to_parents(choices).tolist() == [-1, 0, 0, 1, 1, 2, 3], (
+        f"choices_to_parents({choices})"
+    )
+    assert tree.tokens.dtype == np.int64 and tree.ancestor_mask.dtype == bool, (
+        "StaticTreeBuilder dtypes"
+    )
 
 
 @st.composite
@@ -63,7 +77,9 @@ def prefix_closed_choices(draw, max_heads=4, max_top_t=4):
     """A random prefix-closed choice set, listed in a random order, with its K and T."""
     num_heads = draw(st.integers(1, max_heads))
     top_t = draw(st.integers(1, max_top_t))
-    picks = draw(st.lists(st.tuples(st.integers(0, 100), st.integers(0, top_t - 1)), min_size=4, max_size=14))
+    picks = draw(
+        st.lists(st.tuples(st.integers(0, 100), st.integers(0, top_t - 1)), min_size=4, max_size=14)
+    )
     paths: list[tuple[int, ...]] = [()]
     for pick, rank in picks:
         parent = paths[pick % len(paths)]
@@ -85,15 +101,23 @@ def test_tree_ancestors_are_path_prefixes(case, batch):
     # Recover each node's path from the builder's own order, then check it against the definition.
     node_paths = [()] + sorted(choices, key=lambda c: (len(c), c))
     for b in range(batch):
-        assert tree.tokens[b, 0] == root_tokens[b], f"StaticTreeBuilder({choices}) root token, row {b}"
+        assert tree.tokens[b, 0] == root_tokens[b], (
+            f"StaticTreeBuilder({choices}) root token, row {b}"
+        )
         for i, path in enumerate(node_paths):
             ancestors = {node_paths[j] for j in np.flatnonzero(tree.ancestor_mask[b, i])}
             prefixes = {path[:end] for end in range(len(path) + 1)}
-            assert ancestors == prefixes, f"StaticTreeBuilder({choices}) node {path}: ancestors {ancestors}"
+            assert ancestors == prefixes, (
+                f"StaticTreeBuilder({choices}) node {path}: ancestors {ancestors}"
+            )
             assert tree.depth[b, i] == len(path), f"StaticTreeBuilder({choices}) depth of {path}"
             if i > 0:
-                assert node_paths[tree.parents[b, i]] == path[:-1], f"StaticTreeBuilder({choices}) parent of {path}"
-                assert tree.parents[b, i] < i, f"StaticTreeBuilder({choices}) parent order at {path}"
+                assert node_paths[tree.parents[b, i]] == path[:-1], (
+                    f"StaticTreeBuilder({choices}) parent of {path}"
+                )
+                assert tree.parents[b, i] < i, (
+                    f"StaticTreeBuilder({choices}) parent order at {path}"
+                )
                 assert tree.tokens[b, i] == head_tokens[b, len(path) - 1, path[-1]], (
                     f"StaticTreeBuilder({choices}) token of {path}, row {b}"
                 )
@@ -119,15 +143,21 @@ def test_invalid_choices_are_rejected(choices, message):
 
 
 def test_choices_must_fit_heads_and_top_t():
-    with pytest.raises(ValueError, match=r"\(0, 0, 0\) has depth 3 but the drafter has only 2 heads"):
+    with pytest.raises(
+        ValueError, match=r"\(0, 0, 0\) has depth 3 but the drafter has only 2 heads"
+    ):
         resolve_choices([(0,), (0, 0), (0, 0, 0)], num_heads=2)
-    with pytest.raises(ValueError, match=r"\(2,\) uses rank 2 but each head proposes only its top 2"):
+    with pytest.raises(
+        ValueError, match=r"\(2,\) uses rank 2 but each head proposes only its top 2"
+    ):
         resolve_choices([(0,), (2,)], top_t=2)
     with pytest.raises(ValueError, match=r"\(0, 0, 0\) has depth 3"):
         MedusaConfig(vocab_size=10, hidden_size=4, num_heads=2, choices=[(0,), (0, 0), (0, 0, 0)])
     builder = StaticTreeBuilder([(0,), (0, 0), (0, 0, 0)])
     with pytest.raises(ValueError, match=r"\(0, 0, 0\) needs head 2"):
-        builder.build(Draft(root_tokens=np.zeros(1, np.int64), head_tokens=hand_head_tokens(1, 2, 3)))
+        builder.build(
+            Draft(root_tokens=np.zeros(1, np.int64), head_tokens=hand_head_tokens(1, 2, 3))
+        )
     with pytest.raises(ValueError, match="has beams"):
         builder.build(Draft(root_tokens=np.zeros(1, np.int64), beams=np.zeros((1, 1, 2), np.int64)))
 
@@ -161,7 +191,11 @@ def hand_head_logits(config, weights, lm_head, hidden):
                 bias = weights[f"medusa_head.{k}.{j}.linear.bias"]
                 pre = [sum(w[r, c] * x[c] for c in range(h)) + bias[r] for r in range(h)]
                 x = [x[r] + scalar_silu(pre[r]) for r in range(h)]
-            u = weights[f"medusa_head.{k}.{config.num_layers}.weight"] if config.head == "full" else lm_head
+            u = (
+                weights[f"medusa_head.{k}.{config.num_layers}.weight"]
+                if config.head == "full"
+                else lm_head
+            )
             for t in range(v):
                 out[b, k, t] = sum(u[t, c] * x[c] for c in range(h))
     return out
@@ -170,38 +204,62 @@ def hand_head_logits(config, weights, lm_head, hidden):
 @pytest.mark.parametrize("head", ["full", "tied"])
 @pytest.mark.parametrize("num_layers", [0, 1, 2])
 def test_head_logits_match_the_formula(head, num_layers):
-    config = MedusaConfig(vocab_size=5, hidden_size=3, num_heads=2, num_layers=num_layers, head=head, top_t=2,
-                          choices=[(0,), (0, 0)])
+    config = MedusaConfig(
+        vocab_size=5,
+        hidden_size=3,
+        num_heads=2,
+        num_layers=num_layers,
+        head=head,
+        top_t=2,
+        choices=[(0,), (0, 0)],
+    )
     rng = np.random.default_rng(11)
     weights = init_random_weights(config, rng)
     lm_head = rng.normal(size=(5, 3))
     hidden = rng.normal(size=(2, 3))
     got = head_logits(config, weights, lm_head, hidden)
     want = hand_head_logits(config, weights, lm_head, hidden)
-    assert got.shape == (2, 2, 5), f"head_logits(head={head}, num_layers={num_layers}) shape {got.shape}"
-    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12,
-                               err_msg=f"head_logits(head={head}, num_layers={num_layers})")
+    assert got.shape == (2, 2, 5), (
+        f"head_logits(head={head}, num_layers={num_layers}) shape {got.shape}"
+    )
+    np.testing.assert_allclose(
+        got,
+        want,
+        rtol=1e-12,
+        atol=1e-12,
+        err_msg=f"head_logits(head={head}, num_layers={num_layers})",
+    )
 
 
 def test_top_t_is_best_first_with_ties_to_lower_id():
     # No blocks, a full head whose column 0 holds the logits: hidden e_0 reads them out.
-    config = MedusaConfig(vocab_size=6, hidden_size=2, num_heads=1, num_layers=0, top_t=4, choices=[(0,)])
+    config = MedusaConfig(
+        vocab_size=6, hidden_size=2, num_heads=1, num_layers=0, top_t=4, choices=[(0,)]
+    )
     column = np.array([1.0, 3.0, 3.0, 0.0, 5.0, 3.0])
     weights = {"medusa_head.0.0.weight": np.stack([column, np.zeros(6)], axis=1)}
     drafter = MedusaDrafter(config, weights)
     draft = drafter.propose(DraftContext(root_tokens=np.array([9]), hidden=np.array([[1.0, 0.0]])))
-    assert draft.head_tokens.tolist() == [[[4, 1, 2, 5]]], f"MedusaDrafter.propose top-4 of {column}"
-    assert draft.head_tokens.dtype == np.int64 and draft.root_tokens.tolist() == [9], "MedusaDrafter.propose output"
+    assert draft.head_tokens.tolist() == [[[4, 1, 2, 5]]], (
+        f"MedusaDrafter.propose top-4 of {column}"
+    )
+    assert draft.head_tokens.dtype == np.int64 and draft.root_tokens.tolist() == [9], (
+        "MedusaDrafter.propose output"
+    )
     context = DraftContext(root_tokens=np.array([9]), hidden=np.array([[1.0, 0.0]]))
     wider = MedusaDrafter(config, weights, top_t=6).propose(context)
-    assert wider.head_tokens.tolist() == [[[4, 1, 2, 5, 0, 3]]], f"MedusaDrafter(top_t=6).propose of {column}"
+    assert wider.head_tokens.tolist() == [[[4, 1, 2, 5, 0, 3]]], (
+        f"MedusaDrafter(top_t=6).propose of {column}"
+    )
 
 
 @settings(derandomize=True, deadline=None, max_examples=15)
 @given(st.integers(0, 2**31 - 1), st.sampled_from(["full", "tied"]))
 def test_proposal_is_the_top_t_by_logit(seed, head):
     rng = np.random.default_rng(seed)
-    config = MedusaConfig(vocab_size=12, hidden_size=4, num_heads=3, head=head, top_t=4, choices=[(0,), (1,), (0, 0)])
+    config = MedusaConfig(
+        vocab_size=12, hidden_size=4, num_heads=3, head=head, top_t=4, choices=[(0,), (1,), (0, 0)]
+    )
     weights = init_random_weights(config, rng)
     lm_head = rng.normal(size=(12, 4))
     hidden = rng.normal(size=(2, 4))
@@ -215,7 +273,9 @@ def test_proposal_is_the_top_t_by_logit(seed, head):
             assert np.all(np.diff(logits[b, k, chosen]) <= 0), (
                 f"MedusaDrafter.propose order, seed {seed}, row {b}, head {k}"
             )
-            assert logits[b, k, chosen[-1]] >= logits[b, k, rest].max(), f"MedusaDrafter.propose set, seed {seed}"
+            assert logits[b, k, chosen[-1]] >= logits[b, k, rest].max(), (
+                f"MedusaDrafter.propose set, seed {seed}"
+            )
 
 
 def test_drafter_and_builder_satisfy_the_protocols_and_compose():
@@ -223,24 +283,34 @@ def test_drafter_and_builder_satisfy_the_protocols_and_compose():
     rng = np.random.default_rng(3)
     drafter = MedusaDrafter(config, init_random_weights(config, rng))
     builder = StaticTreeBuilder(config.choices)
-    assert isinstance(drafter, Drafter) and isinstance(builder, TreeBuilder), "Medusa protocol conformance"
-    assert drafter.caps.tree_builder == ("medusa_tree", {"choices": "cpu16"}), "MedusaDrafter.caps.tree_builder"
+    assert isinstance(drafter, Drafter) and isinstance(builder, TreeBuilder), (
+        "Medusa protocol conformance"
+    )
+    assert drafter.caps.tree_builder == ("medusa_tree", {"choices": "cpu16"}), (
+        "MedusaDrafter.caps.tree_builder"
+    )
     hidden = rng.normal(size=(1, 6))
     tree = builder.build(drafter.propose(DraftContext(root_tokens=np.array([3]), hidden=hidden)))
-    order = np.argsort(-head_logits(config, drafter.weights, None, hidden)[0], axis=-1, kind="stable")  # (K, V)
+    order = np.argsort(
+        -head_logits(config, drafter.weights, None, hidden)[0], axis=-1, kind="stable"
+    )  # (K, V)
     for i, path in enumerate(builder.choices, start=1):
         assert tree.tokens[0, i] == order[len(path) - 1, path[-1]], f"cpu16 node {path} token"
 
 
 def test_drafter_rejects_bad_inputs():
-    config = MedusaConfig(vocab_size=8, hidden_size=4, num_heads=2, head="tied", top_t=2, choices=[(0,)])
+    config = MedusaConfig(
+        vocab_size=8, hidden_size=4, num_heads=2, head="tied", top_t=2, choices=[(0,)]
+    )
     weights = init_random_weights(config, np.random.default_rng(0))
     with pytest.raises(ValueError, match="needs the target's lm_head"):
         MedusaDrafter(config, weights)
     with pytest.raises(ValueError, match=r"lm_head has shape \(4, 8\)"):
         MedusaDrafter(config, weights, lm_head=np.zeros((4, 8)))
     with pytest.raises(ValueError, match="lack 1 arrays"):
-        MedusaDrafter(config, {k: v for k, v in list(weights.items())[1:]}, lm_head=np.zeros((8, 4)))
+        MedusaDrafter(
+            config, {k: v for k, v in list(weights.items())[1:]}, lm_head=np.zeros((8, 4))
+        )
     with pytest.raises(ValueError, match="hidden must have shape"):
         head_logits(config, weights, np.zeros((8, 4)), np.zeros((1, 5)))
     with pytest.raises(ValueError, match="MedusaConfig.head must be one of"):
@@ -252,8 +322,13 @@ def test_drafter_rejects_bad_inputs():
 
 @pytest.mark.parametrize("choices", ["small8", [(0,), (1,), (0, 0)]])
 def test_config_json_round_trip(choices):
-    config = MedusaConfig(vocab_size=16, hidden_size=8, num_heads=4, choices=choices,
-                          target={"name": "tiny", "fingerprint": "abc", "vocab_size": 16, "hidden_size": 8})
+    config = MedusaConfig(
+        vocab_size=16,
+        hidden_size=8,
+        num_heads=4,
+        choices=choices,
+        target={"name": "tiny", "fingerprint": "abc", "vocab_size": 16, "hidden_size": 8},
+    )
     again = MedusaConfig.from_dict(json.loads(json.dumps(config.to_dict())))
     assert again == config, f"MedusaConfig round trip of choices={choices!r}: {again}"
     assert config.to_dict()["model_type"] == "specdec_medusa", "MedusaConfig.to_dict model_type"
@@ -265,8 +340,16 @@ def test_config_json_round_trip(choices):
 
 @pytest.mark.parametrize("head", ["full", "tied"])
 def test_checkpoint_round_trip(tmp_path, head):
-    config = MedusaConfig(vocab_size=10, hidden_size=4, num_heads=2, num_layers=2, head=head, top_t=3,
-                          choices=[(0,), (1,), (0, 0)], target={"name": "tiny"})
+    config = MedusaConfig(
+        vocab_size=10,
+        hidden_size=4,
+        num_heads=2,
+        num_layers=2,
+        head=head,
+        top_t=3,
+        choices=[(0,), (1,), (0, 0)],
+        target={"name": "tiny"},
+    )
     weights = init_random_weights(config, np.random.default_rng(5))
     save_medusa(tmp_path / "medusa", config, weights)
     loaded_config, loaded = load_medusa_checkpoint(tmp_path / "medusa")
@@ -283,24 +366,38 @@ def check_compatible(config, **kwargs):
 
 
 def test_check_compatible_names_both_models():
-    config = MedusaConfig(vocab_size=10, hidden_size=4, num_heads=1, choices=[(0,)],
-                          target={"name": "tiny-a", "fingerprint": "f-a"})
+    config = MedusaConfig(
+        vocab_size=10,
+        hidden_size=4,
+        num_heads=1,
+        choices=[(0,)],
+        target={"name": "tiny-a", "fingerprint": "f-a"},
+    )
     check_compatible(config, vocab_size=10, hidden_size=4, fingerprint="f-a", name="renamed-folder")
-    with pytest.raises(ValueError, match=r"trained for another model: 'tiny-a' \(vocab_size 10, hidden_size 4\), "
-                                         r"but the target is 'tiny-b' \(vocab_size 12, hidden_size 4\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"trained for another model: 'tiny-a' \(vocab_size 10, hidden_size 4\), "
+        r"but the target is 'tiny-b' \(vocab_size 12, hidden_size 4\)",
+    ):
         check_compatible(config, vocab_size=12, hidden_size=4, name="tiny-b")
     with pytest.raises(ValueError, match="fingerprint 'f-a', the target's is 'f-b'"):
         check_compatible(config, vocab_size=10, hidden_size=4, fingerprint="f-b")
     unnamed = MedusaConfig(vocab_size=10, hidden_size=4, num_heads=1, choices=[(0,)])
-    check_compatible(config, vocab_size=10, hidden_size=4, name="tiny-b")  # names alone only label the models
-    with pytest.raises(ValueError, match=r"another model: an unnamed model \(vocab_size 10, hidden_size 4\)"):
+    check_compatible(
+        config, vocab_size=10, hidden_size=4, name="tiny-b"
+    )  # names alone only label the models
+    with pytest.raises(
+        ValueError, match=r"another model: an unnamed model \(vocab_size 10, hidden_size 4\)"
+    ):
         check_compatible(unnamed, vocab_size=10, hidden_size=8)
 
 
 def test_make_random_medusa(tmp_path):
     model = tmp_path / "tiny-llama"
     model.mkdir()
-    (model / "config.json").write_text(json.dumps({"hidden_size": 8, "vocab_size": 32, "model_type": "llama"}))
+    (model / "config.json").write_text(
+        json.dumps({"hidden_size": 8, "vocab_size": 32, "model_type": "llama"})
+    )
     first = make_random_medusa(tmp_path / "a", model, seed=1, num_heads=3, choices=[(0,), (0, 0)])
     second = make_random_medusa(tmp_path / "b", model, seed=1, num_heads=3, choices=[(0,), (0, 0)])
     config, weights = load_medusa_checkpoint(first)
@@ -308,7 +405,9 @@ def test_make_random_medusa(tmp_path):
     sizes = (config.vocab_size, config.hidden_size, config.num_heads)
     assert sizes == (32, 8, 3), f"make_random_medusa config {config}"
     assert config.target["name"] == "tiny-llama", f"make_random_medusa target {config.target}"
-    assert all(np.array_equal(weights[n], weights_again[n]) for n in weights), "make_random_medusa is seeded"
+    assert all(np.array_equal(weights[n], weights_again[n]) for n in weights), (
+        "make_random_medusa is seeded"
+    )
     check_compatible(config, vocab_size=32, hidden_size=8, name="tiny-llama")
     with pytest.raises(ValueError, match="has no config.json"):
         make_random_medusa(tmp_path / "c", tmp_path / "nowhere", seed=0)

@@ -19,8 +19,10 @@ from specdec_medusa.checkpoint import load_medusa_checkpoint
 from specdec_redrafter.checkpoint import load_redrafter_checkpoint
 
 NAME, VOCAB, HIDDEN = "smollm2-135m", 49152, 576
-LOADERS = {"redrafter": ("specdec_redrafter", load_redrafter_checkpoint),
-           "medusa": ("specdec_medusa", load_medusa_checkpoint)}
+LOADERS = {
+    "redrafter": ("specdec_redrafter", load_redrafter_checkpoint),
+    "medusa": ("specdec_medusa", load_medusa_checkpoint),
+}
 PROMPT, NEW = [{"role": "user", "content": "Count from one to ten: one, two, three,"}], 8
 
 
@@ -39,7 +41,9 @@ def test_shipped_checkpoint_loads_and_names_its_target(kind):
     expected = dict(config.weight_shapes())
     assert {name: tuple(w.shape) for name, w in weights.items()} == expected
     for name, array in weights.items():
-        assert np.isfinite(array).all() and np.abs(array).max() > 0, f"{kind} {name}: non-finite or all zero"
+        assert np.isfinite(array).all() and np.abs(array).max() > 0, (
+            f"{kind} {name}: non-finite or all zero"
+        )
 
 
 def test_shipped_checkpoints_share_one_target_and_the_shortlist_is_valid():
@@ -65,7 +69,9 @@ def test_shipped_checkpoint_drafts_for_the_real_model(kind, real_target):
     folder, config, _ = shipped(kind)
     target, plain = real_target
     assert target.fingerprint == config.target["fingerprint"]
-    spec = specdec.generate(target, PROMPT, drafter=str(folder), backend="torch", max_new_tokens=NEW)
+    spec = specdec.generate(
+        target, PROMPT, drafter=str(folder), backend="torch", max_new_tokens=NEW
+    )
     assert spec.tokens == plain and spec.stats.accepted_tokens > 0, (spec.tokens, plain, spec.stats)
 
 
@@ -79,13 +85,27 @@ def test_the_tier_redrafter_loads_and_names_its_target():
     from specdec.models.checkpoints import require_checkpoint
 
     folder = resources.files("specdec_redrafter") / "weights" / TIER
-    assert require_checkpoint("redrafter", None, SimpleNamespace(name=TIER), package="specdec_redrafter") == folder
+    assert (
+        require_checkpoint(
+            "redrafter", None, SimpleNamespace(name=TIER), package="specdec_redrafter"
+        )
+        == folder
+    )
     config, weights = load_redrafter_checkpoint(folder)
     assert config.target["name"] == TIER and len(config.target["fingerprint"]) == 64
-    assert (config.vocab_size, config.hidden_size) == (TIER_VOCAB, TIER_HIDDEN) == (
-        config.target["vocab_size"], config.target["hidden_size"])
+    assert (
+        (config.vocab_size, config.hidden_size)
+        == (TIER_VOCAB, TIER_HIDDEN)
+        == (config.target["vocab_size"], config.target["hidden_size"])
+    )
     assert {name: tuple(w.shape) for name, w in weights.items()} == dict(config.weight_shapes())
     ids = weights["vocab_shortlist"]
-    assert len(np.unique(ids)) == len(ids) == config.shortlist_size and 0 <= ids.min() and ids.max() < TIER_VOCAB
+    assert (
+        len(np.unique(ids)) == len(ids) == config.shortlist_size
+        and 0 <= ids.min()
+        and ids.max() < TIER_VOCAB
+    )
     for name, array in weights.items():
-        assert np.isfinite(array).all() and np.abs(array).max() > 0, f"{name}: non-finite or all zero"
+        assert np.isfinite(array).all() and np.abs(array).max() > 0, (
+            f"{name}: non-finite or all zero"
+        )

@@ -28,17 +28,24 @@ import pytest
 import specdec
 
 NAME, NEW = "smollm2-135m", 32
-PROMPTS = [[{"role": "user", "content": content}] for content in (
-    "Count from one to ten: one, two, three,",
-    "Write a Python function that returns the square of a number.",
-    "Name three colours of the rainbow.",
-    "Explain in one sentence why the sky is blue.",
-    "Translate 'good morning' into French and Spanish.",
-    "List the first five prime numbers.",
-    "Write a haiku about the sea.",
-    "def fibonacci(n):\n    # complete this function\n",
-)]
-OPTIONS = {"redrafter": dict(beam_width=4, beam_length=3, lookup=False), "medusa": {}, "eagle": dict(lookup=False)}
+PROMPTS = [
+    [{"role": "user", "content": content}]
+    for content in (
+        "Count from one to ten: one, two, three,",
+        "Write a Python function that returns the square of a number.",
+        "Name three colours of the rainbow.",
+        "Explain in one sentence why the sky is blue.",
+        "Translate 'good morning' into French and Spanish.",
+        "List the first five prime numbers.",
+        "Write a haiku about the sea.",
+        "def fibonacci(n):\n    # complete this function\n",
+    )
+]
+OPTIONS = {
+    "redrafter": dict(beam_width=4, beam_length=3, lookup=False),
+    "medusa": {},
+    "eagle": dict(lookup=False),
+}
 ROW_STEPS = {"redrafter": 154, "medusa": 165, "eagle": 129}  # tokens per step: 256 / these
 SLACK = 1
 
@@ -46,13 +53,22 @@ SLACK = 1
 @pytest.fixture(scope="module")
 def real_target(shipped_model):
     pytest.importorskip("torch")
-    return specdec.load(shipped_model, backend="torch", dtype="float32", device="cpu", slots=len(PROMPTS))
+    return specdec.load(
+        shipped_model, backend="torch", dtype="float32", device="cpu", slots=len(PROMPTS)
+    )
 
 
 def row_steps(target, kind: str) -> int:
     drafter = resources.files(f"specdec_{kind}") / "weights" / NAME
-    result = specdec.generate(target, PROMPTS, drafter=str(drafter), backend="torch", max_new_tokens=NEW,
-                              stop_at_eos=False, **OPTIONS[kind])
+    result = specdec.generate(
+        target,
+        PROMPTS,
+        drafter=str(drafter),
+        backend="torch",
+        max_new_tokens=NEW,
+        stop_at_eos=False,
+        **OPTIONS[kind],
+    )
     assert [len(row) for row in result.tokens] == [NEW] * len(PROMPTS)
     assert result.stats.new_tokens == NEW * len(PROMPTS)
     return result.stats.row_steps
@@ -63,4 +79,5 @@ def test_shipped_drafter_accepts_as_pinned(real_target, kind):
     got, pinned = row_steps(real_target, kind), ROW_STEPS[kind]
     assert abs(got - pinned) <= SLACK, (
         f"{kind}: {NEW * len(PROMPTS) / got:.3f} tokens per step ({got} row steps), pinned "
-        f"{NEW * len(PROMPTS) / pinned:.3f} ({pinned} +- {SLACK} row steps; the module docstring says why)")
+        f"{NEW * len(PROMPTS) / pinned:.3f} ({pinned} +- {SLACK} row steps; the module docstring says why)"
+    )

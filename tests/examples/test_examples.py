@@ -18,8 +18,16 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = {  # distribution -> (plugin name, what `specdec plugins` lists)
-    "specdec-example-backend": ("numpy32", ["numpy32", "prefix_tree [numpy32]", "greedy [numpy32] lossless",
-                                            "exact [numpy32] lossless", "rejection [numpy32] lossless"]),
+    "specdec-example-backend": (
+        "numpy32",
+        [
+            "numpy32",
+            "prefix_tree [numpy32]",
+            "greedy [numpy32] lossless",
+            "exact [numpy32] lossless",
+            "rejection [numpy32] lossless",
+        ],
+    ),
     "specdec-example-drafter": ("ngram", ["ngram [*]"]),
 }
 
@@ -38,8 +46,20 @@ def installed(distribution: str) -> str:
 @pytest.mark.parametrize("distribution", sorted(EXAMPLES))
 def test_the_example_passes_its_conformance_tests(distribution):
     installed(distribution)
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(ROOT / "examples" /
-                           distribution / "tests")], cwd=ROOT, capture_output=True, text=True)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            str(ROOT / "examples" / distribution / "tests"),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
     assert " passed" in done.stdout and "skipped" not in done.stdout, done.stdout[-2000:]
 
@@ -48,7 +68,14 @@ def test_the_example_passes_its_conformance_tests(distribution):
 def test_specdec_plugins_lists_the_example_with_its_distribution(distribution):
     version = installed(distribution)
     plugin, rows = EXAMPLES[distribution]
-    done = subprocess.run([sys.executable, "-m", "specdec.cli.main", "plugins"], cwd=ROOT, capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, "-m", "specdec.cli.main", "plugins"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == 0, done.stderr
     for row in rows:
-        assert f"  {row}  ({distribution} {version}, plugin {plugin})" in done.stdout.splitlines(), done.stdout
+        assert (
+            f"  {row}  ({distribution} {version}, plugin {plugin})" in done.stdout.splitlines()
+        ), done.stdout

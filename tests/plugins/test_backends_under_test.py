@@ -17,8 +17,22 @@ def collect(backends: str, pythonpath: Path | None = None) -> subprocess.Complet
     env = {**os.environ, "SPECDEC_TEST_BACKENDS": backends}
     if pythonpath is not None:
         env["PYTHONPATH"] = str(pythonpath)
-    return subprocess.run([sys.executable, "-m", "pytest", "-q", "--collect-only", "-p", "no:cacheprovider",
-                           "tests/core/test_chat.py"], cwd=ROOT, env=env, capture_output=True, text=True)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "--collect-only",
+            "-p",
+            "no:cacheprovider",
+            "tests/core/test_chat.py",
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
 
 
 def test_an_unknown_backend_stops_the_run():
@@ -28,14 +42,18 @@ def test_an_unknown_backend_stops_the_run():
 
 
 def test_names_are_stripped_and_an_unusable_framework_stops_the_run(tmp_path):
-    """" numpy , torch ," names torch; a torch that fails to import is then an error, not a skip."""
+    """ " numpy , torch ," names torch; a torch that fails to import is then an error, not a skip."""
     (tmp_path / "torch").mkdir()
     (tmp_path / "torch" / "__init__.py").write_text('raise ImportError("a broken torch install")\n')
     broken = collect(" numpy , torch ,", pythonpath=tmp_path)
     assert broken.returncode == pytest.ExitCode.USAGE_ERROR, broken.stdout + broken.stderr
-    assert "SPECDEC_TEST_BACKENDS=numpy,torch: 'torch' is not usable" in broken.stderr, broken.stderr
+    assert "SPECDEC_TEST_BACKENDS=numpy,torch: 'torch' is not usable" in broken.stderr, (
+        broken.stderr
+    )
     unnamed = collect("numpy", pythonpath=tmp_path)
-    assert unnamed.returncode == pytest.ExitCode.OK and "2 tests collected" in unnamed.stdout, "torch not named: optional"
+    assert unnamed.returncode == pytest.ExitCode.OK and "2 tests collected" in unnamed.stdout, (
+        "torch not named: optional"
+    )
 
 
 GUARDED = '''
@@ -67,9 +85,13 @@ def run_guarded(tmp_path: Path, **env) -> str:
     (tmp_path / "tests").mkdir(exist_ok=True)
     (tmp_path / "tests" / "conftest.py").write_text((ROOT / "tests" / "conftest.py").read_text())
     (tmp_path / "tests" / "test_guarded.py").write_text(GUARDED)
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider", "tests"],
-                          cwd=tmp_path, env={**os.environ, "SPECDEC_CACHE": str(tmp_path / "cache"), **env},
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider", "tests"],
+        cwd=tmp_path,
+        env={**os.environ, "SPECDEC_CACHE": str(tmp_path / "cache"), **env},
+        capture_output=True,
+        text=True,
+    )
     return done.stdout
 
 
@@ -78,7 +100,11 @@ def test_a_skip_for_want_of_a_named_backend_fails_wherever_the_test_is(tmp_path)
     whose name or parameters name it, fails; other skips stay skips."""
     named = run_guarded(tmp_path, SPECDEC_TEST_BACKENDS="numpy,mlx", SPECDEC_TEST_SHIPPED="0")
     assert "3 failed" in named, named
-    for test in ("test_a_reason_naming_the_backend", "test_on_mlx_a_missing_module", "test_parameters_name_it[mlx]"):
+    for test in (
+        "test_a_reason_naming_the_backend",
+        "test_on_mlx_a_missing_module",
+        "test_parameters_name_it[mlx]",
+    ):
         assert f"FAILED tests/test_guarded.py::{test}" in named, named
     assert named.count("SKIPPED") == 3, named
     unnamed = run_guarded(tmp_path, SPECDEC_TEST_BACKENDS="numpy", SPECDEC_TEST_SHIPPED="0")

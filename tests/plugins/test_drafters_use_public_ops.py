@@ -20,14 +20,21 @@ def public_names(backend: str) -> set[str]:
     """The ``__all__`` of ``backends/<backend>/ops.py``, read from its source."""
     path = ROOT / "backends" / backend / "ops.py"
     for node in ast.parse(path.read_text(), str(path)).body:
-        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets):
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets
+        ):
             return set(ast.literal_eval(node.value))
     raise AssertionError(f"{path.relative_to(ROOT)} has no __all__ = [...]")
 
 
 def drafter_sources() -> list[Path]:
-    return sorted(path for folder in ("drafters", "examples") for path in (ROOT / folder).rglob("*.py")
-                  if not SKIPPED_PARTS & set(path.parts) and not any(p.endswith(".egg-info") for p in path.parts))
+    return sorted(
+        path
+        for folder in ("drafters", "examples")
+        for path in (ROOT / folder).rglob("*.py")
+        if not SKIPPED_PARTS & set(path.parts)
+        and not any(p.endswith(".egg-info") for p in path.parts)
+    )
 
 
 def private_uses(source: str, filename: str, public: dict[str, set[str]]) -> list[str]:
@@ -58,26 +65,39 @@ def private_uses(source: str, filename: str, public: dict[str, set[str]]) -> lis
             if rest == ["ops"]:
                 for alias in node.names:
                     if alias.name != "*" and alias.name not in public[package]:
-                        refuse(node, f"takes {alias.name} from {package}.ops, which is not in its __all__")
+                        refuse(
+                            node,
+                            f"takes {alias.name} from {package}.ops, which is not in its __all__",
+                        )
             elif not rest:
                 for alias in node.names:
                     if alias.name == "ops":
                         bound.setdefault(alias.asname or "ops", set()).add(package)
                     else:
-                        refuse(node, f"imports {alias.name} from {package} (only {package}.ops is public)")
+                        refuse(
+                            node,
+                            f"imports {alias.name} from {package} (only {package}.ops is public)",
+                        )
             else:
                 refuse(node, f"imports from {node.module} (only {package}.ops is public)")
         elif isinstance(node, ast.Constant) and isinstance(node.value, str):
             match = dotted.match(node.value)
             if match and match.group(2) != "ops":
-                refuse(node, f"names {match.group(0)} in a string (only {match.group(1)}.ops is public)")
+                refuse(
+                    node,
+                    f"names {match.group(0)} in a string (only {match.group(1)}.ops is public)",
+                )
     for node in ast.walk(tree):
         if not isinstance(node, ast.Attribute):
             continue
         if isinstance(node.value, ast.Name) and node.value.id in bound:
             packages = bound[node.value.id]
-        elif (isinstance(node.value, ast.Attribute) and node.value.attr == "ops"
-              and isinstance(node.value.value, ast.Name) and node.value.value.id in public):
+        elif (
+            isinstance(node.value, ast.Attribute)
+            and node.value.attr == "ops"
+            and isinstance(node.value.value, ast.Name)
+            and node.value.value.id in public
+        ):
             packages = {node.value.value.id}  # import specdec_torch.ops; specdec_torch.ops.NAME
         else:
             continue
@@ -107,27 +127,32 @@ def test_drafters_and_examples_use_only_public_backend_ops():
     sources = drafter_sources()
     assert any(path.parent.name == "specdec_redrafter" for path in sources)
     assert any("examples" in path.parts for path in sources)
-    found = [problem for path in sources
-             for problem in private_uses(path.read_text(), str(path.relative_to(ROOT)), public)]
+    found = [
+        problem
+        for path in sources
+        for problem in private_uses(path.read_text(), str(path.relative_to(ROOT)), public)
+    ]
     assert not found, "drafter code reaches past the backends' public ops:\n" + "\n".join(found)
 
 
 def test_the_check_finds_each_kind_of_private_use():
     public = {"specdec_torch": {"target_probs"}, "specdec_mlx": {"as_array"}}
-    source = "\n".join([
-        "from specdec_torch.sampling import target_probs",   # 1: a private module
-        "import specdec_mlx.backend",                         # 2
-        "from specdec_mlx import tree",                       # 3: a private module by from-import
-        "from specdec_torch.ops import target_probs, top",    # 4: a name outside __all__
-        "from specdec_mlx import ops",
-        "x = ops.as_array(1) + ops.to_mx(2)",                 # 6: an attribute outside __all__
-        "import specdec_torch.ops",
-        "y = specdec_torch.ops.target_probs + specdec_torch.ops.greedy",  # 8
-        "F = 'specdec_mlx.tree:PrefixTreeBuilder'",           # 9: a lazy factory's string
-        "from specdec_torch import ops as tops",
-        "z = tops.target_probs(1)",                           # fine
-        "import numpy",
-    ])
+    source = "\n".join(
+        [
+            "from specdec_torch.sampling import target_probs",  # 1: a private module
+            "import specdec_mlx.backend",  # 2
+            "from specdec_mlx import tree",  # 3: a private module by from-import
+            "from specdec_torch.ops import target_probs, top",  # 4: a name outside __all__
+            "from specdec_mlx import ops",
+            "x = ops.as_array(1) + ops.to_mx(2)",  # 6: an attribute outside __all__
+            "import specdec_torch.ops",
+            "y = specdec_torch.ops.target_probs + specdec_torch.ops.greedy",  # 8
+            "F = 'specdec_mlx.tree:PrefixTreeBuilder'",  # 9: a lazy factory's string
+            "from specdec_torch import ops as tops",
+            "z = tops.target_probs(1)",  # fine
+            "import numpy",
+        ]
+    )
     found = private_uses(source, "x.py", public)
     assert [line.split(":")[1] for line in found] == ["1", "2", "3", "4", "6", "8", "9"], found
     assert "to_mx" in found[4] and "greedy" in found[5]

@@ -38,8 +38,12 @@ def test_the_cycle_finder_finds_a_planted_cycle():
 
 
 def test_each_core_folder_says_in_one_line_what_lives_there():
-    faces = {"specdec/bench/__init__.py", "specdec/testing/__init__.py",  # public faces
-             "specdec/training/__init__.py", "specdec/serving/__init__.py"}
+    faces = {
+        "specdec/bench/__init__.py",
+        "specdec/testing/__init__.py",  # public faces
+        "specdec/training/__init__.py",
+        "specdec/serving/__init__.py",
+    }
     bad = []
     for init in sorted((ROOT / "specdec").glob("*/__init__.py")):
         name = str(init.relative_to(ROOT))
@@ -57,8 +61,11 @@ def drafter_plugin_names() -> set[str]:
     text = (ROOT / "pyproject.toml").read_text()
     section = text.split("[project.entry-points.specdec]", 1)[1].split("\n[", 1)[0]
     points = dict(re.findall(r'^(\w+)\s*=\s*"([\w.]+)"', section, re.M))
-    return {name for name, target in points.items()
-            if (ROOT / "drafters" / target.split(".")[0]).is_dir()}
+    return {
+        name
+        for name, target in points.items()
+        if (ROOT / "drafters" / target.split(".")[0]).is_dir()
+    }
 
 
 # Where the core names a drafter plugin today: the public default drafter and the CLI's shipped
@@ -83,21 +90,29 @@ def test_no_core_module_names_a_drafter_plugin_in_its_code():
     for path in sorted((ROOT / "specdec").rglob("*.py")):
         tree = ast.parse(path.read_text(), str(path))
         holders = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
-        docstrings = {id(node.body[0].value) for node in ast.walk(tree) if isinstance(node, holders)
-                      and ast.get_docstring(node, clean=False) is not None}
+        docstrings = {
+            id(node.body[0].value)
+            for node in ast.walk(tree)
+            if isinstance(node, holders) and ast.get_docstring(node, clean=False) is not None
+        }
         for node in ast.walk(tree):
-            if isinstance(node, ast.Constant) and isinstance(node.value, str) \
-                    and id(node) not in docstrings:
+            if (
+                isinstance(node, ast.Constant)
+                and isinstance(node.value, str)
+                and id(node) not in docstrings
+            ):
                 hits = {n for n in names if node.value.lower() == n}
             elif isinstance(node, ast.Name):
                 hits = {n for n in names if node.id == n}
             else:
                 continue
             found |= {(str(path.relative_to(ROOT)), n, node.lineno) for n in hits}
-    new = sorted(f"{file}:{line}: {name!r}" for file, name, line in found
-                 if (file, name) not in KNOWN)
+    new = sorted(
+        f"{file}:{line}: {name!r}" for file, name, line in found if (file, name) not in KNOWN
+    )
     assert not new, "the core names drafter plugins (reach them through the registry):\n" + (
-        "\n".join(new))
+        "\n".join(new)
+    )
     named = {(file, name) for file, name, _ in found}
     gone = sorted(f"{file}: {name!r}" for file, name in KNOWN if (file, name) not in named)
     assert not gone, "no longer named, drop from KNOWN:\n" + "\n".join(gone)

@@ -19,21 +19,33 @@ def test_builtins_register_through_entry_points():
     assert "numpy" in registry.names("backend")
     assert {"none", "redrafter", "medusa"} <= set(registry.names("drafter", "numpy"))
     assert {"prefix_tree", "medusa_tree"} <= set(registry.names("tree_builder", "numpy"))
-    verifiers = {r.name: r.lossless for r in registry.registrations if r.kind == "verifier" and r.backend == "numpy"}
-    assert verifiers == {"greedy": True, "exact": True, "rejection": True, "redrafter_published": False,
-                         "typical": False}
+    verifiers = {
+        r.name: r.lossless
+        for r in registry.registrations
+        if r.kind == "verifier" and r.backend == "numpy"
+    }
+    assert verifiers == {
+        "greedy": True,
+        "exact": True,
+        "rejection": True,
+        "redrafter_published": False,
+        "typical": False,
+    }
     packages = {row["package"] for row in registry.describe()}
     assert any(p.startswith("specdec ") for p in packages), packages
 
 
 def test_third_party_plugin_adds_a_drafter():
     """A module with hookimpls is all a plugin needs; its drafter then works in generate()."""
+
     class RepeatRootDrafter:
         caps = specdec.DrafterCaps()
 
         def propose(self, context):
             roots = context.root_tokens
-            return specdec.Draft(root_tokens=roots, beams=np.repeat(roots[:, None, None], 3, axis=2))
+            return specdec.Draft(
+                root_tokens=roots, beams=np.repeat(roots[:, None, None], 3, axis=2)
+            )
 
     plugin = types.ModuleType("repeat_plugin")
 
@@ -59,7 +71,10 @@ def test_unknown_and_unavailable_names():
     registry = PluginRegistry([numpy_plugin, plugin])
     with pytest.raises(specdec.UnknownPluginError, match="installed backends: numpy"):
         registry.get("backend", "jax")
-    with pytest.raises(specdec.UnknownPluginError, match="not available on backend 'numpy'; it is installed for: otherbackend"):
+    with pytest.raises(
+        specdec.UnknownPluginError,
+        match="not available on backend 'numpy'; it is installed for: otherbackend",
+    ):
         registry.get("drafter", "special", "numpy")
 
 
@@ -87,14 +102,39 @@ def test_import_loads_neither_torch_nor_mlx():
 
 
 def test_cli_lists_plugins():
-    done = subprocess.run([sys.executable, "-m", "specdec.cli.main", "plugins"], capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, "-m", "specdec.cli.main", "plugins"], capture_output=True, text=True
+    )
     assert done.returncode == 0, done.stderr
-    for expected in ("backends:", "numpy", "redrafter [numpy]", "typical [numpy] LOSSY", "exact [numpy] lossless"):
-        assert expected in done.stdout, f"`specdec plugins` output lacks {expected!r}:\n{done.stdout}"
+    for expected in (
+        "backends:",
+        "numpy",
+        "redrafter [numpy]",
+        "typical [numpy] LOSSY",
+        "exact [numpy] lossless",
+    ):
+        assert expected in done.stdout, (
+            f"`specdec plugins` output lacks {expected!r}:\n{done.stdout}"
+        )
 
 
 def test_cli_reports_unknown_backend_cleanly(tmp_path):
     done = subprocess.run(
-        [sys.executable, "-m", "specdec.cli.main", "generate", "--model", str(tmp_path), "--prompt-ids", "[1]",
-         "--backend", "nope"], capture_output=True, text=True)
-    assert done.returncode == 2 and "unknown backend 'nope'; installed backends:" in done.stderr, done.stderr
+        [
+            sys.executable,
+            "-m",
+            "specdec.cli.main",
+            "generate",
+            "--model",
+            str(tmp_path),
+            "--prompt-ids",
+            "[1]",
+            "--backend",
+            "nope",
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 2 and "unknown backend 'nope'; installed backends:" in done.stderr, (
+        done.stderr
+    )

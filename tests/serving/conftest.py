@@ -81,6 +81,7 @@ def cancel_asked(monkeypatch):
     def cancel_and_tell(self):
         cancel(self)
         asked.set()
+
     monkeypatch.setattr(Handle, "cancel", cancel_and_tell)
     return asked
 
@@ -92,8 +93,15 @@ def make_engine(model_dir):
     engines = []
 
     def make(drafter="lookup", *, slots=2, capacity=64, backend="numpy", **options):
-        engine = specdec.Engine(model_dir, drafter=drafter, backend=backend, slots=slots, capacity=capacity,
-                                tree_room=32, **options)
+        engine = specdec.Engine(
+            model_dir,
+            drafter=drafter,
+            backend=backend,
+            slots=slots,
+            capacity=capacity,
+            tree_room=32,
+            **options,
+        )
         engines.append(engine)
         return engine
 
@@ -111,10 +119,19 @@ def serve(make_engine):
 
     servers = []
 
-    def start(drafter="lookup", *, drain=True, shutdown_timeout=30.0, server_options=None, **options):
+    def start(
+        drafter="lookup", *, drain=True, shutdown_timeout=30.0, server_options=None, **options
+    ):
         engine = make_engine(drafter, **options)
-        server = Server(engine, model_name="tiny", port=0, drain=drain, shutdown_timeout=shutdown_timeout,
-                        log_level="warning", **(server_options or {})).start()
+        server = Server(
+            engine,
+            model_name="tiny",
+            port=0,
+            drain=drain,
+            shutdown_timeout=shutdown_timeout,
+            log_level="warning",
+            **(server_options or {}),
+        ).start()
         servers.append(server)
         return server, f"http://127.0.0.1:{server.port}/v1"
 

@@ -33,11 +33,15 @@ class Forwards:
         forward, admit = target.forward_tree, target.admit
 
         def forward_tree(tree, slots, *, context=(), layers=()):
-            if not self.inside:  # the reference's admit runs its prompt as chunks: recorded as the admission
+            if (
+                not self.inside
+            ):  # the reference's admit runs its prompt as chunks: recorded as the admission
                 for slot, tokens in context:
                     self.owner[int(slot)] = tuple(int(t) for t in tokens)
                 rows = [] if tree is None else [self.owner[int(s)] for s in np.asarray(slots)]
-                self.log.append(("forward", [tuple(int(t) for t in tokens) for _, tokens in context], rows))
+                self.log.append(
+                    ("forward", [tuple(int(t) for t in tokens) for _, tokens in context], rows)
+                )
             return forward(tree, slots, context=context, layers=layers)
 
         def admitting(slot, prompt, *, layers=()):
@@ -106,7 +110,9 @@ def test_an_engine_cancel_tells_a_stateful_drafter_before_the_next_step(make_eng
     engine = make_engine(drafter, slots=1)
     forwards = Forwards(engine.target)
     try:
-        first, second = hold_in_first_decode_step(engine, drafter)  # held before the forward of A's admission step
+        first, second = hold_in_first_decode_step(
+            engine, drafter
+        )  # held before the forward of A's admission step
         first.cancel()
         drafter.open.set()
         assert second.result(timeout=30).tokens == (21, 21)
@@ -126,37 +132,63 @@ def test_a_stop_string_frees_the_slot_before_the_next_step(make_engine, gate):
     gate.open.set()
     assert first.result(timeout=30).finish_reason == "stop" and first.result().text == " laba "
     assert second.result(timeout=30).tokens == (21, 21)
-    assert forwards.log == [chunk(A), row(A), chunk(B), row(B)], "A held a row after its stop string"
+    assert forwards.log == [chunk(A), row(A), chunk(B), row(B)], (
+        "A held a row after its stop string"
+    )
 
 
 def test_a_client_leaving_mid_stream_frees_the_slot_before_the_next_step(serve, gate, cancel_asked):
     server, base = serve(gate, slots=1)
     forwards = Forwards(server.engine.target)
     gate.open.clear()
-    with httpx.stream("POST", base + "/completions", json={"model": "tiny", "prompt": list(A), "max_tokens": 40,
-                                                           "stream": True, "temperature": 0}) as response:
+    with httpx.stream(
+        "POST",
+        base + "/completions",
+        json={
+            "model": "tiny",
+            "prompt": list(A),
+            "max_tokens": 40,
+            "stream": True,
+            "temperature": 0,
+        },
+    ) as response:
         first = next(line for line in response.iter_lines() if line)
         assert json.loads(first[6:])["choices"][0]["text"] == " laba"
         assert gate.proposing.wait(WAIT)
     assert cancel_asked.wait(WAIT), "the server did not notice that its client left"
     gate.open.set()  # the held step ends, then the cancel is read
-    reply = httpx.post(base + "/completions", json={"model": "tiny", "prompt": list(B), "max_tokens": 2,
-                                                    "temperature": 0}, timeout=30)
+    reply = httpx.post(
+        base + "/completions",
+        json={"model": "tiny", "prompt": list(B), "max_tokens": 2, "temperature": 0},
+        timeout=30,
+    )
     assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] == 2
-    assert forwards.log == [chunk(A), row(A), chunk(B), row(B)], "A held a row after its client left"
+    assert forwards.log == [chunk(A), row(A), chunk(B), row(B)], (
+        "A held a row after its client left"
+    )
 
 
-def test_a_client_leaving_a_plain_request_frees_the_slot_before_the_next_step(serve, gate, cancel_asked):
+def test_a_client_leaving_a_plain_request_frees_the_slot_before_the_next_step(
+    serve, gate, cancel_asked
+):
     server, base = serve(gate, slots=1)
     forwards = Forwards(server.engine.target)
     gate.open.clear()
     body = json.dumps({"model": "tiny", "prompt": list(A), "max_tokens": 40}).encode()
     with socket.create_connection(("127.0.0.1", server.port), timeout=30) as connection:
-        connection.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-                           b"Content-Length: %d\r\n\r\n" % len(body) + body)
+        connection.sendall(
+            b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n" % len(body) + body
+        )
         assert gate.proposing.wait(WAIT), "the request never reached its first decode step"
     assert cancel_asked.wait(WAIT), "the server did not notice that its client left"
     gate.open.set()
-    reply = httpx.post(base + "/completions", json={"model": "tiny", "prompt": list(B), "max_tokens": 2}, timeout=30)
+    reply = httpx.post(
+        base + "/completions",
+        json={"model": "tiny", "prompt": list(B), "max_tokens": 2},
+        timeout=30,
+    )
     assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] == 2
-    assert forwards.log == [chunk(A), row(A), chunk(B), row(B)], "A held a row after its client left"
+    assert forwards.log == [chunk(A), row(A), chunk(B), row(B)], (
+        "A held a row after its client left"
+    )

@@ -42,8 +42,9 @@ def test_the_snapshot_has_the_documented_shapes():
     assert set(snapshot) == {"counters", "finished", "prefill_budget", "histograms"}
     assert snapshot["counters"]["requests_submitted"] == 2
     assert isinstance(snapshot["prefill_budget"], int)
-    assert all(isinstance(v, int) for part in ("counters", "finished")
-               for v in snapshot[part].values())
+    assert all(
+        isinstance(v, int) for part in ("counters", "finished") for v in snapshot[part].values()
+    )
     buckets, total, count = snapshot["histograms"]["step_seconds"]
     assert math.isinf(buckets[-1][0]) and buckets[-1][1] == count == 3 and math.isclose(total, 0.06)
     assert dict(buckets)[0.025] == 3 and dict(buckets)[0.01] == 0, "cumulative, at or below"

@@ -23,7 +23,9 @@ ONE = {"model": "tiny", "prompt": [5, 6], "max_tokens": 2, "temperature": 0}
 
 def error_of(response: httpx.Response) -> dict:
     body = response.json()
-    assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "param", "code"}, body
+    assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "param", "code"}, (
+        body
+    )
     return body["error"]
 
 
@@ -45,10 +47,16 @@ def status_and_error(response: bytes) -> tuple[int, dict]:
 def test_an_api_key_is_required_on_every_route_but_health(serve):
     server, base = serve("lookup", server_options={"api_key": "sesame"})
     root = base.removesuffix("/v1")
-    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "sesame"},
-                    {"Authorization": "Basic sesame"}):
+    for headers in (
+        {},
+        {"Authorization": "Bearer wrong"},
+        {"Authorization": "sesame"},
+        {"Authorization": "Basic sesame"},
+    ):
         response = httpx.post(base + "/completions", json=ONE, headers=headers)
-        assert response.status_code == 401 and error_of(response)["code"] == "invalid_api_key", headers
+        assert response.status_code == 401 and error_of(response)["code"] == "invalid_api_key", (
+            headers
+        )
         assert response.headers["www-authenticate"] == "Bearer"
     for path in ("/v1/models", "/metrics"):
         assert httpx.get(root + path).status_code == 401
@@ -56,20 +64,38 @@ def test_an_api_key_is_required_on_every_route_but_health(serve):
     good = httpx.post(base + "/completions", json=ONE, headers={"Authorization": "Bearer sesame"})
     assert good.status_code == 200 and good.json()["usage"]["completion_tokens"] == 2
     with pytest.raises(openai.AuthenticationError):
-        openai.OpenAI(base_url=base, api_key="wrong", max_retries=0).completions.create(model="tiny", prompt="x")
+        openai.OpenAI(base_url=base, api_key="wrong", max_retries=0).completions.create(
+            model="tiny", prompt="x"
+        )
     reply = openai.OpenAI(base_url=base, api_key="sesame", max_retries=0).completions.create(
-        model="tiny", prompt=[5, 6], max_tokens=3, temperature=0)
+        model="tiny", prompt=[5, 6], max_tokens=3, temperature=0
+    )
     assert reply.usage.completion_tokens == 3
 
 
-def test_the_command_line_takes_the_key_and_warns_when_exposed_without_one(monkeypatch, model_dir, capsys):
+def test_the_command_line_takes_the_key_and_warns_when_exposed_without_one(
+    monkeypatch, model_dir, capsys
+):
     from specdec.cli import main as cli
     from specdec.serving import server as server_module
 
     seen = []
-    monkeypatch.setattr(server_module.Server, "run", lambda self: (seen.append(self), self.engine.close()))
-    common = ["serve", "--model", str(model_dir), "--backend", "numpy", "--drafter", "lookup", "--slots", "1",
-              "--capacity", "32"]
+    monkeypatch.setattr(
+        server_module.Server, "run", lambda self: (seen.append(self), self.engine.close())
+    )
+    common = [
+        "serve",
+        "--model",
+        str(model_dir),
+        "--backend",
+        "numpy",
+        "--drafter",
+        "lookup",
+        "--slots",
+        "1",
+        "--capacity",
+        "32",
+    ]
 
     def warnings_of(argv, key_variable=None):
         if key_variable is None:
@@ -101,26 +127,55 @@ def test_the_key_from_the_environment_is_enforced(monkeypatch, model_dir, wait_f
         try:
             url = f"http://127.0.0.1:{self.port}/v1/completions"
             statuses["none"] = httpx.post(url, json=ONE).status_code
-            statuses["key"] = httpx.post(url, json=ONE, headers={"Authorization": "Bearer env-key"}).status_code
+            statuses["key"] = httpx.post(
+                url, json=ONE, headers={"Authorization": "Bearer env-key"}
+            ).status_code
         finally:
             self.stop()
+
     monkeypatch.setattr(server_module.Server, "run", fake_run)
     monkeypatch.setenv("SPECDEC_API_KEY", "env-key")
-    assert cli.main(["serve", "--model", str(model_dir), "--backend", "numpy", "--drafter", "lookup", "--slots", "1",
-                     "--capacity", "32", "--port", "0", "--log-level", "warning", "--served-model-name", "tiny"]) == 0
+    assert (
+        cli.main(
+            [
+                "serve",
+                "--model",
+                str(model_dir),
+                "--backend",
+                "numpy",
+                "--drafter",
+                "lookup",
+                "--slots",
+                "1",
+                "--capacity",
+                "32",
+                "--port",
+                "0",
+                "--log-level",
+                "warning",
+                "--served-model-name",
+                "tiny",
+            ]
+        )
+        == 0
+    )
     assert statuses == {"none": 401, "key": 200}
 
 
 def test_a_body_over_the_limit_is_413_before_it_is_read(serve):
     server, base = serve("lookup", server_options={"limits": Limits(max_body_bytes=2000)})
     # declared too long: answered at once, with 50 MB announced and none of it sent
-    head = (b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-            b"Content-Length: 50000000\r\n\r\n")
+    head = (
+        b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        b"Content-Length: 50000000\r\n\r\n"
+    )
     status, error = status_and_error(raw_exchange(server.port, head))
     assert status == 413 and error["code"] == "request_too_large" and "2000" in error["message"]
     # not declared (chunked): refused once the limit is passed
-    chunked = (b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-               b"Transfer-Encoding: chunked\r\n\r\n" + b"%x\r\n%s\r\n" % (3000, b" " * 3000))
+    chunked = (
+        b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        b"Transfer-Encoding: chunked\r\n\r\n" + b"%x\r\n%s\r\n" % (3000, b" " * 3000)
+    )
     status, error = status_and_error(raw_exchange(server.port, chunked))
     assert status == 413 and error["code"] == "request_too_large"
     over = httpx.post(base + "/completions", json={**ONE, "user": "x" * 2500})
@@ -128,9 +183,17 @@ def test_a_body_over_the_limit_is_413_before_it_is_read(serve):
     assert httpx.post(base + "/completions", json={**ONE, "user": "x" * 1500}).status_code == 200
 
 
-@pytest.mark.parametrize("content_type", [None, "text/plain", "application/x-www-form-urlencoded",
-                                          "multipart/form-data; boundary=x", "application/json; charset=latin-1",
-                                          "application/jsonx"])
+@pytest.mark.parametrize(
+    "content_type",
+    [
+        None,
+        "text/plain",
+        "application/x-www-form-urlencoded",
+        "multipart/form-data; boundary=x",
+        "application/json; charset=latin-1",
+        "application/jsonx",
+    ],
+)
 def test_a_body_must_be_sent_as_json(serve, content_type):
     _, base = serve("lookup")
     headers = {} if content_type is None else {"Content-Type": content_type}
@@ -141,20 +204,45 @@ def test_a_body_must_be_sent_as_json(serve, content_type):
 def test_json_with_a_utf8_charset_is_accepted(serve):
     _, base = serve("lookup")
     for content_type in ("application/json; charset=utf-8", "Application/JSON;charset=\"UTF-8\""):
-        response = httpx.post(base + "/completions", content=json.dumps(ONE).encode(),
-                              headers={"Content-Type": content_type})
+        response = httpx.post(
+            base + "/completions",
+            content=json.dumps(ONE).encode(),
+            headers={"Content-Type": content_type},
+        )
         assert response.status_code == 200, content_type
 
 
 def test_the_host_header_must_name_this_server(serve):
     server, base = serve("lookup", server_options={"allowed_hosts": ("models.internal",)})
     url = f"http://127.0.0.1:{server.port}/v1/completions"
-    for host in ("evil.example", "evil.example:8000", "127.0.0.1.evil.example", "10.1.2.3", "localhost.evil"):
+    for host in (
+        "evil.example",
+        "evil.example:8000",
+        "127.0.0.1.evil.example",
+        "10.1.2.3",
+        "localhost.evil",
+    ):
         response = httpx.post(url, json=ONE, headers={"Host": host})
-        assert response.status_code == 421 and error_of(response)["code"] == "host_not_allowed", host
-    assert httpx.get(base.removesuffix("/v1") + "/health", headers={"Host": "evil.example"}).status_code == 421
-    for host in ("localhost", f"localhost:{server.port}", "127.0.0.1", "127.0.0.2:80", "[::1]", "[::1]:8000",
-                 "LOCALHOST.", "models.internal", "models.internal:443"):
+        assert response.status_code == 421 and error_of(response)["code"] == "host_not_allowed", (
+            host
+        )
+    assert (
+        httpx.get(
+            base.removesuffix("/v1") + "/health", headers={"Host": "evil.example"}
+        ).status_code
+        == 421
+    )
+    for host in (
+        "localhost",
+        f"localhost:{server.port}",
+        "127.0.0.1",
+        "127.0.0.2:80",
+        "[::1]",
+        "[::1]:8000",
+        "LOCALHOST.",
+        "models.internal",
+        "models.internal:443",
+    ):
         assert httpx.post(url, json=ONE, headers={"Host": host}).status_code == 200, host
 
 
@@ -170,14 +258,18 @@ def test_host_names_accepted_by_binding():
 
 def test_headers_that_never_finish_are_timed_out(serve):
     server, _ = serve("lookup", server_options={"limits": Limits(header_timeout=0.3)})
-    half = raw_exchange(server.port, b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-")
+    half = raw_exchange(
+        server.port, b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-"
+    )
     status, error = status_and_error(half)
     assert status == 408 and error["code"] == "request_timeout"
     assert raw_exchange(server.port, b"") == b""  # a connection that sends nothing is closed
     # after a first request, the next one's headers are timed out too
     body = json.dumps(ONE).encode()
-    first = (b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-             b"Content-Length: %d\r\n\r\n" % len(body) + body)
+    first = (
+        b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        b"Content-Length: %d\r\n\r\n" % len(body) + body
+    )
     with socket.create_connection(("127.0.0.1", server.port), timeout=30) as connection:
         connection.sendall(first)
         received = b""
@@ -193,8 +285,10 @@ def test_headers_that_never_finish_are_timed_out(serve):
 
 def test_a_body_that_never_finishes_is_408(serve):
     server, base = serve("lookup", server_options={"limits": Limits(body_timeout=0.3)})
-    partial = (b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-               b"Content-Length: 100\r\n\r\n{\"model\": ")
+    partial = (
+        b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        b"Content-Length: 100\r\n\r\n{\"model\": "
+    )
     status, error = status_and_error(raw_exchange(server.port, partial))
     assert status == 408 and error["code"] == "request_timeout"
     assert httpx.post(base + "/completions", json=ONE).status_code == 200
@@ -222,11 +316,15 @@ def test_malformed_http_and_oversized_headers_get_an_openai_error(serve):
     status, error = status_and_error(raw_exchange(server.port, b"NOT HTTP AT ALL\r\n\r\n"))
     assert status == 400 and error["code"] == "invalid_http"
     big = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: " + b"a" * 40000 + b"\r\n\r\n"
-    status, error = status_and_error(raw_exchange(server.port, big))  # arriving at once: parsed, then refused
+    status, error = status_and_error(
+        raw_exchange(server.port, big)
+    )  # arriving at once: parsed, then refused
     assert status == 431 and error["code"] == "headers_too_large"
     with socket.create_connection(("127.0.0.1", server.port), timeout=30) as connection:
         connection.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Big: ")
-        for _ in range(40):  # arriving piece by piece: h11 stops buffering at its limit, and answers
+        for _ in range(
+            40
+        ):  # arriving piece by piece: h11 stops buffering at its limit, and answers
             connection.sendall(b"a" * 1000)
             if select.select([connection], [], [], 0.02)[0]:
                 break

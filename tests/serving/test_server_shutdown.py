@@ -18,20 +18,34 @@ import pytest
 pytest.importorskip("uvicorn")
 
 
-def test_when_the_drain_times_out_every_client_is_answered_the_documented_way(serve, gate,
-                                                                              wait_for):
+def test_when_the_drain_times_out_every_client_is_answered_the_documented_way(
+    serve, gate, wait_for
+):
     server, base = serve(gate, slots=1, shutdown_timeout=0.3)
     gate.open.clear()
     results = {}
 
     def stream():
-        with httpx.stream("POST", base + "/completions", timeout=60, json={
-                "model": "tiny", "prompt": [5], "max_tokens": 40, "stream": True, "temperature": 0}) as response:
+        with httpx.stream(
+            "POST",
+            base + "/completions",
+            timeout=60,
+            json={
+                "model": "tiny",
+                "prompt": [5],
+                "max_tokens": 40,
+                "stream": True,
+                "temperature": 0,
+            },
+        ) as response:
             results["stream"] = response.read().decode()
 
     def plain():
-        results["plain"] = httpx.post(base + "/completions", timeout=60,
-                                      json={"model": "tiny", "prompt": [6], "max_tokens": 40})
+        results["plain"] = httpx.post(
+            base + "/completions",
+            timeout=60,
+            json={"model": "tiny", "prompt": [6], "max_tokens": 40},
+        )
 
     threads = [threading.Thread(target=stream)]
     threads[0].start()
@@ -63,10 +77,35 @@ def _free_port() -> int:
 
 def test_a_drained_shutdown_at_sigterm_exits_0(model_dir, wait_for):
     port = _free_port()
-    argv = ["serve", "--model", str(model_dir), "--backend", "numpy", "--drafter", "none", "--slots", "1",
-            "--capacity", "256", "--port", str(port), "--served-model-name", "tiny", "--log-level", "warning"]
-    process = subprocess.Popen([sys.executable, "-c", f"from specdec.cli.main import main; raise SystemExit(main({argv!r}))"],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    argv = [
+        "serve",
+        "--model",
+        str(model_dir),
+        "--backend",
+        "numpy",
+        "--drafter",
+        "none",
+        "--slots",
+        "1",
+        "--capacity",
+        "256",
+        "--port",
+        str(port),
+        "--served-model-name",
+        "tiny",
+        "--log-level",
+        "warning",
+    ]
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            f"from specdec.cli.main import main; raise SystemExit(main({argv!r}))",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
     base = f"http://127.0.0.1:{port}"
 
     def up():
@@ -74,11 +113,22 @@ def test_a_drained_shutdown_at_sigterm_exits_0(model_dir, wait_for):
             return httpx.get(base + "/health", timeout=2).status_code == 200
         except httpx.TransportError:
             return process.poll() is not None
+
     try:
         assert wait_for(up, timeout=120) and process.poll() is None, process.stderr.read().decode()
-        with httpx.stream("POST", base + "/v1/completions", timeout=60, json={
-                "model": "tiny", "prompt": [5, 6], "max_tokens": 200, "stream": True, "temperature": 0,
-                "ignore_eos": True}) as response:
+        with httpx.stream(
+            "POST",
+            base + "/v1/completions",
+            timeout=60,
+            json={
+                "model": "tiny",
+                "prompt": [5, 6],
+                "max_tokens": 200,
+                "stream": True,
+                "temperature": 0,
+                "ignore_eos": True,
+            },
+        ) as response:
             lines = response.iter_lines()
             assert next(line for line in lines if line).startswith("data: {")
             process.send_signal(signal.SIGTERM)  # in flight: drained, then the process ends

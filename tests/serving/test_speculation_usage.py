@@ -65,14 +65,25 @@ def test_the_server_reports_speculation_in_usage(serve):
     assert usage["completion_tokens"] == 1 + speculation["steps"] + speculation["accepted_tokens"]
     assert 0 < speculation["accepted_tokens"] <= speculation["drafted_tokens"]
     events = []
-    with httpx.stream("POST", base + "/completions", timeout=60, json={
-            **body, "stream": True, "stream_options": {"include_usage": True}}) as response:
+    with httpx.stream(
+        "POST",
+        base + "/completions",
+        timeout=60,
+        json={**body, "stream": True, "stream_options": {"include_usage": True}},
+    ) as response:
         events = [line[6:] for line in response.iter_lines() if line.startswith("data: ")]
     assert events[-1] == "[DONE]"
     last = json.loads(events[-2])
     assert last["choices"] == [] and last["usage"] == usage, "the same request, the same counts"
-    chat = httpx.post(base + "/chat/completions", timeout=60, json={
-        "model": "tiny", "messages": [{"role": "user", "content": "daba deba"}], "max_tokens": 6,
-        "temperature": 0}).json()["usage"]
+    chat = httpx.post(
+        base + "/chat/completions",
+        timeout=60,
+        json={
+            "model": "tiny",
+            "messages": [{"role": "user", "content": "daba deba"}],
+            "max_tokens": 6,
+            "temperature": 0,
+        },
+    ).json()["usage"]
     counts = chat["speculation"]
     assert chat["completion_tokens"] == 1 + counts["steps"] + counts["accepted_tokens"]

@@ -45,8 +45,17 @@ def tiny_model(tmp_path_factory):
     """A random 2-layer llama folder (vocab 128, hidden 32, eos id 3), float32 weights."""
     from specdec.testing import make_random_model
 
-    return make_random_model(tmp_path_factory.mktemp("train-model") / "llama", vocab_size=VOCAB, hidden_size=HIDDEN,
-                             num_layers=2, num_heads=4, num_kv_heads=2, seed=3, eos_token_id=3, with_tokenizer=True)
+    return make_random_model(
+        tmp_path_factory.mktemp("train-model") / "llama",
+        vocab_size=VOCAB,
+        hidden_size=HIDDEN,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        seed=3,
+        eos_token_id=3,
+        with_tokenizer=True,
+    )
 
 
 @pytest.fixture(scope="session")
@@ -63,9 +72,17 @@ def tiny_data(tiny_target, tmp_path_factory):
     from specdec.training.run import build_teacher_data
 
     datasets, stats, _ = build_teacher_data(
-        tiny_target, prompts=48, heldout_prompts=8, max_new_tokens=20, top_k=8, seed=0,
-        cache=tmp_path_factory.mktemp("train-cache"), prompt_source=token_prompts, hidden_dtype="float32",
-        progress=False)
+        tiny_target,
+        prompts=48,
+        heldout_prompts=8,
+        max_new_tokens=20,
+        top_k=8,
+        seed=0,
+        cache=tmp_path_factory.mktemp("train-cache"),
+        prompt_source=token_prompts,
+        hidden_dtype="float32",
+        progress=False,
+    )
     return datasets
 
 
@@ -85,6 +102,15 @@ def unpredictable_model(tmp_path_factory):
     """
     from specdec.testing import make_random_model
 
-    return make_random_model(tmp_path_factory.mktemp("unpredictable") / "llama", vocab_size=UNPREDICTABLE_VOCAB,
-                             hidden_size=HIDDEN, num_layers=1, num_heads=4, num_kv_heads=2, seed=3, eos_token_id=3,
-                             tie_word_embeddings=False, with_tokenizer=True)
+    return make_random_model(
+        tmp_path_factory.mktemp("unpredictable") / "llama",
+        vocab_size=UNPREDICTABLE_VOCAB,
+        hidden_size=HIDDEN,
+        num_layers=1,
+        num_heads=4,
+        num_kv_heads=2,
+        seed=3,
+        eos_token_id=3,
+        tie_word_embeddings=False,
+        with_tokenizer=True,
+    )

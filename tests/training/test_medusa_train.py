@@ -15,17 +15,26 @@ from specdec_medusa.reference import head_logits, init_random_weights
 from specdec_medusa.train import MedusaNet, MedusaTask, train_medusa
 
 V, H = 40, 8
-VARIANTS = [dict(), dict(head="full", num_layers=2), dict(num_layers=0, num_heads=3, choices="chain4")]
+VARIANTS = [
+    dict(),
+    dict(head="full", num_layers=2),
+    dict(num_layers=0, num_heads=3, choices="chain4"),
+]
 
 
 def make_config(**overrides) -> MedusaConfig:
-    return MedusaConfig(**{"vocab_size": V, "hidden_size": H, "head": "tied", "num_heads": 4, **overrides})
+    return MedusaConfig(
+        **{"vocab_size": V, "hidden_size": H, "head": "tied", "num_heads": 4, **overrides}
+    )
 
 
 @pytest.mark.parametrize("overrides", VARIANTS)
 def test_parameters_are_the_checkpoint_weights(overrides):
     config = make_config(**overrides)
-    shapes = {n: tuple(t.shape) for n, t in MedusaNet(config, target_lm_head=torch.randn(V, H)).state_dict().items()}
+    shapes = {
+        n: tuple(t.shape)
+        for n, t in MedusaNet(config, target_lm_head=torch.randn(V, H)).state_dict().items()
+    }
     assert shapes == config.weight_shapes()
 
 
@@ -39,7 +48,9 @@ def test_logits_equal_the_reference_in_float64(overrides, tmp_path):
     task.module.target_lm_head = torch.from_numpy(lm_head)
     hidden = rng.normal(size=(5, H))
     got = task.module(torch.from_numpy(hidden)).detach().numpy()
-    np.testing.assert_allclose(got, head_logits(config, weights, lm_head, hidden), rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(
+        got, head_logits(config, weights, lm_head, hidden), rtol=1e-10, atol=1e-10
+    )
     loaded_config, loaded = load_medusa_checkpoint(task.save(tmp_path / "ckpt"))
     assert loaded_config == config and sorted(loaded) == sorted(weights)
 
@@ -53,8 +64,13 @@ def test_head_k_is_trained_on_the_token_k_plus_2_after_the_position(tiny_data):
     window = gather_window(data, indices, task.depth)
     one_hot = torch.zeros_like(window.label_probs)
     one_hot[..., 0] = 1.0
-    window = type(window)(hidden=window.hidden, tokens=window.tokens, valid=window.valid, label_ids=window.label_ids,
-                          label_probs=one_hot)
+    window = type(window)(
+        hidden=window.hidden,
+        tokens=window.tokens,
+        valid=window.valid,
+        label_ids=window.label_ids,
+        label_probs=one_hot,
+    )
     logits = task.module(window.hidden.float()).detach()
     expected = 0.0
     for b, i in enumerate(indices.tolist()):
@@ -67,9 +83,21 @@ def test_head_k_is_trained_on_the_token_k_plus_2_after_the_position(tiny_data):
 @pytest.fixture(scope="module")
 def trained(tiny_model, prompt_source, tmp_path_factory):
     out = tmp_path_factory.mktemp("medusa")
-    report = train_medusa(tiny_model, out, steps=150, prompts=48, heldout_prompts=8, max_new_tokens=20, top_k=8,
-                          batch_size=32, lr=3e-3, prompt_source=prompt_source, cache=tmp_path_factory.mktemp("cache"),
-                          config_overrides=dict(choices="small8"), progress=False)
+    report = train_medusa(
+        tiny_model,
+        out,
+        steps=150,
+        prompts=48,
+        heldout_prompts=8,
+        max_new_tokens=20,
+        top_k=8,
+        batch_size=32,
+        lr=3e-3,
+        prompt_source=prompt_source,
+        cache=tmp_path_factory.mktemp("cache"),
+        config_overrides=dict(choices="small8"),
+        progress=False,
+    )
     return out, report
 
 
@@ -79,11 +107,17 @@ def test_checkpoint_names_its_target(trained, tiny_model):
 
     out, report = trained
     config, _ = load_medusa_checkpoint(out)
-    assert config.target["fingerprint"] == report["target"]["fingerprint"] == target_fingerprint(tiny_model)
+    assert (
+        config.target["fingerprint"]
+        == report["target"]["fingerprint"]
+        == target_fingerprint(tiny_model)
+    )
     assert [row["heldout_sequences"] for row in report["history"]] == ["all"]
 
 
-def test_offline_acceptance_equals_the_decode_loop(trained, tiny_model, tiny_target, tiny_data, prompt_source):
+def test_offline_acceptance_equals_the_decode_loop(
+    trained, tiny_model, tiny_target, tiny_data, prompt_source
+):
     out, _ = trained
     config, weights = load_medusa_checkpoint(out)
     task = MedusaTask(config, lm_head=tiny_target.lm_head)
@@ -100,12 +134,16 @@ def test_offline_acceptance_equals_the_decode_loop(trained, tiny_model, tiny_tar
     checked = 0
     for row, start in enumerate(heldout.starts().tolist()):
         prompt = prompt_source("heldout", row, 1)[0]
-        steps = list(specdec.stream(tiny_model, prompt, drafter=str(out), backend="numpy", max_new_tokens=20))[1:]
+        steps = list(
+            specdec.stream(tiny_model, prompt, drafter=str(out), backend="numpy", max_new_tokens=20)
+        )[1:]
         position = start
         for step in steps:
             offline = visited[position]
             if heldout.remaining[position] >= config.num_heads:
-                assert int(step.num_accepted[0]) == offline, f"sequence {row}, position {position - start}"
+                assert int(step.num_accepted[0]) == offline, (
+                    f"sequence {row}, position {position - start}"
+                )
                 checked += 1
             position += offline + 1
     assert checked >= 10

@@ -4,30 +4,53 @@ from __future__ import annotations
 
 import pytest
 
-from specdec.training.selfinstruct import KINDS, META, MIX_KINDS, MixedPrompts, clean_request, meta_request
+from specdec.training.selfinstruct import (
+    KINDS,
+    META,
+    MIX_KINDS,
+    MixedPrompts,
+    clean_request,
+    meta_request,
+)
 
 
-@pytest.mark.parametrize("reply, expected", [
-    ("What is the probability of rolling a 6 on a six-sided die?", "What is the probability of rolling a 6 on a six-sided die?"),
-    ('A user could ask: "How do I log errors with the logging module?"\n\nThe assistant can respond ...',
-     "How do I log errors with the logging module?"),
-    ("Question: Why did the Roman Empire fall?\nIt fell because ...", "Why did the Roman Empire fall?"),
-    ('"Write a haiku about autumn leaves."', "Write a haiku about autumn leaves."),
-    ('Here\'s an example of a role-play task about travel:\n\n"Pretend you are my guide and plan a day in Rome."',
-     "Pretend you are my guide and plan a day in Rome."),
-])
+@pytest.mark.parametrize(
+    "reply, expected",
+    [
+        (
+            "What is the probability of rolling a 6 on a six-sided die?",
+            "What is the probability of rolling a 6 on a six-sided die?",
+        ),
+        (
+            'A user could ask: "How do I log errors with the logging module?"\n\nThe assistant can respond ...',
+            "How do I log errors with the logging module?",
+        ),
+        (
+            "Question: Why did the Roman Empire fall?\nIt fell because ...",
+            "Why did the Roman Empire fall?",
+        ),
+        ('"Write a haiku about autumn leaves."', "Write a haiku about autumn leaves."),
+        (
+            'Here\'s an example of a role-play task about travel:\n\n"Pretend you are my guide and plan a day in Rome."',
+            "Pretend you are my guide and plan a day in Rome.",
+        ),
+    ],
+)
 def test_clean_request_takes_the_request_out_of_a_reply(reply, expected):
     assert clean_request(reply) == expected
 
 
-@pytest.mark.parametrize("reply", [
-    "I'm ready to assist you. What can I help you with?",
-    "What a wonderful question! Here's a possible answer:",
-    "Here's an example of a task:",
-    "Short?",
-    "x" * 700,
-    "1234 5678 9012 3456",
-])
+@pytest.mark.parametrize(
+    "reply",
+    [
+        "I'm ready to assist you. What can I help you with?",
+        "What a wonderful question! Here's a possible answer:",
+        "Here's an example of a task:",
+        "Short?",
+        "x" * 700,
+        "1234 5678 9012 3456",
+    ],
+)
 def test_clean_request_drops_replies_that_are_not_requests(reply):
     assert clean_request(reply) is None
 
@@ -35,7 +58,11 @@ def test_clean_request_drops_replies_that_are_not_requests(reply):
 def test_meta_prompts_name_the_kind_and_the_topic():
     for phrasing in range(len(META)):
         (message,) = meta_request("math", "the tempest", phrasing)
-        assert message["role"] == "user" and KINDS["math"] in message["content"] and "the tempest" in message["content"]
+        assert (
+            message["role"] == "user"
+            and KINDS["math"] in message["content"]
+            and "the tempest" in message["content"]
+        )
 
 
 @pytest.fixture(scope="module")
@@ -44,8 +71,9 @@ def corpus(tmp_path_factory):
 
     lib = tmp_path_factory.mktemp("lib")
     for i in range(12):
-        (lib / f"mod{i}.py").write_text(f'def area_{i}(w, h):\n    """Return the area of a {i} by h box."""\n'
-                                        f"    return w * h\n")
+        (lib / f"mod{i}.py").write_text(
+            f'def area_{i}(w, h):\n    """Return the area of a {i} by h box."""\n    return w * h\n'
+        )
     return Corpus(stdlib=lib)
 
 
@@ -57,15 +85,23 @@ def test_mixed_prompts_deal_every_kind_deterministically(corpus, tiny_target):
     assert set(kinds) == set(MIX_KINDS)
     for kind, prompt in zip(kinds, prompts, strict=True):
         if kind == "plain":
-            assert all(isinstance(t, int) for t in prompt) and prompt, "plain text is token ids, no chat template"
+            assert all(isinstance(t, int) for t in prompt) and prompt, (
+                "plain text is token ids, no chat template"
+            )
         else:
             assert len(prompt) == 1 and prompt[0]["role"] == "user" and prompt[0]["content"].strip()
     made = source.stats
     assert all(made[kind] == kinds.count(kind) for kind in MIX_KINDS)
     asked = made["written_by_target"] + made["fallback"]
-    assert kinds.count("self_instruct") <= asked <= kinds.count("self_instruct") + kinds.count("general")
+    assert (
+        kinds.count("self_instruct")
+        <= asked
+        <= kinds.count("self_instruct") + kinds.count("general")
+    )
     again = MixedPrompts(corpus, tiny_target, seed=0, mix=mix, batch_size=8)
-    assert again("train", 8, 24) == prompts[8:], "prompt i does not depend on how many are asked for"
+    assert again("train", 8, 24) == prompts[8:], (
+        "prompt i does not depend on how many are asked for"
+    )
 
 
 def test_a_mix_that_is_not_one_is_refused(corpus, tiny_target):

@@ -21,8 +21,16 @@ def test_layers_are_the_residual_stream_of_a_full_forward(tiny_target, prompt_so
     """Layer 0's output equals transformers' hidden_states[1]; the last layer's (1, of 2) after the
     final norm equals the stored final-norm feature, at prompt and continuation positions."""
     prompts = prompt_source("train", 30, 3)
-    data = greedy_teacher(tiny_target.model, prompts, max_new_tokens=6, top_k=4,
-                          hidden_dtype=torch.float32, prompt_from=1, layers=(0, 1), batch_size=2)
+    data = greedy_teacher(
+        tiny_target.model,
+        prompts,
+        max_new_tokens=6,
+        top_k=4,
+        hidden_dtype=torch.float32,
+        prompt_from=1,
+        layers=(0, 1),
+        batch_size=2,
+    )
     assert data.layer_ids == (0, 1)
     assert data.layers.shape == (data.num_positions, 2, data.hidden.shape[1])
     norm = tiny_target.model.model.norm
@@ -33,30 +41,48 @@ def test_layers_are_the_residual_stream_of_a_full_forward(tiny_target, prompt_so
         torch.testing.assert_close(data.layers[rows, 0], layer0[1:], atol=1e-4, rtol=1e-4)
         torch.testing.assert_close(data.hidden[rows], final[1:], atol=1e-4, rtol=1e-4)
         with torch.no_grad():
-            torch.testing.assert_close(norm(data.layers[rows, 1]), data.hidden[rows], atol=1e-4,
-                                       rtol=1e-4)
+            torch.testing.assert_close(
+                norm(data.layers[rows, 1]), data.hidden[rows], atol=1e-4, rtol=1e-4
+            )
 
 
 def test_layer_outputs_select_in_order_and_name_what_is_missing(tiny_target, prompt_source):
     prompts = prompt_source("heldout", 0, 2)
-    data = greedy_teacher(tiny_target.model, prompts, max_new_tokens=4, top_k=4,
-                          hidden_dtype=torch.float32, layers=(0, 1))
+    data = greedy_teacher(
+        tiny_target.model,
+        prompts,
+        max_new_tokens=4,
+        top_k=4,
+        hidden_dtype=torch.float32,
+        layers=(0, 1),
+    )
     picked = data.layer_outputs((1, 0, 0), torch.tensor([2, 0]))
     assert torch.equal(picked[:, 0], data.layers[[2, 0], 1])
     assert torch.equal(picked[:, 2], data.layers[[2, 0], 0])
     with pytest.raises(ValueError, match=r"not \[5\]"):
         data.layer_outputs((0, 5))
-    plain = greedy_teacher(tiny_target.model, prompts, max_new_tokens=4, top_k=4,
-                           hidden_dtype=torch.float32)
+    plain = greedy_teacher(
+        tiny_target.model, prompts, max_new_tokens=4, top_k=4, hidden_dtype=torch.float32
+    )
     assert plain.layers is None
     assert torch.equal(plain.next_tokens, data.next_tokens)
     assert torch.equal(plain.hidden, data.hidden)
 
 
-def test_a_shard_without_layers_is_decoded_again_then_serves_both(tiny_target, tmp_path,
-                                                                   prompt_source):
-    kwargs = dict(prompts=6, heldout_prompts=0, max_new_tokens=5, top_k=4, seed=0, cache=tmp_path,
-                  prompt_source=prompt_source, progress=False, hidden_dtype="float32")
+def test_a_shard_without_layers_is_decoded_again_then_serves_both(
+    tiny_target, tmp_path, prompt_source
+):
+    kwargs = dict(
+        prompts=6,
+        heldout_prompts=0,
+        max_new_tokens=5,
+        top_k=4,
+        seed=0,
+        cache=tmp_path,
+        prompt_source=prompt_source,
+        progress=False,
+        hidden_dtype="float32",
+    )
     plain, stats, _ = build_teacher_data(tiny_target, **kwargs)
     assert stats["train"]["shards_made"] == 1 and plain["train"].layers is None
     (file,) = (tmp_path / "teacher").glob("teacher-*.safetensors")
@@ -73,6 +99,7 @@ def test_a_shard_without_layers_is_decoded_again_then_serves_both(tiny_target, t
     for name in ("hidden", "next_tokens", "label_ids", "label_probs", "remaining", "sequence"):
         assert torch.equal(getattr(alone["train"], name), getattr(plain["train"], name)), name
     both, stats, _ = build_teacher_data(tiny_target, layers=(0,), **kwargs)
-    assert stats["train"]["shards_made"] == 1 and TeacherData.stored_layers(file) == (0, 1), \
+    assert stats["train"]["shards_made"] == 1 and TeacherData.stored_layers(file) == (0, 1), (
         "a shard decoded again keeps the layers it held"
+    )
     assert both["train"].layer_ids == (0,) and both["train"].layers.shape[1] == 1

@@ -27,9 +27,15 @@ def test_a_split_asks_only_about_its_own_topics(split, other):
     own_topics, own_cities = _of_split(split)
     other_topics, other_cities = _of_split(other)
     assert own_topics and other_topics and not set(own_topics) & set(other_topics)
-    assert not set(own_cities) & set(other_cities) and len(own_topics) + len(other_topics) == len(TOPICS)
+    assert not set(own_cities) & set(other_cities) and len(own_topics) + len(other_topics) == len(
+        TOPICS
+    )
     # a name of the other split may be part of one of ours ("tea" in "tea ceremonies"): those cannot be told apart
-    foreign = [t for t in other_topics + other_cities if not any(t in mine for mine in own_topics + own_cities)]
+    foreign = [
+        t
+        for t in other_topics + other_cities
+        if not any(t in mine for mine in own_topics + own_cities)
+    ]
     rng = np.random.default_rng(0)
     for _ in range(300):
         (message,) = general_prompt(split, rng)
@@ -44,6 +50,10 @@ def test_general_prompts_are_deterministic_and_varied():
     again = [general_prompt("train", np.random.default_rng(i))[0]["content"] for i in range(200)]
     assert first == again
     assert len(set(first)) > 190  # a one-topic template can repeat
-    used = {name for name, text in TEMPLATES.items() for prompt in first
-            if re.fullmatch(re.sub(r"\\\{\w+\\\}", ".+", re.escape(text)), prompt, re.S)}
+    used = {
+        name
+        for name, text in TEMPLATES.items()
+        for prompt in first
+        if re.fullmatch(re.sub(r"\\\{\w+\\\}", ".+", re.escape(text)), prompt, re.S)
+    }
     assert len(used) > len(TEMPLATES) // 2

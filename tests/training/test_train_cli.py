@@ -15,11 +15,34 @@ def test_train_redrafter_then_resume(tiny_model, tmp_path, monkeypatch, capsys):
     lib = tmp_path / "lib"
     lib.mkdir()
     for i in range(30):
-        (lib / f"m{i}.py").write_text(f"def f{i}(x):\n    y = x + {i}\n    z = y * 2\n    return z - {i}\n")
-    monkeypatch.setattr(corpus_module, "default_corpus", lambda cache: corpus_module.Corpus(stdlib=lib))
+        (lib / f"m{i}.py").write_text(
+            f"def f{i}(x):\n    y = x + {i}\n    z = y * 2\n    return z - {i}\n"
+        )
+    monkeypatch.setattr(
+        corpus_module, "default_corpus", lambda cache: corpus_module.Corpus(stdlib=lib)
+    )
     out = tmp_path / "drafter"
-    args = ["train", "redrafter", "--model", str(tiny_model), "--out", str(out), "--steps", "4", "--prompts", "4",
-            "--heldout-prompts", "2", "--max-new-tokens", "6", "--beam-width", "2", "--beam-length", "3", "--quiet"]
+    args = [
+        "train",
+        "redrafter",
+        "--model",
+        str(tiny_model),
+        "--out",
+        str(out),
+        "--steps",
+        "4",
+        "--prompts",
+        "4",
+        "--heldout-prompts",
+        "2",
+        "--max-new-tokens",
+        "6",
+        "--beam-width",
+        "2",
+        "--beam-length",
+        "3",
+        "--quiet",
+    ]
     assert cli.main(args) == 0
     assert "tokens/step" in capsys.readouterr().out
     config, _ = load_redrafter_checkpoint(out)
@@ -31,8 +54,30 @@ def test_train_redrafter_then_resume(tiny_model, tmp_path, monkeypatch, capsys):
     assert json.loads((out / "training_log.json").read_text())["step"] == 8
 
     medusa = tmp_path / "medusa"
-    assert cli.main(["train", "medusa", "--model", str(tiny_model), "--out", str(medusa), "--steps", "2", "--prompts",
-                     "4", "--heldout-prompts", "2", "--max-new-tokens", "6", "--save-dtype", "float16", "--quiet"]) == 0
+    assert (
+        cli.main(
+            [
+                "train",
+                "medusa",
+                "--model",
+                str(tiny_model),
+                "--out",
+                str(medusa),
+                "--steps",
+                "2",
+                "--prompts",
+                "4",
+                "--heldout-prompts",
+                "2",
+                "--max-new-tokens",
+                "6",
+                "--save-dtype",
+                "float16",
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     config, weights = load_medusa_checkpoint(medusa)
     assert config.num_heads == 4 and config.head == "tied" and len(weights) == 8
 
@@ -55,12 +100,35 @@ def test_train_eagle3_then_resume(tiny_model, tmp_path, monkeypatch, capsys):
     lib.mkdir()
     for i in range(30):
         (lib / f"m{i}.py").write_text(f"def f{i}(x):\n    y = x + {i}\n    return y * 2\n")
-    monkeypatch.setattr(corpus_module, "default_corpus",
-                        lambda cache: corpus_module.Corpus(stdlib=lib))
+    monkeypatch.setattr(
+        corpus_module, "default_corpus", lambda cache: corpus_module.Corpus(stdlib=lib)
+    )
     out = tmp_path / "eagle3"
-    args = ["train", "eagle3", "--model", str(tiny_model), "--out", str(out), "--steps", "2",
-            "--prompts", "4", "--heldout-prompts", "2", "--max-new-tokens", "6",
-            "--draft-vocab", "32", "--window", "8", "--batch-size", "16", "--unroll", "2", "--quiet"]
+    args = [
+        "train",
+        "eagle3",
+        "--model",
+        str(tiny_model),
+        "--out",
+        str(out),
+        "--steps",
+        "2",
+        "--prompts",
+        "4",
+        "--heldout-prompts",
+        "2",
+        "--max-new-tokens",
+        "6",
+        "--draft-vocab",
+        "32",
+        "--window",
+        "8",
+        "--batch-size",
+        "16",
+        "--unroll",
+        "2",
+        "--quiet",
+    ]
     assert cli.main(args) == 0
     assert "tokens/step" in capsys.readouterr().out
     config, weights = load_eagle3_checkpoint(out)

@@ -21,7 +21,9 @@ def shared_cache(tmp_path_factory):
     lib = root / "lib"
     lib.mkdir()
     for i in range(30):
-        (lib / f"m{i}.py").write_text(f"def f{i}(x):\n    y = x + {i}\n    z = y * 2\n    return z - {i}\n")
+        (lib / f"m{i}.py").write_text(
+            f"def f{i}(x):\n    y = x + {i}\n    z = y * 2\n    return z - {i}\n"
+        )
     return root
 
 
@@ -29,17 +31,43 @@ def shared_cache(tmp_path_factory):
 def train_args(tiny_model, shared_cache, monkeypatch):
     monkeypatch.setenv("SPECDEC_CACHE", str(shared_cache / "cache"))
     lib = shared_cache / "lib"
-    monkeypatch.setattr(corpus_module, "default_corpus", lambda cache: corpus_module.Corpus(stdlib=lib))
+    monkeypatch.setattr(
+        corpus_module, "default_corpus", lambda cache: corpus_module.Corpus(stdlib=lib)
+    )
 
     def args(out, *extra, steps=2):
-        return ["train", "redrafter", "--model", str(tiny_model), "--out", str(out), "--steps", str(steps),
-                "--prompts", "4", "--heldout-prompts", "2", "--max-new-tokens", "6", "--beam-width", "2",
-                "--beam-length", "3", "--quiet", *extra]
+        return [
+            "train",
+            "redrafter",
+            "--model",
+            str(tiny_model),
+            "--out",
+            str(out),
+            "--steps",
+            str(steps),
+            "--prompts",
+            "4",
+            "--heldout-prompts",
+            "2",
+            "--max-new-tokens",
+            "6",
+            "--beam-width",
+            "2",
+            "--beam-length",
+            "3",
+            "--quiet",
+            *extra,
+        ]
+
     return args
 
 
 def snapshot(folder):
-    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+    return {
+        p.relative_to(folder).as_posix(): p.read_bytes()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
 
 
 def test_out_pointing_at_a_model_folder_is_refused(train_args, tiny_model, tmp_path, capsys):
@@ -54,7 +82,9 @@ def test_out_pointing_at_a_model_folder_is_refused(train_args, tiny_model, tmp_p
     assert snapshot(model) == before
 
 
-def test_a_second_run_without_resume_is_refused_and_resume_needs_state(train_args, tmp_path, capsys):
+def test_a_second_run_without_resume_is_refused_and_resume_needs_state(
+    train_args, tmp_path, capsys
+):
     out = tmp_path / "run"
     assert cli.main(["train", "redrafter", *train_args(out)[2:], "--resume"]) == 2
     assert "nothing to resume" in capsys.readouterr().err
@@ -64,7 +94,11 @@ def test_a_second_run_without_resume_is_refused_and_resume_needs_state(train_arg
     capsys.readouterr()
     assert cli.main(train_args(out)) == 2
     err = capsys.readouterr().err
-    assert "already holds a redrafter training run" in err and "--resume" in err and "--overwrite" in err, err
+    assert (
+        "already holds a redrafter training run" in err
+        and "--resume" in err
+        and "--overwrite" in err
+    ), err
     assert snapshot(out) == saved
     assert cli.main(["train", "medusa", *train_args(out)[2:8], "--quiet"]) == 2  # another kind
     assert "holds a redrafter training run, not a medusa one" in capsys.readouterr().err
@@ -84,11 +118,15 @@ def test_resume_with_changed_settings_is_refused_unless_allowed(train_args, tmp_
     assert cli.main(train_args(out, "--resume", "--lr", "0.05", "--allow-changes", steps=4)) == 0
     run = json.loads((out / "training_run.json").read_text())
     assert run["settings"]["lr"] == 0.001 and run["resumes"][-1]["changed"] == {"lr": [0.001, 0.05]}
-    assert cli.main(train_args(out, "--resume", "--lr", "0.05", steps=5)) == 0  # as the last resume: no change
+    assert (
+        cli.main(train_args(out, "--resume", "--lr", "0.05", steps=5)) == 0
+    )  # as the last resume: no change
 
 
 def test_best_checkpoint_is_replaced_only_by_a_score_not_worse(train_args, tmp_path, monkeypatch):
-    scores = iter([2.0, 1.5, 1.2, 1.2])  # evaluations after steps 1 and 2, then the final (all, and the subset)
+    scores = iter(
+        [2.0, 1.5, 1.2, 1.2]
+    )  # evaluations after steps 1 and 2, then the final (all, and the subset)
 
     def fake_evaluate(task, heldout, *, sequences):
         value = next(scores)
@@ -96,7 +134,9 @@ def test_best_checkpoint_is_replaced_only_by_a_score_not_worse(train_args, tmp_p
 
     monkeypatch.setattr(loop_module, "evaluate", fake_evaluate)
     out = tmp_path / "run"
-    monkeypatch.setattr(loop_module.TrainSettings, "__init__", _with_eval_steps(loop_module.TrainSettings.__init__))
+    monkeypatch.setattr(
+        loop_module.TrainSettings, "__init__", _with_eval_steps(loop_module.TrainSettings.__init__)
+    )
     assert cli.main(train_args(out, steps=2)) == 0
     log = json.loads((out / "training_log.json").read_text())
     assert [row["score"] for row in log["history"]] == [2.0, 1.5, 1.2]
@@ -104,13 +144,16 @@ def test_best_checkpoint_is_replaced_only_by_a_score_not_worse(train_args, tmp_p
     best, _ = load_redrafter_checkpoint(out)
     last, _ = load_redrafter_checkpoint(out / "last")
     assert best.beam_width == last.beam_width == 2
-    assert (out / "model.safetensors").read_bytes() != (out / "last" / "model.safetensors").read_bytes()
+    assert (out / "model.safetensors").read_bytes() != (
+        out / "last" / "model.safetensors"
+    ).read_bytes()
 
 
 def _with_eval_steps(init):
     def patched(self, *args, **kwargs):
         kwargs["eval_steps"] = 1
         init(self, *args, **kwargs)
+
     return patched
 
 
@@ -173,6 +216,8 @@ def test_resume_of_a_crafted_pickle_state_is_refused_in_one_line(train_args, tmp
     capsys.readouterr()
     assert cli.main(train_args(out, "--resume", steps=4)) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]  # after the model loader's progress bar
-    assert err.startswith("specdec: error:") and LEGACY_STATE_FILE in err and "--overwrite" in err, err
+    assert (
+        err.startswith("specdec: error:") and LEGACY_STATE_FILE in err and "--overwrite" in err
+    ), err
     assert "Unsupported global" in err, err
     assert not marker.exists()

@@ -10,7 +10,15 @@ import pytest
 from specdec_medusa.train import train_medusa
 from specdec_redrafter.train import train_redrafter
 
-COMMON = dict(steps=400, prompts=64, heldout_prompts=16, max_new_tokens=20, top_k=8, batch_size=32, progress=False)
+COMMON = dict(
+    steps=400,
+    prompts=64,
+    heldout_prompts=16,
+    max_new_tokens=20,
+    top_k=8,
+    batch_size=32,
+    progress=False,
+)
 RUNS = {
     "redrafter": (train_redrafter, dict(beam_width=3, beam_length=4)),
     "medusa": (train_medusa, dict(config_overrides=dict(choices="small8", head="full"))),
@@ -25,13 +33,21 @@ def teacher_cache(tmp_path_factory):
 
 
 @pytest.mark.parametrize("kind", sorted(RUNS))
-def test_training_beats_the_same_run_at_learning_rate_zero(kind, unpredictable_model, unpredictable_prompt_source,
-                                                           teacher_cache, tmp_path):
+def test_training_beats_the_same_run_at_learning_rate_zero(
+    kind, unpredictable_model, unpredictable_prompt_source, teacher_cache, tmp_path
+):
     train, options = RUNS[kind]
 
     def final(lr: float) -> dict:
-        report = train(unpredictable_model, tmp_path / f"lr={lr}", lr=lr, cache=teacher_cache,
-                       prompt_source=unpredictable_prompt_source, **COMMON, **options)
+        report = train(
+            unpredictable_model,
+            tmp_path / f"lr={lr}",
+            lr=lr,
+            cache=teacher_cache,
+            prompt_source=unpredictable_prompt_source,
+            **COMMON,
+            **options,
+        )
         return report["history"][-1]
 
     control, trained = final(0.0), final(LEARNING_RATE)

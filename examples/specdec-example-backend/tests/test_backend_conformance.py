@@ -13,14 +13,29 @@ from specdec.testing import checks, make_random_model
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
-    return make_random_model(tmp_path_factory.mktemp("m") / "llama", vocab_size=64, hidden_size=32, num_layers=2,
-                             num_heads=4, num_kv_heads=2, seed=0)
+    return make_random_model(
+        tmp_path_factory.mktemp("m") / "llama",
+        vocab_size=64,
+        hidden_size=32,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        seed=0,
+    )
 
 
 @pytest.mark.parametrize("architecture", ["llama", "qwen2"])
 def test_target_matches_the_reference(tmp_path, architecture):
-    folder = make_random_model(tmp_path / architecture, vocab_size=64, hidden_size=32, num_layers=2, num_heads=4,
-                               num_kv_heads=2, seed=1, architecture=architecture)
+    folder = make_random_model(
+        tmp_path / architecture,
+        vocab_size=64,
+        hidden_size=32,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        seed=1,
+        architecture=architecture,
+    )
     checks.check_target("numpy32", folder)  # dtype="float32": prefill, tree forwards and commits
     checks.check_target("numpy32", folder, prompts=[list(range(1, 30))], steps=4, width=1, length=5)
 
@@ -33,10 +48,20 @@ def test_tree_builder_and_verifiers(model):
     tree = build_prefix_tree(beams)
     logits = np.random.default_rng(0).normal(size=(1, tree.size, 64)) * 3
     uniforms = np.random.default_rng(1).random((1, 4, 4))
-    for name, sampling, u in (("greedy", specdec.SamplingConfig(), None),
-                              ("exact", specdec.SamplingConfig(temperature=0.8), uniforms)):
-        checks.check_verifier("numpy32", target, name=name, tree=tree, draft=draft, logits=logits,
-                              sampling=sampling, uniforms=u)
+    for name, sampling, u in (
+        ("greedy", specdec.SamplingConfig(), None),
+        ("exact", specdec.SamplingConfig(temperature=0.8), uniforms),
+    ):
+        checks.check_verifier(
+            "numpy32",
+            target,
+            name=name,
+            tree=tree,
+            draft=draft,
+            logits=logits,
+            sampling=sampling,
+            uniforms=u,
+        )
 
 
 @pytest.mark.parametrize("drafter", ["none", "lookup"])
@@ -46,6 +71,8 @@ def test_generation_matches_the_reference(model, drafter):
 
 
 def test_generate_loads_by_name(model):
-    result = specdec.generate(model, [1, 2, 3], drafter="lookup", backend="numpy32", max_new_tokens=8)
+    result = specdec.generate(
+        model, [1, 2, 3], drafter="lookup", backend="numpy32", max_new_tokens=8
+    )
     plain = specdec.generate(model, [1, 2, 3], drafter="none", backend="numpy32", max_new_tokens=8)
     assert result.tokens == plain.tokens and len(result.tokens) == 8

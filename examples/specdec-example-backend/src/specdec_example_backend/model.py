@@ -16,7 +16,13 @@ from pathlib import Path
 
 import numpy as np
 import specdec
-from specdec.slots import check_forward, check_layers, check_prompt, check_slot_arguments, check_slots
+from specdec.slots import (
+    check_forward,
+    check_layers,
+    check_prompt,
+    check_slot_arguments,
+    check_slots,
+)
 
 
 def rms_norm(x, weight, eps):
@@ -39,9 +45,16 @@ class Float32Target:
 
         folder = Path(folder)
         config = json.loads((folder / "config.json").read_text())
-        if config.get("rope_scaling") or (config.get("sliding_window") and config.get("use_sliding_window", True)):
-            raise ValueError("the numpy32 backend runs Llama-family models without rope scaling or a sliding window")
-        weights = {k: np.asarray(v, dtype=np.float32) for k, v in load_file(str(folder / "model.safetensors")).items()}
+        if config.get("rope_scaling") or (
+            config.get("sliding_window") and config.get("use_sliding_window", True)
+        ):
+            raise ValueError(
+                "the numpy32 backend runs Llama-family models without rope scaling or a sliding window"
+            )
+        weights = {
+            k: np.asarray(v, dtype=np.float32)
+            for k, v in load_file(str(folder / "model.safetensors")).items()
+        }
         self.name = folder.name
         self.vocab_size, self.hidden_size = int(config["vocab_size"]), int(config["hidden_size"])
         self.heads = int(config["num_attention_heads"])
@@ -50,7 +63,8 @@ class Float32Target:
         self.eps = float(config["rms_norm_eps"])
         self.context_length = int(config.get("max_position_embeddings") or 0) or None
         self.inv_freq = 1.0 / float(config.get("rope_theta", 10000.0)) ** (
-            np.arange(0, self.head_dim, 2, dtype=np.float64) / self.head_dim)
+            np.arange(0, self.head_dim, 2, dtype=np.float64) / self.head_dim
+        )
         self.eos_token_ids = self._eos_ids(folder, config)
         tokenizer_file = folder / "tokenizer.json"
         if tokenizer_file.is_file():
@@ -60,14 +74,26 @@ class Float32Target:
         else:
             self.tokenizer = None
         self.embed_tokens = weights["model.embed_tokens.weight"]
-        self.lm_head = self.embed_tokens if config.get("tie_word_embeddings", True) else weights["lm_head.weight"]
+        self.lm_head = (
+            self.embed_tokens
+            if config.get("tie_word_embeddings", True)
+            else weights["lm_head.weight"]
+        )
         self.final_norm = weights["model.norm.weight"]
         self.layers = []
         for i in range(int(config["num_hidden_layers"])):
             prefix = f"model.layers.{i}."
-            self.layers.append({key[len(prefix):]: value for key, value in weights.items() if key.startswith(prefix)})
+            self.layers.append(
+                {
+                    key[len(prefix) :]: value
+                    for key, value in weights.items()
+                    if key.startswith(prefix)
+                }
+            )
         self.num_layers = len(self.layers)
-        self.num_slots, self.capacity = check_slot_arguments(slots, capacity, self.context_length or 4096)
+        self.num_slots, self.capacity = check_slot_arguments(
+            slots, capacity, self.context_length or 4096
+        )
         shape = (self.num_slots, self.num_layers, 2, self.kv_heads, self.capacity, self.head_dim)
         self.cache = np.zeros(shape, dtype=np.float32)  # [slot, layer, keys|values]
         self.lengths = np.zeros(self.num_slots, dtype=np.int64)
@@ -103,15 +129,36 @@ class Float32Target:
         length = self.lengths[slot]
         for index, layer in enumerate(self.layers):
             h = rms_norm(x, layer["input_layernorm.weight"], self.eps)
-            q = self._linear(h, layer, "self_attn.q_proj").reshape(n, self.heads, self.head_dim).transpose(1, 0, 2)
-            k = self._linear(h, layer, "self_attn.k_proj").reshape(n, self.kv_heads, self.head_dim).transpose(1, 0, 2)
-            v = self._linear(h, layer, "self_attn.v_proj").reshape(n, self.kv_heads, self.head_dim).transpose(1, 0, 2)
+            q = (
+                self._linear(h, layer, "self_attn.q_proj")
+                .reshape(n, self.heads, self.head_dim)
+                .transpose(1, 0, 2)
+            )
+            k = (
+                self._linear(h, layer, "self_attn.k_proj")
+                .reshape(n, self.kv_heads, self.head_dim)
+                .transpose(1, 0, 2)
+            )
+            v = (
+                self._linear(h, layer, "self_attn.v_proj")
+                .reshape(n, self.kv_heads, self.head_dim)
+                .transpose(1, 0, 2)
+            )
             q, k = self._rope(q, positions), self._rope(k, positions)
             entries.append((k, v))
-            past_k, past_v = self.cache[slot, index, 0, :, :length], self.cache[slot, index, 1, :, :length]
-            keys = np.repeat(np.concatenate([past_k, k], axis=1), self.heads // self.kv_heads, axis=0)
-            values = np.repeat(np.concatenate([past_v, v], axis=1), self.heads // self.kv_heads, axis=0)
-            scores = q @ keys.transpose(0, 2, 1) / np.float32(np.sqrt(self.head_dim))  # (heads, n, S + n)
+            past_k, past_v = (
+                self.cache[slot, index, 0, :, :length],
+                self.cache[slot, index, 1, :, :length],
+            )
+            keys = np.repeat(
+                np.concatenate([past_k, k], axis=1), self.heads // self.kv_heads, axis=0
+            )
+            values = np.repeat(
+                np.concatenate([past_v, v], axis=1), self.heads // self.kv_heads, axis=0
+            )
+            scores = (
+                q @ keys.transpose(0, 2, 1) / np.float32(np.sqrt(self.head_dim))
+            )  # (heads, n, S + n)
             allowed = np.concatenate([np.ones((n, past_k.shape[1]), dtype=bool), mask], axis=1)
             scores = np.where(allowed, scores, -np.inf)
             probs = np.exp(scores - scores.max(axis=-1, keepdims=True))
@@ -120,7 +167,11 @@ class Float32Target:
             x = x + self._linear(out, layer, "self_attn.o_proj")
             h = rms_norm(x, layer["post_attention_layernorm.weight"], self.eps)
             gate = self._linear(h, layer, "mlp.gate_proj")
-            x = x + self._linear(gate / (1 + np.exp(-gate)) * self._linear(h, layer, "mlp.up_proj"), layer, "mlp.down_proj")
+            x = x + self._linear(
+                gate / (1 + np.exp(-gate)) * self._linear(h, layer, "mlp.up_proj"),
+                layer,
+                "mlp.down_proj",
+            )
             if index in layers:
                 outputs[index] = x
         return rms_norm(x, self.final_norm, self.eps), entries, outputs
@@ -151,16 +202,26 @@ class Float32Target:
         """Prompt chunks (``context``: (slot, tokens) pairs, committed here; a free slot is claimed)
         and tree rows (logits (B, N, V) and hidden (B, N, H) of every node, kept until commit)."""
         wanted = check_layers(layers, self.num_layers)
-        slots, chunks, _ = check_forward(tree, slots, context, self.admitted, self.lengths, self.capacity,
-                                         self.vocab_size)
+        slots, chunks, _ = check_forward(
+            tree, slots, context, self.admitted, self.lengths, self.capacity, self.vocab_size
+        )
         prompts = []
         for slot, chunk in chunks:
             if not self.admitted[slot]:
                 self.admitted[slot], self.lengths[slot] = True, 0
-            start, causal = self.lengths[slot], np.tril(np.ones((len(chunk), len(chunk)), dtype=bool))
-            hidden, entries, outputs = self._run(slot, chunk, start + np.arange(len(chunk)), causal, wanted)
+            start, causal = (
+                self.lengths[slot],
+                np.tril(np.ones((len(chunk), len(chunk)), dtype=bool)),
+            )
+            hidden, entries, outputs = self._run(
+                slot, chunk, start + np.arange(len(chunk)), causal, wanted
+            )
             self._append(slot, entries)
-            prompts.append(specdec.PromptOutput(logits=hidden[-1] @ self.lm_head.T, hidden=hidden, layers=outputs))
+            prompts.append(
+                specdec.PromptOutput(
+                    logits=hidden[-1] @ self.lm_head.T, hidden=hidden, layers=outputs
+                )
+            )
         if tree is None:
             self.staged = None
             return specdec.TargetOutput(logits=None, hidden=None, context=prompts)
@@ -170,12 +231,16 @@ class Float32Target:
         outputs = {i: np.empty_like(hidden) for i in wanted}
         staged = []
         for b, slot in enumerate(slots):
-            hidden[b], entries, row_outputs = self._run(slot, tokens[b], self.lengths[slot] + depth[b], mask[b], wanted)
+            hidden[b], entries, row_outputs = self._run(
+                slot, tokens[b], self.lengths[slot] + depth[b], mask[b], wanted
+            )
             for i, value in row_outputs.items():
                 outputs[i][b] = value
             staged.append(entries)
         self.staged = (slots, staged)
-        return specdec.TargetOutput(logits=hidden @ self.lm_head.T, hidden=hidden, layers=outputs, context=prompts)
+        return specdec.TargetOutput(
+            logits=hidden @ self.lm_head.T, hidden=hidden, layers=outputs, context=prompts
+        )
 
     def commit(self, tree, verdict):
         """Append the keys and values of each row's accepted path (root first) to its slot."""

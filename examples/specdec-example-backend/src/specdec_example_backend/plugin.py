@@ -19,9 +19,13 @@ class Numpy32Backend:
         from specdec_example_backend.model import Float32Target
 
         if dtype not in (None, "float32"):
-            raise specdec.InvalidInputError(f"the numpy32 backend computes in float32 only, got dtype={dtype!r}")
+            raise specdec.InvalidInputError(
+                f"the numpy32 backend computes in float32 only, got dtype={dtype!r}"
+            )
         if device not in (None, "cpu"):
-            raise specdec.InvalidInputError(f"the numpy32 backend runs on the cpu only, got device={device!r}")
+            raise specdec.InvalidInputError(
+                f"the numpy32 backend runs on the cpu only, got device={device!r}"
+            )
         if isinstance(source, Float32Target):
             return source
         return Float32Target(source, slots=slots, capacity=capacity)

@@ -16,10 +16,18 @@ class NgramDrafter:
 
     caps = specdec.DrafterCaps()  # beams for the prefix tree, nothing drawn, no per-request state
 
-    def __init__(self, backend, target, *, ngram: int = 2, beam_width: int = 2, beam_length: int = 5):
-        for name, value, least in (("ngram", ngram, 1), ("beam_width", beam_width, 1), ("beam_length", beam_length, 2)):
+    def __init__(
+        self, backend, target, *, ngram: int = 2, beam_width: int = 2, beam_length: int = 5
+    ):
+        for name, value, least in (
+            ("ngram", ngram, 1),
+            ("beam_width", beam_width, 1),
+            ("beam_length", beam_length, 2),
+        ):
             if not isinstance(value, int) or isinstance(value, bool) or value < least:
-                raise specdec.InvalidInputError(f"drafter 'ngram': {name} must be an integer >= {least}, got {value!r}")
+                raise specdec.InvalidInputError(
+                    f"drafter 'ngram': {name} must be an integer >= {least}, got {value!r}"
+                )
         self.backend, self.target = backend, target
         self.ngram, self.beam_width, self.beam_length = ngram, beam_width, beam_length
 
@@ -28,7 +36,9 @@ class NgramDrafter:
         n, found = self.ngram, []
         if len(text) <= n:
             return found
-        windows = np.lib.stride_tricks.sliding_window_view(text[:-1], n)  # earlier n-grams, each followed by a token
+        windows = np.lib.stride_tricks.sliding_window_view(
+            text[:-1], n
+        )  # earlier n-grams, each followed by a token
         for start in np.flatnonzero((windows == text[-n:]).all(axis=1))[::-1]:
             follow = text[start + n : start + n + self.beam_length - 1]
             if not any(np.array_equal(follow, seen) for seen in found):
@@ -49,5 +59,8 @@ class NgramDrafter:
             for i, follow in enumerate(self.continuations(np.asarray(text))):
                 beams[b, i, 1 : 1 + len(follow)] = follow
                 lengths[b, i] = 1 + len(follow)
-        return specdec.Draft(root_tokens=context.root_tokens, beams=self.backend.from_numpy(beams, self.target),
-                             beam_lengths=lengths)
+        return specdec.Draft(
+            root_tokens=context.root_tokens,
+            beams=self.backend.from_numpy(beams, self.target),
+            beam_lengths=lengths,
+        )

@@ -13,8 +13,13 @@ def make_ngram(target, checkpoint=None, *, backend, ngram=2, beam_width=None, be
 
     if checkpoint is not None:
         raise specdec.InvalidInputError("drafter 'ngram' reads no checkpoint")
-    return NgramDrafter(backend, target, ngram=ngram, beam_width=2 if beam_width is None else beam_width,
-                        beam_length=5 if beam_length is None else beam_length)
+    return NgramDrafter(
+        backend,
+        target,
+        ngram=ngram,
+        beam_width=2 if beam_width is None else beam_width,
+        beam_length=5 if beam_length is None else beam_length,
+    )
 
 
 SPEC = DrafterSpec(name="ngram", implementations={"*": make_ngram}, beam_options=True)
