@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib
+
 
 class SpecdecError(Exception):
     """Base class of every error specdec raises on purpose."""
@@ -25,8 +27,6 @@ class IncompatibleDrafterError(SpecdecError, ValueError):
 
 def require(module: str, *, extra: str, feature: str):
     """Import ``module`` or raise MissingDependencyError naming the extra to install."""
-    import importlib
-
     try:
         return importlib.import_module(module)
     except ImportError as exc:

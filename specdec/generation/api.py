@@ -5,11 +5,14 @@ Every check happens before the target's cache is touched, so a rejected call lea
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
 import numpy as np
 
+from specdec.drafting.lookup import LookupDrafter
+from specdec.drafting.none import NoDrafter
 from specdec.generation.arguments import (
     check_fits_context,
     context_length,
@@ -41,7 +44,8 @@ from specdec.decode.plan import DecodePlan
 from specdec.generation.options import check_drafter_options
 from specdec.generation.resolve import Resolved, build, resolve, with_lookup
 from specdec.plugins.registry import PluginRegistry, default_registry
-from specdec.tuning.dtype import cached_beam_plan
+from specdec.tuning.dtype import DtypeChoice, cached_beam_plan, load_fastest
+from specdec.tuning.exactness import check_exact_option, configure
 from specdec.types import GenerationResult, GenerationStats, StepResult
 
 
@@ -322,8 +326,6 @@ def planned_beams(backend, target, drafter: Resolved) -> dict:
 def load_backend(name: str | None, registry: PluginRegistry):
     """The backend object for ``name`` (None: torch when it is installed, else numpy)."""
     if name is None:
-        import importlib.util
-
         name = (
             "torch"
             if "torch" in registry.names("backend") and importlib.util.find_spec("torch")
@@ -401,8 +403,6 @@ def load_with_choice(
 ):
     """(target, DtypeChoice) of ``_load_target``, with the target's exact mode set from ``exact``
     (``specdec.tuning.exactness.configure``; a loaded target keeps its own unless ``exact`` is given)."""
-    from specdec.tuning.exactness import check_exact_option, configure
-
     exact = check_exact_option(exact)
     target, choice = _load_target(
         backend, model, dtype=dtype, device=device, slots=slots, capacity=capacity
@@ -426,8 +426,6 @@ def _load_target(
     fastest on this machine (``specdec.tuning.dtype``) when the backend offers several; a loaded target
     or a model object keeps its own. A failure of the backend becomes a ModelLoadError naming the
     model, the backend and the dtype / device asked for."""
-    from specdec.tuning.dtype import DtypeChoice, load_fastest
-
     if isinstance(model, (str, Path)):
         check_model_folder(model)
         if capacity is None:
@@ -551,9 +549,6 @@ def load_drafter(drafter: Resolved, target, backend, registry: PluginRegistry, o
 
 def add_lookup(drafter, lookup, backend, target):
     """``drafter`` with a prompt-lookup beam added to its drafts (``specdec.drafting.lookup``)."""
-    from specdec.drafting.none import NoDrafter
-    from specdec.drafting.lookup import LookupDrafter
-
     if isinstance(drafter, (NoDrafter, LookupDrafter)):
         alone = (
             "drafter='lookup' is prompt lookup alone: give its chain's length as draft_length=N "

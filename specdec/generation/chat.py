@@ -6,6 +6,8 @@ import json
 from pathlib import Path
 from typing import Any, Sequence
 
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
 from specdec.errors import InvalidInputError
 
 
@@ -41,8 +43,6 @@ def render_chat(
             "a chat prompt needs the model's chat template, and this model has none; "
             "pass the prompt as text instead"
         )
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
     return env.from_string(template).render(
         messages=list(messages), add_generation_prompt=add_generation_prompt

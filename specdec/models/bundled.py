@@ -25,6 +25,7 @@ import attrs
 
 from specdec.models import cache
 from specdec.errors import CacheError, InvalidInputError, SpecdecError, require
+from specdec.models.checkpoints import write_json_atomic
 
 COMPLETE = cache.COMPLETE
 log = logging.getLogger("specdec.models.cache")
@@ -112,8 +113,6 @@ def _upgrade_config(folder: Path) -> None:
     config = json.loads(path.read_text())
     upgraded = classic_rope_keys(config)
     if upgraded is not config:
-        from specdec.models.checkpoints import write_json_atomic
-
         write_json_atomic(path, upgraded)
         cache.record_file(folder, "config.json")
 

@@ -10,6 +10,7 @@ from typing import Any, Mapping
 
 import attrs
 import numpy as np
+from safetensors.numpy import load_file, save_file
 
 from specdec.errors import IncompatibleDrafterError, InvalidInputError
 
@@ -25,8 +26,6 @@ def save_checkpoint(
     integer arrays, such as a vocabulary shortlist, are stored as int64 whatever ``dtype``).
     Each file is written to a temporary name and renamed, so an interrupted save (a training
     checkpoint) never leaves a half-written file behind."""
-    from safetensors.numpy import save_file
-
     folder = Path(path)
     folder.mkdir(parents=True, exist_ok=True)
     arrays = {
@@ -69,8 +68,6 @@ def write_json_atomic(path: Path, value) -> None:
 def read_checkpoint(path, *, label: str) -> tuple[dict, dict[str, np.ndarray]]:
     """The config dict and weights of a checkpoint folder (floating arrays as float64, integer
     arrays as int64); a clear error if files are missing."""
-    from safetensors.numpy import load_file
-
     folder = Path(path)
     for name in (CONFIG_FILE, WEIGHTS_FILE):
         if not (folder / name).is_file():

@@ -24,7 +24,9 @@ import numpy as np
 from specdec.errors import InvalidInputError
 from specdec.models.bundled import resolve_model
 from specdec.models.checkpoints import check_target
+from specdec.models.files import check_checkpoint_folder, damaged_checkpoint
 from specdec.plugins.registry import default_registry
+from specdec.plugins.support import check_finite
 from specdec.reference.model import load_target
 from specdec.slots import TREE_ROOM, check_tree_room
 
@@ -121,9 +123,6 @@ def load_drafter_folder(folder, registry=None):
         )
     kind, layout = found
     spec = _spec(kind, registry)
-    from specdec.models.files import check_checkpoint_folder, damaged_checkpoint
-    from specdec.plugins.support import check_finite
-
     with damaged_checkpoint(folder):
         if layout == "specdec":
             check_checkpoint_folder(folder)

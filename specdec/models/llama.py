@@ -16,6 +16,7 @@ from typing import Any, Mapping
 
 import attrs
 import numpy as np
+from tokenizers import Tokenizer
 
 from specdec.errors import CorruptFileError, InvalidInputError
 
@@ -332,8 +333,6 @@ def load_tokenizer(path: str | os.PathLike):
     tokenizer_path = Path(path) / "tokenizer.json"
     if not tokenizer_path.is_file():
         return None
-    from tokenizers import Tokenizer
-
     try:
         return Tokenizer.from_file(str(tokenizer_path))
     except Exception as exc:  # noqa: BLE001 - tokenizers raises a bare Exception for a file it cannot parse

@@ -10,6 +10,8 @@ from __future__ import annotations
 import importlib
 from typing import Callable
 
+import numpy as np
+
 from specdec.models.checkpoints import check_target, require_checkpoint
 from specdec.errors import CorruptFileError, require
 
@@ -82,8 +84,6 @@ def load_trained(name: str, label: str, package: str, loader: Callable, checkpoi
 def check_finite(weights, checkpoint) -> None:
     """Every float tensor of a drafter checkpoint holds finite values (NaN or infinite weights
     draft garbage that verification would only reject, silently)."""
-    import numpy as np
-
     for name, array in weights.items():
         array = np.asarray(array)
         if np.issubdtype(array.dtype, np.floating) and not np.isfinite(array).all():

@@ -26,6 +26,7 @@ import numpy as np
 from specdec.errors import InvalidInputError
 from specdec.models.llama import LlamaConfig, check_folder, load_tensors, load_tokenizer
 from specdec.reference.kvcache import TreeKVCache
+from specdec.reference.weights import check_weights_header
 from specdec.slots import admit_in_chunks, check_forward, check_layers, check_slot_arguments
 from specdec.types import DraftTree, PromptOutput, TargetOutput, Verdict
 
@@ -467,8 +468,6 @@ def load_target(
 ):
     """Load a local Hugging Face-format Llama-family folder as a float64 ``ReferenceTarget`` with
     ``slots`` request slots of ``capacity`` positions (None: the model's context length)."""
-    from specdec.reference.weights import check_weights_header
-
     folder = check_folder(path)
     config = LlamaConfig.from_folder(folder)
     check_weights_header(folder, config)  # before reading any tensor

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 
+from specdec.drafting import lookup
+from specdec.drafting.none import NoDrafter
 from specdec.errors import InvalidInputError
 from specdec.plugins.hookspecs import hookimpl
 from specdec.plugins.support import lazy_factory, register_verifiers
 from specdec.plugins.registry import ANY_BACKEND
+from specdec.reference.model import ReferenceTarget, load_target
 
 
 class NumpyBackend:
@@ -16,8 +19,6 @@ class NumpyBackend:
     name = "numpy"
 
     def load_target(self, source, *, dtype=None, device=None, slots=1, capacity=None):
-        from specdec.reference.model import ReferenceTarget, load_target
-
         if dtype not in (None, "float64"):
             raise InvalidInputError(
                 f"the numpy backend computes in float64 only, got dtype={dtype!r}"
@@ -38,8 +39,6 @@ class NumpyBackend:
 
 
 def _no_drafter(target, checkpoint=None, *, backend=None):
-    from specdec.drafting.none import NoDrafter
-
     if checkpoint is not None:
         raise InvalidInputError("drafter 'none' (plain decoding) takes no checkpoint")
     return NoDrafter()
@@ -48,8 +47,6 @@ def _no_drafter(target, checkpoint=None, *, backend=None):
 def _lookup_drafter(
     target, checkpoint=None, *, backend, draft_length=None, max_ngram=None, min_ngram=None
 ):
-    from specdec.drafting import lookup
-
     if checkpoint is not None:
         raise InvalidInputError("drafter 'lookup' (prompt lookup) takes no checkpoint")
     return lookup.LookupDrafter(

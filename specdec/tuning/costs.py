@@ -26,6 +26,10 @@ import time
 import attrs
 import numpy as np
 
+from specdec.reference.tree import build_prefix_tree
+from specdec.tuning.dtype import _digest, _read, _tuning_dir, _write
+from specdec.types import DraftTree
+
 __all__ = ["CostCurve", "StepCosts", "curve_for", "measure_curve", "step_costs"]
 
 SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)  # tokens per forward measured
@@ -148,8 +152,6 @@ class StepCosts:
 
 
 def _cache_file(backend, target):
-    from specdec.tuning.dtype import _digest, _tuning_dir
-
     describe = getattr(backend, "describe_device", None)
     try:
         device = describe(getattr(target, "device", None)) if describe is not None else ""
@@ -175,9 +177,6 @@ def _cache_file(backend, target):
 def measure_curve(backend, target, slot: int = 0, *, repeats: int = REPEATS) -> CostCurve | None:
     """Time forwards of a chain of T tokens for each T in ``SIZES`` that fits, after a prompt
     admitted into the free ``slot`` (released after); None when the slot holds too few positions."""
-    from specdec.reference.tree import build_prefix_tree
-    from specdec.types import DraftTree
-
     capacity, vocab = int(target.capacity), int(target.vocab_size)
     prompt_tokens = min(PROMPT_TOKENS, capacity // 4)
     sizes = [k for k in SIZES if prompt_tokens + k <= capacity]
@@ -234,8 +233,6 @@ def increasing(values) -> np.ndarray:
 def curve_for(backend, target, slot: int = 0) -> CostCurve | None:
     """The cached curve of this backend, device and target, else measured now (and cached);
     None when it cannot be measured (no positions, or the forward raised)."""
-    from specdec.tuning.dtype import _read, _write
-
     file = _cache_file(backend, target)
     cached = _read(file)
     if cached and cached.get("tokens") and len(cached["tokens"]) == len(cached.get("seconds", ())):

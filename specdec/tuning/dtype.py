@@ -39,6 +39,11 @@ from typing import Any, Sequence
 import attrs
 import numpy as np
 
+from specdec.models.bundled import cache_dir
+from specdec.models.checkpoints import write_json_atomic
+from specdec.reference.tree import build_prefix_tree
+from specdec.types import DraftTree
+
 __all__ = [
     "DtypeChoice",
     "architecture_key",
@@ -153,8 +158,6 @@ def _digest(value: Any) -> str:
 
 
 def _tuning_dir() -> Path:
-    from specdec.models.bundled import cache_dir
-
     return cache_dir() / "tuning"
 
 
@@ -177,8 +180,6 @@ def _read(file: Path) -> dict | None:
 
 
 def _write(file: Path, value: dict) -> None:
-    from specdec.models.checkpoints import write_json_atomic
-
     try:
         file.parent.mkdir(parents=True, exist_ok=True)
         write_json_atomic(file, value)
@@ -192,9 +193,6 @@ def measure_forward(
     """Median milliseconds of one ``forward_tree`` over a chain of k tokens, for each k in ``sizes``,
     after a ``PROMPT_TOKENS``-token prompt admitted into slot 0 (the result is read back to the host,
     so lazy backends are timed too). Sizes are interleaved per repeat; slot 0 is released after."""
-    from specdec.reference.tree import build_prefix_tree
-    from specdec.types import DraftTree
-
     vocab = int(target.vocab_size)
     prompt = (np.arange(PROMPT_TOKENS, dtype=np.int64) * 7919 + 13) % vocab
     slot = np.array([0])

@@ -33,6 +33,8 @@ from typing import Any, Callable
 import attrs
 
 from specdec.errors import InvalidInputError
+from specdec.models.bundled import cache_dir
+from specdec.models.checkpoints import write_json_atomic
 
 __all__ = [
     "Exactness",
@@ -81,8 +83,6 @@ def check_exact_option(exact: Any) -> bool | None:
 
 
 def _check_file(key: dict) -> Path:
-    from specdec.models.bundled import cache_dir
-
     digest = hashlib.sha256(
         json.dumps({"version": CHECK_VERSION, **key}, sort_keys=True, default=str).encode()
     )
@@ -96,8 +96,6 @@ def _check_file(key: dict) -> Path:
 def cached_check(key: dict, run: Callable[[], InvarianceCheck]) -> InvarianceCheck:
     """``run()``'s result for ``key`` (backend, device, dtype, shapes, software: what the kernels'
     rounding depends on), measured once and kept beside the dtype choice in the tuning cache."""
-    from specdec.models.checkpoints import write_json_atomic
-
     file = _check_file(key)
     try:
         saved = json.loads(file.read_text())
