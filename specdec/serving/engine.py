@@ -37,6 +37,11 @@ from specdec.errors import InvalidInputError
 from specdec.decode.loop import Decoder
 from specdec.decode.plan import DecodePlan
 from specdec.decode.requests import Request
+from specdec.generation.api import encode_prompts, load, load_backend, prepare
+from specdec.generation.arguments import check_seed, context_length, sampling_config
+from specdec.generation.options import check_drafter_options
+from specdec.generation.resolve import resolve
+from specdec.plugins.registry import default_registry
 from specdec.serving.handle import (
     Completion,
     EngineClosedError,
@@ -106,10 +111,6 @@ class Engine:
         registry=None,
         **options: Any,
     ):
-        from specdec.generation.api import load, load_backend, prepare
-        from specdec.generation.options import check_drafter_options
-        from specdec.generation.resolve import resolve
-
         if isinstance(capacity, bool) or (
             capacity is not None and (not isinstance(capacity, int) or capacity < 2)
         ):
@@ -242,8 +243,6 @@ class Engine:
         max_prefill_tokens,
         max_new_tokens,
     ):
-        from specdec.generation.arguments import context_length
-
         if isinstance(tree_room, bool) or not isinstance(tree_room, int) or tree_room < 0:
             raise InvalidInputError(f"tree_room must be an integer >= 0, got {tree_room!r}")
         target = plan.target
@@ -293,8 +292,6 @@ class Engine:
 
     def encode(self, prompt: Any) -> list[int]:
         """Token ids of one prompt: text, token ids, or a chat (rendered with the model's template)."""
-        from specdec.generation.api import encode_prompts
-
         prompts, batched = encode_prompts(
             prompt, self.tokenizer, int(self.target.vocab_size), chat_template=self.chat_template
         )
@@ -349,8 +346,6 @@ class Engine:
                 )
             request = prompt
         else:
-            from specdec.generation.arguments import check_seed, sampling_config
-
             sampling = sampling_config(temperature, top_k, top_p)
             check_seed(seed)
             eos = (
@@ -654,6 +649,4 @@ class Engine:
 
 
 def _registry(registry):
-    from specdec.plugins.registry import default_registry
-
     return registry or default_registry()

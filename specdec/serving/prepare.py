@@ -6,8 +6,10 @@ entry point, which lets go of the interpreter lock while it runs; the same ids a
 from __future__ import annotations
 
 import attrs
+from jinja2 import TemplateError
 
 from specdec.errors import InvalidInputError
+from specdec.generation.chat import render_chat
 from specdec.serving import body as json_body
 from specdec.serving.errors import APIError, bad
 from specdec.serving.fields import Settings, check_fields, messages_of, prompt_of
@@ -51,8 +53,6 @@ def encode(engine, prompt, param: str) -> list[int]:
         if not hasattr(tokenizer, "encode_batch"):  # a framework's own tokenizer
             return engine.encode(prompt)
         if isinstance(prompt, list):
-            from specdec.generation.chat import render_chat
-
             prompt = render_chat(engine.chat_template, prompt)
         encoding = tokenize(tokenizer, prompt)
         if len(encoding) >= context:  # refused for its length, without making a list of its ids
@@ -63,8 +63,6 @@ def encode(engine, prompt, param: str) -> list[int]:
     except (
         Exception
     ) as error:  # the chat template refused the messages (jinja's raise_exception, a bad role)
-        from jinja2 import TemplateError
-
         if isinstance(error, TemplateError):
             raise bad(f"the model's chat template refused these messages: {error}", param) from None
         raise

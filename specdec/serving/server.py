@@ -19,6 +19,7 @@ import logging
 import signal
 import threading
 
+from specdec.serving.app import STALL_TIMEOUT, create_app
 from specdec.serving.engine import Engine
 from specdec.errors import require
 from specdec.serving.guard import HostCheck
@@ -55,7 +56,6 @@ class Server:
     ):
         uvicorn = require("uvicorn", extra="serve", feature="specdec serve")
         require("starlette", extra="serve", feature="specdec serve")
-        from specdec.serving.app import STALL_TIMEOUT, create_app
         from specdec.serving.protocol import protocol_class
 
         self.engine = engine

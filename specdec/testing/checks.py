@@ -20,7 +20,10 @@ from typing import Sequence
 import numpy as np
 
 from specdec.errors import InvalidInputError
+from specdec.generation.api import generate, load
 from specdec.plugins.registry import PluginRegistry, default_registry
+from specdec.reference.model import load_target
+from specdec.reference.tree import build_prefix_tree
 from specdec.types import Draft, DraftTree, SamplingConfig, TargetOutput, Verdict
 
 FLOAT32 = dict(rtol=2e-4, atol=2e-4)
@@ -100,9 +103,6 @@ def check_target(
     new one admitted into its slot. Then prompt chunks are packed into forwards: two chunks alone
     (claiming the free slots), then their next chunks beside the tree rows, then a tree step over
     every slot. Layer outputs (first and last decoder layer) are compared too."""
-    from specdec.reference.model import load_target
-    from specdec.reference.tree import build_prefix_tree
-
     registry = _registry(registry)
     backend = registry.get("backend", backend_name).factory()
     num_slots = len(prompts) + 2
@@ -336,8 +336,6 @@ def check_generation(
     """``generate`` on ``backend_name`` in ``dtype`` emits the same tokens as on the numpy reference
     (same seed). ``drafter`` must be available on both backends: a name registered for every
     backend ("none", "lookup"), or one (or a checkpoint of one) registered for both."""
-    from specdec.generation.api import generate
-
     expected = generate(
         model_path,
         prompts,
@@ -384,8 +382,6 @@ def check_drafter(
     and sampled with per-prompt seeds: what a stateful drafter keeps per slot must start afresh
     with each request. Tokens alone cannot show it: a kept state changes the drafts, and drafts
     never change a request's tokens. ``dtype`` applies to every backend but numpy (float64 only)."""
-    from specdec.generation.api import generate, load
-
     plain = generate(
         model_path,
         [list(p) for p in prompts],

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from specdec.plugins.registry import default_registry
+
 
 def make_random_drafter(path, model_path, *, kind: str, seed: int, registry=None, **config) -> Path:
     """Write a random checkpoint of drafter ``kind`` (any installed drafter whose spec has a
@@ -11,8 +13,6 @@ def make_random_drafter(path, model_path, *, kind: str, seed: int, registry=None
 
     ``config`` overrides fields of the drafter's config (e.g. ``beam_width=3``, ``head="full"``).
     """
-    from specdec.plugins.registry import default_registry
-
     registry = registry or default_registry()
     makers = {
         spec.name: spec.make_random_checkpoint

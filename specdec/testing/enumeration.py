@@ -8,7 +8,11 @@ under ``enumerate_outcomes`` to get the whole distribution of what it emits.
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 import numpy as np
+
+from specdec.reference.sampling import target_probs
 
 
 class ScriptedChooser:
@@ -54,9 +58,6 @@ def target_joint(target, sampling):
     """``joint(prefix, length)``: the distribution {next ``length`` tokens: probability} that
     ``target`` (a float64 reference target with a free slot 0) gives after the token tuple
     ``prefix`` under ``sampling``, from its own one-token conditionals (cached per prefix)."""
-    from functools import lru_cache
-
-    from specdec.reference.sampling import target_probs
 
     @lru_cache(maxsize=None)
     def conditional(prefix):

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Callable
 
 import numpy as np
+from safetensors.numpy import load_file, save_file
 
 
 def _config(**fields) -> Callable[[Path], None]:
@@ -60,8 +61,6 @@ def _pickle_only(folder: Path) -> None:
 
 def _tensors(change: Callable[[dict], None]) -> Callable[[Path], None]:
     def edit(folder: Path) -> None:
-        from safetensors.numpy import load_file, save_file
-
         weights = load_file(str(folder / "model.safetensors"))
         change(weights)
         save_file(weights, str(folder / "model.safetensors"))

@@ -13,6 +13,8 @@ import os
 from pathlib import Path
 
 import numpy as np
+from safetensors.numpy import save_file
+from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
 
 from specdec.errors import InvalidInputError
 
@@ -35,8 +37,6 @@ def _made_up_word(index: int) -> str:
 
 def _write_tokenizer(folder: Path, vocab_size: int, eos_token_id: int | None) -> None:
     """A WordLevel tokenizer over made-up words; id 0 is ``<unk>``, the eos id (if any) ``</s>``."""
-    from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
-
     vocab = {_made_up_word(i): i for i in range(vocab_size)}
     vocab = {word: i for word, i in vocab.items() if i != 0 and i != eos_token_id}
     vocab["<unk>"] = 0
@@ -80,8 +80,6 @@ def make_random_model(
     with ``with_tokenizer``, a WordLevel ``tokenizer.json`` and a plain chat template. Same arguments, same bytes.
     ``intermediate_size`` defaults to twice ``hidden_size``. Returns the folder.
     """
-    from safetensors.numpy import save_file
-
     if architecture not in _ARCHITECTURES:
         raise InvalidInputError(
             f"architecture {architecture!r} is not supported; choose one of {', '.join(_ARCHITECTURES)}"

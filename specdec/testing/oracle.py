@@ -8,6 +8,7 @@ from typing import Sequence
 import numpy as np
 
 from specdec.capabilities import DrafterCaps
+from specdec.generation.api import generate
 from specdec.types import Draft, DraftContext
 
 
@@ -15,8 +16,6 @@ def greedy_continuations(
     target, prompts, num_tokens: int, *, backend: str = "numpy", registry=None
 ) -> list[list[int]]:
     """Plain greedy decoding of ``num_tokens`` tokens per prompt (EOS ignored)."""
-    from specdec.generation.api import generate
-
     result = generate(
         target,
         [list(p) for p in prompts],

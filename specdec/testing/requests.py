@@ -8,13 +8,12 @@ from typing import Any, Sequence
 from specdec.decode.loop import Decoder
 from specdec.decode.plan import DecodePlan
 from specdec.decode.requests import Request
+from specdec.generation.api import prepare
 
 
 def decoding_plan(target, drafter: Any, backend: str = "numpy", **options) -> DecodePlan:
     """A plan over ``target`` whose verifier (``exact``, greedy at temperature 0) serves greedy and
     sampled requests alike; ``options`` go to ``specdec.generate``'s options (drafter options...)."""
-    from specdec.generation.api import prepare
-
     plan, *_ = prepare(
         target,
         [1],

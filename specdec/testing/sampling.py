@@ -25,6 +25,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from specdec.reference.sampling import sample_from
+from specdec.reference.verify import make_verdict, num_beams, tree_depth
 from specdec.types import Draft, DraftTree, SamplingConfig, TargetOutput
 
 __all__ = [
@@ -181,8 +182,6 @@ def boundary_uniforms(
     ``specdec.reference.verify``) on these NumPy inputs, every one it reads chosen by a
     ``ProbingChooser``; those it does not read are uniform. The reference's verdict with them is
     the one the choosers took."""
-    from specdec.reference.verify import make_verdict, num_beams, tree_depth
-
     depth, width = tree_depth(tree), num_beams(draft)
     uniforms = rng.random((tree.batch_size, depth + 1, width + 1))
     target = TargetOutput(logits=logits, hidden=np.zeros(logits.shape[:2] + (1,)))
