@@ -25,10 +25,13 @@ import attrs
 import numpy as np
 import torch
 import torch.nn.functional as F
+from tqdm.auto import tqdm
 
+from specdec.errors import TrainingInterrupted
 from specdec.models.checkpoints import write_json_atomic
 from specdec.training.evaluate import Window, gather_window, walk_tokens_per_step
 from specdec.training.outdir import LAST_DIR, LOG_FILE, STATE_FILE, has_state
+from specdec.training.signals import deferred_signals
 from specdec.training.state import load_state, save_state as write_state
 from specdec.training.teacher import TeacherData
 
@@ -176,11 +179,6 @@ def train(
     Returns the final state summary: step, train_seconds, positions, history (one row per
     evaluation: step, minutes, positions, loss, tokens_per_step, score, mean_accepted).
     """
-    from tqdm.auto import tqdm
-
-    from specdec.errors import TrainingInterrupted
-    from specdec.training.signals import deferred_signals
-
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     module = task.module.train()

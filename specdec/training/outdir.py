@@ -24,6 +24,7 @@ from pathlib import Path
 
 from specdec.models.checkpoints import write_json_atomic
 from specdec.errors import TrainingOutputError
+from specdec.plugins.registry import default_registry
 
 RUN_FILE = "training_run.json"
 STATE_FILE = "trainer_state.safetensors"
@@ -44,8 +45,6 @@ RUN_FILES = (
 
 def _model_types() -> dict[str, str]:
     """Drafter name -> the model_type of its checkpoints, for every installed drafter spec."""
-    from specdec.plugins.registry import default_registry
-
     return {
         spec.name: spec.model_type for spec in default_registry().drafter_specs() if spec.model_type
     }

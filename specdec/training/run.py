@@ -16,8 +16,18 @@ from typing import Callable
 
 import attrs
 import numpy as np
+from tqdm.auto import tqdm
 
-from specdec.models.checkpoints import write_json_atomic
+from specdec.drafting.shortlist import choose_shortlist, shortlist_coverage
+from specdec.errors import IncompatibleDrafterError, InvalidInputError
+from specdec.generation.resolve import drafter_kind
+from specdec.models.bundled import cache_dir, resolve_model
+from specdec.models.checkpoints import read_checkpoint, write_json_atomic
+from specdec.plugins.registry import default_registry
+from specdec.training.corpus import CORPUS_VERSION, build_prompts, default_corpus
+from specdec.training.outdir import claim_out
+from specdec.training.selfinstruct import DEFAULT_MIX, MixedPrompts
+from specdec.tuning.dtype import load_fastest
 
 __all__ = ["REPORT_FILE", "build_teacher_data", "evaluate_drafter", "train_drafter"]
 
@@ -102,9 +112,7 @@ def train_drafter(
     """
     import torch
 
-    from specdec.models.bundled import cache_dir
     from specdec.training.loop import TrainSettings, train
-    from specdec.training.outdir import claim_out
     from specdec.training.teacher import load_teacher_target
 
     if save_dtype not in SAVE_DTYPES:
@@ -173,8 +181,6 @@ def train_drafter(
         ids, shortlist = init_shortlist, len(init_shortlist)
         listed = {"shortlist": shortlist, "shortlist_from": str(init)}
     elif shortlist:
-        from specdec.drafting.shortlist import choose_shortlist, shortlist_coverage
-
         train_data = datasets["train"]
         ids = choose_shortlist(
             int(target.embed_tokens.shape[0]),
@@ -247,10 +253,6 @@ def train_drafter(
 def _warm_start(init, kind: str, target) -> tuple[dict, np.ndarray | None]:
     """(weights, shortlist or None) of checkpoint ``init``, checked to be a ``kind`` drafter
     trained for ``target``."""
-    from specdec.models.checkpoints import read_checkpoint
-    from specdec.errors import IncompatibleDrafterError, InvalidInputError
-    from specdec.plugins.registry import default_registry
-
     config, weights = read_checkpoint(init, label=f"{kind} (--init)")
     expected = default_registry().drafter_spec(kind).model_type
     if config.get("model_type") != expected:
@@ -271,10 +273,6 @@ def _warm_start(init, kind: str, target) -> tuple[dict, np.ndarray | None]:
 def teacher_dtype_for(model) -> str:
     """The torch dtype that runs ``model`` fastest on this CPU (``specdec.tuning.dtype``, cached): the
     teacher decodes in it, as the target will when it serves the drafter."""
-    from specdec.models.bundled import resolve_model
-    from specdec.plugins.registry import default_registry
-    from specdec.tuning.dtype import load_fastest
-
     torch_backend = default_registry().get("backend", "torch").factory()
     _, choice = load_fastest(torch_backend, resolve_model(model), device="cpu")
     return choice.dtype
@@ -323,11 +321,6 @@ def build_teacher_data(
 
     -> (datasets {"train", "heldout"}, stats per split plus "settings", wall seconds per stage).
     """
-    from tqdm.auto import tqdm
-
-    from specdec.models.bundled import cache_dir
-    from specdec.training.corpus import CORPUS_VERSION, build_prompts, default_corpus
-    from specdec.training.selfinstruct import DEFAULT_MIX, MixedPrompts
     from specdec.training.teacher import TeacherSettings, teacher_dataset
 
     cache = Path(cache) if cache is not None else cache_dir()
@@ -439,8 +432,6 @@ def evaluate_drafter(
     ``beam_length`` for ReDrafter; ``choices``, ``top_t`` for Medusa). The held-out teacher data
     are the cached ones of ``train_drafter`` with the same settings (made when missing), with the
     decoder layers the task's ``teacher_layers`` names, if any."""
-    from specdec.generation.resolve import drafter_kind
-    from specdec.plugins.registry import default_registry
     from specdec.training.loop import evaluate
     from specdec.training.teacher import load_teacher_target
 

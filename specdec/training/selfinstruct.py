@@ -29,7 +29,10 @@ from typing import Sequence
 
 import numpy as np
 
-from specdec.training.corpus import SPLITS, Corpus
+from specdec.errors import InvalidInputError
+from specdec.training.corpus import SPLITS, Corpus, build_prompts
+from specdec.training.instructions import _topics
+from specdec.training.topics import general_prompt, general_topic
 
 __all__ = [
     "DEFAULT_MIX",
@@ -76,8 +79,6 @@ _NOT_A_REQUEST = re.compile(
 def check_mix(mix: Sequence) -> None:
     """Refuse a prompt mix that is not (kind, share) pairs of ``MIX_KINDS`` with non-negative
     shares summing to more than 0 (``InvalidInputError``, a ``ValueError``)."""
-    from specdec.errors import InvalidInputError
-
     unknown = {kind for kind, _ in mix} - set(MIX_KINDS)
     if unknown or not mix or any(share < 0 for _, share in mix) or sum(s for _, s in mix) <= 0:
         raise InvalidInputError(
@@ -151,10 +152,6 @@ class MixedPrompts:
         return self.mix[int(rng.choice(len(shares), p=shares / shares.sum()))][0]
 
     def __call__(self, split: str, start: int, count: int) -> list:
-        from specdec.training.corpus import build_prompts
-        from specdec.training.instructions import _topics
-        from specdec.training.topics import general_prompt, general_topic
-
         base = build_prompts(self.corpus, count, split=split, seed=self.seed, start=start)
         prompts: list = []
         asked: list[tuple[int, list[dict], list[dict]]] = []  # (offset, meta chat, fallback chat)

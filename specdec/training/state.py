@@ -19,7 +19,7 @@ import re
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
 from specdec.errors import TrainingOutputError
@@ -91,8 +91,6 @@ def load_state(path: Path) -> dict:
     if not path.is_file() and (path.parent / LEGACY_STATE_FILE).is_file():
         return _load_legacy(path.parent / LEGACY_STATE_FILE)
     try:
-        from safetensors import safe_open
-
         with safe_open(str(path), framework="pt") as handle:
             metadata = handle.metadata() or {}
         if metadata.get("format") != _FORMAT or "state" not in metadata:

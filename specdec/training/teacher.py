@@ -35,7 +35,13 @@ from typing import Any, Callable, Sequence
 import attrs
 import numpy as np
 import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
 
+from specdec.generation.chat import load_chat_template, render_chat
+from specdec.models.bundled import resolve_model
+from specdec.models.llama import LlamaConfig, load_tokenizer
+from specdec.plugins.registry import default_registry
 from specdec.types import DraftTree, Verdict
 
 __all__ = [
@@ -160,8 +166,6 @@ class TeacherData:
 
     def save(self, path: Path, metadata: dict | None = None) -> None:
         """Write a safetensors file atomically (compact integer types on disk)."""
-        from safetensors.torch import save_file
-
         tensors = {
             "hidden": self.hidden.contiguous(),
             "next_tokens": self.next_tokens.to(torch.int32),
@@ -181,8 +185,6 @@ class TeacherData:
     @staticmethod
     def stored_layers(path: Path) -> tuple:
         """The decoder layers whose outputs the file at ``path`` holds (() for none)."""
-        from safetensors import safe_open
-
         with safe_open(str(path), framework="pt") as handle:
             return tuple(json.loads((handle.metadata() or {}).get("layers", "[]")))
 
@@ -190,8 +192,6 @@ class TeacherData:
     def load(cls, path: Path, *, layers: Sequence[int] = ()) -> "TeacherData":
         """The data in ``path``, with the outputs of decoder ``layers`` (ascending) when asked for
         (a ValueError when the file lacks one; ``stored_layers`` says which it holds)."""
-        from safetensors import safe_open
-
         layers = tuple(int(i) for i in layers)
         with safe_open(str(path), framework="pt") as handle:
             t = {name: handle.get_tensor(name) for name in handle.keys() if name != "layers"}
@@ -245,8 +245,6 @@ class TeacherTarget:
 
     def encode(self, messages) -> list[int]:
         """Token ids of a chat prompt, rendered and encoded exactly as ``specdec.generate`` does."""
-        from specdec.generation.chat import render_chat
-
         text = (
             render_chat(self.chat_template, messages)
             if self.chat_template
@@ -262,8 +260,6 @@ class TeacherTarget:
 def target_fingerprint(folder: Path) -> str:
     """sha256 over the sorted stored tensor names, their shapes and float32 bytes: the same value
     as ``specdec.reference.model.load_target(folder).fingerprint``, without float64 copies."""
-    from safetensors import safe_open
-
     files = sorted(Path(folder).glob("*.safetensors"))
     if not files:
         raise FileNotFoundError(f"no .safetensors weights in {folder}")
@@ -284,10 +280,6 @@ def target_fingerprint(folder: Path) -> str:
 def load_teacher_target(source, *, dtype: str = "bfloat16") -> TeacherTarget:
     """Load a bundled name (``smollm2-135m``) or a Hugging Face-format folder for distillation."""
     import transformers
-
-    from specdec.models.bundled import resolve_model
-    from specdec.generation.chat import load_chat_template
-    from specdec.models.llama import LlamaConfig, load_tokenizer
 
     folder = Path(resolve_model(source))
     model = transformers.AutoModelForCausalLM.from_pretrained(
@@ -422,8 +414,6 @@ def _stack_layers(outputs, layers: tuple, *, column: int | None = None) -> torch
 
 def _decoding_target(model, *, slots: int, capacity: int):
     """The torch backend's ``TargetModel`` over ``model``'s own weights."""
-    from specdec.plugins.registry import default_registry
-
     backend = default_registry().get("backend", "torch").factory()
     return backend.load_target(model, slots=slots, capacity=capacity)
 
