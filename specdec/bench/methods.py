@@ -8,6 +8,7 @@ import attrs
 
 from specdec.errors import InvalidInputError
 from specdec.generation import options
+from specdec.plugins.registry import default_registry
 
 # Peer kinds and the backend whose model objects they run on.
 PEERS = {
@@ -86,8 +87,6 @@ def parse_method(spec: str) -> Method:
     factory's own keyword options by name, e.g. ``eagle:total_tokens=8,depth=4`` (``generate``
     checks them against the factory and names the ones it takes)."""
     kind, settings = options.parse_options(spec, aliases=ALIASES, own=OWN, what="method")
-    from specdec.plugins.registry import default_registry
-
     specdec_methods = [
         *PLAIN,
         *(n for n in default_registry().names("drafter") if n != PLAIN["plain"]),

@@ -23,8 +23,13 @@ from typing import Sequence
 import attrs
 import numpy as np
 
+import specdec
 from specdec.capabilities import drafter_caps
 from specdec.drafting.none import PassLifecycle
+from specdec.generation.api import add_lookup, encode_prompts, load_drafter
+from specdec.generation.resolve import resolve
+from specdec.plugins.registry import default_registry
+from specdec.tuning.dtype import save_beam_plan
 
 
 @attrs.frozen(kw_only=True)
@@ -102,8 +107,6 @@ def step_costs(
     target, drafter, prompt, *, backend: str, steps: int = 12
 ) -> tuple[float, float, float]:
     """Median seconds of (draft, verify, other) per decode step of ``drafter`` on this machine."""
-    import specdec
-
     records = list(
         specdec.stream(
             target,
@@ -135,12 +138,6 @@ def plan(
 ) -> list[PlanRow]:
     """Predicted speedup of every (W, L), best first, from one recorded run at the widest, longest
     beams (with the prompt-lookup beam when ``lookup``); ``save`` keeps the best for ``generate``."""
-    import specdec
-    from specdec.generation.api import add_lookup, encode_prompts, load_drafter
-    from specdec.generation.resolve import resolve
-    from specdec.plugins.registry import default_registry
-    from specdec.tuning.dtype import save_beam_plan
-
     registry = default_registry()
     backend_obj = registry.get("backend", backend).factory()
     target = specdec.load(model, backend=backend, dtype=dtype)
@@ -225,8 +222,6 @@ def measure(
 ) -> list[PlanRow]:
     """Run the real decoder for ``rows``: measured speedup = decode-phase tokens/s (prefill excluded, as
     in the prediction) over that of plain decoding, on the same target and prompts."""
-    import specdec
-
     target = specdec.load(model, backend=backend, dtype=dtype)
 
     def decode_rate(drafter_choice, options) -> float:

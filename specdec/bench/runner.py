@@ -7,9 +7,26 @@ from typing import Callable, Iterable, Sequence
 
 import attrs
 import numpy as np
+from tqdm.auto import tqdm
 
+import specdec
 from specdec.bench.methods import Method
+from specdec.bench.peers import peer_runner
 from specdec.bench.prompts import BenchPrompt
+from specdec.generation.api import (
+    add_lookup,
+    encode_prompts,
+    load_drafter,
+    lookup_by_default,
+    planned_beams,
+    stream,
+)
+from specdec.generation.chat import load_chat_template
+from specdec.generation.resolve import resolve
+from specdec.models.bundled import resolve_model
+from specdec.models.llama import load_tokenizer
+from specdec.plugins.registry import default_registry
+from specdec.slots import TREE_ROOM
 
 
 @attrs.frozen(kw_only=True)
@@ -54,16 +71,6 @@ def specdec_runner(
 ) -> Callable[..., dict]:
     """A callable(prompt ids, temperature, seed) -> dict of measurements, for a specdec method.
     The drafter is loaded once; only decoding is timed."""
-    from specdec.generation.api import (
-        add_lookup,
-        load_drafter,
-        lookup_by_default,
-        planned_beams,
-        stream,
-    )
-    from specdec.generation.resolve import resolve
-    from specdec.plugins.registry import default_registry
-
     registry = default_registry()
     backend_obj = registry.get("backend", backend).factory()
     options = dict(method.generate_options)
@@ -145,16 +152,6 @@ def run_bench(
 ) -> list[BenchRecord]:
     """Every method on every prompt, ``repeats`` times, interleaved (repeat > prompt > method), after
     ``warmup`` untimed runs of each method on the first prompt."""
-    from tqdm.auto import tqdm
-
-    import specdec
-    from specdec.bench.peers import peer_runner
-    from specdec.models.bundled import resolve_model
-    from specdec.generation.chat import load_chat_template
-    from specdec.generation.api import encode_prompts
-    from specdec.models.llama import load_tokenizer
-    from specdec.slots import TREE_ROOM
-
     records: list[BenchRecord] = []
     grid = list(grid)
     total = len(grid) * len(temperatures) * repeats * len(prompts) * len(methods)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import sys
 
 from specdec.errors import InvalidInputError
+from specdec.models import cache
+from specdec.models.bundled import cache_dir, repair
 
 
 def add_parser(sub) -> None:
@@ -29,9 +31,6 @@ def _size(n: int) -> str:
 
 
 def cmd_cache(args) -> int:
-    from specdec.models import cache
-    from specdec.models.bundled import cache_dir, repair
-
     root = cache_dir()
     removed = cache.clean_leftovers(root)
     for path in removed:

@@ -6,6 +6,9 @@ from __future__ import annotations
 import json
 import sys
 
+from specdec.errors import InvalidInputError
+from specdec.models.export import describe, export, import_drafter
+
 
 def add_parser(sub) -> None:
     export = sub.add_parser(
@@ -55,9 +58,6 @@ def add_parser(sub) -> None:
 
 
 def cmd_export(args) -> int:
-    from specdec.errors import InvalidInputError
-    from specdec.models.export import describe, export
-
     choices = args.medusa_choices
     if choices not in (None, "chain"):
         try:
@@ -84,8 +84,6 @@ def cmd_export(args) -> int:
 
 
 def cmd_import(args) -> int:
-    from specdec.models.export import describe, import_drafter
-
     result = import_drafter(args.folder, args.out, overwrite=args.overwrite, dtype=args.dtype)
     for line in describe(result):
         print(line, file=sys.stderr)

@@ -7,11 +7,30 @@ import json
 import os
 import sys
 import tempfile
+import warnings
 from pathlib import Path
 
+import specdec
 from specdec import compute
+from specdec.bench import load_prompt_set, parse_method, run_bench
+from specdec.bench.planner import measure, plan
+from specdec.bench.prompts import PROMPT_SETS
+from specdec.bench.report import markdown, write_outputs
+from specdec.cli.cache import add_parser as add_cache_parser
+from specdec.cli.export import add_parser as add_export_parsers
 from specdec.cli.options import DRAFTER_HELP, drafter_options
-from specdec.errors import InvalidInputError, SpecdecError
+from specdec.cli.serve import add_parser as add_serve_parser
+from specdec.drafting.lookup import DEFAULT_DRAFT_LENGTH
+from specdec.errors import InvalidInputError, SpecdecError, TrainingInterrupted, require
+from specdec.generation.api import load_backend, planned_beams, prepare
+from specdec.generation.resolve import resolve
+from specdec.models.bundled import resolve_model
+from specdec.plugins.loading import DISABLE_ENV, PluginWarning
+from specdec.plugins.registry import default_registry, installed_distributions
+from specdec.testing import make_random_drafter, make_random_model
+from specdec.training.selfinstruct import check_mix
+from specdec.tuning.dtype import architecture_key, dtype_cache_file, load_fastest
+from specdec.tuning.exactness import configure, describe as describe_exactness
 
 
 def _add_generation_args(parser: argparse.ArgumentParser) -> None:
@@ -83,10 +102,6 @@ def _report(label: str, result, baseline_tps: float | None = None) -> str:
 
 
 def cmd_generate(args) -> int:
-    import specdec
-
-    from specdec.errors import InvalidInputError
-
     try:
         prompt = args.prompt if args.prompt is not None else json.loads(args.prompt_ids)
     except json.JSONDecodeError as exc:
@@ -113,8 +128,6 @@ def _demo_models(args, tmp: Path):
     drafters, or with --random a small random model and untrained drafters. The first entry is
     the default path: ``generate``'s own defaults (ReDrafter with its prompt-lookup beam)."""
     if args.random:
-        from specdec.testing import make_random_drafter, make_random_model
-
         model = make_random_model(
             tmp / "model",
             vocab_size=512,
@@ -145,9 +158,6 @@ def _same_prefix(a: list, b: list) -> int:
 
 def _describe_default(target, drafter, backend, registry) -> str:
     """How the default path drafts here: the beams and where they come from."""
-    from specdec.generation.api import planned_beams
-    from specdec.generation.resolve import resolve
-
     planned = (
         planned_beams(
             registry.get("backend", backend).factory(),
@@ -161,8 +171,6 @@ def _describe_default(target, drafter, backend, registry) -> str:
         where = "chosen by `specdec plan` on this machine"
     else:
         where = "the checkpoint's default; `specdec plan` chooses for this machine"
-    from specdec.generation.api import prepare
-
     plan, *_ = prepare(
         target,
         [1],
@@ -201,11 +209,6 @@ def cmd_demo(args) -> int:
     """Answer chat prompts with the default path, each drafter and plain decoding, side by side:
     an open question (the text is new: little to draft) and an edit of code given in the prompt
     (the answer repeats it: much to draft), each reported, then both together."""
-    import specdec
-    from specdec.tuning.exactness import describe as describe_exactness
-    from specdec.generation.api import load_backend
-    from specdec.plugins.registry import default_registry
-
     args.prompt = args.prompt or list(DEMO_PROMPTS)
     with tempfile.TemporaryDirectory() as tmp:
         model, drafters = _demo_models(args, Path(tmp))
@@ -295,10 +298,6 @@ def _median(results):
 
 def cmd_bench(args) -> int:
     """Run a benchmark grid and write bench.json, bench.md and plots to --out."""
-    from specdec.bench import load_prompt_set, parse_method, run_bench
-    from specdec.bench.report import markdown, write_outputs
-    from specdec.plugins.registry import installed_distributions
-
     Path(args.out).mkdir(
         parents=True, exist_ok=True
     )  # an unwritable --out fails before the runs, not after
@@ -332,11 +331,6 @@ def cmd_bench(args) -> int:
 
 def cmd_plan(args) -> int:
     """Predict the speedup of every beam configuration, recommend one, and check the best few."""
-    from specdec.bench import load_prompt_set
-    from specdec.bench.planner import measure, plan
-    from specdec.bench.prompts import PROMPT_SETS
-    from specdec.drafting.lookup import DEFAULT_DRAFT_LENGTH
-
     prompts = [p.prompt for p in load_prompt_set(args.prompts, per_category=args.per_category)]
     lookup = not args.no_lookup
     rows = plan(
@@ -398,11 +392,6 @@ def cmd_plan(args) -> int:
 
 def cmd_tune(args) -> int:
     """Measure every dtype the backend offers for this model here, print the table, keep the fastest."""
-    from specdec.models.bundled import resolve_model
-    from specdec.generation.api import load_backend
-    from specdec.plugins.registry import default_registry
-    from specdec.tuning.dtype import dtype_cache_file, load_fastest
-
     backend = load_backend(args.backend, default_registry())
     if not hasattr(backend, "dtype_candidates"):
         print(f"backend {backend.name!r} computes in one dtype: nothing to tune")
@@ -418,13 +407,10 @@ def cmd_tune(args) -> int:
         for dtype, timings in choice.timings.items():
             print(f"| {dtype} | " + " | ".join(f"{timings[k]:.1f}" for k in sizes) + " |")
     print(f"fastest: {choice.dtype} (used when dtype is not given)")
-    from specdec.tuning.exactness import configure, describe
-    from specdec.tuning.dtype import architecture_key
-
     configure(target, None, backend=backend.name)
     check = getattr(target.exactness, "check", None)
     print(
-        describe(target)
+        describe_exactness(target)
         + (f" (checked: {', '.join(check.checked)})" if check and check.checked else "")
     )
 
@@ -435,8 +421,6 @@ def cmd_tune(args) -> int:
 
 
 def cmd_plugins(args) -> int:
-    from specdec.plugins.registry import default_registry
-
     rows = default_registry().describe()
     if args.json:
         print(json.dumps(rows, indent=2))
@@ -476,8 +460,6 @@ def _parse_mix(text: str | None):
                 f"--prompt-mix takes kind=share pairs, e.g. corpus=0.3,general=0.5,plain=0.2; "
                 f"got {text!r}"
             ) from None
-    from specdec.training.selfinstruct import check_mix
-
     try:
         check_mix(pairs)
     except InvalidInputError as exc:
@@ -487,8 +469,6 @@ def _parse_mix(text: str | None):
 
 def cmd_train(args) -> int:
     """Distil a drafter for a model (``specdec.training``); prints held-out tokens per step."""
-    from specdec.errors import InvalidInputError, require
-
     if args.backend != "torch":
         raise InvalidInputError(
             f"training runs on the torch backend only, got --backend {args.backend!r}"
@@ -745,8 +725,6 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--backend", default=None)
     tune.add_argument("--device", default=None)
     tune.set_defaults(func=cmd_tune)
-    from specdec.plugins.registry import default_registry
-
     trainable = [spec for spec in default_registry().drafter_specs() if spec.train is not None]
     train_sub = sub.add_parser(
         "train", help="distil a drafter from a model (needs specdec[train])"
@@ -760,14 +738,8 @@ def build_parser() -> argparse.ArgumentParser:
         _add_train_parser(
             train_sub.add_parser(spec.name, help=f"distil a {spec.name} drafter"), spec
         )
-    from specdec.cli.cache import add_parser as add_cache_parser
-
     add_cache_parser(sub)
-    from specdec.cli.export import add_parser as add_export_parsers
-
     add_export_parsers(sub)
-    from specdec.cli.serve import add_parser as add_serve_parser
-
     add_serve_parser(sub)
     plugins = sub.add_parser(
         "plugins", help="list installed backends, drafters, tree builders and verifiers"
@@ -780,8 +752,6 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     """Run a command; every expected failure is one line on stderr and a non-zero exit
     (``--debug`` re-raises it with its traceback)."""
-    from specdec.errors import TrainingInterrupted
-
     _show_plugin_warnings()
     early = argparse.ArgumentParser(add_help=False)  # plugins are loaded while the parser is built
     early.add_argument("--disable-plugin", action="append", default=[])
@@ -828,9 +798,6 @@ def main(argv=None) -> int:
 
 def _disable_plugins(names: list[str]) -> None:
     """--disable-plugin: added to SPECDEC_DISABLE_PLUGINS, so that child processes agree."""
-    from specdec.plugins.loading import DISABLE_ENV
-    from specdec.plugins.registry import default_registry
-
     if names:
         os.environ[DISABLE_ENV] = ",".join(filter(None, [os.environ.get(DISABLE_ENV, ""), *names]))
         default_registry.cache_clear()
@@ -838,10 +805,6 @@ def _disable_plugins(names: list[str]) -> None:
 
 def _show_plugin_warnings() -> None:
     """A skipped plugin is reported as one line on stderr, like every other message of the CLI."""
-    import warnings
-
-    from specdec.plugins.loading import PluginWarning
-
     shown = warnings.showwarning
 
     def show(message, category, filename, lineno, file=None, line=None):

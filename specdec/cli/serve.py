@@ -7,8 +7,12 @@ import os
 import sys
 
 from specdec.cli.options import DRAFTER_HELP, drafter_options
+from specdec.errors import InvalidInputError, require
 from specdec.serving import limits as bounds
+from specdec.serving.engine import Engine
+from specdec.serving.limits import Limits, exposure_warning
 from specdec.slots import TREE_ROOM
+from specdec.tuning.exactness import describe as describe_exactness
 
 API_KEY_VARIABLE = "SPECDEC_API_KEY"
 
@@ -183,15 +187,9 @@ def _prefill_tokens(value: str):
 
 
 def cmd_serve(args) -> int:
-    from specdec.serving.engine import Engine
-    from specdec.errors import InvalidInputError, require
-    from specdec.serving.limits import Limits, exposure_warning
-
     require("uvicorn", extra="serve", feature="specdec serve")
     require("starlette", extra="serve", feature="specdec serve")
     from specdec.serving.server import Server
-
-    from specdec.tuning.exactness import describe as describe_exactness
 
     for flag in (
         "max_body_bytes",
