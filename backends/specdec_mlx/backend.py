@@ -16,14 +16,13 @@ import mlx.core as mx
 import numpy as np
 
 from specdec_mlx.arrays import to_mx  # noqa: F401  (where it was first defined)
+from specdec_mlx.blas import blas_hint
 from specdec_mlx.device import DEVICES, describe_device, parse_dtype, select_device
 from specdec_mlx.loading import load_target
 
 
 def _warn_slow_blas() -> None:
     """Say once, at the first load, when MLX computes on the CPU with its slow bundled BLAS."""
-    from specdec_mlx.blas import blas_hint
-
     if _warned or mx.default_device() != mx.cpu:
         return
     hint = blas_hint()

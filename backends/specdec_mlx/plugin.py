@@ -8,14 +8,13 @@ from __future__ import annotations
 
 from specdec.plugins.hookspecs import hookimpl
 from specdec.plugins.support import lazy_factory, register_verifiers
+from specdec_mlx.blas import prefer_system_blas
 
 
 def _backend():
     """The mlx backend; on Linux the system OpenBLAS is loaded for MLX first (``specdec_mlx.blas``):
     only in processes that ask for this backend, since every BLAS call of the process, torch's
     float32 products included, then goes to it."""
-    from specdec_mlx.blas import prefer_system_blas
-
     prefer_system_blas()
     return lazy_factory("mlx", "specdec_mlx.backend:MlxBackend", feature="the mlx backend")()
 

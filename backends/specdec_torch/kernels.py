@@ -22,6 +22,8 @@ from typing import Any
 
 import torch
 
+from specdec.tuning.dtype import cpu_description
+
 __all__ = ["KERNEL_VARIABLE", "attention_kernel", "kernel_status"]
 
 KERNEL_VARIABLE = "SPECDEC_TORCH_KERNEL"  # "0" keeps exact mode on torch operations
@@ -35,8 +37,6 @@ _STATE: dict[str, Any] = {}
 
 
 def _build_name() -> str:
-    from specdec.tuning.dtype import cpu_description
-
     key = "|".join([SOURCE.read_text(), " ".join(FLAGS), cpu_description(), torch.__version__])
     return "specdec_exact_attention_" + hashlib.sha256(key.encode()).hexdigest()[:16]
 

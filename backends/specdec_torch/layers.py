@@ -15,6 +15,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from specdec.reference.model import rotary_inverse_frequencies
 from specdec_torch.timing import fastest
 
 __all__ = [
@@ -67,8 +68,6 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 
 def inverse_frequencies(config, device: torch.device) -> torch.Tensor:
     """(Dh/2,) rotation speeds with the model's rope scaling, computed by the reference in float64."""
-    from specdec.reference.model import rotary_inverse_frequencies
-
     return torch.from_numpy(np.asarray(rotary_inverse_frequencies(config))).to(
         device=device, dtype=rotary_dtype(device)
     )

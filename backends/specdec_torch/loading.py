@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import Any, Iterable
 
 import torch
+from safetensors import safe_open
 
-from specdec.errors import InvalidInputError
+from specdec.errors import InvalidInputError, require
 from specdec.models.llama import SUPPORTED_MODEL_TYPES, LlamaConfig, load_tokenizer
 from specdec_torch.device import default_device
 from specdec.reference.weights import check_weights_header
@@ -69,8 +70,6 @@ def tensor_fingerprint(named_tensors: Iterable[tuple[str, Any]]) -> str:
 
 def _folder_tensors(folder: Path):
     """(name, tensor) of every tensor stored in the folder's safetensors file(s)."""
-    from safetensors import safe_open
-
     files = [folder / "model.safetensors"]
     if not files[0].is_file():
         index = json.loads((folder / "model.safetensors.index.json").read_text())
@@ -115,8 +114,6 @@ def _eos_ids(model: Any, config: LlamaConfig) -> tuple[int, ...]:
 def _from_folder(
     path: str | os.PathLike, dtype: torch.dtype, device: torch.device, **slots
 ) -> TorchTarget:
-    from specdec.errors import require
-
     transformers = require(
         "transformers", extra="torch", feature="the torch backend's model loading"
     )

@@ -40,6 +40,7 @@ from specdec_torch.exact import (
     plan_split,
 )
 from specdec_torch.invariance import check_row_invariance
+from specdec_torch.kernels import attention_kernel
 from specdec_torch.kvcache import TorchKVCache
 from specdec_torch.layers import apply_rotary, attend, inverse_frequencies, rms_norm, rotary_cos_sin
 from specdec_torch.packing import pack as pack_stream, unpack as unpack_stream
@@ -199,8 +200,6 @@ class TorchTarget:
     def exact(self, value: bool) -> None:
         self._exact = bool(value)
         if self._exact and self.device.type == "cpu" and self._kernel is None:
-            from specdec_torch.kernels import attention_kernel
-
             self._kernel = attention_kernel()  # None: the split form of torch operations
 
     def check_row_invariance(self):
