@@ -12,6 +12,7 @@ from specdec.models.bundled import resolve_model
 from specdec.errors import InvalidInputError, ModelLoadError, SpecdecError
 from specdec.models.files import check_model_folder, read_json
 from specdec.models.llama import load_tokenizer
+from specdec.testing import make_random_model
 
 MODEL_TYPE = "specdec_draft_model"
 DEFAULT_DRAFT_LENGTH = 4
@@ -137,8 +138,6 @@ def make_random_draft_model(
 ) -> Path:
     """A drafter folder for the model at ``model_path``: ``path/model`` is a random model of the
     same architecture and vocabulary (its tokenizer files copied), ``path/config.json`` names it."""
-    from specdec.testing import make_random_model
-
     source = Path(model_path)
     config = json.loads((source / "config.json").read_text())
     folder = Path(path)

@@ -10,23 +10,22 @@ second target on the target's backend (docs/algorithms/draft-model.md).
 
 from __future__ import annotations
 
+from specdec.errors import InvalidInputError
 from specdec.plugins.hookspecs import hookimpl
 from specdec.plugins.support import lazy_call
 from specdec.plugins.specs import DrafterSpec
+from specdec_draftmodel.checkpoint import (
+    DEFAULT_DRAFT_LENGTH,
+    HOW_TO_PASS,
+    load_draft_model,
+    read_drafter_folder,
+)
+from specdec_draftmodel.drafter import DraftModelDrafter
 
 
 def draft_model_factory(
     target, checkpoint=None, *, backend, draft_model=None, draft_length=None, sample=True
 ):
-    from specdec.errors import InvalidInputError
-    from specdec_draftmodel.checkpoint import (
-        DEFAULT_DRAFT_LENGTH,
-        HOW_TO_PASS,
-        load_draft_model,
-        read_drafter_folder,
-    )
-    from specdec_draftmodel.drafter import DraftModelDrafter
-
     saved = read_drafter_folder(checkpoint) if checkpoint is not None else {}
     source = draft_model if draft_model is not None else saved.get("draft_model")
     if source is None:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import attrs
+
 from specdec.plugins.hookspecs import hookimpl
 from specdec.plugins.support import backend_class, lazy_call, load_trained
 from specdec.plugins.specs import CliOption, DrafterSpec
+from specdec_eagle.checkpoint import load_eagle_checkpoint
 
 CLASSES = {
     "numpy": "specdec_eagle.reference:EagleDrafter",
@@ -18,8 +21,6 @@ def _factory(backend_name: str):
         target, checkpoint=None, *, backend=None, tree_top_k=None, depth=None, total_tokens=None
     ):
         """``tree_top_k``: the children each expanded node proposes (``top_k`` is generate's sampling option)."""
-        from specdec_eagle.checkpoint import load_eagle_checkpoint
-
         drafter_class = backend_class(backend_name, CLASSES, feature="the EAGLE drafter")
         config, weights = load_trained(
             "eagle", "EAGLE", "specdec_eagle", load_eagle_checkpoint, checkpoint, target
@@ -38,9 +39,6 @@ def _factory(backend_name: str):
 
 
 def _evaluation_task(checkpoint, target, overrides):
-    import attrs
-
-    from specdec_eagle.checkpoint import load_eagle_checkpoint
     from specdec_eagle.train import EagleTask
 
     config, weights = load_eagle_checkpoint(checkpoint)

@@ -33,7 +33,14 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from specdec.models.checkpoints import save_checkpoint
+from specdec.models.llama import LlamaConfig
+from specdec.training.evaluate import beam_acceptance, gather_window
+from specdec.training.loop import sampled_soft_cross_entropy, soft_cross_entropy
+from specdec.training.run import train_drafter
+from specdec_eagle.checkpoint import config_for_target
 from specdec_eagle.config import EagleConfig
+from specdec_eagle.torch import EagleNet, TorchEagleDrafter, TreeSearch
 
 __all__ = ["EagleTask", "default_config", "init_weights", "train_eagle", "tree_acceptance"]
 
@@ -43,9 +50,6 @@ def default_config(
 ) -> EagleConfig:
     """The draft layer for a ``TeacherTarget``: the target's head layout, MLP width, rotary base
     and norm epsilon, fc with a bias (EAGLE-1)."""
-    from specdec.models.llama import LlamaConfig
-    from specdec_eagle.checkpoint import config_for_target
-
     llama = LlamaConfig.from_folder(target.folder)
     record = {
         "name": target.name,
@@ -120,8 +124,6 @@ class EagleTask:
         shortlist: np.ndarray | None = None,
         data=None,
     ):
-        from specdec_eagle.torch import EagleNet
-
         self.shortlist = None if shortlist is None else np.asarray(shortlist, dtype=np.int64)
         self.config = attrs.evolve(
             config, shortlist_size=None if shortlist is None else len(self.shortlist)
@@ -186,8 +188,6 @@ class EagleTask:
 
     def step_loss(self, out, targets, label_ids, label_probs, valid, generator) -> torch.Tensor:
         """feature_weight * SmoothL1 + ce_weight * soft cross-entropy, per valid position."""
-        from specdec.training.loop import sampled_soft_cross_entropy, soft_cross_entropy
-
         count = valid.sum().clamp(min=1)
         feature_loss = (
             F.smooth_l1_loss(out, targets, reduction="none").mean(-1) * valid
@@ -247,8 +247,6 @@ class EagleTask:
         """The inference drafter on the current weights and the draft cache of every held-out
         position (keys and values (Hkv, P, Dh) over ``data``'s flat positions, each sequence from
         its own start), rebuilt after training steps."""
-        from specdec_eagle.torch import TorchEagleDrafter
-
         if self._inference is not None and self._inference[0] is data:
             return self._inference[1:]
         net = self.module
@@ -281,8 +279,6 @@ class EagleTask:
         )
 
     def save(self, folder: Path, *, dtype=np.float32) -> Path:
-        from specdec.models.checkpoints import save_checkpoint
-
         return save_checkpoint(folder, self.config.to_dict(), self.weights(), dtype=dtype)
 
 
@@ -312,7 +308,6 @@ def train_eagle(
     ``top_k_labels`` is the teacher's top-k soft labels. top_k, depth, total_tokens: the tree the
     checkpoint records and evaluation drafts with.
     """
-    from specdec.training.run import train_drafter
 
     def make_task(
         target, seed: int, *, shortlist: np.ndarray | None = None, data=None
@@ -373,9 +368,6 @@ def tree_acceptance(
     layer's cached ``keys`` / ``values`` (layer entries of every position; ``starts``: each
     sequence's first) of the sequence so far, from the root features ``features`` (B, H). EAGLE's
     and EAGLE-3's held-out evaluations."""
-    from specdec.training.evaluate import beam_acceptance, gather_window
-    from specdec_eagle.torch import TreeSearch
-
     sequence_start = starts[data.sequence[indices]]  # (B,)
     lengths = indices - sequence_start  # entries before the root entry
     span = max(int(lengths.max()), 1)

@@ -13,9 +13,11 @@ from typing import Any, Mapping
 import numpy as np
 
 from specdec.models.checkpoints import read_checkpoint, read_target_config, save_checkpoint
+from specdec.models.export import detect_layout
 from specdec.models.llama import LlamaConfig
 
 from specdec_eagle3.config import Eagle3Config, check_weights, default_hidden_layers
+from specdec_eagle3.export import read_specforge, read_speculators
 
 __all__ = [
     "config_for_target",
@@ -39,12 +41,8 @@ def save_eagle3(
 def load_eagle3_checkpoint(path: str | Path) -> tuple[Eagle3Config, dict[str, np.ndarray]]:
     """Read a folder written by ``save_eagle3``, or one in the SpecForge or speculators layout
     (``specdec_eagle3.export``) -> (config, float64 weights, ``d2t`` int64)."""
-    from specdec.models.export import detect_layout
-
     layout = detect_layout(path)
     if layout in (("eagle3", "specforge"), ("eagle3", "speculators")):
-        from specdec_eagle3.export import read_specforge, read_speculators
-
         config, weights, _ = (read_specforge if layout[1] == "specforge" else read_speculators)(
             path
         )

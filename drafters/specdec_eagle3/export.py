@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 import numpy as np
+from safetensors.numpy import load_file, save_file
 
 from specdec.errors import InvalidInputError
 from specdec_eagle3.config import (
@@ -103,8 +104,6 @@ def _tensors(
 
 
 def _save(folder: Path, arrays: dict, config_json: dict) -> None:
-    from safetensors.numpy import save_file
-
     folder.mkdir(parents=True, exist_ok=True)
     save_file(arrays, str(folder / "model.safetensors"), metadata={"format": "pt"})
     (folder / "config.json").write_text(json.dumps(config_json, indent=2) + "\n")
@@ -213,8 +212,6 @@ def write_speculators(
 
 
 def _load_tensors(folder: Path) -> dict[str, np.ndarray]:
-    from safetensors.numpy import load_file
-
     if (folder / "model.safetensors").is_file():
         return load_file(str(folder / "model.safetensors"))
     if (folder / "pytorch_model.bin").is_file():

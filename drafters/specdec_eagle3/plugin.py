@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import attrs
+
+from specdec.models.llama import LlamaConfig
 from specdec.plugins.hookspecs import hookimpl
 from specdec.plugins.support import backend_class, lazy_call, load_trained
 from specdec.plugins.specs import CliOption, DrafterSpec, Layout
+from specdec_eagle3.checkpoint import load_eagle3_checkpoint
+from specdec_eagle3.config import draft_to_target, resolve_layers
 
 CLASSES = {
     "numpy": "specdec_eagle3.reference:Eagle3Drafter",
@@ -18,9 +23,6 @@ def _factory(backend_name: str):
         target, checkpoint=None, *, backend=None, tree_top_k=None, depth=None, total_tokens=None
     ):
         """``tree_top_k``: the children each expanded node proposes (``top_k`` is generate's sampling option)."""
-        from specdec_eagle3.checkpoint import load_eagle3_checkpoint
-        from specdec_eagle3.config import resolve_layers
-
         drafter_class = backend_class(backend_name, CLASSES, feature="the EAGLE-3 drafter")
         config, weights = load_trained(
             "eagle3", "EAGLE-3", "specdec_eagle3", load_eagle3_checkpoint, checkpoint, target
@@ -39,11 +41,6 @@ def _factory(backend_name: str):
 
 
 def _evaluation_task(checkpoint, target, overrides):
-    import attrs
-
-    from specdec.models.llama import LlamaConfig
-    from specdec_eagle3.checkpoint import load_eagle3_checkpoint
-    from specdec_eagle3.config import draft_to_target, resolve_layers
     from specdec_eagle3.task import Eagle3Task
 
     config, weights = load_eagle3_checkpoint(checkpoint)

@@ -33,8 +33,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from specdec_eagle3.checkpoint import d2t_from_ids
+from specdec.training.loop import sampled_soft_cross_entropy, soft_cross_entropy
+from specdec_eagle.train import tree_acceptance
+from specdec_eagle3.checkpoint import d2t_from_ids, save_eagle3
 from specdec_eagle3.config import Eagle3Config
+from specdec_eagle3.torch import Eagle3Net, TorchEagle3Drafter
 
 __all__ = ["Eagle3Task", "map_labels", "target_to_draft", "unrolled_mask"]
 
@@ -92,8 +95,6 @@ class Eagle3Task:
         negatives: int | None = None,
         data=None,
     ):
-        from specdec_eagle3.torch import Eagle3Net
-
         self.ids = np.asarray(ids, dtype=np.int64)
         if config.hidden_layers is None or len(self.ids) != config.draft_vocab_size:
             raise ValueError(
@@ -158,8 +159,6 @@ class Eagle3Task:
 
     def step_loss(self, out, label_ids, label_probs, mask, generator) -> torch.Tensor:
         """Mean soft cross-entropy over the masked positions (the draft vocabulary's logits)."""
-        from specdec.training.loop import sampled_soft_cross_entropy, soft_cross_entropy
-
         count = mask.sum().clamp(min=1)
         normed = self.module.norm(out)
         if self.negatives and generator is not None:
@@ -207,8 +206,6 @@ class Eagle3Task:
         """The inference drafter on the current weights, the draft cache of every position of
         ``data`` (keys and values (Hkv, P, Dh), each sequence from its own start) and the fused
         features (P, H); rebuilt after training steps."""
-        from specdec_eagle3.torch import TorchEagle3Drafter
-
         if self._inference is not None and self._inference[0] is data:
             return self._inference[1:]
         drafter = TorchEagle3Drafter(
@@ -235,12 +232,8 @@ class Eagle3Task:
     def accept(self, data, indices: torch.Tensor) -> torch.Tensor:
         """The inference tree at each position (its cache: the sequence's earlier positions);
         the drafted tokens greedy verification accepts there."""
-        from specdec_eagle.train import tree_acceptance
-
         drafter, keys, values, fused, starts = self._drafter(data)
         return tree_acceptance(data, indices, drafter, keys, values, starts, fused[indices])
 
     def save(self, folder: Path, *, dtype=np.float32) -> Path:
-        from specdec_eagle3.checkpoint import save_eagle3
-
         return save_eagle3(folder, self.config, self.weights(), dtype=dtype)

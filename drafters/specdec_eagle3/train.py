@@ -27,7 +27,13 @@ import attrs
 import numpy as np
 import torch
 
+from specdec.errors import InvalidInputError
+from specdec.models.bundled import resolve_model
+from specdec.models.llama import LlamaConfig
+from specdec.training.run import train_drafter
+from specdec_eagle3.checkpoint import config_for_target, load_eagle3_checkpoint
 from specdec_eagle3.config import Eagle3Config, default_hidden_layers, draft_to_target
+from specdec_eagle3.task import Eagle3Task
 
 __all__ = ["default_config", "init_weights", "train_eagle3"]
 
@@ -43,9 +49,6 @@ def default_config(
 ) -> Eagle3Config:
     """The draft layer for a ``TeacherTarget``: the target's head layout, MLP width, rotary base
     and norm epsilon, its default three layers (``overrides`` may name others)."""
-    from specdec.models.llama import LlamaConfig
-    from specdec_eagle3.checkpoint import config_for_target
-
     llama = LlamaConfig.from_folder(target.folder)
     record = {
         "name": target.name,
@@ -103,8 +106,6 @@ def _final_norm(target) -> torch.Tensor | None:
 
 def _init_vocabulary(init) -> tuple[np.ndarray, tuple[int, ...]]:
     """The draft vocabulary (target ids) and fused layers of the checkpoint ``init``."""
-    from specdec_eagle3.checkpoint import load_eagle3_checkpoint
-
     config, weights = load_eagle3_checkpoint(init)
     return draft_to_target(weights["d2t"]), config.hidden_layers
 
@@ -139,12 +140,6 @@ def train_eagle3(
     trained for this target to start from; its draft vocabulary and fused layers are kept.
     ``shortlist`` is refused: the draft vocabulary is ``draft_vocab``.
     """
-    from specdec.errors import InvalidInputError
-    from specdec.models.bundled import resolve_model
-    from specdec.models.llama import LlamaConfig
-    from specdec.training.run import train_drafter
-    from specdec_eagle3.task import Eagle3Task
-
     if shortlist:
         raise InvalidInputError(
             "EAGLE-3 drafts over its own draft vocabulary: give "

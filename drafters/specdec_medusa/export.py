@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 import numpy as np
+from safetensors.numpy import load_file, save_file
 
 from specdec.errors import InvalidInputError
 from specdec_medusa.config import MedusaConfig
@@ -133,8 +134,6 @@ def _resolve_choices(config: MedusaConfig, choices) -> MedusaConfig:
 
 
 def _save(folder: Path, arrays: dict, config_json: dict, filename: str, dtype: str) -> Path:
-    from safetensors.numpy import save_file
-
     if dtype not in DTYPES:
         raise InvalidInputError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
     folder.mkdir(parents=True, exist_ok=True)
@@ -255,8 +254,6 @@ def export_vllm(
 
 def _load_any(path: Path) -> dict[str, np.ndarray]:
     if path.suffix == ".safetensors":
-        from safetensors.numpy import load_file
-
         return dict(load_file(str(path)))
     try:
         import torch
@@ -406,8 +403,6 @@ def read_fasterdecoding(folder) -> tuple[MedusaConfig, dict[str, np.ndarray], li
 
 def read_vllm(folder) -> tuple[MedusaConfig, dict[str, np.ndarray], list[str]]:
     """A vLLM Medusa folder (``model_type: "medusa"``)."""
-    from safetensors.numpy import load_file
-
     folder = Path(folder)
     raw = json.loads((folder / "config.json").read_text())
     files = sorted(folder.glob("*.safetensors"))

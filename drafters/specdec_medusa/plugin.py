@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import attrs
+
 from specdec.plugins.hookspecs import hookimpl
 from specdec.plugins.support import backend_class, lazy_call, load_trained
 from specdec.plugins.specs import DrafterSpec, Layout
+from specdec_medusa.checkpoint import load_medusa_checkpoint
 
 DRAFTERS = {
     "numpy": "specdec_medusa.reference:MedusaDrafter",
@@ -27,10 +30,6 @@ def _placement(backend: str, target) -> dict:
 
 def _drafter_factory(backend_name: str):
     def medusa(target, checkpoint=None, *, backend=None, top_t=None, choices=None):
-        import attrs
-
-        from specdec_medusa.checkpoint import load_medusa_checkpoint
-
         drafter_class = backend_class(backend_name, DRAFTERS, feature="the Medusa drafter")
         config, weights = load_trained(
             "medusa", "Medusa", "specdec_medusa", load_medusa_checkpoint, checkpoint, target
@@ -52,9 +51,6 @@ def _tree_factory(backend: str):
 
 
 def _evaluation_task(checkpoint, target, overrides):
-    import attrs
-
-    from specdec_medusa.checkpoint import load_medusa_checkpoint
     from specdec_medusa.train import MedusaTask
 
     config, weights = load_medusa_checkpoint(checkpoint)

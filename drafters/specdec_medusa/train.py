@@ -23,8 +23,14 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from specdec.models.checkpoints import save_checkpoint
+from specdec.training.evaluate import gather_window, tree_acceptance
+from specdec.training.loop import sampled_soft_cross_entropy, soft_cross_entropy
+from specdec.training.run import train_drafter
 from specdec_medusa.config import MedusaConfig
 from specdec_medusa.reference import check_weights
+from specdec_medusa.torch import MedusaHeads
+from specdec_torch.ops import top_k_lowest_index
 
 __all__ = ["MedusaNet", "MedusaTask", "default_config", "train_medusa"]
 
@@ -139,8 +145,6 @@ class MedusaTask:
         self._inference = None
 
     def loss(self, window, generator: torch.Generator | None = None) -> torch.Tensor:
-        from specdec.training.loop import sampled_soft_cross_entropy, soft_cross_entropy
-
         self._inference = None
         if self.negatives and generator is not None:
             features = self.module.features(window.hidden.float())  # (B, K, H)
@@ -160,10 +164,6 @@ class MedusaTask:
 
     def accept(self, data, indices: torch.Tensor) -> torch.Tensor:
         """Each head's top-T by the inference module; deepest tree path matching the continuation."""
-        from specdec.training.evaluate import gather_window, tree_acceptance
-        from specdec_medusa.torch import MedusaHeads
-        from specdec_torch.ops import top_k_lowest_index
-
         if self._inference is None:
             self._inference = MedusaHeads(
                 self.config,
@@ -183,8 +183,6 @@ class MedusaTask:
         )
 
     def save(self, folder: Path, *, dtype=np.float32) -> Path:
-        from specdec.models.checkpoints import save_checkpoint
-
         return save_checkpoint(folder, self.config.to_dict(), self.module.weights(), dtype=dtype)
 
 
@@ -196,7 +194,6 @@ def train_medusa(
     ``negatives``: sampled-softmax loss (``MedusaTask``). ``options`` go to
     ``specdec.training.run.train_drafter`` (budget, data sizes, resume ...).
     """
-    from specdec.training.run import train_drafter
 
     def make_task(target, seed: int, *, shortlist=None, data=None) -> MedusaTask:
         if shortlist is not None:

@@ -13,9 +13,11 @@ from typing import Any, Mapping
 import numpy as np
 
 from specdec.models.checkpoints import read_checkpoint, read_target_config, save_checkpoint
+from specdec.models.export import detect_layout
 from specdec.models.llama import load_tensors
 
 from specdec_redrafter.config import RedrafterConfig, check_weights
+from specdec_redrafter.export import read_apple
 from specdec_redrafter.reference import drafter_features, rnn_step
 
 __all__ = [
@@ -41,11 +43,7 @@ def save_redrafter(
 def load_redrafter_checkpoint(path: str | Path) -> tuple[RedrafterConfig, dict[str, np.ndarray]]:
     """Read a folder written by ``save_redrafter``, or one in Apple's layout (``specdec_redrafter.export``).
     -> (config, weights as float64 arrays)."""
-    from specdec.models.export import detect_layout
-
     if detect_layout(path) == ("redrafter", "apple"):
-        from specdec_redrafter.export import read_apple
-
         config, weights, _ = read_apple(path)
         return config, weights
     config, weights = read_checkpoint(path, label="ReDrafter")

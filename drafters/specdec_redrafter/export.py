@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 import numpy as np
+from safetensors.numpy import load_file, save_file
 
 from specdec.errors import InvalidInputError
 from specdec_redrafter.config import RedrafterConfig, check_weights
@@ -185,8 +186,6 @@ def export_apple(
 
     -> (folder, notes). Notes name every conversion and every behaviour the engines fix themselves.
     """
-    from safetensors.numpy import save_file
-
     if dtype not in DTYPES:
         raise InvalidInputError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
     config, full, notes = materialise(
@@ -219,8 +218,6 @@ def export_apple(
 def _read_tensors(folder: Path) -> dict[str, np.ndarray]:
     """``model.safetensors``, else ``model.pt`` (TensorRT-LLM's converter reads either)."""
     if (folder / "model.safetensors").is_file():
-        from safetensors.numpy import load_file
-
         return dict(load_file(str(folder / "model.safetensors")))
     if (folder / "model.pt").is_file():
         try:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import attrs
+
 from specdec.plugins.hookspecs import hookimpl
 from specdec.plugins.support import backend_class, lazy_call, load_trained
 from specdec.plugins.specs import CliOption, DrafterSpec, Layout
+from specdec_redrafter.checkpoint import load_redrafter_checkpoint
 
 CLASSES = {
     "numpy": "specdec_redrafter.reference:RedrafterDrafter",
@@ -24,8 +27,6 @@ def _factory(backend_name: str):
         sample=False,
         int8=None,
     ):
-        from specdec_redrafter.checkpoint import load_redrafter_checkpoint
-
         drafter_class = backend_class(backend_name, CLASSES, feature="the ReDrafter drafter")
         config, weights = load_trained(
             "redrafter",
@@ -50,9 +51,6 @@ def _factory(backend_name: str):
 
 
 def _evaluation_task(checkpoint, target, overrides):
-    import attrs
-
-    from specdec_redrafter.checkpoint import load_redrafter_checkpoint
     from specdec_redrafter.train import RedrafterTask
 
     config, weights = load_redrafter_checkpoint(checkpoint)

@@ -27,7 +27,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from specdec.models.checkpoints import save_checkpoint
+from specdec.training.evaluate import beam_acceptance, gather_window
+from specdec.training.loop import sampled_soft_cross_entropy, soft_cross_entropy
+from specdec.training.run import train_drafter
 from specdec_redrafter.config import RedrafterConfig, check_weights
+from specdec_redrafter.torch import RedrafterModule
 
 __all__ = ["RedrafterNet", "RedrafterTask", "default_config", "train_redrafter"]
 
@@ -264,8 +269,6 @@ class RedrafterTask:
         )
 
     def loss(self, window, generator: torch.Generator | None = None) -> torch.Tensor:
-        from specdec.training.loop import sampled_soft_cross_entropy, soft_cross_entropy
-
         self._inference = None
         hidden, tokens = window.hidden.float(), window.tokens[:, : self.depth]
         if self.negatives and generator is not None:
@@ -284,9 +287,6 @@ class RedrafterTask:
 
     def accept(self, data, indices: torch.Tensor) -> torch.Tensor:
         """Beam search of the inference module on the current weights; matched prefix per position."""
-        from specdec.training.evaluate import beam_acceptance, gather_window
-        from specdec_redrafter.torch import RedrafterModule
-
         net = self.module
         if self._inference is None:
             self._inference = RedrafterModule(
@@ -307,8 +307,6 @@ class RedrafterTask:
         return beam_acceptance(beams, window.tokens[:, 1:], window.valid)
 
     def save(self, folder: Path, *, dtype=np.float32) -> Path:
-        from specdec.models.checkpoints import save_checkpoint
-
         return save_checkpoint(folder, self.config.to_dict(), self.weights(), dtype=dtype)
 
     def weights(self) -> dict[str, np.ndarray]:
@@ -334,7 +332,6 @@ def train_redrafter(
     ``negatives``: sampled-softmax loss (``RedrafterTask``). ``options`` go to
     ``specdec.training.run.train_drafter`` (budget, data sizes, resume ...).
     """
-    from specdec.training.run import train_drafter
 
     def make_task(
         target, seed: int, *, shortlist: np.ndarray | None = None, data=None
