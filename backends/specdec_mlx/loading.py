@@ -40,7 +40,7 @@ def load_target(source: Any, *, dtype, requested_dtype: str | None = None, **slo
 
 def load_folder(path: str | os.PathLike, *, dtype, **slots) -> MlxTarget:
     """Load a local folder (config.json, model.safetensors or shards, optional tokenizer.json)."""
-    from mlx_lm.utils import load_model
+    from mlx_lm.utils import load_model  # optional: mlx_lm (mlx extra)
 
     folder = Path(path)
     config = LlamaConfig.from_folder(folder)  # checks the folder and the architecture

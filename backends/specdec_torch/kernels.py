@@ -65,6 +65,7 @@ def attention_kernel():
 
 
 def _load():
+    # optional: setuptools (building the kernel; torch operations without it)
     from torch.utils import cpp_extension
 
     name = _build_name()

@@ -39,7 +39,7 @@ def _factory(backend_name: str):
 
 
 def _evaluation_task(checkpoint, target, overrides):
-    from specdec_eagle.train import EagleTask
+    from specdec_eagle.train import EagleTask  # optional: torch (train extra)
 
     config, weights = load_eagle_checkpoint(checkpoint)
     task = EagleTask(

@@ -216,7 +216,7 @@ def _load_tensors(folder: Path) -> dict[str, np.ndarray]:
         return load_file(str(folder / "model.safetensors"))
     if (folder / "pytorch_model.bin").is_file():
         try:
-            import torch
+            import torch  # optional: torch (torch extra)
         except ImportError as exc:
             raise InvalidInputError(
                 f"{folder}/pytorch_model.bin needs torch to read; install specdec[torch]"

@@ -41,7 +41,7 @@ def _factory(backend_name: str):
 
 
 def _evaluation_task(checkpoint, target, overrides):
-    from specdec_eagle3.task import Eagle3Task
+    from specdec_eagle3.task import Eagle3Task  # optional: torch (train extra)
 
     config, weights = load_eagle3_checkpoint(checkpoint)
     config = resolve_layers(config, LlamaConfig.from_folder(target.folder).num_hidden_layers)

@@ -256,7 +256,7 @@ def _load_any(path: Path) -> dict[str, np.ndarray]:
     if path.suffix == ".safetensors":
         return dict(load_file(str(path)))
     try:
-        import torch
+        import torch  # optional: torch (torch extra)
     except ImportError as exc:
         raise InvalidInputError(
             f"{path} is a torch file: install specdec[torch] to read it"

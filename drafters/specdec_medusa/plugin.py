@@ -51,7 +51,7 @@ def _tree_factory(backend: str):
 
 
 def _evaluation_task(checkpoint, target, overrides):
-    from specdec_medusa.train import MedusaTask
+    from specdec_medusa.train import MedusaTask  # optional: torch (train extra)
 
     config, weights = load_medusa_checkpoint(checkpoint)
     task = MedusaTask(attrs.evolve(config, **overrides), lm_head=target.lm_head)

@@ -221,7 +221,7 @@ def _read_tensors(folder: Path) -> dict[str, np.ndarray]:
         return dict(load_file(str(folder / "model.safetensors")))
     if (folder / "model.pt").is_file():
         try:
-            import torch
+            import torch  # optional: torch (torch extra)
         except ImportError as exc:
             raise InvalidInputError(
                 f"{folder / 'model.pt'} is a torch file: install specdec[torch] to read it"

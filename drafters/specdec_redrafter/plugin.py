@@ -51,7 +51,7 @@ def _factory(backend_name: str):
 
 
 def _evaluation_task(checkpoint, target, overrides):
-    from specdec_redrafter.train import RedrafterTask
+    from specdec_redrafter.train import RedrafterTask  # optional: torch (train extra)
 
     config, weights = load_redrafter_checkpoint(checkpoint)
     shortlist = weights.pop(

@@ -67,7 +67,7 @@ def _hf_runner(method: Method, model, target, dtype, max_new_tokens):
 def _mlx_lm_runner(method: Method, model, target, max_new_tokens):
     mx = require("mlx.core", extra="mlx", feature="the mlx-lm baselines")
     mlx_lm = require("mlx_lm", extra="mlx", feature="the mlx-lm baselines")
-    from mlx_lm.sample_utils import make_sampler
+    from mlx_lm.sample_utils import make_sampler  # optional: mlx_lm (mlx extra)
 
     lm, tokenizer = mlx_lm.load(str(resolve_model(model)))
     draft = (

@@ -231,10 +231,10 @@ def write_outputs(records: Sequence[BenchRecord], out: Path, *, meta: dict) -> d
 
 def plot(rows: Sequence[dict], records: Sequence[BenchRecord], out: Path) -> None:
     """Speedup by category (bars per method) and the distribution of accepted lengths."""
-    import matplotlib
+    import matplotlib  # optional: matplotlib (bench extra)
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # optional: matplotlib (bench extra)
 
     configs = sorted({(r["backend"], r["dtype"], r["temperature"]) for r in rows})
     fig, axes = plt.subplots(len(configs), 1, figsize=(10, 3.5 * len(configs)), squeeze=False)

@@ -189,7 +189,7 @@ def _prefill_tokens(value: str):
 def cmd_serve(args) -> int:
     require("uvicorn", extra="serve", feature="specdec serve")
     require("starlette", extra="serve", feature="specdec serve")
-    from specdec.serving.server import Server
+    from specdec.serving.server import Server  # optional: starlette (serve extra)
 
     for flag in (
         "max_body_bytes",

@@ -273,7 +273,7 @@ def convert_gguf(gguf: Path, folder: Path, *, source: str) -> None:
     transformers = require("transformers", extra="hf", feature="converting a GGUF model")
     require("gguf", extra="hf", feature="converting a GGUF model")
     require("accelerate", extra="hf", feature="converting a GGUF model")
-    from safetensors.torch import save_file
+    from safetensors.torch import save_file  # optional: torch (hf extra)
 
     partial = cache.work_folder(folder.parent, f".{folder.name}.partial")
     try:

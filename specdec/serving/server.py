@@ -56,7 +56,7 @@ class Server:
     ):
         uvicorn = require("uvicorn", extra="serve", feature="specdec serve")
         require("starlette", extra="serve", feature="specdec serve")
-        from specdec.serving.protocol import protocol_class
+        from specdec.serving.protocol import protocol_class  # optional: uvicorn (serve extra)
 
         self.engine = engine
         self.drain = drain

@@ -110,10 +110,10 @@ def train_drafter(
     ``run_settings`` such as its beam shape) needs ``allow_changes``. ``save_minutes``: save the
     training state that often (and at the first SIGINT/SIGTERM, see ``specdec.training.loop.train``).
     """
-    import torch
+    import torch  # optional: torch (train extra)
 
-    from specdec.training.loop import TrainSettings, train
-    from specdec.training.teacher import load_teacher_target
+    from specdec.training.loop import TrainSettings, train  # optional: torch (train extra)
+    from specdec.training.teacher import load_teacher_target  # optional: torch (train extra)
 
     if save_dtype not in SAVE_DTYPES:
         raise ValueError(f"save_dtype must be one of {sorted(SAVE_DTYPES)}, got {save_dtype!r}")
@@ -321,6 +321,7 @@ def build_teacher_data(
 
     -> (datasets {"train", "heldout"}, stats per split plus "settings", wall seconds per stage).
     """
+    # optional: torch (train extra)
     from specdec.training.teacher import TeacherSettings, teacher_dataset
 
     cache = Path(cache) if cache is not None else cache_dir()
@@ -397,7 +398,7 @@ def build_teacher_data(
     ):  # prompts made in this run (cached shards need none)
         teacher_stats["prompt_kinds_made"] = dict(decoded_source.stats)
     if "prompt_text" in datasets:
-        from specdec.training.teacher import TeacherData
+        from specdec.training.teacher import TeacherData  # optional: torch (train extra)
 
         extra = datasets.pop("prompt_text")
         datasets["train"] = (
@@ -432,8 +433,8 @@ def evaluate_drafter(
     ``beam_length`` for ReDrafter; ``choices``, ``top_t`` for Medusa). The held-out teacher data
     are the cached ones of ``train_drafter`` with the same settings (made when missing), with the
     decoder layers the task's ``teacher_layers`` names, if any."""
-    from specdec.training.loop import evaluate
-    from specdec.training.teacher import load_teacher_target
+    from specdec.training.loop import evaluate  # optional: torch (train extra)
+    from specdec.training.teacher import load_teacher_target  # optional: torch (train extra)
 
     kind = drafter_kind(Path(checkpoint), default_registry())
     target = load_teacher_target(model)

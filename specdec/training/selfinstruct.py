@@ -210,7 +210,7 @@ class MixedPrompts:
         """The target's greedy replies to ``chats`` (at most REQUEST_TOKENS tokens each)."""
         if not chats:
             return []
-        from specdec.training.teacher import greedy_teacher
+        from specdec.training.teacher import greedy_teacher  # optional: torch (train extra)
 
         ids = [self.target.encode(chat) for chat in chats]
         data = greedy_teacher(

@@ -279,7 +279,7 @@ def target_fingerprint(folder: Path) -> str:
 
 def load_teacher_target(source, *, dtype: str = "bfloat16") -> TeacherTarget:
     """Load a bundled name (``smollm2-135m``) or a Hugging Face-format folder for distillation."""
-    import transformers
+    import transformers  # optional: transformers (torch extra)
 
     folder = Path(resolve_model(source))
     model = transformers.AutoModelForCausalLM.from_pretrained(
