@@ -4,22 +4,33 @@
 
 prints, per folder: modules, arrows (distinct importer -> imported module pairs, imports inside
 functions counted), import cycles (strongly connected groups of modules) with the modules in
-each, and the import statements inside functions; then the same graph with each package
+each, and the import statements inside functions, naming each one that lacks its
+``# optional: <dependency> (<extra>)`` comment; then the same graph with each package
 directly under a folder drawn as one node (``specdec.decode.*`` as ``specdec.decode``).
 ``tests/plugins/test_layout.py`` holds the tree to no cycle with it. An import of ``a.b`` is an
 arrow to module ``a.b`` (its ``__init__`` when a package); the parent packages it also runs are
 not arrows, so a package's ``__init__`` that only carries a docstring adds none.
+
+An import inside a function is there only to keep an optional dependency optional (torch,
+mlx, transformers, matplotlib, starlette, ...: imported directly, or through a module that
+imports one at module level), and says so on its line or on a comment line right above it,
+e.g. ``import torch  # optional: torch (torch extra)``; every other import is at the top.
+``tests/plugins/test_layout.py`` holds the tree to no unmarked import either.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SKIPPED_PARTS = {"__pycache__", "build", "dist", ".venv", "tests"}
 FUNCTIONS = (ast.FunctionDef, ast.AsyncFunctionDef)
+# The comment an import inside a function carries: the dependency it keeps optional, then in
+# parentheses where that comes from (``# optional: torch (torch extra)``).
+OPTIONAL = re.compile(r"#\s*optional: [\w.-]+(?:, [\w.-]+)* \(.+\)")
 
 
 def module_files(folder: Path) -> dict[str, Path]:
@@ -134,18 +145,46 @@ def cycles(arrows: dict[str, set[str]]) -> list[list[str]]:
     return sorted(groups)
 
 
-def imports_inside_functions(folder: Path) -> int:
-    """Every import statement inside a function under ``folder``, of any module."""
-    count = 0
-    for path in module_files(folder).values():
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if isinstance(node, FUNCTIONS):
-                count += sum(
-                    isinstance(n, (ast.Import, ast.ImportFrom))
-                    for n in ast.walk(node)
-                    if n is not node and not isinstance(n, FUNCTIONS)
-                )
-    return count
+def function_imports(text: str, filename: str = "<source>") -> list[tuple[int, str, bool]]:
+    """``(line, statement, marked)`` for each import statement inside a function (or a lambda, a
+    class in a function, ...) of the source ``text``; ``marked``: it carries the ``# optional:``
+    comment on one of its lines or on a comment line directly above."""
+    tree = ast.parse(text, filename)
+    lines = text.splitlines()
+    found: list[tuple[int, str, bool]] = []
+
+    def visit(node: ast.AST, inside: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if inside and isinstance(child, (ast.Import, ast.ImportFrom)):
+                own = lines[child.lineno - 1 : child.end_lineno]
+                above = lines[child.lineno - 2].strip() if child.lineno > 1 else ""
+                marked = any(
+                    "#" in line and OPTIONAL.search(line[line.index("#") :]) for line in own
+                ) or (above.startswith("#") and OPTIONAL.fullmatch(above) is not None)
+                found.append((child.lineno, " ".join(ast.unparse(child).split()), marked))
+            visit(child, inside or isinstance(child, FUNCTIONS + (ast.Lambda,)))
+
+    visit(tree, False)
+    return found
+
+
+def imports_inside_functions(folder: Path) -> list[tuple[Path, int, str, bool]]:
+    """``(path, line, statement, marked)`` for every import statement inside a function under
+    ``folder``, of any module (``function_imports``)."""
+    return [
+        (path, line, statement, marked)
+        for path in module_files(folder).values()
+        for line, statement, marked in function_imports(path.read_text(), str(path))
+    ]
+
+
+def unmarked_imports(folder: Path) -> list[tuple[Path, int, str]]:
+    """The imports inside functions under ``folder`` without their ``# optional:`` comment."""
+    return [
+        (path, line, statement)
+        for path, line, statement, marked in imports_inside_functions(folder)
+        if not marked
+    ]
 
 
 def packages(
@@ -172,13 +211,17 @@ def main(argv: list[str]) -> int:
     for folder in argv or ["specdec", "backends", "drafters"]:
         modules, arrows, inner = graph([root / folder])
         groups = cycles(arrows)
+        inside = imports_inside_functions(root / folder)
+        unmarked = [(path, line, text) for path, line, text, marked in inside if not marked]
         print(
             f"{folder}/: {len(modules)} modules, {sum(map(len, arrows.values()))} arrows, "
-            f"{len(groups)} cycles, {imports_inside_functions(root / folder)} imports inside "
-            "functions"
+            f"{len(groups)} cycles, {len(inside)} imports inside functions, "
+            f"{len(unmarked)} without '# optional:'"
         )
         for group in groups:
             print("  cycle: " + " <-> ".join(group))
+        for path, line, text in unmarked:
+            print(f"  unmarked: {path.relative_to(root)}:{line}: {text}")
         nodes, outer = packages(modules, arrows)
         groups = cycles(outer)
         print(

@@ -3,6 +3,8 @@ plugin in its code.
 
 The import graph is ``scripts/import_graph.py``'s (read with ``ast``, nothing imported; imports
 inside functions count), so a cycle dodged by an import inside a function still fails here.
+An import inside a function is there only to keep an optional dependency optional, and says
+which in an ``# optional:`` comment.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import ast
 import importlib.util
 import re
+import textwrap
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -35,6 +38,70 @@ def test_the_cycle_finder_finds_a_planted_cycle():
     graph = load_import_graph()
     arrows = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
     assert graph.cycles(arrows) == [["a", "b", "c"]]
+
+
+def test_imports_inside_functions_name_the_optional_dependency_they_keep_optional():
+    graph = load_import_graph()
+    inside, unmarked = [], []
+    for folder in ("specdec", "backends", "drafters"):
+        inside += graph.imports_inside_functions(ROOT / folder)
+        unmarked += graph.unmarked_imports(ROOT / folder)
+    assert inside, "found no import inside a function: the checker reads nothing"
+    found = [f"{path.relative_to(ROOT)}:{line}: {statement}" for path, line, statement in unmarked]
+    assert not found, (
+        "imports inside functions without '# optional: <dependency> (<extra>)' on their line or "
+        "the line above; move each to the top of its module unless it keeps an optional "
+        "dependency (torch, mlx, transformers, matplotlib, starlette, ...) optional:\n"
+        + "\n".join(found)
+    )
+
+
+def test_the_import_checker_finds_a_planted_unmarked_import(tmp_path):
+    graph = load_import_graph()
+    package = tmp_path / "planted"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "mod.py").write_text(
+        textwrap.dedent(
+            """\
+            import os
+
+
+            def marked():
+                import torch  # optional: torch (torch extra)
+
+                # optional: matplotlib (bench extra)
+                import matplotlib.pyplot as plt
+                from specdec_torch.ops import (  # optional: torch (torch extra)
+                    top_k_lowest_index,
+                )
+                return torch, plt, top_k_lowest_index
+
+
+            def unmarked():
+                import json
+
+                def inner():
+                    from pathlib import Path  # optional torch
+
+                return json, inner, lambda: __import__("os")
+
+
+            class Holder:
+                import re  # a class body runs at import: not inside a function
+
+                def method(self):
+                    # optional: torch (torch extra)
+
+                    import numpy  # the comment above is not directly above
+                    return numpy
+            """
+        )
+    )
+    found = [(path.name, line) for path, line, _ in graph.unmarked_imports(package)]
+    assert found == [("mod.py", 16), ("mod.py", 19), ("mod.py", 30)], found
+    inside = graph.imports_inside_functions(package)
+    assert len(inside) == 6, inside
 
 
 def test_each_core_folder_says_in_one_line_what_lives_there():
