@@ -105,12 +105,9 @@ class Decoder:
         if self.speculation.needs_costs and self.speculation.costs is None:
             self._measure_costs()
 
-    def _measure_costs(
-        self,
-    ) -> None:  # this machine's step costs, measured in a free slot unless cached
-        self.speculation.use_costs(
-            step_costs(self.plan.backend, self.plan.target, self._free[0] if self._free else None)
-        )
+    def _measure_costs(self) -> None:
+        """This machine's step costs, measured in the free slots unless cached."""
+        self.speculation.use_costs(step_costs(self.plan.backend, self.plan.target, self._free))
 
     @property
     def idle(self) -> bool:
@@ -471,6 +468,7 @@ class Decoder:
             t3 - t1,
             sum(len(g.slots) for g in drafted if g.budgets[:1] != (0,)),
             t1 - t0,
+            rows=len(slots) + bool(context),
         )
         if decoded:
             decoded[0] = attrs.evolve(
