@@ -136,15 +136,18 @@ def blas_hint() -> str | None:
         return None
     if _state["loaded"] or _mapped_openblas():  # ours, or one the user preloaded
         return None
-    slow = "mlx runs on its bundled reference BLAS, under which a tree of k tokens costs about k decode steps"
+    slow = (
+        "mlx runs on its bundled reference BLAS, under which a tree of k tokens costs about k "
+        "decode steps"
+    )
     if system_blas_candidates() or pip_openblas():
         return (
             f"{slow}: import specdec before mlx (specdec then loads OpenBLAS for it), or preload it"
         )
     return (
-        f"{slow}: pip install ngsolve-openblas (the mlx extra does, on x86-64 Linux) or the system's OpenBLAS "
-        f"(Debian/Ubuntu: apt-get install libopenblas0-pthread) and specdec loads it for mlx automatically, or "
-        f"name a BLAS library in ${VARIABLE}"
+        f"{slow}: pip install ngsolve-openblas (the mlx extra does, on x86-64 Linux) or the "
+        "system's OpenBLAS (Debian/Ubuntu: apt-get install libopenblas0-pthread) and specdec loads "
+        f"it for mlx automatically, or name a BLAS library in ${VARIABLE}"
     )
 
 

@@ -131,7 +131,8 @@ class PrefixTreeBuilder:
         if draft.beams is None:
             raise ValueError(
                 "PrefixTreeBuilder needs a Draft with beams (B, W, L), but this draft has only "
-                "head_tokens (B, K, T); use a tree builder for head top-k drafts (a static tree) instead"
+                "head_tokens (B, K, T); use a tree builder for head top-k drafts (a static tree) "
+                "instead"
             )
         beams = to_mx(draft.beams).astype(mx.int32)
         if beams.ndim != 3 or min(beams.shape) < 1:

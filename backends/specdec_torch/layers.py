@@ -162,8 +162,8 @@ def attention_choices() -> dict[str, str]:
     """What was measured so far, for reports: "dtype Hq/Hkv x Dh, one query|several, rows R-R'" ->
     "grouped" | "folded" | "matmul"."""
     return {
-        f"{str(k[0]).removeprefix('torch.')} {k[1]}/{k[2]} x {k[3]}, {'several' if k[4] else 'one query'}, "
-        f"{_rows_class(k[5])}": v
+        f"{str(k[0]).removeprefix('torch.')} {k[1]}/{k[2]} x {k[3]}, "
+        f"{'several' if k[4] else 'one query'}, {_rows_class(k[5])}": v
         for k, v in _CHOSEN.items()
     }
 

@@ -97,8 +97,8 @@ def _check_family(model: Any) -> None:
         or not hasattr(model, "lm_head")
     ):
         raise InvalidInputError(
-            f"the torch backend runs Llama-family causal LMs ({', '.join(SUPPORTED_MODEL_TYPES)}); got "
-            f"{type(model).__name__} with model_type {model_type!r}"
+            f"the torch backend runs Llama-family causal LMs ({', '.join(SUPPORTED_MODEL_TYPES)}); "
+            f"got {type(model).__name__} with model_type {model_type!r}"
         )
 
 
@@ -197,8 +197,8 @@ def load_torch_target(
         )
         if wanted_dtype not in (None, source.dtype) or other_device:
             raise InvalidInputError(
-                f"this target is loaded as {source.dtype} on {source.device}; load it again for dtype={dtype!r}, "
-                f"device={device!r}"
+                f"this target is loaded as {source.dtype} on {source.device}; load it again for "
+                f"dtype={dtype!r}, device={device!r}"
             )
         return source
     if isinstance(source, torch.nn.Module):
@@ -213,5 +213,6 @@ def load_torch_target(
         resolved_device = torch.device(device) if device is not None else default_device()
         return _from_folder(source, resolve_dtype(dtype, resolved_device), resolved_device, **sized)
     raise InvalidInputError(
-        f"the torch backend loads a model folder, a transformers model or a TorchTarget; got {type(source).__name__}"
+        "the torch backend loads a model folder, a transformers model or a TorchTarget; got "
+        f"{type(source).__name__}"
     )

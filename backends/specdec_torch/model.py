@@ -520,8 +520,8 @@ class TorchTarget:
             )
         if tree.size != cache.staged_size:
             raise InvalidInputError(
-                f"commit got a tree of {tree.size} nodes, the last forward_tree ran {cache.staged_size}; "
-                "pass the tree that was run"
+                f"commit got a tree of {tree.size} nodes, the last forward_tree ran "
+                f"{cache.staged_size}; pass the tree that was run"
             )
         batch = len(cache.staged_slots)
         path, num_accepted = verdict.path.to(self.device), verdict.num_accepted.to(self.device)

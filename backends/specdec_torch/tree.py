@@ -143,8 +143,9 @@ class TorchPrefixTreeBuilder:
     def build(self, draft: Draft) -> DraftTree:
         if draft.beams is None:
             raise ValueError(
-                "the prefix_tree builder needs a Draft with beams (B, W, L), but this draft has only "
-                "head_tokens (B, K, T); use a tree builder for head top-k drafts (a static tree) instead"
+                "the prefix_tree builder needs a Draft with beams (B, W, L), but this draft has "
+                "only head_tokens (B, K, T); use a tree builder for head top-k drafts (a static "
+                "tree) instead"
             )
         lengths = (
             None

@@ -78,7 +78,8 @@ class EagleConfig:
         _positive_int(self, attribute, value)
         if self.num_heads % value:
             raise ValueError(
-                f"EagleConfig.num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({value})"
+                f"EagleConfig.num_heads ({self.num_heads}) must be a multiple of num_kv_heads "
+                f"({value})"
             )
 
     @head_dim.validator
@@ -156,8 +157,9 @@ def check_weights(config: EagleConfig, weights: dict[str, Any]) -> None:
     )
     if missing or unexpected or wrong:
         raise ValueError(
-            f"EAGLE weights do not match the config (heads {config.num_heads}/{config.num_kv_heads} of "
-            f"{config.head_dim}, intermediate_size {config.intermediate_size}, fc_bias={config.fc_bias}, "
+            "EAGLE weights do not match the config (heads "
+            f"{config.num_heads}/{config.num_kv_heads} of {config.head_dim}, intermediate_size "
+            f"{config.intermediate_size}, fc_bias={config.fc_bias}, "
             f"shortlist_size={config.shortlist_size}): missing {missing}, unexpected {unexpected}, "
             f"wrong shapes {wrong}; check that config.json belongs to these weights"
         )

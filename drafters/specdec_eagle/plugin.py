@@ -103,7 +103,8 @@ SPEC = DrafterSpec(
             flag="--unroll",
             type=int,
             default=1,
-            help="EAGLE training: drafting steps per position (later ones read the draft's own features)",
+            help="EAGLE training: drafting steps per position (later ones read the draft's own "
+            "features)",
         ),
     ),
     default_shortlist=8192,

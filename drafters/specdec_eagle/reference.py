@@ -217,8 +217,8 @@ def check_tree_options(config: EagleConfig, top_k: int, depth: int, total_tokens
         )
     if total_tokens < depth:
         raise ValueError(
-            f"EAGLE's total_tokens={total_tokens} cannot hold one path of depth={depth} drafted tokens; "
-            "give total_tokens >= depth"
+            f"EAGLE's total_tokens={total_tokens} cannot hold one path of depth={depth} drafted "
+            "tokens; give total_tokens >= depth"
         )
 
 
@@ -503,8 +503,9 @@ def check_target_arrays(config: EagleConfig, embed_tokens, lm_head) -> None:
     for name, array in (("embed_tokens", embed_tokens), ("lm_head", lm_head)):
         if array is None or tuple(array.shape) != expected:
             raise ValueError(
-                f"{name} has shape {None if array is None else tuple(array.shape)}, but the EAGLE drafter "
-                f"was built for (vocab_size, hidden_size) = {expected}; pass the target's {name}"
+                f"{name} has shape {None if array is None else tuple(array.shape)}, but the EAGLE "
+                f"drafter was built for (vocab_size, hidden_size) = {expected}; pass the target's "
+                f"{name}"
             )
 
 
@@ -518,7 +519,8 @@ def check_context(config: EagleConfig, context: DraftContext, roots, hidden_shap
         )
     if tuple(hidden_shape) != (batch, config.hidden_size):
         raise ValueError(
-            f"context.hidden has shape {tuple(hidden_shape)}, expected (B, H) = {(batch, config.hidden_size)}"
+            f"context.hidden has shape {tuple(hidden_shape)}, expected (B, H) = "
+            f"{(batch, config.hidden_size)}"
         )
     if context.want_draft_probs:
         raise InvalidInputError(

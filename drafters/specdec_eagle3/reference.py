@@ -258,12 +258,13 @@ def check_tree_options(config: Eagle3Config, top_k, depth, total_tokens) -> None
             raise ValueError(f"EAGLE-3's {name} must be a positive integer, got {value!r}")
     if top_k > config.draft_vocab_size:
         raise ValueError(
-            f"EAGLE-3's top_k={top_k} exceeds its draft vocabulary of {config.draft_vocab_size} tokens"
+            f"EAGLE-3's top_k={top_k} exceeds its draft vocabulary of {config.draft_vocab_size} "
+            "tokens"
         )
     if total_tokens < depth:
         raise ValueError(
-            f"EAGLE-3's total_tokens={total_tokens} cannot hold one path of depth={depth} drafted tokens; "
-            "give total_tokens >= depth"
+            f"EAGLE-3's total_tokens={total_tokens} cannot hold one path of depth={depth} drafted "
+            "tokens; give total_tokens >= depth"
         )
 
 
@@ -282,8 +283,9 @@ def check_embedding(config: Eagle3Config, embed_tokens) -> None:
     expected = (config.vocab_size, config.hidden_size)
     if embed_tokens is None or tuple(embed_tokens.shape) != expected:
         raise ValueError(
-            f"embed_tokens has shape {None if embed_tokens is None else tuple(embed_tokens.shape)}, but the "
-            f"EAGLE-3 drafter was built for (vocab_size, hidden_size) = {expected}; pass the target's"
+            "embed_tokens has shape "
+            f"{None if embed_tokens is None else tuple(embed_tokens.shape)}, but the EAGLE-3 "
+            f"drafter was built for (vocab_size, hidden_size) = {expected}; pass the target's"
         )
 
 
@@ -303,8 +305,8 @@ def check_slots(context: DraftContext, batch: int) -> None:
         )
     if context.want_draft_probs:
         raise InvalidInputError(
-            "the EAGLE-3 drafter gives no draft probabilities, which the chosen verifier needs; use "
-            "the greedy or exact verifier (the defaults)"
+            "the EAGLE-3 drafter gives no draft probabilities, which the chosen verifier needs; "
+            "use the greedy or exact verifier (the defaults)"
         )
 
 

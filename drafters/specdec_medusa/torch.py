@@ -160,8 +160,8 @@ class TorchStaticTreeBuilder:
         """head_tokens (B, K, T) -> a DraftTree with N = len(choices) + 1 nodes in every row."""
         if draft.head_tokens is None:
             raise ValueError(
-                "the medusa_tree builder needs a Medusa draft (Draft.head_tokens, shape (B, K, T)); "
-                "this draft has beams: use a beam tree builder"
+                "the medusa_tree builder needs a Medusa draft (Draft.head_tokens, shape (B, K, "
+                "T)); this draft has beams: use a beam tree builder"
             )
         head_tokens = draft.head_tokens
         batch, num_heads, top_t = head_tokens.shape

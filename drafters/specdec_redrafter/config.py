@@ -125,8 +125,8 @@ class RedrafterConfig:
     def _check_length(self, attribute, value):
         if isinstance(value, bool) or not isinstance(value, int) or value < 2:
             raise ValueError(
-                "RedrafterConfig.beam_length must be an integer >= 2 (the root plus at least one drafted token), "
-                f"got {value!r}"
+                "RedrafterConfig.beam_length must be an integer >= 2 (the root plus at least one "
+                f"drafted token), got {value!r}"
             )
 
     @model_type.validator
@@ -182,8 +182,9 @@ def check_weights(config: RedrafterConfig, weights: dict[str, Any]) -> None:
         raise ValueError(
             "ReDrafter weights do not match the config "
             f"(head={config.head!r}, rnn={config.rnn}, exit_dim={config.exit_dim}, "
-            f"num_draft_layers={config.num_draft_layers}, shortlist_size={config.shortlist_size}): missing {missing}, "
-            f"unexpected {unexpected}, wrong shapes {wrong}; check that config.json belongs to these weights"
+            f"num_draft_layers={config.num_draft_layers}, shortlist_size={config.shortlist_size}): "
+            f"missing {missing}, unexpected {unexpected}, wrong shapes {wrong}; check that "
+            "config.json belongs to these weights"
         )
     if config.shortlist_size is not None:
         check_shortlist(

@@ -266,7 +266,8 @@ class MlxRedrafterDrafter(BeamSettings):
         batch = roots.shape[0]
         if tuple(hidden.shape) != (batch, self.config.hidden_size):
             raise ValueError(
-                f"context.hidden has shape {tuple(hidden.shape)}, expected (B, H) = {(batch, self.config.hidden_size)}"
+                f"context.hidden has shape {tuple(hidden.shape)}, expected (B, H) = "
+                f"{(batch, self.config.hidden_size)}"
             )
         if self.sample and not context.sampling.greedy:
             shape = (batch, self.beam_width, self.beam_length)

@@ -169,8 +169,9 @@ def _check_beam_shape(vocab_size: int, beam_width: int, beam_length: int) -> Non
         )
     if beam_width > vocab_size ** (beam_length - 1):
         raise ValueError(
-            f"beam_width W={beam_width} exceeds the {vocab_size}**{beam_length - 1} distinct drafts of "
-            f"length L={beam_length} over a vocabulary of V={vocab_size}; lower beam_width"
+            f"beam_width W={beam_width} exceeds the {vocab_size}**{beam_length - 1} distinct "
+            f"drafts of length L={beam_length} over a vocabulary of V={vocab_size}; lower "
+            "beam_width"
         )
 
 
@@ -377,11 +378,13 @@ class RedrafterDrafter(BeamSettings):
         batch = root_tokens.shape[0]
         if hidden.shape != (batch, self.config.hidden_size):
             raise ValueError(
-                f"context.hidden has shape {hidden.shape}, expected (B, H) = {(batch, self.config.hidden_size)}"
+                f"context.hidden has shape {hidden.shape}, expected (B, H) = "
+                f"{(batch, self.config.hidden_size)}"
             )
         if np.any(root_tokens < 0) or np.any(root_tokens >= self.config.vocab_size):
             raise ValueError(
-                f"context.root_tokens must be token ids in [0, {self.config.vocab_size}), got {root_tokens}"
+                f"context.root_tokens must be token ids in [0, {self.config.vocab_size}), got "
+                f"{root_tokens}"
             )
         pieces = dict(embed_tokens=self.embed_tokens, lm_head=self.lm_head)
         if self.sample and not context.sampling.greedy:
