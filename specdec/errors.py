@@ -31,7 +31,8 @@ def require(module: str, *, extra: str, feature: str):
         return importlib.import_module(module)
     except ImportError as exc:
         raise MissingDependencyError(
-            f"{feature} needs the '{module}' package, which is not installed: pip install 'specdec[{extra}]'"
+            f"{feature} needs the '{module}' package, which is not installed: pip install "
+            f"'specdec[{extra}]'"
         ) from exc
 
 

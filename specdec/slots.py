@@ -77,8 +77,8 @@ def check_room(lengths: np.ndarray, slots: np.ndarray, size: int, capacity: int,
     if full.size:
         s = int(full[0])
         raise InvalidInputError(
-            f"{what}: slot {s} holds {int(lengths[s])} positions and {size} more do not fit its capacity of "
-            f"{capacity}; load the target with a larger capacity"
+            f"{what}: slot {s} holds {int(lengths[s])} positions and {size} more do not fit its "
+            f"capacity of {capacity}; load the target with a larger capacity"
         )
 
 
@@ -131,8 +131,8 @@ def check_chunks(
         start = int(lengths[slot]) if admitted[slot] else 0
         if start + tokens.size > capacity:
             raise InvalidInputError(
-                f"context: slot {slot} holds {start} positions and a chunk of {tokens.size} more does not fit its "
-                f"capacity of {capacity}; load the target with a larger capacity"
+                f"context: slot {slot} holds {start} positions and a chunk of {tokens.size} more "
+                f"does not fit its capacity of {capacity}; load the target with a larger capacity"
             )
     return chunks
 
@@ -207,6 +207,6 @@ def check_tree_room(
     trees smaller, ``fix``: how to get more room."""
     if max_tree_size is not None and max_tree_size > room:
         raise InvalidInputError(
-            f"{who} drafts trees of up to {max_tree_size} nodes, more than the {room} positions a slot has for a "
-            f"step's draft tree: {lower}{fix}"
+            f"{who} drafts trees of up to {max_tree_size} nodes, more than the {room} positions a "
+            f"slot has for a step's draft tree: {lower}{fix}"
         )

@@ -21,7 +21,8 @@ def _rank(n: int):
     def check(instance, attribute, value):
         if value is not None and len(value.shape) != n:
             raise ValueError(
-                f"{type(instance).__name__}.{attribute.name} must have rank {n}, got shape {tuple(value.shape)}"
+                f"{type(instance).__name__}.{attribute.name} must have rank {n}, got shape "
+                f"{tuple(value.shape)}"
             )
 
     return check
@@ -166,11 +167,13 @@ class DraftTree:
         for name in ("parents", "depth"):
             if tuple(getattr(self, name).shape) != (b, n):
                 raise ValueError(
-                    f"DraftTree.{name} must have shape {(b, n)}, got {tuple(getattr(self, name).shape)}"
+                    f"DraftTree.{name} must have shape {(b, n)}, got "
+                    f"{tuple(getattr(self, name).shape)}"
                 )
         if tuple(self.ancestor_mask.shape) != (b, n, n):
             raise ValueError(
-                f"DraftTree.ancestor_mask must have shape {(b, n, n)}, got {tuple(self.ancestor_mask.shape)}"
+                f"DraftTree.ancestor_mask must have shape {(b, n, n)}, got "
+                f"{tuple(self.ancestor_mask.shape)}"
             )
         if tuple(self.num_nodes.shape) != (b,):
             raise ValueError(

@@ -98,8 +98,8 @@ def check_speculation(value):
         return value
     if not isinstance(value, str) or value.lower() not in MODES:
         raise InvalidInputError(
-            f"speculation must be one of {', '.join(MODES)} (or a specdec.decode.budget.Speculation), "
-            f"got {value!r}"
+            f"speculation must be one of {', '.join(MODES)} (or a "
+            f"specdec.decode.budget.Speculation), got {value!r}"
         )
     return value.lower()
 

@@ -32,7 +32,8 @@ def _in_vocabulary(who: str, name: str, tokens: np.ndarray, vocab_size: int) -> 
     if bad.any():
         where = tuple(int(i) for i in np.argwhere(bad)[0])
         raise PluginOutputError(
-            f"{who} returned {name}{list(where)} = {int(tokens[where])}, outside the vocabulary [0, {vocab_size})"
+            f"{who} returned {name}{list(where)} = {int(tokens[where])}, outside the vocabulary "
+            f"[0, {vocab_size})"
         )
 
 
@@ -109,8 +110,8 @@ def check_verdict(
     depth = path.shape[1] - 1
     if depth < 0 or ((num_accepted < 0) | (num_accepted > depth)).any():
         raise PluginOutputError(
-            f"{who} returned Verdict.num_accepted {num_accepted.tolist()} outside [0, {max(depth, 0)}] "
-            f"(the path holds {depth + 1} nodes, the root included)"
+            f"{who} returned Verdict.num_accepted {num_accepted.tolist()} outside [0, "
+            f"{max(depth, 0)}] (the path holds {depth + 1} nodes, the root included)"
         )
     if (path[:, 0] != 0).any():
         raise PluginOutputError(

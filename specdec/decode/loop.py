@@ -118,9 +118,10 @@ class Decoder:
         longest = len(request.prompt) + request.max_new_tokens
         if longest > self.plan.target.capacity:
             raise InvalidInputError(
-                f"a prompt of {len(request.prompt)} tokens plus max_new_tokens={request.max_new_tokens} needs "
-                f"{longest} positions; the target's slots hold {self.plan.target.capacity} (load it with a "
-                "larger capacity, or ask for fewer tokens)"
+                f"a prompt of {len(request.prompt)} tokens plus "
+                f"max_new_tokens={request.max_new_tokens} needs {longest} positions; the target's "
+                f"slots hold {self.plan.target.capacity} (load it with a larger capacity, or ask "
+                "for fewer tokens)"
             )
         request_id = next(self._ids)
         self.waiting.append((request_id, request))

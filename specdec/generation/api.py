@@ -276,8 +276,9 @@ def _prepare(
     verifier = build(checker, registry, backend_obj.name, {})
     if lookup and verifier_caps(verifier, checker.source).needs_draft_probs:
         raise InvalidInputError(
-            f"verifier {verifier_choice!r} needs the draft distribution of every beam, and lookup beams are "
-            "deterministic and have none; use the 'greedy' or 'exact' verifier (the defaults) with lookup"
+            f"verifier {verifier_choice!r} needs the draft distribution of every beam, and lookup "
+            "beams are deterministic and have none; use the 'greedy' or 'exact' verifier (the "
+            "defaults) with lookup"
         )
     eos = tuple(target.eos_token_ids) if stop_at_eos else ()
     sources = {c.kind: c.source for c in (named, tree, checker)}
@@ -458,8 +459,8 @@ def _load_target(
         )
         detail = " ".join(str(exc).split()) or type(exc).__name__
         raise ModelLoadError(
-            f"the {backend.name} backend could not load {model if isinstance(model, (str, Path)) else 'the model'}"
-            f"{asked}: {detail}"
+            f"the {backend.name} backend could not load "
+            f"{model if isinstance(model, (str, Path)) else 'the model'}{asked}: {detail}"
         ) from exc
     loaded = getattr(target, "dtype", None) or dtype
     return target, DtypeChoice(
@@ -497,8 +498,8 @@ def encode_prompts(
         if isinstance(p, str):
             if tokenizer is None:
                 raise InvalidInputError(
-                    "a text prompt needs a tokenizer, and this model has none (no tokenizer.json in its folder): "
-                    "pass token ids instead"
+                    "a text prompt needs a tokenizer, and this model has none (no tokenizer.json "
+                    "in its folder): pass token ids instead"
                 )
             p = tokenizer.encode(p).ids
         ids = list(p) if isinstance(p, (Sequence, np.ndarray)) else None
@@ -562,13 +563,15 @@ def add_lookup(drafter, lookup, backend, target):
             else "for prompt lookup alone use drafter='lookup'"
         )
         raise InvalidInputError(
-            f"lookup={lookup!r} adds a prompt-lookup beam to a model drafter's beams (e.g. drafter='redrafter'); {alone}"
+            f"lookup={lookup!r} adds a prompt-lookup beam to a model drafter's beams (e.g. "
+            f"drafter='redrafter'); {alone}"
         )
     tree_name = drafter_caps(drafter).tree_builder[0]
     if tree_name != "prefix_tree":
         raise InvalidInputError(
-            f"lookup joins drafters whose beams make a prefix tree; {type(drafter).__name__} drafts for the "
-            f"{tree_name!r} tree builder (e.g. Medusa's head top-k tree): use it without lookup, or drafter='lookup'"
+            f"lookup joins drafters whose beams make a prefix tree; {type(drafter).__name__} "
+            f"drafts for the {tree_name!r} tree builder (e.g. Medusa's head top-k tree): use it "
+            "without lookup, or drafter='lookup'"
         )
     if lookup is True:
         lookup = {}

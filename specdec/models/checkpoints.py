@@ -75,7 +75,8 @@ def read_checkpoint(path, *, label: str) -> tuple[dict, dict[str, np.ndarray]]:
     for name in (CONFIG_FILE, WEIGHTS_FILE):
         if not (folder / name).is_file():
             raise InvalidInputError(
-                f"{folder} is not a {label} checkpoint: {name} is missing (expected {CONFIG_FILE} and {WEIGHTS_FILE})"
+                f"{folder} is not a {label} checkpoint: {name} is missing (expected {CONFIG_FILE} "
+                f"and {WEIGHTS_FILE})"
             )
     config = json.loads((folder / CONFIG_FILE).read_text())
     weights = {
@@ -119,8 +120,8 @@ def require_checkpoint(name: str, checkpoint, target, *, package: str):
         return shipped
     raise InvalidInputError(
         f"drafter {name!r} needs a checkpoint trained for this model, and none ships for "
-        f"{getattr(target, 'name', None)!r}: pass drafter='path/to/checkpoint' (a folder with config.json and "
-        f"model.safetensors), or train one with `specdec train {name}`"
+        f"{getattr(target, 'name', None)!r}: pass drafter='path/to/checkpoint' (a folder with "
+        f"config.json and model.safetensors), or train one with `specdec train {name}`"
     )
 
 
@@ -162,8 +163,8 @@ def check_compatible(
         raise IncompatibleDrafterError(
             f"this {drafter} drafter was trained for another model: "
             f"{_describe(trained_name, config.vocab_size, config.hidden_size)}, but the target is "
-            f"{_describe(name, vocab_size, hidden_size)}{detail}; use a drafter trained for this target, "
-            "or train one"
+            f"{_describe(name, vocab_size, hidden_size)}{detail}; use a drafter trained for this "
+            "target, or train one"
         )
 
 

@@ -116,8 +116,8 @@ def load_drafter_folder(folder, registry=None):
             f"{name}: {', '.join(layouts)}" for name, layouts in formats(registry).items()
         )
         raise InvalidInputError(
-            f"{folder} is not a drafter checkpoint specdec knows: expected a drafter's own checkpoint (config.json "
-            f"with its model_type) or one of the engines' layouts ({known})"
+            f"{folder} is not a drafter checkpoint specdec knows: expected a drafter's own "
+            f"checkpoint (config.json with its model_type) or one of the engines' layouts ({known})"
         )
     kind, layout = found
     spec = _spec(kind, registry)
@@ -243,8 +243,9 @@ def export(
     if getattr(config, "head", "full") == "tied":
         if model is None:
             raise InvalidInputError(
-                f"this {kind} drafter ends with the target's LM head (head='tied'); the {chosen.name} layout stores "
-                "that projection, so pass model= (`--model`, the target folder or bundled name)"
+                f"this {kind} drafter ends with the target's LM head (head='tied'); the "
+                f"{chosen.name} layout stores that projection, so pass model= (`--model`, the "
+                "target folder or bundled name)"
             )
         lm_head = _target_lm_head(model, config, kind)
     folder = _check_out(out, overwrite)

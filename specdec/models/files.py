@@ -59,7 +59,10 @@ def check_safetensors(path) -> None:
                 else:
                     expected = 8 + header_size + max(ends, default=0)
                     if expected != size:
-                        problem = f"it has {size} bytes, its header describes {expected} (truncated or damaged)"
+                        problem = (
+                            f"it has {size} bytes, its header describes {expected} (truncated or "
+                            "damaged)"
+                        )
     if problem:
         raise CorruptFileError(
             f"weights file {path} is damaged: {problem}; restore or re-create it"
@@ -71,8 +74,8 @@ def check_model_folder(folder) -> None:
     folder = Path(folder)
     if not folder.exists():
         raise InvalidInputError(
-            f"model folder {folder} does not exist; pass a Hugging Face-format folder (config.json, "
-            "model.safetensors), a .gguf file, or a bundled model name"
+            f"model folder {folder} does not exist; pass a Hugging Face-format folder "
+            "(config.json, model.safetensors), a .gguf file, or a bundled model name"
         )
     if not folder.is_dir():
         raise InvalidInputError(

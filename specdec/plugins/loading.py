@@ -114,5 +114,6 @@ def check_hook_names(plugin: Any, label: str) -> None:
             close = difflib.get_close_matches(name, HOOKS, n=1)
             hint = f"; did you mean {close[0]!r}?" if close else ""
             raise PluginError(
-                f"{label} defines {name!r}, which is not a specdec hook{hint} (hooks: {', '.join(HOOKS)})"
+                f"{label} defines {name!r}, which is not a specdec hook{hint} (hooks: "
+                f"{', '.join(HOOKS)})"
             )

@@ -139,7 +139,8 @@ class TreeKVCache:
             count = int(num_accepted[b]) + 1
             if not 1 <= count <= path.shape[1]:
                 raise InvalidInputError(
-                    f"verdict.num_accepted[{b}] = {num_accepted[b]} does not fit a path of length {path.shape[1]}"
+                    f"verdict.num_accepted[{b}] = {num_accepted[b]} does not fit a path of length "
+                    f"{path.shape[1]}"
                 )
             nodes = path[b, :count]
             if nodes[0] != 0 or np.any(nodes >= num_nodes[b]) or np.any(nodes < 0):

@@ -343,7 +343,8 @@ class ReferenceTarget:
     def _check_tokens(self, tokens: np.ndarray, what: str) -> None:
         if tokens.size and (tokens.min() < 0 or tokens.max() >= self.vocab_size):
             raise InvalidInputError(
-                f"{what} holds token ids outside [0, {self.vocab_size}): {tokens.min()}..{tokens.max()}"
+                f"{what} holds token ids outside [0, {self.vocab_size}): "
+                f"{tokens.min()}..{tokens.max()}"
             )
 
     def _check_layers(self, layers: Sequence[int]) -> set[int]:

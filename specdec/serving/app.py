@@ -127,7 +127,11 @@ class EventStream:
 
 
 def _sse(payload: Any) -> str:
-    return f"data: {json.dumps(payload, ensure_ascii=False) if not isinstance(payload, str) else payload}\n\n"
+    return (
+        "data: "
+        f"{json.dumps(payload, ensure_ascii=False) if not isinstance(payload, str) else payload}"
+        "\n\n"
+    )
 
 
 def create_app(
@@ -156,8 +160,9 @@ def create_app(
         max_tokens = settings.max_tokens if settings.max_tokens is not None else room
         if max_tokens > room:
             raise bad(
-                f"This model's maximum context length is {context} tokens; you asked for {max_tokens} "
-                f"tokens after a prompt of {len(prompt_tokens)} tokens. Ask for at most {room}.",
+                f"This model's maximum context length is {context} tokens; you asked for "
+                f"{max_tokens} tokens after a prompt of {len(prompt_tokens)} tokens. Ask for at "
+                f"most {room}.",
                 settings.max_tokens_param,
                 "context_length_exceeded",
             )

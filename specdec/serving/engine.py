@@ -403,9 +403,9 @@ class Engine:
             )
         if len(request.prompt) + request.max_new_tokens > self.context_length:
             raise InvalidInputError(
-                f"max_new_tokens={request.max_new_tokens} after a prompt of {len(request.prompt)} tokens exceeds this "
-                f"engine's context of {self.context_length} tokens: ask for at most "
-                f"{self.context_length - len(request.prompt)}"
+                f"max_new_tokens={request.max_new_tokens} after a prompt of {len(request.prompt)} "
+                f"tokens exceeds this engine's context of {self.context_length} tokens: ask for at "
+                f"most {self.context_length - len(request.prompt)}"
             )
 
     def generate(self, prompt: Any, **settings: Any) -> Completion:

@@ -101,7 +101,8 @@ def check_fields(body: dict, *, chat: bool) -> None:
             continue
         route = "chat completions" if chat else "completions"
         raise bad(
-            f"Unrecognized request argument supplied: {field!r} (not a field of {route} this server knows)",
+            f"Unrecognized request argument supplied: {field!r} (not a field of {route} this "
+            "server knows)",
             field,
             "unknown_parameter",
         )
@@ -243,7 +244,8 @@ def messages_of(body: dict) -> list[dict]:
             raise bad(f"messages[{i}] must be an object with a role and content", "messages")
         if message["role"] not in ROLES:
             raise bad(
-                f"messages[{i}].role must be one of {', '.join(ROLES)}, got {message['role']!r:.40}",
+                f"messages[{i}].role must be one of {', '.join(ROLES)}, got "
+                f"{message['role']!r:.40}",
                 "messages",
             )
         for key, value in message.items():
@@ -264,8 +266,8 @@ def messages_of(body: dict) -> list[dict]:
                     or set(part) != {"type", "text"}
                 ):
                     raise bad(
-                        f"messages[{i}].content[{j}]: only text parts ({{\"type\": \"text\", \"text\": ...}}) "
-                        "are supported",
+                        f"messages[{i}].content[{j}]: only text parts ({{\"type\": \"text\", "
+                        "\"text\": ...}) are supported",
                         "messages",
                     )
                 parts.append(part["text"])

@@ -136,12 +136,16 @@ class EngineMetrics:
         "prompt_tokens": "prompt tokens admitted",
         "generation_tokens": "tokens emitted",
         "prefilled_prompts": "prompts whose prefill finished (their last chunk ran)",
-        "decode_steps": "steps that decoded (one target forward each, with the prompt chunks of that step)",
+        "decode_steps": (
+            "steps that decoded (one target forward each, with the prompt chunks of that step)"
+        ),
         "decode_row_steps": "request rows in decode steps",
         "decode_tokens": "tokens emitted by decode steps (bonus tokens counted)",
         "draft_tokens": "drafted tokens verified (distinct beams)",
         "accepted_tokens": "drafted tokens accepted",
-        "draft_nodes": "drafted tree nodes verified (past the root, after each request's budget cut its tree)",
+        "draft_nodes": (
+            "drafted tree nodes verified (past the root, after each request's budget cut its tree)"
+        ),
         "drafting_row_steps": "request rows in decode steps that drafted (a tree budget above 0)",
         "plain_steps": "decode steps in which no request drafted",
         "engine_resets": "steps that raised for no request in particular (every slot freed)",

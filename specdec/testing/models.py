@@ -84,12 +84,13 @@ def make_random_model(
 
     if architecture not in _ARCHITECTURES:
         raise InvalidInputError(
-            f"architecture {architecture!r} is not supported; choose one of {', '.join(_ARCHITECTURES)}"
+            f"architecture {architecture!r} is not supported; choose one of "
+            f"{', '.join(_ARCHITECTURES)}"
         )
     if hidden_size % num_heads or num_heads % num_kv_heads or (hidden_size // num_heads) % 2:
         raise InvalidInputError(
-            f"hidden_size ({hidden_size}) must split into num_heads ({num_heads}) heads of even size, and "
-            f"num_heads must be a multiple of num_kv_heads ({num_kv_heads})"
+            f"hidden_size ({hidden_size}) must split into num_heads ({num_heads}) heads of even "
+            f"size, and num_heads must be a multiple of num_kv_heads ({num_kv_heads})"
         )
     if eos_token_id is not None and not 0 <= eos_token_id < vocab_size:
         raise InvalidInputError(

@@ -201,6 +201,7 @@ def boundary_uniforms(
     again = verifier.verify(tree, draft, target, sampling, uniforms)
     for field in ("path", "num_accepted", "bonus_tokens"):
         assert np.array_equal(getattr(again, field), getattr(expected, field)), (
-            f"boundary_uniforms: the reference's {field} with the chosen uniforms is not what they were chosen for"
+            f"boundary_uniforms: the reference's {field} with the chosen uniforms is not what they "
+            "were chosen for"
         )
     return uniforms

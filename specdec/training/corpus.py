@@ -78,7 +78,9 @@ CODE_TEMPLATES = {
     "returns": "What does this function return? Answer briefly.\n\n```python\n{code}\n```",
     "readable": "Rewrite this function to make it easier to read:\n\n```python\n{code}\n```",
     "tests": "Write a few unit tests for this function:\n\n```python\n{code}\n```",
-    "bugs": "Review this code. Are there any bugs or edge cases it misses?\n\n```python\n{code}\n```",
+    "bugs": (
+        "Review this code. Are there any bugs or edge cases it misses?\n\n```python\n{code}\n```"
+    ),
     "write": "Write a Python function `{name}` that {doc}",
     "complete": "Complete the following Python function:\n\n```python\n{stub}\n```",
 }

@@ -291,8 +291,9 @@ def train(
                 save_state(False)
                 bar.close()
                 raise TrainingInterrupted(
-                    f"training stopped by {caught[0]} at step {state['step']}; its state is saved in {out} "
-                    f"({STATE_FILE}, the latest weights in {out / LAST_DIR}): continue with --resume"
+                    f"training stopped by {caught[0]} at step {state['step']}; its state is saved "
+                    f"in {out} ({STATE_FILE}, the latest weights in {out / LAST_DIR}): continue "
+                    "with --resume"
                 )
             began = time.perf_counter()
             for group in optimizer.param_groups:

@@ -261,8 +261,9 @@ def _warm_start(init, kind: str, target) -> tuple[dict, np.ndarray | None]:
     trained_for = (config.get("target") or {}).get("fingerprint")
     if trained_for != target.fingerprint:
         raise IncompatibleDrafterError(
-            f"--init {init} was trained for another model ({(config.get('target') or {}).get('name')!r}); "
-            f"start from a checkpoint of {target.name!r}, or leave --init out"
+            f"--init {init} was trained for another model "
+            f"({(config.get('target') or {}).get('name')!r}); start from a checkpoint of "
+            f"{target.name!r}, or leave --init out"
         )
     shortlist = weights.pop("vocab_shortlist", None)
     return weights, shortlist

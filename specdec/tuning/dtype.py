@@ -95,8 +95,8 @@ class DtypeChoice:
         )
         sizes = "/".join(str(k) for k in next(iter(self.timings.values())))
         return (
-            f"{self.dtype}, the fastest here ({self.source}: one forward of {sizes} tokens: {parts}; "
-            f"on {self.device})"
+            f"{self.dtype}, the fastest here ({self.source}: one forward of {sizes} tokens: "
+            f"{parts}; on {self.device})"
         )
 
 

@@ -138,8 +138,9 @@ def configure(target, exact: bool | None, *, backend: str = "this") -> Exactness
     elif not offered:
         if exact:
             raise InvalidInputError(
-                f"exact=True: the {backend} backend's target has no row-invariant mode (it offers no "
-                "check_row_invariance); pass exact=False or None, or use the torch or mlx backend"
+                f"exact=True: the {backend} backend's target has no row-invariant mode (it offers "
+                "no check_row_invariance); pass exact=False or None, or use the torch or mlx "
+                "backend"
             )
         outcome = Exactness(on=False, reason=f"not offered by the {backend} backend's target")
     else:
@@ -154,13 +155,13 @@ def configure(target, exact: bool | None, *, backend: str = "this") -> Exactness
         else:
             target.exact = False
             what = (
-                f"{check.failed} gives a row other bits alone than among other rows on this machine "
-                f"({_dtype(target)})"
+                f"{check.failed} gives a row other bits alone than among other rows on this "
+                f"machine ({_dtype(target)})"
             )
             if exact:
                 raise InvalidInputError(
-                    f"exact=True, but {what}: speculative output could part from plain decoding; pass "
-                    "exact=False (or None) to decode anyway"
+                    f"exact=True, but {what}: speculative output could part from plain decoding; "
+                    "pass exact=False (or None) to decode anyway"
                 )
             outcome = Exactness(on=False, reason=f"off: {what}", check=check)
             if _dtype(target) in (
@@ -169,8 +170,8 @@ def configure(target, exact: bool | None, *, backend: str = "this") -> Exactness
             ):  # in float32 and float64 rounding hides at 1e-7
                 warnings.warn(
                     f"specdec: exact mode off: {what}; greedy speculative output then follows each "
-                    "verification forward's rounding (float32 matches plain decoding token for token in "
-                    "practice); exact=False silences this",
+                    "verification forward's rounding (float32 matches plain decoding token for "
+                    "token in practice); exact=False silences this",
                     RuntimeWarning,
                     stacklevel=3,
                 )
