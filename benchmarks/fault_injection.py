@@ -194,7 +194,8 @@ def phase_conversion(work: Path, env: dict, rng: random.Random, rounds: int, whe
         how, _ = child(command, env, rng.uniform(2.0, 25.0), signum)
         state = cache_state(root)
         print(
-            f"  conversion kill {i + 1}: {how}; model: {state}; work folders left: {len(leftovers(root))}"
+            f"  conversion kill {i + 1}: {how}; model: {state}; work folders left: "
+            f"{len(leftovers(root))}"
         )
         check(
             not state.startswith("DAMAGED"), f"conversion: the cache holds a damaged model: {state}"

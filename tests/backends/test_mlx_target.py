@@ -46,7 +46,8 @@ def models(tmp_path_factory):
 
 def test_plugin_import_loads_no_framework():
     code = (
-        "import sys, specdec, specdec_mlx.plugin; from specdec.plugins.registry import default_registry; "
+        "import sys, specdec, specdec_mlx.plugin; "
+        "from specdec.plugins.registry import default_registry; "
         "assert 'mlx' in default_registry().names('backend'); "
         "print(sorted(m for m in ('mlx', 'mlx.core', 'mlx_lm') if m in sys.modules))"
     )

@@ -158,7 +158,8 @@ def test_sampled_verification_emits_the_target_distribution(worlds, backend, ver
     statistic, df = statistic_on(backend, verifier, world, inputs)
     assert df >= 10, f"{df} degrees of freedom: too few cells for the quantile's approximation"
     assert statistic < chi2_quantile(df, ALPHA), (
-        f"{backend} {verifier} on {world_name}: chi-square {statistic:.1f} >= {chi2_quantile(df, ALPHA):.1f} ({df} df)"
+        f"{backend} {verifier} on {world_name}: chi-square {statistic:.1f} >= "
+        f"{chi2_quantile(df, ALPHA):.1f} ({df} df)"
     )
 
 

@@ -503,7 +503,10 @@ def test_backend_moves_arrays_both_ways(models):
 
 
 def test_plugin_module_does_not_import_torch():
-    code = "import sys, specdec_torch.plugin, specdec; specdec.default_registry(); print('torch' in sys.modules)"
+    code = (
+        "import sys, specdec_torch.plugin, specdec; specdec.default_registry(); "
+        "print('torch' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False", (
         f"importing specdec_torch.plugin loaded torch: {out.stdout} {out.stderr}"

@@ -207,7 +207,8 @@ def test_exact_tree_verifier_is_exact_for_fixed_beams(sampling, beam_set, vocab,
     expected = continuations(world, SAMPLINGS[sampling], CONTEXT, length + 1)
     error = max_error(got, expected)
     assert error < TOLERANCE, (
-        f"ExactTreeVerifier, {sampling}, beams {beams}, V={vocab}, seed {seed}: max error {error:.3g}"
+        f"ExactTreeVerifier, {sampling}, beams {beams}, V={vocab}, seed {seed}: max error "
+        f"{error:.3g}"
     )
 
 
@@ -264,7 +265,8 @@ def test_verifiers_are_exact_for_sampled_drafts(verifier, sampling, vocab, width
     expected = continuations(world, SAMPLINGS[sampling], context, length)
     error = max_error(got, expected)
     assert error < TOLERANCE, (
-        f"{type(verifier).__name__}, {sampling}, V={vocab} W={width} L={length}: max error {error:.3g}"
+        f"{type(verifier).__name__}, {sampling}, V={vocab} W={width} L={length}: max error "
+        f"{error:.3g}"
     )
 
 

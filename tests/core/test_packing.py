@@ -79,7 +79,8 @@ def test_backend_twins_pack_and_unpack_as_the_reference(name, framework, shape, 
         packing.pack(chunks, tree if has_tree else None).astype(np.float32), chunk_sizes, tree_shape
     )
     assert len(back_chunks) == len(want_chunks) == len(chunks), (
-        f"{name} unpack gave {len(back_chunks)} chunks, the reference {len(want_chunks)}, for {len(chunks)} packed"
+        f"{name} unpack gave {len(back_chunks)} chunks, the reference {len(want_chunks)}, for "
+        f"{len(chunks)} packed"
     )
     for got, want in zip(back_chunks, want_chunks, strict=True):
         np.testing.assert_array_equal(to_host(got), want)

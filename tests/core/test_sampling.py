@@ -149,7 +149,8 @@ def test_sample_from_never_returns_a_zero_probability_token():
         assert tokens.dtype == np.int64, f"sample_from returns int64, got {tokens.dtype}"
         chosen = probs[np.arange(200), tokens]
         assert np.all(chosen > 0), (
-            f"sample_from returned zero-probability tokens for rows {np.flatnonzero(chosen == 0)[:5]}"
+            "sample_from returned zero-probability tokens for rows "
+            f"{np.flatnonzero(chosen == 0)[:5]}"
         )
 
 

@@ -190,7 +190,8 @@ def test_emitted_tokens_have_the_target_distribution(
     monkeypatch.setattr(reference_verify, "UniformChooser", OnceChooser)
     statistic, quantile, stats = chi_square(world, drafter, verifier, backend=backend)
     assert statistic < quantile, (
-        f"{backend} drafter={drafter} verifier={verifier}: chi-square {statistic:.1f} >= {quantile:.1f}"
+        f"{backend} drafter={drafter} verifier={verifier}: chi-square {statistic:.1f} >= "
+        f"{quantile:.1f}"
     )
     if drafter != "none":  # drafted tokens were accepted, so the accept path is what was tested
         assert stats.accepted_tokens > ROWS // 4, stats

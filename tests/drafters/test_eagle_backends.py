@@ -288,8 +288,8 @@ def test_seeded_sampling_gives_the_same_tokens_in_float32_away_from_near_ties(
     monkeypatch.undo()
     assert gaps["sampling"] and gaps["tree"], "the reference run was not observed"
     assert min(gaps["sampling"]) > FLOAT32_MARGIN and min(gaps["tree"]) > FLOAT32_MARGIN, (
-        f"seed 7 meets a near-tie (smallest gaps {min(gaps['sampling']):.2e}, {min(gaps['tree']):.2e}); "
-        "pick a seed without one"
+        f"seed 7 meets a near-tie (smallest gaps {min(gaps['sampling']):.2e}, "
+        f"{min(gaps['tree']):.2e}); pick a seed without one"
     )
     actual = specdec.generate(model_dir, prompts, backend=backend, dtype="float32", **run)
     assert actual.tokens == reference.tokens

@@ -79,5 +79,6 @@ def test_shipped_drafter_accepts_as_pinned(real_target, kind):
     got, pinned = row_steps(real_target, kind), ROW_STEPS[kind]
     assert abs(got - pinned) <= SLACK, (
         f"{kind}: {NEW * len(PROMPTS) / got:.3f} tokens per step ({got} row steps), pinned "
-        f"{NEW * len(PROMPTS) / pinned:.3f} ({pinned} +- {SLACK} row steps; the module docstring says why)"
+        f"{NEW * len(PROMPTS) / pinned:.3f} ({pinned} +- {SLACK} row steps; the module docstring "
+        "says why)"
     )

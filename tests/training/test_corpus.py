@@ -23,7 +23,8 @@ PARAGRAPH = (
 )
 
 PLAY = "THE TRAGEDY OF TEST {i}\n\n" + "\n".join(
-    f"{('HAMLET', 'OPHELIA', 'HORATIO', 'ACT II')[j % 4]}.\nLINE {j} of the play, spoken with feeling by the ghost."
+    f"{('HAMLET', 'OPHELIA', 'HORATIO', 'ACT II')[j % 4]}.\n"
+    f"LINE {j} of the play, spoken with feeling by the ghost."
     for j in range(200)
 )
 

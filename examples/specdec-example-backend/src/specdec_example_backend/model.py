@@ -49,7 +49,8 @@ class Float32Target:
             config.get("sliding_window") and config.get("use_sliding_window", True)
         ):
             raise ValueError(
-                "the numpy32 backend runs Llama-family models without rope scaling or a sliding window"
+                "the numpy32 backend runs Llama-family models without rope scaling or a sliding "
+                "window"
             )
         weights = {
             k: np.asarray(v, dtype=np.float32)
