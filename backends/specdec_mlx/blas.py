@@ -74,7 +74,8 @@ def _package_folder(name: str) -> Path | None:
 
 def pip_openblas() -> tuple[str, str] | None:
     """(OpenBLAS, the libgfortran for it) from pip packages: ``ngsolve-openblas`` and the
-    libgfortran that the ``mlx[cpu]`` wheel bundles (``mlx_cpu.libs``); None when either is missing."""
+    libgfortran that the ``mlx[cpu]`` wheel bundles (``mlx_cpu.libs``); None when either is
+    missing."""
     folder, mlx = _package_folder("ngsolve_openblas"), _package_folder("mlx")
     if folder is None or mlx is None:
         return None

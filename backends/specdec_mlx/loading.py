@@ -19,7 +19,9 @@ from specdec.errors import InvalidInputError
 from specdec.models.llama import LlamaConfig, load_tokenizer
 from specdec.reference.weights import check_weights_header
 from specdec_mlx.target import MlxTarget
-from specdec_mlx.weights import fingerprint_of, weight_files  # noqa: F401  (fingerprint_of: where it was)
+
+# (fingerprint_of: where it was)
+from specdec_mlx.weights import fingerprint_of, weight_files  # noqa: F401
 
 
 def load_target(source: Any, *, dtype, requested_dtype: str | None = None, **slots) -> MlxTarget:

@@ -118,7 +118,8 @@ class _Int8(_Native):
         return chosen
 
     def _correct(self, rows: torch.Tensor) -> bool:
-        """The kernel's product against the dequantized weights' in float64, within its dtype's rounding."""
+        """The kernel's product against the dequantized weights' in float64, within its dtype's
+        rounding."""
         weights = dequantize_rows(
             self.q.cpu().numpy(), self.scale.double().cpu().numpy()
         )  # the scales it multiplies by
@@ -136,7 +137,8 @@ class _Int8(_Native):
 
 
 def int8_choices() -> dict[str, str]:
-    """What was measured so far, for reports: "N x K dtype, one row|several rows" -> "int8" | "own dtype"."""
+    """What was measured so far, for reports: "N x K dtype, one row|several rows" -> "int8" | "own
+    dtype"."""
     return {
         f"{k[0][0]} x {k[0][1]} {str(k[1]).removeprefix('torch.')}, "
         f"{'several rows' if k[2] else 'one row'}": "int8" if v else "own dtype"

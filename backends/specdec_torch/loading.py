@@ -1,4 +1,5 @@
-"""Load a ``TorchTarget`` from a local Hugging Face-format folder or a ``transformers`` model object.
+"""Load a ``TorchTarget`` from a local Hugging Face-format folder or a ``transformers`` model
+object.
 
 Folders go through ``AutoModelForCausalLM.from_pretrained``; the architecture (heads, rope
 scaling, sliding window, eos ids) is parsed by the reference's ``LlamaConfig`` so both backends
@@ -34,7 +35,8 @@ DTYPES = {
 
 
 def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
-    """A dtype name (or torch dtype) -> torch dtype; None: float32 on cpu, bfloat16 on cuda, float16 on mps."""
+    """A dtype name (or torch dtype) -> torch dtype; None: float32 on cpu, bfloat16 on cuda, float16
+    on mps."""
     if dtype is None:
         return {"cuda": torch.bfloat16, "mps": torch.float16}.get(device.type, torch.float32)
     if isinstance(dtype, torch.dtype):
@@ -151,7 +153,8 @@ def _from_folder(
 def _from_module(
     model: Any, dtype: torch.dtype | None, device: torch.device | None, **slots
 ) -> TorchTarget:
-    """Wrap a ``transformers`` model object; given a dtype or device it is moved there (in place)."""
+    """Wrap a ``transformers`` model object; given a dtype or device it is moved there
+    (in place)."""
     _check_family(model)
     generation = getattr(model, "generation_config", None)
     config = LlamaConfig.from_hf_dict(
