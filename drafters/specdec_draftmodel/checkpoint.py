@@ -92,8 +92,9 @@ def _device(target: Any) -> str | None:
 
 
 def load_draft_model(backend: Any, target: Any, source: Any):
-    """(draft TargetModel, its folder): ``source`` (a folder or a bundled name) loaded on ``backend``
-    in the target's dtype and device, with the target's slots and capacity, after the tokenizer check."""
+    """(draft TargetModel, its folder): ``source`` (a folder or a bundled name) loaded on
+    ``backend`` in the target's dtype and device, with the target's slots and capacity, after the
+    tokenizer check."""
     folder = Path(resolve_model(source)).expanduser()
     check_model_folder(folder)
     check_same_tokenizer(target, folder)

@@ -226,7 +226,9 @@ class DraftModelDrafter:
             self.backend.to_numpy(output.logits[at_root]), dtype=np.float64
         )  # (B', V)
         steps = np.arange(chains.shape[1])[None, :]
-        put = lambda a: self.backend.from_numpy(np.asarray(a, dtype=np.int64), self.draft)  # noqa: E731
+        put = lambda a: self.backend.from_numpy(  # noqa: E731
+            np.asarray(a, dtype=np.int64), self.draft
+        )
         self.draft.commit(
             tree,
             Verdict(

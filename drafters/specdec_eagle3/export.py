@@ -8,10 +8,11 @@ this layout's, so the tensors pass unchanged. Fused layer ids, when not the defa
 written as ``eagle_config.eagle_aux_hidden_state_layer_ids`` in SGLang's output-of-layer
 convention (ours).
 
-``speculators`` (alias ``vllm``): vLLM's speculators format: ``architectures: ["Eagle3Speculator"]``,
-``speculators_model_type: "eagle3"``, a nested ``transformer_layer_config``, ``norm_before_residual``
-always written (vLLM's adapter defaults it to true), ``eagle_aux_hidden_state_layer_ids`` in vLLM's
-input-of-layer convention (ours + 1), tensors as above with ``midlayer.`` renamed ``layers.0.``.
+``speculators`` (alias ``vllm``): vLLM's speculators format:
+``architectures: ["Eagle3Speculator"]``, ``speculators_model_type: "eagle3"``, a nested
+``transformer_layer_config``, ``norm_before_residual`` always written
+(vLLM's adapter defaults it to true), ``eagle_aux_hidden_state_layer_ids`` in vLLM's input-of-layer
+convention (ours + 1), tensors as above with ``midlayer.`` renamed ``layers.0.``.
 
 Both keep a ``specdec`` block (the tree settings and the target record) so an export read back
 is our checkpoint exactly. What a layout cannot hold is refused with the fix.
@@ -142,8 +143,10 @@ def write_specforge(
         "specdec": _specdec_block(config),
     }
     notes = [
-        "t2d written from d2t (a mask over the target vocabulary); the token embedding is the "
-        "target's"
+        (
+            "t2d written from d2t (a mask over the target vocabulary); the token embedding is "
+            "the target's"
+        )
     ]
     if not _is_default(config):
         data["eagle_config"] = {

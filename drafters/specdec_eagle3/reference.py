@@ -52,7 +52,8 @@ __all__ = [
 
 
 def features(config: Eagle3Config, weights: dict, layers) -> np.ndarray:
-    """g = fc([low ; mid ; high]): layers maps each of ``config.hidden_layers`` to (..., H) -> (..., H)."""
+    """g = fc([low ; mid ; high]): layers maps each of ``config.hidden_layers`` to (..., H) ->
+    (..., H)."""
     missing = [i for i in config.hidden_layers if i not in layers]
     if missing:
         raise InvalidInputError(
@@ -78,7 +79,8 @@ def draft_layer(
 ):
     """The draft decoder layer on n new entries: tokens (n,) int, g (n, H) their features,
     positions (n,) rotary positions; past = (keys, values) each (Hkv, S, Dh), rotary applied;
-    past_allowed (n, S), new_allowed (n, n) bool. -> out (n, H) (before ``norm``), keys, values (Hkv, n, Dh)."""
+    past_allowed (n, S), new_allowed (n, n) bool. -> out (n, H) (before ``norm``), keys, values
+    (Hkv, n, Dh)."""
     n, heads, kv_heads, dim = len(tokens), config.num_heads, config.num_kv_heads, config.head_dim
     eps, attn, mlp = config.rms_norm_eps, "midlayer.self_attn.", "midlayer.mlp."
     normed_g = rms_norm(g, weights["midlayer.hidden_norm.weight"], eps)
@@ -367,7 +369,8 @@ class Eagle3Drafter:
         self.slots[int(slot)] = cache
 
     def observe(self, accepted: Accepted) -> None:
-        """Append each row's root entry and accepted entries; the last accepted feature is pending."""
+        """Append each row's root entry and accepted entries; the last accepted feature is
+        pending."""
         g = features(self.config, self.weights, accepted.layers)  # (B, A, H)
         for b, slot in enumerate(np.asarray(accepted.slots).tolist()):
             count = int(accepted.num_accepted[b]) + 1  # the root and the accepted drafted tokens

@@ -29,7 +29,8 @@ def _positive(instance, attribute, value):
 
 
 def _convert_choices(value):
-    """Lists of lists (as read from JSON) -> tuples; anything odd is left for resolve_choices to reject."""
+    """Lists of lists (as read from JSON) -> tuples; anything odd is left for resolve_choices to
+    reject."""
     if isinstance(value, str):
         return value
     try:

@@ -2,9 +2,10 @@
 
 The torch twin of ``specdec_medusa.reference`` and ``specdec_medusa.tree``. The heads' residual
 blocks are stacked over K, so all heads run as batched matrix products; each head proposes its
-top-T tokens, equal logits in ascending id order (``specdec_torch.ops.top_k_lowest_index``). The static tree's
-shape (parents, depth, ancestor mask) is built once from the choices by the reference and kept
-on the device; a step only gathers the tokens. Shapes: B batch, K heads, T top-T, V vocab, H hidden.
+top-T tokens, equal logits in ascending id order (``specdec_torch.ops.top_k_lowest_index``). The
+static tree's shape (parents, depth, ancestor mask) is built once from the choices by the reference
+and kept on the device; a step only gathers the tokens. Shapes: B batch, K heads, T top-T, V vocab,
+H hidden.
 """
 
 from __future__ import annotations

@@ -54,9 +54,11 @@ __all__ = [
 ]
 
 APPLE_MODEL_TYPE = "recurrent_drafting_drafter"
-UPSTREAM_TOP_K = 50  # warp_logits(top_k=50) in Apple's modeling_drafter.py and TensorRT-LLM's redrafter_helper.py
+# warp_logits(top_k=50) in Apple's modeling_drafter.py and TensorRT-LLM's redrafter_helper.py
+UPSTREAM_TOP_K = 50
 SPECDEC_KEY = "specdec"
-# Names TensorRT-LLM's converter also accepts for the head and the input projection (hf_drafter docstring).
+# Names TensorRT-LLM's converter also accepts for the head and the input projection
+# (hf_drafter docstring).
 ALTERNATE_PREFIXES = (
     ("lm_heads.", "lm_head."),
     ("input_projs.", "input_proj."),
@@ -98,7 +100,8 @@ def materialise(
     """The same drafter with a full head and no shortlist, as the upstream layout holds it.
 
     -> (config, float64 weights, notes on what changed). Raises InvalidInputError for what cannot
-    be carried over. ``lm_head`` (V, H): the target's LM head, needed when ``config.head == "tied"``.
+    be carried over. ``lm_head`` (V, H): the target's LM head, needed when
+    ``config.head == "tied"``.
     """
     check_weights(config, weights)
     notes: list[str] = []
@@ -326,7 +329,8 @@ def write_apple(
     drop_shortlist: bool = False,
     choices=None,
 ) -> tuple[list[str], tuple[str, ...]]:
-    """``export_apple`` as the spec's layout writer: (notes, the TensorRT-LLM commands that load it)."""
+    """``export_apple`` as the spec's layout writer: (notes, the TensorRT-LLM commands that load
+    it)."""
     if choices is not None:
         raise InvalidInputError(
             "choices applies to Medusa heads; a ReDrafter's tree comes from its beams"

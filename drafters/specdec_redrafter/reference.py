@@ -136,7 +136,8 @@ def drafter_logits(
 
 
 def draft_log_probs(logits: np.ndarray, *, top_k: int | None = None) -> np.ndarray:
-    """log_softmax of the drafter's logits, keeping only the top-k (ties to the lower id) when given.
+    """log_softmax of the drafter's logits, keeping only the top-k (ties to the lower id) when
+    given.
 
     logits (..., V) -> (..., V) float64; warped-out tokens get -inf.
     """
@@ -217,7 +218,8 @@ def beam_search(
             config, weights, hidden[:, None, :], state, lm_head=lm_head
         )  # (B, W, V)
         log_probs = draft_log_probs(logits, top_k=config.draft_top_k)
-        # 2. Joint log-prob of every (beam, token) extension; keep the best W (stable: ties to lower index).
+        # 2. Joint log-prob of every (beam, token) extension; keep the best W
+        # (stable: ties to lower index).
         candidates = (scores[:, :, None] + log_probs[:, :, drafted]).reshape(batch, width * vocab)
         best = np.argsort(-candidates, axis=1, kind="stable")[:, :width]  # (B, W)
         parent, token = best // vocab, drafted[best % vocab]
@@ -312,12 +314,14 @@ class BeamSettings:
 
     @property
     def sample_shape(self) -> tuple[int, int] | None:
-        """(W, L): per-row shape of the ``context.uniforms`` a sampling drafter needs; None otherwise."""
+        """(W, L): per-row shape of the ``context.uniforms`` a sampling drafter needs; None
+        otherwise."""
         return (self.beam_width, self.beam_length) if self.sample else None
 
     @property
     def sampled_proposals(self) -> bool:
-        """True when sampled decoding gets independent sampled chains (verified by rejection sampling)."""
+        """True when sampled decoding gets independent sampled chains
+        (verified by rejection sampling)."""
         return self.sample
 
     @property
