@@ -261,7 +261,8 @@ class Accepted:
 class StepResult:
     """One target forward of the decode loop, already on the host.
 
-    requests: the request id of each row (``specdec.decode.loop.decode_steps`` gives one row per prompt).
+    requests: the request id of each row (``specdec.decode.loop.decode_steps`` gives one row per
+    prompt).
     new_tokens: per row, the tokens emitted by this step (empty for finished rows).
     num_accepted (B,), num_drafted (B,), num_verified (B,): per-row counts (numpy int64);
     num_drafted counts the distinct beams' tokens past the root, each beam at its own length.
@@ -285,13 +286,15 @@ class StepResult:
 
     @property
     def is_prefill(self) -> bool:
-        """The rows' requests were admitted: their first tokens come from their prompts' forwards."""
+        """The rows' requests were admitted: their first tokens come from their prompts'
+        forwards."""
         return self.prefilled is not None
 
 
 @attrs.frozen(kw_only=True)
 class GenerationStats:
-    """Aggregates over a generation; ``tokens_per_step`` counts the bonus token (plain decoding = 1.0)."""
+    """Aggregates over a generation; ``tokens_per_step`` counts the bonus token
+    (plain decoding = 1.0)."""
 
     steps: int
     new_tokens: int

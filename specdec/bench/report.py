@@ -104,7 +104,8 @@ def summarize(records: Sequence[BenchRecord], *, plain: str = "plain") -> list[d
             verified_per_step=sum(r.verified for r in group) / decode_steps
             if decode_steps
             else float("nan"),
-            # the budgets chosen (specdec.decode.budget): share of decode steps that verified the root alone
+            # the budgets chosen (specdec.decode.budget): share of decode steps that verified the
+            # root alone
             plain_step_share=sum(r.plain_steps for r in group) / decode_steps
             if decode_steps
             else float("nan"),

@@ -1,4 +1,5 @@
-"""Command line: ``specdec demo | generate | bench | plan | tune | train | cache | serve | plugins``."""
+"""Command line:
+``specdec demo | generate | bench | plan | tune | train | cache | serve | plugins``."""
 
 from __future__ import annotations
 
@@ -402,7 +403,8 @@ def cmd_plan(args) -> int:
 
 
 def cmd_tune(args) -> int:
-    """Measure every dtype the backend offers for this model here, print the table, keep the fastest."""
+    """Measure every dtype the backend offers for this model here, print the table, keep the
+    fastest."""
     from specdec.models.bundled import resolve_model
     from specdec.generation.api import load_backend
     from specdec.plugins.registry import default_registry

@@ -13,9 +13,9 @@ are decoded, C prompt tokens ride the same forward, a_i(k) is request i's expect
 step (bonus counted) when its tree is cut to its first k drafted nodes, width is the node count
 every tree row is padded to (the target takes one (B, N) tree per forward, so a row that does
 not draft still pays the width when others do), and target / draft are the step's costs on this
-machine (``specdec.tuning.costs``: a measured curve of forward seconds against tokens, corrected online
-from the steps' own timings). For each k the requests are ranked by a_i(k) and every prefix of
-the ranking is scored: |BUDGETS| x B evaluations. Plain decoding wins unless drafting beats it by
+machine (``specdec.tuning.costs``: a measured curve of forward seconds against tokens, corrected
+online from the steps' own timings). For each k the requests are ranked by a_i(k) and every prefix
+of the ranking is scored: |BUDGETS| x B evaluations. Plain decoding wins unless drafting beats it by
 ``MARGIN``.
 
 **Acceptance, per request.** A tree's nodes are ordered so that parents come first (the prefix
@@ -33,8 +33,8 @@ and a large batch is not slowed to try it.
 
 **Lossless.** A budget only cuts a tree before verification; the verifier accepts what the target
 itself would produce at every node it is given (greedy, and the exact tree walk whose uniforms are
-keyed by the token's position, ``specdec.decode.requests``), so a request's tokens do not depend on its
-budgets. A stateful drafter is told every committed token, drafted or not (``observe``).
+keyed by the token's position, ``specdec.decode.requests``), so a request's tokens do not depend on
+its budgets. A stateful drafter is told every committed token, drafted or not (``observe``).
 
 **Prompt chunks** (``prefill_tokens``, for ``max_prefill_tokens="auto"``): the most prompt tokens
 whose forward, beside the step's decoding rows, keeps the step within ``stall`` times the step
@@ -70,7 +70,8 @@ TIE_LIMIT = 0.05  # choices within the cost fit's error of the best, up to this 
 REQUEST_DECAY = 0.15  # weight of a request's newest step in its acceptance average
 PRIOR_DECAY = 0.05  # weight of a step in the engine-wide acceptance average
 FORGET = 0.05  # per step without drafting, a request's estimate moves this far back to the engine's
-EXPLORE_EVERY = 16  # steps without its whole tree after which a request tries it again, one per this many steps,
+# steps without its whole tree after which a request tries it again, one per this many steps,
+EXPLORE_EVERY = 16
 EXPLORE_COST = 0.05  # ... when its extra cost spread over them is at most this share of a step
 GUESS = 1.0 + 0.4 * np.sqrt(
     np.asarray(BUDGETS, dtype=np.float64)

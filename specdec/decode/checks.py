@@ -71,7 +71,8 @@ def check_draft(
 def check_tree(
     who: str, tokens: np.ndarray, parents: np.ndarray, num_nodes: np.ndarray, vocab_size: int
 ) -> None:
-    """A tree: integer tokens in the vocabulary, 1..N nodes per row, each parent before its child."""
+    """A tree: integer tokens in the vocabulary, 1..N nodes per row, each parent before its
+    child."""
     batch, size = tokens.shape
     _integers(who, "DraftTree.tokens", tokens, (batch, size))
     _integers(who, "DraftTree.parents", parents, (batch, size))
@@ -131,7 +132,8 @@ def check_verdict(
 
 
 def check_chunk_outputs(who: str, outputs, chunks) -> None:
-    """One PromptOutput per prompt chunk of the forward (they are paired with the chunks in order)."""
+    """One PromptOutput per prompt chunk of the forward (they are paired with the chunks in
+    order)."""
     if len(outputs) != len(chunks):
         raise PluginOutputError(
             f"{who} returned {len(outputs)} context outputs from forward_tree for {len(chunks)} "

@@ -200,7 +200,8 @@ class LookupDrafter(PassLifecycle):
             inner, "beam_width", 0
         )  # beams per draft, and their length (for reports)
         self.beam_length = getattr(inner, "beam_length", self.draft_length + 1)
-        # Beside a drafter, its needs (a stateful one keeps its lifecycle: LookupDrafter passes it on).
+        # Beside a drafter, its needs (a stateful one keeps its lifecycle: LookupDrafter passes it
+        # on).
         self.caps = (
             DrafterCaps(max_tree_size=self.draft_length + 1)
             if inner_caps is None
@@ -281,6 +282,6 @@ class LookupDrafter(PassLifecycle):
 
 
 def _pad(beams: np.ndarray, length: int) -> np.ndarray:
-    """beams (B, W, L) int64 extended to (B, W, length) by repeating each beam's last column (padding
-    past the beams' lengths, which no tree builder reads)."""
+    """beams (B, W, L) int64 extended to (B, W, length) by repeating each beam's last column
+    (padding past the beams' lengths, which no tree builder reads)."""
     return np.pad(beams, ((0, 0), (0, 0), (0, length - beams.shape[2])), mode="edge")

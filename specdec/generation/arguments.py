@@ -106,7 +106,8 @@ def context_length(target) -> int | None:
 def check_fits_context(
     prompts: list[list[int]], max_new_tokens: int, limit: int | None, *, batched: bool
 ) -> None:
-    """Every prompt plus max_new_tokens fits in the model's context of ``limit`` positions (None: unknown)."""
+    """Every prompt plus max_new_tokens fits in the model's context of ``limit`` positions
+    (None: unknown)."""
     if limit is None:
         return
     limit = int(limit)

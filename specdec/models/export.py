@@ -1,7 +1,8 @@
-"""Export drafters to the layouts serving engines load, and import those layouts (docs/scale-out.md).
+"""Export drafters to the layouts serving engines load, and import those layouts
+(docs/scale-out.md).
 
-Each drafter's spec declares its layouts (``specdec.plugins.specs.Layout``: detect, read, write); this
-module resolves names, checks arguments and dispatches, so it works the same for a third-party
+Each drafter's spec declares its layouts (``specdec.plugins.specs.Layout``: detect, read, write);
+this module resolves names, checks arguments and dispatches, so it works the same for a third-party
 drafter that declares layouts. The shipped drafters declare: ReDrafter -> ``apple``
 (apple/ml-recurrent-drafter, which TensorRT-LLM's converter reads); Medusa -> ``fasterdecoding``
 (FasterDecoding/Medusa, TensorRT-LLM) and ``vllm``; EAGLE-3 -> ``specforge`` (SpecForge, which
@@ -231,8 +232,8 @@ def export(
     model: the target (folder or bundled name); needed for a tied head, whose projection the
     layouts store. drop_shortlist: export a shortlisted ReDrafter over the full vocabulary (refused
     otherwise). choices: Medusa only, "chain" or a list of paths to record instead of the drafter's
-    tree (vLLM runs the chain only). dtype: "float32" or "float16". Everything that cannot be carried
-    over exactly is refused with the fix; every conversion is listed in ``notes``.
+    tree (vLLM runs the chain only). dtype: "float32" or "float16". Everything that cannot be
+    carried over exactly is refused with the fix; every conversion is listed in ``notes``.
     """
     if str(format).lower() == "eagle":
         raise InvalidInputError(EAGLE_MESSAGE)
@@ -271,7 +272,8 @@ def export(
 
 
 def import_drafter(folder, out, *, overwrite: bool = False, dtype: str = "float32") -> ExportResult:
-    """Read a drafter in any known layout from ``folder`` and write it as a specdec checkpoint in ``out``."""
+    """Read a drafter in any known layout from ``folder`` and write it as a specdec checkpoint in
+    ``out``."""
     kind, layout, config, weights, notes = load_drafter_folder(Path(folder).expanduser())
     target = _check_out(out, overwrite)
     store = {"float32": np.float32, "float16": np.float16}[dtype]

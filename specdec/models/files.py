@@ -70,7 +70,8 @@ def check_safetensors(path) -> None:
 
 
 def check_model_folder(folder) -> None:
-    """A local model folder exists, its config.json is a JSON object and its weights are complete."""
+    """A local model folder exists, its config.json is a JSON object and its weights are
+    complete."""
     folder = Path(folder)
     if not folder.exists():
         raise InvalidInputError(
@@ -117,7 +118,8 @@ def damaged_checkpoint(folder):
         yield
     except SpecdecError:
         raise
-    except Exception as exc:  # noqa: BLE001 - ValueError, KeyError, TypeError, safetensors' own errors
+    except Exception as exc:  # noqa: BLE001
+        # ValueError, KeyError, TypeError, safetensors' own errors
         if (
             not isinstance(exc, (ValueError, KeyError, TypeError, OSError))
             and "safetensor" not in type(exc).__name__.lower()

@@ -337,7 +337,8 @@ def load_tokenizer(path: str | os.PathLike):
 
     try:
         return Tokenizer.from_file(str(tokenizer_path))
-    except Exception as exc:  # noqa: BLE001 - tokenizers raises a bare Exception for a file it cannot parse
+    except Exception as exc:  # noqa: BLE001
+        # tokenizers raises a bare Exception for a file it cannot parse
         raise CorruptFileError(
             f"tokenizer {tokenizer_path} could not be read ({' '.join(str(exc).split())}); "
             "restore or re-create it, or remove it and pass token ids"

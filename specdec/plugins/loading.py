@@ -34,7 +34,8 @@ class PluginWarning(UserWarning):
 
 @attrs.frozen(kw_only=True)
 class FoundPlugin:
-    """An entry point of group ``specdec``: its name, its distribution ('name version'), its module."""
+    """An entry point of group ``specdec``: its name, its distribution ('name version'), its
+    module."""
 
     name: str
     distribution: str

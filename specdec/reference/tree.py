@@ -263,7 +263,8 @@ def _check_beam_to_node(
 
 @attrs.frozen(kw_only=True)
 class PrefixTreeBuilder:
-    """TreeBuilder for drafts made of beams: ``build(draft)`` is ``build_prefix_tree(draft.beams)``."""
+    """TreeBuilder for drafts made of beams: ``build(draft)`` is
+    ``build_prefix_tree(draft.beams)``."""
 
     def build(self, draft: Draft) -> DraftTree:
         if draft.beams is None:

@@ -69,7 +69,8 @@ def weight_files(folder: Path) -> list[Path]:
 
 
 def read_headers(files: list[Path]) -> dict[str, tuple[str, tuple[int, ...], Path]]:
-    """name -> (safetensors dtype, shape, file) of every tensor in ``files``, from their headers alone."""
+    """name -> (safetensors dtype, shape, file) of every tensor in ``files``, from their headers
+    alone."""
     tensors = {}
     for path in files:
         try:

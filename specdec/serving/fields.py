@@ -77,7 +77,8 @@ def _is_number(value) -> bool:
 
 
 def _neutral(value, accepted) -> bool:
-    """``value`` is one of ``accepted`` as JSON sees it (``true`` is not ``1``, ``1.0`` is not ``1``)."""
+    """``value`` is one of ``accepted`` as JSON sees it (``true`` is not ``1``, ``1.0`` is not
+    ``1``)."""
     return (
         any(value == a and type(value) is type(a) for a in accepted if a is not None)
         or value is None
@@ -113,7 +114,8 @@ def check_fields(body: dict, *, chat: bool) -> None:
 
 
 class Settings:
-    """The decoding settings of one request body, checked (``vocab``: the model's vocabulary size)."""
+    """The decoding settings of one request body, checked (``vocab``: the model's vocabulary
+    size)."""
 
     def __init__(self, body: dict, *, chat: bool, vocab: int):
         n = body.get("n", 1)

@@ -121,7 +121,8 @@ class Server:
         self._thread: threading.Thread | None = None
 
     def _begin_shutdown(self) -> asyncio.Task | None:
-        """Stop taking requests; cancel those in flight now (no drain) or once the drain times out."""
+        """Stop taking requests; cancel those in flight now (no drain) or once the drain times
+        out."""
         if not self.drain:
             threading.Thread(target=self.engine.close, args=(False,), daemon=True).start()
             return None

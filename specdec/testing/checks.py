@@ -141,8 +141,8 @@ def check_target(
         roots[slot] = int(np.argmax(expected.logits))
 
     def forward(step: str, active: np.ndarray, context=()) -> list:
-        """A forward of tree rows over ``active`` (none: chunks only) and prompt ``context``; commits a
-        random path per row; returns the reference's PromptOutput of each chunk."""
+        """A forward of tree rows over ``active`` (none: chunks only) and prompt ``context``;
+        commits a random path per row; returns the reference's PromptOutput of each chunk."""
         tree = beams = None
         if len(active):
             beams = random_beams(
@@ -292,7 +292,8 @@ def check_verifier(
     uniforms: np.ndarray | None,
     registry: PluginRegistry | None = None,
 ) -> None:
-    """The backend's verifier ``name`` gives the reference's verdict for the same logits and uniforms."""
+    """The backend's verifier ``name`` gives the reference's verdict for the same logits and
+    uniforms."""
     registry = _registry(registry)
     backend = registry.get("backend", backend_name).factory()
     reference = registry.get("verifier", name, "numpy").factory()

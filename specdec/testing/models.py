@@ -23,7 +23,8 @@ _VOWELS = "aeiou"
 
 
 def _made_up_word(index: int) -> str:
-    """A unique lowercase pseudo-word for ``index``: its base-70 digits as consonant-vowel syllables."""
+    """A unique lowercase pseudo-word for ``index``: its base-70 digits as consonant-vowel
+    syllables."""
     syllables = [c + v for c in _CONSONANTS for v in _VOWELS]
     word, rest = "", index
     while True:
@@ -77,8 +78,9 @@ def make_random_model(
     """Write a random ``architecture`` ("llama" or "qwen2") model folder at ``path``.
 
     Files: ``config.json``, ``model.safetensors`` (float32), ``generation_config.json`` and,
-    with ``with_tokenizer``, a WordLevel ``tokenizer.json`` and a plain chat template. Same arguments, same bytes.
-    ``intermediate_size`` defaults to twice ``hidden_size``. Returns the folder.
+    with ``with_tokenizer``, a WordLevel ``tokenizer.json`` and a plain chat template. Same
+    arguments, same bytes. ``intermediate_size`` defaults to twice ``hidden_size``. Returns the
+    folder.
     """
     from safetensors.numpy import save_file
 

@@ -127,7 +127,8 @@ def claim_out(
     overwrite: bool = False,
     allow_changes: bool = False,
 ) -> dict:
-    """Check ``out`` for a ``kind`` run with ``settings`` (JSON values) and record the run; returns the record."""
+    """Check ``out`` for a ``kind`` run with ``settings`` (JSON values) and record the run; returns
+    the record."""
     folder = Path(out)
     if folder.exists() and not folder.is_dir():
         raise TrainingOutputError(

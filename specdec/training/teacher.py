@@ -49,7 +49,8 @@ __all__ = [
 ]
 
 
-DECODER = "specdec-torch"  # teacher data are decoded by the torch backend's TargetModel (was transformers' forward)
+# teacher data are decoded by the torch backend's TargetModel (was transformers' forward)
+DECODER = "specdec-torch"
 
 
 @attrs.frozen(kw_only=True)

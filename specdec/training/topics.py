@@ -2,13 +2,13 @@
 
 The corpus's own topics come from its documents (Python docs, the standard library, Shakespeare);
 MT-Bench-like chat asks about cooking, a trip or the economy. This module gives the ``general``
-kind of the prompt mix (``specdec.training.selfinstruct``): a topic from ``TOPICS`` (our own list of subject areas, never
-the benchmark prompts) or a city from the IANA time-zone names that ship with Python
-(``zoneinfo``), asked about through a request template (``TEMPLATES``) or, through
-``selfinstruct``, by the target itself. A topic's split is a hash of its name, like a document's,
-so held-out prompts ask about topics that no training prompt names. (Whether topics explain the
-gap between held-out and MT-Bench tokens per step was measured: they do not; docs/training.md,
-"Everyday topics".)
+kind of the prompt mix (``specdec.training.selfinstruct``): a topic from ``TOPICS``
+(our own list of subject areas, never the benchmark prompts) or a city from the IANA time-zone names
+that ship with Python (``zoneinfo``), asked about through a request template (``TEMPLATES``) or,
+through ``selfinstruct``, by the target itself. A topic's split is a hash of its name, like a
+document's, so held-out prompts ask about topics that no training prompt names.
+(Whether topics explain the gap between held-out and MT-Bench tokens per step was measured: they do
+not; docs/training.md, "Everyday topics".)
 """
 
 from __future__ import annotations
@@ -128,7 +128,8 @@ TEMPLATES = {  # our own phrasings of everyday requests; {topic} and {place} are
 
 @functools.lru_cache(maxsize=1)
 def places() -> tuple[str, ...]:
-    """City names from the IANA time-zone database that ships with Python ("Europe/Paris" -> "Paris")."""
+    """City names from the IANA time-zone database that ships with Python
+    ("Europe/Paris" -> "Paris")."""
     names = set()
     for zone in zoneinfo.available_timezones():
         area, _, city = zone.partition("/")

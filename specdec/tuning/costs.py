@@ -44,7 +44,8 @@ ROW_WIDTHS = (1, 4)  # tokens per row of the rows measured
 PROMPT_TOKENS = 64
 ROW_PROMPT_TOKENS = 32  # the prompt in each further row's slot
 REPEATS = 5
-FORGET = 0.95  # per observation, the weight of the earlier ones in the online fits (a memory of ~20 steps)
+# per observation, the weight of the earlier ones in the online fits (a memory of ~20 steps)
+FORGET = 0.95
 PRIOR_WEIGHT = 1.0  # the starting point of a fit counts as this many observations
 # 3: rows measured beside the chain; 2: the fastest of the repeats, pooled into a non-decreasing
 # curve (1 took medians, a running max)

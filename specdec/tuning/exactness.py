@@ -17,8 +17,9 @@ dtype, so it is checked, never assumed. A target that offers it has (the optiona
 ``configure`` runs when a target is loaded (``specdec.load``, ``generate``, the CLI and the
 server take ``exact``): ``exact=None`` (the default) turns exact mode on where the check holds
 and, in half precision, says once in one line what fails where it does not (float32 and float64
-round differences at a level that leaves plain decoding's tokens in practice); ``exact=True`` insists (an error where
-the check fails); ``exact=False`` opts out. ``target.exactness`` records the outcome.
+round differences at a level that leaves plain decoding's tokens in practice); ``exact=True``
+insists (an error where the check fails); ``exact=False`` opts out. ``target.exactness`` records the
+outcome.
 """
 
 from __future__ import annotations
