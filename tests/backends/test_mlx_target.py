@@ -205,7 +205,8 @@ def test_a_slot_does_not_depend_on_other_slots(models):
         )
 
     def fresh_run(prompt, steps):
-        """A one-slot target: admit ``prompt``, then per step (beams, accepted or None) a tree and a commit."""
+        """A one-slot target: admit ``prompt``, then per step (beams, accepted or None) a tree and a
+        commit."""
         fresh = load(1)
         outputs = [fresh.admit(0, prompt).logits]
         for beams, accepted in steps:

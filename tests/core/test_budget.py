@@ -1,5 +1,6 @@
-"""specdec.decode.budget, specdec.tuning.costs and specdec.decode.prefill: each step's tree budgets, the step costs they
-weigh and the prompt chunks a step carries; and that no budget changes a request's tokens.
+"""specdec.decode.budget, specdec.tuning.costs and specdec.decode.prefill: each step's tree budgets,
+the step costs they weigh and the prompt chunks a step carries; and that no budget changes a
+request's tokens.
 
 The choice is tested on made-up costs (a line: seconds = 20 ms + 1 ms per token, and a
 flat one), its bookkeeping on made-up verdicts. Losslessness is tested end to end on the float64
@@ -291,7 +292,8 @@ def test_a_measured_curve_is_pooled_into_the_closest_non_decreasing_one(values):
 
 
 def test_one_slow_size_does_not_lift_every_larger_one():
-    # 2 tokens timed slow while other work ran: a running maximum would price 4 and 8 tokens at 0.030
+    # 2 tokens timed slow while other work ran: a running maximum would price 4 and 8 tokens at
+    # 0.030
     pooled = increasing([0.020, 0.030, 0.021, 0.022])
     assert pooled.tolist() == pytest.approx([0.020] + [(0.030 + 0.021 + 0.022) / 3] * 3)
 

@@ -81,7 +81,8 @@ def _conditional(world: World, sampling: SamplingConfig, prefix: tuple[int, ...]
 
 
 def continuations(world, sampling, prefix, length) -> dict[tuple[int, ...], float]:
-    """The target's joint over the next ``length`` tokens after ``prefix`` (zero-probability sequences left out)."""
+    """The target's joint over the next ``length`` tokens after ``prefix``
+    (zero-probability sequences left out)."""
     if length == 0:
         return {(): 1.0}
     out = {}
@@ -143,7 +144,8 @@ def step_distribution(
 
 
 def sampled_drafts(world, context, width, length):
-    """Every draft of ``width`` beams drawn independently from the drafter: (beams, draft_probs, probability)."""
+    """Every draft of ``width`` beams drawn independently from the drafter:
+    (beams, draft_probs, probability)."""
     chains = []  # one beam: (tokens after the root, draft_probs (L-1, V), probability)
     for tokens in itertools.product(range(world.vocab), repeat=length - 1):
         probs = [world.draft_probs(context + tokens[:k]) for k in range(length - 1)]

@@ -1,5 +1,6 @@
 """Packing prompt chunks and tree rows into one token stream (specdec.reference.packing) and the
-backends' twins (specdec_torch.packing, specdec_mlx.packing): the same stream, the same rows back."""
+backends' twins (specdec_torch.packing, specdec_mlx.packing): the same stream, the same rows
+back."""
 
 from __future__ import annotations
 

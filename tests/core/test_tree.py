@@ -67,7 +67,8 @@ def test_two_row_unit_vectors():
     assert tree.beam_to_node[1].tolist() == [[0, 1, 2, 3], [0, 4, 5, 6], [0, 1, 7, 8]], (
         "row 1 unpacker"
     )
-    # Packed token indices (beam * L + depth of each kept token) give the depths as position offsets.
+    # Packed token indices (beam * L + depth of each kept token) give the depths as position
+    # offsets.
     assert tree.depth[0, :7].tolist() == [i % 4 for i in [0, 1, 2, 3, 6, 7, 11]], "row 0 depths"
     assert tree.depth[1].tolist() == [i % 4 for i in [0, 1, 2, 3, 5, 6, 7, 10, 11]], "row 1 depths"
     # Our padding: token 0, parent root, depth 1, attends to the root and itself.

@@ -18,7 +18,8 @@ LOG0 = -np.inf
 
 
 def make_tree(rows: list[tuple[list[int], list[int]]]) -> DraftTree:
-    """A DraftTree from per-row (tokens, parents); shorter rows padded with token 0 under the root."""
+    """A DraftTree from per-row (tokens, parents); shorter rows padded with token 0 under the
+    root."""
     size = max(len(tokens) for tokens, _ in rows)
     tokens = np.zeros((len(rows), size), dtype=np.int64)
     parents = np.zeros((len(rows), size), dtype=np.int64)
@@ -204,8 +205,10 @@ def test_exact_tree_verifier_follows_the_uniforms():
 
 def test_rejection_verifier_hand_example():
     # Root target [0.5, 0.5, 0]; both beams drafted from [0.2, 0.3, 0.5].
-    # Beam 0 proposes t2: min(1, 0 / 0.5) = 0, rejected; residual max([.5,.5,0]-[.2,.3,.5], 0)/0.5 = [.6,.4,0].
-    # Beam 1 proposes t1: min(1, 0.4 / 0.3) = 1, accepted; its node is a leaf: bonus from its target.
+    # Beam 0 proposes t2: min(1, 0 / 0.5) = 0, rejected; residual
+    # max([.5,.5,0]-[.2,.3,.5], 0)/0.5 = [.6,.4,0].
+    # Beam 1 proposes t1: min(1, 0.4 / 0.3) = 1, accepted; its node is a leaf: bonus from its
+    # target.
     beams = np.array([[[3, 2], [3, 1]]])
     tree = build_prefix_tree(beams)
     logits = log_of([[[0.5, 0.5, 0.0], [1.0, 1.0, 1.0], [0.0, 0.0, 1.0]]])
@@ -249,8 +252,9 @@ def test_redrafter_published_picks_the_longest_beam_lowest_index_on_ties():
 
 
 def test_typical_accepts_the_first_child_above_the_threshold():
-    # root target [0.7, 0.2, 0.1]: entropy 0.80 nats, threshold min(0.09, 0.3 * e^-0.80 = 0.135) = 0.09;
-    # child t2 (p = 0.1) comes first in node order and passes, although t0 is likelier.
+    # root target [0.7, 0.2, 0.1]: entropy 0.80 nats, threshold
+    # min(0.09, 0.3 * e^-0.80 = 0.135) = 0.09; child t2 (p = 0.1) comes first in node order and
+    # passes, although t0 is likelier.
     tree = make_tree([([5, 2, 0], [-1, 0, 0])])
     logits = log_of([[[0.7, 0.2, 0.1], [0.0, 1.0, 0.0], [1.0, 1.0, 1.0]]])
     verdict = TypicalVerifier().verify(

@@ -197,7 +197,8 @@ def test_greedy_requests_with_redrafter_decode_as_alone(model_dir, redrafter, sc
 
 
 class DrawnBudgets(Speculation):
-    """Tree budgets drawn by Hypothesis (0: plain, None: the whole tree), in turn per row per step."""
+    """Tree budgets drawn by Hypothesis (0: plain, None: the whole tree), in turn per row per
+    step."""
 
     def __init__(self, budgets):
         super().__init__("always")

@@ -1,4 +1,5 @@
-"""Training prompts: seeded, independent of how many are asked for, held-out documents kept apart."""
+"""Training prompts: seeded, independent of how many are asked for, held-out documents kept
+apart."""
 
 from __future__ import annotations
 
