@@ -29,7 +29,8 @@ PEER = {"torch": "hf", "mlx": "mlx-lm"}
 
 
 def verify_costs(target, backend, sizes, repeats):
-    """Median seconds of one forward over a k-node chain tree (``specdec.tuning.dtype.measure_forward``)."""
+    """Median seconds of one forward over a k-node chain tree
+    (``specdec.tuning.dtype.measure_forward``)."""
     return {
         k: ms / 1e3 for k, ms in measure_forward(backend, target, sizes, repeats=repeats).items()
     }

@@ -12,17 +12,18 @@ alternating, so that neither side always runs first):
   only when the whole previous one has ended (static batching, emulated by the clients);
 - ``serial``: a server with 1 slot: requests are decoded one at a time, the rest wait in its queue.
 
-Every run sends the same ``--requests`` requests. Each is a streamed chat completion of an MT-Bench first turn, greedy, of a length drawn
-between the two ``--max-tokens`` bounds (request i always gets the same one) and decoded to that
-length (``ignore_eos``), so every mode decodes the same tokens, and a static wave lasts as long
-as its longest request. Per run:
+Every run sends the same ``--requests`` requests. Each is a streamed chat completion of an MT-Bench
+first turn, greedy, of a length drawn between the two ``--max-tokens`` bounds
+(request i always gets the same one) and decoded to that length (``ignore_eos``), so every mode
+decodes the same tokens, and a static wave lasts as long as its longest request. Per run:
 tokens/s (completion tokens over the run's wall time), time to first token (p50/p99, queueing
 included) and inter-token latency (p50/p99 of each request's mean time per token after its
 first, ``(t_last - t_first) / (tokens - 1)``), plus the server's mean tokens per step and the
 budgets it chose (drafted nodes per request per step, the share of steps with no drafting). The
 table gives medians over ``--rounds`` and the median of each round's ratio to the first server.
 
-    python benchmarks/load_test.py --model smollm2-135m --backend torch --out benchmarks/results/load_test.json
+    python benchmarks/load_test.py --model smollm2-135m --backend torch \\
+        --out benchmarks/results/load_test.json
 """
 
 from __future__ import annotations
