@@ -429,9 +429,8 @@ class Decoder:
         ]
         try:
             output = target.forward_tree(tree, slots, context=context, layers=self.layers)
-        except (
-            Exception
-        ) as exc:  # a bad draft or tree fails here first: name the plugin that made it
+        except Exception as exc:
+            # a bad draft or tree fails here first: name the plugin that made it
             for group in drafted:
                 step_checks.check_group(self.plan, group.draft, group.tree, cause=exc)
             raise
