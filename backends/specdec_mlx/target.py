@@ -90,8 +90,8 @@ class MlxTarget:
     ``name``, ``dtype``; ``embed_tokens`` and ``lm_head`` (V, H) MLX arrays; ``fingerprint``
     (as the reference computes it, from ``fingerprint_source``: the model folder, else the
     module's own parameters). ``exact``: compute rows in the forms of ``specdec_mlx.exact`` so that
-    a row's results do not depend on what shares its forward (set by ``specdec.tuning.exactness`` from
-    ``check_row_invariance``).
+    a row's results do not depend on what shares its forward (set by ``specdec.tuning.exactness``
+    from ``check_row_invariance``).
     """
 
     def __init__(
@@ -177,7 +177,8 @@ class MlxTarget:
         return self.cache.lengths.copy()
 
     def take_pending(self) -> list[mx.array]:
-        """Arrays changed since the last evaluation point (the backend evaluates them with the step)."""
+        """Arrays changed since the last evaluation point (the backend evaluates them with the
+        step)."""
         if not self._pending:
             return []
         self._pending = False
@@ -222,7 +223,8 @@ class MlxTarget:
         x = self._embedding(tokens)  # (T, H)
         outputs = {}
         for index, layer in enumerate(self._layers):
-            # Attention block: pre-norm, projections, rotary, masked attention per segment, residual.
+            # Attention block: pre-norm, projections, rotary, masked attention per segment,
+            # residual.
             attention, product = layer.self_attn, self._product
             h = layer.input_layernorm(x)
             q, k, v = (
@@ -285,7 +287,8 @@ class MlxTarget:
         )
 
     def _tree_segment(self, place, tree: DraftTree, slots: np.ndarray) -> "_Segment":
-        """The tree rows: node i of row b at position ``length + depth``, written at ``length + i``."""
+        """The tree rows: node i of row b at position ``length + depth``, written at
+        ``length + i``."""
         batch, size = len(slots), tree.size
         depth = to_mx(tree.depth).astype(mx.int32)
         ancestor_mask = to_mx(tree.ancestor_mask).astype(mx.bool_)
@@ -426,7 +429,8 @@ class MlxTarget:
 
     def commit(self, tree: DraftTree, verdict: Verdict) -> None:
         """Keep the entries of ``verdict.path[b, :num_accepted[b] + 1]`` (root first) behind each
-        row's committed ones in its slot; the rest of the tree is dropped (its positions become scratch)."""
+        row's committed ones in its slot; the rest of the tree is dropped
+        (its positions become scratch)."""
         if self._staged is None:
             raise InvalidInputError(
                 "commit(tree, verdict) needs a preceding forward_tree(tree); no tree is staged"

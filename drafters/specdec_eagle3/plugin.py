@@ -22,7 +22,8 @@ def _factory(backend_name: str):
     def eagle3(
         target, checkpoint=None, *, backend=None, tree_top_k=None, depth=None, total_tokens=None
     ):
-        """``tree_top_k``: the children each expanded node proposes (``top_k`` is generate's sampling option)."""
+        """``tree_top_k``: the children each expanded node proposes
+        (``top_k`` is generate's sampling option)."""
         drafter_class = backend_class(backend_name, CLASSES, feature="the EAGLE-3 drafter")
         config, weights = load_trained(
             "eagle3", "EAGLE-3", "specdec_eagle3", load_eagle3_checkpoint, checkpoint, target

@@ -35,18 +35,21 @@ def check_weights(config: MedusaConfig, weights: Mapping[str, np.ndarray]) -> No
     if missing:
         raise ValueError(
             f"Medusa weights lack {len(missing)} arrays the config needs, e.g. {missing[:3]}; "
-            f"check num_heads={config.num_heads}, num_layers={config.num_layers}, head={config.head!r}"
+            f"check num_heads={config.num_heads}, num_layers={config.num_layers}, "
+            f"head={config.head!r}"
         )
     unexpected = sorted(set(weights) - set(expected))
     if unexpected:
         raise ValueError(
-            f"Medusa weights have {len(unexpected)} arrays the config does not describe, e.g. {unexpected[:3]}; "
-            f"check num_heads={config.num_heads}, num_layers={config.num_layers}, head={config.head!r}"
+            f"Medusa weights have {len(unexpected)} arrays the config does not describe, e.g. "
+            f"{unexpected[:3]}; check num_heads={config.num_heads}, "
+            f"num_layers={config.num_layers}, head={config.head!r}"
         )
     for name, shape in expected.items():
         if tuple(np.shape(weights[name])) != shape:
             raise ValueError(
-                f"Medusa weight {name!r} has shape {tuple(np.shape(weights[name]))}, expected {shape}"
+                f"Medusa weight {name!r} has shape {tuple(np.shape(weights[name]))}, expected "
+                f"{shape}"
             )
 
 

@@ -1,4 +1,5 @@
-"""Run a grid of methods x (backend, dtype) x temperatures over prompts: warm-up, interleaved repeats."""
+"""Run a grid of methods x (backend, dtype) x temperatures over prompts: warm-up, interleaved
+repeats."""
 
 from __future__ import annotations
 
@@ -150,8 +151,8 @@ def run_bench(
     seed: int = 0,
     progress: bool = True,
 ) -> list[BenchRecord]:
-    """Every method on every prompt, ``repeats`` times, interleaved (repeat > prompt > method), after
-    ``warmup`` untimed runs of each method on the first prompt."""
+    """Every method on every prompt, ``repeats`` times, interleaved (repeat > prompt > method),
+    after ``warmup`` untimed runs of each method on the first prompt."""
     records: list[BenchRecord] = []
     grid = list(grid)
     total = len(grid) * len(temperatures) * repeats * len(prompts) * len(methods)
@@ -221,7 +222,8 @@ def run_bench(
 
 
 def target_dtype(target, asked: str | None) -> str | None:
-    """The dtype a second target of this grid cell loads in: the first one's (no new measurement)."""
+    """The dtype a second target of this grid cell loads in: the first one's
+    (no new measurement)."""
     return _dtype_name(target) or asked
 
 
