@@ -39,7 +39,7 @@ def save_eagle3(
 def load_eagle3_checkpoint(path: str | Path) -> tuple[Eagle3Config, dict[str, np.ndarray]]:
     """Read a folder written by ``save_eagle3``, or one in the SpecForge or speculators layout
     (``specdec_eagle3.export``) -> (config, float64 weights, ``d2t`` int64)."""
-    from specdec.models.export import detect_layout
+    from specdec.plugins.export import detect_layout
 
     layout = detect_layout(path)
     if layout in (("eagle3", "specforge"), ("eagle3", "speculators")):

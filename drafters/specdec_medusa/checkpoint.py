@@ -25,7 +25,7 @@ def save_medusa(
 def load_medusa_checkpoint(path: str | Path) -> tuple[MedusaConfig, dict[str, np.ndarray]]:
     """Read a folder written by ``save_medusa``, or one in FasterDecoding's or vLLM's layout
     (``specdec_medusa.export``). -> (config, weights as float64 arrays)."""
-    from specdec.models.export import detect_layout
+    from specdec.plugins.export import detect_layout
 
     layout = detect_layout(path)
     if layout in (("medusa", "fasterdecoding"), ("medusa", "vllm")):

@@ -41,7 +41,7 @@ def save_redrafter(
 def load_redrafter_checkpoint(path: str | Path) -> tuple[RedrafterConfig, dict[str, np.ndarray]]:
     """Read a folder written by ``save_redrafter``, or one in Apple's layout (``specdec_redrafter.export``).
     -> (config, weights as float64 arrays)."""
-    from specdec.models.export import detect_layout
+    from specdec.plugins.export import detect_layout
 
     if detect_layout(path) == ("redrafter", "apple"):
         from specdec_redrafter.export import read_apple

@@ -1,5 +1,5 @@
 """``specdec export`` and ``specdec import``: drafters in the layouts serving engines load
-(``specdec.models.export``, docs/scale-out.md)."""
+(``specdec.plugins.export``, docs/scale-out.md)."""
 
 from __future__ import annotations
 
@@ -56,7 +56,7 @@ def add_parser(sub) -> None:
 
 def cmd_export(args) -> int:
     from specdec.errors import InvalidInputError
-    from specdec.models.export import describe, export
+    from specdec.plugins.export import describe, export
 
     choices = args.medusa_choices
     if choices not in (None, "chain"):
@@ -84,7 +84,7 @@ def cmd_export(args) -> int:
 
 
 def cmd_import(args) -> int:
-    from specdec.models.export import describe, import_drafter
+    from specdec.plugins.export import describe, import_drafter
 
     result = import_drafter(args.folder, args.out, overwrite=args.overwrite, dtype=args.dtype)
     for line in describe(result):
