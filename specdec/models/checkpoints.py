@@ -202,7 +202,7 @@ def check_compatible(
         )
 
 
-def check_target(config, target, *, drafter: str) -> None:
+def check_trained_for(config, target, *, drafter: str) -> None:
     """``check_compatible`` against a loaded target; its fingerprint (a hash of its weights) is
     computed only when the checkpoint records one."""
     recorded = (getattr(config, "target", None) or {}).get("fingerprint")
