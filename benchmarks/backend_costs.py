@@ -29,7 +29,8 @@ PEER = {"torch": "hf", "mlx": "mlx-lm"}
 
 
 def verify_costs(target, backend, sizes, repeats):
-    """Median seconds of one forward over a k-node chain tree (``specdec.tuning.dtype.measure_forward``)."""
+    """Median seconds of one forward over a k-node chain tree
+    (``specdec.tuning.dtype.measure_forward``)."""
     return {
         k: ms / 1e3 for k, ms in measure_forward(backend, target, sizes, repeats=repeats).items()
     }
@@ -128,14 +129,15 @@ def main():
     split = step_split(target, backend, prompts, args.drafter, args.max_new_tokens)
 
     print(
-        f"## {args.backend} {args.dtype}, {args.model}, {len(prompts)} prompts x {args.max_new_tokens} tokens, "
-        f"{args.repeats} interleaved repeats\n"
+        f"## {args.backend} {args.dtype}, {args.model}, {len(prompts)} prompts x "
+        f"{args.max_new_tokens} tokens, {args.repeats} interleaved repeats\n"
     )
     print("| method | tokens/s (median) |\n|---|---|")
     for name, values in rates.items():
         print(f"| {name} | {np.median(values):.1f} |")
     print(
-        f"\nspecdec plain / {PEER[args.backend]} plain: **{ratio:.2f}x** (median of per-repeat ratios)\n"
+        f"\nspecdec plain / {PEER[args.backend]} plain: **{ratio:.2f}x** (median of per-repeat "
+        "ratios)\n"
     )
     print("| verified tokens k | " + " | ".join(map(str, args.sizes)) + " |")
     print("|---|" + "---|" * len(args.sizes))
@@ -146,9 +148,9 @@ def main():
         + " |"
     )
     print(
-        f"\n{args.drafter} steps: {split['outside_share']:.1%} of step time outside the target forward "
-        f"(drafter {split['draft_share']:.1%}), {split['tokens_per_step']:.2f} tokens/step, "
-        f"{split['step_ms']:.1f} ms/step"
+        f"\n{args.drafter} steps: {split['outside_share']:.1%} of step time outside the target "
+        f"forward (drafter {split['draft_share']:.1%}), {split['tokens_per_step']:.2f} "
+        f"tokens/step, {split['step_ms']:.1f} ms/step"
     )
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -45,7 +45,8 @@ def cold_ms(run, eviction: torch.Tensor, repeats: int = 50) -> float:
 
 
 def compiled(function, first_call) -> tuple:
-    """(``torch.compile(function)``, seconds its first call ``first_call(compiled)`` took: the compile)."""
+    """(``torch.compile(function)``, seconds its first call ``first_call(compiled)`` took: the
+    compile)."""
     fast = torch.compile(function, dynamic=False)
     start = time.perf_counter()
     first_call(fast)
@@ -58,7 +59,9 @@ def beam_search(target, int8: bool | None) -> dict:
         config, weights, embed_tokens=target.embed_tokens, lm_head=target.lm_head, int8=int8
     )
     hidden, roots = torch.randn(1, config.hidden_size, dtype=target.dtype), torch.tensor([42])
-    search = lambda fn: lambda: fn(hidden, roots, width=2, length=3, keep_log_probs=False)  # noqa: E731
+    search = (  # noqa: E731
+        lambda fn: lambda: fn(hidden, roots, width=2, length=3, keep_log_probs=False)
+    )
     eviction = torch.randn(32_000_000, dtype=target.dtype)  # 64 MB, more than the caches
     search(module.beam_search)()  # int8=None: the measured choices are made eagerly first
     fast, seconds = compiled(module.beam_search, lambda fn: search(fn)())

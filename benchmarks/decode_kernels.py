@@ -1,13 +1,15 @@
 """What two kernel choices of the torch backend buy end to end: grouped-query attention in the
-form measured fastest (``specdec_torch.layers.attend``: grouped, folded or two matrix products), and the greedy argmax
-of half-precision logits compared in float32 (``specdec_torch.sampling.first_argmax``).
+form measured fastest (``specdec_torch.layers.attend``: grouped, folded or two matrix products), and
+the greedy argmax of half-precision logits compared in float32
+(``specdec_torch.sampling.first_argmax``).
 
 For each dtype: plain decoding and the default path (ReDrafter with its lookup beam) with both
 choices as before (attention always grouped, the argmax on the logits' own dtype) against both
 as now, interleaved per round with the order alternating; decode-phase tokens/s (prefill
 excluded), medians over rounds. Also times the attention forms and the argmax alone. Writes JSON.
 
-    python benchmarks/decode_kernels.py --model smollm2-135m --rounds 4 --out benchmarks/results/decode_kernels.json
+    python benchmarks/decode_kernels.py --model smollm2-135m --rounds 4 \\
+        --out benchmarks/results/decode_kernels.json
 """
 
 from __future__ import annotations

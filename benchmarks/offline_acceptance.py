@@ -2,14 +2,15 @@
 
 The target decodes the prompt set's chats greedily once (teacher data, as ``specdec train`` makes
 it; cached under --cache), then each drafter checkpoint's acceptance is replayed over those
-continuations exactly as ``specdec train`` evaluates held-out data (``specdec.training.loop.evaluate``:
-accept a, emit a + 1, jump a + 1; bonus token counted). With --lookup it also replays, per
-position, the best of ReDrafter's accepted tokens (the first checkpoint), the prompt-lookup chain
-(``specdec.drafting.lookup.lookup_chain``, 10 tokens) and, where the chain finds nothing, a chain from an
-n-gram store of the target's own training continuations (most frequent follower of the last 3,
-2 tokens, seen at least twice): what a third beam drawn from such a store would add. With
---prune, the first checkpoint's W=2, L=4 beams cut at the first drafted token whose conditional
-probability under the drafter is below a threshold: tokens per step against tree nodes per step.
+continuations exactly as ``specdec train`` evaluates held-out data
+(``specdec.training.loop.evaluate``: accept a, emit a + 1, jump a + 1; bonus token counted). With
+--lookup it also replays, per position, the best of ReDrafter's accepted tokens
+(the first checkpoint), the prompt-lookup chain (``specdec.drafting.lookup.lookup_chain``, 10
+tokens) and, where the chain finds nothing, a chain from an n-gram store of the target's own
+training continuations (most frequent follower of the last 3, 2 tokens, seen at least twice): what a
+third beam drawn from such a store would add. With --prune, the first checkpoint's W=2, L=4 beams
+cut at the first drafted token whose conditional probability under the drafter is below a threshold:
+tokens per step against tree nodes per step.
 
     python benchmarks/offline_acceptance.py --prompts mt-bench --per-category 2 \
         drafters/specdec_redrafter/weights/smollm2-135m runs/rd-gen --lookup
@@ -157,7 +158,9 @@ def main() -> None:
     torch.set_num_threads(2)
     prompts = load_prompt_set(args.prompts, per_category=args.per_category)
     target = load_teacher_target(args.model)
-    source = lambda split, start, count: [list(p.messages) for p in prompts[start : start + count]]  # noqa: E731
+    source = (  # noqa: E731
+        lambda split, start, count: [list(p.messages) for p in prompts[start : start + count]]
+    )
     data = build_teacher_data(
         target,
         prompts=0,

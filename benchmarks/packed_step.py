@@ -87,17 +87,19 @@ def main() -> None:
         table[c] = {name: float(np.median(values[1:])) for name, values in runs.items()}
     dtype = getattr(target, "dtype", "")
     print(
-        f"{args.model}, {args.backend} {dtype}, {args.rows} decoding rows of {int(np.asarray(tree.num_nodes).max())} "
-        f"nodes at most, medians of {args.rounds} rounds (ms)\n"
+        f"{args.model}, {args.backend} {dtype}, {args.rows} decoding rows of "
+        f"{int(np.asarray(tree.num_nodes).max())} nodes at most, medians of {args.rounds} rounds "
+        "(ms)\n"
     )
     print(
-        "| chunk | tree alone | chunk alone | separate (2 forwards) | packed (1 forward) | separate / packed |"
+        "| chunk | tree alone | chunk alone | separate (2 forwards) | packed (1 forward) | "
+        "separate / packed |"
     )
     print("|---|---|---|---|---|---|")
     for c, row in table.items():
         print(
-            f"| {c} | {row['tree']:.1f} | {row['chunk']:.1f} | {row['separate']:.1f} | {row['packed']:.1f} | "
-            f"{row['separate'] / row['packed']:.2f} |"
+            f"| {c} | {row['tree']:.1f} | {row['chunk']:.1f} | {row['separate']:.1f} | "
+            f"{row['packed']:.1f} | {row['separate'] / row['packed']:.2f} |"
         )
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

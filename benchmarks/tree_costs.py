@@ -5,8 +5,8 @@
 "before": float32 (the old ``dtype=None`` on a CPU) with one matmul per q/k/v and gate/up
 projection; "after": the dtype ``specdec.load`` measures fastest here (``specdec.tuning.dtype``),
 with packed projections. Both targets are loaded in one process and measured in interleaved
-rounds (``specdec.tuning.dtype.measure_forward``: a chain of k tokens after a 64-token prompt, median
-of 5 per round); the table gives the median over rounds. Writes JSON to --out.
+rounds (``specdec.tuning.dtype.measure_forward``: a chain of k tokens after a 64-token prompt,
+median of 5 per round); the table gives the median over rounds. Writes JSON to --out.
 """
 
 from __future__ import annotations

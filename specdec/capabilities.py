@@ -31,8 +31,9 @@ class DrafterCaps:
         (``DraftContext.uniforms`` (B, W, L)); None when it draws nothing.
     sampled_proposals: its beams are independent draws from ``Draft.draft_probs`` (the loop then
         verifies sampled decoding with rejection sampling by default).
-    stateful: the loop calls ``begin`` / ``observe`` / ``end`` (``specdec.protocols.RequestObserver``)
-        so the drafter can keep per-request state, e.g. its own KV cache.
+    stateful: the loop calls ``begin`` / ``observe`` / ``end``
+        (``specdec.protocols.RequestObserver``) so the drafter can keep per-request state, e.g. its
+        own KV cache.
     prompt_states: (stateful drafters) ``begin`` needs the target's hidden states at every
         prompt position (``PromptOutput.hidden`` (P, H) and ``layers``), as a feature-level
         drafter does: its requests are then prefilled whole by ``TargetModel.admit``. False:

@@ -31,7 +31,8 @@ def require(module: str, *, extra: str, feature: str):
         return importlib.import_module(module)
     except ImportError as exc:
         raise MissingDependencyError(
-            f"{feature} needs the '{module}' package, which is not installed: pip install 'specdec[{extra}]'"
+            f"{feature} needs the '{module}' package, which is not installed: pip install "
+            f"'specdec[{extra}]'"
         ) from exc
 
 
@@ -44,7 +45,8 @@ class CorruptFileError(SpecdecError, ValueError):
 
 
 class ModelLoadError(SpecdecError, RuntimeError):
-    """A backend could not load a model (a device that is not available, an unsupported model ...)."""
+    """A backend could not load a model (a device that is not available, an unsupported model
+    ...)."""
 
 
 class CacheError(SpecdecError):
@@ -60,11 +62,13 @@ class TrainingInterrupted(SpecdecError):
 
 
 class PluginError(SpecdecError, TypeError):
-    """A plugin is malformed: a hook that is not a specdec hook, a registration with wrong arguments."""
+    """A plugin is malformed: a hook that is not a specdec hook, a registration with wrong
+    arguments."""
 
 
 class PluginConflictError(SpecdecError, LookupError):
-    """Two plugins registered one name; the message names both distributions and how to disable one."""
+    """Two plugins registered one name; the message names both distributions and how to disable
+    one."""
 
 
 class PluginOutputError(SpecdecError, ValueError):

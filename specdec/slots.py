@@ -1,5 +1,5 @@
-"""Checks every target makes of its slot arguments, shared so that every backend words them alike,
-and ``SlotTarget``, the shell the targets of this repository share around their forward."""
+"""Checks every target makes of its slot arguments, shared so that every backend words them
+alike, and ``SlotTarget``, the shell the targets of this repository share around their forward."""
 
 from __future__ import annotations
 
@@ -14,7 +14,9 @@ DEFAULT_CAPACITY = (
     4096  # positions per slot when a target is loaded without a capacity (at most its context)
 )
 TREE_ROOM = 256  # positions a slot keeps beyond prompt + new tokens for the last step's draft tree
-PREFILL_CHUNK = 512  # prompt tokens of one request per forward (specdec.decode.loop.Decoder; bounds the attention matrix)
+# prompt tokens of one request per forward (specdec.decode.loop.Decoder; bounds the attention
+# matrix)
+PREFILL_CHUNK = 512
 
 
 def check_slot_arguments(slots, capacity, context_length: int) -> tuple[int, int]:
@@ -78,8 +80,8 @@ def check_room(lengths: np.ndarray, slots: np.ndarray, size: int, capacity: int,
     if full.size:
         s = int(full[0])
         raise InvalidInputError(
-            f"{what}: slot {s} holds {int(lengths[s])} positions and {size} more do not fit its capacity of "
-            f"{capacity}; load the target with a larger capacity"
+            f"{what}: slot {s} holds {int(lengths[s])} positions and {size} more do not fit its "
+            f"capacity of {capacity}; load the target with a larger capacity"
         )
 
 
@@ -132,8 +134,8 @@ def check_chunks(
         start = int(lengths[slot]) if admitted[slot] else 0
         if start + tokens.size > capacity:
             raise InvalidInputError(
-                f"context: slot {slot} holds {start} positions and a chunk of {tokens.size} more does not fit its "
-                f"capacity of {capacity}; load the target with a larger capacity"
+                f"context: slot {slot} holds {start} positions and a chunk of {tokens.size} more "
+                f"does not fit its capacity of {capacity}; load the target with a larger capacity"
             )
     return chunks
 
@@ -142,7 +144,8 @@ def check_forward(
     tree, slots, context, admitted: np.ndarray, lengths: np.ndarray, capacity: int, vocab_size: int
 ) -> tuple[np.ndarray, list[tuple[int, np.ndarray]], list[int]]:
     """The checks of ``forward_tree(tree, slots, context=...)``: (tree slots (B,) int64, prompt
-    chunks as ``check_chunks``, each chunk's start position: its slot's length, 0 for a free slot)."""
+    chunks as ``check_chunks``, each chunk's start position: its slot's length, 0 for a free
+    slot)."""
     slots = (
         np.zeros(0, dtype=np.int64)
         if tree is None
@@ -174,7 +177,8 @@ def admit_in_chunks(
 ):
     """``TargetModel.admit`` through ``target.forward_tree``: after the checks (``admitted`` and
     ``lengths`` are the target's records), the prompt runs as context chunks of at most ``chunk``
-    tokens, and their PromptOutputs are joined with ``concatenate`` (the framework's, over axis 0)."""
+    tokens, and their PromptOutputs are joined with ``concatenate``
+    (the framework's, over axis 0)."""
     prompt = check_prompt(prompt, target.vocab_size)
     check_layers(layers, target.num_layers)
     slot = int(check_slots(admitted, [slot], admitted_state=False, what="admit")[0])
@@ -286,6 +290,6 @@ def check_tree_room(
     trees smaller, ``fix``: how to get more room."""
     if max_tree_size is not None and max_tree_size > room:
         raise InvalidInputError(
-            f"{who} drafts trees of up to {max_tree_size} nodes, more than the {room} positions a slot has for a "
-            f"step's draft tree: {lower}{fix}"
+            f"{who} drafts trees of up to {max_tree_size} nodes, more than the {room} positions a "
+            f"slot has for a step's draft tree: {lower}{fix}"
         )

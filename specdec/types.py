@@ -21,7 +21,8 @@ def _rank(n: int):
     def check(instance, attribute, value):
         if value is not None and len(value.shape) != n:
             raise ValueError(
-                f"{type(instance).__name__}.{attribute.name} must have rank {n}, got shape {tuple(value.shape)}"
+                f"{type(instance).__name__}.{attribute.name} must have rank {n}, got shape "
+                f"{tuple(value.shape)}"
             )
 
     return check
@@ -166,11 +167,13 @@ class DraftTree:
         for name in ("parents", "depth"):
             if tuple(getattr(self, name).shape) != (b, n):
                 raise ValueError(
-                    f"DraftTree.{name} must have shape {(b, n)}, got {tuple(getattr(self, name).shape)}"
+                    f"DraftTree.{name} must have shape {(b, n)}, got "
+                    f"{tuple(getattr(self, name).shape)}"
                 )
         if tuple(self.ancestor_mask.shape) != (b, n, n):
             raise ValueError(
-                f"DraftTree.ancestor_mask must have shape {(b, n, n)}, got {tuple(self.ancestor_mask.shape)}"
+                f"DraftTree.ancestor_mask must have shape {(b, n, n)}, got "
+                f"{tuple(self.ancestor_mask.shape)}"
             )
         if tuple(self.num_nodes.shape) != (b,):
             raise ValueError(
@@ -258,7 +261,8 @@ class Accepted:
 class StepResult:
     """One target forward of the decode loop, already on the host.
 
-    requests: the request id of each row (``specdec.decode.loop.decode_steps`` gives one row per prompt).
+    requests: the request id of each row (``specdec.decode.loop.decode_steps`` gives one row per
+    prompt).
     new_tokens: per row, the tokens emitted by this step (empty for finished rows).
     num_accepted (B,), num_drafted (B,), num_verified (B,): per-row counts (numpy int64);
     num_drafted counts the distinct beams' tokens past the root, each beam at its own length.
@@ -282,13 +286,15 @@ class StepResult:
 
     @property
     def is_prefill(self) -> bool:
-        """The rows' requests were admitted: their first tokens come from their prompts' forwards."""
+        """The rows' requests were admitted: their first tokens come from their prompts'
+        forwards."""
         return self.prefilled is not None
 
 
 @attrs.frozen(kw_only=True)
 class GenerationStats:
-    """Aggregates over a generation; ``tokens_per_step`` counts the bonus token (plain decoding = 1.0)."""
+    """Aggregates over a generation; ``tokens_per_step`` counts the bonus token
+    (plain decoding = 1.0)."""
 
     steps: int
     new_tokens: int

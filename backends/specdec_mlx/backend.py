@@ -36,7 +36,8 @@ _warned: list = []
 
 
 class MlxBackend:
-    """The ``mlx`` backend: ``load_target``, ``to_numpy`` (the step's one evaluation point), ``from_numpy``."""
+    """The ``mlx`` backend: ``load_target``, ``to_numpy`` (the step's one evaluation point),
+    ``from_numpy``."""
 
     name = "mlx"
 
@@ -63,8 +64,8 @@ class MlxBackend:
         return target
 
     def dtype_candidates(self, device: str | None = None) -> tuple[str, ...]:
-        """The dtypes worth measuring (``specdec.tuning.dtype``): float16 and bfloat16 on Metal; on the
-        CPU only float32 (MLX's CPU half-precision kernels are several times slower)."""
+        """The dtypes worth measuring (``specdec.tuning.dtype``): float16 and bfloat16 on Metal; on
+        the CPU only float32 (MLX's CPU half-precision kernels are several times slower)."""
         on_gpu = DEVICES.get(device, "gpu" if mx.default_device() == mx.gpu else "cpu") == "gpu"
         return ("float16", "bfloat16") if on_gpu else ("float32",)
 
@@ -73,7 +74,8 @@ class MlxBackend:
         return describe_device(device)
 
     def to_numpy(self, array: Any) -> np.ndarray:
-        """Evaluate ``array`` together with the pending arrays of this backend's targets, copy to the host."""
+        """Evaluate ``array`` together with the pending arrays of this backend's targets, copy to
+        the host."""
         if not isinstance(array, mx.array):
             return np.asarray(array)
         pending = [a for target in list(self._targets) for a in target.take_pending()]

@@ -74,7 +74,8 @@ def _package_folder(name: str) -> Path | None:
 
 def pip_openblas() -> tuple[str, str] | None:
     """(OpenBLAS, the libgfortran for it) from pip packages: ``ngsolve-openblas`` and the
-    libgfortran that the ``mlx[cpu]`` wheel bundles (``mlx_cpu.libs``); None when either is missing."""
+    libgfortran that the ``mlx[cpu]`` wheel bundles (``mlx_cpu.libs``); None when either is
+    missing."""
     folder, mlx = _package_folder("ngsolve_openblas"), _package_folder("mlx")
     if folder is None or mlx is None:
         return None
@@ -136,15 +137,18 @@ def blas_hint() -> str | None:
         return None
     if _state["loaded"] or _mapped_openblas():  # ours, or one the user preloaded
         return None
-    slow = "mlx runs on its bundled reference BLAS, under which a tree of k tokens costs about k decode steps"
+    slow = (
+        "mlx runs on its bundled reference BLAS, under which a tree of k tokens costs about k "
+        "decode steps"
+    )
     if system_blas_candidates() or pip_openblas():
         return (
             f"{slow}: import specdec before mlx (specdec then loads OpenBLAS for it), or preload it"
         )
     return (
-        f"{slow}: pip install ngsolve-openblas (the mlx extra does, on x86-64 Linux) or the system's OpenBLAS "
-        f"(Debian/Ubuntu: apt-get install libopenblas0-pthread) and specdec loads it for mlx automatically, or "
-        f"name a BLAS library in ${VARIABLE}"
+        f"{slow}: pip install ngsolve-openblas (the mlx extra does, on x86-64 Linux) or the "
+        "system's OpenBLAS (Debian/Ubuntu: apt-get install libopenblas0-pthread) and specdec loads "
+        f"it for mlx automatically, or name a BLAS library in ${VARIABLE}"
     )
 
 

@@ -8,10 +8,11 @@ for quantized layers ``qmv`` against ``qmm``); on a Linux CPU, where MLX runs on
 (``specdec_mlx.blas``), a float32 product of M rows of K against N outputs goes to a small-matrix
 kernel, which sums in another order, while M * N * K is at most 100**3, so such a product gets
 rows enough to pass that bound (``min_rows``; measured: a SmolLM2-135M k projection, N = 192,
-K = 576, gave other bits for 1 to 6 rows than among 160, and the same bits from 7 rows on). Attention
-takes the *split* form from MLX operations: each query's last ``TAIL`` keys gathered in position
-order ahead of its other keys, read in place, in one softmax; the two products added in float32.
-``specdec_mlx.invariance`` checks on first use whether this machine's kernels keep the promise.
+K = 576, gave other bits for 1 to 6 rows than among 160, and the same bits from 7 rows on).
+Attention takes the *split* form from MLX operations: each query's last ``TAIL`` keys gathered in
+position order ahead of its other keys, read in place, in one softmax; the two products added in
+float32. ``specdec_mlx.invariance`` checks on first use whether this machine's kernels keep the
+promise.
 """
 
 from __future__ import annotations

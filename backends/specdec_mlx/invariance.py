@@ -1,9 +1,9 @@
-"""The MLX target's self-test of exact mode (``specdec.tuning.exactness``), as ``specdec_torch.invariance``
-does for torch: on random inputs of the target's own shapes and dtype, each product of layer 0
-(q, k, v and o projections, the MLP) and the LM head must give rows of calls of 1, 2, 3, 5, 8,
-17 and 64 rows the bits of the same rows in one larger call; RMSNorm likewise; and attention
-(split form) a query alone the bits of the same query as a node deep in a tree's second beam,
-beside a row of another length. Which BLAS MLX runs on decides much of it on a Linux CPU (the
+"""The MLX target's self-test of exact mode (``specdec.tuning.exactness``), as
+``specdec_torch.invariance`` does for torch: on random inputs of the target's own shapes and dtype,
+each product of layer 0 (q, k, v and o projections, the MLP) and the LM head must give rows of calls
+of 1, 2, 3, 5, 8, 17 and 64 rows the bits of the same rows in one larger call; RMSNorm likewise; and
+attention (split form) a query alone the bits of the same query as a node deep in a tree's second
+beam, beside a row of another length. Which BLAS MLX runs on decides much of it on a Linux CPU (the
 wheel's reference BLAS computes each row alone; OpenBLAS blocks rows), so it is part of the key.
 """
 

@@ -56,7 +56,8 @@ class MlxKVCache:
         block: tuple[int, int, int] | None,
     ) -> None:
         """Write keys, values (B, Hkv, n, Dh) at positions (B, n) of ``slots`` (B,); ``block`` =
-        (first slot, end slot, start) when the rows are consecutive slots all writing start .. start + n - 1."""
+        (first slot, end slot, start) when the rows are consecutive slots all writing
+        start .. start + n - 1."""
         if block is not None:
             first, end, start = block
             n = keys.shape[2]

@@ -19,7 +19,9 @@ from specdec.errors import InvalidInputError
 from specdec.models.llama import LlamaConfig, load_tokenizer
 from specdec.reference.weights import check_weights_header
 from specdec_mlx.target import MlxTarget
-from specdec_mlx.weights import fingerprint_of, weight_files  # noqa: F401  (fingerprint_of: where it was)
+
+# (fingerprint_of: where it was)
+from specdec_mlx.weights import fingerprint_of, weight_files  # noqa: F401
 
 
 def load_target(source: Any, *, dtype, requested_dtype: str | None = None, **slots) -> MlxTarget:
@@ -29,7 +31,8 @@ def load_target(source: Any, *, dtype, requested_dtype: str | None = None, **slo
     if isinstance(source, MlxTarget):
         if requested_dtype is not None and source.dtype != dtype:
             raise InvalidInputError(
-                f"this target was loaded in {source.dtype}; load it again with dtype={requested_dtype!r}"
+                f"this target was loaded in {source.dtype}; load it again with "
+                f"dtype={requested_dtype!r}"
             )
         return source
     if isinstance(source, (str, os.PathLike)):
@@ -65,13 +68,14 @@ def wrap_model(model, tokenizer: Any = None, *, dtype, **slots) -> MlxTarget:
     args = getattr(model, "args", None)
     if args is None or not hasattr(model, "model") or not hasattr(model.model, "layers"):
         raise InvalidInputError(
-            f"the mlx backend loads a model folder path, an mlx-lm Model object or a (model, tokenizer) "
-            f"pair; got {type(model).__name__}"
+            "the mlx backend loads a model folder path, an mlx-lm Model object or a (model, "
+            f"tokenizer) pair; got {type(model).__name__}"
         )
     fields = dataclasses.asdict(args) if dataclasses.is_dataclass(args) else dict(vars(args))
     if fields.get("rope_traditional"):
         raise InvalidInputError(
-            "models with rope_traditional=True are not supported (Llama-family models use rotate_half)"
+            "models with rope_traditional=True are not supported (Llama-family models use "
+            "rotate_half)"
         )
     eos = list(getattr(tokenizer, "eos_token_ids", None) or [])
     config = LlamaConfig.from_hf_dict(fields, {"eos_token_id": eos} if eos else None)

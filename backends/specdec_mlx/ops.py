@@ -54,7 +54,8 @@ def as_array(array: Any, *, dtype=None) -> mx.array:
 
 
 def compute_dtype(dtype) -> mx.Dtype:
-    """The dtype probabilities are computed in: float32 for every input dtype (MLX has no float64 on the GPU)."""
+    """The dtype probabilities are computed in: float32 for every input dtype
+    (MLX has no float64 on the GPU)."""
     return mx.float32
 
 
@@ -158,7 +159,8 @@ def _one_hot(tokens: mx.array, size: int) -> mx.array:
 
 
 def target_probs(logits: mx.array, sampling: SamplingConfig) -> mx.array:
-    """``specdec.reference.sampling.target_probs`` in MLX: logits (..., V) -> probs (..., V) float32.
+    """``specdec.reference.sampling.target_probs`` in MLX: logits (..., V) -> probs (..., V)
+    float32.
 
     Temperature, then the top-k logits, softmax, then the smallest prefix (stable descending
     order of the tempered logits) whose mass reaches top-p. Temperature 0 is one-hot on the

@@ -84,8 +84,8 @@ class MlxTarget(SlotTarget):
     ``name``, ``dtype``; ``embed_tokens`` and ``lm_head`` (V, H) MLX arrays; ``fingerprint``
     (as the reference computes it, from ``fingerprint_source``: the model folder, else the
     module's own parameters). ``exact``: compute rows in the forms of ``specdec_mlx.exact`` so that
-    a row's results do not depend on what shares its forward (set by ``specdec.tuning.exactness`` from
-    ``check_row_invariance``).
+    a row's results do not depend on what shares its forward (set by ``specdec.tuning.exactness``
+    from ``check_row_invariance``).
     """
 
     def __init__(
@@ -159,7 +159,8 @@ class MlxTarget(SlotTarget):
         return fingerprint_of(self._fingerprint_source if self._fingerprint_source else self.model)
 
     def take_pending(self) -> list[mx.array]:
-        """Arrays changed since the last evaluation point (the backend evaluates them with the step)."""
+        """Arrays changed since the last evaluation point (the backend evaluates them with the
+        step)."""
         if not self._pending:
             return []
         self._pending = False
@@ -204,7 +205,8 @@ class MlxTarget(SlotTarget):
         x = self._embedding(tokens)  # (T, H)
         outputs = {}
         for index, layer in enumerate(self._layers):
-            # Attention block: pre-norm, projections, rotary, masked attention per segment, residual.
+            # Attention block: pre-norm, projections, rotary, masked attention per segment,
+            # residual.
             attention, product = layer.self_attn, self._product
             h = layer.input_layernorm(x)
             q, k, v = (
@@ -267,7 +269,8 @@ class MlxTarget(SlotTarget):
         )
 
     def _tree_segment(self, place, tree: DraftTree, slots: np.ndarray) -> "_Segment":
-        """The tree rows: node i of row b at position ``length + depth``, written at ``length + i``."""
+        """The tree rows: node i of row b at position ``length + depth``, written at
+        ``length + i``."""
         batch, size = len(slots), tree.size
         depth = to_mx(tree.depth).astype(mx.int32)
         ancestor_mask = to_mx(tree.ancestor_mask).astype(mx.bool_)
@@ -380,7 +383,8 @@ class MlxTarget(SlotTarget):
 
     def commit(self, tree: DraftTree, verdict: Verdict) -> None:
         """Keep the entries of ``verdict.path[b, :num_accepted[b] + 1]`` (root first) behind each
-        row's committed ones in its slot; the rest of the tree is dropped (its positions become scratch)."""
+        row's committed ones in its slot; the rest of the tree is dropped
+        (its positions become scratch)."""
         check_commit(None if self._staged is None else self._staged[1], tree)
         slots = self._staged[0]
         path = to_mx(verdict.path).astype(mx.int32)

@@ -7,8 +7,8 @@ owner of each prefix, keep mask, exclusive cumsum for node indices, then one-hot
 
 N, the batch's largest node count, is data: a tree of that size needs one host read of
 ``max(num_nodes)`` after drafting (the step's second evaluation point). A single beam without
-beam lengths (W = 1: chains, plain decoding) has N = L and needs none; ``static_size=True`` pads every tree
-to the bound 1 + W (L - 1) and needs none either, at the cost of verifying the padding.
+beam lengths (W = 1: chains, plain decoding) has N = L and needs none; ``static_size=True`` pads
+every tree to the bound 1 + W (L - 1) and needs none either, at the cost of verifying the padding.
 Beams of different lengths (``Draft.beam_lengths``) keep only their running tokens
 (docs/algorithms/dynamic_tree_attention.md, "Beams of different lengths").
 Shapes: B batch, W beams, L beam length (root included), N nodes, M = 1 + W (L - 1).
@@ -131,7 +131,8 @@ class PrefixTreeBuilder:
         if draft.beams is None:
             raise ValueError(
                 "PrefixTreeBuilder needs a Draft with beams (B, W, L), but this draft has only "
-                "head_tokens (B, K, T); use a tree builder for head top-k drafts (a static tree) instead"
+                "head_tokens (B, K, T); use a tree builder for head top-k drafts (a static tree) "
+                "instead"
             )
         beams = to_mx(draft.beams).astype(mx.int32)
         if beams.ndim != 3 or min(beams.shape) < 1:

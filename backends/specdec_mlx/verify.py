@@ -91,7 +91,8 @@ class MlxVerifier(VerifierRule):
         sampling: SamplingConfig,
         uniforms: Any,
     ) -> tuple[int, mx.array, mx.array | None]:
-        """Check the inputs; returns (D, logits (B, N, V) float32, uniforms (B, D+1, W+1) or None)."""
+        """Check the inputs; returns (D, logits (B, N, V) float32, uniforms (B, D+1, W+1) or
+        None)."""
         check_verifier_inputs(self, tree, draft, target, backend="mlx")
         depth = static_depth(tree, draft)
         logits = to_mx(target.logits).astype(mx.float32)

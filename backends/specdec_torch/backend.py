@@ -32,13 +32,14 @@ class TorchBackend:
         slots: int = 1,
         capacity: int | None = None,
     ):
-        """A ``TorchTarget`` from a local Hugging Face-format folder, a ``transformers`` Llama-family
-        model object or a TorchTarget (see ``specdec_torch.loading.load_torch_target``)."""
+        """A ``TorchTarget`` from a local Hugging Face-format folder, a ``transformers``
+        Llama-family model object or a TorchTarget (see
+        ``specdec_torch.loading.load_torch_target``)."""
         return load_torch_target(source, dtype=dtype, device=device, slots=slots, capacity=capacity)
 
     def dtype_candidates(self, device: str | None = None) -> tuple[str, ...]:
-        """The dtypes worth measuring on ``device`` (``specdec.tuning.dtype``): float32 and bfloat16 on a
-        CPU (bfloat16 halves the bytes read, but is fast only with bf16 instructions, so it is
+        """The dtypes worth measuring on ``device`` (``specdec.tuning.dtype``): float32 and bfloat16
+        on a CPU (bfloat16 halves the bytes read, but is fast only with bf16 instructions, so it is
         measured, never assumed), float16 too where the CPU has half-precision arithmetic;
         bfloat16 and float16 on CUDA; float16 and float32 on MPS."""
         from specdec.tuning.dtype import cpu_flags
@@ -67,7 +68,8 @@ class TorchBackend:
         return np.asarray(array)
 
     def from_numpy(self, array: Any, target: Any) -> torch.Tensor:
-        """``array`` as a tensor on ``target.device`` (float64 becomes float32 on mps, which lacks it)."""
+        """``array`` as a tensor on ``target.device`` (float64 becomes float32 on mps, which lacks
+        it)."""
         host = torch.from_numpy(np.require(np.asarray(array), requirements=["C", "W"]))
         device = getattr(target, "device", torch.device("cpu"))
         if device.type == "mps" and host.dtype == torch.float64:

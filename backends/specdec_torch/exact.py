@@ -5,7 +5,8 @@ the weights, its token, its position and the cache at the positions before it, w
 shares the forward: a draft tree of any shape, other requests' rows, prompt chunks of any split.
 Plain decoding runs the same code with a one-node tree, so greedy speculative output is
 bit-identical to plain greedy decoding at any dtype where the kernels below keep their promise
-(``specdec_torch.invariance`` checks them on first use; ``docs/decisions/0010-row-invariant-forward.md``).
+(``specdec_torch.invariance`` checks them on first use;
+``docs/decisions/0010-row-invariant-forward.md``).
 
 **Products.** A matrix product computes each output row as a dot product of length K; the CPU
 math library picks its kernel (and so the order of those additions) by the shape. Measured on
@@ -112,8 +113,9 @@ def attend_split(
     query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, plan: SplitPlan
 ) -> torch.Tensor:
     """Grouped-query attention in the split form. query (B, Hq, n, Dh); keys, values (B, Hkv,
-    S, Dh); ``plan`` of the mask (B, 1, n, S). -> (B, n, Hq * Dh), like ``specdec_torch.layers.attend``,
-    with each query's bits independent of the other queries, keys and rows.
+    S, Dh); ``plan`` of the mask (B, 1, n, S). -> (B, n, Hq * Dh), like
+    ``specdec_torch.layers.attend``, with each query's bits independent of the other queries, keys
+    and rows.
 
     The tail's product runs in float32 (its operands have the same shape in every forward, and a
     tiny float32 product is cheaper than a half-precision one here); the prefix's in the values'

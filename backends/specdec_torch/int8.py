@@ -70,9 +70,10 @@ def draft_weight(
     check_int8_option(int8)
     if int8 and not int8_supported(weight):
         raise InvalidInputError(
-            f"int8 drafter weights need torch's int8 CPU kernel, which runs here for float32 weights, or bfloat16 "
-            f"and float16 ones whose input size is a multiple of 64; this weight is {tuple(weight.shape)} "
-            f"{str(weight.dtype).removeprefix('torch.')} on {weight.device.type}: use int8=None (measured) or False"
+            "int8 drafter weights need torch's int8 CPU kernel, which runs here for float32 "
+            "weights, or bfloat16 and float16 ones whose input size is a multiple of 64; this "
+            f"weight is {tuple(weight.shape)} {str(weight.dtype).removeprefix('torch.')} on "
+            f"{weight.device.type}: use int8=None (measured) or False"
         )
     if (
         int8 is False
@@ -117,7 +118,8 @@ class _Int8(_Native):
         return chosen
 
     def _correct(self, rows: torch.Tensor) -> bool:
-        """The kernel's product against the dequantized weights' in float64, within its dtype's rounding."""
+        """The kernel's product against the dequantized weights' in float64, within its dtype's
+        rounding."""
         weights = dequantize_rows(
             self.q.cpu().numpy(), self.scale.double().cpu().numpy()
         )  # the scales it multiplies by
@@ -135,10 +137,10 @@ class _Int8(_Native):
 
 
 def int8_choices() -> dict[str, str]:
-    """What was measured so far, for reports: "N x K dtype, one row|several rows" -> "int8" | "own dtype"."""
+    """What was measured so far, for reports: "N x K dtype, one row|several rows" -> "int8" | "own
+    dtype"."""
     return {
-        f"{k[0][0]} x {k[0][1]} {str(k[1]).removeprefix('torch.')}, {'several rows' if k[2] else 'one row'}": "int8"
-        if v
-        else "own dtype"
+        f"{k[0][0]} x {k[0][1]} {str(k[1]).removeprefix('torch.')}, "
+        f"{'several rows' if k[2] else 'one row'}": "int8" if v else "own dtype"
         for k, v in _INT8.items()
     }

@@ -1,5 +1,5 @@
-"""The torch target's self-test of exact mode (``specdec.tuning.exactness``): do this machine's kernels
-give each row the same bits alone and among other rows?
+"""The torch target's self-test of exact mode (``specdec.tuning.exactness``): do this machine's
+kernels give each row the same bits alone and among other rows?
 
 Exact mode (``specdec_torch.exact``) relies on measured kernel behaviour: a product of two or
 more rows rounds each row the same way whatever the row count (a one-row product is computed as

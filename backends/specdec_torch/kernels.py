@@ -53,7 +53,8 @@ def attention_kernel():
         else:
             try:
                 module, status = _load()
-            except Exception as exc:  # noqa: BLE001 - any build failure falls back to torch operations
+            except Exception as exc:  # noqa: BLE001
+                # any build failure falls back to torch operations
                 detail = " ".join(str(exc).split())[:300] or type(exc).__name__
                 status = f"not built ({detail}); exact mode uses torch operations"
                 log.warning(

@@ -66,7 +66,8 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 
 
 def inverse_frequencies(config, device: torch.device) -> torch.Tensor:
-    """(Dh/2,) rotation speeds with the model's rope scaling, computed by the reference in float64."""
+    """(Dh/2,) rotation speeds with the model's rope scaling, computed by the reference in
+    float64."""
     from specdec.reference.model import rotary_inverse_frequencies
 
     return torch.from_numpy(np.asarray(rotary_inverse_frequencies(config))).to(
@@ -75,8 +76,8 @@ def inverse_frequencies(config, device: torch.device) -> torch.Tensor:
 
 
 MEASURED_QUERIES = 32  # attention of up to this many new tokens (one, or a draft tree) is measured
-# (dtype, query heads, key/value heads, head size, several queries, rows class) -> the form measured fastest;
-# the rows class is the batch's bit length: 1 row, 2-3, 4-7, ..., 64-127, ...
+# (dtype, query heads, key/value heads, head size, several queries, rows class) -> the form measured
+# fastest; the rows class is the batch's bit length: 1 row, 2-3, 4-7, ..., 64-127, ...
 _CHOSEN: dict[tuple, str] = {}
 
 
@@ -127,8 +128,9 @@ _FORMS = {"grouped": _grouped, "folded": _folded, "matmul": _matmul}
 def attend(
     query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, mask: torch.Tensor
 ) -> torch.Tensor:
-    """Grouped-query attention. query (B, Hq, n, Dh); keys, values (B, Hkv, S, Dh); mask (B, 1, n, S)
-    bool (True = may attend; every query row has at least one True). Returns (B, n, Hq * Dh).
+    """Grouped-query attention. query (B, Hq, n, Dh); keys, values (B, Hkv, S, Dh); mask
+    (B, 1, n, S) bool (True = may attend; every query row has at least one True). Returns
+    (B, n, Hq * Dh).
 
     On the CPU, with at most ``MEASURED_QUERIES`` new tokens, the first call per dtype, head
     layout, query class (one token / several) and rows class (1, 2-3, 4-7, ... rows) times three
@@ -162,8 +164,8 @@ def attention_choices() -> dict[str, str]:
     """What was measured so far, for reports: "dtype Hq/Hkv x Dh, one query|several, rows R-R'" ->
     "grouped" | "folded" | "matmul"."""
     return {
-        f"{str(k[0]).removeprefix('torch.')} {k[1]}/{k[2]} x {k[3]}, {'several' if k[4] else 'one query'}, "
-        f"{_rows_class(k[5])}": v
+        f"{str(k[0]).removeprefix('torch.')} {k[1]}/{k[2]} x {k[3]}, "
+        f"{'several' if k[4] else 'one query'}, {_rows_class(k[5])}": v
         for k, v in _CHOSEN.items()
     }
 

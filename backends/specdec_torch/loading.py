@@ -1,4 +1,5 @@
-"""Load a ``TorchTarget`` from a local Hugging Face-format folder or a ``transformers`` model object.
+"""Load a ``TorchTarget`` from a local Hugging Face-format folder or a ``transformers`` model
+object.
 
 Folders go through ``AutoModelForCausalLM.from_pretrained``; the architecture (heads, rope
 scaling, sliding window, eos ids) is parsed by the reference's ``LlamaConfig`` so both backends
@@ -34,7 +35,8 @@ DTYPES = {
 
 
 def resolve_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
-    """A dtype name (or torch dtype) -> torch dtype; None: float32 on cpu, bfloat16 on cuda, float16 on mps."""
+    """A dtype name (or torch dtype) -> torch dtype; None: float32 on cpu, bfloat16 on cuda, float16
+    on mps."""
     if dtype is None:
         return {"cuda": torch.bfloat16, "mps": torch.float16}.get(device.type, torch.float32)
     if isinstance(dtype, torch.dtype):
@@ -97,8 +99,8 @@ def _check_family(model: Any) -> None:
         or not hasattr(model, "lm_head")
     ):
         raise InvalidInputError(
-            f"the torch backend runs Llama-family causal LMs ({', '.join(SUPPORTED_MODEL_TYPES)}); got "
-            f"{type(model).__name__} with model_type {model_type!r}"
+            f"the torch backend runs Llama-family causal LMs ({', '.join(SUPPORTED_MODEL_TYPES)}); "
+            f"got {type(model).__name__} with model_type {model_type!r}"
         )
 
 
@@ -151,7 +153,8 @@ def _from_folder(
 def _from_module(
     model: Any, dtype: torch.dtype | None, device: torch.device | None, **slots
 ) -> TorchTarget:
-    """Wrap a ``transformers`` model object; given a dtype or device it is moved there (in place)."""
+    """Wrap a ``transformers`` model object; given a dtype or device it is moved there
+    (in place)."""
     _check_family(model)
     generation = getattr(model, "generation_config", None)
     config = LlamaConfig.from_hf_dict(
@@ -197,8 +200,8 @@ def load_torch_target(
         )
         if wanted_dtype not in (None, source.dtype) or other_device:
             raise InvalidInputError(
-                f"this target is loaded as {source.dtype} on {source.device}; load it again for dtype={dtype!r}, "
-                f"device={device!r}"
+                f"this target is loaded as {source.dtype} on {source.device}; load it again for "
+                f"dtype={dtype!r}, device={device!r}"
             )
         return source
     if isinstance(source, torch.nn.Module):
@@ -213,5 +216,6 @@ def load_torch_target(
         resolved_device = torch.device(device) if device is not None else default_device()
         return _from_folder(source, resolve_dtype(dtype, resolved_device), resolved_device, **sized)
     raise InvalidInputError(
-        f"the torch backend loads a model folder, a transformers model or a TorchTarget; got {type(source).__name__}"
+        "the torch backend loads a model folder, a transformers model or a TorchTarget; got "
+        f"{type(source).__name__}"
     )

@@ -77,10 +77,10 @@ def head_product(x: torch.Tensor, weight: torch.Tensor, *, exact: bool = False) 
 
 
 def head_product_choices() -> dict[str, str]:
-    """What was measured so far, for reports: "N x K dtype, one row|several rows" -> "F.linear" | "transposed"."""
+    """What was measured so far, for reports: "N x K dtype, one row|several rows" -> "F.linear" |
+    "transposed"."""
     return {
-        f"{key[0][0]} x {key[0][1]} {str(key[1]).removeprefix('torch.')}, {'several rows' if key[2] else 'one row'}": "transposed"
-        if value
-        else "F.linear"
+        f"{key[0][0]} x {key[0][1]} {str(key[1]).removeprefix('torch.')}, "
+        f"{'several rows' if key[2] else 'one row'}": "transposed" if value else "F.linear"
         for key, value in _TRANSPOSED.items()
     }

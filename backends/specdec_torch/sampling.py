@@ -82,7 +82,8 @@ def top_k_lowest_index(values: torch.Tensor, k: int) -> tuple[torch.Tensor, torc
 
 
 def top_indices(x: torch.Tensor, count: int) -> torch.Tensor:
-    """The indices of the ``count`` largest entries, best first, equal values in ascending index order.
+    """The indices of the ``count`` largest entries, best first, equal values in ascending index
+    order.
 
     x (..., V) -> (..., count) int64: ``top_k_lowest_index(x, count)[1]``.
     """
@@ -102,7 +103,8 @@ def top_k_mask(logits: torch.Tensor, k: int) -> torch.Tensor:
 
 
 def stable_descending_order(x: torch.Tensor) -> torch.Tensor:
-    """``np.argsort(-x, kind="stable")``: x (..., V) -> (..., V) int64, equal values in ascending index order."""
+    """``np.argsort(-x, kind="stable")``: x (..., V) -> (..., V) int64, equal values in ascending
+    index order."""
     return torch.sort(x, dim=-1, descending=True, stable=True).indices
 
 
@@ -112,7 +114,8 @@ def softmax(logits: torch.Tensor) -> torch.Tensor:
 
 
 def log_softmax(logits: torch.Tensor) -> torch.Tensor:
-    """log of ``softmax`` over the last axis in ``compute_dtype``: (..., V) -> (..., V); -inf stays -inf."""
+    """log of ``softmax`` over the last axis in ``compute_dtype``: (..., V) -> (..., V); -inf stays
+    -inf."""
     return torch.log_softmax(logits.to(compute_dtype(logits.dtype)), dim=-1)
 
 

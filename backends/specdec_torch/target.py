@@ -300,7 +300,8 @@ class TorchTarget(SlotTarget):
     def _segment(
         self, place: "packing.Segment", positions: torch.Tensor, rows: "_Rows", mask: torch.Tensor
     ) -> "_Segment":
-        """A segment with its rotary angles at ``positions`` (rows, width) and mask (rows, width, S)."""
+        """A segment with its rotary angles at ``positions`` (rows, width) and mask
+        (rows, width, S)."""
         cos, sin = rotary_cos_sin(positions, self._inv_freq, self.dtype)
         mask = mask[:, None]
         plan = None
@@ -338,7 +339,8 @@ class TorchTarget(SlotTarget):
     def _tree_segment(
         self, place: "packing.Segment", tree: DraftTree, slots: np.ndarray
     ) -> "_Segment":
-        """The tree rows: node i of row b stored at ``length + i``, at position ``length + depth``."""
+        """The tree rows: node i of row b stored at ``length + i``, at position
+        ``length + depth``."""
         host_lengths = self.cache.lengths[slots]
         longest, nodes = int(host_lengths.max()), tree.size
         lengths = torch.from_numpy(host_lengths).to(self.device)
@@ -385,14 +387,16 @@ class TorchTarget(SlotTarget):
     def _sliding(
         self, mask: torch.Tensor, query_positions: torch.Tensor, key_positions: torch.Tensor
     ) -> torch.Tensor:
-        """Apply the sliding window (mistral): a query sees keys at positions > its position - window."""
+        """Apply the sliding window (mistral): a query sees keys at positions > its
+        position - window."""
         window = self.config.sliding_window
         if window is None:
             return mask
         return mask & (key_positions[:, None, :] > query_positions[:, :, None] - window)
 
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        # the formulation measured fastest here (specdec_torch.products), one for every row count when exact
+        # the formulation measured fastest here (specdec_torch.products), one for every row count
+        # when exact
         return head_product(hidden, self.lm_head, exact=self.exact)
 
     # ------------------------------------------------------------------------------------
@@ -500,10 +504,11 @@ class _Segment:
 @attrs.frozen
 class _Rows:
     """Where a forward's new tokens go in the cache: ``slots`` (B,), ``positions`` (B, n); ``block``
-    (first slot, end slot, start) when they are consecutive slots all writing start .. start + n - 1,
-    ``span`` (first slot, end slot) when their cache is read as a view of the slots first .. end - 1:
-    they are those slots, or (``within`` (B,), each row's index in the span) ascending slots among
-    at most ``SPAN_SPARSITY`` times as many, read beside the others in place of a gathered copy."""
+    (first slot, end slot, start) when they are consecutive slots all writing
+    start .. start + n - 1, ``span`` (first slot, end slot) when their cache is read as a view of
+    the slots first .. end - 1: they are those slots, or (``within`` (B,), each row's index in the
+    span) ascending slots among at most ``SPAN_SPARSITY`` times as many, read beside the others in
+    place of a gathered copy."""
 
     slots: torch.Tensor
     positions: torch.Tensor

@@ -27,7 +27,8 @@ __all__ = ["TorchPrefixTreeBuilder", "build_prefix_tree", "chain_tree", "padding
 
 
 def padding_ancestor_mask(mask: torch.Tensor, num_nodes: torch.Tensor) -> torch.Tensor:
-    """Give padding nodes (index >= num_nodes[b]) the mask of a child of the root: itself and node 0.
+    """Give padding nodes (index >= num_nodes[b]) the mask of a child of the root: itself and node
+    0.
 
     mask (B, N, N) bool, num_nodes (B,) -> (B, N, N) bool.
     """
@@ -40,7 +41,8 @@ def padding_ancestor_mask(mask: torch.Tensor, num_nodes: torch.Tensor) -> torch.
 
 def chain_tree(chain: torch.Tensor) -> DraftTree:
     """The tree of a single beam per row, chain (B, L): node k is token k, its parent node k-1.
-    What ``build_prefix_tree`` gives for W = 1, without any host read (plain decoding, chain drafters)."""
+    What ``build_prefix_tree`` gives for W = 1, without any host read
+    (plain decoding, chain drafters)."""
     batch, length = chain.shape
     index = torch.arange(length, device=chain.device)
     return DraftTree(
@@ -143,8 +145,9 @@ class TorchPrefixTreeBuilder:
     def build(self, draft: Draft) -> DraftTree:
         if draft.beams is None:
             raise ValueError(
-                "the prefix_tree builder needs a Draft with beams (B, W, L), but this draft has only "
-                "head_tokens (B, K, T); use a tree builder for head top-k drafts (a static tree) instead"
+                "the prefix_tree builder needs a Draft with beams (B, W, L), but this draft has "
+                "only head_tokens (B, K, T); use a tree builder for head top-k drafts (a static "
+                "tree) instead"
             )
         lengths = (
             None

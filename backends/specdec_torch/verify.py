@@ -46,7 +46,8 @@ def acceptance_probability(
     residual_probs: torch.Tensor, draft_probs: torch.Tensor, tokens: torch.Tensor
 ) -> torch.Tensor:
     """min(1, residual_probs[x] / draft_probs[x]) per row; a token the drafter gave no mass is
-    accepted iff the target gives it some. residual_probs, draft_probs (..., V), tokens (...) -> (...)."""
+    accepted iff the target gives it some. residual_probs, draft_probs (..., V), tokens (...) ->
+    (...)."""
     numerator = torch.gather(residual_probs, -1, tokens[..., None])[..., 0]
     denominator = torch.gather(draft_probs, -1, tokens[..., None])[..., 0].to(numerator.dtype)
     ratio = torch.clamp(numerator / torch.where(denominator > 0, denominator, 1.0), max=1.0)
@@ -54,7 +55,8 @@ def acceptance_probability(
 
 
 def subtract_draft(residual_probs: torch.Tensor, draft_probs: torch.Tensor) -> torch.Tensor:
-    """normalize(max(residual_probs - draft_probs, 0)); unchanged where nothing is left. (..., V)."""
+    """normalize(max(residual_probs - draft_probs, 0)); unchanged where nothing is left.
+    (..., V)."""
     leftover = torch.clamp(residual_probs - draft_probs.to(residual_probs.dtype), min=0.0)
     mass = leftover.sum(dim=-1, keepdim=True)
     return torch.where(mass > 0, leftover / torch.where(mass > 0, mass, 1.0), residual_probs)

@@ -16,9 +16,10 @@ from specdec.models.llama import load_tokenizer
 MODEL_TYPE = "specdec_draft_model"
 DEFAULT_DRAFT_LENGTH = 4
 HOW_TO_PASS = (
-    "pass draft_model=FOLDER (a Hugging Face-format folder of a smaller model with the target's tokenizer) or a "
-    "bundled name, e.g. specdec.generate(target, prompt, drafter='draft_model', draft_model='path/to/small-model'), "
-    "`specdec bench --methods draft_model:draft=PATH,k=4`, or drafter=FOLDER where FOLDER/config.json holds "
+    "pass draft_model=FOLDER (a Hugging Face-format folder of a smaller model with the target's "
+    "tokenizer) or a bundled name, e.g. specdec.generate(target, prompt, drafter='draft_model', "
+    "draft_model='path/to/small-model'), `specdec bench --methods draft_model:draft=PATH,k=4`, or "
+    "drafter=FOLDER where FOLDER/config.json holds "
     f'{{"model_type": "{MODEL_TYPE}", "draft_model": PATH}}'
 )
 
@@ -61,8 +62,9 @@ def check_same_tokenizer(target: Any, folder: Path) -> None:
     size = config.get("vocab_size")
     if size is not None and int(size) != int(target.vocab_size):
         raise InvalidInputError(
-            f"drafter 'draft_model': the draft model {folder} has a vocabulary of {size} tokens and {label} of "
-            f"{target.vocab_size}; the tokenizers must match: a draft model must use the target's tokenizer"
+            f"drafter 'draft_model': the draft model {folder} has a vocabulary of {size} tokens "
+            f"and {label} of {target.vocab_size}; the tokenizers must match: a draft model must "
+            "use the target's tokenizer"
         )
     mine, theirs = load_tokenizer(folder), getattr(target, "tokenizer", None)
     if mine is None or theirs is None or not hasattr(theirs, "get_vocab"):
@@ -72,9 +74,10 @@ def check_same_tokenizer(target: Any, folder: Path) -> None:
         differ = sorted(set(ours.items()) ^ set(other.items()), key=lambda item: (item[1], item[0]))
         example = ", ".join(f"{token!r}: {index}" for token, index in differ[:3])
         raise InvalidInputError(
-            f"drafter 'draft_model': the tokenizer of the draft model {folder} differs from that of {label} "
-            f"({len(ours)} and {len(other)} tokens; {len(differ)} token-id pairs are in one only, e.g. {example}); "
-            "the tokenizers must match: a draft model must use the target's tokenizer"
+            f"drafter 'draft_model': the tokenizer of the draft model {folder} differs from that "
+            f"of {label} ({len(ours)} and {len(other)} tokens; {len(differ)} token-id pairs are in "
+            f"one only, e.g. {example}); the tokenizers must match: a draft model must use the "
+            "target's tokenizer"
         )
 
 
@@ -89,8 +92,9 @@ def _device(target: Any) -> str | None:
 
 
 def load_draft_model(backend: Any, target: Any, source: Any):
-    """(draft TargetModel, its folder): ``source`` (a folder or a bundled name) loaded on ``backend``
-    in the target's dtype and device, with the target's slots and capacity, after the tokenizer check."""
+    """(draft TargetModel, its folder): ``source`` (a folder or a bundled name) loaded on
+    ``backend`` in the target's dtype and device, with the target's slots and capacity, after the
+    tokenizer check."""
     folder = Path(resolve_model(source)).expanduser()
     check_model_folder(folder)
     check_same_tokenizer(target, folder)

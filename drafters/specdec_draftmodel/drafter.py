@@ -114,8 +114,8 @@ class DraftModelDrafter:
             )
         if int(draft.vocab_size) != int(target.vocab_size):
             raise InvalidInputError(
-                f"drafter {NAME!r}: {label} scores {draft.vocab_size} tokens and the target {target.vocab_size}; "
-                "the draft model must use the target's tokenizer"
+                f"drafter {NAME!r}: {label} scores {draft.vocab_size} tokens and the target "
+                f"{target.vocab_size}; the draft model must use the target's tokenizer"
             )
         self.backend, self.target, self.draft, self.label = backend, target, draft, label
         self.draft_length, self.sample = int(draft_length), bool(sample)
@@ -158,8 +158,9 @@ class DraftModelDrafter:
                 continue
             if request.root is None or int(tokens[b, 0]) != request.root:
                 raise PluginOutputError(
-                    f"drafter {NAME!r}: observe for slot {slot} commits root {int(tokens[b, 0])}, but the drafter "
-                    f"proposed from {request.root}; observe must follow the propose of the same step"
+                    f"drafter {NAME!r}: observe for slot {slot} commits root {int(tokens[b, 0])}, "
+                    f"but the drafter proposed from {request.root}; observe must follow the "
+                    "propose of the same step"
                 )
             request.pending = tokens[b, 1 : 1 + int(count)].tolist()
             request.root = request.root_logits = None
@@ -203,8 +204,8 @@ class DraftModelDrafter:
             raise InvalidInputError(
                 f"drafter {NAME!r}: slot {slot} holds {request.length} positions and a chain of "
                 f"draft_length={self.draft_length} needs {needed} more, beyond the capacity of "
-                f"{self.draft.capacity} it shares with the target; load the target with a larger capacity "
-                "or use a smaller draft_length"
+                f"{self.draft.capacity} it shares with the target; load the target with a larger "
+                "capacity or use a smaller draft_length"
             )
 
     def _commit_and_score_roots(self, slots: np.ndarray, roots: np.ndarray) -> None:
@@ -225,7 +226,9 @@ class DraftModelDrafter:
             self.backend.to_numpy(output.logits[at_root]), dtype=np.float64
         )  # (B', V)
         steps = np.arange(chains.shape[1])[None, :]
-        put = lambda a: self.backend.from_numpy(np.asarray(a, dtype=np.int64), self.draft)  # noqa: E731
+        put = lambda a: self.backend.from_numpy(  # noqa: E731
+            np.asarray(a, dtype=np.int64), self.draft
+        )
         self.draft.commit(
             tree,
             Verdict(

@@ -30,13 +30,15 @@ __all__ = [
 def save_eagle(
     path: str | Path, config: EagleConfig, weights: Mapping[str, np.ndarray], *, dtype=np.float32
 ) -> Path:
-    """Write ``config.json`` and ``model.safetensors`` (float32, or float16 to ship) into ``path``; return it."""
+    """Write ``config.json`` and ``model.safetensors`` (float32, or float16 to ship) into ``path``;
+    return it."""
     check_weights(config, weights)
     return save_checkpoint(path, config.to_dict(), weights, dtype=dtype)
 
 
 def load_eagle_checkpoint(path: str | Path) -> tuple[EagleConfig, dict[str, np.ndarray]]:
-    """Read a folder written by ``save_eagle`` -> (config, weights as float64 arrays, the shortlist int64)."""
+    """Read a folder written by ``save_eagle`` -> (config, weights as float64 arrays, the shortlist
+    int64)."""
     config, weights = read_checkpoint(path, label="EAGLE")
     config = EagleConfig.from_dict(config)
     check_weights(config, weights)

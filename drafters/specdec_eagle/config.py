@@ -6,8 +6,9 @@ width, Hq / Hkv its query / key-value heads of size Dh):
 
 | name | shape | note |
 |---|---|---|
-| ``fc.weight``, ``fc.bias`` | (H, 2H), (H,) | fuses [embedding ; feature]; the bias only when ``fc_bias`` |
-| ``layers.0.self_attn.q_proj.weight`` | (Hq * Dh, H) | no input norm before attention (EAGLE's layer 0) |
+| ``fc.weight`` | (H, 2H) | fuses [embedding ; feature] |
+| ``fc.bias`` | (H,) | only when ``fc_bias`` |
+| ``layers.0.self_attn.q_proj.weight`` | (Hq * Dh, H) | EAGLE's layer 0: no input norm |
 | ``layers.0.self_attn.k_proj.weight``, ``v_proj.weight`` | (Hkv * Dh, H) | |
 | ``layers.0.self_attn.o_proj.weight`` | (H, Hq * Dh) | |
 | ``layers.0.post_attention_layernorm.weight`` | (H,) | RMSNorm before the MLP |
@@ -54,7 +55,8 @@ class EagleConfig:
     weight (its LM head then multiplies by S rows of the target's); None: all V.
     top_k, depth, total_tokens: the dynamic tree's defaults (``reference.dynamic_tree``): each
     expanded node's children and the frontier width, the number of drafted levels, and the
-    drafted nodes the target verifies. target: what the drafter was trained for (name, fingerprint, sizes).
+    drafted nodes the target verifies. target: what the drafter was trained for
+    (name, fingerprint, sizes).
     """
 
     vocab_size: int = attrs.field(validator=_positive_int)
@@ -78,7 +80,8 @@ class EagleConfig:
         _positive_int(self, attribute, value)
         if self.num_heads % value:
             raise ValueError(
-                f"EagleConfig.num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({value})"
+                f"EagleConfig.num_heads ({self.num_heads}) must be a multiple of num_kv_heads "
+                f"({value})"
             )
 
     @head_dim.validator

@@ -1,4 +1,5 @@
-"""EAGLE on MLX: the draft layer as an ``mlx.nn.Module``, per-slot draft caches and the dynamic tree.
+"""EAGLE on MLX: the draft layer as an ``mlx.nn.Module``, per-slot draft caches and the dynamic
+tree.
 
 The MLX twin of ``specdec_eagle.torch`` (and of ``specdec_eagle.reference``, which explains the
 draft model, the request lifecycle and the tree). Parameter names are the checkpoint's, so the

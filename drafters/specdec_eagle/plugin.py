@@ -17,7 +17,8 @@ def _factory(backend_name: str):
     def eagle(
         target, checkpoint=None, *, backend=None, tree_top_k=None, depth=None, total_tokens=None
     ):
-        """``tree_top_k``: the children each expanded node proposes (``top_k`` is generate's sampling option)."""
+        """``tree_top_k``: the children each expanded node proposes
+        (``top_k`` is generate's sampling option)."""
         from specdec_eagle.checkpoint import load_eagle_checkpoint
 
         drafter_class = backend_class(backend_name, CLASSES, feature="the EAGLE drafter")
@@ -103,7 +104,8 @@ SPEC = DrafterSpec(
             flag="--unroll",
             type=int,
             default=1,
-            help="EAGLE training: drafting steps per position (later ones read the draft's own features)",
+            help="EAGLE training: drafting steps per position (later ones read the draft's own "
+            "features)",
         ),
     ),
     default_shortlist=8192,

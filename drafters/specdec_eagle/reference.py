@@ -28,8 +28,8 @@ best-scored candidates are kept (a child never outscores its parent, and ties go
 node, so they form a subtree of the root) while the tree the target verifies holds at most
 ``total_tokens`` drafted nodes (``select_nodes``): every leaf is extended to level ``depth``
 along its top-1 children, since the prefix-tree builder takes beams of one length. The draft is
-one beam per leaf (``tree_beams``). Shapes: B batch, V vocab, H hidden, Hq/Hkv heads, Dh head size, W beams,
-L = depth + 1 beam length (root included).
+one beam per leaf (``tree_beams``). Shapes: B batch, V vocab, H hidden, Hq/Hkv heads, Dh head size,
+W beams, L = depth + 1 beam length (root included).
 """
 
 from __future__ import annotations
@@ -207,7 +207,8 @@ class TreeDraft:
 
 
 def check_tree_options(config: EagleConfig, top_k: int, depth: int, total_tokens: int) -> None:
-    """top_k <= the drafted vocabulary, depth >= 1, depth <= total_tokens (a ValueError otherwise)."""
+    """top_k <= the drafted vocabulary, depth >= 1, depth <= total_tokens
+    (a ValueError otherwise)."""
     for name, value in (("top_k", top_k), ("depth", depth), ("total_tokens", total_tokens)):
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
             raise ValueError(f"EAGLE's {name} must be a positive integer, got {value!r}")
@@ -217,8 +218,8 @@ def check_tree_options(config: EagleConfig, top_k: int, depth: int, total_tokens
         )
     if total_tokens < depth:
         raise ValueError(
-            f"EAGLE's total_tokens={total_tokens} cannot hold one path of depth={depth} drafted tokens; "
-            "give total_tokens >= depth"
+            f"EAGLE's total_tokens={total_tokens} cannot hold one path of depth={depth} drafted "
+            "tokens; give total_tokens >= depth"
         )
 
 
@@ -364,7 +365,8 @@ def tree_beams(
     node's parent), ordered by leaf score (best first, ties to the earlier node), then copies of
     beam 0 up to W = ``width`` rows. A leaf above level ``depth`` is extended along its own
     top-1 children: ``extend(node)`` -> the index of that child (appended to the node lists
-    ``tokens``, ``parents``, ``levels``, ``scores`` when new), so those extra nodes are verified too."""
+    ``tokens``, ``parents``, ``levels``, ``scores`` when new), so those extra nodes are verified
+    too."""
     kept = set(int(s) for s in selected)
     inner = {parents[s] for s in kept}
     leaves = sorted((s for s in kept if s not in inner), key=lambda s: (-scores[s], s))
@@ -433,7 +435,8 @@ class EagleDrafter:
         self.slots[int(slot)] = cache
 
     def observe(self, accepted: Accepted) -> None:
-        """Append each row's root entry and accepted entries; the last accepted feature is pending."""
+        """Append each row's root entry and accepted entries; the last accepted feature is
+        pending."""
         hidden = np.asarray(accepted.hidden, dtype=np.float64)  # (B, A, H)
         for b, slot in enumerate(np.asarray(accepted.slots).tolist()):
             count = int(accepted.num_accepted[b]) + 1  # the root and the accepted drafted tokens
@@ -503,13 +506,15 @@ def check_target_arrays(config: EagleConfig, embed_tokens, lm_head) -> None:
     for name, array in (("embed_tokens", embed_tokens), ("lm_head", lm_head)):
         if array is None or tuple(array.shape) != expected:
             raise ValueError(
-                f"{name} has shape {None if array is None else tuple(array.shape)}, but the EAGLE drafter "
-                f"was built for (vocab_size, hidden_size) = {expected}; pass the target's {name}"
+                f"{name} has shape {None if array is None else tuple(array.shape)}, but the EAGLE "
+                f"drafter was built for (vocab_size, hidden_size) = {expected}; pass the target's "
+                f"{name}"
             )
 
 
 def check_propose_context(config: EagleConfig, context: DraftContext, roots, hidden_shape) -> None:
-    """What ``propose`` needs: slots (the decode loop gives them), hidden (B, H), no draft probabilities."""
+    """What ``propose`` needs: slots (the decode loop gives them), hidden (B, H), no draft
+    probabilities."""
     batch = len(roots)
     if context.slots is None or len(context.slots) != batch:
         raise InvalidInputError(
@@ -518,7 +523,8 @@ def check_propose_context(config: EagleConfig, context: DraftContext, roots, hid
         )
     if tuple(hidden_shape) != (batch, config.hidden_size):
         raise ValueError(
-            f"context.hidden has shape {tuple(hidden_shape)}, expected (B, H) = {(batch, config.hidden_size)}"
+            f"context.hidden has shape {tuple(hidden_shape)}, expected (B, H) = "
+            f"{(batch, config.hidden_size)}"
         )
     if context.want_draft_probs:
         raise InvalidInputError(

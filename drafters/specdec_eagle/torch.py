@@ -80,7 +80,8 @@ class _Layer(torch.nn.Module):
 
 
 def rotate(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
-    """Rotary embedding ("rotate_half"): x (B, heads, m, Dh), positions (B, m) -> (B, heads, m, Dh)."""
+    """Rotary embedding ("rotate_half"): x (B, heads, m, Dh), positions (B, m) ->
+    (B, heads, m, Dh)."""
     angles = positions[:, None, :, None].to(inv_freq.dtype) * inv_freq  # (B, 1, m, Dh/2)
     angles = torch.cat([angles, angles], dim=-1)
     cos, sin = torch.cos(angles).to(x.dtype), torch.sin(angles).to(x.dtype)
@@ -228,7 +229,8 @@ class TorchEagleDrafter:
                 state[name][:, :capacity] = old
 
     def _append(self, slot: int, tokens: torch.Tensor, features: torch.Tensor) -> None:
-        """Run entries (n,) tokens with (n, H) features after the slot's cache, causally; store them."""
+        """Run entries (n,) tokens with (n, H) features after the slot's cache, causally; store
+        them."""
         state = self.slots[slot]
         length, n = state["length"], int(tokens.shape[0])
         self._reserve(state, length + n)
@@ -269,7 +271,8 @@ class TorchEagleDrafter:
 
     @torch.inference_mode()
     def observe(self, accepted: Accepted) -> None:
-        """Append each row's root entry and accepted entries; the last accepted feature is pending."""
+        """Append each row's root entry and accepted entries; the last accepted feature is
+        pending."""
         hidden = torch.as_tensor(accepted.hidden, device=self.device).to(self.dtype)  # (B, A, H)
         tokens = torch.as_tensor(np.asarray(accepted.tokens), dtype=torch.int64, device=self.device)
         for b, slot in enumerate(np.asarray(accepted.slots).tolist()):

@@ -96,9 +96,9 @@ class EagleTask:
     window: positions per training window; noise: half-width of the uniform noise on input
     features; feature_weight, ce_weight: the two terms of the loss; unroll: drafting steps
     trained per position (1: EAGLE-1; more: step s reads the draft's own step s-1 outputs as
-    features, as tree level s does, its loss weighted unroll_decay ** (s-1)); negatives: sampled-softmax
-    loss; shortlist: the vocabulary shortlist the saved drafter drafts from (training spreads the
-    loss over all V; evaluation drafts with the shortlist, as inference will).
+    features, as tree level s does, its loss weighted unroll_decay ** (s-1)); negatives:
+    sampled-softmax loss; shortlist: the vocabulary shortlist the saved drafter drafts from
+    (training spreads the loss over all V; evaluation drafts with the shortlist, as inference will).
     """
 
     depth = 0  # the loop's windows carry the sampled index only (train_eagle's index view)
@@ -145,10 +145,11 @@ class EagleTask:
     # ------------------------------------------------------------------------------ training
 
     def windows(self, data, starts: torch.Tensor, offset: int = 0):
-        """Window positions p = start + j (j < T) read ``offset`` tokens ahead: the token x_{p+1+offset},
-        the features f_p and f_{p+1+offset}, the teacher's distribution at p+1+offset. Positions past
-        the sequence are clamped inside it. -> tokens (n, T), features (n, T, H), targets (n, T, H),
-        label ids and probs (n, T, k), valid (n, T): the target position exists in the sequence."""
+        """Window positions p = start + j (j < T) read ``offset`` tokens ahead: the token
+        x_{p+1+offset}, the features f_p and f_{p+1+offset}, the teacher's distribution at
+        p+1+offset. Positions past the sequence are clamped inside it. -> tokens (n, T), features
+        (n, T, H), targets (n, T, H), label ids and probs (n, T, k), valid (n, T): the target
+        position exists in the sequence."""
         steps = torch.arange(self.window)
         remaining = data.remaining[starts][:, None]  # positions after the start in its sequence
         at = lambda shift: torch.where(

@@ -30,7 +30,8 @@ __all__ = [
 def save_eagle3(
     path: str | Path, config: Eagle3Config, weights: Mapping[str, np.ndarray], *, dtype=np.float32
 ) -> Path:
-    """Write ``config.json`` and ``model.safetensors`` (float32, or float16 to ship; ``d2t`` int64) into ``path``."""
+    """Write ``config.json`` and ``model.safetensors`` (float32, or float16 to ship; ``d2t`` int64)
+    into ``path``."""
     check_weights(config, weights)
     weights = {**weights, "d2t": np.asarray(weights["d2t"], dtype=np.int64)}
     return save_checkpoint(path, config.to_dict(), weights, dtype=dtype)
@@ -63,7 +64,8 @@ def d2t_from_ids(ids) -> np.ndarray:
 
 def config_for_target(target: LlamaConfig, record: dict, **overrides) -> Eagle3Config:
     """An Eagle3Config with the target's head layout, MLP width, rotary base and norm epsilon, the
-    default three layers and the full vocabulary as draft vocabulary; ``overrides`` are further fields."""
+    default three layers and the full vocabulary as draft vocabulary; ``overrides`` are further
+    fields."""
     fields: dict[str, Any] = dict(
         vocab_size=target.vocab_size,
         hidden_size=target.hidden_size,

@@ -113,7 +113,8 @@ class Eagle3Config:
         _positive_int(self, attribute, value)
         if value > self.vocab_size:
             raise ValueError(
-                f"Eagle3Config.draft_vocab_size={value} exceeds the target's vocab_size={self.vocab_size}"
+                f"Eagle3Config.draft_vocab_size={value} exceeds the target's "
+                f"vocab_size={self.vocab_size}"
             )
 
     @hidden_layers.validator
@@ -136,7 +137,8 @@ class Eagle3Config:
         _positive_int(self, attribute, value)
         if self.num_heads % value:
             raise ValueError(
-                f"Eagle3Config.num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({value})"
+                f"Eagle3Config.num_heads ({self.num_heads}) must be a multiple of num_kv_heads "
+                f"({value})"
             )
 
     @head_dim.validator
@@ -194,8 +196,8 @@ def resolve_layers(config: Eagle3Config, num_layers: int) -> Eagle3Config:
     layers = config.hidden_layers or default_hidden_layers(num_layers)
     if max(layers) >= num_layers:
         raise InvalidInputError(
-            f"this EAGLE-3 drafter fuses target layers {list(layers)}, but the target has {num_layers} "
-            "decoder layers; use a drafter trained for this target"
+            f"this EAGLE-3 drafter fuses target layers {list(layers)}, but the target has "
+            f"{num_layers} decoder layers; use a drafter trained for this target"
         )
     return attrs.evolve(config, hidden_layers=layers)
 
@@ -225,8 +227,9 @@ def check_weights(config: Eagle3Config, weights: dict[str, Any]) -> None:
     ids = draft_to_target(d2t)
     if ids.min() < 0 or ids.max() >= config.vocab_size or np.any(np.diff(ids) <= 0):
         raise ValueError(
-            f"EAGLE-3's d2t must map draft ids to distinct ascending target ids in [0, {config.vocab_size}); "
-            f"got ids from {ids.min()} to {ids.max()}{' not ascending' if np.any(np.diff(ids) <= 0) else ''}"
+            "EAGLE-3's d2t must map draft ids to distinct ascending target ids in [0, "
+            f"{config.vocab_size}); got ids from {ids.min()} to "
+            f"{ids.max()}{' not ascending' if np.any(np.diff(ids) <= 0) else ''}"
         )
 
 

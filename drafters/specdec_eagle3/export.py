@@ -8,10 +8,11 @@ this layout's, so the tensors pass unchanged. Fused layer ids, when not the defa
 written as ``eagle_config.eagle_aux_hidden_state_layer_ids`` in SGLang's output-of-layer
 convention (ours).
 
-``speculators`` (alias ``vllm``): vLLM's speculators format: ``architectures: ["Eagle3Speculator"]``,
-``speculators_model_type: "eagle3"``, a nested ``transformer_layer_config``, ``norm_before_residual``
-always written (vLLM's adapter defaults it to true), ``eagle_aux_hidden_state_layer_ids`` in vLLM's
-input-of-layer convention (ours + 1), tensors as above with ``midlayer.`` renamed ``layers.0.``.
+``speculators`` (alias ``vllm``): vLLM's speculators format:
+``architectures: ["Eagle3Speculator"]``, ``speculators_model_type: "eagle3"``, a nested
+``transformer_layer_config``, ``norm_before_residual`` always written
+(vLLM's adapter defaults it to true), ``eagle_aux_hidden_state_layer_ids`` in vLLM's input-of-layer
+convention (ours + 1), tensors as above with ``midlayer.`` renamed ``layers.0.``.
 
 Both keep a ``specdec`` block (the tree settings and the target record) so an export read back
 is our checkpoint exactly. What a layout cannot hold is refused with the fix.
@@ -132,7 +133,8 @@ def write_specforge(
     if config.norm_before_residual:
         raise InvalidInputError(
             "this EAGLE-3 head adds the normed feature as the residual (norm_before_residual), "
-            "which the EAGLE/SpecForge layout cannot say; export --format speculators (vLLM) instead"
+            "which the EAGLE/SpecForge layout cannot say; export --format speculators (vLLM) "
+            "instead"
         )
     data = {
         **_llama_config(config),
@@ -141,7 +143,10 @@ def write_specforge(
         "specdec": _specdec_block(config),
     }
     notes = [
-        "t2d written from d2t (a mask over the target vocabulary); the token embedding is the target's"
+        (
+            "t2d written from d2t (a mask over the target vocabulary); the token embedding is "
+            "the target's"
+        )
     ]
     if not _is_default(config):
         data["eagle_config"] = {
@@ -149,14 +154,14 @@ def write_specforge(
             "eagle_aux_hidden_state_layer_ids": list(config.hidden_layers),
         }
         notes.append(
-            "eagle_aux_hidden_state_layer_ids in SGLang's output-of-layer convention (specdec's); vLLM reads "
-            "the key as input-of-layer ids, so for vLLM export --format speculators"
+            "eagle_aux_hidden_state_layer_ids in SGLang's output-of-layer convention (specdec's); "
+            "vLLM reads the key as input-of-layer ids, so for vLLM export --format speculators"
         )
     _save(Path(out), _tensors(config, weights, dtype, "midlayer."), data)
     steps, topk = config.depth, config.top_k
     return notes, (
-        f"python -m sglang.launch_server --model-path TARGET_HF_FOLDER --speculative-algorithm EAGLE3 "
-        f"--speculative-draft-model-path {out} --speculative-num-steps {steps} "
+        "python -m sglang.launch_server --model-path TARGET_HF_FOLDER --speculative-algorithm "
+        f"EAGLE3 --speculative-draft-model-path {out} --speculative-num-steps {steps} "
         f"--speculative-eagle-topk {topk} --speculative-num-draft-tokens {config.total_tokens + 1}",
     )
 
@@ -239,8 +244,8 @@ def _read(
     for flag in UNSUPPORTED_FLAGS:
         if top.get(flag) or layer.get(flag):
             raise InvalidInputError(
-                f"{folder} is an EAGLE-3.1 head ({flag}=true), which specdec's EAGLE-3 does not run; "
-                "retrain or convert it without that flag"
+                f"{folder} is an EAGLE-3.1 head ({flag}=true), which specdec's EAGLE-3 does not "
+                "run; retrain or convert it without that flag"
             )
     if int(layer.get("num_hidden_layers", 1)) != 1:
         raise InvalidInputError(
@@ -272,7 +277,8 @@ def _read(
         notes.append("no d2t: the draft vocabulary is the target's")
     if "lm_head.weight" not in weights:
         raise InvalidInputError(
-            f"{folder} has no lm_head.weight; heads that share the target's LM head are not supported"
+            f"{folder} has no lm_head.weight; heads that share the target's LM head are not "
+            "supported"
         )
     block = top.get("specdec") or {}
     fields = dict(
@@ -294,8 +300,8 @@ def _read(
     fields.update({k: block[k] for k in ("top_k", "depth", "total_tokens") if k in block})
     if layer.get("rope_scaling"):
         raise InvalidInputError(
-            f"{folder} uses rope_scaling {layer['rope_scaling']}; specdec's EAGLE-3 layer has plain "
-            "rotary positions"
+            f"{folder} uses rope_scaling {layer['rope_scaling']}; specdec's EAGLE-3 layer has "
+            "plain rotary positions"
         )
     config = Eagle3Config(**fields)
     check_weights(config, weights)

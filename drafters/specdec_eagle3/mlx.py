@@ -83,7 +83,8 @@ class _MidLayer(nn.Module):
 
 
 class MlxEagle3Net(nn.Module):
-    """The EAGLE-3 draft model with the checkpoint's names (``fc``, ``midlayer.*``, ``norm``, ``lm_head``)."""
+    """The EAGLE-3 draft model with the checkpoint's names (``fc``, ``midlayer.*``, ``norm``,
+    ``lm_head``)."""
 
     def __init__(self, config: Eagle3Config):
         super().__init__()

@@ -17,7 +17,8 @@ def _factory(backend_name: str):
     def eagle3(
         target, checkpoint=None, *, backend=None, tree_top_k=None, depth=None, total_tokens=None
     ):
-        """``tree_top_k``: the children each expanded node proposes (``top_k`` is generate's sampling option)."""
+        """``tree_top_k``: the children each expanded node proposes
+        (``top_k`` is generate's sampling option)."""
         from specdec_eagle3.checkpoint import load_eagle3_checkpoint
         from specdec_eagle3.config import resolve_layers
 

@@ -52,7 +52,8 @@ __all__ = [
 
 
 def features(config: Eagle3Config, weights: dict, layers) -> np.ndarray:
-    """g = fc([low ; mid ; high]): layers maps each of ``config.hidden_layers`` to (..., H) -> (..., H)."""
+    """g = fc([low ; mid ; high]): layers maps each of ``config.hidden_layers`` to (..., H) ->
+    (..., H)."""
     missing = [i for i in config.hidden_layers if i not in layers]
     if missing:
         raise InvalidInputError(
@@ -78,7 +79,8 @@ def draft_layer(
 ):
     """The draft decoder layer on n new entries: tokens (n,) int, g (n, H) their features,
     positions (n,) rotary positions; past = (keys, values) each (Hkv, S, Dh), rotary applied;
-    past_allowed (n, S), new_allowed (n, n) bool. -> out (n, H) (before ``norm``), keys, values (Hkv, n, Dh)."""
+    past_allowed (n, S), new_allowed (n, n) bool. -> out (n, H) (before ``norm``), keys, values
+    (Hkv, n, Dh)."""
     n, heads, kv_heads, dim = len(tokens), config.num_heads, config.num_kv_heads, config.head_dim
     eps, attn, mlp = config.rms_norm_eps, "midlayer.self_attn.", "midlayer.mlp."
     normed_g = rms_norm(g, weights["midlayer.hidden_norm.weight"], eps)
@@ -258,12 +260,13 @@ def check_tree_options(config: Eagle3Config, top_k, depth, total_tokens) -> None
             raise ValueError(f"EAGLE-3's {name} must be a positive integer, got {value!r}")
     if top_k > config.draft_vocab_size:
         raise ValueError(
-            f"EAGLE-3's top_k={top_k} exceeds its draft vocabulary of {config.draft_vocab_size} tokens"
+            f"EAGLE-3's top_k={top_k} exceeds its draft vocabulary of {config.draft_vocab_size} "
+            "tokens"
         )
     if total_tokens < depth:
         raise ValueError(
-            f"EAGLE-3's total_tokens={total_tokens} cannot hold one path of depth={depth} drafted tokens; "
-            "give total_tokens >= depth"
+            f"EAGLE-3's total_tokens={total_tokens} cannot hold one path of depth={depth} drafted "
+            "tokens; give total_tokens >= depth"
         )
 
 
@@ -282,8 +285,9 @@ def check_embedding(config: Eagle3Config, embed_tokens) -> None:
     expected = (config.vocab_size, config.hidden_size)
     if embed_tokens is None or tuple(embed_tokens.shape) != expected:
         raise ValueError(
-            f"embed_tokens has shape {None if embed_tokens is None else tuple(embed_tokens.shape)}, but the "
-            f"EAGLE-3 drafter was built for (vocab_size, hidden_size) = {expected}; pass the target's"
+            "embed_tokens has shape "
+            f"{None if embed_tokens is None else tuple(embed_tokens.shape)}, but the EAGLE-3 "
+            f"drafter was built for (vocab_size, hidden_size) = {expected}; pass the target's"
         )
 
 
@@ -304,8 +308,8 @@ def check_propose_context(context: DraftContext, batch: int) -> None:
         )
     if context.want_draft_probs:
         raise InvalidInputError(
-            "the EAGLE-3 drafter gives no draft probabilities, which the chosen verifier needs; use "
-            "the greedy or exact verifier (the defaults)"
+            "the EAGLE-3 drafter gives no draft probabilities, which the chosen verifier needs; "
+            "use the greedy or exact verifier (the defaults)"
         )
 
 
@@ -366,7 +370,8 @@ class Eagle3Drafter:
         self.slots[int(slot)] = cache
 
     def observe(self, accepted: Accepted) -> None:
-        """Append each row's root entry and accepted entries; the last accepted feature is pending."""
+        """Append each row's root entry and accepted entries; the last accepted feature is
+        pending."""
         g = features(self.config, self.weights, accepted.layers)  # (B, A, H)
         for b, slot in enumerate(np.asarray(accepted.slots).tolist()):
             count = int(accepted.num_accepted[b]) + 1  # the root and the accepted drafted tokens

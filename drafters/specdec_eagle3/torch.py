@@ -229,7 +229,8 @@ class TorchEagle3Drafter:
         )
 
     def _append(self, slot: int, tokens: torch.Tensor, g: torch.Tensor) -> None:
-        """Run entries (n,) tokens with (n, H) features after the slot's cache, causally; store them."""
+        """Run entries (n,) tokens with (n, H) features after the slot's cache, causally; store
+        them."""
         state = self.slots[slot]
         length, n = state["length"], int(tokens.shape[0])
         positions = torch.arange(length, length + n, device=self.device)[None]
@@ -263,7 +264,8 @@ class TorchEagle3Drafter:
 
     @torch.inference_mode()
     def observe(self, accepted: Accepted) -> None:
-        """Append each row's root entry and accepted entries; the last accepted feature is pending."""
+        """Append each row's root entry and accepted entries; the last accepted feature is
+        pending."""
         g = self._features(accepted.layers)  # (B, A, H)
         tokens = torch.as_tensor(np.asarray(accepted.tokens), dtype=torch.int64, device=self.device)
         for b, slot in enumerate(np.asarray(accepted.slots).tolist()):

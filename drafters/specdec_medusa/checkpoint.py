@@ -17,7 +17,8 @@ from specdec_medusa.reference import check_weights, init_random_weights
 def save_medusa(
     path: str | Path, config: MedusaConfig, weights: Mapping[str, np.ndarray], *, dtype=np.float32
 ) -> Path:
-    """Write ``config.json`` and ``model.safetensors`` (float32, or float16 to ship) into ``path``; return it."""
+    """Write ``config.json`` and ``model.safetensors`` (float32, or float16 to ship) into ``path``;
+    return it."""
     check_weights(config, weights)
     return save_checkpoint(path, config.to_dict(), weights, dtype=dtype)
 

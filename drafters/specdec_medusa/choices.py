@@ -94,7 +94,8 @@ def _as_path(choice) -> tuple[int, ...]:
         path = tuple(choice)
     except TypeError:
         raise ValueError(
-            f"Medusa choice {choice!r} is not a sequence of ranks; write each choice as a tuple such as (0, 1)"
+            f"Medusa choice {choice!r} is not a sequence of ranks; write each choice as a tuple "
+            "such as (0, 1)"
         ) from None
     if not path:
         raise ValueError(
@@ -132,13 +133,13 @@ def check_choices(
                 )
         if num_heads is not None and len(path) > num_heads:
             raise ValueError(
-                f"Medusa choice {path!r} has depth {len(path)} but the drafter has only {num_heads} heads; "
-                "drop the path or use a drafter with more heads"
+                f"Medusa choice {path!r} has depth {len(path)} but the drafter has only "
+                f"{num_heads} heads; drop the path or use a drafter with more heads"
             )
         if top_t is not None and max(path) >= top_t:
             raise ValueError(
-                f"Medusa choice {path!r} uses rank {max(path)} but each head proposes only its top {top_t} "
-                f"tokens (ranks 0..{top_t - 1}); drop the path or raise top_t"
+                f"Medusa choice {path!r} uses rank {max(path)} but each head proposes only its top "
+                f"{top_t} tokens (ranks 0..{top_t - 1}); drop the path or raise top_t"
             )
     return sort_choices(paths)
 

@@ -29,7 +29,8 @@ def _positive(instance, attribute, value):
 
 
 def _convert_choices(value):
-    """Lists of lists (as read from JSON) -> tuples; anything odd is left for resolve_choices to reject."""
+    """Lists of lists (as read from JSON) -> tuples; anything odd is left for resolve_choices to
+    reject."""
     if isinstance(value, str):
         return value
     try:
@@ -79,7 +80,8 @@ class MedusaConfig:
     def _check_model_type(self, attribute, value):
         if value != MODEL_TYPE:
             raise ValueError(
-                f"config has model_type {value!r}, not {MODEL_TYPE!r}: this is not a Medusa drafter checkpoint"
+                f"config has model_type {value!r}, not {MODEL_TYPE!r}: this is not a Medusa "
+                "drafter checkpoint"
             )
 
     @target.validator
@@ -87,13 +89,15 @@ class MedusaConfig:
         unknown = sorted(set(value) - set(TARGET_KEYS))
         if unknown:
             raise ValueError(
-                f"MedusaConfig.target has unknown keys {unknown}; allowed keys are {list(TARGET_KEYS)}"
+                f"MedusaConfig.target has unknown keys {unknown}; allowed keys are "
+                f"{list(TARGET_KEYS)}"
             )
         for key, own in (("vocab_size", self.vocab_size), ("hidden_size", self.hidden_size)):
             if value.get(key) is not None and value[key] != own:
                 raise ValueError(
-                    f"MedusaConfig.target[{key!r}] = {value[key]} disagrees with MedusaConfig.{key} = {own}; "
-                    "they describe the same target model and must be equal"
+                    f"MedusaConfig.target[{key!r}] = {value[key]} disagrees with "
+                    f"MedusaConfig.{key} = {own}; they describe the same target model and must be "
+                    "equal"
                 )
 
     def __attrs_post_init__(self):

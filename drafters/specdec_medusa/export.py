@@ -104,8 +104,9 @@ def _projection(config: MedusaConfig, weights, k: int, lm_head) -> np.ndarray:
         return np.asarray(weights[f"medusa_head.{k}.{config.num_layers}.weight"])
     if lm_head is None:
         raise InvalidInputError(
-            "these Medusa heads end with the target's LM head (head='tied'); the exported layouts store that "
-            "projection, so the export needs the target: pass model= (`--model`, the target folder or bundled name)"
+            "these Medusa heads end with the target's LM head (head='tied'); the exported layouts "
+            "store that projection, so the export needs the target: pass model= (`--model`, the "
+            "target folder or bundled name)"
         )
     lm_head = np.asarray(lm_head)
     if lm_head.shape != (config.vocab_size, config.hidden_size):
@@ -165,14 +166,14 @@ def export_fasterdecoding(
     max_rank = max(max(path) for path in config.resolved_choices)
     if max_rank >= FASTERDECODING_TOPK:
         notes.append(
-            f"the tree uses rank {max_rank}; FasterDecoding's own generate() builds trees from the top "
-            f"{FASTERDECODING_TOPK} tokens of each head only (TensorRT-LLM has no such limit)"
+            f"the tree uses rank {max_rank}; FasterDecoding's own generate() builds trees from the "
+            f"top {FASTERDECODING_TOPK} tokens of each head only (TensorRT-LLM has no such limit)"
         )
     if config.num_layers > 1:
         notes.append(
-            "FasterDecoding's own MedusaModel builds a head's blocks as [ResBlock] * num_layers, one "
-            "module repeated, so it loads the last block into all of them; TensorRT-LLM and vLLM keep "
-            "them apart"
+            "FasterDecoding's own MedusaModel builds a head's blocks as [ResBlock] * num_layers, "
+            "one module repeated, so it loads the last block into all of them; TensorRT-LLM and "
+            "vLLM keep them apart"
         )
     arrays: dict[str, np.ndarray] = {}
     for k in range(config.num_heads):
@@ -215,10 +216,11 @@ def export_vllm(
     chain = chain_choices(config.num_heads)
     if tuple(config.resolved_choices) != chain:
         raise InvalidInputError(
-            f"vLLM drafts one chain with the argmax of each of the {config.num_heads} heads, not this drafter's "
-            f"tree of {len(config.resolved_choices)} nodes ({config.choices!r}): pass choices='chain' "
-            "(`--medusa-choices chain`) to export it for the chain vLLM runs (specdec then drafts that chain too), "
-            "or use the 'fasterdecoding' format for TensorRT-LLM, which takes a tree (--medusa_choices)"
+            f"vLLM drafts one chain with the argmax of each of the {config.num_heads} heads, not "
+            f"this drafter's tree of {len(config.resolved_choices)} nodes ({config.choices!r}): "
+            "pass choices='chain' (`--medusa-choices chain`) to export it for the chain vLLM runs "
+            "(specdec then drafts that chain too), or use the 'fasterdecoding' format for "
+            "TensorRT-LLM, which takes a tree (--medusa_choices)"
         )
     shared = config.head == "tied"
     arrays: dict[str, np.ndarray] = {}
@@ -232,7 +234,8 @@ def export_vllm(
     if shared:
         arrays["lm_head.weight"] = _projection(config, weights, 0, lm_head)
         notes.append(
-            "the tied head was exported as one copy of the target's LM head (original_lm_head: true)"
+            "the tied head was exported as one copy of the target's LM head (original_lm_head: "
+            "true)"
         )
     config_json = {
         "architectures": ["MedusaModel"],
@@ -301,8 +304,9 @@ def _finish(
             head = "tied"
     if vocab_size is None:
         raise InvalidInputError(
-            f"{folder} holds Medusa-2 heads (blocks only: they end with the target's LM head) and its config.json "
-            "does not record vocab_size: add \"vocab_size\" (the target's) to config.json"
+            f"{folder} holds Medusa-2 heads (blocks only: they end with the target's LM head) and "
+            "its config.json does not record vocab_size: add \"vocab_size\" (the target's) to "
+            "config.json"
         )
     fields: dict[str, Any] = dict(
         vocab_size=vocab_size,
@@ -366,8 +370,8 @@ def read_fasterdecoding(folder) -> tuple[MedusaConfig, dict[str, np.ndarray], li
     notes: list[str] = []
     if raw.get("medusa_num_heads") not in (None, num_heads):
         notes.append(
-            f"config.json says medusa_num_heads={raw['medusa_num_heads']}, the file holds {num_heads} heads: "
-            "the file was followed"
+            f"config.json says medusa_num_heads={raw['medusa_num_heads']}, the file holds "
+            f"{num_heads} heads: the file was followed"
         )
     blocks = {
         (k, j): (tensors[f"{k}.{j}.linear.weight"], tensors.get(f"{k}.{j}.linear.bias"))
@@ -425,8 +429,9 @@ def read_vllm(folder) -> tuple[MedusaConfig, dict[str, np.ndarray], list[str]]:
         raw.get("truncated_vocab_size") or raw.get("vocab_size", 0)
     ) != int(raw.get("vocab_size", 0)):
         raise InvalidInputError(
-            f"{folder} drafts a truncated vocabulary (token_map / truncated_vocab_size), which specdec's Medusa "
-            "does not have: expand the heads to the full vocabulary before importing"
+            f"{folder} drafts a truncated vocabulary (token_map / truncated_vocab_size), which "
+            "specdec's Medusa does not have: expand the heads to the full vocabulary before "
+            "importing"
         )
     num_heads = int(raw.get("num_heads", 0))
     num_layers = int(raw.get("num_hidden_layers", 1))
@@ -444,8 +449,8 @@ def read_vllm(folder) -> tuple[MedusaConfig, dict[str, np.ndarray], list[str]]:
     notes: list[str] = []
     if not raw.get("medusa_fc_bias") and any(name.endswith(".bias") for name in tensors):
         notes.append(
-            "the file holds block biases but config.json lacks medusa_fc_bias, so vLLM ignores them; "
-            "they were ignored here too, as vLLM runs the heads"
+            "the file holds block biases but config.json lacks medusa_fc_bias, so vLLM ignores "
+            "them; they were ignored here too, as vLLM runs the heads"
         )
     if raw.get("original_lm_head"):
         shared = tensors.get("lm_head.weight", tensors.get("lm_heads.0.weight"))
@@ -505,10 +510,11 @@ def write_fasterdecoding(
         f"--medusa_model_dir {out} --output_dir tllm_medusa --dtype float16 "
         f"--num_medusa_heads {exported.num_heads} --num_medusa_layers {exported.num_layers} "
         f"--max_medusa_token_len {max(nodes, 1)}",
-        "trtllm-build --checkpoint_dir tllm_medusa --output_dir engine_medusa --gemm_plugin float16 "
-        "--speculative_decoding_mode medusa --max_batch_size 4",
+        "trtllm-build --checkpoint_dir tllm_medusa --output_dir engine_medusa --gemm_plugin "
+        "float16 --speculative_decoding_mode medusa --max_batch_size 4",
         f"python examples/run.py --engine_dir engine_medusa --tokenizer_dir TARGET_HF_FOLDER "
-        f"--medusa_choices='{medusa_choices_arg(exported)}' --temperature 0.0 --input_text 'Once upon'",
+        f"--medusa_choices='{medusa_choices_arg(exported)}' --temperature 0.0 --input_text 'Once "
+        "upon'",
     )
 
 

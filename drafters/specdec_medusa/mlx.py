@@ -146,8 +146,8 @@ class MlxStaticTreeBuilder:
         """head_tokens (B, K, T) -> a tree with N = len(choices) + 1 nodes in every row."""
         if draft.head_tokens is None:
             raise ValueError(
-                "the medusa_tree builder needs a Medusa draft (Draft.head_tokens, shape (B, K, T)); "
-                "this draft has beams: use a beam tree builder"
+                "the medusa_tree builder needs a Medusa draft (Draft.head_tokens, shape (B, K, "
+                "T)); this draft has beams: use a beam tree builder"
             )
         head_tokens = ops.as_array(draft.head_tokens, dtype=mx.int32)
         batch, num_heads, top_t = head_tokens.shape

@@ -1,4 +1,5 @@
-"""Registers the Medusa drafter and its static tree builder with specdec (entry point ``specdec: medusa``)."""
+"""Registers the Medusa drafter and its static tree builder with specdec
+(entry point ``specdec: medusa``)."""
 
 from __future__ import annotations
 

@@ -2,9 +2,10 @@
 
 The torch twin of ``specdec_medusa.reference`` and ``specdec_medusa.tree``. The heads' residual
 blocks are stacked over K, so all heads run as batched matrix products; each head proposes its
-top-T tokens, equal logits in ascending id order (``specdec_torch.ops.top_k_lowest_index``). The static tree's
-shape (parents, depth, ancestor mask) is built once from the choices by the reference and kept
-on the device; a step only gathers the tokens. Shapes: B batch, K heads, T top-T, V vocab, H hidden.
+top-T tokens, equal logits in ascending id order (``specdec_torch.ops.top_k_lowest_index``). The
+static tree's shape (parents, depth, ancestor mask) is built once from the choices by the reference
+and kept on the device; a step only gathers the tokens. Shapes: B batch, K heads, T top-T, V vocab,
+H hidden.
 """
 
 from __future__ import annotations
@@ -160,8 +161,8 @@ class TorchStaticTreeBuilder:
         """head_tokens (B, K, T) -> a DraftTree with N = len(choices) + 1 nodes in every row."""
         if draft.head_tokens is None:
             raise ValueError(
-                "the medusa_tree builder needs a Medusa draft (Draft.head_tokens, shape (B, K, T)); "
-                "this draft has beams: use a beam tree builder"
+                "the medusa_tree builder needs a Medusa draft (Draft.head_tokens, shape (B, K, "
+                "T)); this draft has beams: use a beam tree builder"
             )
         head_tokens = draft.head_tokens
         batch, num_heads, top_t = head_tokens.shape

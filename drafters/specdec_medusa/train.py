@@ -3,7 +3,8 @@
 ``MedusaNet`` holds the K heads as a trainable ``torch.nn.Module`` whose parameter names are the
 checkpoint's (``specdec_medusa.config``), with the reference's math (``specdec_medusa.reference``):
 
-    x_0 = h_t ; x_{j+1} = x_j + SiLU(W_{k,j} x_j + b_{k,j}) ; logits_k = U_k x   (U_k own, or the LM head)
+    x_0 = h_t ; x_{j+1} = x_j + SiLU(W_{k,j} x_j + b_{k,j}) ; logits_k = U_k x
+    (U_k own, or the LM head)
 
 Head k (0-based) at position t (root x_{t+1}) predicts x_{t+k+2}; its loss is the cross-entropy
 against the target's top-k distribution at position t+k+1 (which scores x_{t+k+2}), one loss
@@ -30,7 +31,8 @@ __all__ = ["MedusaNet", "MedusaTask", "default_config", "train_medusa"]
 
 
 class _Block(torch.nn.Module):
-    """Residual SiLU block: x <- x + SiLU(linear(x)) (weight names ``medusa_head.{k}.{j}.linear.*``)."""
+    """Residual SiLU block: x <- x + SiLU(linear(x)) (weight names
+    ``medusa_head.{k}.{j}.linear.*``)."""
 
     def __init__(self, width: int):
         super().__init__()
@@ -159,7 +161,8 @@ class MedusaTask:
         return soft_cross_entropy(logits, window.label_ids, window.label_probs, window.valid)
 
     def accept(self, data, indices: torch.Tensor) -> torch.Tensor:
-        """Each head's top-T by the inference module; deepest tree path matching the continuation."""
+        """Each head's top-T by the inference module; deepest tree path matching the
+        continuation."""
         from specdec.training.evaluate import gather_window, tree_acceptance
         from specdec_medusa.torch import MedusaHeads
         from specdec_torch.ops import top_k_lowest_index

@@ -56,9 +56,9 @@ class StaticTreeBuilder:
         for path in self.choices:
             if len(path) > num_heads or path[-1] >= top_t:
                 raise ValueError(
-                    f"Medusa choice {path!r} needs head {len(path) - 1} and rank {path[-1]}, but the draft has "
-                    f"head_tokens for K={num_heads} heads and T={top_t} ranks; use choices that fit, or a drafter "
-                    "with more heads or a larger top_t"
+                    f"Medusa choice {path!r} needs head {len(path) - 1} and rank {path[-1]}, but "
+                    f"the draft has head_tokens for K={num_heads} heads and T={top_t} ranks; use "
+                    "choices that fit, or a drafter with more heads or a larger top_t"
                 )
 
     def build(self, draft: Draft) -> DraftTree:
@@ -73,7 +73,8 @@ class StaticTreeBuilder:
         batch, num_heads, top_t = head_tokens.shape
         if root_tokens.shape != (batch,):
             raise ValueError(
-                f"root_tokens has shape {root_tokens.shape}, expected ({batch},) to match head_tokens"
+                f"root_tokens has shape {root_tokens.shape}, expected ({batch},) to match "
+                "head_tokens"
             )
         self._check_fits(num_heads, top_t)
         n = self.num_nodes

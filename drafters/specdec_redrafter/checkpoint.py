@@ -33,14 +33,15 @@ def save_redrafter(
     *,
     dtype=np.float32,
 ) -> Path:
-    """Write ``config.json`` and ``model.safetensors`` (float32, or float16 to ship) into ``path``; return it."""
+    """Write ``config.json`` and ``model.safetensors`` (float32, or float16 to ship) into ``path``;
+    return it."""
     check_weights(config, weights)
     return save_checkpoint(path, config.to_dict(), weights, dtype=dtype)
 
 
 def load_redrafter_checkpoint(path: str | Path) -> tuple[RedrafterConfig, dict[str, np.ndarray]]:
-    """Read a folder written by ``save_redrafter``, or one in Apple's layout (``specdec_redrafter.export``).
-    -> (config, weights as float64 arrays)."""
+    """Read a folder written by ``save_redrafter``, or one in Apple's layout
+    (``specdec_redrafter.export``). -> (config, weights as float64 arrays)."""
     from specdec.plugins.export import detect_layout
 
     if detect_layout(path) == ("redrafter", "apple"):

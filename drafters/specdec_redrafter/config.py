@@ -6,7 +6,8 @@ Weights are stored as a flat dict of arrays with these names (``Linear`` weights
 | name | shape | present when |
 |---|---|---|
 | ``input_proj.weight``, ``input_proj.bias`` | (E, 2H), (E,) | ``exit_dim != 2H`` |
-| ``lm_head.{i}.linear.weight``, ``.bias`` | (E, E), (E,) | ``i < num_draft_layers`` (residual SiLU blocks) |
+| ``lm_head.{i}.linear.weight`` | (E, E) | ``i < num_draft_layers`` (residual SiLU blocks) |
+| ``lm_head.{i}.linear.bias`` | (E,) | ``i < num_draft_layers`` |
 | ``lm_head.{num_draft_layers}.weight`` | (V, E) | ``head == "full"`` |
 | ``head_proj.weight`` | (H, E) | ``head == "tied"`` (then the target's LM head (V, H)) |
 | ``rnn_w.weight`` | (H, H) | ``rnn`` |
@@ -73,8 +74,8 @@ class RedrafterConfig:
     head: "full" (exit_dim -> V) or "tied" (exit_dim -> H, then the target's LM head).
     draft_top_k: keep only the top-k drafter logits before ranking beams (None: no warp).
     shortlist_size: S, when the drafter proposes only the S token ids of its ``vocab_shortlist``
-    weight (``specdec.drafting.shortlist``: the head then costs S/V of the full projection); None: all V.
-    beam_width W, beam_length L (root included): defaults for beam search.
+    weight (``specdec.drafting.shortlist``: the head then costs S/V of the full projection); None:
+    all V. beam_width W, beam_length L (root included): defaults for beam search.
     target: what the drafter was trained for (name, fingerprint, vocab_size, hidden_size).
     """
 
@@ -125,8 +126,8 @@ class RedrafterConfig:
     def _check_length(self, attribute, value):
         if isinstance(value, bool) or not isinstance(value, int) or value < 2:
             raise ValueError(
-                "RedrafterConfig.beam_length must be an integer >= 2 (the root plus at least one drafted token), "
-                f"got {value!r}"
+                "RedrafterConfig.beam_length must be an integer >= 2 (the root plus at least one "
+                f"drafted token), got {value!r}"
             )
 
     @model_type.validator

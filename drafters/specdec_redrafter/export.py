@@ -54,9 +54,11 @@ __all__ = [
 ]
 
 APPLE_MODEL_TYPE = "recurrent_drafting_drafter"
-UPSTREAM_TOP_K = 50  # warp_logits(top_k=50) in Apple's modeling_drafter.py and TensorRT-LLM's redrafter_helper.py
+# warp_logits(top_k=50) in Apple's modeling_drafter.py and TensorRT-LLM's redrafter_helper.py
+UPSTREAM_TOP_K = 50
 SPECDEC_KEY = "specdec"
-# Names TensorRT-LLM's converter also accepts for the head and the input projection (hf_drafter docstring).
+# Names TensorRT-LLM's converter also accepts for the head and the input projection
+# (hf_drafter docstring).
 ALTERNATE_PREFIXES = (
     ("lm_heads.", "lm_head."),
     ("input_projs.", "input_proj."),
@@ -98,23 +100,26 @@ def materialise(
     """The same drafter with a full head and no shortlist, as the upstream layout holds it.
 
     -> (config, float64 weights, notes on what changed). Raises InvalidInputError for what cannot
-    be carried over. ``lm_head`` (V, H): the target's LM head, needed when ``config.head == "tied"``.
+    be carried over. ``lm_head`` (V, H): the target's LM head, needed when
+    ``config.head == "tied"``.
     """
     check_weights(config, weights)
     notes: list[str] = []
     if config.rnn and config.rnn_variant != "apple":
         raise InvalidInputError(
-            f"this ReDrafter uses rnn_variant={config.rnn_variant!r}; Apple's reference code and TensorRT-LLM "
-            "(redrafter_helper.py) run only s_t = SiLU(W e_t + U s_(t-1) + b) from s_0 = 0 (rnn_variant='apple'), "
-            "so its drafts there would differ: retrain with rnn_variant='apple' to export it"
+            f"this ReDrafter uses rnn_variant={config.rnn_variant!r}; Apple's reference code and "
+            "TensorRT-LLM (redrafter_helper.py) run only s_t = SiLU(W e_t + U s_(t-1) + b) from "
+            "s_0 = 0 (rnn_variant='apple'), so its drafts there would differ: retrain with "
+            "rnn_variant='apple' to export it"
         )
     if config.shortlist_size is not None and not drop_shortlist:
         raise InvalidInputError(
-            f"this ReDrafter drafts only a vocabulary shortlist of {config.shortlist_size} of {config.vocab_size} "
-            "tokens, which Apple's layout and TensorRT-LLM cannot express (their head is a bias-free linear map "
-            "to all tokens, so tokens outside the list cannot be given -inf): pass drop_shortlist=True "
-            "(`--drop-shortlist`) to export the head over the full vocabulary (the drafter may then propose any "
-            "token, so its drafts can differ from the shortlisted ones), or retrain with --shortlist 0"
+            f"this ReDrafter drafts only a vocabulary shortlist of {config.shortlist_size} of "
+            f"{config.vocab_size} tokens, which Apple's layout and TensorRT-LLM cannot express "
+            "(their head is a bias-free linear map to all tokens, so tokens outside the list "
+            "cannot be given -inf): pass drop_shortlist=True (`--drop-shortlist`) to export the "
+            "head over the full vocabulary (the drafter may then propose any token, so its drafts "
+            "can differ from the shortlisted ones), or retrain with --shortlist 0"
         )
     out = {
         name: np.asarray(array, dtype=np.float64)
@@ -125,15 +130,15 @@ def materialise(
     if config.shortlist_size is not None:
         fields["shortlist_size"] = None
         notes.append(
-            f"the vocabulary shortlist ({config.shortlist_size} of {config.vocab_size} tokens) was dropped "
-            "on request: the exported head scores all tokens"
+            f"the vocabulary shortlist ({config.shortlist_size} of {config.vocab_size} tokens) was "
+            "dropped on request: the exported head scores all tokens"
         )
     if config.head == "tied":
         if lm_head is None:
             raise InvalidInputError(
-                "this ReDrafter ties its head to the target's LM head (head='tied'), which Apple's layout lacks: "
-                "the export writes lm_head.{L}.weight = lm_head_target @ head_proj and needs the target: pass "
-                "model= (`--model`, the target folder or bundled name)"
+                "this ReDrafter ties its head to the target's LM head (head='tied'), which Apple's "
+                "layout lacks: the export writes lm_head.{L}.weight = lm_head_target @ head_proj "
+                "and needs the target: pass model= (`--model`, the target folder or bundled name)"
             )
         lm_head = np.asarray(lm_head, dtype=np.float64)
         if lm_head.shape != (config.vocab_size, config.hidden_size):
@@ -202,9 +207,10 @@ def export_apple(
     assert set(full) == set(shapes), (sorted(full), sorted(shapes))  # same names by construction
     if config.draft_top_k != UPSTREAM_TOP_K:
         notes.append(
-            f"Apple's code and TensorRT-LLM keep the top {UPSTREAM_TOP_K} drafter logits at every step "
-            f"(a constant there); this drafter has draft_top_k={config.draft_top_k}, so their beams can "
-            f"differ from specdec's: set draft_top_k={UPSTREAM_TOP_K} here to draft as they do"
+            f"Apple's code and TensorRT-LLM keep the top {UPSTREAM_TOP_K} drafter logits at every "
+            f"step (a constant there); this drafter has draft_top_k={config.draft_top_k}, so their "
+            f"beams can differ from specdec's: set draft_top_k={UPSTREAM_TOP_K} here to draft as "
+            "they do"
         )
     folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)
@@ -304,9 +310,9 @@ def read_apple(folder) -> tuple[RedrafterConfig, dict[str, np.ndarray], list[str
     )
     if missing or unexpected or wrong:
         raise InvalidInputError(
-            f"{folder} does not hold the Apple ReDrafter its config.json describes (exit_dim={config.exit_dim}, "
-            f"num_draft_layers={config.num_draft_layers}, rnn={config.rnn}): missing {missing}, unexpected "
-            f"{unexpected}, wrong shapes {wrong}"
+            f"{folder} does not hold the Apple ReDrafter its config.json describes "
+            f"(exit_dim={config.exit_dim}, num_draft_layers={config.num_draft_layers}, "
+            f"rnn={config.rnn}): missing {missing}, unexpected {unexpected}, wrong shapes {wrong}"
         )
     weights = {name: np.asarray(array, dtype=np.float64) for name, array in renamed.items()}
     check_weights(config, weights)
@@ -323,7 +329,8 @@ def write_apple(
     drop_shortlist: bool = False,
     choices=None,
 ) -> tuple[list[str], tuple[str, ...]]:
-    """``export_apple`` as the spec's layout writer: (notes, the TensorRT-LLM commands that load it)."""
+    """``export_apple`` as the spec's layout writer: (notes, the TensorRT-LLM commands that load
+    it)."""
     if choices is not None:
         raise InvalidInputError(
             "choices applies to Medusa heads; a ReDrafter's tree comes from its beams"
@@ -335,9 +342,10 @@ def write_apple(
     commands = (
         "python examples/redrafter/convert_checkpoint.py --model_dir TARGET_HF_FOLDER "
         f"--drafter_model_dir {out} --output_dir tllm_redrafter --dtype float16 "
-        f"--redrafter_num_beams {exported.beam_width} --redrafter_draft_len_per_beam {exported.beam_length - 1}",
-        "trtllm-build --checkpoint_dir tllm_redrafter --output_dir engine_redrafter --gemm_plugin float16 "
-        "--speculative_decoding_mode explicit_draft_tokens --max_batch_size 4",
+        f"--redrafter_num_beams {exported.beam_width} --redrafter_draft_len_per_beam "
+        f"{exported.beam_length - 1}",
+        "trtllm-build --checkpoint_dir tllm_redrafter --output_dir engine_redrafter --gemm_plugin "
+        "float16 --speculative_decoding_mode explicit_draft_tokens --max_batch_size 4",
     )
     return notes, commands
 

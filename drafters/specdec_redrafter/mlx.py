@@ -109,8 +109,9 @@ class RedrafterModule(nn.Module):
     def __call__(
         self, hidden: mx.array, state: mx.array, lm_head: mx.array | None = None
     ) -> mx.array:
-        """Drafter logits over the drafted vocabulary. hidden (B, 1, H) or (B, W, H), state (B, W, H),
-        lm_head: the target's LM head rows of the drafted vocabulary (S, H) -> (B, W, S)."""
+        """Drafter logits over the drafted vocabulary. hidden (B, 1, H) or (B, W, H), state
+        (B, W, H), lm_head: the target's LM head rows of the drafted vocabulary (S, H) ->
+        (B, W, S)."""
         hidden = mx.broadcast_to(hidden, state.shape)
         x = mx.concatenate([hidden, state], axis=-1)  # (B, W, 2H)
         if "input_proj" in self:
@@ -161,7 +162,8 @@ class MlxRedrafterDrafter(BeamSettings):
         self.set_beams(config, beam_width, beam_length, sample)
 
     def _log_probs(self, hidden: mx.array, state: mx.array) -> mx.array:
-        """Warped drafter log-probs of the next token. hidden (B, H), state (B, W, H) -> (B, W, S)."""
+        """Warped drafter log-probs of the next token. hidden (B, H), state (B, W, H) ->
+        (B, W, S)."""
         return draft_log_probs(
             self.module(hidden[:, None, :], state, self.head_rows), top_k=self.config.draft_top_k
         )
@@ -219,7 +221,8 @@ class MlxRedrafterDrafter(BeamSettings):
                 state, self.embed_tokens[beams[:, :, -1]], first=t == 1
             )  # (B, W, H)
             log_probs = self._log_probs(hidden, state)  # (B, W, S)
-            # 2. Joint log-prob of every (beam, token) extension; keep the best W, ties to the lower index.
+            # 2. Joint log-prob of every (beam, token) extension; keep the best W, ties to the lower
+            # index.
             candidates = (scores[:, :, None] + log_probs).reshape(batch, width * vocab)
             best = ops.top_indices(candidates, width)  # (B, W)
             parent, token = best // vocab, self._to_vocab(best % vocab).astype(beams.dtype)
@@ -266,7 +269,8 @@ class MlxRedrafterDrafter(BeamSettings):
         batch = roots.shape[0]
         if tuple(hidden.shape) != (batch, self.config.hidden_size):
             raise ValueError(
-                f"context.hidden has shape {tuple(hidden.shape)}, expected (B, H) = {(batch, self.config.hidden_size)}"
+                f"context.hidden has shape {tuple(hidden.shape)}, expected (B, H) = "
+                f"{(batch, self.config.hidden_size)}"
             )
         if self.sample and not context.sampling.greedy:
             shape = (batch, self.beam_width, self.beam_length)

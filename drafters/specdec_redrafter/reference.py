@@ -136,7 +136,8 @@ def drafter_logits(
 
 
 def draft_log_probs(logits: np.ndarray, *, top_k: int | None = None) -> np.ndarray:
-    """log_softmax of the drafter's logits, keeping only the top-k (ties to the lower id) when given.
+    """log_softmax of the drafter's logits, keeping only the top-k (ties to the lower id) when
+    given.
 
     logits (..., V) -> (..., V) float64; warped-out tokens get -inf.
     """
@@ -169,8 +170,9 @@ def _check_beam_shape(vocab_size: int, beam_width: int, beam_length: int) -> Non
         )
     if beam_width > vocab_size ** (beam_length - 1):
         raise ValueError(
-            f"beam_width W={beam_width} exceeds the {vocab_size}**{beam_length - 1} distinct drafts of "
-            f"length L={beam_length} over a vocabulary of V={vocab_size}; lower beam_width"
+            f"beam_width W={beam_width} exceeds the {vocab_size}**{beam_length - 1} distinct "
+            f"drafts of length L={beam_length} over a vocabulary of V={vocab_size}; lower "
+            "beam_width"
         )
 
 
@@ -216,7 +218,8 @@ def beam_search(
             config, weights, hidden[:, None, :], state, lm_head=lm_head
         )  # (B, W, V)
         log_probs = draft_log_probs(logits, top_k=config.draft_top_k)
-        # 2. Joint log-prob of every (beam, token) extension; keep the best W (stable: ties to lower index).
+        # 2. Joint log-prob of every (beam, token) extension; keep the best W
+        # (stable: ties to lower index).
         candidates = (scores[:, :, None] + log_probs[:, :, drafted]).reshape(batch, width * vocab)
         best = np.argsort(-candidates, axis=1, kind="stable")[:, :width]  # (B, W)
         parent, token = best // vocab, drafted[best % vocab]
@@ -311,12 +314,14 @@ class BeamSettings:
 
     @property
     def sample_shape(self) -> tuple[int, int] | None:
-        """(W, L): per-row shape of the ``context.uniforms`` a sampling drafter needs; None otherwise."""
+        """(W, L): per-row shape of the ``context.uniforms`` a sampling drafter needs; None
+        otherwise."""
         return (self.beam_width, self.beam_length) if self.sample else None
 
     @property
     def sampled_proposals(self) -> bool:
-        """True when sampled decoding gets independent sampled chains (verified by rejection sampling)."""
+        """True when sampled decoding gets independent sampled chains
+        (verified by rejection sampling)."""
         return self.sample
 
     @property
@@ -377,11 +382,13 @@ class RedrafterDrafter(BeamSettings):
         batch = root_tokens.shape[0]
         if hidden.shape != (batch, self.config.hidden_size):
             raise ValueError(
-                f"context.hidden has shape {hidden.shape}, expected (B, H) = {(batch, self.config.hidden_size)}"
+                f"context.hidden has shape {hidden.shape}, expected (B, H) = "
+                f"{(batch, self.config.hidden_size)}"
             )
         if np.any(root_tokens < 0) or np.any(root_tokens >= self.config.vocab_size):
             raise ValueError(
-                f"context.root_tokens must be token ids in [0, {self.config.vocab_size}), got {root_tokens}"
+                f"context.root_tokens must be token ids in [0, {self.config.vocab_size}), got "
+                f"{root_tokens}"
             )
         pieces = dict(embed_tokens=self.embed_tokens, lm_head=self.lm_head)
         if self.sample and not context.sampling.greedy:

@@ -1,4 +1,5 @@
-"""ReDrafter on torch: the drafter as a ``torch.nn.Module`` and beam search vectorised on the device.
+"""ReDrafter on torch: the drafter as a ``torch.nn.Module`` and beam search vectorised on the
+device.
 
 The torch twin of ``specdec_redrafter.reference`` (read that first: the recurrence variants,
 the head and the beam search are explained there). It loads the same checkpoint files (through
@@ -50,7 +51,9 @@ def draft_log_probs(logits: torch.Tensor, *, top_k: int | None = None) -> torch.
 def _product(weights: dict, name: str, dtype, device, bias: bool, int8: bool | None):
     """``x -> x @ W.T (+ b)`` for ``weights[name + ".weight"]`` (and ``.bias``), held in ``dtype``
     or, where ``int8`` says so, rounded to int8 per row (``specdec_torch.ops.draft_weight``)."""
-    as_tensor = lambda key: torch.as_tensor(np.asarray(weights[key]), dtype=dtype, device=device)  # noqa: E731
+    as_tensor = lambda key: torch.as_tensor(  # noqa: E731
+        np.asarray(weights[key]), dtype=dtype, device=device
+    )
     return draft_weight(
         as_tensor(f"{name}.weight"), as_tensor(f"{name}.bias") if bias else None, int8=int8
     )
@@ -81,7 +84,9 @@ class RedrafterModule(torch.nn.Module):
         self.config = config
         self.embed_tokens, self.lm_head = embed_tokens, lm_head
         dtype, device = embed_tokens.dtype, embed_tokens.device
-        product = lambda name, bias: _product(weights, name, dtype, device, bias, int8)  # noqa: E731
+        product = lambda name, bias: _product(  # noqa: E731
+            weights, name, dtype, device, bias, int8
+        )
         self.input_proj = (
             product("input_proj", True) if config.exit_dim != 2 * config.hidden_size else None
         )
@@ -124,7 +129,8 @@ class RedrafterModule(torch.nn.Module):
         raise ValueError(f"unknown rnn_variant {variant!r}")
 
     def forward(self, hidden: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
-        """Drafter logits over the drafted vocabulary. hidden (B, 1, H), state (B, w, H) -> (B, w, S)."""
+        """Drafter logits over the drafted vocabulary. hidden (B, 1, H), state (B, w, H) ->
+        (B, w, S)."""
         x = torch.cat([hidden.expand(-1, state.shape[1], -1), state], dim=-1)  # (B, w, 2H)
         if self.input_proj is not None:
             x = self.input_proj(x)  # (B, w, E)
@@ -139,7 +145,8 @@ class RedrafterModule(torch.nn.Module):
         return local if self.shortlist is None else self.shortlist[local]
 
     def scatter_vocab(self, values: torch.Tensor, fill: float) -> torch.Tensor:
-        """(..., S) values over the drafted vocabulary -> (..., V), ``fill`` outside the shortlist."""
+        """(..., S) values over the drafted vocabulary -> (..., V), ``fill`` outside the
+        shortlist."""
         if self.shortlist is None:
             return values
         out = values.new_full((*values.shape[:-1], self.config.vocab_size), fill)
@@ -176,7 +183,8 @@ class RedrafterModule(torch.nn.Module):
             log_probs = draft_log_probs(
                 self(hidden, state), top_k=self.config.draft_top_k
             )  # (B, w, V)
-            # 2. Joint log-prob of every (beam, token) extension; keep the best W, ties to the lower index.
+            # 2. Joint log-prob of every (beam, token) extension; keep the best W, ties to the lower
+            # index.
             candidates = (scores[:, :, None] + log_probs).reshape(batch, -1)  # (B, w*V)
             scores, best = top_k_lowest_index(candidates, width)  # (B, W)
             parent, token = best // vocab, self.to_vocab(best % vocab)
@@ -212,7 +220,8 @@ class RedrafterModule(torch.nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """W independent sampled drafts per row. uniforms (B, W, L): token k of chain i is
         ``sample_from(draft_probs[b, i, k-1], uniforms[b, i, k])``; ``draft_probs`` is
-        ``target_probs(drafter logits, sampling)``. -> beams (B, W, L), draft_probs (B, W, L-1, V)."""
+        ``target_probs(drafter logits, sampling)``. -> beams (B, W, L), draft_probs
+        (B, W, L-1, V)."""
         batch, width, length = uniforms.shape
         hidden = hidden[:, None, :]
         columns = [roots[:, None].expand(batch, width)]
@@ -263,14 +272,16 @@ class TorchRedrafterDrafter(BeamSettings):
 
     @torch.inference_mode()
     def propose(self, context: DraftContext) -> Draft:
-        """Beams (B, W, L) continuing ``context.root_tokens`` (B,) given ``context.hidden`` (B, H)."""
+        """Beams (B, W, L) continuing ``context.root_tokens`` (B,) given ``context.hidden``
+        (B, H)."""
         device, dtype = self.module.embed_tokens.device, self.module.embed_tokens.dtype
         roots = torch.as_tensor(context.root_tokens, device=device).to(torch.int64)
         hidden = torch.as_tensor(context.hidden, device=device).to(dtype)
         batch = roots.shape[0]
         if tuple(hidden.shape) != (batch, self.config.hidden_size):
             raise ValueError(
-                f"context.hidden has shape {tuple(hidden.shape)}, expected (B, H) = {(batch, self.config.hidden_size)}"
+                f"context.hidden has shape {tuple(hidden.shape)}, expected (B, H) = "
+                f"{(batch, self.config.hidden_size)}"
             )
         if self.sample and not context.sampling.greedy:
             shape = (batch, self.beam_width, self.beam_length)

@@ -142,8 +142,8 @@ class RedrafterNet(torch.nn.Module):
         return next(self.parameters()).dtype
 
     def features(self, hidden: torch.Tensor, state: torch.Tensor) -> torch.Tensor:
-        """The vocabulary projection's input. hidden (..., H), state (..., H), broadcast -> (..., F),
-        F = H for the tied head (after head_proj), E for the full head."""
+        """The vocabulary projection's input. hidden (..., H), state (..., H), broadcast ->
+        (..., F), F = H for the tied head (after head_proj), E for the full head."""
         hidden, state = torch.broadcast_tensors(hidden.to(state.dtype), state)
         x = torch.cat([hidden, state], dim=-1)  # (..., 2H)
         if self.input_proj is not None:
@@ -229,8 +229,8 @@ class RedrafterTask:
 
     negatives: when set, the loss's softmax normaliser is estimated on the batch's label tokens
     plus that many sampled tokens (``sampled_soft_cross_entropy``) instead of all V.
-    shortlist: the vocabulary shortlist (``specdec.drafting.shortlist``) the saved drafter drafts from;
-    training still spreads the loss over all V (the restriction only drops tokens the target
+    shortlist: the vocabulary shortlist (``specdec.drafting.shortlist``) the saved drafter drafts
+    from; training still spreads the loss over all V (the restriction only drops tokens the target
     rarely says), and held-out evaluation drafts with the shortlist, as inference will.
     """
 
@@ -283,7 +283,8 @@ class RedrafterTask:
         return soft_cross_entropy(logits, window.label_ids, window.label_probs, window.valid)
 
     def accept(self, data, indices: torch.Tensor) -> torch.Tensor:
-        """Beam search of the inference module on the current weights; matched prefix per position."""
+        """Beam search of the inference module on the current weights; matched prefix per
+        position."""
         from specdec.training.evaluate import beam_acceptance, gather_window
         from specdec_redrafter.torch import RedrafterModule
 

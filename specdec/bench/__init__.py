@@ -1,4 +1,5 @@
-"""``specdec bench``: speed and acceptance of specdec and its alternatives, side by side in one run."""
+"""``specdec bench``: speed and acceptance of specdec and its alternatives, side by side in one
+run."""
 
 from specdec.bench.methods import Method, parse_method
 from specdec.bench.prompts import BenchPrompt, load_prompt_set

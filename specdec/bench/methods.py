@@ -1,4 +1,5 @@
-"""What a benchmark runs: specdec with a drafter, or a peer's own generation (transformers, mlx-lm)."""
+"""What a benchmark runs: specdec with a drafter, or a peer's own generation
+(transformers, mlx-lm)."""
 
 from __future__ import annotations
 
@@ -73,18 +74,18 @@ class Method:
 
 
 def parse_method(spec: str) -> Method:
-    """``kind[:key=value,...]``, e.g. ``redrafter:w=4,l=5``, ``medusa:choices=cpu16``, ``hf-pld:n=10``,
-    ``redrafter:drafter=path/to/checkpoint``, ``redrafter:lookup=true`` (a prompt-lookup beam beside
-    ReDrafter's; on by default as in ``generate``, ``redrafter:lookup=false`` for ReDrafter alone,
-    ``redrafter:lookup=10`` for a lookup chain of 10 drafted tokens),
-    ``lookup:k=10`` (our prompt lookup alone, drafting k tokens), ``hf:dtype=own`` (a peer in its own
-    default dtype rather than the one our target runs in), ``plain:exact=false`` (our methods on a
-    second target with exact mode off, ``specdec.tuning.exactness``, to measure what it costs),
-    ``redrafter:speculation=always`` (every step drafts; the default, auto, chooses per step,
-    ``specdec.decode.budget``). Keys: w, l, choices, verifier, top_t, sample, lookup, k, n, draft, dtype
-    (peers only), exact, speculation (ours only); a specdec method also takes its drafter
-    factory's own keyword options by name, e.g. ``eagle:total_tokens=8,depth=4`` (``generate``
-    checks them against the factory and names the ones it takes)."""
+    """``kind[:key=value,...]``, e.g. ``redrafter:w=4,l=5``, ``medusa:choices=cpu16``,
+    ``hf-pld:n=10``, ``redrafter:drafter=path/to/checkpoint``, ``redrafter:lookup=true``
+    (a prompt-lookup beam beside ReDrafter's; on by default as in ``generate``,
+    ``redrafter:lookup=false`` for ReDrafter alone, ``redrafter:lookup=10`` for a lookup chain of 10
+    drafted tokens), ``lookup:k=10`` (our prompt lookup alone, drafting k tokens), ``hf:dtype=own``
+    (a peer in its own default dtype rather than the one our target runs in), ``plain:exact=false``
+    (our methods on a second target with exact mode off, ``specdec.tuning.exactness``, to measure
+    what it costs), ``redrafter:speculation=always`` (every step drafts; the default, auto, chooses
+    per step, ``specdec.decode.budget``). Keys: w, l, choices, verifier, top_t, sample, lookup, k,
+    n, draft, dtype (peers only), exact, speculation (ours only); a specdec method also takes its
+    drafter factory's own keyword options by name, e.g. ``eagle:total_tokens=8,depth=4``
+    (``generate`` checks them against the factory and names the ones it takes)."""
     kind, settings = options.parse_options(spec, aliases=ALIASES, own=OWN, what="method")
     from specdec.plugins.registry import default_registry
 

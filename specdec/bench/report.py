@@ -104,7 +104,8 @@ def summarize(records: Sequence[BenchRecord], *, plain: str = "plain") -> list[d
             verified_per_step=sum(r.verified for r in group) / decode_steps
             if decode_steps
             else float("nan"),
-            # the budgets chosen (specdec.decode.budget): share of decode steps that verified the root alone
+            # the budgets chosen (specdec.decode.budget): share of decode steps that verified the
+            # root alone
             plain_step_share=sum(r.plain_steps for r in group) / decode_steps
             if decode_steps
             else float("nan"),
@@ -174,9 +175,9 @@ def _fmt(value, spec: str) -> str:
 def markdown(rows: Sequence[dict], *, categories: bool = True) -> str:
     """A Markdown table of ``summarize`` rows."""
     header = (
-        "| backend | dtype | exact | T | category | method | tok/s | speedup vs plain (x) | vs peer's plain (x) "
-        "| tokens/step | verified/step | no-draft steps | tree reduction | draft / verify / other "
-        "| identical to plain | peak RSS MB |"
+        "| backend | dtype | exact | T | category | method | tok/s | speedup vs plain (x) | vs "
+        "peer's plain (x) | tokens/step | verified/step | no-draft steps | tree reduction | draft "
+        "/ verify / other | identical to plain | peak RSS MB |"
     )
     lines = [header, "|" + "---|" * (header.count("|") - 1)]
     for r in rows:
@@ -188,13 +189,13 @@ def markdown(rows: Sequence[dict], *, categories: bool = True) -> str:
             else (f"{r['draft_share']:.0%} / {r['verify_share']:.0%} / {r['other_share']:.0%}")
         )
         lines.append(
-            f"| {r['backend']} | {r['dtype']} | {r.get('exact') or '-'} | {r['temperature']:g} | {r['category']} "
-            f"| {r['method']} "
-            f"| {_fmt(r['tokens_per_second'], '.1f')} | {_fmt(r['speedup'], '.2f')} | {_fmt(r['speedup_vs_peer'], '.2f')} "
-            f"| {_fmt(r['tokens_per_step'], '.2f')} | {_fmt(r['verified_per_step'], '.1f')} "
-            f"| {_fmt(r.get('plain_step_share', float('nan')), '.0%')} "
-            f"| {_fmt(r['tree_reduction'], '.0%')} | {split} | {identity_line(r)} "
-            f"| {_fmt(r.get('peak_rss_mb', float('nan')), '.0f')} |"
+            f"| {r['backend']} | {r['dtype']} | {r.get('exact') or '-'} | {r['temperature']:g} | "
+            f"{r['category']} | {r['method']} | {_fmt(r['tokens_per_second'], '.1f')} | "
+            f"{_fmt(r['speedup'], '.2f')} | {_fmt(r['speedup_vs_peer'], '.2f')} | "
+            f"{_fmt(r['tokens_per_step'], '.2f')} | {_fmt(r['verified_per_step'], '.1f')} | "
+            f"{_fmt(r.get('plain_step_share', float('nan')), '.0%')} | "
+            f"{_fmt(r['tree_reduction'], '.0%')} | {split} | {identity_line(r)} | "
+            f"{_fmt(r.get('peak_rss_mb', float('nan')), '.0f')} |"
         )
     return "\n".join(lines)
 

@@ -1,4 +1,5 @@
-"""Run a grid of methods x (backend, dtype) x temperatures over prompts: warm-up, interleaved repeats."""
+"""Run a grid of methods x (backend, dtype) x temperatures over prompts: warm-up, interleaved
+repeats."""
 
 from __future__ import annotations
 
@@ -143,8 +144,8 @@ def run_bench(
     seed: int = 0,
     progress: bool = True,
 ) -> list[BenchRecord]:
-    """Every method on every prompt, ``repeats`` times, interleaved (repeat > prompt > method), after
-    ``warmup`` untimed runs of each method on the first prompt."""
+    """Every method on every prompt, ``repeats`` times, interleaved (repeat > prompt > method),
+    after ``warmup`` untimed runs of each method on the first prompt."""
     from tqdm.auto import tqdm
 
     import specdec
@@ -224,7 +225,8 @@ def run_bench(
 
 
 def target_dtype(target, asked: str | None) -> str | None:
-    """The dtype a second target of this grid cell loads in: the first one's (no new measurement)."""
+    """The dtype a second target of this grid cell loads in: the first one's
+    (no new measurement)."""
     return _dtype_name(target) or asked
 
 

@@ -19,7 +19,8 @@ def add_parser(sub) -> None:
     parser.add_argument(
         "--all",
         action="store_true",
-        help="clear: remove everything specdec keeps in the cache (models, teacher data, tuning ...)",
+        help="clear: remove everything specdec keeps in the cache (models, teacher data, tuning "
+        "...)",
     )
     parser.set_defaults(func=cmd_cache)
 
@@ -83,7 +84,8 @@ def cmd_cache(args) -> int:
             print(f"removed {path}")
         if others:
             print(
-                f"left {len(others)} entr{'y' if len(others) == 1 else 'ies'} of {root} that specdec did not make: "
+                f"left {len(others)} entr{'y' if len(others) == 1 else 'ies'} of {root} that "
+                "specdec did not make: "
                 f"{', '.join(p.name for p in others[:8])}{' ...' if len(others) > 8 else ''}",
                 file=sys.stderr,
             )

@@ -27,7 +27,8 @@ def add_parser(sub) -> None:
     export.add_argument(
         "--model",
         default=None,
-        help="the target (folder or bundled name): needed for a tied head, whose projection is stored",
+        help="the target (folder or bundled name): needed for a tied head, whose projection is "
+        "stored",
     )
     export.add_argument(
         "--drop-shortlist",

@@ -1,4 +1,5 @@
-"""Command line: ``specdec demo | generate | bench | plan | tune | train | cache | serve | plugins``."""
+"""Command line:
+``specdec demo | generate | bench | plan | tune | train | cache | serve | plugins``."""
 
 from __future__ import annotations
 
@@ -77,8 +78,8 @@ def _report(label: str, result, baseline_tps: float | None = None) -> str:
     stats = result.stats
     speed = f", {stats.tokens_per_second / baseline_tps:.2f}x plain" if baseline_tps else ""
     return (
-        f"{label:>10}: {stats.new_tokens} tokens, {stats.tokens_per_step:.2f} tokens/step (bonus token counted), "
-        f"{stats.tokens_per_second:.1f} tokens/s{speed}"
+        f"{label:>10}: {stats.new_tokens} tokens, {stats.tokens_per_step:.2f} tokens/step (bonus "
+        f"token counted), {stats.tokens_per_second:.1f} tokens/s{speed}"
     )
 
 
@@ -235,7 +236,8 @@ def cmd_demo(args) -> int:
         print(f"dtype: {choice.describe() if choice else args.dtype}")
         print(describe_exactness(target))
         print(
-            f"default drafting: {_describe_default(target, drafters['default'][0], backend, registry)}"
+            "default drafting: "
+            f"{_describe_default(target, drafters['default'][0], backend, registry)}"
         )
         exact = bool(getattr(target, "exact", False)) or str(getattr(target, "dtype", "")).endswith(
             "float64"
@@ -268,8 +270,8 @@ def cmd_demo(args) -> int:
                     status = 1
                 else:
                     note = (
-                        f"identical to plain decoding: {same} of {len(plain.tokens)} tokens (exact mode is off: "
-                        "tree and one-token forwards round differently)"
+                        f"identical to plain decoding: {same} of {len(plain.tokens)} tokens (exact "
+                        "mode is off: tree and one-token forwards round differently)"
                     )
                 print(_report(name, result, plain.stats.tokens_per_second) + f"; {note}")
         if len(args.prompt) > 1:
@@ -283,7 +285,8 @@ def cmd_demo(args) -> int:
                 )
             )
         print(
-            "(default: generate()'s defaults, ReDrafter with a prompt-lookup beam; redrafter: lookup=False)"
+            "(default: generate()'s defaults, ReDrafter with a prompt-lookup beam; redrafter: "
+            "lookup=False)"
         )
     return int(status)
 
@@ -367,14 +370,16 @@ def cmd_plan(args) -> int:
     )
     measured = {(r.beam_width, r.beam_length): r.measured_speedup for r in checked}
     print(
-        "| W | L | tokens/step (est.) | tree size | draft ms | verify ms | predicted speedup | measured |"
+        "| W | L | tokens/step (est.) | tree size | draft ms | verify ms | predicted speedup | "
+        "measured |"
     )
     print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         m = measured.get((r.beam_width, r.beam_length))
         print(
-            f"| {r.beam_width} | {r.beam_length} | {r.tokens_per_step:.2f} | {r.tree_size:.1f} | {r.draft_ms:.1f} "
-            f"| {r.verify_ms:.1f} | {r.predicted_speedup:.2f}x | {'-' if m is None else f'{m:.2f}x'} |"
+            f"| {r.beam_width} | {r.beam_length} | {r.tokens_per_step:.2f} | {r.tree_size:.1f} | "
+            f"{r.draft_ms:.1f} | {r.verify_ms:.1f} | {r.predicted_speedup:.2f}x | "
+            f"{'-' if m is None else f'{m:.2f}x'} |"
         )
     best = rows[0]
     print(
@@ -389,15 +394,17 @@ def cmd_plan(args) -> int:
         )
     if args.prompts in PROMPT_SETS:
         print(
-            f"planned on the {args.prompts} prompts; the best beams depend on the text: for another kind of use "
-            "(code, say) plan with --prompts FILE.jsonl of prompts like your own",
+            f"planned on the {args.prompts} prompts; the best beams depend on the text: for "
+            "another kind of use (code, say) plan with --prompts FILE.jsonl of prompts like your "
+            "own",
             file=sys.stderr,
         )
     return 0
 
 
 def cmd_tune(args) -> int:
-    """Measure every dtype the backend offers for this model here, print the table, keep the fastest."""
+    """Measure every dtype the backend offers for this model here, print the table, keep the
+    fastest."""
     from specdec.models.bundled import resolve_model
     from specdec.generation.api import load_backend
     from specdec.plugins.registry import default_registry
@@ -448,7 +455,8 @@ def cmd_plugins(args) -> int:
             flag = "" if row["lossless"] is None else (" lossless" if row["lossless"] else " LOSSY")
             conflict = "  CONFLICT: registered by another plugin too" if row["conflict"] else ""
             print(
-                f"  {row['name']}{backend}{flag}  ({row['package']}, plugin {row['plugin']}){conflict}"
+                f"  {row['name']}{backend}{flag}  ({row['package']}, plugin "
+                f"{row['plugin']}){conflict}"
             )
     for kind in ("broken", "disabled"):
         listed = [r for r in rows if r["kind"] == kind]
@@ -573,7 +581,8 @@ def _add_train_parser(train: argparse.ArgumentParser, spec) -> None:
         "--prompt-text-prompts",
         type=int,
         default=1024,
-        help="more prompts whose prompt text (teacher-forced) and first 16 tokens are training data",
+        help="more prompts whose prompt text (teacher-forced) and first 16 tokens are training "
+        "data",
     )
     train.add_argument(
         "--max-new-tokens", type=int, default=128, help="teacher continuation length"
@@ -593,8 +602,8 @@ def _add_train_parser(train: argparse.ArgumentParser, spec) -> None:
     train.add_argument(
         "--prompt-mix",
         default=None,
-        help="shares of the decoded prompts as KIND=SHARE pairs (kinds corpus, self_instruct, general, "
-        "plain; kinds left out get none, shares are normalised), e.g. "
+        help="shares of the decoded prompts as KIND=SHARE pairs (kinds corpus, self_instruct, "
+        "general, plain; kinds left out get none, shares are normalised), e.g. "
         "corpus=0.3,self_instruct=0.15,general=0.35,plain=0.2 (the default) or general=1; "
         "'corpus' alone for the corpus's chat requests",
     )
@@ -622,8 +631,8 @@ def _add_train_parser(train: argparse.ArgumentParser, spec) -> None:
     train.add_argument(
         "--init",
         default=None,
-        help="start from this checkpoint's weights (and its shortlist, unless --shortlist is given), "
-        "e.g. the shipped drafter",
+        help="start from this checkpoint's weights (and its shortlist, unless --shortlist is "
+        "given), e.g. the shipped drafter",
     )
     train.add_argument("--quiet", action="store_true", help="no progress bars")
     for option in spec.train_options:
@@ -695,8 +704,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--methods",
         nargs="+",
         default=["plain", "redrafter", "medusa"],
-        help="plain, redrafter[:w=4,l=5,lookup=true], medusa[:choices=cpu16], lookup[:k=10], hf, hf-pld[:n=10], "
-        "hf-assisted:draft=M, mlx-lm, mlx-lm-draft:draft=M",
+        help="plain, redrafter[:w=4,l=5,lookup=true], medusa[:choices=cpu16], lookup[:k=10], hf, "
+        "hf-pld[:n=10], hf-assisted:draft=M, mlx-lm, mlx-lm-draft:draft=M",
     )
     bench.add_argument(
         "--backends",

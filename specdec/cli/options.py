@@ -47,8 +47,8 @@ def drafter_options(args) -> tuple[str, dict]:
 
 
 def lookup_option(args, drafter: str) -> dict:
-    """``generate``'s ``lookup`` option from --[no-]lookup and --lookup-length (for --drafter lookup,
-    prompt lookup alone, --lookup-length is its own ``draft_length``)."""
+    """``generate``'s ``lookup`` option from --[no-]lookup and --lookup-length
+    (for --drafter lookup, prompt lookup alone, --lookup-length is its own ``draft_length``)."""
     if args.lookup_length is None:
         return {} if args.lookup is None else {"lookup": args.lookup}
     if args.lookup is False:

@@ -66,15 +66,15 @@ def add_parser(sub) -> None:
         type=_prefill_tokens,
         default="auto",
         metavar="auto|N",
-        help="prompt tokens a step carries beside the running requests (default auto: the most that "
-        "keep their step within twice its time, from this machine's measured costs)",
+        help="prompt tokens a step carries beside the running requests (default auto: the most "
+        "that keep their step within twice its time, from this machine's measured costs)",
     )
     parser.add_argument(
         "--speculation",
         choices=("auto", "always", "never"),
         default=None,
-        help="auto (default): each step, each request drafts what this machine's measured costs and "
-        "its acceptance say pays (none under load); always: every step; never: plain decoding",
+        help="auto (default): each step, each request drafts what this machine's measured costs "
+        "and its acceptance say pays (none under load); always: every step; never: plain decoding",
     )
     parser.add_argument(
         "--served-model-name", default=None, help="the model name clients use (default: --model)"

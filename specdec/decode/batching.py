@@ -1,5 +1,5 @@
-"""Host-side pieces of a decode step over many requests (``specdec.decode.loop.Decoder``): joining the
-trees of several sampling groups into one forward and splitting its output back, the verdict
+"""Host-side pieces of a decode step over many requests (``specdec.decode.loop.Decoder``): joining
+the trees of several sampling groups into one forward and splitting its output back, the verdict
 that commits them together, and the bookkeeping of per-row results.
 
 Requests that share sampling settings form a group: one draft, one tree, one verifier call.
@@ -8,8 +8,8 @@ Every group's tree rides the same target forward: ``merge_trees`` pads their row
 verifier of each group reads its rows of the output (``group_output``), and ``merge_verdicts``
 pads the groups' accepted paths into the one verdict ``commit`` takes.
 
-Requests whose budget is 0 this step (``specdec.decode.budget``) form groups of their own that do not
-draft: ``plain_group_tree`` gives them one-node trees on the host, with no drafter call. A
+Requests whose budget is 0 this step (``specdec.decode.budget``) form groups of their own that do
+not draft: ``plain_group_tree`` gives them one-node trees on the host, with no drafter call. A
 drafting request's tree is cut to its budget by ``cut_tree`` (its first nodes: parents come
 first, so they form a tree).
 """
@@ -111,7 +111,8 @@ def merge_trees(
 
 def group_output(output: TargetOutput, start: int, stop: int, nodes: int) -> TargetOutput:
     """Rows ``start .. stop - 1`` of a merged forward's output, cut to the group's ``nodes``."""
-    cut = lambda value: value[start:stop, :nodes]  # noqa: E731 - basic slicing works on every backend's arrays
+    # basic slicing works on every backend's arrays
+    cut = lambda value: value[start:stop, :nodes]  # noqa: E731
     return TargetOutput(
         logits=cut(output.logits),
         hidden=cut(output.hidden),
@@ -283,7 +284,8 @@ class Group:
     where: object  # slots on the target
     draft: Draft
     tree: DraftTree
-    budgets: tuple = ()  # per row: drafted nodes allowed (0: plain, None: the whole tree); () all None
+    # per row: drafted nodes allowed (0: plain, None: the whole tree); () all None
+    budgets: tuple = ()
     full_nodes: np.ndarray | None = (
         None  # per row: nodes of the tree before its budget cut it (host)
     )

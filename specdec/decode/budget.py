@@ -13,9 +13,9 @@ are decoded, C prompt tokens ride the same forward, a_i(k) is request i's expect
 step (bonus counted) when its tree is cut to its first k drafted nodes, width is the node count
 every tree row is padded to (the target takes one (B, N) tree per forward, so a row that does
 not draft still pays the width when others do), and target / draft are the step's costs on this
-machine (``specdec.tuning.costs``: a measured curve of forward seconds against tokens, corrected online
-from the steps' own timings). For each k the requests are ranked by a_i(k) and every prefix of
-the ranking is scored: |BUDGETS| x B evaluations. Plain decoding wins unless drafting beats it by
+machine (``specdec.tuning.costs``: a measured curve of forward seconds against tokens, corrected
+online from the steps' own timings). For each k the requests are ranked by a_i(k) and every prefix
+of the ranking is scored: |BUDGETS| x B evaluations. Plain decoding wins unless drafting beats it by
 ``MARGIN``.
 
 **Acceptance, per request.** A tree's nodes are ordered so that parents come first (the prefix
@@ -33,8 +33,8 @@ and a large batch is not slowed to try it.
 
 **Lossless.** A budget only cuts a tree before verification; the verifier accepts what the target
 itself would produce at every node it is given (greedy, and the exact tree walk whose uniforms are
-keyed by the token's position, ``specdec.decode.requests``), so a request's tokens do not depend on its
-budgets. A stateful drafter is told every committed token, drafted or not (``observe``).
+keyed by the token's position, ``specdec.decode.requests``), so a request's tokens do not depend on
+its budgets. A stateful drafter is told every committed token, drafted or not (``observe``).
 
 **Prompt chunks** (``prefill_tokens``, for ``max_prefill_tokens="auto"``): the most prompt tokens
 whose forward, beside the step's decoding rows, keeps the step within ``stall`` times the step
@@ -66,10 +66,12 @@ PREFILL_STALL = (
 )
 MIN_PREFILL = 16  # prompt tokens a step carries at least, so that a long prompt always advances
 MARGIN = 0.03  # drafting must beat plain decoding's predicted tokens/s by this much
+TIE_LIMIT = 0.05  # choices within the cost fit's error of the best, up to this share, are ties
 REQUEST_DECAY = 0.15  # weight of a request's newest step in its acceptance average
 PRIOR_DECAY = 0.05  # weight of a step in the engine-wide acceptance average
 FORGET = 0.05  # per step without drafting, a request's estimate moves this far back to the engine's
-EXPLORE_EVERY = 16  # steps without its whole tree after which a request tries it again, one per this many steps,
+# steps without its whole tree after which a request tries it again, one per this many steps,
+EXPLORE_EVERY = 16
 EXPLORE_COST = 0.05  # ... when its extra cost spread over them is at most this share of a step
 GUESS = 1.0 + 0.4 * np.sqrt(
     np.asarray(BUDGETS, dtype=np.float64)
@@ -97,8 +99,8 @@ def check_speculation(value):
         return value
     if not isinstance(value, str) or value.lower() not in MODES:
         raise InvalidInputError(
-            f"speculation must be one of {', '.join(MODES)} (or a specdec.decode.budget.Speculation), "
-            f"got {value!r}"
+            f"speculation must be one of {', '.join(MODES)} (or a "
+            f"specdec.decode.budget.Speculation), got {value!r}"
         )
     return value.lower()
 
@@ -204,32 +206,34 @@ class Speculation:
 
     def choose(self, ids: list[int], chunk_tokens: int) -> StepPlan:
         """The budget and drafting set of the best predicted tokens per second (module docstring):
-        every budget (columns) and every prefix of the requests ranked by their gain at it (rows)."""
+        every budget (columns) and every prefix of the requests ranked by their gain at it (rows).
+        Among the choices within the cost fit's error of the best, the largest budget (then the
+        most drafting requests) is taken: a cut tree tells nothing of what lies past the cut."""
         costs, batch = self.costs, len(ids)
+        rows = batch + (chunk_tokens > 0)  # the prompt chunks counted as one row
         tokens, nodes = self._estimates(ids)  # (B, budgets), (B,)
-        useful = (
-            int(np.searchsorted(BUDGETS, max(nodes.max() - 1, 1), side="left")) + 1
-        )  # larger ones cut nothing
+        # budgets larger than the widest tree cut nothing
+        useful = int(np.searchsorted(BUDGETS, max(nodes.max() - 1, 1), side="left")) + 1
         limits = np.asarray(BUDGETS[:useful], dtype=np.float64)
         gain = tokens[:, :useful] - 1.0
-        order = np.argsort(
-            -gain, axis=0, kind="stable"
-        )  # (B, budgets): requests by gain at each budget
+        order = np.argsort(-gain, axis=0, kind="stable")  # (B, budgets): by gain at each budget
         ranked = np.take_along_axis(gain, order, axis=0)
-        deepest = np.maximum.accumulate(
-            np.maximum(nodes[order] - 1, 0), axis=0
-        )  # widest tree of the first m
+        # the widest tree of the first m requests
+        deepest = np.maximum.accumulate(np.maximum(nodes[order] - 1, 0), axis=0)
         width = np.ceil(1 + np.minimum(limits[None, :], deepest)).astype(np.int64)
         drafting = np.arange(1, batch + 1)[:, None]
-        seconds = costs.target(chunk_tokens + batch * width) + costs.draft(drafting)
+        seconds = costs.target(chunk_tokens + batch * width, rows) + costs.draft(drafting)
         scores = (batch + np.cumsum(ranked, axis=0)) / np.maximum(seconds, 1e-9)
-        plain_time = float(costs.target(chunk_tokens + batch))
-        m, j = np.unravel_index(int(np.argmax(scores)), scores.shape)
+        plain_time = float(costs.target(chunk_tokens + batch, rows))
+        best = float(scores.max())
+        near = np.argwhere(scores >= best * (1 - min(costs.error(), TIE_LIMIT)))
+        j = int(near[:, 1].max())
+        m = int(near[near[:, 1] == j, 0].max())
         chosen = StepPlan(dict.fromkeys(ids, 0), batch, 0, plain_time)
-        if scores[m, j] > (batch / plain_time if plain_time > 0 else 0.0) * (1 + MARGIN):
+        if best > (batch / plain_time if plain_time > 0 else 0.0) * (1 + MARGIN):
             budgets = dict.fromkeys(ids, 0)
             budgets.update({ids[i]: BUDGETS[j] for i in order[: m + 1, j]})
-            chosen = StepPlan(budgets, int(batch * width[m, j]), int(m) + 1, float(seconds[m, j]))
+            chosen = StepPlan(budgets, int(batch * width[m, j]), m + 1, float(seconds[m, j]))
         return self._explore(ids, nodes, chunk_tokens, chosen)
 
     def _explore(
@@ -251,8 +255,9 @@ class Speculation:
         b = max(stale, key=lambda b: self._rows[ids[b]].stale)
         wider = max(width, float(np.ceil(nodes[b])))
         drafting = chosen.drafting + (budgets[ids[b]] == 0)
+        rows = batch + (chunk_tokens > 0)
         seconds = float(
-            self.costs.target(chunk_tokens + batch * wider) + self.costs.draft(drafting)
+            self.costs.target(chunk_tokens + batch * wider, rows) + self.costs.draft(drafting)
         )
         if seconds - chosen.seconds > EXPLORE_COST * EXPLORE_EVERY * max(chosen.seconds, 1e-9):
             return chosen
@@ -267,18 +272,19 @@ class Speculation:
         if not request_ids or self.costs is None:
             return PREFILL_CHUNK
         plan = self.plan(request_ids, 0)
+        rows = len(request_ids)
         draft = float(self.costs.draft(plan.drafting))
-        limit = self.stall * (float(self.costs.target(plan.tokens)) + draft)
+        limit = self.stall * (float(self.costs.target(plan.tokens, rows)) + draft)
+
+        def within(chunk: int) -> bool:  # the prompt tokens ride as one more row
+            return float(self.costs.target(plan.tokens + chunk, rows + 1)) + draft <= limit
+
         low, high = MIN_PREFILL, PREFILL_CHUNK
-        if float(self.costs.target(plan.tokens + high)) + draft <= limit:
+        if within(high):
             return high
         while high - low > 1:  # the largest chunk budget within the limit (the curve increases)
             middle = (low + high) // 2
-            low, high = (
-                (middle, high)
-                if float(self.costs.target(plan.tokens + middle)) + draft <= limit
-                else (low, middle)
-            )
+            low, high = (middle, high) if within(middle) else (low, middle)
         return low
 
     # -- what happened -----------------------------------------------------------------------
@@ -324,13 +330,13 @@ class Speculation:
             )
 
     def observe_step(
-        self, tokens: int, seconds: float, drafting: int, draft_seconds: float
+        self, tokens: int, seconds: float, drafting: int, draft_seconds: float, rows: int = 1
     ) -> None:
-        """A step ran: ``tokens`` in its forward, ``seconds`` for the target part, ``drafting``
-        requests drafted in ``draft_seconds``."""
+        """A step ran: ``tokens`` in ``rows`` rows of its forward, ``seconds`` for the target
+        part, ``drafting`` requests drafted in ``draft_seconds``."""
         self._quiet += 1
         if self.costs is not None:
-            self.costs.observe(tokens, seconds, drafting, draft_seconds)
+            self.costs.observe(tokens, seconds, drafting, draft_seconds, rows)
 
     def forget(self, request_id: int) -> None:
         """A request ended."""

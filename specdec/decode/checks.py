@@ -32,7 +32,8 @@ def _in_vocabulary(who: str, name: str, tokens: np.ndarray, vocab_size: int) -> 
     if bad.any():
         where = tuple(int(i) for i in np.argwhere(bad)[0])
         raise PluginOutputError(
-            f"{who} returned {name}{list(where)} = {int(tokens[where])}, outside the vocabulary [0, {vocab_size})"
+            f"{who} returned {name}{list(where)} = {int(tokens[where])}, outside the vocabulary "
+            f"[0, {vocab_size})"
         )
 
 
@@ -70,7 +71,8 @@ def check_draft(
 def check_tree_output(
     who: str, tokens: np.ndarray, parents: np.ndarray, num_nodes: np.ndarray, vocab_size: int
 ) -> None:
-    """A tree: integer tokens in the vocabulary, 1..N nodes per row, each parent before its child."""
+    """A tree: integer tokens in the vocabulary, 1..N nodes per row, each parent before its
+    child."""
     batch, size = tokens.shape
     _integers(who, "DraftTree.tokens", tokens, (batch, size))
     _integers(who, "DraftTree.parents", parents, (batch, size))
@@ -109,8 +111,8 @@ def check_verdict(
     depth = path.shape[1] - 1
     if depth < 0 or ((num_accepted < 0) | (num_accepted > depth)).any():
         raise PluginOutputError(
-            f"{who} returned Verdict.num_accepted {num_accepted.tolist()} outside [0, {max(depth, 0)}] "
-            f"(the path holds {depth + 1} nodes, the root included)"
+            f"{who} returned Verdict.num_accepted {num_accepted.tolist()} outside [0, "
+            f"{max(depth, 0)}] (the path holds {depth + 1} nodes, the root included)"
         )
     if (path[:, 0] != 0).any():
         raise PluginOutputError(
@@ -130,7 +132,8 @@ def check_verdict(
 
 
 def check_chunk_outputs(who: str, outputs, chunks) -> None:
-    """One PromptOutput per prompt chunk of the forward (they are paired with the chunks in order)."""
+    """One PromptOutput per prompt chunk of the forward (they are paired with the chunks in
+    order)."""
     if len(outputs) != len(chunks):
         raise PluginOutputError(
             f"{who} returned {len(outputs)} context outputs from forward_tree for {len(chunks)} "

@@ -33,10 +33,11 @@ def acquire(target: Any) -> None:
         holder = _holders.get(id(target))
         if holder is not None:
             raise TargetBusyError(
-                f"this target ({getattr(target, 'name', None) or type(target).__name__}) is busy: a generation "
-                f"started by {holder} is still running on it (a stream not yet exhausted or closed, or another "
-                "thread); a target serves one generation at a time. Finish or close() the first stream, or load "
-                "a second target with specdec.load(...) for concurrent use"
+                f"this target ({getattr(target, 'name', None) or type(target).__name__}) is busy: "
+                f"a generation started by {holder} is still running on it (a stream not yet "
+                "exhausted or closed, or another thread); a target serves one generation at a "
+                "time. Finish or close() the first stream, or load a second target with "
+                "specdec.load(...) for concurrent use"
             )
         _holders[id(target)] = _describe_holder()
 

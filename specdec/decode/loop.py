@@ -5,10 +5,11 @@ A ``Decoder`` holds requests waiting for a slot and the requests being decoded, 
 slot. Each ``step()`` runs one target forward over the requests in their context phase (prompt
 chunks: waiting requests are admitted into free slots, long prompts are split over several
 steps; a prompt's last chunk gives its first token) and those in their generation phase (one
-draft tree per group of requests sharing sampling settings and drafting or not: ``specdec.decode.batching``);
-how much each drafts, and the step's prompt tokens, are ``specdec.decode.budget``'s choice. A request that
-ends frees its slot in that step. ``decode_steps`` runs a fixed list of prompts through a Decoder
-(``generate``); ``specdec.Engine`` feeds one from other threads.
+draft tree per group of requests sharing sampling settings and drafting or not:
+``specdec.decode.batching``); how much each drafts, and the step's prompt tokens, are
+``specdec.decode.budget``'s choice. A request that ends frees its slot in that step.
+``decode_steps`` runs a fixed list of prompts through a Decoder (``generate``); ``specdec.Engine``
+feeds one from other threads.
 
 What the drafter, tree builder and verifier return is checked each step (``specdec.decode.checks``),
 and an error names the plugin that returned it. Each request draws its randomness from its own
@@ -68,7 +69,8 @@ from specdec.types import (
 
 
 class Decoder:
-    """Decodes requests over the target's slots; ``submit`` and ``cancel`` between ``step`` calls."""
+    """Decodes requests over the target's slots; ``submit`` and ``cancel`` between ``step``
+    calls."""
 
     def __init__(self, plan: DecodePlan):
         self.plan = plan
@@ -79,7 +81,8 @@ class Decoder:
         self.layers = self.caps.hidden_layers if self.caps.stateful else ()
         # a stateful drafter's end(slot, reason), or end(slot) when written without the reason
         self.drafter_end = request_end(plan.drafter) if self.caps.stateful else None
-        # requests admitted whole by TargetModel.admit: the drafter's begin needs every prompt position
+        # requests admitted whole by TargetModel.admit: the drafter's begin needs every prompt
+        # position
         self.whole_prompts = self.caps.stateful and self.caps.prompt_states
         self.waiting: deque[tuple[int, Request]] = deque()
         self.active: dict[int, tuple[int, RequestState]] = {}  # slot -> (request id, state)
@@ -105,12 +108,9 @@ class Decoder:
         if self.speculation.needs_costs and self.speculation.costs is None:
             self._measure_costs()
 
-    def _measure_costs(
-        self,
-    ) -> None:  # this machine's step costs, measured in a free slot unless cached
-        self.speculation.use_costs(
-            step_costs(self.plan.backend, self.plan.target, self._free[0] if self._free else None)
-        )
+    def _measure_costs(self) -> None:
+        """This machine's step costs, measured in the free slots unless cached."""
+        self.speculation.use_costs(step_costs(self.plan.backend, self.plan.target, self._free))
 
     @property
     def idle(self) -> bool:
@@ -121,9 +121,10 @@ class Decoder:
         longest = len(request.prompt) + request.max_new_tokens
         if longest > self.plan.target.capacity:
             raise InvalidInputError(
-                f"a prompt of {len(request.prompt)} tokens plus max_new_tokens={request.max_new_tokens} needs "
-                f"{longest} positions; the target's slots hold {self.plan.target.capacity} (load it with a "
-                "larger capacity, or ask for fewer tokens)"
+                f"a prompt of {len(request.prompt)} tokens plus "
+                f"max_new_tokens={request.max_new_tokens} needs {longest} positions; the target's "
+                f"slots hold {self.plan.target.capacity} (load it with a larger capacity, or ask "
+                "for fewer tokens)"
             )
         request_id = next(self._ids)
         self.waiting.append((request_id, request))
@@ -171,9 +172,9 @@ class Decoder:
         token; ``is_prefill``) and the decode step's, each when it has rows.
 
         max_prefill_tokens: prompt tokens per step (None: no bound; "auto": chosen from the step
-        costs, ``specdec.decode.budget``). Prompts that finish within the budget go first, then chunks of
-        longer ones (``specdec.decode.prefill``), so long prompts never stall the requests being decoded.
-        A stateful drafter's requests get ``begin`` once their prompt is in; with
+        costs, ``specdec.decode.budget``). Prompts that finish within the budget go first, then
+        chunks of longer ones (``specdec.decode.prefill``), so long prompts never stall the requests
+        being decoded. A stateful drafter's requests get ``begin`` once their prompt is in; with
         ``caps.prompt_states`` they are prefilled whole, by ``TargetModel.admit``, before the
         step (its ``begin`` needs every prompt position): the budget counts whole prompts, the
         first always admitted. Each request drafts what ``self.speculation`` budgets it.
@@ -228,7 +229,8 @@ class Decoder:
 
     def _schedule_chunks(self, budget: int | None) -> list[tuple[int, int, int]]:
         """This step's prompt chunks, (slot, start, end) of its request's prompt, while ``budget``
-        lasts (``specdec.decode.prefill``); a waiting request takes a free slot with its first chunk."""
+        lasts (``specdec.decode.prefill``); a waiting request takes a free slot with its first
+        chunk."""
         cursor = list(self._cursor.items())
         waiting = list(itertools.islice(self.waiting, len(self._free)))
         chunks = []
@@ -262,14 +264,16 @@ class Decoder:
         for release in ends + (self.plan.target.release,):
             try:
                 release(slot)
-            except Exception:  # noqa: BLE001 - the request failed already (a chunk that failed claimed no slot)
+            except Exception:  # noqa: BLE001
+                # the request failed already (a chunk that failed claimed no slot)
                 pass
         heapq.heappush(self._free, slot)
 
     def _admit(
         self, max_prefill_tokens: int | None = None, failures: list | None = None
     ) -> StepResult:
-        """Admit waiting requests whole (``caps.prompt_states``): ``TargetModel.admit`` per prompt."""
+        """Admit waiting requests whole (``caps.prompt_states``): ``TargetModel.admit`` per
+        prompt."""
         start = time.perf_counter()
         ids, tokens, prefilled = [], [], 0
         while self.waiting and self._free:
@@ -425,9 +429,8 @@ class Decoder:
         ]
         try:
             output = target.forward_tree(tree, slots, context=context, layers=self.layers)
-        except (
-            Exception
-        ) as exc:  # a bad draft or tree fails here first: name the plugin that made it
+        except Exception as exc:
+            # a bad draft or tree fails here first: name the plugin that made it
             for group in drafted:
                 step_checks.check_group(self.plan, group.draft, group.tree, cause=exc)
             raise
@@ -471,6 +474,7 @@ class Decoder:
             t3 - t1,
             sum(len(g.slots) for g in drafted if g.budgets[:1] != (0,)),
             t1 - t0,
+            rows=len(slots) + bool(context),
         )
         if decoded:
             decoded[0] = attrs.evolve(
@@ -481,7 +485,8 @@ class Decoder:
         return admitted, decoded
 
     def _verify(self, group: Group, output: TargetOutput) -> Checked:
-        """Verify ``group`` on its rows of the output; the verdict copied to the host and checked."""
+        """Verify ``group`` on its rows of the output; the verdict copied to the host and
+        checked."""
         plan, backend, target = self.plan, self.plan.backend, self.plan.target
 
         uniforms = verify_uniforms(group.states, verify_uniform_shape(group.draft))
@@ -521,7 +526,8 @@ class Decoder:
         )
 
     def _accept(self, group: Group, checked: Checked) -> StepResult:
-        """Emit what ``group``'s rows accepted; hidden states of their new roots; finished requests leave."""
+        """Emit what ``group``'s rows accepted; hidden states of their new roots; finished requests
+        leave."""
         backend, target = self.plan.backend, self.plan.target
         path, num_accepted, bonus, tokens = (
             checked.path,
@@ -599,7 +605,8 @@ def decode_steps(
 ) -> Iterator[StepResult]:
     """Yield one StepResult per target forward (admissions and decode steps) until every prompt
     is done; row b of every result is prompt b (finished or waiting rows: no tokens, zero counts).
-    Each step runs on the process's compute thread where the backend wants one (``specdec.compute``).
+    Each step runs on the process's compute thread where the backend wants one
+    (``specdec.compute``).
 
     The target is leased for the whole generation (``specdec.decode.lease``): a second generation on
     it while this one runs raises TargetBusyError at its first step, before touching the cache.

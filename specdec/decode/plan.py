@@ -43,7 +43,8 @@ class DecodePlan:
         )
 
     def requests(self, prompts: Sequence[Sequence[int]], seed=None) -> list[Request]:
-        """One Request per prompt with the plan's settings (seeds as ``specdec.decode.requests.batch_seeds``)."""
+        """One Request per prompt with the plan's settings (seeds as
+        ``specdec.decode.requests.batch_seeds``)."""
         seeds = (
             batch_seeds(seed, len(prompts)) if not self.sampling.greedy else [None] * len(prompts)
         )

@@ -1,4 +1,5 @@
-"""Which prompt chunks a step carries (``specdec.decode.loop.Decoder``), within its budget of prompt tokens.
+"""Which prompt chunks a step carries (``specdec.decode.loop.Decoder``), within its budget of prompt
+tokens.
 
 Prompts that can finish within what is left of the budget go first, in order (those already
 being prefilled, oldest first, then waiting requests in arrival order), so a short prompt's first

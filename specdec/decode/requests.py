@@ -1,4 +1,5 @@
-"""One request of the decode loop: what was asked (``Request``) and how far it got (``RequestState``).
+"""One request of the decode loop: what was asked (``Request``) and how far it got
+(``RequestState``).
 
 Everything random about a request comes from its own NumPy generators, seeded by the request
 alone: so its tokens do not depend on which other requests share its steps, or when they come and
@@ -122,7 +123,8 @@ class RequestState:
         return view
 
     def emit(self, tokens: Sequence[int]) -> list[int]:
-        """Keep ``tokens`` up to max_new_tokens and through the first stop token; returns those kept."""
+        """Keep ``tokens`` up to max_new_tokens and through the first stop token; returns those
+        kept."""
         if self.done:
             return []
         kept = [int(t) for t in tokens[: self.request.max_new_tokens - self.emitted]]

@@ -185,9 +185,10 @@ class LookupDrafter(PassLifecycle):
         inner_caps = None if inner is None else drafter_caps(inner)
         if inner_caps is not None and inner_caps.sampled_proposals:
             raise InvalidInputError(
-                "lookup cannot join a drafter that samples its beams (sample=True): its beams are verified by "
-                "multi-draft rejection sampling, which needs every beam drawn from a draft distribution; "
-                "drop sample=True (the exact verifier then keeps sampling lossless) or drop lookup"
+                "lookup cannot join a drafter that samples its beams (sample=True): its beams are "
+                "verified by multi-draft rejection sampling, which needs every beam drawn from a "
+                "draft distribution; drop sample=True (the exact verifier then keeps sampling "
+                "lossless) or drop lookup"
             )
         self.backend, self.target, self.inner = backend, target, inner
         self.draft_length, self.max_ngram, self.min_ngram = (
@@ -199,7 +200,8 @@ class LookupDrafter(PassLifecycle):
             inner, "beam_width", 0
         )  # beams per draft, and their length (for reports)
         self.beam_length = getattr(inner, "beam_length", self.draft_length + 1)
-        # Beside a drafter, its needs (a stateful one keeps its lifecycle: LookupDrafter passes it on).
+        # Beside a drafter, its needs (a stateful one keeps its lifecycle: LookupDrafter passes it
+        # on).
         self.caps = (
             DrafterCaps(max_tree_size=self.draft_length + 1)
             if inner_caps is None
@@ -216,16 +218,17 @@ class LookupDrafter(PassLifecycle):
             raise ValueError("LookupDrafter needs context.history (the decode loop provides it)")
         if context.want_draft_probs:
             raise InvalidInputError(
-                "lookup drafts are deterministic and have no draft distribution, which this verifier needs; "
-                "use the 'greedy' or 'exact' verifier (the defaults) with lookup"
+                "lookup drafts are deterministic and have no draft distribution, which this "
+                "verifier needs; use the 'greedy' or 'exact' verifier (the defaults) with lookup"
             )
         if self.inner is None:
             return self._propose_alone(context)
         draft = self.inner.propose(context)
         if draft.beams is None:
             raise InvalidInputError(
-                f"lookup joins drafters that propose beams; {type(self.inner).__name__} proposes head top-k tokens "
-                "(a static tree, e.g. Medusa): use it without lookup, or use drafter='lookup' alone"
+                f"lookup joins drafters that propose beams; {type(self.inner).__name__} proposes "
+                "head top-k tokens (a static tree, e.g. Medusa): use it without lookup, or use "
+                "drafter='lookup' alone"
             )
         return self._join(draft, context)
 
@@ -279,6 +282,6 @@ class LookupDrafter(PassLifecycle):
 
 
 def _pad(beams: np.ndarray, length: int) -> np.ndarray:
-    """beams (B, W, L) int64 extended to (B, W, length) by repeating each beam's last column (padding
-    past the beams' lengths, which no tree builder reads)."""
+    """beams (B, W, L) int64 extended to (B, W, length) by repeating each beam's last column
+    (padding past the beams' lengths, which no tree builder reads)."""
     return np.pad(beams, ((0, 0), (0, 0), (0, length - beams.shape[2])), mode="edge")

@@ -17,7 +17,8 @@ class NoDrafter:
 
 class PassLifecycle:
     """For drafters that wrap another (``self.inner``, ``self.caps``): the request lifecycle of a
-    stateful inner drafter is passed on to it (``end``'s reason only to an ``end`` that takes one)."""
+    stateful inner drafter is passed on to it (``end``'s reason only to an ``end`` that takes
+    one)."""
 
     _inner_end = None  # the inner drafter's end(slot, reason), made at the first end
 

@@ -41,7 +41,8 @@ def check_shortlist(shortlist, vocab_size: int, size: int | None = None) -> np.n
 
 
 def restrict_logits(logits: np.ndarray, shortlist: np.ndarray | None) -> np.ndarray:
-    """Logits (..., V) with every token outside ``shortlist`` set to -inf (a copy; None: unchanged)."""
+    """Logits (..., V) with every token outside ``shortlist`` set to -inf
+    (a copy; None: unchanged)."""
     if shortlist is None:
         return logits
     out = np.full_like(np.asarray(logits, dtype=np.float64), -np.inf)
@@ -75,7 +76,8 @@ def choose_shortlist(
 
 
 def shortlist_coverage(tokens, shortlist: np.ndarray) -> float:
-    """The share of ``tokens`` that are in ``shortlist`` (the best case for a shortlisted drafter)."""
+    """The share of ``tokens`` that are in ``shortlist`` (the best case for a shortlisted
+    drafter)."""
     tokens = np.asarray(tokens, dtype=np.int64).ravel()
     if tokens.size == 0:
         return 1.0

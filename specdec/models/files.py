@@ -59,7 +59,10 @@ def check_safetensors(path) -> None:
                 else:
                     expected = 8 + header_size + max(ends, default=0)
                     if expected != size:
-                        problem = f"it has {size} bytes, its header describes {expected} (truncated or damaged)"
+                        problem = (
+                            f"it has {size} bytes, its header describes {expected} (truncated or "
+                            "damaged)"
+                        )
     if problem:
         raise CorruptFileError(
             f"weights file {path} is damaged: {problem}; restore or re-create it"
@@ -67,12 +70,13 @@ def check_safetensors(path) -> None:
 
 
 def check_model_folder(folder) -> None:
-    """A local model folder exists, its config.json is a JSON object and its weights are complete."""
+    """A local model folder exists, its config.json is a JSON object and its weights are
+    complete."""
     folder = Path(folder)
     if not folder.exists():
         raise InvalidInputError(
-            f"model folder {folder} does not exist; pass a Hugging Face-format folder (config.json, "
-            "model.safetensors), a .gguf file, or a bundled model name"
+            f"model folder {folder} does not exist; pass a Hugging Face-format folder "
+            "(config.json, model.safetensors), a .gguf file, or a bundled model name"
         )
     if not folder.is_dir():
         raise InvalidInputError(
@@ -114,7 +118,8 @@ def damaged_checkpoint(folder):
         yield
     except SpecdecError:
         raise
-    except Exception as exc:  # noqa: BLE001 - ValueError, KeyError, TypeError, safetensors' own errors
+    except Exception as exc:  # noqa: BLE001
+        # ValueError, KeyError, TypeError, safetensors' own errors
         if (
             not isinstance(exc, (ValueError, KeyError, TypeError, OSError))
             and "safetensor" not in type(exc).__name__.lower()

@@ -115,8 +115,8 @@ class LlamaConfig:
         model_type = config.get("model_type")
         if model_type not in SUPPORTED_MODEL_TYPES:
             raise InvalidInputError(
-                f"unsupported model_type {model_type!r} in config.json; the reference target supports "
-                f"{', '.join(SUPPORTED_MODEL_TYPES)}"
+                f"unsupported model_type {model_type!r} in config.json; the reference target "
+                f"supports {', '.join(SUPPORTED_MODEL_TYPES)}"
             )
         missing = [
             key
@@ -290,7 +290,8 @@ def read_safetensors(path: str | os.PathLike) -> dict[str, np.ndarray]:
         count = math.prod(shape)
         if end - start != count * dtype.itemsize:
             raise InvalidInputError(
-                f"tensor {name!r} in {str(path)!r}: byte range does not match shape {shape} {stored}"
+                f"tensor {name!r} in {str(path)!r}: byte range does not match shape {shape} "
+                f"{stored}"
             )
         values = np.frombuffer(data, dtype=dtype, count=count, offset=data_start + start)
         if stored == "BF16":
@@ -336,7 +337,8 @@ def load_tokenizer(path: str | os.PathLike):
 
     try:
         return Tokenizer.from_file(str(tokenizer_path))
-    except Exception as exc:  # noqa: BLE001 - tokenizers raises a bare Exception for a file it cannot parse
+    except Exception as exc:  # noqa: BLE001
+        # tokenizers raises a bare Exception for a file it cannot parse
         raise CorruptFileError(
             f"tokenizer {tokenizer_path} could not be read ({' '.join(str(exc).split())}); "
             "restore or re-create it, or remove it and pass token ids"

@@ -1,7 +1,8 @@
-"""Export drafters to the layouts serving engines load, and import those layouts (docs/scale-out.md).
+"""Export drafters to the layouts serving engines load, and import those layouts
+(docs/scale-out.md).
 
-Each drafter's spec declares its layouts (``specdec.plugins.specs.Layout``: detect, read, write); this
-module resolves names, checks arguments and dispatches, so it works the same for a third-party
+Each drafter's spec declares its layouts (``specdec.plugins.specs.Layout``: detect, read, write);
+this module resolves names, checks arguments and dispatches, so it works the same for a third-party
 drafter that declares layouts. The shipped drafters declare: ReDrafter -> ``apple``
 (apple/ml-recurrent-drafter, which TensorRT-LLM's converter reads); Medusa -> ``fasterdecoding``
 (FasterDecoding/Medusa, TensorRT-LLM) and ``vllm``; EAGLE-3 -> ``specforge`` (SpecForge, which
@@ -116,8 +117,8 @@ def load_drafter_folder(folder, registry=None):
             f"{name}: {', '.join(layouts)}" for name, layouts in formats(registry).items()
         )
         raise InvalidInputError(
-            f"{folder} is not a drafter checkpoint specdec knows: expected a drafter's own checkpoint (config.json "
-            f"with its model_type) or one of the engines' layouts ({known})"
+            f"{folder} is not a drafter checkpoint specdec knows: expected a drafter's own "
+            f"checkpoint (config.json with its model_type) or one of the engines' layouts ({known})"
         )
     kind, layout = found
     spec = _spec(kind, registry)
@@ -231,8 +232,8 @@ def export(
     model: the target (folder or bundled name); needed for a tied head, whose projection the
     layouts store. drop_shortlist: export a shortlisted ReDrafter over the full vocabulary (refused
     otherwise). choices: Medusa only, "chain" or a list of paths to record instead of the drafter's
-    tree (vLLM runs the chain only). dtype: "float32" or "float16". Everything that cannot be carried
-    over exactly is refused with the fix; every conversion is listed in ``notes``.
+    tree (vLLM runs the chain only). dtype: "float32" or "float16". Everything that cannot be
+    carried over exactly is refused with the fix; every conversion is listed in ``notes``.
     """
     if str(format).lower() == "eagle":
         raise InvalidInputError(EAGLE_MESSAGE)
@@ -243,8 +244,9 @@ def export(
     if getattr(config, "head", "full") == "tied":
         if model is None:
             raise InvalidInputError(
-                f"this {kind} drafter ends with the target's LM head (head='tied'); the {chosen.name} layout stores "
-                "that projection, so pass model= (`--model`, the target folder or bundled name)"
+                f"this {kind} drafter ends with the target's LM head (head='tied'); the "
+                f"{chosen.name} layout stores that projection, so pass model= (`--model`, the "
+                "target folder or bundled name)"
             )
         lm_head = _target_lm_head(model, config, kind)
     folder = _check_out(out, overwrite)
@@ -270,7 +272,8 @@ def export(
 
 
 def import_drafter(folder, out, *, overwrite: bool = False, dtype: str = "float32") -> ExportResult:
-    """Read a drafter in any known layout from ``folder`` and write it as a specdec checkpoint in ``out``."""
+    """Read a drafter in any known layout from ``folder`` and write it as a specdec checkpoint in
+    ``out``."""
     kind, layout, config, weights, notes = load_drafter_folder(Path(folder).expanduser())
     target = _check_out(out, overwrite)
     store = {"float32": np.float32, "float16": np.float16}[dtype]

@@ -27,14 +27,15 @@ def specdec_register_drafters(register):
 
 @hookspec
 def specdec_register_drafter_specs(register):
-    """Call ``register(spec)`` with a ``specdec.plugins.specs.DrafterSpec``: the drafter's name, checkpoint
-    ``model_type``, implementations per backend (registered as drafters), training and
+    """Call ``register(spec)`` with a ``specdec.plugins.specs.DrafterSpec``: the drafter's name,
+    checkpoint ``model_type``, implementations per backend (registered as drafters), training and
     random-checkpoint makers. A drafter package registers one spec instead of drafters."""
 
 
 @hookspec
 def specdec_register_tree_builders(register):
-    """Call ``register(name, backend, factory)``; ``factory(**options)`` returns a ``TreeBuilder``."""
+    """Call ``register(name, backend, factory)``; ``factory(**options)`` returns a
+    ``TreeBuilder``."""
 
 
 @hookspec

@@ -34,7 +34,8 @@ class PluginWarning(UserWarning):
 
 @attrs.frozen(kw_only=True)
 class FoundPlugin:
-    """An entry point of group ``specdec``: its name, its distribution ('name version'), its module."""
+    """An entry point of group ``specdec``: its name, its distribution ('name version'), its
+    module."""
 
     name: str
     distribution: str
@@ -114,5 +115,6 @@ def check_hook_names(plugin: Any, label: str) -> None:
             close = difflib.get_close_matches(name, HOOKS, n=1)
             hint = f"; did you mean {close[0]!r}?" if close else ""
             raise PluginError(
-                f"{label} defines {name!r}, which is not a specdec hook{hint} (hooks: {', '.join(HOOKS)})"
+                f"{label} defines {name!r}, which is not a specdec hook{hint} (hooks: "
+                f"{', '.join(HOOKS)})"
             )

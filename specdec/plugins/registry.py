@@ -146,7 +146,8 @@ class PluginRegistry:
                     else "register(name, factory)"
                 )
                 raise PluginError(
-                    f"{label} registered {kind} {name!r} with {len(args) + 1} arguments; use {usage}"
+                    f"{label} registered {kind} {name!r} with {len(args) + 1} arguments; use "
+                    f"{usage}"
                 )
             backend, factory = args if with_backend else (None, args[0])
             if kind == "verifier" and lossless is None:
@@ -227,8 +228,9 @@ class PluginRegistry:
         if not exact:
             has = ", ".join(sorted({r.backend for r in matches}))
             raise UnknownPluginError(
-                f"{label} {name!r} is not available on backend {backend!r}; it is installed for: {has}. "
-                f"{label.capitalize()}s on {backend!r}: {', '.join(self.names(kind, backend)) or 'none'}"
+                f"{label} {name!r} is not available on backend {backend!r}; it is installed for: "
+                f"{has}. {label.capitalize()}s on {backend!r}: "
+                f"{', '.join(self.names(kind, backend)) or 'none'}"
             )
         chosen = exact[
             0
@@ -246,7 +248,8 @@ class PluginRegistry:
             )
             raise PluginConflictError(
                 f"{label} {name!r} is registered by both {who}; disable one with "
-                f"`specdec --disable-plugin NAME` or {DISABLE_ENV}=NAME (a plugin or distribution name)"
+                f"`specdec --disable-plugin NAME` or {DISABLE_ENV}=NAME (a plugin or distribution "
+                "name)"
             )
         return chosen
 
@@ -263,8 +266,8 @@ class PluginRegistry:
         specs = {spec.model_type: spec for spec in self.drafter_specs() if spec.model_type}
         if model_type not in specs:
             raise InvalidInputError(
-                f"drafter checkpoint {checkpoint} has model_type {model_type!r}; the installed drafters read: "
-                f"{', '.join(sorted(specs)) or 'none'}"
+                f"drafter checkpoint {checkpoint} has model_type {model_type!r}; the installed "
+                f"drafters read: {', '.join(sorted(specs)) or 'none'}"
             )
         return specs[model_type]
 

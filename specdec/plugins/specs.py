@@ -1,5 +1,6 @@
 """Drafter specs: everything the core needs to know about a drafter, in one record its package
-registers (hook ``specdec_register_drafter_specs``), so that nothing in ``specdec/`` names a drafter.
+registers (hook ``specdec_register_drafter_specs``), so that nothing in ``specdec/`` names a
+drafter.
 
 Loading (a checkpoint's ``model_type``), training (``specdec train NAME``), the bench and the
 conformance kit (random checkpoints) iterate over the registered specs. See
@@ -16,7 +17,8 @@ import attrs
 
 @attrs.frozen(kw_only=True)
 class CliOption:
-    """One option of ``specdec train NAME``: ``flag`` ("--beam-width"), its type, default and help."""
+    """One option of ``specdec train NAME``: ``flag`` ("--beam-width"), its type, default and
+    help."""
 
     flag: str
     type: Callable[[str], Any] = str
@@ -52,8 +54,8 @@ class DrafterSpec:
     """One drafter.
 
     name: what users pass as ``drafter=``. implementations: backend name (or "*") -> factory
-    ``factory(target, checkpoint=None, *, backend, **options)`` returning a Drafter (``backend``: the
-    Backend object the target runs on) (registered as the
+    ``factory(target, checkpoint=None, *, backend, **options)`` returning a Drafter
+    (``backend``: the Backend object the target runs on) (registered as the
     ``drafter`` plugins of that name). model_type: the ``model_type`` of the drafter's checkpoint
     ``config.json`` (None: it reads no checkpoint). make_random_checkpoint(path, model_path, *,
     seed, **config) -> Path: a random checkpoint for a model folder (tests, the conformance kit).

@@ -1,4 +1,5 @@
-"""A key/value cache for tree verification: committed entries per request slot, plus one staged tree.
+"""A key/value cache for tree verification: committed entries per request slot, plus one staged
+tree.
 
 Slot s holds its committed keys and values at positions ``0 .. lengths[s] - 1`` in one buffer of
 shape (layers, 2, Hkv, capacity, Dh) (axis 1: 0 keys, 1 values), allocated when the target is
@@ -98,7 +99,8 @@ class TreeKVCache:
         self._lengths[slot] = start + n
 
     def stage(self, tree: DraftTree, slots: np.ndarray, entries: np.ndarray) -> None:
-        """Keep the keys and values of every node of ``tree`` over ``slots``, (B, layers, 2, Hkv, N, Dh), for commit."""
+        """Keep the keys and values of every node of ``tree`` over ``slots``,
+        (B, layers, 2, Hkv, N, Dh), for commit."""
         self._staged_tree = tree
         self._staged_slots = slots
         self._staged = entries
@@ -110,7 +112,8 @@ class TreeKVCache:
         self._staged = None
 
     def commit(self, tree: DraftTree, verdict: Verdict) -> None:
-        """Append, per row b, the staged entries of ``verdict.path[b, :num_accepted[b] + 1]`` to its slot.
+        """Append, per row b, the staged entries of ``verdict.path[b, :num_accepted[b] + 1]`` to its
+        slot.
 
         The path must start at the root and follow parent links, so its entries land at the
         consecutive positions ``lengths[b] + depth``. The staged tree is dropped afterwards.
@@ -139,7 +142,8 @@ class TreeKVCache:
             count = int(num_accepted[b]) + 1
             if not 1 <= count <= path.shape[1]:
                 raise InvalidInputError(
-                    f"verdict.num_accepted[{b}] = {num_accepted[b]} does not fit a path of length {path.shape[1]}"
+                    f"verdict.num_accepted[{b}] = {num_accepted[b]} does not fit a path of length "
+                    f"{path.shape[1]}"
                 )
             nodes = path[b, :count]
             if nodes[0] != 0 or np.any(nodes >= num_nodes[b]) or np.any(nodes < 0):

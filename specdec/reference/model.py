@@ -86,7 +86,8 @@ def rotary_cos_sin(positions: np.ndarray, inv_freq: np.ndarray) -> tuple[np.ndar
 
 
 def apply_rotary(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
-    """Rotate pairs (x[i], x[i + Dh/2]) by the position's angle. x (..., Dh), cos/sin broadcastable."""
+    """Rotate pairs (x[i], x[i + Dh/2]) by the position's angle. x (..., Dh), cos/sin
+    broadcastable."""
     half = x.shape[-1] // 2
     rotated_half = np.concatenate([-x[..., half:], x[..., :half]], axis=-1)
     return x * cos + rotated_half * sin
@@ -330,7 +331,8 @@ class ReferenceTarget(SlotTarget):
     def _check_tokens(self, tokens: np.ndarray, what: str) -> None:
         if tokens.size and (tokens.min() < 0 or tokens.max() >= self.vocab_size):
             raise InvalidInputError(
-                f"{what} holds token ids outside [0, {self.vocab_size}): {tokens.min()}..{tokens.max()}"
+                f"{what} holds token ids outside [0, {self.vocab_size}): "
+                f"{tokens.min()}..{tokens.max()}"
             )
 
     def release(self, slot: int) -> None:

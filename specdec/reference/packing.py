@@ -1,4 +1,5 @@
-"""How one forward packs prompt chunks and tree rows into one token stream, and back (NumPy reference).
+"""How one forward packs prompt chunks and tree rows into one token stream, and back
+(NumPy reference).
 
 A step of in-flight batching runs the requests in their context phase (prompt chunks of
 different lengths) and those in their generation phase (draft trees, padded to the widest row)

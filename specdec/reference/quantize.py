@@ -48,7 +48,8 @@ def dequantize_rows(q: np.ndarray, scale: np.ndarray) -> np.ndarray:
 
 
 def quantized_weights(weights: dict, names) -> dict:
-    """``weights`` with each of ``names`` (present ones) replaced by its int8 rounding, dequantized."""
+    """``weights`` with each of ``names`` (present ones) replaced by its int8 rounding,
+    dequantized."""
     out = dict(weights)
     for name in names:
         if name in out:

@@ -111,8 +111,8 @@ def build_prefix_tree(beams: np.ndarray, lengths: np.ndarray | None = None) -> D
     for b in range(batch):
         if np.any(beams[b, :, 0] != beams[b, 0, 0]):
             raise ValueError(
-                f"beams of row {b} do not share their first token (the root): {beams[b, :, 0].tolist()}; "
-                "every beam must start with the row's root token"
+                f"beams of row {b} do not share their first token (the root): "
+                f"{beams[b, :, 0].tolist()}; every beam must start with the row's root token"
             )
         node_of_prefix: dict[tuple[int, ...], int] = {}
         tokens: list[int] = []
@@ -186,13 +186,14 @@ def check_tree(tree: DraftTree, *, beams: np.ndarray | None = None) -> None:
     for b in range(batch):
         if not 1 <= num_nodes[b] <= size:
             raise ValueError(
-                f"tree invariant '1 <= num_nodes <= N' violated in row {b}: {num_nodes[b]} with N={size}"
+                f"tree invariant '1 <= num_nodes <= N' violated in row {b}: {num_nodes[b]} with "
+                f"N={size}"
             )
         for i in range(num_nodes[b], size):
             if parents[b, i] != 0:
                 raise ValueError(
-                    f"tree invariant 'padding nodes hang off the root' violated at row {b}, node {i} "
-                    f"(num_nodes {num_nodes[b]}): parent {parents[b, i]}"
+                    f"tree invariant 'padding nodes hang off the root' violated at row {b}, node "
+                    f"{i} (num_nodes {num_nodes[b]}): parent {parents[b, i]}"
                 )
         if depth[b, 0] != 0:
             raise ValueError(
@@ -202,7 +203,8 @@ def check_tree(tree: DraftTree, *, beams: np.ndarray | None = None) -> None:
             if depth[b, i] != depth[b, parents[b, i]] + 1:
                 raise ValueError(
                     f"tree invariant 'depth = depth[parent] + 1' violated at row {b}, node {i}: "
-                    f"depth {depth[b, i]}, parent {parents[b, i]} has depth {depth[b, parents[b, i]]}"
+                    f"depth {depth[b, i]}, parent {parents[b, i]} has depth "
+                    f"{depth[b, parents[b, i]]}"
                 )
     expected = ancestor_mask_from_parents(parents)
     mismatch = np.argwhere(np.asarray(tree.ancestor_mask, dtype=bool) != expected)
@@ -240,37 +242,42 @@ def _check_beam_to_node(
             nodes = beam_to_node[b, i]
             if nodes[0] != 0:
                 raise ValueError(
-                    f"tree invariant 'every beam starts at the root' violated: beam_to_node[{b}, {i}, 0] = {nodes[0]}"
+                    f"tree invariant 'every beam starts at the root' violated: beam_to_node[{b}, "
+                    f"{i}, 0] = {nodes[0]}"
                 )
             ended = np.flatnonzero(nodes < 0)
             end = int(ended[0]) if len(ended) else length
             if np.any(nodes[end:] != -1):
                 raise ValueError(
-                    f"tree invariant 'a beam that ended stays ended' violated: beam_to_node[{b}, {i}] = "
-                    f"{nodes.tolist()}"
+                    f"tree invariant 'a beam that ended stays ended' violated: beam_to_node[{b}, "
+                    f"{i}] = {nodes.tolist()}"
                 )
             for k in range(1, end):
                 if not 0 < nodes[k] < num_nodes[b] or parents[b, nodes[k]] != nodes[k - 1]:
                     raise ValueError(
-                        f"tree invariant 'beam_to_node follows parent links to real nodes' violated at "
-                        f"row {b}, beam {i}, depth {k}: node {nodes[k]} after node {nodes[k - 1]}"
+                        "tree invariant 'beam_to_node follows parent links to real nodes' violated "
+                        f"at row {b}, beam {i}, depth {k}: node {nodes[k]} after node "
+                        f"{nodes[k - 1]}"
                     )
 
 
 @attrs.frozen(kw_only=True)
 class PrefixTreeBuilder:
-    """TreeBuilder for drafts made of beams: ``build(draft)`` is ``build_prefix_tree(draft.beams)``."""
+    """TreeBuilder for drafts made of beams: ``build(draft)`` is
+    ``build_prefix_tree(draft.beams)``."""
 
     def build(self, draft: Draft) -> DraftTree:
         if draft.beams is None:
             raise ValueError(
                 "PrefixTreeBuilder needs a Draft with beams (B, W, L), but this draft has only "
-                "head_tokens (B, K, T); use a tree builder for head top-k drafts (a static tree) instead"
+                "head_tokens (B, K, T); use a tree builder for head top-k drafts (a static tree) "
+                "instead"
             )
         beams = np.asarray(draft.beams)
         roots = np.asarray(draft.root_tokens)
         if beams.shape[0] != roots.shape[0] or np.any(beams[:, :, 0] != roots[:, None]):
             raise ValueError(
-                "every beam must start with its row's root token: beams[:, :, 0] != draft.root_tokens"
+                "every beam must start with its row's root token: beams[:, :, 0] != "
+                "draft.root_tokens"
             )
         return build_prefix_tree(beams, draft.beam_lengths)

@@ -170,8 +170,8 @@ def check_verifier_inputs(
     batch, size = tree.tokens.shape
     if tuple(target.logits.shape[:2]) != (batch, size):
         raise InvalidInputError(
-            f"{name}: target.logits must have shape (B, N, V) = ({batch}, {size}, V) to match the tree, "
-            f"got {tuple(target.logits.shape)}"
+            f"{name}: target.logits must have shape (B, N, V) = ({batch}, {size}, V) to match the "
+            f"tree, got {tuple(target.logits.shape)}"
         )
     if verifier.needs_draft_probs and (
         draft is None or draft.beams is None or draft.draft_probs is None
@@ -206,7 +206,8 @@ def check_uniform_shape(
     columns = 1 + width if verifier.uses_beam_uniforms else 1
     if len(shape) != 3 or shape[0] != batch or shape[1] < depth + 1 or shape[2] < columns:
         raise InvalidInputError(
-            f"{name}: uniforms must have shape (B, D+1, W+1) = ({batch}, {depth + 1}, {1 + width}), got {tuple(shape)}"
+            f"{name}: uniforms must have shape (B, D+1, W+1) = ({batch}, {depth + 1}, "
+            f"{1 + width}), got {tuple(shape)}"
         )
 
 

@@ -38,9 +38,11 @@ def weight_files(folder: Path) -> list[Path]:
             p.name for pattern in ("*.bin", "*.pt", "*.pth", "*.pkl") for p in folder.glob(pattern)
         )
         raise FileNotFoundError(
-            f"no weights in {folder}: expected model.safetensors, or shards listed in model.safetensors.index.json"
+            f"no weights in {folder}: expected model.safetensors, or shards listed in "
+            "model.safetensors.index.json"
             + (
-                f" ({', '.join(pickles)} is pickled, which specdec never loads: save the weights as safetensors)"
+                f" ({', '.join(pickles)} is pickled, which specdec never loads: save the weights "
+                "as safetensors)"
                 if pickles
                 else ""
             )
@@ -67,7 +69,8 @@ def weight_files(folder: Path) -> list[Path]:
 
 
 def read_headers(files: list[Path]) -> dict[str, tuple[str, tuple[int, ...], Path]]:
-    """name -> (safetensors dtype, shape, file) of every tensor in ``files``, from their headers alone."""
+    """name -> (safetensors dtype, shape, file) of every tensor in ``files``, from their headers
+    alone."""
     tensors = {}
     for path in files:
         try:
@@ -150,8 +153,8 @@ def check_weights_header(folder, config) -> None:
             else f"layers {_ranges(layers)}"
         )
         raise InvalidInputError(
-            f"{where} says num_hidden_layers={config.num_hidden_layers}, but the weights hold {held}: fix "
-            "config.json to match the weights (or use the weights it was written for)"
+            f"{where} says num_hidden_layers={config.num_hidden_layers}, but the weights hold "
+            f"{held}: fix config.json to match the weights (or use the weights it was written for)"
         )
     settings = read_json(where, what="model config")
     if "quantization" in settings or "quantization_config" in settings:
@@ -166,16 +169,18 @@ def check_weights_header(folder, config) -> None:
         if name not in tensors:
             hint = " (or set tie_word_embeddings: true)" if name == "lm_head.weight" else ""
             raise InvalidInputError(
-                f"the weights in {folder} lack tensor {name!r} of shape {shape}, which {where} implies{hint}: fix "
-                "config.json to match the weights (or use the weights it was written for)"
+                f"the weights in {folder} lack tensor {name!r} of shape {shape}, which {where} "
+                f"implies{hint}: fix config.json to match the weights (or use the weights it was "
+                "written for)"
             )
         dtype, stored, path = tensors[name]
         if stored != shape:
             raise InvalidInputError(
-                f"tensor {name!r} in {path} has shape {stored}, but {where} implies {shape} (hidden_size="
-                f"{config.hidden_size}, intermediate_size={config.intermediate_size}, heads "
-                f"{config.num_attention_heads}/{config.num_key_value_heads} of {config.head_dim}, vocab_size="
-                f"{config.vocab_size}): fix config.json to match the weights"
+                f"tensor {name!r} in {path} has shape {stored}, but {where} implies {shape} "
+                f"(hidden_size={config.hidden_size}, intermediate_size={config.intermediate_size}, "
+                f"heads {config.num_attention_heads}/{config.num_key_value_heads} of "
+                f"{config.head_dim}, vocab_size={config.vocab_size}): fix config.json to match the "
+                "weights"
             )
         if dtype not in FLOAT_DTYPES:
             raise InvalidInputError(

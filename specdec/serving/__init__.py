@@ -1,4 +1,5 @@
-"""Serving: ``specdec.Engine`` (``specdec/serving/engine.py``) behind an OpenAI-compatible HTTP server.
+"""Serving: ``specdec.Engine`` (``specdec/serving/engine.py``) behind an OpenAI-compatible HTTP
+server.
 
 ``specdec.serving.text`` (incremental detokenization, stop strings) is used by the engine and
 needs nothing beyond the core, as does ``specdec.serving.limits`` (the HTTP side's bounds);

@@ -58,7 +58,8 @@ def _internal_error(where: str) -> APIError:
 
 
 def _usage(completion) -> dict:
-    """OpenAI's ``usage`` of a ``Completion``, with its speculation as the extension ``speculation``."""
+    """OpenAI's ``usage`` of a ``Completion``, with its speculation as the extension
+    ``speculation``."""
     prompt_tokens, completion_tokens = completion.prompt_tokens, completion.completion_tokens
     return {
         "prompt_tokens": prompt_tokens,
@@ -122,12 +123,17 @@ class EventStream:
                 await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
             watcher.cancel()
-            self.on_disconnect()  # no effect on a finished request; cancels one left behind by an error
+            # no effect on a finished request; cancels one left behind by an error
+            self.on_disconnect()
             await self.events.aclose()
 
 
 def _sse(payload: Any) -> str:
-    return f"data: {json.dumps(payload, ensure_ascii=False) if not isinstance(payload, str) else payload}\n\n"
+    return (
+        "data: "
+        f"{json.dumps(payload, ensure_ascii=False) if not isinstance(payload, str) else payload}"
+        "\n\n"
+    )
 
 
 def create_app(
@@ -140,10 +146,11 @@ def create_app(
     limits: Limits | None = None,
     stall_timeout: float = STALL_TIMEOUT,
 ) -> Starlette:
-    """The application serving ``engine`` as the model ``model_name`` (``aliases`` are accepted too),
-    behind ``specdec.serving.guard.Guard``: ``api_key`` (None: no key), ``host_check`` (default:
-    loopback names only) and ``limits`` (body size and time). ``/health`` answers 503 "stalled"
-    while the engine's step in progress has run more than ``stall_timeout`` seconds."""
+    """The application serving ``engine`` as the model ``model_name``
+    (``aliases`` are accepted too), behind ``specdec.serving.guard.Guard``: ``api_key``
+    (None: no key), ``host_check`` (default: loopback names only) and ``limits``
+    (body size and time). ``/health`` answers 503 "stalled" while the engine's step in progress has
+    run more than ``stall_timeout`` seconds."""
     names = (model_name, *aliases)
     created = int(time.time())
     large: list[anyio.CapacityLimiter] = []  # made in the event loop, at the first large body
@@ -156,8 +163,9 @@ def create_app(
         max_tokens = settings.max_tokens if settings.max_tokens is not None else room
         if max_tokens > room:
             raise bad(
-                f"This model's maximum context length is {context} tokens; you asked for {max_tokens} "
-                f"tokens after a prompt of {len(prompt_tokens)} tokens. Ask for at most {room}.",
+                f"This model's maximum context length is {context} tokens; you asked for "
+                f"{max_tokens} tokens after a prompt of {len(prompt_tokens)} tokens. Ask for at "
+                f"most {room}.",
                 settings.max_tokens_param,
                 "context_length_exceeded",
             )
@@ -198,8 +206,9 @@ def create_app(
 
     async def complete(request: Request, *, chat: bool) -> Response:
         raw = await request.body()  # read by the guard, within its bounds
-        # parsing, checks and tokenization on a worker thread: the event loop goes on serving the others;
-        # large bodies one at a time, so that a burst of them leaves the other cores to the engine
+        # parsing, checks and tokenization on a worker thread: the event loop goes on serving the
+        # others; large bodies one at a time, so that a burst of them leaves the other cores to the
+        # engine
         if len(raw) > LARGE_BODY_BYTES and not large:
             large.append(anyio.CapacityLimiter(1))
         prepared = await anyio.to_thread.run_sync(

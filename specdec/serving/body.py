@@ -93,7 +93,8 @@ def parse(raw: bytes) -> dict:
         )
     except json.JSONDecodeError as error:
         raise bad(
-            f"the request body is not valid JSON: {error.msg} at line {error.lineno} column {error.colno}",
+            f"the request body is not valid JSON: {error.msg} at line {error.lineno} column "
+            f"{error.colno}",
             code="invalid_json",
         ) from None
     except RecursionError:
@@ -115,8 +116,8 @@ def check(body: dict) -> None:
         for key, item in items:
             if isinstance(key, str) and _has_surrogate(key):
                 raise bad(
-                    f"a key of {path_text(path) or 'the request body'} holds a lone surrogate, which is not "
-                    "Unicode text",
+                    f"a key of {path_text(path) or 'the request body'} holds a lone surrogate, "
+                    "which is not Unicode text",
                     _field(path),
                 )
             if isinstance(item, (dict, list)):
@@ -134,8 +135,8 @@ def check(body: dict) -> None:
                 if _has_surrogate(item):
                     where = path + (key,)
                     raise bad(
-                        f"{path_text(where)} holds a lone surrogate (an unpaired \\ud800-\\udfff escape), "
-                        "which is not Unicode text",
+                        f"{path_text(where)} holds a lone surrogate (an unpaired \\ud800-\\udfff "
+                        "escape), which is not Unicode text",
                         _field(where),
                     )
             elif isinstance(item, _Refused):

@@ -14,8 +14,8 @@ request's tokens do not depend on what else runs (``specdec.decode.requests``). 
 raises fails alone (``Decoder.step(failures=...)``); an error that cannot be pinned to requests
 fails those in flight, and the engine frees every slot and goes on serving.
 
-The target is leased for the engine's lifetime (``specdec.decode.lease``): ``generate`` on it meanwhile
-raises ``TargetBusyError``. ``close(drain=True)`` finishes what was submitted,
+The target is leased for the engine's lifetime (``specdec.decode.lease``): ``generate`` on it
+meanwhile raises ``TargetBusyError``. ``close(drain=True)`` finishes what was submitted,
 ``close(drain=False)`` cancels it.
 """
 
@@ -73,15 +73,17 @@ class Engine:
     """In-flight batching over one target with ``slots`` request slots (module docstring).
 
     model: a model folder, a bundled name or a loaded target (``specdec.load(..., slots=N)``);
-    drafter, backend, dtype, device, exact and ``**options`` as in ``specdec.generate`` (the verifier
-    is ``exact`` unless ``verifier=`` names another). capacity: positions a request may use,
-    prompt and new tokens (None: the model's context, at most ``specdec.slots.DEFAULT_CAPACITY``
-    less the tree room); a target loaded here gets ``tree_room`` (default
-    ``specdec.slots.TREE_ROOM``) more per slot for the draft tree of a request's last steps.
+    drafter, backend, dtype, device, exact and ``**options`` as in ``specdec.generate``
+    (the verifier is ``exact`` unless ``verifier=`` names another). capacity: positions a request
+    may use, prompt and new tokens (None: the model's context, at most
+    ``specdec.slots.DEFAULT_CAPACITY`` less the tree room); a target loaded here gets ``tree_room``
+    (default ``specdec.slots.TREE_ROOM``) more per slot for the draft tree of a request's last
+    steps.
     max_queue: requests that may wait for a slot before ``submit`` raises QueueFullError.
-    max_prefill_tokens: prompt tokens per step, in chunks beside the running requests' trees (a longer
-    prompt is split over several steps; "auto", the default: the most that keep a step within
-    twice the running requests' step, from the measured costs, ``specdec.decode.budget``; None: no bound).
+    max_prefill_tokens: prompt tokens per step, in chunks beside the running requests' trees
+    (a longer prompt is split over several steps; "auto", the default: the most that keep a step
+    within twice the running requests' step, from the measured costs, ``specdec.decode.budget``;
+    None: no bound).
     speculation (an option, as in ``generate``): "auto" (the default: each step, every request
     drafts what the costs and its acceptance say pays), "always", "never", or a
     ``specdec.decode.budget.Speculation``.
@@ -177,8 +179,8 @@ class Engine:
         max_prefill_tokens: int | str | None = "auto",
         max_new_tokens: int = 128,
     ) -> "Engine":
-        """An engine over a prepared plan (``specdec.generation.api.prepare``); its verifier must serve
-        every sampling setting the requests use (``exact`` does)."""
+        """An engine over a prepared plan (``specdec.generation.api.prepare``); its verifier must
+        serve every sampling setting the requests use (``exact`` does)."""
         engine = cls.__new__(cls)
         room = (
             tree_room if tree_room is not None else min(TREE_ROOM, int(plan.target.capacity) // 4)
@@ -292,7 +294,8 @@ class Engine:
     # -- the public side (any thread) --
 
     def encode(self, prompt: Any) -> list[int]:
-        """Token ids of one prompt: text, token ids, or a chat (rendered with the model's template)."""
+        """Token ids of one prompt: text, token ids, or a chat (rendered with the model's
+        template)."""
         from specdec.generation.api import encode_prompts
 
         prompts, batched = encode_prompts(
@@ -403,9 +406,9 @@ class Engine:
             )
         if len(request.prompt) + request.max_new_tokens > self.context_length:
             raise InvalidInputError(
-                f"max_new_tokens={request.max_new_tokens} after a prompt of {len(request.prompt)} tokens exceeds this "
-                f"engine's context of {self.context_length} tokens: ask for at most "
-                f"{self.context_length - len(request.prompt)}"
+                f"max_new_tokens={request.max_new_tokens} after a prompt of {len(request.prompt)} "
+                f"tokens exceeds this engine's context of {self.context_length} tokens: ask for at "
+                f"most {self.context_length - len(request.prompt)}"
             )
 
     def generate(self, prompt: Any, **settings: Any) -> Completion:
@@ -450,9 +453,9 @@ class Engine:
         """Stop taking requests; ``drain``: finish those submitted, else cancel them. Then stop the
         scheduler, free every slot and release the target's lease. Idempotent. timeout: seconds
         to wait for the drain or the cancellation (None: as long as it takes); after a drain that
-        timed out, what is left is cancelled and the scheduler gets as long again. Returns False when it still runs then (a
-        step that does not end: the engine stays closed to requests and keeps its slots and the
-        target's lease), True once closed."""
+        timed out, what is left is cancelled and the scheduler gets as long again. Returns False
+        when it still runs then (a step that does not end: the engine stays closed to requests and
+        keeps its slots and the target's lease), True once closed."""
         with self._cond:
             self._closing = True
             self._drain = self._drain and drain
@@ -540,7 +543,8 @@ class Engine:
             return
         try:
             handle.id = self._decoder.submit(handle.request)
-        except Exception as error:  # noqa: BLE001 - refused by the decoder: this request fails, no other
+        except Exception as error:  # noqa: BLE001
+            # refused by the decoder: this request fails, no other
             self._settle(handle, "error", error, now)
             return
         self._handles[handle.id] = handle
@@ -574,7 +578,8 @@ class Engine:
                 failures=failures,
                 on_admit=lambda result: self._account(result, time.perf_counter()),
             )
-        except Exception as error:  # noqa: BLE001 - not pinned to requests: those in flight fail, the engine goes on
+        except Exception as error:  # noqa: BLE001
+            # not pinned to requests: those in flight fail, the engine goes on
             self._reset(error)
             return
         finally:

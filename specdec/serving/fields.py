@@ -77,7 +77,8 @@ def _is_number(value) -> bool:
 
 
 def _neutral(value, accepted) -> bool:
-    """``value`` is one of ``accepted`` as JSON sees it (``true`` is not ``1``, ``1.0`` is not ``1``)."""
+    """``value`` is one of ``accepted`` as JSON sees it (``true`` is not ``1``, ``1.0`` is not
+    ``1``)."""
     return (
         any(value == a and type(value) is type(a) for a in accepted if a is not None)
         or value is None
@@ -101,7 +102,8 @@ def check_fields(body: dict, *, chat: bool) -> None:
             continue
         route = "chat completions" if chat else "completions"
         raise bad(
-            f"Unrecognized request argument supplied: {field!r} (not a field of {route} this server knows)",
+            f"Unrecognized request argument supplied: {field!r} (not a field of {route} this "
+            "server knows)",
             field,
             "unknown_parameter",
         )
@@ -112,7 +114,8 @@ def check_fields(body: dict, *, chat: bool) -> None:
 
 
 class Settings:
-    """The decoding settings of one request body, checked (``vocab``: the model's vocabulary size)."""
+    """The decoding settings of one request body, checked (``vocab``: the model's vocabulary
+    size)."""
 
     def __init__(self, body: dict, *, chat: bool, vocab: int):
         n = body.get("n", 1)
@@ -243,7 +246,8 @@ def messages_of(body: dict) -> list[dict]:
             raise bad(f"messages[{i}] must be an object with a role and content", "messages")
         if message["role"] not in ROLES:
             raise bad(
-                f"messages[{i}].role must be one of {', '.join(ROLES)}, got {message['role']!r:.40}",
+                f"messages[{i}].role must be one of {', '.join(ROLES)}, got "
+                f"{message['role']!r:.40}",
                 "messages",
             )
         for key, value in message.items():
@@ -264,8 +268,8 @@ def messages_of(body: dict) -> list[dict]:
                     or set(part) != {"type", "text"}
                 ):
                     raise bad(
-                        f"messages[{i}].content[{j}]: only text parts ({{\"type\": \"text\", \"text\": ...}}) "
-                        "are supported",
+                        f"messages[{i}].content[{j}]: only text parts ({{\"type\": \"text\", "
+                        "\"text\": ...}) are supported",
                         "messages",
                     )
                 parts.append(part["text"])

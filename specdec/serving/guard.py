@@ -106,7 +106,8 @@ class Guard:
             raise APIError(
                 421,
                 f"this server does not answer for the host {host.decode('latin-1')[:100]!r} (a "
-                "loopback name or the host it is bound to; specdec serve --allowed-host adds names)",
+                "loopback name or the host it is bound to; specdec serve --allowed-host adds "
+                "names)",
                 code="host_not_allowed",
                 headers={"Connection": "close"},
             )

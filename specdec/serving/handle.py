@@ -73,7 +73,8 @@ class Completion:
     @property
     def tokens_per_step(self) -> float:
         """Tokens per decode step, bonus counted: ``(steps + accepted_tokens) / steps`` (plain
-        decoding 1.0; the first token, from the prompt's forward, not counted; 0.0 before a step)."""
+        decoding 1.0; the first token, from the prompt's forward, not counted; 0.0 before a
+        step)."""
         return (self.steps + self.accepted_tokens) / self.steps if self.steps else 0.0
 
 
@@ -128,7 +129,8 @@ LATENCY_BUCKETS = (
 
 
 class EngineMetrics:
-    """Counters and histograms of an engine, updated by its scheduler thread; read with ``snapshot``."""
+    """Counters and histograms of an engine, updated by its scheduler thread; read with
+    ``snapshot``."""
 
     COUNTERS = {
         "requests_submitted": "requests accepted by submit",
@@ -136,12 +138,16 @@ class EngineMetrics:
         "prompt_tokens": "prompt tokens admitted",
         "generation_tokens": "tokens emitted",
         "prefilled_prompts": "prompts whose prefill finished (their last chunk ran)",
-        "decode_steps": "steps that decoded (one target forward each, with the prompt chunks of that step)",
+        "decode_steps": (
+            "steps that decoded (one target forward each, with the prompt chunks of that step)"
+        ),
         "decode_row_steps": "request rows in decode steps",
         "decode_tokens": "tokens emitted by decode steps (bonus tokens counted)",
         "draft_tokens": "drafted tokens verified (distinct beams)",
         "accepted_tokens": "drafted tokens accepted",
-        "draft_nodes": "drafted tree nodes verified (past the root, after each request's budget cut its tree)",
+        "draft_nodes": (
+            "drafted tree nodes verified (past the root, after each request's budget cut its tree)"
+        ),
         "drafting_row_steps": "request rows in decode steps that drafted (a tree budget above 0)",
         "plain_steps": "decode steps in which no request drafted",
         "engine_resets": "steps that raised for no request in particular (every slot freed)",
@@ -189,8 +195,8 @@ class EngineMetrics:
             self.histograms[name].observe(value, times)
 
     def snapshot(self) -> dict:
-        """{"counters", "finished" (per finish reason), "prefill_budget", "histograms": {name: (cumulative
-        buckets, sum, count)}}."""
+        """{"counters", "finished" (per finish reason), "prefill_budget", "histograms": {name:
+        (cumulative buckets, sum, count)}}."""
         with self.lock:
             return {
                 "counters": dict(self.counters),
@@ -265,7 +271,8 @@ class Handle:
                 return
 
     def tokens(self, timeout: float | None = None) -> Iterator[int]:
-        """Token ids as they are accepted (stop tokens included, nothing after a stop string's end)."""
+        """Token ids as they are accepted (stop tokens included, nothing after a stop string's
+        end)."""
         for chunk in self.chunks(timeout):
             yield from chunk.tokens
 

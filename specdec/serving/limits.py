@@ -44,6 +44,6 @@ def exposure_warning(host: str, api_key: str | None) -> str | None:
     if api_key or is_loopback(host):
         return None
     return (
-        f"specdec: warning: serving on {host or '0.0.0.0'} without an API key: anyone who can reach this address "
-        "can use the model (set --api-key or SPECDEC_API_KEY)"
+        f"specdec: warning: serving on {host or '0.0.0.0'} without an API key: anyone who can "
+        "reach this address can use the model (set --api-key or SPECDEC_API_KEY)"
     )

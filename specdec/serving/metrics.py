@@ -11,15 +11,22 @@ import math
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 HISTOGRAM_HELP = {
-    "time_to_first_token_seconds": "Time from submission to a request's first token (queueing and prefill included).",
-    "inter_token_latency_seconds": "Time per output token after the first: the gap between a request's deliveries "
-    "divided by the tokens delivered (observed once per token).",
+    "time_to_first_token_seconds": (
+        "Time from submission to a request's first token (queueing and prefill included)."
+    ),
+    "inter_token_latency_seconds": "Time per output token after the first: the gap between a "
+    "request's deliveries divided by the tokens delivered (observed once per token).",
     "request_latency_seconds": "Time from submission to the end of a request (any finish reason).",
     "queue_time_seconds": "Time from submission until the prompt's prefill ended (its last chunk).",
-    "step_seconds": "Duration of one scheduler step (admissions and one decode step of every running request).",
-    "tokens_per_step": "Tokens a running request gets from one decode step (accepted drafted tokens plus the bonus).",
-    "draft_nodes_per_row_step": "Drafted tree nodes a running request verified in one decode step (its tree budget "
-    "as used; 0: decoded plainly).",
+    "step_seconds": (
+        "Duration of one scheduler step (admissions and one decode step of every running request)."
+    ),
+    "tokens_per_step": (
+        "Tokens a running request gets from one decode step (accepted drafted tokens plus the "
+        "bonus)."
+    ),
+    "draft_nodes_per_row_step": "Drafted tree nodes a running request verified in one decode step "
+    "(its tree budget as used; 0: decoded plainly).",
 }
 
 
@@ -97,14 +104,16 @@ def render(engine, *, model_name: str) -> str:
     metric(
         "specdec_mean_tokens_per_step",
         "gauge",
-        "Tokens per request per decode step since start (bonus counted; plain decoding 1.0; 0 before any).",
+        "Tokens per request per decode step since start (bonus counted; plain decoding 1.0; 0 "
+        "before any).",
         [("", label, counters["decode_tokens"] / rows if rows else 0.0)],
     )
     steps = counters["decode_steps"]
     metric(
         "specdec_mean_draft_nodes_per_row_step",
         "gauge",
-        "Drafted tree nodes verified per request per decode step since start (after the budgets; 0 before any).",
+        "Drafted tree nodes verified per request per decode step since start (after the budgets; 0 "
+        "before any).",
         [("", label, counters["draft_nodes"] / rows if rows else 0.0)],
     )
     metric(

@@ -60,9 +60,8 @@ def encode(engine, prompt, param: str) -> list[int]:
         return engine.encode(list(encoding.ids))
     except InvalidInputError as error:
         raise bad(str(error), param) from None
-    except (
-        Exception
-    ) as error:  # the chat template refused the messages (jinja's raise_exception, a bad role)
+    except Exception as error:
+        # the chat template refused the messages (jinja's raise_exception, a bad role)
         from jinja2 import TemplateError
 
         if isinstance(error, TemplateError):

@@ -40,7 +40,8 @@ def protocol_class(limits):
                 self._disarm_header_timer()
 
         def on_response_complete(self) -> None:
-            super().on_response_complete()  # uvicorn's keep-alive timer now closes an idle connection
+            # uvicorn's keep-alive timer now closes an idle connection
+            super().on_response_complete()
             self._disarm_header_timer()
 
         def _arm_header_timer(self) -> None:

@@ -121,7 +121,8 @@ class Server:
         self._thread: threading.Thread | None = None
 
     def _begin_shutdown(self) -> asyncio.Task | None:
-        """Stop taking requests; cancel those in flight now (no drain) or once the drain times out."""
+        """Stop taking requests; cancel those in flight now (no drain) or once the drain times
+        out."""
         if not self.drain:
             threading.Thread(target=self.engine.close, args=(False,), daemon=True).start()
             return None
@@ -130,8 +131,8 @@ class Server:
         async def expire():
             await asyncio.sleep(self.shutdown_timeout)
             logger.warning(
-                "the requests in flight did not finish within the shutdown timeout (%g s): cancelling "
-                "them",
+                "the requests in flight did not finish within the shutdown timeout (%g s): "
+                "cancelling them",
                 self.shutdown_timeout,
             )
             self.drain_expired.set()
@@ -155,8 +156,8 @@ class Server:
             if self.stuck or not self.engine.close(drain=False, timeout=CANCEL_GRACE):
                 self.stuck = True
                 logger.error(
-                    "the engine's step in progress did not end within %g s of the shutdown; stopping "
-                    "without it (its slots are not freed)",
+                    "the engine's step in progress did not end within %g s of the shutdown; "
+                    "stopping without it (its slots are not freed)",
                     CANCEL_GRACE,
                 )
 

@@ -141,8 +141,8 @@ def check_target(
         roots[slot] = int(np.argmax(expected.logits))
 
     def forward(step: str, active: np.ndarray, context=()) -> list:
-        """A forward of tree rows over ``active`` (none: chunks only) and prompt ``context``; commits a
-        random path per row; returns the reference's PromptOutput of each chunk."""
+        """A forward of tree rows over ``active`` (none: chunks only) and prompt ``context``;
+        commits a random path per row; returns the reference's PromptOutput of each chunk."""
         tree = beams = None
         if len(active):
             beams = random_beams(
@@ -157,8 +157,9 @@ def check_target(
             layers=layers,
         )
         assert len(actual.context) == len(expected.context) == len(context), (
-            f"{where} step {step}: forward_tree returned {len(actual.context)} context outputs for {len(context)} "
-            f"prompt chunks (the reference: {len(expected.context)}); it must return one PromptOutput per chunk"
+            f"{where} step {step}: forward_tree returned {len(actual.context)} context outputs for "
+            f"{len(context)} prompt chunks (the reference: {len(expected.context)}); it must "
+            "return one PromptOutput per chunk"
         )
         for (slot, _), want, got in zip(context, expected.context, actual.context, strict=True):
             compare_prompt(f"step {step} chunk of slot {slot}", want, got)
@@ -268,7 +269,8 @@ def check_tree_builder(
             want, got = getattr(expected, field), getattr(actual, field)
             if want is None:
                 assert got is None, (
-                    f"check_tree_builder({backend_name!r}, {name!r}) draft {i}: {field} should be None"
+                    f"check_tree_builder({backend_name!r}, {name!r}) draft {i}: {field} should be "
+                    "None"
                 )
                 continue
             got = backend.to_numpy(got)
@@ -290,7 +292,8 @@ def check_verifier(
     uniforms: np.ndarray | None,
     registry: PluginRegistry | None = None,
 ) -> None:
-    """The backend's verifier ``name`` gives the reference's verdict for the same logits and uniforms."""
+    """The backend's verifier ``name`` gives the reference's verdict for the same logits and
+    uniforms."""
     registry = _registry(registry)
     backend = registry.get("backend", backend_name).factory()
     reference = registry.get("verifier", name, "numpy").factory()
@@ -318,7 +321,8 @@ def check_verifier(
     for field in ("path", "num_accepted", "bonus_tokens"):
         want, got = np.asarray(getattr(expected, field)), backend.to_numpy(getattr(actual, field))
         assert np.array_equal(want, got), (
-            f"check_verifier({backend_name!r}, {name!r}, {sampling}): {field} {got.tolist()}, reference {want.tolist()}"
+            f"check_verifier({backend_name!r}, {name!r}, {sampling}): {field} {got.tolist()}, "
+            f"reference {want.tolist()}"
         )
 
 
@@ -358,8 +362,8 @@ def check_generation(
         **options,
     ).tokens
     assert actual == expected, (
-        f"check_generation({backend_name!r}, drafter={drafter}, dtype={dtype}, {options}): tokens differ\n"
-        f"reference {expected}\nbackend   {actual}"
+        f"check_generation({backend_name!r}, drafter={drafter}, dtype={dtype}, {options}): tokens "
+        f"differ\nreference {expected}\nbackend   {actual}"
     )
 
 
@@ -450,7 +454,8 @@ def check_drafter(
     for temperature in (0.0, 1.0):
         runs = {slots: decode(slots, temperature) for slots in (1, len(prompts))}
         assert runs[1] == runs[len(prompts)], (
-            f"check_drafter({drafter!s}, {options}): at temperature {temperature} the prompts decoded one after "
-            f"another in one slot differ from decoding them side by side (tokens, drafted tokens, accepted "
-            f"tokens)\none slot {runs[1]}\nside by side {runs[len(prompts)]}"
+            f"check_drafter({drafter!s}, {options}): at temperature {temperature} the prompts "
+            "decoded one after another in one slot differ from decoding them side by side (tokens, "
+            f"drafted tokens, accepted tokens)\none slot {runs[1]}\n"
+            f"side by side {runs[len(prompts)]}"
         )

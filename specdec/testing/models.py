@@ -23,7 +23,8 @@ _VOWELS = "aeiou"
 
 
 def _made_up_word(index: int) -> str:
-    """A unique lowercase pseudo-word for ``index``: its base-70 digits as consonant-vowel syllables."""
+    """A unique lowercase pseudo-word for ``index``: its base-70 digits as consonant-vowel
+    syllables."""
     syllables = [c + v for c in _CONSONANTS for v in _VOWELS]
     word, rest = "", index
     while True:
@@ -77,19 +78,21 @@ def make_random_model(
     """Write a random ``architecture`` ("llama" or "qwen2") model folder at ``path``.
 
     Files: ``config.json``, ``model.safetensors`` (float32), ``generation_config.json`` and,
-    with ``with_tokenizer``, a WordLevel ``tokenizer.json`` and a plain chat template. Same arguments, same bytes.
-    ``intermediate_size`` defaults to twice ``hidden_size``. Returns the folder.
+    with ``with_tokenizer``, a WordLevel ``tokenizer.json`` and a plain chat template. Same
+    arguments, same bytes. ``intermediate_size`` defaults to twice ``hidden_size``. Returns the
+    folder.
     """
     from safetensors.numpy import save_file
 
     if architecture not in _ARCHITECTURES:
         raise InvalidInputError(
-            f"architecture {architecture!r} is not supported; choose one of {', '.join(_ARCHITECTURES)}"
+            f"architecture {architecture!r} is not supported; choose one of "
+            f"{', '.join(_ARCHITECTURES)}"
         )
     if hidden_size % num_heads or num_heads % num_kv_heads or (hidden_size // num_heads) % 2:
         raise InvalidInputError(
-            f"hidden_size ({hidden_size}) must split into num_heads ({num_heads}) heads of even size, and "
-            f"num_heads must be a multiple of num_kv_heads ({num_kv_heads})"
+            f"hidden_size ({hidden_size}) must split into num_heads ({num_heads}) heads of even "
+            f"size, and num_heads must be a multiple of num_kv_heads ({num_kv_heads})"
         )
     if eos_token_id is not None and not 0 <= eos_token_id < vocab_size:
         raise InvalidInputError(

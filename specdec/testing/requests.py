@@ -12,7 +12,8 @@ from specdec.decode.requests import Request
 
 def decoding_plan(target, drafter: Any, backend: str = "numpy", **options) -> DecodePlan:
     """A plan over ``target`` whose verifier (``exact``, greedy at temperature 0) serves greedy and
-    sampled requests alike; ``options`` go to ``specdec.generate``'s options (drafter options...)."""
+    sampled requests alike; ``options`` go to ``specdec.generate``'s options
+    (drafter options...)."""
     from specdec.generation.api import prepare
 
     plan, *_ = prepare(

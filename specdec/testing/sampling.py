@@ -120,7 +120,8 @@ class ProbingChooser:
         self.decisions = 0
 
     def _pick(self, boundaries: list[float]) -> float:
-        """A uniform in [0, 1) at least ``margin`` from every boundary, near one of them half the time."""
+        """A uniform in [0, 1) at least ``margin`` from every boundary, near one of them half the
+        time."""
         margin, rng = self.margin, self.rng
         points = sorted({min(max(float(c), 0.0), 1.0) for c in boundaries})
         edges = sorted({0.0, *points, 1.0})
@@ -201,6 +202,7 @@ def boundary_uniforms(
     again = verifier.verify(tree, draft, target, sampling, uniforms)
     for field in ("path", "num_accepted", "bonus_tokens"):
         assert np.array_equal(getattr(again, field), getattr(expected, field)), (
-            f"boundary_uniforms: the reference's {field} with the chosen uniforms is not what they were chosen for"
+            f"boundary_uniforms: the reference's {field} with the chosen uniforms is not what they "
+            "were chosen for"
         )
     return uniforms

@@ -1,4 +1,5 @@
-"""Distilling drafters from their target (needs ``pip install 'specdec[train]'``: torch, transformers).
+"""Distilling drafters from their target (needs ``pip install 'specdec[train]'``: torch,
+transformers).
 
 - ``specdec.training.corpus``: chat prompts from text that ships with the machine (the Python
   standard library, the Python docs, Shakespeare), seeded, with a held-out split;
@@ -10,5 +11,6 @@
 - ``specdec.training.run``: everything in one call (``specdec train NAME``).
 
 The drafter-specific parts live with each drafter, reached through its spec
-(``specdec.plugins.specs.DrafterSpec``: ``train``, ``evaluation_task``). Importing ``specdec`` never imports this package.
+(``specdec.plugins.specs.DrafterSpec``: ``train``, ``evaluation_task``). Importing ``specdec`` never
+imports this package.
 """

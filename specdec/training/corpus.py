@@ -78,7 +78,9 @@ CODE_TEMPLATES = {
     "returns": "What does this function return? Answer briefly.\n\n```python\n{code}\n```",
     "readable": "Rewrite this function to make it easier to read:\n\n```python\n{code}\n```",
     "tests": "Write a few unit tests for this function:\n\n```python\n{code}\n```",
-    "bugs": "Review this code. Are there any bugs or edge cases it misses?\n\n```python\n{code}\n```",
+    "bugs": (
+        "Review this code. Are there any bugs or edge cases it misses?\n\n```python\n{code}\n```"
+    ),
     "write": "Write a Python function `{name}` that {doc}",
     "complete": "Complete the following Python function:\n\n```python\n{stub}\n```",
 }
@@ -159,7 +161,8 @@ class Corpus:
         return split
 
     def _doc_key(self, source: str, document: str) -> str:
-        """The name that decides a document's split: relative to its root, so it holds across machines."""
+        """The name that decides a document's split: relative to its root, so it holds across
+        machines."""
         if source == "stdlib":
             return "stdlib:" + str(Path(document).relative_to(self.stdlib))
         if source == "docs":
@@ -167,7 +170,8 @@ class Corpus:
         return "shakespeare:" + Path(document.split("::")[1]).name
 
     def describe(self) -> dict:
-        """What the corpus holds (for cache keys and reports): document counts per source and split."""
+        """What the corpus holds (for cache keys and reports): document counts per source and
+        split."""
         return {
             source: {name: len(docs) for name, docs in splits.items()}
             for source, splits in sorted(self.documents.items())
@@ -251,7 +255,8 @@ def build_prompts(
 
 
 def find_python_docs() -> Path | None:
-    """The reST sources of the Python docs (Debian ``python3.X-doc``), or None when not installed."""
+    """The reST sources of the Python docs (Debian ``python3.X-doc``), or None when not
+    installed."""
     version = f"{sys.version_info.major}.{sys.version_info.minor}"
     for candidate in (
         f"/usr/share/doc/python{version}/html/_sources",

@@ -67,7 +67,8 @@ def gather_window(
 def _matched_prefix(
     drafted: torch.Tensor, truth: torch.Tensor, valid: torch.Tensor
 ) -> torch.Tensor:
-    """Length of the longest prefix where drafted == truth. drafted, truth, valid (..., D) -> (...)."""
+    """Length of the longest prefix where drafted == truth. drafted, truth, valid (..., D) ->
+    (...)."""
     match = (drafted == truth) & valid
     return torch.cumprod(match.long(), dim=-1).sum(-1)
 

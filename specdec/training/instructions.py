@@ -42,13 +42,15 @@ OPEN_TEMPLATES = {
     "compare": "Compare {topic} and {other}. How are they alike and how do they differ?",
     "pros": "What are the advantages and disadvantages of {topic}?",
     "steps": "Describe, step by step, how to get started with {topic}.",
-    "order": "{character} is older than {other_character}, and {other_character} is older than {third}. "
-    "Who is the youngest? Explain your reasoning.",
+    "order": "{character} is older than {other_character}, and {other_character} is older than "
+    "{third}. Who is the youngest? Explain your reasoning.",
     "speed": "A train travels {a} miles in {b} hours. What is its average speed? Show your work.",
     "arith": "What is {a} * {b} + {c}? Show your work.",
     "solve": "Solve for x: {a}x + {b} = {c}.",
     "area": "A rectangle is {a} cm long and {b} cm wide. What are its area and perimeter?",
-    "share": "{character} has {c} apples and gives {b} of them to {other_character}. How many are left?",
+    "share": (
+        "{character} has {c} apples and gives {b} of them to {other_character}. How many are left?"
+    ),
     "code": "Write a Python function that {task}",
     "howto": "How do I use {module} in Python? Give an example.",
 }

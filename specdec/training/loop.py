@@ -6,13 +6,16 @@ A drafter plugs in as a *task* (duck-typed):
     task.depth                     D, drafted steps trained per position (ReDrafter L-1, Medusa K)
     task.loss(window, generator)   distillation loss on a ``specdec.training.evaluate.Window``
                                    (``generator``: seeded per step, for sampled softmax)
-    task.accept(data, indices)     (B,) drafted tokens greedy verification accepts at those positions
-    task.save(folder, dtype=...)   write ``config.json`` + ``model.safetensors`` (a loadable checkpoint)
+    task.accept(data, indices)     (B,) drafted tokens greedy verification accepts at those
+                                   positions
+    task.save(folder, dtype=...)   write ``config.json`` + ``model.safetensors``
+                                   (a loadable checkpoint)
 
 The loop samples random positions of the teacher data (with replacement, from a seeded NumPy
 generator), runs AdamW with linear warmup and cosine decay over the budget (steps, or minutes
 of training time), evaluates held-out tokens per step at fixed marks, and after each evaluation
-writes the checkpoint plus ``trainer_state.safetensors`` (``specdec.training.state``: no pickle) so ``resume=True`` continues where it stopped.
+writes the checkpoint plus ``trainer_state.safetensors`` (``specdec.training.state``: no pickle) so
+``resume=True`` continues where it stopped.
 """
 
 from __future__ import annotations
@@ -81,7 +84,8 @@ class TrainSettings:
 
 
 def learning_rate(settings: TrainSettings, progress: float) -> float:
-    """Linear warmup over the first ``warmup`` of the budget, then cosine decay to ``lr * final_lr``."""
+    """Linear warmup over the first ``warmup`` of the budget, then cosine decay to
+    ``lr * final_lr``."""
     if settings.warmup > 0 and progress < settings.warmup:
         return settings.lr * max(progress / settings.warmup, 1e-3)
     decay = (progress - settings.warmup) / max(1e-9, 1.0 - settings.warmup)
@@ -142,7 +146,8 @@ def sampled_soft_cross_entropy(
 
 
 def evaluate(task, heldout: TeacherData, *, sequences: int | None) -> dict:
-    """Held-out tokens per step (bonus counted) of the task's drafter, by ``walk_tokens_per_step``."""
+    """Held-out tokens per step (bonus counted) of the task's drafter, by
+    ``walk_tokens_per_step``."""
     task.module.eval()
     try:
         with torch.no_grad():
@@ -169,8 +174,8 @@ def train(
 
     Checkpoints: ``out`` holds the best one by held-out score (replaced only by one that is not
     worse, compared on the same held-out sequences), ``out/last`` the latest; both are written
-    after each evaluation. ``trainer_state.safetensors`` (the latest weights, optimiser and sampler) is
-    saved after each evaluation, every ``save_minutes`` of wall time, and at the first SIGINT or
+    after each evaluation. ``trainer_state.safetensors`` (the latest weights, optimiser and sampler)
+    is saved after each evaluation, every ``save_minutes`` of wall time, and at the first SIGINT or
     SIGTERM, after which training stops with ``TrainingInterrupted`` (``resume=True`` continues).
 
     Returns the final state summary: step, train_seconds, positions, history (one row per
@@ -291,8 +296,9 @@ def train(
                 save_state(False)
                 bar.close()
                 raise TrainingInterrupted(
-                    f"training stopped by {caught[0]} at step {state['step']}; its state is saved in {out} "
-                    f"({STATE_FILE}, the latest weights in {out / LAST_DIR}): continue with --resume"
+                    f"training stopped by {caught[0]} at step {state['step']}; its state is saved "
+                    f"in {out} ({STATE_FILE}, the latest weights in {out / LAST_DIR}): continue "
+                    "with --resume"
                 )
             began = time.perf_counter()
             for group in optimizer.param_groups:
@@ -342,7 +348,9 @@ def train(
             or state["history"][-1]["heldout_sequences"] != "all"
         ):
             run_eval(running if running is not None else float("nan"), final=True)
-        else:  # a resumed run with its budget already spent: write its files again (e.g. another save dtype)
+        else:
+            # a resumed run with its budget already spent: write its files again (e.g. another save
+            # dtype)
             if state["best"] and state["best"]["step"] == state["step"]:
                 task.save(out, dtype=save_dtype)
             save_state(final=True)

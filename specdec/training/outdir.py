@@ -127,7 +127,8 @@ def claim_out(
     overwrite: bool = False,
     allow_changes: bool = False,
 ) -> dict:
-    """Check ``out`` for a ``kind`` run with ``settings`` (JSON values) and record the run; returns the record."""
+    """Check ``out`` for a ``kind`` run with ``settings`` (JSON values) and record the run; returns
+    the record."""
     folder = Path(out)
     if folder.exists() and not folder.is_dir():
         raise TrainingOutputError(
@@ -155,7 +156,8 @@ def claim_out(
                 )
             )
             raise TrainingOutputError(
-                f"--resume: nothing to resume in {folder}: it {what}; run without --resume to start a new run"
+                f"--resume: nothing to resume in {folder}: it {what}; run without --resume to "
+                "start a new run"
             )
         changed = _changes(current_settings(run), settings)
         if changed and not allow_changes:
@@ -163,8 +165,9 @@ def claim_out(
                 f"{k}: {old!r} -> {new!r}" for k, old, new in ((k, *v) for k, v in changed.items())
             )
             raise TrainingOutputError(
-                f"--resume with settings that change the run in {folder} ({listed}): pass --allow-changes to "
-                "continue with the new settings (both are recorded in training_run.json), or train into a new folder"
+                f"--resume with settings that change the run in {folder} ({listed}): pass "
+                "--allow-changes to continue with the new settings (both are recorded in "
+                "training_run.json), or train into a new folder"
             )
         run.setdefault("resumes", []).append(
             {"at": time.strftime("%Y-%m-%dT%H:%M:%S"), "settings": settings, "changed": changed}
@@ -172,19 +175,21 @@ def claim_out(
     elif not empty:
         if run is None and not overwrite:
             raise TrainingOutputError(
-                f"--out {folder} is not empty and holds no training run (it has {_listing(folder)}); training "
-                "writes config.json and model.safetensors there and would replace those files: choose a new or "
-                "empty folder, or pass --overwrite to write there anyway"
+                f"--out {folder} is not empty and holds no training run (it has "
+                f"{_listing(folder)}); training writes config.json and model.safetensors there and "
+                "would replace those files: choose a new or empty folder, or pass --overwrite to "
+                "write there anyway"
             )
         if run is not None and run["kind"] != kind and not overwrite:
             raise TrainingOutputError(
-                f"--out {folder} holds a {run['kind']} training run, not a {kind} one: choose another folder, "
-                "or pass --overwrite to replace it"
+                f"--out {folder} holds a {run['kind']} training run, not a {kind} one: choose "
+                "another folder, or pass --overwrite to replace it"
             )
         if run is not None and run["kind"] == kind and has_work(folder) and not overwrite:
             raise TrainingOutputError(
-                f"--out {folder} already holds a {kind} training run ({describe_progress(folder)}): pass --resume "
-                "to continue it, choose a new folder, or pass --overwrite to start again and replace it"
+                f"--out {folder} already holds a {kind} training run "
+                f"({describe_progress(folder)}): pass --resume to continue it, choose a new "
+                "folder, or pass --overwrite to start again and replace it"
             )
         if (
             run is not None

@@ -1,10 +1,10 @@
 """One call from a model to a trained drafter: target, corpus, teacher data, training, report.
 
 ``train_drafter`` is what ``specdec train NAME`` runs (through the ``train`` of drafter NAME's
-spec, ``specdec.plugins.specs.DrafterSpec``, which supplies the drafter as a task). It writes into ``out``: the checkpoint (``config.json`` +
-``model.safetensors``), ``trainer_state.safetensors`` (to resume), ``training_log.json`` (held-out tokens
-per step after each evaluation) and ``training_report.json`` (settings, the wall time of every
-stage, teacher and training throughput).
+spec, ``specdec.plugins.specs.DrafterSpec``, which supplies the drafter as a task). It writes into
+``out``: the checkpoint (``config.json`` + ``model.safetensors``), ``trainer_state.safetensors``
+(to resume), ``training_log.json`` (held-out tokens per step after each evaluation) and
+``training_report.json`` (settings, the wall time of every stage, teacher and training throughput).
 """
 
 from __future__ import annotations
@@ -85,8 +85,8 @@ def train_drafter(
     replaces the corpus (token-id prompts, for tests). ``prompt_text_prompts``: more training data
     from prompt text (``build_teacher_data``). ``save_dtype``: "float32" or "float16".
     ``shortlist``: when > 0, the drafter drafts from that many token ids, the ones with the most
-    teacher mass in the training data (``specdec.drafting.shortlist.choose_shortlist``). ``prompt_mix``:
-    corpus chats, self-instruct chats and plain text (``build_teacher_data``).
+    teacher mass in the training data (``specdec.drafting.shortlist.choose_shortlist``).
+    ``prompt_mix``: corpus chats, self-instruct chats and plain text (``build_teacher_data``).
 
     ``init``: a checkpoint folder of this drafter kind, trained for this target, whose weights
     (and vocabulary shortlist, unless ``keep_init_shortlist`` is False: then ``shortlist`` ids are
@@ -98,7 +98,8 @@ def train_drafter(
     not a run of this kind is refused unless ``overwrite``; a run with saved work needs ``resume``
     (or ``overwrite``); a resume that changes the settings (these, plus the drafter's
     ``run_settings`` such as its beam shape) needs ``allow_changes``. ``save_minutes``: save the
-    training state that often (and at the first SIGINT/SIGTERM, see ``specdec.training.loop.train``).
+    training state that often (and at the first SIGINT/SIGTERM, see
+    ``specdec.training.loop.train``).
     """
     import torch
 
@@ -261,16 +262,17 @@ def _warm_start(init, kind: str, target) -> tuple[dict, np.ndarray | None]:
     trained_for = (config.get("target") or {}).get("fingerprint")
     if trained_for != target.fingerprint:
         raise IncompatibleDrafterError(
-            f"--init {init} was trained for another model ({(config.get('target') or {}).get('name')!r}); "
-            f"start from a checkpoint of {target.name!r}, or leave --init out"
+            f"--init {init} was trained for another model "
+            f"({(config.get('target') or {}).get('name')!r}); start from a checkpoint of "
+            f"{target.name!r}, or leave --init out"
         )
     shortlist = weights.pop("vocab_shortlist", None)
     return weights, shortlist
 
 
 def teacher_dtype_for(model) -> str:
-    """The torch dtype that runs ``model`` fastest on this CPU (``specdec.tuning.dtype``, cached): the
-    teacher decodes in it, as the target will when it serves the drafter."""
+    """The torch dtype that runs ``model`` fastest on this CPU (``specdec.tuning.dtype``, cached):
+    the teacher decodes in it, as the target will when it serves the drafter."""
     from specdec.models.bundled import resolve_model
     from specdec.plugins.registry import default_registry
     from specdec.tuning.dtype import load_fastest

@@ -58,9 +58,13 @@ KINDS = {  # the kind of request, as the meta prompts name it
     "stem": "a science or technology",
     "humanities": "a history or philosophy",
 }
-META = (  # phrasings a 135M chat model answers with a request (the second, quoted after "could ask:")
+# phrasings a 135M chat model answers with a request (the second, quoted after "could ask:")
+META = (
     "Write {kind} question that someone might ask about {topic}. Write only the question.",
-    "Give an example of {kind} task about {topic} that a user could ask an assistant to do. Reply with the task only.",
+    (
+        "Give an example of {kind} task about {topic} that a user could ask an assistant to do. "
+        "Reply with the task only."
+    ),
 )
 _QUOTED = re.compile(r"(?:\b(?:ask|send|request)s?\s*:?|:)\s*[\"“]([^\"”]{15,600})[\"”]", re.I)
 _LABEL = re.compile(

@@ -70,7 +70,8 @@ _UNDERLINE = re.compile(r"^([=\-~^*#])\1{3,}\s*$")
 
 @functools.lru_cache(maxsize=512)
 def _paragraphs(path: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """(prose paragraphs, section titles) of one reST file; directives, tables, literal blocks dropped."""
+    """(prose paragraphs, section titles) of one reST file; directives, tables, literal blocks
+    dropped."""
     try:
         lines = Path(path).read_text(encoding="utf-8").splitlines()
     except (UnicodeDecodeError, OSError):

@@ -108,7 +108,8 @@ def load_state(path: Path) -> dict:
 def _load_legacy(path: Path) -> dict:
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # noqa: BLE001 - any refusal of the safe unpickler is reported the same way
+    except Exception as exc:  # noqa: BLE001
+        # any refusal of the safe unpickler is reported the same way
         found = re.search(r"Unsupported (global|operand)[^\n.]*", str(exc))
         first = found.group(0).strip() if found else type(exc).__name__
         raise TrainingOutputError(

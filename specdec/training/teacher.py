@@ -49,7 +49,8 @@ __all__ = [
 ]
 
 
-DECODER = "specdec-torch"  # teacher data are decoded by the torch backend's TargetModel (was transformers' forward)
+# teacher data are decoded by the torch backend's TargetModel (was transformers' forward)
+DECODER = "specdec-torch"
 
 
 @attrs.frozen(kw_only=True)
@@ -579,7 +580,8 @@ def teacher_dataset(
         ids = [p for p in ids if len(p) <= settings.max_prompt_tokens]
         if not ids:
             raise ValueError(
-                f"every prompt of teacher shard {shard} is longer than {settings.max_prompt_tokens} tokens"
+                f"every prompt of teacher shard {shard} is longer than "
+                f"{settings.max_prompt_tokens} tokens"
             )
         data = greedy_teacher(
             target.model,

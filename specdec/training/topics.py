@@ -2,13 +2,13 @@
 
 The corpus's own topics come from its documents (Python docs, the standard library, Shakespeare);
 MT-Bench-like chat asks about cooking, a trip or the economy. This module gives the ``general``
-kind of the prompt mix (``specdec.training.selfinstruct``): a topic from ``TOPICS`` (our own list of subject areas, never
-the benchmark prompts) or a city from the IANA time-zone names that ship with Python
-(``zoneinfo``), asked about through a request template (``TEMPLATES``) or, through
-``selfinstruct``, by the target itself. A topic's split is a hash of its name, like a document's,
-so held-out prompts ask about topics that no training prompt names. (Whether topics explain the
-gap between held-out and MT-Bench tokens per step was measured: they do not; docs/training.md,
-"Everyday topics".)
+kind of the prompt mix (``specdec.training.selfinstruct``): a topic from ``TOPICS``
+(our own list of subject areas, never the benchmark prompts) or a city from the IANA time-zone names
+that ship with Python (``zoneinfo``), asked about through a request template (``TEMPLATES``) or,
+through ``selfinstruct``, by the target itself. A topic's split is a hash of its name, like a
+document's, so held-out prompts ask about topics that no training prompt names.
+(Whether topics explain the gap between held-out and MT-Bench tokens per step was measured: they do
+not; docs/training.md, "Everyday topics".)
 """
 
 from __future__ import annotations
@@ -26,33 +26,37 @@ TOPICS = tuple(
     sorted(
         set(
             """
-healthy breakfast ideas|baking bread at home|vegetarian cooking|street food|coffee|tea ceremonies|spices|
-food waste|growing tomatoes|houseplants|composting|beekeeping|keeping chickens|adopting a dog|training a cat|
-aquariums|bird watching|hiking|camping in the mountains|road trips|traveling on a budget|learning to swim|
-running a marathon|yoga|meditation|sleep|stress at work|public speaking|job interviews|writing a resume|
-remote work|starting a small business|saving money|budgeting|credit cards|buying a first home|renting an apartment|
-retirement savings|inflation|interest rates|supply and demand|the stock market|cryptocurrency|international trade|
-minimum wage|unemployment|taxes|online shopping|advertising|social media|smartphones|video games|
-electric cars|public transport|cycling in cities|air travel|high-speed trains|renewable energy|solar panels|
-wind power|nuclear power|climate change|recycling|plastic pollution|ocean currents|coral reefs|rainforests|
-deserts|volcanoes|earthquakes|hurricanes|glaciers|the water cycle|photosynthesis|the human immune system|
-vaccines|antibiotics|the human heart|the brain|nutrition|vitamins|genetics|evolution|dinosaurs|black holes|
-the solar system|the Moon landing|Mars exploration|telescopes|gravity|electricity|magnetism|light and color|
-sound waves|atoms|chemical reactions|the periodic table|acids and bases|plate tectonics|weather forecasting|
-artificial intelligence|machine learning|the internet|cybersecurity|passwords|robots|3D printing|quantum computers|
-databases|spreadsheets|smart homes|the printing press|the Industrial Revolution|ancient Egypt|ancient Greece|
-the Roman Empire|the Silk Road|the Renaissance|the Middle Ages|the French Revolution|the American Revolution|
-the Cold War|the invention of the telephone|the history of medicine|the history of money|world religions|
-democracy|human rights|the United Nations|free speech|ethics of technology|philosophy of mind|stoicism|
-happiness|friendship|kindness|leadership|teamwork|negotiation|conflict resolution|parenting|education reform|
-homeschooling|learning a second language|reading habits|libraries|poetry|novels|science fiction|mystery stories|
-fairy tales|theater|classical music|jazz|learning the guitar|painting|photography|architecture|museums|
-fashion|film making|animation|comic books|board games|chess|soccer|basketball|tennis|the Olympic Games|
+healthy breakfast ideas|baking bread at home|vegetarian cooking|street food|coffee|tea ceremonies|
+spices|food waste|growing tomatoes|houseplants|composting|beekeeping|keeping chickens|
+adopting a dog|training a cat|aquariums|bird watching|hiking|camping in the mountains|road trips|
+traveling on a budget|learning to swim|running a marathon|yoga|meditation|sleep|stress at work|
+public speaking|job interviews|writing a resume|remote work|starting a small business|saving money|
+budgeting|credit cards|buying a first home|renting an apartment|retirement savings|inflation|
+interest rates|supply and demand|the stock market|cryptocurrency|international trade|minimum wage|
+unemployment|taxes|online shopping|advertising|social media|smartphones|video games|electric cars|
+public transport|cycling in cities|air travel|high-speed trains|renewable energy|solar panels|
+wind power|nuclear power|climate change|recycling|plastic pollution|ocean currents|coral reefs|
+rainforests|deserts|volcanoes|earthquakes|hurricanes|glaciers|the water cycle|photosynthesis|
+the human immune system|vaccines|antibiotics|the human heart|the brain|nutrition|vitamins|genetics|
+evolution|dinosaurs|black holes|the solar system|the Moon landing|Mars exploration|telescopes|
+gravity|electricity|magnetism|light and color|sound waves|atoms|chemical reactions|
+the periodic table|acids and bases|plate tectonics|weather forecasting|artificial intelligence|
+machine learning|the internet|cybersecurity|passwords|robots|3D printing|quantum computers|
+databases|spreadsheets|smart homes|the printing press|the Industrial Revolution|ancient Egypt|
+ancient Greece|the Roman Empire|the Silk Road|the Renaissance|the Middle Ages|the French Revolution|
+the American Revolution|the Cold War|the invention of the telephone|the history of medicine|
+the history of money|world religions|democracy|human rights|the United Nations|free speech|
+ethics of technology|philosophy of mind|stoicism|happiness|friendship|kindness|leadership|teamwork|
+negotiation|conflict resolution|parenting|education reform|homeschooling|learning a second language|
+reading habits|libraries|poetry|novels|science fiction|mystery stories|fairy tales|theater|
+classical music|jazz|learning the guitar|painting|photography|architecture|museums|fashion|
+film making|animation|comic books|board games|chess|soccer|basketball|tennis|the Olympic Games|
 volunteering|city planning|traffic|housing prices|aging populations|immigration|tourism|small towns|
-farming|fishing|forests|wildlife conservation|endangered species|zoos|national parks|bees and pollination|
-time management|procrastination|habits|goal setting|memory|creativity|critical thinking|decision making|
-birthdays|weddings|holidays|gift giving|moving to a new city|first day at school|customer service|
-restaurants|hotels|airports|hospitals|fire safety|first aid|road safety|personal privacy|misinformation
+farming|fishing|forests|wildlife conservation|endangered species|zoos|national parks|
+bees and pollination|time management|procrastination|habits|goal setting|memory|creativity|
+critical thinking|decision making|birthdays|weddings|holidays|gift giving|moving to a new city|
+first day at school|customer service|restaurants|hotels|airports|hospitals|fire safety|first aid|
+road safety|personal privacy|misinformation
 """.replace("\n", "").split("|")
         )
         - {""}
@@ -108,20 +112,24 @@ TEMPLATES = {  # our own phrasings of everyday requests; {topic} and {place} are
     "outline": "Write an outline for a presentation on {topic}.",
     "summary": "Summarize the main debates about {topic} in a few sentences.",
     "questions": "Write three quiz questions about {topic}, with answers.",
-    "json": "List three key ideas about {topic} as a JSON array of objects with \"idea\" and \"why\" fields.",
+    "json": (
+        "List three key ideas about {topic} as a JSON array of objects with \"idea\" and \"why\" "
+        "fields."
+    ),
     "words": "Describe {topic} in exactly three sentences.",
-    "cost": "A ticket to {place} costs ${a} and a hotel costs ${b} per night. How much do {n} nights and the ticket "
-    "cost? Explain your answer.",
-    "rate": "A shop sells {a} items on Monday and {b} more each day after that. How many items does it sell on "
-    "day {n}, and in total over those {n} days?",
-    "logic": "Three friends like {topic}, {other} and {third}, one each. Ana does not like {third}, and Ben "
-    "likes {other}. Who likes what? Explain your reasoning.",
+    "cost": "A ticket to {place} costs ${a} and a hotel costs ${b} per night. How much do {n} "
+    "nights and the ticket cost? Explain your answer.",
+    "rate": "A shop sells {a} items on Monday and {b} more each day after that. How many items "
+    "does it sell on day {n}, and in total over those {n} days?",
+    "logic": "Three friends like {topic}, {other} and {third}, one each. Ana does not like "
+    "{third}, and Ben likes {other}. Who likes what? Explain your reasoning.",
 }
 
 
 @functools.lru_cache(maxsize=1)
 def places() -> tuple[str, ...]:
-    """City names from the IANA time-zone database that ships with Python ("Europe/Paris" -> "Paris")."""
+    """City names from the IANA time-zone database that ships with Python
+    ("Europe/Paris" -> "Paris")."""
     names = set()
     for zone in zoneinfo.available_timezones():
         area, _, city = zone.partition("/")

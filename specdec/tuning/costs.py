@@ -2,10 +2,16 @@
 (``specdec.decode.budget``) and the prompt-chunk budget weigh.
 
 **The forward's cost curve.** The seconds of one target forward as a function of the tokens it
-carries (prompt chunks plus every tree row's nodes, padding included) are measured once per
-machine: a chain of T tokens after a short prompt, T = 1, 2, 4, ... 512, the fastest of a few
-interleaved repeats, made non-decreasing by pooling (``measure_curve``, ``increasing``). The
-curve is cached under ``<specdec cache>/tuning/`` beside the dtype choice
+carries (prompt chunks plus every tree row's nodes, padding included) and of the rows they sit in
+are measured once per machine: a chain of T tokens in one row after a short prompt, T = 1, 2, 4,
+... 512, then R = 2, 4, ... rows (up to the slots free) of one and of four tokens each; each
+size the fastest of a few interleaved repeats, made non-decreasing by pooling
+(``measure_curve``, ``increasing``). A forward of T tokens in R rows is priced as the chain of
+T tokens plus what R rows cost beyond one row of the same tokens (``CostCurve.at``): each row
+reads its own slot of the cache and attends on its own, so 16 rows of one token cost more than a
+chain of 16 (on SmolLM2-135M on a 2-core CPU, 58 ms against 44), while the width a row adds
+costs what the chain's tokens cost (within 2 ms over 1-16 rows of 1-16 tokens). The curve is
+cached under ``<specdec cache>/tuning/`` beside the dtype choice
 (``specdec.tuning.dtype``), keyed by the backend and its device, the target's shape, dtype and
 exact mode, so a later start reads it instead of measuring (several seconds for SmolLM2-135M on
 a 2-core CPU, once).
@@ -26,39 +32,87 @@ import time
 import attrs
 import numpy as np
 
+from specdec.reference.tree import build_prefix_tree
+from specdec.tuning.dtype import _digest, _read, _tuning_dir, _write
+from specdec.types import DraftTree
+
 __all__ = ["CostCurve", "StepCosts", "curve_for", "measure_curve", "step_costs"]
 
 SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)  # tokens per forward measured
+ROWS = (2, 4, 8, 16, 32, 64)  # rows per forward measured (those that fit the free slots)
+ROW_WIDTHS = (1, 4)  # tokens per row of the rows measured
 PROMPT_TOKENS = 64
+ROW_PROMPT_TOKENS = 32  # the prompt in each further row's slot
 REPEATS = 5
-FORGET = 0.95  # per observation, the weight of the earlier ones in the online fits (a memory of ~20 steps)
+# per observation, the weight of the earlier ones in the online fits (a memory of ~20 steps)
+FORGET = 0.95
 PRIOR_WEIGHT = 1.0  # the starting point of a fit counts as this many observations
-CACHE_VERSION = 2  # 2: the fastest of the repeats, fitted to a non-decreasing curve (1 took medians, a running max)
+# 3: rows measured beside the chain; 2: the fastest of the repeats, pooled into a non-decreasing
+# curve (1 took medians, a running max)
+CACHE_VERSION = 3
+
+
+def _piecewise(x, xs, ys) -> np.ndarray:
+    """``ys`` at ``x`` (array): piecewise linear between the points ``xs`` (increasing),
+    continued beyond the last with the last segment's slope (never decreasing)."""
+    x = np.asarray(x, dtype=np.float64)
+    xs, ys = np.asarray(xs, dtype=np.float64), np.asarray(ys, dtype=np.float64)
+    inside = np.interp(x, xs, ys)
+    if len(xs) < 2:
+        return inside
+    slope = max((ys[-1] - ys[-2]) / (xs[-1] - xs[-2]), 0.0)
+    return np.where(x > xs[-1], ys[-1] + slope * (x - xs[-1]), inside)
 
 
 @attrs.frozen
 class CostCurve:
-    """Seconds of one forward of ``tokens[i]`` tokens: ``seconds[i]`` (measured, increasing T)."""
+    """Seconds of one forward of ``tokens[i]`` tokens in one row: ``seconds[i]`` (measured,
+    increasing T); and what a forward of ``rows[j]`` rows costs beyond one row carrying the same
+    tokens: ``row_seconds[j]`` (``rows`` starts at 1, whose extra is 0; measured, increasing R).
+    Without rows measured, every forward is priced as its chain."""
 
     tokens: tuple[int, ...]
     seconds: tuple[float, ...]
+    rows: tuple[int, ...] = (1,)
+    row_seconds: tuple[float, ...] = (0.0,)
 
-    def at(self, tokens) -> np.ndarray:
-        """Seconds of forwards of ``tokens`` (array): piecewise linear between the measured sizes,
-        continued beyond the largest with the last segment's slope."""
-        t = np.asarray(tokens, dtype=np.float64)
-        xs, ys = (
-            np.asarray(self.tokens, dtype=np.float64),
-            np.asarray(self.seconds, dtype=np.float64),
+    def at(self, tokens, rows=1) -> np.ndarray:
+        """Seconds of forwards of ``tokens`` in ``rows`` rows (arrays that broadcast): the chain of
+        the tokens plus the rows' extra, each piecewise linear between the measured sizes and
+        continued beyond the largest with its last segment's slope."""
+        rows = np.maximum(np.asarray(rows, dtype=np.float64), 1.0)
+        return _piecewise(tokens, self.tokens, self.seconds) + _piecewise(
+            rows, self.rows, self.row_seconds
         )
-        inside = np.interp(t, xs, ys)
-        if len(xs) < 2:
-            return inside
-        slope = max((ys[-1] - ys[-2]) / (xs[-1] - xs[-2]), 0.0)
-        return np.where(t > xs[-1], ys[-1] + slope * (t - xs[-1]), inside)
 
     def to_json(self) -> dict:
-        return {"tokens": list(self.tokens), "seconds": list(self.seconds)}
+        return {
+            "tokens": list(self.tokens),
+            "seconds": list(self.seconds),
+            "rows": list(self.rows),
+            "row_seconds": list(self.row_seconds),
+        }
+
+    @classmethod
+    def from_json(cls, value: dict) -> "CostCurve | None":
+        """The curve a cache file holds, or None when it is not a whole one."""
+        try:
+            curve = cls(
+                tokens=tuple(int(t) for t in value["tokens"]),
+                seconds=tuple(float(s) for s in value["seconds"]),
+                rows=tuple(int(r) for r in value["rows"]),
+                row_seconds=tuple(float(s) for s in value["row_seconds"]),
+            )
+        except (KeyError, TypeError, ValueError):
+            return None
+        whole = (
+            curve.tokens
+            and len(curve.tokens) == len(curve.seconds)
+            and curve.rows[:1] == (1,)
+            and len(curve.rows) == len(curve.row_seconds)
+        )
+        finite = all(math.isfinite(s) for s in curve.seconds + curve.row_seconds)
+        return curve if whole and finite else None
 
 
 class _Fit:
@@ -70,14 +124,14 @@ class _Fit:
         self.prior = (
             a0,
             b0,
-            0.1 * PRIOR_WEIGHT,
+            0.1 * PRIOR_WEIGHT,  # a weak pull on the fixed cost
             PRIOR_WEIGHT * x_ref * x_ref,
-        )  # a weak pull on the fixed cost
-        self.sums = np.zeros(5)  # weights, x, y, x^2, x*y
+        )
+        self.sums = np.zeros(6)  # weights, x, y, x^2, x*y, y^2
         self._solved: tuple[float, float] | None = None
 
     def observe(self, x: float, y: float) -> None:
-        self.sums = FORGET * self.sums + np.array([1.0, x, y, x * x, x * y])
+        self.sums = FORGET * self.sums + np.array([1.0, x, y, x * x, x * y, y * y])
         self._solved = None
 
     def coefficients(self) -> tuple[float, float]:
@@ -87,7 +141,7 @@ class _Fit:
 
     def _solve(self) -> tuple[float, float]:
         a0, b0, pa, pb = self.prior
-        w, sx, sy, sxx, sxy = self.sums
+        w, sx, sy, sxx, sxy, _ = self.sums
         matrix = np.array([[w + pa, sx], [sx, sxx + pb]])
         a, b = np.linalg.solve(matrix, np.array([sy + pa * a0, sxy + pb * b0]))
         if b < 0:  # the best line with b = 0
@@ -99,6 +153,16 @@ class _Fit:
     def at(self, x) -> np.ndarray:
         a, b = self.coefficients()
         return a + b * np.asarray(x, dtype=np.float64)
+
+    def error(self) -> float:
+        """The standard error of the fit's predictions relative to the mean observation: the
+        observations' scatter about the line over the root of their weight (0 before two)."""
+        w, sx, sy, sxx, sxy, syy = self.sums
+        if w < 2 or sy <= 0:
+            return 0.0
+        a, b = self.coefficients()
+        residual = syy - 2 * a * sy - 2 * b * sxy + a * a * w + 2 * a * b * sx + b * b * sxx
+        return float(np.sqrt(max(residual, 0.0) / w) / (sy / w) / np.sqrt(w))
 
 
 class StepCosts:
@@ -117,13 +181,18 @@ class StepCosts:
         self._draft = _Fit(0.0, 0.0, 1.0)
         self._drafted = False  # a drafting step seen (the first is left out)
 
-    def _x(self, tokens) -> np.ndarray:
+    def _x(self, tokens, rows=1) -> np.ndarray:
         tokens = np.asarray(tokens, dtype=np.float64)
-        return self.curve.at(tokens) if self.curve is not None else tokens
+        return self.curve.at(tokens, rows) if self.curve is not None else tokens
 
-    def target(self, tokens) -> np.ndarray:
-        """Seconds of the target part of a step whose forward carries ``tokens`` (array)."""
-        return self._target.at(self._x(tokens))
+    def target(self, tokens, rows=1) -> np.ndarray:
+        """Seconds of the target part of a step whose forward carries ``tokens`` in ``rows``
+        rows (arrays that broadcast)."""
+        return self._target.at(self._x(tokens, rows))
+
+    def error(self) -> float:
+        """The relative standard error of ``target``'s predictions (``_Fit.error``)."""
+        return self._target.error()
 
     def draft(self, rows) -> np.ndarray:
         """Seconds of drafting for ``rows`` (array) drafting requests (0 rows: 0 s)."""
@@ -131,12 +200,17 @@ class StepCosts:
         return np.where(rows > 0, self._draft.at(rows), 0.0)
 
     def observe(
-        self, tokens: int, seconds: float, drafting_rows: int, draft_seconds: float
+        self,
+        tokens: int,
+        seconds: float,
+        drafting_rows: int,
+        draft_seconds: float,
+        rows: int = 1,
     ) -> None:
-        """A step ran: its forward carried ``tokens``; target part ``seconds``; drafting
-        ``draft_seconds`` for ``drafting_rows`` requests."""
+        """A step ran: its forward carried ``tokens`` in ``rows`` rows; target part ``seconds``;
+        drafting ``draft_seconds`` for ``drafting_rows`` requests."""
         if tokens > 0 and seconds > 0:
-            self._target.observe(float(self._x(tokens)), seconds)
+            self._target.observe(float(self._x(tokens, rows)), seconds)
         if drafting_rows > 0:
             if self._drafted:
                 self._draft.observe(float(drafting_rows), draft_seconds)
@@ -147,9 +221,7 @@ class StepCosts:
 # Measuring the curve once per machine
 
 
-def _cache_file(backend, target):
-    from specdec.tuning.dtype import _digest, _tuning_dir
-
+def _cache_file(backend, target, free_slots: int):
     describe = getattr(backend, "describe_device", None)
     try:
         device = describe(getattr(target, "device", None)) if describe is not None else ""
@@ -168,53 +240,85 @@ def _cache_file(backend, target):
             for name in ("vocab_size", "hidden_size", "num_layers")
         ],
         "sizes": list(SIZES),
+        "rows": [r for r in ROWS if r <= free_slots],
+        "row_widths": list(ROW_WIDTHS),
     }
     return _tuning_dir() / f"costs-{backend.name}-{_digest(key)}.json"
 
 
-def measure_curve(backend, target, slot: int = 0, *, repeats: int = REPEATS) -> CostCurve | None:
-    """Time forwards of a chain of T tokens for each T in ``SIZES`` that fits, after a prompt
-    admitted into the free ``slot`` (released after); None when the slot holds too few positions."""
-    from specdec.reference.tree import build_prefix_tree
-    from specdec.types import DraftTree
+def _on_target(tree: DraftTree, backend, target) -> DraftTree:
+    return DraftTree(
+        **{
+            f.name: None
+            if getattr(tree, f.name) is None
+            else backend.from_numpy(np.asarray(getattr(tree, f.name)), target)
+            for f in attrs.fields(DraftTree)
+        }
+    )
 
+
+def _chains(rows: int, width: int, vocab: int) -> np.ndarray:
+    """(rows, 1, width) tokens: a chain of ``width`` made-up tokens per row."""
+    tokens = np.arange(rows * width, dtype=np.int64) * 104729 + 1
+    return (tokens % vocab).reshape(rows, 1, width)
+
+
+def measure_curve(backend, target, slots=(0,), *, repeats: int = REPEATS) -> CostCurve | None:
+    """Time forwards of a chain of T tokens for each T in ``SIZES`` that fits, after a prompt
+    admitted into the first of the free ``slots``, and of R rows of ``ROW_WIDTHS`` tokens for each
+    R in ``ROWS`` that the free slots hold (each row after a shorter prompt); the slots are
+    released after. None when the first slot holds too few positions."""
+    slots = [int(s) for s in slots]
     capacity, vocab = int(target.capacity), int(target.vocab_size)
     prompt_tokens = min(PROMPT_TOKENS, capacity // 4)
     sizes = [k for k in SIZES if prompt_tokens + k <= capacity]
-    if prompt_tokens < 1 or not sizes:
+    if not slots or prompt_tokens < 1 or not sizes:
         return None
-    trees = {}
-    for k in sizes:
-        chain = build_prefix_tree(
-            ((np.arange(k, dtype=np.int64) * 104729 + 1) % vocab).reshape(1, 1, k)
-        )
-        trees[k] = DraftTree(
-            **{
-                f.name: None
-                if getattr(chain, f.name) is None
-                else backend.from_numpy(np.asarray(getattr(chain, f.name)), target)
-                for f in attrs.fields(DraftTree)
-            }
-        )
-    where = np.array([slot])
-    target.admit(slot, ((np.arange(prompt_tokens, dtype=np.int64) * 7919 + 13) % vocab).tolist())
+    row_prompt = min(ROW_PROMPT_TOKENS, prompt_tokens)
+    row_counts = [r for r in ROWS if r <= len(slots)]
+    shapes = [(1, k) for k in sizes] + [
+        (r, w) for r in row_counts for w in ROW_WIDTHS if r * w in sizes
+    ]
+    trees = {
+        shape: _on_target(build_prefix_tree(_chains(*shape, vocab)), backend, target)
+        for shape in shapes
+    }
+    admitted = []
     try:
+        for i, slot in enumerate(slots[: max(row_counts, default=1)]):
+            length = prompt_tokens if i == 0 else row_prompt
+            target.admit(
+                slot, ((np.arange(length, dtype=np.int64) * 7919 + 13 + i) % vocab).tolist()
+            )
+            admitted.append(slot)
 
-        def once(k: int) -> float:
+        def once(shape: tuple[int, int]) -> float:
+            where = np.asarray(slots[: shape[0]])
             start = time.perf_counter()
-            backend.to_numpy(target.forward_tree(trees[k], where).logits[:, -1:, :1])
+            backend.to_numpy(target.forward_tree(trees[shape], where).logits[:, -1:, :1])
             return time.perf_counter() - start
 
-        for k in sizes:  # warm-up: first calls allocate and pick kernels
-            once(k)
-        times = {k: [] for k in sizes}
+        for shape in shapes:  # warm-up: first calls allocate and pick kernels
+            once(shape)
+        times = {shape: [] for shape in shapes}
         for _ in range(repeats):
-            for k in sizes:
-                times[k].append(once(k))
+            for shape in shapes:
+                times[shape].append(once(shape))
     finally:
-        target.release(slot)
-    seconds = increasing([min(times[k]) for k in sizes])
-    return CostCurve(tokens=tuple(sizes), seconds=tuple(float(s) for s in seconds))
+        for slot in admitted:
+            target.release(slot)
+    seconds = increasing([min(times[(1, k)]) for k in sizes])
+    chain = dict(zip(sizes, seconds))
+    extra = [  # what R rows cost beyond one row of the same tokens, the median over widths
+        float(np.median([min(times[(r, w)]) - chain[r * w] for w in ROW_WIDTHS if (r, w) in times]))
+        for r in row_counts
+    ]
+    return CostCurve(
+        tokens=tuple(sizes),
+        seconds=tuple(float(s) for s in seconds),
+        rows=(1, *row_counts),
+        row_seconds=tuple(float(s) for s in np.maximum(increasing([0.0, *extra]), 0.0)),
+    )
 
 
 def increasing(values) -> np.ndarray:
@@ -231,28 +335,25 @@ def increasing(values) -> np.ndarray:
     return np.concatenate([np.full(int(count), mean) for mean, count in blocks])
 
 
-def curve_for(backend, target, slot: int = 0) -> CostCurve | None:
-    """The cached curve of this backend, device and target, else measured now (and cached);
-    None when it cannot be measured (no positions, or the forward raised)."""
-    from specdec.tuning.dtype import _read, _write
-
-    file = _cache_file(backend, target)
+def curve_for(backend, target, slots=(0,)) -> CostCurve | None:
+    """The cached curve of this backend, device and target (and rows as many as ``slots``), else
+    measured now in the free ``slots`` (and cached); None when it cannot be measured (no
+    positions, or the forward raised)."""
+    file = _cache_file(backend, target, len(slots))
     cached = _read(file)
-    if cached and cached.get("tokens") and len(cached["tokens"]) == len(cached.get("seconds", ())):
-        return CostCurve(
-            tokens=tuple(int(t) for t in cached["tokens"]),
-            seconds=tuple(float(s) for s in cached["seconds"]),
-        )
+    curve = CostCurve.from_json(cached) if cached else None
+    if curve is not None:
+        return curve
     try:
-        curve = measure_curve(backend, target, slot)
+        curve = measure_curve(backend, target, slots)
     except Exception:  # noqa: BLE001 - a speed choice: without a curve the costs are learned online
         return None
-    if curve is not None and all(math.isfinite(s) for s in curve.seconds):
+    if curve is not None and CostCurve.from_json(curve.to_json()) is not None:
         _write(file, {**curve.to_json(), "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S")})
     return curve
 
 
-def step_costs(backend, target, free_slot: int | None) -> StepCosts:
-    """The step costs of ``target``: its cached or measured curve (measured in ``free_slot``;
-    None: no slot free, learned from the steps alone)."""
-    return StepCosts(None if free_slot is None else curve_for(backend, target, free_slot))
+def step_costs(backend, target, free_slots) -> StepCosts:
+    """The step costs of ``target``: its cached or measured curve (measured in ``free_slots``, a
+    sequence; empty: no slot free, learned from the steps alone)."""
+    return StepCosts(curve_for(backend, target, tuple(free_slots)) if len(free_slots) else None)

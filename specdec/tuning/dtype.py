@@ -95,8 +95,8 @@ class DtypeChoice:
         )
         sizes = "/".join(str(k) for k in next(iter(self.timings.values())))
         return (
-            f"{self.dtype}, the fastest here ({self.source}: one forward of {sizes} tokens: {parts}; "
-            f"on {self.device})"
+            f"{self.dtype}, the fastest here ({self.source}: one forward of {sizes} tokens: "
+            f"{parts}; on {self.device})"
         )
 
 
@@ -189,9 +189,10 @@ def _write(file: Path, value: dict) -> None:
 def measure_forward(
     backend, target, sizes: Sequence[int] = TREE_SIZES, *, repeats: int = REPEATS
 ) -> dict[int, float]:
-    """Median milliseconds of one ``forward_tree`` over a chain of k tokens, for each k in ``sizes``,
-    after a ``PROMPT_TOKENS``-token prompt admitted into slot 0 (the result is read back to the host,
-    so lazy backends are timed too). Sizes are interleaved per repeat; slot 0 is released after."""
+    """Median milliseconds of one ``forward_tree`` over a chain of k tokens, for each k in
+    ``sizes``, after a ``PROMPT_TOKENS``-token prompt admitted into slot 0
+    (the result is read back to the host, so lazy backends are timed too). Sizes are interleaved per
+    repeat; slot 0 is released after."""
     from specdec.reference.tree import build_prefix_tree
     from specdec.types import DraftTree
 
@@ -325,7 +326,8 @@ def _drafter_identity(drafter: str) -> str:
 def save_beam_plan(
     backend, target, drafter: str, *, beam_width: int, beam_length: int, details: dict
 ) -> Path:
-    """Keep ``specdec plan``'s recommendation for this backend, device, dtype, target and drafter."""
+    """Keep ``specdec plan``'s recommendation for this backend, device, dtype, target and
+    drafter."""
     file = _plan_file(backend, target, drafter)
     _write(
         file,

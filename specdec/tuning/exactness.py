@@ -17,8 +17,9 @@ dtype, so it is checked, never assumed. A target that offers it has (the optiona
 ``configure`` runs when a target is loaded (``specdec.load``, ``generate``, the CLI and the
 server take ``exact``): ``exact=None`` (the default) turns exact mode on where the check holds
 and, in half precision, says once in one line what fails where it does not (float32 and float64
-round differences at a level that leaves plain decoding's tokens in practice); ``exact=True`` insists (an error where
-the check fails); ``exact=False`` opts out. ``target.exactness`` records the outcome.
+round differences at a level that leaves plain decoding's tokens in practice); ``exact=True``
+insists (an error where the check fails); ``exact=False`` opts out. ``target.exactness`` records the
+outcome.
 """
 
 from __future__ import annotations
@@ -138,8 +139,9 @@ def configure(target, exact: bool | None, *, backend: str = "this") -> Exactness
     elif not offered:
         if exact:
             raise InvalidInputError(
-                f"exact=True: the {backend} backend's target has no row-invariant mode (it offers no "
-                "check_row_invariance); pass exact=False or None, or use the torch or mlx backend"
+                f"exact=True: the {backend} backend's target has no row-invariant mode (it offers "
+                "no check_row_invariance); pass exact=False or None, or use the torch or mlx "
+                "backend"
             )
         outcome = Exactness(on=False, reason=f"not offered by the {backend} backend's target")
     else:
@@ -154,13 +156,13 @@ def configure(target, exact: bool | None, *, backend: str = "this") -> Exactness
         else:
             target.exact = False
             what = (
-                f"{check.failed} gives a row other bits alone than among other rows on this machine "
-                f"({_dtype(target)})"
+                f"{check.failed} gives a row other bits alone than among other rows on this "
+                f"machine ({_dtype(target)})"
             )
             if exact:
                 raise InvalidInputError(
-                    f"exact=True, but {what}: speculative output could part from plain decoding; pass "
-                    "exact=False (or None) to decode anyway"
+                    f"exact=True, but {what}: speculative output could part from plain decoding; "
+                    "pass exact=False (or None) to decode anyway"
                 )
             outcome = Exactness(on=False, reason=f"off: {what}", check=check)
             if _dtype(target) in (
@@ -169,8 +171,8 @@ def configure(target, exact: bool | None, *, backend: str = "this") -> Exactness
             ):  # in float32 and float64 rounding hides at 1e-7
                 warnings.warn(
                     f"specdec: exact mode off: {what}; greedy speculative output then follows each "
-                    "verification forward's rounding (float32 matches plain decoding token for token in "
-                    "practice); exact=False silences this",
+                    "verification forward's rounding (float32 matches plain decoding token for "
+                    "token in practice); exact=False silences this",
                     RuntimeWarning,
                     stacklevel=3,
                 )

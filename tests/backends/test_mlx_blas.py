@@ -18,7 +18,9 @@ import sys
 import specdec.plugins.registry
 registry = specdec.plugins.registry.default_registry()
 from specdec_mlx.blas import _mapped_openblas
-assert "mlx.core" not in sys.modules and not _mapped_openblas(), "OpenBLAS loaded before the mlx backend was asked for"
+assert "mlx.core" not in sys.modules and not _mapped_openblas(), (
+    "OpenBLAS loaded before the mlx backend was asked for"
+)
 registry.get("backend", "mlx").factory()   # asking for the mlx backend loads OpenBLAS, then mlx
 import mlx.core as mx
 from specdec_mlx.blas import _state, blas_hint

@@ -2,7 +2,8 @@
 every layer, equals the one-token forward of its path, over Hypothesis trees and ragged rows;
 speculative greedy output equals plain decoding. Where this machine's kernels fail the self-test
 the tests skip with the kernel that failed. The comparison is shown able to fail by planting a
-product whose one-row result differs in the last bit (``test_the_comparison_catches_a_row_variant_product``).
+product whose one-row result differs in the last bit
+(``test_the_comparison_catches_a_row_variant_product``).
 """
 
 from __future__ import annotations

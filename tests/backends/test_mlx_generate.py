@@ -100,7 +100,8 @@ def test_greedy_parity_with_mlx_lm(world, arch):
         )
         for row, (got, want) in enumerate(zip(result.tokens, expected, strict=True)):
             assert got == want, (
-                f"generate(backend='mlx', {arch}, drafter={drafter}) row {row}: {got} != mlx-lm {want}"
+                f"generate(backend='mlx', {arch}, drafter={drafter}) row {row}: {got} != mlx-lm "
+                f"{want}"
             )
 
 
@@ -173,7 +174,8 @@ LOOPING_PROMPTS = [[1, 2, 3, 1, 2, 3, 1, 2], [4], [5, 6, 5, 6, 5]]
     "sampling", [dict(), dict(temperature=0.8, seed=5)], ids=["greedy", "t0.8"]
 )
 def test_lookup_gives_the_same_tokens_as_numpy(world, arch, sampling):
-    """Prompt lookup alone and beside ReDrafter (the host-side n-gram drafts, joined to mlx beams)."""
+    """Prompt lookup alone and beside ReDrafter (the host-side n-gram drafts, joined to mlx
+    beams)."""
     for drafter, extra in (
         ("lookup", dict(draft_length=3, min_ngram=1)),
         (world[arch]["redrafter"], dict(lookup=True)),
@@ -288,7 +290,8 @@ def test_same_tokens_as_numpy_when_drafts_are_accepted(world, verifier):
 
 
 def test_static_size_trees_give_the_same_tokens(world):
-    """Padding every prefix tree to 1 + W (L - 1) nodes (no host read of the tree size) changes nothing."""
+    """Padding every prefix tree to 1 + W (L - 1) nodes (no host read of the tree size) changes
+    nothing."""
     from specdec_mlx.tree import PrefixTreeBuilder
 
     options = dict(

@@ -46,7 +46,8 @@ def models(tmp_path_factory):
 
 def test_plugin_import_loads_no_framework():
     code = (
-        "import sys, specdec, specdec_mlx.plugin; from specdec.plugins.registry import default_registry; "
+        "import sys, specdec, specdec_mlx.plugin; "
+        "from specdec.plugins.registry import default_registry; "
         "assert 'mlx' in default_registry().names('backend'); "
         "print(sorted(m for m in ('mlx', 'mlx.core', 'mlx_lm') if m in sys.modules))"
     )
@@ -204,7 +205,8 @@ def test_a_slot_does_not_depend_on_other_slots(models):
         )
 
     def fresh_run(prompt, steps):
-        """A one-slot target: admit ``prompt``, then per step (beams, accepted or None) a tree and a commit."""
+        """A one-slot target: admit ``prompt``, then per step (beams, accepted or None) a tree and a
+        commit."""
         fresh = load(1)
         outputs = [fresh.admit(0, prompt).logits]
         for beams, accepted in steps:

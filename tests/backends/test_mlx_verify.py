@@ -91,7 +91,8 @@ def test_medusa_tree_is_the_reference_tree(choices):
 
 @st.composite
 def verification_worlds(draw):
-    """A prefix tree from beams, grid logits without ties, draft probabilities, sampling, uniforms."""
+    """A prefix tree from beams, grid logits without ties, draft probabilities, sampling,
+    uniforms."""
     beams = draw(strategies.beams(max_batch=3, max_width=3, max_length=4, alphabet=4))
     assume(beams.shape[2] >= 2)
     tree = build_prefix_tree(beams)
@@ -222,7 +223,8 @@ def test_rejection_verifier_refuses_deterministic_drafts():
     top=st.integers(1, VOCAB),
 )
 def test_sampling_primitives_match_reference(seed, sampling, top):
-    """target_probs (float32 vs float64), sample_from, top_indices and top_k_mask with heavy ties."""
+    """target_probs (float32 vs float64), sample_from, top_indices and top_k_mask with heavy
+    ties."""
     from specdec.reference.sampling import sample_from, target_probs
 
     rng = np.random.default_rng(seed)

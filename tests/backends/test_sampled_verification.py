@@ -17,9 +17,9 @@ root. A rejection verifier whose acceptance probability is 2% low accepts it wit
 0.019 of probability from token 0 to the others at the root: non-centrality ROWS * sum (p' - p)^2
 / p = 20000 * 0.0076 = 152, detected with probability above 0.99999 at ALPHA with the test's 18
 degrees of freedom (``chi2_power``; the test computes both from the exact distributions,
-enumerated with the reference). Then the error is planted: each backend's ``acceptance_probability`` scaled by 0.98
-fails the test. ``mixed``: random tables over 5 tokens, 3 beams of 2 drafted tokens, temperature
-0.8 and top-k 4 (the target gives some drafted tokens no probability).
+enumerated with the reference). Then the error is planted: each backend's ``acceptance_probability``
+scaled by 0.98 fails the test. ``mixed``: random tables over 5 tokens, 3 beams of 2 drafted tokens,
+temperature 0.8 and top-k 4 (the target gives some drafted tokens no probability).
 """
 
 from __future__ import annotations
@@ -75,7 +75,8 @@ def conditional(world):
 
 
 def world_rows(world, rows: int, seed: int):
-    """NumPy inputs of one verification of ``rows`` rows: tree, draft, logits (B, N, V), uniforms."""
+    """NumPy inputs of one verification of ``rows`` rows: tree, draft, logits (B, N, V),
+    uniforms."""
     rng = np.random.default_rng(seed)
     beams = np.full((rows, world.width, world.length), ROOT, dtype=np.int64)
     for d in range(world.length - 1):
@@ -117,7 +118,8 @@ def worlds():
 
 
 def framework(name: str):
-    """The backend ``name`` and a target for its arrays; skips when its framework is not installed."""
+    """The backend ``name`` and a target for its arrays; skips when its framework is not
+    installed."""
     if importlib.util.find_spec(FRAMEWORKS[name].split(".")[0]) is None:
         pytest.skip(f"{name} is not installed")
     backend = default_registry().get("backend", name).factory()
@@ -129,7 +131,8 @@ def framework(name: str):
 def statistic_on(backend_name: str, verifier_name: str, world, inputs) -> tuple[float, int]:
     backend, target = framework(backend_name)
     tree, draft, logits, uniforms = inputs
-    put = lambda a: backend.from_numpy(np.asarray(a), target)  # noqa: E731 - float64 stays float64 on torch
+    # float64 stays float64 on torch
+    put = lambda a: backend.from_numpy(np.asarray(a), target)  # noqa: E731
     verifier = default_registry().get("verifier", verifier_name, backend_name).factory()
     moved = Draft(
         root_tokens=put(draft.root_tokens),
@@ -158,7 +161,8 @@ def test_sampled_verification_emits_the_target_distribution(worlds, backend, ver
     statistic, df = statistic_on(backend, verifier, world, inputs)
     assert df >= 10, f"{df} degrees of freedom: too few cells for the quantile's approximation"
     assert statistic < chi2_quantile(df, ALPHA), (
-        f"{backend} {verifier} on {world_name}: chi-square {statistic:.1f} >= {chi2_quantile(df, ALPHA):.1f} ({df} df)"
+        f"{backend} {verifier} on {world_name}: chi-square {statistic:.1f} >= "
+        f"{chi2_quantile(df, ALPHA):.1f} ({df} df)"
     )
 
 
@@ -187,7 +191,9 @@ def root_distribution(world, scale: float, monkeypatch) -> np.ndarray:
             draft_probs=np.broadcast_to(world.draft[0], (1, world.width, 1, world.vocab)).copy(),
         )
         target = TargetOutput(logits=logits, hidden=np.zeros((1, tree.size, 1)))
-        run = lambda chooser: verifier.verify_row(tree, draft, target, world.sampling, 0, chooser)  # noqa: E731
+        run = lambda chooser: verifier.verify_row(  # noqa: E731
+            tree, draft, target, world.sampling, 0, chooser
+        )
         for (path, bonus), w in enumerate_outcomes(run):
             out[int(tree.tokens[0, path[1]]) if len(path) > 1 else bonus] += weight * w
     monkeypatch.undo()

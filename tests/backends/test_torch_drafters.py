@@ -109,7 +109,8 @@ redrafter_configs = st.builds(
     dtype=st.sampled_from(["float64", "float32", "float32 int8"]),
 )
 def test_redrafter_beam_search_matches_reference(config, seed, width, length, dtype):
-    """float32 int8: both drafters with every product's weight rounded to int8 (the torch one by its kernel)."""
+    """float32 int8: both drafters with every product's weight rounded to int8
+    (the torch one by its kernel)."""
     if dtype.endswith("int8") and not hasattr(torch.ops.aten, "_weight_int8pack_mm"):
         pytest.skip("this torch has no int8 weight-only kernel")
     int8 = dict(int8=True) if dtype.endswith("int8") else {}

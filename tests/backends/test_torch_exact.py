@@ -1,4 +1,5 @@
-"""Exact mode of the torch target, bitwise: a row's results do not depend on what shares its forward.
+"""Exact mode of the torch target, bitwise: a row's results do not depend on what shares its
+forward.
 
 Every comparison is ``torch.equal`` (no tolerance), in bfloat16, on a random Llama with the real
 SmolLM2-135M layer shapes (hidden 576, intermediate 1536, 9 query / 3 key-value heads of 64) and
@@ -6,8 +7,8 @@ SmolLM2-135M layer shapes (hidden 576, intermediate 1536, 9 query / 3 key-value 
 product), so the tests compare every layer's output of every node and need enough rows to fail.
 ``test_the_comparison_can_fail`` is the positive control: the same comparison with exact mode off
 finds differences. Where this machine's kernels fail exact mode's self-test, the tests skip with
-the kernel that failed (``specdec.tuning.exactness``), and the self-test's own test shows it refusing a
-row-variant kernel.
+the kernel that failed (``specdec.tuning.exactness``), and the self-test's own test shows it
+refusing a row-variant kernel.
 """
 
 from __future__ import annotations

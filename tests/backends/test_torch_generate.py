@@ -141,7 +141,8 @@ def _transformers_greedy(model, prompt: list[int], new_tokens: int) -> list[int]
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 def test_greedy_parity_with_transformers_generate_float32(world, arch):
-    """Each row of a ragged batch equals transformers' generate() on that row alone, for every drafter."""
+    """Each row of a ragged batch equals transformers' generate() on that row alone, for every
+    drafter."""
     from transformers import AutoModelForCausalLM
 
     model_dir, new = world[arch]["model"], 12

@@ -49,7 +49,8 @@ def test_indices_are_int64_and_float64_stays_float64():
 
 @given(seed=st.integers(0, 2**32 - 1), rows=st.integers(1, 8), vocab=st.integers(2, 300))
 def test_half_precision_argmax_is_the_first_maximum(seed, rows, vocab):
-    """bfloat16 / float16 logits are compared in float32 on the CPU: the same token, lowest id on ties."""
+    """bfloat16 / float16 logits are compared in float32 on the CPU: the same token, lowest id on
+    ties."""
     values = (
         np.random.default_rng(seed).integers(-4, 4, size=(rows, vocab)).astype(np.float32) / 4
     )  # many ties

@@ -1,7 +1,7 @@
 """The torch target against the float64 reference and against transformers' own modules.
 
-Runs when torch is importable, and must run (import failure stops the run, see tests/conftest.py) when
-SPECDEC_TEST_BACKENDS names "torch". SPECDEC_TORCH_DEVICE picks the device (default cpu).
+Runs when torch is importable, and must run (import failure stops the run, see tests/conftest.py)
+when SPECDEC_TEST_BACKENDS names "torch". SPECDEC_TORCH_DEVICE picks the device (default cpu).
 """
 
 from __future__ import annotations
@@ -307,7 +307,8 @@ def test_a_slot_does_not_depend_on_other_slots(models, dtype):
         )
 
     def fresh_run(prompt, steps):
-        """A one-slot target: admit ``prompt``, then per step (beams, accepted or None) a tree and a commit."""
+        """A one-slot target: admit ``prompt``, then per step (beams, accepted or None) a tree and a
+        commit."""
         fresh = load(1)
         outputs = [fresh.admit(0, prompt).logits]
         for beams, accepted in steps:
@@ -503,7 +504,10 @@ def test_backend_moves_arrays_both_ways(models):
 
 
 def test_plugin_module_does_not_import_torch():
-    code = "import sys, specdec_torch.plugin, specdec; specdec.default_registry(); print('torch' in sys.modules)"
+    code = (
+        "import sys, specdec_torch.plugin, specdec; specdec.default_registry(); "
+        "print('torch' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False", (
         f"importing specdec_torch.plugin loaded torch: {out.stdout} {out.stderr}"

@@ -56,7 +56,8 @@ def test_parse_method():
 
 
 def test_a_drafters_own_option_reaches_its_factory(model_dir, target, tmp_path):
-    """A drafter's own keyword (``beam_width=3`` spelled out) reaches its factory; one it does not take is named."""
+    """A drafter's own keyword (``beam_width=3`` spelled out) reaches its factory; one it does not
+    take is named."""
     from specdec.bench.runner import specdec_runner
 
     drafter = make_random_drafter(tmp_path / "d", model_dir, kind="redrafter", seed=1)
@@ -68,7 +69,8 @@ def test_a_drafters_own_option_reaches_its_factory(model_dir, target, tmp_path):
 
 
 def test_the_bench_runs_the_default_path_and_records_peak_memory(model_dir, target, tmp_path):
-    """``redrafter`` in a bench is generate's default (with the lookup beam); lookup=false is ReDrafter alone."""
+    """``redrafter`` in a bench is generate's default (with the lookup beam); lookup=false is
+    ReDrafter alone."""
     import sys
 
     from specdec.bench.runner import specdec_runner
@@ -87,7 +89,8 @@ def test_the_bench_runs_the_default_path_and_records_peak_memory(model_dir, targ
         specdec_runner(m, model_dir, target, "numpy", 12)([5, 6, 7, 5, 6, 7, 5, 6], 0.0, 0)
         for m in (default, alone)
     )
-    # this random target repeats itself, which the lookup beam copies and the random ReDrafter cannot
+    # this random target repeats itself, which the lookup beam copies and the random ReDrafter
+    # cannot
     assert sum(with_lookup["accepted"]) > sum(without["accepted"]) == 0, (
         "lookup=false runs ReDrafter alone"
     )
@@ -124,7 +127,8 @@ def test_run_bench_and_outputs(model_dir, tmp_path):
     plain = [r for r in rows if r["method"] == "plain" and r["category"] == "all"]
     assert all(r["speedup"] == 1.0 and r["tokens_per_step"] == 1.0 for r in plain), plain
     spec = [r for r in rows if r["method"] != "plain" and r["category"] == "all"]
-    # W=2 beams of L=3 and the default lookup chain of 10 drafted tokens: at most 1 + 2 x 2 + 10 nodes
+    # W=2 beams of L=3 and the default lookup chain of 10 drafted tokens: at most 1 + 2 x 2 + 10
+    # nodes
     assert all(0.0 <= r["tree_reduction"] < 1.0 and r["verified_per_step"] <= 15 for r in spec), (
         spec
     )

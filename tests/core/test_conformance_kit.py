@@ -114,7 +114,8 @@ class DroppingPlugin:
 
 
 def test_check_target_fails_a_backend_that_returns_fewer_chunk_outputs(model_dir):
-    """Outputs are compared pairwise only after their counts: a missing last chunk is not a shorter zip."""
+    """Outputs are compared pairwise only after their counts: a missing last chunk is not a shorter
+    zip."""
     registry = PluginRegistry([DroppingPlugin], entry_points=True)
     with pytest.raises(AssertionError, match="returned 1 context outputs for 2 prompt chunks"):
         checks.check_target("dropping", model_dir, dtype=None, registry=registry)

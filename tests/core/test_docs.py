@@ -61,7 +61,10 @@ def test_writing_a_backend_snippets_run(tmp_path):
     try:
         metadata.version("specdec-example-backend")
     except metadata.PackageNotFoundError:
-        message = "the backend page tests examples/specdec-example-backend: pip install -e it (scripts/test.sh does)"
+        message = (
+            "the backend page tests examples/specdec-example-backend: pip install -e it "
+            "(scripts/test.sh does)"
+        )
         if os.environ.get("SPECDEC_TEST_EXAMPLES") == "1":
             pytest.fail(message)
         pytest.skip(message)

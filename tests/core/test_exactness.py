@@ -81,7 +81,8 @@ def _conditional(world: World, sampling: SamplingConfig, prefix: tuple[int, ...]
 
 
 def continuations(world, sampling, prefix, length) -> dict[tuple[int, ...], float]:
-    """The target's joint over the next ``length`` tokens after ``prefix`` (zero-probability sequences left out)."""
+    """The target's joint over the next ``length`` tokens after ``prefix``
+    (zero-probability sequences left out)."""
     if length == 0:
         return {(): 1.0}
     out = {}
@@ -143,7 +144,8 @@ def step_distribution(
 
 
 def sampled_drafts(world, context, width, length):
-    """Every draft of ``width`` beams drawn independently from the drafter: (beams, draft_probs, probability)."""
+    """Every draft of ``width`` beams drawn independently from the drafter:
+    (beams, draft_probs, probability)."""
     chains = []  # one beam: (tokens after the root, draft_probs (L-1, V), probability)
     for tokens in itertools.product(range(world.vocab), repeat=length - 1):
         probs = [world.draft_probs(context + tokens[:k]) for k in range(length - 1)]
@@ -207,7 +209,8 @@ def test_exact_tree_verifier_is_exact_for_fixed_beams(sampling, beam_set, vocab,
     expected = continuations(world, SAMPLINGS[sampling], CONTEXT, length + 1)
     error = max_error(got, expected)
     assert error < TOLERANCE, (
-        f"ExactTreeVerifier, {sampling}, beams {beams}, V={vocab}, seed {seed}: max error {error:.3g}"
+        f"ExactTreeVerifier, {sampling}, beams {beams}, V={vocab}, seed {seed}: max error "
+        f"{error:.3g}"
     )
 
 
@@ -264,7 +267,8 @@ def test_verifiers_are_exact_for_sampled_drafts(verifier, sampling, vocab, width
     expected = continuations(world, SAMPLINGS[sampling], context, length)
     error = max_error(got, expected)
     assert error < TOLERANCE, (
-        f"{type(verifier).__name__}, {sampling}, V={vocab} W={width} L={length}: max error {error:.3g}"
+        f"{type(verifier).__name__}, {sampling}, V={vocab} W={width} L={length}: max error "
+        f"{error:.3g}"
     )
 
 

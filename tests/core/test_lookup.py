@@ -1,5 +1,5 @@
-"""Prompt lookup drafting (``specdec.drafting.lookup``): the n-gram rule on worked examples, the chain's
-length guarantee, the history the loop hands drafters, and lossless decoding alone or beside
+"""Prompt lookup drafting (``specdec.drafting.lookup``): the n-gram rule on worked examples, the
+chain's length guarantee, the history the loop hands drafters, and lossless decoding alone or beside
 ReDrafter."""
 
 from __future__ import annotations
@@ -92,7 +92,8 @@ def test_lookup_chain_is_full_or_empty(history, length, max_ngram, min_ngram):
 )
 def test_lookup_chain_is_its_reference(history, length, max_ngram, min_ngram):
     """The byte search finds the reference's tokens; ids whose bytes repeat inside and across
-    tokens (0, 1, 256, 65536, ...) make matches that straddle token boundaries, which must be skipped."""
+    tokens (0, 1, 256, 65536, ...) make matches that straddle token boundaries, which must be
+    skipped."""
     from specdec.drafting.lookup import lookup_chain_reference
 
     min_ngram = min(min_ngram, max_ngram)

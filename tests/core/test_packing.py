@@ -1,5 +1,6 @@
 """Packing prompt chunks and tree rows into one token stream (specdec.reference.packing) and the
-backends' twins (specdec_torch.packing, specdec_mlx.packing): the same stream, the same rows back."""
+backends' twins (specdec_torch.packing, specdec_mlx.packing): the same stream, the same rows
+back."""
 
 from __future__ import annotations
 
@@ -79,7 +80,8 @@ def test_backend_twins_pack_and_unpack_as_the_reference(name, framework, shape, 
         packing.pack(chunks, tree if has_tree else None).astype(np.float32), chunk_sizes, tree_shape
     )
     assert len(back_chunks) == len(want_chunks) == len(chunks), (
-        f"{name} unpack gave {len(back_chunks)} chunks, the reference {len(want_chunks)}, for {len(chunks)} packed"
+        f"{name} unpack gave {len(back_chunks)} chunks, the reference {len(want_chunks)}, for "
+        f"{len(chunks)} packed"
     )
     for got, want in zip(back_chunks, want_chunks, strict=True):
         np.testing.assert_array_equal(to_host(got), want)

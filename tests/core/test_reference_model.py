@@ -75,7 +75,8 @@ def folders(tmp_path_factory):
 
 
 MAX_ROWS, MAX_NODES = 3, 6  # prompts_st and tree_rows below
-CAPACITY = 64  # positions per slot: the longest context (a prompt, two commits and a tree) is 9 + 2 * 6 + 6
+# positions per slot: the longest context (a prompt, two commits and a tree) is 9 + 2 * 6 + 6
+CAPACITY = 64
 
 
 @pytest.fixture(scope="module")

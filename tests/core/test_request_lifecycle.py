@@ -117,7 +117,8 @@ class Steps:
         return self.log
 
     def holding(self, request_id: int) -> list[int]:
-        """The steps (1-based) whose forwards or admissions hold a chunk or a row for ``request_id``."""
+        """The steps (1-based) whose forwards or admissions hold a chunk or a row for
+        ``request_id``."""
         return [
             i + 1 for i, step in enumerate(self.log) if any(request_id in c + r for _, c, r in step)
         ]

@@ -1,5 +1,5 @@
-"""Requests over target slots (specdec.decode.loop.Decoder): a request's tokens do not depend on what
-else shares its steps, or when others arrive, finish or are cancelled; stateful drafters see
+"""Requests over target slots (specdec.decode.loop.Decoder): a request's tokens do not depend on
+what else shares its steps, or when others arrive, finish or are cancelled; stateful drafters see
 every request begin, every accepted token with its hidden state, and every request end.
 
 Exact by construction: the float64 reference runs each tree row alone (specdec.reference.model),
@@ -162,7 +162,8 @@ def test_stateful_drafter_sees_every_request_begin_commit_and_end(model_dir):
     fresh = load_target(model_dir, slots=1, capacity=64)
     for record in ended:
         index = prompts.index(record["prompt"])
-        # every committed token: the prompt's first emitted token onwards, except the last (never committed)
+        # every committed token: the prompt's first emitted token onwards, except the last
+        # (never committed)
         assert record["tokens"] == emitted[index][:-1]
         text = record["prompt"] + record["tokens"]
         expected = fresh.admit(0, text, layers=[0])
@@ -304,7 +305,7 @@ def test_a_prompt_chunk_whose_forward_fails_fails_its_request_alone(model_dir):
     assert tokens == {0: run(alone, [(0, good_request, None)])[0]}
 
 
-def test_a_request_failing_after_the_forward_leaves_the_prompt_chunks_of_that_forward_committed_once(
+def test_a_request_failing_after_the_forward_leaves_that_forwards_prompt_chunks_committed_once(
     model_dir,
 ):
     """A verifier fails for one request after a forward that also carried another request's prompt

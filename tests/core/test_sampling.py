@@ -92,7 +92,8 @@ def test_temperature_then_top_k_then_top_p():
     logits = 0.5 * LOG([1.0, 2.0, 3.0, 4.0])
     check_probs(logits, SamplingConfig(temperature=0.5, top_k=3), np.array([0, 2, 3, 4]) / 9)
     check_probs(logits, SamplingConfig(temperature=0.5, top_k=3, top_p=0.5), [0, 0, 3 / 7, 4 / 7])
-    # top-k applies before top-p: with top-2 the mass is renormalised first, 4/7 > 0.5 keeps one token
+    # top-k applies before top-p: with top-2 the mass is renormalised first, 4/7 > 0.5 keeps one
+    # token
     check_probs(logits, SamplingConfig(temperature=0.5, top_k=2, top_p=0.5), [0, 0, 0, 1])
 
 
@@ -149,7 +150,8 @@ def test_sample_from_never_returns_a_zero_probability_token():
         assert tokens.dtype == np.int64, f"sample_from returns int64, got {tokens.dtype}"
         chosen = probs[np.arange(200), tokens]
         assert np.all(chosen > 0), (
-            f"sample_from returned zero-probability tokens for rows {np.flatnonzero(chosen == 0)[:5]}"
+            "sample_from returned zero-probability tokens for rows "
+            f"{np.flatnonzero(chosen == 0)[:5]}"
         )
 
 

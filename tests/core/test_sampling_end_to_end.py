@@ -1,8 +1,8 @@
 """Sampling end to end through ``generate()``: the emitted tokens have the target's distribution,
 on the float64 reference, on torch in float64 and on mlx in float32 (mlx has no float64).
 
-A fixed-seed chi-square test per backend, drafter and lossless verifier. The target is a random model
-with a 4-token vocabulary, sampled at temperature 2.5; ROWS = 3000 copies of one prompt decode
+A fixed-seed chi-square test per backend, drafter and lossless verifier. The target is a random
+model with a 4-token vocabulary, sampled at temperature 2.5; ROWS = 3000 copies of one prompt decode
 NEW = 3 tokens in one batch (every row has its own random stream), so the emitted tokens fall
 into 64 cells whose exact probabilities come from the reference target's own conditionals.
 Cells expected to hold fewer than 5 samples are pooled (12 cells remain, 11 degrees of
@@ -101,7 +101,8 @@ BACKENDS = {
 
 
 def on_backend(model, backend: str):
-    """(target or model folder, dtype) for ``backend``; skips when its framework is not installed."""
+    """(target or model folder, dtype) for ``backend``; skips when its framework is not
+    installed."""
     dtype, modules = BACKENDS[backend]
     if any(importlib.util.find_spec(m.split(".")[0]) is None for m in modules):
         pytest.skip(f"{backend} is not installed")
@@ -190,7 +191,8 @@ def test_emitted_tokens_have_the_target_distribution(
     monkeypatch.setattr(reference_verify, "UniformChooser", OnceChooser)
     statistic, quantile, stats = chi_square(world, drafter, verifier, backend=backend)
     assert statistic < quantile, (
-        f"{backend} drafter={drafter} verifier={verifier}: chi-square {statistic:.1f} >= {quantile:.1f}"
+        f"{backend} drafter={drafter} verifier={verifier}: chi-square {statistic:.1f} >= "
+        f"{quantile:.1f}"
     )
     if drafter != "none":  # drafted tokens were accepted, so the accept path is what was tested
         assert stats.accepted_tokens > ROWS // 4, stats

@@ -1,4 +1,5 @@
-"""The loop checks every draft, tree and verdict, and each error names the plugin that made the value."""
+"""The loop checks every draft, tree and verdict, and each error names the plugin that made the
+value."""
 
 from __future__ import annotations
 
@@ -132,7 +133,8 @@ def test_good_plugins_pass_the_checks(target):
 
 
 def test_a_target_returning_fewer_chunk_outputs_is_named_before_a_request_is_lost(model_dir):
-    """The loop pairs each prompt chunk with its PromptOutput: one missing fails the step, naming the target."""
+    """The loop pairs each prompt chunk with its PromptOutput: one missing fails the step, naming
+    the target."""
     from specdec.reference.model import load_target
 
     target = load_target(model_dir, slots=2, capacity=32)

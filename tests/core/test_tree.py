@@ -46,7 +46,8 @@ def test_docs_example_packs_12_tokens_into_8():
     assert tree.depth.tolist() == [[0, 1, 2, 3, 2, 3, 2, 3]], "docs example position offsets"
     assert tree.parents.tolist() == [[-1, 0, 1, 2, 1, 4, 1, 6]], "docs example parents"
     expected_mask = rows(
-        "1000 0000 / 1100 0000 / 1110 0000 / 1111 0000 / 1100 1000 / 1100 1100 / 1100 0010 / 1100 0011"
+        "1000 0000 / 1100 0000 / 1110 0000 / 1111 0000 / 1100 1000 / 1100 1100 / 1100 0010 / "
+        "1100 0011"
     )
     np.testing.assert_array_equal(
         tree.ancestor_mask[0], expected_mask, err_msg="docs example tree mask"
@@ -66,7 +67,8 @@ def test_two_row_unit_vectors():
     assert tree.beam_to_node[1].tolist() == [[0, 1, 2, 3], [0, 4, 5, 6], [0, 1, 7, 8]], (
         "row 1 unpacker"
     )
-    # Packed token indices (beam * L + depth of each kept token) give the depths as position offsets.
+    # Packed token indices (beam * L + depth of each kept token) give the depths as position
+    # offsets.
     assert tree.depth[0, :7].tolist() == [i % 4 for i in [0, 1, 2, 3, 6, 7, 11]], "row 0 depths"
     assert tree.depth[1].tolist() == [i % 4 for i in [0, 1, 2, 3, 5, 6, 7, 10, 11]], "row 1 depths"
     # Our padding: token 0, parent root, depth 1, attends to the root and itself.
@@ -225,7 +227,8 @@ def test_prefix_tree_properties(beams):
             for k in range(length):
                 ancestors = set(np.flatnonzero(tree.ancestor_mask[b, nodes[k]]).tolist())
                 assert ancestors == set(nodes[: k + 1].tolist()), (
-                    f"build_prefix_tree({beams.tolist()}) row {b} beam {i} depth {k}: ancestors != prefix nodes"
+                    f"build_prefix_tree({beams.tolist()}) row {b} beam {i} depth {k}: ancestors != "
+                    "prefix nodes"
                 )
     tokens, parents, beam_to_node, num_nodes = dense_prefix_tree(beams)
     np.testing.assert_array_equal(

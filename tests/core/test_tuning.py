@@ -1,5 +1,5 @@
-"""Measured choices (``specdec.tuning.dtype``): the fastest dtype, cached per machine and model shape;
-the beam plan of ``specdec plan`` used by ``generate``; the prompt-lookup beam by default.
+"""Measured choices (``specdec.tuning.dtype``): the fastest dtype, cached per machine and model
+shape; the beam plan of ``specdec plan`` used by ``generate``; the prompt-lookup beam by default.
 
 A fake backend over the numpy reference offers two "dtypes", one of which sleeps in every
 forward: which one is faster is decided by construction, not by the machine's noise.
@@ -257,6 +257,7 @@ def test_greedy_output_with_the_default_lookup_beam_is_plain_decoding(target, re
         target, prompts, drafter=redrafter, backend="numpy", max_new_tokens=12, lookup=False
     )
     assert spec.tokens == plain.tokens == alone.tokens
-    # this random target repeats itself, which the lookup beam copies and the random ReDrafter cannot
+    # this random target repeats itself, which the lookup beam copies and the random ReDrafter
+    # cannot
     assert spec.stats.accepted_tokens > alone.stats.accepted_tokens == 0
     assert spec.stats.steps < alone.stats.steps

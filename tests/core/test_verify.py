@@ -18,7 +18,8 @@ LOG0 = -np.inf
 
 
 def make_tree(rows: list[tuple[list[int], list[int]]]) -> DraftTree:
-    """A DraftTree from per-row (tokens, parents); shorter rows padded with token 0 under the root."""
+    """A DraftTree from per-row (tokens, parents); shorter rows padded with token 0 under the
+    root."""
     size = max(len(tokens) for tokens, _ in rows)
     tokens = np.zeros((len(rows), size), dtype=np.int64)
     parents = np.zeros((len(rows), size), dtype=np.int64)
@@ -126,7 +127,8 @@ def test_greedy_breaks_ties_to_the_lowest_token_id():
     logits = np.array([[[0.0, 5.0, 5.0, 0.0], [1.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 7.0]]])
     verdict = GreedyVerifier().verify(tree, head_draft(tree), make_target(logits), GREEDY, None)
     assert verdict.path.tolist() == [[0, 2]] and verdict.bonus_tokens.tolist() == [3], (
-        f"GreedyVerifier with tied root logits [0,5,5,0]: path {verdict.path.tolist()}, bonus {verdict.bonus_tokens}"
+        f"GreedyVerifier with tied root logits [0,5,5,0]: path {verdict.path.tolist()}, bonus "
+        f"{verdict.bonus_tokens}"
     )
 
 
@@ -173,7 +175,8 @@ def test_beam_verifiers_never_reach_padding(verifier):
     verdict = verifier.verify(tree, draft, make_target(logits), SAMPLE, uniforms)
     name = type(verifier).__name__
     assert verdict.path[1].tolist() == [0, -1, -1] and verdict.bonus_tokens[1] == 0, (
-        f"{name} row 1 (beams {beams[1].tolist()}): path {verdict.path[1].tolist()}, bonus {verdict.bonus_tokens[1]}"
+        f"{name} row 1 (beams {beams[1].tolist()}): path {verdict.path[1].tolist()}, bonus "
+        f"{verdict.bonus_tokens[1]}"
     )
 
 
@@ -187,21 +190,25 @@ def test_exact_tree_verifier_follows_the_uniforms():
         tree, head_draft(tree), make_target(logits), SAMPLE, uniforms
     )
     assert verdict.path.tolist() == [[0, 1]] and verdict.bonus_tokens.tolist() == [0], (
-        f"ExactTreeVerifier u=0.6 then 0.1: path {verdict.path.tolist()}, bonus {verdict.bonus_tokens.tolist()}"
+        f"ExactTreeVerifier u=0.6 then 0.1: path {verdict.path.tolist()}, bonus "
+        f"{verdict.bonus_tokens.tolist()}"
     )
     uniforms = np.array([[[0.3], [0.1]]])  # u = 0.3 draws t0, not drafted: the bonus
     verdict = ExactTreeVerifier().verify(
         tree, head_draft(tree), make_target(logits), SAMPLE, uniforms
     )
     assert verdict.path.tolist() == [[0, -1]] and verdict.bonus_tokens.tolist() == [0], (
-        f"ExactTreeVerifier u=0.3: path {verdict.path.tolist()}, bonus {verdict.bonus_tokens.tolist()}"
+        f"ExactTreeVerifier u=0.3: path {verdict.path.tolist()}, bonus "
+        f"{verdict.bonus_tokens.tolist()}"
     )
 
 
 def test_rejection_verifier_hand_example():
     # Root target [0.5, 0.5, 0]; both beams drafted from [0.2, 0.3, 0.5].
-    # Beam 0 proposes t2: min(1, 0 / 0.5) = 0, rejected; residual max([.5,.5,0]-[.2,.3,.5], 0)/0.5 = [.6,.4,0].
-    # Beam 1 proposes t1: min(1, 0.4 / 0.3) = 1, accepted; its node is a leaf: bonus from its target.
+    # Beam 0 proposes t2: min(1, 0 / 0.5) = 0, rejected; residual
+    # max([.5,.5,0]-[.2,.3,.5], 0)/0.5 = [.6,.4,0].
+    # Beam 1 proposes t1: min(1, 0.4 / 0.3) = 1, accepted; its node is a leaf: bonus from its
+    # target.
     beams = np.array([[[3, 2], [3, 1]]])
     tree = build_prefix_tree(beams)
     logits = log_of([[[0.5, 0.5, 0.0], [1.0, 1.0, 1.0], [0.0, 0.0, 1.0]]])
@@ -210,7 +217,8 @@ def test_rejection_verifier_hand_example():
     uniforms = np.array([[[0.99, 0.0, 0.99], [0.5, 0.5, 0.5]]])
     verdict = RejectionVerifier().verify(tree, draft, make_target(logits), SAMPLE, uniforms)
     assert verdict.path.tolist() == [[0, 2]] and verdict.bonus_tokens.tolist() == [2], (
-        f"RejectionVerifier hand example: path {verdict.path.tolist()}, bonus {verdict.bonus_tokens.tolist()}"
+        f"RejectionVerifier hand example: path {verdict.path.tolist()}, bonus "
+        f"{verdict.bonus_tokens.tolist()}"
     )
     # Now beam 1's draft gives t1 0.8: min(1, 0.4 / 0.8) = 0.5 and u = 0.7 rejects it too; the
     # residual max([.6,.4,0] - [.1,.8,.1], 0) = [.5,0,0] leaves t0 for the bonus.
@@ -219,7 +227,8 @@ def test_rejection_verifier_hand_example():
     uniforms = np.array([[[0.99, 0.0, 0.7], [0.5, 0.5, 0.5]]])
     verdict = RejectionVerifier().verify(tree, draft, make_target(logits), SAMPLE, uniforms)
     assert verdict.path.tolist() == [[0, -1]] and verdict.bonus_tokens.tolist() == [0], (
-        f"RejectionVerifier all rejected: path {verdict.path.tolist()}, bonus {verdict.bonus_tokens.tolist()}"
+        f"RejectionVerifier all rejected: path {verdict.path.tolist()}, bonus "
+        f"{verdict.bonus_tokens.tolist()}"
     )
 
 
@@ -237,13 +246,15 @@ def test_redrafter_published_picks_the_longest_beam_lowest_index_on_ties():
         tree, draft, make_target(logits), SAMPLE, uniforms
     )
     assert verdict.path.tolist() == [[0, 3, 4]] and verdict.bonus_tokens.tolist() == [0], (
-        f"RedrafterPublishedVerifier: path {verdict.path.tolist()} (want beam 1: [0, 3, 4]), bonus {verdict.bonus_tokens}"
+        f"RedrafterPublishedVerifier: path {verdict.path.tolist()} (want beam 1: [0, 3, 4]), bonus "
+        f"{verdict.bonus_tokens}"
     )
 
 
 def test_typical_accepts_the_first_child_above_the_threshold():
-    # root target [0.7, 0.2, 0.1]: entropy 0.80 nats, threshold min(0.09, 0.3 * e^-0.80 = 0.135) = 0.09;
-    # child t2 (p = 0.1) comes first in node order and passes, although t0 is likelier.
+    # root target [0.7, 0.2, 0.1]: entropy 0.80 nats, threshold
+    # min(0.09, 0.3 * e^-0.80 = 0.135) = 0.09; child t2 (p = 0.1) comes first in node order and
+    # passes, although t0 is likelier.
     tree = make_tree([([5, 2, 0], [-1, 0, 0])])
     logits = log_of([[[0.7, 0.2, 0.1], [0.0, 1.0, 0.0], [1.0, 1.0, 1.0]]])
     verdict = TypicalVerifier().verify(
@@ -276,8 +287,8 @@ def test_redrafter_greedy_rule_equals_greedy_verifier(seed):
         expected_bonus = int(argmax[nodes[best, lengths[best]]])
         got = verdict.path[b, : verdict.num_accepted[b] + 1].tolist()
         assert got == expected_path and verdict.bonus_tokens[b] == expected_bonus, (
-            f"seed {seed} row {b} beams {beams.tolist()}: GreedyVerifier {got}/{verdict.bonus_tokens[b]}, "
-            f"ReDrafter rule {expected_path}/{expected_bonus}"
+            f"seed {seed} row {b} beams {beams.tolist()}: GreedyVerifier "
+            f"{got}/{verdict.bonus_tokens[b]}, ReDrafter rule {expected_path}/{expected_bonus}"
         )
 
 

@@ -293,7 +293,8 @@ def tiny(tmp_path_factory):
     )
 
 
-# high temperatures: the random models' logits are decisive (their next-token mass is mostly on one token)
+# high temperatures: the random models' logits are decisive (their next-token mass is mostly on one
+# token)
 SAMPLINGS = {
     "t2.5": SamplingConfig(temperature=2.5),
     "t2-k2": SamplingConfig(temperature=2.0, top_k=2),
@@ -342,7 +343,8 @@ def test_one_step_emits_exactly_the_targets_distribution(
         )
 
     def drafts(chosen, weight):
-        """(draft, probability) of every chain the drafter can draw after choosing ``chosen`` uniforms."""
+        """(draft, probability) of every chain the drafter can draw after choosing ``chosen``
+        uniforms."""
         draft = propose(chosen + [0.5] * (draft_length - len(chosen)))
         if not sample or len(chosen) == draft_length:
             yield draft, weight
@@ -511,8 +513,8 @@ def test_a_request_decodes_the_same_whatever_shares_its_steps(world, sample, sch
 @pytest.mark.parametrize("lookup", [False, True], ids=["alone", "with-lookup"])
 def test_the_draft_cache_holds_exactly_the_committed_text(world, lookup):
     """Every chain the drafter proposes is the draft model's greedy continuation of the row's text,
-    computed from scratch: its cache follows every step, whether the target accepted none, part or all
-    of the chain, or (with a prompt-lookup beam beside it) tokens of another beam."""
+    computed from scratch: its cache follows every step, whether the target accepted none, part or
+    all of the chain, or (with a prompt-lookup beam beside it) tokens of another beam."""
     target = load_target(world["target"], slots=2, capacity=96)
     plan, *_ = prepare(
         target,
@@ -599,7 +601,8 @@ def test_each_step_runs_k_draft_forwards_the_first_with_the_accepted_tokens(worl
 
     drafter.draft.forward_tree = counted
     steps = [s for s in decode_steps(plan, [[1, 2, 3]]) if not s.is_prefill]
-    # the draft is the target: every drafted token is accepted, so forward 1 runs K tokens and the root
+    # the draft is the target: every drafted token is accepted, so forward 1 runs K tokens and the
+    # root
     assert sizes == [1, 1, 2] + [k + 1, 1, 2] * (len(steps) - 1), sizes
 
 

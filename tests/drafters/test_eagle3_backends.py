@@ -1,4 +1,5 @@
-"""EAGLE-3 on torch and mlx against the float64 NumPy reference, and lossless decoding on every backend.
+"""EAGLE-3 on torch and mlx against the float64 NumPy reference, and lossless decoding on every
+backend.
 
 Trees are integers and must be identical; an example is used only when every ranking the
 reference's tree made (``TreeDraft.margin``) was decided by more than MARGIN, so float rounding
@@ -282,7 +283,8 @@ def test_seeded_sampling_gives_the_same_tokens_on_numpy_and_torch_float64(deep_m
 
 
 def test_a_drafter_for_another_target_is_refused(model_dir, eagle3):
-    """Fused layers past the target's depth are refused by name (the 2-layer model lacks layer 5)."""
+    """Fused layers past the target's depth are refused by name
+    (the 2-layer model lacks layer 5)."""
     from specdec.errors import InvalidInputError
 
     with pytest.raises(
@@ -317,7 +319,8 @@ def test_tree_options_reach_the_drafter(deep_model, eagle3):
 
 def test_bench_takes_the_tree_settings_as_method_options(deep_model, eagle3):
     """``specdec bench`` methods ``eagle3:drafter=...,tree_top_k=..,depth=..,total_tokens=..``: the
-    options reach the drafter (its beams are depth + 1 long) and the tokens equal plain decoding's."""
+    options reach the drafter (its beams are depth + 1 long) and the tokens equal plain
+    decoding's."""
     from specdec.bench import load_prompt_set, parse_method, run_bench
     from specdec.bench.report import summarize
 

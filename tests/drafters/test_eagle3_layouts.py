@@ -3,7 +3,8 @@ upstream names (SafeAILab/EAGLE ``eagle/traineagle3/cnets.py`` and SpecForge
 ``specforge/modeling/draft/llama3_eagle.py`` for the SpecForge layout; vLLM's speculators format,
 ``speculators/models/eagle3/config.py``, and vLLM's ``llama_eagle3.py`` loader, which renames
 ``midlayer.`` to ``layers.0.``, ``d2t`` to ``draft_id_to_target_id`` and drops ``t2d``) load as
-drafters and decode losslessly; export then import is bit-identical; what a layout cannot hold is refused."""
+drafters and decode losslessly; export then import is bit-identical; what a layout cannot hold is
+refused."""
 
 from __future__ import annotations
 
@@ -20,7 +21,8 @@ from specdec.testing import make_random_model
 from specdec_eagle3.checkpoint import load_eagle3_checkpoint, make_random_eagle3
 
 V, H, LAYERS = 96, 32, 6
-UPSTREAM = {  # name -> shape, as the upstream modules declare them (H = 32, 4 heads of 8, 2 KV heads, I = 64)
+# name -> shape, as the upstream modules declare them (H = 32, 4 heads of 8, 2 KV heads, I = 64)
+UPSTREAM = {
     "fc.weight": (H, 3 * H),
     "midlayer.hidden_norm.weight": (H,),
     "midlayer.input_layernorm.weight": (H,),

@@ -1,4 +1,5 @@
-"""EAGLE on torch and mlx against the float64 NumPy reference, and lossless decoding on every backend.
+"""EAGLE on torch and mlx against the float64 NumPy reference, and lossless decoding on every
+backend.
 
 Trees are integers and must be identical; an example is used only when every ranking the
 reference's tree made (``TreeDraft.margin``: top-k children, frontiers, the kept set, leaf order,
@@ -288,8 +289,8 @@ def test_seeded_sampling_gives_the_same_tokens_in_float32_away_from_near_ties(
     monkeypatch.undo()
     assert gaps["sampling"] and gaps["tree"], "the reference run was not observed"
     assert min(gaps["sampling"]) > FLOAT32_MARGIN and min(gaps["tree"]) > FLOAT32_MARGIN, (
-        f"seed 7 meets a near-tie (smallest gaps {min(gaps['sampling']):.2e}, {min(gaps['tree']):.2e}); "
-        "pick a seed without one"
+        f"seed 7 meets a near-tie (smallest gaps {min(gaps['sampling']):.2e}, "
+        f"{min(gaps['tree']):.2e}); pick a seed without one"
     )
     actual = specdec.generate(model_dir, prompts, backend=backend, dtype="float32", **run)
     assert actual.tokens == reference.tokens
@@ -297,7 +298,8 @@ def test_seeded_sampling_gives_the_same_tokens_in_float32_away_from_near_ties(
 
 
 def test_tree_options_reach_the_drafter(model_dir, eagle):
-    """``tree_top_k`` (not generate's sampling ``top_k``), ``depth`` and ``total_tokens`` set the tree."""
+    """``tree_top_k`` (not generate's sampling ``top_k``), ``depth`` and ``total_tokens`` set the
+    tree."""
     from specdec.generation.api import prepare
 
     plan, *_ = prepare(

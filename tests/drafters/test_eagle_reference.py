@@ -210,7 +210,8 @@ def test_dynamic_tree_rules(seed, options, length, shortlist):
     )
     candidates = top_k + (depth - 1) * top_k * top_k
     assert len(tree.tokens) == 1 + candidates + len(tree.extension)
-    # The kept set: a subtree of the root holding the best candidate; with its extensions, within budget.
+    # The kept set: a subtree of the root holding the best candidate; with its extensions, within
+    # budget.
     kept = tree.selected.tolist()
     assert kept and kept[0] == 1 + int(np.argmax(tree.scores[1 : top_k + 1]))
     assert all(tree.parents[s] == 0 or tree.parents[s] in kept for s in kept)
@@ -233,7 +234,8 @@ def test_dynamic_tree_rules(seed, options, length, shortlist):
             int(tree.parents[i]) for i in range(1, candidates + 1) if tree.depth[i] == level
         }
         assert expanded == set(best)
-    # In the draft (kept and extension nodes), a node's children are distinct drafted-vocabulary tokens.
+    # In the draft (kept and extension nodes), a node's children are distinct drafted-vocabulary
+    # tokens.
     allowed = (
         set(range(V)) if shortlist is None else set(np.asarray(weights["vocab_shortlist"]).tolist())
     )

@@ -1,6 +1,7 @@
-"""EAGLE over request slots (specdec.decode.loop.Decoder): every admitted request begins and ends once, its
-draft cache follows exactly what the target committed, and a request's tokens (greedy and seeded
-sampling) do not depend on what else shares its steps, when others arrive, finish or are cancelled.
+"""EAGLE over request slots (specdec.decode.loop.Decoder): every admitted request begins and ends
+once, its draft cache follows exactly what the target committed, and a request's tokens
+(greedy and seeded sampling) do not depend on what else shares its steps, when others arrive, finish
+or are cancelled.
 
 Exact by construction on the reference: the target runs each tree row alone, EAGLE's reference
 drafts each row alone, and each request draws its randomness from its own generator.
@@ -56,7 +57,8 @@ class Recording(EagleDrafter):
         super().observe(accepted)
         for b, slot in enumerate(accepted.slots.tolist()):
             self.committed[slot] += accepted.tokens[b, : int(accepted.num_accepted[b]) + 1].tolist()
-            # the draft cache holds one entry per committed token but the last (its token is the next root)
+            # the draft cache holds one entry per committed token but the last
+            # (its token is the next root)
             assert self.slots[slot].length == len(self.committed[slot]) - 1
 
     def end(self, slot, reason):

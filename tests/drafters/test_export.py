@@ -4,7 +4,8 @@ The layout tests rebuild, from the upstream code cited in docs/scale-out.md, wha
 looks up, and fail on any drift in names, shapes or config fields:
 
 - Apple's ``Drafter`` (apple/ml-recurrent-drafter ``recurrent_drafting/modeling_drafter.py``) and
-  TensorRT-LLM's ``hf_drafter`` / ``hf_redrafter_config`` (``examples/redrafter/convert_checkpoint.py``);
+  TensorRT-LLM's ``hf_drafter`` / ``hf_redrafter_config``
+  (``examples/redrafter/convert_checkpoint.py``);
 - FasterDecoding's Medusa heads (``medusa/model/medusa_model.py``) and TensorRT-LLM's
   ``load_medusa_hf`` (``tensorrt_llm/models/medusa/weight.py``);
 - vLLM's ``Medusa`` (``vllm/model_executor/models/medusa.py``) with its ``MedusaConfig``
@@ -50,7 +51,7 @@ def _safetensors(path: Path) -> tuple[dict[str, np.ndarray], dict]:
     return dict(load_file(str(path))), metadata
 
 
-# ------------------------------------------------------------------ upstream expectations, from their code
+# ---------------------------------------------------------- upstream expectations, from their code
 
 
 def apple_drafter_state(config: dict) -> dict[str, tuple]:
@@ -96,7 +97,8 @@ def fasterdecoding_state(
     num_heads: int, num_layers: int, hidden: int, vocab: int
 ) -> dict[str, tuple]:
     """``medusa_head.state_dict()`` of FasterDecoding's MedusaModel (ModuleList of
-    Sequential(ResBlock * L, Linear(H, V, bias=False)); ResBlock.linear = Linear(H, H) with bias)."""
+    Sequential(ResBlock * L, Linear(H, V, bias=False)); ResBlock.linear = Linear(H, H) with
+    bias)."""
     state = {}
     for h in range(num_heads):
         for layer in range(num_layers):
@@ -133,7 +135,7 @@ def vllm_medusa_params(config: dict) -> dict[str, tuple]:
     return params
 
 
-# ------------------------------------------------------------------ fixtures
+# ---------------------------------------------------------- fixtures
 
 
 @pytest.fixture(scope="module")
@@ -166,7 +168,7 @@ def drafters(model_dir, tmp_path_factory):
     }
 
 
-# ------------------------------------------------------------------ layouts pinned to upstream
+# ---------------------------------------------------------- layouts pinned to upstream
 
 
 @pytest.mark.parametrize("name", ["redrafter_full", "redrafter_tied_shortlist", "redrafter_norm"])
@@ -264,7 +266,8 @@ def test_fasterdecoding_layout_is_what_tensorrt_llm_loads(name, drafters, model_
         source.num_heads, source.num_layers, source.hidden_size, source.vocab_size
     )
     assert {k: tuple(v.shape) for k, v in tensors.items()} == expected
-    # load_medusa_hf: f"{h}.{l}.linear.weight", f"{h}.{l}.linear.bias", f"{h}.{num_medusa_layers}.weight"
+    # load_medusa_hf: f"{h}.{l}.linear.weight", f"{h}.{l}.linear.bias",
+    # f"{h}.{num_medusa_layers}.weight"
     for h in range(config["medusa_num_heads"]):
         for layer in range(config["medusa_num_layers"]):
             assert f"{h}.{layer}.linear.weight" in tensors and f"{h}.{layer}.linear.bias" in tensors
@@ -319,7 +322,7 @@ def test_export_import_export_is_byte_stable(drafters, model_dir, tmp_path):
                 assert json.loads(path.read_text()) == json.loads((again / path.name).read_text())
 
 
-# ------------------------------------------------------------------ refusals
+# ---------------------------------------------------------- refusals
 
 
 def test_refusals_name_the_problem_and_the_fix(drafters, model_dir, tmp_path):
@@ -366,7 +369,7 @@ def test_notes_name_every_conversion(drafters, model_dir, tmp_path):
     assert "copy of the target's LM head" in notes
 
 
-# ------------------------------------------------------------------ round trips: bit-identical drafts
+# ---------------------------------------------------------- round trips: bit-identical drafts
 
 
 def _drafts(backend_name, model_dir, kind, folder, rng_seed=0):
@@ -476,7 +479,7 @@ def test_the_materialised_head_drafts_what_the_tied_head_drafts(drafters, model_
     )
 
 
-# ------------------------------------------------------------------ published layouts load
+# ---------------------------------------------------------- published layouts load
 
 
 def test_published_layout_variants_import(drafters, model_dir, tmp_path):
@@ -542,7 +545,7 @@ def test_generate_runs_an_exported_folder(name, fmt, options, drafters, model_di
     assert result.tokens == plain.tokens
 
 
-# ------------------------------------------------------------------ command line
+# ---------------------------------------------------------- command line
 
 
 def test_cli_export_and_import(drafters, model_dir, tmp_path, capsys):

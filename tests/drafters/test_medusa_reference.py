@@ -21,7 +21,7 @@ from specdec_medusa.config import MedusaConfig
 from specdec_medusa.reference import MedusaDrafter, head_logits, init_random_weights
 from specdec_medusa.tree import StaticTreeBuilder, choices_to_parents
 
-# ----------------------------------------------------------------------------- the static tree
+# --------------------------------------------------------------------------- the static tree
 
 
 def hand_head_tokens(batch: int, num_heads: int, top_t: int) -> np.ndarray:
@@ -172,7 +172,7 @@ def test_presets_are_valid_and_sized_as_named(name):
     assert tree.size == size, f"StaticTreeBuilder({name!r}).build size {tree.size}"
 
 
-# ----------------------------------------------------------------------------- the heads
+# --------------------------------------------------------------------------- the heads
 
 
 def scalar_silu(z: float) -> float:
@@ -317,7 +317,7 @@ def test_drafter_rejects_bad_inputs():
         MedusaConfig(vocab_size=8, hidden_size=4, head="shared")
 
 
-# ----------------------------------------------------------------------------- config and checkpoints
+# --------------------------------------------------------------------------- config and checkpoints
 
 
 @pytest.mark.parametrize("choices", ["small8", [(0,), (1,), (0, 0)]])

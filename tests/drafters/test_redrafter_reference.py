@@ -1,4 +1,5 @@
-"""ReDrafter NumPy reference: recurrence variants, heads, beam search, sampled chains, checkpoints."""
+"""ReDrafter NumPy reference: recurrence variants, heads, beam search, sampled chains,
+checkpoints."""
 
 from __future__ import annotations
 
@@ -209,7 +210,8 @@ def test_beams_are_sorted_by_recomputed_joint_log_prob(seed, variant):
     shape=st.sampled_from([(3, 3, 9), (2, 4, 8), (3, 2, 3), (4, 2, 2), (2, 3, 3), (3, 3, 4)]),
 )
 def test_wide_beam_search_is_brute_force_top_w(seed, shape):
-    """W >= V**(L-1) keeps every sequence; W >= V**(L-2) already keeps every prefix until the last step."""
+    """W >= V**(L-1) keeps every sequence; W >= V**(L-2) already keeps every prefix until the last
+    step."""
     vocab, length, width = shape
     assert width >= vocab ** (length - 2)
     config, weights, embed_tokens, lm_head = tiny(seed, vocab_size=vocab)

@@ -65,7 +65,8 @@ def real_target(shipped_model):
 
 @pytest.mark.parametrize("kind", sorted(LOADERS))
 def test_shipped_checkpoint_drafts_for_the_real_model(kind, real_target):
-    """The fingerprint the checkpoint names is the cached model's; a few greedy steps equal plain decoding."""
+    """The fingerprint the checkpoint names is the cached model's; a few greedy steps equal plain
+    decoding."""
     folder, config, _ = shipped(kind)
     target, plain = real_target
     assert target.fingerprint == config.target["fingerprint"]
@@ -79,7 +80,8 @@ TIER, TIER_VOCAB, TIER_HIDDEN = "qwen2.5-coder-1.5b", 151936, 1536
 
 
 def test_the_tier_redrafter_loads_and_names_its_target():
-    """The bandwidth-bound tier's ReDrafter ships beside SmolLM2-135M's and is found by the target's name."""
+    """The bandwidth-bound tier's ReDrafter ships beside SmolLM2-135M's and is found by the target's
+    name."""
     from types import SimpleNamespace
 
     from specdec.models.checkpoints import require_checkpoint

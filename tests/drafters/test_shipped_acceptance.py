@@ -12,11 +12,11 @@ steps, pinned in ROW_STEPS. On this project's 2-core x86-64 CPU (torch 2.13 CPU 
 are deterministic run to run, the same decoding the prompts in one batch or one at a time, and
 the same before and after the torch backend's exact-mode and attention changes. The drafters'
 next-root hidden state taken one node early (the node before the last accepted one, in
-``specdec.decode.loop``) costs ReDrafter 4 row steps (154 -> 158), Medusa 16 (165 -> 181) and EAGLE 13
-(129 -> 142). The bound is one row step either way (SLACK), under a third of the smallest of those
-slips; ReDrafter runs at W=4, L=3, where its slip is largest (at W=2, L=3 it is 2 steps). A change
-of the target's forwards or of a drafter that moves a count by more is a change to look at, and
-then to pin again with the figure this test reports.
+``specdec.decode.loop``) costs ReDrafter 4 row steps (154 -> 158), Medusa 16 (165 -> 181) and EAGLE
+13 (129 -> 142). The bound is one row step either way (SLACK), under a third of the smallest of
+those slips; ReDrafter runs at W=4, L=3, where its slip is largest (at W=2, L=3 it is 2 steps). A
+change of the target's forwards or of a drafter that moves a count by more is a change to look at,
+and then to pin again with the figure this test reports.
 """
 
 from __future__ import annotations
@@ -79,5 +79,6 @@ def test_shipped_drafter_accepts_as_pinned(real_target, kind):
     got, pinned = row_steps(real_target, kind), ROW_STEPS[kind]
     assert abs(got - pinned) <= SLACK, (
         f"{kind}: {NEW * len(PROMPTS) / got:.3f} tokens per step ({got} row steps), pinned "
-        f"{NEW * len(PROMPTS) / pinned:.3f} ({pinned} +- {SLACK} row steps; the module docstring says why)"
+        f"{NEW * len(PROMPTS) / pinned:.3f} ({pinned} +- {SLACK} row steps; the module docstring "
+        "says why)"
     )

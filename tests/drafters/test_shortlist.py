@@ -1,5 +1,6 @@
-"""Vocabulary shortlists: the reference semantics (specdec.drafting.shortlist, ReDrafter's restricted
-head and beam search), the choice from teacher data, and checkpoints that keep ids exact."""
+"""Vocabulary shortlists: the reference semantics (specdec.drafting.shortlist, ReDrafter's
+restricted head and beam search), the choice from teacher data, and checkpoints that keep ids
+exact."""
 
 from __future__ import annotations
 

@@ -37,7 +37,10 @@ def installed(distribution: str) -> str:
     try:
         return metadata.version(distribution)
     except metadata.PackageNotFoundError:
-        message = f"{distribution} is not installed: pip install -e examples/{distribution} (scripts/test.sh does)"
+        message = (
+            f"{distribution} is not installed: pip install -e examples/{distribution} "
+            "(scripts/test.sh does)"
+        )
         if os.environ.get("SPECDEC_TEST_EXAMPLES") == "1":
             pytest.fail(message)
         pytest.skip(message)

@@ -42,7 +42,8 @@ def test_an_unknown_backend_stops_the_run():
 
 
 def test_names_are_stripped_and_an_unusable_framework_stops_the_run(tmp_path):
-    """ " numpy , torch ," names torch; a torch that fails to import is then an error, not a skip."""
+    """ " numpy , torch ," names torch; a torch that fails to import is then an error, not a
+    skip."""
     (tmp_path / "torch").mkdir()
     (tmp_path / "torch" / "__init__.py").write_text('raise ImportError("a broken torch install")\n')
     broken = collect(" numpy , torch ,", pythonpath=tmp_path)
@@ -81,7 +82,8 @@ def test_real_model(shipped_model):
 
 
 def run_guarded(tmp_path: Path, **env) -> str:
-    """pytest -rA on GUARDED beside a copy of tests/conftest.py; its report lines (outcome, test)."""
+    """pytest -rA on GUARDED beside a copy of tests/conftest.py; its report lines
+    (outcome, test)."""
     (tmp_path / "tests").mkdir(exist_ok=True)
     (tmp_path / "tests" / "conftest.py").write_text((ROOT / "tests" / "conftest.py").read_text())
     (tmp_path / "tests" / "test_guarded.py").write_text(GUARDED)
@@ -96,8 +98,8 @@ def run_guarded(tmp_path: Path, **env) -> str:
 
 
 def test_a_skip_for_want_of_a_named_backend_fails_wherever_the_test_is(tmp_path):
-    """Not only under tests/backends/: a reason naming the backend, or a missing-module skip of a test
-    whose name or parameters name it, fails; other skips stay skips."""
+    """Not only under tests/backends/: a reason naming the backend, or a missing-module skip of a
+    test whose name or parameters name it, fails; other skips stay skips."""
     named = run_guarded(tmp_path, SPECDEC_TEST_BACKENDS="numpy,mlx", SPECDEC_TEST_SHIPPED="0")
     assert "3 failed" in named, named
     for test in (

@@ -114,7 +114,8 @@ def test_every_backend_has_a_public_ops_module():
 
 
 def test_the_backends_offer_the_same_operations():
-    """Functions share names across backends; only the backends' own classes (e.g. a DraftTree subclass) differ."""
+    """Functions share names across backends; only the backends' own classes
+    (e.g. a DraftTree subclass) differ."""
     names = {backend: public_names(backend) for backend in BACKENDS}
     shared = set.intersection(*names.values())
     for backend, own in names.items():

@@ -1,5 +1,5 @@
-"""The core, the backends and the drafters import without cycles, and the core names no drafter
-plugin in its code.
+"""The core, the backends and the drafters import without cycles, the core names no drafter
+plugin in its code, and no line of the Python code is longer than 100 characters.
 
 The import graph is ``scripts/import_graph.py``'s (read with ``ast``, nothing imported; imports
 inside functions count), so a cycle dodged by an import inside a function still fails here.
@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import importlib.util
 import re
+import subprocess
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -130,3 +131,73 @@ def test_no_core_module_names_a_drafter_plugin_in_its_code():
     named = {(file, name) for file, name, _ in found}
     gone = sorted(f"{file}: {name!r}" for file, name in KNOWN if (file, name) not in named)
     assert not gone, "no longer named, drop from KNOWN:\n" + "\n".join(gone)
+
+
+LINE_LIMIT = 100  # characters, as pyproject.toml's [tool.ruff] line-length
+LINE_FOLDERS = ("specdec", "backends", "drafters", "tests", "benchmarks", "examples", "scripts")
+NOT_SOURCE = {".git", ".venv", "venv", "build", "dist", "__pycache__", ".pytest_cache", ".tox"}
+
+
+def python_files() -> list[Path]:
+    """The .py files git tracks under ``LINE_FOLDERS``; without git (or outside a checkout) every
+    .py file under them, less virtual environments, build outputs and caches."""
+    try:
+        listed = subprocess.run(
+            ["git", "ls-files", "-z", "--", *LINE_FOLDERS],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.split("\0")
+    except (OSError, subprocess.CalledProcessError):
+        listed = []
+    files = [ROOT / name for name in listed if name.endswith(".py") and (ROOT / name).is_file()]
+    if files:
+        return files
+    return [
+        path
+        for folder in LINE_FOLDERS
+        for path in sorted((ROOT / folder).rglob("*.py"))
+        if not any(
+            part in NOT_SOURCE or part.endswith(".egg-info")
+            for part in path.relative_to(ROOT).parts
+        )
+    ]
+
+
+def long_lines(paths, limit: int = LINE_LIMIT) -> list[str]:
+    """``file:line: N characters`` for every line of ``paths`` longer than ``limit`` characters."""
+    found = []
+    for path in map(Path, paths):
+        text = path.read_text(encoding="utf-8")
+        for number, line in enumerate(text.split("\n"), 1):
+            line = line.rstrip("\r")
+            if len(line) > limit:
+                name = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
+                found.append(f"{name}:{number}: {len(line)} characters")
+    return found
+
+
+def test_no_python_line_is_longer_than_the_limit():
+    files = python_files()
+    assert ROOT / "specdec" / "decode" / "loop.py" in files, f"{len(files)} files found"
+    found = long_lines(files)
+    assert not found, f"lines longer than {LINE_LIMIT} characters (wrap them):\n" + "\n".join(found)
+
+
+def test_the_line_check_names_a_planted_long_line(tmp_path):
+    fits = "# " + "é" * (LINE_LIMIT - 2)  # counted in characters, not UTF-8 bytes
+    over = "y = 2  # " + "w" * (LINE_LIMIT - 8)
+    path = tmp_path / "planted.py"
+    path.write_text(f"x = 1\n{fits}\n{over}\n", encoding="utf-8")
+    assert long_lines([path]) == [f"{path}:3: {LINE_LIMIT + 1} characters"]
+
+
+def test_without_git_the_line_check_walks_the_folders(monkeypatch):
+    def no_git(*args, **kwargs):
+        raise OSError("git is not installed")
+
+    monkeypatch.setattr(subprocess, "run", no_git)
+    files = python_files()
+    assert ROOT / "specdec" / "decode" / "loop.py" in files, f"{len(files)} files found"
+    assert not [p for p in files if {".venv", "build", "__pycache__"} & set(p.parts)]

@@ -92,7 +92,8 @@ def test_verifier_must_declare_lossless():
 
 def test_import_loads_neither_torch_nor_mlx():
     code = (
-        "import sys, specdec, specdec.plugins.builtin, specdec_redrafter.plugin, specdec_medusa.plugin;"
+        "import sys, specdec, specdec.plugins.builtin, specdec_redrafter.plugin, "
+        "specdec_medusa.plugin;"
         "specdec.default_registry();"
         "bad = [m for m in ('torch', 'mlx', 'transformers', 'mlx_lm') if m in sys.modules];"
         "print(bad); sys.exit(1 if bad else 0)"

@@ -88,8 +88,8 @@ def cancel_asked(monkeypatch):
 
 @pytest.fixture
 def make_engine(model_dir):
-    """Engine factory over ``model_dir`` on numpy (64 positions per request, 32 more for a draft tree);
-    closed at teardown."""
+    """Engine factory over ``model_dir`` on numpy (64 positions per request, 32 more for a draft
+    tree); closed at teardown."""
     engines = []
 
     def make(drafter="lookup", *, slots=2, capacity=64, backend="numpy", **options):
@@ -112,8 +112,9 @@ def make_engine(model_dir):
 
 @pytest.fixture
 def serve(make_engine):
-    """Server factory: ``serve(drafter=..., server_options={...}, **engine options)`` -> (server, base
-    URL of /v1); ``server_options`` go to ``Server`` (``api_key``, ``limits``, ...)."""
+    """Server factory: ``serve(drafter=..., server_options={...}, **engine options)`` ->
+    (server, base URL of /v1); ``server_options`` go to ``Server``
+    (``api_key``, ``limits``, ...)."""
     pytest.importorskip("uvicorn")
     from specdec.serving.server import Server
 

@@ -142,8 +142,8 @@ def check_against_alone(model_dir, backend, drafter, schedule, results):
             )
         else:
             assert reason in ("length", "stop") and tokens == expected, (
-                f"request {item} in schedule {[(i['delay'], i['cancel_after']) for i in schedule]} differs from "
-                f"decoding it alone"
+                f"request {item} in schedule {[(i['delay'], i['cancel_after']) for i in schedule]} "
+                "differs from decoding it alone"
             )
 
 
@@ -197,7 +197,8 @@ def test_greedy_requests_with_redrafter_decode_as_alone(model_dir, redrafter, sc
 
 
 class DrawnBudgets(Speculation):
-    """Tree budgets drawn by Hypothesis (0: plain, None: the whole tree), in turn per row per step."""
+    """Tree budgets drawn by Hypothesis (0: plain, None: the whole tree), in turn per row per
+    step."""
 
     def __init__(self, budgets):
         super().__init__("always")
@@ -586,7 +587,9 @@ def test_bad_engine_settings_are_refused(model_dir):
 EXITING_SCRIPT = """
 import sys
 import specdec
-engine = specdec.Engine(sys.argv[1], drafter="none", backend=sys.argv[2], slots=2, capacity=512, max_new_tokens=400)
+engine = specdec.Engine(
+    sys.argv[1], drafter="none", backend=sys.argv[2], slots=2, capacity=512, max_new_tokens=400
+)
 handle = engine.submit([1, 2, 3], max_new_tokens=400)
 next(iter(handle))
 raise RuntimeError("the script fails before closing the engine")

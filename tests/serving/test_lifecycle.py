@@ -177,8 +177,8 @@ def test_a_client_leaving_a_plain_request_frees_the_slot_before_the_next_step(
     body = json.dumps({"model": "tiny", "prompt": list(A), "max_tokens": 40}).encode()
     with socket.create_connection(("127.0.0.1", server.port), timeout=30) as connection:
         connection.sendall(
-            b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-            b"Content-Length: %d\r\n\r\n" % len(body) + body
+            b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body) + body
         )
         assert gate.proposing.wait(WAIT), "the request never reached its first decode step"
     assert cancel_asked.wait(WAIT), "the server did not notice that its client left"

@@ -447,7 +447,8 @@ def test_shutdown_with_drain_finishes_streams_in_flight(serve, gate, wait_for):
         stopper = threading.Thread(target=server.stop)
         stopper.start()
         assert wait_for(lambda: server.engine.stats()["closing"])
-        # uvicorn may have closed its sockets already: then a new connection is refused, never served
+        # uvicorn may have closed its sockets already: then a new connection is refused, never
+        # served
         assert _health_status(base) in (503, None)
         gate.open.set()
         body = response.read().decode()
@@ -504,7 +505,8 @@ def test_shutdown_without_drain_cancels_streams_with_an_error_event(serve, gate)
 
 
 def test_serve_command_line(monkeypatch, model_dir):
-    """``specdec serve`` builds the engine from its options and serves it (the server's run is stubbed)."""
+    """``specdec serve`` builds the engine from its options and serves it
+    (the server's run is stubbed)."""
     from specdec.cli import main as cli
     from specdec.serving import server as server_module
 

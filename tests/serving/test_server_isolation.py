@@ -126,7 +126,8 @@ def test_a_huge_request_and_a_stalled_client_do_not_stall_another_stream(
     assert not stream.done, (
         "the stream ended before the checks were made: it was too short to tell anything"
     )
-    # a tokenizer holding the interpreter lock lets at most the event in flight through (1 when tried)
+    # a tokenizer holding the interpreter lock lets at most the event in flight through
+    # (1 when tried)
     assert state["after"] - state["before"] >= 3, (
         "the stream stalled while the huge prompt was tokenized"
     )

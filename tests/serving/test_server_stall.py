@@ -126,8 +126,8 @@ def test_a_server_whose_step_is_stuck_exits_at_sigterm(model_dir, wait_for):
                 sys.executable,
                 "-c",
                 (
-                    "import httpx; httpx.post('http://127.0.0.1:%d/v1/completions', timeout=120, json={'model': 'tiny', "
-                    "'prompt': [77], 'max_tokens': 4})" % port
+                    "import httpx; httpx.post('http://127.0.0.1:%d/v1/completions', timeout=120, "
+                    "json={'model': 'tiny', 'prompt': [77], 'max_tokens': 4})" % port
                 ),
             ],
             stdout=subprocess.DEVNULL,

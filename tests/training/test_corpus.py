@@ -1,4 +1,5 @@
-"""Training prompts: seeded, independent of how many are asked for, held-out documents kept apart."""
+"""Training prompts: seeded, independent of how many are asked for, held-out documents kept
+apart."""
 
 from __future__ import annotations
 
@@ -23,7 +24,8 @@ PARAGRAPH = (
 )
 
 PLAY = "THE TRAGEDY OF TEST {i}\n\n" + "\n".join(
-    f"{('HAMLET', 'OPHELIA', 'HORATIO', 'ACT II')[j % 4]}.\nLINE {j} of the play, spoken with feeling by the ghost."
+    f"{('HAMLET', 'OPHELIA', 'HORATIO', 'ACT II')[j % 4]}.\n"
+    f"LINE {j} of the play, spoken with feeling by the ghost."
     for j in range(200)
 )
 

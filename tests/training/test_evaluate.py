@@ -1,4 +1,5 @@
-"""Teacher-data windows, acceptance counting and the offline replay of greedy speculative decoding."""
+"""Teacher-data windows, acceptance counting and the offline replay of greedy speculative
+decoding."""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ from specdec_medusa.tree import StaticTreeBuilder
 
 
 def hand_made(lengths=(6, 4)) -> TeacherData:
-    """Sequences whose position j of sequence s has next token 100*s + j + 1 and label 1000 + that."""
+    """Sequences whose position j of sequence s has next token 100*s + j + 1 and label
+    1000 + that."""
     tokens, remaining, sequence = [], [], []
     for s, n in enumerate(lengths):
         tokens += [100 * s + j + 1 for j in range(n)]

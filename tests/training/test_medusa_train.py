@@ -102,7 +102,8 @@ def trained(tiny_model, prompt_source, tmp_path_factory):
 
 
 def test_checkpoint_names_its_target(trained, tiny_model):
-    """(That training improves the drafter is tested against a control in test_training_improves.py.)"""
+    """(That training improves the drafter is tested against a control in
+    test_training_improves.py.)"""
     from specdec.training.teacher import target_fingerprint
 
     out, report = trained

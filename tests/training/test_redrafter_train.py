@@ -73,7 +73,8 @@ def test_teacher_forced_logits_equal_the_reference_in_float64(overrides, tmp_pat
 
 
 def test_initial_drafter_reads_the_target_distribution():
-    """Blocks start at zero and the head reads h: the untrained drafter gives the target's logits."""
+    """Blocks start at zero and the head reads h: the untrained drafter gives the target's
+    logits."""
     embed = torch.randn(V, H)
     net = RedrafterNet(
         make_config(),
@@ -151,7 +152,8 @@ def trained(tiny_model, prompt_source, tmp_path_factory):
 
 def test_training_history_has_every_evaluation(trained):
     """Evaluations every ``eval_steps`` on ``eval_sequences`` sequences, then a final one on all
-    (that training improves the drafter is tested against a control in test_training_improves.py)."""
+    (that training improves the drafter is tested against a control in
+    test_training_improves.py)."""
     _, report = trained
     history = report["history"]
     assert [row["step"] for row in history] == [75, 150, 150]
@@ -166,8 +168,9 @@ def test_trained_drafter_carries_its_shortlist(trained):
 
 
 def test_the_evaluation_task_drafts_from_the_checkpoints_shortlist(trained, tiny_target, tiny_data):
-    """``specdec train``'s held-out evaluation of a saved checkpoint (``evaluate_drafter``) loads its
-    shortlist as inference does, and scores what a task built by hand from the checkpoint scores."""
+    """``specdec train``'s held-out evaluation of a saved checkpoint (``evaluate_drafter``) loads
+    its shortlist as inference does, and scores what a task built by hand from the checkpoint
+    scores."""
     from specdec.plugins.registry import default_registry
 
     out, _ = trained
@@ -195,7 +198,8 @@ def test_the_evaluation_task_drafts_from_the_checkpoints_shortlist(trained, tiny
 def test_offline_acceptance_equals_the_decode_loop(
     trained, tiny_model, tiny_target, tiny_data, prompt_source
 ):
-    """Replaying decoding over the teacher data counts what ``specdec.stream`` accepts step by step."""
+    """Replaying decoding over the teacher data counts what ``specdec.stream`` accepts step by
+    step."""
     out, _ = trained
     config, weights = load_redrafter_checkpoint(out)
     shortlist = weights.pop("vocab_shortlist")

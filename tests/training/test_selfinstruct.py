@@ -22,7 +22,10 @@ from specdec.training.selfinstruct import (
             "What is the probability of rolling a 6 on a six-sided die?",
         ),
         (
-            'A user could ask: "How do I log errors with the logging module?"\n\nThe assistant can respond ...',
+            (
+                'A user could ask: "How do I log errors with the logging module?"\n\n'
+                'The assistant can respond ...'
+            ),
             "How do I log errors with the logging module?",
         ),
         (
@@ -31,7 +34,10 @@ from specdec.training.selfinstruct import (
         ),
         ('"Write a haiku about autumn leaves."', "Write a haiku about autumn leaves."),
         (
-            'Here\'s an example of a role-play task about travel:\n\n"Pretend you are my guide and plan a day in Rome."',
+            (
+                'Here\'s an example of a role-play task about travel:\n\n'
+                '"Pretend you are my guide and plan a day in Rome."'
+            ),
             "Pretend you are my guide and plan a day in Rome.",
         ),
     ],

@@ -1,4 +1,5 @@
-"""Teacher data: the target's greedy continuations, hidden states and soft labels, and their cache."""
+"""Teacher data: the target's greedy continuations, hidden states and soft labels, and their
+cache."""
 
 from __future__ import annotations
 

@@ -30,7 +30,8 @@ def test_a_split_asks_only_about_its_own_topics(split, other):
     assert not set(own_cities) & set(other_cities) and len(own_topics) + len(other_topics) == len(
         TOPICS
     )
-    # a name of the other split may be part of one of ours ("tea" in "tea ceremonies"): those cannot be told apart
+    # a name of the other split may be part of one of ours ("tea" in "tea ceremonies"): those cannot
+    # be told apart
     foreign = [
         t
         for t in other_topics + other_cities

@@ -1,4 +1,5 @@
-"""``specdec train`` never destroys what it did not create: --out checks, resume checks, best/last, signals."""
+"""``specdec train`` never destroys what it did not create: --out checks, resume checks, best/last,
+signals."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ from specdec_redrafter.checkpoint import load_redrafter_checkpoint
 
 @pytest.fixture(scope="module")
 def shared_cache(tmp_path_factory):
-    """One specdec cache (corpus files, teacher data) for the module: every run reuses its teacher data."""
+    """One specdec cache (corpus files, teacher data) for the module: every run reuses its teacher
+    data."""
     root = tmp_path_factory.mktemp("train-safety")
     lib = root / "lib"
     lib.mkdir()

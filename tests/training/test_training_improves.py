@@ -52,7 +52,8 @@ def test_training_beats_the_same_run_at_learning_rate_zero(
 
     control, trained = final(0.0), final(LEARNING_RATE)
     assert control["heldout_sequences"] == trained["heldout_sequences"] == "all"
-    # the teacher is not trivially predictable: the initial drafter accepts a token in under 1 step of 5
+    # the teacher is not trivially predictable: the initial drafter accepts a token in under 1 step
+    # of 5
     assert control["tokens_per_step"] < 1.2, control
     assert trained["tokens_per_step"] > control["tokens_per_step"] + 0.5, (trained, control)
     # at learning rate 0 the running loss is the initial weights' loss, i.e. the first step's

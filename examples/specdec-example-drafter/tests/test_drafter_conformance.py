@@ -50,7 +50,8 @@ def test_same_tokens_as_the_reference(model):
 
 
 def test_repeated_text_is_accepted(model):
-    """Plain decoding of a random model soon repeats itself; the drafter then proposes what follows."""
+    """Plain decoding of a random model soon repeats itself; the drafter then proposes what
+    follows."""
     result = specdec.generate(
         model, [5, 6, 7], drafter="ngram", backend="numpy", max_new_tokens=48, stop_at_eos=False
     )

@@ -36,7 +36,8 @@ def rotate_half(x):
 
 class Float32Target:
     """Attributes generate and drafters read: vocab_size, hidden_size, num_layers, num_slots,
-    capacity, eos_token_ids, tokenizer, context_length, dtype, name, embed_tokens and lm_head (V, H)."""
+    capacity, eos_token_ids, tokenizer, context_length, dtype, name, embed_tokens and lm_head
+    (V, H)."""
 
     dtype = "float32"
 
@@ -49,7 +50,8 @@ class Float32Target:
             config.get("sliding_window") and config.get("use_sliding_window", True)
         ):
             raise ValueError(
-                "the numpy32 backend runs Llama-family models without rope scaling or a sliding window"
+                "the numpy32 backend runs Llama-family models without rope scaling or a sliding "
+                "window"
             )
         weights = {
             k: np.asarray(v, dtype=np.float32)
@@ -177,7 +179,8 @@ class Float32Target:
         return rms_norm(x, self.final_norm, self.eps), entries, outputs
 
     def _append(self, slot, entries, nodes=None):
-        """Write per-layer (keys, values) (kv_heads, n, head_dim), or their ``nodes``, behind the slot's entries."""
+        """Write per-layer (keys, values) (kv_heads, n, head_dim), or their ``nodes``, behind the
+        slot's entries."""
         start = self.lengths[slot]
         for index, (k, v) in enumerate(entries):
             k, v = (k, v) if nodes is None else (k[:, nodes], v[:, nodes])
@@ -186,8 +189,8 @@ class Float32Target:
         self.lengths[slot] += entries[0][0].shape[1] if nodes is None else len(nodes)
 
     def admit(self, slot, prompt, *, layers=()):
-        """Prefill ``prompt`` into the free ``slot``: logits (V,) at its last token, hidden (P, H) and
-        the outputs of decoder ``layers`` (P, H) at every token."""
+        """Prefill ``prompt`` into the free ``slot``: logits (V,) at its last token, hidden (P, H)
+        and the outputs of decoder ``layers`` (P, H) at every token."""
         tokens = check_prompt(prompt, self.vocab_size)
         check_slots(self.admitted, [slot], admitted_state=False, what="admit")
         return self.forward_tree(None, (), context=[(slot, tokens)], layers=layers).context[0]

@@ -36,7 +36,8 @@ class Numpy32Backend:
     def from_numpy(self, array, target):
         return np.asarray(array)
 
-    # Optional (dtype=None): one candidate, so nothing is measured; the key names what speed depends on.
+    # Optional (dtype=None): one candidate, so nothing is measured; the key names what speed depends
+    # on.
     def dtype_candidates(self, device=None):
         return ("float32",)
 

@@ -32,7 +32,8 @@ class NgramDrafter:
         self.ngram, self.beam_width, self.beam_length = ngram, beam_width, beam_length
 
     def continuations(self, text: np.ndarray) -> list[np.ndarray]:
-        """Up to beam_width different continuations of ``text`` (T,), most recent occurrence first."""
+        """Up to beam_width different continuations of ``text`` (T,), most recent occurrence
+        first."""
         n, found = self.ngram, []
         if len(text) <= n:
             return found
