@@ -1,5 +1,5 @@
 """Checks every target makes of its slot arguments, shared so that every backend words them
-alike."""
+alike, and ``SlotTarget``, the shell the targets of this repository share around their forward."""
 
 from __future__ import annotations
 
@@ -196,6 +196,84 @@ def admit_in_chunks(
         hidden=concatenate([p.hidden for p in parts]),
         layers={i: concatenate([p.layers[i] for p in parts]) for i in parts[0].layers},
     )
+
+
+def check_commit(staged_size: int | None, tree) -> None:
+    """``commit(tree, verdict)``'s check that ``tree`` is the one the last ``forward_tree`` ran:
+    ``staged_size`` is that tree's node count, None when no tree is staged."""
+    if staged_size is None:
+        raise InvalidInputError(
+            "commit(tree, verdict) needs a preceding forward_tree(tree); no tree is staged"
+        )
+    if tree.size != staged_size:
+        raise InvalidInputError(
+            f"commit got a tree of {tree.size} nodes, the last forward_tree ran {staged_size}; "
+            "pass the tree that was run"
+        )
+
+
+class SlotTarget:
+    """What a target over request slots keeps around its own forward, in one place:
+    ``num_slots``, ``capacity``, ``cache_lengths``, ``fingerprint`` and ``admit`` of
+    ``specdec.protocols.TargetModel``.
+
+    A subclass sets ``cache`` (with ``num_slots``, ``capacity`` and the host (num_slots,) records
+    ``admitted`` (bool) and ``lengths`` (int64)), ``vocab_size`` and ``num_layers``; implements
+    ``forward_tree``, ``commit`` and ``release``; and gives ``_prefill_chunk`` (prompt tokens per
+    forward of ``admit``), ``_concatenate`` (its framework's, over axis 0) and
+    ``_compute_fingerprint()`` (the weights' fingerprint, computed when first asked for).
+    """
+
+    _fingerprint: str | None = None
+    _prefill_chunk: int = PREFILL_CHUNK
+
+    @staticmethod
+    def _concatenate(arrays):
+        return np.concatenate(arrays)
+
+    def _compute_fingerprint(self) -> str:
+        raise NotImplementedError
+
+    @property
+    def num_slots(self) -> int:
+        return self.cache.num_slots
+
+    @property
+    def capacity(self) -> int:
+        return self.cache.capacity
+
+    @property
+    def cache_lengths(self) -> np.ndarray:
+        """(num_slots,) int64: committed positions per slot (a host copy; 0 for free slots)."""
+        return self.cache.lengths.copy()
+
+    @property
+    def fingerprint(self) -> str:
+        """Hex sha256 over the sorted tensor names, their shapes and their float32 bytes (as the
+        reference computes it), computed once."""
+        if self._fingerprint is None:
+            self._fingerprint = self._compute_fingerprint()
+        return self._fingerprint
+
+    def _check_layers(self, layers: Sequence[int]) -> set[int]:
+        return check_layers(layers, self.num_layers)
+
+    def admit(
+        self, slot: int, prompt: Sequence[int], *, layers: Sequence[int] = ()
+    ) -> PromptOutput:
+        """Prefill ``prompt`` into the free ``slot``: logits (V,) at its last token, hidden (P, H)
+        at every token and the outputs of decoder ``layers`` (P, H); a forward per
+        ``_prefill_chunk`` tokens (``forward_tree`` with the chunk as its context)."""
+        return admit_in_chunks(
+            self,
+            slot,
+            prompt,
+            layers,
+            admitted=self.cache.admitted,
+            lengths=self.cache.lengths,
+            chunk=self._prefill_chunk,
+            concatenate=self._concatenate,
+        )
 
 
 LOWER_OPTIONS = (

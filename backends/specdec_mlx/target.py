@@ -27,14 +27,8 @@ from specdec.errors import InvalidInputError
 from specdec.models.llama import LlamaConfig
 from specdec.reference.model import rotary_inverse_frequencies
 from specdec.reference import packing
-from specdec.slots import (
-    admit_in_chunks,
-    check_forward,
-    check_layers,
-    check_slot_arguments,
-    check_slots,
-)
-from specdec.types import DraftTree, PromptOutput, TargetOutput, Verdict
+from specdec.slots import SlotTarget, check_commit, check_forward, check_slot_arguments, check_slots
+from specdec.types import DraftTree, TargetOutput, Verdict
 from specdec_mlx.arrays import to_mx
 from specdec_mlx.invariance import check_row_invariance
 from specdec_mlx.exact import SplitPlan, attend_split, min_rows, plan_split, rows_invariant
@@ -81,7 +75,7 @@ def _dequantized(module) -> mx.array:
     return module.weight
 
 
-class MlxTarget:
+class MlxTarget(SlotTarget):
     """Satisfies ``specdec.protocols.TargetModel`` for an mlx-lm llama / qwen2 / mistral model.
 
     model: the mlx-lm ``Model`` (``.model.embed_tokens``, ``.model.layers``, ``.model.norm``,
@@ -118,7 +112,6 @@ class MlxTarget:
         self.num_layers = config.num_hidden_layers
         self.eos_token_ids = tuple(config.eos_token_ids)
         self._fingerprint_source = fingerprint_source
-        self._fingerprint: str | None = None
         inner = model.model
         self._embedding, self._layers, self._final_norm = (
             inner.embed_tokens,
@@ -155,26 +148,15 @@ class MlxTarget:
     # ------------------------------------------------------------------ attributes
 
     @property
-    def fingerprint(self) -> str:
-        """Hex sha256 over sorted tensor names, shapes and float32 bytes (as the reference)."""
-        if self._fingerprint is None:
-            self._fingerprint = fingerprint_of(
-                self._fingerprint_source if self._fingerprint_source else self.model
-            )
-        return self._fingerprint
+    def _prefill_chunk(self) -> int:
+        return PREFILL_CHUNK
 
-    @property
-    def num_slots(self) -> int:
-        return self.cache.num_slots
+    @staticmethod
+    def _concatenate(arrays: list[mx.array]) -> mx.array:
+        return mx.concatenate(arrays, axis=0)
 
-    @property
-    def capacity(self) -> int:
-        return self.cache.capacity
-
-    @property
-    def cache_lengths(self) -> np.ndarray:
-        """(num_slots,) int64: committed positions per slot (0 for free slots)."""
-        return self.cache.lengths.copy()
+    def _compute_fingerprint(self) -> str:
+        return fingerprint_of(self._fingerprint_source if self._fingerprint_source else self.model)
 
     def take_pending(self) -> list[mx.array]:
         """Arrays changed since the last evaluation point (the backend evaluates them with the
@@ -343,23 +325,6 @@ class MlxTarget:
 
     # ------------------------------------------------------------------ the protocol
 
-    def admit(
-        self, slot: int, prompt: Sequence[int], *, layers: Sequence[int] = ()
-    ) -> PromptOutput:
-        """Prefill ``prompt`` into the free ``slot``: logits (V,) at its last token, hidden (P, H)
-        at every token and the outputs of decoder ``layers`` (P, H); a forward per PREFILL_CHUNK
-        tokens (``forward_tree`` with the chunk as its context)."""
-        return admit_in_chunks(
-            self,
-            slot,
-            prompt,
-            layers,
-            admitted=self.cache.admitted,
-            lengths=self.cache.lengths,
-            chunk=PREFILL_CHUNK,
-            concatenate=lambda arrays: mx.concatenate(arrays, axis=0),
-        )
-
     def release(self, slot: int) -> None:
         """Free ``slot`` for another request."""
         slot = int(check_slots(self.cache.admitted, [slot], admitted_state=True, what="release")[0])
@@ -381,7 +346,7 @@ class MlxTarget:
         entries and to the nodes j with ``ancestor_mask[b, i, j]``, and its keys and values are
         written at ``length[s] + i`` (kept by commit)."""
         cache = self.cache
-        wanted = check_layers(layers, self.num_layers)
+        wanted = self._check_layers(layers)
         slots, chunks, starts = check_forward(
             tree, slots, context, cache.admitted, cache.lengths, self.capacity, self.vocab_size
         )
@@ -399,48 +364,29 @@ class MlxTarget:
         hidden, outputs = self._run(
             pack(tokens, tree is not None), segments, wanted
         )  # lazy: nothing fails later
-        chunk_hidden, tree_hidden = unpack(hidden, places, len(chunks), tree is not None)
-        chunk_layers = {
-            i: unpack(v, places, len(chunks), tree is not None) for i, v in outputs.items()
-        }
-        prompts = tuple(
-            PromptOutput(
-                logits=self._logits(h[-1]),
-                hidden=h,
-                layers={i: v[0][c] for i, v in chunk_layers.items()},
-            )
-            for c, h in enumerate(chunk_hidden)
+        output = packing.unpack_output(
+            hidden,
+            outputs,
+            places,
+            len(chunks),
+            tree is not None,
+            unpack=unpack,
+            logits=self._logits,
         )
         for (slot, t), start in zip(chunks, starts):
             cache.admitted[slot] = True
             cache.lengths[slot] = start + t.size
         if chunks:
             self._pending = True
-        if tree is None:
-            self._staged = None
-            return TargetOutput(logits=None, hidden=None, context=prompts)
-        self._staged = (slots, tree.size)
-        return TargetOutput(
-            logits=self._logits(tree_hidden),
-            hidden=tree_hidden,
-            layers={i: v[1] for i, v in chunk_layers.items()},
-            context=prompts,
-        )
+        self._staged = None if tree is None else (slots, tree.size)
+        return output
 
     def commit(self, tree: DraftTree, verdict: Verdict) -> None:
         """Keep the entries of ``verdict.path[b, :num_accepted[b] + 1]`` (root first) behind each
         row's committed ones in its slot; the rest of the tree is dropped
         (its positions become scratch)."""
-        if self._staged is None:
-            raise InvalidInputError(
-                "commit(tree, verdict) needs a preceding forward_tree(tree); no tree is staged"
-            )
-        slots, size = self._staged
-        if tree.size != size:
-            raise InvalidInputError(
-                f"commit got a tree of {tree.size} nodes, the last forward_tree ran "
-                f"{size}; pass the tree that was run"
-            )
+        check_commit(None if self._staged is None else self._staged[1], tree)
+        slots = self._staged[0]
         path = to_mx(verdict.path).astype(mx.int32)
         if path.ndim != 2 or path.shape[0] != len(slots) or path.shape[1] > tree.size:
             raise InvalidInputError(

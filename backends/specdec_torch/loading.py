@@ -23,7 +23,7 @@ from specdec.errors import InvalidInputError, require
 from specdec.models.llama import SUPPORTED_MODEL_TYPES, LlamaConfig, load_tokenizer
 from specdec_torch.device import default_device
 from specdec.reference.weights import check_weights_header
-from specdec_torch.model import TorchTarget
+from specdec_torch.target import TorchTarget
 
 __all__ = ["DTYPES", "default_device", "load_torch_target", "resolve_dtype", "tensor_fingerprint"]
 

@@ -26,7 +26,7 @@ from typing import Any
 import attrs
 import numpy as np
 
-from specdec.models.checkpoints import config_from_dict
+from specdec.models.checkpoints import check_weight_shapes, config_from_dict
 from specdec.drafting.shortlist import check_shortlist
 
 __all__ = ["MODEL_TYPE", "EagleConfig", "check_weights", "tree_size"]
@@ -149,22 +149,14 @@ class EagleConfig:
 
 def check_weights(config: EagleConfig, weights: dict[str, Any]) -> None:
     """Raise ValueError listing missing, unexpected and wrongly shaped weights for ``config``."""
-    expected = config.weight_shapes()
-    missing = sorted(set(expected) - set(weights))
-    unexpected = sorted(set(weights) - set(expected))
-    wrong = sorted(
-        f"{name}: {tuple(np.shape(weights[name]))} != {shape}"
-        for name, shape in expected.items()
-        if name in weights and tuple(np.shape(weights[name])) != shape
+    check_weight_shapes(
+        config.weight_shapes(),
+        weights,
+        label="EAGLE",
+        settings=f"heads {config.num_heads}/{config.num_kv_heads} of {config.head_dim}, "
+        f"intermediate_size {config.intermediate_size}, fc_bias={config.fc_bias}, "
+        f"shortlist_size={config.shortlist_size}",
     )
-    if missing or unexpected or wrong:
-        raise ValueError(
-            "EAGLE weights do not match the config (heads "
-            f"{config.num_heads}/{config.num_kv_heads} of {config.head_dim}, intermediate_size "
-            f"{config.intermediate_size}, fc_bias={config.fc_bias}, "
-            f"shortlist_size={config.shortlist_size}): missing {missing}, unexpected {unexpected}, "
-            f"wrong shapes {wrong}; check that config.json belongs to these weights"
-        )
     if config.shortlist_size is not None:
         check_shortlist(
             np.asarray(weights["vocab_shortlist"]), config.vocab_size, config.shortlist_size

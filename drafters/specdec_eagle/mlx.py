@@ -21,7 +21,7 @@ from specdec.capabilities import DrafterCaps
 from specdec.errors import InvalidInputError
 from specdec.types import Accepted, Draft, DraftContext, PromptOutput
 from specdec_eagle.config import EagleConfig, check_weights
-from specdec_eagle.reference import check_context, check_target_arrays, tree_options
+from specdec_eagle.reference import check_propose_context, check_target_arrays, tree_options
 from specdec_eagle.search import extended_beams
 from specdec_mlx import ops
 
@@ -225,7 +225,7 @@ class MlxEagleDrafter:
         """Beams (B, W = total_tokens, L = depth + 1), one dynamic tree per row."""
         roots = ops.as_array(context.root_tokens, dtype=mx.int32)
         hidden = ops.as_array(context.hidden).astype(self.embed_tokens.dtype)
-        check_context(self.config, context, roots, hidden.shape)
+        check_propose_context(self.config, context, roots, hidden.shape)
         states = [self._slot(int(s)) for s in np.asarray(context.slots).tolist()]
         span = max(s["length"] for s in states)
         pad = lambda a: mx.pad(a, [(0, 0), (0, span - a.shape[1]), (0, 0)])  # noqa: E731

@@ -469,7 +469,7 @@ class EagleDrafter:
         """Beams (B, W = total_tokens, L = depth + 1), one dynamic tree per row."""
         roots = np.asarray(context.root_tokens, dtype=np.int64)
         hidden = np.asarray(context.hidden, dtype=np.float64)
-        check_context(self.config, context, roots, hidden.shape)
+        check_propose_context(self.config, context, roots, hidden.shape)
         beams = np.stack(
             [
                 dynamic_tree(
@@ -512,7 +512,7 @@ def check_target_arrays(config: EagleConfig, embed_tokens, lm_head) -> None:
             )
 
 
-def check_context(config: EagleConfig, context: DraftContext, roots, hidden_shape) -> None:
+def check_propose_context(config: EagleConfig, context: DraftContext, roots, hidden_shape) -> None:
     """What ``propose`` needs: slots (the decode loop gives them), hidden (B, H), no draft
     probabilities."""
     batch = len(roots)

@@ -26,7 +26,7 @@ from specdec.capabilities import DrafterCaps
 from specdec.errors import InvalidInputError
 from specdec.types import Accepted, Draft, DraftContext, PromptOutput
 from specdec_eagle.config import EagleConfig, check_weights
-from specdec_eagle.reference import check_context, check_target_arrays, tree_options
+from specdec_eagle.reference import check_propose_context, check_target_arrays, tree_options
 from specdec_eagle.search import extended_beams
 from specdec_torch.ops import compute_dtype, top_k_lowest_index
 
@@ -300,7 +300,7 @@ class TorchEagleDrafter:
         """Beams (B, W = total_tokens, L = depth + 1), one dynamic tree per row."""
         roots = torch.as_tensor(context.root_tokens, device=self.device).to(torch.int64)
         hidden = torch.as_tensor(context.hidden, device=self.device).to(self.dtype)
-        check_context(self.config, context, roots, hidden.shape)
+        check_propose_context(self.config, context, roots, hidden.shape)
         slots = [int(s) for s in np.asarray(context.slots).tolist()]
         states = [self._slot(s) for s in slots]
         lengths = torch.tensor([s["length"] for s in states], device=self.device)

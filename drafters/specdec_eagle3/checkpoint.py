@@ -13,9 +13,9 @@ from typing import Any, Mapping
 import numpy as np
 
 from specdec.models.checkpoints import read_checkpoint, read_target_config, save_checkpoint
-from specdec.models.export import detect_layout
 from specdec.models.llama import LlamaConfig
 
+from specdec.plugins.export import detect_layout
 from specdec_eagle3.config import Eagle3Config, check_weights, default_hidden_layers
 from specdec_eagle3.export import read_specforge, read_speculators
 

@@ -31,7 +31,7 @@ from typing import Any
 import attrs
 import numpy as np
 
-from specdec.models.checkpoints import config_from_dict
+from specdec.models.checkpoints import check_weight_shapes, config_from_dict
 from specdec.errors import InvalidInputError
 
 __all__ = [
@@ -211,22 +211,14 @@ def draft_to_target(d2t) -> np.ndarray:
 def check_weights(config: Eagle3Config, weights: dict[str, Any]) -> None:
     """Raise ValueError listing missing, unexpected and wrongly shaped weights for ``config``, or
     a ``d2t`` that does not map the draft vocabulary to ascending target ids."""
-    expected = config.weight_shapes()
-    missing = sorted(set(expected) - set(weights))
-    unexpected = sorted(set(weights) - set(expected))
-    wrong = sorted(
-        f"{name}: {tuple(np.shape(weights[name]))} != {shape}"
-        for name, shape in expected.items()
-        if name in weights and tuple(np.shape(weights[name])) != shape
+    check_weight_shapes(
+        config.weight_shapes(),
+        weights,
+        label="EAGLE-3",
+        settings=f"heads {config.num_heads}/{config.num_kv_heads} of {config.head_dim}, "
+        f"intermediate_size {config.intermediate_size}, draft_vocab_size "
+        f"{config.draft_vocab_size}",
     )
-    if missing or unexpected or wrong:
-        raise ValueError(
-            "EAGLE-3 weights do not match the config (heads "
-            f"{config.num_heads}/{config.num_kv_heads} of {config.head_dim}, intermediate_size "
-            f"{config.intermediate_size}, draft_vocab_size {config.draft_vocab_size}): missing "
-            f"{missing}, unexpected {unexpected}, wrong shapes {wrong}; check that config.json "
-            "belongs to these weights"
-        )
     d2t = np.asarray(weights["d2t"])
     if not np.issubdtype(d2t.dtype, np.integer) and not np.array_equal(d2t, np.round(d2t)):
         raise ValueError(

@@ -22,7 +22,7 @@ from specdec_eagle3.config import Eagle3Config, check_weights, draft_to_target
 from specdec_eagle3.reference import (
     check_embedding,
     check_layers_resolved,
-    check_slots,
+    check_propose_context,
     missing_slot,
     tree_options,
 )
@@ -254,7 +254,7 @@ class MlxEagle3Drafter:
     def propose(self, context: DraftContext) -> Draft:
         """Beams (B, W = total_tokens, L = depth + 1), one dynamic tree per row."""
         roots = ops.as_array(context.root_tokens, dtype=mx.int32)
-        check_slots(context, roots.shape[0])
+        check_propose_context(context, roots.shape[0])
         states = [self._slot(int(s)) for s in np.asarray(context.slots).tolist()]
         span = max(s["length"] for s in states)
         pad = lambda a: mx.pad(a, [(0, 0), (0, span - a.shape[1]), (0, 0)])  # noqa: E731

@@ -299,7 +299,8 @@ def check_layers_resolved(config: Eagle3Config) -> None:
         )
 
 
-def check_slots(context: DraftContext, batch: int) -> None:
+def check_propose_context(context: DraftContext, batch: int) -> None:
+    """What ``propose`` needs: slots (the decode loop gives them), no draft probabilities."""
     if context.slots is None or len(context.slots) != batch:
         raise InvalidInputError(
             "EAGLE-3 drafts per request: context.slots must name each row's slot (the decode loop "
@@ -399,7 +400,7 @@ class Eagle3Drafter:
     def propose(self, context: DraftContext) -> Draft:
         """Beams (B, W = total_tokens, L = depth + 1), one dynamic tree per row."""
         roots = np.asarray(context.root_tokens, dtype=np.int64)
-        check_slots(context, len(roots))
+        check_propose_context(context, len(roots))
         beams = np.stack(
             [
                 dynamic_tree(

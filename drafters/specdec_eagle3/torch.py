@@ -25,7 +25,7 @@ from specdec_eagle3.config import Eagle3Config, check_weights, draft_to_target
 from specdec_eagle3.reference import (
     check_embedding,
     check_layers_resolved,
-    check_slots,
+    check_propose_context,
     missing_slot,
     tree_options,
 )
@@ -296,7 +296,7 @@ class TorchEagle3Drafter:
     def propose(self, context: DraftContext) -> Draft:
         """Beams (B, W = total_tokens, L = depth + 1), one dynamic tree per row."""
         roots = torch.as_tensor(context.root_tokens, device=self.device).to(torch.int64)
-        check_slots(context, len(roots))
+        check_propose_context(context, len(roots))
         states = [self._slot(int(s)) for s in np.asarray(context.slots).tolist()]
         lengths = torch.tensor([s["length"] for s in states], device=self.device)
         span = int(lengths.max())

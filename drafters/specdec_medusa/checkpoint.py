@@ -9,7 +9,7 @@ from typing import Mapping
 import numpy as np
 
 from specdec.models.checkpoints import read_checkpoint, read_target_config, save_checkpoint
-from specdec.models.export import detect_layout
+from specdec.plugins.export import detect_layout
 
 from specdec_medusa.config import MedusaConfig
 from specdec_medusa.export import read_fasterdecoding, read_vllm

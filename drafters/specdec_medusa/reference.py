@@ -18,6 +18,7 @@ from typing import Mapping
 import numpy as np
 
 from specdec.capabilities import DrafterCaps
+from specdec.models.checkpoints import check_weight_shapes
 
 from specdec.types import Draft, DraftContext
 from specdec_medusa.config import MedusaConfig, tree_size
@@ -30,27 +31,13 @@ def silu(x: np.ndarray) -> np.ndarray:
 
 def check_weights(config: MedusaConfig, weights: Mapping[str, np.ndarray]) -> None:
     """Raise ValueError unless ``weights`` has exactly the names and shapes ``config`` expects."""
-    expected = config.weight_shapes()
-    missing = sorted(set(expected) - set(weights))
-    if missing:
-        raise ValueError(
-            f"Medusa weights lack {len(missing)} arrays the config needs, e.g. {missing[:3]}; "
-            f"check num_heads={config.num_heads}, num_layers={config.num_layers}, "
-            f"head={config.head!r}"
-        )
-    unexpected = sorted(set(weights) - set(expected))
-    if unexpected:
-        raise ValueError(
-            f"Medusa weights have {len(unexpected)} arrays the config does not describe, e.g. "
-            f"{unexpected[:3]}; check num_heads={config.num_heads}, "
-            f"num_layers={config.num_layers}, head={config.head!r}"
-        )
-    for name, shape in expected.items():
-        if tuple(np.shape(weights[name])) != shape:
-            raise ValueError(
-                f"Medusa weight {name!r} has shape {tuple(np.shape(weights[name]))}, expected "
-                f"{shape}"
-            )
+    check_weight_shapes(
+        config.weight_shapes(),
+        weights,
+        label="Medusa",
+        settings=f"num_heads={config.num_heads}, num_layers={config.num_layers}, "
+        f"head={config.head!r}",
+    )
 
 
 def _check_lm_head(config: MedusaConfig, lm_head) -> np.ndarray | None:

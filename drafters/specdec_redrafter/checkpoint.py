@@ -13,9 +13,9 @@ from typing import Any, Mapping
 import numpy as np
 
 from specdec.models.checkpoints import read_checkpoint, read_target_config, save_checkpoint
-from specdec.models.export import detect_layout
 from specdec.models.llama import load_tensors
 
+from specdec.plugins.export import detect_layout
 from specdec_redrafter.config import RedrafterConfig, check_weights
 from specdec_redrafter.export import read_apple
 from specdec_redrafter.reference import drafter_features, rnn_step

@@ -24,7 +24,7 @@ from typing import Any
 import attrs
 import numpy as np
 
-from specdec.models.checkpoints import config_from_dict
+from specdec.models.checkpoints import check_weight_shapes, config_from_dict
 from specdec.drafting.shortlist import check_shortlist
 
 __all__ = [
@@ -171,22 +171,13 @@ class RedrafterConfig:
 
 def check_weights(config: RedrafterConfig, weights: dict[str, Any]) -> None:
     """Raise ValueError listing missing, unexpected and wrongly shaped weights for ``config``."""
-    expected = config.weight_shapes()
-    missing = sorted(set(expected) - set(weights))
-    unexpected = sorted(set(weights) - set(expected))
-    wrong = sorted(
-        f"{name}: {tuple(np.shape(weights[name]))} != {shape}"
-        for name, shape in expected.items()
-        if name in weights and tuple(np.shape(weights[name])) != shape
+    check_weight_shapes(
+        config.weight_shapes(),
+        weights,
+        label="ReDrafter",
+        settings=f"head={config.head!r}, rnn={config.rnn}, exit_dim={config.exit_dim}, "
+        f"num_draft_layers={config.num_draft_layers}, shortlist_size={config.shortlist_size}",
     )
-    if missing or unexpected or wrong:
-        raise ValueError(
-            "ReDrafter weights do not match the config "
-            f"(head={config.head!r}, rnn={config.rnn}, exit_dim={config.exit_dim}, "
-            f"num_draft_layers={config.num_draft_layers}, shortlist_size={config.shortlist_size}): "
-            f"missing {missing}, unexpected {unexpected}, wrong shapes {wrong}; check that "
-            "config.json belongs to these weights"
-        )
     if config.shortlist_size is not None:
         check_shortlist(
             np.asarray(weights["vocab_shortlist"]), config.vocab_size, config.shortlist_size

@@ -105,7 +105,7 @@ def tree_size(
     )
 
 
-def step_costs(
+def median_step_seconds(
     target, drafter, prompt, *, backend: str, steps: int = 12
 ) -> tuple[float, float, float]:
     """Median seconds of (draft, verify, other) per decode step of ``drafter`` on this machine."""
@@ -177,10 +177,12 @@ def plan(
                         accepted_length(beams[0], step.new_tokens[0], w, l, lookup, row_lengths)
                     )
                     sizes[(w, l)].append(tree_size(beams[0], w, l, lookup, row_lengths))
-    plain_step = sum(step_costs(target, "none", ids[0], backend=backend))
+    plain_step = sum(median_step_seconds(target, "none", ids[0], backend=backend))
     rows = []
     for (w, l), values in accepted.items():
-        draft_s, verify_s, other_s = step_costs(target, drafter_with(w, l), ids[0], backend=backend)
+        draft_s, verify_s, other_s = median_step_seconds(
+            target, drafter_with(w, l), ids[0], backend=backend
+        )
         tau = 1.0 + float(np.mean(values)) if values else 1.0
         rows.append(
             PlanRow(

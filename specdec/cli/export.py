@@ -1,5 +1,5 @@
 """``specdec export`` and ``specdec import``: drafters in the layouts serving engines load
-(``specdec.models.export``, docs/scale-out.md)."""
+(``specdec.plugins.export``, docs/scale-out.md)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 import sys
 
 from specdec.errors import InvalidInputError
-from specdec.models.export import describe, export, import_drafter
+from specdec.plugins.export import describe, export, import_drafter
 
 
 def add_parser(sub) -> None:

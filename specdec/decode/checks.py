@@ -68,7 +68,7 @@ def check_draft(
         _in_vocabulary(who, "Draft.head_tokens", head_tokens, vocab_size)
 
 
-def check_tree(
+def check_tree_output(
     who: str, tokens: np.ndarray, parents: np.ndarray, num_nodes: np.ndarray, vocab_size: int
 ) -> None:
     """A tree: integer tokens in the vocabulary, 1..N nodes per row, each parent before its
@@ -156,7 +156,7 @@ def check_group(plan, draft, tree, cause: Exception | None = None):
             vocab,
             draft.beam_lengths,
         )
-        check_tree(plan.source("tree_builder"), *tree_arrays, vocab)
+        check_tree_output(plan.source("tree_builder"), *tree_arrays, vocab)
     except PluginOutputError as error:
         raise error from cause
     return (beams, *tree_arrays)

@@ -405,11 +405,11 @@ def load_with_choice(
     capacity: int | None = None,
     exact: bool | None = None,
 ):
-    """(target, DtypeChoice) of ``_load_target``, with the target's exact mode set from ``exact``
-    (``specdec.tuning.exactness.configure``; a loaded target keeps its own unless ``exact`` is
-    given)."""
+    """(target, DtypeChoice) of ``_load_choosing_dtype``, with the target's exact mode set from
+    ``exact`` (``specdec.tuning.exactness.configure``; a loaded target keeps its own unless
+    ``exact`` is given)."""
     exact = check_exact_option(exact)
-    target, choice = _load_target(
+    target, choice = _load_choosing_dtype(
         backend, model, dtype=dtype, device=device, slots=slots, capacity=capacity
     )
     if exact is not None or getattr(target, "exactness", None) is None:
@@ -417,7 +417,7 @@ def load_with_choice(
     return target, choice
 
 
-def _load_target(
+def _load_choosing_dtype(
     backend,
     model,
     *,

@@ -12,7 +12,7 @@ from typing import Any
 import attrs
 
 from specdec.errors import InvalidInputError
-from specdec.models.export import detect_layout
+from specdec.plugins.export import detect_layout
 from specdec.models.files import check_checkpoint_folder
 from specdec.plugins.registry import PluginRegistry
 from specdec.plugins.specs import DrafterSpec
@@ -45,7 +45,7 @@ class Resolved:
 
 def drafter_kind(checkpoint: Path, registry: PluginRegistry) -> str:
     """The name of the installed drafter that reads the checkpoint folder: an engine's layout
-    (``specdec.models.export``), else the drafter whose spec reads its config's model_type."""
+    (``specdec.plugins.export``), else the drafter whose spec reads its config's model_type."""
     found = detect_layout(checkpoint, registry)  # specdec's own checkpoints and engines' layouts
     if found is not None and found[1] != "specdec":
         return found[0]

@@ -1,1 +1,1 @@
-"""Model and drafter folders: files checked, checkpoints, the cache, bundled models, export."""
+"""Model and drafter folders: files checked, checkpoints, the cache, bundled models."""

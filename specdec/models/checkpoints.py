@@ -83,6 +83,41 @@ def read_checkpoint(path, *, label: str) -> tuple[dict, dict[str, np.ndarray]]:
     return config, weights
 
 
+def check_weight_shapes(
+    expected: Mapping[str, tuple[int, ...]],
+    weights: Mapping[str, Any],
+    *,
+    label: str,
+    settings: str,
+) -> None:
+    """Raise ValueError unless ``weights`` holds exactly the arrays ``expected`` names, each of
+    its shape (name -> shape, from the drafter's config). The message names every tensor missing,
+    unexpected or of another shape, the config's ``settings`` that set them and the fix; a
+    drafter checkpoint's reader raises it inside ``specdec.models.files.damaged_checkpoint``,
+    which names the folder. ``label``: the drafter, as "ReDrafter"."""
+    missing = sorted(set(expected) - set(weights))
+    unexpected = sorted(set(weights) - set(expected))
+    wrong = sorted(
+        f"{name}: {tuple(np.shape(weights[name]))} != {tuple(shape)}"
+        for name, shape in expected.items()
+        if name in weights and tuple(np.shape(weights[name])) != tuple(shape)
+    )
+    found = []
+    if missing:
+        found.append(f"the weights lack {len(missing)} arrays it needs, missing {missing}")
+    if unexpected:
+        found.append(
+            f"they hold {len(unexpected)} arrays it does not describe, unexpected {unexpected}"
+        )
+    if wrong:
+        found.append(f"{len(wrong)} arrays have another shape, wrong shapes {wrong}")
+    if found:
+        raise ValueError(
+            f"{label} weights do not match the config ({settings}): {'; '.join(found)}; check "
+            "that config.json belongs to these weights"
+        )
+
+
 def read_target_config(model_path, *, label: str) -> tuple[dict, dict]:
     """The ``config.json`` of a target folder and the ``target`` record a drafter trained for it
     stores (name, vocab_size, hidden_size)."""
@@ -165,7 +200,7 @@ def check_compatible(
         )
 
 
-def check_target(config, target, *, drafter: str) -> None:
+def check_trained_for(config, target, *, drafter: str) -> None:
     """``check_compatible`` against a loaded target; its fingerprint (a hash of its weights) is
     computed only when the checkpoint records one."""
     recorded = (getattr(config, "target", None) or {}).get("fingerprint")

@@ -1,1 +1,1 @@
-"""The plugin host: hook and drafter specs, the registry, plugins found and isolated."""
+"""The plugin host (specs, registry, loading), the built-in ``numpy`` plugin, drafter export."""

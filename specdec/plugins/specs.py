@@ -33,7 +33,7 @@ class CliOption:
 @attrs.frozen(kw_only=True)
 class Layout:
     """A serving engine's checkpoint layout that a drafter exports to and imports from
-    (``specdec.models.export``, docs/scale-out.md).
+    (``specdec.plugins.export``, docs/scale-out.md).
 
     name: the format's name (``specdec export --format NAME``); aliases: other names for it (an
     engine that reads it); detect(folder, config) -> whether a folder (its parsed config.json, or

@@ -12,7 +12,7 @@ from typing import Callable
 
 import numpy as np
 
-from specdec.models.checkpoints import check_target, require_checkpoint
+from specdec.models.checkpoints import check_trained_for, require_checkpoint
 from specdec.errors import CorruptFileError, require
 
 # backend -> (framework modules to import first, the specdec extra that installs them)
@@ -77,7 +77,7 @@ def load_trained(name: str, label: str, package: str, loader: Callable, checkpoi
     checkpoint = require_checkpoint(name, checkpoint, target, package=package)
     config, weights = loader(checkpoint)
     check_finite(weights, checkpoint)
-    check_target(config, target, drafter=label)
+    check_trained_for(config, target, drafter=label)
     return config, weights
 
 

@@ -27,7 +27,7 @@ from specdec.errors import InvalidInputError
 from specdec.models.llama import LlamaConfig, check_folder, load_tensors, load_tokenizer
 from specdec.reference.kvcache import TreeKVCache
 from specdec.reference.weights import check_weights_header
-from specdec.slots import admit_in_chunks, check_forward, check_layers, check_slot_arguments
+from specdec.slots import SlotTarget, check_forward, check_slot_arguments
 from specdec.types import DraftTree, PromptOutput, TargetOutput, Verdict
 
 __all__ = [
@@ -150,7 +150,7 @@ class _Layer:
     down_bias: np.ndarray | None
 
 
-class ReferenceTarget:
+class ReferenceTarget(SlotTarget):
     """A Llama-family target in float64 NumPy that satisfies ``specdec.protocols.TargetModel``.
 
     ``tensors`` maps Hugging Face weight names (``model.layers.0.self_attn.q_proj.weight`` ...)
@@ -177,7 +177,6 @@ class ReferenceTarget:
         self.num_layers = config.num_hidden_layers
         self.eos_token_ids = tuple(config.eos_token_ids)
         self._tensors = {key: np.asarray(value, dtype=np.float64) for key, value in tensors.items()}
-        self._fingerprint: str | None = None
 
         vocab, hidden, inner = config.vocab_size, config.hidden_size, config.intermediate_size
         q_out = config.num_attention_heads * config.head_dim
@@ -231,12 +230,8 @@ class ReferenceTarget:
         )
 
     @property
-    def num_slots(self) -> int:
-        return self.cache.num_slots
-
-    @property
-    def capacity(self) -> int:
-        return self.cache.capacity
+    def _prefill_chunk(self) -> int:
+        return PREFILL_CHUNK
 
     def _weight(self, key: str, shape: tuple[int, ...], hint: str = "") -> np.ndarray:
         if key not in self._tensors:
@@ -251,23 +246,15 @@ class ReferenceTarget:
             )
         return value
 
-    @property
-    def fingerprint(self) -> str:
+    def _compute_fingerprint(self) -> str:
         """Hex sha256 over the sorted tensor names, their shapes and their float32 bytes."""
-        if self._fingerprint is None:
-            digest = hashlib.sha256()
-            for key in sorted(self._tensors):
-                value = self._tensors[key]
-                digest.update(key.encode())
-                digest.update(repr(tuple(value.shape)).encode())
-                digest.update(np.ascontiguousarray(value, dtype="<f4").tobytes())
-            self._fingerprint = digest.hexdigest()
-        return self._fingerprint
-
-    @property
-    def cache_lengths(self) -> np.ndarray:
-        """(num_slots,) int64: committed positions per slot (0 for free slots)."""
-        return self.cache.lengths
+        digest = hashlib.sha256()
+        for key in sorted(self._tensors):
+            value = self._tensors[key]
+            digest.update(key.encode())
+            digest.update(repr(tuple(value.shape)).encode())
+            digest.update(np.ascontiguousarray(value, dtype="<f4").tobytes())
+        return digest.hexdigest()
 
     def _forward(
         self,
@@ -348,26 +335,6 @@ class ReferenceTarget:
                 f"{what} holds token ids outside [0, {self.vocab_size}): "
                 f"{tokens.min()}..{tokens.max()}"
             )
-
-    def _check_layers(self, layers: Sequence[int]) -> set[int]:
-        return check_layers(layers, self.num_layers)
-
-    def admit(
-        self, slot: int, prompt: Sequence[int], *, layers: Sequence[int] = ()
-    ) -> PromptOutput:
-        """Prefill ``prompt`` into the free ``slot``: logits (V,) at its last token, hidden (P, H)
-        at every token and the outputs of decoder ``layers``; a forward per PREFILL_CHUNK tokens
-        (``forward_tree`` with the chunk as its context)."""
-        return admit_in_chunks(
-            self,
-            slot,
-            prompt,
-            layers,
-            admitted=self.cache.admitted,
-            lengths=self.cache.lengths,
-            chunk=PREFILL_CHUNK,
-            concatenate=np.concatenate,
-        )
 
     def release(self, slot: int) -> None:
         """Free ``slot`` for another request."""

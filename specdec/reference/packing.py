@@ -13,18 +13,21 @@ its slot's cache; the tree rows together, through the tree mask. Everything else
 (norms, projections, MLP) runs on the packed (T, ...) stream; ``unpack`` splits it back into a
 (c, ...) array per chunk and a (B, N, ...) array of tree rows.
 
-``layout`` is the index arithmetic the fast paths share; ``pack`` and ``unpack`` are the twins
-that the fast backends' own packing functions are checked against.
+``layout`` is the index arithmetic the fast paths share, and ``unpack_output`` turns their packed
+hidden states into the forward's ``TargetOutput``; ``pack`` and ``unpack`` are the twins that the
+fast backends' own packing functions are checked against.
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 import attrs
 import numpy as np
 
-__all__ = ["Segment", "layout", "pack", "unpack"]
+from specdec.types import PromptOutput, TargetOutput
+
+__all__ = ["Segment", "layout", "pack", "unpack", "unpack_output"]
 
 
 @attrs.frozen
@@ -80,3 +83,34 @@ def unpack(
         s = segments[-1]
         tree = stream[s.offset : s.end].reshape((s.rows, s.width) + stream.shape[1:])
     return chunks, tree
+
+
+def unpack_output(
+    hidden,
+    layers: dict,
+    segments: Sequence[Segment],
+    num_chunks: int,
+    has_tree: bool,
+    *,
+    unpack: Callable,
+    logits: Callable,
+) -> TargetOutput:
+    """The ``TargetOutput`` of a packed forward, in any framework: ``hidden`` (T, H) after the
+    final norm and ``layers`` {layer: (T, H)} split with the framework's ``unpack(stream,
+    segments, num_chunks, has_tree)``; ``context`` holds a ``PromptOutput`` per chunk (logits at
+    its last token), and the tree rows give logits, hidden and layers (None without a tree).
+    ``logits(hidden)`` is the target's LM head."""
+    chunk_hidden, tree_hidden = unpack(hidden, segments, num_chunks, has_tree)
+    split = {i: unpack(v, segments, num_chunks, has_tree) for i, v in layers.items()}
+    prompts = tuple(
+        PromptOutput(logits=logits(h[-1]), hidden=h, layers={i: v[0][c] for i, v in split.items()})
+        for c, h in enumerate(chunk_hidden)
+    )
+    if not has_tree:
+        return TargetOutput(logits=None, hidden=None, context=prompts)
+    return TargetOutput(
+        logits=logits(tree_hidden),
+        hidden=tree_hidden,
+        layers={i: v[1] for i, v in split.items()},
+        context=prompts,
+    )

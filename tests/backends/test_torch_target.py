@@ -177,7 +177,7 @@ def test_mistral_sliding_window_matches_reference(tmp_path):
 def test_prefill_in_chunks_matches_reference(models, monkeypatch):
     """A prompt of several prefill chunks (and a partial one) beside a short one, then tree steps
     (within check_target's capacity of 64 positions per slot)."""
-    import specdec_torch.model as torch_model
+    import specdec_torch.target as torch_model
 
     monkeypatch.setattr(torch_model, "PREFILL_CHUNK", 7)
     prompts = [[t * 5 % 64 for t in range(30)], [5, 6]]
@@ -221,7 +221,7 @@ def test_capacity_is_preallocated_and_never_exceeded(models, dtype, monkeypatch)
     """The cache is allocated once for ``capacity`` positions per slot: chunked prefill and chain
     steps up to it match the reference; an admission or a tree beyond it is refused with a clear
     error, leaves the cache as it was, and the buffer is never reallocated."""
-    import specdec_torch.model as torch_model
+    import specdec_torch.target as torch_model
 
     monkeypatch.setattr(torch_model, "PREFILL_CHUNK", 7)
     backend, tolerance = TorchBackend(), checks.FLOAT64 if dtype == "float64" else checks.FLOAT32

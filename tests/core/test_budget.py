@@ -34,7 +34,7 @@ from specdec.decode.prefill import plan_chunks
 from specdec.reference.tree import build_prefix_tree
 from specdec.decode.requests import Request, RequestState
 from specdec.slots import PREFILL_CHUNK
-from specdec.decode.checks import check_tree
+from specdec.decode.checks import check_tree_output
 from specdec.testing import make_random_drafter
 
 LINE = CostCurve(tokens=(1, 1024), seconds=(0.021, 0.021 + 0.001 * 1023))  # 20 ms + 1 ms per token
@@ -474,7 +474,7 @@ def test_a_cut_tree_is_the_first_nodes_of_the_whole_one(beams, rows, data):
     if cut is None:
         assert keep == tree.num_nodes.tolist()
         return
-    check_tree("cut_tree", cut.tokens, cut.parents, cut.num_nodes, 16)
+    check_tree_output("cut_tree", cut.tokens, cut.parents, cut.num_nodes, 16)
     assert cut.num_nodes.tolist() == keep and cut.size == max(keep)
     for b, n in enumerate(keep):
         assert np.array_equal(cut.tokens[b, :n], tree.tokens[b, :n])

@@ -81,7 +81,7 @@ def test_a_backend_that_does_not_ask_stays_on_the_callers_thread(model_dir):
 def test_torch_steps_run_on_the_compute_thread(model_dir, monkeypatch):
     pytest.importorskip("torch")  # required when SPECDEC_TEST_BACKENDS names torch (conftest)
     from specdec.serving.engine import Engine
-    from specdec_torch.model import TorchTarget
+    from specdec_torch.target import TorchTarget
 
     names = []
     forward = TorchTarget.forward_tree

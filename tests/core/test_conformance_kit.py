@@ -93,7 +93,7 @@ class DroppingBackend:
     name = "dropping"
 
     def __init__(self):
-        from specdec.reference.plugin import NumpyBackend
+        from specdec.plugins.builtin import NumpyBackend
 
         self.inner = NumpyBackend()
 

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import specdec
-from specdec.reference.plugin import NumpyBackend
+from specdec.plugins.builtin import NumpyBackend
 from specdec.testing import OracleDrafter, greedy_continuations, make_random_drafter
 
 

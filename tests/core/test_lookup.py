@@ -19,7 +19,7 @@ from specdec.drafting.lookup import (
     lookup_chain,
     next_token_by_lookup,
 )
-from specdec.reference.plugin import NumpyBackend
+from specdec.plugins.builtin import NumpyBackend
 from specdec.testing import make_random_drafter
 from specdec.types import DraftContext
 

@@ -12,7 +12,7 @@ import pytest
 import specdec
 from specdec.errors import PluginOutputError
 from specdec.plugins.registry import PluginRegistry
-from specdec.reference import plugin as numpy_plugin
+from specdec.plugins import builtin as numpy_plugin
 from specdec.reference.verify import GreedyVerifier
 
 

@@ -19,8 +19,8 @@ from specdec.generation.api import load_with_choice, prepare
 from specdec.plugins.hookspecs import hookimpl
 from specdec.drafting.lookup import LookupDrafter
 from specdec.plugins.registry import PluginRegistry
-from specdec.reference import plugin as numpy_plugin
-from specdec.reference.plugin import NumpyBackend
+from specdec.plugins import builtin as numpy_plugin
+from specdec.plugins.builtin import NumpyBackend
 from specdec.testing import make_random_drafter, make_random_model
 
 SLOW_SECONDS = 0.02  # every forward of the "slow" dtype sleeps this long: far above timing noise

@@ -26,7 +26,7 @@ import specdec
 from specdec.generation.api import prepare
 from specdec.decode.loop import decode_steps
 from specdec.reference.model import load_target
-from specdec.reference.plugin import NumpyBackend
+from specdec.plugins.builtin import NumpyBackend
 from specdec.reference.sampling import target_probs
 from specdec.reference.tree import build_prefix_tree, check_tree
 from specdec.reference.verify import ExactTreeVerifier, RejectionVerifier

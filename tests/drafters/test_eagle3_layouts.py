@@ -16,7 +16,7 @@ import pytest
 
 import specdec
 from specdec.errors import InvalidInputError
-from specdec.models.export import detect_layout, export, import_drafter
+from specdec.plugins.export import detect_layout, export, import_drafter
 from specdec.testing import make_random_model
 from specdec_eagle3.checkpoint import load_eagle3_checkpoint, make_random_eagle3
 

@@ -1,4 +1,4 @@
-"""Export to the engines' layouts and import from them (specdec.models.export, docs/scale-out.md).
+"""Export to the engines' layouts and import from them (specdec.plugins.export, docs/scale-out.md).
 
 The layout tests rebuild, from the upstream code cited in docs/scale-out.md, what each loader
 looks up, and fail on any drift in names, shapes or config fields:
@@ -27,7 +27,7 @@ import pytest
 import specdec
 from specdec.cli.main import main
 from specdec.errors import InvalidInputError
-from specdec.models.export import detect_layout, export, import_drafter
+from specdec.plugins.export import detect_layout, export, import_drafter
 from specdec.plugins.registry import default_registry
 from specdec.types import DraftContext
 from specdec_medusa.checkpoint import load_medusa_checkpoint, make_random_medusa, save_medusa

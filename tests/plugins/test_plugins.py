@@ -11,7 +11,7 @@ import pytest
 
 import specdec
 from specdec.plugins.registry import PluginRegistry
-from specdec.reference import plugin as numpy_plugin
+from specdec.plugins import builtin as numpy_plugin
 
 
 def test_builtins_register_through_entry_points():
@@ -92,7 +92,7 @@ def test_verifier_must_declare_lossless():
 
 def test_import_loads_neither_torch_nor_mlx():
     code = (
-        "import sys, specdec, specdec.reference.plugin, specdec_redrafter.plugin, "
+        "import sys, specdec, specdec.plugins.builtin, specdec_redrafter.plugin, "
         "specdec_medusa.plugin;"
         "specdec.default_registry();"
         "bad = [m for m in ('torch', 'mlx', 'transformers', 'mlx_lm') if m in sys.modules];"

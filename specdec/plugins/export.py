@@ -24,7 +24,7 @@ import numpy as np
 
 from specdec.errors import InvalidInputError
 from specdec.models.bundled import resolve_model
-from specdec.models.checkpoints import check_target
+from specdec.models.checkpoints import check_trained_for
 from specdec.models.files import check_checkpoint_folder, damaged_checkpoint
 from specdec.plugins.registry import default_registry
 from specdec.plugins.support import check_finite
@@ -210,7 +210,7 @@ def _target_lm_head(model, config, kind: str):
     if model is None:
         return None
     target = load_target(resolve_model(model))  # the numpy backend's target
-    check_target(config, target, drafter=kind)
+    check_trained_for(config, target, drafter=kind)
     return target.lm_head
 
 

@@ -1,4 +1,6 @@
-"""The ``numpy`` backend: the float64 reference, registered like any third-party plugin."""
+"""The built-in plugin ``numpy``: the float64 reference backend (``specdec.reference``), the core's
+drafters (``specdec.drafting``), its prefix tree builder and verifiers, registered like any
+third-party plugin."""
 
 from __future__ import annotations
 

@@ -22,14 +22,8 @@ import attrs
 
 from specdec.errors import InvalidInputError
 from specdec.reference import packing
-from specdec.slots import (
-    admit_in_chunks,
-    check_forward,
-    check_layers,
-    check_slot_arguments,
-    check_slots,
-)
-from specdec.types import DraftTree, PromptOutput, TargetOutput, Verdict
+from specdec.slots import SlotTarget, check_commit, check_forward, check_slot_arguments, check_slots
+from specdec.types import DraftTree, TargetOutput, Verdict
 from specdec_torch.exact import (
     KernelPlan,
     SplitPlan,
@@ -120,7 +114,7 @@ def _tree_key_positions(lengths: torch.Tensor, depth: torch.Tensor, size: int) -
     )
 
 
-class TorchTarget:
+class TorchTarget(SlotTarget):
     """A Llama-family ``transformers`` model with a tree-attention KV cache.
 
     model: the ``*ForCausalLM`` module (already in its dtype and on its device); config: its
@@ -158,7 +152,6 @@ class TorchTarget:
         self.name = name
         self.eos_token_ids = tuple(int(t) for t in eos_token_ids)
         self._fingerprint_fn = fingerprint_fn
-        self._fingerprint: str | None = None
         decoder = model.model
         self.embed_tokens = decoder.embed_tokens.weight
         self.lm_head = model.lm_head.weight
@@ -214,25 +207,13 @@ class TorchTarget:
         return None if not self._exact else "kernel" if self._kernel is not None else "split"
 
     @property
-    def num_slots(self) -> int:
-        return self.cache.num_slots
+    def _prefill_chunk(self) -> int:
+        return PREFILL_CHUNK
 
-    @property
-    def capacity(self) -> int:
-        return self.cache.capacity
+    _concatenate = staticmethod(torch.cat)
 
-    @property
-    def fingerprint(self) -> str:
-        """Hex sha256 over the sorted tensor names, their shapes and their float32 bytes
-        (as the reference)."""
-        if self._fingerprint is None:
-            self._fingerprint = self._fingerprint_fn()
-        return self._fingerprint
-
-    @property
-    def cache_lengths(self) -> np.ndarray:
-        """(num_slots,) int64: committed positions per slot (host copy; 0 for free slots)."""
-        return self.cache.lengths.copy()
+    def _compute_fingerprint(self) -> str:
+        return self._fingerprint_fn()
 
     # ------------------------------------------------------------------------------------
     # The forward pass: packed segments (specdec.reference.packing), attention per segment
@@ -423,26 +404,7 @@ class TorchTarget:
     def _check_slots(self, slots, *, admitted: bool, what: str) -> np.ndarray:
         return check_slots(self.cache.admitted, slots, admitted_state=admitted, what=what)
 
-    def _check_layers(self, layers: Sequence[int]) -> set[int]:
-        return check_layers(layers, self.num_layers)
-
-    @torch.inference_mode()
-    def admit(
-        self, slot: int, prompt: Sequence[int], *, layers: Sequence[int] = ()
-    ) -> PromptOutput:
-        """Prefill ``prompt`` into the free ``slot``: logits (V,) at its last token, hidden (P, H)
-        at every token and the outputs of decoder ``layers`` (P, H); a forward per PREFILL_CHUNK
-        tokens (``forward_tree`` with the chunk as its context)."""
-        return admit_in_chunks(
-            self,
-            slot,
-            prompt,
-            layers,
-            admitted=self.cache.admitted,
-            lengths=self.cache.lengths,
-            chunk=PREFILL_CHUNK,
-            concatenate=torch.cat,
-        )
+    admit = torch.inference_mode()(SlotTarget.admit)
 
     def release(self, slot: int) -> None:
         """Free ``slot`` for another request."""
@@ -488,45 +450,29 @@ class TorchTarget:
         except BaseException:
             cache.admitted[claimed] = False  # a failed forward claims nothing
             raise
-        chunk_hidden, tree_hidden = unpack_stream(hidden, places, len(chunks), tree is not None)
-        chunk_layers = {
-            i: unpack_stream(v, places, len(chunks), tree is not None) for i, v in outputs.items()
-        }
-        prompts = tuple(
-            PromptOutput(
-                logits=self._logits(h[-1]),
-                hidden=h,
-                layers={i: v[0][c] for i, v in chunk_layers.items()},
-            )
-            for c, h in enumerate(chunk_hidden)
+        output = packing.unpack_output(
+            hidden,
+            outputs,
+            places,
+            len(chunks),
+            tree is not None,
+            unpack=unpack_stream,
+            logits=self._logits,
         )
         for (slot, t), start in zip(chunks, starts):
             cache.set_length(slot, start + t.size)
         if tree is None:
             cache.staged_slots, cache.staged_size = None, 0
-            return TargetOutput(logits=None, hidden=None, context=prompts)
-        cache.staged_slots, cache.staged_size = slots, tree.size
-        return TargetOutput(
-            logits=self._logits(tree_hidden),
-            hidden=tree_hidden,
-            layers={i: v[1] for i, v in chunk_layers.items()},
-            context=prompts,
-        )
+        else:
+            cache.staged_slots, cache.staged_size = slots, tree.size
+        return output
 
     @torch.inference_mode()
     def commit(self, tree: DraftTree, verdict: Verdict) -> None:
         """Append the keys and values of ``verdict.path[b, :num_accepted[b] + 1]`` (root first)
         to each row's slot and drop the rest of the tree: one gather and one indexed write."""
         cache = self.cache
-        if cache.staged_slots is None:
-            raise InvalidInputError(
-                "commit(tree, verdict) needs a preceding forward_tree(tree); no tree is staged"
-            )
-        if tree.size != cache.staged_size:
-            raise InvalidInputError(
-                f"commit got a tree of {tree.size} nodes, the last forward_tree ran "
-                f"{cache.staged_size}; pass the tree that was run"
-            )
+        check_commit(None if cache.staged_slots is None else cache.staged_size, tree)
         batch = len(cache.staged_slots)
         path, num_accepted = verdict.path.to(self.device), verdict.num_accepted.to(self.device)
         if path.ndim != 2 or path.shape[0] != batch or tuple(num_accepted.shape) != (batch,):
