@@ -5,7 +5,7 @@ module resolves names, checks arguments and dispatches, so it works the same for
 drafter that declares layouts. The shipped drafters declare: ReDrafter -> ``apple``
 (apple/ml-recurrent-drafter, which TensorRT-LLM's converter reads); Medusa -> ``fasterdecoding``
 (FasterDecoding/Medusa, TensorRT-LLM) and ``vllm``; EAGLE-3 -> ``specforge`` (SpecForge, which
-SGLang and TensorRT-LLM read) and ``speculators`` (vLLM).
+SGLang and TensorRT-LLM read), ``speculators`` (vLLM) and ``gguf`` (llama.cpp, one file).
 ``tensorrt-llm`` is an alias of the layout TensorRT-LLM reads. EAGLE (EAGLE-1's draft layer)
 declares none. ``specdec.generate(..., drafter=folder)`` loads any declared layout directly (a
 single-file layout also as the file); ``import_drafter`` writes one as the drafter's own
@@ -42,13 +42,13 @@ __all__ = [
 EAGLE_MESSAGE = (
     "specdec has no engine layout for the EAGLE drafter (EAGLE-1's draft layer), so "
     "it is not exported; EAGLE-3 heads are: export an EAGLE-3 checkpoint in format "
-    "'specforge' (SGLang, TensorRT-LLM) or 'speculators' (vLLM)"
+    "'specforge' (SGLang, TensorRT-LLM), 'speculators' (vLLM) or 'gguf' (llama.cpp)"
 )
 EAGLE_FOLDER = (
     "specdec runs its own EAGLE and EAGLE-3 checkpoints, and EAGLE-3 heads in the "
-    "SpecForge layout (a Llama config.json with draft_vocab_size, as SGLang reads) or "
-    "vLLM's speculators layout (speculators_model_type 'eagle3'); this folder is "
-    "none of them"
+    "SpecForge layout (a Llama config.json with draft_vocab_size, as SGLang reads), "
+    "vLLM's speculators layout (speculators_model_type 'eagle3') or llama.cpp's GGUF "
+    "(architecture 'eagle3'); this folder is none of them"
 )
 
 
