@@ -20,6 +20,7 @@ from specdec.models.export import detect_layout, export, import_drafter
 from specdec.testing import make_random_model
 from specdec_eagle3.checkpoint import load_eagle3_checkpoint, make_random_eagle3
 from specdec_eagle3.config import default_hidden_layers
+from specdec_eagle3.llamacpp import default_extract_layers, read_gguf
 
 gguf = pytest.importorskip("gguf", reason="llama.cpp's GGUF needs the 'hf' extra")
 
@@ -91,8 +92,10 @@ def write_upstream_gguf(
     d2t: str = "absolute",
     drop=(),
     extra=None,
+    matrices: str = "F32",
 ) -> Path:
-    """An EAGLE-3 head as llama.cpp's converter writes it (conversion/llama.py @ 0274f0fc)."""
+    """An EAGLE-3 head as llama.cpp's converter writes it (conversion/llama.py @ 0274f0fc);
+    ``matrices``: the type its 2-D tensors are stored as (norms stay F32)."""
     tensors, ids = hf_tensors(seed)
     writer = gguf.GGUFWriter(str(path), arch)
     writer.add_block_count(block_count)
@@ -122,7 +125,11 @@ def write_upstream_gguf(
             array = llama_permute(array, HEADS, HEADS)
         elif gguf_name == "blk.0.attn_k.weight":
             array = llama_permute(array, HEADS, KV_HEADS)
-        writer.add_tensor(gguf_name, array)
+        if array.ndim == 2 and matrices != "F32":
+            kind = gguf.GGMLQuantizationType[matrices]
+            writer.add_tensor(gguf_name, gguf.quants.quantize(array, kind), raw_dtype=kind)
+        else:
+            writer.add_tensor(gguf_name, array)
     stored = ids if d2t == "absolute" else ids - np.arange(N)
     writer.add_tensor("d2t", stored, raw_dtype=gguf.GGMLQuantizationType.I64)
     for name, array in (extra or {}).items():
@@ -186,9 +193,31 @@ def test_an_upstream_gguf_loads_and_decodes_losslessly(tmp_path, deep_model):
         assert got.tokens == plain, f"{drafter.name} on {backend}"
 
 
-def test_layer_ids_are_llama_cpp_input_of_layer_ids(tmp_path, deep_model):
-    from specdec_eagle3.llamacpp import default_extract_layers
+@pytest.mark.parametrize("matrices", ["F16", "BF16", "Q8_0"])
+def test_half_and_quantized_files_read_as_stored(tmp_path, deep_model, matrices):
+    file = write_upstream_gguf(tmp_path / "head.gguf", matrices=matrices)
+    config, weights, notes = read_gguf(file)
+    kind = gguf.GGMLQuantizationType[matrices]
+    tensors, _ = hf_tensors(0)
+    for gguf_name, (name, shape) in UPSTREAM.items():
+        heads = {"blk.0.attn_q.weight": HEADS, "blk.0.attn_k.weight": KV_HEADS}.get(gguf_name)
+        expected, got = tensors[name], weights[name]
+        if heads is not None:  # compared in llama.cpp's row order: the read undid it exactly
+            expected, got = (llama_permute(x, heads, heads) for x in (expected, got))
+        if len(shape) == 2:  # the stored values exactly
+            expected = gguf.quants.dequantize(gguf.quants.quantize(expected, kind), kind)
+        np.testing.assert_array_equal(got, expected, err_msg=name)
+    assert bool(notes) == (matrices == "Q8_0")  # a dequantized file says so
+    plain = specdec.generate(
+        deep_model, PROMPTS, drafter="none", backend="numpy", max_new_tokens=8
+    ).tokens
+    got = specdec.generate(
+        deep_model, PROMPTS, drafter=str(file), backend="numpy", max_new_tokens=8
+    )
+    assert got.tokens == plain
 
+
+def test_layer_ids_are_llama_cpp_input_of_layer_ids(tmp_path, deep_model):
     # conversion/llama.py: extract_layers = [2, L // 2, L - 3] from the target's layer count
     for layers in (8, 16, 28, 32, 36, 48, 80):
         assert default_extract_layers(layers) == [2, layers // 2, layers - 3]
@@ -351,8 +380,6 @@ def test_refusals_name_the_problem_and_the_fix(tmp_path, deep_model):
         "offsets": (dict(d2t="offsets"), "stores d2t as offsets.*convert_hf_to_gguf"),
     }
     for label, (options, message) in cases.items():
-        from specdec_eagle3.llamacpp import read_gguf
-
         file = write_upstream_gguf(tmp_path / f"{label}.gguf", **options)
         with pytest.raises(InvalidInputError, match=message):
             read_gguf(file)
