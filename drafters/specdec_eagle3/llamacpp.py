@@ -22,8 +22,9 @@ One file, ``general.architecture = "eagle3"``:
   specdec's output-of-layer ids + 1), ``eagle3.target_hidden_size``,
   ``eagle3.norm_before_residual``, and the target's vocabulary (``tokenizer.*``), which the
   converter takes from ``--target-model-dir``: llama.cpp sizes the scattered logits by it.
-- ``specdec.eagle3``: a JSON string (tree settings, target record, layers as given) that
-  llama.cpp ignores and that makes an export read back as the same checkpoint.
+- ``specdec.eagle3``: a JSON string (tree settings, target record, layers as given, and the
+  exact ``rope_theta`` and ``rms_norm_eps``, which the keys hold as float32) that llama.cpp
+  ignores and that makes an export read back as the same checkpoint.
 
 The draft takes the target's token embedding, as specdec's EAGLE-3 does: no ``token_embd``.
 """
