@@ -39,10 +39,16 @@ def save_eagle3(
 
 def load_eagle3_checkpoint(path: str | Path) -> tuple[Eagle3Config, dict[str, np.ndarray]]:
     """Read a folder written by ``save_eagle3``, or one in the SpecForge or speculators layout
-    (``specdec_eagle3.export``) -> (config, float64 weights, ``d2t`` int64)."""
+    (``specdec_eagle3.export``), or llama.cpp's GGUF (the file, or a folder holding it:
+    ``specdec_eagle3.llamacpp``) -> (config, float64 weights, ``d2t`` int64)."""
     from specdec.plugins.export import detect_layout
 
     layout = detect_layout(path)
+    if layout == ("eagle3", "gguf"):
+        from specdec_eagle3.llamacpp import read_gguf
+
+        config, weights, _ = read_gguf(path)
+        return config, weights
     if layout in (("eagle3", "specforge"), ("eagle3", "speculators")):
         from specdec_eagle3.export import read_specforge, read_speculators
 
