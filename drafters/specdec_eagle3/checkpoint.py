@@ -14,10 +14,11 @@ import numpy as np
 
 from specdec.models.checkpoints import read_checkpoint, read_target_config, save_checkpoint
 from specdec.models.llama import LlamaConfig
-
 from specdec.plugins.export import detect_layout
+
 from specdec_eagle3.config import Eagle3Config, check_weights, default_hidden_layers
 from specdec_eagle3.export import read_specforge, read_speculators
+from specdec_eagle3.llamacpp import read_gguf
 
 __all__ = [
     "config_for_target",
@@ -41,8 +42,12 @@ def save_eagle3(
 
 def load_eagle3_checkpoint(path: str | Path) -> tuple[Eagle3Config, dict[str, np.ndarray]]:
     """Read a folder written by ``save_eagle3``, or one in the SpecForge or speculators layout
-    (``specdec_eagle3.export``) -> (config, float64 weights, ``d2t`` int64)."""
+    (``specdec_eagle3.export``), or llama.cpp's GGUF (the file, or a folder holding it:
+    ``specdec_eagle3.llamacpp``) -> (config, float64 weights, ``d2t`` int64)."""
     layout = detect_layout(path)
+    if layout == ("eagle3", "gguf"):
+        config, weights, _ = read_gguf(path)
+        return config, weights
     if layout in (("eagle3", "specforge"), ("eagle3", "speculators")):
         config, weights, _ = (read_specforge if layout[1] == "specforge" else read_speculators)(
             path

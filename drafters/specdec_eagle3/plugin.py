@@ -111,6 +111,14 @@ LAYOUTS = (
         read=lazy_call("specdec_eagle3.export", "read_speculators"),
         write=lazy_call("specdec_eagle3.export", "write_speculators"),
     ),
+    Layout(
+        name="gguf",
+        aliases=("llama.cpp", "llamacpp"),
+        detect=lazy_call("specdec_eagle3.llamacpp", "detect_gguf"),
+        read=lazy_call("specdec_eagle3.llamacpp", "read_gguf"),
+        write=lazy_call("specdec_eagle3.llamacpp", "write_gguf"),
+        takes_model=True,
+    ),
 )
 
 SPEC = DrafterSpec(

@@ -13,25 +13,29 @@ from specdec.plugins.export import describe, export, import_drafter
 def add_parser(sub) -> None:
     export = sub.add_parser(
         "export",
-        help="write a drafter in the layout TensorRT-LLM, vLLM or SGLang loads "
+        help="write a drafter in the layout TensorRT-LLM, vLLM, SGLang or llama.cpp loads "
         "(see docs/scale-out.md)",
     )
     export.add_argument(
-        "drafter", help="a checkpoint folder, or redrafter / medusa (the one shipped for --model)"
+        "drafter",
+        help="a checkpoint folder (or a single-file one, e.g. a GGUF head), or redrafter / medusa "
+        "(the one shipped for --model)",
     )
     export.add_argument(
         "--format",
+        "--layout",
+        dest="format",
         required=True,
         help="redrafter: apple (= tensorrt-llm); medusa: fasterdecoding "
-        "(= tensorrt-llm) or vllm; eagle3: specforge (= sglang, tensorrt-llm) "
-        "or speculators (= vllm)",
+        "(= tensorrt-llm) or vllm; eagle3: specforge (= sglang, tensorrt-llm), "
+        "speculators (= vllm) or gguf (= llama.cpp)",
     )
     export.add_argument("--out", required=True, help="an empty folder to write")
     export.add_argument(
         "--model",
         default=None,
-        help="the target (folder or bundled name): needed for a tied head, whose projection is "
-        "stored",
+        help="the target (folder, bundled name or GGUF file): needed for a tied head, whose "
+        "projection is stored, and for gguf, which carries the target's vocabulary",
     )
     export.add_argument(
         "--drop-shortlist",
@@ -49,9 +53,9 @@ def add_parser(sub) -> None:
     imp = sub.add_parser(
         "import",
         help="write a published drafter (Apple ReDrafter, FasterDecoding or vLLM Medusa, "
-        "EAGLE-3 in the SpecForge or speculators layout) as a specdec checkpoint",
+        "EAGLE-3 in the SpecForge, speculators or llama.cpp GGUF layout) as a specdec checkpoint",
     )
-    imp.add_argument("folder", help="the published drafter's folder")
+    imp.add_argument("folder", help="the published drafter's folder (or its GGUF file)")
     imp.add_argument("--out", required=True, help="an empty folder to write")
     imp.add_argument("--dtype", default="float32", choices=("float32", "float16"))
     imp.add_argument("--overwrite", action="store_true", help="replace what --out holds")

@@ -133,7 +133,8 @@ def looks_like_path(value) -> bool:
 
 
 def check_drafter_path(drafter: Any) -> None:
-    """A drafter given as a path must be an existing checkpoint folder."""
+    """A drafter given as a path must be an existing checkpoint folder, or a file that a
+    drafter's layout reads (``specdec.plugins.export.is_checkpoint_file``)."""
     if looks_like_path(drafter):
         path = Path(drafter).expanduser()
         if not path.exists():
@@ -141,7 +142,9 @@ def check_drafter_path(drafter: Any) -> None:
                 f"drafter checkpoint folder {path} does not exist; pass a folder with config.json "
                 "and model.safetensors, or a drafter name (redrafter, medusa, lookup, none)"
             )
-        if not path.is_dir():
+        from specdec.plugins.export import is_checkpoint_file
+
+        if not path.is_dir() and not is_checkpoint_file(path):
             raise InvalidInputError(
                 f"drafter {path} is a file: pass the checkpoint folder that holds it"
             )

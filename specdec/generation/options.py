@@ -8,6 +8,7 @@ from pathlib import Path
 
 from specdec.errors import InvalidInputError
 from specdec.generation.resolve import Resolved, check_options
+from specdec.plugins.export import is_checkpoint_file
 
 __all__ = [
     "ALIASES",
@@ -64,11 +65,12 @@ def parse_options(
     """``name[:key=value,...]`` -> (name, {option: value}), e.g. ``redrafter:w=4,l=5,lookup=false``
     -> ("redrafter", {"beam_width": 4, "beam_length": 5, "lookup": False}). Keys are ``aliases``
     or option names as ``generate`` takes them, values typed by ``option_value``. An existing
-    folder is a name whole (a checkpoint, ":" in its path and all). ``own``: keys refused because
-    the command sets them itself (``generate``'s and ``Engine``'s own arguments); ``what`` names
-    the spec in errors. Whether the drafter takes the options is ``check_drafter_options``'."""
+    folder, or a checkpoint file a layout reads, is a name whole (":" in its path and all).
+    ``own``: keys refused because the command sets them itself (``generate``'s and ``Engine``'s
+    own arguments); ``what`` names the spec in errors. Whether the drafter takes the options is
+    ``check_drafter_options``'."""
     spec = str(spec)
-    if Path(spec).expanduser().is_dir():
+    if Path(spec).expanduser().is_dir() or is_checkpoint_file(spec):
         return spec, {}
     name, _, rest = spec.partition(":")
     if not name:

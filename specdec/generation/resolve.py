@@ -12,7 +12,7 @@ from typing import Any
 import attrs
 
 from specdec.errors import InvalidInputError
-from specdec.plugins.export import detect_layout
+from specdec.plugins.export import detect_layout, is_checkpoint_file
 from specdec.models.files import check_checkpoint_folder
 from specdec.plugins.registry import PluginRegistry
 from specdec.plugins.specs import DrafterSpec
@@ -68,7 +68,11 @@ def resolve(kind: str, choice, registry: PluginRegistry, on_backend: str) -> Res
     checkpoint = None
     name = choice if isinstance(choice, str) else None
     if kind == "drafter" and (
-        isinstance(choice, Path) or (isinstance(choice, str) and Path(choice).expanduser().is_dir())
+        isinstance(choice, Path)
+        or (
+            isinstance(choice, str)
+            and (Path(choice).expanduser().is_dir() or is_checkpoint_file(choice, registry))
+        )
     ):
         checkpoint = Path(choice).expanduser()
         name = drafter_kind(checkpoint, registry)

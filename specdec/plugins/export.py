@@ -6,10 +6,11 @@ this module resolves names, checks arguments and dispatches, so it works the sam
 drafter that declares layouts. The shipped drafters declare: ReDrafter -> ``apple``
 (apple/ml-recurrent-drafter, which TensorRT-LLM's converter reads); Medusa -> ``fasterdecoding``
 (FasterDecoding/Medusa, TensorRT-LLM) and ``vllm``; EAGLE-3 -> ``specforge`` (SpecForge, which
-SGLang and TensorRT-LLM read) and ``speculators`` (vLLM). ``tensorrt-llm`` is an alias of the
-layout TensorRT-LLM reads. EAGLE (EAGLE-1's draft layer) declares none. ``specdec.generate(...,
-drafter=folder)`` loads any declared layout directly; ``import_drafter`` writes one as the
-drafter's own checkpoint.
+SGLang and TensorRT-LLM read), ``speculators`` (vLLM) and ``gguf`` (llama.cpp, one file).
+``tensorrt-llm`` is an alias of the layout TensorRT-LLM reads. EAGLE (EAGLE-1's draft layer)
+declares none. ``specdec.generate(..., drafter=folder)`` loads any declared layout directly (a
+single-file layout also as the file); ``import_drafter`` writes one as the drafter's own
+checkpoint.
 """
 
 from __future__ import annotations
@@ -37,19 +38,20 @@ __all__ = [
     "export",
     "formats",
     "import_drafter",
+    "is_checkpoint_file",
     "load_drafter_folder",
 ]
 
 EAGLE_MESSAGE = (
     "specdec has no engine layout for the EAGLE drafter (EAGLE-1's draft layer), so "
     "it is not exported; EAGLE-3 heads are: export an EAGLE-3 checkpoint in format "
-    "'specforge' (SGLang, TensorRT-LLM) or 'speculators' (vLLM)"
+    "'specforge' (SGLang, TensorRT-LLM), 'speculators' (vLLM) or 'gguf' (llama.cpp)"
 )
 EAGLE_FOLDER = (
     "specdec runs its own EAGLE and EAGLE-3 checkpoints, and EAGLE-3 heads in the "
-    "SpecForge layout (a Llama config.json with draft_vocab_size, as SGLang reads) or "
-    "vLLM's speculators layout (speculators_model_type 'eagle3'); this folder is "
-    "none of them"
+    "SpecForge layout (a Llama config.json with draft_vocab_size, as SGLang reads), "
+    "vLLM's speculators layout (speculators_model_type 'eagle3') or llama.cpp's GGUF "
+    "(architecture 'eagle3'); this folder is none of them"
 )
 
 
@@ -107,6 +109,13 @@ def detect_layout(folder, registry=None) -> tuple[str, str] | None:
             f"EAGLE drafter: {EAGLE_FOLDER}"
         )
     return None
+
+
+def is_checkpoint_file(path, registry=None) -> bool:
+    """Whether ``path`` is a file (not a folder) that a declared layout reads, such as a
+    single-file format given in place of its folder."""
+    path = Path(path).expanduser()
+    return path.is_file() and detect_layout(path, registry) is not None
 
 
 def load_drafter_folder(folder, registry=None):
@@ -183,7 +192,9 @@ def _check_out(out, overwrite: bool) -> Path:
 def _resolve_drafter(drafter, model) -> Path:
     if isinstance(drafter, str) and drafter.lower() == "eagle":
         raise InvalidInputError(EAGLE_MESSAGE)
-    if isinstance(drafter, (str, Path)) and Path(drafter).expanduser().is_dir():
+    if isinstance(drafter, (str, Path)) and (
+        Path(drafter).expanduser().is_dir() or is_checkpoint_file(drafter)
+    ):
         return Path(drafter).expanduser()
     shipped_by = {spec.name: spec.package for spec in _specs() if spec.package}
     if drafter in shipped_by:
@@ -229,10 +240,12 @@ def export(
     ``model``) into ``out`` in ``format`` (see the module table).
 
     model: the target (folder or bundled name); needed for a tied head, whose projection the
-    layouts store. drop_shortlist: export a shortlisted ReDrafter over the full vocabulary (refused
-    otherwise). choices: Medusa only, "chain" or a list of paths to record instead of the drafter's
-    tree (vLLM runs the chain only). dtype: "float32" or "float16". Everything that cannot be
-    carried over exactly is refused with the fix; every conversion is listed in ``notes``.
+    layouts store, and given to the writer of a layout that copies from the target
+    (``Layout.takes_model``). drop_shortlist: export a shortlisted ReDrafter over the full
+    vocabulary (refused otherwise). choices: Medusa only, "chain" or a list of paths to record
+    instead of the drafter's tree (vLLM runs the chain only). dtype: "float32" or "float16".
+    Everything that cannot be carried over exactly is refused with the fix; every conversion is
+    listed in ``notes``.
     """
     if str(format).lower() == "eagle":
         raise InvalidInputError(EAGLE_MESSAGE)
@@ -249,6 +262,7 @@ def export(
             )
         lm_head = _target_lm_head(model, config, kind)
     folder = _check_out(out, overwrite)
+    options = {"model": model} if chosen.takes_model else {}
     more, commands = chosen.write(
         config,
         weights,
@@ -257,6 +271,7 @@ def export(
         dtype=dtype,
         choices=choices,
         drop_shortlist=drop_shortlist,
+        **options,
     )
     more = list(more)
     if dtype != "float32":

@@ -37,9 +37,11 @@ class Layout:
 
     name: the format's name (``specdec export --format NAME``); aliases: other names for it (an
     engine that reads it); detect(folder, config) -> whether a folder (its parsed config.json, or
-    {}) is in this layout; read(folder) -> (drafter config, float64 weights, notes);
-    write(config, weights, out, *, lm_head, dtype, **options) -> (notes, engine commands), which
-    refuses, with the fix, what it cannot carry over exactly.
+    {}) is in this layout, or a file given in its place (config {}: a single-file format);
+    read(folder) -> (drafter config, float64 weights, notes); write(config, weights, out, *,
+    lm_head, dtype, **options) -> (notes, engine commands), which refuses, with the fix, what it
+    cannot carry over exactly. takes_model: ``write`` is also given ``model=`` (the target as the
+    caller named it, or None), for a layout that copies something from the target.
     """
 
     name: str
@@ -47,6 +49,7 @@ class Layout:
     read: Callable[[Path], tuple]
     write: Callable[..., tuple]
     aliases: tuple[str, ...] = ()
+    takes_model: bool = False
 
 
 @attrs.frozen(kw_only=True)
