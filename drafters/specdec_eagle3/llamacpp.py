@@ -38,6 +38,8 @@ from typing import Any, Mapping
 import numpy as np
 
 from specdec.errors import InvalidInputError
+from specdec.models.bundled import resolve_model
+from specdec.models.checkpoints import check_compatible
 from specdec_eagle3.config import (
     Eagle3Config,
     check_weights,
@@ -45,6 +47,7 @@ from specdec_eagle3.config import (
     draft_to_target,
     resolve_layers,
 )
+from specdec_eagle3.export import _no_options
 
 __all__ = [
     "ARCH",
@@ -82,7 +85,7 @@ FLOAT_TYPES = {"float32": np.float32, "float16": np.float16}
 
 def _gguf():
     try:
-        import gguf
+        import gguf  # optional: gguf (hf extra)
     except ImportError as exc:
         raise InvalidInputError(
             "reading or writing llama.cpp's GGUF needs the gguf package: install specdec[hf]"
@@ -168,7 +171,7 @@ def _hf_vocab(folder: Path, vocab_size: int, writer) -> None:
     converter's ``get_vocab_base`` and ``_set_vocab_gpt2``)."""
     gguf = _gguf()
     try:
-        from transformers import AutoTokenizer
+        from transformers import AutoTokenizer  # optional: transformers (hf extra)
     except ImportError as exc:
         raise InvalidInputError(
             "writing the target's vocabulary from its folder needs transformers: install "
@@ -212,8 +215,6 @@ def _is_bpe(folder: Path) -> bool:
 
 
 def _target_from_folder(model) -> dict[str, Any]:
-    from specdec.models.bundled import resolve_model
-
     folder = Path(resolve_model(model))
     config_file = folder / "config.json"
     if not config_file.is_file():
@@ -289,9 +290,6 @@ def write_gguf(
     model=None,
 ):
     """llama.cpp's GGUF (one file in ``out``) -> (notes, the ``llama-server`` command)."""
-    from specdec.models.checkpoints import check_compatible
-    from specdec_eagle3.export import _no_options
-
     _no_options(choices, drop_shortlist)
     if dtype not in FLOAT_TYPES:
         raise InvalidInputError(f"dtype must be one of {sorted(FLOAT_TYPES)}, got {dtype!r}")

@@ -11,6 +11,7 @@ import numpy as np
 
 from specdec.generation.chat import is_messages
 from specdec.errors import InvalidInputError
+from specdec.plugins.export import is_checkpoint_file
 from specdec.types import SamplingConfig
 
 PROMPT_KINDS = (
@@ -142,8 +143,6 @@ def check_drafter_path(drafter: Any) -> None:
                 f"drafter checkpoint folder {path} does not exist; pass a folder with config.json "
                 "and model.safetensors, or a drafter name (redrafter, medusa, lookup, none)"
             )
-        from specdec.plugins.export import is_checkpoint_file
-
         if not path.is_dir() and not is_checkpoint_file(path):
             raise InvalidInputError(
                 f"drafter {path} is a file: pass the checkpoint folder that holds it"
