@@ -10,12 +10,16 @@ PY=${PYTHON:-.venv/bin/python}
 OUT=benchmarks/results
 warm() {  # the cost curve of MODEL with 16 slots, measured alone and cached
   "$PY" -c "
-import specdec
+import time, specdec
+from specdec import compute
 from specdec.generation.api import load_backend
 from specdec.plugins.registry import default_registry
 from specdec.tuning.costs import curve_for
+backend = load_backend(None, default_registry())
 target = specdec.load('$1', slots=16, capacity=1024)
-print(curve_for(load_backend(None, default_registry()), target, tuple(range(16))))"
+start = time.perf_counter()  # on the thread that runs the steps (decision 0014), as a server does
+curve = compute.run_for(backend, curve_for, backend, target, tuple(range(16)))
+print(f'{time.perf_counter() - start:.1f} s:', curve)"
 }
 for part in "${@:-smollm sweep qwen overhead}"; do
   for what in $part; do
