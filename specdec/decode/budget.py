@@ -6,17 +6,22 @@ step. So each step, ``Speculation.plan`` gives every request being decoded a **t
 drafted nodes it may verify (0: decode it plainly, a one-node tree and no drafter call), chosen to
 maximize the expected tokens per second of the whole step:
 
-    score(S, k) = (B + sum over i in S of (a_i(k) - 1)) / (target(C + B * width(S, k)) + draft(|S|))
+    score(S, k) = (B + sum over i in S of (a_i(k) - 1)) / (target(B) + extra(S, k))
+    extra(S, k) = target(C + B * width(S, k)) - target(C + B) + draft(|S|)
 
 over a budget k (``BUDGETS``, drafted nodes) and the set S of requests that draft, where B rows
 are decoded, C prompt tokens ride the same forward, a_i(k) is request i's expected tokens per
 step (bonus counted) when its tree is cut to its first k drafted nodes, width is the node count
 every tree row is padded to (the target takes one (B, N) tree per forward, so a row that does
 not draft still pays the width when others do), and target / draft are the step's costs on this
-machine (``specdec.tuning.costs``: a measured curve of forward seconds against tokens, corrected
-online from the steps' own timings). For each k the requests are ranked by a_i(k) and every prefix
-of the ranking is scored: |BUDGETS| x B evaluations. Plain decoding wins unless drafting beats it by
-``MARGIN``.
+machine (``specdec.tuning.costs``: a measured curve of forward seconds against tokens and rows,
+corrected online from the steps' own timings). What drafting adds is priced where the step is
+(beside its prompt chunks, where a token may cost more), but weighed against the rows' own plain
+step: the chunk's seconds buy the prompt's progress, not the rows' tokens, and counting them in
+the denominator made drafting beside a long chunk look free (it slowed the prompts beside it).
+For each k the requests are ranked by a_i(k) and every prefix of the ranking is scored:
+|BUDGETS| x B evaluations. Plain decoding wins unless drafting beats it by ``MARGIN``; among the
+drafting choices within the cost fit's error of the best, the largest budget is taken.
 
 **Acceptance, per request.** A tree's nodes are ordered so that parents come first (the prefix
 tree puts the drafter's best beam first), so its first k + 1 nodes are a tree too and the path a
@@ -222,18 +227,24 @@ class Speculation:
         deepest = np.maximum.accumulate(np.maximum(nodes[order] - 1, 0), axis=0)
         width = np.ceil(1 + np.minimum(limits[None, :], deepest)).astype(np.int64)
         drafting = np.arange(1, batch + 1)[:, None]
-        seconds = costs.target(chunk_tokens + batch * width, rows) + costs.draft(drafting)
-        scores = (batch + np.cumsum(ranked, axis=0)) / np.maximum(seconds, 1e-9)
-        plain_time = float(costs.target(chunk_tokens + batch, rows))
+        plain_time = float(costs.target(chunk_tokens + batch, rows))  # this step, plain
+        # what drafting adds to this step, prompt chunks and all
+        extra = costs.target(chunk_tokens + batch * width, rows) - plain_time
+        extra = extra + costs.draft(drafting)
+        # weighed against the rows' own plain step: a chunk's seconds are the prompt's, and
+        # counting them as the rows' would make drafting beside a long chunk look free
+        decode_time = float(costs.target(batch, batch)) if chunk_tokens else plain_time
+        scores = (batch + np.cumsum(ranked, axis=0)) / np.maximum(decode_time + extra, 1e-9)
         best = float(scores.max())
         near = np.argwhere(scores >= best * (1 - min(costs.error(), TIE_LIMIT)))
         j = int(near[:, 1].max())
         m = int(near[near[:, 1] == j, 0].max())
         chosen = StepPlan(dict.fromkeys(ids, 0), batch, 0, plain_time)
-        if best > (batch / plain_time if plain_time > 0 else 0.0) * (1 + MARGIN):
+        if best > (batch / decode_time if decode_time > 0 else 0.0) * (1 + MARGIN):
             budgets = dict.fromkeys(ids, 0)
             budgets.update({ids[i]: BUDGETS[j] for i in order[: m + 1, j]})
-            chosen = StepPlan(budgets, int(batch * width[m, j]), m + 1, float(seconds[m, j]))
+            seconds = plain_time + float(extra[m, j])
+            chosen = StepPlan(budgets, int(batch * width[m, j]), m + 1, seconds)
         return self._explore(ids, nodes, chunk_tokens, chosen)
 
     def _explore(
