@@ -277,18 +277,19 @@ class Speculation:
 
     def prefill_tokens(self, request_ids: Sequence[int], setting) -> int | None:
         """Prompt tokens this step may carry: ``setting`` when it is a number or None, else
-        ("auto") the most that keep the step within ``stall`` times the decoding rows' step."""
+        ("auto") the most that keep the step within ``stall`` times the decoding rows' plain
+        step. The plain step, not the one a drafting plan predicts: drafting is then weighed
+        beside the chunk against that same plain step (``choose``), and a chunk sized to a
+        drafting step that the choice then decodes plainly would stretch every row's step."""
         if setting != "auto":
             return setting
         if not request_ids or self.costs is None:
             return PREFILL_CHUNK
-        plan = self.plan(request_ids, 0)
         rows = len(request_ids)
-        draft = float(self.costs.draft(plan.drafting))
-        limit = self.stall * (float(self.costs.target(plan.tokens, rows)) + draft)
+        limit = self.stall * float(self.costs.target(rows, rows))
 
         def within(chunk: int) -> bool:  # the prompt tokens ride as one more row
-            return float(self.costs.target(plan.tokens + chunk, rows + 1)) + draft <= limit
+            return float(self.costs.target(rows + chunk, rows + 1)) <= limit
 
         low, high = MIN_PREFILL, PREFILL_CHUNK
         if within(high):

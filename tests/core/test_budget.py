@@ -433,6 +433,21 @@ def test_prefill_budget_keeps_the_step_within_its_stall():
     assert steep.prefill_tokens([0], "auto") == MIN_PREFILL  # a long prompt always advances
 
 
+def test_the_prefill_budget_is_sized_to_the_rows_plain_step_whether_or_not_they_draft():
+    """4 requests that accept 3 tokens a step draft 8-node trees (a 60 ms step on the line); the
+    prompt chunk beside them is still sized to twice their plain step (24 ms), as for requests
+    that do not draft: a chunk sized to the drafting step would make a step that the choice
+    decodes plainly beside it run past the stall."""
+    drafting, plain = policy(), policy()
+    for i in range(4):
+        teach(drafting, i, 3.0, accepted_nodes=(6, 8))
+        teach(plain, i, 1.0)
+    assert drafting.plan([0, 1, 2, 3]).drafting == 4 and plain.plan([0, 1, 2, 3]).drafting == 0
+    assert drafting.prefill_tokens([0, 1, 2, 3], "auto") == plain.prefill_tokens(
+        [0, 1, 2, 3], "auto"
+    )
+
+
 def test_a_short_prompt_goes_before_a_long_one_and_the_long_one_keeps_a_share():
     chunks = plan_chunks([2000], [12, 900, 30], 128)
     assert chunks[:2] == [
