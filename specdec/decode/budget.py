@@ -42,9 +42,10 @@ keyed by the token's position, ``specdec.decode.requests``), so a request's toke
 its budgets. A stateful drafter is told every committed token, drafted or not (``observe``).
 
 **Prompt chunks** (``prefill_tokens``, for ``max_prefill_tokens="auto"``): the most prompt tokens
-whose forward, beside the step's decoding rows, keeps the step within ``stall`` times the step
-without them (an inter-token latency target for the requests being decoded: at most twice their
-step by default), at least ``MIN_PREFILL`` tokens and at most ``specdec.slots.PREFILL_CHUNK``.
+whose forward, beside the step's decoding rows, keeps the step within ``stall`` times the rows'
+plain step without them (an inter-token latency target for the requests being decoded: at most
+twice their plain step by default, whether or not they draft beside the chunk), at least
+``MIN_PREFILL`` tokens and at most ``specdec.slots.PREFILL_CHUNK``.
 """
 
 from __future__ import annotations
