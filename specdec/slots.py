@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from typing import Sequence
 
+import attrs
 import numpy as np
 
 from specdec.errors import InvalidInputError
-from specdec.types import PromptOutput
+from specdec.types import DraftTree, PromptOutput
 
 DEFAULT_CAPACITY = (
     4096  # positions per slot when a target is loaded without a capacity (at most its context)
@@ -293,3 +294,17 @@ def check_tree_room(
             f"{who} drafts trees of up to {max_tree_size} nodes, more than the {room} positions a "
             f"slot has for a step's draft tree: {lower}{fix}"
         )
+
+
+def on_target(value, backend, target):
+    """A host array, or every array of a host DraftTree, on the target's backend."""
+    if isinstance(value, DraftTree):
+        return DraftTree(
+            **{
+                f.name: None
+                if getattr(value, f.name) is None
+                else backend.from_numpy(np.asarray(getattr(value, f.name)), target)
+                for f in attrs.fields(DraftTree)
+            }
+        )
+    return backend.from_numpy(np.asarray(value), target)

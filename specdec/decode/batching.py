@@ -22,6 +22,7 @@ import attrs
 import numpy as np
 
 from specdec.reference.tree import check_beam_lengths
+from specdec.slots import on_target
 from specdec.decode.requests import RequestState
 from specdec.types import (
     Accepted,
@@ -211,20 +212,6 @@ def verify_uniforms(states: list[RequestState], shape: tuple[int, int]) -> np.nd
         if columns > 1:
             out[b, :, 1:] = state.draw((depth, columns - 1))
     return out
-
-
-def on_target(value, backend, target):
-    """A host array, or every array of a host DraftTree, on the target's backend."""
-    if isinstance(value, DraftTree):
-        return DraftTree(
-            **{
-                f.name: None
-                if getattr(value, f.name) is None
-                else backend.from_numpy(np.asarray(getattr(value, f.name)), target)
-                for f in attrs.fields(DraftTree)
-            }
-        )
-    return backend.from_numpy(np.asarray(value), target)
 
 
 def plain_tree(roots: np.ndarray) -> DraftTree:

@@ -32,9 +32,7 @@ import time
 import attrs
 import numpy as np
 
-from specdec.reference.tree import build_prefix_tree
-from specdec.tuning.dtype import _digest, _read, _tuning_dir, _write
-from specdec.types import DraftTree
+from specdec.tuning.dtype import _digest, _read, _tuning_dir, _write, chain_tree
 
 __all__ = ["CostCurve", "StepCosts", "curve_for", "measure_curve", "step_costs"]
 
@@ -246,23 +244,6 @@ def _cache_file(backend, target, free_slots: int):
     return _tuning_dir() / f"costs-{backend.name}-{_digest(key)}.json"
 
 
-def _on_target(tree: DraftTree, backend, target) -> DraftTree:
-    return DraftTree(
-        **{
-            f.name: None
-            if getattr(tree, f.name) is None
-            else backend.from_numpy(np.asarray(getattr(tree, f.name)), target)
-            for f in attrs.fields(DraftTree)
-        }
-    )
-
-
-def _chains(rows: int, width: int, vocab: int) -> np.ndarray:
-    """(rows, 1, width) tokens: a chain of ``width`` made-up tokens per row."""
-    tokens = np.arange(rows * width, dtype=np.int64) * 104729 + 1
-    return (tokens % vocab).reshape(rows, 1, width)
-
-
 def measure_curve(backend, target, slots=(0,), *, repeats: int = REPEATS) -> CostCurve | None:
     """Time forwards of a chain of T tokens for each T in ``SIZES`` that fits, after a prompt
     admitted into the first of the free ``slots``, and of R rows of ``ROW_WIDTHS`` tokens for each
@@ -279,10 +260,7 @@ def measure_curve(backend, target, slots=(0,), *, repeats: int = REPEATS) -> Cos
     shapes = [(1, k) for k in sizes] + [
         (r, w) for r in row_counts for w in ROW_WIDTHS if r * w in sizes
     ]
-    trees = {
-        shape: _on_target(build_prefix_tree(_chains(*shape, vocab)), backend, target)
-        for shape in shapes
-    }
+    trees = {shape: chain_tree(backend, target, *shape) for shape in shapes}
     admitted = []
     try:
         for i, slot in enumerate(slots[: max(row_counts, default=1)]):
