@@ -13,7 +13,8 @@ over a budget k (``BUDGETS``, drafted nodes) and the set S of requests that draf
 are decoded, C prompt tokens ride the same forward, a_i(k) is request i's expected tokens per
 step (bonus counted) when its tree is cut to its first k drafted nodes, width is the node count
 every tree row is padded to (the target takes one (B, N) tree per forward, so a row that does
-not draft still pays the width when others do), and target / draft are the step's costs on this
+not draft still pays the width when others do; each request's expected width at k, the widest
+of S counted), and target / draft are the step's costs on this
 machine (``specdec.tuning.costs``: a measured curve of forward seconds against tokens and rows,
 corrected online from the steps' own timings). What drafting adds is priced where the step is
 (beside its prompt chunks, where a token may cost more), but weighed against the rows' own plain
@@ -26,15 +27,22 @@ drafting choices within the cost fit's error of the best, the largest budget is 
 **Acceptance, per request.** A tree's nodes are ordered so that parents come first (the prefix
 tree puts the drafter's best beam first), so its first k + 1 nodes are a tree too and the path a
 verifier accepts in the full tree, cut at node k, is what the cut tree accepts: one step with a
-full tree tells a_i(k) for every k at once. Each request keeps a decaying average per budget
-(``REQUEST_DECAY``), starting from the engine's average over all requests; while it does not draft
-its estimate drifts back toward that average (``FORGET`` per step). A cut tree tells nothing of
-the budgets above the cut, so after ``EXPLORE_EVERY`` steps without its whole tree verified (it
-did not draft, or drafted less) a request verifies its whole tree once more (a prompt-lookup
-match, say, appears only once the text repeats itself), at most one such step in
-``EXPLORE_EVERY`` and only where the step's extra cost, spread over those steps, stays within
-``EXPLORE_COST`` of a step: a request that stopped drafting on a few bad steps is tried again,
-and a large batch is not slowed to try it.
+full tree tells a_i(k) for every k at once. Trees differ in size from step to step (a lookup beam
+rides along only where the text repeats), so each request keeps, per budget, decaying averages
+(``REQUEST_DECAY``) of how often its trees reach past the budget below, what the nodes between
+the two accept when they do, and how many nodes a tree cut at the budget keeps (its expected
+width), starting from the engine's averages over all requests; a_i(k) adds up the reaches times
+the gains. The gains are learnt only from trees that reached that far and were verified there: a
+cut tree tells nothing of the budgets above the cut, and learning those from the small trees
+that the cut leaves whole would price the large trees' nodes at the small ones' (none) and keep
+cutting them; a gain no tree has shown yet is the first guess, so the first large trees are
+verified whole and teach it. While a request does not draft its estimates drift back toward the engine's
+(``FORGET`` per step). After ``EXPLORE_EVERY`` steps without its whole tree verified (it did not
+draft, or drafted less) a request verifies its whole tree once more (a prompt-lookup match, say,
+appears only once the text repeats itself), at most one such step in ``EXPLORE_EVERY`` and only
+where the step's extra cost, spread over those steps, stays within ``EXPLORE_COST`` of a step: a
+request that stopped drafting on a few bad steps is tried again, and a large batch is not slowed
+to try it.
 
 **Lossless.** A budget only cuts a tree before verification; the verifier accepts what the target
 itself would produce at every node it is given (greedy, and the exact tree walk whose uniforms are
@@ -82,6 +90,8 @@ EXPLORE_COST = 0.05  # ... when its extra cost spread over them is at most this 
 GUESS = 1.0 + 0.4 * np.sqrt(
     np.asarray(BUDGETS, dtype=np.float64)
 )  # tokens per step before any was seen
+_LIMITS = np.asarray(BUDGETS, dtype=np.float64)
+_PREVIOUS = np.concatenate([[0.0], _LIMITS[:-1]])  # the budget below each (0 below the first)
 
 
 @attrs.frozen
@@ -118,26 +128,59 @@ def make_speculation(value) -> "Speculation":
 
 
 class _Acceptance:
-    """Decaying averages of tokens per step at each budget (``known``: observed at least once;
-    the first observation moves the average from the prior it starts at) and of the whole tree's
-    node count; ``stale``: steps since its whole tree was last verified (it did not draft, or its
+    """Decaying averages of what a request's trees hold and accept, per budget j (drafted nodes
+    ``BUDGETS[j]``, the budget below it ``prev_j``, 0 below the first): ``reach[j]`` the share of
+    trees with more than ``prev_j`` drafted nodes, ``gain[j]`` the drafted tokens accepted among
+    nodes ``prev_j + 1 .. BUDGETS[j]`` of such a tree, ``width[j]`` the drafted nodes a tree cut at
+    ``BUDGETS[j]`` keeps. ``gain`` is conditioned on the tree reaching that far, and learnt only
+    where its nodes were verified: a budget that cuts the large trees (a lookup match, say) and
+    keeps the small ones whole would otherwise learn the larger budgets' gains from the small
+    trees alone, and never choose them. A gain never seen keeps the first guess (``GUESS``): it
+    counts only as far as trees reach there, and such a tree is then verified and teaches it.
+    ``known``: gains observed at least once (the first moves the average from the prior it
+    starts at); ``stale``: steps since its whole tree was last verified (it did not draft, or its
     budget cut the tree)."""
 
     def __init__(self, decay: float):
         self.decay = decay
-        self.tokens = np.ones(len(BUDGETS))
+        self.gain = np.diff(GUESS, prepend=1.0)
         self.known = np.zeros(len(BUDGETS), dtype=bool)
-        self.nodes = 0.0
+        self.reach = np.ones(len(BUDGETS))
+        self.width = np.asarray(BUDGETS, dtype=np.float64)
+        self.drafted = False  # reach and width observed
         self.stale = 0
 
-    def observe(
-        self, upto: int, tokens: np.ndarray, nodes: int, prior: np.ndarray, prior_nodes: float
-    ) -> None:
-        """``tokens[j]`` for budgets j < ``upto``; ``nodes`` in the whole tree."""
-        old = np.where(self.known[:upto], self.tokens[:upto], prior[:upto])
-        self.tokens[:upto] = (1 - self.decay) * old + self.decay * tokens[:upto]
-        self.known[:upto] = True
-        self.nodes = (1 - self.decay) * (self.nodes or prior_nodes) + self.decay * nodes
+    @property
+    def tokens(self) -> np.ndarray:
+        """Tokens per step expected at each budget (the bonus token counted)."""
+        return 1.0 + np.cumsum(self.reach * self.gain)
+
+    @property
+    def nodes(self) -> float:
+        """Nodes of the whole tree (its root counted)."""
+        return float(self.width[-1] + 1.0)
+
+    def observe(self, gain: np.ndarray, seen: np.ndarray, drafted: int, prior: "_Acceptance"):
+        """One tree of ``drafted`` nodes past its root; ``gain[j]`` where ``seen[j]``."""
+        step = self.decay
+        old = np.where(self.known, self.gain, prior.gain)
+        self.gain = np.where(seen, (1 - step) * old + step * gain, self.gain)
+        self.known |= seen
+        reach = drafted > _PREVIOUS
+        width = np.minimum(_LIMITS, drafted)
+        old_reach, old_width = (
+            (self.reach, self.width) if self.drafted else (prior.reach, prior.width)
+        )
+        self.reach = (1 - step) * old_reach + step * reach
+        self.width = (1 - step) * old_width + step * width
+        self.drafted = True
+
+    def drift(self, prior: "_Acceptance", share: float) -> None:
+        """Move ``share`` of the way back to ``prior`` (a step without drafting)."""
+        self.gain = np.where(self.known, self.gain + share * (prior.gain - self.gain), self.gain)
+        if self.drafted:
+            self.reach = self.reach + share * (prior.reach - self.reach)
+            self.width = self.width + share * (prior.width - self.width)
 
 
 class Speculation:
@@ -164,34 +207,27 @@ class Speculation:
 
     # -- estimates ---------------------------------------------------------------------------
 
-    def _prior_tokens(self) -> np.ndarray:
-        """The engine's tokens per step at each budget, from a guess that lets drafting be tried
-        before any was seen; budgets never observed as the largest observed below them (no gain)."""
-        if not self._prior.known.any():
-            return GUESS.copy()
-        values = np.where(self._prior.known, self._prior.tokens, 1.0)
-        return np.maximum.accumulate(values)
-
-    def _prior_nodes(self) -> float:
-        return self._prior.nodes or float(BUDGETS[-1] + 1)
-
     def estimate(self, request_id: int) -> tuple[np.ndarray, float]:
         """(tokens per step at each budget, whole-tree nodes) expected of a request."""
-        tokens, nodes = self._estimates([request_id])
-        return tokens[0], float(nodes[0])
+        tokens, width = self._estimates([request_id])
+        return tokens[0], float(width[0, -1] + 1.0)
 
     def _estimates(self, ids: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
-        """(B, budgets) tokens per step and (B,) whole-tree nodes expected of requests ``ids``."""
-        prior, prior_nodes = self._prior_tokens(), self._prior_nodes()
-        rows = [self._rows.get(i) for i in ids]
-        known = np.array(
-            [r.known if r is not None else np.zeros(len(BUDGETS), dtype=bool) for r in rows]
-        )
-        values = np.array([r.tokens if r is not None else prior for r in rows])
-        nodes = np.array([(r.nodes if r is not None else 0.0) or prior_nodes for r in rows])
-        return np.maximum.accumulate(
-            np.where(known, values, prior), axis=1
-        ), nodes  # more nodes never accept less
+        """(B, budgets) tokens per step and drafted nodes kept expected of requests ``ids`` at
+        each budget; what a request has not shown yet, the engine's average over all requests."""
+        prior = self._prior
+        tokens, width = [], []
+        for request_id in ids:
+            row = self._rows.get(request_id)
+            if row is None:
+                tokens.append(prior.tokens)
+                width.append(prior.width)
+                continue
+            gain = np.where(row.known, row.gain, prior.gain)
+            reach, kept = (row.reach, row.width) if row.drafted else (prior.reach, prior.width)
+            tokens.append(1.0 + np.cumsum(reach * gain))
+            width.append(kept)
+        return np.array(tokens), np.array(width)
 
     # -- the choice --------------------------------------------------------------------------
 
@@ -205,7 +241,7 @@ class Speculation:
         if self.mode == "always" or self.costs is None:
             return StepPlan(
                 dict.fromkeys(ids, None),
-                int(round(len(ids) * self._estimates(ids)[1].max())),
+                int(round(len(ids) * (self._estimates(ids)[1][:, -1].max() + 1.0))),
                 len(ids),
             )
         return self.choose(ids, chunk_tokens)
@@ -217,16 +253,13 @@ class Speculation:
         most drafting requests) is taken: a cut tree tells nothing of what lies past the cut."""
         costs, batch = self.costs, len(ids)
         rows = batch + (chunk_tokens > 0)  # the prompt chunks counted as one row
-        tokens, nodes = self._estimates(ids)  # (B, budgets), (B,)
-        # budgets larger than the widest tree cut nothing
-        useful = int(np.searchsorted(BUDGETS, max(nodes.max() - 1, 1), side="left")) + 1
-        limits = np.asarray(BUDGETS[:useful], dtype=np.float64)
-        gain = tokens[:, :useful] - 1.0
+        tokens, kept = self._estimates(ids)  # (B, budgets) each
+        gain = tokens - 1.0
         order = np.argsort(-gain, axis=0, kind="stable")  # (B, budgets): by gain at each budget
         ranked = np.take_along_axis(gain, order, axis=0)
-        # the widest tree of the first m requests
-        deepest = np.maximum.accumulate(np.maximum(nodes[order] - 1, 0), axis=0)
-        width = np.ceil(1 + np.minimum(limits[None, :], deepest)).astype(np.int64)
+        # every tree row is padded to the widest tree of the first m requests
+        widest = np.maximum.accumulate(np.take_along_axis(kept, order, axis=0), axis=0)
+        width = np.ceil(1.0 + widest - 1e-9).astype(np.int64)
         drafting = np.arange(1, batch + 1)[:, None]
         plain_time = float(costs.target(chunk_tokens + batch, rows))  # this step, plain
         # what drafting adds to this step, prompt chunks and all
@@ -246,7 +279,7 @@ class Speculation:
             budgets.update({ids[i]: BUDGETS[j] for i in order[: m + 1, j]})
             seconds = plain_time + float(extra[m, j])
             chosen = StepPlan(budgets, int(batch * width[m, j]), m + 1, seconds)
-        return self._explore(ids, nodes, chunk_tokens, chosen)
+        return self._explore(ids, kept[:, -1] + 1.0, chunk_tokens, chosen)
 
     def _explore(
         self, ids: list[int], nodes: np.ndarray, chunk_tokens: int, chosen: StepPlan
@@ -313,34 +346,26 @@ class Speculation:
     ) -> None:
         """A group's rows were verified: ``verified`` nodes of trees of ``full_nodes`` (before
         their budgets cut them), accepted ``path`` (B, D+1) with ``num_accepted`` (B,)."""
-        limits, prior = np.asarray(BUDGETS), self._prior_tokens()
+        prior = self._prior
         for b, request_id in enumerate(request_ids):
             row = self._rows.setdefault(request_id, _Acceptance(REQUEST_DECAY))
             if budgets[b] == 0:  # did not draft: drift back toward the engine's average
-                row.tokens = np.where(
-                    row.known, row.tokens + FORGET * (prior - row.tokens), row.tokens
-                )
+                row.drift(prior, FORGET)
                 row.stale += 1
                 continue
-            cut = int(verified[b]) < int(full_nodes[b])
+            drafted, kept = int(full_nodes[b]) - 1, int(verified[b]) - 1
+            cut = kept < drafted
             if not cut and row.stale >= EXPLORE_EVERY:  # tried again (_explore)
                 self._quiet = 0
             row.stale = row.stale + 1 if cut else 0
-            nodes = np.sort(
-                path[b, 1 : int(num_accepted[b]) + 1]
-            )  # accepted drafted nodes (their indices)
-            accepted = np.searchsorted(
-                nodes, limits, side="right"
-            )  # what a tree cut at each budget accepts
-            upto = (
-                int(np.searchsorted(limits, int(verified[b]) - 1, side="right"))
-                if cut
-                else len(BUDGETS)
-            )
-            row.observe(upto, accepted + 1.0, int(full_nodes[b]), prior, self._prior_nodes())
-            self._prior.observe(
-                upto, accepted + 1.0, int(full_nodes[b]), prior, self._prior_nodes()
-            )
+            # accepted drafted nodes (their indices): what a tree cut at each budget accepts
+            nodes = np.sort(path[b, 1 : int(num_accepted[b]) + 1])
+            accepted = np.searchsorted(nodes, _LIMITS, side="right").astype(np.float64)
+            gain = np.diff(accepted, prepend=0.0)
+            # the nodes of budget j were in the tree, and all verified
+            seen = (drafted > _PREVIOUS) & ((not cut) | (_LIMITS <= kept))
+            row.observe(gain, seen, drafted, prior)
+            prior.observe(gain, seen, drafted, prior)
 
     def observe_step(
         self, tokens: int, seconds: float, drafting: int, draft_seconds: float, rows: int = 1

@@ -177,22 +177,54 @@ def test_one_full_tree_tells_what_every_cut_would_have_accepted():
     path = np.array([[0, 2, 5, -1]])  # accepted node 2 (depth 1), then node 5 (depth 2)
     speculation.observe_rows([7], [None], np.array([9]), np.array([9]), path, np.array([2]))
     row = speculation._rows[7]
-    assert row.known.all()  # every budget learnt from one step
+    reached = BUDGETS.index(8) + 1  # the budgets up to the tree's 8 drafted nodes
+    assert row.known[:reached].all() and not row.known[reached:].any()  # learnt from one step
     for _ in range(
         int(np.ceil(np.log(1e-8) / np.log(1 - REQUEST_DECAY)))
     ):  # the first step's weight below 1e-8
         speculation.observe_rows([7], [None], np.array([9]), np.array([9]), path, np.array([2]))
-    expected = {
-        1: 1,
-        2: 2,
-        3: 2,
-        4: 2,
-        6: 3,
-        8: 3,
-    }  # tokens per step had the tree been cut at k nodes
+    # tokens per step had the tree been cut at k nodes (no tree reaches past 8)
+    expected = {1: 1, 2: 2, 3: 2, 4: 2, 6: 3, 8: 3, 12: 3, 64: 3}
     for k, tokens in expected.items():
         assert row.tokens[BUDGETS.index(k)] == pytest.approx(tokens, abs=1e-6)
     assert row.nodes == pytest.approx(9)
+
+
+def test_gains_past_a_cut_are_learnt_from_the_trees_that_reach_there():
+    """Trees of 4 drafted nodes accepting node 1, and one step in four a tree of 14 (a lookup
+    beam riding along) accepting nodes 1 and 5-8. Cut at 4 for a while (the large trees cut, the
+    small ones whole), the budgets past 4 keep what the large trees accepted there: on the line
+    (20 ms + 1 ms a token) a budget of 8 (3 tokens a step in about 26 ms) beats 4 (2 in 25 ms).
+    Learnt from the small trees alone, 8 would look no better than 4."""
+    speculation = policy()
+
+    def step(big: bool, budget):
+        drafted = 14 if big else 4
+        kept = drafted if budget is None else min(drafted, budget)
+        accepted = [n for n in ((1, 5, 6, 7, 8) if big else (1,)) if n <= kept]
+        path = np.array([[0, *accepted] + [-1] * (drafted - len(accepted))])
+        speculation.observe_rows(
+            [0],
+            [budget],
+            np.array([kept + 1]),
+            np.array([drafted + 1]),
+            path,
+            np.array([len(accepted)]),
+        )
+
+    for i in range(200):  # the first guess forgotten
+        step(i % 4 == 0, None)
+    before = speculation.estimate(0)[0]
+    for i in range(80):
+        step(i % 4 == 0, 4)
+    tokens, nodes = speculation.estimate(0)
+    assert tokens[BUDGETS.index(4)] == pytest.approx(2.0, abs=0.01)
+    assert tokens[BUDGETS.index(8)] == pytest.approx(before[BUDGETS.index(8)], abs=0.01)
+    reach = speculation._rows[0].reach[BUDGETS.index(6)]  # the recent share of large trees
+    assert 0.15 < reach < 0.35
+    assert tokens[BUDGETS.index(8)] == pytest.approx(2.0 + 4 * reach, abs=1e-3)  # 5-8 when there
+    assert nodes == pytest.approx(5.0 + 10 * reach, abs=1e-3)
+    assert speculation.plan([0]).budgets == {0: 8}
 
 
 def test_a_cut_tree_tells_nothing_about_larger_budgets():
