@@ -53,11 +53,19 @@ def _evaluation_task(checkpoint, target, overrides):
     return task
 
 
+# the tree settings specdec plan searches, in this order (specdec.bench.tree_planner)
+TREE_OPTIONS = {
+    "total_tokens": (4, 6, 8, 12, 16, 24),
+    "depth": (2, 3, 4, 5, 6),
+    "tree_top_k": (2, 4, 8),
+}
+
 SPEC = DrafterSpec(
     name="eagle",
     model_type="specdec_eagle",
     implementations={b: _factory(b) for b in CLASSES},
     make_random_checkpoint=lazy_call("specdec_eagle.checkpoint", "make_random_eagle"),
+    tree_options=TREE_OPTIONS,
     train=lazy_call("specdec_eagle.train", "train_eagle"),
     evaluation_task=_evaluation_task,
     train_options=(

@@ -496,7 +496,21 @@ def tree_options(config: EagleConfig, top_k, depth, total_tokens) -> tuple[int, 
         int(getattr(config, name)) if value is None else value
         for name, value in (("top_k", top_k), ("depth", depth), ("total_tokens", total_tokens))
     )
-    check_tree_options(config, *chosen)
+    try:
+        check_tree_options(config, *chosen)
+    except ValueError as exc:
+        if (top_k, depth, total_tokens) == (None, None, None):
+            raise  # the checkpoint's own settings: its config is at fault
+        given = ", ".join(
+            f"{name}={value}"
+            for name, value in (
+                ("tree_top_k", top_k),
+                ("depth", depth),
+                ("total_tokens", total_tokens),
+            )
+            if value is not None
+        )
+        raise InvalidInputError(f"{exc} (tree settings given: {given})") from exc
     return chosen
 
 

@@ -121,12 +121,20 @@ LAYOUTS = (
     ),
 )
 
+# the tree settings specdec plan searches, in this order (specdec.bench.tree_planner)
+TREE_OPTIONS = {
+    "total_tokens": (4, 6, 8, 12, 16, 24),
+    "depth": (2, 3, 4, 5, 6),
+    "tree_top_k": (2, 4, 8),
+}
+
 SPEC = DrafterSpec(
     name="eagle3",
     model_type="specdec_eagle3",
     implementations={b: _factory(b) for b in CLASSES},
     make_random_checkpoint=lazy_call("specdec_eagle3.checkpoint", "make_random_eagle3"),
     pairs_with_lookup=False,
+    tree_options=TREE_OPTIONS,
     train=lazy_call("specdec_eagle3.train", "train_eagle3"),
     evaluation_task=_evaluation_task,
     train_options=TRAIN_OPTIONS,

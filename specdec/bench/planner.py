@@ -29,7 +29,7 @@ from specdec.drafting.none import PassLifecycle
 from specdec.generation.api import add_lookup, encode_prompts, load_drafter
 from specdec.generation.resolve import resolve
 from specdec.plugins.registry import default_registry
-from specdec.tuning.dtype import save_beam_plan
+from specdec.tuning.dtype import save_drafter_plan
 
 
 @attrs.frozen(kw_only=True)
@@ -198,12 +198,11 @@ def plan(
     rows.sort(key=lambda r: -r.predicted_speedup)
     if save:
         best = rows[0]
-        save_beam_plan(
+        save_drafter_plan(
             backend_obj,
             target,
             drafter,
-            beam_width=best.beam_width,
-            beam_length=best.beam_length,
+            options={"beam_width": best.beam_width, "beam_length": best.beam_length},
             details={
                 "predicted_speedup": round(best.predicted_speedup, 3),
                 "lookup": lookup,

@@ -19,7 +19,7 @@ from specdec.generation.api import (
     encode_prompts,
     load_drafter,
     lookup_by_default,
-    planned_beams,
+    planned_options,
     stream,
 )
 from specdec.generation.chat import load_chat_template
@@ -80,13 +80,11 @@ def specdec_runner(
     }
     lookup = options.pop("lookup", None)
     named = resolve("drafter", method.drafter, registry, backend_obj.name)
-    if not {"beam_width", "beam_length"} & set(
-        options
-    ):  # as generate: specdec plan's beams, when kept
-        options.update(planned_beams(backend_obj, target, named))
+    # as generate: what specdec plan chose, where the method names nothing
+    options, planned = planned_options(backend_obj, target, named, options)
     drafter = load_drafter(named, target, backend_obj, registry, options)
     if lookup is None:
-        lookup = lookup_by_default(named, drafter, loop_options.get("verifier"))
+        lookup = lookup_by_default(named, drafter, loop_options.get("verifier"), planned)
     if lookup:
         drafter = add_lookup(drafter, lookup, backend_obj, target)
     beam_drafter = (

@@ -15,6 +15,7 @@ import specdec
 from specdec import compute
 from specdec.bench import load_prompt_set, parse_method, run_bench
 from specdec.bench.planner import measure, plan
+from specdec.bench.tree_planner import plan_tree
 from specdec.bench.prompts import PROMPT_SETS
 from specdec.bench.report import markdown, write_outputs
 from specdec.cli.cache import add_parser as add_cache_parser
@@ -23,7 +24,7 @@ from specdec.cli.options import DRAFTER_HELP, drafter_options
 from specdec.cli.serve import add_parser as add_serve_parser
 from specdec.drafting.lookup import DEFAULT_DRAFT_LENGTH
 from specdec.errors import InvalidInputError, SpecdecError, TrainingInterrupted, require
-from specdec.generation.api import load_backend, planned_beams, prepare
+from specdec.generation.api import load_backend, planned_options, prepare
 from specdec.generation.resolve import resolve
 from specdec.models.bundled import resolve_model
 from specdec.plugins.loading import DISABLE_ENV, PluginWarning
@@ -159,15 +160,12 @@ def _same_prefix(a: list, b: list) -> int:
 
 def _describe_default(target, drafter, backend, registry) -> str:
     """How the default path drafts here: the beams and where they come from."""
-    planned = (
-        planned_beams(
-            registry.get("backend", backend).factory(),
-            target,
-            resolve("drafter", drafter, registry, backend),
-        )
-        if backend
-        else {}
-    )
+    if backend:
+        backend_obj = registry.get("backend", backend).factory()
+        named = resolve("drafter", drafter, registry, backend)
+        planned = planned_options(backend_obj, target, named, {})[0]
+    else:
+        planned = {}
     if planned:
         where = "chosen by `specdec plan` on this machine"
     else:
@@ -333,8 +331,13 @@ def cmd_bench(args) -> int:
 
 
 def cmd_plan(args) -> int:
-    """Predict the speedup of every beam configuration, recommend one, and check the best few."""
+    """Predict the speedup of every beam configuration, recommend one, and check the best few;
+    or, for a tree drafter, decode with its tree settings and recommend the fastest."""
     prompts = [p.prompt for p in load_prompt_set(args.prompts, per_category=args.per_category)]
+    registry = default_registry()
+    named = resolve("drafter", args.drafter, registry, args.backend)
+    if named.spec is not None and named.spec.tree_options:
+        return _plan_tree(args, prompts)
     lookup = not args.no_lookup
     rows = plan(
         args.model,
@@ -391,6 +394,40 @@ def cmd_plan(args) -> int:
             f"planned on the {args.prompts} prompts; the best beams depend on the text: for "
             "another kind of use (code, say) plan with --prompts FILE.jsonl of prompts like your "
             "own",
+            file=sys.stderr,
+        )
+    return 0
+
+
+def _plan_tree(args, prompts) -> int:
+    rows = plan_tree(
+        args.model,
+        args.drafter,
+        prompts,
+        backend=args.backend,
+        dtype=args.dtype,
+        max_new_tokens=args.max_new_tokens,
+        lookup=False if args.no_lookup else None,
+        save=not args.no_save,
+    )
+    print("| settings | lookup | tokens/step | nodes/step | measured speedup |")
+    print("|---|---|---|---|---|")
+    for r in rows:
+        settings = " ".join(f"{k}={v}" for k, v in sorted(r.options.items())) or "its defaults"
+        print(
+            f"| {settings} | {'yes' if r.lookup else 'no'} | {r.tokens_per_step:.2f} | "
+            f"{r.nodes_per_step:.1f} | {r.speedup:.2f}x |"
+        )
+    best = rows[0]
+    settings = " ".join(f"{k}={v}" for k, v in sorted(best.options.items())) or "its defaults"
+    print(
+        f"recommended: {settings}, lookup {'on' if best.lookup else 'off'} (measured "
+        f"{best.speedup:.2f}x over plain decoding, decode phase, {len(rows)} settings decoded)"
+    )
+    if not args.no_save:
+        print(
+            "saved: generate uses it for this drafter on this machine when no tree settings "
+            "are given",
             file=sys.stderr,
         )
     return 0
@@ -702,11 +739,14 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--out", default="bench-out")
     bench.set_defaults(func=cmd_bench)
     planner = sub.add_parser(
-        "plan", help="predict the best ReDrafter beam configuration on this machine"
+        "plan",
+        help="choose a drafter's beams (ReDrafter) or tree (EAGLE, EAGLE-3) for this machine",
     )
     planner.add_argument("--model", required=True)
     planner.add_argument(
-        "--drafter", default="redrafter", help="redrafter (the shipped one) or a checkpoint"
+        "--drafter",
+        default="redrafter",
+        help="redrafter, eagle, eagle3 (the shipped ones) or a checkpoint folder",
     )
     planner.add_argument("--backend", default="torch")
     planner.add_argument("--dtype", default=None)
@@ -719,7 +759,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--measure-top", type=int, default=3, help="run the best N for real and compare"
     )
     planner.add_argument(
-        "--no-lookup", action="store_true", help="plan the drafter's beams without the lookup beam"
+        "--no-lookup",
+        action="store_true",
+        help="plan without the prompt-lookup beam (a tree drafter: else tried on and off)",
     )
     planner.add_argument(
         "--no-save",

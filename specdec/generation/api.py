@@ -44,7 +44,7 @@ from specdec.decode.plan import DecodePlan
 from specdec.generation.options import check_drafter_options
 from specdec.generation.resolve import Resolved, build, resolve, with_lookup
 from specdec.plugins.registry import PluginRegistry, default_registry
-from specdec.tuning.dtype import DtypeChoice, cached_beam_plan, load_fastest
+from specdec.tuning.dtype import DtypeChoice, cached_drafter_plan, load_fastest
 from specdec.tuning.exactness import check_exact_option, configure
 from specdec.types import GenerationResult, GenerationStats, StepResult
 
@@ -252,11 +252,10 @@ def _prepare(
     verifier_choice = options.pop("verifier", None)
     tree_choice = options.pop("tree_builder", None)
     lookup = options.pop("lookup", None)
-    if named.name is not None and not {"beam_width", "beam_length"} & set(options):
-        options.update(planned_beams(backend_obj, target, named))
+    options, planned = planned_options(backend_obj, target, named, options)
     drafter_obj = load_drafter(named, target, backend_obj, registry, options)
     if lookup is None:
-        lookup = lookup_by_default(named, drafter_obj, verifier_choice)
+        lookup = lookup_by_default(named, drafter_obj, verifier_choice, planned)
     if lookup:
         drafter_obj = add_lookup(drafter_obj, lookup, backend_obj, target)
         named = with_lookup(named)
@@ -303,11 +302,14 @@ def _prepare(
     return plan, prompts, batched, tokenizer
 
 
-def lookup_by_default(drafter: Resolved, drafter_obj, verifier_choice) -> bool:
+def lookup_by_default(drafter: Resolved, drafter_obj, verifier_choice, planned=None) -> bool:
     """The prompt-lookup beam is on by default beside drafters whose spec pairs them with it
-    (ReDrafter; an object passed in: never), when the verifier is the default, greedy or exact
-    one and the beams are not sampled."""
-    pairs = drafter.spec is not None and drafter.spec.pairs_with_lookup
+    (ReDrafter; an object passed in: never), or as ``specdec plan`` chose (``planned``: True or
+    False; None: not planned), when the verifier is the default, greedy or exact one and the
+    beams are not sampled."""
+    pairs = drafter.spec is not None and (
+        drafter.spec.pairs_with_lookup if planned is None else bool(planned)
+    )
     return (
         pairs
         and verifier_choice in (None, "greedy", "exact")
@@ -315,16 +317,26 @@ def lookup_by_default(drafter: Resolved, drafter_obj, verifier_choice) -> bool:
     )
 
 
-def planned_beams(backend, target, drafter: Resolved) -> dict:
-    """{"beam_width", "beam_length"} that ``specdec plan`` chose for this drafter on this machine
-    (``specdec.tuning.dtype.cached_beam_plan``), when the drafter takes them; else {}."""
-    if drafter.spec is None or not drafter.spec.beam_options:
-        # an object passed in, or a drafter without beams (load_drafter reports an unknown name)
-        return {}
-    plan = cached_beam_plan(backend, target, drafter.choice)
-    if plan is None:
-        return {}
-    return {"beam_width": plan["beam_width"], "beam_length": plan["beam_length"]}
+def planned_keys(drafter: Resolved) -> tuple[str, ...]:
+    """The settings ``specdec plan`` chooses for this drafter: a beam drafter's width and length,
+    a tree drafter's tree settings (``DrafterSpec.tree_options``); () for others."""
+    spec = drafter.spec
+    if spec is None:  # an object passed in
+        return ()
+    return ("beam_width", "beam_length") if spec.beam_options else tuple(spec.tree_options)
+
+
+def planned_options(backend, target, drafter: Resolved, options: dict):
+    """(``options``, the lookup choice) that ``specdec plan`` made for this drafter on this
+    machine (``specdec.tuning.dtype.cached_drafter_plan``), when the caller named none of its
+    settings: ``options`` with those settings, and whether the prompt-lookup beam rode along
+    (measured together; ``lookup_by_default``'s ``planned``); else ``options`` and None."""
+    keys = planned_keys(drafter)
+    plan = cached_drafter_plan(backend, target, drafter.choice) if keys else None
+    if plan is None or set(keys) & set(options):
+        return options, None
+    options = {**options, **{k: v for k, v in plan["options"].items() if k in keys}}
+    return options, plan.get("lookup")
 
 
 def load_backend(name: str | None, registry: PluginRegistry):

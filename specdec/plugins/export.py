@@ -15,6 +15,7 @@ checkpoint.
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 from importlib import resources
@@ -83,8 +84,23 @@ class ExportResult:
 
 def detect_layout(folder, registry=None) -> tuple[str, str] | None:
     """(drafter name, layout) of a checkpoint folder, or None when it is none of the known ones:
-    ``specdec`` for a drafter's own checkpoint, else a layout its spec declares."""
+    ``specdec`` for a drafter's own checkpoint, else a layout its spec declares. A single file
+    (a GGUF draft, say) is detected once per version of it: a call checks the path, resolves
+    the drafter and loads it, and each would otherwise read the file's header again."""
     folder = Path(folder)
+    if folder.is_file():
+        stat = folder.stat()
+        registry = registry or default_registry()
+        return _detect_file(str(folder.resolve()), stat.st_mtime_ns, stat.st_size, registry)
+    return _detect(folder, registry)
+
+
+@functools.lru_cache(maxsize=16)
+def _detect_file(path: str, mtime_ns: int, size: int, registry) -> tuple[str, str] | None:
+    return _detect(Path(path), registry)
+
+
+def _detect(folder: Path, registry) -> tuple[str, str] | None:
     config_file = folder / "config.json"
     config = {}
     if config_file.is_file():

@@ -66,8 +66,11 @@ class DrafterSpec:
     ``specdec.training.run.train_drafter`` and ``train_options``). evaluation_task(checkpoint,
     target, overrides) -> the training task holding a saved checkpoint, for held-out evaluation.
     default_shortlist: ``specdec train --shortlist`` when not given. beam_options: takes
-    ``beam_width`` / ``beam_length`` (``specdec plan`` chooses them). pairs_with_lookup: a
-    prompt-lookup beam is added beside its beams by default. load_checkpoint(path) -> (config,
+    ``beam_width`` / ``beam_length`` (``specdec plan`` chooses them from one recorded run).
+    tree_options: {option: candidate values} of a tree drafter's settings, which ``specdec
+    plan`` searches by decoding with them, one option at a time in this order
+    (``specdec.bench.tree_planner``); generate then uses the best when the caller names none.
+    pairs_with_lookup: a prompt-lookup beam is added beside its beams by default. load_checkpoint(path) -> (config,
     float64 weights) and save_checkpoint(path, config, weights, *, dtype): its own checkpoint
     files; package: the package whose ``weights/<model name>/`` holds the shipped checkpoints;
     layouts: the engines' layouts it exports to and imports from. tree_size(config) -> the most
@@ -86,6 +89,7 @@ class DrafterSpec:
     train_options: tuple[CliOption, ...] = ()
     default_shortlist: int = 0
     beam_options: bool = False
+    tree_options: Mapping[str, tuple[int, ...]] = attrs.field(factory=dict)
     pairs_with_lookup: bool = False
     load_checkpoint: Callable[..., tuple] | None = None
     save_checkpoint: Callable[..., Any] | None = None

@@ -15,9 +15,10 @@ the fastest and caches the choice under ``<specdec cache>/tuning/``, keyed by
 The weights' values do not change the speed, so two models of one shape share a measurement and
 no fingerprint of the weights is computed. Later loads read the cache and load once.
 
-**The beam plan.** ``specdec plan`` measures which beam width and length decode fastest for a
-drafter on this machine; ``save_beam_plan`` keeps its recommendation and ``generate`` uses it
-when the caller names neither ``beam_width`` nor ``beam_length`` (``cached_beam_plan``).
+**The drafter's plan.** ``specdec plan`` measures which settings decode fastest for a drafter on
+this machine (a beam drafter's width and length, a tree drafter's tree, and whether the
+prompt-lookup beam rides along); ``save_drafter_plan`` keeps its recommendation and ``generate``
+uses it when the caller names none of those settings (``cached_drafter_plan``).
 
 Everything here is a speed choice, never a correctness one: a stale or deleted cache file only
 costs a measurement. ``specdec tune`` re-measures and prints the table; ``$SPECDEC_DTYPE``
@@ -48,13 +49,13 @@ from specdec.types import DraftTree
 __all__ = [
     "DtypeChoice",
     "architecture_key",
-    "cached_beam_plan",
+    "cached_drafter_plan",
     "cpu_description",
     "cpu_flags",
     "dtype_cache_file",
     "load_fastest",
     "measure_forward",
-    "save_beam_plan",
+    "save_drafter_plan",
 ]
 
 DTYPE_VARIABLE = "SPECDEC_DTYPE"  # when set (e.g. float32), the dtype used instead of measuring
@@ -290,7 +291,7 @@ def _dtype_name(target, fallback: str) -> str:
 
 
 # ------------------------------------------------------------------------------------------
-# Beam plans
+# Drafter plans
 
 
 def _plan_file(backend, target, drafter: str) -> Path:
@@ -304,7 +305,7 @@ def _plan_file(backend, target, drafter: str) -> Path:
         "target": getattr(target, "name", ""),
         "drafter": _drafter_identity(drafter),
     }
-    return _tuning_dir() / f"beams-{backend.name}-{_digest(key)}.json"
+    return _tuning_dir() / f"plan-{backend.name}-{_digest(key)}.json"
 
 
 def _drafter_identity(drafter: str) -> str:
@@ -318,17 +319,15 @@ def _drafter_identity(drafter: str) -> str:
     return str(drafter)
 
 
-def save_beam_plan(
-    backend, target, drafter: str, *, beam_width: int, beam_length: int, details: dict
-) -> Path:
-    """Keep ``specdec plan``'s recommendation for this backend, device, dtype, target and
-    drafter."""
+def save_drafter_plan(backend, target, drafter: str, *, options: dict, details: dict) -> Path:
+    """Keep ``specdec plan``'s recommendation (``options``: the drafter's settings, each an int;
+    ``details["lookup"]``: whether the prompt-lookup beam rides along) for this backend, device,
+    dtype, target and drafter."""
     file = _plan_file(backend, target, drafter)
     _write(
         file,
         {
-            "beam_width": int(beam_width),
-            "beam_length": int(beam_length),
+            "options": {str(k): int(v) for k, v in options.items()},
             **details,
             "planned_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
         },
@@ -336,13 +335,17 @@ def save_beam_plan(
     return file
 
 
-def cached_beam_plan(backend, target, drafter) -> dict | None:
-    """{"beam_width", "beam_length", ...} planned for this setting, or None."""
+def cached_drafter_plan(backend, target, drafter) -> dict | None:
+    """{"options": {name: int >= 1}, "lookup": bool or absent, ...} planned for this setting, or
+    None (none kept, or a file that is not a whole plan)."""
     if not isinstance(drafter, (str, Path)):
         return None
     plan = _read(_plan_file(backend, target, str(drafter)))
-    if not plan or not all(
-        isinstance(plan.get(k), int) and plan[k] >= 1 for k in ("beam_width", "beam_length")
+    options = plan.get("options") if plan else None
+    if not isinstance(options, dict) or not all(
+        isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in options.values()
     ):
+        return None
+    if "lookup" in plan and not isinstance(plan["lookup"], bool):
         return None
     return plan

@@ -251,13 +251,49 @@ def test_plan_recommends_a_configuration(model_dir, tmp_path):
         env={"SPECDEC_CACHE": str(cache)},
     )
     assert done.returncode == 0, done.stderr[-2000:]
-    (kept,) = (cache / "tuning").glob("beams-numpy-*.json")
+    (kept,) = (cache / "tuning").glob("plan-numpy-*.json")
     recommended = re.search(r"recommended: beam_width=(\d+) beam_length=(\d+)", done.stdout)
     assert (
         recommended and recommended.group(1) in ("1", "2") and recommended.group(2) in ("2", "3")
     ), done.stdout
-    assert json.loads(kept.read_text())["beam_width"] == int(recommended.group(1))
+    assert json.loads(kept.read_text())["options"]["beam_width"] == int(recommended.group(1))
     assert "plan with --prompts" not in done.stderr  # the user's own prompts: no hint
+
+
+def test_plan_decodes_a_tree_drafters_settings(model_dir, tmp_path):
+    from specdec.testing import make_random_drafter
+
+    drafter = make_random_drafter(tmp_path / "e3", model_dir, kind="eagle3", seed=1)
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "bada beda bida"}\n')
+    cache = tmp_path / "cache"
+    done = run(
+        "plan",
+        "--model",
+        str(model_dir),
+        "--drafter",
+        str(drafter),
+        "--backend",
+        "numpy",
+        "--prompts",
+        str(prompts),
+        "--max-new-tokens",
+        "4",
+        env={"SPECDEC_CACHE": str(cache)},
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    table = [line for line in done.stdout.splitlines() if line.startswith("| ") and "x |" in line]
+    # one option at a time, then lookup (levels past the verified nodes chosen are skipped)
+    assert 1 + 6 + 3 + 1 < len(table) <= 1 + 6 + 5 + 3 + 1, done.stdout
+    speedups = [float(line.rsplit("|", 2)[-2].strip().rstrip("x")) for line in table]
+    assert speedups == sorted(speedups, reverse=True), "best first"
+    recommended = re.search(r"recommended: (.*), lookup (on|off)", done.stdout)
+    (kept,) = (cache / "tuning").glob("plan-numpy-*.json")
+    plan = json.loads(kept.read_text())
+    assert recommended and plan["lookup"] == (recommended.group(2) == "on"), done.stdout
+    assert set(plan["options"]) <= {"total_tokens", "depth", "tree_top_k"}
+    given = " ".join(f"{k}={v}" for k, v in sorted(plan["options"].items())) or "its defaults"
+    assert recommended.group(1) == given
 
 
 def test_plan_on_a_shipped_prompt_set_says_to_plan_on_ones_own(model_dir, tmp_path):

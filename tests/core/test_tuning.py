@@ -212,8 +212,12 @@ def _drafter_of(target, drafter, **options):
 
 def test_a_saved_beam_plan_is_used_when_no_beams_are_given(target, model_dir, redrafter, cache):
     default = _drafter_of(target, redrafter).inner
-    tuning.save_beam_plan(
-        NumpyBackend(), target, str(redrafter), beam_width=1, beam_length=2, details={}
+    tuning.save_drafter_plan(
+        NumpyBackend(),
+        target,
+        str(redrafter),
+        options={"beam_width": 1, "beam_length": 2},
+        details={"lookup": True},
     )
     planned = _drafter_of(target, redrafter).inner
     assert (
@@ -229,6 +233,78 @@ def test_a_saved_beam_plan_is_used_when_no_beams_are_given(target, model_dir, re
     assert _drafter_of(target, other).inner.beam_width == default.beam_width, (
         "a plan belongs to its drafter"
     )
+
+
+@pytest.fixture(scope="module")
+def eagle3(model_dir, tmp_path_factory):
+    return make_random_drafter(
+        tmp_path_factory.mktemp("e3") / "eagle3",
+        model_dir,
+        kind="eagle3",
+        seed=5,
+        top_k=4,
+        depth=4,
+        total_tokens=12,
+    )
+
+
+def test_a_tree_drafter_is_planned_one_setting_at_a_time_and_generate_uses_the_plan(
+    target, model_dir, eagle3, cache, monkeypatch
+):
+    """The tree planner decodes each setting for real (``_decode``) and keeps the fastest; its
+    rates are made up here (fastest at total_tokens=6, depth=3, tree_top_k=2, lookup on), so
+    the search is tested, not the machine. Coordinate ascent from the checkpoint's own settings
+    (12, 4, 4): each option's candidates with the others at their best, then lookup on and off."""
+    from specdec.bench import tree_planner
+
+    decoded, real = [], tree_planner._decode
+
+    def made_up(target_, prompts, drafter, options, lookup, backend, tokens):
+        rate, tau, nodes = real(target_, prompts, drafter, options, lookup, backend, tokens)
+        decoded.append((drafter, dict(options), lookup))
+        if drafter == "none":
+            return 1.0, tau, nodes
+        settings = (
+            options.get("total_tokens", 12),
+            options.get("depth", 4),
+            options.get("tree_top_k", 4),
+        )
+        distance = sum(abs(a - b) for a, b in zip(settings, (6, 3, 2)))
+        return 2.0 - 0.01 * distance + 0.05 * lookup, tau, nodes
+
+    monkeypatch.setattr(tree_planner, "_decode", made_up)
+    rows = tree_planner.plan_tree(
+        model_dir, str(eagle3), ["a b c"], backend="numpy", max_new_tokens=4, save=True
+    )
+    best = rows[0]
+    assert best.options == {"total_tokens": 6, "depth": 3, "tree_top_k": 2} and best.lookup
+    assert best.speedup == pytest.approx(2.05) and rows[-1].speedup < best.speedup
+    tried = [d for d in decoded if d[0] != "none"]
+    assert len(tried) == len({(tuple(sorted(o.items())), lk) for _, o, lk in tried}) == len(rows)
+    assert len(tried) == 1 + 6 + 5 + 3 + 1  # not 6 x 5 x 3 x 2
+    assert [d[0] for d in decoded].count("none") == 2  # plain before and after
+
+    planned = _drafter_of(target, eagle3)
+    assert isinstance(planned, LookupDrafter), "the plan's lookup beam rides along"
+    assert (planned.inner.total_tokens, planned.inner.depth, planned.inner.top_k) == (6, 3, 2)
+    given = _drafter_of(target, eagle3, depth=2)
+    assert (given.total_tokens, given.depth, given.top_k) == (12, 2, 4), "the caller's win"
+    assert not isinstance(given, LookupDrafter)
+
+
+def test_the_tree_planner_refuses_a_drafter_without_tree_settings(model_dir, redrafter):
+    from specdec.bench.tree_planner import plan_tree
+    from specdec.errors import InvalidInputError
+
+    with pytest.raises(InvalidInputError, match="no tree settings to plan.*eagle3"):
+        plan_tree(model_dir, str(redrafter), ["a"], backend="numpy")
+
+
+def test_tree_settings_the_drafter_refuses_name_the_settings_not_the_checkpoint(target, eagle3):
+    from specdec.errors import InvalidInputError
+
+    with pytest.raises(InvalidInputError, match=r"total_tokens=2 cannot hold.*given: depth=4"):
+        _drafter_of(target, eagle3, depth=4, total_tokens=2)
 
 
 def test_the_lookup_beam_is_on_by_default_beside_redrafter(target, redrafter):

@@ -193,6 +193,23 @@ def test_an_upstream_gguf_loads_and_decodes_losslessly(tmp_path, deep_model):
         assert got.tokens == plain, f"{drafter.name} on {backend}"
 
 
+def test_a_gguf_drafter_is_detected_once_per_version_of_the_file(tmp_path, deep_model, monkeypatch):
+    """generate checks the path, resolves the drafter and loads it: one header read, not three;
+    a file written again is read again."""
+    import specdec_eagle3.llamacpp as llamacpp
+
+    file = write_upstream_gguf(tmp_path / "eagle3.gguf")
+    reads, real = [], llamacpp._architecture
+    monkeypatch.setattr(llamacpp, "_architecture", lambda f: reads.append(f) or real(f))
+    for _ in range(2):
+        specdec.generate(
+            deep_model, PROMPTS[0], drafter=str(file), backend="numpy", max_new_tokens=2
+        )
+    assert len(reads) == 1
+    write_upstream_gguf(file, seed=1)  # another version of the file
+    assert detect_layout(file) == ("eagle3", "gguf") and len(reads) == 2
+
+
 @pytest.mark.parametrize("matrices", ["F16", "BF16", "Q8_0"])
 def test_half_and_quantized_files_read_as_stored(tmp_path, deep_model, matrices):
     file = write_upstream_gguf(tmp_path / "head.gguf", matrices=matrices)
