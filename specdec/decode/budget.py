@@ -36,8 +36,8 @@ the gains. The gains are learnt only from trees that reached that far and were v
 cut tree tells nothing of the budgets above the cut, and learning those from the small trees
 that the cut leaves whole would price the large trees' nodes at the small ones' (none) and keep
 cutting them; a gain no tree has shown yet is the first guess, so the first large trees are
-verified whole and teach it. While a request does not draft its estimates drift back toward the engine's
-(``FORGET`` per step). After ``EXPLORE_EVERY`` steps without its whole tree verified (it did not
+verified whole and teach it. While a request does not draft its estimates drift back toward
+the engine's (``FORGET`` per step). After ``EXPLORE_EVERY`` steps without its whole tree verified (it did not
 draft, or drafted less) a request verifies its whole tree once more (a prompt-lookup match, say,
 appears only once the text repeats itself), at most one such step in ``EXPLORE_EVERY`` and only
 where the step's extra cost, spread over those steps, stays within ``EXPLORE_COST`` of a step: a

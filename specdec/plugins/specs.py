@@ -70,8 +70,8 @@ class DrafterSpec:
     tree_options: {option: candidate values} of a tree drafter's settings, which ``specdec
     plan`` searches by decoding with them, one option at a time in this order
     (``specdec.bench.tree_planner``); generate then uses the best when the caller names none.
-    pairs_with_lookup: a prompt-lookup beam is added beside its beams by default. load_checkpoint(path) -> (config,
-    float64 weights) and save_checkpoint(path, config, weights, *, dtype): its own checkpoint
+    pairs_with_lookup: a prompt-lookup beam is added beside its beams by default.
+    load_checkpoint(path) -> (config, float64 weights) and save_checkpoint(path, config, weights, *, dtype): its own checkpoint
     files; package: the package whose ``weights/<model name>/`` holds the shipped checkpoints;
     layouts: the engines' layouts it exports to and imports from. tree_size(config) -> the most
     nodes (root included) one row's draft tree holds under the tree settings of a checkpoint's
