@@ -24,25 +24,24 @@ For each k the requests are ranked by a_i(k) and every prefix of the ranking is 
 |BUDGETS| x B evaluations. Plain decoding wins unless drafting beats it by ``MARGIN``; among the
 drafting choices within the cost fit's error of the best, the largest budget is taken.
 
-**Acceptance, per request.** A tree's nodes are ordered so that parents come first (the prefix
-tree puts the drafter's best beam first), so its first k + 1 nodes are a tree too and the path a
-verifier accepts in the full tree, cut at node k, is what the cut tree accepts: one step with a
-full tree tells a_i(k) for every k at once. Trees differ in size from step to step (a lookup beam
-rides along only where the text repeats), so each request keeps, per budget, decaying averages
-(``REQUEST_DECAY``) of how often its trees reach past the budget below, what the nodes between
-the two accept when they do, and how many nodes a tree cut at the budget keeps (its expected
-width), starting from the engine's averages over all requests; a_i(k) adds up the reaches times
-the gains. The gains are learnt only from trees that reached that far and were verified there: a
-cut tree tells nothing of the budgets above the cut, and learning those from the small trees
-that the cut leaves whole would price the large trees' nodes at the small ones' (none) and keep
-cutting them; a gain no tree has shown yet is the first guess, so the first large trees are
-verified whole and teach it. While a request does not draft its estimates drift back toward
-the engine's (``FORGET`` per step). After ``EXPLORE_EVERY`` steps without its whole tree verified (it did not
-draft, or drafted less) a request verifies its whole tree once more (a prompt-lookup match, say,
-appears only once the text repeats itself), at most one such step in ``EXPLORE_EVERY`` and only
-where the step's extra cost, spread over those steps, stays within ``EXPLORE_COST`` of a step: a
-request that stopped drafting on a few bad steps is tried again, and a large batch is not slowed
-to try it.
+**Acceptance, per request.** A tree's nodes are ordered so that parents come first (the prefix tree
+puts the drafter's best beam first), so its first k + 1 nodes are a tree too and the path a verifier
+accepts in the full tree, cut at node k, is what the cut tree accepts: one step with a full tree
+tells a_i(k) for every k at once. Trees differ in size from step to step (a lookup beam rides along
+only where the text repeats), so each request keeps, per budget, decaying averages
+(``REQUEST_DECAY``) of how often its trees reach past the budget below, what the nodes between the
+two accept when they do, and how many nodes a tree cut at the budget keeps (its expected width),
+starting from the engine's averages over all requests; a_i(k) adds up the reaches times the gains.
+The gains are learnt only from trees that reached that far and were verified there: a cut tree tells
+nothing of the budgets above the cut, and learning those from the small trees that the cut leaves
+whole would price the large trees' nodes at the small ones' (none) and keep cutting them; a gain no
+tree has shown yet is the first guess, so the first large trees are verified whole and teach it.
+While a request does not draft its estimates drift back toward the engine's (``FORGET`` per step).
+After ``EXPLORE_EVERY`` steps without its whole tree verified (it did not draft, or drafted less) a
+request verifies its whole tree once more (a prompt-lookup match, say, appears only once the text
+repeats itself), at most one such step in ``EXPLORE_EVERY`` and only where the step's extra cost,
+spread over those steps, stays within ``EXPLORE_COST`` of a step: a request that stopped drafting on
+a few bad steps is tried again, and a large batch is not slowed to try it.
 
 **Lossless.** A budget only cuts a tree before verification; the verifier accepts what the target
 itself would produce at every node it is given (greedy, and the exact tree walk whose uniforms are

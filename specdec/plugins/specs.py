@@ -57,27 +57,26 @@ class DrafterSpec:
     """One drafter.
 
     name: what users pass as ``drafter=``. implementations: backend name (or "*") -> factory
-    ``factory(target, checkpoint=None, *, backend, **options)`` returning a Drafter
-    (``backend``: the Backend object the target runs on) (registered as the
-    ``drafter`` plugins of that name). model_type: the ``model_type`` of the drafter's checkpoint
-    ``config.json`` (None: it reads no checkpoint). make_random_checkpoint(path, model_path, *,
-    seed, **config) -> Path: a random checkpoint for a model folder (tests, the conformance kit).
-    train(model, out, **options) -> report: ``specdec train NAME`` (options: those of
-    ``specdec.training.run.train_drafter`` and ``train_options``). evaluation_task(checkpoint,
-    target, overrides) -> the training task holding a saved checkpoint, for held-out evaluation.
-    default_shortlist: ``specdec train --shortlist`` when not given. beam_options: takes
-    ``beam_width`` / ``beam_length`` (``specdec plan`` chooses them from one recorded run).
-    tree_options: {option: candidate values} of a tree drafter's settings, which ``specdec
-    plan`` searches by decoding with them, one option at a time in this order
-    (``specdec.bench.tree_planner``); generate then uses the best when the caller names none.
+    ``factory(target, checkpoint=None, *, backend, **options)`` returning a Drafter (``backend``:
+    the Backend object the target runs on) (registered as the ``drafter`` plugins of that name).
+    model_type: the ``model_type`` of the drafter's checkpoint ``config.json`` (None: it reads no
+    checkpoint). make_random_checkpoint(path, model_path, *, seed, **config) -> Path: a random
+    checkpoint for a model folder (tests, the conformance kit). train(model, out, **options) ->
+    report: ``specdec train NAME`` (options: those of ``specdec.training.run.train_drafter`` and
+    ``train_options``). evaluation_task(checkpoint, target, overrides) -> the training task holding
+    a saved checkpoint, for held-out evaluation. default_shortlist: ``specdec train --shortlist``
+    when not given. beam_options: takes ``beam_width`` / ``beam_length`` (``specdec plan`` chooses
+    them from one recorded run). tree_options: {option: candidate values} of a tree drafter's
+    settings, which ``specdec plan`` searches by decoding with them, one option at a time in this
+    order (``specdec.bench.tree_planner``); generate then uses the best when the caller names none.
     pairs_with_lookup: a prompt-lookup beam is added beside its beams by default.
-    load_checkpoint(path) -> (config, float64 weights) and save_checkpoint(path, config, weights, *, dtype): its own checkpoint
-    files; package: the package whose ``weights/<model name>/`` holds the shipped checkpoints;
-    layouts: the engines' layouts it exports to and imports from. tree_size(config) -> the most
-    nodes (root included) one row's draft tree holds under the tree settings of a checkpoint's
-    config (what ``load_checkpoint`` or a layout's ``read`` returns), read without building the
-    drafter: ``specdec import`` and ``export`` refuse a checkpoint whose trees cannot fit the room
-    a slot keeps for them (None: not checked there).
+    load_checkpoint(path) -> (config, float64 weights) and save_checkpoint(path, config, weights, *,
+    dtype): its own checkpoint files; package: the package whose ``weights/<model name>/`` holds the
+    shipped checkpoints; layouts: the engines' layouts it exports to and imports from.
+    tree_size(config) -> the most nodes (root included) one row's draft tree holds under the tree
+    settings of a checkpoint's config (what ``load_checkpoint`` or a layout's ``read`` returns),
+    read without building the drafter: ``specdec import`` and ``export`` refuse a checkpoint whose
+    trees cannot fit the room a slot keeps for them (None: not checked there).
     """
 
     name: str
