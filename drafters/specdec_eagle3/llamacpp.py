@@ -79,8 +79,12 @@ TENSOR_NAMES = {  # specdec name -> llama.cpp name (conversion/llama.py, src/lla
     "lm_head.weight": "output.weight",
     "d2t": "d2t",
 }
-FILE_NAMES = {"float32": "eagle3-f32.gguf", "float16": "eagle3-f16.gguf"}
-FLOAT_TYPES = {"float32": np.float32, "float16": np.float16}
+FILE_NAMES = {
+    "float32": "eagle3-f32.gguf",
+    "float16": "eagle3-f16.gguf",
+    "bfloat16": "eagle3-bf16.gguf",
+}
+FILE_TYPES = {"float32": "ALL_F32", "float16": "MOSTLY_F16", "bfloat16": "MOSTLY_BF16"}
 
 
 def _gguf():
@@ -291,8 +295,8 @@ def write_gguf(
 ):
     """llama.cpp's GGUF (one file in ``out``) -> (notes, the ``llama-server`` command)."""
     _no_options(choices, drop_shortlist)
-    if dtype not in FLOAT_TYPES:
-        raise InvalidInputError(f"dtype must be one of {sorted(FLOAT_TYPES)}, got {dtype!r}")
+    if dtype not in FILE_NAMES:
+        raise InvalidInputError(f"dtype must be one of {sorted(FILE_NAMES)}, got {dtype!r}")
     gguf = _gguf()
     check_weights(config, weights)
     target = _target(model)
@@ -335,9 +339,7 @@ def write_gguf(
     writer.add_value_length(config.head_dim)
     writer.add_rope_freq_base(config.rope_theta)
     writer.add_layer_norm_rms_eps(config.rms_norm_eps)
-    writer.add_file_type(
-        gguf.LlamaFileType.ALL_F32 if dtype == "float32" else gguf.LlamaFileType.MOSTLY_F16
-    )
+    writer.add_file_type(getattr(gguf.LlamaFileType, FILE_TYPES[dtype]))
     writer.add_vocab_size(config.vocab_size)
     writer.add_rope_dimension_count(config.head_dim)
     writer.add_array(f"{ARCH}.extract_layers", [int(i) + 1 for i in layers])
@@ -355,8 +357,14 @@ def write_gguf(
         array = np.asarray(weights[name])
         if name in heads:
             array = permute(array, heads[name])
-        store = np.float32 if array.ndim == 1 else FLOAT_TYPES[dtype]
-        writer.add_tensor(gguf_name, np.ascontiguousarray(array, dtype=store))
+        if array.ndim == 1 or dtype == "float32":  # norms stay float32, as upstream's converter
+            writer.add_tensor(gguf_name, np.ascontiguousarray(array, dtype=np.float32))
+        elif dtype == "float16":
+            writer.add_tensor(gguf_name, np.ascontiguousarray(array, dtype=np.float16))
+        else:  # bfloat16: rounded to nearest even by the gguf package, as upstream's converter
+            bf16 = gguf.GGMLQuantizationType.BF16
+            packed = gguf.quants.quantize(np.ascontiguousarray(array, dtype=np.float32), bf16)
+            writer.add_tensor(gguf_name, packed, raw_dtype=bf16)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

@@ -118,6 +118,7 @@ LAYOUTS = (
         read=lazy_call("specdec_eagle3.llamacpp", "read_gguf"),
         write=lazy_call("specdec_eagle3.llamacpp", "write_gguf"),
         takes_model=True,
+        dtypes=("float32", "float16", "bfloat16"),
     ),
 )
 

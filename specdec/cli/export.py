@@ -47,7 +47,12 @@ def add_parser(sub) -> None:
         default=None,
         help="Medusa: 'chain' or a JSON list of paths to record instead of the drafter's tree",
     )
-    export.add_argument("--dtype", default="float32", choices=("float32", "float16"))
+    export.add_argument(
+        "--dtype",
+        default="float32",
+        choices=("float32", "float16", "bfloat16"),
+        help="the stored weights' type (bfloat16: the gguf layout)",
+    )
     export.add_argument("--overwrite", action="store_true", help="replace what --out holds")
     export.set_defaults(func=cmd_export)
     imp = sub.add_parser(

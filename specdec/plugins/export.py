@@ -259,7 +259,8 @@ def export(
     layouts store, and given to the writer of a layout that copies from the target
     (``Layout.takes_model``). drop_shortlist: export a shortlisted ReDrafter over the full
     vocabulary (refused otherwise). choices: Medusa only, "chain" or a list of paths to record
-    instead of the drafter's tree (vLLM runs the chain only). dtype: "float32" or "float16".
+    instead of the drafter's tree (vLLM runs the chain only). dtype: one the layout stores
+    (``Layout.dtypes``: "float32" or "float16"; "bfloat16" too for llama.cpp's GGUF).
     Everything that cannot be carried over exactly is refused with the fix; every conversion is
     listed in ``notes``.
     """
@@ -268,6 +269,12 @@ def export(
     source = _resolve_drafter(drafter, model)
     kind, layout, config, weights, notes = load_drafter_folder(source)
     chosen = _layout(_spec(kind), format)
+    if dtype not in chosen.dtypes:
+        takes = [layout.name for layout in _spec(kind).layouts if dtype in layout.dtypes]
+        raise InvalidInputError(
+            f"the {chosen.name} layout stores {' or '.join(chosen.dtypes)}, not {dtype!r}"
+            + (f" ({dtype} is written to: {', '.join(takes)})" if takes else "")
+        )
     lm_head = None
     if getattr(config, "head", "full") == "tied":
         if model is None:

@@ -41,7 +41,8 @@ class Layout:
     read(folder) -> (drafter config, float64 weights, notes); write(config, weights, out, *,
     lm_head, dtype, **options) -> (notes, engine commands), which refuses, with the fix, what it
     cannot carry over exactly. takes_model: ``write`` is also given ``model=`` (the target as the
-    caller named it, or None), for a layout that copies something from the target.
+    caller named it, or None), for a layout that copies something from the target. dtypes: the
+    ``dtype`` values ``write`` stores (``specdec export`` refuses others before writing anything).
     """
 
     name: str
@@ -50,6 +51,7 @@ class Layout:
     write: Callable[..., tuple]
     aliases: tuple[str, ...] = ()
     takes_model: bool = False
+    dtypes: tuple[str, ...] = ("float32", "float16")
 
 
 @attrs.frozen(kw_only=True)

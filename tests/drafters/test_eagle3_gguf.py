@@ -303,6 +303,31 @@ def test_export_import_export_is_bit_identical(tmp_path, deep_model, dtype):
     assert only_gguf(direct.path).read_bytes() == file.read_bytes()
 
 
+def test_a_bfloat16_export_rounds_to_nearest_even_and_round_trips(tmp_path, deep_model):
+    """Matrices stored as BF16 (norms float32, as upstream), each value the float32 weight
+    rounded to the nearest bfloat16 (ties to even); import reads them exactly and exports the
+    same bytes again. A layout that cannot store bfloat16 refuses it before writing anything."""
+    torch = pytest.importorskip("torch")
+    source = make_random_eagle3(tmp_path / "ours", deep_model, seed=6, draft_vocab_size=50)
+    _, weights = load_eagle3_checkpoint(source)
+    first = export(str(source), "gguf", tmp_path / "out", model=deep_model, dtype="bfloat16")
+    file = only_gguf(first.path)
+    assert file.name == "eagle3-bf16.gguf"
+    _, tensors = read(file)
+    for name, (kind, shape, _) in tensors.items():
+        assert kind == ("I64" if name == "d2t" else "F32" if len(shape) == 1 else "BF16"), name
+    back = import_drafter(file, tmp_path / "back")
+    _, weights2 = load_eagle3_checkpoint(back.path)
+    for name in ("midlayer.mlp.down_proj.weight", "fc.weight", "lm_head.weight"):
+        rounded = torch.from_numpy(weights[name].astype(np.float32)).to(torch.bfloat16).float()
+        np.testing.assert_array_equal(weights2[name], rounded.double().numpy(), err_msg=name)
+    again = export(str(back.path), "gguf", tmp_path / "again", model=deep_model, dtype="bfloat16")
+    assert read(only_gguf(again.path))[1] == tensors  # every tensor: type, shape and bytes
+    with pytest.raises(InvalidInputError, match="stores float32 or float16, not 'bfloat16'.*gguf"):
+        export(str(source), "specforge", tmp_path / "sf", dtype="bfloat16")
+    assert not (tmp_path / "sf").exists()
+
+
 def write_target_gguf(path: Path) -> Path:
     """The tokenizer keys and sizes of a target as llama.cpp holds it (no tensors needed)."""
     writer = gguf.GGUFWriter(str(path), "llama")
