@@ -5,14 +5,16 @@ node, levels, nodes kept for the target), so a run recorded at the largest tree 
 what a smaller one would have accepted, as a recorded run of the widest, longest beams does for
 beams cut narrower and shorter (``specdec.bench.planner``). Each setting is decoded for real over
 the prompts instead (greedy, every step drafting its whole tree: the per-step budgets of
-``specdec.decode.budget`` cut it under load, not here) and timed in the decode phase (prefill
-excluded) against plain decoding timed before and after, on the same target.
+``specdec.decode.budget`` cut it under load, not here): its tokens per step over the median
+seconds of its decode steps (prefill excluded), against plain decoding's one token over its
+median step, timed before and after, on the same target.
 
 The settings are searched one option at a time (coordinate ascent), in the order the drafter's
 spec lists them (``DrafterSpec.tree_options``): each option's candidates with the others at their
-best so far, the drafter's own defaults to start from; then the prompt-lookup beam riding along
-or not, where the drafter takes one. That is the sum of the candidate counts in runs, not their
-product: 15 runs for EAGLE-3's grid instead of 90. ``save`` keeps the best for ``generate``
+best so far (the checkpoint's own before an option is reached); then the prompt-lookup beam
+riding along or not, where the drafter takes one. That is the sum of the candidate counts in
+runs, not their product: 15 runs for EAGLE-3's grid instead of 90. Every run names a setting,
+so a plan kept before does not stand in for the checkpoint's own. ``save`` keeps the best for ``generate``
 (``specdec.tuning.dtype.save_drafter_plan``), which uses it when the caller names none of the
 settings.
 """
@@ -22,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import attrs
+import numpy as np
 
 import specdec
 from specdec.errors import InvalidInputError
@@ -48,10 +51,12 @@ class TreePlanRow:
 
 
 def _decode(target, prompts, drafter, options: dict, lookup: bool, backend, tokens: int):
-    """(decode-phase tokens/s, tokens per step, nodes per step) over ``prompts``."""
-    emitted, seconds, steps, verified = 0, 0.0, 0, 0
+    """(decode-phase tokens per second, tokens per step, nodes per step) over ``prompts``: the
+    tokens per step over the median seconds of a decode step (draft, verify, the rest), which a
+    slow step that other work on the machine caused moves less than the total would."""
+    emitted, steps, verified, seconds = 0, 0, 0, []
     for prompt in prompts:
-        stats = specdec.generate(
+        records = specdec.stream(
             target,
             prompt,
             drafter=drafter,
@@ -61,12 +66,16 @@ def _decode(target, prompts, drafter, options: dict, lookup: bool, backend, toke
             speculation="always",
             **({} if drafter == "none" else {"lookup": lookup}),
             **options,
-        ).stats
-        emitted += stats.new_tokens - 1  # the first token comes from the prompt's forward
-        seconds += stats.time_draft + stats.time_verify + stats.time_other
-        steps += stats.steps - 1
-        verified += stats.verified_tokens
-    return emitted / max(seconds, 1e-9), emitted / max(steps, 1), verified / max(steps, 1)
+        )
+        for record in records:
+            if record.is_prefill:  # the first token comes from the prompt's forward
+                continue
+            emitted += len(record.new_tokens[0])
+            verified += int(record.num_verified[0])
+            steps += 1
+            seconds.append(record.time_draft + record.time_verify + record.time_other)
+    tau = emitted / max(steps, 1)
+    return tau / max(float(np.median(seconds)), 1e-9), tau, verified / max(steps, 1)
 
 
 def plan_tree(
@@ -120,14 +129,17 @@ def plan_tree(
         return rows[key]
 
     start_lookup = bool(spec.pairs_with_lookup) if lookup is None else lookup
-    best = run({}, start_lookup)
-    if best is None:
-        raise InvalidInputError(f"drafter {drafter!r} could not decode with its own defaults")
+    # every run names a setting: generate then uses the checkpoint's own for the others, never
+    # a plan kept before (it applies one only where the caller names none)
+    best = None
     for name, candidates in spec.tree_options.items():
         for value in candidates:
-            row = run({**best.options, name: int(value)}, best.lookup)
-            if row is not None and row.speedup > best.speedup:
+            options = {**(best.options if best else {}), name: int(value)}
+            row = run(options, best.lookup if best else start_lookup)
+            if row is not None and (best is None or row.speedup > best.speedup):
                 best = row
+    if best is None:
+        raise InvalidInputError(f"drafter {drafter!r} refused every tree setting tried")
     if lookup is None:
         row = run(best.options, not best.lookup)
         if row is not None and row.speedup > best.speedup:

@@ -253,8 +253,9 @@ def test_a_tree_drafter_is_planned_one_setting_at_a_time_and_generate_uses_the_p
 ):
     """The tree planner decodes each setting for real (``_decode``) and keeps the fastest; its
     rates are made up here (fastest at total_tokens=6, depth=3, tree_top_k=2, lookup on), so
-    the search is tested, not the machine. Coordinate ascent from the checkpoint's own settings
-    (12, 4, 4): each option's candidates with the others at their best, then lookup on and off."""
+    the search is tested, not the machine. Coordinate ascent, the checkpoint's own settings
+    (12, 4, 4) until an option is reached: each option's candidates with the others at their
+    best, then lookup on and off."""
     from specdec.bench import tree_planner
 
     decoded, real = [], tree_planner._decode
@@ -281,7 +282,9 @@ def test_a_tree_drafter_is_planned_one_setting_at_a_time_and_generate_uses_the_p
     assert best.speedup == pytest.approx(2.05) and rows[-1].speedup < best.speedup
     tried = [d for d in decoded if d[0] != "none"]
     assert len(tried) == len({(tuple(sorted(o.items())), lk) for _, o, lk in tried}) == len(rows)
-    assert len(tried) == 1 + 6 + 5 + 3 + 1  # not 6 x 5 x 3 x 2
+    assert len(tried) == 6 + 5 + 3 + 1  # not 6 x 5 x 3 x 2
+    # each names a setting, so that no plan kept before stands in for the checkpoint's own
+    assert all(options for _, options, _ in tried)
     assert [d[0] for d in decoded].count("none") == 2  # plain before and after
 
     planned = _drafter_of(target, eagle3)
