@@ -5,9 +5,11 @@ node, levels, nodes kept for the target), so a run recorded at the largest tree 
 what a smaller one would have accepted, as a recorded run of the widest, longest beams does for
 beams cut narrower and shorter (``specdec.bench.planner``). Each setting is decoded for real over
 the prompts instead (greedy, every step drafting its whole tree: the per-step budgets of
-``specdec.decode.budget`` cut it under load, not here): its tokens per step over the median
-seconds of its decode steps (prefill excluded), against plain decoding's one token over its
-median step, timed before and after, on the same target.
+``specdec.decode.budget`` cut it under load, not here), each prompt timed in the decode phase
+(prefill excluded) against plain decoding of the same prompt, timed before and after on the
+same target; a setting's speedup is the median over the prompts of those ratios, which a prompt
+slowed by other work on the machine moves less than a total would (and which, unlike a median
+step, counts the large trees' slower steps with the tokens they bring).
 
 The settings are searched one option at a time (coordinate ascent), in the order the drafter's
 spec lists them (``DrafterSpec.tree_options``): each option's candidates with the others at their
@@ -51,12 +53,11 @@ class TreePlanRow:
 
 
 def _decode(target, prompts, drafter, options: dict, lookup: bool, backend, tokens: int):
-    """(decode-phase tokens per second, tokens per step, nodes per step) over ``prompts``: the
-    tokens per step over the median seconds of a decode step (draft, verify, the rest), which a
-    slow step that other work on the machine caused moves less than the total would."""
-    emitted, steps, verified, seconds = 0, 0, 0, []
+    """(decode-phase tokens per second of each prompt, tokens per step, nodes per step) over
+    ``prompts`` (the first token, from the prompt's forward, left out)."""
+    rates, emitted, steps, verified = [], 0, 0, 0
     for prompt in prompts:
-        records = specdec.stream(
+        stats = specdec.generate(
             target,
             prompt,
             drafter=drafter,
@@ -66,16 +67,13 @@ def _decode(target, prompts, drafter, options: dict, lookup: bool, backend, toke
             speculation="always",
             **({} if drafter == "none" else {"lookup": lookup}),
             **options,
-        )
-        for record in records:
-            if record.is_prefill:  # the first token comes from the prompt's forward
-                continue
-            emitted += len(record.new_tokens[0])
-            verified += int(record.num_verified[0])
-            steps += 1
-            seconds.append(record.time_draft + record.time_verify + record.time_other)
-    tau = emitted / max(steps, 1)
-    return tau / max(float(np.median(seconds)), 1e-9), tau, verified / max(steps, 1)
+        ).stats
+        seconds = stats.time_draft + stats.time_verify + stats.time_other
+        rates.append((stats.new_tokens - 1) / max(seconds, 1e-9))
+        emitted += stats.new_tokens - 1
+        steps += stats.steps - 1
+        verified += stats.verified_tokens
+    return np.array(rates), emitted / max(steps, 1), verified / max(steps, 1)
 
 
 def plan_tree(
@@ -109,12 +107,13 @@ def plan_tree(
     ]
     plain = [_decode(target, ids, "none", {}, False, backend, max_new_tokens)[0]]
     rows: dict[tuple, TreePlanRow] = {}
+    rates: dict[tuple, np.ndarray] = {}  # each prompt's tokens/s
 
     def run(options: dict, with_lookup: bool) -> TreePlanRow | None:
         key = (tuple(sorted(options.items())), with_lookup)
         if key not in rows:
             try:
-                rate, tau, nodes = _decode(
+                rates[key], tau, nodes = _decode(
                     target, ids, drafter, options, with_lookup, backend, max_new_tokens
                 )
             except InvalidInputError:  # a setting the drafter or the lookup beam refuses
@@ -124,7 +123,7 @@ def plan_tree(
                 lookup=with_lookup,
                 tokens_per_step=tau,
                 nodes_per_step=nodes,
-                speedup=rate,  # tokens/s for now; over plain's once plain is timed again
+                speedup=float(np.median(rates[key] / plain[0])),  # against plain timed before
             )
         return rows[key]
 
@@ -145,9 +144,12 @@ def plan_tree(
         if row is not None and row.speedup > best.speedup:
             best = row
     plain.append(_decode(target, ids, "none", {}, False, backend, max_new_tokens)[0])
-    plain_rate = sum(plain) / len(plain)
+    plain_rate = (plain[0] + plain[1]) / 2  # each prompt's, before and after
     ranked = sorted(
-        (attrs.evolve(r, speedup=r.speedup / plain_rate) for r in rows.values()),
+        (
+            attrs.evolve(row, speedup=float(np.median(rates[key] / plain_rate)))
+            for key, row in rows.items()
+        ),
         key=lambda r: -r.speedup,
     )
     if save:
