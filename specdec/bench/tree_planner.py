@@ -16,9 +16,9 @@ spec lists them (``DrafterSpec.tree_options``): each option's candidates with th
 best so far (the checkpoint's own before an option is reached); then the prompt-lookup beam
 riding along or not, where the drafter takes one. That is the sum of the candidate counts in
 runs, not their product: 15 runs for EAGLE-3's grid instead of 90. Every run names a setting,
-so a plan kept before does not stand in for the checkpoint's own. ``save`` keeps the best for ``generate``
-(``specdec.tuning.dtype.save_drafter_plan``), which uses it when the caller names none of the
-settings.
+so a plan kept before does not stand in for the checkpoint's own. ``save`` keeps the best for
+``generate`` (``specdec.tuning.dtype.save_drafter_plan``), which uses it when the caller names
+none of the settings.
 """
 
 from __future__ import annotations
