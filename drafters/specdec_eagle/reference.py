@@ -490,14 +490,18 @@ class EagleDrafter:
         return Draft(root_tokens=roots, beams=beams, sampled=False)
 
 
-def tree_options(config: EagleConfig, top_k, depth, total_tokens) -> tuple[int, int, int]:
-    """The tree's (top_k, depth, total_tokens): the given ones, else the config's; checked."""
+def tree_options(
+    config, top_k, depth, total_tokens, *, check=check_tree_options
+) -> tuple[int, int, int]:
+    """The tree's (top_k, depth, total_tokens): the given ones, else the config's; checked by
+    ``check`` (EAGLE's; EAGLE-3 passes its own). A ValueError over settings the caller gave
+    becomes an InvalidInputError naming them; over the config's own it stays (the checkpoint's)."""
     chosen = tuple(
         int(getattr(config, name)) if value is None else value
         for name, value in (("top_k", top_k), ("depth", depth), ("total_tokens", total_tokens))
     )
     try:
-        check_tree_options(config, *chosen)
+        check(config, *chosen)
     except ValueError as exc:
         if (top_k, depth, total_tokens) == (None, None, None):
             raise  # the checkpoint's own settings: its config is at fault

@@ -37,6 +37,7 @@ from specdec.errors import InvalidInputError
 from specdec.reference.model import apply_rotary, attend, rms_norm, rotary_cos_sin, silu
 from specdec.types import Accepted, Draft, DraftContext, PromptOutput
 from specdec_eagle.reference import SlotCache, TreeDraft, select_nodes, tree_beams
+from specdec_eagle.reference import tree_options as eagle_tree_options
 from specdec_eagle3.config import Eagle3Config, check_weights, draft_to_target
 
 __all__ = [
@@ -271,27 +272,9 @@ def check_tree_options(config: Eagle3Config, top_k, depth, total_tokens) -> None
 
 
 def tree_options(config: Eagle3Config, top_k, depth, total_tokens) -> tuple[int, int, int]:
-    """The tree's (top_k, depth, total_tokens): the given ones, else the config's; checked."""
-    chosen = tuple(
-        int(getattr(config, name)) if value is None else value
-        for name, value in (("top_k", top_k), ("depth", depth), ("total_tokens", total_tokens))
-    )
-    try:
-        check_tree_options(config, *chosen)
-    except ValueError as exc:
-        if (top_k, depth, total_tokens) == (None, None, None):
-            raise  # the checkpoint's own settings: its config is at fault
-        given = ", ".join(
-            f"{name}={value}"
-            for name, value in (
-                ("tree_top_k", top_k),
-                ("depth", depth),
-                ("total_tokens", total_tokens),
-            )
-            if value is not None
-        )
-        raise InvalidInputError(f"{exc} (tree settings given: {given})") from exc
-    return chosen
+    """The tree's (top_k, depth, total_tokens): the given ones, else the config's; checked
+    (``specdec_eagle.reference.tree_options`` with EAGLE-3's checks)."""
+    return eagle_tree_options(config, top_k, depth, total_tokens, check=check_tree_options)
 
 
 def check_embedding(config: Eagle3Config, embed_tokens) -> None:
