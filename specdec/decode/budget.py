@@ -16,7 +16,8 @@ every tree row is padded to (the target takes one (B, N) tree per forward, so a 
 not draft still pays the width when others do; each request's expected width at k, the widest
 of S counted), and target / draft are the step's costs on this
 machine (``specdec.tuning.costs``: a measured curve of forward seconds against tokens and rows,
-corrected online from the steps' own timings). What drafting adds is priced where the step is
+corrected online from the steps' own timings, with one scale for the plain step and another for
+what drafting adds to it). What drafting adds is priced where the step is
 (beside its prompt chunks, where a token may cost more), but weighed against the rows' own plain
 step: the chunk's seconds buy the prompt's progress, not the rows' tokens, and counting them in
 the denominator made drafting beside a long chunk look free (it slowed the prompts beside it).
@@ -262,7 +263,7 @@ class Speculation:
         drafting = np.arange(1, batch + 1)[:, None]
         plain_time = float(costs.target(chunk_tokens + batch, rows))  # this step, plain
         # what drafting adds to this step, prompt chunks and all
-        extra = costs.target(chunk_tokens + batch * width, rows) - plain_time
+        extra = costs.target(chunk_tokens + batch * width, rows, chunk_tokens + batch) - plain_time
         extra = extra + costs.draft(drafting)
         # weighed against the rows' own plain step: a chunk's seconds are the prompt's, and
         # counting them as the rows' would make drafting beside a long chunk look free
@@ -301,7 +302,8 @@ class Speculation:
         drafting = chosen.drafting + (budgets[ids[b]] == 0)
         rows = batch + (chunk_tokens > 0)
         seconds = float(
-            self.costs.target(chunk_tokens + batch * wider, rows) + self.costs.draft(drafting)
+            self.costs.target(chunk_tokens + batch * wider, rows, chunk_tokens + batch)
+            + self.costs.draft(drafting)
         )
         if seconds - chosen.seconds > EXPLORE_COST * EXPLORE_EVERY * max(chosen.seconds, 1e-9):
             return chosen
@@ -367,13 +369,20 @@ class Speculation:
             prior.observe(gain, seen, drafted, prior)
 
     def observe_step(
-        self, tokens: int, seconds: float, drafting: int, draft_seconds: float, rows: int = 1
+        self,
+        tokens: int,
+        seconds: float,
+        drafting: int,
+        draft_seconds: float,
+        rows: int = 1,
+        plain_tokens: int | None = None,
     ) -> None:
-        """A step ran: ``tokens`` in ``rows`` rows of its forward, ``seconds`` for the target
-        part, ``drafting`` requests drafted in ``draft_seconds``."""
+        """A step ran: ``tokens`` in ``rows`` rows of its forward (``plain_tokens`` decoded
+        plainly; None: all), ``seconds`` for the target part, ``drafting`` requests drafted in
+        ``draft_seconds``."""
         self._quiet += 1
         if self.costs is not None:
-            self.costs.observe(tokens, seconds, drafting, draft_seconds, rows)
+            self.costs.observe(tokens, seconds, drafting, draft_seconds, rows, plain_tokens)
 
     def forget(self, request_id: int) -> None:
         """A request ended."""

@@ -469,12 +469,14 @@ class Decoder:
             chunks, output.context, failures
         )  # after commit: ending frees the slot
         t3 = time.perf_counter()
+        chunk_tokens = sum(len(c) for _, c in context)
         self.speculation.observe_step(
-            sum(len(c) for _, c in context) + (0 if tree is None else tree.size * len(slots)),
+            chunk_tokens + (0 if tree is None else tree.size * len(slots)),
             t3 - t1,
             sum(len(g.slots) for g in drafted if g.budgets[:1] != (0,)),
             t1 - t0,
             rows=len(slots) + bool(context),
+            plain_tokens=chunk_tokens + (0 if tree is None else len(slots)),
         )
         if decoded:
             decoded[0] = attrs.evolve(

@@ -17,9 +17,15 @@ exact mode, so a later start reads it instead of measuring (several seconds for 
 a 2-core CPU, once).
 
 **Corrected online.** A decode step costs more than its forward (verification, commit, the
-loop's bookkeeping) and the machine's load changes, so ``StepCosts`` fits each step's seconds as
-a + b * curve(tokens) (a fixed cost per step, the curve scaled) by least squares over the steps'
-own timings, older steps weighing less; drafting is fitted the same way, a + b * (rows drafting). A
+loop's bookkeeping) and the machine's load changes, so ``StepCosts`` prices a step as its plain
+step (its rows decoded plainly), fitted as a + b * curve(tokens) (a fixed cost per step, the curve
+scaled) by least squares over the plain steps' own timings, older steps weighing less, plus what
+its trees add, fitted the same way against the curve's increment from the drafting steps'
+seconds beyond their plain price; drafting is fitted as a + b * (rows drafting). One fit for both
+misled the choice: trees cost more than the chain curve says (SmolLM2-135M here, 8 rows: a
+32-node step added 2.1x the curve's increment to a plain step at 1.15x the curve), so a scale
+learnt from drafting steps priced the plain step too dear (77-90 ms against 51-58 measured) and
+drafting kept looking better than it was. A A
 stale or missing measurement only costs speed, never correctness: budgets change which tokens are
 verified, never which are accepted.
 """
@@ -128,6 +134,11 @@ class _Fit:
         self.sums = np.zeros(6)  # weights, x, y, x^2, x*y, y^2
         self._solved: tuple[float, float] | None = None
 
+    @property
+    def weight(self) -> float:
+        """The observations' total weight (about 20 once the memory is full)."""
+        return float(self.sums[0])
+
     def observe(self, x: float, y: float) -> None:
         self.sums = FORGET * self.sums + np.array([1.0, x, y, x * x, x * y, y * y])
         self._solved = None
@@ -152,22 +163,34 @@ class _Fit:
         a, b = self.coefficients()
         return a + b * np.asarray(x, dtype=np.float64)
 
-    def error(self) -> float:
-        """The standard error of the fit's predictions relative to the mean observation: the
-        observations' scatter about the line over the root of their weight (0 before two)."""
+    def scatter(self) -> float:
+        """The standard error of the fit's predictions, in y's units: the observations' scatter
+        about the line over the root of their weight (0 before two)."""
         w, sx, sy, sxx, sxy, syy = self.sums
-        if w < 2 or sy <= 0:
+        if w < 2:
             return 0.0
         a, b = self.coefficients()
         residual = syy - 2 * a * sy - 2 * b * sxy + a * a * w + 2 * a * b * sx + b * b * sxx
-        return float(np.sqrt(max(residual, 0.0) / w) / (sy / w) / np.sqrt(w))
+        return float(np.sqrt(max(residual, 0.0) / w) / np.sqrt(w))
+
+    def error(self) -> float:
+        """``scatter`` relative to the mean observation (0 before two)."""
+        w, sy = self.sums[0], self.sums[2]
+        return self.scatter() / (sy / w) if w >= 2 and sy > 0 else 0.0
 
 
 class StepCosts:
     """Predicted seconds of a step's target part (forward, verification, commit, bookkeeping) and
-    of its drafting. The target part is fitted online as a + b * curve(tokens): a fixed cost per
-    step plus the measured curve scaled to the machine's load, starting from the curve itself
-    (a = 0, b = 1); without a curve (None), as a + b * tokens from the steps alone. Drafting is
+    of its drafting. A step's target part is priced as its plain step, what its forward would
+    carry were every row decoded plainly (prompt chunks and one token a row), plus what its trees
+    add. The plain step is fitted online as a + b * curve(plain tokens) from the plain steps (a
+    fixed cost per step, the curve scaled), starting from the curve itself (a = 0, b = 1); what
+    trees add, as d + e * (curve(tokens) - curve(plain tokens)) from the drafting steps' seconds
+    beyond their plain step's price, starting from the curve's increment (d = 0, e = 1); without
+    a curve (None), both from the steps alone on the token counts. Each fit learns only from its
+    own steps, so a run of drafting steps never reprices the plain step (a scale learnt from both
+    at once did: trees cost more than the chain curve says, and the plain step it priced from the
+    drafting steps came out too dear, so drafting kept looking better than it was). Drafting is
     fitted as a + b * (drafting rows), starting from free; its first step is left out, because a
     drafter's first call pays one-off costs (allocation, kernel choice) that would otherwise price
     drafting out for the steps it takes the fit to forget them."""
@@ -175,7 +198,10 @@ class StepCosts:
     def __init__(self, curve: CostCurve | None):
         self.curve = curve
         reference = float(curve.at(16)) if curve is not None else 16.0
-        self._target = _Fit(0.0, 1.0 if curve is not None else 0.0, reference)
+        growth = float(curve.at(16) - curve.at(1)) if curve is not None else 15.0
+        slope = 1.0 if curve is not None else 0.0
+        self._target = _Fit(0.0, slope, reference)
+        self._trees = _Fit(0.0, slope, max(growth, 1e-6))
         self._draft = _Fit(0.0, 0.0, 1.0)
         self._drafted = False  # a drafting step seen (the first is left out)
 
@@ -183,14 +209,23 @@ class StepCosts:
         tokens = np.asarray(tokens, dtype=np.float64)
         return self.curve.at(tokens, rows) if self.curve is not None else tokens
 
-    def target(self, tokens, rows=1) -> np.ndarray:
+    def target(self, tokens, rows=1, plain=None) -> np.ndarray:
         """Seconds of the target part of a step whose forward carries ``tokens`` in ``rows``
-        rows (arrays that broadcast)."""
-        return self._target.at(self._x(tokens, rows))
+        rows, ``plain`` (None: ``tokens``) were its rows decoded plainly (arrays that broadcast)."""
+        x = self._x(tokens, rows)
+        if plain is None:
+            return self._target.at(x)
+        base = self._x(plain, rows)
+        added = x - base
+        return self._target.at(base) + np.where(added > 0, self._trees.at(added), 0.0)
 
     def error(self) -> float:
-        """The relative standard error of ``target``'s predictions (``_Fit.error``)."""
-        return self._target.error()
+        """The relative standard error of ``target``'s predictions: both fits' scatter over the
+        plain step's mean seconds."""
+        w, sy = self._target.sums[0], self._target.sums[2]
+        if w < 2 or sy <= 0:
+            return 0.0
+        return float(np.hypot(self._target.scatter(), self._trees.scatter()) / (sy / w))
 
     def draft(self, rows) -> np.ndarray:
         """Seconds of drafting for ``rows`` (array) drafting requests (0 rows: 0 s)."""
@@ -204,11 +239,18 @@ class StepCosts:
         drafting_rows: int,
         draft_seconds: float,
         rows: int = 1,
+        plain_tokens: int | None = None,
     ) -> None:
-        """A step ran: its forward carried ``tokens`` in ``rows`` rows; target part ``seconds``;
-        drafting ``draft_seconds`` for ``drafting_rows`` requests."""
+        """A step ran: its forward carried ``tokens`` in ``rows`` rows (``plain_tokens`` were it
+        decoded plainly; None: ``tokens``); target part ``seconds``; drafting ``draft_seconds``
+        for ``drafting_rows`` requests."""
         if tokens > 0 and seconds > 0:
-            self._target.observe(float(self._x(tokens, rows)), seconds)
+            x = float(self._x(tokens, rows))
+            if plain_tokens is None or plain_tokens >= tokens:
+                self._target.observe(x, seconds)
+            else:
+                base = float(self._x(plain_tokens, rows))
+                self._trees.observe(x - base, seconds - float(self._target.at(base)))
         if drafting_rows > 0:
             if self._drafted:
                 self._draft.observe(float(drafting_rows), draft_seconds)
