@@ -38,6 +38,8 @@ nothing of the budgets above the cut, and learning those from the small trees th
 whole would price the large trees' nodes at the small ones' (none) and keep cutting them; a gain no
 tree has shown yet is the first guess, so the first large trees are verified whole and teach it.
 While a request does not draft its estimates drift back toward the engine's (``FORGET`` per step).
+The plain step's price is learnt from plain steps only, so after ``PLAIN_EVERY`` steps without one
+a step is decoded plainly (a price left too dear by a slow step would otherwise never be tested).
 After ``EXPLORE_EVERY`` steps without its whole tree verified (it did not draft, or drafted less) a
 request verifies its whole tree once more (a prompt-lookup match, say, appears only once the text
 repeats itself), at most one such step in ``EXPLORE_EVERY`` and only where the step's extra cost,
@@ -87,6 +89,9 @@ FORGET = 0.05  # per step without drafting, a request's estimate moves this far 
 # steps without its whole tree after which a request tries it again, one per this many steps,
 EXPLORE_EVERY = 16
 EXPLORE_COST = 0.05  # ... when its extra cost spread over them is at most this share of a step
+# a step decoded plainly after this many steps without one: the plain step's price is learnt from
+# plain steps alone (``specdec.tuning.costs``), and a price left too dear would never be tested
+PLAIN_EVERY = 64
 GUESS = 1.0 + 0.4 * np.sqrt(
     np.asarray(BUDGETS, dtype=np.float64)
 )  # tokens per step before any was seen
@@ -197,6 +202,7 @@ class Speculation:
         self._rows: dict[int, _Acceptance] = {}
         self._prior = _Acceptance(PRIOR_DECAY)
         self._quiet = EXPLORE_EVERY  # steps since a request was last tried again (_explore)
+        self._since_plain = 0  # decode steps since the last one decoded plainly
 
     @property
     def needs_costs(self) -> bool:
@@ -253,6 +259,8 @@ class Speculation:
         most drafting requests) is taken: a cut tree tells nothing of what lies past the cut."""
         costs, batch = self.costs, len(ids)
         rows = batch + (chunk_tokens > 0)  # the prompt chunks counted as one row
+        if self._since_plain >= PLAIN_EVERY:  # test the plain step's price once more
+            return StepPlan(dict.fromkeys(ids, 0), batch, 0, float(costs.target(batch, rows)))
         tokens, kept = self._estimates(ids)  # (B, budgets) each
         gain = tokens - 1.0
         order = np.argsort(-gain, axis=0, kind="stable")  # (B, budgets): by gain at each budget
@@ -381,6 +389,8 @@ class Speculation:
         plainly; None: all), ``seconds`` for the target part, ``drafting`` requests drafted in
         ``draft_seconds``."""
         self._quiet += 1
+        plain = plain_tokens is None or plain_tokens >= tokens
+        self._since_plain = 0 if plain else self._since_plain + 1
         if self.costs is not None:
             self.costs.observe(tokens, seconds, drafting, draft_seconds, rows, plain_tokens)
 

@@ -184,26 +184,29 @@ class StepCosts:
     of its drafting. A step's target part is priced as its plain step, what its forward would
     carry were every row decoded plainly (prompt chunks and one token a row), plus what its trees
     add. The plain step is fitted online as a + b * curve(plain tokens) from the plain steps (a
-    fixed cost per step, the curve scaled), starting from the curve itself (a = 0, b = 1); what
+    fixed cost per step, the curve scaled; decode steps and steps carrying prompt tokens apart),
+    starting from the curve itself (a = 0, b = 1); what
     trees add, as d + e * (curve(tokens) - curve(plain tokens)) from the drafting steps' seconds
     beyond their plain step's price, starting from the curve's increment (d = 0, e = 1); without
     a curve (None), both from the steps alone on the token counts. Each fit learns only from its
     own steps, so a run of drafting steps never reprices the plain step (a scale learnt from both
     at once did: trees cost more than the chain curve says, and the plain step it priced from the
     drafting steps came out too dear, so drafting kept looking better than it was). Drafting is
-    fitted as a + b * (drafting rows), starting from free; its first step is left out, because a
-    drafter's first call pays one-off costs (allocation, kernel choice) that would otherwise price
-    drafting out for the steps it takes the fit to forget them."""
+    fitted as a + b * (drafting rows), starting from free. The first step and the first drafting
+    call are left out: they pay one-off costs (allocation, kernel choice) that would otherwise
+    price the step (4.4x the curve, seen) or drafting out until the fit forgets them."""
 
     def __init__(self, curve: CostCurve | None):
         self.curve = curve
         reference = float(curve.at(16)) if curve is not None else 16.0
         growth = float(curve.at(16) - curve.at(1)) if curve is not None else 15.0
         slope = 1.0 if curve is not None else 0.0
-        self._target = _Fit(0.0, slope, reference)
+        self._target = _Fit(0.0, slope, reference)  # plain decode steps: a token a row
+        self._chunks = _Fit(0.0, slope, reference)  # plain steps that carry prompt tokens
         self._trees = _Fit(0.0, slope, max(growth, 1e-6))
         self._draft = _Fit(0.0, 0.0, 1.0)
         self._drafted = False  # a drafting step seen (the first is left out)
+        self._stepped = False  # a step seen (the first is left out: one-off costs)
 
     def _x(self, tokens, rows=1) -> np.ndarray:
         tokens = np.asarray(tokens, dtype=np.float64)
@@ -213,11 +216,19 @@ class StepCosts:
         """Seconds of the target part of a step whose forward carries ``tokens`` in ``rows``
         rows, ``plain`` (None: ``tokens``) were its rows decoded plainly (arrays that broadcast)."""
         x = self._x(tokens, rows)
-        if plain is None:
-            return self._target.at(x)
+        plain = tokens if plain is None else plain
         base = self._x(plain, rows)
         added = x - base
-        return self._target.at(base) + np.where(added > 0, self._trees.at(added), 0.0)
+        return self._plain(base, plain, rows) + np.where(added > 0, self._trees.at(added), 0.0)
+
+    def _plain(self, x, plain, rows) -> np.ndarray:
+        """The plain step's price at curve value ``x``: a step of a token a row is priced from
+        such steps, one that carries prompt tokens from those (a prompt chunk and a decode row
+        stand apart from the curve differently: a chunk of several slots' prompts is priced as
+        one row's chain)."""
+        return np.where(
+            np.asarray(plain) <= np.asarray(rows), self._target.at(x), self._chunks.at(x)
+        )
 
     def error(self) -> float:
         """The relative standard error of ``target``'s predictions: both fits' scatter over the
@@ -244,13 +255,15 @@ class StepCosts:
         """A step ran: its forward carried ``tokens`` in ``rows`` rows (``plain_tokens`` were it
         decoded plainly; None: ``tokens``); target part ``seconds``; drafting ``draft_seconds``
         for ``drafting_rows`` requests."""
-        if tokens > 0 and seconds > 0:
+        first, self._stepped = not self._stepped, True
+        if tokens > 0 and seconds > 0 and not first:
             x = float(self._x(tokens, rows))
-            if plain_tokens is None or plain_tokens >= tokens:
-                self._target.observe(x, seconds)
+            plain = tokens if plain_tokens is None else min(plain_tokens, tokens)
+            if plain == tokens:
+                (self._target if plain <= rows else self._chunks).observe(x, seconds)
             else:
-                base = float(self._x(plain_tokens, rows))
-                self._trees.observe(x - base, seconds - float(self._target.at(base)))
+                base = float(self._x(plain, rows))
+                self._trees.observe(x - base, seconds - float(self._plain(base, plain, rows)))
         if drafting_rows > 0:
             if self._drafted:
                 self._draft.observe(float(drafting_rows), draft_seconds)

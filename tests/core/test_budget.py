@@ -304,8 +304,8 @@ def test_step_costs_fit_a_fixed_cost_and_a_scale():
     )  # the curve until a step ran
     for _ in range(200):
         for tokens, seconds in ((1, 0.005 + 2 * 0.02), (64, 0.005 + 2 * 0.05)):
-            costs.observe(tokens, seconds, 0, 0.0)
-    assert costs.target([16]).item() == pytest.approx(
+            costs.observe(tokens, seconds, 0, 0.0, rows=tokens)  # decode steps, a token a row
+    assert costs.target([16], 16).item() == pytest.approx(
         0.005 + 2 * 0.025, rel=0.05
     )  # the prior pulls a little
     fit = _Fit(0.0, 0.0, 1.0)
@@ -326,12 +326,12 @@ def test_what_trees_add_is_scaled_apart_from_the_plain_step():
 
     for step in range(40):
         tokens = 8 if step % 2 else 32
-        costs.observe(tokens, seconds(tokens), 0, 0.0, plain_tokens=8)
+        costs.observe(tokens, seconds(tokens), 0, 0.0, rows=8, plain_tokens=8)
     for step in range(40):  # drafting only, as the choice does once it drafts
         tokens = 24 if step % 2 else 40
-        costs.observe(tokens, seconds(tokens), 8, 0.002, plain_tokens=8)
-    assert costs.target(8).item() == pytest.approx(seconds(8), rel=0.03)
-    assert costs.target(32, plain=8).item() == pytest.approx(seconds(32), rel=0.03)
+        costs.observe(tokens, seconds(tokens), 8, 0.002, rows=8, plain_tokens=8)
+    assert costs.target(8, 8).item() == pytest.approx(seconds(8), rel=0.03)
+    assert costs.target(32, 8, plain=8).item() == pytest.approx(seconds(32), rel=0.03)
 
 
 def test_the_choice_decodes_plainly_where_trees_cost_more_than_the_curve_says():
