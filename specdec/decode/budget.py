@@ -7,20 +7,21 @@ drafted nodes it may verify (0: decode it plainly, a one-node tree and no drafte
 maximize the expected tokens per second of the whole step:
 
     score(S, k) = (B + sum over i in S of (a_i(k) - 1)) / (target(B) + extra(S, k))
-    extra(S, k) = target(C + B * width(S, k)) - target(C + B) + draft(|S|)
+    extra(S, k) = target(B * width(S, k)) - target(B) + draft(|S|)
 
 over a budget k (``BUDGETS``, drafted nodes) and the set S of requests that draft, where B rows
-are decoded, C prompt tokens ride the same forward, a_i(k) is request i's expected tokens per
+are decoded, a_i(k) is request i's expected tokens per
 step (bonus counted) when its tree is cut to its first k drafted nodes, width is the node count
 every tree row is padded to (the target takes one (B, N) tree per forward, so a row that does
 not draft still pays the width when others do; each request's expected width at k, the widest
 of S counted), and target / draft are the step's costs on this
 machine (``specdec.tuning.costs``: a measured curve of forward seconds against tokens and rows,
-corrected online from the steps' own timings, with one scale for the plain step and another for
-what drafting adds to it). What drafting adds is priced where the step is
-(beside its prompt chunks, where a token may cost more), but weighed against the rows' own plain
-step: the chunk's seconds buy the prompt's progress, not the rows' tokens, and counting them in
-the denominator made drafting beside a long chunk look free (it slowed the prompts beside it).
+corrected online from the steps' own timings: the plain step from plain steps, what trees add
+from drafting steps). **A step that carries prompt tokens decodes plainly**: prompts waiting
+means the compute is not spare (their prefill brings requests into the batch sooner), and
+drafting beside them, weighed against the few rows decoding there, looked cheap: with 32 clients
+on 16 slots the default path drafted beside the chunks of every ramp-up and made 0.62x of plain
+decoding in-process. (Before: priced where the step is, weighed against the rows' own plain step.)
 For each k the requests are ranked by a_i(k) and every prefix of the ranking is scored:
 |BUDGETS| x B evaluations. Plain decoding wins unless drafting beats it by ``MARGIN``; among the
 drafting choices within the cost fit's error of the best, the largest budget is taken.
@@ -256,11 +257,13 @@ class Speculation:
         """The budget and drafting set of the best predicted tokens per second (module docstring):
         every budget (columns) and every prefix of the requests ranked by their gain at it (rows).
         Among the choices within the cost fit's error of the best, the largest budget (then the
-        most drafting requests) is taken: a cut tree tells nothing of what lies past the cut."""
+        most drafting requests) is taken: a cut tree tells nothing of what lies past the cut. A
+        step that carries prompt tokens decodes plainly (module docstring)."""
         costs, batch = self.costs, len(ids)
-        rows = batch + (chunk_tokens > 0)  # the prompt chunks counted as one row
-        if self._since_plain >= PLAIN_EVERY:  # test the plain step's price once more
-            return StepPlan(dict.fromkeys(ids, 0), batch, 0, float(costs.target(batch, rows)))
+        plain_time = float(costs.target(chunk_tokens + batch, batch + (chunk_tokens > 0)))
+        chosen = StepPlan(dict.fromkeys(ids, 0), batch, 0, plain_time)
+        if chunk_tokens or self._since_plain >= PLAIN_EVERY:
+            return chosen
         tokens, kept = self._estimates(ids)  # (B, budgets) each
         gain = tokens - 1.0
         order = np.argsort(-gain, axis=0, kind="stable")  # (B, budgets): by gain at each budget
@@ -269,29 +272,20 @@ class Speculation:
         widest = np.maximum.accumulate(np.take_along_axis(kept, order, axis=0), axis=0)
         width = np.ceil(1.0 + widest - 1e-9).astype(np.int64)
         drafting = np.arange(1, batch + 1)[:, None]
-        plain_time = float(costs.target(chunk_tokens + batch, rows))  # this step, plain
-        # what drafting adds to this step, prompt chunks and all
-        extra = costs.target(chunk_tokens + batch * width, rows, chunk_tokens + batch) - plain_time
-        extra = extra + costs.draft(drafting)
-        # weighed against the rows' own plain step: a chunk's seconds are the prompt's, and
-        # counting them as the rows' would make drafting beside a long chunk look free
-        decode_time = float(costs.target(batch, batch)) if chunk_tokens else plain_time
-        scores = (batch + np.cumsum(ranked, axis=0)) / np.maximum(decode_time + extra, 1e-9)
+        extra = costs.target(batch * width, batch, batch) - plain_time + costs.draft(drafting)
+        scores = (batch + np.cumsum(ranked, axis=0)) / np.maximum(plain_time + extra, 1e-9)
         best = float(scores.max())
         near = np.argwhere(scores >= best * (1 - min(costs.error(), TIE_LIMIT)))
         j = int(near[:, 1].max())
         m = int(near[near[:, 1] == j, 0].max())
-        chosen = StepPlan(dict.fromkeys(ids, 0), batch, 0, plain_time)
-        if best > (batch / decode_time if decode_time > 0 else 0.0) * (1 + MARGIN):
+        if best > (batch / plain_time if plain_time > 0 else 0.0) * (1 + MARGIN):
             budgets = dict.fromkeys(ids, 0)
             budgets.update({ids[i]: BUDGETS[j] for i in order[: m + 1, j]})
             seconds = plain_time + float(extra[m, j])
             chosen = StepPlan(budgets, int(batch * width[m, j]), m + 1, seconds)
-        return self._explore(ids, kept[:, -1] + 1.0, chunk_tokens, chosen)
+        return self._explore(ids, kept[:, -1] + 1.0, chosen)
 
-    def _explore(
-        self, ids: list[int], nodes: np.ndarray, chunk_tokens: int, chosen: StepPlan
-    ) -> StepPlan:
+    def _explore(self, ids: list[int], nodes: np.ndarray, chosen: StepPlan) -> StepPlan:
         """``chosen`` with the request whose whole tree was verified longest ago (``EXPLORE_EVERY``
         steps at least) drafting its whole tree: its estimate is old. At most one such step in
         ``EXPLORE_EVERY``, and only when its extra seconds spread over them are at most
@@ -308,11 +302,7 @@ class Speculation:
         b = max(stale, key=lambda b: self._rows[ids[b]].stale)
         wider = max(width, float(np.ceil(nodes[b])))
         drafting = chosen.drafting + (budgets[ids[b]] == 0)
-        rows = batch + (chunk_tokens > 0)
-        seconds = float(
-            self.costs.target(chunk_tokens + batch * wider, rows, chunk_tokens + batch)
-            + self.costs.draft(drafting)
-        )
+        seconds = float(self.costs.target(batch * wider, batch, batch) + self.costs.draft(drafting))
         if seconds - chosen.seconds > EXPLORE_COST * EXPLORE_EVERY * max(chosen.seconds, 1e-9):
             return chosen
         budgets[ids[b]] = None
