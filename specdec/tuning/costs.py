@@ -25,8 +25,9 @@ seconds beyond their plain price; drafting is fitted as a + b * (rows drafting).
 misled the choice: trees cost more than the chain curve says (SmolLM2-135M here, 8 rows: a
 32-node step added 2.1x the curve's increment to a plain step at 1.15x the curve), so a scale
 learnt from drafting steps priced the plain step too dear (77-90 ms against 51-58 measured) and
-drafting kept looking better than it was. A A
-stale or missing measurement only costs speed, never correctness: budgets change which tokens are
+drafting kept looking better than it was. Decode steps and steps carrying prompt tokens are
+fitted apart (a chunk of several slots' prompts is priced as one row's chain). A stale or
+missing measurement only costs speed, never correctness: budgets change which tokens are
 verified, never which are accepted.
 """
 
@@ -185,8 +186,8 @@ class StepCosts:
     carry were every row decoded plainly (prompt chunks and one token a row), plus what its trees
     add. The plain step is fitted online as a + b * curve(plain tokens) from the plain steps (a
     fixed cost per step, the curve scaled; decode steps and steps carrying prompt tokens apart),
-    starting from the curve itself (a = 0, b = 1); what
-    trees add, as d + e * (curve(tokens) - curve(plain tokens)) from the drafting steps' seconds
+    starting from the curve itself (a = 0, b = 1); what trees add, as d + e * (curve(tokens) -
+    curve(plain tokens)) from the drafting steps' seconds
     beyond their plain step's price, starting from the curve's increment (d = 0, e = 1); without
     a curve (None), both from the steps alone on the token counts. Each fit learns only from its
     own steps, so a run of drafting steps never reprices the plain step (a scale learnt from both
