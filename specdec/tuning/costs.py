@@ -174,10 +174,16 @@ class _Fit:
         residual = syy - 2 * a * sy - 2 * b * sxy + a * a * w + 2 * a * b * sx + b * b * sxx
         return float(np.sqrt(max(residual, 0.0) / w) / np.sqrt(w))
 
+    @property
+    def mean(self) -> float:
+        """The observations' weighted mean y (0 before two)."""
+        w, sy = self.sums[0], self.sums[2]
+        return float(sy / w) if w >= 2 and sy > 0 else 0.0
+
     def error(self) -> float:
         """``scatter`` relative to the mean observation (0 before two)."""
-        w, sy = self.sums[0], self.sums[2]
-        return self.scatter() / (sy / w) if w >= 2 and sy > 0 else 0.0
+        mean = self.mean
+        return self.scatter() / mean if mean > 0 else 0.0
 
 
 class StepCosts:
@@ -234,10 +240,9 @@ class StepCosts:
     def error(self) -> float:
         """The relative standard error of ``target``'s predictions: both fits' scatter over the
         plain step's mean seconds."""
-        w, sy = self._target.sums[0], self._target.sums[2]
-        if w < 2 or sy <= 0:
-            return 0.0
-        return float(np.hypot(self._target.scatter(), self._trees.scatter()) / (sy / w))
+        mean = self._target.mean
+        scatter = np.hypot(self._target.scatter(), self._trees.scatter())
+        return float(scatter / mean) if mean > 0 else 0.0
 
     def draft(self, rows) -> np.ndarray:
         """Seconds of drafting for ``rows`` (array) drafting requests (0 rows: 0 s)."""
