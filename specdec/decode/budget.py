@@ -67,7 +67,7 @@ from typing import Sequence
 import attrs
 import numpy as np
 
-from specdec.tuning.costs import StepCosts
+from specdec.tuning.costs import StepCosts, plain_share
 from specdec.errors import InvalidInputError
 from specdec.slots import PREFILL_CHUNK
 
@@ -379,7 +379,7 @@ class Speculation:
         plainly; None: all), ``seconds`` for the target part, ``drafting`` requests drafted in
         ``draft_seconds``."""
         self._quiet += 1
-        plain = plain_tokens is None or plain_tokens >= tokens
+        plain = plain_share(tokens, plain_tokens) == tokens
         self._since_plain = 0 if plain else self._since_plain + 1
         if self.costs is not None:
             self.costs.observe(tokens, seconds, drafting, draft_seconds, rows, plain_tokens)

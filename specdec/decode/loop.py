@@ -49,7 +49,7 @@ from specdec.decode.batching import (
     verify_uniform_shape,
     verify_uniforms,
 )
-from specdec.decode.budget import make_speculation
+from specdec.decode.budget import check_speculation, make_speculation
 from specdec.capabilities import drafter_caps, request_end, verifier_caps
 from specdec.tuning.costs import step_costs
 from specdec.errors import InvalidInputError
@@ -97,10 +97,14 @@ class Decoder:
             None  # (chunks, their PromptOutputs) once the running step's forward has run
         )
         self.steps = 0
-        # verifiers that read draft distributions verify whole drafts only: every request drafts
-        self.speculation = make_speculation(
-            "always" if self.needs_draft_probs else plan.speculation
-        )
+        # verifiers that read draft distributions verify whole drafts only: every request drafts;
+        # a drafter whose trees are the root alone ("none") leaves "auto" nothing to weigh
+        mode = check_speculation(plan.speculation)
+        if self.needs_draft_probs:
+            mode = "always"
+        elif mode == "auto" and self.caps.max_tree_size == 1:
+            mode = "never"
+        self.speculation = make_speculation(mode)
         self._budgets: dict = {}  # request id -> this step's budget (specdec.decode.budget)
         self.prefill_budget = (
             None  # the prompt tokens the last step with prompts to prefill could carry

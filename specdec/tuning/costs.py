@@ -41,7 +41,7 @@ import numpy as np
 
 from specdec.tuning.dtype import _digest, _read, _tuning_dir, _write, chain_tree
 
-__all__ = ["CostCurve", "StepCosts", "curve_for", "measure_curve", "step_costs"]
+__all__ = ["CostCurve", "StepCosts", "curve_for", "measure_curve", "plain_share", "step_costs"]
 
 SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)  # tokens per forward measured
 ROWS = (2, 4, 8, 16, 32, 64)  # rows per forward measured (those that fit the free slots)
@@ -186,6 +186,12 @@ class _Fit:
         return self.scatter() / mean if mean > 0 else 0.0
 
 
+def plain_share(tokens: int, plain_tokens: int | None) -> int:
+    """The tokens of a step's forward (``tokens``) that it would carry were its rows decoded
+    plainly: ``plain_tokens`` (None: all); the step was plain when this equals ``tokens``."""
+    return tokens if plain_tokens is None else min(plain_tokens, tokens)
+
+
 class StepCosts:
     """Predicted seconds of a step's target part (forward, verification, commit, bookkeeping) and
     of its drafting. A step's target part is priced as its plain step, what its forward would
@@ -264,7 +270,7 @@ class StepCosts:
         first, self._stepped = not self._stepped, True
         if tokens > 0 and seconds > 0 and not first:
             x = float(self._x(tokens, rows))
-            plain = tokens if plain_tokens is None else min(plain_tokens, tokens)
+            plain = plain_share(tokens, plain_tokens)
             if plain == tokens:
                 (self._target if plain <= rows else self._chunks).observe(x, seconds)
             else:

@@ -35,6 +35,7 @@ from specdec.reference.tree import build_prefix_tree
 from specdec.decode.requests import Request, RequestState
 from specdec.slots import PREFILL_CHUNK
 from specdec.decode.checks import check_tree_output
+from specdec.drafting.none import NoDrafter
 from specdec.testing import make_random_drafter
 
 LINE = CostCurve(tokens=(1, 1024), seconds=(0.021, 0.021 + 0.001 * 1023))  # 20 ms + 1 ms per token
@@ -120,6 +121,34 @@ def test_speculation_option_is_checked(monkeypatch):
     assert check_speculation(None) == "never"
     with pytest.raises(InvalidInputError, match="speculation must be one of auto, always, never"):
         check_speculation("sometimes")
+
+
+class CountingNone(NoDrafter):
+    """Plain decoding that counts its ``propose`` calls."""
+
+    calls = 0
+
+    def propose(self, context):
+        self.calls += 1
+        return super().propose(context)
+
+
+@pytest.mark.parametrize("mode, called", [("auto", False), ("always", True)])
+def test_a_drafter_of_root_only_trees_is_not_called_under_auto(model_dir, mode, called):
+    drafter = CountingNone()
+    result = specdec.generate(
+        model_dir,
+        [[5, 6, 7]] * 2,
+        drafter=drafter,
+        backend="numpy",
+        max_new_tokens=6,
+        speculation=mode,
+    )
+    assert (drafter.calls > 0) == called
+    plain = specdec.generate(
+        model_dir, [5, 6, 7], drafter="none", backend="numpy", max_new_tokens=6
+    )
+    assert result.tokens == [plain.tokens] * 2
 
 
 class FixedCosts(StepCosts):
