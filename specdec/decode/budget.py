@@ -53,10 +53,12 @@ keyed by the token's position, ``specdec.decode.requests``), so a request's toke
 its budgets. A stateful drafter is told every committed token, drafted or not (``observe``).
 
 **Prompt chunks** (``prefill_tokens``, for ``max_prefill_tokens="auto"``): the most prompt tokens
-whose forward, beside the step's decoding rows, keeps the step within ``stall`` times the rows'
-plain step without them (an inter-token latency target for the requests being decoded: at most
-twice their plain step by default, whether or not they draft beside the chunk), at least
-``MIN_PREFILL`` tokens and at most ``specdec.slots.PREFILL_CHUNK``.
+whose forward, beside the step's decoding rows, keeps the step within ``stall`` times the plain
+step of the batch being filled (the decoding rows and the prompts in line for a row): an
+inter-token latency target for the requests being decoded, at most twice the plain step of a
+batch that holds every request in the engine (up to its slots) by default, whether or not they
+draft beside the chunk; at least ``MIN_PREFILL`` tokens and at most
+``specdec.slots.PREFILL_CHUNK``.
 """
 
 from __future__ import annotations
@@ -308,18 +310,24 @@ class Speculation:
         budgets[ids[b]] = None
         return StepPlan(budgets, int(batch * wider), drafting, seconds)
 
-    def prefill_tokens(self, request_ids: Sequence[int], setting) -> int | None:
+    def prefill_tokens(self, request_ids: Sequence[int], setting, queued: int = 0) -> int | None:
         """Prompt tokens this step may carry: ``setting`` when it is a number or None, else
-        ("auto") the most that keep the step within ``stall`` times the decoding rows' plain
-        step. The plain step, not the one a drafting plan predicts: drafting is then weighed
-        beside the chunk against that same plain step (``choose``), and a chunk sized to a
-        drafting step that the choice then decodes plainly would stretch every row's step."""
+        ("auto") the most that keep the step within ``stall`` times the plain step of the batch
+        being filled: the decoding rows and the ``queued`` prompts in line for a row (being
+        prefilled, or waiting for a free slot). The plain step, not the one a drafting plan
+        predicts: drafting is then weighed beside the chunk against that same plain step
+        (``choose``), and a chunk sized to a drafting step that the choice then decodes plainly
+        would stretch every row's step. The queued prompts count because a limit of the few rows
+        decoding alone fed on itself under a queue: small chunks kept prompts in their slots,
+        so fewer rows decoded, and the next chunk was smaller still (with 26 clients on 16
+        slots, 3-8 rows decoding beside chunks of 17-30 tokens, the queue's prompts prefilled
+        over 4-6 steps each)."""
         if setting != "auto":
             return setting
         if not request_ids or self.costs is None:
             return PREFILL_CHUNK
-        rows = len(request_ids)
-        limit = self.stall * float(self.costs.target(rows, rows))
+        rows, filled = len(request_ids), len(request_ids) + max(int(queued), 0)
+        limit = self.stall * float(self.costs.target(filled, filled))
 
         def within(chunk: int) -> bool:  # the prompt tokens ride as one more row
             return float(self.costs.target(rows + chunk, rows + 1)) <= limit

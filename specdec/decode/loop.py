@@ -203,6 +203,7 @@ class Decoder:
             budget = self.prefill_budget = self.speculation.prefill_tokens(
                 [rid for slot, (rid, _) in self.active.items() if slot not in self._cursor],
                 max_prefill_tokens,
+                queued=len(self._cursor) + min(len(self.waiting), len(self._free)),
             )
             if not self.whole_prompts:
                 chunks = self._schedule_chunks(budget)

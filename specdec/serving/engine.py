@@ -282,6 +282,7 @@ class Engine:
         self._drain = True
         self._stopped = False
         self._step_started: float | None = None  # perf_counter() when the step in progress began
+        self._failed_steps = 0  # steps in a row that raised for no request in particular
         self._ids = itertools.count()
         lease.acquire(target)
         try:
@@ -574,11 +575,15 @@ class Engine:
                 on_admit=lambda result: self._account(result, time.perf_counter()),
             )
         except Exception as error:  # noqa: BLE001
-            # not pinned to requests: those in flight fail, the engine goes on
-            self._reset(error)
+            # not pinned to requests: those in flight fail, the engine goes on; a second in a row
+            # fails the waiting ones too (an error in the scheduling itself would otherwise
+            # requeue them forever)
+            self._failed_steps += 1
+            self._reset(error, requeue=self._failed_steps < 2)
             return
         finally:
             self._step_started = None
+        self._failed_steps = 0
         now = time.perf_counter()
         self.metrics.observe("step_seconds", now - start)
         for result in results:
@@ -620,10 +625,10 @@ class Engine:
             if chunk.finish_reason is not None:
                 self._forget(handle, now)
 
-    def _reset(self, error: BaseException) -> None:
+    def _reset(self, error: BaseException, requeue: bool = True) -> None:
         """A step raised for no request in particular: fail the requests being decoded, free
         every slot (with a fresh decoder if closing the old one fails too), queue again those
-        still waiting, and go on."""
+        still waiting (``requeue``; else fail them too), and go on."""
         now = time.perf_counter()
         self.metrics.add("engine_resets")
         handles = sorted(self._handles.values(), key=lambda h: h.id)
@@ -646,7 +651,7 @@ class Engine:
         for handle in handles:
             if handle.done:
                 continue
-            if handle.admitted_at is None:  # still waiting: it had no part in the failed step
+            if requeue and handle.admitted_at is None:  # waiting: no part in the failed step
                 handle.id = None
                 self._enter(handle, now)
             else:

@@ -538,6 +538,19 @@ def test_prefill_budget_keeps_the_step_within_its_stall():
     assert steep.prefill_tokens([0], "auto") == MIN_PREFILL  # a long prompt always advances
 
 
+def test_prompts_in_line_size_the_chunk_to_the_batch_being_filled():
+    """4 rows decoding and 12 prompts in line for a row: the chunk keeps the step within twice
+    the plain step of 16 rows (36 ms on the line: 48 tokens), not of the 4 rows alone (24
+    tokens), which under a queue fed on itself (small chunks, prompts held in their slots,
+    fewer rows decoding, smaller chunks)."""
+    speculation = policy()
+    rows = [0, 1, 2, 3]
+    assert speculation.prefill_tokens(rows, "auto", queued=12) in (47, 48)
+    assert speculation.prefill_tokens(rows, "auto", queued=0) == speculation.prefill_tokens(
+        rows, "auto"
+    )
+
+
 def test_the_prefill_budget_is_sized_to_the_rows_plain_step_whether_or_not_they_draft():
     """4 requests that accept 3 tokens a step draft 8-node trees (a 60 ms step on the line); the
     prompt chunk beside them is still sized to twice their plain step (24 ms), as for requests

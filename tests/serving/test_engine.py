@@ -472,6 +472,25 @@ def test_an_error_no_request_explains_fails_those_running_and_the_engine_goes_on
     assert engine.stats()["free_slots"] == 1 and not engine.target.cache.admitted.any()
 
 
+def test_an_error_in_the_scheduling_itself_fails_the_waiting_requests_instead_of_looping(
+    model_dir, make_engine, monkeypatch
+):
+    engine = make_engine("none", slots=1)
+
+    def broken(*args, **kwargs):
+        raise ValueError("no budget for you")
+
+    monkeypatch.setattr(engine._decoder.speculation, "prefill_tokens", broken)
+    waiting = engine.submit([7, 8], max_new_tokens=4)
+    with pytest.raises(specdec.RequestFailedError, match="no budget for you"):
+        waiting.result(timeout=30)  # requeued once (it had no part), then failed: no loop
+    assert engine.metrics.snapshot()["counters"]["engine_resets"] == 2
+    monkeypatch.undo()  # the scheduling mended: the engine goes on serving
+    assert list(engine.generate([7, 8], max_new_tokens=4).tokens) == alone(
+        model_dir, "numpy", "none", [7, 8], {}, None, 4
+    )
+
+
 def test_the_target_is_leased_for_the_engines_lifetime(model_dir):
     target = specdec.load(model_dir, backend="numpy", slots=2, capacity=64)
     engine = Engine(target, drafter="lookup", backend="numpy", tree_room=16)
