@@ -9,19 +9,18 @@ maximize the expected tokens per second of the whole step:
     score(S, k) = (B + sum over i in S of (a_i(k) - 1)) / (target(B) + extra(S, k))
     extra(S, k) = target(B * width(S, k)) - target(B) + draft(|S|)
 
-over a budget k (``BUDGETS``, drafted nodes) and the set S of requests that draft, where B rows
-are decoded, a_i(k) is request i's expected tokens per
-step (bonus counted) when its tree is cut to its first k drafted nodes, width is the node count
-every tree row is padded to (the target takes one (B, N) tree per forward, so a row that does
-not draft still pays the width when others do; each request's expected width at k, the widest
-of S counted), and target / draft are the step's costs on this
-machine (``specdec.tuning.costs``: a measured curve of forward seconds against tokens and rows,
-corrected online from the steps' own timings: the plain step from plain steps, what trees add
-from drafting steps). **A step that carries prompt tokens decodes plainly**: prompts waiting
-means the compute is not spare (their prefill brings requests into the batch sooner), and
-drafting beside them, weighed against the few rows decoding there, looked cheap: with 32 clients
-on 16 slots the default path drafted beside the chunks of every ramp-up and made 0.62x of plain
-decoding in-process. (Before: priced where the step is, weighed against the rows' own plain step.)
+over a budget k (``BUDGETS``, drafted nodes) and the set S of requests that draft, where B rows are
+decoded, a_i(k) is request i's expected tokens per step (bonus counted) when its tree is cut to its
+first k drafted nodes, width is the node count every tree row is padded to (the target takes one
+(B, N) tree per forward, so a row that does not draft still pays the width when others do; each
+request's expected width at k, the widest of S counted), and target / draft are the step's costs on
+this machine (``specdec.tuning.costs``: a measured curve of forward seconds against tokens and
+rows, corrected online from the steps' own timings: the plain step from plain steps, what trees add
+from drafting steps). **A step that carries prompt tokens decodes plainly**: prompts waiting means
+the compute is not spare (their prefill brings requests into the batch sooner), and drafting beside
+them, weighed against the few rows decoding there, looked cheap: with 32 clients on 16 slots the
+default path drafted beside the chunks of every ramp-up and made 0.62x of plain decoding
+in-process. (Before: priced where the step is, weighed against the rows' own plain step.)
 For each k the requests are ranked by a_i(k) and every prefix of the ranking is scored:
 |BUDGETS| x B evaluations. Plain decoding wins unless drafting beats it by ``MARGIN``; among the
 drafting choices within the cost fit's error of the best, the largest budget is taken.

@@ -199,9 +199,9 @@ class StepCosts:
     add. The plain step is fitted online as a + b * curve(plain tokens) from the plain steps (a
     fixed cost per step, the curve scaled; decode steps and steps carrying prompt tokens apart),
     starting from the curve itself (a = 0, b = 1); what trees add, as d + e * (curve(tokens) -
-    curve(plain tokens)) from the drafting steps' seconds
-    beyond their plain step's price, starting from the curve's increment (d = 0, e = 1); without
-    a curve (None), both from the steps alone on the token counts. Each fit learns only from its
+    curve(plain tokens)) from the drafting steps' seconds beyond their plain step's price,
+    starting from the curve's increment (d = 0, e = 1); without a curve (None), both from the
+    steps alone on the token counts. Each fit learns only from its
     own steps, so a run of drafting steps never reprices the plain step (a scale learnt from both
     at once did: trees cost more than the chain curve says, and the plain step it priced from the
     drafting steps came out too dear, so drafting kept looking better than it was). Drafting is
