@@ -152,7 +152,9 @@ def test_a_client_leaving_mid_stream_frees_the_slot_before_the_next_step(serve, 
             "temperature": 0,
         },
     ) as response:
-        first = next(line for line in response.iter_lines() if line)
+        # the iterator is held: a dropped one is closed when collected, and closes the connection
+        lines = response.iter_lines()
+        first = next(line for line in lines if line)
         assert json.loads(first[6:])["choices"][0]["text"] == " laba"
         assert gate.proposing.wait(WAIT)
     assert cancel_asked.wait(WAIT), "the server did not notice that its client left"
