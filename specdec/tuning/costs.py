@@ -144,6 +144,11 @@ class _Fit:
         self.sums = FORGET * self.sums + np.array([1.0, x, y, x * x, x * y, y * y])
         self._solved = None
 
+    def lean_on(self, a0: float) -> None:
+        """Take ``a0`` as the fixed cost that the prior pulls toward (a related fit's)."""
+        self.prior = (float(a0), *self.prior[1:])
+        self._solved = None
+
     def coefficients(self) -> tuple[float, float]:
         if self._solved is None:
             self._solved = self._solve()
@@ -205,7 +210,12 @@ class StepCosts:
     own steps, so a run of drafting steps never reprices the plain step (a scale learnt from both
     at once did: trees cost more than the chain curve says, and the plain step it priced from the
     drafting steps came out too dear, so drafting kept looking better than it was). Drafting is
-    fitted as a + b * (drafting rows), starting from free. The first step and the first drafting
+    fitted as a + b * (drafting rows), starting from free. The loop's fixed cost is the same
+    in both plain fits, so each starts from (and is weakly pulled toward) the other's: under a
+    queue every step carries prompt tokens, and the decode fit, which sizes the prompt chunks,
+    would otherwise price a decode step at the bare curve until the queue emptied (through a
+    whole 26-client run of plain decoding on SmolLM2-135M here, 13 ms a step too cheap, so the
+    chunks were held to a limit 26 ms tighter than meant). The first step and the first drafting
     call are left out: they pay one-off costs (allocation, kernel choice) that would otherwise
     price the step (4.4x the curve, seen) or drafting out until the fit forgets them."""
 
@@ -272,7 +282,12 @@ class StepCosts:
             x = float(self._x(tokens, rows))
             plain = plain_share(tokens, plain_tokens)
             if plain == tokens:
-                (self._target if plain <= rows else self._chunks).observe(x, seconds)
+                decode = plain <= rows
+                fit, other = (
+                    (self._target, self._chunks) if decode else (self._chunks, self._target)
+                )
+                fit.observe(x, seconds)
+                other.lean_on(fit.coefficients()[0])
             else:
                 base = float(self._x(plain, rows))
                 self._trees.observe(x - base, seconds - float(self._plain(base, plain, rows)))

@@ -343,6 +343,23 @@ def test_step_costs_fit_a_fixed_cost_and_a_scale():
     assert fit.coefficients() == pytest.approx((0.002, 0.0005), rel=0.1)
 
 
+def test_decode_steps_take_the_fixed_cost_learnt_from_steps_carrying_prompts():
+    """Under a queue every step carries prompt tokens: the decode fit, which sizes the prompt
+    chunks, has no step of its own and takes the loop's fixed cost the chunk fit learnt (it
+    priced decode steps at the bare curve before, 13 ms too cheap); its own steps then rule.
+    The chunks here are of two sizes far apart, so that the chunk fit can tell its fixed cost
+    from its scale."""
+    costs = StepCosts(LINE)
+    for step in range(40):
+        tokens = 8 + (16 if step % 2 else 448)  # 8 rows decoding beside a chunk
+        costs.observe(tokens, 0.013 + LINE.at(tokens, 9).item(), 0, 0.0, rows=9)
+    assert costs.target(8, 8).item() == pytest.approx(0.013 + LINE.at(8, 8).item(), rel=0.01)
+    for step in range(40):
+        rows = 4 if step % 2 else 8
+        costs.observe(rows, 0.005 + LINE.at(rows, rows).item(), 0, 0.0, rows=rows)
+    assert costs.target(8, 8).item() == pytest.approx(0.005 + LINE.at(8, 8).item(), rel=0.02)
+
+
 def test_what_trees_add_is_scaled_apart_from_the_plain_step():
     # the plain step costs 1.15x the curve and each node trees add 2x what the curve says (the
     # chain curve underprices trees): after a run of drafting steps the plain step is still
