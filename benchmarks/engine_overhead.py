@@ -6,9 +6,10 @@ token, to a fixed length (EOS ignored), plain (``--drafter none``) and speculati
 ReDrafter), in rounds that interleave the four runs (the order alternating per round); the
 engine is started afresh each round (the target is leased by one at a time). Prints the median
 tokens/s of each and the median per-round ratio engine / generate. ``--profile engine|generate``
-instead runs the engine's scheduler thread (or generate) under cProfile and prints where the
-time goes. ``--server`` adds a third way: the same request streamed from a ``specdec serve``
-subprocess per drafter (timed from sending it to its last token), for the same ratio.
+instead runs the engine (or generate) with cProfile on the compute thread, where every step's
+work runs (``specdec.compute``), and prints where the time goes. ``--server`` adds a third way:
+the same request streamed from a ``specdec serve`` subprocess per drafter (timed from sending it
+to its last token), for the same ratio.
 
     OMP_NUM_THREADS=2 python benchmarks/engine_overhead.py --rounds 5
 """
@@ -122,28 +123,19 @@ def main() -> int:
         run_generate(target, prompts[0], drafter, 8, args.speculation)
         run_engine(target, prompts[0], drafter, 8, args.speculation)
     if args.profile:
+        from specdec import compute
+
+        # the work runs on the compute thread (specdec.compute), and a profile sees one thread:
+        # it is switched on there, around each run of the way profiled
         profile = cProfile.Profile()
-        if args.profile == "engine":  # the scheduler thread, under the profile while it serves
-            from specdec.serving.engine import Engine
-
-            serve = Engine._serve
-
-            def profiled(engine):
-                profile.enable()
-                try:
-                    return serve(engine)
-                finally:
-                    profile.disable()
-
-            Engine._serve = profiled
+        run = run_engine if args.profile == "engine" else run_generate
         for drafter in args.drafters:
             for prompt in prompts:
-                if args.profile == "engine":
-                    run_engine(target, prompt, drafter, args.tokens, args.speculation)
-                else:
-                    profile.enable()
-                    run_generate(target, prompt, drafter, args.tokens, args.speculation)
-                    profile.disable()
+                compute.run(profile.enable)
+                try:
+                    run(target, prompt, drafter, args.tokens, args.speculation)
+                finally:
+                    compute.run(profile.disable)
         out = io.StringIO()
         pstats.Stats(profile, stream=out).sort_stats("cumulative").print_stats(40)
         print(out.getvalue())

@@ -159,6 +159,19 @@ class TorchVerifier(VerifierRule):
         return Verdict(path=path, num_accepted=(path >= 0).sum(dim=1) - 1, bonus_tokens=bonus)
 
 
+def argmax_walk(tree: DraftTree, target: TargetOutput, depth: int) -> Verdict:
+    """The walk that follows the target's argmax (lowest id on ties) while it is a drafted child:
+    every node's argmax taken at once, (B, N), instead of a distribution per depth."""
+    choice = greedy_tokens(target.logits)  # (B, N)
+    rows = torch.arange(tree.batch_size, device=choice.device)
+
+    def choose(node, d):
+        token = choice[rows, node]
+        return tree.tokens == token[:, None], token
+
+    return TorchVerifier.walk(tree, depth, choose)
+
+
 class GreedyVerifier(TorchVerifier):
     """Follow the target's argmax (lowest id on ties) while it is a drafted child; exactly plain
     greedy decoding of the target. Ignores temperature, top-k and top-p."""
@@ -169,14 +182,7 @@ class GreedyVerifier(TorchVerifier):
     def verify(self, tree, draft, target, sampling, uniforms=None) -> Verdict:
         depth = walk_depth(tree, draft)
         self.check_inputs(tree, draft, target, sampling, uniforms, depth)
-        choice = greedy_tokens(target.logits)  # (B, N): the argmax at every node
-        rows = torch.arange(tree.batch_size, device=choice.device)
-
-        def choose(node, d):
-            token = choice[rows, node]
-            return tree.tokens == token[:, None], token
-
-        return self.walk(tree, depth, choose)
+        return argmax_walk(tree, target, depth)
 
 
 class ExactTreeVerifier(TorchVerifier):
@@ -188,6 +194,8 @@ class ExactTreeVerifier(TorchVerifier):
     def verify(self, tree, draft, target, sampling, uniforms=None) -> Verdict:
         depth = walk_depth(tree, draft)
         self.check_inputs(tree, draft, target, sampling, uniforms, depth)
+        if sampling.greedy:  # a one-hot distribution's draw is its argmax, whatever the uniform
+            return argmax_walk(tree, target, depth)
         rows = torch.arange(tree.batch_size, device=tree.tokens.device)
 
         def choose(node, d):
