@@ -35,13 +35,21 @@ verified, never which are accepted.
 from __future__ import annotations
 
 import math
-import os
 import time
 
 import attrs
 import numpy as np
 
-from specdec.tuning.dtype import _digest, _read, _tuning_dir, _write, chain_tree
+from specdec.tuning.dtype import (
+    MEASURES,
+    QUIET_SHARE,
+    _digest,
+    _read,
+    _tuning_dir,
+    _write,
+    chain_tree,
+    machine_share,
+)
 
 __all__ = ["CostCurve", "StepCosts", "curve_for", "measure_curve", "plain_share", "step_costs"]
 
@@ -57,8 +65,6 @@ PRIOR_WEIGHT = 1.0  # the starting point of a fit counts as this many observatio
 # 3: rows measured beside the chain; 2: the fastest of the repeats, pooled into a non-decreasing
 # curve (1 took medians, a running max)
 CACHE_VERSION = 3
-QUIET_SHARE = 0.85  # a curve measured on less of the cores than this was disturbed (curve_for)
-MEASURES = 3  # ... and is measured again at later starts, this many times in all
 
 
 def _piecewise(x, xs, ys) -> np.ndarray:
@@ -397,17 +403,6 @@ def increasing(values) -> np.ndarray:
             (mean, count), (last, n) = blocks[-2], blocks.pop()
             blocks[-1] = [(mean * count + last * n) / (count + n), count + n]
     return np.concatenate([np.full(int(count), mean) for mean, count in blocks])
-
-
-def machine_share(wall: float, cpu: float) -> float:
-    """The share of this machine's cores the process computed on over ``wall`` seconds in which it
-    used ``cpu`` seconds of CPU time (about 1 where a measurement had the cores to itself; 0.5 to
-    0.63 for SmolLM2-135M on 2 cores beside one or two busy processes)."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cores = os.cpu_count() or 1
-    return cpu / max(wall * cores, 1e-9)
 
 
 def curve_for(backend, target, slots=(0,)) -> CostCurve | None:

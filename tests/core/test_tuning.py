@@ -66,6 +66,8 @@ def cache(tmp_path, monkeypatch):
     monkeypatch.delenv(
         "SPECDEC_DTYPE", raising=False
     )  # measured here (conftest pins it for other tests)
+    # the slow dtype sleeps, which would read as a machine shared with other work
+    monkeypatch.setattr(tuning, "machine_share", lambda wall, cpu: 1.0)
     return tmp_path / "cache"
 
 
@@ -124,6 +126,34 @@ def test_the_cache_key_is_the_shape_not_the_weights(model_dir, cache, tmp_path):
     )
     assert tuning.load_fastest(backend, wider)[1].source == "measured"
     assert tuning.load_fastest(TwoDtypeBackend(("fast", "slow")), model_dir)[1].source == "cached"
+
+
+def test_a_choice_measured_beside_other_work_is_measured_again_and_the_quietest_decides(
+    model_dir, cache, monkeypatch
+):
+    slow_wins, fast_wins = {"slow": 10.0, "fast": 30.0}, {"slow": 30.0, "fast": 10.0}
+    timings = iter([fast_wins, slow_wins, slow_wins])  # the three measurements' winners
+    measured = iter(
+        [{k: ms for k in tuning.TREE_SIZES} for t in timings for ms in t.values()]
+    )  # per dtype, in candidate order ("slow", "fast")
+    monkeypatch.setattr(tuning, "measure_forward", lambda backend, target: next(measured))
+    shares = iter([0.5, 0.4, 0.7])
+    monkeypatch.setattr(tuning, "machine_share", lambda wall, cpu: next(shares))
+    backend = TwoDtypeBackend()
+    chosen = []
+    for _ in range(4):
+        target, choice = tuning.load_fastest(backend, model_dir)
+        assert target.dtype == choice.dtype
+        chosen.append((choice.dtype, choice.source))
+    # 0.5: fast; 0.4 says slow but 0.5 was quieter: fast; 0.7 says slow: slow; three taken: read
+    assert chosen == [
+        ("fast", "measured"),
+        ("fast", "measured"),
+        ("slow", "measured"),
+        ("slow", "cached"),
+    ]
+    (file,) = (cache / "tuning").glob("dtype-*.json")
+    assert json.loads(file.read_text())["measures"] == 3
 
 
 def test_a_damaged_or_stale_cache_file_is_measured_again(model_dir, cache):
