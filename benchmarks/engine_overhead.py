@@ -28,7 +28,6 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-SORT = ("cumulative",)
 SEEN: dict = {}  # prompt -> the tokens of its first run: every run must give them (exact mode)
 
 
@@ -106,6 +105,9 @@ def main() -> int:
     parser.add_argument("--speculation", default=None, help="auto | always | never (default: auto)")
     parser.add_argument("--profile", choices=("engine", "generate"), default=None)
     parser.add_argument(
+        "--sort", default="cumulative", help="the profile's order (pstats: cumulative, tottime)"
+    )
+    parser.add_argument(
         "--server",
         action="store_true",
         help="also time each prompt through a `specdec serve` subprocess per drafter (16 slots)",
@@ -138,7 +140,7 @@ def main() -> int:
                 finally:
                     compute.run(profile.disable)
         out = io.StringIO()
-        pstats.Stats(profile, stream=out).sort_stats(*SORT).print_stats(40)
+        pstats.Stats(profile, stream=out).sort_stats(args.sort).print_stats(40)
         print(out.getvalue())
         return 0
     ways = ("generate", "engine", "server") if args.server else ("generate", "engine")
