@@ -14,7 +14,7 @@ costs what the chain's tokens cost (within 2 ms over 1-16 rows of 1-16 tokens). 
 cached under ``<specdec cache>/tuning/`` beside the dtype choice
 (``specdec.tuning.dtype``), keyed by the backend and its device, the target's shape, dtype and
 exact mode, so a later start reads it instead of measuring (several seconds for SmolLM2-135M on
-a 2-core CPU, once; again, up to ``MEASURES`` times, where other work shared the cores:
+a 2-core CPU, once; again, up to three times, where other work shared the cores:
 ``curve_for``).
 
 **Corrected online.** A decode step costs more than its forward (verification, commit, the
@@ -41,14 +41,13 @@ import attrs
 import numpy as np
 
 from specdec.tuning.dtype import (
-    MEASURES,
-    QUIET_SHARE,
+    CpuClock,
     _digest,
     _read,
     _tuning_dir,
     _write,
     chain_tree,
-    machine_share,
+    settled,
 )
 
 __all__ = ["CostCurve", "StepCosts", "curve_for", "measure_curve", "plain_share", "step_costs"]
@@ -410,24 +409,24 @@ def curve_for(backend, target, slots=(0,)) -> CostCurve | None:
     measured now in the free ``slots`` (and cached); None when it cannot be measured (no
     positions, or the forward raised).
 
-    A measurement taken while other work shared the cores (``machine_share`` below
-    ``QUIET_SHARE``: a first start beside a build, say) has the wrong shape, not only the wrong
-    scale, which the online fits correct: it is measured again at later starts, up to
-    ``MEASURES`` times in all, and the curve measured with the largest share is kept."""
+    A measurement taken while other work shared the cores (``specdec.tuning.dtype.settled``: a
+    first start beside a build, say) has the wrong shape, not only the wrong scale, which the
+    online fits correct: it is measured again at later starts, up to three times in all, and the
+    curve measured with the largest share of the cores is kept."""
     file = _cache_file(backend, target, len(slots))
     cached = _read(file) or {}
     curve = CostCurve.from_json(cached) if cached else None
-    share, measures = float(cached.get("share", 1.0)), int(cached.get("measures", 1))
-    if curve is not None and (share >= QUIET_SHARE or measures >= MEASURES):
+    if curve is not None and settled(cached):
         return curve
+    share, measures = float(cached.get("share", 1.0)), int(cached.get("measures", 1))
     try:
-        wall, cpu = time.perf_counter(), time.process_time()
-        measured = measure_curve(backend, target, slots)
-        new_share = machine_share(time.perf_counter() - wall, time.process_time() - cpu)
+        with CpuClock() as clock:
+            measured = measure_curve(backend, target, slots)
     except Exception:  # noqa: BLE001 - a speed choice: without a curve the costs are learned online
         return curve
     if measured is None or CostCurve.from_json(measured.to_json()) is None:
         return curve
+    new_share = clock.share
     if curve is None or new_share > share:
         curve, share = measured, new_share
     _write(

@@ -49,6 +49,7 @@ from specdec.slots import on_target
 from specdec.types import DraftTree
 
 __all__ = [
+    "CpuClock",
     "DtypeChoice",
     "architecture_key",
     "cached_drafter_plan",
@@ -59,6 +60,7 @@ __all__ = [
     "machine_share",
     "measure_forward",
     "save_drafter_plan",
+    "settled",
 ]
 
 DTYPE_VARIABLE = "SPECDEC_DTYPE"  # when set (e.g. float32), the dtype used instead of measuring
@@ -259,8 +261,7 @@ def load_fastest(backend, source, *, device: str | None = None, remeasure: bool 
         )
     file = dtype_cache_file(backend, device, architecture)
     cached = None if remeasure else _read(file)
-    busy = bool(cached) and float(cached.get("share", 1.0)) < QUIET_SHARE
-    busy = busy and int(cached.get("measures", 1)) < MEASURES  # taken beside other work: again
+    busy = bool(cached) and not settled(cached)  # taken beside other work: measured again
     if cached and cached.get("dtype") in candidates and not busy:
         target = backend.load_target(source, dtype=cached["dtype"], device=device, **slots)
         return target, DtypeChoice(
@@ -269,19 +270,18 @@ def load_fastest(backend, source, *, device: str | None = None, remeasure: bool 
             timings=cached.get("timings", {}),
             device=cached.get("device", ""),
         )
-    best, best_score, timings, wall, cpu = None, float("inf"), {}, 0.0, 0.0
+    best, best_score, timings, clock = None, float("inf"), {}, CpuClock()
     if slots.get("capacity") is not None:  # room for the measurement's prompt and trees
         slots = {**slots, "capacity": max(int(slots["capacity"]), PROMPT_TOKENS + max(TREE_SIZES))}
     for dtype in candidates:
         target = backend.load_target(source, dtype=dtype, device=device, **slots)
-        start, used = time.perf_counter(), time.process_time()
-        timings[dtype] = measure_forward(backend, target)
-        wall, cpu = wall + time.perf_counter() - start, cpu + time.process_time() - used
+        with clock:
+            timings[dtype] = measure_forward(backend, target)
         if _score(timings[dtype]) < best_score:
             best, best_score = (dtype, target), _score(timings[dtype])
         del target  # at most two targets are held at once: the best so far and this one
     dtype, target = best
-    share, measures = machine_share(wall, cpu), 1
+    share, measures = clock.share, 1
     if busy:  # measured again: the quieter of the two measurements decides
         measures = int(cached.get("measures", 1)) + 1
         if share < float(cached.get("share", 0.0)) and cached["dtype"] in candidates:
@@ -318,6 +318,36 @@ def machine_share(wall: float, cpu: float) -> float:
     except (AttributeError, OSError):
         cores = os.cpu_count() or 1
     return cpu / max(wall * cores, 1e-9)
+
+
+def settled(cached: dict) -> bool:
+    """Whether a cached measurement stands: its process had the cores (a share of at least
+    ``QUIET_SHARE``; a file from before shares were recorded counts as quiet), or it has been
+    taken ``MEASURES`` times already."""
+    return (
+        float(cached.get("share", 1.0)) >= QUIET_SHARE or int(cached.get("measures", 1)) >= MEASURES
+    )
+
+
+class CpuClock:
+    """The wall and CPU seconds of the process inside ``with clock:`` blocks, and the share of
+    the machine's cores they amount to (``machine_share``)."""
+
+    def __init__(self):
+        self.wall = self.cpu = 0.0
+
+    def __enter__(self) -> "CpuClock":
+        self._start = (time.perf_counter(), time.process_time())
+        return self
+
+    def __exit__(self, *exc) -> None:
+        wall, cpu = self._start
+        self.wall += time.perf_counter() - wall
+        self.cpu += time.process_time() - cpu
+
+    @property
+    def share(self) -> float:
+        return machine_share(self.wall, self.cpu)
 
 
 def _dtype_name(target, fallback: str) -> str:

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from specdec_mlx.blas import prefer_system_blas  # noqa: E402 - imports no mlx
+from specdec_mlx.blas import prefer_system_blas  # imports no mlx
 
 prefer_system_blas()  # the BLAS users' MLX runs on (the mlx extra's OpenBLAS), whatever tests ran
 pytest.importorskip(
