@@ -19,7 +19,7 @@ KINDS = {"code": "stdlib:", "prose": "docs:", "verse": "shakespeare:", "all": ""
 
 
 def main() -> None:
-    from specdec.models.bundled import cache_dir
+    from specdec.models.cache import cache_entry
     from specdec.training.corpus import build_prompts, default_corpus
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -28,7 +28,7 @@ def main() -> None:
     parser.add_argument("--scan", type=int, default=400, help="held-out prompts to look through")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
-    corpus = default_corpus(cache_dir() / "corpus")
+    corpus = default_corpus(cache_entry("corpus"))
     chosen = [
         p
         for p in build_prompts(corpus, args.scan, split="heldout", seed=0)

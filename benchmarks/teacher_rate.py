@@ -20,7 +20,7 @@ import json
 import time
 
 import specdec
-from specdec.models.bundled import cache_dir
+from specdec.models.cache import cache_entry
 from specdec.training.corpus import build_prompts, default_corpus
 from specdec.training.teacher import greedy_teacher, load_teacher_target
 
@@ -37,7 +37,7 @@ def main() -> None:
     parser.add_argument("--label", default="")
     args = parser.parse_args()
     target = load_teacher_target(args.model, dtype=args.dtype)
-    corpus = default_corpus(cache_dir() / "corpus")
+    corpus = default_corpus(cache_entry("corpus"))
     prompts = [
         target.encode(list(p.messages))
         for p in build_prompts(corpus, args.prompts, split="train", seed=0, start=5000)

@@ -175,7 +175,7 @@ def shipped_model():
     """The folder of the bundled SmolLM2-135M in the specdec cache, for the tests of the shipped
     checkpoints on the real model. Skips when the model is not there, unless SPECDEC_TEST_SHIPPED=1
     (CI, whose ``.ci/run`` fetches it first): then that is a failure."""
-    from specdec.models.bundled import cache_dir
+    from specdec.models.cache import cache_dir
 
     folder = cache_dir() / "models" / "smollm2-135m"
     if not (folder / "model.safetensors").is_file():

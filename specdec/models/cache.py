@@ -5,11 +5,19 @@ is written. Every load checks the sizes (and that the weights file is structural
 the full hashes are checked when a load fails and on request (``specdec cache verify``), and
 a damaged folder is repaired by converting it again. A folder without its manifest, with a
 manifest that names anything but a plain file of the folder, or with a link among its files
-is damaged too: nothing in a cache folder makes specdec read outside it. ``clear --all``
-removes only the entries specdec makes (``OWN_ENTRIES``), never the folder ``$SPECDEC_CACHE``
-names. Work folders of killed runs (a conversion's
-``.NAME.partial-PID-*``, a download's ``tmp/fetch-PID-*``) are removed on the next start once
-their process is gone.
+is damaged too: nothing in a cache folder makes specdec read outside it.
+
+The cache deletes only its own. Each folder specdec makes in the cache (``models``, ``tmp``,
+``tuning``, ``teacher``, ``corpus``: ``OWN_ENTRIES``) carries ``ENTRY_MARK`` from its creation,
+and the cache folder itself ``ROOT_MARK`` when specdec made it (the default location,
+``~/.cache/specdec``, is specdec's by its name and is marked on first use). ``clear --all``
+removes only marked entries (in a marked root, also the entries of ``OWN_ENTRIES`` made by
+versions before the marks), never a link and never what a link points to, and the root only
+when specdec made it and nothing else is left. So a mistyped ``SPECDEC_CACHE=$HOME`` costs
+nothing but the folders specdec made there. Work folders of killed runs (a conversion's
+``.NAME.partial-PID-*``, a download's ``tmp/fetch-PID-*``) are removed by the next conversion
+or ``clear`` once their process is gone, and only inside specdec's own entries; showing the
+cache changes nothing.
 """
 
 from __future__ import annotations
@@ -26,6 +34,8 @@ from specdec.errors import CorruptFileError
 from specdec.models.files import check_safetensors, read_json
 
 COMPLETE = ".specdec-complete"
+ROOT_MARK = ".specdec-cache"
+ENTRY_MARK = ".specdec-cache-entry"
 MANIFEST = ".specdec-manifest.json"
 LEFTOVER_PATTERNS = (("models", ".*.partial-*"), ("models", ".*.old-*"), ("tmp", "fetch-*"))
 OWN_ENTRIES = (
@@ -37,6 +47,60 @@ OWN_ENTRIES = (
 )  # what specdec makes in its cache folder
 
 log = logging.getLogger("specdec.models.cache")
+
+
+def default_cache_dir() -> Path:
+    """``$XDG_CACHE_HOME/specdec``, else ``~/.cache/specdec``."""
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return base / "specdec"
+
+
+def cache_dir() -> Path:
+    """``$SPECDEC_CACHE``, else ``default_cache_dir()``. Nothing is created: ``cache_entry``
+    makes (and marks) the folders specdec writes in it."""
+    if os.environ.get("SPECDEC_CACHE"):
+        return Path(os.environ["SPECDEC_CACHE"]).expanduser()
+    return default_cache_dir()
+
+
+def _mark_new(folder: Path, mark: str) -> None:
+    """Create ``folder`` (parents as needed) and, if this call made it, mark it as specdec's."""
+    try:
+        folder.mkdir()
+    except FileExistsError:
+        return
+    except FileNotFoundError:
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        return _mark_new(folder, mark)
+    (folder / mark).write_text("made by specdec; `specdec cache clear --all` removes it\n")
+
+
+def cache_entry(name: str, root: Path | None = None) -> Path:
+    """The cache folder ``name`` (one of ``OWN_ENTRIES``), made and marked when missing; the root
+    is marked too when specdec makes it or it is the default location."""
+    if name not in OWN_ENTRIES:
+        raise ValueError(f"{name!r} is not one of the cache's entries {OWN_ENTRIES}")
+    root = cache_dir() if root is None else Path(root)
+    _mark_new(root, ROOT_MARK)
+    if root == default_cache_dir() and not (root / ROOT_MARK).exists():
+        (root / ROOT_MARK).write_text("specdec's cache\n")
+    _mark_new(root / name, ENTRY_MARK)
+    return root / name
+
+
+def own_root(root: Path) -> bool:
+    """Whether specdec made the cache folder ``root`` (or it is the default location)."""
+    return not root.is_symlink() and (root / ROOT_MARK).is_file()
+
+
+def is_own(path: Path) -> bool:
+    """Whether ``path`` is an entry specdec made in its cache: a real folder (not a link) with
+    specdec's mark, or, in a root specdec made, a folder of ``OWN_ENTRIES`` made before marks."""
+    if path.is_symlink() or not path.is_dir():
+        return False
+    if (path / ENTRY_MARK).is_file():
+        return True
+    return path.name in OWN_ENTRIES and own_root(path.parent)
 
 
 def sha256_of(path: Path) -> str:
@@ -183,11 +247,16 @@ def _alive(pid: int | None) -> bool:
 
 
 def leftovers(root: Path) -> list[Path]:
-    """Work folders left by processes that are gone (killed mid-conversion or mid-download)."""
+    """Work folders left by processes that are gone (killed mid-conversion or mid-download), in
+    specdec's own entries only; never a file or a link."""
     found = []
     for sub, pattern in LEFTOVER_PATTERNS:
-        if (root / sub).is_dir():
-            found += [p for p in (root / sub).glob(pattern) if not _alive(_pid_of(p))]
+        if is_own(root / sub):
+            found += [
+                p
+                for p in (root / sub).glob(pattern)
+                if p.is_dir() and not p.is_symlink() and not _alive(_pid_of(p))
+            ]
     return sorted(found)
 
 
@@ -195,7 +264,7 @@ def clean_leftovers(root: Path) -> list[Path]:
     """Remove ``leftovers(root)``; returns what was removed."""
     removed = leftovers(root)
     for path in removed:
-        shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
+        shutil.rmtree(path, ignore_errors=True)
     if removed:
         log.info("removed %d leftover work folder(s) of killed runs from %s", len(removed), root)
     return removed
@@ -206,11 +275,17 @@ def folder_size(path: Path) -> int:
 
 
 def describe(root: Path) -> list[dict]:
-    """One row per converted model in the cache: name, path, bytes, state (sizes checked)."""
+    """One row per converted model in the cache: name, path, bytes, state (sizes checked). In a
+    ``models`` folder specdec did not make, only its conversions (with ``COMPLETE``) are listed."""
     rows = []
     models = root / "models"
+    own = is_own(models)
     for folder in (
-        sorted(p for p in models.iterdir() if p.is_dir() and not p.name.startswith("."))
+        sorted(
+            p
+            for p in models.iterdir()
+            if p.is_dir() and not p.name.startswith(".") and (own or (p / COMPLETE).is_file())
+        )
         if models.is_dir()
         else []
     ):
@@ -231,17 +306,22 @@ def remove_entry(path: Path) -> None:
 
 
 def clear_all(root: Path) -> tuple[list[Path], list[Path]]:
-    """Remove specdec's entries of the cache folder ``root`` (``OWN_ENTRIES``), and ``root``
-    itself once it is empty; returns (removed, the other entries, left in place)."""
+    """Remove the entries specdec made in the cache folder ``root`` (``is_own``), and ``root``
+    itself when specdec made it and nothing else is left (never the working or home folder);
+    returns (removed, the other entries, left in place)."""
     if not root.is_dir():
         return [], []
     removed, others = [], []
     for path in sorted(root.iterdir()):
-        if path.name in OWN_ENTRIES:
-            remove_entry(path)
+        if path.name == ROOT_MARK:
+            continue
+        if is_own(path):
+            shutil.rmtree(path)
             removed.append(path)
         else:
             others.append(path)
-    if not others and not root.is_symlink():
+    keep = {Path.cwd().resolve(), Path.home().resolve()}
+    if not others and own_root(root) and root.resolve() not in keep:
+        (root / ROOT_MARK).unlink()
         root.rmdir()
     return removed, others

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import functools
 import json
-import shutil
 from importlib import resources
 from pathlib import Path
 
@@ -28,6 +27,7 @@ from specdec.errors import InvalidInputError
 from specdec.models.bundled import resolve_model
 from specdec.models.checkpoints import check_trained_for
 from specdec.models.files import check_checkpoint_folder, damaged_checkpoint
+from specdec.models.outfolder import check_out, writing
 from specdec.plugins.registry import default_registry
 from specdec.plugins.support import check_finite
 from specdec.reference.model import load_target
@@ -191,20 +191,6 @@ def _layout(spec, name: str):
     raise InvalidInputError(f"a {spec.name} drafter exports to {names}, not {name!r}")
 
 
-def _check_out(out, overwrite: bool) -> Path:
-    folder = Path(out).expanduser()
-    if folder.exists() and not folder.is_dir():
-        raise InvalidInputError(f"--out {folder} is a file; give a folder")
-    if folder.is_dir() and any(folder.iterdir()):
-        if not overwrite:
-            raise InvalidInputError(
-                f"--out {folder} is not empty; choose an empty folder or pass overwrite=True "
-                "(`--overwrite`) to replace what is there"
-            )
-        shutil.rmtree(folder)
-    return folder
-
-
 def _resolve_drafter(drafter, model) -> Path:
     if isinstance(drafter, str) and drafter.lower() == "eagle":
         raise InvalidInputError(EAGLE_MESSAGE)
@@ -230,6 +216,13 @@ def _resolve_drafter(drafter, model) -> Path:
         f"drafter must be a checkpoint folder or one of {', '.join(sorted(shipped_by))}, "
         f"got {drafter!r}"
     )
+
+
+def _model_path(model) -> Path | None:
+    """The target's folder or file when ``model`` names one on disk (a source the export reads)."""
+    if isinstance(model, (str, Path)) and Path(model).expanduser().exists():
+        return Path(model).expanduser()
+    return None
 
 
 def _target_lm_head(model, config, kind: str):
@@ -267,6 +260,7 @@ def export(
     if str(format).lower() == "eagle":
         raise InvalidInputError(EAGLE_MESSAGE)
     source = _resolve_drafter(drafter, model)
+    check_out(out, overwrite=overwrite, sources=[source, _model_path(model)])
     kind, layout, config, weights, notes = load_drafter_folder(source)
     chosen = _layout(_spec(kind), format)
     if dtype not in chosen.dtypes:
@@ -284,18 +278,23 @@ def export(
                 "target folder or bundled name)"
             )
         lm_head = _target_lm_head(model, config, kind)
-    folder = _check_out(out, overwrite)
     options = {"model": model} if chosen.takes_model else {}
-    more, commands = chosen.write(
-        config,
-        weights,
-        folder,
-        lm_head=lm_head,
-        dtype=dtype,
-        choices=choices,
-        drop_shortlist=drop_shortlist,
-        **options,
-    )
+    with writing(
+        out, overwrite=overwrite, sources=[source, _model_path(model)], what=f"export {chosen.name}"
+    ) as work:
+        more, commands = chosen.write(
+            config,
+            weights,
+            work,
+            lm_head=lm_head,
+            dtype=dtype,
+            choices=choices,
+            drop_shortlist=drop_shortlist,
+            **options,
+        )
+        folder = Path(out).expanduser()
+        # the writers name the folder they wrote in their commands: the one swapped in
+        commands = tuple(command.replace(str(work), str(folder)) for command in commands)
     more = list(more)
     if dtype != "float32":
         more.append(f"weights were stored as {dtype}, rounding the float32 values")
@@ -311,10 +310,13 @@ def export(
 def import_drafter(folder, out, *, overwrite: bool = False, dtype: str = "float32") -> ExportResult:
     """Read a drafter in any known layout from ``folder`` and write it as a specdec checkpoint in
     ``out``."""
-    kind, layout, config, weights, notes = load_drafter_folder(Path(folder).expanduser())
-    target = _check_out(out, overwrite)
+    source = Path(folder).expanduser()
+    check_out(out, overwrite=overwrite, sources=[source])
+    kind, layout, config, weights, notes = load_drafter_folder(source)
     store = {"float32": np.float32, "float16": np.float16}[dtype]
-    _spec(kind).save_checkpoint(target, config, weights, dtype=store)
+    with writing(out, overwrite=overwrite, sources=[source], what=f"import {layout}") as work:
+        _spec(kind).save_checkpoint(work, config, weights, dtype=store)
+    target = Path(out).expanduser()
     return ExportResult(path=target, drafter=kind, format=layout, notes=tuple(notes))
 
 

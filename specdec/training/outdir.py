@@ -23,7 +23,8 @@ import time
 from pathlib import Path
 
 from specdec.models.checkpoints import write_json_atomic
-from specdec.errors import TrainingOutputError
+from specdec.errors import InvalidInputError, TrainingOutputError
+from specdec.models.outfolder import refuse_dangerous_out
 from specdec.plugins.registry import default_registry
 
 RUN_FILE = "training_run.json"
@@ -125,14 +126,20 @@ def claim_out(
     resume: bool,
     overwrite: bool = False,
     allow_changes: bool = False,
+    sources=(),
 ) -> dict:
     """Check ``out`` for a ``kind`` run with ``settings`` (JSON values) and record the run; returns
-    the record."""
+    the record. ``sources`` (the target, an initial checkpoint) and the home and working folders
+    are refused as ``out``, as is any folder holding one of them."""
     folder = Path(out)
     if folder.exists() and not folder.is_dir():
         raise TrainingOutputError(
             f"--out {folder} is a file, not a folder: choose a folder for the checkpoint"
         )
+    try:
+        refuse_dangerous_out(folder, sources=sources)
+    except InvalidInputError as exc:
+        raise TrainingOutputError(str(exc)) from None
     if resume and overwrite:
         raise TrainingOutputError(
             "--resume continues the run in --out and --overwrite starts it again: give one"

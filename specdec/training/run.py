@@ -21,7 +21,8 @@ from tqdm.auto import tqdm
 from specdec.drafting.shortlist import choose_shortlist, shortlist_coverage
 from specdec.errors import IncompatibleDrafterError, InvalidInputError
 from specdec.generation.resolve import drafter_kind
-from specdec.models.bundled import cache_dir, resolve_model
+from specdec.models.bundled import resolve_model
+from specdec.models.cache import cache_dir, cache_entry
 from specdec.models.checkpoints import read_checkpoint, write_json_atomic
 from specdec.plugins.registry import default_registry
 from specdec.training.corpus import CORPUS_VERSION, build_prompts, default_corpus
@@ -148,6 +149,7 @@ def train_drafter(
         resume=resume,
         overwrite=overwrite,
         allow_changes=allow_changes,
+        sources=[model if isinstance(model, (str, Path)) and Path(model).exists() else None, init],
     )
     cache = Path(cache) if cache is not None else cache_dir()
     times: dict[str, float] = {}
@@ -330,7 +332,7 @@ def build_teacher_data(
     times: dict[str, float] = {}
     if prompt_source is None:
         began = time.perf_counter()
-        corpus = corpus or default_corpus(cache / "corpus")
+        corpus = corpus or default_corpus(cache_entry("corpus", cache))
         sources = corpus.describe()
         times["corpus"] = time.perf_counter() - began
 
@@ -390,7 +392,7 @@ def build_teacher_data(
                 ),
                 count=count,
                 prompt_key={**key, "split": split, **({"offset": offset} if offset else {})},
-                cache=cache / "teacher",
+                cache=cache_entry("teacher", cache),
                 settings=attrs.evolve(settings, shard_size=max(1, min(settings.shard_size, count))),
                 progress=bar.update,
             )

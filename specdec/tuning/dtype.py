@@ -42,7 +42,7 @@ from typing import Any, Sequence
 import attrs
 import numpy as np
 
-from specdec.models.bundled import cache_dir
+from specdec.models.cache import cache_dir, cache_entry
 from specdec.models.checkpoints import write_json_atomic
 from specdec.reference.tree import build_prefix_tree
 from specdec.slots import on_target
@@ -192,6 +192,8 @@ def _read(file: Path) -> dict | None:
 
 def _write(file: Path, value: dict) -> None:
     try:
+        if file.parent == _tuning_dir():
+            cache_entry("tuning")
         file.parent.mkdir(parents=True, exist_ok=True)
         write_json_atomic(file, value)
     except OSError:

@@ -34,7 +34,7 @@ from typing import Any, Callable
 import attrs
 
 from specdec.errors import InvalidInputError
-from specdec.models.bundled import cache_dir
+from specdec.models.cache import cache_dir, cache_entry
 from specdec.models.checkpoints import write_json_atomic
 
 __all__ = [
@@ -110,7 +110,7 @@ def cached_check(key: dict, run: Callable[[], InvarianceCheck]) -> InvarianceChe
         pass  # absent or damaged: measure
     check = run()
     try:
-        file.parent.mkdir(parents=True, exist_ok=True)
+        cache_entry("tuning")
         write_json_atomic(
             file,
             {**attrs.asdict(check), "key": key, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S")},

@@ -58,7 +58,8 @@ def test_conversion_records_every_file_and_is_reused(tiny_bundle):
     assert set(manifest) == {p.name for p in folder.iterdir() if not p.name.startswith(".")}
     assert manifest["model.safetensors"]["size"] == (folder / "model.safetensors").stat().st_size
     assert bundled.resolve_model("tiny") == folder and len(conversions) == 1
-    assert not list((folder.parent.parent / "tmp").iterdir())  # the download's work folder is gone
+    # the download's work folder is gone
+    assert [p.name for p in (folder.parent.parent / "tmp").iterdir()] == [cache.ENTRY_MARK]
 
 
 def test_truncated_weights_are_converted_again_on_next_use(tiny_bundle, caplog):
@@ -185,7 +186,7 @@ def test_damaged_gguf_conversion_without_its_source_names_the_folder(
 
 
 def test_clear_all_removes_only_what_specdec_made(tiny_bundle, tmp_path, monkeypatch, capsys):
-    """A mistyped SPECDEC_CACHE (a home folder) loses nothing but specdec's own entries."""
+    """A cache folder specdec made loses only specdec's entries, never a link's target."""
     folder, _ = tiny_bundle
     bundled.resolve_model("tiny")
     root = folder.parent.parent
@@ -195,21 +196,56 @@ def test_clear_all_removes_only_what_specdec_made(tiny_bundle, tmp_path, monkeyp
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     (elsewhere / "keep.bin").write_bytes(b"1")
-    (root / "tuning").symlink_to(
-        elsewhere
-    )  # a link among specdec's entries: the link goes, not its target
+    (root / "tuning").symlink_to(elsewhere)  # a link among specdec's names: specdec made no link
     assert cli.main(["cache", "clear", "--all"]) == 0
     captured = capsys.readouterr()
-    assert not (root / "models").exists() and not (root / "tuning").exists()
+    assert not (root / "models").exists() and not (root / "tmp").exists()
     assert (root / "notes.txt").read_text() == "mine" and (root / "projects" / "code.py").is_file()
-    assert (elsewhere / "keep.bin").is_file()
-    assert "left 2 entries" in captured.err and "notes.txt" in captured.err
-    (root / "notes.txt").unlink()
+    assert (root / "tuning").is_symlink() and (elsewhere / "keep.bin").is_file()
+    assert "left 3 entries" in captured.err and "notes.txt" in captured.err
+    for path in (root / "notes.txt", root / "tuning"):
+        path.unlink()
     shutil.rmtree(root / "projects")
     bundled.resolve_model("tiny")
     assert (
         cli.main(["cache", "clear", "--all"]) == 0 and not root.exists()
-    )  # emptied: the folder goes too
+    )  # emptied: the folder specdec made goes too
+
+
+def test_a_mistyped_cache_that_is_a_home_folder_keeps_its_own_folders(
+    tiny_bundle, tmp_path, monkeypatch, capsys
+):
+    """SPECDEC_CACHE=$HOME, whose models/, tmp/, corpus/ are the user's: clear --all removes only
+    what specdec made there, through a link to the folder too, and never the folder itself."""
+    home = tmp_path / "home"
+    for name in ("models", "tmp", "corpus", "teacher"):
+        (home / name).mkdir(parents=True)
+        (home / name / "mine.txt").write_text(name)
+    (home / "models" / "my-model").mkdir()
+    (home / "models" / "my-model" / "weights.bin").write_bytes(b"w")
+    (home / "models" / ".x.partial-1-keep").mkdir()  # looks like a killed conversion's leftover
+    (home / "tmp" / "fetch-1-abc").write_text("a user file that looks like a leftover")
+    link = tmp_path / "cache-link"
+    link.symlink_to(home)
+    for root in (home, link):
+        monkeypatch.setenv("SPECDEC_CACHE", str(root))
+        monkeypatch.chdir(tmp_path)
+        before = sorted(str(p.relative_to(home)) for p in home.rglob("*"))
+        assert cli.main(["cache"]) == 0  # a show changes nothing
+        assert sorted(str(p.relative_to(home)) for p in home.rglob("*")) == before
+        assert "my-model" not in capsys.readouterr().out  # not a conversion of specdec's
+        bundled.resolve_model("tiny")  # specdec writes its conversion into the user's models/
+        assert cli.main(["cache", "clear", "--all"]) == 0
+        for name in ("models", "tmp", "corpus", "teacher"):
+            assert (home / name / "mine.txt").read_text() == name
+        assert (home / "models" / "my-model" / "weights.bin").read_bytes() == b"w"
+        assert (home / "models" / ".x.partial-1-keep").is_dir()
+        assert (home / "tmp" / "fetch-1-abc").is_file()
+        assert not (home / "tuning").exists()  # specdec made that one: it went
+        assert home.is_dir()
+    monkeypatch.setenv("SPECDEC_CACHE", ".")
+    monkeypatch.chdir(home)
+    assert cli.main(["cache", "clear", "--all"]) == 0 and (home / "models" / "mine.txt").is_file()
 
 
 def test_clearing_a_model_that_is_a_link_removes_the_link_only(tiny_bundle, tmp_path):

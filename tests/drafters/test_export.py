@@ -27,6 +27,7 @@ import pytest
 import specdec
 from specdec.cli.main import main
 from specdec.errors import InvalidInputError
+from specdec.models.outfolder import WRITTEN
 from specdec.plugins.export import detect_layout, export, import_drafter
 from specdec.plugins.registry import default_registry
 from specdec.types import DraftContext
@@ -49,6 +50,11 @@ def _safetensors(path: Path) -> tuple[dict[str, np.ndarray], dict]:
     with safe_open(str(path), framework="np") as handle:
         metadata = handle.metadata() or {}
     return dict(load_file(str(path))), metadata
+
+
+def _files(out: Path) -> list[str]:
+    """The files an engine reads: all but specdec's record of what it wrote (a hidden file)."""
+    return sorted(p.name for p in out.iterdir() if p.name != WRITTEN)
 
 
 # ---------------------------------------------------------- upstream expectations, from their code
@@ -176,7 +182,7 @@ def test_apple_layout_is_what_apple_and_tensorrt_llm_load(name, drafters, model_
     out = export(
         drafters[name], "apple", tmp_path / "out", model=model_dir, drop_shortlist=True
     ).path
-    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
+    assert _files(out) == ["config.json", "model.safetensors"]
     config = json.loads((out / "config.json").read_text())
     # configuration_drafter.DrafterConfig fields, and AutoModel's registration key
     assert config["model_type"] == "recurrent_drafting_drafter"
@@ -251,7 +257,7 @@ def test_apple_layout_computes_apples_drafter(drafters, model_dir, tmp_path):
 @pytest.mark.parametrize("name", ["medusa_full", "medusa_tied"])
 def test_fasterdecoding_layout_is_what_tensorrt_llm_loads(name, drafters, model_dir, tmp_path):
     out = export(drafters[name], "fasterdecoding", tmp_path / "out", model=model_dir).path
-    assert sorted(p.name for p in out.iterdir()) == ["config.json", "medusa_lm_head.safetensors"]
+    assert _files(out) == ["config.json", "medusa_lm_head.safetensors"]
     config = json.loads((out / "config.json").read_text())
     source, _ = load_medusa_checkpoint(drafters[name])
     # FasterDecoding's MedusaConfig fields; TensorRT-LLM reads medusa_num_heads / medusa_num_layers
@@ -283,7 +289,7 @@ def test_fasterdecoding_layout_is_what_tensorrt_llm_loads(name, drafters, model_
 @pytest.mark.parametrize("name", ["medusa_full", "medusa_tied"])
 def test_vllm_layout_is_what_vllm_loads(name, drafters, model_dir, tmp_path):
     out = export(drafters[name], "vllm", tmp_path / "out", model=model_dir, choices="chain").path
-    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
+    assert _files(out) == ["config.json", "model.safetensors"]
     config = json.loads((out / "config.json").read_text())
     source, _ = load_medusa_checkpoint(drafters[name])
     assert config["model_type"] == "medusa" and config["architectures"] == ["MedusaModel"]
