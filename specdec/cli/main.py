@@ -522,12 +522,29 @@ def cmd_train(args) -> int:
         raise InvalidInputError("give a training budget: --minutes N or --steps N")
     require("torch", extra="train", feature="specdec train")
     require("transformers", extra="train", feature="specdec train")
+    decoding = {
+        "--prompts": args.prompts,
+        "--heldout-prompts": args.heldout_prompts,
+        "--prompt-text-prompts": args.prompt_text_prompts,
+        "--prompt-mix": args.prompt_mix,
+        "--max-new-tokens": args.max_new_tokens,
+    }
+    given = [flag for flag, value in decoding.items() if value is not None]
+    if args.data and given:
+        raise InvalidInputError(
+            f"--data learns from the sequences given, and {', '.join(given)} set(s) how prompts "
+            "are decoded instead: give one or the other"
+        )
+    if not args.data and (args.heldout_sequences is not None or args.max_positions is not None):
+        raise InvalidInputError(
+            "--heldout-sequences and --max-positions apply to --data FILE (sequences to learn from)"
+        )
     options = dict(
         steps=args.steps,
         minutes=args.minutes,
-        prompts=args.prompts,
-        heldout_prompts=args.heldout_prompts,
-        max_new_tokens=args.max_new_tokens,
+        prompts=640 if args.prompts is None else args.prompts,
+        heldout_prompts=64 if args.heldout_prompts is None else args.heldout_prompts,
+        max_new_tokens=128 if args.max_new_tokens is None else args.max_new_tokens,
         batch_size=args.batch_size,
         lr=args.lr,
         teacher_dtype=args.teacher_dtype,
@@ -542,7 +559,24 @@ def cmd_train(args) -> int:
         save_dtype=args.save_dtype,
         bf16=args.bf16,
         negatives=args.negatives or None,
-        prompt_text_prompts=args.prompt_text_prompts,
+        prompt_text_prompts=(
+            0
+            if args.data
+            else 1024
+            if args.prompt_text_prompts is None
+            else args.prompt_text_prompts
+        ),
+        **(
+            {
+                "data": args.data,
+                "heldout_sequences": 64
+                if args.heldout_sequences is None
+                else args.heldout_sequences,
+                "max_positions": args.max_positions,
+            }
+            if args.data
+            else {}
+        ),
         shortlist=(args.spec.default_shortlist if args.shortlist is None else args.shortlist),
         keep_init_shortlist=args.shortlist is None,
         init=args.init,
@@ -586,23 +620,53 @@ def _add_train_parser(train: argparse.ArgumentParser, spec) -> None:
         help="with --resume: accept settings that differ from the saved run's (both are recorded)",
     )
     train.add_argument(
-        "--prompts", type=int, default=640, help="training prompts decoded for the teacher data"
+        "--data",
+        action="append",
+        default=None,
+        metavar="FILE",
+        help="learn from these sequences instead of decoding prompts (repeatable): .npz token "
+        "sequences (tokens, prompt_lengths, response_lengths; what `specdec teacher` writes) or "
+        ".jsonl chats ({\"messages\": [...]} per line, e.g. a service's logs); one "
+        "teacher-forced forward per sequence, answer positions only, cached with resume",
+    )
+    train.add_argument(
+        "--heldout-sequences",
+        type=int,
+        default=None,
+        help="with --data: sequences held out for evaluation (default 64)",
+    )
+    train.add_argument(
+        "--max-positions",
+        type=int,
+        default=None,
+        help="with --data: train on the first sequences up to this many answer positions "
+        "(default: all)",
+    )
+    train.add_argument(
+        "--prompts",
+        type=int,
+        default=None,
+        help="training prompts decoded for the teacher data (default 640)",
     )
     train.add_argument(
         "--heldout-prompts",
         type=int,
-        default=64,
-        help="held-out prompts (same prompt mix, documents and topics no training prompt uses)",
+        default=None,
+        help="held-out prompts (same prompt mix, documents and topics no training prompt uses; "
+        "default 64)",
     )
     train.add_argument(
         "--prompt-text-prompts",
         type=int,
-        default=1024,
+        default=None,
         help="more prompts whose prompt text (teacher-forced) and first 16 tokens are training "
-        "data",
+        "data (default 1024)",
     )
     train.add_argument(
-        "--max-new-tokens", type=int, default=128, help="teacher continuation length"
+        "--max-new-tokens",
+        type=int,
+        default=None,
+        help="teacher continuation length (default 128)",
     )
     train.add_argument("--batch-size", type=int, default=64, help="positions per optimiser step")
     train.add_argument(

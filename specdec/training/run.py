@@ -78,6 +78,9 @@ def train_drafter(
     loop_data: Callable | None = None,
     report_training: dict | None = None,
     teacher_layers: tuple = (),
+    data=None,
+    heldout_sequences: int = 64,
+    max_positions: int | None = None,
 ) -> dict:
     """Distil a ``kind`` drafter for ``model`` into folder ``out``; returns the report (also saved).
 
@@ -98,6 +101,11 @@ def train_drafter(
     ``shortlist``: when > 0, the drafter drafts from that many token ids, the ones with the most
     teacher mass in the training data (``specdec.drafting.shortlist.choose_shortlist``).
     ``prompt_mix``: corpus chats, self-instruct chats and plain text (``build_teacher_data``).
+
+    ``data``: files of token sequences (.npz) or chats (.jsonl) to learn from instead of decoding
+    prompts (``specdec.training.sequences``): one teacher-forced forward of the target per
+    sequence makes the records of its answer positions; ``heldout_sequences`` of them are held
+    out, and training uses the others up to ``max_positions`` answer positions (None: all).
 
     ``init``: a checkpoint folder of this drafter kind, trained for this target, whose weights
     (and vocabulary shortlist, unless ``keep_init_shortlist`` is False: then ``shortlist`` ids are
@@ -122,10 +130,18 @@ def train_drafter(
     if threads:
         torch.set_num_threads(threads)
     out = Path(out)
+    sequence_files = None if data is None else [str(Path(f).expanduser().resolve()) for f in data]
     identity = {
         "model": _model_key(model),
-        "prompts": prompts,
-        "heldout_prompts": heldout_prompts,
+        **(
+            {
+                "data": sequence_files,
+                "heldout_sequences": heldout_sequences,
+                "max_positions": max_positions,
+            }
+            if data is not None
+            else {"prompts": prompts, "heldout_prompts": heldout_prompts}
+        ),
         "max_new_tokens": max_new_tokens,
         "top_k": top_k,
         "teacher_dtype": teacher_dtype,
@@ -158,23 +174,39 @@ def train_drafter(
     target = load_teacher_target(model, dtype=teacher_dtype)
     times["load_target"] = time.perf_counter() - began
 
-    datasets, teacher_stats, teacher_times = build_teacher_data(
-        target,
-        prompts=prompts,
-        heldout_prompts=heldout_prompts,
-        max_new_tokens=max_new_tokens,
-        top_k=top_k,
-        teacher_batch_size=teacher_batch_size,
-        seed=seed,
-        cache=cache,
-        corpus=corpus,
-        prompt_source=prompt_source,
-        hidden_dtype=hidden_dtype,
-        prompt_text_prompts=prompt_text_prompts,
-        prompt_mix=prompt_mix,
-        progress=progress,
-        layers=teacher_layers,
-    )
+    if data is not None:
+        from specdec.training.sequences import SequenceSettings, sequence_datasets
+
+        datasets, teacher_stats, teacher_times = sequence_datasets(
+            target,
+            sequence_files,
+            heldout=heldout_sequences,
+            max_positions=max_positions,
+            seed=seed,
+            settings=SequenceSettings(
+                top_k=top_k, layers=teacher_layers, hidden_dtype=hidden_dtype
+            ),
+            cache=cache_entry("teacher", cache),
+            progress=progress,
+        )
+    else:
+        datasets, teacher_stats, teacher_times = build_teacher_data(
+            target,
+            prompts=prompts,
+            heldout_prompts=heldout_prompts,
+            max_new_tokens=max_new_tokens,
+            top_k=top_k,
+            teacher_batch_size=teacher_batch_size,
+            seed=seed,
+            cache=cache,
+            corpus=corpus,
+            prompt_source=prompt_source,
+            hidden_dtype=hidden_dtype,
+            prompt_text_prompts=prompt_text_prompts,
+            prompt_mix=prompt_mix,
+            progress=progress,
+            layers=teacher_layers,
+        )
     times.update(teacher_times)
     teacher = teacher_stats.pop("settings")
 

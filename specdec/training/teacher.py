@@ -321,6 +321,7 @@ def greedy_teacher(
     prompt_from: int | None = None,
     layers: Sequence[int] = (),
     progress: Callable[[int], None] | None = None,
+    exact: bool = False,
 ) -> TeacherData:
     """Decode every prompt greedily with ``model`` (a ``transformers`` Llama-family causal LM) and
     collect the teacher data of each continuation position (module docstring).
@@ -334,7 +335,7 @@ def greedy_teacher(
     ``next_tokens`` is the prompt's next token); each sequence then runs through the prompt into
     the continuation. ``layers``: also keep the outputs of these decoder layers (ascending,
     distinct) at every kept position, returned by the same forwards. ``progress(n)`` is called
-    with the number of tokens each forward produced.
+    with the number of tokens each forward produced. ``exact``: decode in exact mode.
     """
     if not prompts:
         raise ValueError("greedy_teacher needs at least one prompt")
@@ -342,6 +343,7 @@ def greedy_teacher(
         model,
         slots=min(batch_size, len(prompts)),
         capacity=max(len(p) for p in prompts) + max_new_tokens,
+        exact=exact,
     )
     eos = set(int(t) for t in eos_token_ids)
     layers = tuple(int(i) for i in layers)
@@ -413,10 +415,16 @@ def _stack_layers(outputs, layers: tuple, *, column: int | None = None) -> torch
     )
 
 
-def _decoding_target(model, *, slots: int, capacity: int):
-    """The torch backend's ``TargetModel`` over ``model``'s own weights."""
+def _decoding_target(model, *, slots: int, capacity: int, exact: bool = False):
+    """The torch backend's ``TargetModel`` over ``model``'s own weights; ``exact``: in exact mode
+    (``specdec.tuning.exactness``; an error where this machine's kernels cannot keep it)."""
     backend = default_registry().get("backend", "torch").factory()
-    return backend.load_target(model, slots=slots, capacity=capacity)
+    target = backend.load_target(model, slots=slots, capacity=capacity)
+    if exact:
+        from specdec.tuning.exactness import configure
+
+        configure(target, True, backend="torch")
+    return target
 
 
 def _root_trees(tokens: Sequence[int]) -> DraftTree:
