@@ -22,6 +22,7 @@ from specdec.cli.cache import add_parser as add_cache_parser
 from specdec.cli.export import add_parser as add_export_parsers
 from specdec.cli.options import DRAFTER_HELP, drafter_options
 from specdec.cli.serve import add_parser as add_serve_parser
+from specdec.cli.teacher import add_parser as add_teacher_parser
 from specdec.drafting.lookup import DEFAULT_DRAFT_LENGTH
 from specdec.errors import InvalidInputError, SpecdecError, TrainingInterrupted, require
 from specdec.generation.api import load_backend, planned_options, prepare
@@ -856,6 +857,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_cache_parser(sub)
     add_export_parsers(sub)
     add_serve_parser(sub)
+    add_teacher_parser(sub)
     plugins = sub.add_parser(
         "plugins", help="list installed backends, drafters, tree builders and verifiers"
     )
