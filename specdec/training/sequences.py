@@ -44,7 +44,13 @@ from specdec.errors import InvalidInputError
 from specdec.generation.chat import is_messages, render_chat
 from specdec.training.teacher import TeacherData, _decoding_target, _stack_layers
 
-__all__ = ["SequenceSet", "SequenceSettings", "read_sequences", "sequence_datasets"]
+__all__ = [
+    "SequenceSet",
+    "SequenceSettings",
+    "read_sequences",
+    "sequence_datasets",
+    "sequence_records",
+]
 
 SEQUENCES_VERSION = 1
 
@@ -339,15 +345,16 @@ def _shard_file(cache: Path, key: dict) -> Path:
     return cache / f"sequences-{digest}.safetensors"
 
 
-def _cached_records(
+def _ensure_shard(
     target, sequences: SequenceSet, indices, key: dict, settings, cache: Path, stats, progress
-) -> TeacherData:
-    """The records of ``indices`` (one shard), read from ``cache`` or computed and saved there."""
+) -> Path:
+    """The cache file of the records of ``indices`` (one shard), computed and saved when it is
+    missing or lacks a layer asked for; nothing is kept in memory."""
     file = _shard_file(cache, key)
     stored = TeacherData.stored_layers(file) if file.is_file() else None
     if stored is not None and set(settings.layers) <= set(stored):
         stats["shards_reused"] += 1
-        return TeacherData.load(file, layers=settings.layers)
+        return file
     began = time.perf_counter()
     data = teacher_forced(
         target,
@@ -363,10 +370,10 @@ def _cached_records(
         sum(len(sequences.prompts[i]) + len(sequences.answers[i]) for i in indices)
     )
     stats["seconds"] += time.perf_counter() - began
-    return data
+    return file
 
 
-def sequence_datasets(
+def sequence_records(
     target,
     paths: Sequence,
     *,
@@ -377,9 +384,10 @@ def sequence_datasets(
     cache: Path,
     progress: bool = True,
 ) -> tuple[dict, dict, dict]:
-    """(datasets {"train", "heldout"}, stats, wall seconds per stage) from the sequences in
-    ``paths``: ``heldout`` sequences held out, the training ones in order until their answer
-    positions reach ``max_positions`` (None: all)."""
+    """Make sure the record shards of the sequences in ``paths`` are in ``cache`` (computing the
+    missing ones) without holding them: -> ({split: (shard files, sequences wanted)}, stats,
+    wall seconds per stage). ``heldout`` sequences are held out; the training ones are taken in
+    order until their answer positions reach ``max_positions`` (None: all)."""
     from tqdm.auto import tqdm
 
     times, began = {}, time.perf_counter()
@@ -395,16 +403,14 @@ def sequence_datasets(
         "heldout": heldout,
         **settings.key(dtype),
     }
-    datasets, stats = (
-        {},
-        {
-            "shards_reused": 0,
-            "shards_made": 0,
-            "positions_made": 0,
-            "tokens_forwarded": 0,
-            "seconds": 0.0,
-        },
-    )
+    stats = {
+        "shards_reused": 0,
+        "shards_made": 0,
+        "positions_made": 0,
+        "tokens_forwarded": 0,
+        "seconds": 0.0,
+    }
+    splits = {}
     size = lambda i: len(sequences.prompts[i]) + len(sequences.answers[i])
     for name, indices, limit in (("heldout", held, None), ("train", order, max_positions)):
         began = time.perf_counter()
@@ -420,20 +426,17 @@ def sequence_datasets(
         else:
             wanted = len(indices)
         total = int(sum(size(i) for shard in shards for i in shard))
-        parts = []
+        files = []
         with tqdm(total=total, disable=not progress, unit="tok", desc=f"records {name}") as bar:
             for number, shard in enumerate(shards):
                 key = {**base, "split": name, "shard": number, "size": len(shard)}
                 reused = stats["shards_reused"]
-                parts.append(
-                    _cached_records(
-                        target, sequences, shard, key, settings, cache, stats, bar.update
-                    )
+                files.append(
+                    _ensure_shard(target, sequences, shard, key, settings, cache, stats, bar.update)
                 )
                 if stats["shards_reused"] > reused:
                     bar.update(int(sum(size(i) for i in shard)))
-        data = TeacherData.concat(parts) if len(parts) > 1 else parts[0]
-        datasets[name] = first_sequences(data, wanted)
+        splits[name] = (files, wanted)
         times[f"records_{name}"] = time.perf_counter() - began
     if stats["seconds"]:
         stats["positions_per_second"] = round(stats["positions_made"] / stats["seconds"], 1)
@@ -446,10 +449,27 @@ def sequence_datasets(
             "sequences": len(sequences),
             "repeated_prompts_dropped": sequences.dropped_repeats,
             "heldout_sequences": len(held),
+            "settings": {**attrs.asdict(settings), "dtype": dtype},
+        }
+    )
+    return splits, stats, times
+
+
+def sequence_datasets(target, paths: Sequence, *, settings=SequenceSettings(), **options):
+    """(datasets {"train", "heldout"}, stats, wall seconds per stage): ``sequence_records``'s
+    shards (made where missing) loaded as ``TeacherData``."""
+    splits, stats, times = sequence_records(target, paths, settings=settings, **options)
+    began = time.perf_counter()
+    datasets = {
+        name: first_sequences(TeacherData.load_many(files, layers=settings.layers), wanted)
+        for name, (files, wanted) in splits.items()
+    }
+    times["load_records"] = time.perf_counter() - began
+    stats.update(
+        {
             "train_sequences": datasets["train"].num_sequences,
             "train_positions": datasets["train"].num_positions,
             "heldout_positions": datasets["heldout"].num_positions,
-            "settings": {**attrs.asdict(settings), "dtype": dtype},
         }
     )
     return datasets, stats, times

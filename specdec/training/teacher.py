@@ -183,6 +183,46 @@ class TeacherData:
         save_file(tensors, str(partial), metadata=header)
         partial.replace(path)
 
+    @classmethod
+    def load_many(cls, paths: Sequence[Path], *, layers: Sequence[int] = ()) -> "TeacherData":
+        """The data of several files, joined as ``concat`` joins them, filled into tensors
+        allocated once (no second copy of gigabytes of records while joining)."""
+        layers = tuple(int(i) for i in layers)
+        if len(paths) == 1:
+            return cls.load(paths[0], layers=layers)
+        shapes, stored = [], []
+        for path in paths:
+            with safe_open(str(path), framework="pt") as handle:
+                shapes.append({name: handle.get_slice(name).get_shape() for name in handle.keys()})
+                stored.append(tuple(json.loads((handle.metadata() or {}).get("layers", "[]"))))
+            if not set(layers) <= set(stored[-1]):
+                raise ValueError(
+                    f"{path} holds decoder layers {list(stored[-1])}, not all of {list(layers)}"
+                )
+        total = sum(shape["next_tokens"][0] for shape in shapes)
+        first = cls.load(paths[0])
+        width, top = first.hidden.shape[1], first.label_ids.shape[1]
+        out = {
+            "hidden": torch.empty((total, width), dtype=first.hidden.dtype),
+            "next_tokens": torch.empty(total, dtype=torch.long),
+            "label_ids": torch.empty((total, top), dtype=torch.long),
+            "label_probs": torch.empty((total, top), dtype=first.label_probs.dtype),
+            "remaining": torch.empty(total, dtype=torch.long),
+            "sequence": torch.empty(total, dtype=torch.long),
+        }
+        if layers:
+            out["layers"] = torch.empty((total, len(layers), width), dtype=first.hidden.dtype)
+        start, offset = 0, 0
+        for path in paths:
+            part = cls.load(path, layers=layers)
+            end = start + part.num_positions
+            for name in out:
+                value = getattr(part, name)
+                out[name][start:end] = value + offset if name == "sequence" else value
+            start, offset = end, offset + part.num_sequences
+            del part
+        return cls(**out, layer_ids=layers if layers else ())
+
     @staticmethod
     def stored_layers(path: Path) -> tuple:
         """The decoder layers whose outputs the file at ``path`` holds (() for none)."""
