@@ -101,6 +101,18 @@ class RequestObserver(Protocol):
 
 
 @runtime_checkable
+class SlotView(Protocol):
+    """Optional, for stateful drafters: what the state kept for a slot stands for, so that the
+    conformance kit can hold it to the request (``specdec.testing.checks.check_slot_views``)."""
+
+    def slot_tokens(self, slot: int) -> Sequence[int]:
+        """The tokens the state of the request in ``slot`` covers, in order: its prompt (after
+        ``begin``), then every token ``observe`` committed (each step's root and accepted
+        drafted tokens, not the bonus token, which is the next step's root). At a ``propose``
+        that is the row's ``DraftContext.history`` without its last token."""
+
+
+@runtime_checkable
 class TreeBuilder(Protocol):
     """Turns a draft into the token tree the target verifies."""
 

@@ -3,6 +3,7 @@ alike, and ``SlotTarget``, the shell the targets of this repository share around
 
 from __future__ import annotations
 
+import os
 from typing import Sequence
 
 import attrs
@@ -20,9 +21,37 @@ TREE_ROOM = 256  # positions a slot keeps beyond prompt + new tokens for the las
 PREFILL_CHUNK = 512
 
 
-def check_slot_arguments(slots, capacity, context_length: int) -> tuple[int, int]:
+def machine_memory() -> int | None:
+    """This machine's physical memory in bytes, or None where the system does not say."""
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE")) * int(os.sysconf("SC_PHYS_PAGES"))
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def _bytes(count: int) -> str:
+    """1234567 -> '1.2 MiB'."""
+    size, unit = float(count), "bytes"
+    for unit in ("bytes", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"):
+        if size < 1024 or unit == "EiB":
+            break
+        size /= 1024
+    return f"{size:.1f} {unit}" if unit != "bytes" else f"{count} bytes"
+
+
+def check_slot_arguments(
+    slots,
+    capacity,
+    context_length: int,
+    *,
+    position_bytes: int | None = None,
+    memory: int | None = None,
+    where: str = "this machine's memory",
+) -> tuple[int, int]:
     """(slots, capacity) of a target being loaded; capacity None means the model's context length,
-    at most DEFAULT_CAPACITY."""
+    at most DEFAULT_CAPACITY. With ``position_bytes`` (what one position of one slot takes in the
+    KV cache), sizes whose cache cannot fit ``memory`` bytes (None: this machine's physical
+    memory; ``where`` names it) are refused before it is allocated."""
     if isinstance(slots, bool) or not isinstance(slots, (int, np.integer)) or slots < 1:
         raise InvalidInputError(
             f"slots must be a positive integer (requests decoded at once), got {slots!r}"
@@ -33,7 +62,17 @@ def check_slot_arguments(slots, capacity, context_length: int) -> tuple[int, int
         raise InvalidInputError(
             f"capacity must be an integer >= 2 (positions per slot), got {capacity!r}"
         )
-    return int(slots), int(capacity)
+    slots, capacity = int(slots), int(capacity)
+    limit = memory if memory is not None else machine_memory()
+    if position_bytes and limit:
+        need = slots * capacity * int(position_bytes)
+        if need > limit:
+            raise InvalidInputError(
+                f"slots={slots} and capacity={capacity} need a KV cache of {need} bytes "
+                f"({_bytes(need)}), more than {where} ({_bytes(limit)}): load the target with "
+                "fewer slots or a smaller capacity"
+            )
+    return slots, capacity
 
 
 def check_prompt(prompt: Sequence[int], vocab_size: int) -> np.ndarray:
@@ -281,6 +320,30 @@ LOWER_OPTIONS = (
     "lower the drafter's tree options (W beams of length L make 1 + W * (L - 1) "
     "nodes, e.g. --beam-width 4 --beam-length 5)"
 )
+
+
+def lower_options(spec, *, lookup: bool = False) -> str:
+    """How to make a drafter's trees smaller, in its own settings (``check_tree_room``'s
+    ``lower``): a beam drafter's width and length (``LOWER_OPTIONS``); a tree drafter's
+    ``DrafterSpec.tree_options`` (EAGLE's and EAGLE-3's trees hold total_tokens + 1 nodes);
+    ``lookup``: a prompt-lookup beam rides beside it, whose length adds to the tree."""
+    names = tuple(getattr(spec, "tree_options", None) or ())
+    if spec is None or getattr(spec, "beam_options", False) or not names:
+        advice = LOWER_OPTIONS
+    elif "total_tokens" in names:
+        advice = (
+            f"lower the drafter's tree settings ({', '.join(names)}; its own tree holds "
+            f"total_tokens + 1 nodes), e.g. total_tokens=12, depth=4 (--drafter "
+            f"{spec.name}:total_tokens=12,depth=4)"
+        )
+    else:
+        advice = f"lower the drafter's tree settings ({', '.join(names)})"
+    if lookup:
+        advice += (
+            "; the prompt-lookup beam beside it adds its length (lookup=False or a shorter "
+            "lookup, --no-lookup or --lookup-length)"
+        )
+    return advice
 
 
 def check_tree_room(

@@ -15,9 +15,17 @@ itself. ``load_pip_openblas`` gives it the libgfortran the ``mlx[cpu]`` wheel bu
 that one first, then the OpenBLAS through a link in a private temporary folder that also holds a
 ``libgfortran.so.5`` link to it (the loader sees the same file, already loaded), and removes the
 folder. Where that package is missing, a system OpenBLAS is loaded instead.
-Every BLAS call of that process then goes to OpenBLAS, torch's float32 matrix products included
-(several times slower than torch's own MKL on a busy 2-core machine), so it is done only in
-processes that use the mlx backend, never at import or plugin registration.
+A library in the global scope also takes the BLAS calls of every native library loaded after it
+that names the same functions: torch's wheels build MKL into ``libtorch_cpu.so`` and call it by
+its exported names (``sgemm_``, ``cblas_sgemm_batch``), which bind, when the library loads, to
+the first definition in the global scope. A torch loaded after the OpenBLAS therefore ran its
+float32 products on it: more slowly than on MKL, and its batched products (attention's) in
+OpenBLAS 0.3.33's ``cblas_sgemm_batch``, which crashed the process (SIGSEGV in its small-matrix
+path). So ``keep_torch_on_its_blas`` first loads torch's native library (without importing
+torch, which would take seconds), whose calls then stay bound to its own MKL whatever is loaded
+later; MLX alone binds to the OpenBLAS. It is still done only in processes that use the mlx
+backend, never at import or plugin registration, and a BLAS preloaded by the user
+(``LD_PRELOAD``) takes torch's calls as before.
 
 ``$SPECDEC_MLX_BLAS`` names a BLAS library to load instead, ``system`` to prefer the system's
 OpenBLAS, or ``bundled`` to keep MLX's own.
@@ -38,10 +46,12 @@ from pathlib import Path
 
 __all__ = [
     "blas_hint",
+    "keep_torch_on_its_blas",
     "load_pip_openblas",
     "pip_openblas",
     "prefer_system_blas",
     "system_blas_candidates",
+    "torch_native_libraries",
 ]
 
 VARIABLE = "SPECDEC_MLX_BLAS"
@@ -98,6 +108,34 @@ def load_pip_openblas(libraries: tuple[str, str]) -> None:
         shutil.rmtree(folder, ignore_errors=True)
 
 
+def torch_native_libraries() -> list[str]:
+    """torch's native library that carries its BLAS (``torch/lib/libtorch_cpu.so``), found without
+    importing torch; empty when torch is not installed (or is laid out otherwise)."""
+    folder = _package_folder("torch")
+    return sorted(glob.glob(str(folder / "lib" / "libtorch_cpu.so*"))) if folder else []
+
+
+def keep_torch_on_its_blas() -> None:
+    """Bind torch's BLAS calls to its own library before another BLAS enters the global scope
+    (module docstring): load ``libtorch_cpu.so`` now, resolving every symbol at once
+    (``RTLD_NOW``) and privately (``RTLD_LOCAL``); a later ``import torch`` finds it loaded. Nothing
+    to do when torch is not installed or already imported; where its library is not found or does
+    not load, torch is imported instead."""
+    if "torch" in sys.modules or importlib.util.find_spec("torch") is None:
+        return
+    for library in torch_native_libraries():
+        try:
+            _state["torch"] = ctypes.CDLL(library, mode=os.RTLD_NOW | os.RTLD_LOCAL)
+        except OSError:
+            break
+        else:
+            return
+    try:
+        import torch  # noqa: F401  # optional: torch (torch extra)
+    except (ImportError, OSError):  # a torch that does not load: nothing of it to keep bound
+        pass
+
+
 def prefer_system_blas() -> str | None:
     """Load an OpenBLAS into the global symbol scope before MLX loads: the one named by
     ``$SPECDEC_MLX_BLAS``, else the pip package's (``pip_openblas``; unless the variable says
@@ -111,6 +149,7 @@ def prefer_system_blas() -> str | None:
         return None
     if importlib.util.find_spec("mlx") is None:
         return None
+    keep_torch_on_its_blas()
     if not choice:
         wheel = pip_openblas()
         if wheel is not None:

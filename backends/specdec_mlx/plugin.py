@@ -12,9 +12,9 @@ from specdec_mlx.blas import prefer_system_blas
 
 
 def _backend():
-    """The mlx backend; on Linux the system OpenBLAS is loaded for MLX first (``specdec_mlx.blas``):
-    only in processes that ask for this backend, since every BLAS call of the process, torch's
-    float32 products included, then goes to it."""
+    """The mlx backend; on Linux an OpenBLAS is loaded for MLX first (``specdec_mlx.blas``, torch's
+    native library before it so that torch keeps its own BLAS): only in processes that ask for
+    this backend, since native libraries loaded later that call BLAS by name then get it."""
     prefer_system_blas()
     return lazy_factory("mlx", "specdec_mlx.backend:MlxBackend", feature="the mlx backend")()
 

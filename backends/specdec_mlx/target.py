@@ -130,7 +130,16 @@ class MlxTarget(SlotTarget):
             (1.0 / rotary_inverse_frequencies(config)).astype(np.float32)
         )  # (Dh/2,)
         self._scale = 1.0 / math.sqrt(config.head_dim)
-        slots, capacity = check_slot_arguments(slots, capacity, config.max_position_embeddings)
+        slots, capacity = check_slot_arguments(
+            slots,
+            capacity,
+            config.max_position_embeddings,
+            position_bytes=config.num_hidden_layers
+            * 2
+            * config.num_key_value_heads
+            * config.head_dim
+            * dtype.size,
+        )
         self.cache = MlxKVCache(
             num_layers=config.num_hidden_layers,
             num_kv_heads=config.num_key_value_heads,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from pathlib import Path
 from typing import Any
@@ -11,6 +10,8 @@ from typing import Any
 import mlx.core as mx
 import numpy as np
 from mlx.utils import tree_flatten
+
+from specdec.models.files import read_json
 
 __all__ = ["fingerprint_of", "weight_files"]
 
@@ -24,7 +25,9 @@ def weight_files(folder: Path) -> list[Path]:
     if index.is_file():
         return [
             folder / shard
-            for shard in sorted(set(json.loads(index.read_text())["weight_map"].values()))
+            for shard in sorted(
+                set(read_json(index, what="weights index").get("weight_map", {}).values())
+            )
         ]
     raise FileNotFoundError(
         f"no weights in {str(folder)!r}: expected model.safetensors or an index of shards"

@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from specdec.tuning.dtype import cpu_flags
-from specdec_torch.device import default_device, describe_device
+from specdec_torch.device import check_device, default_device, describe_device
 from specdec_torch.loading import load_torch_target
 
 __all__ = ["TorchBackend"]
@@ -43,7 +43,7 @@ class TorchBackend:
         on a CPU (bfloat16 halves the bytes read, but is fast only with bf16 instructions, so it is
         measured, never assumed), float16 too where the CPU has half-precision arithmetic;
         bfloat16 and float16 on CUDA; float16 and float32 on MPS."""
-        resolved = torch.device(device) if device is not None else default_device()
+        resolved = check_device(device) if device is not None else default_device()
         if resolved.type == "cuda":
             return ("bfloat16", "float16") if torch.cuda.is_bf16_supported() else ("float16",)
         if resolved.type == "mps":

@@ -11,7 +11,6 @@ of the stored tensors, their shapes and their float32 bytes, read from the folde
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from pathlib import Path
 from typing import Any, Iterable
@@ -20,8 +19,9 @@ import torch
 from safetensors import safe_open
 
 from specdec.errors import InvalidInputError, require
+from specdec.models.files import read_json
 from specdec.models.llama import SUPPORTED_MODEL_TYPES, LlamaConfig, load_tokenizer
-from specdec_torch.device import default_device
+from specdec_torch.device import check_device, default_device
 from specdec.reference.weights import check_weights_header
 from specdec_torch.target import TorchTarget
 
@@ -74,7 +74,7 @@ def _folder_tensors(folder: Path):
     """(name, tensor) of every tensor stored in the folder's safetensors file(s)."""
     files = [folder / "model.safetensors"]
     if not files[0].is_file():
-        index = json.loads((folder / "model.safetensors.index.json").read_text())
+        index = read_json(folder / "model.safetensors.index.json", what="weights index")
         files = [folder / shard for shard in sorted(set(index.get("weight_map", {}).values()))]
     for file in files:
         with safe_open(str(file), framework="pt") as handle:
@@ -190,7 +190,7 @@ def load_torch_target(
     sized = dict(slots=slots, capacity=capacity)
     if isinstance(source, TorchTarget):
         wanted_dtype = None if dtype is None else resolve_dtype(dtype, source.device)
-        wanted_device = None if device is None else torch.device(device)
+        wanted_device = None if device is None else check_device(device)
         other_device = wanted_device is not None and (
             wanted_device.type != source.device.type
             or wanted_device.index not in (None, source.device.index)
@@ -202,7 +202,7 @@ def load_torch_target(
             )
         return source
     if isinstance(source, torch.nn.Module):
-        resolved_device = None if device is None else torch.device(device)
+        resolved_device = None if device is None else check_device(device)
         return _from_module(
             source,
             None if dtype is None else resolve_dtype(dtype, torch.device("cpu")),
@@ -210,7 +210,7 @@ def load_torch_target(
             **sized,
         )
     if isinstance(source, (str, os.PathLike)):
-        resolved_device = torch.device(device) if device is not None else default_device()
+        resolved_device = check_device(device) if device is not None else default_device()
         return _from_folder(source, resolve_dtype(dtype, resolved_device), resolved_device, **sized)
     raise InvalidInputError(
         "the torch backend loads a model folder, a transformers model or a TorchTarget; got "

@@ -24,6 +24,7 @@ from specdec.errors import InvalidInputError
 from specdec.reference import packing
 from specdec.slots import SlotTarget, check_commit, check_forward, check_slot_arguments, check_slots
 from specdec.types import DraftTree, TargetOutput, Verdict
+from specdec_torch.device import device_memory
 from specdec_torch.exact import (
     KernelPlan,
     SplitPlan,
@@ -172,7 +173,19 @@ class TorchTarget(SlotTarget):
         ] * 2
         self._inv_freq = inverse_frequencies(config, self.device)
         self.num_layers = config.num_hidden_layers
-        slots, capacity = check_slot_arguments(slots, capacity, config.max_position_embeddings)
+        memory, where = device_memory(self.device)
+        slots, capacity = check_slot_arguments(
+            slots,
+            capacity,
+            config.max_position_embeddings,
+            position_bytes=config.num_hidden_layers
+            * 2
+            * config.num_key_value_heads
+            * config.head_dim
+            * self.embed_tokens.element_size(),
+            memory=memory,
+            where=where,
+        )
         self.cache = TorchKVCache(
             num_layers=config.num_hidden_layers,
             num_kv_heads=config.num_key_value_heads,

@@ -143,7 +143,7 @@ def make_random_draft_model(
     """A drafter folder for the model at ``model_path``: ``path/model`` is a random model of the
     same architecture and vocabulary (its tokenizer files copied), ``path/config.json`` names it."""
     source = Path(model_path)
-    config = json.loads((source / "config.json").read_text())
+    config = read_json(source / "config.json", what="model config")
     folder = Path(path)
     hidden = hidden_size or max(
         8 * num_heads, (int(config["hidden_size"]) // 2) // (2 * num_heads) * 2 * num_heads

@@ -92,7 +92,8 @@ def random_eagle3_weights(
     """Random float64 weights for ``config`` (Linear layers scaled 1/sqrt(fan_in), norms near 1;
     the LM head reads a normed state, so rows of std logit_std / sqrt(H) give logits of std
     ~``logit_std``). ids: the draft vocabulary's target ids (ascending); by default a random
-    sorted draw of ``draft_vocab_size`` of them."""
+    sorted draw of ``draft_vocab_size`` of them. ``embed_tokens.weight`` and ``input_norm.weight``
+    where the config has them (``own_embedding``, ``norm_before_fc``)."""
     hidden, inner = config.hidden_size, config.intermediate_size
     q_out, kv_out = config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
 
@@ -105,7 +106,7 @@ def random_eagle3_weights(
     if ids is None:
         ids = np.sort(rng.choice(config.vocab_size, size=config.draft_vocab_size, replace=False))
     attn, mlp = "midlayer.self_attn.", "midlayer.mlp."
-    return {
+    weights = {
         "fc.weight": normal((hidden, 3 * hidden), 3 * hidden),
         "midlayer.input_layernorm.weight": norm(),
         "midlayer.hidden_norm.weight": norm(),
@@ -123,6 +124,12 @@ def random_eagle3_weights(
         ),
         "d2t": d2t_from_ids(ids),
     }
+    # drawn last, so that a head without them is the same as before they existed
+    if config.own_embedding:  # rows of unit scale, as a target's embedding feeds a normed layer
+        weights["embed_tokens.weight"] = rng.normal(size=(config.vocab_size, hidden))
+    if config.norm_before_fc:
+        weights["input_norm.weight"] = 1.0 + 0.1 * rng.normal(size=3 * hidden)
+    return weights
 
 
 def make_random_eagle3(

@@ -21,7 +21,16 @@ of size Dh, N the draft vocabulary):
 | ``lm_head.weight`` | (N, H) | the draft's own head over its vocabulary |
 | ``d2t`` | (N,) int | draft id i is target id i + d2t[i], ascending |
 
-The token embedding is the target's (V, H), never stored here.
+Two optional tensors, each present exactly when its config field says so (published heads carry
+them: vLLM's speculators ``Eagle3DraftModel`` saves its ``embed_tokens`` and, with
+``norm_before_fc``, an ``input_norm``; SGLang's EAGLE-3 model defines the same ``input_norm``):
+
+- ``embed_tokens.weight`` (V, H), with ``own_embedding``: the head's token embedding, used
+  instead of the target's;
+- ``input_norm.weight`` (3H,), with ``norm_before_fc``: one RMSNorm over [low ; mid ; high]
+  before ``fc``.
+
+Without ``embed_tokens.weight`` the token embedding is the target's (V, H), not stored here.
 """
 
 from __future__ import annotations
@@ -83,7 +92,10 @@ class Eagle3Config:
     names none): ``default_hidden_layers`` of the target it is loaded for. num_heads, num_kv_heads,
     head_dim, intermediate_size, rope_theta, rms_norm_eps: the draft decoder layer's.
     norm_before_residual: the attention's residual is the normed feature (the speculators
-    variant) instead of the raw one. top_k, depth, total_tokens: the dynamic tree's defaults.
+    variant) instead of the raw one. own_embedding: the head carries its own token embedding
+    (``embed_tokens.weight``), which it drafts with instead of the target's. norm_before_fc: the
+    fused layers pass one RMSNorm (``input_norm.weight``, over all 3H) before ``fc``. top_k, depth,
+    total_tokens: the dynamic tree's defaults.
     target: what the drafter was trained for (name, fingerprint, sizes).
     """
 
@@ -102,6 +114,8 @@ class Eagle3Config:
     norm_before_residual: bool = attrs.field(
         default=False, validator=attrs.validators.instance_of(bool)
     )
+    own_embedding: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
+    norm_before_fc: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
     top_k: int = attrs.field(default=4, validator=_positive_int)
     depth: int = attrs.field(default=4, validator=_positive_int)
     total_tokens: int = attrs.field(default=12, validator=_positive_int)
@@ -157,8 +171,12 @@ class Eagle3Config:
             )
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-serialisable dict (the content of ``config.json``)."""
+        """A JSON-serialisable dict (the content of ``config.json``); ``own_embedding`` and
+        ``norm_before_fc`` only when set, so a head without those tensors is saved as before."""
         data = attrs.asdict(self)
+        for flag in ("own_embedding", "norm_before_fc"):
+            if not data[flag]:
+                del data[flag]
         data["hidden_layers"] = None if self.hidden_layers is None else list(self.hidden_layers)
         return data
 
@@ -172,7 +190,12 @@ class Eagle3Config:
         hidden, inner = self.hidden_size, self.intermediate_size
         q_out, kv_out = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         attn, mlp = "midlayer.self_attn.", "midlayer.mlp."
+        optional = {
+            "embed_tokens.weight": (self.vocab_size, hidden) if self.own_embedding else None,
+            "input_norm.weight": (3 * hidden,) if self.norm_before_fc else None,
+        }
         return {
+            **{name: shape for name, shape in optional.items() if shape is not None},
             "fc.weight": (hidden, 3 * hidden),
             "midlayer.input_layernorm.weight": (hidden,),
             "midlayer.hidden_norm.weight": (hidden,),

@@ -12,7 +12,16 @@ convention (ours).
 ``architectures: ["Eagle3Speculator"]``, ``speculators_model_type: "eagle3"``, a nested
 ``transformer_layer_config``, ``norm_before_residual`` always written
 (vLLM's adapter defaults it to true), ``eagle_aux_hidden_state_layer_ids`` in vLLM's input-of-layer
-convention (ours + 1), tensors as above with ``midlayer.`` renamed ``layers.0.``.
+convention (ours + 1), tensors as above with ``midlayer.`` renamed ``layers.0.``;
+``speculators_config.verifier.name_or_path`` names the target as vLLM resolves it
+(``verifier_name``: a bundled model's hub id, or the ``model`` given).
+
+Both layouts may carry two optional tensors, read and written as the authors' trainers save them
+(vLLM speculators' ``Eagle3DraftModel`` saves everything but the verifier's norm and LM head):
+``embed_tokens.weight`` (V, H), the head's own token embedding, which it then drafts with instead
+of the target's; ``input_norm.weight`` (3H,) with ``norm_before_fc: true``, one RMSNorm over the
+fused layers before ``fc``. A mismatch between the tensors and ``config.json`` is named in the
+file's own keys.
 
 Both keep a ``specdec`` block (the tree settings and the target record) so an export read back
 is our checkpoint exactly. What a layout cannot hold is refused with the fix.
@@ -21,13 +30,16 @@ is our checkpoint exactly. What a layout cannot hold is refused with the fix.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any, Mapping
 
 import numpy as np
 from safetensors.numpy import load_file, save_file
 
-from specdec.errors import InvalidInputError
+from specdec.errors import CorruptFileError, InvalidInputError
+from specdec.models.bundled import BUNDLED
+from specdec.models.files import read_json, read_torch_tensors
 from specdec_eagle3.config import (
     Eagle3Config,
     check_weights,
@@ -40,6 +52,7 @@ __all__ = [
     "detect_speculators",
     "read_specforge",
     "read_speculators",
+    "verifier_name",
     "write_specforge",
     "write_speculators",
 ]
@@ -47,7 +60,9 @@ __all__ = [
 DTYPES = {"float32": np.float32, "float16": np.float16}
 SPECFORGE_ARCHITECTURE = "LlamaForCausalLMEagle3"
 SPECULATORS_ARCHITECTURE = "Eagle3Speculator"
-UNSUPPORTED_FLAGS = ("fc_norm", "norm_before_fc", "norm_output")  # EAGLE-3.1 variants
+UNSUPPORTED_FLAGS = ("fc_norm", "norm_output")  # EAGLE-3.1 variants
+# saved by some trainers beside the head (the verifier's final norm and LM head), read by no engine
+VERIFIER_TENSORS = ("verifier_norm.weight", "verifier_lm_head.weight")
 
 
 def _llama_config(config: Eagle3Config) -> dict[str, Any]:
@@ -141,12 +156,9 @@ def write_specforge(
         "draft_vocab_size": config.draft_vocab_size,
         "specdec": _specdec_block(config),
     }
-    notes = [
-        (
-            "t2d written from d2t (a mask over the target vocabulary); the token embedding is "
-            "the target's"
-        )
-    ]
+    if config.norm_before_fc:
+        data["norm_before_fc"] = True  # SGLang's EAGLE-3 model reads it (input_norm.weight)
+    notes = ["t2d written from d2t (a mask over the target vocabulary)", _embedding_note(config)]
     if not _is_default(config):
         data["eagle_config"] = {
             "use_aux_hidden_state": True,
@@ -174,8 +186,10 @@ def write_speculators(
     dtype: str = "float32",
     choices=None,
     drop_shortlist: bool = False,
+    model=None,
 ):
-    """vLLM's speculators layout -> (notes, the ``vllm serve`` command)."""
+    """vLLM's speculators layout -> (notes, the ``vllm serve`` command). model: the target as the
+    caller named it (or None), for ``verifier.name_or_path`` (``verifier_name``)."""
     _no_options(choices, drop_shortlist)
     if config.hidden_layers is None:
         raise InvalidInputError(
@@ -186,12 +200,14 @@ def write_speculators(
             "output-of-layer ids, by default (1, L//2 - 1, L - 4) for L decoder layers) and "
             "export again"
         )
+    verifier, verifier_note = verifier_name(config, model)
     data = {
         "architectures": [SPECULATORS_ARCHITECTURE],
         "speculators_model_type": "eagle3",
         "transformer_layer_config": _llama_config(config),
         "draft_vocab_size": config.draft_vocab_size,
         "norm_before_residual": config.norm_before_residual,
+        "norm_before_fc": config.norm_before_fc,
         "target_hidden_size": config.hidden_size,
         "eagle_aux_hidden_state_layer_ids": [i + 1 for i in config.hidden_layers],
         "speculators_config": {
@@ -199,7 +215,7 @@ def write_speculators(
             "default_proposal_method": "greedy",
             "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": config.depth}],
             "verifier": {
-                "name_or_path": config.target.get("name"),
+                "name_or_path": verifier,
                 "architectures": ["LlamaForCausalLM"],
             },
         },
@@ -209,24 +225,73 @@ def write_speculators(
     notes = [
         "eagle_aux_hidden_state_layer_ids in vLLM's input-of-layer convention (specdec's ids + 1)",
         "vLLM drafts a chain of num_speculative_tokens, not the dynamic tree",
+        _embedding_note(config),
+        verifier_note,
     ]
+    if config.norm_before_fc:
+        notes.append(
+            "norm_before_fc with input_norm.weight: a vLLM release that reads neither refuses "
+            "the tensor"
+        )
     spec = json.dumps(
         {"method": "eagle3", "model": str(out), "num_speculative_tokens": config.depth}
     )
-    return notes, (f"vllm serve TARGET_HF_FOLDER --speculative-config '{spec}'",)
+    return [note for note in notes if note], (
+        f"vllm serve TARGET_HF_FOLDER --speculative-config '{spec}'",
+    )
+
+
+def _embedding_note(config: Eagle3Config) -> str:
+    if config.own_embedding:
+        return "embed_tokens.weight written: the head drafts with its own token embedding"
+    return "no embed_tokens.weight: the head drafts with the target's token embedding"
+
+
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*")
+
+
+def _hub_id(text) -> str | None:
+    """``text`` when it reads as a Hugging Face hub id ("org/name") and names no local path."""
+    if isinstance(text, str) and HUB_ID.fullmatch(text) and not Path(text).exists():
+        return text
+    return None
+
+
+def verifier_name(config: Eagle3Config, model=None) -> tuple[str | None, str | None]:
+    """(what the speculators config's ``verifier.name_or_path`` says, a note or None): what vLLM
+    can resolve to the target. From ``model`` when given: a bundled model's public hub id, a hub
+    id as given, or a folder's own ``_name_or_path`` when it reads as a hub id, else the folder's
+    absolute path. Without it, from the name recorded at training: a bundled model's hub id, else
+    that name with a note saying to pass the target."""
+    bundled = {name: spec.hub_id for name, spec in BUNDLED.items() if spec.hub_id}
+    if model is not None:
+        text = str(model)
+        path = Path(text).expanduser()
+        if text in bundled or (path.is_dir() and path.resolve().name in bundled):
+            return bundled.get(text) or bundled[path.resolve().name], None
+        if _hub_id(text):
+            return text, None
+        if path.is_dir() and (path / "config.json").is_file():
+            own = read_json(path / "config.json", what="model config")
+            own = own.get("_name_or_path") if isinstance(own, dict) else None
+            if _hub_id(own):
+                return own, None
+        return str(path.resolve()), None
+    name = config.target.get("name")
+    if name in bundled:
+        return bundled[name], None
+    return name, (
+        f"verifier.name_or_path is {name!r}, the folder name the head was trained on, which vLLM "
+        "may not resolve: export with model= (--model: the target's folder, bundled name or hub "
+        "id) to write its hub id or path"
+    )
 
 
 def _load_tensors(folder: Path) -> dict[str, np.ndarray]:
     if (folder / "model.safetensors").is_file():
         return load_file(str(folder / "model.safetensors"))
     if (folder / "pytorch_model.bin").is_file():
-        try:
-            import torch  # optional: torch (torch extra)
-        except ImportError as exc:
-            raise InvalidInputError(
-                f"{folder}/pytorch_model.bin needs torch to read; install specdec[torch]"
-            ) from exc
-        state = torch.load(folder / "pytorch_model.bin", map_location="cpu", weights_only=True)
+        state = read_torch_tensors(folder / "pytorch_model.bin")  # torch's safe unpickler only
         return {
             name: tensor.float().numpy() if tensor.is_floating_point() else tensor.numpy()
             for name, tensor in state.items()
@@ -234,12 +299,59 @@ def _load_tensors(folder: Path) -> dict[str, np.ndarray]:
     raise InvalidInputError(f"{folder} holds no model.safetensors or pytorch_model.bin")
 
 
+def _flag(name: str, *sources: Mapping[str, Any]) -> bool:
+    return any(bool(source.get(name)) for source in sources if isinstance(source, Mapping))
+
+
+def _file_name(name: str, prefix: str) -> str:
+    """specdec's tensor name as the layout's file spells it (``midlayer.`` -> ``prefix``)."""
+    return prefix + name.removeprefix("midlayer.") if name.startswith("midlayer.") else name
+
+
+def _check_file_tensors(folder: Path, config: Eagle3Config, raw: Mapping, prefix: str) -> None:
+    """The file's tensors are the ones its config.json describes, each of its shape; a mismatch is
+    named in the file's own keys (``{prefix}*``)."""
+    expected = {
+        _file_name(name, prefix): shape
+        for name, shape in config.weight_shapes().items()
+        if name != "d2t"
+    }
+    optional = {"d2t": (config.draft_vocab_size,), "t2d": (config.vocab_size,)}
+    known = {**expected, **optional}
+    missing = sorted(set(expected) - set(raw))
+    unexpected = sorted(set(raw) - set(known))
+    wrong = sorted(
+        f"{name}: {tuple(np.shape(raw[name]))} != {tuple(shape)}"
+        for name, shape in known.items()
+        if name in raw and tuple(np.shape(raw[name])) != tuple(shape)
+    )
+    found = []
+    if missing:
+        found.append(f"missing {missing}")
+    if unexpected:
+        found.append(f"unexpected {unexpected}")
+    if wrong:
+        found.append(f"wrong shapes {wrong}")
+    if found:
+        sizes = (
+            f"hidden_size {config.hidden_size}, heads {config.num_heads}/{config.num_kv_heads} of "
+            f"{config.head_dim}, intermediate_size {config.intermediate_size}, vocab_size "
+            f"{config.vocab_size}, draft_vocab_size {config.draft_vocab_size}"
+        )
+        raise CorruptFileError(
+            f"{folder}: the tensors of its weights file do not match its config.json ({sizes}): "
+            f"{'; '.join(found)}; check that config.json and the weights file belong to the same "
+            "head"
+        )
+
+
 def _read(
     folder, layer: dict, top: dict, prefix: str, layers_from
 ) -> tuple[Eagle3Config, dict, list[str]]:
     folder = Path(folder)
+    eagle = top.get("eagle_config") if isinstance(top.get("eagle_config"), dict) else {}
     for flag in UNSUPPORTED_FLAGS:
-        if top.get(flag) or layer.get(flag):
+        if _flag(flag, top, layer, eagle):
             raise InvalidInputError(
                 f"{folder} is an EAGLE-3.1 head ({flag}=true), which specdec's EAGLE-3 does not "
                 "run; retrain or convert it without that flag"
@@ -254,29 +366,32 @@ def _read(
             f"{folder} drafts at hidden size {hidden} from a target of another width "
             "(target_hidden_size); specdec's EAGLE-3 needs them equal"
         )
-    raw = _load_tensors(folder)
-    if any("embed_tokens" in name for name in raw):
+    raw = dict(_load_tensors(folder))
+    notes = []
+    ignored = sorted(name for name in raw if name in VERIFIER_TENSORS)
+    for name in ignored:
+        del raw[name]
+    if ignored:
+        notes.append(f"{', '.join(ignored)} ignored: the verifier's own, which the engines skip")
+    norm_before_fc = _flag("norm_before_fc", top, layer, eagle)
+    if "input_norm.weight" in raw and not norm_before_fc:
         raise InvalidInputError(
-            f"{folder} carries its own token embedding; specdec's EAGLE-3 uses the target's"
+            f"{folder} holds input_norm.weight, which its config.json does not turn on: set "
+            '"norm_before_fc": true in config.json if the head was trained with it, else drop '
+            "the tensor"
         )
+    if norm_before_fc and "input_norm.weight" not in raw:
+        raw["input_norm.weight"] = np.ones(3 * hidden)  # as the speculators loader initialises it
+        notes.append("norm_before_fc without input_norm.weight: the norm's weights are ones")
     vocab = int(layer["vocab_size"])
     draft_vocab = top.get("draft_vocab_size") or layer.get("draft_vocab_size") or vocab
-    weights = {
-        name.replace(prefix, "midlayer."): np.asarray(array, dtype=np.float64)
-        for name, array in raw.items()
-        if name not in ("d2t", "t2d")
-    }
-    notes = []
-    if "d2t" in raw:
-        weights["d2t"] = np.asarray(raw["d2t"], dtype=np.int64)
-    else:
-        weights["d2t"] = np.zeros(int(draft_vocab), dtype=np.int64)
-        notes.append("no d2t: the draft vocabulary is the target's")
-    if "lm_head.weight" not in weights:
+    if "lm_head.weight" not in raw:
         raise InvalidInputError(
             f"{folder} has no lm_head.weight; heads that share the target's LM head are not "
             "supported"
         )
+    if "embed_tokens.weight" in raw:
+        notes.append("embed_tokens.weight: the head drafts with its own token embedding")
     block = top.get("specdec") or {}
     fields = dict(
         vocab_size=vocab,
@@ -292,6 +407,8 @@ def _read(
         norm_before_residual=bool(
             top.get("norm_before_residual", layer.get("norm_before_residual", False))
         ),
+        own_embedding="embed_tokens.weight" in raw,
+        norm_before_fc=norm_before_fc,
         target=block.get("target", {}),
     )
     fields.update({k: block[k] for k in ("top_k", "depth", "total_tokens") if k in block})
@@ -300,13 +417,34 @@ def _read(
             f"{folder} uses rope_scaling {layer['rope_scaling']}; specdec's EAGLE-3 layer has "
             "plain rotary positions"
         )
-    config = Eagle3Config(**fields)
-    check_weights(config, weights)
+    try:
+        config = Eagle3Config(**fields)
+    except ValueError as exc:  # a value the config cannot take, named by its field
+        raise CorruptFileError(f"{folder}/config.json: {exc}; fix that value") from exc
+    _check_file_tensors(folder, config, raw, prefix)
+    weights = {
+        ("midlayer." + name.removeprefix(prefix) if name.startswith(prefix) else name): np.asarray(
+            array, dtype=np.float64
+        )
+        for name, array in raw.items()
+        if name not in ("d2t", "t2d")
+    }
+    if "d2t" in raw:
+        weights["d2t"] = np.asarray(raw["d2t"], dtype=np.int64)
+    else:
+        weights["d2t"] = np.zeros(int(draft_vocab), dtype=np.int64)
+        notes.append("no d2t: the draft vocabulary is the target's")
+    try:
+        check_weights(config, weights)  # the names and shapes are checked: d2t's values are left
+    except ValueError as exc:
+        raise CorruptFileError(
+            f"{folder}: {exc}; write the file's d2t again from the head's draft vocabulary"
+        ) from exc
     return config, weights, notes
 
 
 def read_specforge(folder) -> tuple[Eagle3Config, dict[str, np.ndarray], list[str]]:
-    top = json.loads((Path(folder) / "config.json").read_text())
+    top = read_json(Path(folder) / "config.json", what="drafter config")
 
     def layers(block):
         if "hidden_layers" in block:
@@ -319,7 +457,7 @@ def read_specforge(folder) -> tuple[Eagle3Config, dict[str, np.ndarray], list[st
 
 
 def read_speculators(folder) -> tuple[Eagle3Config, dict[str, np.ndarray], list[str]]:
-    top = json.loads((Path(folder) / "config.json").read_text())
+    top = read_json(Path(folder) / "config.json", what="drafter config")
 
     def layers(block):
         if "hidden_layers" in block:

@@ -37,9 +37,10 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from specdec.errors import InvalidInputError
+from specdec.errors import CorruptFileError, InvalidInputError
 from specdec.models.bundled import resolve_model
 from specdec.models.checkpoints import check_compatible
+from specdec.models.files import check_gguf, parse_json, read_json
 from specdec_eagle3.config import (
     Eagle3Config,
     check_weights,
@@ -143,6 +144,7 @@ def _copy_tokenizer(reader, writer) -> None:
 
 def _target_from_gguf(path: Path) -> dict[str, Any]:
     gguf = _gguf()
+    check_gguf(path)
     reader = gguf.GGUFReader(str(path))
 
     def value(key):
@@ -212,8 +214,8 @@ def _hf_vocab(folder: Path, vocab_size: int, writer) -> None:
 
 def _is_bpe(folder: Path) -> bool:
     try:
-        data = json.loads((folder / "tokenizer.json").read_text())
-    except (OSError, ValueError):
+        data = read_json(folder / "tokenizer.json", what="tokenizer", kind=None)
+    except (OSError, ValueError):  # CorruptFileError included
         return False
     return isinstance(data, dict) and (data.get("model") or {}).get("type") == "BPE"
 
@@ -226,7 +228,7 @@ def _target_from_folder(model) -> dict[str, Any]:
             f"{folder} has no config.json: pass the target model's Hugging Face folder, bundled "
             "name or GGUF file"
         )
-    config = json.loads(config_file.read_text())
+    config = read_json(config_file, what="model config")
     config = {**config, **config.get("text_config", {})}  # as the converter reads a target
     missing = [k for k in ("num_hidden_layers", "hidden_size", "vocab_size") if k not in config]
     if missing:
@@ -299,6 +301,19 @@ def write_gguf(
         raise InvalidInputError(f"dtype must be one of {sorted(FILE_NAMES)}, got {dtype!r}")
     gguf = _gguf()
     check_weights(config, weights)
+    carried = [
+        name
+        for name, flag in (
+            ("embed_tokens.weight (its own token embedding)", config.own_embedding),
+            ("input_norm.weight (norm_before_fc)", config.norm_before_fc),
+        )
+        if flag
+    ]
+    if carried:
+        raise InvalidInputError(
+            f"this EAGLE-3 head carries {' and '.join(carried)}, which llama.cpp's EAGLE-3 GGUF "
+            "cannot hold; export --format speculators (vLLM) or specforge (SGLang) instead"
+        )
     target = _target(model)
     check_compatible(
         config,
@@ -393,9 +408,13 @@ def gguf_file(path) -> Path | None:
         return None
     try:
         with open(file, "rb") as handle:
-            return file if handle.read(4) == b"GGUF" else None
+            magic = handle.read(4)
     except OSError:
         return None
+    if magic != b"GGUF" and file.suffix.lower() != ".gguf":
+        return None
+    check_gguf(file)  # a damaged one is refused, naming it, before a reader trusts its header
+    return file
 
 
 def _architecture(file: Path) -> str | None:
@@ -551,8 +570,9 @@ def read_gguf(path) -> tuple[Eagle3Config, dict[str, np.ndarray], list[str]]:
     by_gguf = {gguf_name: name for name, gguf_name in TENSOR_NAMES.items()}
     if "token_embd.weight" in tensors:
         raise InvalidInputError(
-            f"{file} carries its own token embedding (token_embd.weight); specdec's EAGLE-3 uses "
-            "the target's"
+            f"{file} carries its own token embedding (token_embd.weight), which specdec reads "
+            "from the SpecForge and speculators layouts but not from GGUF; convert the head to "
+            "one of those"
         )
     if "output.weight" not in tensors:
         raise InvalidInputError(
@@ -591,7 +611,13 @@ def read_gguf(path) -> tuple[Eagle3Config, dict[str, np.ndarray], list[str]]:
     }.items():
         if name in weights:
             weights[name] = unpermute(weights[name], count)
-    block = json.loads(value(SPECDEC_KEY) or "{}")
+    block = parse_json(
+        value(SPECDEC_KEY) or "{}",
+        what=f"{file}'s {SPECDEC_KEY} key",
+        fix="convert or export the head again",
+    )
+    if not isinstance(block, dict):
+        raise CorruptFileError(f"{file}'s {SPECDEC_KEY} key is not a JSON object: export it again")
     layers = block["hidden_layers"] if "hidden_layers" in block else [i - 1 for i in extract]
     fields = dict(
         vocab_size=int(vocab),

@@ -2,8 +2,8 @@
 tree is EAGLE's batched search on MLX (``specdec_eagle.mlx.TreeSearch``) over this net.
 
 The MLX twin of ``specdec_eagle3.torch`` (and of ``specdec_eagle3.reference``, which explains the
-model). Parameter names are the checkpoint's; the target's embedding is borrowed. Indices int32,
-computation float32.
+model). Parameter names are the checkpoint's; the target's embedding is borrowed unless the head
+carries its own (``own_embedding``: ``embed_tokens.weight``). Indices int32, computation float32.
 """
 
 from __future__ import annotations
@@ -84,11 +84,15 @@ class _MidLayer(nn.Module):
 
 class MlxEagle3Net(nn.Module):
     """The EAGLE-3 draft model with the checkpoint's names (``fc``, ``midlayer.*``, ``norm``,
-    ``lm_head``)."""
+    ``lm_head``, and ``input_norm`` / ``embed_tokens`` where the config has them)."""
 
     def __init__(self, config: Eagle3Config):
         super().__init__()
         self.config = config
+        if config.own_embedding:
+            self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        if config.norm_before_fc:
+            self.input_norm = _RMSNorm(3 * config.hidden_size, config.rms_norm_eps)
         self.fc = nn.Linear(3 * config.hidden_size, config.hidden_size, bias=False)
         self.midlayer = _MidLayer(config)
         self.norm = _RMSNorm(config.hidden_size, config.rms_norm_eps)
@@ -115,8 +119,12 @@ class MlxEagle3Net(nn.Module):
         return net
 
     def features(self, layers: list[mx.array]) -> mx.array:
-        """g = fc([low ; mid ; high]): three (..., H) -> (..., H)."""
-        return self.fc(mx.concatenate(layers, axis=-1))
+        """g = fc([low ; mid ; high]) (through ``input_norm`` first where the head has it): three
+        (..., H) -> (..., H)."""
+        fused = mx.concatenate(layers, axis=-1)
+        if self.config.norm_before_fc:
+            fused = self.input_norm(fused)
+        return self.fc(fused)
 
     def fuse(self, embed_tokens: mx.array, tokens: mx.array, g: mx.array) -> mx.array:
         """[input_layernorm(embed(tokens)) ; g]: tokens (...), g (..., H) -> (..., 2H)."""
@@ -178,6 +186,8 @@ class MlxEagle3Drafter:
         check_layers_resolved(config)
         self.config, self.embed_tokens = config, embed_tokens
         self.net = MlxEagle3Net.from_weights(config, weights, dtype=embed_tokens.dtype)
+        if config.own_embedding:  # the head's table, in the target's dtype, instead of the target's
+            self.embed_tokens = self.net.embed_tokens.weight
         self.ids = mx.array(draft_to_target(weights["d2t"]).astype(np.int32))  # (N,) target ids
         self.top_k, self.depth, self.total_tokens = tree_options(config, top_k, depth, total_tokens)
         self.caps = DrafterCaps(

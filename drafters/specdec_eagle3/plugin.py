@@ -110,6 +110,7 @@ LAYOUTS = (
         detect=lazy_call("specdec_eagle3.export", "detect_speculators"),
         read=lazy_call("specdec_eagle3.export", "read_speculators"),
         write=lazy_call("specdec_eagle3.export", "write_speculators"),
+        takes_model=True,  # optional: names the target in verifier.name_or_path
     ),
     Layout(
         name="gguf",
@@ -139,6 +140,7 @@ SPEC = DrafterSpec(
     train=lazy_call("specdec_eagle3.train", "train_eagle3"),
     evaluation_task=_evaluation_task,
     train_options=TRAIN_OPTIONS,
+    takes_shortlist=False,  # --draft-vocab instead
     load_checkpoint=lazy_call("specdec_eagle3.checkpoint", "load_eagle3_checkpoint"),
     save_checkpoint=lazy_call("specdec_eagle3.checkpoint", "save_eagle3"),
     package="specdec_eagle3",

@@ -5,7 +5,9 @@
 reads a feature g_p and the embedding of the token x_{p+1} that follows it:
 
     g_p   = fc([low_p ; mid_p ; high_p])        (H,)  Linear(3H -> H): the target's three layers
-    y_p   = [input_layernorm(embed(x_{p+1})) ; hidden_norm(g_p)]     (2H,)
+                                                (through input_norm first: ``norm_before_fc``)
+    y_p   = [input_layernorm(embed(x_{p+1})) ; hidden_norm(g_p)]     (2H,)  embed: the target's,
+                                                or the head's own (``own_embedding``)
     h_p   = g_p + o_proj(attention(rope(q(y_p)), rope(k(.)), v(.)))  (the normed g_p when
                                                                       ``norm_before_residual``)
     out_p = h_p + down(silu(gate(n_p)) * up(n_p)),  n_p = post_attention_layernorm(h_p)
@@ -53,7 +55,8 @@ __all__ = [
 
 
 def features(config: Eagle3Config, weights: dict, layers) -> np.ndarray:
-    """g = fc([low ; mid ; high]): layers maps each of ``config.hidden_layers`` to (..., H) ->
+    """g = fc([low ; mid ; high]) (the concatenation RMS-normed by ``input_norm`` first when
+    ``config.norm_before_fc``): layers maps each of ``config.hidden_layers`` to (..., H) ->
     (..., H)."""
     missing = [i for i in config.hidden_layers if i not in layers]
     if missing:
@@ -64,6 +67,8 @@ def features(config: Eagle3Config, weights: dict, layers) -> np.ndarray:
     fused = np.concatenate(
         [np.asarray(layers[i], dtype=np.float64) for i in config.hidden_layers], axis=-1
     )  # (..., 3H)
+    if config.norm_before_fc:
+        fused = rms_norm(fused, weights["input_norm.weight"], config.rms_norm_eps)
     return fused @ weights["fc.weight"].T
 
 
@@ -321,7 +326,9 @@ class Eagle3Drafter:
     """EAGLE-3 as a stateful ``specdec.protocols.Drafter`` (NumPy reference).
 
     weights: name -> array as in ``specdec_eagle3.config`` (checked; float64, ``d2t`` int64).
-    embed_tokens (V, H): the target's. top_k, depth, total_tokens override the config's tree
+    embed_tokens (V, H): the target's, which the draft embeds tokens with unless the head carries
+    its own (``config.own_embedding``: ``weights["embed_tokens.weight"]``). top_k, depth,
+    total_tokens override the config's tree
     defaults. ``caps.hidden_layers`` asks the target for the config's three layers. The root's
     feature is the drafter's own pending fused feature (``context.hidden`` is not read).
     """
@@ -344,7 +351,11 @@ class Eagle3Drafter:
             name: np.asarray(array, dtype=np.int64 if name == "d2t" else np.float64)
             for name, array in weights.items()
         }
-        self.embed_tokens = np.asarray(embed_tokens, dtype=np.float64)
+        self.embed_tokens = (
+            self.weights["embed_tokens.weight"]
+            if config.own_embedding
+            else np.asarray(embed_tokens, dtype=np.float64)
+        )
         self.top_k, self.depth, self.total_tokens = tree_options(config, top_k, depth, total_tokens)
         self.caps = DrafterCaps(
             stateful=True,

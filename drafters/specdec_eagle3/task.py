@@ -119,9 +119,10 @@ class Eagle3Task:
         return tuple(sorted(set(self.config.hidden_layers)))
 
     def fused(self, data, positions: torch.Tensor) -> torch.Tensor:
-        """g = fc([low ; mid ; high]) at flat ``positions`` (...) of ``data`` -> (..., H)."""
+        """g = fc([low ; mid ; high]) at flat ``positions`` (...) of ``data`` -> (..., H) (through
+        the head's ``input_norm`` first where it has one)."""
         layers = data.layer_outputs(self.config.hidden_layers, positions)  # (..., 3, H)
-        return self.module.fc(layers.to(self.module.fc.weight.dtype).flatten(-2))
+        return self.module.features(list(layers.unbind(-2)))
 
     # ------------------------------------------------------------------------------ training
 

@@ -2,11 +2,12 @@
 dynamic tree is EAGLE's batched search (``specdec_eagle.torch.TreeSearch``) over this net.
 
 The torch twin of ``specdec_eagle3.reference`` (read that first). ``Eagle3Net`` holds the weights
-under the checkpoint's names (training, ``specdec_eagle3.train``, uses the same module) and
-borrows the target's embedding. For the tree search its ``fuse(tokens, g)`` gives the (B, m, 2H)
-pair [input_layernorm(embed(tokens)) ; g] and ``layer`` runs the decoder layer on it, returning
-the pre-norm output that children read as their feature; the drafter's ``log_probs`` and
-``to_vocab`` give draft-vocabulary log-probs and map draft ids to target ids.
+under the checkpoint's names (training, ``specdec_eagle3.train``, uses the same module) and borrows
+the target's embedding, unless the head carries its own (``own_embedding``). For the tree search
+its ``fuse(tokens, g)`` gives the (B, m, 2H) pair [input_layernorm(embed(tokens)) ; g] and
+``layer`` runs the decoder layer on it, returning the pre-norm output that children read as their
+feature; the drafter's ``log_probs`` and ``to_vocab`` give draft-vocabulary log-probs and map draft
+ids to target ids.
 """
 
 from __future__ import annotations
@@ -85,15 +86,30 @@ class _MidLayer(torch.nn.Module):
         self.mlp = _MLP(config)
 
 
+class _Table(torch.nn.Module):
+    def __init__(self, rows: int, size: int):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.zeros(rows, size))
+
+
+OWN_EMBEDDING = "embed_tokens.weight"  # the checkpoint's name of ``head_embedding.weight``
+
+
 class Eagle3Net(torch.nn.Module):
-    """The EAGLE-3 draft model; ``state_dict()`` holds the checkpoint's float weights (``fc``,
-    ``midlayer.*``, ``norm``, ``lm_head``; the drafter keeps ``d2t`` apart as target ids).
-    embed_tokens (V, H): the target's, a plain attribute (not a parameter, not saved)."""
+    """The EAGLE-3 draft model; ``weights()`` gives the checkpoint's float weights (``fc``,
+    ``midlayer.*``, ``norm``, ``lm_head``, and ``input_norm`` / ``embed_tokens`` where the config
+    has them; the drafter keeps ``d2t`` apart as target ids). embed_tokens (V, H): the target's,
+    a plain attribute (not a parameter, not saved); a head with its own embedding holds it as
+    ``head_embedding`` (saved as ``embed_tokens.weight``) and embeds tokens with it."""
 
     def __init__(self, config: Eagle3Config, *, embed_tokens: torch.Tensor):
         super().__init__()
         self.config = config
         self.embed_tokens = embed_tokens.detach()
+        if config.own_embedding:
+            self.head_embedding = _Table(config.vocab_size, config.hidden_size)
+        if config.norm_before_fc:
+            self.input_norm = _RMSNorm(3 * config.hidden_size, config.rms_norm_eps)
         self.fc = torch.nn.Linear(3 * config.hidden_size, config.hidden_size, bias=False)
         self.midlayer = _MidLayer(config)
         self.norm = _RMSNorm(config.hidden_size, config.rms_norm_eps)
@@ -111,7 +127,9 @@ class Eagle3Net(torch.nn.Module):
         dtype = self.fc.weight.dtype
         self.load_state_dict(
             {
-                name: torch.as_tensor(np.asarray(array), dtype=dtype)
+                ("head_embedding.weight" if name == OWN_EMBEDDING else name): torch.as_tensor(
+                    np.asarray(array), dtype=dtype
+                )
                 for name, array in weights.items()
                 if name != "d2t"
             }
@@ -120,17 +138,28 @@ class Eagle3Net(torch.nn.Module):
     def weights(self) -> dict[str, np.ndarray]:
         """Name -> float64 array of the float weights (no ``d2t``)."""
         return {
-            name: tensor.detach().double().cpu().numpy()
+            (OWN_EMBEDDING if name == "head_embedding.weight" else name): tensor.detach()
+            .double()
+            .cpu()
+            .numpy()
             for name, tensor in self.state_dict().items()
         }
 
     def features(self, layers: list[torch.Tensor]) -> torch.Tensor:
-        """g = fc([low ; mid ; high]): three (..., H) -> (..., H)."""
-        return self.fc(torch.cat([t.to(self.fc.weight.dtype) for t in layers], dim=-1))
+        """g = fc([low ; mid ; high]) (through ``input_norm`` first where the head has it): three
+        (..., H) -> (..., H)."""
+        fused = torch.cat([t.to(self.fc.weight.dtype) for t in layers], dim=-1)
+        if self.config.norm_before_fc:
+            fused = self.input_norm(fused)
+        return self.fc(fused)
+
+    def embedding_table(self) -> torch.Tensor:
+        """The (V, H) table tokens are embedded with: the head's own, else the target's."""
+        return self.head_embedding.weight if self.config.own_embedding else self.embed_tokens
 
     def fuse(self, tokens: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
         """[input_layernorm(embed(tokens)) ; g]: tokens (...), g (..., H) -> (..., 2H)."""
-        embedding = F.embedding(tokens, self.embed_tokens).to(self.fc.weight.dtype)
+        embedding = F.embedding(tokens, self.embedding_table()).to(self.fc.weight.dtype)
         return torch.cat(
             [self.midlayer.input_layernorm(embedding), g.to(self.fc.weight.dtype)], dim=-1
         )

@@ -41,6 +41,7 @@ import numpy as np
 from safetensors.numpy import load_file, save_file
 
 from specdec.errors import InvalidInputError
+from specdec.models.files import read_json, read_torch_tensors
 from specdec_medusa.config import MedusaConfig
 from specdec_medusa.reference import check_weights
 
@@ -258,13 +259,7 @@ def export_vllm(
 def _load_any(path: Path) -> dict[str, np.ndarray]:
     if path.suffix == ".safetensors":
         return dict(load_file(str(path)))
-    try:
-        import torch  # optional: torch (torch extra)
-    except ImportError as exc:
-        raise InvalidInputError(
-            f"{path} is a torch file: install specdec[torch] to read it"
-        ) from exc
-    state = torch.load(path, map_location="cpu", weights_only=True)
+    state = read_torch_tensors(path)  # torch's safe unpickler only
     return {name: tensor.float().numpy() for name, tensor in state.items()}
 
 
@@ -350,7 +345,7 @@ def read_fasterdecoding(folder) -> tuple[MedusaConfig, dict[str, np.ndarray], li
     end with the target's LM head (``head="tied"``)."""
     folder = Path(folder)
     raw = (
-        json.loads((folder / "config.json").read_text())
+        read_json(folder / "config.json", what="drafter config")
         if (folder / "config.json").is_file()
         else {}
     )
@@ -408,7 +403,7 @@ def read_fasterdecoding(folder) -> tuple[MedusaConfig, dict[str, np.ndarray], li
 def read_vllm(folder) -> tuple[MedusaConfig, dict[str, np.ndarray], list[str]]:
     """A vLLM Medusa folder (``model_type: "medusa"``)."""
     folder = Path(folder)
-    raw = json.loads((folder / "config.json").read_text())
+    raw = read_json(folder / "config.json", what="drafter config")
     files = sorted(folder.glob("*.safetensors"))
     if not files:
         raise InvalidInputError(f"{folder} has a vLLM Medusa config.json but no .safetensors file")

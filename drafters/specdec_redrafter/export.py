@@ -41,6 +41,7 @@ import numpy as np
 from safetensors.numpy import load_file, save_file
 
 from specdec.errors import InvalidInputError
+from specdec.models.files import read_json, read_torch_tensors
 from specdec_redrafter.config import RedrafterConfig, check_weights
 
 __all__ = [
@@ -226,13 +227,7 @@ def _read_tensors(folder: Path) -> dict[str, np.ndarray]:
     if (folder / "model.safetensors").is_file():
         return dict(load_file(str(folder / "model.safetensors")))
     if (folder / "model.pt").is_file():
-        try:
-            import torch  # optional: torch (torch extra)
-        except ImportError as exc:
-            raise InvalidInputError(
-                f"{folder / 'model.pt'} is a torch file: install specdec[torch] to read it"
-            ) from exc
-        state = torch.load(folder / "model.pt", map_location="cpu", weights_only=True)
+        state = read_torch_tensors(folder / "model.pt")  # torch's safe unpickler only
         return {name: tensor.float().numpy() for name, tensor in state.items()}
     raise InvalidInputError(
         f"{folder} has an Apple ReDrafter config.json but neither model.safetensors nor model.pt"
@@ -247,7 +242,7 @@ def read_apple(folder) -> tuple[RedrafterConfig, dict[str, np.ndarray], list[str
     are accepted; MLX's unused ``emb_norm.weight`` is ignored (upstream never applies it).
     """
     folder = Path(folder)
-    raw = json.loads((folder / "config.json").read_text())
+    raw = read_json(folder / "config.json", what="drafter config")
     if not is_apple_config(raw):
         raise InvalidInputError(
             f"{folder}/config.json has model_type {raw.get('model_type')!r}, not "

@@ -11,6 +11,7 @@ from pathlib import Path
 import attrs
 
 from specdec.errors import InvalidInputError, require
+from specdec.models.files import parse_json
 
 
 @attrs.frozen(kw_only=True)
@@ -65,10 +66,26 @@ def _humaneval() -> list[BenchPrompt]:
 
 def _jsonl(path: Path) -> list[BenchPrompt]:
     prompts = []
-    for i, line in enumerate(path.read_text().splitlines()):
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as exc:
+        raise InvalidInputError(
+            f"{path} is not UTF-8 text (byte {exc.start}): write the prompt file in UTF-8"
+        ) from None
+    for i, line in enumerate(lines):
         if not line.strip():
             continue
-        row = json.loads(line)
+        row = parse_json(
+            line,
+            what=f"{path} line {i + 1}",
+            fix="each line is one JSON object, {\"prompt\": ...} or {\"messages\": [...]}",
+            error=InvalidInputError,
+        )
+        if not isinstance(row, dict) or not isinstance(row.get("messages", []), list):
+            raise InvalidInputError(
+                f"{path} line {i + 1}: each line is a JSON object with 'prompt' (text) or "
+                "'messages' (a list of chat messages)"
+            )
         if "messages" in row:
             prompt = BenchPrompt(
                 id=str(row.get("id", i)),

@@ -4,6 +4,7 @@ repeats."""
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
 import attrs
@@ -25,6 +26,7 @@ from specdec.generation.api import (
 from specdec.generation.chat import load_chat_template
 from specdec.generation.resolve import resolve
 from specdec.models.bundled import resolve_model
+from specdec.models.files import check_model_folder
 from specdec.models.llama import load_tokenizer
 from specdec.plugins.registry import default_registry
 from specdec.slots import TREE_ROOM
@@ -154,8 +156,10 @@ def run_bench(
     records: list[BenchRecord] = []
     grid = list(grid)
     total = len(grid) * len(temperatures) * repeats * len(prompts) * len(methods)
-    bar = tqdm(total=total, desc="bench", disable=not progress)
     folder = resolve_model(model)  # prompts first: the target's one slot is sized to the longest
+    if isinstance(folder, (str, Path)):
+        check_model_folder(folder)  # its files parse before the tokenizer and template are read
+    bar = tqdm(total=total, desc="bench", disable=not progress)
     encoded = [
         encode_prompts(
             p.prompt, load_tokenizer(folder), 2**62, chat_template=load_chat_template(folder)

@@ -3,10 +3,10 @@
 
 from __future__ import annotations
 
-import json
 import sys
 
 from specdec.errors import InvalidInputError
+from specdec.models.files import parse_json
 from specdec.plugins.export import describe, export, import_drafter
 
 
@@ -35,7 +35,8 @@ def add_parser(sub) -> None:
         "--model",
         default=None,
         help="the target (folder, bundled name or GGUF file): needed for a tied head, whose "
-        "projection is stored, and for gguf, which carries the target's vocabulary",
+        "projection is stored, and for gguf, which carries the target's vocabulary; names the "
+        "target in speculators' verifier.name_or_path",
     )
     export.add_argument(
         "--drop-shortlist",
@@ -49,9 +50,10 @@ def add_parser(sub) -> None:
     )
     export.add_argument(
         "--dtype",
-        default="float32",
+        default=None,
         choices=("float32", "float16", "bfloat16"),
-        help="the stored weights' type (bfloat16: the gguf layout)",
+        help="the stored weights' type (bfloat16: the gguf layout); default: the checkpoint's own "
+        "where the layout stores it, else float32",
     )
     export.add_argument("--overwrite", action="store_true", help="replace what --out holds")
     export.set_defaults(func=cmd_export)
@@ -62,20 +64,40 @@ def add_parser(sub) -> None:
     )
     imp.add_argument("folder", help="the published drafter's folder (or its GGUF file)")
     imp.add_argument("--out", required=True, help="an empty folder to write")
-    imp.add_argument("--dtype", default="float32", choices=("float32", "float16"))
+    imp.add_argument(
+        "--dtype",
+        default=None,
+        choices=("float32", "float16"),
+        help="the stored weights' type; default: the folder's own if one of these, else float32",
+    )
     imp.add_argument("--overwrite", action="store_true", help="replace what --out holds")
     imp.set_defaults(func=cmd_import)
 
 
+def medusa_choices(text: str | None):
+    """``--medusa-choices``: None, "chain", or a JSON list of paths, each a non-empty list of
+    ranks (integers >= 0), as tuples."""
+    if text in (None, "chain"):
+        return text
+    usage = "give 'chain' or a JSON list of paths of ranks, e.g. [[0], [0, 0], [1]]"
+    paths = parse_json(
+        text, what=f"--medusa-choices {text!r:.40}", fix=usage, error=InvalidInputError
+    )
+    if not isinstance(paths, list) or not all(
+        isinstance(path, list)
+        and path
+        and all(isinstance(rank, int) and not isinstance(rank, bool) and rank >= 0 for rank in path)
+        for path in paths
+    ):
+        raise InvalidInputError(
+            f"--medusa-choices must be 'chain' or a JSON list of paths of ranks (integers >= 0), "
+            f"got {text!r:.60}: {usage}"
+        )
+    return [tuple(path) for path in paths]
+
+
 def cmd_export(args) -> int:
-    choices = args.medusa_choices
-    if choices not in (None, "chain"):
-        try:
-            choices = [tuple(path) for path in json.loads(choices)]
-        except (ValueError, TypeError) as exc:
-            raise InvalidInputError(
-                f"--medusa-choices must be 'chain' or a JSON list of lists, got {choices!r}"
-            ) from exc
+    choices = medusa_choices(args.medusa_choices)
     result = export(
         args.drafter,
         args.format,

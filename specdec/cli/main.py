@@ -28,6 +28,7 @@ from specdec.errors import InvalidInputError, SpecdecError, TrainingInterrupted,
 from specdec.generation.api import load_backend, planned_options, prepare
 from specdec.generation.resolve import resolve
 from specdec.models.bundled import resolve_model
+from specdec.models.files import parse_json
 from specdec.plugins.loading import DISABLE_ENV, PluginWarning
 from specdec.plugins.registry import default_registry, installed_distributions
 from specdec.testing import make_random_drafter, make_random_model
@@ -104,14 +105,31 @@ def _report(label: str, result, baseline_tps: float | None = None) -> str:
     )
 
 
-def cmd_generate(args) -> int:
+def text_argument(value: str, flag: str) -> str:
+    """A text option as given on the command line, after checking it was UTF-8: Python decodes
+    other bytes of argv to lone surrogates (surrogateescape), which no tokenizer encodes."""
     try:
-        prompt = args.prompt if args.prompt is not None else json.loads(args.prompt_ids)
-    except json.JSONDecodeError as exc:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raw = value[: exc.start].encode("utf-8", "surrogateescape")
+        byte = value[exc.start].encode("utf-8", "surrogateescape")
         raise InvalidInputError(
-            f"--prompt-ids must be a JSON list of token ids such as '[1, 2, 3]', got "
-            f"{args.prompt_ids!r} ({exc})"
+            f"{flag} is not UTF-8 text: byte 0x{byte.hex()} at byte {len(raw)} is not UTF-8; "
+            "give the text in UTF-8 (a UTF-8 terminal or locale)"
         ) from None
+    return value
+
+
+def cmd_generate(args) -> int:
+    if args.prompt is not None:
+        prompt = text_argument(args.prompt, "--prompt")
+    else:
+        prompt = parse_json(
+            args.prompt_ids,
+            what=f"--prompt-ids {args.prompt_ids!r:.40}",
+            fix="give a JSON list of token ids such as '[1, 2, 3]'",
+            error=InvalidInputError,
+        )
     if args.chat:
         if args.prompt is None:
             raise InvalidInputError(
@@ -209,7 +227,7 @@ def cmd_demo(args) -> int:
     """Answer chat prompts with the default path, each drafter and plain decoding, side by side:
     an open question (the text is new: little to draft) and an edit of code given in the prompt
     (the answer repeats it: much to draft), each reported, then both together."""
-    args.prompt = args.prompt or list(DEMO_PROMPTS)
+    args.prompt = [text_argument(p, "--prompt") for p in args.prompt or DEMO_PROMPTS]
     with tempfile.TemporaryDirectory() as tmp:
         model, drafters = _demo_models(args, Path(tmp))
         registry = default_registry()
@@ -476,9 +494,10 @@ def cmd_plugins(args) -> int:
             backend = "" if row["backend"] is None else f" [{row['backend']}]"
             flag = "" if row["lossless"] is None else (" lossless" if row["lossless"] else " LOSSY")
             conflict = "  CONFLICT: registered by another plugin too" if row["conflict"] else ""
+            missing = f"  NOT INSTALLED: {row['install']}" if row.get("install") else ""
             print(
                 f"  {row['name']}{backend}{flag}  ({row['package']}, plugin "
-                f"{row['plugin']}){conflict}"
+                f"{row['plugin']}){conflict}{missing}"
             )
     for kind in ("broken", "disabled"):
         listed = [r for r in rows if r["kind"] == kind]
@@ -708,13 +727,17 @@ def _add_train_parser(train: argparse.ArgumentParser, spec) -> None:
         type=int,
         default=None,
         help="draft only the N token ids with the most teacher mass (0: all; default "
-        f"{spec.default_shortlist})",
+        f"{spec.default_shortlist})"
+        if spec.takes_shortlist
+        else argparse.SUPPRESS,  # still parsed: training refuses it, naming the drafter's option
     )
     train.add_argument(
         "--init",
         default=None,
         help="start from this checkpoint's weights (and its shortlist, unless --shortlist is "
-        "given), e.g. the shipped drafter",
+        "given), e.g. the shipped drafter"
+        if spec.takes_shortlist
+        else "start from this checkpoint's weights, e.g. the shipped drafter",
     )
     train.add_argument("--quiet", action="store_true", help="no progress bars")
     for option in spec.train_options:

@@ -10,7 +10,7 @@ from specdec.cli.options import DRAFTER_HELP, drafter_options
 from specdec.errors import InvalidInputError, require
 from specdec.serving import limits as bounds
 from specdec.serving.engine import Engine
-from specdec.serving.limits import Limits, exposure_warning
+from specdec.serving.limits import Limits, check_api_key, exposure_warning
 from specdec.slots import TREE_ROOM
 from specdec.tuning.exactness import describe as describe_exactness
 
@@ -42,7 +42,9 @@ def add_parser(sub) -> None:
         "(default: on where this machine's check holds)",
     )
     parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument(
+        "--port", type=_port, default=8000, help="TCP port, 1-65535 (0: any free one)"
+    )
     parser.add_argument("--slots", type=int, default=8, help="requests decoded at once")
     parser.add_argument(
         "--capacity",
@@ -98,7 +100,8 @@ def add_parser(sub) -> None:
         "--stall-timeout",
         type=float,
         default=60.0,
-        help="seconds one scheduler step may run before /health answers 503 'stalled'",
+        help="seconds one scheduler step, or one request's preparation (rendering and tokenizing "
+        "its prompt), may run before /health answers 503 'stalled'",
     )
     parser.add_argument("--beam-width", type=int, default=None)
     parser.add_argument("--beam-length", type=int, default=None)
@@ -121,7 +124,8 @@ def add_parser(sub) -> None:
         default=None,
         metavar="KEY",
         help="require 'Authorization: Bearer KEY' on every route but /health (default: "
-        "$SPECDEC_API_KEY, which other users cannot read in the process list; none: no key)",
+        "$SPECDEC_API_KEY, which other users cannot read in the process list; 'none': no key; "
+        "surrounding spaces are trimmed)",
     )
     parser.add_argument(
         "--allowed-host",
@@ -153,6 +157,13 @@ def add_parser(sub) -> None:
         help="seconds a request's body may take to arrive (default 30; then 408)",
     )
     parser.add_argument(
+        "--first-byte-timeout",
+        type=float,
+        default=bounds.FIRST_BYTE_TIMEOUT,
+        metavar="S",
+        help="seconds a new connection may stay silent before it is closed (default 2)",
+    )
+    parser.add_argument(
         "--keep-alive-timeout",
         type=float,
         default=bounds.KEEP_ALIVE_TIMEOUT,
@@ -164,7 +175,16 @@ def add_parser(sub) -> None:
         type=int,
         default=bounds.MAX_CONNECTIONS,
         metavar="N",
-        help="connections served at once; a request on one more gets 503 (default 256)",
+        help="connections served at once; one more closes the connection idle the longest, or "
+        "its request gets 503 when none is idle (default 256)",
+    )
+    parser.add_argument(
+        "--max-connections-per-client",
+        type=int,
+        default=bounds.MAX_CONNECTIONS_PER_CLIENT,
+        metavar="N",
+        help="connections served at once from one client address, as --max-connections "
+        "(default 64)",
     )
     parser.add_argument(
         "--log-level", default="info", choices=("critical", "error", "warning", "info", "debug")
@@ -186,6 +206,28 @@ def _prefill_tokens(value: str):
     return number
 
 
+def _port(value: str) -> int:
+    """``--port``: a TCP port number, 0 (any free port) to 65535."""
+    try:
+        number = int(value)
+    except ValueError:
+        number = -1
+    if not 0 <= number <= 65535:
+        raise argparse.ArgumentTypeError(
+            f"expected a TCP port from 1 to 65535 (or 0 for any free one), got {value!r}"
+        )
+    return number
+
+
+def api_key_of(flag: str | None) -> str | None:
+    """The key of ``--api-key``, else of $SPECDEC_API_KEY: trimmed; None for none given, "" or
+    "none" (any case); refused when only whitespace or not printable ASCII."""
+    key = flag if flag is not None else os.environ.get(API_KEY_VARIABLE)
+    if key is not None and key.strip().lower() == "none":
+        return None
+    return check_api_key(key)
+
+
 def cmd_serve(args) -> int:
     require("uvicorn", extra="serve", feature="specdec serve")
     require("starlette", extra="serve", feature="specdec serve")
@@ -195,8 +237,10 @@ def cmd_serve(args) -> int:
         "max_body_bytes",
         "header_timeout",
         "body_timeout",
+        "first_byte_timeout",
         "keep_alive_timeout",
         "max_connections",
+        "max_connections_per_client",
         "stall_timeout",
     ):
         if not getattr(args, flag) > 0:
@@ -207,10 +251,12 @@ def cmd_serve(args) -> int:
         max_body_bytes=args.max_body_bytes,
         header_timeout=args.header_timeout,
         body_timeout=args.body_timeout,
+        first_byte_timeout=args.first_byte_timeout,
         keep_alive_timeout=args.keep_alive_timeout,
         max_connections=args.max_connections,
+        max_connections_per_client=args.max_connections_per_client,
     )
-    api_key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_VARIABLE) or None
+    api_key = api_key_of(args.api_key)
     drafter, options = drafter_options(args)
     engine = Engine(
         args.model,
@@ -250,11 +296,16 @@ def cmd_serve(args) -> int:
         stall_timeout=args.stall_timeout,
     )
     server.run()
-    if (
-        server.stuck
-    ):  # the scheduler is still inside a step: exit without waiting on it at interpreter exit
+    # the scheduler still inside a step, or a worker thread inside a preparation: exit without
+    # waiting on them at interpreter exit
+    if server.stuck or server.stuck_preparations:
+        what = (
+            "the engine's step"
+            if server.stuck
+            else "a request's preparation (rendering or tokenizing its prompt)"
+        )
         print(
-            "specdec: error: the engine's step did not end at shutdown; exiting with it unfinished",
+            f"specdec: error: {what} did not end at shutdown; exiting with it unfinished",
             file=sys.stderr,
         )
         sys.stderr.flush()

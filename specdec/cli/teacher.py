@@ -8,7 +8,11 @@ import sys
 import time
 from pathlib import Path
 
+from tqdm.auto import tqdm
+
+import specdec
 from specdec.errors import InvalidInputError, require
+from specdec.training import answers as teacher
 
 
 def add_parser(sub) -> None:
@@ -46,9 +50,6 @@ def add_parser(sub) -> None:
 
 
 def cmd_teacher(args) -> int:
-    import specdec
-    from specdec.training import answers as teacher
-
     require("torch", extra="torch", feature="specdec teacher")
     out = Path(args.out).expanduser()
     if out.suffix != ".npz":
@@ -94,8 +95,6 @@ def cmd_teacher(args) -> int:
         prompts, kind = teacher.corpus_prompts(target, args.count, seed=args.seed), "corpus"
     kept = [p for p in prompts if 0 < len(p) <= args.max_prompt_tokens]
     drafted = time.perf_counter()
-    from tqdm.auto import tqdm
-
     parts = out.with_name(f".{out.name}.parts")
     with tqdm(total=len(kept), unit="prompt", desc="teacher") as bar:
         answers = teacher.decode_answers(

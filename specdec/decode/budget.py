@@ -46,6 +46,13 @@ repeats itself), at most one such step in ``EXPLORE_EVERY`` and only where the s
 spread over those steps, stays within ``EXPLORE_COST`` of a step: a request that stopped drafting on
 a few bad steps is tried again, and a large batch is not slowed to try it.
 
+**What steps delivered.** A prediction can be wrong where it was never tested (a fresh engine
+met a burst of 16 requests and drafted every step at half plain decoding's throughput), so the
+tokens per second that decode steps actually delivered are kept per row count, plain and drafting
+apart (``specdec.decode.realized``): at a row count drafting is tried only after a plain step
+there, takes at most ``PROBE`` steps on the prediction alone, and then only while it delivers
+more than plain decoding; where it lost, it is tried again after ``RETRY`` plain steps.
+
 **Lossless.** A budget only cuts a tree before verification; the verifier accepts what the target
 itself would produce at every node it is given (greedy, and the exact tree walk whose uniforms are
 keyed by the token's position, ``specdec.decode.requests``), so a request's tokens do not depend on
@@ -68,8 +75,9 @@ from typing import Sequence
 import attrs
 import numpy as np
 
-from specdec.tuning.costs import StepCosts, plain_share
+from specdec.decode.realized import RealizedRates
 from specdec.errors import InvalidInputError
+from specdec.tuning.costs import StepCosts, plain_share
 from specdec.slots import PREFILL_CHUNK
 
 __all__ = ["BUDGETS", "MODES", "Speculation", "StepPlan", "check_speculation", "make_speculation"]
@@ -205,6 +213,8 @@ class Speculation:
         self._prior = _Acceptance(PRIOR_DECAY)
         self._quiet = EXPLORE_EVERY  # steps since a request was last tried again (_explore)
         self._since_plain = 0  # decode steps since the last one decoded plainly
+        self.realized = RealizedRates()  # what steps delivered, per row count
+        self._step_rows, self._step_tokens = 0, 0  # the decode rows of this step and their tokens
 
     @property
     def needs_costs(self) -> bool:
@@ -241,6 +251,7 @@ class Speculation:
 
     def plan(self, request_ids: Sequence[int], chunk_tokens: int = 0) -> StepPlan:
         """Budgets for the requests decoded this step, beside ``chunk_tokens`` prompt tokens."""
+        self._step_rows, self._step_tokens = 0, 0  # a step begins: its rows are counted anew
         ids = list(request_ids)
         if not ids:
             return StepPlan({}, 0, 0)
@@ -284,7 +295,10 @@ class Speculation:
             budgets.update({ids[i]: BUDGETS[j] for i in order[: m + 1, j]})
             seconds = plain_time + float(extra[m, j])
             chosen = StepPlan(budgets, int(batch * width[m, j]), m + 1, seconds)
-        return self._explore(ids, kept[:, -1] + 1.0, chosen)
+        plan = self._explore(ids, kept[:, -1] + 1.0, chosen)
+        if plan.drafting and not self.realized.allows(batch):  # drafting lost at this row count
+            return StepPlan(dict.fromkeys(ids, 0), batch, 0, plain_time)
+        return plan
 
     def _explore(self, ids: list[int], nodes: np.ndarray, chosen: StepPlan) -> StepPlan:
         """``chosen`` with the request whose whole tree was verified longest ago (``EXPLORE_EVERY``
@@ -353,6 +367,10 @@ class Speculation:
         """A group's rows were verified: ``verified`` nodes of trees of ``full_nodes`` (before
         their budgets cut them), accepted ``path`` (B, D+1) with ``num_accepted`` (B,)."""
         prior = self._prior
+        self._step_rows += len(request_ids)
+        self._step_tokens += int(np.sum(np.asarray(num_accepted)[: len(request_ids)])) + len(
+            request_ids
+        )
         for b, request_id in enumerate(request_ids):
             row = self._rows.setdefault(request_id, _Acceptance(REQUEST_DECAY))
             if budgets[b] == 0:  # did not draft: drift back toward the engine's average
@@ -390,6 +408,10 @@ class Speculation:
         self._since_plain = 0 if plain else self._since_plain + 1
         if self.costs is not None:
             self.costs.observe(tokens, seconds, drafting, draft_seconds, rows, plain_tokens)
+        decode_rows, committed = self._step_rows, self._step_tokens
+        self._step_rows, self._step_tokens = 0, 0
+        if decode_rows and plain_share(tokens, plain_tokens) == decode_rows:  # no prompt tokens
+            self.realized.observe(decode_rows, committed, seconds + draft_seconds, drafting > 0)
 
     def forget(self, request_id: int) -> None:
         """A request ended."""

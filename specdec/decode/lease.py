@@ -17,34 +17,29 @@ from typing import Any, Iterator
 from specdec.errors import TargetBusyError
 
 _guard = threading.Lock()
-_holders: dict[
-    int, str
-] = {}  # id(target) -> who holds it (the target is alive while leased: its holder refers to it)
-
-
-def _describe_holder() -> str:
-    thread = threading.current_thread()
-    return f"thread {thread.name!r}"
+# the ids of the leased targets (a target is alive while leased: its generation refers to it)
+_holders: set[int] = set()
 
 
 def acquire(target: Any) -> None:
-    """Lease ``target`` for one generation, or raise TargetBusyError if it is in use."""
+    """Lease ``target`` for one generation, or raise TargetBusyError if it is in use. (Every
+    generation runs on specdec's compute thread, so which thread asked says nothing to the caller:
+    the message names the target and the ways a generation stays running.)"""
     with _guard:
-        holder = _holders.get(id(target))
-        if holder is not None:
+        if id(target) in _holders:
             raise TargetBusyError(
                 f"this target ({getattr(target, 'name', None) or type(target).__name__}) is busy: "
-                f"a generation started by {holder} is still running on it (a stream not yet "
-                "exhausted or closed, or another thread); a target serves one generation at a "
-                "time. Finish or close() the first stream, or load a second target with "
+                "an earlier generation on it is still running (a stream not yet exhausted or "
+                "closed, or a generate call from another thread); a target serves one generation "
+                "at a time. Finish or close() the first stream, or load a second target with "
                 "specdec.load(...) for concurrent use"
             )
-        _holders[id(target)] = _describe_holder()
+        _holders.add(id(target))
 
 
 def release(target: Any) -> None:
     with _guard:
-        _holders.pop(id(target), None)
+        _holders.discard(id(target))
 
 
 def is_busy(target: Any) -> bool:

@@ -29,6 +29,28 @@ def _tokens(value) -> tuple[int, ...]:
     return tuple(int(t) for t in value)
 
 
+def _token_ids(name: str):
+    """A converter to a tuple of token ids (integers >= 0) that names the field when given
+    anything else (a bare int, a string, floats, bools, negative ids)."""
+
+    def convert(value) -> tuple[int, ...]:
+        items = list(value) if isinstance(value, (Sequence, np.ndarray)) else None
+        if (
+            items is None
+            or isinstance(value, (str, bytes))
+            or not all(
+                isinstance(t, (int, np.integer)) and not isinstance(t, bool) and t >= 0
+                for t in items
+            )
+        ):
+            raise InvalidInputError(
+                f"{name} must be a list of token ids (integers >= 0), got {value!r}"
+            )
+        return tuple(int(t) for t in items)
+
+    return convert
+
+
 def _seed(value) -> tuple[int, ...] | None:
     if value is None:
         return None
@@ -47,7 +69,9 @@ class Request:
     sampling: SamplingConfig = attrs.field(factory=SamplingConfig)
     seed: tuple[int, ...] | None = attrs.field(default=None, converter=_seed)
     max_new_tokens: int = attrs.field(default=128)
-    stop_token_ids: tuple[int, ...] = attrs.field(default=(), converter=_tokens)
+    stop_token_ids: tuple[int, ...] = attrs.field(
+        default=(), converter=_token_ids("stop_token_ids")
+    )
 
     @max_new_tokens.validator
     def _check_max_new_tokens(self, attribute, value):

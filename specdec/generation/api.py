@@ -5,7 +5,9 @@ Every check happens before the target's cache is touched, so a rejected call lea
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+import re
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
@@ -15,12 +17,15 @@ from specdec.drafting.lookup import LookupDrafter
 from specdec.drafting.none import NoDrafter
 from specdec.generation.arguments import (
     check_fits_context,
+    check_flag,
+    check_text,
     context_length,
     check_drafter_path,
     check_max_new_tokens,
     check_prompt_type,
     check_seed,
     is_int,
+    plain_prompt,
     sampling_config,
 )
 from specdec.decode.budget import check_speculation
@@ -38,7 +43,7 @@ from specdec import compute
 from specdec.capabilities import drafter_caps, verifier_caps
 from specdec.models.files import check_model_folder, damaged_checkpoint, read_json
 from specdec.models.llama import load_tokenizer
-from specdec.slots import DEFAULT_CAPACITY, TREE_ROOM, check_tree_room
+from specdec.slots import DEFAULT_CAPACITY, TREE_ROOM, check_tree_room, lower_options
 from specdec.decode.loop import decode_steps
 from specdec.decode.plan import DecodePlan
 from specdec.generation.options import check_drafter_options
@@ -46,6 +51,7 @@ from specdec.generation.resolve import Resolved, build, resolve, with_lookup
 from specdec.plugins.registry import PluginRegistry, default_registry
 from specdec.tuning.dtype import DtypeChoice, cached_drafter_plan, load_fastest
 from specdec.tuning.exactness import check_exact_option, configure
+from specdec.tuning.guard import GUARD_NODES, guard_exact_mode
 from specdec.types import GenerationResult, GenerationStats, StepResult
 
 
@@ -70,8 +76,9 @@ def generate(
 
     model: a local Hugging Face-format folder, a loaded target (``specdec.load``) or a
         backend-native model object. prompt: a string (needs a tokenizer), a list of token ids,
-        or a list of those (a batch). drafter: a name ("redrafter", "medusa", "none"), a path to
-        a drafter checkpoint, or a Drafter object. backend: "numpy", "torch", "mlx" or any
+        or a list of those (a batch); a 1-D NumPy integer array is token ids, a 2-D one a batch.
+        drafter: a name ("redrafter", "medusa", "none"), a path to a drafter checkpoint, or a
+        Drafter object. backend: "numpy", "torch", "mlx" or any
         installed plugin; None picks torch when installed, else numpy.
     options: ``verifier`` and ``tree_builder`` (names or objects), ``stop_at_eos`` (default
         True), ``speculation`` ("auto", the default: each step drafts what the measured costs and
@@ -198,6 +205,7 @@ def _prepare(
 ):
     registry = registry or default_registry()
     options = dict(options)
+    stop_at_eos = check_flag(options.pop("stop_at_eos", True), "stop_at_eos")
     sampling = sampling_config(temperature, top_k, top_p)
     max_new_tokens = check_max_new_tokens(max_new_tokens)
     check_prompt_type(prompt)
@@ -247,7 +255,6 @@ def _prepare(
             chat_template=getattr(target, "chat_template", None),
         )
         check_fits_context(prompts, max_new_tokens, context_length(target), batched=batched)
-    stop_at_eos = options.pop("stop_at_eos", True)
     speculation = check_speculation(options.pop("speculation", None))
     verifier_choice = options.pop("verifier", None)
     tree_choice = options.pop("tree_builder", None)
@@ -260,6 +267,13 @@ def _prepare(
         drafter_obj = add_lookup(drafter_obj, lookup, backend_obj, target)
         named = with_lookup(named)
     caps = drafter_caps(drafter_obj, named.source)
+    guard_exact_mode(
+        backend_obj,
+        target,
+        max_nodes=min(caps.max_tree_size or GUARD_NODES, TREE_ROOM),
+        rows=target.num_slots,
+        insist=exact is True,
+    )
     if tree_room is None:  # an engine passes its own, which it checks itself
         room = (
             int(target.capacity) - max(map(len, prompts)) - int(max_new_tokens) + 1
@@ -269,6 +283,7 @@ def _prepare(
             room,
             named.source,
             "" if isinstance(model, (str, Path)) else ", or load the target with a larger capacity",
+            lower=lower_options(named.spec, lookup=bool(lookup)),
         )
     tree_name, tree_options = caps.tree_builder
     tree = resolve("tree_builder", tree_choice or tree_name, registry, backend_obj.name)
@@ -366,7 +381,8 @@ def load(
     exact: the target's exact mode, as in ``generate`` (None: on where this machine's check holds).
     slots: requests decoded at once (a batch larger than that waits for free slots); capacity:
     positions per slot, prompt and new tokens and a draft tree (None: the model's context length,
-    at most ``specdec.slots.DEFAULT_CAPACITY``)."""
+    at most ``specdec.slots.DEFAULT_CAPACITY``); sizes whose KV cache cannot fit the machine's (or
+    the device's) memory are refused before it is allocated."""
     backend_obj = load_backend(backend, registry or default_registry())
     return compute.run_for(
         backend_obj,
@@ -445,15 +461,11 @@ def _load_choosing_dtype(
     naming the model, the backend and the dtype / device asked for."""
     if isinstance(model, (str, Path)):
         check_model_folder(model)
-        if capacity is None:
-            capacity = min(
-                int(
-                    read_json(Path(model) / "config.json", what="model config").get(
-                        "max_position_embeddings", DEFAULT_CAPACITY
-                    )
-                ),
-                DEFAULT_CAPACITY,
+        if capacity is None:  # check_model_folder checked its type
+            context = read_json(Path(model) / "config.json", what="model config").get(
+                "max_position_embeddings"
             )
+            capacity = min(context or DEFAULT_CAPACITY, DEFAULT_CAPACITY)
     try:
         if (
             dtype in (None, "auto")
@@ -467,7 +479,9 @@ def _load_choosing_dtype(
         )
     except SpecdecError:
         raise
-    except (OSError, ValueError, RuntimeError, AssertionError, KeyError, TypeError) as exc:
+    except Exception as exc:  # noqa: BLE001
+        # whatever the backend's framework raises (its own config validation included) is
+        # reported as this load failing, in one line; --debug shows the traceback
         asked = "".join(
             f", {k}={v!r}" for k, v in (("dtype", dtype), ("device", device)) if v is not None
         )
@@ -492,13 +506,14 @@ def encode_prompts(
     the model's chat template); a batch is a list of prompts.
     """
     check_prompt_type(prompt)
+    prompt = plain_prompt(prompt)  # NumPy arrays of token ids as lists
     if (
         isinstance(prompt, str)
         or is_messages(prompt)
         or (isinstance(prompt, Sequence) and prompt and _is_token(prompt[0]))
     ):
         prompts, batched = [prompt], False
-    elif isinstance(prompt, (Sequence, np.ndarray)) and len(prompt) > 0:
+    elif isinstance(prompt, Sequence) and len(prompt) > 0:
         prompts, batched = list(prompt), True
     else:
         raise InvalidInputError(
@@ -508,7 +523,7 @@ def encode_prompts(
     for row, p in enumerate(prompts):
         where = f"prompt {row} of the batch" if batched else "the prompt"
         if is_messages(p):
-            p = render_chat(chat_template, p)
+            p = check_text(render_chat(chat_template, p), f"{where} (the rendered chat)")
         if isinstance(p, str):
             if tokenizer is None:
                 raise InvalidInputError(
@@ -543,16 +558,17 @@ def load_drafter(drafter: Resolved, target, backend, registry: PluginRegistry, o
             )
         return drafter.choice
     if drafter.checkpoint is None:
-        return build(
-            drafter,
-            registry,
-            backend.name,
-            options,
-            target=target,
-            checkpoint=None,
-            backend=backend,
-        )
-    with damaged_checkpoint(drafter.checkpoint):
+        with _options_named(drafter, options):
+            return build(
+                drafter,
+                registry,
+                backend.name,
+                options,
+                target=target,
+                checkpoint=None,
+                backend=backend,
+            )
+    with damaged_checkpoint(drafter.checkpoint), _options_named(drafter, options):
         return build(
             drafter,
             registry,
@@ -562,6 +578,25 @@ def load_drafter(drafter: Resolved, target, backend, registry: PluginRegistry, o
             checkpoint=drafter.checkpoint,
             backend=backend,
         )
+
+
+@contextlib.contextmanager
+def _options_named(drafter: Resolved, options: dict):
+    """A drafter's refusal of a value the caller gave (its message names the option) reported as
+    that argument's error, not as a damaged checkpoint (``damaged_checkpoint``)."""
+    try:
+        yield
+    except SpecdecError:
+        raise
+    except (ValueError, TypeError) as exc:
+        detail = " ".join(str(exc).split())
+        named = [key for key in options if re.search(rf"\b{re.escape(key)}\b", detail)]
+        if not named:
+            raise
+        given = ", ".join(f"{key}={options[key]!r}" for key in named)
+        raise InvalidInputError(
+            f"drafter {drafter.name!r} refuses the option(s) given, {given}: {detail}"
+        ) from None
 
 
 def add_lookup(drafter, lookup, backend, target):

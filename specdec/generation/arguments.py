@@ -69,24 +69,81 @@ def check_seed(seed, batch_size: int | None = None) -> None:
         )
 
 
+def check_flag(value, name: str) -> bool:
+    """``value`` as a bool, after checking it is one (True, False or a NumPy bool): a string such
+    as "no" is refused, naming the argument."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise InvalidInputError(f"{name} must be True or False, got {value!r}")
+    return bool(value)
+
+
+def check_text(text: str, where: str) -> str:
+    """``text`` after checking it is Unicode text a tokenizer can encode: a lone surrogate (what
+    Python makes of bytes that are not UTF-8 with errors="surrogateescape", as it reads the
+    command line) is refused, naming where it is."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidInputError(
+            f"{where} holds {text[exc.start]!r} at character {exc.start}, a lone surrogate that "
+            "is not Unicode text (bytes that were not UTF-8, decoded with surrogateescape): "
+            "give the text as UTF-8"
+        ) from None
+    return text
+
+
+def token_array(prompt: np.ndarray, where: str) -> list:
+    """A NumPy array prompt as token ids: 1-D integers are one prompt's ids, 2-D integers a batch
+    of rows; anything else is refused, naming what it is."""
+    if not np.issubdtype(prompt.dtype, np.integer):
+        raise InvalidInputError(
+            f"{where} is a NumPy array of {prompt.dtype}: token ids must be integers (or pass "
+            "text as a str)"
+        )
+    if prompt.ndim not in (1, 2):
+        raise InvalidInputError(
+            f"{where} is a NumPy array of shape {prompt.shape}: give token ids as a 1-D array, "
+            "or a batch as a 2-D array (one row per prompt)"
+        )
+    return prompt.tolist()
+
+
+def plain_prompt(prompt):
+    """``prompt`` with NumPy arrays (the prompt, or rows of a batch) made lists of ints
+    (``token_array``)."""
+    if isinstance(prompt, np.ndarray):
+        return token_array(prompt, "the prompt")
+    if isinstance(prompt, list) and any(isinstance(p, np.ndarray) for p in prompt):
+        return [
+            token_array(p, f"prompt {row} of the batch") if isinstance(p, np.ndarray) else p
+            for row, p in enumerate(prompt)
+        ]
+    return prompt
+
+
 def _check_one_prompt(prompt, where: str) -> None:
     if isinstance(prompt, bytes):
         raise InvalidInputError(
             f"{where} is bytes: decode it to a str for a text prompt, or pass a list of token ids"
         )
-    if isinstance(prompt, str) or is_messages(prompt):
+    if isinstance(prompt, str):
+        check_text(prompt, where)
         return
-    if not isinstance(prompt, (Sequence, np.ndarray)):
+    if is_messages(prompt):
+        return
+    if not isinstance(prompt, Sequence):
         raise InvalidInputError(
             f"{where} must be {PROMPT_KINDS}; got {type(prompt).__name__} {prompt!r:.60}"
         )
 
 
 def check_prompt_type(prompt) -> None:
-    """The prompt is one of the accepted kinds (contents are checked once encoded)."""
+    """The prompt is one of the accepted kinds (contents are checked once encoded); NumPy arrays
+    are token ids (``plain_prompt``)."""
+    prompt = plain_prompt(prompt)
     _check_one_prompt(prompt, "the prompt")
     if (
-        isinstance(prompt, (Sequence, np.ndarray))
+        isinstance(prompt, Sequence)
         and not isinstance(prompt, str)
         and not is_messages(prompt)
         and len(prompt)

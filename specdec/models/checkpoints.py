@@ -13,6 +13,7 @@ import numpy as np
 from safetensors.numpy import load_file, save_file
 
 from specdec.errors import IncompatibleDrafterError, InvalidInputError
+from specdec.models.files import read_json
 
 
 CONFIG_FILE = "config.json"
@@ -75,7 +76,7 @@ def read_checkpoint(path, *, label: str) -> tuple[dict, dict[str, np.ndarray]]:
                 f"{folder} is not a {label} checkpoint: {name} is missing (expected {CONFIG_FILE} "
                 f"and {WEIGHTS_FILE})"
             )
-    config = json.loads((folder / CONFIG_FILE).read_text())
+    config = read_json(folder / CONFIG_FILE, what=f"{label} config")
     weights = {
         name: array.astype(np.int64 if np.issubdtype(array.dtype, np.integer) else np.float64)
         for name, array in load_file(str(folder / WEIGHTS_FILE)).items()
@@ -127,7 +128,7 @@ def read_target_config(model_path, *, label: str) -> tuple[dict, dict]:
         raise InvalidInputError(
             f"{folder} has no {CONFIG_FILE}; pass the folder of a Hugging Face-format target model"
         )
-    config = json.loads(config_file.read_text())
+    config = read_json(config_file, what="model config")
     missing = [key for key in ("hidden_size", "vocab_size") if key not in config]
     if missing:
         raise InvalidInputError(

@@ -1,36 +1,128 @@
 """Reading the files a model or drafter folder holds, with errors that name the file.
 
-Library errors (``json.JSONDecodeError``, safetensors' "incomplete metadata") do not say which
-file is damaged; these helpers do, and they check a safetensors file's structure (its header
-parses and its tensors end exactly at the end of the file) without reading the tensors.
+Library errors (``json.JSONDecodeError``, safetensors' "incomplete metadata", a GGUF reader's
+``IndexError``, torch's unpickler refusal) do not say which file is damaged; these helpers do.
+``parse_json`` / ``read_json`` are the one way specdec reads JSON a user gave it (a file, or an
+argument), so that JSON nested deeper than Python's parser goes is refused like any other that is
+not JSON. ``check_safetensors`` and ``check_gguf`` check a weights file's structure (its header
+parses, its tensors lie inside the file and do not overlap) without reading the tensors, before a
+library that trusts the header's counts and sizes loops or allocates by them.
+``load_torch_pickle`` reads a torch pickle with torch's safe unpickler only.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import math
+import mmap
+import re
 import struct
 from pathlib import Path
+from typing import Any, Mapping
 
-from specdec.errors import CorruptFileError, InvalidInputError, SpecdecError
+from specdec.errors import CorruptFileError, InvalidInputError, SpecdecError, require
 
 MAX_HEADER = 100 * 1024 * 1024  # safetensors' own limit on the JSON header
 
+# bytes per element of the safetensors dtypes of whole bytes (sub-byte ones are not sized here)
+SAFETENSORS_DTYPES = {
+    "BOOL": 1,
+    "U8": 1,
+    "I8": 1,
+    "F8_E5M2": 1,
+    "F8_E4M3": 1,
+    "F8_E8M0": 1,
+    "I16": 2,
+    "U16": 2,
+    "F16": 2,
+    "BF16": 2,
+    "I32": 4,
+    "U32": 4,
+    "F32": 4,
+    "I64": 8,
+    "U64": 8,
+    "F64": 8,
+    "C64": 8,
+}
 
-def read_json(path, *, what: str = "file") -> dict:
-    """The JSON object in ``path``; CorruptFileError naming the file if it is not one."""
-    path = Path(path)
+
+def parse_json(text, *, what: str, fix: str, error: type[SpecdecError] = CorruptFileError):
+    """The JSON value in ``text`` (str or bytes); ``error`` naming ``what`` and giving ``fix``
+    when it is not JSON, not UTF-8, or nests deeper than Python's JSON parser goes."""
     try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CorruptFileError(
-            f"{what} {path} is not valid JSON ({exc}); restore or re-create the file"
+        return json.loads(text)
+    except RecursionError:
+        raise error(
+            f"{what} is not valid JSON a reader can take (it nests arrays or objects too deeply); "
+            f"{fix}"
         ) from None
-    if not isinstance(value, dict):
+    except (UnicodeDecodeError, ValueError) as exc:
+        detail = " ".join(str(exc).split())
+        raise error(f"{what} is not valid JSON ({detail}); {fix}") from None
+
+
+def read_json(path, *, what: str = "file", kind: type | None = dict):
+    """The JSON value in file ``path``, by default an object; CorruptFileError naming the file if
+    it is not one (``kind=None``: any JSON value)."""
+    path = Path(path)
+    value = parse_json(
+        path.read_bytes(), what=f"{what} {path}", fix="restore or re-create the file"
+    )
+    if kind is not None and not isinstance(value, kind):
+        expected = {dict: "an object", list: "an array"}.get(kind, kind.__name__)
         raise CorruptFileError(
-            f"{what} {path} holds a JSON {type(value).__name__}, expected an object"
+            f"{what} {path} holds a JSON {type(value).__name__}, expected {expected}"
         )
     return value
+
+
+def safetensors_problem(header, size: int, header_size: int) -> str | None:
+    """What is wrong with a safetensors file of ``size`` bytes whose JSON header (``header_size``
+    bytes) parsed as ``header``, or None: every tensor has a dtype, a shape and a data range
+    (of as many bytes as its shape needs, for the dtypes of whole bytes), and the ranges tile the
+    data exactly, as safetensors requires (no overlap, no gap, no byte past the end of the
+    file)."""
+    if not isinstance(header, dict):
+        return "its header is not a JSON object"
+    spans = []
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            dtype, shape, (start, end) = info["dtype"], info["shape"], info["data_offsets"]
+        except (TypeError, KeyError, ValueError):
+            return f"the header entry of tensor {name!r} is not dtype, shape and data_offsets"
+        numbers = [*shape, start, end] if isinstance(shape, list) else None
+        if (
+            not isinstance(dtype, str)
+            or numbers is None
+            or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in numbers)
+            or end < start
+        ):
+            return (
+                f"tensor {name!r} has dtype {dtype!r}, shape {shape!r} and data_offsets "
+                f"{[start, end]!r}"
+            )
+        itemsize = SAFETENSORS_DTYPES.get(dtype)
+        if itemsize is not None and end - start != math.prod(shape) * itemsize:
+            return (
+                f"tensor {name!r} ({dtype} {shape}) has data_offsets {[start, end]} of "
+                f"{end - start} bytes"
+            )
+        spans.append((start, end, name))
+    spans.sort()
+    edge, previous = 0, None
+    for start, end, name in spans:
+        if start < edge:
+            return f"tensors {previous!r} and {name!r} overlap (data_offsets)"
+        if start > edge:
+            return f"the data has a gap of {start - edge} bytes before tensor {name!r}"
+        edge, previous = end, name
+    expected = 8 + header_size + edge
+    if expected != size:
+        return f"it has {size} bytes, its header describes {expected} (truncated or damaged)"
+    return None
 
 
 def check_safetensors(path) -> None:
@@ -49,29 +141,321 @@ def check_safetensors(path) -> None:
             else:
                 try:
                     header = json.loads(handle.read(header_size))
-                    ends = [
-                        int(info["data_offsets"][1])
-                        for name, info in header.items()
-                        if name != "__metadata__"
-                    ]
-                except (ValueError, KeyError, TypeError, IndexError):
+                except (ValueError, RecursionError):
                     problem = "its header is not valid safetensors JSON"
                 else:
-                    expected = 8 + header_size + max(ends, default=0)
-                    if expected != size:
-                        problem = (
-                            f"it has {size} bytes, its header describes {expected} (truncated or "
-                            "damaged)"
-                        )
+                    problem = safetensors_problem(header, size, header_size)
     if problem:
         raise CorruptFileError(
             f"weights file {path} is damaged: {problem}; restore or re-create it"
         )
 
 
+# ---------------------------------------------------------------------------- GGUF
+
+_GGUF_SCALARS = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+_GGUF_UINT32, _GGUF_STRING, _GGUF_ARRAY = 4, 8, 9
+_GGUF_MAX_DIMS = 4  # llama.cpp's GGML_MAX_DIMS
+_GGUF_MAX_NESTING = 8  # arrays of arrays
+_GGUF_MIN_KEY = 8 + 4 + 1  # key length, value type, the smallest value
+_GGUF_MIN_TENSOR = 8 + 4 + 8 + 4 + 8  # name length, dimension count, one dimension, type, offset
+
+
+class _Damaged(Exception):
+    """What is wrong with a GGUF file (raised while its header is walked)."""
+
+
+class _GgufCursor:
+    """Reads a GGUF header from ``data`` (``size`` bytes) with every length checked against what
+    the file has left."""
+
+    def __init__(self, data, size: int, order: str, offset: int):
+        self.data, self.size, self.order, self.offset = data, size, order, offset
+
+    def take(self, count: int, what: str) -> int:
+        if count > self.size - self.offset:
+            raise _Damaged(
+                f"{what} at byte {self.offset} needs {count} bytes, past the end of the file "
+                f"({self.size} bytes): truncated or damaged"
+            )
+        start, self.offset = self.offset, self.offset + count
+        return start
+
+    def number(self, code: str, what: str) -> int:
+        start = self.take(struct.calcsize(code), what)
+        return struct.unpack_from(self.order + code, self.data, start)[0]
+
+    def string(self, what: str, *, text: bool = True) -> str:
+        length = self.number("Q", f"the length of {what}")
+        start = self.take(length, what)
+        if not text:
+            return ""
+        try:
+            return bytes(self.data[start : start + length]).decode("utf-8")
+        except UnicodeDecodeError:
+            raise _Damaged(f"{what} at byte {start} is not UTF-8 text") from None
+
+    def skip_value(self, kind: int, key: str, depth: int = 0) -> None:
+        what = f"the value of {key!r}"
+        if kind in _GGUF_SCALARS:
+            self.take(_GGUF_SCALARS[kind], what)
+        elif kind == _GGUF_STRING:
+            self.string(what, text=False)
+        elif kind == _GGUF_ARRAY:
+            if depth >= _GGUF_MAX_NESTING:
+                raise _Damaged(f"{what} nests arrays more than {_GGUF_MAX_NESTING} deep")
+            item = self.number("I", what)
+            count = self.number("Q", what)
+            least = _GGUF_SCALARS.get(item, 8 if item == _GGUF_STRING else 12)
+            if item not in _GGUF_SCALARS and item not in (_GGUF_STRING, _GGUF_ARRAY):
+                raise _Damaged(
+                    f"{what} is an array of value type {item}, which GGUF does not define"
+                )
+            if count * least > self.size - self.offset:
+                raise _Damaged(
+                    f"{what} claims {count} items, more than the {self.size - self.offset} bytes "
+                    "left in the file hold: truncated or damaged"
+                )
+            if item in _GGUF_SCALARS:
+                self.take(count * least, what)
+            else:
+                for _ in range(count):
+                    self.skip_value(item, key, depth + 1)
+        else:
+            raise _Damaged(f"{what} has value type {kind}, which GGUF does not define")
+
+
+def _ggml_sizes() -> dict[int, tuple[int, int]] | None:
+    """{tensor type: (elements per block, bytes per block)} of the gguf package, if installed."""
+    try:
+        from gguf.constants import GGML_QUANT_SIZES  # optional: gguf (hf extra)
+    except ImportError:
+        return None
+    return {int(kind): (int(block), int(size)) for kind, (block, size) in GGML_QUANT_SIZES.items()}
+
+
+def _gguf_problem(data, size: int) -> str | None:
+    if size < 24:
+        return f"it has only {size} bytes, fewer than a GGUF header's 24"
+    order = "<"
+    (version,) = struct.unpack_from("<I", data, 4)
+    if version & 0xFFFF == 0:  # written on a machine of the other byte order
+        order = ">"
+        (version,) = struct.unpack_from(">I", data, 4)
+    if version not in (2, 3):
+        return f"it says GGUF version {version}; GGUF readers read versions 2 and 3"
+    cursor = _GgufCursor(data, size, order, 8)
+    tensors = cursor.number("Q", "the tensor count")
+    keys = cursor.number("Q", "the metadata key count")
+    for count, least, what in (
+        (keys, _GGUF_MIN_KEY, "metadata keys"),
+        (tensors, _GGUF_MIN_TENSOR, "tensors"),
+    ):
+        if count * least > size - 24:
+            return f"its header claims {count} {what}, more than its {size} bytes can hold"
+    alignment, seen = 32, set()
+    for _ in range(keys):
+        key = cursor.string("a metadata key")
+        if key in seen:
+            return f"it holds metadata key {key!r} twice"
+        seen.add(key)
+        kind = cursor.number("I", f"the value type of {key!r}")
+        start = cursor.offset
+        cursor.skip_value(kind, key)
+        if key == "general.alignment":
+            value = (
+                struct.unpack_from(order + "I", data, start)[0] if kind == _GGUF_UINT32 else None
+            )
+            if not value or value & (value - 1):
+                return "its general.alignment is not a power of two stored as a uint32"
+            alignment = value
+    infos, names = [], set()
+    for _ in range(tensors):
+        name = cursor.string("a tensor name")
+        if name in names:
+            return f"it holds tensor {name!r} twice"
+        names.add(name)
+        dims = cursor.number("I", f"the dimension count of tensor {name!r}")
+        if not 1 <= dims <= _GGUF_MAX_DIMS:
+            return f"tensor {name!r} has {dims} dimensions (GGUF tensors have 1 to 4)"
+        shape = [cursor.number("Q", f"the shape of tensor {name!r}") for _ in range(dims)]
+        kind = cursor.number("I", f"the type of tensor {name!r}")
+        offset = cursor.number("Q", f"the offset of tensor {name!r}")
+        infos.append((name, shape, kind, offset))
+    start = cursor.offset + (-cursor.offset) % alignment
+    sizes = _ggml_sizes()
+    spans = []
+    for name, shape, kind, offset in infos:
+        length = 0
+        if sizes is not None:
+            if kind not in sizes:
+                return f"tensor {name!r} has type {kind}, which GGUF does not define"
+            block, block_bytes = sizes[kind]
+            if shape[0] % block:
+                return (
+                    f"tensor {name!r} has a first dimension of {shape[0]}, not a multiple of its "
+                    f"type's block of {block}"
+                )
+            length = math.prod(shape) // block * block_bytes
+        if offset % alignment:
+            return f"tensor {name!r} starts at offset {offset}, not a multiple of {alignment}"
+        if start + offset + length > size:
+            return (
+                f"tensor {name!r} (shape {shape}) ends at byte {start + offset + length}, past the "
+                f"end of the file ({size} bytes): truncated or damaged"
+            )
+        spans.append((offset, offset + length, name))
+    spans.sort()
+    for (_, end, first), (begin, _, second) in zip(spans, spans[1:]):
+        if begin < end:
+            return f"tensors {first!r} and {second!r} overlap"
+    return None
+
+
+def check_gguf(path) -> None:
+    """Raise CorruptFileError unless ``path`` is a structurally sound GGUF file: its magic and
+    version, every metadata key and value and every tensor's name, shape, type and offset inside
+    the file, tensors that neither overlap nor end past it. Reads the header only."""
+    path = Path(path)
+    with open(path, "rb") as handle:
+        size = path.stat().st_size
+        magic = handle.read(4)
+        if magic != b"GGUF":
+            raise CorruptFileError(
+                f"{path} is not a GGUF file (it starts {magic!r}, not b'GGUF'); pass a GGUF file, "
+                "or restore it"
+            )
+        with mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as data:
+            try:
+                problem = _gguf_problem(data, size)
+            except _Damaged as exc:
+                problem = str(exc)
+    if problem:
+        raise CorruptFileError(f"GGUF file {path} is damaged: {problem}; restore or re-create it")
+
+
+# ---------------------------------------------------------------------------- torch pickles
+
+
+def torch_refusal(exc: BaseException) -> str:
+    """What torch's safe unpickler (``torch.load(weights_only=True)``) refused, in a few words:
+    the global or operand it does not allow, else the first line of its message, never torch's
+    advice to load the file unsafely."""
+    text = str(exc)
+    found = re.search(r"Unsupported (global|operand)[^\n.]*", text)
+    if found:
+        return found.group(0).strip()
+    first = text.strip().split("\n")[0].strip()
+    if not first or "weights_only" in first.lower() or "weights only" in first.lower():
+        return "the file ends early" if isinstance(exc, EOFError) else type(exc).__name__
+    return first
+
+
+def load_torch_pickle(path, *, what: str, fix: str, error: type[SpecdecError] = CorruptFileError):
+    """The object a torch pickle holds, read by torch's safe unpickler (tensors and plain values,
+    never code); ``error`` naming ``what`` and the file, with ``fix``, when it does not load."""
+    torch = require("torch", extra="torch", feature=f"reading the torch file {path}")
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001
+        # any refusal of the safe unpickler, or a damaged file, is reported the same way
+        raise error(
+            f"{what} {path} was not loaded: it holds more than tensors and plain values, or is "
+            f"damaged ({torch_refusal(exc)}); a pickle of arbitrary objects can run code; {fix}"
+        ) from None
+
+
+def read_torch_tensors(path, *, what: str = "weights file") -> dict[str, Any]:
+    """{name: torch tensor} of a torch weights file (``.pt``, ``.bin``), read with
+    ``load_torch_pickle``; CorruptFileError naming the file when it holds anything else."""
+    fix = "convert it to safetensors where it came from, or restore it"
+    state = load_torch_pickle(path, what=what, fix=fix)
+    torch = require("torch", extra="torch", feature=f"reading the torch file {path}")
+    if not isinstance(state, Mapping):
+        raise CorruptFileError(
+            f"{what} {path} holds a {type(state).__name__}, not tensors by name; {fix}"
+        )
+    bad = [
+        key for key, value in state.items() if not (isinstance(key, str) and torch.is_tensor(value))
+    ]
+    if bad:
+        raise CorruptFileError(
+            f"{what} {path} holds entries that are not named tensors ({bad[:4]!r}); {fix}"
+        )
+    return dict(state)
+
+
+# ---------------------------------------------------------------------------- folders
+
+# config.json keys with one meaning in every Hugging Face model: their types are checked before a
+# backend reads them (a library that validates them itself would raise its own error)
+_SIZE_KEYS = (
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "max_position_embeddings",
+    "sliding_window",
+)
+_TOKEN_KEYS = ("bos_token_id", "eos_token_id")
+_FLAG_KEYS = ("tie_word_embeddings", "attention_bias", "mlp_bias", "use_sliding_window")
+_NUMBER_KEYS = ("rms_norm_eps", "rope_theta")
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_config_values(config: Mapping[str, Any], where) -> None:
+    """Refuse a model config.json whose standard keys have the wrong type: sizes that are not
+    positive integers (64.0 included), token ids that are not integers >= 0 (or lists of them for
+    eos_token_id), flags that are not booleans, rms_norm_eps or rope_theta that are not numbers.
+    Absent and null keys are left to the loader."""
+    for key in _SIZE_KEYS:
+        value = config.get(key)
+        if value is None:
+            continue
+        if not _is_int(value):
+            raise InvalidInputError(
+                f"{where}: {key} must be an integer, got {value!r}; fix config.json"
+            )
+        if value < 1:
+            raise InvalidInputError(
+                f"{where}: {key} must be a positive integer, got {value!r}; fix config.json"
+            )
+    for key in _TOKEN_KEYS:
+        value = config.get(key)
+        ids = value if isinstance(value, list) and key == "eos_token_id" else [value]
+        if value is not None and not all(_is_int(i) and i >= 0 for i in ids):
+            kind = "an integer >= 0" + (" or a list of them" if key == "eos_token_id" else "")
+            raise InvalidInputError(
+                f"{where}: {key} must be {kind}, got {value!r}; fix config.json"
+            )
+    for key in _FLAG_KEYS:
+        value = config.get(key)
+        if value is not None and not isinstance(value, bool):
+            raise InvalidInputError(
+                f"{where}: {key} must be true or false, got {value!r}; fix config.json"
+            )
+    for key in _NUMBER_KEYS:
+        value = config.get(key)
+        if value is not None and (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or not math.isfinite(value)
+            or value <= 0
+        ):
+            raise InvalidInputError(
+                f"{where}: {key} must be a positive number, got {value!r}; fix config.json"
+            )
+
+
 def check_model_folder(folder) -> None:
-    """A local model folder exists, its config.json is a JSON object and its weights are
-    complete."""
+    """A local model folder exists, its JSON files parse (config.json an object whose standard
+    keys have their types, ``check_config_values``) and its weights are complete."""
     folder = Path(folder)
     if not folder.exists():
         raise InvalidInputError(
@@ -86,13 +470,27 @@ def check_model_folder(folder) -> None:
         raise InvalidInputError(
             f"model folder {folder} has no config.json; a model folder needs its config.json"
         )
-    read_json(folder / "config.json", what="model config")
+    config = read_json(folder / "config.json", what="model config")
+    check_config_values(config, folder / "config.json")
+    for name, what in (
+        ("generation_config.json", "generation config"),
+        ("tokenizer_config.json", "tokenizer config"),
+    ):
+        if (folder / name).is_file():
+            read_json(folder / name, what=what)
     index = folder / "model.safetensors.index.json"
     if (folder / "model.safetensors").is_file():
         check_safetensors(folder / "model.safetensors")
     elif index.is_file():
-        shards = set(read_json(index, what="weights index").get("weight_map", {}).values())
-        for shard in sorted(shards):
+        weight_map = read_json(index, what="weights index").get("weight_map", {})
+        if not isinstance(weight_map, dict) or not all(
+            isinstance(shard, str) for shard in weight_map.values()
+        ):
+            raise CorruptFileError(
+                f"weights index {index} has a weight_map that is not tensor names to file names; "
+                "restore or re-create the file"
+            )
+        for shard in sorted(set(weight_map.values())):
             if (folder / shard).is_file():
                 check_safetensors(folder / shard)
 
@@ -109,21 +507,22 @@ def check_checkpoint_folder(folder) -> dict:
     return config
 
 
+# what a drafter's reader raises over a damaged checkpoint (beside safetensors' own errors)
+_READER_ERRORS = (ValueError, LookupError, TypeError, OSError, EOFError, RecursionError)
+
+
 @contextlib.contextmanager
 def damaged_checkpoint(folder):
     """Report what a drafter's own reader raises over a checkpoint folder's contents (a config
-    value it refuses, a missing or misshapen tensor, a safetensors file its library cannot read)
-    as a CorruptFileError naming the folder, in one line."""
+    value it refuses, a missing or misshapen tensor, a file its library cannot read) as a
+    CorruptFileError naming the folder, in one line."""
     try:
         yield
     except SpecdecError:
         raise
     except Exception as exc:  # noqa: BLE001
-        # ValueError, KeyError, TypeError, safetensors' own errors
-        if (
-            not isinstance(exc, (ValueError, KeyError, TypeError, OSError))
-            and "safetensor" not in type(exc).__name__.lower()
-        ):
+        # ValueError, KeyError, IndexError, TypeError, safetensors' own errors
+        if not isinstance(exc, _READER_ERRORS) and "safetensor" not in type(exc).__name__.lower():
             raise
         detail = " ".join(str(exc).split()) or type(exc).__name__
         raise CorruptFileError(

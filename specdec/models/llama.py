@@ -19,6 +19,7 @@ import numpy as np
 from tokenizers import Tokenizer
 
 from specdec.errors import CorruptFileError, InvalidInputError
+from specdec.models.files import check_safetensors, read_json
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "mistral")
 
@@ -192,23 +193,24 @@ class LlamaConfig:
     def from_folder(cls, path: str | os.PathLike) -> LlamaConfig:
         """Read ``config.json`` and, when present, ``generation_config.json`` of a model folder."""
         folder = check_folder(path)
-        config = json.loads((folder / "config.json").read_text())
+        config = read_json(folder / "config.json", what="model config")
         generation_path = folder / "generation_config.json"
-        generation = json.loads(generation_path.read_text()) if generation_path.is_file() else None
+        generation = (
+            read_json(generation_path, what="generation config")
+            if generation_path.is_file()
+            else None
+        )
         return cls.from_hf_dict(config, generation)
 
 
 def _integer(config: Mapping[str, Any], key: str, default: int | None = None) -> int:
     """config[key] (or ``default`` when it is absent or null) as an int; an error naming the key
-    when it is not an integer."""
+    when it is not an integer (a float such as 64.0 included: JSON writes integers without a
+    point)."""
     value = config.get(key)
     if value is None and default is not None:
         return default
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, (int, float))
-        or (isinstance(value, float) and not value.is_integer())
-    ):
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise InvalidInputError(
             f"config.json: {key} must be an integer, got {value!r}; fix config.json"
         )
@@ -216,12 +218,19 @@ def _integer(config: Mapping[str, Any], key: str, default: int | None = None) ->
 
 
 def _token_ids(value) -> tuple[int, ...]:
-    """An eos entry of a config (None, an int or a list of ints) as a tuple of ints."""
+    """An eos entry of a config (None, an int or a list of ints) as a tuple of ints; an error
+    naming eos_token_id for anything else."""
     if value is None:
         return ()
-    if isinstance(value, (list, tuple)):
-        return tuple(int(v) for v in value)
-    return (int(value),)
+    ids = list(value) if isinstance(value, (list, tuple)) else [value]
+    if not all(
+        isinstance(v, (int, np.integer)) and not isinstance(v, bool) and v >= 0 for v in ids
+    ):
+        raise InvalidInputError(
+            f"config.json: eos_token_id must be a token id >= 0 or a list of them, got {value!r}; "
+            "fix config.json"
+        )
+    return tuple(int(v) for v in ids)
 
 
 def _parse_rope(config: Mapping[str, Any]) -> tuple[float, Llama3RopeScaling | None]:
@@ -271,6 +280,7 @@ def read_safetensors(path: str | os.PathLike) -> dict[str, np.ndarray]:
     bits shifted left by 16 are the float32 with the same value.
     """
     path = Path(path)
+    check_safetensors(path)
     with open(path, "rb") as f:
         (header_size,) = struct.unpack("<Q", f.read(8))
         header = json.loads(f.read(header_size))
@@ -313,7 +323,7 @@ def load_tensors(path: str | os.PathLike) -> dict[str, np.ndarray]:
         return read_safetensors(single)
     index_path = folder / "model.safetensors.index.json"
     if index_path.is_file():
-        weight_map = json.loads(index_path.read_text()).get("weight_map", {})
+        weight_map = read_json(index_path, what="weights index").get("weight_map", {})
         tensors = {}
         for shard in sorted(set(weight_map.values())):
             shard_path = folder / shard

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Iterable, Iterator
 
 from specdec.errors import InvalidInputError
+from specdec.models.files import read_json
 
 WRITTEN = ".specdec-written.json"
 
@@ -69,8 +70,8 @@ def refuse_dangerous_out(out, *, sources: Iterable = (), flag: str = "--out") ->
 def written_by_specdec(folder: Path) -> set[str] | None:
     """The entries an earlier specdec command recorded writing in ``folder``, or None."""
     try:
-        record = json.loads((folder / WRITTEN).read_text())
-    except (OSError, ValueError):
+        record = read_json(folder / WRITTEN, kind=None)
+    except (OSError, ValueError):  # CorruptFileError included
         return None
     names = record.get("entries") if isinstance(record, dict) else None
     if not isinstance(names, list) or not all(isinstance(n, str) for n in names):

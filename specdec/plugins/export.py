@@ -15,18 +15,19 @@ checkpoint.
 
 from __future__ import annotations
 
+import contextlib
 import functools
-import json
 from importlib import resources
 from pathlib import Path
 
 import attrs
 import numpy as np
+from safetensors import safe_open
 
-from specdec.errors import InvalidInputError
+from specdec.errors import CorruptFileError, InvalidInputError, SpecdecError
 from specdec.models.bundled import resolve_model
 from specdec.models.checkpoints import check_trained_for
-from specdec.models.files import check_checkpoint_folder, damaged_checkpoint
+from specdec.models.files import check_checkpoint_folder, damaged_checkpoint, read_json
 from specdec.models.outfolder import check_out, writing
 from specdec.plugins.registry import default_registry
 from specdec.plugins.support import check_finite
@@ -41,6 +42,7 @@ __all__ = [
     "import_drafter",
     "is_checkpoint_file",
     "load_drafter_folder",
+    "stored_dtype",
 ]
 
 EAGLE_MESSAGE = (
@@ -105,8 +107,8 @@ def _detect(folder: Path, registry) -> tuple[str, str] | None:
     config = {}
     if config_file.is_file():
         try:
-            config = json.loads(config_file.read_text())
-        except (OSError, ValueError):
+            config = read_json(config_file, what="drafter config", kind=None)
+        except (OSError, ValueError):  # CorruptFileError included: the reader names the file
             return None
     if not isinstance(config, dict):
         return None
@@ -117,7 +119,9 @@ def _detect(folder: Path, registry) -> tuple[str, str] | None:
             return spec.name, "specdec"
     for spec in specs:
         for layout in spec.layouts:
-            if layout.detect(folder, config):
+            with _detecting(folder, spec.name, layout.name):
+                found = layout.detect(folder, config)
+            if found:
                 return spec.name, layout.name
     if model_type and "eagle" in str(model_type).lower():
         raise InvalidInputError(
@@ -125,6 +129,22 @@ def _detect(folder: Path, registry) -> tuple[str, str] | None:
             f"EAGLE drafter: {EAGLE_FOLDER}"
         )
     return None
+
+
+@contextlib.contextmanager
+def _detecting(folder: Path, drafter: str, layout: str):
+    """A layout's ``detect`` failing on what a folder holds (a config value of the wrong type,
+    say) reported as that folder's damage, in one line."""
+    try:
+        yield
+    except SpecdecError:
+        raise
+    except (ValueError, LookupError, TypeError, OSError, RecursionError) as exc:
+        detail = " ".join(str(exc).split()) or type(exc).__name__
+        raise CorruptFileError(
+            f"drafter checkpoint {folder} could not be read as a {drafter} drafter in the "
+            f"{layout} layout: {detail}; fix its config.json or restore it"
+        ) from exc
 
 
 def is_checkpoint_file(path, registry=None) -> bool:
@@ -242,7 +262,7 @@ def export(
     model=None,
     drop_shortlist: bool = False,
     choices=None,
-    dtype: str = "float32",
+    dtype: str | None = None,
     overwrite: bool = False,
 ) -> ExportResult:
     """Write ``drafter`` (a checkpoint folder, or "redrafter" / "medusa" for the one shipped for
@@ -253,7 +273,9 @@ def export(
     (``Layout.takes_model``). drop_shortlist: export a shortlisted ReDrafter over the full
     vocabulary (refused otherwise). choices: Medusa only, "chain" or a list of paths to record
     instead of the drafter's tree (vLLM runs the chain only). dtype: one the layout stores
-    (``Layout.dtypes``: "float32" or "float16"; "bfloat16" too for llama.cpp's GGUF).
+    (``Layout.dtypes``: "float32" or "float16"; "bfloat16" too for llama.cpp's GGUF); None: the
+    type the checkpoint's weights are stored in (``stored_dtype``) where the layout stores it,
+    else float32.
     Everything that cannot be carried over exactly is refused with the fix; every conversion is
     listed in ``notes``.
     """
@@ -263,6 +285,9 @@ def export(
     check_out(out, overwrite=overwrite, sources=[source, _model_path(model)])
     kind, layout, config, weights, notes = load_drafter_folder(source)
     chosen = _layout(_spec(kind), format)
+    stored = stored_dtype(source)
+    if dtype is None:
+        dtype = stored if stored in chosen.dtypes else "float32"
     if dtype not in chosen.dtypes:
         takes = [layout.name for layout in _spec(kind).layouts if dtype in layout.dtypes]
         raise InvalidInputError(
@@ -279,9 +304,15 @@ def export(
             )
         lm_head = _target_lm_head(model, config, kind)
     options = {"model": model} if chosen.takes_model else {}
-    with writing(
-        out, overwrite=overwrite, sources=[source, _model_path(model)], what=f"export {chosen.name}"
-    ) as work:
+    with (
+        writing(
+            out,
+            overwrite=overwrite,
+            sources=[source, _model_path(model)],
+            what=f"export {chosen.name}",
+        ) as work,
+        _choices_named(chosen.name, choices),
+    ):
         more, commands = chosen.write(
             config,
             weights,
@@ -296,8 +327,10 @@ def export(
         # the writers name the folder they wrote in their commands: the one swapped in
         commands = tuple(command.replace(str(work), str(folder)) for command in commands)
     more = list(more)
-    if dtype != "float32":
+    if dtype != "float32" and dtype != stored:
         more.append(f"weights were stored as {dtype}, rounding the float32 values")
+    elif dtype != "float32":
+        more.append(f"weights stored as {dtype}, the checkpoint's own type (dtype= to choose)")
     return ExportResult(
         path=folder,
         drafter=kind,
@@ -307,17 +340,66 @@ def export(
     )
 
 
-def import_drafter(folder, out, *, overwrite: bool = False, dtype: str = "float32") -> ExportResult:
+@contextlib.contextmanager
+def _choices_named(layout: str, choices):
+    """A layout writer's refusal of the ``choices`` the caller gave (paths it cannot draft)
+    reported as that argument's error."""
+    try:
+        yield
+    except SpecdecError:
+        raise
+    except (ValueError, TypeError) as exc:
+        if choices is None:
+            raise
+        detail = " ".join(str(exc).split()) or type(exc).__name__
+        raise InvalidInputError(
+            f"the {layout} layout refuses choices={choices!r:.80}: {detail}"
+        ) from exc
+
+
+def import_drafter(
+    folder, out, *, overwrite: bool = False, dtype: str | None = None
+) -> ExportResult:
     """Read a drafter in any known layout from ``folder`` and write it as a specdec checkpoint in
-    ``out``."""
+    ``out``; dtype: "float32" or "float16", None: the type the folder's weights are stored in when
+    it is one of those (``stored_dtype``), else float32."""
     source = Path(folder).expanduser()
     check_out(out, overwrite=overwrite, sources=[source])
     kind, layout, config, weights, notes = load_drafter_folder(source)
-    store = {"float32": np.float32, "float16": np.float16}[dtype]
+    stores = {"float32": np.float32, "float16": np.float16}
+    if dtype is None:
+        dtype = stored_dtype(source) if stored_dtype(source) in stores else "float32"
+    if dtype not in stores:
+        raise InvalidInputError(f"dtype must be float32 or float16, got {dtype!r}")
+    store = stores[dtype]
     with writing(out, overwrite=overwrite, sources=[source], what=f"import {layout}") as work:
         _spec(kind).save_checkpoint(work, config, weights, dtype=store)
     target = Path(out).expanduser()
     return ExportResult(path=target, drafter=kind, format=layout, notes=tuple(notes))
+
+
+SAFETENSORS_FLOATS = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}
+
+
+def stored_dtype(source) -> str | None:
+    """The float type a checkpoint's matrices are stored in ("float32", "float16" or "bfloat16"):
+    that of every tensor of two or more dimensions in its safetensors files, read from their
+    headers; None when they differ, or for other files (a GGUF, a torch pickle)."""
+    source = Path(source)
+    files = [source] if source.is_file() else sorted(source.glob("*.safetensors"))
+    found = set()
+    for file in files:
+        if file.suffix != ".safetensors":
+            continue
+        try:
+            with safe_open(str(file), framework="np") as handle:
+                for name in handle.keys():
+                    piece = handle.get_slice(name)
+                    if len(piece.get_shape()) >= 2:
+                        found.add(SAFETENSORS_FLOATS.get(piece.get_dtype()))
+        except (OSError, ValueError, RuntimeError):
+            return None  # the reader has already refused a damaged file; none to go by
+    return found.pop() if len(found) == 1 else None
 
 
 def describe(result: ExportResult) -> list[str]:

@@ -19,6 +19,7 @@ import attrs
 from specdec.plugins import hookspecs
 from specdec.errors import InvalidInputError, PluginConflictError, PluginError, UnknownPluginError
 from specdec.plugins.specs import DrafterSpec
+from specdec.plugins.support import missing_framework
 from specdec.plugins.loading import (
     DISABLE_ENV,
     BrokenPlugin,
@@ -272,7 +273,9 @@ class PluginRegistry:
         return specs[model_type]
 
     def describe(self) -> list[dict[str, Any]]:
-        """One dict per registration, broken plugin and disabled plugin, for ``specdec plugins``."""
+        """One dict per registration, broken plugin and disabled plugin, for ``specdec plugins``.
+        A registration's ``install`` is the pip command that installs the framework of its
+        backend where that is missing (it is registered, but cannot run), else None."""
         conflicting = {id(r) for pair in self.conflicts() for r in pair}
         rows = [
             {
@@ -283,6 +286,7 @@ class PluginRegistry:
                 "plugin": r.plugin,
                 "package": self.distribution(r.plugin),
                 "conflict": id(r) in conflicting,
+                "install": missing_framework(r.name if r.kind == "backend" else r.backend),
             }
             for r in self.registrations
             if r.kind != "drafter_spec"

@@ -67,7 +67,9 @@ class DrafterSpec:
     report: ``specdec train NAME`` (options: those of ``specdec.training.run.train_drafter`` and
     ``train_options``). evaluation_task(checkpoint, target, overrides) -> the training task holding
     a saved checkpoint, for held-out evaluation. default_shortlist: ``specdec train --shortlist``
-    when not given. beam_options: takes ``beam_width`` / ``beam_length`` (``specdec plan`` chooses
+    when not given; takes_shortlist: False for a drafter whose training refuses ``--shortlist``
+    (it has its own draft vocabulary option), which ``specdec train NAME --help`` then does not
+    list. beam_options: takes ``beam_width`` / ``beam_length`` (``specdec plan`` chooses
     them from one recorded run). tree_options: {option: candidate values} of a tree drafter's
     settings, which ``specdec plan`` searches by decoding with them, one option at a time in this
     order (``specdec.bench.tree_planner``); generate then uses the best when the caller names none.
@@ -89,6 +91,7 @@ class DrafterSpec:
     evaluation_task: Callable[..., Any] | None = None
     train_options: tuple[CliOption, ...] = ()
     default_shortlist: int = 0
+    takes_shortlist: bool = True
     beam_options: bool = False
     tree_options: Mapping[str, tuple[int, ...]] = attrs.field(factory=dict)
     pairs_with_lookup: bool = False

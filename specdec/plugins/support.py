@@ -8,6 +8,7 @@ installed, so registering costs no framework import.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from typing import Callable
 
 import numpy as np
@@ -27,6 +28,17 @@ VERIFIERS = {
     "redrafter_published": ("RedrafterPublishedVerifier", False),
     "typical": ("TypicalVerifier", False),
 }
+
+
+def missing_framework(backend: str | None) -> str | None:
+    """The pip command that installs ``backend``'s framework where it is not installed, else None
+    (also for backends specdec knows no framework of); found without importing the framework."""
+    if backend not in FRAMEWORKS:
+        return None
+    modules, extra = FRAMEWORKS[backend]
+    if all(importlib.util.find_spec(module.partition(".")[0]) is not None for module in modules):
+        return None
+    return f"pip install 'specdec[{extra}]'"
 
 
 def backend_class(backend: str, classes: dict[str, str], *, feature: str):

@@ -220,7 +220,16 @@ class ReferenceTarget(SlotTarget):
                 )
             )
         self.inv_freq = rotary_inverse_frequencies(config)
-        slots, capacity = check_slot_arguments(slots, capacity, config.max_position_embeddings)
+        slots, capacity = check_slot_arguments(
+            slots,
+            capacity,
+            config.max_position_embeddings,
+            position_bytes=config.num_hidden_layers
+            * 2
+            * config.num_key_value_heads
+            * config.head_dim
+            * 8,  # float64
+        )
         self.cache = TreeKVCache(
             num_layers=config.num_hidden_layers,
             num_kv_heads=config.num_key_value_heads,

@@ -82,7 +82,7 @@ def read_headers(files: list[Path]) -> dict[str, tuple[str, tuple[int, ...], Pat
             for name, info in header.items():
                 if name != "__metadata__":
                     tensors[name] = (str(info["dtype"]), tuple(int(n) for n in info["shape"]), path)
-        except (OSError, ValueError, KeyError, TypeError, struct.error) as exc:
+        except (OSError, ValueError, KeyError, TypeError, struct.error, RecursionError) as exc:
             raise InvalidInputError(
                 f"weights file {path} has no readable safetensors header ({exc}); restore or "
                 "re-create it"

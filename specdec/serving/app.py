@@ -8,16 +8,19 @@ type, body size and time). Errors are OpenAI-shaped bodies
 argument (``specdec.serving.body``, ``specdec.serving.fields``), 404 for an unknown model, 429
 (with ``Retry-After``) when the engine's queue is full, 503 while shutting down, 500 when
 decoding a request failed (an unexpected error is logged, never shown). A request is parsed,
-checked and tokenized on a worker thread (``specdec.serving.prepare``). A client that
-disconnects has its request cancelled, which frees its slot.
+checked and tokenized on a worker thread (``specdec.serving.prepare``), which ``/health`` watches
+as it watches the engine's step. A client that disconnects has its request cancelled, which frees
+its slot.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import itertools
 import json
 import logging
+import threading
 import time
 import uuid
 from typing import Any, AsyncIterator, Callable
@@ -35,13 +38,13 @@ from specdec.serving import metrics as prometheus
 from specdec.serving.errors import APIError, bad
 from specdec.serving.guard import Guard, HostCheck
 from specdec.serving.limits import Limits
-from specdec.serving.prepare import Settings, prepare, too_long
+from specdec.serving.prepare import Settings, max_prompt_chars, prepare, too_long
 
 RETRY_AFTER_SECONDS = 1
 LARGE_BODY_BYTES = (
     256 * 1024
 )  # bodies this long are prepared one at a time, so they take one core at most
-STALL_TIMEOUT = 60.0  # seconds one step may run before /health says the engine is stalled
+STALL_TIMEOUT = 60.0  # seconds a step or a preparation may run before /health says "stalled"
 logger = logging.getLogger("specdec.serving")
 
 
@@ -128,6 +131,33 @@ class EventStream:
             await self.events.aclose()
 
 
+class Preparations:
+    """The requests being prepared on worker threads, each with when it began; a preparation
+    counts until its thread ends, even when its request was cancelled meanwhile."""
+
+    def __init__(self):
+        self._started: dict[int, float] = {}
+        self._ids = itertools.count()
+        self._lock = threading.Lock()
+
+    def run(self, function: Callable[[], Any]) -> Any:
+        """``function()``, on the calling (worker) thread, counted while it runs."""
+        ident = next(self._ids)
+        with self._lock:
+            self._started[ident] = time.monotonic()
+        try:
+            return function()
+        finally:
+            with self._lock:
+                del self._started[ident]
+
+    def stats(self) -> tuple[int, float]:
+        """(preparations running, seconds the oldest has run: 0.0 when none)."""
+        with self._lock:
+            oldest = min(self._started.values(), default=None)
+            return len(self._started), 0.0 if oldest is None else time.monotonic() - oldest
+
+
 def _sse(payload: Any) -> str:
     return (
         "data: "
@@ -149,11 +179,14 @@ def create_app(
     """The application serving ``engine`` as the model ``model_name``
     (``aliases`` are accepted too), behind ``specdec.serving.guard.Guard``: ``api_key``
     (None: no key), ``host_check`` (default: loopback names only) and ``limits``
-    (body size and time). ``/health`` answers 503 "stalled" while the engine's step in progress has
-    run more than ``stall_timeout`` seconds."""
+    (body size and time). ``/health`` answers 503 "stalled" while the engine's step in progress, or
+    the preparation of a request (``app.state.preparations``), has run more than
+    ``stall_timeout`` seconds."""
     names = (model_name, *aliases)
     created = int(time.time())
     large: list[anyio.CapacityLimiter] = []  # made in the event loop, at the first large body
+    preparations = Preparations()
+    max_chars = max_prompt_chars(engine)
 
     def submit(prompt_tokens: list[int], settings: Settings, prompt_param: str):
         context = engine.context_length
@@ -211,9 +244,16 @@ def create_app(
         # engine
         if len(raw) > LARGE_BODY_BYTES and not large:
             large.append(anyio.CapacityLimiter(1))
+        # a cancelled request (a shutdown) does not wait for its thread: the thread is left to
+        # end on its own, counted in ``preparations`` until it does
+        work = functools.partial(
+            prepare, raw, chat=chat, engine=engine, names=names, max_chars=max_chars
+        )
         prepared = await anyio.to_thread.run_sync(
-            functools.partial(prepare, raw, chat=chat, engine=engine, names=names),
+            preparations.run,
+            work,
             limiter=large[0] if len(raw) > LARGE_BODY_BYTES else None,
+            abandon_on_cancel=True,
         )
         body, settings = prepared.body, prepared.settings
         handle = submit(prepared.tokens, settings, prepared.prompt_param)
@@ -317,13 +357,16 @@ def create_app(
 
     async def health(request: Request) -> Response:
         stats = engine.stats()
-        stalled = stats["step_seconds"] > stall_timeout
+        preparing, prepare_seconds = preparations.stats()
+        stalled = max(stats["step_seconds"], prepare_seconds) > stall_timeout
         ok = stats["alive"] and not stats["closing"] and not stalled
         dtype = getattr(engine.target, "dtype", None)
         return JSONResponse(
             {
                 "status": "ok" if ok else "stalled" if stalled else "unavailable",
                 **stats,
+                "preparing": preparing,
+                "prepare_seconds": prepare_seconds,
                 "dtype": None if dtype is None else str(dtype).rpartition(".")[2],
                 "exact": bool(getattr(engine.target, "exact", False)),
             },
@@ -380,4 +423,5 @@ def create_app(
     app.state.engine = engine
     app.state.model_name = model_name
     app.state.large_body_limiter = large  # [the limiter] once a large body came
+    app.state.preparations = preparations
     return app

@@ -8,7 +8,10 @@ cancels what is still running ``CANCEL_GRACE`` seconds later). Without ``drain``
 cancelled at once. Then the engine closes: every slot is freed and the target's lease released,
 and ``run()`` returns (the process exits 0: the signal is not raised again). A step that never
 ends (a drafter or backend stuck) does not hold the shutdown: ``run()`` returns CANCEL_GRACE
-seconds after the cancellation with ``stuck`` set, and ``specdec serve`` exits 1 at once.
+seconds after the cancellation with ``stuck`` set, and ``specdec serve`` exits 1 at once. Nor does a
+request's preparation that never ends (rendering or tokenizing its prompt on a worker thread): its
+request is cancelled with the others, without waiting for the thread, ``run()`` returns with
+``stuck_preparations`` counting such threads, and ``specdec serve`` exits 1 at once.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from specdec.serving.app import STALL_TIMEOUT, create_app
 from specdec.serving.engine import Engine
 from specdec.errors import require
 from specdec.serving.guard import HostCheck
-from specdec.serving.limits import Limits
+from specdec.serving.limits import Limits, check_api_key
 
 CANCEL_GRACE = (
     5.0  # seconds the cancelled requests get to send their error, once the drain timed out
@@ -34,7 +37,8 @@ logger = logging.getLogger("specdec.serving")
 class Server:
     """A uvicorn server around ``create_app(engine)``; ``run()`` blocks, ``start()`` runs it in a
     thread (tests, benchmarks) and ``stop()`` shuts it down. ``api_key``: required from clients
-    (``Authorization: Bearer``) on every route but /health; ``allowed_hosts``: names the ``Host``
+    (``Authorization: Bearer``) on every route but /health, trimmed of surrounding whitespace
+    (``specdec.serving.limits.check_api_key``); ``allowed_hosts``: names the ``Host``
     header may give beside the loopback names and ``host`` (``"*"``: any); ``limits``:
     ``specdec.serving.guard.Limits``."""
 
@@ -69,7 +73,7 @@ class Server:
             engine,
             model_name=model_name,
             aliases=aliases,
-            api_key=api_key,
+            api_key=check_api_key(api_key),
             host_check=HostCheck(host, allowed_hosts),
             limits=self.limits,
             stall_timeout=STALL_TIMEOUT if stall_timeout is None else stall_timeout,
@@ -77,6 +81,7 @@ class Server:
         self.stuck = (
             False  # set when the engine's step did not end within CANCEL_GRACE of the shutdown
         )
+        self.stuck_preparations = 0  # preparations still running on their threads at the end
         config = uvicorn.Config(
             self.app,
             host=host,
@@ -159,6 +164,13 @@ class Server:
                     "the engine's step in progress did not end within %g s of the shutdown; "
                     "stopping without it (its slots are not freed)",
                     CANCEL_GRACE,
+                )
+            self.stuck_preparations = self.app.state.preparations.stats()[0]
+            if self.stuck_preparations:
+                logger.error(
+                    "%d request preparation(s) (rendering or tokenizing a prompt) did not end "
+                    "within the shutdown; stopping without them",
+                    self.stuck_preparations,
                 )
 
     def start(self, timeout: float = 30.0) -> "Server":

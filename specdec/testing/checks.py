@@ -19,8 +19,10 @@ from typing import Sequence
 
 import numpy as np
 
+from specdec.capabilities import drafter_caps, request_end
 from specdec.errors import InvalidInputError
-from specdec.generation.api import generate, load
+from specdec.generation.api import generate, load, load_drafter
+from specdec.generation.resolve import resolve
 from specdec.plugins.registry import PluginRegistry, default_registry
 from specdec.reference.model import load_target
 from specdec.reference.tree import build_prefix_tree
@@ -385,7 +387,9 @@ def check_drafter(
     the same (the drafted and accepted token counts, every request drafting every step), greedy
     and sampled with per-prompt seeds: what a stateful drafter keeps per slot must start afresh
     with each request. Tokens alone cannot show it: a kept state changes the drafts, and drafts
-    never change a request's tokens. ``dtype`` applies to every backend but numpy (float64 only)."""
+    never change a request's tokens. A stateful drafter that shows its per-slot view
+    (``slot_tokens``) is held to the requests' histories (``check_slot_views``). ``dtype``
+    applies to every backend but numpy (float64 only)."""
     plain = generate(
         model_path,
         [list(p) for p in prompts],
@@ -455,3 +459,123 @@ def check_drafter(
             f"drafted tokens, accepted tokens)\none slot {runs[1]}\n"
             f"side by side {runs[len(prompts)]}"
         )
+    check_slot_views(
+        drafter,
+        model_path,
+        prompts=prompts,
+        max_new_tokens=max_new_tokens,
+        seed=seed,
+        registry=registry,
+        **options,
+    )
+
+
+# generate's own options; the others in a check's ``options`` go to the drafter's factory
+GENERATE_OPTIONS = ("verifier", "tree_builder", "stop_at_eos", "speculation", "lookup")
+
+
+def check_slot_views(
+    drafter,
+    model_path,
+    *,
+    prompts: Sequence[Sequence[int]] = ((1, 2, 3, 1, 2, 3, 1, 2), (4, 5, 6), (7,)),
+    max_new_tokens: int = 16,
+    seed: int = 0,
+    registry: PluginRegistry | None = None,
+    **options,
+) -> int:
+    """A stateful drafter's per-slot view equals each request's history, on the reference.
+
+    A drafter that shows what its state for a slot stands for (the optional ``slot_tokens(slot)``,
+    docs/writing-a-drafter.md) is watched through a greedy and a seeded sampled generation, on a
+    target with fewer slots than prompts (so a slot serves a second request): after ``begin`` its
+    view must be the prompt, at every ``propose`` the row's ``DraftContext.history`` without its
+    root (the tokens in the target's cache), after every ``observe`` the prompt and every token
+    committed since (roots and accepted drafted tokens). An observer that is off by one (that
+    drops the root, or adds the bonus token) stays lossless, since drafts never change a
+    request's tokens, but drafts from the wrong text; this check names the first difference.
+    ``drafter``: a name, a checkpoint folder or a Drafter object; ``options`` as
+    ``check_drafter``'s. Returns the number of views compared (0: the drafter is not stateful or
+    shows no view)."""
+    registry = _registry(registry)
+    drafter_options = {k: v for k, v in options.items() if k not in GENERATE_OPTIONS}
+    run_options = {k: v for k, v in options.items() if k in GENERATE_OPTIONS}
+    slots = max(1, len(prompts) - 1)
+    target = load(model_path, backend="numpy", slots=slots, registry=registry)
+    backend = registry.get("backend", "numpy").factory()
+    named = resolve("drafter", drafter, registry, backend.name)
+    inner = load_drafter(named, target, backend, registry, drafter_options)
+    caps = drafter_caps(inner, named.source)
+    if not caps.stateful or not callable(getattr(inner, "slot_tokens", None)):
+        return 0
+    compared = 0
+    for temperature in (0.0, 1.0):
+        watcher = _ViewWatcher(inner, f"check_slot_views({drafter!s}, {options})")
+        generate(
+            target,
+            [list(p) for p in prompts],
+            drafter=watcher,
+            backend="numpy",
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            seed=[seed + b for b in range(len(prompts))],
+            registry=registry,
+            **{"speculation": "always", "stop_at_eos": False, **run_options},
+        )
+        compared += watcher.compared
+    return compared
+
+
+class _ViewWatcher:
+    """A stateful drafter, its every call passed on, its per-slot view compared with what the
+    request holds before and after (``check_slot_views``)."""
+
+    def __init__(self, inner, where: str):
+        self.inner, self.where, self.compared = inner, where, 0
+        self.caps = inner.caps
+        self._end = request_end(inner)
+        self.expected: dict[int, list[int]] = {}
+
+    def __getattr__(self, name):  # sample_shape and the like: the wrapped drafter's
+        return getattr(self.inner, name)
+
+    def _compare(self, slot: int, expected, when: str) -> None:
+        view = [int(t) for t in np.asarray(self.inner.slot_tokens(slot)).reshape(-1)]
+        expected = [int(t) for t in expected]
+        if view != expected:
+            first = next(
+                (i for i, (a, b) in enumerate(zip(view, expected, strict=False)) if a != b),
+                min(len(view), len(expected)),
+            )
+            raise AssertionError(
+                f"{self.where}: {when}, slot_tokens({slot}) holds {len(view)} tokens where the "
+                f"request has {len(expected)}, first differing at position {first}: view "
+                f"{view[first : first + 4]}..., request {expected[first : first + 4]}...; the "
+                "drafter's per-slot state no longer follows the request (look at begin and "
+                "observe: observe gets the root and the accepted drafted tokens, "
+                "accepted.tokens[b, : num_accepted[b] + 1], and not the bonus token)"
+            )
+        self.compared += 1
+
+    def begin(self, slot, prompt, output):
+        self.inner.begin(slot, prompt, output)
+        self.expected[int(slot)] = [int(t) for t in np.asarray(prompt)]
+        self._compare(int(slot), self.expected[int(slot)], "after begin")
+
+    def propose(self, context):
+        for b, slot in enumerate(np.asarray(context.slots).tolist()):
+            history = np.asarray(context.history[b])
+            self._compare(slot, history[:-1], "at propose (the history without its root)")
+        return self.inner.propose(context)
+
+    def observe(self, accepted):
+        self.inner.observe(accepted)
+        tokens = np.asarray(accepted.tokens)
+        for b, slot in enumerate(np.asarray(accepted.slots).tolist()):
+            count = int(np.asarray(accepted.num_accepted)[b]) + 1
+            self.expected[slot] += tokens[b, :count].tolist()
+            self._compare(slot, self.expected[slot], "after observe")
+
+    def end(self, slot, reason):
+        self.expected.pop(int(slot), None)
+        self._end(slot, reason)

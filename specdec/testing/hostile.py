@@ -3,7 +3,9 @@
 ``hostile_models(sound, out)`` and ``hostile_drafters(sound, out)`` copy a sound folder once per
 case and damage the copy as the case says: truncated or garbled safetensors, config values of
 the wrong type or size, a non-JSON tokenizer, links out of the folder, pickles in place of
-safetensors, integer or NaN weights. Each returns {case name: folder}.
+safetensors, integer or NaN weights. Each returns {case name: folder}. ``hostile_ggufs(sound,
+out)`` writes damaged copies of a sound GGUF file (``GGUF_CASES``: truncated, bad magic, counts
+and sizes past the file) and returns {case name: file}.
 """
 
 from __future__ import annotations
@@ -141,3 +143,97 @@ def hostile_models(sound, out) -> dict[str, Path]:
 def hostile_drafters(sound, out) -> dict[str, Path]:
     """{case: a damaged copy of the drafter folder ``sound``} under ``out`` (``DRAFTER_CASES``)."""
     return _build(Path(sound), Path(out), DRAFTER_CASES)
+
+
+# ---------------------------------------------------------------------------- GGUF files
+
+_SCALAR_SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+
+
+def _skip_value(data: bytes, kind: int, at: int) -> int:
+    """The offset just past a GGUF metadata value of type ``kind`` starting at ``at``."""
+    if kind in _SCALAR_SIZES:
+        return at + _SCALAR_SIZES[kind]
+    if kind == 8:  # a string: its length, then its bytes
+        return at + 8 + struct.unpack_from("<Q", data, at)[0]
+    item, count = struct.unpack_from("<IQ", data, at)  # an array
+    at += 12
+    for _ in range(count):
+        at = _skip_value(data, item, at)
+    return at
+
+
+def _gguf_offsets(data: bytes) -> dict[str, int]:
+    """Where the fields a damage changes lie in a sound little-endian GGUF file: the first
+    metadata key, the first array value (its item type), the first tensor's dimension count."""
+    _, tensors, keys = struct.unpack_from("<IQQ", data, 4)
+    at, array = 24, None
+    for _ in range(keys):
+        at += 8 + struct.unpack_from("<Q", data, at)[0]  # the key
+        (kind,) = struct.unpack_from("<I", data, at)
+        at += 4
+        if kind == 9 and array is None:
+            array = at
+        at = _skip_value(data, kind, at)
+    if array is None or not tensors:
+        raise ValueError("the sound GGUF file needs an array value and a tensor")
+    dims = at + 8 + struct.unpack_from("<Q", data, at)[0]
+    return {"array": array, "dims": dims}
+
+
+def _put(data: bytes, at: int, code: str, value: int) -> bytes:
+    size = struct.calcsize(code)
+    return data[:at] + struct.pack("<" + code, value) + data[at + size :]
+
+
+def _gguf_damages() -> dict[str, Callable[[bytes], bytes]]:
+    def tensor_field(field: str, code: str, value: int) -> Callable[[bytes], bytes]:
+        """Set ``field`` of the first tensor's info: its dimension count, first dimension, type
+        or data offset."""
+
+        def damage(data: bytes) -> bytes:
+            at = _gguf_offsets(data)["dims"]
+            dims = struct.unpack_from("<I", data, at)[0]
+            where = {"count": 0, "dimension": 4, "type": 4 + 8 * dims, "offset": 8 + 8 * dims}
+            return _put(data, at + where[field], code, value)
+
+        return damage
+
+    return {
+        "an empty file": lambda data: b"",
+        "the header cut short": lambda data: data[:20],
+        "truncated in half": lambda data: data[: len(data) // 2],
+        # tensors end within the alignment (32 bytes) of the end: the last one loses a byte
+        "the last 32 bytes missing": lambda data: data[:-32],
+        "bad magic": lambda data: b"GGUX" + data[4:],
+        "version 99": lambda data: _put(data, 4, "I", 99),
+        "2**60 tensors": lambda data: _put(data, 8, "Q", 2**60),
+        "2**60 metadata keys": lambda data: _put(data, 16, "Q", 2**60),
+        "one tensor more than it holds": lambda data: _put(
+            data, 8, "Q", struct.unpack_from("<Q", data, 8)[0] + 1
+        ),
+        "a key of 2**60 bytes": lambda data: _put(data, 24, "Q", 2**60),
+        "an array of 2**60 items": lambda data: _put(
+            data, _gguf_offsets(data)["array"] + 4, "Q", 2**60
+        ),
+        "a tensor of 2**31 dimensions": tensor_field("count", "I", 2**31),
+        "a dimension of 2**40": tensor_field("dimension", "Q", 2**40),
+        "an unknown tensor type": tensor_field("type", "I", 999),
+        "a tensor offset of 2**50": tensor_field("offset", "Q", 2**50),
+    }
+
+
+GGUF_CASES: dict[str, Callable[[bytes], bytes]] = _gguf_damages()
+
+
+def hostile_ggufs(sound, out) -> dict[str, Path]:
+    """{case: a damaged copy of the GGUF file ``sound``} under ``out`` (``GGUF_CASES``); the sound
+    file needs a metadata array and a tensor (any file llama.cpp's converter writes has both)."""
+    data = Path(sound).read_bytes()
+    Path(out).mkdir(parents=True, exist_ok=True)
+    files = {}
+    for number, (name, damage) in enumerate(GGUF_CASES.items()):
+        file = Path(out) / f"case-{number:02d}.gguf"
+        file.write_bytes(damage(data))
+        files[name] = file
+    return files

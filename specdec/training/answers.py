@@ -30,6 +30,8 @@ import numpy as np
 import specdec
 from specdec.errors import InvalidInputError
 from specdec.generation.chat import is_messages, render_chat
+from specdec.models.cache import cache_entry
+from specdec.training.corpus import build_prompts, default_corpus
 
 __all__ = ["SOURCES", "decode_answers", "open_user_turn", "write_teacher"]
 
@@ -59,9 +61,6 @@ def _encode(tokenizer, text: str, *, start: bool = True) -> list[int]:
 
 def corpus_prompts(target, count: int, *, seed: int) -> list[list[int]]:
     """The first ``count`` training prompts of specdec's corpus, encoded as ``generate`` does."""
-    from specdec.models.cache import cache_entry
-    from specdec.training.corpus import build_prompts, default_corpus
-
     corpus = default_corpus(cache_entry("corpus"))
     prompts = build_prompts(corpus, count, split="train", seed=seed)
     template = target.chat_template
@@ -71,12 +70,18 @@ def corpus_prompts(target, count: int, *, seed: int) -> list[list[int]]:
 def file_prompts(target, path: Path) -> list[list[int]]:
     """The prompts of a ``.jsonl`` file: chats (``messages``) or completions (``prompt``)."""
     prompts = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as exc:
+        raise InvalidInputError(
+            f"--prompts {path} is not UTF-8 text (byte {exc.start}): write it in UTF-8"
+        ) from None
+    for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
             item = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):  # not JSON, or nested deeper than the parser goes
             item = None
         if isinstance(item, dict) and is_messages(item.get("messages")):
             text = render_chat(target.chat_template, item["messages"])

@@ -22,16 +22,13 @@ play) chosen by a hash of their name, so no held-out prompt shares a document wi
 
 from __future__ import annotations
 
-import ast
 import functools
 import hashlib
-import re
 import subprocess
 import sys
 import sysconfig
 import tarfile
 from pathlib import Path
-from typing import Sequence
 
 import attrs
 import numpy as np

@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from specdec.errors import TrainingInterrupted
+from specdec.errors import TrainingInterrupted, TrainingOutputError
 from specdec.models.checkpoints import write_json_atomic
 from specdec.training.evaluate import Window, gather_window, walk_tokens_per_step
 from specdec.training.outdir import LAST_DIR, LOG_FILE, STATE_FILE, has_state
@@ -161,6 +161,79 @@ def evaluate(task, heldout: TeacherData, *, sequences: int | None) -> dict:
         task.module.train()
 
 
+def _resume(path: Path, state: dict, module, optimizer, rng) -> None:
+    """Continue from the state saved in ``path``: the module's and optimiser's state, the
+    sampler's and the counters into ``state``. A state that does not fit (a crafted or damaged
+    file: a missing entry, a counter of the wrong type, tensors of other shapes) is refused with
+    TrainingOutputError naming the file, before anything is changed by it."""
+    saved = load_state(path)
+    refuse = (
+        f"{path} is not a trainer state this run can continue from ({{}}); start the run again "
+        "with --overwrite instead of --resume"
+    )
+
+    def number(value, *, integer: bool) -> bool:
+        kinds = (int,) if integer else (int, float)
+        return (
+            isinstance(value, kinds)
+            and not isinstance(value, bool)
+            and math.isfinite(value)
+            and value >= 0
+        )
+
+    problems = [
+        key for key in ("module", "optimizer", "rng") if not isinstance(saved.get(key), dict)
+    ]
+    problems += [
+        key
+        for key, integer in (
+            ("step", True),
+            ("positions", True),
+            ("marks_done", True),
+            ("train_seconds", False),
+            ("eval_seconds", False),
+        )
+        if key in saved and not number(saved[key], integer=integer)
+    ]
+    history = saved.get("history", [])
+    if not isinstance(history, list) or not all(
+        isinstance(row, dict)
+        and number(row.get("step"), integer=True)
+        and all(number(row.get(key), integer=False) for key in ("minutes", "tokens_per_step"))
+        and all(
+            number(row.get(key, 0), integer=False)
+            for key in ("positions", "score", "mean_accepted")
+        )
+        and isinstance(row.get("loss"), (int, float))
+        and not isinstance(row.get("loss"), bool)
+        and "heldout_sequences" in row
+        for row in history
+    ):
+        problems.append("history")
+    best = saved.get("best")
+    if best is not None and not (
+        isinstance(best, dict)
+        and number(best.get("step"), integer=True)
+        and number(best.get("score"), integer=False)
+    ):
+        problems.append("best")
+    if problems:
+        raise TrainingOutputError(refuse.format(f"bad or missing {', '.join(problems)}"))
+    try:
+        module.load_state_dict(saved["module"])
+        optimizer.load_state_dict(saved["optimizer"])
+        rng.bit_generator.state = saved["rng"]
+    except (KeyError, IndexError, TypeError, ValueError, RuntimeError) as exc:
+        detail = " ".join(str(exc).split())[:300] or type(exc).__name__
+        raise TrainingOutputError(refuse.format(detail)) from None
+    state.update({k: saved[k] for k in state if k in saved})
+    if state["best"] is None and state["history"]:  # saved before best checkpoints were tracked
+        state["best"] = {
+            "step": state["history"][-1]["step"],
+            "score": state["history"][-1]["tokens_per_step"],
+        }
+
+
 def train(
     task,
     data: TeacherData,
@@ -203,16 +276,7 @@ def train(
         "best": None,
     }
     if resume and has_state(out):
-        saved = load_state(out / STATE_FILE)
-        module.load_state_dict(saved["module"])
-        optimizer.load_state_dict(saved["optimizer"])
-        rng.bit_generator.state = saved["rng"]
-        state.update({k: saved[k] for k in state if k in saved})
-        if state["best"] is None and state["history"]:  # saved before best checkpoints were tracked
-            state["best"] = {
-                "step": state["history"][-1]["step"],
-                "score": state["history"][-1]["tokens_per_step"],
-            }
+        _resume(out / STATE_FILE, state, module, optimizer, rng)
     marks = sorted(
         m for m in settings.eval_minutes if settings.minutes is None or m < settings.minutes
     )

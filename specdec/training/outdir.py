@@ -17,12 +17,12 @@ identity: a resume may extend the budget or save in another dtype.
 
 from __future__ import annotations
 
-import json
 import shutil
 import time
 from pathlib import Path
 
 from specdec.models.checkpoints import write_json_atomic
+from specdec.models.files import read_json
 from specdec.errors import InvalidInputError, TrainingOutputError
 from specdec.models.outfolder import refuse_dangerous_out
 from specdec.plugins.registry import default_registry
@@ -58,8 +58,8 @@ def _listing(folder: Path) -> str:
 
 def _read_json(path: Path):
     try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
+        return read_json(path, kind=None)
+    except (OSError, ValueError):  # CorruptFileError included: the callers say what is wrong
         return None
 
 

@@ -175,6 +175,7 @@ def train_drafter(
     times["load_target"] = time.perf_counter() - began
 
     if data is not None:
+        # optional: torch (train extra)
         from specdec.training.sequences import SequenceSettings, sequence_datasets
 
         datasets, teacher_stats, teacher_times = sequence_datasets(

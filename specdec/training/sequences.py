@@ -39,6 +39,7 @@ from pathlib import Path
 import attrs
 import numpy as np
 import torch
+from tqdm.auto import tqdm
 
 from specdec.errors import InvalidInputError
 from specdec.generation.chat import is_messages, render_chat
@@ -194,12 +195,18 @@ def _read_jsonl(path: Path, target) -> list[tuple[np.ndarray, np.ndarray]]:
             f"--data {path} holds chats; model {target.name!r} has no tokenizer"
         )
     pairs = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as exc:
+        raise InvalidInputError(
+            f"--data {path} is not UTF-8 text (byte {exc.start}): write it in UTF-8"
+        ) from None
+    for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
             messages = json.loads(line).get("messages")
-        except (ValueError, AttributeError):
+        except (ValueError, AttributeError, RecursionError):
             messages = None
         if not is_messages(messages):
             raise InvalidInputError(
@@ -388,8 +395,6 @@ def sequence_records(
     missing ones) without holding them: -> ({split: (shard files, sequences wanted)}, stats,
     wall seconds per stage). ``heldout`` sequences are held out; the training ones are taken in
     order until their answer positions reach ``max_positions`` (None: all)."""
-    from tqdm.auto import tqdm
-
     times, began = {}, time.perf_counter()
     sequences = read_sequences(paths, target)
     times["read_sequences"] = time.perf_counter() - began

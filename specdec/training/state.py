@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from pathlib import Path
 
 import torch
@@ -23,6 +22,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
 from specdec.errors import TrainingOutputError
+from specdec.models.files import load_torch_pickle
 from specdec.training.outdir import LEGACY_STATE_FILE
 
 __all__ = ["LEGACY_STATE_FILE", "load_state", "save_state"]
@@ -57,19 +57,31 @@ def _encode(value, tensors: dict, path: str):
 
 
 def _decode(value, tensors: dict):
+    """The value ``_encode`` made ``value`` from; ValueError naming what is not such a value (a
+    crafted file's tags of the wrong shape, keys that cannot be keys, a missing tensor)."""
     if isinstance(value, list):
         return [_decode(v, tensors) for v in value]
     if isinstance(value, dict):
+        if len(value) != 1:
+            raise ValueError(f"an object with keys {sorted(value)[:4]} where one tag belongs")
         ((tag, inner),) = value.items()
-        if tag == "$tensor":
+        if tag == "$tensor" and isinstance(inner, str) and inner in tensors:
             return tensors[inner]
-        if tag == "$dict":
-            return {_decode(k, tensors): _decode(v, tensors) for k, v in inner}
-        if tag == "$tuple":
+        if (
+            tag == "$dict"
+            and isinstance(inner, list)
+            and all(isinstance(item, list) and len(item) == 2 for item in inner)
+        ):
+            items = [(_decode(k, tensors), _decode(v, tensors)) for k, v in inner]
+            try:
+                return dict(items)
+            except TypeError:  # a list or a dict where a key belongs
+                raise ValueError("a dictionary key that cannot be a key") from None
+        if tag == "$tuple" and isinstance(inner, list):
             return tuple(_decode(v, tensors) for v in inner)
-        if tag == "$float":
+        if tag == "$float" and inner in ("nan", "inf", "-inf"):
             return float(inner)
-        raise ValueError(f"unknown tag {tag!r}")
+        raise ValueError(f"tag {tag!r} with {type(inner).__name__} {str(inner)[:40]!r}")
     return value
 
 
@@ -95,23 +107,30 @@ def load_state(path: Path) -> dict:
             metadata = handle.metadata() or {}
         if metadata.get("format") != _FORMAT or "state" not in metadata:
             raise ValueError(f"its header does not say {_FORMAT!r}")
-        return _decode(json.loads(metadata["state"]), load_file(str(path)))
-    except (OSError, ValueError, KeyError, SafetensorError) as exc:
-        raise TrainingOutputError(
-            f"{path} is not a trainer state this version can read ({exc}); start the run again "
-            f"with --overwrite instead of --resume"
-        ) from None
+        state = _decode(json.loads(metadata["state"]), load_file(str(path)))
+        if not isinstance(state, dict):
+            raise ValueError(f"it holds a {type(state).__name__}, not a state")
+        return state
+    except RecursionError:
+        problem = "its state nests too deeply"
+    except (OSError, ValueError, KeyError, TypeError, SafetensorError) as exc:
+        problem = " ".join(str(exc).split()) or type(exc).__name__
+    raise TrainingOutputError(
+        f"{path} is not a trainer state this version can read ({problem}); start the run again "
+        f"with --overwrite instead of --resume"
+    )
 
 
 def _load_legacy(path: Path) -> dict:
-    try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # noqa: BLE001
-        # any refusal of the safe unpickler is reported the same way
-        found = re.search(r"Unsupported (global|operand)[^\n.]*", str(exc))
-        first = found.group(0).strip() if found else type(exc).__name__
+    state = load_torch_pickle(
+        path,
+        what="the trainer state",
+        fix="start the run again with --overwrite instead of --resume",
+        error=TrainingOutputError,
+    )
+    if not isinstance(state, dict):
         raise TrainingOutputError(
-            f"{path} was not loaded: it holds more than tensors and plain values, and a pickle of "
-            f"arbitrary objects can run code ({first}); start the run again with --overwrite "
-            f"instead of --resume"
-        ) from None
+            f"{path} holds a {type(state).__name__}, not a trainer state; start the run again "
+            "with --overwrite instead of --resume"
+        )
+    return state

@@ -38,10 +38,13 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from specdec.errors import CorruptFileError
 from specdec.generation.chat import load_chat_template, render_chat
 from specdec.models.bundled import resolve_model
+from specdec.models.files import parse_json
 from specdec.models.llama import LlamaConfig, load_tokenizer
 from specdec.plugins.registry import default_registry
+from specdec.tuning.exactness import configure
 from specdec.types import DraftTree, Verdict
 
 __all__ = [
@@ -57,6 +60,24 @@ __all__ = [
 
 # teacher data are decoded by the torch backend's TargetModel (was transformers' forward)
 DECODER = "specdec-torch"
+
+
+def _stored_layers(handle, path) -> tuple:
+    """The ``layers`` entry of an open teacher-data file's metadata (the decoder layers whose
+    outputs it holds); CorruptFileError naming the file when it is not a JSON list of ints."""
+    layers = parse_json(
+        (handle.metadata() or {}).get("layers", "[]"),
+        what=f"the layers entry of teacher data {path}",
+        fix="delete the file so that it is recorded again",
+    )
+    if not isinstance(layers, list) or not all(
+        isinstance(i, int) and not isinstance(i, bool) for i in layers
+    ):
+        raise CorruptFileError(
+            f"the layers entry of teacher data {path} is not a list of layer ids; delete the file "
+            "so that it is recorded again"
+        )
+    return tuple(layers)
 
 
 @attrs.frozen(kw_only=True)
@@ -194,7 +215,7 @@ class TeacherData:
         for path in paths:
             with safe_open(str(path), framework="pt") as handle:
                 shapes.append({name: handle.get_slice(name).get_shape() for name in handle.keys()})
-                stored.append(tuple(json.loads((handle.metadata() or {}).get("layers", "[]"))))
+                stored.append(_stored_layers(handle, path))
             if not set(layers) <= set(stored[-1]):
                 raise ValueError(
                     f"{path} holds decoder layers {list(stored[-1])}, not all of {list(layers)}"
@@ -227,7 +248,7 @@ class TeacherData:
     def stored_layers(path: Path) -> tuple:
         """The decoder layers whose outputs the file at ``path`` holds (() for none)."""
         with safe_open(str(path), framework="pt") as handle:
-            return tuple(json.loads((handle.metadata() or {}).get("layers", "[]")))
+            return _stored_layers(handle, path)
 
     @classmethod
     def load(cls, path: Path, *, layers: Sequence[int] = ()) -> "TeacherData":
@@ -236,7 +257,7 @@ class TeacherData:
         layers = tuple(int(i) for i in layers)
         with safe_open(str(path), framework="pt") as handle:
             t = {name: handle.get_tensor(name) for name in handle.keys() if name != "layers"}
-            stored = tuple(json.loads((handle.metadata() or {}).get("layers", "[]")))
+            stored = _stored_layers(handle, path)
             if layers:
                 if not set(layers) <= set(stored):
                     raise ValueError(
@@ -461,8 +482,6 @@ def _decoding_target(model, *, slots: int, capacity: int, exact: bool = False):
     backend = default_registry().get("backend", "torch").factory()
     target = backend.load_target(model, slots=slots, capacity=capacity)
     if exact:
-        from specdec.tuning.exactness import configure
-
         configure(target, True, backend="torch")
     return target
 

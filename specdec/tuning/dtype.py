@@ -44,6 +44,7 @@ import numpy as np
 
 from specdec.models.cache import cache_dir, cache_entry
 from specdec.models.checkpoints import write_json_atomic
+from specdec.models.files import read_json
 from specdec.reference.tree import build_prefix_tree
 from specdec.slots import on_target
 from specdec.types import DraftTree
@@ -157,10 +158,12 @@ def architecture_key(source: Any) -> dict | None:
     if not config_file.is_file():
         return None
     try:
-        config = json.loads(config_file.read_text())
-    except (OSError, ValueError):
+        config = read_json(config_file, what="model config")
+    except (OSError, ValueError):  # CorruptFileError included
         return None  # the loader reports the broken file
     text = config.get("text_config", config)
+    if not isinstance(text, dict):
+        return None
     return {field: text.get(field) for field in SHAPE_FIELDS}
 
 
@@ -185,8 +188,8 @@ def dtype_cache_file(backend, device: str | None, architecture: dict) -> Path:
 
 def _read(file: Path) -> dict | None:
     try:
-        return json.loads(file.read_text())
-    except (OSError, ValueError):
+        return read_json(file, what="tuning cache file")
+    except (OSError, ValueError):  # CorruptFileError included
         return None  # absent or damaged: measure again
 
 

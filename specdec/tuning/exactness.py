@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import time
 import warnings
 from pathlib import Path
@@ -120,6 +121,13 @@ def cached_check(key: dict, run: Callable[[], InvarianceCheck]) -> InvarianceChe
     return check
 
 
+def _kernel_words(failed: str | None) -> str:
+    """A failed check's kernel as words: "q/k/v projection (64, 32)" -> "the q/k/v projection
+    (64 x 32)"."""
+    name = re.sub(r"\((\d+), (\d+)\)$", r"(\1 x \2)", str(failed or "a kernel"))
+    return name if name.startswith(("a ", "an ", "the ")) else f"the {name}"
+
+
 def _dtype(target) -> str:
     return str(getattr(target, "dtype", "its dtype")).rpartition(".")[2]
 
@@ -154,13 +162,15 @@ def configure(target, exact: bool | None, *, backend: str = "this") -> Exactness
         else:
             target.exact = False
             what = (
-                f"{check.failed} gives a row other bits alone than among other rows on this "
-                f"machine ({_dtype(target)})"
+                f"{_kernel_words(check.failed)} rounds a row differently when other rows share "
+                f"the call (on this machine, in {_dtype(target)})"
             )
             if exact:
                 raise InvalidInputError(
-                    f"exact=True, but {what}: speculative output could part from plain decoding; "
-                    "pass exact=False (or None) to decode anyway"
+                    f"exact=True, but {what}, so a token's logits depend on the draft tree and "
+                    "requests verified beside it and speculative output could differ from plain "
+                    "decoding; pass exact=False (or leave exact unset) to decode without that "
+                    "guarantee"
                 )
             outcome = Exactness(on=False, reason=f"off: {what}", check=check)
             if _dtype(target) in (
@@ -168,9 +178,9 @@ def configure(target, exact: bool | None, *, backend: str = "this") -> Exactness
                 "float16",
             ):  # in float32 and float64 rounding hides at 1e-7
                 warnings.warn(
-                    f"specdec: exact mode off: {what}; greedy speculative output then follows each "
-                    "verification forward's rounding (float32 matches plain decoding token for "
-                    "token in practice); exact=False silences this",
+                    f"specdec: exact mode off: {what}, so greedy speculative output may differ "
+                    "from plain decoding where two tokens nearly tie (in float32 it matches plain "
+                    "decoding token for token in practice); exact=False silences this",
                     RuntimeWarning,
                     stacklevel=3,
                 )

@@ -279,11 +279,64 @@ def test_the_self_test_refuses_a_row_variant_product(target, monkeypatch):
 def test_a_failed_self_test_turns_exact_mode_off_or_refuses(target, monkeypatch):
     failed = InvarianceCheck(holds=False, failed="down projection (576, 1536)")
     monkeypatch.setattr(type(target), "check_row_invariance", lambda self: failed)
-    with pytest.warns(RuntimeWarning, match="exact mode off: down projection"):
+    off = r"exact mode off: the down projection \(576 x 1536\) rounds a row differently"
+    with pytest.warns(RuntimeWarning, match=off):
         outcome = configure(target, None, backend="torch")
     assert not outcome.on and not target.exact
-    with pytest.raises(InvalidInputError, match="exact=True, but down projection"):
+    with pytest.raises(InvalidInputError, match="exact=True, but the down projection"):
         configure(target, True, backend="torch")
     assert configure(target, False).reason == "off (exact=False)"
     monkeypatch.undo()
     assert configure(target, None, backend="torch").on and target.exact
+
+
+def _guard(target, **sizes):
+    from specdec.plugins.registry import default_registry
+    from specdec.tuning.guard import check_decoding
+
+    backend = default_registry().get("backend", "torch").factory()
+    return check_decoding(
+        target, backend.to_numpy, lambda array: backend.from_numpy(array, target), **sizes
+    )
+
+
+def test_the_decoding_guard_holds_and_sees_exact_mode_off(target):
+    """The guard (specdec.tuning.guard) on the forward decoding runs: trees of 1 to 8 nodes in 3
+    rows and prompt chunks equal one token at a time; with exact mode off it finds a difference
+    and names where (positive control)."""
+    check = _guard(target, max_nodes=8, rows=3)
+    assert check.holds, check.failed
+    target.exact = False
+    try:
+        check = _guard(target, max_nodes=8, rows=3)
+    finally:
+        target.exact = True
+    assert not check.holds and "other bits than one token at a time" in check.failed
+
+
+def test_the_guard_refuses_a_product_that_rounds_otherwise_at_one_row_count(target, monkeypatch):
+    """A product that rounds otherwise only in calls of 6 rows, a count the per-product self-test
+    never tries: the self-test passes, the guard finds the 6-node tree and the first layer."""
+    from specdec.tuning import guard
+    from specdec_torch import target as torch_target
+
+    exact_linear = torch_target.linear_rows
+
+    def variant(x, weight, bias=None):
+        out = exact_linear(x, weight, bias)
+        return out.nextafter(out + 1) if x.shape[0] == 6 else out
+
+    monkeypatch.setattr(torch_target, "linear_rows", variant)
+    monkeypatch.setattr(target, "exactness", target.exactness)  # restored after the test
+    assert invariance.check_target_kernels(target).holds
+    check = _guard(target, max_nodes=8, rows=1)
+    assert not check.holds
+    assert check.failed.startswith("a 6-node chain (6 rows in one forward)"), check.failed
+    assert check.failed.endswith("first at decoder layer 0's output"), check.failed
+    monkeypatch.setattr(guard, "guarded", lambda *a, **k: check)
+    with pytest.raises(InvalidInputError, match="exact=True, but a 6-node chain"):
+        guard.guard_exact_mode(None, target, max_nodes=8, rows=1, insist=True)
+    with pytest.warns(RuntimeWarning, match="exact mode off: a 6-node chain"):
+        guard.guard_exact_mode(None, target, max_nodes=8, rows=1)
+    assert not target.exact and not target.exactness.on
+    target.exact = True

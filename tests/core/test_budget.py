@@ -769,3 +769,59 @@ def test_budgets_drawn_by_hypothesis_never_change_a_requests_tokens(
         assert tokens == plain, (
             f"prompt {prompt} with budgets {budgets} differs from plain decoding alone"
         )
+
+
+class _FrozenCosts(StepCosts):
+    """A cost model that never learns from the steps (its prediction stays what it was)."""
+
+    def observe(self, *args, **kwargs) -> None:
+        pass
+
+
+@pytest.mark.parametrize("rows", [1, 16])
+def test_drafting_that_delivers_less_than_plain_stops_within_a_few_steps(rows):
+    """Whatever the prediction says (here a cost model that prices trees at almost nothing and
+    never corrects itself), a row count whose drafting steps deliver fewer tokens per second
+    than its plain steps decodes plainly after at most PROBE drafting steps and one plain step,
+    and tries drafting again only after RETRY plain steps there (specdec.decode.realized)."""
+    from specdec.decode.realized import PROBE, RETRY
+
+    speculation = Speculation("auto")
+    speculation.use_costs(_FrozenCosts(CostCurve(tokens=(1, 1024), seconds=(0.02, 0.0201))))
+    ids = list(range(rows))
+    for i in ids:
+        teach(speculation, i, 3.0)
+    drafted = []
+    for step in range(RETRY + 20):
+        plan = speculation.plan(ids)
+        budgets = [plan.budgets[i] for i in ids]
+        drafting = sum(b != 0 for b in budgets)
+        accepted = np.full(rows, 1 if drafting else 0)
+        nodes = np.full(rows, 9 if drafting else 1)
+        path = np.zeros((rows, 9), dtype=np.int64)
+        path[:, 1] = accepted
+        speculation.observe_rows(ids, budgets, nodes, np.full(rows, 9), path, accepted)
+        # drafting steps: twice the tokens at four times the seconds of a plain step
+        seconds = 0.08 if drafting else 0.02
+        speculation.observe_step(rows * int(nodes[0]), seconds, drafting, 0.0, rows, rows)
+        drafted.append(bool(drafting))
+    assert sum(drafted[: PROBE + 1]) == PROBE and not any(drafted[PROBE : RETRY + PROBE])
+    assert any(drafted[RETRY + PROBE :])  # tried again, once its losses are old
+
+
+def test_drafting_that_delivers_more_than_plain_goes_on():
+    speculation = Speculation("auto")
+    speculation.use_costs(_FrozenCosts(CostCurve(tokens=(1, 1024), seconds=(0.02, 0.0201))))
+    teach(speculation, 0, 3.0)
+    drafted = []
+    for _ in range(40):
+        plan = speculation.plan([0])
+        drafting = int(plan.budgets[0] != 0)
+        accepted = np.array([2 if drafting else 0])
+        path = np.zeros((1, 9), dtype=np.int64)
+        path[0, 1:3] = [1, 2] if drafting else [0, 0]
+        nodes = np.array([9 if drafting else 1])
+        speculation.observe_rows([0], [plan.budgets[0]], nodes, np.array([9]), path, accepted)
+        speculation.observe_step(int(nodes[0]), 0.025 if drafting else 0.02, drafting, 0.0, 1, 1)
+        drafted.append(bool(drafting))
+    assert sum(drafted) >= 35  # 3 tokens in 1.25 steps' time: it keeps drafting

@@ -73,6 +73,55 @@ def test_check_drafter_catches_state_kept_across_requests(model_dir):
         )
 
 
+class TextDrafter:
+    """A stateful drafter of tokens only that keeps each request's text per slot and drafts what
+    followed the root's last earlier occurrence (docs/writing-a-drafter.md's SuffixDrafter), and
+    shows its text (``slot_tokens``). ``skip_root``: its observe drops each step's root, the
+    off-by-one that leaves it lossless while its text drifts from the request's."""
+
+    caps = DrafterCaps(stateful=True, prompt_states=False)
+
+    def __init__(self, *, skip_root: bool = False):
+        self.skip_root, self.texts = skip_root, {}
+
+    def begin(self, slot, prompt, output):
+        self.texts[slot] = np.asarray(prompt).tolist()
+
+    def propose(self, context):
+        roots = np.asarray(context.root_tokens).astype(np.int64)
+        beams = np.repeat(roots[:, None, None], 4, axis=2)
+        for b, slot in enumerate(context.slots.tolist()):
+            text = self.texts[slot] + [int(roots[b])]
+            earlier = [i for i in range(len(text) - 1) if text[i] == text[-1]]
+            if earlier:
+                follow = text[earlier[-1] + 1 : earlier[-1] + 4]
+                beams[b, 0, 1 : 1 + len(follow)] = follow
+        return Draft(root_tokens=context.root_tokens, beams=beams)
+
+    def observe(self, accepted):
+        first = 1 if self.skip_root else 0
+        for b, slot in enumerate(accepted.slots.tolist()):
+            self.texts[slot] += accepted.tokens[b, first : accepted.num_accepted[b] + 1].tolist()
+
+    def end(self, slot, reason):
+        del self.texts[slot]
+
+    def slot_tokens(self, slot):
+        return self.texts[slot]
+
+
+def test_check_drafter_holds_a_drafters_slot_view_to_the_requests_history(model_dir):
+    """The off-by-one observer is lossless and drafts the same one slot reused as side by side,
+    so only its view shows the drift: check_drafter fails it there, naming the slot, and passes
+    the same drafter observing right."""
+    assert checks.check_slot_views(TextDrafter(), model_dir, max_new_tokens=10) > 0
+    checks.check_drafter(TextDrafter(), model_dir, backends=["numpy"], max_new_tokens=10)
+    with pytest.raises(AssertionError, match=r"slot_tokens\(\d\) holds \d+ tokens where"):
+        checks.check_drafter(
+            TextDrafter(skip_root=True), model_dir, backends=["numpy"], max_new_tokens=10
+        )
+
+
 class DroppingTarget:
     """The reference target, except that a forward with prompt chunks returns one output fewer."""
 

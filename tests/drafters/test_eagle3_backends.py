@@ -41,8 +41,17 @@ CONFIGS = [
         rope_theta=100.0,
         draft_vocab_size=30,
     ),
+    dict(  # a published head's optional tensors: embed_tokens.weight and input_norm.weight
+        num_heads=2,
+        num_kv_heads=1,
+        head_dim=8,
+        intermediate_size=16,
+        draft_vocab_size=24,
+        own_embedding=True,
+        norm_before_fc=True,
+    ),
 ]
-IDS = ["gqa-full-vocab", "small-vocab-normed-residual", "one-kv-head"]
+IDS = ["gqa-full-vocab", "small-vocab-normed-residual", "one-kv-head", "own-embedding-input-norm"]
 TREES = [
     dict(top_k=3, depth=4, total_tokens=9),
     dict(top_k=2, depth=2, total_tokens=2),

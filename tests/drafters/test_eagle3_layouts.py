@@ -8,14 +8,16 @@ refused."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from pathlib import Path
 
+import attrs
 import numpy as np
 import pytest
 
 import specdec
-from specdec.errors import InvalidInputError
+from specdec.errors import InvalidInputError, SpecdecError
 from specdec.plugins.export import detect_layout, export, import_drafter
 from specdec.testing import make_random_model
 from specdec_eagle3.checkpoint import load_eagle3_checkpoint, make_random_eagle3
@@ -198,13 +200,289 @@ def test_refusals_name_the_problem_and_the_fix(tmp_path, deep_model):
     folder = write_folder(tmp_path / "v31", config, upstream_tensors(0, "midlayer."))
     with pytest.raises(InvalidInputError, match="EAGLE-3.1 head"):
         load_eagle3_checkpoint(folder)
-    tensors = {
-        **upstream_tensors(0, "midlayer."),
-        "embed_tokens.weight": np.zeros((V, H), dtype=np.float32),
-    }
-    folder = write_folder(tmp_path / "own-embed", {**llama_json(), "draft_vocab_size": 40}, tensors)
-    with pytest.raises(InvalidInputError, match="its own token embedding"):
-        load_eagle3_checkpoint(folder)
     wide = speculators_folder(tmp_path / "deeper", layer_ids=(2, 4, 9))
     with pytest.raises(InvalidInputError, match="has 6 decoder layers"):
         specdec.generate(deep_model, PROMPTS, drafter=str(wide), backend="numpy", max_new_tokens=2)
+
+
+# ---------------------------------------------------------------------------------------------
+# The optional tensors of the published layouts: the head's own token embedding and input_norm.
+# vLLM speculators' Eagle3DraftModel (src/speculators/models/eagle3/core.py) leaves only
+# verifier_norm.weight and verifier_lm_head.weight out on save, so embed_tokens.weight is saved
+# (trained when embed_requires_grad), and with norm_before_fc it holds input_norm, an RMSNorm of
+# 3H over the fused layers before fc; vLLM's llama_eagle3.py loads a draft's embed_tokens when
+# the file has one (includes_embed_tokens) and shares the target's otherwise; SpecForge's
+# LlamaForCausalLMEagle3 (specforge/modeling/draft/llama3_eagle.py) has embed_tokens too.
+
+
+def target_embedding(model) -> np.ndarray:
+    from specdec.reference.model import load_target
+
+    return np.asarray(load_target(model).embed_tokens)
+
+
+def head_with_own_tensors(tmp_path: Path, layout: str, *, embedding, input_norm: bool) -> Path:
+    """The hand-written upstream folder of ``layout`` with ``embed_tokens.weight`` (when
+    ``embedding`` is given) and ``input_norm.weight`` + ``norm_before_fc`` (when ``input_norm``)."""
+    folder = (specforge_folder if layout == "specforge" else speculators_folder)(tmp_path)
+    from safetensors.numpy import load_file, save_file
+
+    tensors = load_file(str(folder / "model.safetensors"))
+    if embedding is not None:
+        tensors["embed_tokens.weight"] = np.asarray(embedding, dtype=np.float32)
+    config = json.loads((folder / "config.json").read_text())
+    if input_norm:
+        rng = np.random.default_rng(11)
+        tensors["input_norm.weight"] = (1 + 0.2 * rng.normal(size=3 * H)).astype(np.float32)
+        config["norm_before_fc"] = True
+    save_file(tensors, str(folder / "model.safetensors"))
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+def own_embedding(seed: int = 7) -> np.ndarray:
+    return np.random.default_rng(seed).normal(size=(V, H)).astype(np.float32)
+
+
+def draft_beams(config, weights, embed) -> np.ndarray:
+    """The reference drafter's beams for two prompts, their fused layers drawn from a fixed seed."""
+    from specdec.types import DraftContext, PromptOutput
+    from specdec_eagle3.config import resolve_layers
+    from specdec_eagle3.reference import Eagle3Drafter
+
+    config = resolve_layers(config, LAYERS)
+    drafter = Eagle3Drafter(config, weights, embed_tokens=embed, top_k=3, depth=3, total_tokens=8)
+    rng = np.random.default_rng(4)
+    for slot, prompt in enumerate(PROMPTS[:2]):
+        layers = {i: rng.normal(size=(len(prompt), H)) for i in config.hidden_layers}
+        output = PromptOutput(logits=np.zeros(V), hidden=np.zeros((len(prompt), H)), layers=layers)
+        drafter.begin(slot, prompt, output)
+    context = DraftContext(
+        root_tokens=np.array([5, 17]), hidden=np.zeros((2, H)), slots=np.arange(2)
+    )
+    return drafter.propose(context).beams
+
+
+@pytest.mark.parametrize("layout", ["specforge", "speculators"])
+def test_a_head_with_its_own_embedding_drafts_with_it_and_decodes_losslessly(
+    tmp_path, deep_model, layout
+):
+    """A head whose embed_tokens.weight differs from the target's loads (no longer refused),
+    drafts with that table (its beams are the reference's with the head's table as the
+    embedding, not the target's), and every backend's output is plain decoding's."""
+    table = own_embedding()
+    folder = head_with_own_tensors(tmp_path, layout, embedding=table, input_norm=False)
+    config, weights = load_eagle3_checkpoint(folder)
+    assert config.own_embedding and not config.norm_before_fc
+    np.testing.assert_array_equal(weights["embed_tokens.weight"], table)
+    target_table = target_embedding(deep_model)
+    assert not np.allclose(table, target_table)
+    without = {k: v for k, v in weights.items() if k != "embed_tokens.weight"}
+    plain_config = attrs.evolve(config, own_embedding=False)
+    own = draft_beams(config, weights, target_table)
+    np.testing.assert_array_equal(own, draft_beams(plain_config, without, table))
+    assert not np.array_equal(own, draft_beams(plain_config, without, target_table))
+    plain = specdec.generate(
+        deep_model, PROMPTS, drafter="none", backend="numpy", max_new_tokens=12
+    ).tokens
+    for backend, dtype in (("numpy", None), ("torch", "float32"), ("mlx", "float32")):
+        if backend == "torch":
+            pytest.importorskip("torch")
+        if backend == "mlx" and importlib.util.find_spec("mlx_lm") is None:
+            pytest.skip("mlx is not installed")  # found, not imported: the backend loads it
+        got = specdec.generate(
+            deep_model,
+            PROMPTS,
+            drafter=str(folder),
+            backend=backend,
+            dtype=dtype,
+            max_new_tokens=12,
+        )
+        assert got.tokens == plain, f"{layout} on {backend}"
+
+
+def test_a_head_carrying_the_targets_own_embedding_drafts_as_without_it(tmp_path, deep_model):
+    """The same head with a copy of the target's embedding saved in it drafts the same trees as
+    without it."""
+    folder = head_with_own_tensors(
+        tmp_path, "speculators", embedding=target_embedding(deep_model), input_norm=False
+    )
+    config, weights = load_eagle3_checkpoint(folder)
+    without = {k: v for k, v in weights.items() if k != "embed_tokens.weight"}
+    np.testing.assert_array_equal(
+        draft_beams(config, weights, np.zeros((V, H))),
+        draft_beams(
+            attrs.evolve(config, own_embedding=False), without, target_embedding(deep_model)
+        ),
+    )
+
+
+@pytest.mark.parametrize("layout", ["specforge", "speculators"])
+def test_input_norm_of_norm_before_fc_is_applied_and_decodes_losslessly(
+    tmp_path, deep_model, layout
+):
+    """norm_before_fc with input_norm.weight (3H,): the fused layers pass one RMSNorm before fc
+    (the reference's features), and decoding stays plain decoding."""
+    from specdec_eagle3.config import resolve_layers
+    from specdec_eagle3.reference import features
+
+    folder = head_with_own_tensors(tmp_path, layout, embedding=own_embedding(), input_norm=True)
+    config, weights = load_eagle3_checkpoint(folder)
+    assert config.norm_before_fc and config.own_embedding
+    config = resolve_layers(config, LAYERS)
+    rng = np.random.default_rng(3)
+    layers = {i: rng.normal(size=(2, H)) for i in config.hidden_layers}
+    fused = np.concatenate([layers[i] for i in config.hidden_layers], axis=-1)
+    normed = fused / np.sqrt(np.mean(fused**2, axis=-1, keepdims=True) + config.rms_norm_eps)
+    expected = (normed * weights["input_norm.weight"]) @ weights["fc.weight"].T
+    np.testing.assert_allclose(features(config, weights, layers), expected, rtol=1e-12)
+    plain = specdec.generate(
+        deep_model, PROMPTS, drafter="none", backend="numpy", max_new_tokens=10
+    ).tokens
+    for backend, dtype in (("numpy", None), ("torch", "float32")):
+        if backend == "torch":
+            pytest.importorskip("torch")
+        got = specdec.generate(
+            deep_model,
+            PROMPTS,
+            drafter=str(folder),
+            backend=backend,
+            dtype=dtype,
+            max_new_tokens=10,
+        )
+        assert got.tokens == plain, f"{layout} on {backend}"
+
+
+@pytest.mark.parametrize("layout", ["specforge", "speculators"])
+def test_a_head_with_its_optional_tensors_exports_and_imports_bit_identically(
+    tmp_path, deep_model, layout
+):
+    source = make_random_eagle3(
+        tmp_path / "ours",
+        deep_model,
+        seed=5,
+        hidden_layers=(1, 2, 4),
+        own_embedding=True,
+        norm_before_fc=True,
+    )
+    config, weights = load_eagle3_checkpoint(source)
+    result = export(str(source), layout, tmp_path / "out")
+    from safetensors.numpy import load_file
+
+    tensors = load_file(str(result.path / "model.safetensors"))
+    assert tensors["embed_tokens.weight"].shape == (V, H)
+    assert tensors["input_norm.weight"].shape == (3 * H,)
+    assert json.loads((result.path / "config.json").read_text())["norm_before_fc"] is True
+    back = import_drafter(result.path, tmp_path / "back")
+    config2, weights2 = load_eagle3_checkpoint(back.path)
+    assert config2 == config
+    assert set(weights2) == set(weights)
+    for name in weights:
+        np.testing.assert_array_equal(weights2[name], weights[name], err_msg=name)
+    pytest.importorskip("gguf")
+    with pytest.raises(InvalidInputError, match="embed_tokens.weight.*--format speculators"):
+        export(str(source), "gguf", tmp_path / "gguf", model=deep_model)
+
+
+def test_key_mismatches_name_the_files_own_keys(tmp_path, deep_model):
+    """A speculators file whose tensors do not match its config.json is refused naming its own
+    keys (layers.0.*), not specdec's internal midlayer.* names, and without advice to run
+    `specdec import` (the command that was reading it, or a drafter= folder)."""
+    folder = speculators_folder(tmp_path)
+    from safetensors.numpy import load_file, save_file
+
+    tensors = load_file(str(folder / "model.safetensors"))
+    del tensors["layers.0.mlp.up_proj.weight"]
+    tensors["layers.0.self_attn.q_proj.weight"] = np.zeros((24, 2 * H), dtype=np.float32)
+    tensors["layers.0.extra.weight"] = np.zeros(H, dtype=np.float32)
+    save_file(tensors, str(folder / "model.safetensors"))
+    attempts = [
+        lambda: load_eagle3_checkpoint(folder),
+        lambda: import_drafter(folder, tmp_path / "imported"),
+        lambda: specdec.generate(
+            deep_model, PROMPTS, drafter=str(folder), backend="numpy", max_new_tokens=2
+        ),
+    ]
+    for attempt in attempts:
+        with pytest.raises(SpecdecError) as raised:
+            attempt()
+        message = str(raised.value)
+        assert "layers.0.mlp.up_proj.weight" in message, message
+        assert "layers.0.self_attn.q_proj.weight: (24, 64) != (32, 64)" in message, message
+        assert "layers.0.extra.weight" in message, message
+        assert "midlayer" not in message and "specdec import" not in message, message
+
+
+def test_a_bad_d2t_or_config_value_is_named_without_advice_to_import(tmp_path):
+    from safetensors.numpy import load_file, save_file
+
+    folder = speculators_folder(tmp_path)
+    tensors = load_file(str(folder / "model.safetensors"))
+    tensors["d2t"] = np.full(40, 200, dtype=np.int64)  # ids past the target's vocabulary
+    save_file(tensors, str(folder / "model.safetensors"))
+    for attempt in (
+        lambda: load_eagle3_checkpoint(folder),
+        lambda: import_drafter(folder, tmp_path / "imported"),
+    ):
+        with pytest.raises(SpecdecError, match="d2t must map draft ids") as raised:
+            attempt()
+        assert "specdec import" not in str(raised.value), raised.value
+    config = json.loads((folder / "config.json").read_text())
+    config["transformer_layer_config"]["num_key_value_heads"] = 3
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(SpecdecError, match="multiple of num_kv_heads") as raised:
+        import_drafter(folder, tmp_path / "imported2")
+    assert "specdec import" not in str(raised.value), raised.value
+
+
+def test_an_input_norm_the_config_does_not_turn_on_is_named_with_the_fix(tmp_path):
+    folder = head_with_own_tensors(tmp_path, "speculators", embedding=None, input_norm=True)
+    config = json.loads((folder / "config.json").read_text())
+    del config["norm_before_fc"]
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(InvalidInputError, match='input_norm.weight.*"norm_before_fc": true'):
+        load_eagle3_checkpoint(folder)
+
+
+def test_the_speculators_export_names_the_verifier_as_vllm_resolves_it(tmp_path):
+    """verifier.name_or_path: the bundled model's public hub id for a head trained on it; the
+    model= folder's own hub id (_name_or_path) or, failing that, its path; without either, the
+    recorded name with a note saying to pass the target."""
+    named = make_random_model(
+        tmp_path / "smollm2-135m",
+        vocab_size=V,
+        hidden_size=H,
+        num_layers=LAYERS,
+        num_heads=4,
+        num_kv_heads=2,
+        intermediate_size=64,
+        seed=2,
+    )
+    head = make_random_eagle3(tmp_path / "head", named, seed=1, hidden_layers=(1, 2, 4))
+
+    def verifier(out: str, **options):
+        result = export(str(head), "speculators", tmp_path / out, **options)
+        raw = json.loads((result.path / "config.json").read_text())
+        return raw["speculators_config"]["verifier"]["name_or_path"], result.notes
+
+    name, _ = verifier("bundled")
+    assert name == "HuggingFaceTB/SmolLM2-135M-Instruct"
+    other = make_random_model(
+        tmp_path / "local-llama",
+        vocab_size=V,
+        hidden_size=H,
+        num_layers=LAYERS,
+        num_heads=4,
+        num_kv_heads=2,
+        intermediate_size=64,
+        seed=2,
+    )
+    assert verifier("folder", model=str(other))[0] == str(other.resolve())
+    config = json.loads((other / "config.json").read_text())
+    (other / "config.json").write_text(json.dumps({**config, "_name_or_path": "org/Llama-Tiny"}))
+    assert verifier("hub", model=str(other))[0] == "org/Llama-Tiny"
+    unnamed = make_random_eagle3(tmp_path / "head2", other, seed=1, hidden_layers=(1, 2, 4))
+    result = export(str(unnamed), "speculators", tmp_path / "unnamed")
+    raw = json.loads((result.path / "config.json").read_text())
+    assert raw["speculators_config"]["verifier"]["name_or_path"] == "local-llama"
+    assert any("--model" in note for note in result.notes), result.notes

@@ -294,16 +294,26 @@ def test_a_body_that_never_finishes_is_408(serve):
     assert httpx.post(base + "/completions", json=ONE).status_code == 200
 
 
-def test_connections_beyond_the_limit_are_503(serve):
-    server, base = serve("lookup", server_options={"limits": Limits(max_connections=2)})
-    idle = [socket.create_connection(("127.0.0.1", server.port), timeout=30) for _ in range(2)]
+def test_connections_beyond_the_limit_are_503_when_none_is_idle(serve, gate, wait_for):
+    server, base = serve(
+        gate, slots=2, speculation="always", server_options={"limits": Limits(max_connections=2)}
+    )
+    gate.open.clear()  # two requests held in the engine: their connections are busy
+    held = [
+        threading.Thread(target=httpx.post, args=(base + "/completions",), kwargs={"json": ONE})
+        for _ in range(2)
+    ]
+    for thread in held:
+        thread.start()
     try:
+        assert wait_for(lambda: sum(server.engine.stats()[k] for k in ("running", "waiting")) == 2)
         response = httpx.post(base + "/completions", json=ONE)
         assert response.status_code == 503 and error_of(response)["code"] == "too_many_connections"
         assert response.headers["retry-after"] == "1"
     finally:
-        for connection in idle:
-            connection.close()
+        gate.open.set()
+        for thread in held:
+            thread.join(60)
     for _ in range(100):  # the server notices the closed connections on its own time
         if (status := httpx.post(base + "/completions", json=ONE).status_code) == 200:
             break

@@ -50,6 +50,8 @@ def test_a_huge_request_and_a_stalled_client_do_not_stall_another_stream(
             time.sleep(0.01)
             return super().propose(context)
 
+    # the huge prompt is tokenized, as it is by a model whose context can hold it
+    monkeypatch.setattr(prepare, "CHARS_PER_TOKEN", 10**6)
     server, base = serve(
         Paced(),
         slots=2,
@@ -141,6 +143,7 @@ def test_large_bodies_are_prepared_one_at_a_time_and_small_ones_beside_them(
 ):
     from specdec.serving import prepare
 
+    monkeypatch.setattr(prepare, "CHARS_PER_TOKEN", 10**6)  # the large prompts are tokenized
     server, base = serve(
         "lookup", server_options={"limits": Limits(max_body_bytes=16 * 1024 * 1024)}
     )

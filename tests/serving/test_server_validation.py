@@ -229,3 +229,49 @@ def test_an_internal_error_is_logged_and_never_shown(serve, monkeypatch, caplog)
     assert any(
         ident in r.getMessage() and "secret detail" in (r.exc_text or "") for r in caplog.records
     )
+
+
+def test_a_text_longer_than_the_context_can_hold_is_refused_before_it_is_tokenized(
+    serve, monkeypatch
+):
+    from specdec.serving import prepare
+
+    tokenize, tokenized = prepare.tokenize, []
+
+    def counted(tokenizer, text):
+        tokenized.append(len(text))
+        return tokenize(tokenizer, text)
+
+    monkeypatch.setattr(prepare, "tokenize", counted)
+    server, base = serve("lookup")
+    limit = prepare.max_prompt_chars(server.engine)
+    assert limit == server.engine.context_length * prepare.CHARS_PER_TOKEN
+    over = ("daba " * (limit // 5 + 1))[: limit + 1]
+    chat = [{"role": "user", "content": over}]
+    for route, body in (
+        ("/completions", {**ONE, "prompt": over}),
+        ("/chat/completions", {**CHAT, "messages": chat}),
+    ):
+        response = httpx.post(base + route, json=body, timeout=60)
+        error = error_of(response)
+        assert response.status_code == 400 and error["code"] == "context_length_exceeded"
+        assert f"at most {limit})" in error["message"] and "characters" in error["message"]
+    assert tokenized == []
+    within = httpx.post(base + "/completions", json={**ONE, "prompt": over[:limit]}, timeout=60)
+    assert error_of(within)["code"] == "context_length_exceeded" and tokenized == [limit]
+
+
+def test_a_chat_template_over_its_budget_is_400_at_once_without_its_path(serve):
+    from specdec.generation.chat import ChatTemplate
+
+    server, base = serve("lookup")
+    looping = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
+    server.engine.chat_template = ChatTemplate(
+        "{% if messages|length > 1 %}" + looping + "{% endif %}{{ messages[0]['content'] }}",
+        "/private/models/x/chat_template.jinja",
+    )
+    two = {**CHAT, "messages": CHAT["messages"] * 2}
+    response = httpx.post(base + "/chat/completions", json=two, timeout=60)
+    message = error_of(response)["message"]
+    assert response.status_code == 400 and "budget" in message and "/private" not in message
+    assert httpx.post(base + "/chat/completions", json=CHAT, timeout=60).status_code == 200

@@ -1,0 +1,107 @@
+"""What drafting has realized, per row count: the check that keeps "auto" from losing to plain.
+
+``Speculation.choose`` predicts (acceptance times measured costs) which step is fastest. A
+prediction can be wrong where it has not been tested: a fresh engine that meets a burst of
+sixteen requests drafted on every step from its prior and its chain-shaped cost curve, and
+halved the throughput of plain decoding (0.5x). So beside the prediction, the tokens per second
+that steps actually delivered are kept per row count (``bucket``: 1, 2, 3-4, 5-8, 9-16 rows ...),
+plain decode steps and drafting steps apart, as decaying averages of committed tokens and
+seconds (target and drafting). In a bucket:
+
+- at most ``PROBE`` drafting steps are taken on the prediction alone;
+- then, until a plain decode step there has been seen (the yardstick), the bucket decodes
+  plainly; after that, drafting is allowed only while its realized rate beats the plain rate by
+  ``MARGIN``; otherwise the bucket decodes plainly, and after ``RETRY`` plain steps there it
+  probes again (acceptance changes with the requests, costs with the machine's load).
+
+So a drafter that does not pay at some row count costs at most ``PROBE`` steps there (and one
+plain step to measure against) before plain decoding takes over, whatever the drafter, the model or the arrival pattern. Steps that
+carry prompt tokens are not counted (their time is the prompts'). Budgets never change which
+tokens are accepted, so this only moves speed.
+"""
+
+from __future__ import annotations
+
+import math
+
+__all__ = ["MARGIN", "PROBE", "RETRY", "RealizedRates", "bucket"]
+
+PROBE = 3  # drafting steps a bucket takes on the prediction alone
+RETRY = 96  # plain steps in a bucket where drafting lost, before it probes again
+MARGIN = 0.02  # drafting must beat plain's realized tokens/s by this share
+DECAY = 0.3  # weight of a bucket's newest step in its averages
+
+
+def bucket(rows: int) -> int:
+    """0 for 1 row, 1 for 2, 2 for 3-4, 3 for 5-8, ... (powers of two)."""
+    return max(0, math.ceil(math.log2(max(int(rows), 1))))
+
+
+class _Rate:
+    """Decaying averages of committed tokens and seconds of one kind of step in one bucket."""
+
+    def __init__(self):
+        self.tokens, self.seconds, self.count = 0.0, 0.0, 0
+
+    def observe(self, tokens: float, seconds: float) -> None:
+        if self.count == 0:
+            self.tokens, self.seconds = tokens, seconds
+        else:
+            self.tokens += DECAY * (tokens - self.tokens)
+            self.seconds += DECAY * (seconds - self.seconds)
+        self.count += 1
+
+    @property
+    def rate(self) -> float:
+        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
+
+class RealizedRates:
+    """Realized tokens/s per bucket of decode rows (module docstring)."""
+
+    def __init__(self):
+        self._plain: dict[int, _Rate] = {}
+        self._draft: dict[int, _Rate] = {}
+        self._lost: dict[int, int] = {}  # bucket -> plain steps since drafting was found to lose
+
+    def allows(self, rows: int) -> bool:
+        """Whether a drafting step may be taken with ``rows`` decode rows."""
+        b = bucket(rows)
+        plain, draft = self._plain.get(b), self._draft.get(b)
+        if draft is None or draft.count < PROBE:
+            return True  # probing on the prediction
+        if plain is None:
+            return False  # a plain step to measure against
+        if draft.rate >= plain.rate * (1.0 + MARGIN):
+            return True
+        if self._lost.get(b, 0) >= RETRY:  # probe again from scratch
+            self._draft[b], self._lost[b] = _Rate(), 0
+            return True
+        return False
+
+    def observe(self, rows: int, tokens: int, seconds: float, drafted: bool) -> None:
+        """A decode step of ``rows`` rows committed ``tokens`` in ``seconds`` (its target part
+        and its drafting); ``drafted``: some row drafted."""
+        if rows <= 0 or seconds <= 0:
+            return
+        b = bucket(rows)
+        kinds = self._draft if drafted else self._plain
+        kinds.setdefault(b, _Rate()).observe(float(tokens), float(seconds))
+        draft = self._draft.get(b)
+        if not drafted and draft is not None and draft.count >= PROBE:
+            plain = self._plain[b]
+            if draft.rate < plain.rate * (1.0 + MARGIN):
+                self._lost[b] = self._lost.get(b, 0) + 1
+
+    def describe(self) -> dict:
+        """{rows bucket: {"plain": tokens/s, "draft": tokens/s}} for metrics and logs."""
+        out = {}
+        for b in sorted(set(self._plain) | set(self._draft)):
+            low, high = (1, 1) if b == 0 else (2 ** (b - 1) + 1, 2**b)
+            name = str(low) if low == high else f"{low}-{high}"
+            out[name] = {
+                kind: round(rates[b].rate, 1)
+                for kind, rates in (("plain", self._plain), ("draft", self._draft))
+                if b in rates
+            }
+        return out
