@@ -40,7 +40,8 @@ import numpy as np
 from specdec.errors import CorruptFileError, InvalidInputError
 from specdec.models.bundled import resolve_model
 from specdec.models.checkpoints import check_compatible
-from specdec.models.files import check_gguf, parse_json, read_json
+from specdec.models.files import parse_json, read_json
+from specdec.models.gguf_header import check_gguf
 from specdec_eagle3.config import (
     Eagle3Config,
     check_weights,

@@ -15,9 +15,9 @@ seconds (target and drafting). In a bucket:
   probes again (acceptance changes with the requests, costs with the machine's load).
 
 So a drafter that does not pay at some row count costs at most ``PROBE`` steps there (and one
-plain step to measure against) before plain decoding takes over, whatever the drafter, the model or the arrival pattern. Steps that
-carry prompt tokens are not counted (their time is the prompts'). Budgets never change which
-tokens are accepted, so this only moves speed.
+plain step to measure against) before plain decoding takes over, whatever the drafter, the model
+or the arrival pattern. Steps that carry prompt tokens are not counted (their time is the
+prompts'). Budgets never change which tokens are accepted, so this only moves speed.
 """
 
 from __future__ import annotations

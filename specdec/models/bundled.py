@@ -26,7 +26,8 @@ from specdec.models import cache
 from specdec.models.cache import cache_dir
 from specdec.errors import CacheError, CorruptFileError, InvalidInputError, SpecdecError, require
 from specdec.models.checkpoints import write_json_atomic
-from specdec.models.files import check_gguf, read_json
+from specdec.models.files import read_json
+from specdec.models.gguf_header import check_gguf
 
 COMPLETE = cache.COMPLETE
 log = logging.getLogger("specdec.models.cache")

@@ -244,7 +244,7 @@ def sound_gguf(tmp_path_factory):
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    from specdec.models.files import check_gguf
+    from specdec.models.gguf_header import check_gguf
 
     check_gguf(path)  # sound: accepted
     return path
