@@ -294,7 +294,9 @@ class StepResult:
 @attrs.frozen(kw_only=True)
 class GenerationStats:
     """Aggregates over a generation; ``tokens_per_step`` counts the bonus token
-    (plain decoding = 1.0)."""
+    (plain decoding = 1.0). ``drafting_row_steps``: the decode row-steps in which a row drafted
+    (verified more than its root): what ``speculation="auto"`` chose, ``drafting_share`` of the
+    decode row-steps (``describe_speculation`` says it in words)."""
 
     steps: int
     new_tokens: int
@@ -306,6 +308,23 @@ class GenerationStats:
     time_verify: float
     time_other: float
     time_prefill: float
+    drafting_row_steps: int = 0
+    decode_row_steps: int = 0
+
+    @property
+    def drafting_share(self) -> float:
+        """The share of the decode row-steps in which the row drafted."""
+        return self.drafting_row_steps / self.decode_row_steps if self.decode_row_steps else 0.0
+
+    def describe_speculation(self) -> str:
+        """One line: how often the rows drafted, and what it gave."""
+        if not self.decode_row_steps:
+            return "no decode step"
+        return (
+            f"drafted in {self.drafting_row_steps} of {self.decode_row_steps} decode steps "
+            f"({self.drafting_share:.0%}); {self.accepted_tokens} of {self.drafted_tokens} drafted "
+            f"tokens accepted; {self.tokens_per_step:.2f} tokens per step"
+        )
 
     @property
     def tokens_per_step(self) -> float:

@@ -7,13 +7,18 @@ Prediction (greedy decoding): speedup(W, L) = tau(W, L) * t_plain / t_step(W, L)
               trajectory of a real (W, L) run differs, so this is an estimate),
   t_step(W, L) the measured median time of one decode step (draft + verify + other) with those
               beams on this machine, t_plain the same for plain decoding (one token per step).
-Both sides are decode-phase costs (the prefill is excluded), and ``measure`` reports measured
-speedups on the same footing. With ``lookup`` (the default, as in ``generate``), every
+Both sides are decode-phase costs (the prefill is excluded), each shape timed just after the
+plain step it is divided by, and ``measure`` reports measured speedups on the same footing
+(each shape decoded just after plain decoding of the same prompts). A prediction above the
+tokens per step it rests on is impossible (a drafting step costs at least a plain one) and is
+listed last, flagged. With ``lookup`` (the default, as in ``generate``), every
 configuration also carries the prompt-lookup beam: it is recorded as the last beam of each step
 and counted, at its own length, beside the first W beams cut to L.
 
-``plan(..., save=True)`` keeps the recommendation in the user cache (``specdec.tuning.dtype``),
-where ``generate`` finds it when the caller names no beams.
+``keep`` saves a recommendation in the user cache (``specdec.tuning.dtype``), where
+``generate`` finds it when the caller names no beams, only when it can be trusted
+(``specdec.bench.trust``): measured on a quiet machine, a prediction no higher than the tokens
+per step it rests on, and, where it was checked by decoding, a measured speedup near it.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from typing import Sequence
 
 import attrs
 import numpy as np
+from tqdm.auto import tqdm
 
 import specdec
 from specdec.capabilities import drafter_caps
@@ -29,6 +35,7 @@ from specdec.drafting.none import PassLifecycle
 from specdec.generation.api import add_lookup, encode_prompts, load_drafter
 from specdec.generation.resolve import resolve
 from specdec.plugins.registry import default_registry
+from specdec.bench.trust import Measured, impossible, reasons_not_to_keep
 from specdec.tuning.dtype import save_drafter_plan
 
 
@@ -42,6 +49,11 @@ class PlanRow:
     draft_ms: float
     predicted_speedup: float
     measured_speedup: float | None = None
+
+    @property
+    def impossible(self) -> bool:
+        """A predicted speedup above the tokens per step it rests on (``specdec.bench.trust``)."""
+        return impossible(self.predicted_speedup, self.tokens_per_step)
 
 
 class RecordingDrafter(PassLifecycle):
@@ -136,11 +148,13 @@ def plan(
     lengths: Sequence[int] = (2, 3, 4, 5, 6),
     max_new_tokens: int = 64,
     lookup: bool = True,
-    save: bool = False,
+    clock: Measured | None = None,
+    progress: bool = False,
 ) -> list[PlanRow]:
-    """Predicted speedup of every (W, L), best first, from one recorded run at the widest, longest
-    beams (with the prompt-lookup beam when ``lookup``); ``save`` keeps the best for
-    ``generate``."""
+    """Predicted speedup of every (W, L), best first (an impossible prediction, above its tokens
+    per step, last), from one recorded run at the widest, longest beams (with the prompt-lookup
+    beam when ``lookup``), timed inside ``clock``."""
+    clock = clock if clock is not None else Measured()
     registry = default_registry()
     backend_obj = registry.get("backend", backend).factory()
     target = specdec.load(model, backend=backend, dtype=dtype)
@@ -162,27 +176,18 @@ def plan(
     recorder = RecordingDrafter(drafter_with(wide, long), backend_obj)
     accepted = {(w, l): [] for w in widths for l in lengths}
     sizes = {(w, l): [] for w in widths for l in lengths}
-    for prompt in ids:
-        recorder.beams.clear()
-        steps = list(
-            specdec.stream(
-                target, prompt, drafter=recorder, backend=backend, max_new_tokens=max_new_tokens
-            )
+    with clock:
+        _record(
+            target, ids, recorder, widths, lengths, accepted, sizes, backend, max_new_tokens, lookup
         )
-        for step, (beams, beam_lengths) in zip(steps[1:], recorder.beams):
-            row_lengths = None if beam_lengths is None else beam_lengths[0]
-            for w in widths:
-                for l in lengths:
-                    accepted[(w, l)].append(
-                        accepted_length(beams[0], step.new_tokens[0], w, l, lookup, row_lengths)
-                    )
-                    sizes[(w, l)].append(tree_size(beams[0], w, l, lookup, row_lengths))
-    plain_step = sum(median_step_seconds(target, "none", ids[0], backend=backend))
     rows = []
-    for (w, l), values in accepted.items():
-        draft_s, verify_s, other_s = median_step_seconds(
-            target, drafter_with(w, l), ids[0], backend=backend
-        )
+    grid = tqdm(accepted.items(), disable=not progress, desc="timing beam shapes", unit="shape")
+    for (w, l), values in grid:
+        with clock:  # each shape beside a plain step timed just before it
+            plain_step = sum(median_step_seconds(target, "none", ids[0], backend=backend))
+            draft_s, verify_s, other_s = median_step_seconds(
+                target, drafter_with(w, l), ids[0], backend=backend
+            )
         tau = 1.0 + float(np.mean(values)) if values else 1.0
         rows.append(
             PlanRow(
@@ -195,22 +200,68 @@ def plan(
                 predicted_speedup=tau * plain_step / (draft_s + verify_s + other_s),
             )
         )
-    rows.sort(key=lambda r: -r.predicted_speedup)
-    if save:
-        best = rows[0]
-        save_drafter_plan(
-            backend_obj,
-            target,
-            drafter,
-            options={"beam_width": best.beam_width, "beam_length": best.beam_length},
-            details={
-                "predicted_speedup": round(best.predicted_speedup, 3),
-                "lookup": lookup,
-                "tokens_per_step": round(best.tokens_per_step, 3),
-                "prompts": len(ids),
-            },
-        )
+    rows.sort(key=lambda r: (r.impossible, -r.predicted_speedup))
     return rows
+
+
+def _record(target, ids, recorder, widths, lengths, accepted, sizes, backend, tokens, lookup):
+    """Decode every prompt with the widest, longest beams, recording each step's beams, and
+    what each (W, L) would have accepted and verified there."""
+    for prompt in ids:
+        recorder.beams.clear()
+        steps = list(
+            specdec.stream(target, prompt, drafter=recorder, backend=backend, max_new_tokens=tokens)
+        )
+        for step, (beams, beam_lengths) in zip(steps[1:], recorder.beams):
+            row_lengths = None if beam_lengths is None else beam_lengths[0]
+            for w in widths:
+                for l in lengths:
+                    accepted[(w, l)].append(
+                        accepted_length(beams[0], step.new_tokens[0], w, l, lookup, row_lengths)
+                    )
+                    sizes[(w, l)].append(tree_size(beams[0], w, l, lookup, row_lengths))
+
+
+def keep(
+    model,
+    drafter: str,
+    row: PlanRow,
+    clock: Measured,
+    *,
+    backend: str,
+    dtype,
+    lookup: bool,
+    prompts: int,
+) -> list[str]:
+    """Save ``row`` for ``generate`` unless it cannot be trusted; returns why not ([] when
+    saved)."""
+    measured = row.measured_speedup
+    reasons = reasons_not_to_keep(
+        clock,
+        measured if measured is not None else row.predicted_speedup,
+        row.tokens_per_step,
+        predicted=row.predicted_speedup if measured is not None else None,
+    )
+    if measured is None and row.impossible:
+        reasons = reasons or ["its prediction is above its tokens per step"]
+    if reasons:
+        return reasons
+    backend_obj = default_registry().get("backend", backend).factory()
+    target = specdec.load(model, backend=backend, dtype=dtype)
+    save_drafter_plan(
+        backend_obj,
+        target,
+        drafter,
+        options={"beam_width": row.beam_width, "beam_length": row.beam_length},
+        details={
+            "predicted_speedup": round(row.predicted_speedup, 3),
+            "measured_speedup": None if measured is None else round(measured, 3),
+            "lookup": lookup,
+            "tokens_per_step": round(row.tokens_per_step, 3),
+            "prompts": prompts,
+        },
+    )
+    return []
 
 
 def measure(
@@ -223,35 +274,34 @@ def measure(
     dtype: str | None,
     max_new_tokens: int = 64,
     lookup: bool = True,
+    clock: Measured | None = None,
+    progress: bool = False,
 ) -> list[PlanRow]:
     """Run the real decoder for ``rows``: measured speedup = decode-phase tokens/s
-    (prefill excluded, as in the prediction) over that of plain decoding, on the same target and
-    prompts."""
+    (prefill excluded, as in the prediction) over that of plain decoding decoded just before it,
+    on the same target and prompts, inside ``clock``."""
     target = specdec.load(model, backend=backend, dtype=dtype)
+    clock = clock if clock is not None else Measured()
 
     def decode_rate(drafter_choice, options) -> float:
         tokens, seconds = 0, 0.0
         for prompt in prompts:
-            stats = specdec.generate(
-                target,
-                prompt,
-                drafter=drafter_choice,
-                backend=backend,
-                max_new_tokens=max_new_tokens,
-                **options,
-            ).stats
+            with clock:
+                stats = specdec.generate(
+                    target,
+                    prompt,
+                    drafter=drafter_choice,
+                    backend=backend,
+                    max_new_tokens=max_new_tokens,
+                    **options,
+                ).stats
             tokens += stats.new_tokens - 1
             seconds += stats.time_draft + stats.time_verify + stats.time_other
         return tokens / seconds
 
-    plain = decode_rate("none", {})
-    return [
-        attrs.evolve(
-            row,
-            measured_speedup=decode_rate(
-                drafter, dict(beam_width=row.beam_width, beam_length=row.beam_length, lookup=lookup)
-            )
-            / plain,
-        )
-        for row in rows
-    ]
+    checked = []
+    for row in tqdm(rows, disable=not progress, desc="decoding the best shapes", unit="shape"):
+        plain = decode_rate("none", {})  # beside each setting: the same prompts, just before
+        options = dict(beam_width=row.beam_width, beam_length=row.beam_length, lookup=lookup)
+        checked.append(attrs.evolve(row, measured_speedup=decode_rate(drafter, options) / plain))
+    return checked

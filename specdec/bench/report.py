@@ -209,22 +209,32 @@ def accepted_histogram(records: Sequence[BenchRecord]) -> dict[str, dict[int, in
     return {m: dict(sorted(h.items())) for m, h in hist.items()}
 
 
+def _finite(value):
+    """``value`` with every NaN or infinity (a figure that does not exist, e.g. the speedup of a
+    method that ran no step) as null: JSON has no NaN."""
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    if isinstance(value, (float, np.floating)):
+        return float(value) if np.isfinite(value) else None
+    if isinstance(value, np.integer):
+        return int(value)
+    return value
+
+
 def write_outputs(records: Sequence[BenchRecord], out: Path, *, meta: dict) -> dict:
-    """bench.json (records, summary, meta), bench.md, and plots speedup.png, accepted.png."""
+    """bench.json (records, summary, meta; valid JSON: a missing figure is null), bench.md, and
+    plots speedup.png, accepted.png (each method in the same colour in both)."""
     out.mkdir(parents=True, exist_ok=True)
     rows = summarize(records)
-    (out / "bench.json").write_text(
-        json.dumps(
-            dict(
-                meta=meta,
-                summary=rows,
-                records=[attrs.asdict(r) for r in records],
-                accepted_histogram=accepted_histogram(records),
-            ),
-            indent=1,
-            default=float,
-        )
+    report = dict(
+        meta=meta,
+        summary=rows,
+        records=[attrs.asdict(r) for r in records],
+        accepted_histogram=accepted_histogram(records),
     )
+    (out / "bench.json").write_text(json.dumps(_finite(report), indent=1, allow_nan=False))
     (out / "bench.md").write_text(markdown(rows) + "\n")
     plot(rows, records, out)
     return dict(summary=rows)
@@ -237,6 +247,10 @@ def plot(rows: Sequence[dict], records: Sequence[BenchRecord], out: Path) -> Non
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # optional: matplotlib (bench extra)
 
+    methods_all = [m for m in dict.fromkeys(r["method"] for r in rows) if m != "plain"]
+    methods_all += [m for m in accepted_histogram(records) if m not in methods_all]
+    palette = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    colour = {m: palette[i % len(palette)] for i, m in enumerate(methods_all)}
     configs = sorted({(r["backend"], r["dtype"], r["temperature"]) for r in rows})
     fig, axes = plt.subplots(len(configs), 1, figsize=(10, 3.5 * len(configs)), squeeze=False)
     for ax, (backend, dtype, temperature) in zip(axes[:, 0], configs):
@@ -256,7 +270,13 @@ def plot(rows: Sequence[dict], records: Sequence[BenchRecord], out: Path) -> Non
                 )
                 for c in categories
             ]
-            ax.bar(np.arange(len(categories)) + i * width, values, width, label=method)
+            ax.bar(
+                np.arange(len(categories)) + i * width,
+                values,
+                width,
+                label=method,
+                color=colour[method],
+            )
         ax.axhline(1.0, color="black", linewidth=0.8)
         ax.set_xticks(
             np.arange(len(categories)) + width * (len(methods) - 1) / 2, categories, rotation=30
@@ -277,6 +297,7 @@ def plot(rows: Sequence[dict], records: Sequence[BenchRecord], out: Path) -> Non
             [c / total for c in counts.values()],
             0.8 / max(len(hist), 1),
             label=method,
+            color=colour.get(method),
         )
     ax.set_xlabel("drafted tokens accepted per step")
     ax.set_ylabel("share of steps")

@@ -33,6 +33,7 @@ from specdec.errors import InvalidInputError
 from specdec.generation.api import encode_prompts
 from specdec.generation.resolve import resolve
 from specdec.plugins.registry import default_registry
+from specdec.bench.trust import Measured, impossible, reasons_not_to_keep
 from specdec.tuning.dtype import save_drafter_plan
 
 __all__ = ["TreePlanRow", "plan_tree"]
@@ -86,9 +87,14 @@ def plan_tree(
     max_new_tokens: int = 64,
     lookup: bool | None = None,
     save: bool = False,
+    clock: Measured | None = None,
 ) -> list[TreePlanRow]:
-    """Every setting decoded, best first (module docstring). ``lookup``: None tries the
-    prompt-lookup beam on and off (where the drafter takes it), True or False keeps it so."""
+    """Every setting decoded, best first (module docstring), timed inside ``clock``. ``lookup``:
+    None tries the prompt-lookup beam on and off (where the drafter takes it), True or False
+    keeps it so. ``save`` keeps the best for ``generate`` unless it cannot be trusted
+    (``specdec.bench.trust.reasons_not_to_keep``: a busy machine, a speedup above its tokens per
+    step)."""
+    clock = clock if clock is not None else Measured()
     registry = default_registry()
     backend_obj = registry.get("backend", backend).factory()
     spec = resolve("drafter", drafter, registry, backend_obj.name).spec
@@ -105,7 +111,8 @@ def plan_tree(
         encode_prompts(p, target.tokenizer, target.vocab_size, chat_template=template)[0][0]
         for p in prompts
     ]
-    plain = [_decode(target, ids, "none", {}, False, backend, max_new_tokens)[0]]
+    with clock:
+        plain = [_decode(target, ids, "none", {}, False, backend, max_new_tokens)[0]]
     rows: dict[tuple, TreePlanRow] = {}
     rates: dict[tuple, np.ndarray] = {}  # each prompt's tokens/s
 
@@ -113,9 +120,10 @@ def plan_tree(
         key = (tuple(sorted(options.items())), with_lookup)
         if key not in rows:
             try:
-                rates[key], tau, nodes = _decode(
-                    target, ids, drafter, options, with_lookup, backend, max_new_tokens
-                )
+                with clock:
+                    rates[key], tau, nodes = _decode(
+                        target, ids, drafter, options, with_lookup, backend, max_new_tokens
+                    )
             except InvalidInputError:  # a setting the drafter or the lookup beam refuses
                 return None
             rows[key] = TreePlanRow(
@@ -143,17 +151,18 @@ def plan_tree(
         row = run(best.options, not best.lookup)
         if row is not None and row.speedup > best.speedup:
             best = row
-    plain.append(_decode(target, ids, "none", {}, False, backend, max_new_tokens)[0])
+    with clock:
+        plain.append(_decode(target, ids, "none", {}, False, backend, max_new_tokens)[0])
     plain_rate = (plain[0] + plain[1]) / 2  # each prompt's, before and after
     ranked = sorted(
         (
             attrs.evolve(row, speedup=float(np.median(rates[key] / plain_rate)))
             for key, row in rows.items()
         ),
-        key=lambda r: -r.speedup,
+        key=lambda r: (impossible(r.speedup, r.tokens_per_step), -r.speedup),
     )
-    if save:
-        top = ranked[0]
+    top = ranked[0]
+    if save and not reasons_not_to_keep(clock, top.speedup, top.tokens_per_step):
         save_drafter_plan(
             backend_obj,
             target,

@@ -14,7 +14,8 @@ from pathlib import Path
 import specdec
 from specdec import compute
 from specdec.bench import load_prompt_set, parse_method, run_bench
-from specdec.bench.planner import measure, plan
+from specdec.bench.planner import keep, measure, plan
+from specdec.bench.trust import Measured, busy_line, impossible, reasons_not_to_keep
 from specdec.bench.tree_planner import plan_tree
 from specdec.bench.prompts import PROMPT_SETS
 from specdec.bench.report import markdown, write_outputs
@@ -266,13 +267,15 @@ def cmd_demo(args) -> int:
             0,
             {name: [0, 0.0] for name in methods},
         )  # new tokens, seconds (prefill included)
+        clock = Measured()
         for text in args.prompt:
             runs: dict[str, list] = {}
             for _ in range(
                 args.repeats
             ):  # plain and speculative decoding interleaved; the median is reported
                 for name, (drafter, options) in methods.items():
-                    runs.setdefault(name, []).append(run(text, drafter, options))
+                    with clock:
+                        runs.setdefault(name, []).append(run(text, drafter, options))
             results = {name: _median(found) for name, found in runs.items()}
             plain = results["plain"]
             print(f"\nuser: {text}\nassistant: {results['default'].text}\n")
@@ -308,6 +311,8 @@ def cmd_demo(args) -> int:
             "(default: generate()'s defaults, ReDrafter with a prompt-lookup beam; redrafter: "
             "lookup=False)"
         )
+        if busy_line(clock):
+            print(busy_line(clock))
     return int(status)
 
 
@@ -318,23 +323,26 @@ def _median(results):
 
 def cmd_bench(args) -> int:
     """Run a benchmark grid and write bench.json, bench.md and plots to --out."""
+    require("matplotlib", extra="bench", feature="specdec bench (its plots)")  # before any run
     Path(args.out).mkdir(
         parents=True, exist_ok=True
     )  # an unwritable --out fails before the runs, not after
     prompts = load_prompt_set(args.prompts, per_category=args.per_category)
     methods = [parse_method(m) for m in args.methods]
+    clock = Measured()
     grid = [(item.partition(":")[0], item.partition(":")[2] or None) for item in args.backends]
-    records = run_bench(
-        args.model,
-        prompts,
-        methods,
-        grid=grid,
-        temperatures=args.temperatures,
-        max_new_tokens=args.max_new_tokens,
-        repeats=args.repeats,
-        warmup=args.warmup,
-        seed=args.seed,
-    )
+    with clock:
+        records = run_bench(
+            args.model,
+            prompts,
+            methods,
+            grid=grid,
+            temperatures=args.temperatures,
+            max_new_tokens=args.max_new_tokens,
+            repeats=args.repeats,
+            warmup=args.warmup,
+            seed=args.seed,
+        )
     meta = dict(
         command=" ".join(sys.argv),
         versions=installed_distributions(),
@@ -342,9 +350,12 @@ def cmd_bench(args) -> int:
         prompts=args.prompts,
         per_category=args.per_category,
         max_new_tokens=args.max_new_tokens,
+        busy=busy_line(clock),
     )
     out = write_outputs(records, Path(args.out), meta=meta)
     print(markdown(out["summary"], categories=args.categories))
+    if meta["busy"]:
+        print(meta["busy"])
     print(f"wrote {args.out}/bench.json, bench.md, speedup.png, accepted.png", file=sys.stderr)
     return 0
 
@@ -358,30 +369,32 @@ def cmd_plan(args) -> int:
     if named.spec is not None and named.spec.tree_options:
         return _plan_tree(args, prompts)
     lookup = not args.no_lookup
+    clock = Measured()
+    options = dict(backend=args.backend, dtype=args.dtype, max_new_tokens=args.max_new_tokens)
     rows = plan(
         args.model,
         args.drafter,
         prompts,
-        backend=args.backend,
-        dtype=args.dtype,
         widths=args.widths,
         lengths=args.lengths,
-        max_new_tokens=args.max_new_tokens,
         lookup=lookup,
-        save=not args.no_save,
+        clock=clock,
+        progress=True,
+        **options,
     )
+    plausible = [r for r in rows if not r.impossible][: args.measure_top]
     checked = (
         measure(
             args.model,
             args.drafter,
             prompts,
-            rows[: args.measure_top],
-            backend=args.backend,
-            dtype=args.dtype,
-            max_new_tokens=args.max_new_tokens,
+            plausible,
             lookup=lookup,
+            clock=clock,
+            progress=True,
+            **options,
         )
-        if args.measure_top
+        if args.measure_top and plausible
         else []
     )
     measured = {(r.beam_width, r.beam_length): r.measured_speedup for r in checked}
@@ -392,20 +405,41 @@ def cmd_plan(args) -> int:
     print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         m = measured.get((r.beam_width, r.beam_length))
+        flag = " (impossible: above its tokens/step)" if r.impossible else ""
         print(
             f"| {r.beam_width} | {r.beam_length} | {r.tokens_per_step:.2f} | {r.tree_size:.1f} | "
-            f"{r.draft_ms:.1f} | {r.verify_ms:.1f} | {r.predicted_speedup:.2f}x | "
+            f"{r.draft_ms:.1f} | {r.verify_ms:.1f} | {r.predicted_speedup:.2f}x{flag} | "
             f"{'-' if m is None else f'{m:.2f}x'} |"
         )
-    best = rows[0]
+    best = max(checked, key=lambda r: r.measured_speedup) if checked else rows[0]
+    figure = (
+        f"measured {best.measured_speedup:.2f}x, predicted {best.predicted_speedup:.2f}x"
+        if best.measured_speedup is not None
+        else f"predicted {best.predicted_speedup:.2f}x"
+    )
     print(
-        f"recommended: beam_width={best.beam_width} beam_length={best.beam_length} "
-        f"(predicted {best.predicted_speedup:.2f}x over plain decoding, decode phase"
+        f"recommended: beam_width={best.beam_width} beam_length={best.beam_length} ({figure} over "
+        "plain decoding, decode phase"
         f"{f', with the prompt-lookup beam of {DEFAULT_DRAFT_LENGTH} tokens' if lookup else ''})"
     )
+    line = busy_line(clock)
+    if line:
+        print(line)
     if not args.no_save:
+        reasons = keep(
+            args.model,
+            args.drafter,
+            best,
+            clock,
+            backend=args.backend,
+            dtype=args.dtype,
+            lookup=lookup,
+            prompts=len(prompts),
+        )
         print(
-            "saved: generate uses it for this drafter on this machine when no beams are given",
+            "saved: generate uses it for this drafter on this machine when no beams are given"
+            if not reasons
+            else f"not saved: {'; '.join(reasons)} (generate keeps what it used before)",
             file=sys.stderr,
         )
     if args.prompts in PROMPT_SETS:
@@ -419,6 +453,7 @@ def cmd_plan(args) -> int:
 
 
 def _plan_tree(args, prompts) -> int:
+    clock = Measured()
     rows = plan_tree(
         args.model,
         args.drafter,
@@ -428,14 +463,20 @@ def _plan_tree(args, prompts) -> int:
         max_new_tokens=args.max_new_tokens,
         lookup=False if args.no_lookup else None,
         save=not args.no_save,
+        clock=clock,
     )
     print("| settings | lookup | tokens/step | nodes/step | measured speedup |")
     print("|---|---|---|---|---|")
     for r in rows:
         settings = " ".join(f"{k}={v}" for k, v in sorted(r.options.items())) or "its defaults"
+        flag = (
+            " (impossible: above its tokens/step)"
+            if impossible(r.speedup, r.tokens_per_step)
+            else ""
+        )
         print(
             f"| {settings} | {'yes' if r.lookup else 'no'} | {r.tokens_per_step:.2f} | "
-            f"{r.nodes_per_step:.1f} | {r.speedup:.2f}x |"
+            f"{r.nodes_per_step:.1f} | {r.speedup:.2f}x{flag} |"
         )
     best = rows[0]
     settings = " ".join(f"{k}={v}" for k, v in sorted(best.options.items())) or "its defaults"
@@ -443,10 +484,16 @@ def _plan_tree(args, prompts) -> int:
         f"recommended: {settings}, lookup {'on' if best.lookup else 'off'} (measured "
         f"{best.speedup:.2f}x over plain decoding, decode phase, {len(rows)} settings decoded)"
     )
+    line = busy_line(clock)
+    if line:
+        print(line)
     if not args.no_save:
+        reasons = reasons_not_to_keep(clock, best.speedup, best.tokens_per_step)
         print(
             "saved: generate uses it for this drafter on this machine when no tree settings "
-            "are given",
+            "are given"
+            if not reasons
+            else f"not saved: {'; '.join(reasons)} (generate keeps what it used before)",
             file=sys.stderr,
         )
     return 0
@@ -809,8 +856,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--methods",
         nargs="+",
         default=["plain", "redrafter", "medusa"],
-        help="plain, redrafter[:w=4,l=5,lookup=true], medusa[:choices=cpu16], lookup[:k=10], hf, "
-        "hf-pld[:n=10], hf-assisted:draft=M, mlx-lm, mlx-lm-draft:draft=M",
+        help="plain; any installed drafter by name with its options (redrafter[:w=4,l=5,"
+        "lookup=true], medusa[:choices=cpu16], eagle[:total_tokens=8], draft_model:draft=M, "
+        "lookup[:k=10]) or a checkpoint folder (runs/e3[:total_tokens=16]), third-party drafters "
+        "too (`specdec plugins` lists them); peers: hf, hf-pld[:n=10], hf-assisted:draft=M, "
+        "mlx-lm, mlx-lm-draft:draft=M (docs: benchmarks/README.md)",
     )
     bench.add_argument(
         "--backends",

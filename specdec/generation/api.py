@@ -637,6 +637,7 @@ def collect(steps, batch_size: int, *, batched: bool, tokenizer=None) -> Generat
     totals = dict(
         steps=0, row_steps=0, drafted=0, verified=0, accepted=0, draft=0.0, verify=0.0, other=0.0
     )
+    drafting = decoding = 0  # row-steps that drafted, of those that decoded
     prefill = 0.0
     admitted = False
     for result in steps:
@@ -649,6 +650,8 @@ def collect(steps, batch_size: int, *, batched: bool, tokenizer=None) -> Generat
             continue
         totals["steps"] += 1
         totals["row_steps"] += int(np.count_nonzero(result.num_verified))
+        decoding += int(np.count_nonzero(result.num_verified))
+        drafting += int(np.count_nonzero(np.asarray(result.num_verified) > 1))
         totals["drafted"] += int(np.sum(result.num_drafted))
         totals["verified"] += int(np.sum(result.num_verified))
         totals["accepted"] += int(np.sum(result.num_accepted))
@@ -666,6 +669,8 @@ def collect(steps, batch_size: int, *, batched: bool, tokenizer=None) -> Generat
         time_verify=totals["verify"],
         time_other=totals["other"],
         time_prefill=prefill,
+        drafting_row_steps=drafting,
+        decode_row_steps=decoding,
     )
     text = [tokenizer.decode(t) for t in tokens] if tokenizer is not None else None
     if not batched:

@@ -70,6 +70,7 @@ def _usage(completion) -> dict:
         "total_tokens": prompt_tokens + completion_tokens,
         "speculation": {
             "steps": completion.steps,
+            "drafting_steps": completion.drafting_steps,
             "drafted_tokens": completion.drafted_tokens,
             "accepted_tokens": completion.accepted_tokens,
         },

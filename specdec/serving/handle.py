@@ -65,6 +65,7 @@ class Completion:
     steps: int = 0
     drafted_tokens: int = 0
     accepted_tokens: int = 0
+    drafting_steps: int = 0  # the steps in which it drafted (what speculation="auto" chose)
 
     @property
     def completion_tokens(self) -> int:
@@ -227,7 +228,7 @@ class Handle:
         self.finish_reason: str | None = None
         self.error: BaseException | None = None
         self._tokens: list[int] = []
-        self.steps = self.drafted_tokens = self.accepted_tokens = (
+        self.steps = self.drafted_tokens = self.accepted_tokens = self.drafting_steps = (
             0  # its speculation (``Completion``)
         )
         self._chunks: list[Chunk] = []
@@ -346,6 +347,7 @@ class Handle:
             steps=self.steps,
             drafted_tokens=self.drafted_tokens,
             accepted_tokens=self.accepted_tokens,
+            drafting_steps=self.drafting_steps,
         )
 
     # -- writing (the scheduler thread) --
@@ -394,6 +396,7 @@ class Handle:
         by the verifier, ``kept`` tokens of the step in its output (``take``): the accepted ones
         kept are those past the step's first."""
         self.steps += 1
+        self.drafting_steps += drafted > 0
         self.drafted_tokens += drafted
         self.accepted_tokens += max(0, min(accepted, kept - 1))
 

@@ -151,7 +151,15 @@ def test_run_bench_and_outputs(model_dir, tmp_path):
     write_outputs(records, tmp_path / "out", meta={"test": True})
     for name in ("bench.json", "bench.md", "speedup.png", "accepted.png"):
         assert (tmp_path / "out" / name).stat().st_size > 0, name
-    data = json.loads((tmp_path / "out" / "bench.json").read_text())
+
+    def no_constant(name):  # strict JSON: NaN and Infinity are not JSON
+        raise AssertionError(f"bench.json holds {name}")
+
+    text = (tmp_path / "out" / "bench.json").read_text()
+    data = json.loads(text, parse_constant=no_constant)
+    assert any(value is None for row in data["summary"] for value in row.values()), (
+        "the sampled rows' identity (a greedy check) is null, not NaN"
+    )
     assert len(data["records"]) == len(records) and data["meta"] == {"test": True}
 
 
@@ -193,3 +201,19 @@ def test_planner_predicts_and_measures(model_dir, tmp_path):
         max_new_tokens=8,
     )
     assert checked[0].measured_speedup > 0
+
+
+def test_bench_without_its_extra_stops_before_any_run(monkeypatch, tmp_path, capsys):
+    """matplotlib missing: one line naming the extra, before a single prompt is decoded."""
+    import sys
+
+    from specdec.cli import main as cli
+
+    ran = []
+    monkeypatch.setattr(cli, "run_bench", lambda *a, **k: ran.append(1) or [])
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    status = cli.main(["bench", "--model", "x", "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert (
+        status != 0 and not ran and "specdec[bench]" in err and len(err.strip().splitlines()) == 1
+    )

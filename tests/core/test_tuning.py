@@ -11,6 +11,7 @@ import json
 import time
 import types
 
+import attrs
 import pytest
 
 import specdec
@@ -301,11 +302,17 @@ def test_a_tree_drafter_is_planned_one_setting_at_a_time_and_generate_uses_the_p
             options.get("tree_top_k", 4),
         )
         distance = sum(abs(a - b) for a, b in zip(settings, (6, 3, 2)))
-        return 2.0 - 0.01 * distance + 0.05 * lookup, tau, nodes
+        return 2.0 - 0.01 * distance + 0.05 * lookup, 3.0, nodes  # 3 tokens/step allow 2x
 
     monkeypatch.setattr(tree_planner, "_decode", made_up)
     rows = tree_planner.plan_tree(
-        model_dir, str(eagle3), ["a b c"], backend="numpy", max_new_tokens=4, save=True
+        model_dir,
+        str(eagle3),
+        ["a b c"],
+        backend="numpy",
+        max_new_tokens=4,
+        save=True,
+        clock=QuietClock(),
     )
     best = rows[0]
     assert best.options == {"total_tokens": 6, "depth": 3, "tree_top_k": 2} and best.lookup
@@ -370,3 +377,73 @@ def test_greedy_output_with_the_default_lookup_beam_is_plain_decoding(target, re
     # cannot
     assert spec.stats.accepted_tokens > alone.stats.accepted_tokens == 0
     assert spec.stats.steps < alone.stats.steps
+
+
+class QuietClock:
+    """A measurement clock that reads as taken on a quiet machine (the tests' timings are made
+    up; the machine running them may be busy)."""
+
+    wall, cpu, share, others, quiet = 1.0, 1.0, 1.0, 0.0, True
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return None
+
+
+class BusyClock(QuietClock):
+    wall, cpu, share, others, quiet = 1.0, 0.5, 0.5, 0.5, False
+
+
+@pytest.mark.parametrize("case", ["busy", "impossible"])
+def test_the_tree_planner_keeps_nothing_it_cannot_trust(
+    target, model_dir, eagle3, cache, monkeypatch, case
+):
+    """A choice measured while other work shared the machine, or one whose speedup is above the
+    tokens per step it rests on (no drafting step is cheaper than a plain one), is not kept:
+    generate goes on with the checkpoint's own settings (specdec.bench.trust)."""
+    from specdec.bench import tree_planner
+
+    def made_up(target_, prompts, drafter, options, lookup, backend, tokens):
+        if drafter == "none":
+            return 1.0, 1.0, 1.0
+        return 2.0 + 0.01 * options.get("total_tokens", 12), 3.0 if case == "busy" else 1.4, 9.0
+
+    monkeypatch.setattr(tree_planner, "_decode", made_up)
+    clock = BusyClock() if case == "busy" else QuietClock()
+    rows = tree_planner.plan_tree(
+        model_dir, str(eagle3), ["a b c"], backend="numpy", max_new_tokens=4, save=True, clock=clock
+    )
+    assert rows[0].speedup > 2.0
+    kept = _drafter_of(target, eagle3)
+    assert (kept.total_tokens, kept.depth, kept.top_k) == (12, 4, 4), case
+
+
+def test_the_beam_planner_keeps_nothing_it_cannot_trust(model_dir, tmp_path, cache):
+    """``keep``: a busy machine, an impossible prediction, a measured speedup far from its
+    prediction: each refused with its reason, nothing saved; a sound choice is saved."""
+    from specdec.bench.planner import PlanRow, keep
+    from specdec.testing import make_random_drafter
+
+    drafter = str(make_random_drafter(tmp_path / "rd", model_dir, kind="redrafter", seed=2))
+    row = PlanRow(
+        beam_width=2,
+        beam_length=3,
+        tokens_per_step=2.0,
+        tree_size=5.0,
+        verify_ms=1.0,
+        draft_ms=1.0,
+        predicted_speedup=1.6,
+    )
+    options = dict(backend="numpy", dtype=None, lookup=False, prompts=2)
+    assert "other work" in keep(model_dir, drafter, row, BusyClock(), **options)[0]
+    impossible = attrs.evolve(row, predicted_speedup=6.5)
+    assert "above its 2.00 tokens per step" in " ".join(
+        keep(model_dir, drafter, impossible, QuietClock(), **options)
+    )
+    far = attrs.evolve(row, measured_speedup=0.4)
+    assert "far from the predicted 1.60x" in " ".join(
+        keep(model_dir, drafter, far, QuietClock(), **options)
+    )
+    assert keep(model_dir, drafter, row, QuietClock(), **options) == []

@@ -1,0 +1,135 @@
+"""When a measured figure can be trusted, and the one line that says when it cannot.
+
+Timings taken while other work shared the cores have the wrong proportions, not only the wrong
+scale: a plain step slowed by a neighbour's burst and a drafting step timed in a quiet moment
+made the beam planner predict 6.5x at 1.25 tokens per step. The engine's cost curve already
+refuses such measurements (``specdec.tuning.dtype.machine_share``: the share of the machine's
+cores the process computed on, measured again below ``QUIET_SHARE``); the planners, ``specdec
+bench`` and the demo use the same rule here:
+
+- ``Measured`` is a ``CpuClock`` over the whole measurement that also reads, on Linux, what
+  the whole machine computed meanwhile (``/proc/stat``), so the share of the cores that *other*
+  work took is known: a process that uses fewer threads than there are cores (the NumPy
+  reference, ``OMP_NUM_THREADS=1``) is not mistaken for a busy machine. ``busy_line`` is the
+  line printed with a table when other work took more than ``1 - QUIET_SHARE`` of the cores
+  (elsewhere: when the process computed on less than ``QUIET_SHARE`` of them);
+- ``impossible`` flags a speedup above the tokens per step it rests on (a drafting step costs at
+  least a plain one: its forward carries at least the plain token, and drafting comes on top),
+  beyond ``SLACK`` for timing noise;
+- ``far_from`` flags a measured speedup far from its prediction (``FAR``): the prediction's
+  inputs did not hold when it was checked.
+
+A choice is kept for ``generate`` only when none of these apply (``reasons_not_to_keep``).
+"""
+
+from __future__ import annotations
+
+import os
+
+from specdec.tuning.dtype import QUIET_SHARE, CpuClock
+
+__all__ = ["FAR", "SLACK", "Measured", "busy_line", "far_from", "impossible", "reasons_not_to_keep"]
+
+SLACK = 1.05  # a speedup up to 5% above tokens/step is timing noise, not an impossibility
+FAR = 1.5  # a measured speedup this many times below (or above) its prediction is far from it
+
+
+def _machine_busy_seconds() -> float | None:
+    """CPU seconds the whole machine has computed since boot (``/proc/stat``), or None."""
+    try:
+        with open("/proc/stat") as handle:
+            fields = [int(v) for v in handle.readline().split()[1:]]
+    except (OSError, ValueError, IndexError):
+        return None
+    busy = sum(fields[:8]) - fields[3] - (fields[4] if len(fields) > 4 else 0)  # all but idle, iowait
+    return busy / os.sysconf("SC_CLK_TCK")
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+class Measured(CpuClock):
+    """A ``CpuClock`` that also knows what share of the cores other work took meanwhile."""
+
+    def __init__(self):
+        super().__init__()
+        self.machine: float | None = 0.0
+
+    def __enter__(self) -> "Measured":
+        self._machine = _machine_busy_seconds()
+        return super().__enter__()
+
+    def __exit__(self, *exc) -> None:
+        super().__exit__(*exc)
+        end = _machine_busy_seconds()
+        if end is None or self._machine is None or self.machine is None:
+            self.machine = None
+        else:
+            self.machine += end - self._machine
+
+    @property
+    def others(self) -> float | None:
+        """The share of the cores other processes computed on (None where the system does not
+        say)."""
+        if self.machine is None or self.wall <= 0:
+            return None
+        return max(self.machine - self.cpu, 0.0) / (self.wall * _cores())
+
+    @property
+    def quiet(self) -> bool:
+        if self.wall <= 0:
+            return True
+        others = self.others
+        return self.share >= QUIET_SHARE if others is None else others <= 1 - QUIET_SHARE
+
+
+def busy_line(clock: CpuClock) -> str | None:
+    """The line that goes with figures measured on a busy machine, or None when it was quiet."""
+    quiet = clock.quiet if isinstance(clock, Measured) else clock.share >= QUIET_SHARE
+    if clock.wall <= 0 or quiet:
+        return None
+    others = clock.others if isinstance(clock, Measured) else None
+    what = (
+        f"other processes computed on {others:.0%} of the cores"
+        if others is not None
+        else f"this process computed on {clock.share:.0%} of the cores"
+    )
+    return (
+        f"note: measured while other work shared the machine ({what}): speeds and ratios are "
+        "unreliable; measure again on a quiet machine"
+    )
+
+
+def impossible(speedup: float, tokens_per_step: float) -> bool:
+    """Whether ``speedup`` is more than the ``tokens_per_step`` it rests on allows."""
+    return speedup > SLACK * max(tokens_per_step, 1.0)
+
+
+def far_from(measured: float, predicted: float) -> bool:
+    """Whether a measured speedup is far (``FAR``) from its prediction."""
+    if measured <= 0 or predicted <= 0:
+        return True
+    return max(measured / predicted, predicted / measured) > FAR
+
+
+def reasons_not_to_keep(
+    clock: CpuClock, speedup: float, tokens_per_step: float, predicted: float | None = None
+) -> list[str]:
+    """Why a choice measured under ``clock`` must not be kept for ``generate`` ([] to keep)."""
+    reasons = []
+    if busy_line(clock) is not None:
+        reasons.append("other work shared the machine while it was measured")
+    if impossible(predicted if predicted is not None else speedup, tokens_per_step):
+        what = "predicted" if predicted is not None else "measured"
+        value = predicted if predicted is not None else speedup
+        reasons.append(
+            f"its {what} {value:.2f}x is above its {tokens_per_step:.2f} tokens per step, "
+            "which no drafting step allows"
+        )
+    if predicted is not None and speedup > 0 and far_from(speedup, predicted):
+        reasons.append(f"measured {speedup:.2f}x, far from the predicted {predicted:.2f}x")
+    return reasons
