@@ -41,7 +41,8 @@ def _machine_busy_seconds() -> float | None:
             fields = [int(v) for v in handle.readline().split()[1:]]
     except (OSError, ValueError, IndexError):
         return None
-    busy = sum(fields[:8]) - fields[3] - (fields[4] if len(fields) > 4 else 0)  # all but idle, iowait
+    # every state but idle and iowait (user, nice, system, irq, softirq, steal)
+    busy = sum(fields[:8]) - fields[3] - (fields[4] if len(fields) > 4 else 0)
     return busy / os.sysconf("SC_CLK_TCK")
 
 

@@ -15,7 +15,8 @@ import specdec
 from specdec import compute
 from specdec.bench import load_prompt_set, parse_method, run_bench
 from specdec.bench.planner import keep, measure, plan
-from specdec.bench.trust import Measured, busy_line, impossible, reasons_not_to_keep
+from specdec.bench.trust import Measured, busy_line, impossible
+from specdec.bench import tree_planner
 from specdec.bench.tree_planner import plan_tree
 from specdec.bench.prompts import PROMPT_SETS
 from specdec.bench.report import markdown, write_outputs
@@ -488,7 +489,8 @@ def _plan_tree(args, prompts) -> int:
     if line:
         print(line)
     if not args.no_save:
-        reasons = reasons_not_to_keep(clock, best.speedup, best.tokens_per_step)
+        # the tree planner's own verdict (it saved, or not, by the same rule)
+        reasons = tree_planner.reasons_not_to_keep(clock, best.speedup, best.tokens_per_step)
         print(
             "saved: generate uses it for this drafter on this machine when no tree settings "
             "are given"

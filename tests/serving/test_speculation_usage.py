@@ -19,6 +19,7 @@ PROMPTS = ([1, 2, 3], [4, 5], [6, 7, 8, 6, 7], [9])
 
 def consistent(completion):
     steps, accepted = completion.steps, completion.accepted_tokens
+    assert 0 <= completion.drafting_steps <= steps, completion
     assert completion.completion_tokens == 1 + steps + accepted, completion
     assert 0 <= accepted <= completion.drafted_tokens, completion
     assert completion.tokens_per_step == (steps + accepted) / steps
@@ -44,6 +45,7 @@ def test_plain_decoding_takes_a_step_per_token(make_engine):
     engine = make_engine("none", slots=2, speculation="always")
     completion = engine.generate([1, 2, 3], max_new_tokens=7)
     assert (completion.steps, completion.drafted_tokens, completion.accepted_tokens) == (6, 0, 0)
+    assert completion.drafting_steps == 0
     assert completion.tokens_per_step == 1.0
     one = engine.generate([1, 2, 3], max_new_tokens=1)  # its token comes from the prompt's forward
     assert (one.steps, one.completion_tokens, one.tokens_per_step) == (0, 1, 0.0)
@@ -61,7 +63,8 @@ def test_the_server_reports_speculation_in_usage(serve):
     body = {"model": "tiny", "prompt": [1, 2, 3], "max_tokens": 20, "temperature": 0}
     usage = httpx.post(base + "/completions", json=body, timeout=60).json()["usage"]
     speculation = usage["speculation"]
-    assert set(speculation) == {"steps", "drafted_tokens", "accepted_tokens"}
+    assert set(speculation) == {"steps", "drafting_steps", "drafted_tokens", "accepted_tokens"}
+    assert 0 < speculation["drafting_steps"] <= speculation["steps"]  # "always": it drafted
     assert usage["completion_tokens"] == 1 + speculation["steps"] + speculation["accepted_tokens"]
     assert 0 < speculation["accepted_tokens"] <= speculation["drafted_tokens"]
     events = []
