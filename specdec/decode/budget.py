@@ -49,9 +49,10 @@ a few bad steps is tried again, and a large batch is not slowed to try it.
 **What steps delivered.** A prediction can be wrong where it was never tested (a fresh engine
 met a burst of 16 requests and drafted every step at half plain decoding's throughput), so the
 tokens per second that decode steps actually delivered are kept per row count, plain and drafting
-apart (``specdec.decode.realized``): at a row count drafting is tried only after a plain step
-there, takes at most ``PROBE`` steps on the prediction alone, and then only while it delivers
-more than plain decoding; where it lost, it is tried again after ``RETRY`` plain steps.
+apart (``specdec.decode.realized``): at a row count drafting takes at most ``PROBE`` steps on
+the prediction alone, and then stops where its steps clearly delivered less than plain ones
+(below ``LOSS`` of their tokens per second), to be tried again after ``RETRY`` plain steps there
+(twice as many after each probe that loses again).
 
 **Lossless.** A budget only cuts a tree before verification; the verifier accepts what the target
 itself would produce at every node it is given (greedy, and the exact tree walk whose uniforms are

@@ -5,31 +5,37 @@ prediction can be wrong where it has not been tested: a fresh engine that meets 
 sixteen requests drafted on every step from its prior and its chain-shaped cost curve, and
 halved the throughput of plain decoding (0.5x). So beside the prediction, the tokens per second
 that steps actually delivered are kept per row count (``bucket``: 1, 2, 3-4, 5-8, 9-16 rows ...),
-plain decode steps and drafting steps apart, as decaying averages of committed tokens and
-seconds (target and drafting). In a bucket:
+plain decode steps and drafting steps apart, as decaying sums of committed tokens and seconds
+(target and drafting). In a bucket:
 
 - at most ``PROBE`` drafting steps are taken on the prediction alone;
 - then, until a plain decode step there has been seen (the yardstick), the bucket decodes
-  plainly; after that, drafting is allowed only while its realized rate beats the plain rate by
-  ``MARGIN``; otherwise the bucket decodes plainly, and after ``RETRY`` plain steps there it
-  probes again (acceptance changes with the requests, costs with the machine's load).
+  plainly;
+- after that, a bucket whose drafting steps delivered less than ``LOSS`` times the plain steps'
+  tokens per second decodes plainly (a clear loss: one request's steps vary too much from step to
+  step, with what each accepts, for a finer verdict on a few steps; smaller losses are the
+  prediction's to correct, from the same steps), and probes again after ``RETRY`` plain steps
+  there, twice as many after each probe that loses again (up to ``MAX_RETRY``), back to
+  ``RETRY`` after one that wins (acceptance changes with the requests, costs with the load).
 
-So a drafter that does not pay at some row count costs at most ``PROBE`` steps there (and one
-plain step to measure against) before plain decoding takes over, whatever the drafter, the model
-or the arrival pattern. Steps that carry prompt tokens are not counted (their time is the
-prompts'). Budgets never change which tokens are accepted, so this only moves speed.
+So a drafter that clearly does not pay at some row count costs at most ``PROBE`` steps there
+(and one plain step to measure against) before plain decoding takes over, whatever the drafter,
+the model or the arrival pattern. Steps that carry prompt tokens are not counted (their time is
+the prompts'), nor the first plain and the first drafting step (one-off costs). Budgets never
+change which tokens are accepted, so this only moves speed.
 """
 
 from __future__ import annotations
 
 import math
 
-__all__ = ["MARGIN", "PROBE", "RETRY", "RealizedRates", "bucket"]
+__all__ = ["LOSS", "MAX_RETRY", "PROBE", "RETRY", "RealizedRates", "bucket"]
 
 PROBE = 3  # drafting steps a bucket takes on the prediction alone
-RETRY = 96  # plain steps in a bucket where drafting lost, before it probes again
-MARGIN = 0.02  # drafting must beat plain's realized tokens/s by this share
-DECAY = 0.3  # weight of a bucket's newest step in its averages
+LOSS = 0.8  # drafting that delivered less than this share of plain's tokens/s lost clearly
+RETRY = 64  # plain steps in a bucket where drafting lost, before it probes again ...
+MAX_RETRY = 1024  # ... doubled after each probe that loses again, up to this
+DECAY = 0.2  # weight of a bucket's newest step in its sums
 
 
 def bucket(rows: int) -> int:
@@ -63,18 +69,29 @@ class RealizedRates:
         self._plain: dict[int, _Rate] = {}
         self._draft: dict[int, _Rate] = {}
         self._lost: dict[int, int] = {}  # bucket -> plain steps since drafting was found to lose
+        self._retry: dict[int, int] = {}  # bucket -> plain steps before the next probe
+        self._first = {True, False}  # kinds (drafted or not) whose first step is yet to come
+
+    def losing(self, b: int) -> bool:
+        """Whether drafting has clearly lost in bucket ``b`` (probed, and measured against)."""
+        plain, draft = self._plain.get(b), self._draft.get(b)
+        if draft is None or draft.count < PROBE or plain is None:
+            return False
+        return draft.rate < LOSS * plain.rate
 
     def allows(self, rows: int) -> bool:
         """Whether a drafting step may be taken with ``rows`` decode rows."""
         b = bucket(rows)
-        plain, draft = self._plain.get(b), self._draft.get(b)
+        draft = self._draft.get(b)
         if draft is None or draft.count < PROBE:
             return True  # probing on the prediction
-        if plain is None:
+        if b not in self._plain:
             return False  # a plain step to measure against
-        if draft.rate >= plain.rate * (1.0 + MARGIN):
+        if not self.losing(b):
+            self._retry[b] = RETRY  # it wins (or loses too little to tell): probes start over
             return True
-        if self._lost.get(b, 0) >= RETRY:  # probe again from scratch
+        if self._lost.get(b, 0) >= self._retry.get(b, RETRY):  # probe again from scratch
+            self._retry[b] = min(2 * self._retry.get(b, RETRY), MAX_RETRY)
             self._draft[b], self._lost[b] = _Rate(), 0
             return True
         return False
@@ -84,14 +101,14 @@ class RealizedRates:
         and its drafting); ``drafted``: some row drafted."""
         if rows <= 0 or seconds <= 0:
             return
+        if drafted in self._first:  # one-off costs (allocation, a drafter's first call): left out
+            self._first.discard(drafted)
+            return
         b = bucket(rows)
         kinds = self._draft if drafted else self._plain
         kinds.setdefault(b, _Rate()).observe(float(tokens), float(seconds))
-        draft = self._draft.get(b)
-        if not drafted and draft is not None and draft.count >= PROBE:
-            plain = self._plain[b]
-            if draft.rate < plain.rate * (1.0 + MARGIN):
-                self._lost[b] = self._lost.get(b, 0) + 1
+        if not drafted and self.losing(b):
+            self._lost[b] = self._lost.get(b, 0) + 1
 
     def describe(self) -> dict:
         """{rows bucket: {"plain": tokens/s, "draft": tokens/s}} for metrics and logs."""
