@@ -860,9 +860,9 @@ def build_parser() -> argparse.ArgumentParser:
         default=["plain", "redrafter", "medusa"],
         help="plain; any installed drafter by name with its options (redrafter[:w=4,l=5,"
         "lookup=true], medusa[:choices=cpu16], eagle[:total_tokens=8], draft_model:draft=M, "
-        "lookup[:k=10]) and checkpoints (eagle3:drafter=runs/e3,total_tokens=16), third-party drafters "
-        "too (`specdec plugins` lists them); peers: hf, hf-pld[:n=10], hf-assisted:draft=M, "
-        "mlx-lm, mlx-lm-draft:draft=M (docs: benchmarks/README.md)",
+        "lookup[:k=10]) and checkpoints (eagle3:drafter=runs/e3,total_tokens=16), "
+        "third-party drafters too (`specdec plugins` lists them); peers: hf, hf-pld[:n=10], "
+        "hf-assisted:draft=M, mlx-lm, mlx-lm-draft:draft=M (docs: benchmarks/README.md)",
     )
     bench.add_argument(
         "--backends",

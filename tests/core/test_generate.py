@@ -280,3 +280,25 @@ def test_stop_at_eos(model_dir, tmp_path):
         target, [4, 5], drafter="none", backend="numpy", max_new_tokens=12
     ).tokens
     assert stopped == tokens[: tokens.index(eos) + 1]
+
+
+def test_stats_say_how_often_the_rows_drafted(target):
+    """What speculation chose is in the result: decode row-steps that drafted, of all of them."""
+    import specdec
+
+    plain = specdec.generate(
+        target, [5, 6, 7, 5, 6, 7], drafter="none", backend="numpy", max_new_tokens=8
+    )
+    assert plain.stats.drafting_row_steps == 0 and plain.stats.decode_row_steps == 7
+    assert plain.stats.describe_speculation().startswith("drafted in 0 of 7 decode steps")
+    drafting = specdec.generate(
+        target,
+        [5, 6, 7, 5, 6, 7],
+        drafter="lookup",
+        backend="numpy",
+        max_new_tokens=8,
+        speculation="always",
+    )
+    stats = drafting.stats
+    assert 0 < stats.drafting_row_steps <= stats.decode_row_steps
+    assert stats.drafting_share == stats.drafting_row_steps / stats.decode_row_steps
