@@ -332,9 +332,24 @@ class Engine:
             raise EngineClosedError("the engine is shutting down and takes no new requests")
         if isinstance(stop, str):
             stop = [stop]
+        if stop is not None and not isinstance(stop, (list, tuple)):
+            raise InvalidInputError(f"stop must be a string or a list of strings, got {stop!r}")
         stop = list(stop or ())
         if not all(isinstance(s, str) for s in stop):
             raise InvalidInputError(f"stop must be a string or a list of strings, got {stop!r}")
+        if isinstance(stop_token_ids, (str, bytes)) or not isinstance(
+            stop_token_ids, (list, tuple, range)
+        ):
+            raise InvalidInputError(
+                f"stop_token_ids must be a list of token ids, got {stop_token_ids!r}"
+            )
+        if not all(
+            isinstance(t, (int, np.integer)) and not isinstance(t, bool) and t >= 0
+            for t in stop_token_ids
+        ):
+            raise InvalidInputError(
+                f"stop_token_ids must hold token ids (integers >= 0), got {list(stop_token_ids)!r}"
+            )
         if isinstance(prompt, Request):
             if (
                 max_new_tokens,

@@ -696,3 +696,20 @@ def test_bfloat16_requests_decode_bit_for_bit_as_alone(
         assert engine.target.exact
         results = run_schedule(engine, schedule)
         check_against_alone(wide_model, backend, drafter, schedule, results)
+
+
+@pytest.mark.parametrize(
+    "arguments, named",
+    [
+        ({"stop": 5}, "stop must be a string"),
+        ({"stop": ["ok", 3]}, "stop must be a string"),
+        ({"stop_token_ids": [1.5]}, "stop_token_ids must hold token ids"),
+        ({"stop_token_ids": [True]}, "stop_token_ids must hold token ids"),
+        ({"stop_token_ids": [-1]}, "stop_token_ids must hold token ids"),
+        ({"stop_token_ids": 7}, "stop_token_ids must be a list"),
+    ],
+)
+def test_submit_refuses_bad_stops_naming_the_argument(make_engine, arguments, named):
+    engine = make_engine("none", slots=1)
+    with pytest.raises(specdec.InvalidInputError, match=named):
+        engine.submit([1, 2, 3], max_new_tokens=2, **arguments)
