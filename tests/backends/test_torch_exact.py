@@ -340,3 +340,18 @@ def test_the_guard_refuses_a_product_that_rounds_otherwise_at_one_row_count(targ
         guard.guard_exact_mode(None, target, max_nodes=8, rows=1)
     assert not target.exact and not target.exactness.on
     target.exact = True
+
+
+def test_the_guard_never_runs_on_a_target_a_generation_holds(target, monkeypatch):
+    """A second call on a busy target must not touch the slots the first one decodes in: the
+    guard is skipped there (the call is then refused as busy before it decodes)."""
+    from specdec.decode import lease
+    from specdec.tuning import guard
+
+    ran = []
+    monkeypatch.setattr(guard, "guarded", lambda *a, **k: ran.append(1))
+    lease.acquire(target)
+    try:
+        assert guard.guard_exact_mode(None, target, max_nodes=4, rows=1) is None and not ran
+    finally:
+        lease.release(target)
