@@ -28,6 +28,7 @@ from specdec.generation.arguments import (
     plain_prompt,
     sampling_config,
 )
+from specdec.decode import lease
 from specdec.decode.budget import check_speculation
 from specdec.models.bundled import repair_if_damaged, resolve_model
 from specdec.generation.chat import is_messages, load_chat_template, render_chat
@@ -267,13 +268,14 @@ def _prepare(
         drafter_obj = add_lookup(drafter_obj, lookup, backend_obj, target)
         named = with_lookup(named)
     caps = drafter_caps(drafter_obj, named.source)
-    guard_exact_mode(
-        backend_obj,
-        target,
-        max_nodes=min(caps.max_tree_size or GUARD_NODES, TREE_ROOM),
-        rows=target.num_slots,
-        insist=exact is True,
-    )
+    if not lease.is_busy(target):  # it uses every slot; a busy target is refused when it decodes
+        guard_exact_mode(
+            backend_obj,
+            target,
+            max_nodes=min(caps.max_tree_size or GUARD_NODES, TREE_ROOM),
+            rows=target.num_slots,
+            insist=exact is True,
+        )
     if tree_room is None:  # an engine passes its own, which it checks itself
         room = (
             int(target.capacity) - max(map(len, prompts)) - int(max_new_tokens) + 1

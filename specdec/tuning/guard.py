@@ -34,7 +34,6 @@ import warnings
 import attrs
 import numpy as np
 
-from specdec.decode import lease
 from specdec.errors import InvalidInputError
 from specdec.tuning.exactness import Exactness, InvarianceCheck, cached_check
 from specdec.types import DraftTree, Verdict
@@ -296,11 +295,10 @@ def guarded(backend, target, *, max_nodes: int, rows: int) -> InvarianceCheck:
 def guard_exact_mode(backend, target, *, max_nodes: int, rows: int, insist: bool = False):
     """Keep exact mode on only where the guard holds for this target at the decoder's tree
     sizes; off (with one warning line), or an InvalidInputError when ``insist`` (exact=True),
-    where it does not. A target not in exact mode is left as it is. Returns the check or None."""
+    where it does not. A target not in exact mode is left as it is. Returns the check or None.
+    The guard uses every slot: never call it while a generation holds the target."""
     if not getattr(target, "exact", False) or not hasattr(target, "forward_tree"):
         return None
-    if lease.is_busy(target):  # a generation holds its slots: never run beside it (the call
-        return None  # that found it busy is refused with TargetBusyError before it decodes)
     check = guarded(backend, target, max_nodes=max_nodes, rows=rows)
     if check.holds:
         outcome = getattr(target, "exactness", None)

@@ -344,7 +344,7 @@ def test_the_guard_refuses_a_product_that_rounds_otherwise_at_one_row_count(targ
 
 def test_the_guard_never_runs_on_a_target_a_generation_holds(target, monkeypatch):
     """A second call on a busy target must not touch the slots the first one decodes in: the
-    guard is skipped there (the call is then refused as busy before it decodes)."""
+    guard is not run there, and the call is refused as busy."""
     from specdec.decode import lease
     from specdec.tuning import guard
 
@@ -352,6 +352,8 @@ def test_the_guard_never_runs_on_a_target_a_generation_holds(target, monkeypatch
     monkeypatch.setattr(guard, "guarded", lambda *a, **k: ran.append(1))
     lease.acquire(target)
     try:
-        assert guard.guard_exact_mode(None, target, max_nodes=4, rows=1) is None and not ran
+        with pytest.raises(specdec.TargetBusyError):
+            specdec.generate(target, [1, 2, 3], drafter="lookup", max_new_tokens=2)
     finally:
         lease.release(target)
+    assert not ran
