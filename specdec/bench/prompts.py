@@ -11,7 +11,7 @@ from pathlib import Path
 import attrs
 
 from specdec.errors import InvalidInputError, require
-from specdec.models.files import parse_json
+from specdec.models.files import jsonl_lines, parse_json
 
 
 @attrs.frozen(kw_only=True)
@@ -66,15 +66,8 @@ def _humaneval() -> list[BenchPrompt]:
 
 def _jsonl(path: Path) -> list[BenchPrompt]:
     prompts = []
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except UnicodeDecodeError as exc:
-        raise InvalidInputError(
-            f"{path} is not UTF-8 text (byte {exc.start}): write the prompt file in UTF-8"
-        ) from None
-    for i, line in enumerate(lines):
-        if not line.strip():
-            continue
+    for number, line in jsonl_lines(path, what=str(path), fix="write the prompt file in UTF-8"):
+        i = number - 1
         row = parse_json(
             line,
             what=f"{path} line {i + 1}",

@@ -62,6 +62,16 @@ def parse_json(text, *, what: str, fix: str, error: type[SpecdecError] = Corrupt
         raise error(f"{what} is not valid JSON ({detail}); {fix}") from None
 
 
+def jsonl_lines(path, *, what: str, fix: str = "write it in UTF-8"):
+    """(line number from 1, text) of every non-blank line of the UTF-8 file at ``path`` (a JSON
+    Lines file); InvalidInputError naming ``what`` when it is not UTF-8."""
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as exc:
+        raise InvalidInputError(f"{what} is not UTF-8 text (byte {exc.start}): {fix}") from None
+    return [(number, line) for number, line in enumerate(lines, 1) if line.strip()]
+
+
 def read_json(path, *, what: str = "file", kind: type | None = dict):
     """The JSON value in file ``path``, by default an object; CorruptFileError naming the file if
     it is not one (``kind=None``: any JSON value)."""

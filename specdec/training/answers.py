@@ -31,6 +31,7 @@ import specdec
 from specdec.errors import InvalidInputError
 from specdec.generation.chat import is_messages, render_chat
 from specdec.models.cache import cache_entry
+from specdec.models.files import jsonl_lines
 from specdec.training.corpus import build_prompts, default_corpus
 
 __all__ = ["SOURCES", "decode_answers", "open_user_turn", "write_teacher"]
@@ -70,15 +71,7 @@ def corpus_prompts(target, count: int, *, seed: int) -> list[list[int]]:
 def file_prompts(target, path: Path) -> list[list[int]]:
     """The prompts of a ``.jsonl`` file: chats (``messages``) or completions (``prompt``)."""
     prompts = []
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except UnicodeDecodeError as exc:
-        raise InvalidInputError(
-            f"--prompts {path} is not UTF-8 text (byte {exc.start}): write it in UTF-8"
-        ) from None
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
+    for number, line in jsonl_lines(path, what=f"--prompts {path}"):
         try:
             item = json.loads(line)
         except (ValueError, RecursionError):  # not JSON, or nested deeper than the parser goes

@@ -43,6 +43,7 @@ from tqdm.auto import tqdm
 
 from specdec.errors import InvalidInputError
 from specdec.generation.chat import is_messages, render_chat
+from specdec.models.files import jsonl_lines
 from specdec.training.teacher import TeacherData, _decoding_target, _stack_layers
 
 __all__ = [
@@ -195,15 +196,7 @@ def _read_jsonl(path: Path, target) -> list[tuple[np.ndarray, np.ndarray]]:
             f"--data {path} holds chats; model {target.name!r} has no tokenizer"
         )
     pairs = []
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except UnicodeDecodeError as exc:
-        raise InvalidInputError(
-            f"--data {path} is not UTF-8 text (byte {exc.start}): write it in UTF-8"
-        ) from None
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
+    for number, line in jsonl_lines(path, what=f"--data {path}"):
         try:
             messages = json.loads(line).get("messages")
         except (ValueError, AttributeError, RecursionError):
