@@ -20,6 +20,7 @@ from safetensors import safe_open
 
 from specdec.errors import InvalidInputError, require
 from specdec.models.files import read_json
+from specdec.models.hf_loading import from_pretrained_quietly
 from specdec.models.llama import SUPPORTED_MODEL_TYPES, LlamaConfig, load_tokenizer
 from specdec_torch.device import check_device, default_device
 from specdec.reference.weights import check_weights_header
@@ -126,14 +127,7 @@ def _from_folder(
     check_weights_header(
         folder, config
     )  # the weights agree with config.json before a layer is built
-    logging = transformers.utils.logging
-    bar_was_enabled = logging.is_progress_bar_enabled()
-    logging.disable_progress_bar()  # no progress output from a library call
-    try:
-        model = transformers.AutoModelForCausalLM.from_pretrained(str(folder), dtype=dtype)
-    finally:
-        if bar_was_enabled:
-            logging.enable_progress_bar()
+    model = from_pretrained_quietly(transformers, str(folder), dtype=dtype)
     model = model.to(device).eval()
     return TorchTarget(
         model,

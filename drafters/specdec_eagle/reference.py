@@ -139,11 +139,13 @@ def _top(values: np.ndarray, count: int, gaps: list | None = None) -> np.ndarray
 @attrs.define
 class SlotCache:
     """One request's draft KV cache: keys, values (Hkv, T, Dh) of positions 0 .. T-1, and the
-    pending feature f_T (H,) that the next root joins."""
+    pending feature f_T (H,) that the next root joins; ``tokens``: the T + 1 tokens the cache
+    stands for (the prompt's first, whose entry has no feature before it, then each entry's)."""
 
     keys: np.ndarray
     values: np.ndarray
     pending: np.ndarray
+    tokens: tuple = ()
 
     @property
     def length(self) -> int:
@@ -173,12 +175,17 @@ def run_entries(
         np.ones((n, length), dtype=bool),
         np.tril(np.ones((n, n), dtype=bool)),
     )
-    grown = SlotCache(
-        keys=np.concatenate([cache.keys, k], axis=1),
-        values=np.concatenate([cache.values, v], axis=1),
+    return out, grown_cache(cache, k, v, tokens)
+
+
+def grown_cache(cache: SlotCache, keys, values, tokens) -> SlotCache:
+    """``cache`` with entries of ``tokens`` (n,) appended: their keys and values (Hkv, n, Dh)."""
+    return SlotCache(
+        keys=np.concatenate([cache.keys, keys], axis=1),
+        values=np.concatenate([cache.values, values], axis=1),
         pending=cache.pending,
+        tokens=cache.tokens + tuple(int(t) for t in np.asarray(tokens).reshape(-1)),
     )
-    return out, grown
 
 
 @attrs.frozen(kw_only=True)
@@ -427,7 +434,9 @@ class EagleDrafter:
         prompt = np.asarray(prompt, dtype=np.int64)
         hidden = np.asarray(output.hidden, dtype=np.float64)  # (P, H)
         empty = np.zeros((self.config.num_kv_heads, 0, self.config.head_dim))
-        cache = SlotCache(keys=empty, values=empty.copy(), pending=hidden[-1])
+        cache = SlotCache(
+            keys=empty, values=empty.copy(), pending=hidden[-1], tokens=(int(prompt[0]),)
+        )
         if len(prompt) > 1:
             _, cache = run_entries(
                 self.config, self.weights, self.embed_tokens, cache, prompt[1:], hidden[:-1]
@@ -456,6 +465,10 @@ class EagleDrafter:
     def end(self, slot: int, reason: str) -> None:
         """The request in ``slot`` ended (any ``reason``): drop its state."""
         self.slots.pop(int(slot), None)
+
+    def slot_tokens(self, slot: int) -> tuple:
+        """The tokens the draft cache of ``slot`` stands for (``specdec.protocols.SlotView``)."""
+        return self._cache(slot).tokens
 
     def _cache(self, slot: int) -> SlotCache:
         if slot not in self.slots:

@@ -38,7 +38,7 @@ from specdec.capabilities import DrafterCaps
 from specdec.errors import InvalidInputError
 from specdec.reference.model import apply_rotary, attend, rms_norm, rotary_cos_sin, silu
 from specdec.types import Accepted, Draft, DraftContext, PromptOutput
-from specdec_eagle.reference import SlotCache, TreeDraft, select_nodes, tree_beams
+from specdec_eagle.reference import SlotCache, TreeDraft, grown_cache, select_nodes, tree_beams
 from specdec_eagle.reference import tree_options as eagle_tree_options
 from specdec_eagle3.config import Eagle3Config, check_weights, draft_to_target
 
@@ -148,12 +148,7 @@ def run_entries(
         np.ones((n, length), dtype=bool),
         np.tril(np.ones((n, n), dtype=bool)),
     )
-    grown = SlotCache(
-        keys=np.concatenate([cache.keys, k], axis=1),
-        values=np.concatenate([cache.values, v], axis=1),
-        pending=cache.pending,
-    )
-    return out, grown
+    return out, grown_cache(cache, k, v, tokens)
 
 
 def _top(values: np.ndarray, count: int, gaps: list) -> np.ndarray:
@@ -370,7 +365,7 @@ class Eagle3Drafter:
         prompt = np.asarray(prompt, dtype=np.int64)
         g = features(self.config, self.weights, output.layers)  # (P, H)
         empty = np.zeros((self.config.num_kv_heads, 0, self.config.head_dim))
-        cache = SlotCache(keys=empty, values=empty.copy(), pending=g[-1])
+        cache = SlotCache(keys=empty, values=empty.copy(), pending=g[-1], tokens=(int(prompt[0]),))
         if len(prompt) > 1:
             _, cache = run_entries(
                 self.config, self.weights, self.embed_tokens, cache, prompt[1:], g[:-1]
@@ -399,6 +394,10 @@ class Eagle3Drafter:
     def end(self, slot: int, reason: str) -> None:
         """The request in ``slot`` ended (any ``reason``): drop its state."""
         self.slots.pop(int(slot), None)
+
+    def slot_tokens(self, slot: int) -> tuple:
+        """The tokens the draft cache of ``slot`` stands for (``specdec.protocols.SlotView``)."""
+        return self._cache(slot).tokens
 
     def _cache(self, slot: int) -> SlotCache:
         if slot not in self.slots:

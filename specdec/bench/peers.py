@@ -8,6 +8,7 @@ from typing import Callable
 
 from specdec.bench.methods import Method
 from specdec.models.bundled import resolve_model
+from specdec.models.hf_loading import from_pretrained_quietly
 from specdec.errors import require
 
 
@@ -28,8 +29,8 @@ def _hf_runner(method: Method, model, target, dtype, max_new_tokens):
         None,
     )  # transformers' own default, as users get it
     dtype_arg = {} if own else {"dtype": getattr(torch, method.options.get("dtype", dtype))}
-    load = lambda source: transformers.AutoModelForCausalLM.from_pretrained(
-        resolve_model(source), **dtype_arg
+    load = lambda source: from_pretrained_quietly(
+        transformers, resolve_model(source), **dtype_arg
     ).eval()
     hf_model = load(model)
     eos = list(getattr(target, "eos_token_ids", ())) or None

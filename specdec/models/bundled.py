@@ -24,6 +24,7 @@ import attrs
 
 from specdec.models import cache
 from specdec.models.cache import cache_dir
+from specdec.models.hf_loading import from_pretrained_quietly
 from specdec.errors import CacheError, CorruptFileError, InvalidInputError, SpecdecError, require
 from specdec.models.checkpoints import write_json_atomic
 from specdec.models.files import read_json
@@ -287,8 +288,8 @@ def convert_gguf(gguf: Path, folder: Path, *, source: str) -> None:
         check_gguf(gguf)  # before a reader trusts its counts and sizes
         try:
             tokenizer = transformers.AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-            model = transformers.AutoModelForCausalLM.from_pretrained(
-                gguf.parent, gguf_file=gguf.name, dtype=torch.float32
+            model = from_pretrained_quietly(
+                transformers, gguf.parent, gguf_file=gguf.name, dtype=torch.float32
             )
         except (OSError, MemoryError):
             raise

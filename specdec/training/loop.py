@@ -33,9 +33,11 @@ from tqdm.auto import tqdm
 from specdec.errors import TrainingInterrupted, TrainingOutputError
 from specdec.models.checkpoints import write_json_atomic
 from specdec.training.evaluate import Window, gather_window, walk_tokens_per_step
+from specdec.training.lines import say
 from specdec.training.outdir import LAST_DIR, LOG_FILE, STATE_FILE, has_state
 from specdec.training.signals import deferred_signals
-from specdec.training.state import load_state, save_state as write_state
+from specdec.training.state import load_state
+from specdec.training.state import save_state as write_state
 from specdec.training.teacher import TeacherData
 
 __all__ = [
@@ -343,6 +345,13 @@ def train(
             task.save(out, dtype=save_dtype)
             state["best"] = {"step": state["step"], "score": score}
         save_state(final)
+        if not progress:
+            say(
+                f"training: step {state['step']}, {state['train_seconds'] / 60:.1f} min, "
+                f"{state['positions'] / max(state['train_seconds'], 1e-9):.0f} positions/s, "
+                f"loss {loss:.3f}, held-out tokens/step {result['tokens_per_step']:.2f}"
+                + (" (best, saved)" if best else "")
+            )
 
     bar = tqdm(
         total=settings.steps,

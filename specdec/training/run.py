@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import attrs
 import numpy as np
@@ -26,6 +26,7 @@ from specdec.models.cache import cache_dir, cache_entry
 from specdec.models.checkpoints import read_checkpoint, write_json_atomic
 from specdec.plugins.registry import default_registry
 from specdec.training.corpus import CORPUS_VERSION, build_prompts, default_corpus
+from specdec.training.lines import say
 from specdec.training.outdir import claim_out
 from specdec.training.selfinstruct import DEFAULT_MIX, MixedPrompts
 from specdec.tuning.dtype import load_fastest
@@ -430,6 +431,8 @@ def build_teacher_data(
                 progress=bar.update,
             )
         times[f"teacher_{name}"] = time.perf_counter() - began
+        if not progress:
+            say(f"teacher {name}: {count} prompts in {times[f'teacher_{name}'] / 60:.1f} min")
     if isinstance(
         decoded_source, MixedPrompts
     ):  # prompts made in this run (cached shards need none)

@@ -44,6 +44,7 @@ from tqdm.auto import tqdm
 from specdec.errors import InvalidInputError
 from specdec.generation.chat import is_messages, render_chat
 from specdec.models.files import jsonl_lines
+from specdec.training.lines import say
 from specdec.training.teacher import TeacherData, _decoding_target, _stack_layers
 
 __all__ = [
@@ -434,6 +435,12 @@ def sequence_records(
                 )
                 if stats["shards_reused"] > reused:
                     bar.update(int(sum(size(i) for i in shard)))
+                elif not progress:
+                    say(
+                        f"records {name}: shard {number + 1} of {len(shards)} made "
+                        f"({stats['tokens_forwarded'] / max(stats['seconds'], 1e-9):.0f} tokens "
+                        "forwarded/s)"
+                    )
         splits[name] = (files, wanted)
         times[f"records_{name}"] = time.perf_counter() - began
     if stats["seconds"]:

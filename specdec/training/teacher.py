@@ -42,6 +42,7 @@ from specdec.errors import CorruptFileError
 from specdec.generation.chat import load_chat_template, render_chat
 from specdec.models.bundled import resolve_model
 from specdec.models.files import parse_json
+from specdec.models.hf_loading import from_pretrained_quietly
 from specdec.models.llama import LlamaConfig, load_tokenizer
 from specdec.plugins.registry import default_registry
 from specdec.tuning.exactness import configure
@@ -344,9 +345,7 @@ def load_teacher_target(source, *, dtype: str = "bfloat16") -> TeacherTarget:
     import transformers  # optional: transformers (torch extra)
 
     folder = Path(resolve_model(source))
-    model = transformers.AutoModelForCausalLM.from_pretrained(
-        str(folder), dtype=getattr(torch, dtype)
-    )
+    model = from_pretrained_quietly(transformers, str(folder), dtype=getattr(torch, dtype))
     model.eval().requires_grad_(False)
     config = LlamaConfig.from_folder(folder)
     return TeacherTarget(

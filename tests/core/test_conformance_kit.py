@@ -171,3 +171,13 @@ def test_check_target_fails_a_backend_that_returns_fewer_chunk_outputs(model_dir
     checks.check_target(
         "numpy", model_dir, dtype=None
     )  # the same check passes the reference itself
+
+
+@pytest.mark.parametrize("kind", ["eagle", "eagle3"])
+def test_shipped_stateful_drafters_show_their_slot_view(kind, model_dir, tmp_path):
+    """EAGLE's and EAGLE-3's draft caches say which tokens they stand for, so the kit holds them to
+    each request's history (a drafter without the view would be compared 0 times)."""
+    from specdec.testing.drafters import make_random_drafter
+
+    head = make_random_drafter(tmp_path / kind, model_dir, kind=kind, seed=3)
+    assert checks.check_slot_views(str(head), model_dir, max_new_tokens=10) > 0

@@ -154,7 +154,7 @@ def test_chats_become_one_sequence_per_assistant_turn(target, tmp_path):
         read_sequences([bad], target)
 
 
-def test_datasets_split_by_sequence_are_cached_and_resume(target, tmp_path, monkeypatch):
+def test_datasets_split_by_sequence_are_cached_and_resume(target, tmp_path, monkeypatch, capsys):
     prompts = [np.asarray(p) for p in _prompts(40, seed=1)]
     rng = np.random.default_rng(2)
     answers = [rng.integers(4, VOCAB, size=int(rng.integers(2, 9))) for _ in prompts]
@@ -170,6 +170,8 @@ def test_datasets_split_by_sequence_are_cached_and_resume(target, tmp_path, monk
     assert stats["sequences"] == 40 and stats["repeated_prompts_dropped"] == 5
     assert datasets["heldout"].num_sequences == 6 and datasets["train"].num_sequences == 34
     assert stats["shards_made"] == 1 + 5 and stats["positions_made"] == sum(len(a) for a in answers)
+    said = capsys.readouterr().err  # quiet: a line per shard made
+    assert "records heldout: shard 1 of 1 made" in said and "records train: shard 5 of 5" in said
     held = {
         tuple(datasets["heldout"].next_tokens[i : i + 2].tolist())
         for i in datasets["heldout"].starts().tolist()

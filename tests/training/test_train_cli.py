@@ -44,7 +44,12 @@ def test_train_redrafter_then_resume(tiny_model, tmp_path, monkeypatch, capsys):
         "--quiet",
     ]
     assert cli.main(args) == 0
-    assert "tokens/step" in capsys.readouterr().out
+    said = capsys.readouterr()
+    assert "tokens/step" in said.out
+    # --quiet: no progress bars, one line per stage of the data and per evaluation
+    assert "teacher train: 4 prompts in" in said.err and "teacher heldout: 2 prompts" in said.err
+    assert "training: step 4, " in said.err and "held-out tokens/step" in said.err
+    assert "\r" not in said.err
     config, _ = load_redrafter_checkpoint(out)
     assert (config.beam_width, config.beam_length, config.head) == (2, 3, "tied")
     assert config.target["name"] == tiny_model.name and len(config.target["fingerprint"]) == 64
