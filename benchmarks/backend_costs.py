@@ -21,7 +21,7 @@ import specdec
 from specdec.bench import load_prompt_set, parse_method
 from specdec.bench.peers import peer_runner
 from specdec.bench.runner import specdec_runner
-from specdec.generation.api import encode_prompts
+from specdec.generation.encoding import encode_prompts
 from specdec.plugins.registry import default_registry
 from specdec.tuning.dtype import measure_forward
 

@@ -18,7 +18,9 @@ from specdec.errors import (
 )
 from specdec.capabilities import DrafterCaps, VerifierCaps
 from specdec.serving.engine import Engine, EngineClosedError, QueueFullError, RequestFailedError
-from specdec.generation.api import generate, load, stream
+from specdec.generation.api import generate, stream
+from specdec.generation.components import decode_plan
+from specdec.generation.loading import load
 from specdec.plugins.hookspecs import hookimpl
 from specdec.plugins.registry import PluginRegistry, default_registry
 from specdec.decode.requests import Request
@@ -69,6 +71,7 @@ __all__ = [
     "TargetOutput",
     "UnknownPluginError",
     "Verdict",
+    "decode_plan",
     "default_registry",
     "generate",
     "hookimpl",

@@ -32,7 +32,8 @@ from tqdm.auto import tqdm
 import specdec
 from specdec.capabilities import drafter_caps
 from specdec.drafting.none import PassLifecycle
-from specdec.generation.api import add_lookup, encode_prompts, load_drafter
+from specdec.generation.components import add_lookup, load_drafter
+from specdec.generation.encoding import encode_prompts
 from specdec.generation.resolve import resolve
 from specdec.plugins.registry import default_registry
 from specdec.bench.trust import Measured, impossible, reasons_not_to_keep

@@ -15,19 +15,17 @@ import specdec
 from specdec.bench.methods import Method
 from specdec.bench.peers import peer_runner
 from specdec.bench.prompts import BenchPrompt
-from specdec.generation.api import (
+from specdec.generation.api import stream
+from specdec.generation.components import (
     add_lookup,
-    encode_prompts,
     load_drafter,
     lookup_by_default,
     planned_options,
-    stream,
 )
-from specdec.generation.chat import load_chat_template
+from specdec.generation.encoding import encode_prompts
+from specdec.generation.loading import ModelFolder
 from specdec.generation.resolve import resolve
 from specdec.models.bundled import resolve_model
-from specdec.models.files import check_model_folder
-from specdec.models.llama import load_tokenizer
 from specdec.plugins.registry import default_registry
 from specdec.slots import TREE_ROOM
 
@@ -157,14 +155,13 @@ def run_bench(
     grid = list(grid)
     total = len(grid) * len(temperatures) * repeats * len(prompts) * len(methods)
     folder = resolve_model(model)  # prompts first: the target's one slot is sized to the longest
-    if isinstance(folder, (str, Path)):
-        check_model_folder(folder)  # its files parse before the tokenizer and template are read
+    # its files parse before the tokenizer and template are read
+    read = ModelFolder.read(folder) if isinstance(folder, (str, Path)) else None
     bar = tqdm(total=total, desc="bench", disable=not progress)
+    tokenizer = read.tokenizer if read else getattr(folder, "tokenizer", None)
+    template = read.chat_template if read else getattr(folder, "chat_template", None)
     encoded = [
-        encode_prompts(
-            p.prompt, load_tokenizer(folder), 2**62, chat_template=load_chat_template(folder)
-        )[0][0]
-        for p in prompts
+        encode_prompts(p.prompt, tokenizer, 2**62, chat_template=template)[0][0] for p in prompts
     ]
     capacity = max(map(len, encoded)) + max_new_tokens + TREE_ROOM
     for backend, dtype in grid:

@@ -30,7 +30,7 @@ import numpy as np
 
 import specdec
 from specdec.errors import InvalidInputError
-from specdec.generation.api import encode_prompts
+from specdec.generation.encoding import encode_prompts
 from specdec.generation.resolve import resolve
 from specdec.plugins.registry import default_registry
 from specdec.bench.trust import Measured, impossible, reasons_not_to_keep

@@ -27,7 +27,8 @@ from specdec.cli.serve import add_parser as add_serve_parser
 from specdec.cli.teacher import add_parser as add_teacher_parser
 from specdec.drafting.lookup import DEFAULT_DRAFT_LENGTH
 from specdec.errors import InvalidInputError, SpecdecError, TrainingInterrupted, require
-from specdec.generation.api import load_backend, planned_options, prepare
+from specdec.generation.components import planned_options, resolve_drafter
+from specdec.generation.loading import load_backend
 from specdec.generation.resolve import resolve
 from specdec.models.bundled import resolve_model
 from specdec.models.files import parse_json
@@ -181,30 +182,13 @@ def _same_prefix(a: list, b: list) -> int:
 
 def _describe_default(target, drafter, backend, registry) -> str:
     """How the default path drafts here: the beams and where they come from."""
-    if backend:
-        backend_obj = registry.get("backend", backend).factory()
-        named = resolve("drafter", drafter, registry, backend)
-        planned = planned_options(backend_obj, target, named, {})[0]
-    else:
-        planned = {}
-    if planned:
+    backend_obj = load_backend(backend, registry)
+    named = resolve_drafter(drafter, backend_obj.name, {}, registry)
+    if planned_options(backend_obj, target, named, {})[0]:
         where = "chosen by `specdec plan` on this machine"
     else:
         where = "the checkpoint's default; `specdec plan` chooses for this machine"
-    plan, *_ = prepare(
-        target,
-        [1],
-        drafter,
-        backend,
-        max_new_tokens=1,
-        temperature=0.0,
-        top_k=None,
-        top_p=None,
-        dtype=None,
-        device=None,
-        registry=registry,
-        options={},
-    )
+    plan = specdec.decode_plan(target, named, backend_obj, registry=registry)
     inner = getattr(plan.drafter, "inner", None) or plan.drafter
     lookup = (
         f" + a prompt-lookup beam of {plan.drafter.draft_length} tokens"

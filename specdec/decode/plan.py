@@ -7,8 +7,10 @@ from typing import Sequence
 
 import attrs
 
+from specdec.capabilities import drafter_caps
 from specdec.protocols import Backend, Drafter, TargetModel, TreeBuilder, Verifier
 from specdec.decode.requests import Request, batch_seeds
+from specdec.slots import LOWER_OPTIONS, check_tree_room
 from specdec.types import SamplingConfig
 
 __all__ = ["DecodePlan"]
@@ -34,6 +36,16 @@ class DecodePlan:
     # how much each request drafts per step (specdec.decode.budget): "auto", "always", "never", a
     # Speculation object, or None ($SPECDEC_SPECULATION, else "auto")
     speculation: object = None
+    # how to make the drafter's trees smaller in its own settings (specdec.slots.lower_options)
+    smaller_trees: str = LOWER_OPTIONS
+
+    def check_tree_room(self, room: int, fix: str = "") -> None:
+        """The drafter's trees (``DrafterCaps.max_tree_size``) fit the ``room`` positions a slot
+        has for the last step's tree; ``fix``: how the caller gets more room
+        (``specdec.slots.check_tree_room``)."""
+        who = self.source("drafter")
+        limit = drafter_caps(self.drafter, who).max_tree_size
+        check_tree_room(limit, room, who, fix, self.smaller_trees)
 
     def source(self, kind: str) -> str:
         """Who made the ``kind`` component, for errors about what it returned."""

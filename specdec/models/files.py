@@ -277,9 +277,10 @@ def check_config_values(config: Mapping[str, Any], where) -> None:
             )
 
 
-def check_model_folder(folder) -> None:
+def check_model_folder(folder) -> dict:
     """A local model folder exists, its JSON files parse (config.json an object whose standard
-    keys have their types, ``check_config_values``) and its weights are complete."""
+    keys have their types, ``check_config_values``) and its weights are complete; returns its
+    config."""
     folder = Path(folder)
     if not folder.exists():
         raise InvalidInputError(
@@ -317,6 +318,7 @@ def check_model_folder(folder) -> None:
         for shard in sorted(set(weight_map.values())):
             if (folder / shard).is_file():
                 check_safetensors(folder / shard)
+    return config
 
 
 def check_checkpoint_folder(folder) -> dict:

@@ -37,10 +37,10 @@ from specdec.errors import InvalidInputError
 from specdec.decode.loop import Decoder
 from specdec.decode.plan import DecodePlan
 from specdec.decode.requests import Request
-from specdec.generation.api import encode_prompts, load, load_backend, prepare
 from specdec.generation.arguments import check_seed, context_length, sampling_config
-from specdec.generation.options import check_drafter_options
-from specdec.generation.resolve import resolve
+from specdec.generation.components import DRAFTING_OPTIONS, decode_plan, resolve_drafter
+from specdec.generation.encoding import encode_prompts
+from specdec.generation.loading import load, load_backend
 from specdec.plugins.registry import default_registry
 from specdec.serving.handle import (
     Completion,
@@ -50,8 +50,7 @@ from specdec.serving.handle import (
     QueueFullError,
     RequestFailedError,
 )
-from specdec.capabilities import drafter_caps
-from specdec.slots import TREE_ROOM, check_tree_room
+from specdec.slots import TREE_ROOM
 from specdec.types import StepResult
 
 __all__ = ["Engine", "EngineClosedError", "QueueFullError", "RequestFailedError"]
@@ -120,8 +119,9 @@ class Engine:
                 f"capacity must be an integer >= 2 (positions per request), got {capacity!r}"
             )
         backend = load_backend(backend, _registry(registry)).name
-        named = resolve("drafter", drafter, _registry(registry), backend)
-        check_drafter_options(named, _registry(registry), backend, options)  # before loading
+        options = {"verifier": "exact", **options}  # it serves greedy and sampled requests alike
+        drafting = {k: options.pop(k) for k in DRAFTING_OPTIONS if k in options}
+        named = resolve_drafter(drafter, backend, options, _registry(registry))  # before loading
 
         def build():
             if hasattr(model, "num_slots"):
@@ -143,21 +143,8 @@ class Engine:
                     exact=exact,
                     registry=registry,
                 )
-            plan, *_ = prepare(
-                target,
-                [1],
-                drafter,
-                backend,
-                max_new_tokens=1,
-                temperature=0.0,
-                top_k=None,
-                top_p=None,
-                dtype=None,
-                device=None,
-                exact=exact,
-                registry=registry,
-                tree_room=room,
-                options={"verifier": "exact", **options},
+            plan = decode_plan(
+                target, named, backend, exact=exact, registry=registry, **drafting, **options
             )
             return plan, room
 
@@ -180,7 +167,7 @@ class Engine:
         max_prefill_tokens: int | str | None = "auto",
         max_new_tokens: int = 128,
     ) -> "Engine":
-        """An engine over a prepared plan (``specdec.generation.api.prepare``); its verifier must
+        """An engine over a plan (``specdec.decode_plan``); its verifier must
         serve every sampling setting the requests use (``exact`` does)."""
         engine = cls.__new__(cls)
         room = (
@@ -259,11 +246,8 @@ class Engine:
                 f"the target's slots hold {target.capacity} positions, which leaves no room for "
                 f"requests beside a draft tree of {tree_room}: load it with a larger capacity"
             )
-        check_tree_room(
-            drafter_caps(plan.drafter, plan.source("drafter")).max_tree_size,
-            tree_room + 1,
-            plan.source("drafter"),
-            f", or give the engine a larger tree_room (now {tree_room})",
+        plan.check_tree_room(
+            tree_room + 1, f", or give the engine a larger tree_room (now {tree_room})"
         )
         self.plan = plan
         self.target = target

@@ -21,7 +21,9 @@ import numpy as np
 
 from specdec.capabilities import drafter_caps, request_end
 from specdec.errors import InvalidInputError
-from specdec.generation.api import generate, load, load_drafter
+from specdec.generation.api import generate
+from specdec.generation.components import load_drafter
+from specdec.generation.loading import load
 from specdec.generation.resolve import resolve
 from specdec.plugins.registry import PluginRegistry, default_registry
 from specdec.reference.model import load_target

@@ -8,28 +8,14 @@ from typing import Any, Sequence
 from specdec.decode.loop import Decoder
 from specdec.decode.plan import DecodePlan
 from specdec.decode.requests import Request
-from specdec.generation.api import prepare
+from specdec.generation.components import decode_plan
 
 
 def decoding_plan(target, drafter: Any, backend: str = "numpy", **options) -> DecodePlan:
     """A plan over ``target`` whose verifier (``exact``, greedy at temperature 0) serves greedy and
     sampled requests alike; ``options`` go to ``specdec.generate``'s options
     (drafter options...)."""
-    plan, *_ = prepare(
-        target,
-        [1],
-        drafter,
-        backend,
-        max_new_tokens=8,
-        temperature=0.0,
-        top_k=None,
-        top_p=None,
-        dtype=None,
-        device=None,
-        registry=None,
-        options={"verifier": "exact", **options},
-    )
-    return plan
+    return decode_plan(target, drafter, backend, **{"verifier": "exact", **options})
 
 
 def run_schedule(

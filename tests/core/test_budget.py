@@ -518,7 +518,7 @@ def test_the_cost_fits_error_is_its_scatter_over_the_root_of_its_weight():
 
 
 def test_the_curve_is_measured_for_rows_and_leaves_the_slots_free(model_dir):
-    from specdec.generation.api import load_backend
+    from specdec.generation.loading import load_backend
     from specdec.plugins.registry import default_registry
     from specdec.tuning.costs import measure_curve
 

@@ -152,6 +152,18 @@ def test_an_engine_checks_its_own_tree_room(model_dir):
         assert engine.generate([1, 2], max_new_tokens=2).tokens
 
 
+def test_an_engine_advises_a_tree_drafter_in_its_own_settings(model_dir, tmp_path):
+    """An EAGLE head whose trees outgrow the engine's tree_room is told to lower its tree
+    settings (total_tokens, depth), not beam options it does not have."""
+    from specdec.testing.drafters import make_random_drafter
+
+    head = make_random_drafter(tmp_path / "eagle", model_dir, kind="eagle", seed=0)
+    with pytest.raises(InvalidInputError, match="tree_room") as caught:
+        specdec.Engine(model_dir, drafter=head, backend="numpy", slots=1, tree_room=4, lookup=False)
+    message = str(caught.value)
+    assert "total_tokens" in message and "--beam-width" not in message, message
+
+
 def test_caps_refuse_a_tree_without_its_root():
     with pytest.raises(ValueError, match="max_tree_size"):
         DrafterCaps(max_tree_size=0)

@@ -16,7 +16,8 @@ import pytest
 
 import specdec
 from specdec.tuning import dtype as tuning
-from specdec.generation.api import load_with_choice, prepare
+from specdec.generation.api import prepare
+from specdec.generation.loading import load_with_choice
 from specdec.plugins.hookspecs import hookimpl
 from specdec.drafting.lookup import LookupDrafter
 from specdec.plugins.registry import PluginRegistry

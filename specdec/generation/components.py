@@ -1,0 +1,237 @@
+"""A generation's components, apart from any prompt: the drafter (with the prompt-lookup beam
+beside it where it pairs, the settings ``specdec plan`` chose on this machine), the tree builder
+and the verifier, resolved once over a loaded target into a ``DecodePlan``
+(``decode_plan``). ``generate``, ``stream``, the engine, the CLI and the conformance kit build
+their plans here; requests (prompts, sampling, lengths, stops) are each caller's own."""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from typing import Any
+
+from specdec.capabilities import drafter_caps, verifier_caps
+from specdec.decode import lease
+from specdec.decode.budget import check_speculation
+from specdec.decode.plan import DecodePlan
+from specdec.drafting.lookup import LookupDrafter
+from specdec.drafting.none import NoDrafter
+from specdec.errors import InvalidInputError, SpecdecError
+from specdec.generation.arguments import check_drafter_path, is_int
+from specdec.generation.loading import load_backend
+from specdec.generation.options import check_drafter_options
+from specdec.generation.resolve import Resolved, build, resolve, with_lookup
+from specdec.models.files import damaged_checkpoint
+from specdec.plugins.registry import PluginRegistry, default_registry
+from specdec.slots import TREE_ROOM, lower_options
+from specdec.tuning.dtype import cached_drafter_plan
+from specdec.tuning.guard import GUARD_NODES, guard_exact_mode
+
+
+# generate's options that choose how to draft rather than go to the drafter
+DRAFTING_OPTIONS = ("speculation", "verifier", "tree_builder", "lookup")
+
+
+def resolve_drafter(drafter: Any, backend: str, options: dict, registry=None) -> Resolved:
+    """The drafter named (a name, a checkpoint folder or a Drafter object), with the options
+    given checked against what it takes: before any model loads."""
+    registry = registry or default_registry()
+    if isinstance(drafter, Resolved):
+        return drafter
+    check_drafter_path(drafter)
+    named = resolve("drafter", drafter, registry, backend)
+    check_drafter_options(named, registry, backend, options)
+    return named
+
+
+def decode_plan(
+    target,
+    drafter: Any,
+    backend=None,
+    *,
+    greedy: bool = True,
+    exact: bool | None = None,
+    registry: PluginRegistry | None = None,
+    **options: Any,
+) -> DecodePlan:
+    """The ``DecodePlan`` of ``drafter`` over a loaded ``target`` on ``backend`` (a name or a
+    Backend object; None: the target's own, as ``specdec.load`` chose), with no prompt in it.
+
+    ``drafter``: as ``generate``'s (or a ``resolve_drafter`` result); ``options``: ``generate``'s
+    drafting options (``verifier``, ``tree_builder``, ``lookup``, ``speculation`` and the
+    drafter's own). ``greedy``: whether the requests decode greedily, for the default verifier
+    (greedy; else rejection sampling for sampled drafts, exact tree sampling otherwise; "exact"
+    serves both). ``exact``: True insists that the target's exact mode holds for this drafter's
+    trees (the decoding guard, ``specdec.tuning.guard``). The plan's request settings are those
+    of greedy requests of 128 tokens that stop at the model's end tokens; callers set their own
+    (``attrs.evolve``) or make requests of their own."""
+    registry = registry or default_registry()
+    backend_obj = backend if hasattr(backend, "load_target") else load_backend(backend, registry)
+    options = dict(options)
+    speculation = check_speculation(options.pop("speculation", None))
+    verifier_choice = options.pop("verifier", None)
+    tree_choice = options.pop("tree_builder", None)
+    lookup = options.pop("lookup", None)
+    named = resolve_drafter(drafter, backend_obj.name, options, registry)
+    options, planned = planned_options(backend_obj, target, named, options)
+    drafter_obj = load_drafter(named, target, backend_obj, registry, options)
+    if lookup is None:
+        lookup = lookup_by_default(named, drafter_obj, verifier_choice, planned)
+    spec = named.spec
+    if lookup:
+        drafter_obj = add_lookup(drafter_obj, lookup, backend_obj, target)
+        named = with_lookup(named)
+    caps = drafter_caps(drafter_obj, named.source)
+    if not lease.is_busy(target):  # it uses every slot; a busy target is refused when it decodes
+        guard_exact_mode(
+            backend_obj,
+            target,
+            max_nodes=min(caps.max_tree_size or GUARD_NODES, TREE_ROOM),
+            rows=target.num_slots,
+            insist=exact is True,
+        )
+    tree_name, tree_options = caps.tree_builder
+    tree = resolve("tree_builder", tree_choice or tree_name, registry, backend_obj.name)
+    tree_builder = build(tree, registry, backend_obj.name, tree_options)
+    if verifier_choice is None:
+        verifier_choice = (
+            "greedy" if greedy else ("rejection" if caps.sampled_proposals else "exact")
+        )
+    checker = resolve("verifier", verifier_choice, registry, backend_obj.name)
+    verifier = build(checker, registry, backend_obj.name, {})
+    if lookup and verifier_caps(verifier, checker.source).needs_draft_probs:
+        raise InvalidInputError(
+            f"verifier {verifier_choice!r} needs the draft distribution of every beam, and lookup "
+            "beams are deterministic and have none; use the 'greedy' or 'exact' verifier (the "
+            "defaults) with lookup"
+        )
+    return DecodePlan(
+        backend=backend_obj,
+        target=target,
+        drafter=drafter_obj,
+        tree_builder=tree_builder,
+        verifier=verifier,
+        eos_token_ids=tuple(target.eos_token_ids),
+        sources={c.kind: c.source for c in (named, tree, checker)},
+        speculation=speculation,
+        smaller_trees=lower_options(spec, lookup=bool(lookup)),
+    )
+
+
+def lookup_by_default(drafter: Resolved, drafter_obj, verifier_choice, planned=None) -> bool:
+    """The prompt-lookup beam is on by default beside drafters whose spec pairs them with it
+    (ReDrafter; an object passed in: never), or as ``specdec plan`` chose (``planned``: True or
+    False; None: not planned), when the verifier is the default, greedy or exact one and the
+    beams are not sampled."""
+    pairs = drafter.spec is not None and (
+        drafter.spec.pairs_with_lookup if planned is None else bool(planned)
+    )
+    return (
+        pairs
+        and verifier_choice in (None, "greedy", "exact")
+        and not drafter_caps(drafter_obj).sampled_proposals
+    )
+
+
+def planned_keys(drafter: Resolved) -> tuple[str, ...]:
+    """The settings ``specdec plan`` chooses for this drafter: a beam drafter's width and length,
+    a tree drafter's tree settings (``DrafterSpec.tree_options``); () for others."""
+    spec = drafter.spec
+    if spec is None:  # an object passed in
+        return ()
+    return ("beam_width", "beam_length") if spec.beam_options else tuple(spec.tree_options)
+
+
+def planned_options(backend, target, drafter: Resolved, options: dict):
+    """(``options``, the lookup choice) that ``specdec plan`` made for this drafter on this
+    machine (``specdec.tuning.dtype.cached_drafter_plan``), when the caller named none of its
+    settings: ``options`` with those settings, and whether the prompt-lookup beam rode along
+    (measured together; ``lookup_by_default``'s ``planned``); else ``options`` and None."""
+    keys = planned_keys(drafter)
+    plan = cached_drafter_plan(backend, target, drafter.choice) if keys else None
+    if plan is None or set(keys) & set(options):
+        return options, None
+    options = {**options, **{k: v for k, v in plan["options"].items() if k in keys}}
+    return options, plan.get("lookup")
+
+
+def load_drafter(drafter: Resolved, target, backend, registry: PluginRegistry, options: dict):
+    """The Drafter object of a resolved drafter, for the Backend ``backend``."""
+    if drafter.name is None:
+        if options:
+            raise InvalidInputError(
+                f"options {sorted(options)} cannot be applied to a Drafter object"
+            )
+        return drafter.choice
+    if drafter.checkpoint is None:
+        with _options_named(drafter, options):
+            return build(
+                drafter,
+                registry,
+                backend.name,
+                options,
+                target=target,
+                checkpoint=None,
+                backend=backend,
+            )
+    with damaged_checkpoint(drafter.checkpoint), _options_named(drafter, options):
+        return build(
+            drafter,
+            registry,
+            backend.name,
+            options,
+            target=target,
+            checkpoint=drafter.checkpoint,
+            backend=backend,
+        )
+
+
+@contextlib.contextmanager
+def _options_named(drafter: Resolved, options: dict):
+    """A drafter's refusal of a value the caller gave (its message names the option) reported as
+    that argument's error, not as a damaged checkpoint (``damaged_checkpoint``)."""
+    try:
+        yield
+    except SpecdecError:
+        raise
+    except (ValueError, TypeError) as exc:
+        detail = " ".join(str(exc).split())
+        named = [key for key in options if re.search(rf"\b{re.escape(key)}\b", detail)]
+        if not named:
+            raise
+        given = ", ".join(f"{key}={options[key]!r}" for key in named)
+        raise InvalidInputError(
+            f"drafter {drafter.name!r} refuses the option(s) given, {given}: {detail}"
+        ) from None
+
+
+def add_lookup(drafter, lookup, backend, target):
+    """``drafter`` with a prompt-lookup beam added to its drafts (``specdec.drafting.lookup``)."""
+    if isinstance(drafter, (NoDrafter, LookupDrafter)):
+        alone = (
+            "drafter='lookup' is prompt lookup alone: give its chain's length as draft_length=N "
+            "(CLI: --lookup-length N)"
+            if isinstance(drafter, LookupDrafter)
+            else "for prompt lookup alone use drafter='lookup'"
+        )
+        raise InvalidInputError(
+            f"lookup={lookup!r} adds a prompt-lookup beam to a model drafter's beams (e.g. "
+            f"drafter='redrafter'); {alone}"
+        )
+    tree_name = drafter_caps(drafter).tree_builder[0]
+    if tree_name != "prefix_tree":
+        raise InvalidInputError(
+            f"lookup joins drafters whose beams make a prefix tree; {type(drafter).__name__} "
+            f"drafts for the {tree_name!r} tree builder (e.g. Medusa's head top-k tree): use it "
+            "without lookup, or drafter='lookup'"
+        )
+    if lookup is True:
+        lookup = {}
+    elif is_int(lookup):
+        lookup = {"draft_length": lookup}
+    if not isinstance(lookup, dict) or set(lookup) - {"max_ngram", "min_ngram", "draft_length"}:
+        raise InvalidInputError(
+            "lookup must be True, the lookup chain's length in drafted tokens (an int), or a dict "
+            f"of draft_length / max_ngram / min_ngram, got {lookup!r}"
+        )
+    return LookupDrafter(backend, target, inner=drafter, **lookup)
