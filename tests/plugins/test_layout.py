@@ -155,8 +155,10 @@ def drafter_plugin_names() -> set[str]:
 KNOWN = {
     ("specdec/generation/api.py", "redrafter"): "generate's and stream's default drafter",
     ("specdec/serving/engine.py", "redrafter"): "Engine's default drafter",
-    ("specdec/cli/main.py", "redrafter"): "the CLI's default drafter and the demo's drafters",
-    ("specdec/cli/main.py", "medusa"): "the demo's and bench's second drafter",
+    ("specdec/cli/decode.py", "redrafter"): "the CLI's default drafter and the demo's drafters",
+    ("specdec/cli/decode.py", "medusa"): "the demo's second drafter",
+    ("specdec/cli/measure.py", "redrafter"): "bench's and plan's default drafter",
+    ("specdec/cli/measure.py", "medusa"): "bench's second default method",
     ("specdec/cli/serve.py", "redrafter"): "specdec serve's default drafter",
     ("specdec/plugins/export.py", "eagle"): "the message that EAGLE has no export layout",
     ("specdec/bench/methods.py", "draft_model"): "bench's draft-model method",

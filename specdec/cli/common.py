@@ -1,0 +1,90 @@
+"""What the decoding commands share: their generation flags and report lines."""
+
+from __future__ import annotations
+
+import argparse
+
+from specdec.errors import InvalidInputError
+
+
+def add_generation_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--backend", default=None, help="numpy | torch | mlx | any installed backend"
+    )
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--top-k", type=int, default=None)
+    parser.add_argument("--top-p", type=float, default=None)
+    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument(
+        "--dtype", default=None, help="default: the fastest measured on this machine (specdec tune)"
+    )
+    parser.add_argument("--device", default=None)
+    add_exact_arg(parser)
+    parser.add_argument("--beam-width", type=int, default=None)
+    parser.add_argument("--beam-length", type=int, default=None)
+    parser.add_argument("--verifier", default=None)
+    parser.add_argument(
+        "--lookup",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="add a prompt-lookup beam (n-gram copy from the text so far) to the drafter's beams "
+        "(default: on beside ReDrafter)",
+    )
+    parser.add_argument(
+        "--lookup-length",
+        type=int,
+        default=None,
+        metavar="N",
+        help="tokens the prompt-lookup beam drafts, whatever the beam length (default 10; with "
+        "--drafter lookup, the length of prompt lookup alone)",
+    )
+
+
+def add_exact_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--exact",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="exact mode: rows computed so that speculative output is bit-identical to plain "
+        "decoding at any dtype (default: on where this machine's check holds; --exact "
+        "insists, --no-exact turns it off)",
+    )
+
+
+def generation_kwargs(args) -> dict:
+    return dict(
+        backend=args.backend,
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        seed=args.seed,
+        dtype=args.dtype,
+        device=args.device,
+        exact=args.exact,
+    )
+
+
+def report_line(label: str, result, baseline_tps: float | None = None) -> str:
+    stats = result.stats
+    speed = f", {stats.tokens_per_second / baseline_tps:.2f}x plain" if baseline_tps else ""
+    return (
+        f"{label:>10}: {stats.new_tokens} tokens, {stats.tokens_per_step:.2f} tokens/step (bonus "
+        f"token counted), {stats.tokens_per_second:.1f} tokens/s{speed}"
+    )
+
+
+def text_argument(value: str, flag: str) -> str:
+    """A text option as given on the command line, after checking it was UTF-8: Python decodes
+    other bytes of argv to lone surrogates (surrogateescape), which no tokenizer encodes."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raw = value[: exc.start].encode("utf-8", "surrogateescape")
+        byte = value[exc.start].encode("utf-8", "surrogateescape")
+        raise InvalidInputError(
+            f"{flag} is not UTF-8 text: byte 0x{byte.hex()} at byte {len(raw)} is not UTF-8; "
+            "give the text in UTF-8 (a UTF-8 terminal or locale)"
+        ) from None
+    return value

@@ -1,0 +1,251 @@
+"""``specdec generate`` and ``specdec demo``."""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+from pathlib import Path
+
+import specdec
+from specdec.bench.trust import Measured, busy_line
+from specdec.cli.common import (
+    add_exact_arg,
+    add_generation_args,
+    generation_kwargs,
+    report_line,
+    text_argument,
+)
+from specdec.cli.options import DRAFTER_HELP, drafter_options
+from specdec.errors import InvalidInputError
+from specdec.generation.components import planned_options, resolve_drafter
+from specdec.generation.loading import load_backend
+from specdec.models.files import parse_json
+from specdec.plugins.registry import default_registry
+from specdec.testing import make_random_drafter, make_random_model
+from specdec.tuning.exactness import describe as describe_exactness
+
+
+def cmd_generate(args) -> int:
+    if args.prompt is not None:
+        prompt = text_argument(args.prompt, "--prompt")
+    else:
+        prompt = parse_json(
+            args.prompt_ids,
+            what=f"--prompt-ids {args.prompt_ids!r:.40}",
+            fix="give a JSON list of token ids such as '[1, 2, 3]'",
+            error=InvalidInputError,
+        )
+    if args.chat:
+        if args.prompt is None:
+            raise InvalidInputError(
+                "--chat wraps a text prompt in the model's chat template; give --prompt TEXT, "
+                "not --prompt-ids"
+            )
+        prompt = [{"role": "user", "content": args.prompt}]
+    drafter, options = drafter_options(args)
+    result = specdec.generate(
+        args.model, prompt, drafter=drafter, **generation_kwargs(args), **options
+    )
+    print(result.text if result.text is not None else result.tokens)
+    print(report_line(str(args.drafter), result), file=sys.stderr)
+    return 0
+
+
+def _demo_models(args, tmp: Path):
+    """(model, {label: (drafter, options)}) for the demo: the bundled model and its shipped
+    drafters, or with --random a small random model and untrained drafters. The first entry is
+    the default path: ``generate``'s own defaults (ReDrafter with its prompt-lookup beam)."""
+    if args.random:
+        model = make_random_model(
+            tmp / "model",
+            vocab_size=512,
+            hidden_size=64,
+            num_layers=2,
+            num_heads=4,
+            num_kv_heads=2,
+            seed=0,
+            with_tokenizer=True,
+        )
+        redrafter = make_random_drafter(tmp / "redrafter", model, kind="redrafter", seed=1)
+        medusa = make_random_drafter(tmp / "medusa", model, kind="medusa", seed=2)
+    else:
+        model, redrafter, medusa = args.model, "redrafter", "medusa"
+    return model, {
+        "default": (redrafter, {}),
+        "redrafter": (redrafter, {"lookup": False}),
+        "medusa": (medusa, {}),
+    }
+
+
+def _same_prefix(a: list, b: list) -> int:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
+
+
+def _describe_default(target, drafter, backend, registry) -> str:
+    """How the default path drafts here: the beams and where they come from."""
+    backend_obj = load_backend(backend, registry)
+    named = resolve_drafter(drafter, backend_obj.name, {}, registry)
+    if planned_options(backend_obj, target, named, {})[0]:
+        where = "chosen by `specdec plan` on this machine"
+    else:
+        where = "the checkpoint's default; `specdec plan` chooses for this machine"
+    plan = specdec.decode_plan(target, named, backend_obj, registry=registry)
+    inner = getattr(plan.drafter, "inner", None) or plan.drafter
+    lookup = (
+        f" + a prompt-lookup beam of {plan.drafter.draft_length} tokens"
+        if inner is not plan.drafter
+        else ""
+    )
+    return f"ReDrafter W={inner.beam_width} L={inner.beam_length} ({where}){lookup}"
+
+
+DEMO_PROMPTS = (
+    "Explain in a few sentences why the sky is blue.",
+    "Add type hints and a docstring to this Python function, and return the whole function:\n\n"
+    "def moving_average(values, window):\n"
+    "    result = []\n"
+    "    for i in range(len(values) - window + 1):\n"
+    "        result.append(sum(values[i:i + window]) / window)\n"
+    "    return result",
+)
+
+
+def cmd_demo(args) -> int:
+    """Answer chat prompts with the default path, each drafter and plain decoding, side by side:
+    an open question (the text is new: little to draft) and an edit of code given in the prompt
+    (the answer repeats it: much to draft), each reported, then both together."""
+    args.prompt = [text_argument(p, "--prompt") for p in args.prompt or DEMO_PROMPTS]
+    with tempfile.TemporaryDirectory() as tmp:
+        model, drafters = _demo_models(args, Path(tmp))
+        registry = default_registry()
+        backend = args.backend or ("numpy" if args.random else None)
+        backend = load_backend(backend, registry).name
+        target = specdec.load(model, backend=backend, dtype=args.dtype, exact=args.exact)
+        choice = getattr(target, "dtype_choice", None)
+        methods = {"plain": ("none", {}), **drafters}
+
+        def run(text, drafter, options, max_new_tokens=args.max_new_tokens):
+            return specdec.generate(
+                target,
+                [{"role": "user", "content": text}],
+                drafter=drafter,
+                backend=backend,
+                max_new_tokens=max_new_tokens,
+                **options,
+            )
+
+        for drafter, options in methods.values():  # warm-up: first calls pay one-off costs
+            run(args.prompt[0], drafter, options, max_new_tokens=4)
+        label = (
+            "random untrained drafters: expect no acceptance" if args.random else "shipped drafters"
+        )
+        print(f"model {model}, backend {backend}; {label}")
+        print(f"dtype: {choice.describe() if choice else args.dtype}")
+        print(describe_exactness(target))
+        print(
+            "default drafting: "
+            f"{_describe_default(target, drafters['default'][0], backend, registry)}"
+        )
+        exact = bool(getattr(target, "exact", False)) or str(getattr(target, "dtype", "")).endswith(
+            "float64"
+        )
+        status, totals = (
+            0,
+            {name: [0, 0.0] for name in methods},
+        )  # new tokens, seconds (prefill included)
+        clock = Measured()
+        for text in args.prompt:
+            runs: dict[str, list] = {}
+            for _ in range(
+                args.repeats
+            ):  # plain and speculative decoding interleaved; the median is reported
+                for name, (drafter, options) in methods.items():
+                    with clock:
+                        runs.setdefault(name, []).append(run(text, drafter, options))
+            results = {name: _median(found) for name, found in runs.items()}
+            plain = results["plain"]
+            print(f"\nuser: {text}\nassistant: {results['default'].text}\n")
+            for name, result in results.items():
+                totals[name][0] += result.stats.new_tokens
+                totals[name][1] += result.stats.time_total
+                if name == "plain":
+                    print(report_line(name, result))
+                    continue
+                same = _same_prefix(result.tokens, plain.tokens)
+                if result.tokens == plain.tokens:
+                    note = f"identical to plain decoding: {same} of {len(plain.tokens)} tokens"
+                elif exact:
+                    note = f"DIFFERS from plain decoding after {same} of {len(plain.tokens)} tokens"
+                    status = 1
+                else:
+                    note = (
+                        f"identical to plain decoding: {same} of {len(plain.tokens)} tokens (exact "
+                        "mode is off: tree and one-token forwards round differently)"
+                    )
+                print(report_line(name, result, plain.stats.tokens_per_second) + f"; {note}")
+        if len(args.prompt) > 1:
+            rate = {name: tokens / seconds for name, (tokens, seconds) in totals.items()}
+            print(
+                f"\nall {len(args.prompt)} prompts: "
+                + ", ".join(
+                    f"{name} {rate[name]:.1f} tokens/s"
+                    + ("" if name == "plain" else f" ({rate[name] / rate['plain']:.2f}x)")
+                    for name in methods
+                )
+            )
+        print(
+            "(default: generate()'s defaults, ReDrafter with a prompt-lookup beam; redrafter: "
+            "lookup=False)"
+        )
+        if busy_line(clock):
+            print(busy_line(clock))
+    return int(status)
+
+
+def _median(results):
+    """The run with the median decoding speed."""
+    return sorted(results, key=lambda r: r.stats.tokens_per_second)[len(results) // 2]
+
+
+def add_parsers(sub) -> None:
+    demo = sub.add_parser(
+        "demo", help="answer a prompt with each drafter and with plain decoding, side by side"
+    )
+    demo.add_argument("--model", default="smollm2-135m")
+    demo.add_argument("--backend", default=None, help="default: torch when installed, else numpy")
+    demo.add_argument("--dtype", default=None)
+    add_exact_arg(demo)
+    demo.add_argument(
+        "--prompt",
+        action="append",
+        default=None,
+        help="a chat prompt (repeatable); default: an open question and a code edit",
+    )
+    demo.add_argument("--max-new-tokens", type=int, default=128)
+    demo.add_argument(
+        "--random", action="store_true", help="a small random model and untrained drafters instead"
+    )
+    demo.add_argument(
+        "--repeats", type=int, default=3, help="interleaved runs of each method; medians reported"
+    )
+    demo.set_defaults(func=cmd_demo, on_compute_thread=True)
+    gen = sub.add_parser("generate", help="generate from a model folder")
+    gen.add_argument("--model", required=True)
+    group = gen.add_mutually_exclusive_group(required=True)
+    group.add_argument(
+        "--prompt", help="text the model continues as it is (with --chat: one user turn)"
+    )
+    group.add_argument("--prompt-ids", help="JSON list of token ids")
+    gen.add_argument(
+        "--chat",
+        action="store_true",
+        help="send --prompt as a user turn of the model's chat template (as the demo and bench do)",
+    )
+    gen.add_argument(
+        "--drafter", default="redrafter", metavar="NAME[:key=value,...]", help=DRAFTER_HELP
+    )
+    add_generation_args(gen)
+    gen.set_defaults(func=cmd_generate, on_compute_thread=True)

@@ -1,0 +1,305 @@
+"""``specdec bench``, ``specdec plan`` and ``specdec tune``: measurements on this machine."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from specdec.bench import load_prompt_set, parse_method, run_bench, tree_planner
+from specdec.bench.planner import keep, measure, plan
+from specdec.bench.prompts import PROMPT_SETS
+from specdec.bench.report import markdown, write_outputs
+from specdec.bench.tree_planner import plan_tree
+from specdec.bench.trust import Measured, busy_line, impossible
+from specdec.drafting.lookup import DEFAULT_DRAFT_LENGTH
+from specdec.errors import require
+from specdec.generation.loading import load_backend
+from specdec.generation.resolve import resolve
+from specdec.models.bundled import resolve_model
+from specdec.plugins.registry import default_registry, installed_distributions
+from specdec.tuning.dtype import architecture_key, dtype_cache_file, load_fastest
+from specdec.tuning.exactness import configure
+from specdec.tuning.exactness import describe as describe_exactness
+
+
+def cmd_bench(args) -> int:
+    """Run a benchmark grid and write bench.json, bench.md and plots to --out."""
+    require("matplotlib", extra="bench", feature="specdec bench (its plots)")  # before any run
+    Path(args.out).mkdir(
+        parents=True, exist_ok=True
+    )  # an unwritable --out fails before the runs, not after
+    prompts = load_prompt_set(args.prompts, per_category=args.per_category)
+    methods = [parse_method(m) for m in args.methods]
+    clock = Measured()
+    grid = [(item.partition(":")[0], item.partition(":")[2] or None) for item in args.backends]
+    with clock:
+        records = run_bench(
+            args.model,
+            prompts,
+            methods,
+            grid=grid,
+            temperatures=args.temperatures,
+            max_new_tokens=args.max_new_tokens,
+            repeats=args.repeats,
+            warmup=args.warmup,
+            seed=args.seed,
+        )
+    meta = dict(
+        command=" ".join(sys.argv),
+        versions=installed_distributions(),
+        model=str(args.model),
+        prompts=args.prompts,
+        per_category=args.per_category,
+        max_new_tokens=args.max_new_tokens,
+        busy=busy_line(clock),
+    )
+    out = write_outputs(records, Path(args.out), meta=meta)
+    print(markdown(out["summary"], categories=args.categories))
+    if meta["busy"]:
+        print(meta["busy"])
+    print(f"wrote {args.out}/bench.json, bench.md, speedup.png, accepted.png", file=sys.stderr)
+    return 0
+
+
+def cmd_plan(args) -> int:
+    """Predict the speedup of every beam configuration, recommend one, and check the best few;
+    or, for a tree drafter, decode with its tree settings and recommend the fastest."""
+    prompts = [p.prompt for p in load_prompt_set(args.prompts, per_category=args.per_category)]
+    registry = default_registry()
+    named = resolve("drafter", args.drafter, registry, args.backend)
+    if named.spec is not None and named.spec.tree_options:
+        return _plan_tree(args, prompts)
+    lookup = not args.no_lookup
+    clock = Measured()
+    options = dict(backend=args.backend, dtype=args.dtype, max_new_tokens=args.max_new_tokens)
+    rows = plan(
+        args.model,
+        args.drafter,
+        prompts,
+        widths=args.widths,
+        lengths=args.lengths,
+        lookup=lookup,
+        clock=clock,
+        progress=True,
+        **options,
+    )
+    plausible = [r for r in rows if not r.impossible][: args.measure_top]
+    checked = (
+        measure(
+            args.model,
+            args.drafter,
+            prompts,
+            plausible,
+            lookup=lookup,
+            clock=clock,
+            progress=True,
+            **options,
+        )
+        if args.measure_top and plausible
+        else []
+    )
+    measured = {(r.beam_width, r.beam_length): r.measured_speedup for r in checked}
+    print(
+        "| W | L | tokens/step (est.) | tree size | draft ms | verify ms | predicted speedup | "
+        "measured |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        m = measured.get((r.beam_width, r.beam_length))
+        flag = " (impossible: above its tokens/step)" if r.impossible else ""
+        print(
+            f"| {r.beam_width} | {r.beam_length} | {r.tokens_per_step:.2f} | {r.tree_size:.1f} | "
+            f"{r.draft_ms:.1f} | {r.verify_ms:.1f} | {r.predicted_speedup:.2f}x{flag} | "
+            f"{'-' if m is None else f'{m:.2f}x'} |"
+        )
+    best = max(checked, key=lambda r: r.measured_speedup) if checked else rows[0]
+    figure = (
+        f"measured {best.measured_speedup:.2f}x, predicted {best.predicted_speedup:.2f}x"
+        if best.measured_speedup is not None
+        else f"predicted {best.predicted_speedup:.2f}x"
+    )
+    print(
+        f"recommended: beam_width={best.beam_width} beam_length={best.beam_length} ({figure} over "
+        "plain decoding, decode phase"
+        f"{f', with the prompt-lookup beam of {DEFAULT_DRAFT_LENGTH} tokens' if lookup else ''})"
+    )
+    line = busy_line(clock)
+    if line:
+        print(line)
+    if not args.no_save:
+        reasons = keep(
+            args.model,
+            args.drafter,
+            best,
+            clock,
+            backend=args.backend,
+            dtype=args.dtype,
+            lookup=lookup,
+            prompts=len(prompts),
+        )
+        print(
+            "saved: generate uses it for this drafter on this machine when no beams are given"
+            if not reasons
+            else f"not saved: {'; '.join(reasons)} (generate keeps what it used before)",
+            file=sys.stderr,
+        )
+    if args.prompts in PROMPT_SETS:
+        print(
+            f"planned on the {args.prompts} prompts; the best beams depend on the text: for "
+            "another kind of use (code, say) plan with --prompts FILE.jsonl of prompts like your "
+            "own",
+            file=sys.stderr,
+        )
+    return 0
+
+
+def _plan_tree(args, prompts) -> int:
+    clock = Measured()
+    rows = plan_tree(
+        args.model,
+        args.drafter,
+        prompts,
+        backend=args.backend,
+        dtype=args.dtype,
+        max_new_tokens=args.max_new_tokens,
+        lookup=False if args.no_lookup else None,
+        save=not args.no_save,
+        clock=clock,
+    )
+    print("| settings | lookup | tokens/step | nodes/step | measured speedup |")
+    print("|---|---|---|---|---|")
+    for r in rows:
+        settings = " ".join(f"{k}={v}" for k, v in sorted(r.options.items())) or "its defaults"
+        flag = (
+            " (impossible: above its tokens/step)"
+            if impossible(r.speedup, r.tokens_per_step)
+            else ""
+        )
+        print(
+            f"| {settings} | {'yes' if r.lookup else 'no'} | {r.tokens_per_step:.2f} | "
+            f"{r.nodes_per_step:.1f} | {r.speedup:.2f}x{flag} |"
+        )
+    best = rows[0]
+    settings = " ".join(f"{k}={v}" for k, v in sorted(best.options.items())) or "its defaults"
+    print(
+        f"recommended: {settings}, lookup {'on' if best.lookup else 'off'} (measured "
+        f"{best.speedup:.2f}x over plain decoding, decode phase, {len(rows)} settings decoded)"
+    )
+    line = busy_line(clock)
+    if line:
+        print(line)
+    if not args.no_save:
+        # the tree planner's own verdict (it saved, or not, by the same rule)
+        reasons = tree_planner.reasons_not_to_keep(clock, best.speedup, best.tokens_per_step)
+        print(
+            "saved: generate uses it for this drafter on this machine when no tree settings "
+            "are given"
+            if not reasons
+            else f"not saved: {'; '.join(reasons)} (generate keeps what it used before)",
+            file=sys.stderr,
+        )
+    return 0
+
+
+def cmd_tune(args) -> int:
+    """Measure every dtype the backend offers for this model here, print the table, keep the
+    fastest."""
+    backend = load_backend(args.backend, default_registry())
+    if not hasattr(backend, "dtype_candidates"):
+        print(f"backend {backend.name!r} computes in one dtype: nothing to tune")
+        return 0
+    target, choice = load_fastest(
+        backend, resolve_model(args.model), device=args.device, remeasure=True
+    )
+    print(f"device: {choice.device or backend.name}")
+    if choice.timings:
+        sizes = list(next(iter(choice.timings.values())))
+        print("| dtype | " + " | ".join(f"{k}-token forward ms" for k in sizes) + " |")
+        print("|---|" + "---|" * len(sizes))
+        for dtype, timings in choice.timings.items():
+            print(f"| {dtype} | " + " | ".join(f"{timings[k]:.1f}" for k in sizes) + " |")
+    print(f"fastest: {choice.dtype} (used when dtype is not given)")
+    configure(target, None, backend=backend.name)
+    check = getattr(target.exactness, "check", None)
+    print(
+        describe_exactness(target)
+        + (f" (checked: {', '.join(check.checked)})" if check and check.checked else "")
+    )
+
+    arch = architecture_key(resolve_model(args.model))
+    if arch is not None and choice.timings:
+        print(f"kept in {dtype_cache_file(backend, args.device, arch)}", file=sys.stderr)
+    return 0
+
+
+def add_parsers(sub) -> None:
+    bench = sub.add_parser("bench", help="measure methods side by side on a prompt set")
+    bench.add_argument(
+        "--model", required=True, help="a bundled name (smollm2-135m), folder or .gguf"
+    )
+    bench.add_argument("--prompts", default="mt-bench", help="mt-bench | humaneval | a JSONL file")
+    bench.add_argument(
+        "--per-category", type=int, default=None, help="first N prompts of each category"
+    )
+    bench.add_argument(
+        "--methods",
+        nargs="+",
+        default=["plain", "redrafter", "medusa"],
+        help="plain; any installed drafter by name with its options (redrafter[:w=4,l=5,"
+        "lookup=true], medusa[:choices=cpu16], eagle[:total_tokens=8], draft_model:draft=M, "
+        "lookup[:k=10]) and checkpoints (eagle3:drafter=runs/e3,total_tokens=16), "
+        "third-party drafters too (`specdec plugins` lists them); peers: hf, hf-pld[:n=10], "
+        "hf-assisted:draft=M, mlx-lm, mlx-lm-draft:draft=M (docs: benchmarks/README.md)",
+    )
+    bench.add_argument(
+        "--backends",
+        nargs="+",
+        default=["torch"],
+        help="backend[:dtype] ... (no dtype: the one measured fastest here, as generate)",
+    )
+    bench.add_argument("--temperatures", nargs="+", type=float, default=[0.0])
+    bench.add_argument("--max-new-tokens", type=int, default=128)
+    bench.add_argument("--repeats", type=int, default=3)
+    bench.add_argument("--warmup", type=int, default=1)
+    bench.add_argument("--seed", type=int, default=0)
+    bench.add_argument("--categories", action="store_true", help="print per-category rows too")
+    bench.add_argument("--out", default="bench-out")
+    bench.set_defaults(func=cmd_bench, on_compute_thread=True)
+    planner = sub.add_parser(
+        "plan",
+        help="choose a drafter's beams (ReDrafter) or tree (EAGLE, EAGLE-3) for this machine",
+    )
+    planner.add_argument("--model", required=True)
+    planner.add_argument(
+        "--drafter",
+        default="redrafter",
+        help="redrafter, eagle, eagle3 (the shipped ones) or a checkpoint folder",
+    )
+    planner.add_argument("--backend", default="torch")
+    planner.add_argument("--dtype", default=None)
+    planner.add_argument("--prompts", default="mt-bench")
+    planner.add_argument("--per-category", type=int, default=1)
+    planner.add_argument("--widths", nargs="+", type=int, default=[1, 2, 4, 8])
+    planner.add_argument("--lengths", nargs="+", type=int, default=[2, 3, 4, 5, 6])
+    planner.add_argument("--max-new-tokens", type=int, default=64)
+    planner.add_argument(
+        "--measure-top", type=int, default=3, help="run the best N for real and compare"
+    )
+    planner.add_argument(
+        "--no-lookup",
+        action="store_true",
+        help="plan without the prompt-lookup beam (a tree drafter: else tried on and off)",
+    )
+    planner.add_argument(
+        "--no-save",
+        action="store_true",
+        help="do not keep the recommendation (by default generate uses it when no beams are given)",
+    )
+    planner.set_defaults(func=cmd_plan, on_compute_thread=True)
+    tune = sub.add_parser(
+        "tune", help="measure which dtype runs a model fastest on this machine (cached)"
+    )
+    tune.add_argument("--model", default="smollm2-135m")
+    tune.add_argument("--backend", default=None)
+    tune.add_argument("--device", default=None)
+    tune.set_defaults(func=cmd_tune, on_compute_thread=True)
