@@ -37,6 +37,8 @@ from specdec.types import (
 
 __all__ = [
     "Checked",
+    "commit_verdict",
+    "drafted_counts",
     "Group",
     "admissions",
     "cut_to_budgets",
@@ -134,6 +136,30 @@ def merge_verdicts(checked: Sequence[Checked]) -> Verdict:
         path=path.astype(np.int64),
         num_accepted=np.concatenate([c.num_accepted for c in checked]).astype(np.int64),
         bonus_tokens=np.concatenate([c.bonus for c in checked]).astype(np.int64),
+    )
+
+
+def drafted_counts(group: Group, checked: Checked) -> np.ndarray:
+    """(B,) tokens each row drafted: its distinct beams' tokens before deduplication into the
+    tree, or, for a tree cut to a budget, what was verified."""
+    num_nodes = checked.num_nodes
+    drafted = (
+        drafted_tokens(checked.beams, group.draft.beam_lengths)
+        if checked.beams is not None
+        else num_nodes - 1
+    )
+    return np.where(num_nodes < group.full_nodes, num_nodes - 1, drafted).astype(np.int64)
+
+
+def commit_verdict(checked: Sequence[Checked], backend, target) -> Verdict:
+    """The verdict the step commits: one group's own, or the groups' merged onto the target."""
+    if len(checked) == 1:
+        return checked[0].verdict
+    merged = merge_verdicts(checked)
+    return Verdict(
+        path=backend.from_numpy(merged.path, target),
+        num_accepted=backend.from_numpy(merged.num_accepted, target),
+        bonus_tokens=backend.from_numpy(merged.bonus_tokens, target),
     )
 
 

@@ -81,7 +81,15 @@ from specdec.errors import InvalidInputError
 from specdec.tuning.costs import StepCosts, plain_share
 from specdec.slots import PREFILL_CHUNK
 
-__all__ = ["BUDGETS", "MODES", "Speculation", "StepPlan", "check_speculation", "make_speculation"]
+__all__ = [
+    "BUDGETS",
+    "MODES",
+    "Speculation",
+    "StepPlan",
+    "check_speculation",
+    "make_speculation",
+    "speculation_mode",
+]
 
 MODES = ("auto", "always", "never")
 SPECULATION_VARIABLE = (
@@ -135,6 +143,16 @@ def check_speculation(value):
             f"specdec.decode.budget.Speculation), got {value!r}"
         )
     return value.lower()
+
+
+def speculation_mode(value, caps, needs_draft_probs: bool) -> str:
+    """The mode a decoder runs ``value`` in: verifiers that read draft distributions verify
+    whole drafts only (every request drafts, "always"); a drafter whose trees are the root alone
+    ("none") leaves "auto" nothing to weigh ("never")."""
+    mode = check_speculation(value)
+    if needs_draft_probs:
+        return "always"
+    return "never" if mode == "auto" and caps.max_tree_size == 1 else mode
 
 
 def make_speculation(value) -> "Speculation":

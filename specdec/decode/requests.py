@@ -165,3 +165,14 @@ class RequestState:
         if kept:
             self.root = kept[-1]
         return kept
+
+
+def check_fits_slots(request: Request, capacity: int) -> None:
+    """The request's prompt and ``max_new_tokens`` fit the ``capacity`` positions of a slot."""
+    longest = len(request.prompt) + request.max_new_tokens
+    if longest > capacity:
+        raise InvalidInputError(
+            f"a prompt of {len(request.prompt)} tokens plus "
+            f"max_new_tokens={request.max_new_tokens} needs {longest} positions; the target's "
+            f"slots hold {capacity} (load it with a larger capacity, or ask for fewer tokens)"
+        )

@@ -430,9 +430,9 @@ class Engine:
     def _counts(self) -> tuple[int, int]:
         """(waiting, running) now; called holding ``self._cond``. The decoder's queue and slots
         are read from outside its thread: their lengths are single reads."""
-        decoder = self._decoder
+        waiting, running = self._decoder.counts()
         inbox = sum(1 for kind, _ in self._inbox if kind == "submit")
-        return inbox + len(decoder.waiting), len(decoder.active)
+        return inbox + waiting, running
 
     @property
     def closed(self) -> bool:
@@ -634,12 +634,7 @@ class Engine:
         try:
             self._decoder.close("error")
         except Exception:  # noqa: BLE001 - start afresh: release what the target still holds
-            if getattr(self._decoder.caps, "stateful", False):
-                for slot in [s for s in list(self._decoder.active) if self._decoder.began(s)]:
-                    try:
-                        self._decoder.drafter_end(slot, "error")
-                    except Exception:  # noqa: BLE001
-                        pass
+            self._decoder.abandon()
             for slot in range(self.num_slots):
                 try:
                     self.target.release(slot)

@@ -134,7 +134,7 @@ def test_a_drafter_whose_end_takes_no_reason_still_works(model_dir):
     d = decoder(model_dir, drafter)
     d.submit(specdec.Request(prompt=A, max_new_tokens=3))
     cancelled = d.submit(specdec.Request(prompt=B, max_new_tokens=9))
-    while cancelled not in [rid for rid, _ in d.active.values()]:
+    while cancelled not in [rid for rid, _ in d.table.active.values()]:
         d.step()
     d.cancel(cancelled)
     assert drafter.events == [

@@ -82,7 +82,7 @@ class Steps:
                 self.admitting
             ):  # the reference's admit runs its prompt as chunks: recorded as the admission
                 return forward(tree, slots, context=context, layers=layers)
-            active = self.decoder.active
+            active = self.decoder.table.active
             rows = [] if tree is None else [active[int(s)][0] for s in slots]
             self.log[-1].append(("forward", [active[int(s)][0] for s, _ in context], rows))
             return forward(tree, slots, context=context, layers=layers)
