@@ -1,4 +1,5 @@
-"""``specdec train DRAFTER``: distil a drafter from the target (its flags from the drafter's spec)."""
+"""``specdec train DRAFTER``: distil a drafter from the target (its flags from the drafter's
+spec)."""
 
 from __future__ import annotations
 

@@ -22,6 +22,7 @@ from specdec.generation.loading import load_backend
 from specdec.generation.options import check_drafter_options
 from specdec.generation.resolve import Resolved, build, resolve, with_lookup
 from specdec.models.files import damaged_checkpoint
+from specdec.plugins.on_host import HostTreeBuilder
 from specdec.plugins.registry import PluginRegistry, default_registry
 from specdec.slots import TREE_ROOM, lower_options
 from specdec.tuning.dtype import cached_drafter_plan
@@ -93,6 +94,8 @@ def decode_plan(
     tree_name, tree_options = caps.tree_builder
     tree = resolve("tree_builder", tree_choice or tree_name, registry, backend_obj.name)
     tree_builder = build(tree, registry, backend_obj.name, tree_options)
+    if isinstance(tree_builder, HostTreeBuilder):  # a NumPy one on another backend
+        tree_builder.bind(backend_obj, target)
     if verifier_choice is None:
         verifier_choice = (
             "greedy" if greedy else ("rejection" if caps.sampled_proposals else "exact")

@@ -20,6 +20,7 @@ from specdec.plugins import hookspecs
 from specdec.errors import InvalidInputError, PluginConflictError, PluginError, UnknownPluginError
 from specdec.plugins.specs import DrafterSpec
 from specdec.plugins.support import missing_framework
+from specdec.plugins.on_host import HOST_BACKEND, on_host_factory
 from specdec.plugins.loading import (
     DISABLE_ENV,
     BrokenPlugin,
@@ -33,6 +34,8 @@ from specdec.plugins.loading import (
 )
 
 ANY_BACKEND = "*"
+# kinds whose NumPy implementation runs on a backend that has none of its own
+HOST_KINDS = ("drafter", "tree_builder")
 KINDS = (  # kind, hook, whether ``register`` takes a backend
     ("backend", "specdec_register_backends", False),
     ("drafter", "specdec_register_drafters", True),
@@ -198,9 +201,30 @@ class PluginRegistry:
             {
                 r.name
                 for r in self.registrations
-                if r.kind == kind and (backend is None or r.backend in (backend, ANY_BACKEND))
+                if r.kind == kind
+                and (
+                    backend is None
+                    or r.backend in (backend, ANY_BACKEND)
+                    or (kind in HOST_KINDS and r.backend == HOST_BACKEND)
+                )
             }
         )
+
+    def _runs_on_host(self, kind: str, backend, matches) -> bool:
+        """A drafter or tree builder with no implementation for an installed ``backend`` runs its
+        NumPy one there (``specdec.plugins.on_host``)."""
+        return (
+            kind in HOST_KINDS
+            and backend not in (None, HOST_BACKEND)
+            and backend in self.names("backend")
+            and any(r.backend == HOST_BACKEND for r in matches)
+        )
+
+    def _on_host(self, kind: str, name: str, backend: str, matches) -> Registration:
+        host = next(r for r in matches if r.backend == HOST_BACKEND)
+        numpy_backend = self.get("backend", HOST_BACKEND).factory()
+        factory = on_host_factory(kind, name, host.factory, backend, numpy_backend)
+        return attrs.evolve(host, backend=backend, factory=factory)
 
     def conflicts(self) -> list[tuple[Registration, Registration]]:
         """Pairs of registrations from different plugins that answer the same lookup."""
@@ -226,6 +250,8 @@ class PluginRegistry:
             exact = [r for r in matches if r.backend == backend] or [
                 r for r in matches if r.backend == ANY_BACKEND
             ]
+        if not exact and self._runs_on_host(kind, backend, matches):
+            return self._on_host(kind, name, backend, matches)
         if not exact:
             has = ", ".join(sorted({r.backend for r in matches}))
             raise UnknownPluginError(

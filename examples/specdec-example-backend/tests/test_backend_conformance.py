@@ -3,6 +3,8 @@
 Run after ``pip install -e .`` (specdec finds the backend through its entry point).
 """
 
+import warnings
+
 import numpy as np
 import pytest
 
@@ -76,3 +78,36 @@ def test_generate_loads_by_name(model):
     )
     plain = specdec.generate(model, [1, 2, 3], drafter="none", backend="numpy32", max_new_tokens=8)
     assert result.tokens == plain.tokens and len(result.tokens) == 8
+
+
+@pytest.mark.parametrize("kind", ["redrafter", "medusa", "eagle", "eagle3", "draft_model"])
+def test_every_shipped_drafter_decodes_losslessly_here(model, tmp_path, kind):
+    """numpy32 brings no drafter of its own: ReDrafter, Medusa (and its tree builder), EAGLE and
+    EAGLE-3 run their NumPy references on the host (a warning says so once), the draft model
+    drafts on numpy32 itself; every output equals plain decoding."""
+    from specdec.plugins import on_host
+    from specdec.testing import make_random_drafter
+
+    on_host._warn_once.cache_clear()  # said once per process: again for this test
+
+    if kind == "draft_model":
+        drafter, options = "draft_model", {"draft_model": str(model)}
+    else:
+        drafter, options = str(make_random_drafter(tmp_path / kind, model, kind=kind, seed=1)), {}
+    prompt = [1, 2, 3, 4, 1, 2, 3, 4, 1, 2]
+    plain = specdec.generate(model, prompt, drafter="none", backend="numpy32", max_new_tokens=16)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = specdec.generate(
+            model,
+            prompt,
+            drafter=drafter,
+            backend="numpy32",
+            max_new_tokens=16,
+            speculation="always",
+            **options,
+        )
+    assert result.tokens == plain.tokens
+    assert result.stats.drafted_tokens > 0  # it drafted: the reference ran
+    host = [w for w in caught if issubclass(w.category, on_host.ReferenceOnHostWarning)]
+    assert bool(host) == (kind != "draft_model"), [str(w.message) for w in caught]
