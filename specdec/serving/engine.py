@@ -34,14 +34,14 @@ import numpy as np
 from specdec import compute
 from specdec.decode import lease
 from specdec.errors import InvalidInputError
-from specdec.decode.loop import Decoder
 from specdec.decode.plan import DecodePlan
 from specdec.decode.requests import Request
-from specdec.generation.arguments import check_seed, context_length, sampling_config
+from specdec.generation.arguments import context_length
 from specdec.generation.components import DRAFTING_OPTIONS, decode_plan, resolve_drafter
-from specdec.generation.encoding import encode_prompts
 from specdec.generation.loading import load, load_backend
 from specdec.plugins.registry import default_registry
+from specdec.serving.admission import RequestForm, check_stops
+from specdec.serving.dispatch import Dispatch
 from specdec.serving.handle import (
     Completion,
     EngineClosedError,
@@ -51,7 +51,6 @@ from specdec.serving.handle import (
     RequestFailedError,
 )
 from specdec.slots import TREE_ROOM
-from specdec.types import StepResult
 
 __all__ = ["Engine", "EngineClosedError", "QueueFullError", "RequestFailedError"]
 
@@ -258,19 +257,24 @@ class Engine:
         self.max_queue = max_queue
         self.max_prefill_tokens = max_prefill_tokens
         self.max_new_tokens = max_new_tokens
+        self.form = RequestForm(
+            vocab_size=int(target.vocab_size),
+            context_length=limit,
+            max_new_tokens=max_new_tokens,
+            eos_token_ids=tuple(plan.eos_token_ids or getattr(target, "eos_token_ids", ())),
+            tokenizer=self.tokenizer,
+            chat_template=self.chat_template,
+        )
         self.metrics = EngineMetrics()
         self._cond = threading.Condition()
         self._inbox: deque = deque()
-        self._handles: dict[int, Handle] = {}  # decoder request id -> handle, while in the decoder
         self._closing = False
         self._drain = True
         self._stopped = False
-        self._step_started: float | None = None  # perf_counter() when the step in progress began
-        self._failed_steps = 0  # steps in a row that raised for no request in particular
         self._ids = itertools.count()
         lease.acquire(target)
         try:
-            self._decoder = Decoder(plan)
+            self._dispatch = Dispatch(plan, self.metrics, max_prefill_tokens)
         except BaseException:
             lease.release(target)
             raise
@@ -280,14 +284,7 @@ class Engine:
     def encode(self, prompt: Any) -> list[int]:
         """Token ids of one prompt: text, token ids, or a chat (rendered with the model's
         template)."""
-        prompts, batched = encode_prompts(
-            prompt, self.tokenizer, int(self.target.vocab_size), chat_template=self.chat_template
-        )
-        if batched:
-            raise InvalidInputError(
-                "submit takes one prompt; submit each prompt of a batch on its own"
-            )
-        return prompts[0]
+        return self.form.encode(prompt)
 
     def submit(
         self,
@@ -314,59 +311,17 @@ class Engine:
         """
         if self._closing:
             raise EngineClosedError("the engine is shutting down and takes no new requests")
-        if isinstance(stop, str):
-            stop = [stop]
-        if stop is not None and not isinstance(stop, (list, tuple)):
-            raise InvalidInputError(f"stop must be a string or a list of strings, got {stop!r}")
-        stop = list(stop or ())
-        if not all(isinstance(s, str) for s in stop):
-            raise InvalidInputError(f"stop must be a string or a list of strings, got {stop!r}")
-        if isinstance(stop_token_ids, (str, bytes)) or not isinstance(
-            stop_token_ids, (list, tuple, range)
-        ):
-            raise InvalidInputError(
-                f"stop_token_ids must be a list of token ids, got {stop_token_ids!r}"
-            )
-        if not all(
-            isinstance(t, (int, np.integer)) and not isinstance(t, bool) and t >= 0
-            for t in stop_token_ids
-        ):
-            raise InvalidInputError(
-                f"stop_token_ids must hold token ids (integers >= 0), got {list(stop_token_ids)!r}"
-            )
-        if isinstance(prompt, Request):
-            if (
-                max_new_tokens,
-                temperature,
-                top_k,
-                top_p,
-                seed,
-                tuple(stop_token_ids),
-                ignore_eos,
-            ) != (None, 0.0, None, None, None, (), False):
-                raise InvalidInputError(
-                    "a Request carries its own settings: pass only stop= beside it"
-                )
-            request = prompt
-        else:
-            sampling = sampling_config(temperature, top_k, top_p)
-            check_seed(seed)
-            eos = (
-                ()
-                if ignore_eos
-                else tuple(self.plan.eos_token_ids or getattr(self.target, "eos_token_ids", ()))
-            )
-            tokens = self.encode(prompt)
-            if max_new_tokens is None:  # the default, as far as the context allows
-                max_new_tokens = max(1, min(self.max_new_tokens, self.context_length - len(tokens)))
-            request = Request(
-                prompt=tokens,
-                sampling=sampling,
-                seed=seed,
-                max_new_tokens=max_new_tokens,
-                stop_token_ids=tuple(dict.fromkeys([*map(int, stop_token_ids), *eos])),
-            )
-        self.check_request(request)
+        stop, stop_token_ids = check_stops(stop, stop_token_ids)
+        request = self.form.request(
+            prompt,
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            top_k=top_k,
+            top_p=top_p,
+            seed=seed,
+            stop_token_ids=stop_token_ids,
+            ignore_eos=ignore_eos,
+        )
         handle = Handle(self.post, request, stop=stop, tokenizer=self.tokenizer)
         with self._cond:
             if self._closing:
@@ -386,25 +341,7 @@ class Engine:
     def check_request(self, request: Request) -> None:
         """Raise InvalidInputError unless ``request`` fits: ids in the vocabulary, prompt and
         max_new_tokens within ``context_length``."""
-        vocab = int(self.target.vocab_size)
-        if not request.prompt:
-            raise InvalidInputError("the prompt is empty: it needs at least one token")
-        bad = [t for t in request.prompt if not 0 <= t < vocab]
-        if bad:
-            raise InvalidInputError(
-                f"the prompt has token ids outside the vocabulary [0, {vocab}): {bad[:8]}"
-            )
-        if len(request.prompt) >= self.context_length:
-            raise InvalidInputError(
-                f"the prompt has {len(request.prompt)} tokens; this engine's context holds "
-                f"{self.context_length}: shorten it"
-            )
-        if len(request.prompt) + request.max_new_tokens > self.context_length:
-            raise InvalidInputError(
-                f"max_new_tokens={request.max_new_tokens} after a prompt of {len(request.prompt)} "
-                f"tokens exceeds this engine's context of {self.context_length} tokens: ask for at "
-                f"most {self.context_length - len(request.prompt)}"
-            )
+        self.form.check(request)
 
     def generate(self, prompt: Any, **settings: Any) -> Completion:
         """``submit(prompt, **settings).result()``."""
@@ -416,7 +353,7 @@ class Engine:
         stuck in a drafter or the backend makes grow (the server's /health then says so)."""
         with self._cond:
             waiting, running = self._counts()
-            started = self._step_started
+            started = self._dispatch.step_started
             return {
                 "slots": self.num_slots,
                 "running": running,
@@ -430,7 +367,7 @@ class Engine:
     def _counts(self) -> tuple[int, int]:
         """(waiting, running) now; called holding ``self._cond``. The decoder's queue and slots
         are read from outside its thread: their lengths are single reads."""
-        waiting, running = self._decoder.counts()
+        waiting, running = self._dispatch.decoder.counts()
         inbox = sum(1 for kind, _ in self._inbox if kind == "submit")
         return inbox + waiting, running
 
@@ -469,7 +406,7 @@ class Engine:
                 return True
             self._stopped = True
         try:
-            compute.run_for(self.plan.backend, self._decoder.close)
+            compute.run_for(self.plan.backend, self._dispatch.decoder.close)
         finally:
             lease.release(self.target)
         return True
@@ -506,150 +443,32 @@ class Engine:
     def _serve(self) -> None:
         while True:
             with self._cond:
-                self._cond.wait_for(lambda: self._inbox or not self._decoder.idle or self._closing)
+                self._cond.wait_for(lambda: self._inbox or not self._dispatch.idle or self._closing)
                 commands = list(self._inbox)
                 self._inbox.clear()
                 cancel_all = self._closing and not self._drain
             if compute.run_for(self.plan.backend, self._turn, commands, cancel_all):
                 continue
             with self._cond:
-                if self._closing and not self._inbox and self._decoder.idle:
+                if self._closing and not self._inbox and self._dispatch.idle:
                     return
 
     def _turn(self, commands: list, cancel_all: bool) -> bool:
         """Apply the commands taken from the inbox, then run a step if any request is in the
         decoder (on the compute thread where the backend wants one); returns whether it ran."""
         now = time.perf_counter()
+        dispatch = self._dispatch
         for kind, handle in commands:
             if kind == "submit":
-                self._enter(handle, now)
+                dispatch.enter(handle, now)
             else:
-                self._cancel(handle, now)
+                dispatch.cancel(handle, now)
         if cancel_all:
-            for handle in list(self._handles.values()):
-                self._cancel(handle, now)
-        if self._decoder.idle:
+            dispatch.cancel_all(now)
+        if dispatch.idle:
             return False
-        self._step()
+        dispatch.step()
         return True
-
-    def _enter(self, handle: Handle, now: float) -> None:
-        if handle.done:
-            return
-        try:
-            handle.id = self._decoder.submit(handle.request)
-        except Exception as error:  # noqa: BLE001
-            # refused by the decoder: this request fails, no other
-            self._settle(handle, "error", error, now)
-            return
-        self._handles[handle.id] = handle
-
-    def _cancel(self, handle: Handle, now: float) -> None:
-        if handle.done:
-            return
-        if handle.id is not None:
-            self._decoder.cancel(handle.id)
-        self._settle(handle, "cancelled", None, now)
-
-    def _settle(self, handle: Handle, reason: str, error: BaseException | None, now: float) -> None:
-        """End ``handle`` (already out of the decoder) and count it."""
-        handle.finish(reason, error, now)
-        self._forget(handle, now)
-
-    def _forget(self, handle: Handle, now: float) -> None:
-        if handle.id is not None:
-            self._handles.pop(handle.id, None)
-        metrics = self.metrics
-        with metrics.lock:
-            metrics.finished[handle.finish_reason] += 1
-            metrics.histograms["request_latency_seconds"].observe(now - handle.submitted_at)
-
-    def _step(self) -> None:
-        failures: list = []
-        start = self._step_started = time.perf_counter()
-        try:
-            results = self._decoder.step(
-                max_prefill_tokens=self.max_prefill_tokens,
-                failures=failures,
-                on_admit=lambda result: self._account(result, time.perf_counter()),
-            )
-        except Exception as error:  # noqa: BLE001
-            # not pinned to requests: those in flight fail, the engine goes on; a second in a row
-            # fails the waiting ones too (an error in the scheduling itself would otherwise
-            # requeue them forever)
-            self._failed_steps += 1
-            self._reset(error, requeue=self._failed_steps < 2)
-            return
-        finally:
-            self._step_started = None
-        self._failed_steps = 0
-        now = time.perf_counter()
-        self.metrics.observe("step_seconds", now - start)
-        for result in results:
-            if not result.is_prefill:  # admissions were delivered before the decode step ran
-                self._account(result, now)
-        for request_id, error in failures:
-            handle = self._handles.get(request_id)
-            if handle is not None and not handle.done:
-                self._settle(handle, "error", error, now)
-
-    def _account(self, result: StepResult, now: float) -> None:
-        metrics = self.metrics
-        prefill = result.is_prefill
-        if prefill and result.requests:
-            metrics.add("prefilled_prompts", len(result.requests))
-        elif not prefill and result.requests:
-            metrics.account_step(result, self._decoder.prefill_budget)
-        for row, (request_id, tokens) in enumerate(zip(result.requests, result.new_tokens)):
-            handle = self._handles.get(request_id)
-            if handle is None or handle.done:
-                continue
-            if prefill:
-                handle.admitted_at = now
-                metrics.add("prompt_tokens", handle.prompt_tokens)
-                metrics.observe("queue_time_seconds", now - handle.submitted_at)
-            else:
-                metrics.add("decode_tokens", len(tokens))
-                metrics.observe("tokens_per_step", len(tokens))
-            chunk = handle.take(list(tokens), now, metrics)
-            if not prefill:
-                handle.count_step(
-                    int(result.num_drafted[row]), int(result.num_accepted[row]), len(chunk.tokens)
-                )
-            if (
-                chunk.finish_reason is not None
-            ):  # ended by a stop string: the decoder does not know yet
-                self._decoder.cancel(request_id, chunk.finish_reason)
-            handle.push(chunk, chunk.finish_reason, None, now)
-            if chunk.finish_reason is not None:
-                self._forget(handle, now)
-
-    def _reset(self, error: BaseException, requeue: bool = True) -> None:
-        """A step raised for no request in particular: fail the requests being decoded, free
-        every slot (with a fresh decoder if closing the old one fails too), queue again those
-        still waiting (``requeue``; else fail them too), and go on."""
-        now = time.perf_counter()
-        self.metrics.add("engine_resets")
-        handles = sorted(self._handles.values(), key=lambda h: h.id)
-        try:
-            self._decoder.close("error")
-        except Exception:  # noqa: BLE001 - start afresh: release what the target still holds
-            self._decoder.abandon()
-            for slot in range(self.num_slots):
-                try:
-                    self.target.release(slot)
-                except Exception:  # noqa: BLE001 - a free slot refuses release
-                    pass
-            self._decoder = Decoder(self.plan)
-        self._handles.clear()
-        for handle in handles:
-            if handle.done:
-                continue
-            if requeue and handle.admitted_at is None:  # waiting: no part in the failed step
-                handle.id = None
-                self._enter(handle, now)
-            else:
-                self._settle(handle, "error", error, now)
 
 
 def _registry(registry):

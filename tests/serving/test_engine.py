@@ -451,7 +451,7 @@ def test_an_error_no_request_explains_fails_those_running_and_the_engine_goes_on
     running = engine.submit([5, 6], max_new_tokens=6)
     assert gate.proposing.wait(10)
     waiting = engine.submit([7, 8], max_new_tokens=6)
-    real_step = engine._decoder.step
+    real_step = engine._dispatch.decoder.step
     calls = []
 
     def broken_step(**kwargs):
@@ -460,7 +460,7 @@ def test_an_error_no_request_explains_fails_those_running_and_the_engine_goes_on
             raise MemoryError("the device ran out of memory")
         return real_step(**kwargs)
 
-    engine._decoder.step = broken_step  # the next step raises outside any request
+    engine._dispatch.decoder.step = broken_step  # the next step raises outside any request
     gate.open.set()
     with pytest.raises(specdec.RequestFailedError, match="ran out of memory"):
         running.result(timeout=30)
@@ -480,7 +480,7 @@ def test_an_error_in_the_scheduling_itself_fails_the_waiting_requests_instead_of
     def broken(*args, **kwargs):
         raise ValueError("no budget for you")
 
-    monkeypatch.setattr(engine._decoder.speculation, "prefill_tokens", broken)
+    monkeypatch.setattr(engine._dispatch.decoder.speculation, "prefill_tokens", broken)
     waiting = engine.submit([7, 8], max_new_tokens=4)
     with pytest.raises(specdec.RequestFailedError, match="no budget for you"):
         waiting.result(timeout=30)  # requeued once (it had no part), then failed: no loop
