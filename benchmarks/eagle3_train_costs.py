@@ -23,7 +23,7 @@ import torch
 
 from specdec.models.bundled import resolve_model
 from specdec.models.llama import LlamaConfig
-from specdec.training.teacher import TeacherData
+from specdec.training.records import TeacherData
 from specdec_eagle3.checkpoint import config_for_target
 from specdec_eagle3.task import Eagle3Task
 

@@ -20,7 +20,7 @@ from typing import Callable, Sequence
 import attrs
 import torch
 
-from specdec.training.teacher import TeacherData
+from specdec.training.records import TeacherData
 
 __all__ = ["Window", "beam_acceptance", "gather_window", "tree_acceptance", "walk_tokens_per_step"]
 

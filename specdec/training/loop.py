@@ -38,7 +38,7 @@ from specdec.training.outdir import LAST_DIR, LOG_FILE, STATE_FILE, has_state
 from specdec.training.signals import deferred_signals
 from specdec.training.state import load_state
 from specdec.training.state import save_state as write_state
-from specdec.training.teacher import TeacherData
+from specdec.training.records import TeacherData
 
 __all__ = [
     "STATE_FILE",

@@ -438,7 +438,7 @@ def build_teacher_data(
     ):  # prompts made in this run (cached shards need none)
         teacher_stats["prompt_kinds_made"] = dict(decoded_source.stats)
     if "prompt_text" in datasets:
-        from specdec.training.teacher import TeacherData  # optional: torch (train extra)
+        from specdec.training.records import TeacherData  # optional: torch (train extra)
 
         extra = datasets.pop("prompt_text")
         datasets["train"] = (

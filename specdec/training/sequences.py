@@ -45,7 +45,8 @@ from specdec.errors import InvalidInputError
 from specdec.generation.chat import is_messages, render_chat
 from specdec.models.files import jsonl_lines
 from specdec.training.lines import say
-from specdec.training.teacher import TeacherData, _decoding_target, _stack_layers
+from specdec.training.teacher import _decoding_target, _stack_layers
+from specdec.training.records import TeacherData
 
 __all__ = [
     "SequenceSet",

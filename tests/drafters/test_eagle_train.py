@@ -168,7 +168,7 @@ def test_held_out_acceptance_is_what_the_drafter_proposes():
     """``EagleTask.accept`` at position t equals what a TorchEagleDrafter that began on the
     sequence up to t proposes: the longest beam prefix equal to the continuation. The data's
     continuation after each tested position copies two tokens of the drafter's beam 0."""
-    from specdec.training.teacher import TeacherData
+    from specdec.training.records import TeacherData
     from specdec.types import DraftContext, PromptOutput
     from specdec_eagle.torch import TorchEagleDrafter
 

@@ -15,7 +15,7 @@ from specdec.training import loop
 from specdec.training.loop import TrainSettings, train
 from specdec.training.run import build_teacher_data
 from specdec.training.state import load_state
-from specdec.training.teacher import TeacherData
+from specdec.training.records import TeacherData
 from specdec_eagle3.checkpoint import d2t_from_ids, load_eagle3_checkpoint, random_eagle3_weights
 from specdec_eagle3.config import Eagle3Config, draft_to_target
 from specdec_eagle3.reference import features, run_entries

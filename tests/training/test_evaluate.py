@@ -13,7 +13,7 @@ from specdec.training.evaluate import (
     tree_acceptance,
     walk_tokens_per_step,
 )
-from specdec.training.teacher import TeacherData
+from specdec.training.records import TeacherData
 from specdec_medusa.choices import PRESETS
 from specdec_medusa.tree import StaticTreeBuilder
 

@@ -11,7 +11,8 @@ from specdec.reference.model import load_target
 from specdec.testing import greedy_continuations
 from specdec.testing.batch import Batch
 from specdec.training.run import build_teacher_data
-from specdec.training.teacher import TeacherData, greedy_teacher, target_fingerprint
+from specdec.training.teacher import greedy_teacher, target_fingerprint
+from specdec.training.records import TeacherData
 
 
 def test_fingerprint_matches_the_reference(tiny_model):

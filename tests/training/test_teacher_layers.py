@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from specdec.training.run import build_teacher_data
-from specdec.training.teacher import TeacherData, greedy_teacher
+from specdec.training.teacher import greedy_teacher
+from specdec.training.records import TeacherData
 
 
 def full_forward_layers(model, ids: list[int]) -> tuple:
