@@ -25,10 +25,17 @@ from specdec_eagle.reference import check_propose_context, check_target_arrays, 
 from specdec_eagle.search import extended_beams
 from specdec_mlx import ops
 
-__all__ = ["MlxEagleDrafter", "MlxEagleNet", "TreeSearch"]
+__all__ = [
+    "DraftAttention",
+    "DraftMLP",
+    "DraftNorm",
+    "MlxEagleDrafter",
+    "MlxEagleNet",
+    "TreeSearch",
+]
 
 
-class _RMSNorm(nn.Module):
+class DraftNorm(nn.Module):
     def __init__(self, size: int, eps: float):
         super().__init__()
         self.weight = mx.ones((size,))
@@ -41,22 +48,26 @@ class _RMSNorm(nn.Module):
         ) * self.weight
 
 
-class _Attention(nn.Module):
-    def __init__(self, config: EagleConfig):
+class DraftAttention(nn.Module):
+    """The draft layer's attention projections; ``inputs``: the width its q/k/v read (EAGLE's
+    hidden size; EAGLE-3's twice that: the embedding and the fused feature side by side)."""
+
+    def __init__(self, config, inputs: int | None = None):
         super().__init__()
         hidden, q_out, kv_out = (
             config.hidden_size,
             config.num_heads * config.head_dim,
             config.num_kv_heads * config.head_dim,
         )
-        self.q_proj = nn.Linear(hidden, q_out, bias=False)
-        self.k_proj = nn.Linear(hidden, kv_out, bias=False)
-        self.v_proj = nn.Linear(hidden, kv_out, bias=False)
+        inputs = hidden if inputs is None else inputs
+        self.q_proj = nn.Linear(inputs, q_out, bias=False)
+        self.k_proj = nn.Linear(inputs, kv_out, bias=False)
+        self.v_proj = nn.Linear(inputs, kv_out, bias=False)
         self.o_proj = nn.Linear(q_out, hidden, bias=False)
 
 
-class _MLP(nn.Module):
-    def __init__(self, config: EagleConfig):
+class DraftMLP(nn.Module):
+    def __init__(self, config):
         super().__init__()
         self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
         self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
@@ -69,9 +80,9 @@ class _MLP(nn.Module):
 class _Layer(nn.Module):
     def __init__(self, config: EagleConfig):
         super().__init__()
-        self.self_attn = _Attention(config)
-        self.post_attention_layernorm = _RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.mlp = _MLP(config)
+        self.self_attn = DraftAttention(config)
+        self.post_attention_layernorm = DraftNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = DraftMLP(config)
 
 
 class MlxEagleNet(nn.Module):

@@ -123,7 +123,7 @@ def draft_log_probs(weights: dict, lm_head: np.ndarray, out: np.ndarray) -> np.n
     return z - np.log(np.exp(z).sum(axis=-1, keepdims=True))
 
 
-def _top(values: np.ndarray, count: int, gaps: list | None = None) -> np.ndarray:
+def top_indices(values: np.ndarray, count: int, gaps: list | None = None) -> np.ndarray:
     """The ``count`` best indices of ``values``, best first, equal values to the lower index.
     ``gaps`` collects the smallest difference between consecutive values among the best
     count + 1 (how close the ranking came to another order; -inf pairs are exact)."""
@@ -324,26 +324,34 @@ def dynamic_tree(
 
     # Level 1: the root's top-k children; all of them are the first frontier.
     log_probs = run(0)
-    frontier = [add(t, 0, log_probs[t]) for t in _top(log_probs, top_k, gaps)]
+    frontier = [add(t, 0, log_probs[t]) for t in top_indices(log_probs, top_k, gaps)]
     for _ in range(depth - 1):
         # Each frontier node (best first) proposes its top-k children, scored cumulatively.
         children = []
         for node in frontier:
             log_probs = run(node)
             children += [
-                add(t, node, scores[node] + log_probs[t]) for t in _top(log_probs, top_k, gaps)
+                add(t, node, scores[node] + log_probs[t])
+                for t in top_indices(log_probs, top_k, gaps)
             ]
         child_scores = np.array([scores[c] for c in children])
-        frontier = [children[i] for i in _top(child_scores, top_k, gaps)]
+        frontier = [children[i] for i in top_indices(child_scores, top_k, gaps)]
 
-    # Keep the best candidates while the verified tree (extensions included) fits total_tokens.
+    return finish_tree(tokens, parents, levels, scores, ran, run, add, depth, total_tokens, gaps)
+
+
+def finish_tree(tokens, parents, levels, scores, ran, run, add, depth, total_tokens, gaps):
+    """A searched tree's ``TreeDraft`` (EAGLE's and EAGLE-3's): the best candidates kept while the
+    verified tree (extensions included) fits ``total_tokens``, and the beams through them, short
+    ones extended by their top-1 child (``run``: a node's draft log-probs, cached in ``ran``;
+    ``add``: a new node; ``gaps``: the score margins seen, for the near-tie check)."""
     candidates = len(tokens)
     selected = select_nodes(scores, parents, levels, depth=depth, budget=total_tokens, gaps=gaps)
 
     def extend(node: int) -> int:
         """Add ``node``'s top-1 child (running the node first if it has not run)."""
         log_probs = ran[node][3] if node in ran else run(node)
-        token = int(_top(log_probs, 1, gaps)[0])
+        token = int(top_indices(log_probs, 1, gaps)[0])
         return add(token, node, scores[node] + log_probs[token])
 
     beams = tree_beams(

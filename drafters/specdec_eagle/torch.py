@@ -30,10 +30,18 @@ from specdec_eagle.reference import check_propose_context, check_target_arrays, 
 from specdec_eagle.search import extended_beams
 from specdec_torch.ops import compute_dtype, top_k_lowest_index
 
-__all__ = ["EagleNet", "TorchEagleDrafter", "TreeSearch", "rotate"]
+__all__ = [
+    "DraftAttention",
+    "DraftMLP",
+    "DraftNorm",
+    "EagleNet",
+    "TorchEagleDrafter",
+    "TreeSearch",
+    "rotate",
+]
 
 
-class _RMSNorm(torch.nn.Module):
+class DraftNorm(torch.nn.Module):
     def __init__(self, size: int, eps: float):
         super().__init__()
         self.weight = torch.nn.Parameter(torch.ones(size))
@@ -46,22 +54,26 @@ class _RMSNorm(torch.nn.Module):
         ) * self.weight
 
 
-class _Attention(torch.nn.Module):
-    def __init__(self, config: EagleConfig):
+class DraftAttention(torch.nn.Module):
+    """The draft layer's attention projections; ``inputs``: the width its q/k/v read (EAGLE's
+    hidden size; EAGLE-3's twice that: the embedding and the fused feature side by side)."""
+
+    def __init__(self, config, inputs: int | None = None):
         super().__init__()
         hidden, q_out, kv_out = (
             config.hidden_size,
             config.num_heads * config.head_dim,
             config.num_kv_heads * config.head_dim,
         )
-        self.q_proj = torch.nn.Linear(hidden, q_out, bias=False)
-        self.k_proj = torch.nn.Linear(hidden, kv_out, bias=False)
-        self.v_proj = torch.nn.Linear(hidden, kv_out, bias=False)
+        inputs = hidden if inputs is None else inputs
+        self.q_proj = torch.nn.Linear(inputs, q_out, bias=False)
+        self.k_proj = torch.nn.Linear(inputs, kv_out, bias=False)
+        self.v_proj = torch.nn.Linear(inputs, kv_out, bias=False)
         self.o_proj = torch.nn.Linear(q_out, hidden, bias=False)
 
 
-class _MLP(torch.nn.Module):
-    def __init__(self, config: EagleConfig):
+class DraftMLP(torch.nn.Module):
+    def __init__(self, config):
         super().__init__()
         self.gate_proj = torch.nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
         self.up_proj = torch.nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
@@ -74,9 +86,9 @@ class _MLP(torch.nn.Module):
 class _Layer(torch.nn.Module):
     def __init__(self, config: EagleConfig):
         super().__init__()
-        self.self_attn = _Attention(config)
-        self.post_attention_layernorm = _RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.mlp = _MLP(config)
+        self.self_attn = DraftAttention(config)
+        self.post_attention_layernorm = DraftNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = DraftMLP(config)
 
 
 def rotate(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:

@@ -18,6 +18,7 @@ from specdec.capabilities import DrafterCaps
 from specdec.errors import InvalidInputError
 from specdec.types import Accepted, Draft, DraftContext, PromptOutput
 from specdec_eagle.mlx import TreeSearch
+from specdec_eagle.mlx import DraftAttention, DraftMLP, DraftNorm
 from specdec_eagle3.config import Eagle3Config, check_weights, draft_to_target
 from specdec_eagle3.reference import (
     check_embedding,
@@ -31,55 +32,17 @@ from specdec_mlx import ops
 __all__ = ["MlxEagle3Drafter", "MlxEagle3Net"]
 
 
-class _RMSNorm(nn.Module):
-    def __init__(self, size: int, eps: float):
-        super().__init__()
-        self.weight = mx.ones((size,))
-        self.eps = eps
-
-    def __call__(self, x: mx.array) -> mx.array:
-        z = x.astype(mx.float32)
-        return (z * mx.rsqrt(mx.mean(z * z, axis=-1, keepdims=True) + self.eps)).astype(
-            x.dtype
-        ) * self.weight
-
-
-class _Attention(nn.Module):
-    def __init__(self, config: Eagle3Config):
-        super().__init__()
-        hidden, q_out, kv_out = (
-            config.hidden_size,
-            config.num_heads * config.head_dim,
-            config.num_kv_heads * config.head_dim,
-        )
-        self.q_proj = nn.Linear(2 * hidden, q_out, bias=False)
-        self.k_proj = nn.Linear(2 * hidden, kv_out, bias=False)
-        self.v_proj = nn.Linear(2 * hidden, kv_out, bias=False)
-        self.o_proj = nn.Linear(q_out, hidden, bias=False)
-
-
-class _MLP(nn.Module):
-    def __init__(self, config: Eagle3Config):
-        super().__init__()
-        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
-
-    def __call__(self, x: mx.array) -> mx.array:
-        return self.down_proj(nn.silu(self.gate_proj(x)) * self.up_proj(x))
-
-
 class _MidLayer(nn.Module):
     def __init__(self, config: Eagle3Config):
         super().__init__()
         eps = config.rms_norm_eps
         self.input_layernorm, self.hidden_norm = (
-            _RMSNorm(config.hidden_size, eps),
-            _RMSNorm(config.hidden_size, eps),
+            DraftNorm(config.hidden_size, eps),
+            DraftNorm(config.hidden_size, eps),
         )
-        self.self_attn = _Attention(config)
-        self.post_attention_layernorm = _RMSNorm(config.hidden_size, eps)
-        self.mlp = _MLP(config)
+        self.self_attn = DraftAttention(config, 2 * config.hidden_size)
+        self.post_attention_layernorm = DraftNorm(config.hidden_size, eps)
+        self.mlp = DraftMLP(config)
 
 
 class MlxEagle3Net(nn.Module):
@@ -92,10 +55,10 @@ class MlxEagle3Net(nn.Module):
         if config.own_embedding:
             self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         if config.norm_before_fc:
-            self.input_norm = _RMSNorm(3 * config.hidden_size, config.rms_norm_eps)
+            self.input_norm = DraftNorm(3 * config.hidden_size, config.rms_norm_eps)
         self.fc = nn.Linear(3 * config.hidden_size, config.hidden_size, bias=False)
         self.midlayer = _MidLayer(config)
-        self.norm = _RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.norm = DraftNorm(config.hidden_size, config.rms_norm_eps)
         self.lm_head = nn.Linear(config.hidden_size, config.draft_vocab_size, bias=False)
         dim = config.head_dim
         self._inv_freq = mx.array(

@@ -38,7 +38,13 @@ from specdec.capabilities import DrafterCaps
 from specdec.errors import InvalidInputError
 from specdec.reference.model import apply_rotary, attend, rms_norm, rotary_cos_sin, silu
 from specdec.types import Accepted, Draft, DraftContext, PromptOutput
-from specdec_eagle.reference import SlotCache, TreeDraft, grown_cache, select_nodes, tree_beams
+from specdec_eagle.reference import (
+    SlotCache,
+    TreeDraft,
+    finish_tree,
+    grown_cache,
+    top_indices,
+)
 from specdec_eagle.reference import tree_options as eagle_tree_options
 from specdec_eagle3.config import Eagle3Config, check_weights, draft_to_target
 
@@ -151,16 +157,6 @@ def run_entries(
     return out, grown_cache(cache, k, v, tokens)
 
 
-def _top(values: np.ndarray, count: int, gaps: list) -> np.ndarray:
-    """The ``count`` best indices of ``values``, best first, ties to the lower index; ``gaps``
-    collects the smallest gap among the best count + 1 (how near the ranking came to another)."""
-    order = np.argsort(-values, kind="stable")
-    best = values[order[: count + 1]]
-    if len(best) > 1:
-        gaps.append(float(np.min(best[:-1] - best[1:])))
-    return order[:count]
-
-
 def dynamic_tree(
     config: Eagle3Config,
     weights: dict,
@@ -216,42 +212,21 @@ def dynamic_tree(
 
     # Level 1: the root's top-k children are the first frontier.
     log_probs = run(0)
-    frontier = [add(i, 0, log_probs[i]) for i in _top(log_probs, top_k, gaps)]
+    frontier = [add(i, 0, log_probs[i]) for i in top_indices(log_probs, top_k, gaps)]
     for _ in range(depth - 1):
         # Each frontier node proposes its top-k children, scored cumulatively; the best k go on.
         children = []
         for node in frontier:
             log_probs = run(node)
             children += [
-                add(i, node, scores[node] + log_probs[i]) for i in _top(log_probs, top_k, gaps)
+                add(i, node, scores[node] + log_probs[i])
+                for i in top_indices(log_probs, top_k, gaps)
             ]
-        frontier = [children[i] for i in _top(np.array([scores[c] for c in children]), top_k, gaps)]
+        frontier = [
+            children[i] for i in top_indices(np.array([scores[c] for c in children]), top_k, gaps)
+        ]
 
-    candidates = len(tokens)
-    selected = select_nodes(scores, parents, levels, depth=depth, budget=total_tokens, gaps=gaps)
-
-    def extend(node: int) -> int:
-        log_probs = ran[node][3] if node in ran else run(node)
-        local = int(_top(log_probs, 1, gaps)[0])
-        return add(local, node, scores[node] + log_probs[local])
-
-    beams = tree_beams(
-        tokens, parents, levels, scores, selected, depth=depth, width=total_tokens, extend=extend
-    )
-    kept = set(selected.tolist())
-    leaf_scores = np.sort([scores[s] for s in kept if s not in {parents[t] for t in kept}])
-    if len(leaf_scores) > 1:
-        gaps.append(float(np.min(np.diff(leaf_scores))))
-    return TreeDraft(
-        tokens=np.array(tokens, dtype=np.int64),
-        parents=np.array(parents, dtype=np.int64),
-        depth=np.array(levels, dtype=np.int64),
-        scores=np.array(scores),
-        selected=selected,
-        beams=beams,
-        extension=np.array(tokens[candidates:], dtype=np.int64),
-        margin=min(gaps, default=np.inf),
-    )
+    return finish_tree(tokens, parents, levels, scores, ran, run, add, depth, total_tokens, gaps)
 
 
 def check_tree_options(config: Eagle3Config, top_k, depth, total_tokens) -> None:

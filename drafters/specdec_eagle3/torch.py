@@ -22,6 +22,7 @@ from specdec.capabilities import DrafterCaps
 from specdec.errors import InvalidInputError
 from specdec.types import Accepted, Draft, DraftContext, PromptOutput
 from specdec_eagle.torch import TreeSearch, rotate
+from specdec_eagle.torch import DraftAttention, DraftMLP, DraftNorm
 from specdec_eagle3.config import Eagle3Config, check_weights, draft_to_target
 from specdec_eagle3.reference import (
     check_embedding,
@@ -35,55 +36,17 @@ from specdec_torch.ops import compute_dtype
 __all__ = ["Eagle3Net", "TorchEagle3Drafter"]
 
 
-class _RMSNorm(torch.nn.Module):
-    def __init__(self, size: int, eps: float):
-        super().__init__()
-        self.weight = torch.nn.Parameter(torch.ones(size))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        z = x.to(compute_dtype(x.dtype))
-        return (z * torch.rsqrt(z.pow(2).mean(-1, keepdim=True) + self.eps)).to(
-            x.dtype
-        ) * self.weight
-
-
-class _Attention(torch.nn.Module):
-    def __init__(self, config: Eagle3Config):
-        super().__init__()
-        hidden, q_out, kv_out = (
-            config.hidden_size,
-            config.num_heads * config.head_dim,
-            config.num_kv_heads * config.head_dim,
-        )
-        self.q_proj = torch.nn.Linear(2 * hidden, q_out, bias=False)
-        self.k_proj = torch.nn.Linear(2 * hidden, kv_out, bias=False)
-        self.v_proj = torch.nn.Linear(2 * hidden, kv_out, bias=False)
-        self.o_proj = torch.nn.Linear(q_out, hidden, bias=False)
-
-
-class _MLP(torch.nn.Module):
-    def __init__(self, config: Eagle3Config):
-        super().__init__()
-        self.gate_proj = torch.nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
-        self.up_proj = torch.nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
-        self.down_proj = torch.nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-
-
 class _MidLayer(torch.nn.Module):
     def __init__(self, config: Eagle3Config):
         super().__init__()
         eps = config.rms_norm_eps
         self.input_layernorm, self.hidden_norm = (
-            _RMSNorm(config.hidden_size, eps),
-            _RMSNorm(config.hidden_size, eps),
+            DraftNorm(config.hidden_size, eps),
+            DraftNorm(config.hidden_size, eps),
         )
-        self.self_attn = _Attention(config)
-        self.post_attention_layernorm = _RMSNorm(config.hidden_size, eps)
-        self.mlp = _MLP(config)
+        self.self_attn = DraftAttention(config, 2 * config.hidden_size)
+        self.post_attention_layernorm = DraftNorm(config.hidden_size, eps)
+        self.mlp = DraftMLP(config)
 
 
 class _Table(torch.nn.Module):
@@ -109,10 +72,10 @@ class Eagle3Net(torch.nn.Module):
         if config.own_embedding:
             self.head_embedding = _Table(config.vocab_size, config.hidden_size)
         if config.norm_before_fc:
-            self.input_norm = _RMSNorm(3 * config.hidden_size, config.rms_norm_eps)
+            self.input_norm = DraftNorm(3 * config.hidden_size, config.rms_norm_eps)
         self.fc = torch.nn.Linear(3 * config.hidden_size, config.hidden_size, bias=False)
         self.midlayer = _MidLayer(config)
-        self.norm = _RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.norm = DraftNorm(config.hidden_size, config.rms_norm_eps)
         self.lm_head = torch.nn.Linear(config.hidden_size, config.draft_vocab_size, bias=False)
         dim = config.head_dim
         self.register_buffer(
