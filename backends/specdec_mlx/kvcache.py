@@ -90,11 +90,12 @@ class MlxKVCache:
             accepted = steps <= mx.array(num_accepted.astype(np.int32))[:, None]
             base = mx.array(self.lengths[slots].astype(np.int32))[:, None]  # (B, 1)
             rows = mx.array(slots.astype(np.int32))[:, None, None]
+            # (B, Hkv, P)
             source = (
                 rows,
                 self._heads,
                 (base + mx.where(accepted, path, steps))[:, None, :],
-            )  # (B, Hkv, P)
+            )
             target = rows, self._heads, (base + steps)[:, None, :]
             for layer in range(self.num_layers):
                 for buffers in (self.keys, self.values):

@@ -47,9 +47,8 @@ def load_folder(path: str | os.PathLike, *, dtype, **slots) -> MlxTarget:
 
     folder = Path(path)
     config = LlamaConfig.from_folder(folder)  # checks the folder and the architecture
-    check_weights_header(
-        folder, config
-    )  # the weights agree with config.json before a layer is built
+    # the weights agree with config.json before a layer is built
+    check_weights_header(folder, config)
     model, _ = load_model(folder)
     model.set_dtype(dtype)
     return MlxTarget(

@@ -179,9 +179,8 @@ def target_probs(logits: mx.array, sampling: SamplingConfig) -> mx.array:
     if sampling.top_p is not None and sampling.top_p < 1.0:
         order = stable_descending_order(z)  # (..., V) best first
         sorted_probs = mx.take_along_axis(probs, order, axis=-1)
-        mass_before = (
-            mx.cumsum(sorted_probs, axis=-1) - sorted_probs
-        )  # mass of strictly better tokens
+        # mass of strictly better tokens
+        mass_before = mx.cumsum(sorted_probs, axis=-1) - sorted_probs
         keep_sorted = mass_before < sampling.top_p  # always keeps rank 0
         keep = mx.put_along_axis(mx.zeros(probs.shape, dtype=mx.bool_), order, keep_sorted, axis=-1)
         probs = mx.where(keep, probs, 0.0)

@@ -126,9 +126,8 @@ class MlxTarget(SlotTarget):
             if self._lm_head_module is None
             else _dequantized(self._lm_head_module)
         )
-        self._periods = mx.array(
-            (1.0 / rotary_inverse_frequencies(config)).astype(np.float32)
-        )  # (Dh/2,)
+        # (Dh/2,)
+        self._periods = mx.array((1.0 / rotary_inverse_frequencies(config)).astype(np.float32))
         self._scale = 1.0 / math.sqrt(config.head_dim)
         slots, capacity = check_slot_arguments(
             slots,
@@ -293,9 +292,8 @@ class MlxTarget(SlotTarget):
         slot_index = mx.array(slots.astype(np.int32))
         positions = lengths[:, None] + depth  # (B, N)
         stored = lengths[:, None] + mx.arange(size)[None, :]  # (B, N): where the nodes are written
-        relative = (
-            mx.arange(span)[None, None, :] - lengths[:, None, None]
-        )  # (B, 1, S): node index of a position
+        # (B, 1, S): node index of a position
+        relative = mx.arange(span)[None, None, :] - lengths[:, None, None]
         node = mx.clip(relative, 0, size - 1)
         in_tree = (relative >= 0) & (relative < size)
         sees_node = mx.take_along_axis(
@@ -370,9 +368,8 @@ class MlxTarget(SlotTarget):
         if tree is not None:
             segments.append(self._tree_segment(places[-1], tree, slots))
             tokens.append(to_mx(tree.tokens).astype(mx.int32))
-        hidden, outputs = self._run(
-            pack(tokens, tree is not None), segments, wanted
-        )  # lazy: nothing fails later
+        # lazy: nothing fails later
+        hidden, outputs = self._run(pack(tokens, tree is not None), segments, wanted)
         output = packing.unpack_output(
             hidden,
             outputs,

@@ -54,22 +54,23 @@ def prefix_tree_arrays(beams: mx.array, lengths: mx.array | None = None) -> dict
     """
     batch, width, length = beams.shape
     bound = 1 + width * (length - 1)
+    # (B, W, L)
     running = (
         mx.ones(beams.shape, dtype=mx.bool_)
         if lengths is None
         else (mx.arange(length)[None, None, :] < lengths[:, :, None])
-    )  # (B, W, L)
+    )
     # 1. Prefix match: shares[b, i, j, k] iff beams i and j agree on tokens 0..k (both running).
+    # (B, W, W, L)
     match = (
         (beams[:, :, None, :] == beams[:, None, :, :])
         & running[:, :, None, :]
         & running[:, None, :, :]
-    ).astype(mx.int32)  # (B, W, W, L)
+    ).astype(mx.int32)
     shares = mx.cumprod(match, axis=-1) > 0
     # 2. First owner of each prefix (lowest beam index), 3. keep mask of first occurrences.
-    owner = mx.min(
-        mx.where(shares, mx.arange(width)[None, None, :, None], width), axis=2
-    )  # (B, W, L)
+    # (B, W, L)
+    owner = mx.min(mx.where(shares, mx.arange(width)[None, None, :, None], width), axis=2)
     keep = running & (owner == mx.arange(width)[None, :, None])
     owner = mx.where(running, owner, 0)  # padding: any beam, masked below
     # 4. Node index by exclusive cumsum over row-major (beam, depth) order.
@@ -80,17 +81,19 @@ def prefix_tree_arrays(beams: mx.array, lengths: mx.array | None = None) -> dict
     beam_to_node = mx.where(running, mx.take_along_axis(node_index, owner, axis=1), -1)  # (B, W, L)
     # 6. Scatter as exact one-hot sums: position (i, k) kept -> node node_index[i, k].
     nodes = mx.arange(bound)
+    # (B, WL, M)
     creates = (keep[..., None] & (node_index[..., None] == nodes)).reshape(
         batch, width * length, bound
-    )  # (B, WL, M)
+    )
     depth_of = mx.broadcast_to(mx.arange(length)[None, None, :], beams.shape)
     parent_of = mx.concatenate(
         [mx.full((batch, width, 1), -1, dtype=mx.int32), beam_to_node[:, :, :-1]], axis=2
     )
 
+    # (B, W, L) -> (B, M), 0 where no position creates the node
     def scatter(
         values: mx.array,
-    ) -> mx.array:  # (B, W, L) -> (B, M), 0 where no position creates the node
+    ) -> mx.array:
         return mx.sum(mx.where(creates, values.reshape(batch, width * length, 1), 0), axis=1)
 
     real = nodes[None, :] < num_nodes[:, None]  # (B, M)

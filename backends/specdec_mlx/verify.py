@@ -61,9 +61,10 @@ def accepted_path(
     # 3. On the path: every ancestor (self included) chosen.
     on_path = ~mx.any(ancestor_mask & ~chosen[:, None, :], axis=2)  # (B, N)
     # 4. The on-path node of each depth; the deepest is the largest index (parents come first).
+    # (B, D+1, N)
     at_depth = on_path[:, None, :] & (
         depth[:, None, :] == mx.arange(depth_limit + 1)[None, :, None]
-    )  # (B, D+1, N)
+    )
     path = mx.where(mx.any(at_depth, axis=2), mx.sum(mx.where(at_depth, ids, 0), axis=2), -1)
     num_accepted = mx.sum(on_path, axis=1) - 1
     last = mx.max(mx.where(on_path, ids, 0), axis=1)
@@ -186,11 +187,12 @@ class RejectionVerifier(MlxVerifier):
         inner = nodes[:, :, :-1]  # (B, W, L-1): the node each drafted token hangs from
         residual = gather_nodes(target_probs, inner)  # (B, W, L-1, V)
         same_node = inner[:, :, None, :] == inner[:, None, :, :]  # (B, W, W, L-1) [k, i]
+        # (B, W, L-1)
         coins = (
             None
             if uniforms is None
             else uniforms[:, : length - 1, 1 : width + 1].transpose(0, 2, 1)
-        )  # (B, W, L-1)
+        )
         accepted, remaining = [], []
         for i in range(width):
             probability = acceptance_probability(residual[:, i], draft_probs[:, i], beams[:, i, 1:])
@@ -205,12 +207,13 @@ class RejectionVerifier(MlxVerifier):
         beaten = mx.any(same_node & earlier[None, :, :, None] & accepted[:, None, :, :], axis=2)
         takes = accepted & ~beaten  # (B, W, L-1)
         child = nodes[:, :, 1:]
+        # (B, N)
         node_taken = mx.any(
             (takes[..., None] & (child[..., None] == mx.arange(tree.size))).reshape(
                 batch, -1, tree.size
             ),
             axis=1,
-        )  # (B, N)
+        )
         path, num_accepted, last = accepted_path(tree, node_taken, depth)
         # Bonus: the final residual at the last node (the residual after its last beam), or the
         # target's probabilities at a leaf.
@@ -218,9 +221,8 @@ class RejectionVerifier(MlxVerifier):
             [mx.stack(remaining, axis=1), gather_nodes(target_probs, nodes[:, :, -1:])], axis=2
         )
         same_all = nodes[:, :, None, :] == nodes[:, None, :, :]  # (B, W, W, L) [k, i]
-        later_same = mx.any(
-            same_all & earlier.T[None, :, :, None], axis=2
-        )  # a later beam shares the node
+        # a later beam shares the node
+        later_same = mx.any(same_all & earlier.T[None, :, :, None], axis=2)
         depth_ids = mx.broadcast_to(mx.arange(length)[None, None, :], nodes.shape)
         draws = ops.categorical(remaining, node_uniforms(uniforms, depth_ids))  # (B, W, L)
         pick = (

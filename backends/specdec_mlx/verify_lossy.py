@@ -33,9 +33,8 @@ class RedrafterPublishedVerifier(MlxVerifier):
         draft_probs = to_mx(draft.draft_probs).astype(mx.float32)  # (B, W, L-1, V)
         batch, width, length = beams.shape
         beam_probs = gather_nodes(ops.target_probs(logits, sampling), nodes)  # (B, W, L, V)
-        probability = acceptance_probability(
-            beam_probs[:, :, :-1], draft_probs, beams[:, :, 1:]
-        )  # (B, W, L-1)
+        # (B, W, L-1)
+        probability = acceptance_probability(beam_probs[:, :, :-1], draft_probs, beams[:, :, 1:])
         coins = (
             None
             if uniforms is None

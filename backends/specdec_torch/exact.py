@@ -127,9 +127,8 @@ def attend_split(
     scores = scores.float().view(batch, kv_heads, group, n, size)
     tail_scores = scores.gather(-1, plan.tail_slots.expand(batch, kv_heads, group, n, tail))
     row = torch.cat([tail_scores, scores], dim=-1).masked_fill_(plan.masked, float("-inf"))
-    probs = torch.softmax(
-        row.mul_(1.0 / math.sqrt(dim)), dim=-1
-    )  # (B, Hkv, G, n, tail + S) float32
+    # (B, Hkv, G, n, tail + S) float32
+    probs = torch.softmax(row.mul_(1.0 / math.sqrt(dim)), dim=-1)
     prefix = torch.matmul(
         probs[..., tail:].to(values.dtype).view(batch, kv_heads, group * n, size), values
     )

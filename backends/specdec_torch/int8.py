@@ -120,9 +120,8 @@ class _Int8(_Native):
     def _correct(self, rows: torch.Tensor) -> bool:
         """The kernel's product against the dequantized weights' in float64, within its dtype's
         rounding."""
-        weights = dequantize_rows(
-            self.q.cpu().numpy(), self.scale.double().cpu().numpy()
-        )  # the scales it multiplies by
+        # the scales it multiplies by
+        weights = dequantize_rows(self.q.cpu().numpy(), self.scale.double().cpu().numpy())
         expected = rows.double().cpu().numpy() @ weights.T
         got = self._product(rows).double().cpu().numpy()
         bound = 0.05 * float(np.abs(expected).max()) + 1e-6

@@ -108,9 +108,8 @@ def _attention_agrees(target, generator: torch.Generator) -> bool:
         dtype=dtype, device=device
     )
     path = [0, 5, 6, 7, 8]  # root then the second beam: its nodes sit after the decoy's
-    for depth, node in enumerate(
-        path
-    ):  # slot 1 holds, at the plain layout, what slot 0's tree holds
+    # slot 1 holds, at the plain layout, what slot 0's tree holds
+    for depth, node in enumerate(path):
         cache[:, 1, :, length + depth] = cache[:, 0, :, length + node]
     cache[:, 1, :, :length] = cache[:, 0, :, :length]
     queries = torch.randn((1, heads, nodes, dim), generator=generator).to(

@@ -64,9 +64,8 @@ class TorchKVCache:
     def flat_index(self, slots: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Row-major index into the flattened (slots, Hkv, capacity) axes of positions (B, n) of
         ``slots`` (B,) for every head -> (B*Hkv*n,) int64, ordered like a (B, Hkv, n) tensor."""
-        heads = torch.arange(self.num_kv_heads, device=positions.device)[
-            None, :, None
-        ]  # (1, Hkv, 1)
+        # (1, Hkv, 1)
+        heads = torch.arange(self.num_kv_heads, device=positions.device)[None, :, None]
         rows = slots[:, None, None] * self.num_kv_heads  # (B, 1, 1)
         return ((rows + heads) * self.capacity + positions[:, None, :]).reshape(-1)
 
@@ -120,9 +119,8 @@ class TorchKVCache:
         start = self.device_lengths[slots][:, None]  # (B, 1)
         source = start + path.clamp(min=0)  # (B, A)
         target = start + torch.arange(width, device=self.device)  # (B, A)
-        flat = self.data.view(
-            self.num_layers, 2, -1, self.head_dim
-        )  # (layers, 2, slots*Hkv*capacity, Dh)
+        # (layers, 2, slots*Hkv*capacity, Dh)
+        flat = self.data.view(self.num_layers, 2, -1, self.head_dim)
         moved = flat.index_select(2, self.flat_index(slots, source))  # (layers, 2, B*Hkv*A, Dh)
         flat.index_copy_(2, self.flat_index(slots, target), moved)
         self.device_lengths[slots] += num_accepted + 1

@@ -121,12 +121,10 @@ def _from_folder(
         "transformers", extra="torch", feature="the torch backend's model loading"
     )
     folder = Path(path)
-    config = LlamaConfig.from_folder(
-        folder
-    )  # clear errors for missing folders and unsupported models
-    check_weights_header(
-        folder, config
-    )  # the weights agree with config.json before a layer is built
+    # clear errors for missing folders and unsupported models
+    config = LlamaConfig.from_folder(folder)
+    # the weights agree with config.json before a layer is built
+    check_weights_header(folder, config)
     model = from_pretrained_quietly(transformers, str(folder), dtype=dtype)
     model = model.to(device).eval()
     return TorchTarget(

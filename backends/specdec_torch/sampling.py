@@ -65,19 +65,16 @@ def top_k_lowest_index(values: torch.Tensor, k: int) -> tuple[torch.Tensor, torc
     rows, size = values.shape
     kth = torch.topk(values, k, dim=1).values[:, -1:]  # (R, 1): the k-th largest value
     key_dtype = torch.int32 if 2 * size < 2**31 else torch.int64
-    position = torch.arange(
-        size, 0, -1, device=values.device, dtype=key_dtype
-    )  # size .. 1: lower index, larger key
+    # size .. 1: lower index, larger key
+    position = torch.arange(size, 0, -1, device=values.device, dtype=key_dtype)
     # Above the k-th value: keys in (size, 2 size]; equal to it: (0, size]; below: 0.
     key = torch.where(values > kth, position + size, torch.where(values == kth, position, 0))
-    picked = torch.topk(
-        key, k, dim=1
-    ).indices  # (R, k) int64; distinct keys: exact, ascending index within a class
+    # (R, k) int64; distinct keys: exact, ascending index within a class
+    picked = torch.topk(key, k, dim=1).indices
     picked, _ = torch.sort(picked, dim=1)  # ascending index
     picked_values = torch.gather(values, 1, picked)
-    order = torch.sort(
-        picked_values, dim=1, descending=True, stable=True
-    ).indices  # equal values keep index order
+    # equal values keep index order
+    order = torch.sort(picked_values, dim=1, descending=True, stable=True).indices
     return torch.gather(picked_values, 1, order), torch.gather(picked, 1, order)
 
 
@@ -137,9 +134,8 @@ def target_probs(logits: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor
     probs = torch.softmax(z, dim=-1)
     if sampling.top_p is not None and sampling.top_p < 1.0:
         sorted_probs, order = torch.sort(probs, dim=-1, descending=True, stable=True)
-        mass_before = (
-            torch.cumsum(sorted_probs, dim=-1) - sorted_probs
-        )  # mass of strictly better tokens
+        # mass of strictly better tokens
+        mass_before = torch.cumsum(sorted_probs, dim=-1) - sorted_probs
         keep_sorted = mass_before < sampling.top_p  # always keeps rank 0
         keep = torch.zeros_like(keep_sorted).scatter_(-1, order, keep_sorted)
         probs = torch.where(keep, probs, 0.0)

@@ -283,9 +283,8 @@ class TorchTarget(SlotTarget):
                 batch * n, -1
             )
         keys, values = self.cache.view(index, rows.slots, segment.key_size, rows.span)
-        if (
-            rows.within is not None
-        ):  # the span's other slots attend with zero queries; their rows are dropped
+        # the span's other slots attend with zero queries; their rows are dropped
+        if rows.within is not None:
             q = q.new_zeros((keys.shape[0],) + tuple(q.shape[1:])).index_copy_(0, rows.within, q)
             return self._attend(q, keys, values, segment)[rows.within].reshape(batch * n, -1)
         return self._attend(q, keys, values, segment).reshape(batch * n, -1)
@@ -335,9 +334,8 @@ class TorchTarget(SlotTarget):
         """A prompt chunk of ``place.width`` tokens written at ``start ..`` of ``slot``: causal."""
         positions = torch.arange(start, start + place.width, device=self.device)[None]  # (1, c)
         keys = torch.arange(start + place.width, device=self.device)[None]  # (1, S)
-        mask = self._sliding(
-            keys[:, None, :] <= positions[:, :, None], positions, keys
-        )  # (1, c, S)
+        # (1, c, S)
+        mask = self._sliding(keys[:, None, :] <= positions[:, :, None], positions, keys)
         slots = torch.tensor([slot], device=self.device)
         rows = _Rows(
             slots=slots,
@@ -361,9 +359,8 @@ class TorchTarget(SlotTarget):
         ascending_and_dense = bool(np.all(np.diff(slots) > 0)) and width <= SPAN_SPARSITY * len(
             slots
         )
-        ascending_and_dense = (
-            ascending_and_dense and self.exact_form != "kernel"
-        )  # the kernel reads slots itself
+        # the kernel reads slots itself
+        ascending_and_dense = ascending_and_dense and self.exact_form != "kernel"
         span = (int(slots[0]), int(slots[-1]) + 1) if consecutive or ascending_and_dense else None
         within = (
             None
@@ -371,19 +368,16 @@ class TorchTarget(SlotTarget):
             else torch.from_numpy(slots - slots[0]).to(self.device)
         )
         block = span + (longest,) if consecutive and int(host_lengths.min()) == longest else None
-        stored = lengths[:, None] + torch.arange(
-            nodes, device=self.device
-        )  # (B, N) where the nodes are stored
+        # (B, N) where the nodes are stored
+        stored = lengths[:, None] + torch.arange(nodes, device=self.device)
         depth = tree.depth.to(self.device)
-        mask = tree_attention_mask(
-            lengths, tree.ancestor_mask.to(self.device), longest + nodes
-        )  # (B, N, S)
+        # (B, N, S)
+        mask = tree_attention_mask(lengths, tree.ancestor_mask.to(self.device), longest + nodes)
         if self.config.sliding_window is not None:
             key_positions = _tree_key_positions(lengths, depth, longest + nodes)
             mask = self._sliding(mask, lengths[:, None] + depth, key_positions)
-        if (
-            within is not None
-        ):  # every slot of the span gets a mask row; those not in the tree see all keys
+        # every slot of the span gets a mask row; those not in the tree see all keys
+        if within is not None:
             mask = torch.ones(
                 (width,) + tuple(mask.shape[1:]), dtype=torch.bool, device=self.device
             ).index_copy_(0, within, mask)

@@ -67,23 +67,22 @@ def build_prefix_tree(beams: torch.Tensor, lengths: torch.Tensor | None = None) 
     if width == 1 and lengths is None:
         return chain_tree(beams[:, 0])
     # 1. Prefix match between every pair of beams, per depth (both beams still running).
+    # (B, W, L)
     running = (
         torch.ones(batch, width, length, dtype=torch.bool, device=device)
         if lengths is None
         else (torch.arange(length, device=device) < lengths[:, :, None])
-    )  # (B, W, L)
+    )
     equal = (
         (beams[:, :, None, :] == beams[:, None, :, :])
         & running[:, :, None, :]
         & running[:, None, :, :]
     )
-    same = torch.cumprod(
-        equal.to(torch.int64), dim=3
-    ).bool()  # same[b, i, j, k]: prefixes of length k+1 agree
+    # same[b, i, j, k]: prefixes of length k+1 agree
+    same = torch.cumprod(equal.to(torch.int64), dim=3).bool()
     # 2. Keep mask: a real token that no earlier beam shares the prefix of.
-    earlier = torch.ones(width, width, dtype=torch.bool, device=device).tril(
-        diagonal=-1
-    )  # [i, j]: j < i
+    # [i, j]: j < i
+    earlier = torch.ones(width, width, dtype=torch.bool, device=device).tril(diagonal=-1)
     keep = running & ~(same & earlier[None, :, :, None]).any(dim=2)  # (B, W, L)
     flat_keep = keep.reshape(batch, width * length)
     # 3. Node ids in first-occurrence (row-major) order.
@@ -113,9 +112,8 @@ def build_prefix_tree(beams: torch.Tensor, lengths: torch.Tensor | None = None) 
     depth = scatter(1, depth_of_token)
     # Ancestor mask: node of token (i, k) sees the nodes of tokens (i, 0..k).
     # (padding tokens (-1) are never kept, so they reach no mask row; clamp keeps the index valid)
-    ancestor_node = beam_to_node.clamp(min=0)[:, :, None, :].expand(
-        batch, width, length, length
-    )  # [.., k, k']
+    # [.., k, k']
+    ancestor_node = beam_to_node.clamp(min=0)[:, :, None, :].expand(batch, width, length, length)
     upto = torch.ones(length, length, dtype=torch.bool, device=device).tril()  # [k, k']: k' <= k
     row = torch.where(
         keep[:, :, :, None] & upto, destination.reshape(batch, width, length)[..., None], size

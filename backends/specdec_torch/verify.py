@@ -72,11 +72,12 @@ def beam_nodes(tree: DraftTree, draft: Draft) -> torch.Tensor:
     real = _real_children(tree)  # (B, N)
     nodes = [torch.zeros(batch, width, dtype=torch.int64, device=beams.device)]
     for k in range(1, length):
+        # (B, W, N)
         match = (
             real[:, None, :]
             & (tree.parents[:, None, :] == nodes[-1][..., None])
             & (tree.tokens[:, None, :] == beams[:, :, k, None])
-        )  # (B, W, N)
+        )
         nodes.append(torch.argmax(match.to(torch.int8), dim=-1))
     return torch.stack(nodes, dim=2)
 
@@ -229,9 +230,8 @@ class RejectionVerifier(TorchVerifier):
             accepted = torch.full_like(node, -1)
             if d + 1 < length:
                 for i in range(width):
-                    on = (accepted < 0) & (
-                        nodes[:, i, d] == node
-                    )  # beam i passes through node, none accepted yet
+                    # beam i passes through node, none accepted yet
+                    on = (accepted < 0) & (nodes[:, i, d] == node)
                     proposal = draft_probs[:, i, d].to(dtype)  # (B, V)
                     probability = acceptance_probability(residual, proposal, beams[:, i, d + 1])
                     if uniforms is None:

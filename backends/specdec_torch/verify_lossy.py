@@ -54,12 +54,10 @@ class RedrafterPublishedVerifier(TorchVerifier):
         if uniforms is None:
             passed = probability >= 1.0
         else:
-            passed = (
-                uniforms[:, : length - 1, 1 : 1 + width].transpose(1, 2) < probability
-            )  # (B, W, L-1)
-        leading = torch.cumprod(passed.to(torch.int64), dim=2).sum(
-            dim=2
-        )  # (B, W): leading passes per beam
+            # (B, W, L-1)
+            passed = uniforms[:, : length - 1, 1 : 1 + width].transpose(1, 2) < probability
+        # (B, W): leading passes per beam
+        leading = torch.cumprod(passed.to(torch.int64), dim=2).sum(dim=2)
         best = torch.argmax(leading, dim=1)  # first (lowest-index) longest beam
         accepted = leading[rows, best]  # (B,)
         steps = torch.arange(length, device=beams.device)
@@ -92,9 +90,8 @@ class TypicalVerifier(TorchVerifier):
 
         def choose(node, d):
             probs = target_probs(target.logits[rows, node], sampling)  # (B, V)
-            threshold = torch.clamp(
-                self.delta * torch.exp(-entropy(probs)), max=self.epsilon
-            )  # (B,)
+            # (B,)
+            threshold = torch.clamp(self.delta * torch.exp(-entropy(probs)), max=self.epsilon)
             accept = torch.gather(probs, 1, tree.tokens) > threshold[:, None]  # (B, N)
             return accept, self.categorical(probs, uniforms, d)
 

@@ -119,10 +119,11 @@ class DraftModelDrafter:
             )
         self.backend, self.target, self.draft, self.label = backend, target, draft, label
         self.draft_length, self.sample = int(draft_length), bool(sample)
+        # one chain of K tokens after the root
         self.beam_width, self.beam_length = (
             1,
             self.draft_length + 1,
-        )  # one chain of K tokens after the root
+        )
         self._requests: dict[int, _Request] = {}  # slot -> its draft state
 
     @property
@@ -151,9 +152,8 @@ class DraftModelDrafter:
             zip(np.asarray(accepted.slots).tolist(), np.asarray(accepted.num_accepted).tolist())
         ):
             request = self._request(slot, "observe")
-            if (
-                request.root is None and count == 0
-            ):  # a step in which this row did not draft: its root waits too
+            # a step in which this row did not draft: its root waits too
+            if request.root is None and count == 0:
                 request.pending.append(int(tokens[b, 0]))
                 continue
             if request.root is None or int(tokens[b, 0]) != request.root:
@@ -167,9 +167,8 @@ class DraftModelDrafter:
 
     def end(self, slot: int, reason: str) -> None:
         """The request in ``slot`` ended (any ``reason``): free its slot of the draft model."""
-        if (
-            self._requests.pop(int(slot), None) is not None
-        ):  # a request whose begin failed holds no draft slot
+        # a request whose begin failed holds no draft slot
+        if self._requests.pop(int(slot), None) is not None:
             self.draft.release(int(slot))
 
     @property
@@ -222,9 +221,8 @@ class DraftModelDrafter:
             self.backend.from_numpy(np.arange(len(slots)), self.draft),
             self.backend.from_numpy(lengths - 1, self.draft),
         )
-        logits = np.asarray(
-            self.backend.to_numpy(output.logits[at_root]), dtype=np.float64
-        )  # (B', V)
+        # (B', V)
+        logits = np.asarray(self.backend.to_numpy(output.logits[at_root]), dtype=np.float64)
         steps = np.arange(chains.shape[1])[None, :]
         put = lambda a: self.backend.from_numpy(  # noqa: E731
             np.asarray(a, dtype=np.int64), self.draft
@@ -248,9 +246,8 @@ class DraftModelDrafter:
                 "(the decode loop gives them)"
             )
         slots = np.asarray(context.slots, dtype=np.int64).reshape(-1)
-        roots = (
-            np.asarray(self.backend.to_numpy(context.root_tokens)).astype(np.int64).reshape(-1)
-        )  # (B,)
+        # (B,)
+        roots = np.asarray(self.backend.to_numpy(context.root_tokens)).astype(np.int64).reshape(-1)
         requests = [self._request(s, "propose") for s in slots.tolist()]
         for slot, request, root in zip(slots.tolist(), requests, roots.tolist()):
             if request.root is not None and request.root != root:

@@ -100,9 +100,8 @@ def draft_layer(
     q = (x @ weights[attn + "q_proj.weight"].T).reshape(n, heads, dim).transpose(1, 0, 2)
     k = (x @ weights[attn + "k_proj.weight"].T).reshape(n, kv_heads, dim).transpose(1, 0, 2)
     v = (x @ weights[attn + "v_proj.weight"].T).reshape(n, kv_heads, dim).transpose(1, 0, 2)
-    cos, sin = rotary_cos_sin(
-        np.asarray(positions, dtype=np.float64), inverse_frequencies(config)
-    )  # (n, Dh)
+    # (n, Dh)
+    cos, sin = rotary_cos_sin(np.asarray(positions, dtype=np.float64), inverse_frequencies(config))
     q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
     h = x + attend(q, past, (k, v), past_allowed, new_allowed) @ weights[attn + "o_proj.weight"].T
     normed = rms_norm(h, weights["layers.0.post_attention_layernorm.weight"], config.rms_norm_eps)

@@ -217,9 +217,8 @@ class TorchEagleDrafter:
             )
         self.head_rows = lm_head if self.shortlist is None else lm_head[self.shortlist]  # (S, H)
         self.top_k, self.depth, self.total_tokens = tree_options(config, top_k, depth, total_tokens)
-        self.slots: dict[
-            int, dict
-        ] = {}  # slot -> {"keys", "values": (Hkv, capacity, Dh), "length", "pending" (H,)}
+        # slot -> {"keys", "values": (Hkv, capacity, Dh), "length", "pending" (H,)}
+        self.slots: dict[int, dict] = {}
 
     # ----------------------------------------------------------------------------- request state
 
@@ -382,9 +381,10 @@ class TreeSearch:
             tree_mask = torch.ones(batch, m, 0, dtype=torch.bool, device=device)
             past_keys, past_values = self.ctx_keys, self.ctx_values
         else:
+            # (B, m, t)
             tree_mask = torch.gather(
                 self.anc, 1, parents[:, :, None].expand(-1, -1, self.anc.shape[2])
-            )  # (B, m, t)
+            )
             past_keys = torch.cat([self.ctx_keys, self.keys], dim=2)
             past_values = torch.cat([self.ctx_values, self.values], dim=2)
         eye = torch.eye(m, dtype=torch.bool, device=device).expand(batch, m, m)
@@ -419,10 +419,11 @@ class TreeSearch:
         cand_tokens = [roots[:, None], drafter.to_vocab(local)]
         cand_parents = [zeros - 1, zeros.expand(batch, k)]
         cand_scores = [torch.zeros_like(scores[:, :1]), scores]
+        # entry of run nodes
         cand_entry = [
             zeros,
             torch.full((batch, k), -1, dtype=torch.int64, device=device),
-        ]  # entry of run nodes
+        ]
         frontier = torch.arange(1, k + 1, device=device).expand(batch, k)  # candidate ids
         frontier_scores, frontier_parent = scores, zeros.expand(batch, k)  # parent entry indices
         count = 1 + k
@@ -432,9 +433,10 @@ class TreeSearch:
                 self.outs, 1, frontier_parent[:, :, None].expand(-1, -1, self.outs.shape[2])
             )
             tokens = torch.gather(torch.cat(cand_tokens, 1), 1, frontier)
+            # (B, k, S)
             log_probs = self._run(
                 tokens, parent_outs, torch.full_like(frontier, level - 1), frontier_parent
-            )  # (B, k, S)
+            )
             entries = torch.arange(first_entry, first_entry + k, device=device).expand(batch, k)
             entry_of = torch.cat(cand_entry, 1).scatter(1, frontier, entries)
             cand_entry = [entry_of]

@@ -221,9 +221,8 @@ class EagleTask:
         out, keys, values = self.forward_windows(tokens, features)
         total = self.step_loss(out, targets, label_ids, label_probs, valid, generator)
         past = ([keys], [values])
-        for step in range(
-            1, self.unroll
-        ):  # the draft reads its own predicted features, as deeper tree levels do
+        # the draft reads its own predicted features, as deeper tree levels do
+        for step in range(1, self.unroll):
             tokens, _, targets, label_ids, label_probs, valid = self.windows(
                 self.data, starts, offset=step
             )

@@ -449,9 +449,8 @@ def read_specforge(folder) -> tuple[Eagle3Config, dict[str, np.ndarray], list[st
     def layers(block):
         if "hidden_layers" in block:
             return block["hidden_layers"]
-        return (top.get("eagle_config") or {}).get(
-            "eagle_aux_hidden_state_layer_ids"
-        )  # SGLang: output-of-layer
+        # SGLang: output-of-layer
+        return (top.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
 
     return _read(folder, top, top, "midlayer.", layers)
 

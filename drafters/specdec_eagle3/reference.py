@@ -70,9 +70,10 @@ def features(config: Eagle3Config, weights: dict, layers) -> np.ndarray:
             f"EAGLE-3 needs the outputs of target layers {list(config.hidden_layers)}, missing "
             f"{missing}: the target must return the layers named in DrafterCaps.hidden_layers"
         )
+    # (..., 3H)
     fused = np.concatenate(
         [np.asarray(layers[i], dtype=np.float64) for i in config.hidden_layers], axis=-1
-    )  # (..., 3H)
+    )
     if config.norm_before_fc:
         fused = rms_norm(fused, weights["input_norm.weight"], config.rms_norm_eps)
     return fused @ weights["fc.weight"].T
@@ -96,10 +97,11 @@ def draft_layer(
     n, heads, kv_heads, dim = len(tokens), config.num_heads, config.num_kv_heads, config.head_dim
     eps, attn, mlp = config.rms_norm_eps, "midlayer.self_attn.", "midlayer.mlp."
     normed_g = rms_norm(g, weights["midlayer.hidden_norm.weight"], eps)
+    # (n, 2H)
     y = np.concatenate(
         [rms_norm(embed_tokens[tokens], weights["midlayer.input_layernorm.weight"], eps), normed_g],
         axis=-1,
-    )  # (n, 2H)
+    )
     q = (y @ weights[attn + "q_proj.weight"].T).reshape(n, heads, dim).transpose(1, 0, 2)
     k = (y @ weights[attn + "k_proj.weight"].T).reshape(n, kv_heads, dim).transpose(1, 0, 2)
     v = (y @ weights[attn + "v_proj.weight"].T).reshape(n, kv_heads, dim).transpose(1, 0, 2)

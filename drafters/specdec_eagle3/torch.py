@@ -192,9 +192,8 @@ class TorchEagle3Drafter:
         )
         self.net.load_weights(weights)
         self.net.eval().requires_grad_(False)
-        self.ids = torch.as_tensor(
-            draft_to_target(weights["d2t"]), device=self.device
-        )  # (N,) target ids
+        # (N,) target ids
+        self.ids = torch.as_tensor(draft_to_target(weights["d2t"]), device=self.device)
         self.top_k, self.depth, self.total_tokens = tree_options(config, top_k, depth, total_tokens)
         self.caps = DrafterCaps(
             stateful=True,
@@ -202,9 +201,8 @@ class TorchEagle3Drafter:
             hidden_layers=config.hidden_layers,
             max_tree_size=self.total_tokens + 1,
         )
-        self.slots: dict[
-            int, dict
-        ] = {}  # slot -> {"keys", "values": (Hkv, T, Dh), "length", "pending" (H,)}
+        # slot -> {"keys", "values": (Hkv, T, Dh), "length", "pending" (H,)}
+        self.slots: dict[int, dict] = {}
 
     def _features(self, layers) -> torch.Tensor:
         missing = [i for i in self.config.hidden_layers if i not in layers]

@@ -48,9 +48,8 @@ class MedusaHeads(nn.Module):
                 f"{(config.vocab_size, config.hidden_size)}"
             )
         self.config = config
-        object.__setattr__(
-            self, "lm_head", lm_head
-        )  # borrowed from the target: not a parameter of this module
+        # borrowed from the target: not a parameter of this module
+        object.__setattr__(self, "lm_head", lm_head)
 
         def stacked(name: str) -> mx.array:  # one array per head -> (K, ...)
             arrays = [
@@ -60,21 +59,18 @@ class MedusaHeads(nn.Module):
             return mx.array(np.stack(arrays)).astype(dtype)
 
         layers = range(config.num_layers)
-        self.block_weights = [
-            stacked(f"medusa_head.{{k}}.{j}.linear.weight") for j in layers
-        ]  # (K, H, H) each
-        self.block_biases = [
-            stacked(f"medusa_head.{{k}}.{j}.linear.bias") for j in layers
-        ]  # (K, H) each
+        # (K, H, H) each
+        self.block_weights = [stacked(f"medusa_head.{{k}}.{j}.linear.weight") for j in layers]
+        # (K, H) each
+        self.block_biases = [stacked(f"medusa_head.{{k}}.{j}.linear.bias") for j in layers]
         if config.head == "full":
             self.projections = stacked(f"medusa_head.{{k}}.{config.num_layers}.weight")  # (K, V, H)
         mx.eval(self.parameters())
 
     def __call__(self, hidden: mx.array) -> mx.array:
         """Logits of every head. hidden (B, H) -> (B, K, V)."""
-        x = mx.broadcast_to(
-            hidden[None], (self.config.num_heads,) + tuple(hidden.shape)
-        )  # (K, B, H)
+        # (K, B, H)
+        x = mx.broadcast_to(hidden[None], (self.config.num_heads,) + tuple(hidden.shape))
         for weight, bias in zip(self.block_weights, self.block_biases):
             x = x + nn.silu(x @ weight.transpose(0, 2, 1) + bias[:, None, :])  # x + SiLU(W x + b)
         if self.config.head == "full":
@@ -154,9 +150,8 @@ class MlxStaticTreeBuilder:
         self.reference._check_fits(num_heads, top_t)
         n = self.reference.num_nodes
         roots = ops.as_array(draft.root_tokens, dtype=mx.int32)[:, None]
-        tokens = mx.concatenate(
-            [roots, head_tokens[:, self.head_index, self.rank_index]], axis=1
-        )  # (B, N)
+        # (B, N)
+        tokens = mx.concatenate([roots, head_tokens[:, self.head_index, self.rank_index]], axis=1)
         return ops.MlxDraftTree(
             tokens=tokens,
             parents=mx.broadcast_to(self.parents, (batch, n)),

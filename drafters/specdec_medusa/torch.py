@@ -59,30 +59,32 @@ class MedusaHeads(torch.nn.Module):
             return torch.as_tensor(np.stack(arrays), dtype=dtype, device=device)
 
         layers = range(config.num_layers)
+        # (layers, K, H, H)
         self.register_buffer(
             "block_weights",
             torch.stack([stacked(f"medusa_head.{{k}}.{j}.linear.weight") for j in layers])
             if config.num_layers
             else torch.zeros(0, dtype=dtype, device=device),
-        )  # (layers, K, H, H)
+        )
+        # (layers, K, H)
         self.register_buffer(
             "block_biases",
             torch.stack([stacked(f"medusa_head.{{k}}.{j}.linear.bias") for j in layers])
             if config.num_layers
             else torch.zeros(0, dtype=dtype, device=device),
-        )  # (layers, K, H)
+        )
         if config.head == "full":
+            # (K, V, H)
             self.register_buffer(
                 "projections", stacked(f"medusa_head.{{k}}.{config.num_layers}.weight")
-            )  # (K, V, H)
+            )
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logits of every head. hidden (B, H) -> (B, K, V)."""
         x = hidden[None].expand(self.config.num_heads, -1, -1)  # (K, B, H)
         for weight, bias in zip(self.block_weights, self.block_biases):
-            x = x + F.silu(
-                torch.bmm(x, weight.transpose(1, 2)) + bias[:, None, :]
-            )  # x + SiLU(W x + b)
+            # x + SiLU(W x + b)
+            x = x + F.silu(torch.bmm(x, weight.transpose(1, 2)) + bias[:, None, :])
         if self.config.head == "full":
             logits = torch.bmm(x, self.projections.transpose(1, 2))  # (K, B, V)
         else:

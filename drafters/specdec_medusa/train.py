@@ -104,9 +104,8 @@ class MedusaNet(torch.nn.Module):
 
     def load_weights(self, weights: dict[str, Any]) -> None:
         check_weights(self.config, weights)
-        dtype = next(
-            self.parameters(), torch.empty(0)
-        ).dtype  # no parameters: tied heads without blocks
+        # no parameters: tied heads without blocks
+        dtype = next(self.parameters(), torch.empty(0)).dtype
         self.load_state_dict(
             {name: torch.as_tensor(np.asarray(a), dtype=dtype) for name, a in weights.items()}
         )
@@ -159,9 +158,8 @@ class MedusaTask:
                 negatives=self.negatives,
                 generator=generator,
             )
-        logits = self.module(
-            window.hidden.float()
-        )  # (B, K, V): head k scores x_{t+k+2}, window step k+1
+        # (B, K, V): head k scores x_{t+k+2}, window step k+1
+        logits = self.module(window.hidden.float())
         return soft_cross_entropy(logits, window.label_ids, window.label_probs, window.valid)
 
     def accept(self, data, indices: torch.Tensor) -> torch.Tensor:

@@ -84,9 +84,8 @@ def random_redrafter_weights(
         )
         weights[f"lm_head.{i}.linear.bias"] = np.zeros(exit_dim)
     if config.rnn:
-        weights["rnn_w.weight"] = normal(
-            (hidden, hidden), 1.0 / (np.sqrt(hidden) * embed_rms)
-        )  # W e ~ unit scale
+        # W e ~ unit scale
+        weights["rnn_w.weight"] = normal((hidden, hidden), 1.0 / (np.sqrt(hidden) * embed_rms))
         weights["rnn_u.weight"] = normal((hidden, hidden), 0.5 / np.sqrt(hidden))
         weights["rnn_u.bias"] = np.zeros(hidden)
 
@@ -105,9 +104,8 @@ def random_redrafter_weights(
     )
     features = drafter_features(config, weights, np.concatenate([h, h]), state)  # (2 * samples, E)
     feature_rms = float(np.sqrt(np.mean(features**2))) or 1.0
-    head_std = logit_std / (
-        feature_rms * np.sqrt(exit_dim)
-    )  # a full head then has output std logit_std
+    # a full head then has output std logit_std
+    head_std = logit_std / (feature_rms * np.sqrt(exit_dim))
     if config.head == "full":
         weights[f"lm_head.{config.num_draft_layers}.weight"] = normal((vocab, exit_dim), head_std)
     else:  # logits = lm_head @ head_proj @ x: divide out the LM head's own gain sqrt(H) * rms

@@ -156,9 +156,10 @@ class MlxRedrafterDrafter(BeamSettings):
         self.shortlist = None
         if config.shortlist_size is not None:
             self.shortlist = mx.array(np.asarray(weights["vocab_shortlist"], dtype=np.int32))
+        # (S, H)
         self.head_rows = (
             lm_head if lm_head is None or self.shortlist is None else lm_head[self.shortlist]
-        )  # (S, H)
+        )
         self.set_beams(config, beam_width, beam_length, sample)
 
     def _log_probs(self, hidden: mx.array, state: mx.array) -> mx.array:
@@ -190,9 +191,8 @@ class MlxRedrafterDrafter(BeamSettings):
         """
         batch, vocab, width = roots.shape[0], self.config.draft_vocab_size, self.beam_width
         start = mx.zeros((batch, 1, self.config.hidden_size), dtype=hidden.dtype)
-        state = self.module.rnn_step(
-            start, self.embed_tokens[roots][:, None, :], first=True
-        )  # (B, 1, H)
+        # (B, 1, H)
+        state = self.module.rnn_step(start, self.embed_tokens[roots][:, None, :], first=True)
         log_probs = self._log_probs(hidden, state)  # (B, 1, S)
         history = [mx.broadcast_to(log_probs, (batch, width, vocab))] if want_draft_probs else []
         if width <= vocab:
@@ -217,9 +217,8 @@ class MlxRedrafterDrafter(BeamSettings):
             )
         for t in range(first_step, self.beam_length):
             # 1. Advance every beam's state with its last token, then score the next token.
-            state = self.module.rnn_step(
-                state, self.embed_tokens[beams[:, :, -1]], first=t == 1
-            )  # (B, W, H)
+            # (B, W, H)
+            state = self.module.rnn_step(state, self.embed_tokens[beams[:, :, -1]], first=t == 1)
             log_probs = self._log_probs(hidden, state)  # (B, W, S)
             # 2. Joint log-prob of every (beam, token) extension; keep the best W, ties to the lower
             # index.
@@ -250,12 +249,12 @@ class MlxRedrafterDrafter(BeamSettings):
         state = mx.zeros((batch, width, self.config.hidden_size), dtype=hidden.dtype)
         draft_probs = []
         for t in range(1, length):
-            state = self.module.rnn_step(
-                state, self.embed_tokens[tokens[-1]], first=t == 1
-            )  # (B, W, H)
+            # (B, W, H)
+            state = self.module.rnn_step(state, self.embed_tokens[tokens[-1]], first=t == 1)
+            # (B, W, S)
             probs = ops.target_probs(
                 self.module(hidden[:, None, :], state, self.head_rows), sampling
-            )  # (B, W, S)
+            )
             draft_probs.append(probs)
             tokens.append(
                 self._to_vocab(ops.sample_from(probs, uniforms[:, :, t])).astype(mx.int32)

@@ -54,9 +54,8 @@ def _evaluation_task(checkpoint, target, overrides):
     from specdec_redrafter.train import RedrafterTask  # optional: torch (train extra)
 
     config, weights = load_redrafter_checkpoint(checkpoint)
-    shortlist = weights.pop(
-        "vocab_shortlist", None
-    )  # drafting evaluates with it, as inference does
+    # drafting evaluates with it, as inference does
+    shortlist = weights.pop("vocab_shortlist", None)
     task = RedrafterTask(
         attrs.evolve(config, **overrides),
         embed_tokens=target.embed_tokens,

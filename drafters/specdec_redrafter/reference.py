@@ -211,12 +211,10 @@ def beam_search(
     history = np.zeros((batch, width, 0, config.vocab_size))
     for t in range(1, beam_length):
         # 1. Advance every beam's state with its last token, then score the next token.
-        state = rnn_step(
-            config, weights, state, embed_tokens[beams[:, :, -1]], first=t == 1
-        )  # (B, W, H)
-        logits = drafter_logits(
-            config, weights, hidden[:, None, :], state, lm_head=lm_head
-        )  # (B, W, V)
+        # (B, W, H)
+        state = rnn_step(config, weights, state, embed_tokens[beams[:, :, -1]], first=t == 1)
+        # (B, W, V)
+        logits = drafter_logits(config, weights, hidden[:, None, :], state, lm_head=lm_head)
         log_probs = draft_log_probs(logits, top_k=config.draft_top_k)
         # 2. Joint log-prob of every (beam, token) extension; keep the best W
         # (stable: ties to lower index).
@@ -229,13 +227,14 @@ def beam_search(
             [np.take_along_axis(beams, parent[:, :, None], axis=1), token[:, :, None]], axis=2
         )
         state = np.take_along_axis(state, parent[:, :, None], axis=1)
+        # (B, W, t, V)
         history = np.concatenate(
             [
                 np.take_along_axis(history, parent[:, :, None, None], axis=1),
                 np.take_along_axis(log_probs, parent[:, :, None], axis=1)[:, :, None, :],
             ],
             axis=2,
-        )  # (B, W, t, V)
+        )
     return BeamSearchResult(beams=beams, scores=scores, log_probs=history)
 
 
@@ -266,12 +265,10 @@ def sample_chains(
     draft_probs = np.zeros((batch, width, length - 1, config.vocab_size))
     state = np.zeros((batch, width, config.hidden_size))
     for t in range(1, length):
-        state = rnn_step(
-            config, weights, state, embed_tokens[beams[:, :, t - 1]], first=t == 1
-        )  # (B, W, H)
-        logits = drafter_logits(
-            config, weights, hidden[:, None, :], state, lm_head=lm_head
-        )  # (B, W, V)
+        # (B, W, H)
+        state = rnn_step(config, weights, state, embed_tokens[beams[:, :, t - 1]], first=t == 1)
+        # (B, W, V)
+        logits = drafter_logits(config, weights, hidden[:, None, :], state, lm_head=lm_head)
         draft_probs[:, :, t - 1] = target_probs(logits, sampling)
         beams[:, :, t] = sample_from(draft_probs[:, :, t - 1], uniforms[:, :, t])
     return beams, draft_probs

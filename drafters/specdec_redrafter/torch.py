@@ -180,9 +180,8 @@ class RedrafterModule(torch.nn.Module):
         for t in range(1, length):
             # 1. Advance every beam's state with its last token, then score the next token.
             state = self.rnn_step(state, beams[:, :, -1], first=t == 1)  # (B, w, H)
-            log_probs = draft_log_probs(
-                self(hidden, state), top_k=self.config.draft_top_k
-            )  # (B, w, V)
+            # (B, w, V)
+            log_probs = draft_log_probs(self(hidden, state), top_k=self.config.draft_top_k)
             # 2. Joint log-prob of every (beam, token) extension; keep the best W, ties to the lower
             # index.
             candidates = (scores[:, :, None] + log_probs).reshape(batch, -1)  # (B, w*V)
@@ -195,9 +194,10 @@ class RedrafterModule(torch.nn.Module):
             )
             state = torch.gather(state, 1, parent[:, :, None].expand(-1, -1, state.shape[2]))
             if keep_log_probs:
+                # (B, W, 1, V)
                 chosen = torch.gather(log_probs, 1, parent[:, :, None].expand(-1, -1, vocab))[
                     :, :, None
-                ]  # (B, W, 1, V)
+                ]
                 history = (
                     chosen
                     if history is None
@@ -232,9 +232,8 @@ class RedrafterModule(torch.nn.Module):
         for t in range(1, length):
             last = columns[-1][:, :1] if t == 1 else columns[-1]  # step 1: every chain is the root
             state = self.rnn_step(state, last, first=t == 1)  # (B, 1 or W, H)
-            probs = target_probs(self(hidden, state), sampling).expand(
-                batch, width, -1
-            )  # (B, W, S)
+            # (B, W, S)
+            probs = target_probs(self(hidden, state), sampling).expand(batch, width, -1)
             if t == 1:
                 state = state.expand(batch, width, -1)
             columns.append(self.to_vocab(sample_from(probs, uniforms[:, :, t])))

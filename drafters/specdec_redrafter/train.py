@@ -96,9 +96,8 @@ class RedrafterNet(torch.nn.Module):
 
         embed_rms = float(self.embed_tokens.float().pow(2).mean().sqrt()) or 1.0
         if self.config.rnn:
-            self.rnn_w.weight.copy_(
-                normal((hidden, hidden), 1.0 / (hidden**0.5 * embed_rms))
-            )  # W e ~ unit scale
+            # W e ~ unit scale
+            self.rnn_w.weight.copy_(normal((hidden, hidden), 1.0 / (hidden**0.5 * embed_rms)))
             self.rnn_u.weight.copy_(normal((hidden, hidden), 0.5 / hidden**0.5))
             self.rnn_u.bias.zero_()
         if self.input_proj is not None:
@@ -254,9 +253,8 @@ class RedrafterTask:
             config, shortlist_size=None if shortlist is None else len(self.shortlist)
         )
         self.negatives = negatives
-        config = attrs.evolve(
-            config, shortlist_size=None
-        )  # the loss runs over all V; the shortlist is inference's
+        # the loss runs over all V; the shortlist is inference's
+        config = attrs.evolve(config, shortlist_size=None)
         self.module = RedrafterNet(
             config,
             embed_tokens=embed_tokens.float(),

@@ -24,10 +24,11 @@ def peer_runner(
 def _hf_runner(method: Method, model, target, dtype, max_new_tokens):
     torch = require("torch", extra="torch", feature="the transformers baselines")
     transformers = require("transformers", extra="torch", feature="the transformers baselines")
+    # transformers' own default, as users get it
     own = method.options.get("dtype", dtype) in (
         "own",
         None,
-    )  # transformers' own default, as users get it
+    )
     dtype_arg = {} if own else {"dtype": getattr(torch, method.options.get("dtype", dtype))}
     load = lambda source: from_pretrained_quietly(
         transformers, resolve_model(source), **dtype_arg

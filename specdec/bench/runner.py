@@ -56,9 +56,8 @@ class BenchRecord:
     time_verify: float = 0.0
     time_other: float = 0.0
     time_prefill: float = 0.0
-    tokens: tuple = attrs.field(
-        default=(), repr=False
-    )  # the generated ids, for greedy identity checks
+    # the generated ids, for greedy identity checks
+    tokens: tuple = attrs.field(default=(), repr=False)
     peak_rss_mb: float = float("nan")  # the process's peak resident memory during this generation
     exact: str = ""  # the target's exact mode: "on", "off" ("" for peers)
 
@@ -93,6 +92,7 @@ def specdec_runner(
     )
 
     def run(ids: list[int], temperature: float, seed: int) -> dict:
+        # drafter is complete
         steps = stream(
             target,
             ids,
@@ -103,7 +103,7 @@ def specdec_runner(
             seed=[seed],
             lookup=False,
             **loop_options,
-        )  # drafter is complete
+        )
         accepted, verified, drafted, plain_steps, generated = [], 0, 0, 0, []
         times = dict(time_draft=0.0, time_verify=0.0, time_other=0.0, time_prefill=0.0)
         start = time.perf_counter()

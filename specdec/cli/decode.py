@@ -152,16 +152,16 @@ def cmd_demo(args) -> int:
         exact = bool(getattr(target, "exact", False)) or str(getattr(target, "dtype", "")).endswith(
             "float64"
         )
+        # new tokens, seconds (prefill included)
         status, totals = (
             0,
             {name: [0, 0.0] for name in methods},
-        )  # new tokens, seconds (prefill included)
+        )
         clock = Measured()
         for text in args.prompt:
             runs: dict[str, list] = {}
-            for _ in range(
-                args.repeats
-            ):  # plain and speculative decoding interleaved; the median is reported
+            # plain and speculative decoding interleaved; the median is reported
+            for _ in range(args.repeats):
                 for name, (drafter, options) in methods.items():
                     with clock:
                         runs.setdefault(name, []).append(run(text, drafter, options))

@@ -25,9 +25,8 @@ from specdec.tuning.exactness import describe as describe_exactness
 def cmd_bench(args) -> int:
     """Run a benchmark grid and write bench.json, bench.md and plots to --out."""
     require("matplotlib", extra="bench", feature="specdec bench (its plots)")  # before any run
-    Path(args.out).mkdir(
-        parents=True, exist_ok=True
-    )  # an unwritable --out fails before the runs, not after
+    # an unwritable --out fails before the runs, not after
+    Path(args.out).mkdir(parents=True, exist_ok=True)
     prompts = load_prompt_set(args.prompts, per_category=args.per_category)
     methods = [parse_method(m) for m in args.methods]
     clock = Measured()

@@ -77,9 +77,8 @@ def drafted_tokens(beams: np.ndarray, lengths: np.ndarray | None = None) -> np.n
     lengths = check_beam_lengths(lengths, beams.shape)  # (B, W): L each when None
     running = np.arange(beams.shape[2]) < lengths[..., None]  # (B, W, L)
     tokens = np.where(running, beams, -1)
-    same = (tokens[:, :, None, :] == tokens[:, None, :, :]).all(
-        axis=-1
-    )  # (B, W, W): beam i equals beam j
+    # (B, W, W): beam i equals beam j
+    same = (tokens[:, :, None, :] == tokens[:, None, :, :]).all(axis=-1)
     repeats = np.tril(same, k=-1).any(axis=-1)  # (B, W): beam i equals an earlier beam
     return np.where(repeats, 0, lengths - 1).sum(axis=-1).astype(np.int64)
 

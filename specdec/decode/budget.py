@@ -111,9 +111,8 @@ EXPLORE_COST = 0.05  # ... when its extra cost spread over them is at most this 
 # a step decoded plainly after this many steps without one: the plain step's price is learnt from
 # plain steps alone (``specdec.tuning.costs``), and a price left too dear would never be tested
 PLAIN_EVERY = 64
-GUESS = 1.0 + 0.4 * np.sqrt(
-    np.asarray(BUDGETS, dtype=np.float64)
-)  # tokens per step before any was seen
+# tokens per step before any was seen
+GUESS = 1.0 + 0.4 * np.sqrt(np.asarray(BUDGETS, dtype=np.float64))
 _LIMITS = np.asarray(BUDGETS, dtype=np.float64)
 _PREVIOUS = np.concatenate([[0.0], _LIMITS[:-1]])  # the budget below each (0 below the first)
 

@@ -30,9 +30,8 @@ class DecodePlan:
     sampling: SamplingConfig = attrs.field(factory=SamplingConfig)
     max_new_tokens: int = 128
     eos_token_ids: tuple[int, ...] = ()
-    sources: dict[str, str] = attrs.field(
-        factory=dict
-    )  # "drafter" -> "drafter 'x' (plugin p, dist 1.0)"
+    # "drafter" -> "drafter 'x' (plugin p, dist 1.0)"
+    sources: dict[str, str] = attrs.field(factory=dict)
     # how much each request drafts per step (specdec.decode.budget): "auto", "always", "never", a
     # Speculation object, or None ($SPECDEC_SPECULATION, else "auto")
     speculation: object = None

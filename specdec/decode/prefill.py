@@ -31,16 +31,16 @@ def plan_chunks(
         ("waiting", i, n) for i, n in enumerate(waiting)
     ]
     reserve = 0
-    if prefilling and prefilling[0] > min(
-        budget, PREFILL_CHUNK
-    ):  # the oldest cannot finish in this step
+    # the oldest cannot finish in this step
+    if prefilling and prefilling[0] > min(budget, PREFILL_CHUNK):
         reserve = min(PREFILL_CHUNK, budget // RESERVED_SHARE)
     left, chosen, taken = budget - reserve, [], set()
+    # whole prompts first: their first token comes this step
     for (
         kind,
         index,
         remaining,
-    ) in candidates:  # whole prompts first: their first token comes this step
+    ) in candidates:
         if remaining <= min(left, PREFILL_CHUNK):
             chosen.append((kind, index, int(remaining)))
             taken.add((kind, index))

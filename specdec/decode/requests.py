@@ -108,12 +108,10 @@ class RequestState:
     def __init__(self, request: Request, slot: int):
         self.request = request
         self.slot = slot
-        self.generator = (
-            None if request.sampling.greedy else request.generator(1)
-        )  # drafter and beam tests
-        self._stream = (
-            None if request.sampling.greedy else request.generator(0)
-        )  # the tokens, by position
+        # drafter and beam tests
+        self.generator = None if request.sampling.greedy else request.generator(1)
+        # the tokens, by position
+        self._stream = None if request.sampling.greedy else request.generator(0)
         self._uniforms = np.zeros(0)
         self.emitted = 0
         self.done = False
@@ -133,9 +131,8 @@ class RequestState:
         if self._stream is None:
             return None
         end = self.emitted + count
-        while (
-            len(self._uniforms) < end
-        ):  # drawn in blocks: the stream's n-th number is the n-th token's
+        # drawn in blocks: the stream's n-th number is the n-th token's
+        while len(self._uniforms) < end:
             self._uniforms = np.concatenate([self._uniforms, self._stream.random(UNIFORM_BLOCK)])
         return self._uniforms[self.emitted : end].copy()
 

@@ -196,9 +196,8 @@ class LookupDrafter(PassLifecycle):
             int(max_ngram),
             int(min_ngram),
         )
-        self.beam_width = 1 + getattr(
-            inner, "beam_width", 0
-        )  # beams per draft, and their length (for reports)
+        # beams per draft, and their length (for reports)
+        self.beam_width = 1 + getattr(inner, "beam_width", 0)
         self.beam_length = getattr(inner, "beam_length", self.draft_length + 1)
         # Beside a drafter, its needs (a stateful one keeps its lifecycle: LookupDrafter passes it
         # on).

@@ -32,12 +32,13 @@ NOT_TEXT = frozenset(
 )
 FREE = frozenset({"count", "d", "default", "first", "last", "length"})
 SCANNING_TESTS = frozenset({"in", "lower", "upper"})
+# names no template can write
 _ITERATE, _SHOW, _MADE, _SCANNED = (
     " iterate",
     " show",
     " made",
     " scanned",
-)  # names no template can write
+)
 
 
 @pass_environment

@@ -38,13 +38,14 @@ ROOT_MARK = ".specdec-cache"
 ENTRY_MARK = ".specdec-cache-entry"
 MANIFEST = ".specdec-manifest.json"
 LEFTOVER_PATTERNS = (("models", ".*.partial-*"), ("models", ".*.old-*"), ("tmp", "fetch-*"))
+# what specdec makes in its cache folder
 OWN_ENTRIES = (
     "models",
     "tmp",
     "tuning",
     "teacher",
     "corpus",
-)  # what specdec makes in its cache folder
+)
 
 log = logging.getLogger("specdec.models.cache")
 

@@ -259,9 +259,8 @@ class PluginRegistry:
                 f"{has}. {label.capitalize()}s on {backend!r}: "
                 f"{', '.join(self.names(kind, backend)) or 'none'}"
             )
-        chosen = exact[
-            0
-        ]  # a plugin may register one name for every backend and again for one backend
+        # a plugin may register one name for every backend and again for one backend
+        chosen = exact[0]
         rivals = [
             r
             for r in matches

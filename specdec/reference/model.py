@@ -287,13 +287,11 @@ class ReferenceTarget(SlotTarget):
         lengths = self.cache.lengths[list(rows)]
         positions = lengths[:, None] + depth  # (R, n)
         cos, sin = rotary_cos_sin(positions[:, None], self.inv_freq)  # (R, 1, n, Dh)
-        cached_allowed = [
-            np.ones((n, lengths[r]), dtype=bool) for r in range(num_rows)
-        ]  # (n, S) each
+        # (n, S) each
+        cached_allowed = [np.ones((n, lengths[r]), dtype=bool) for r in range(num_rows)]
         if cfg.sliding_window is not None:
-            earliest = (
-                positions - cfg.sliding_window
-            )  # (R, n): a query sees keys at positions > this
+            # (R, n): a query sees keys at positions > this
+            earliest = positions - cfg.sliding_window
             mask = mask & (positions[:, None, :] > earliest[:, :, None])
             cached_allowed = [
                 allowed & (np.arange(lengths[r])[None, :] > earliest[r][:, None])
@@ -376,10 +374,11 @@ class ReferenceTarget(SlotTarget):
             self.vocab_size,
         )
         prompts, appends = [], []
+        # computed first, committed at the end: a failed forward commits nothing
         for (
             slot,
             tokens,
-        ) in chunks:  # computed first, committed at the end: a failed forward commits nothing
+        ) in chunks:
             causal = np.tril(np.ones((tokens.size, tokens.size), dtype=bool))
             hidden, entries, outputs = self._forward(
                 [slot], tokens[None], np.arange(tokens.size)[None], causal[None], layers

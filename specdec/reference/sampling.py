@@ -42,9 +42,8 @@ def target_probs(logits: np.ndarray, sampling: SamplingConfig) -> np.ndarray:
     probs = softmax(z)
     if sampling.top_p is not None and sampling.top_p < 1.0:
         sorted_probs = np.take_along_axis(probs, order, axis=-1)
-        mass_before = (
-            np.cumsum(sorted_probs, axis=-1) - sorted_probs
-        )  # mass of strictly better tokens
+        # mass of strictly better tokens
+        mass_before = np.cumsum(sorted_probs, axis=-1) - sorted_probs
         keep_sorted = mass_before < sampling.top_p  # always keeps rank 0
         keep = np.take_along_axis(keep_sorted, rank, axis=-1)
         probs = np.where(keep, probs, 0.0)

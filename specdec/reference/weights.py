@@ -18,12 +18,13 @@ from pathlib import Path
 from specdec.errors import InvalidInputError
 from specdec.models.files import MAX_HEADER, read_json
 
+# safetensors dtypes of weights that specdec computes with
 FLOAT_DTYPES = (
     "F64",
     "F32",
     "F16",
     "BF16",
-)  # safetensors dtypes of weights that specdec computes with
+)
 _LAYER = re.compile(r"model\.layers\.(\d+)\.")
 
 

@@ -41,9 +41,8 @@ from specdec.serving.limits import Limits
 from specdec.serving.prepare import Settings, max_prompt_chars, prepare, too_long
 
 RETRY_AFTER_SECONDS = 1
-LARGE_BODY_BYTES = (
-    256 * 1024
-)  # bodies this long are prepared one at a time, so they take one core at most
+# bodies this long are prepared one at a time, so they take one core at most
+LARGE_BODY_BYTES = 256 * 1024
 STALL_TIMEOUT = 60.0  # seconds a step or a preparation may run before /health says "stalled"
 logger = logging.getLogger("specdec.serving")
 

@@ -19,9 +19,8 @@ MAX_DEPTH = 32  # a chat with content parts is 5 deep
 MAX_INT = 2**63  # integers in [-2**63, 2**63)
 MAX_NUMBER_CHARS = 64
 _SURROGATE = re.compile("[\ud800-\udfff]")
-_SEARCH_CHARS = (
-    1 << 18
-)  # a long string is searched in slices, each short enough not to hold up the others
+# a long string is searched in slices, each short enough not to hold up the others
+_SEARCH_CHARS = 1 << 18
 
 
 def _has_surrogate(text: str) -> bool:

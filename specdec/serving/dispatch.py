@@ -117,9 +117,8 @@ class Dispatch:
                 handle.count_step(
                     int(result.num_drafted[row]), int(result.num_accepted[row]), len(chunk.tokens)
                 )
-            if (
-                chunk.finish_reason is not None
-            ):  # ended by a stop string: the decoder does not know yet
+            # ended by a stop string: the decoder does not know yet
+            if chunk.finish_reason is not None:
                 self.decoder.cancel(request_id, chunk.finish_reason)
             handle.push(chunk, chunk.finish_reason, None, now)
             if chunk.finish_reason is not None:

@@ -65,9 +65,8 @@ def _close_at_exit() -> None:
     framework that target imported (atexit runs the last registered first)."""
     for engine in list(_LIVE):
         try:
-            engine.close(
-                drain=False, timeout=EXIT_WAIT
-            )  # a step that never ends does not hold the exit
+            # a step that never ends does not hold the exit
+            engine.close(drain=False, timeout=EXIT_WAIT)
         except Exception:  # noqa: BLE001 - exiting anyway; the other engines still get closed
             pass
 

@@ -53,9 +53,8 @@ class HostCheck:
         self.allowed = frozenset(allowed)
 
     def __call__(self, value: str | None) -> bool:
-        if (
-            value is None or self.any
-        ):  # no Host: not a browser (HTTP/1.1 requires one; h11 refuses its absence)
+        # no Host: not a browser (HTTP/1.1 requires one; h11 refuses its absence)
+        if value is None or self.any:
             return True
         name = _host_name(value)
         if name in self.allowed or name in LOOPBACK_NAMES:

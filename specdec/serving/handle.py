@@ -171,9 +171,8 @@ class EngineMetrics:
 
     def account_step(self, result, prefill_budget) -> None:
         """Count a decode step: its rows, drafts, acceptance and the budgets chosen."""
-        nodes = (
-            np.asarray(result.num_verified, dtype=np.int64) - 1
-        )  # drafted nodes each row verified
+        # drafted nodes each row verified
+        nodes = np.asarray(result.num_verified, dtype=np.int64) - 1
         with self.lock:
             counters = self.counters
             counters["decode_steps"] += 1

@@ -66,9 +66,8 @@ class Server:
         self.drain = drain
         self.shutdown_timeout = shutdown_timeout
         self.limits = limits or Limits()
-        self.drain_expired = (
-            threading.Event()
-        )  # set when the drain timed out and what was left got cancelled
+        # set when the drain timed out and what was left got cancelled
+        self.drain_expired = threading.Event()
         self.app = create_app(
             engine,
             model_name=model_name,

@@ -105,9 +105,8 @@ def check_ops(
             np.take_along_axis(logits, order[..., :k], axis=-1),
         )
         same(f"top_k_mask(k={k})", ops.top_k_mask(x, k), rank < k)
-    masked = np.where(rank < vocab // 2, logits, -np.inf).astype(
-        np.float32
-    )  # -inf logits get no mass
+    # -inf logits get no mass
+    masked = np.where(rank < vocab // 2, logits, -np.inf).astype(np.float32)
     close("softmax", ops.softmax(ops.as_array(masked)), softmax(masked))
     with np.errstate(divide="ignore"):
         expected_log = np.log(softmax(masked))
@@ -126,15 +125,15 @@ def check_ops(
             ops.target_probs(x, sampling),
             target_probs(logits, sampling),
         )
-    probs = target_probs(
-        logits, SamplingConfig(temperature=1.0, top_k=5)
-    )  # (2, rows, V), zeros included
+    # (2, rows, V), zeros included
+    probs = target_probs(logits, SamplingConfig(temperature=1.0, top_k=5))
     tokens = sample_from(probs, rng.random(probs.shape[:-1]))
     cdf = np.cumsum(probs, axis=-1)
     low = np.take_along_axis(cdf - probs, tokens[..., None], axis=-1)[..., 0]
+    # mid-step
     uniforms = (low + np.take_along_axis(probs, tokens[..., None], axis=-1)[..., 0] / 2) / cdf[
         ..., -1
-    ]  # mid-step
+    ]
     on_device = ops.as_array(probs.astype(np.float32))
     same("sample_from", ops.sample_from(on_device, ops.as_array(uniforms)), tokens)
     same("categorical", ops.categorical(on_device, ops.as_array(uniforms)), tokens)
@@ -142,14 +141,14 @@ def check_ops(
     assert ops.compute_dtype(x.dtype) is not None, (
         f"{ops.__name__}.compute_dtype({x.dtype}) returned None"
     )
-    weight = rng.integers(-3, 3, size=(vocab * 4, rows)).astype(
-        np.float32
-    )  # small integers: exact in float32
+    # small integers: exact in float32
+    weight = rng.integers(-3, 3, size=(vocab * 4, rows)).astype(np.float32)
+    # one row and several (the torch backend measures a formulation for each)
     for count in (
         1,
         2,
         5,
-    ):  # one row and several (the torch backend measures a formulation for each)
+    ):
         inputs = rng.integers(-3, 3, size=(count, 2, rows)).astype(np.float32)
         same(
             f"head_product({count} x 2 rows)",

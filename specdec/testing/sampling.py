@@ -152,17 +152,15 @@ class ProbingChooser:
     def categorical(self, probs: np.ndarray, depth: int) -> int:
         probs = np.asarray(probs, dtype=np.float64)
         cdf = np.cumsum(probs) / probs.sum()
-        u = self._pick(
-            [float(c) for c in cdf[:-1] if 0.0 < c < 1.0]
-        )  # u * total crosses cdf[k] there
+        # u * total crosses cdf[k] there
+        u = self._pick([float(c) for c in cdf[:-1] if 0.0 < c < 1.0])
         self.uniforms[depth, 0] = u
         self.decisions += 1
         return int(sample_from(probs, np.array(u)))
 
     def accept(self, probability: float, depth: int, beam: int) -> bool:
-        u = self._pick(
-            [float(probability)]
-        )  # 1: accepted below it (a coin scaled down would flip there)
+        # 1: accepted below it (a coin scaled down would flip there)
+        u = self._pick([float(probability)])
         self.uniforms[depth, 1 + beam] = u
         self.decisions += 1
         return bool(u < probability)

@@ -190,10 +190,11 @@ def check_target(
             active = active[rng.permutation(len(active))][:-1]  # a subset, in another order
         forward(str(step), active)
     free = [s for s in range(num_slots) if s not in roots]
+    # the second chunk's token is outside the vocabulary
     bad = [
         (free[0], [1, 2]),
         (free[1], [reference.vocab_size]),
-    ]  # the second chunk's token is outside the vocabulary
+    ]
     try:
         target.forward_tree(None, np.zeros(0, dtype=np.int64), context=bad)
     except InvalidInputError:

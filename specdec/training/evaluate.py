@@ -47,12 +47,10 @@ def gather_window(
 ) -> Window:
     """The ``Window`` of depth D at flat positions ``indices`` (B,) of ``data``."""
     steps = torch.arange(depth + 1)
-    valid = (
-        steps[None, :] <= data.remaining[indices][:, None]
-    )  # (B, D+1); step 0 (the root) always valid
-    where = torch.where(
-        valid, indices[:, None] + steps[None, :], indices[:, None]
-    )  # (B, D+1) flat indices
+    # (B, D+1); step 0 (the root) always valid
+    valid = steps[None, :] <= data.remaining[indices][:, None]
+    # (B, D+1) flat indices
+    where = torch.where(valid, indices[:, None] + steps[None, :], indices[:, None])
     label_ids = data.label_ids[where[:, 1:]] if labels else None  # (B, D, k)
     label_probs = data.label_probs[where[:, 1:]] if labels else None
     return Window(
@@ -139,9 +137,8 @@ def walk_tokens_per_step(
         )
         left = data.remaining[active]
         accepted = torch.minimum(accepted, left)
-        emitted = torch.where(
-            accepted < left, accepted + 1, accepted
-        )  # no bonus token past the data
+        # no bonus token past the data
+        emitted = torch.where(accepted < left, accepted + 1, accepted)
         tokens += int(emitted.sum())
         steps += int(active.numel())
         for value, count in zip(*torch.unique(accepted, return_counts=True)):

@@ -282,16 +282,14 @@ def train(
     marks = sorted(
         m for m in settings.eval_minutes if settings.minutes is None or m < settings.minutes
     )
-    state["marks_done"] = sum(
-        m <= state["train_seconds"] / 60.0 for m in marks
-    )  # a longer budget on resume
+    # a longer budget on resume
+    state["marks_done"] = sum(m <= state["train_seconds"] / 60.0 for m in marks)
     last_save = [time.monotonic()]
 
     def save_state(final: bool) -> None:
         task.save(out / LAST_DIR, dtype=save_dtype)
-        if not (
-            out / "model.safetensors"
-        ).is_file():  # the first save: ``out`` loads at once (not yet scored)
+        # the first save: ``out`` loads at once (not yet scored)
+        if not (out / "model.safetensors").is_file():
             task.save(out, dtype=save_dtype)
         write_state(
             out / STATE_FILE,
@@ -320,9 +318,8 @@ def train(
         began = time.perf_counter()
         result = evaluate(task, heldout, sequences=None if final else settings.eval_sequences)
         score = result["tokens_per_step"]
-        if (
-            final and settings.eval_sequences is not None
-        ):  # scored on the sequences every evaluation uses
+        # scored on the sequences every evaluation uses
+        if final and settings.eval_sequences is not None:
             score = evaluate(task, heldout, sequences=settings.eval_sequences)["tokens_per_step"]
         state["eval_seconds"] += time.perf_counter() - began
         best = state["best"] is None or score >= state["best"]["score"]

@@ -197,9 +197,8 @@ def claim_out(
                 f"({describe_progress(folder)}): pass --resume to continue it, choose a new "
                 "folder, or pass --overwrite to start again and replace it"
             )
-        if (
-            run is not None
-        ):  # starting again over a run: its files go, nothing else in the folder does
+        # starting again over a run: its files go, nothing else in the folder does
+        if run is not None:
             for name in RUN_FILES:
                 (folder / name).unlink(missing_ok=True)
             shutil.rmtree(folder / LAST_DIR, ignore_errors=True)

@@ -433,9 +433,8 @@ def build_teacher_data(
         times[f"teacher_{name}"] = time.perf_counter() - began
         if not progress:
             say(f"teacher {name}: {count} prompts in {times[f'teacher_{name}'] / 60:.1f} min")
-    if isinstance(
-        decoded_source, MixedPrompts
-    ):  # prompts made in this run (cached shards need none)
+    # prompts made in this run (cached shards need none)
+    if isinstance(decoded_source, MixedPrompts):
         teacher_stats["prompt_kinds_made"] = dict(decoded_source.stats)
     if "prompt_text" in datasets:
         from specdec.training.records import TeacherData  # optional: torch (train extra)

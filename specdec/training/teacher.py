@@ -227,9 +227,8 @@ def greedy_teacher(
     )
     eos = set(int(t) for t in eos_token_ids)
     layers = tuple(int(i) for i in layers)
-    waiting = sorted(range(len(prompts)), key=lambda i: (len(prompts[i]), i))[
-        ::-1
-    ]  # pop() takes the shortest
+    # pop() takes the shortest
+    waiting = sorted(range(len(prompts)), key=lambda i: (len(prompts[i]), i))[::-1]
     free = list(range(target.num_slots))[::-1]
     rows: dict[int, _Sequence] = {}  # slot -> the sequence decoding there
     per_prompt: list[TeacherData | None] = [None] * len(prompts)

@@ -173,10 +173,11 @@ def configure(target, exact: bool | None, *, backend: str = "this") -> Exactness
                     "guarantee"
                 )
             outcome = Exactness(on=False, reason=f"off: {what}", check=check)
+            # in float32 and float64 rounding hides at 1e-7
             if _dtype(target) in (
                 "bfloat16",
                 "float16",
-            ):  # in float32 and float64 rounding hides at 1e-7
+            ):
                 warnings.warn(
                     f"specdec: exact mode off: {what}, so greedy speculative output may differ "
                     "from plain decoding where two tokens nearly tie (in float32 it matches plain "
