@@ -22,20 +22,16 @@ from specdec.errors import (
     UnknownPluginError,
 )
 from specdec.generation.arguments import (
-    check_fits_context,
     check_flag,
     check_max_new_tokens,
     check_prompt_type,
     check_seed,
-    context_length,
     sampling_config,
 )
 from specdec.generation.components import DRAFTING_OPTIONS, decode_plan, resolve_drafter
-from specdec.generation.encoding import encode_prompts
-from specdec.generation.loading import ModelFolder, load_backend, load_with_choice
-from specdec.models.bundled import repair_if_damaged, resolve_model
+from specdec.generation.loading import load_backend, load_for_prompts
+from specdec.models.bundled import repair_if_damaged
 from specdec.plugins.registry import PluginRegistry, default_registry
-from specdec.slots import TREE_ROOM
 from specdec.types import GenerationResult, GenerationStats, StepResult
 
 
@@ -169,33 +165,9 @@ def _prepare(
     check_prompt_type(prompt)
     drafting = {k: options.pop(k) for k in DRAFTING_OPTIONS if k in options}
     named = resolve_drafter(drafter, backend_obj.name, options, registry)  # before the model loads
-    model = resolve_model(model)
-    if isinstance(model, (str, Path)):  # encode first: one slot per prompt, sized to fit
-        folder = ModelFolder.read(model)
-        tokenizer = folder.tokenizer
-        prompts, batched = encode_prompts(
-            prompt, tokenizer, folder.vocab_size, chat_template=folder.chat_template
-        )
-        check_fits_context(prompts, max_new_tokens, folder.context, batched=batched)
-        target, _ = load_with_choice(
-            backend_obj,
-            folder,
-            dtype=dtype,
-            device=device,
-            slots=len(prompts),
-            capacity=max(map(len, prompts)) + max_new_tokens + TREE_ROOM,
-            exact=exact,
-        )
-    else:
-        target, _ = load_with_choice(backend_obj, model, dtype=dtype, device=device, exact=exact)
-        tokenizer = getattr(target, "tokenizer", None)
-        prompts, batched = encode_prompts(
-            prompt,
-            tokenizer,
-            target.vocab_size,
-            chat_template=getattr(target, "chat_template", None),
-        )
-        check_fits_context(prompts, max_new_tokens, context_length(target), batched=batched)
+    target, prompts, batched, tokenizer = load_for_prompts(
+        backend_obj, model, prompt, max_new_tokens, dtype=dtype, device=device, exact=exact
+    )
     plan = decode_plan(
         target,
         named,

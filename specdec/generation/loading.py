@@ -13,12 +13,14 @@ import attrs
 
 from specdec import compute
 from specdec.errors import InvalidInputError, MissingDependencyError, ModelLoadError, SpecdecError
+from specdec.generation.arguments import check_fits_context, context_length
 from specdec.generation.chat import load_chat_template
+from specdec.generation.encoding import encode_prompts
 from specdec.models.bundled import repair_if_damaged, resolve_model
 from specdec.models.files import check_model_folder
 from specdec.models.llama import load_tokenizer
 from specdec.plugins.registry import PluginRegistry, default_registry
-from specdec.slots import DEFAULT_CAPACITY
+from specdec.slots import DEFAULT_CAPACITY, TREE_ROOM
 from specdec.tuning.dtype import DtypeChoice, load_fastest
 from specdec.tuning.exactness import check_exact_option, configure
 
@@ -201,3 +203,33 @@ def _load_choosing_dtype(
         dtype=str(loaded).rpartition(".")[2] if loaded else "the backend's own",
         source="given" if dtype else "the backend's default",
     )
+
+
+def load_for_prompts(backend, model, prompt, max_new_tokens: int, *, dtype, device, exact):
+    """(target, token prompts, batched, tokenizer) for ``generate``: a model folder (or bundled
+    name) read once, the prompts encoded with its tokenizer and chat template and checked against
+    its context, then loaded with one slot per prompt sized to fit them, ``max_new_tokens`` and a
+    draft tree; a loaded target or a model object loaded as it is, the prompts encoded with its
+    own tokenizer."""
+    model = resolve_model(model)
+    if isinstance(model, (str, Path)):
+        folder = ModelFolder.read(model)
+        tokenizer, vocab, template = folder.tokenizer, folder.vocab_size, folder.chat_template
+        prompts, batched = encode_prompts(prompt, tokenizer, vocab, chat_template=template)
+        check_fits_context(prompts, max_new_tokens, folder.context, batched=batched)
+        capacity = max(map(len, prompts)) + max_new_tokens + TREE_ROOM
+        target, _ = load_with_choice(
+            backend,
+            folder,
+            dtype=dtype,
+            device=device,
+            slots=len(prompts),
+            capacity=capacity,
+            exact=exact,
+        )
+        return target, prompts, batched, tokenizer
+    target, _ = load_with_choice(backend, model, dtype=dtype, device=device, exact=exact)
+    tokenizer, template = getattr(target, "tokenizer", None), getattr(target, "chat_template", None)
+    prompts, batched = encode_prompts(prompt, tokenizer, target.vocab_size, chat_template=template)
+    check_fits_context(prompts, max_new_tokens, context_length(target), batched=batched)
+    return target, prompts, batched, tokenizer
