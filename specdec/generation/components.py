@@ -10,6 +10,7 @@ import contextlib
 import re
 from typing import Any
 
+from specdec import compute
 from specdec.capabilities import drafter_caps, verifier_caps
 from specdec.decode import lease
 from specdec.decode.budget import check_speculation
@@ -56,7 +57,9 @@ def decode_plan(
     **options: Any,
 ) -> DecodePlan:
     """The ``DecodePlan`` of ``drafter`` over a loaded ``target`` on ``backend`` (a name or a
-    Backend object; None: the target's own, as ``specdec.load`` chose), with no prompt in it.
+    Backend object; None: torch where it is installed, else numpy, as ``generate``), with no
+    prompt in it; built on the process's compute thread where the backend wants one
+    (``specdec.compute``), as decoding runs.
 
     ``drafter``: as ``generate``'s (or a ``resolve_drafter`` result); ``options``: ``generate``'s
     drafting options (``verifier``, ``tree_builder``, ``lookup``, ``speculation`` and the
@@ -68,6 +71,12 @@ def decode_plan(
     (``attrs.evolve``) or make requests of their own."""
     registry = registry or default_registry()
     backend_obj = backend if hasattr(backend, "load_target") else load_backend(backend, registry)
+    return compute.run_for(
+        backend_obj, _decode_plan, target, drafter, backend_obj, greedy, exact, registry, options
+    )
+
+
+def _decode_plan(target, drafter, backend_obj, greedy, exact, registry, options) -> DecodePlan:
     options = dict(options)
     speculation = check_speculation(options.pop("speculation", None))
     verifier_choice = options.pop("verifier", None)
