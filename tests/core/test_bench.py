@@ -208,9 +208,10 @@ def test_bench_without_its_extra_stops_before_any_run(monkeypatch, tmp_path, cap
     import sys
 
     from specdec.cli import main as cli
+    from specdec.cli import measure
 
     ran = []
-    monkeypatch.setattr(cli, "run_bench", lambda *a, **k: ran.append(1) or [])
+    monkeypatch.setattr(measure, "run_bench", lambda *a, **k: ran.append(1) or [])
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     status = cli.main(["bench", "--model", "x", "--out", str(tmp_path / "o")])
     err = capsys.readouterr().err
