@@ -111,12 +111,12 @@ def test_generate_applies_the_drafters_options(model_dir, redrafter, monkeypatch
 def test_an_unknown_option_is_one_line_naming_those_taken_before_the_model_loads(
     model_dir, redrafter, monkeypatch, capsys
 ):
-    from specdec.generation import api
+    from specdec.generation import loading
 
     def no_load(*args, **kwargs):
         raise AssertionError("the model was loaded")
 
-    monkeypatch.setattr(api, "load_with_choice", no_load)
+    monkeypatch.setattr(loading, "load_with_choice", no_load)
     code = main(
         [
             "generate",
