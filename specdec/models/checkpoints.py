@@ -203,13 +203,14 @@ def check_compatible(
 
 def check_trained_for(config, target, *, drafter: str) -> None:
     """``check_compatible`` against a loaded target; its fingerprint (a hash of its weights) is
-    computed only when the checkpoint records one."""
+    computed only when the checkpoint records one and the target offers one (an optional
+    attribute of the target protocol)."""
     recorded = (getattr(config, "target", None) or {}).get("fingerprint")
     check_compatible(
         config,
         drafter=drafter,
         vocab_size=target.vocab_size,
         hidden_size=target.hidden_size,
-        fingerprint=target.fingerprint if recorded else None,
+        fingerprint=getattr(target, "fingerprint", None) if recorded else None,
         name=getattr(target, "name", None),
     )

@@ -111,3 +111,26 @@ def test_every_shipped_drafter_decodes_losslessly_here(model, tmp_path, kind):
     assert result.stats.drafted_tokens > 0  # it drafted: the reference ran
     host = [w for w in caught if issubclass(w.category, on_host.ReferenceOnHostWarning)]
     assert bool(host) == (kind != "draft_model"), [str(w.message) for w in caught]
+
+
+def test_a_checkpoint_that_records_its_targets_fingerprint_runs_here(model, tmp_path):
+    """numpy32's targets offer no ``fingerprint`` (optional in the target protocol): a drafter
+    checkpoint that records the fingerprint of the target it was trained for (as the shipped
+    ones do) is checked by sizes and name alone here, and decodes."""
+    import json
+
+    from specdec.testing import make_random_drafter
+
+    head = make_random_drafter(tmp_path / "rd", model, kind="redrafter", seed=1)
+    config = json.loads((head / "config.json").read_text())
+    config["target"]["fingerprint"] = "0" * 64
+    (head / "config.json").write_text(json.dumps(config))
+    prompt = [1, 2, 3, 4, 1, 2, 3, 4]
+    plain = specdec.generate(model, prompt, drafter="none", backend="numpy32", max_new_tokens=8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        result = specdec.generate(
+            model, prompt, drafter=str(head), backend="numpy32", max_new_tokens=8
+        )
+    assert result.tokens == plain.tokens
+
