@@ -98,6 +98,8 @@ class PluginRegistry:
                     f"{plugin.distribution.split()[0]}:{plugin.name}" if twice else plugin.name,
                 )
         for plugin in plugins:
+            if self._pm.get_name(plugin) is not None:  # installed, and passed in too: the same
+                continue
             self._add(plugin, self._pm.get_canonical_name(plugin), "local")
 
     def _add_installed(self, found, name: str) -> None:
@@ -225,6 +227,11 @@ class PluginRegistry:
         numpy_backend = self.get("backend", HOST_BACKEND).factory()
         factory = on_host_factory(kind, name, host.factory, backend, numpy_backend)
         return attrs.evolve(host, backend=backend, factory=factory)
+
+    def ready_backends(self) -> list[str]:
+        """The installed backends whose framework imports here (``specdec plugins`` marks the
+        others NOT INSTALLED, with the extra to install)."""
+        return [name for name in self.names("backend") if missing_framework(name) is None]
 
     def conflicts(self) -> list[tuple[Registration, Registration]]:
         """Pairs of registrations from different plugins that answer the same lookup."""

@@ -45,8 +45,13 @@ def backend_class(backend: str, classes: dict[str, str], *, feature: str):
     """The class implementing ``feature`` on ``backend``; a missing framework names its extra."""
     if backend in FRAMEWORKS:
         modules, extra = FRAMEWORKS[backend]
+        where = f"the {backend} backend"
         for module in modules:
-            require(module, extra=extra, feature=f"{feature} on the {backend} backend")
+            require(
+                module,
+                extra=extra,
+                feature=feature if where in feature else f"{feature} on {where}",
+            )
     module, _, name = classes[backend].partition(":")
     return getattr(importlib.import_module(module), name)
 

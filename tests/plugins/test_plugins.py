@@ -139,3 +139,32 @@ def test_cli_reports_unknown_backend_cleanly(tmp_path):
     assert done.returncode == 2 and "unknown backend 'nope'; installed backends:" in done.stderr, (
         done.stderr
     )
+
+
+def test_ready_backends_leave_out_those_whose_framework_is_missing(monkeypatch):
+    """``PluginRegistry.ready_backends`` lists the backends a kit run can use here; a backend
+    whose framework does not import is left out, and building it says which extra to install in
+    one plain sentence."""
+    from specdec.plugins import support
+
+    registry = specdec.default_registry()
+    monkeypatch.setitem(support.FRAMEWORKS, "torch", (("no_such_framework_xyz",), "torch"))
+    ready = registry.ready_backends()
+    assert (
+        "numpy" in ready and "torch" not in ready and set(ready) <= set(registry.names("backend"))
+    )
+    with pytest.raises(specdec.MissingDependencyError) as caught:
+        support.backend_class("torch", {"torch": "x:Y"}, feature="the torch backend")
+    message = str(caught.value)
+    assert message.startswith("the torch backend needs the 'no_such_framework_xyz' package")
+    assert "on the torch backend" not in message and "pip install 'specdec[torch]'" in message
+
+
+def test_a_plugin_module_installed_and_passed_in_too_registers_once():
+    """The kit's pre-install recipe, ``PluginRegistry([module], entry_points=True)``, run again
+    after the module is installed: the module is one plugin, not a conflict."""
+    from specdec.plugins import builtin
+
+    registry = PluginRegistry([builtin], entry_points=True)
+    assert registry.get("backend", "numpy").factory().name == "numpy"
+    assert sum(r.kind == "backend" and r.name == "numpy" for r in registry.registrations) == 1
