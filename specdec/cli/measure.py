@@ -13,6 +13,7 @@ from specdec.bench.tree_planner import plan_tree
 from specdec.bench.trust import Measured, busy_line, impossible
 from specdec.drafting.lookup import DEFAULT_DRAFT_LENGTH
 from specdec.errors import require
+from specdec.generation.components import resolve_drafter
 from specdec.generation.loading import load_backend
 from specdec.generation.resolve import resolve
 from specdec.models.bundled import resolve_model
@@ -29,8 +30,12 @@ def cmd_bench(args) -> int:
     Path(args.out).mkdir(parents=True, exist_ok=True)
     prompts = load_prompt_set(args.prompts, per_category=args.per_category)
     methods = [parse_method(m) for m in args.methods]
-    clock = Measured()
     grid = [(item.partition(":")[0], item.partition(":")[2] or None) for item in args.backends]
+    for backend, _ in grid:  # each method's drafter and options checked before any model loads
+        for method in methods:
+            if not method.is_peer:
+                resolve_drafter(method.drafter, backend, dict(method.generate_options))
+    clock = Measured()
     with clock:
         records = run_bench(
             args.model,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from specdec.errors import InvalidInputError
-from specdec.generation.options import parse_options
+from specdec.generation.options import ALIASES, checkpoint_of, parse_options
 
 DRAFTER_HELP = (
     "an installed drafter (redrafter, medusa, eagle, lookup, draft_model, none; "
@@ -27,7 +27,9 @@ def drafter_options(args) -> tuple[str, dict]:
     """(drafter, ``generate``'s options) from ``--drafter NAME[:key=value,...]``
     (``specdec.generation.options.parse_options``) and the flags that set drafter options
     (--beam-width, --lookup, ...); an option given both ways is refused."""
-    drafter, options = parse_options(args.drafter)
+    drafter, options = parse_options(args.drafter, aliases={**ALIASES, "drafter": "drafter_path"})
+    if "drafter_path" in options:  # NAME:drafter=FOLDER, as bench's methods write a checkpoint
+        drafter = checkpoint_of(drafter, options.pop("drafter_path"))
     flags = lookup_option(args, drafter)
     flags.update(
         {

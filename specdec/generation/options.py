@@ -11,7 +11,8 @@ import numpy as np
 
 from specdec.errors import InvalidInputError
 from specdec.generation.arguments import is_int
-from specdec.generation.resolve import Resolved, check_options
+from specdec.generation.resolve import Resolved, check_options, drafter_kind
+from specdec.plugins.registry import default_registry
 from specdec.plugins.export import is_checkpoint_file
 
 __all__ = [
@@ -19,6 +20,7 @@ __all__ = [
     "GENERATE_OPTIONS",
     "OWN_ARGUMENTS",
     "check_drafter_options",
+    "checkpoint_of",
     "option_value",
     "parse_options",
 ]
@@ -99,6 +101,23 @@ def parse_options(
             raise InvalidInputError(f"{what} {spec!r} gives {key} twice")
         options[key] = option_value(value)
     return name, options
+
+
+def checkpoint_of(kind: str, folder) -> str:
+    """``NAME:drafter=FOLDER`` (a checkpoint of drafter NAME, as ``specdec bench``'s methods and
+    the CLI write it): the folder, after checking that it holds a checkpoint of drafter NAME."""
+    if not isinstance(folder, str) or not Path(folder).expanduser().exists():
+        raise InvalidInputError(
+            f"{kind}:drafter= takes a checkpoint folder, e.g. {kind}:drafter=runs/{kind}; got "
+            f"{folder!r}"
+        )
+    found = drafter_kind(Path(folder).expanduser(), default_registry())
+    if found != kind:
+        raise InvalidInputError(
+            f"{kind}:drafter={folder}: the folder holds a checkpoint of {found}, not {kind}; write "
+            f"{found}:drafter={folder} (or the folder alone)"
+        )
+    return folder
 
 
 def check_drafter_options(drafter: Resolved, registry, on_backend: str, options) -> None:

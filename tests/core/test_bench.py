@@ -218,3 +218,18 @@ def test_bench_without_its_extra_stops_before_any_run(monkeypatch, tmp_path, cap
     assert (
         status != 0 and not ran and "specdec[bench]" in err and len(err.strip().splitlines()) == 1
     )
+
+
+def test_a_methods_unknown_option_is_refused_before_any_run(monkeypatch, tmp_path, capsys):
+    """``--methods redrafter:q=1``: one line naming the options the drafter takes (as
+    ``specdec generate`` says it), before the model loads or a prompt is decoded."""
+    from specdec.cli import main as cli
+    from specdec.cli import measure
+
+    ran = []
+    monkeypatch.setattr(measure, "run_bench", lambda *a, **k: ran.append(1) or [])
+    argv = ["bench", "--model", "x", "--backends", "numpy", "--out", str(tmp_path / "o")]
+    status = cli.main([*argv, "--methods", "plain", "redrafter:q=1"])
+    err = capsys.readouterr().err
+    assert status == 2 and not ran and len(err.strip().splitlines()) == 1, err
+    assert "does not take option(s) ['q']" in err and "beam_width" in err and "verifier" in err

@@ -155,3 +155,15 @@ def test_an_option_given_twice_is_refused(model_dir, redrafter, capsys):
     )
     err = capsys.readouterr().err
     assert code == 2 and "beam_width is given twice" in err and "--beam-width" in err, err
+
+
+def test_a_checkpoint_written_as_bench_writes_it(model_dir, redrafter, capsys):
+    """``--drafter redrafter:drafter=FOLDER`` (a bench method's way to name a checkpoint) decodes
+    with the folder; a folder of another kind is refused naming both."""
+    common = ["generate", "--model", str(model_dir), "--prompt-ids", "[1, 2, 3]"]
+    common += ["--backend", "numpy", "--max-new-tokens", "4"]
+    assert main([*common, "--drafter", f"redrafter:drafter={redrafter},w=2"]) == 0
+    capsys.readouterr()
+    assert main([*common, "--drafter", f"medusa:drafter={redrafter}"]) == 2
+    err = capsys.readouterr().err
+    assert "holds a checkpoint of redrafter, not medusa" in err and len(err.splitlines()) == 1
