@@ -117,6 +117,11 @@ def cmd_export(args) -> int:
 
 def cmd_import(args) -> int:
     result = import_drafter(args.folder, args.out, overwrite=args.overwrite, dtype=args.dtype)
-    for line in describe(result):
+    print(
+        f"read the {result.format} layout; wrote the {result.drafter} drafter to {result.path} "
+        "in specdec's own layout (use it as drafter=)",
+        file=sys.stderr,
+    )
+    for line in describe(result)[1:]:
         print(line, file=sys.stderr)
     return 0

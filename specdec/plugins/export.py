@@ -383,10 +383,13 @@ SAFETENSORS_FLOATS = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}
 
 def stored_dtype(source) -> str | None:
     """The float type a checkpoint's matrices are stored in ("float32", "float16" or "bfloat16"):
-    that of every tensor of two or more dimensions in its safetensors files, read from their
-    headers; None when they differ, or for other files (a GGUF, a torch pickle)."""
+    that of every floating-point tensor of two or more dimensions in its safetensors files (integer
+    tables such as a draft vocabulary's do not count), read from their headers; None when they
+    differ, or for other files (a GGUF, a torch pickle)."""
     source = Path(source)
-    files = [source] if source.is_file() else sorted(source.glob("*.safetensors"))
+    # a training run's folder also holds trainer_state.safetensors (float32 optimizer state)
+    weights = sorted(source.glob("model*.safetensors")) if source.is_dir() else []
+    files = [source] if source.is_file() else weights or sorted(source.glob("*.safetensors"))
     found = set()
     for file in files:
         if file.suffix != ".safetensors":
@@ -395,8 +398,9 @@ def stored_dtype(source) -> str | None:
             with safe_open(str(file), framework="np") as handle:
                 for name in handle.keys():
                     piece = handle.get_slice(name)
-                    if len(piece.get_shape()) >= 2:
-                        found.add(SAFETENSORS_FLOATS.get(piece.get_dtype()))
+                    floats = SAFETENSORS_FLOATS.get(piece.get_dtype())  # int tables do not count
+                    if len(piece.get_shape()) >= 2 and floats is not None:
+                        found.add(floats)
         except (OSError, ValueError, RuntimeError):
             return None  # the reader has already refused a damaged file; none to go by
     return found.pop() if len(found) == 1 else None

@@ -98,6 +98,13 @@ def test_export_and_import_keep_a_float16_checkpoint_in_float16_by_default(model
     config, weights = load_eagle3_checkpoint(source)
     half = save_eagle3(tmp_path / "half", config, weights, dtype=np.float16)
     assert stored_dtype(half) == "float16" and stored_dtype(source) == "float32"
+    # a training run's folder: its float32 trainer state is not the checkpoint's weights
+    from safetensors.numpy import save_file
+
+    save_file(
+        {"adam.exp_avg": np.zeros((4, 4), np.float32)}, str(half / "trainer_state.safetensors")
+    )
+    assert stored_dtype(half) == "float16"
     result = export(str(half), "speculators", tmp_path / "out16")
     assert _dtypes(result.path) == {"F16"}
     assert not any("rounding" in note for note in result.notes), result.notes
