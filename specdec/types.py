@@ -317,7 +317,9 @@ class GenerationStats:
         return self.drafting_row_steps / self.decode_row_steps if self.decode_row_steps else 0.0
 
     def describe_speculation(self) -> str:
-        """One line: how often the rows drafted, and what it gave."""
+        """One line: how often the rows drafted, and what it gave. A step counts as drafting when
+        the row verified more than its root: under ``speculation="always"`` too, a drafter that
+        proposes nothing for a step (prompt lookup where the text has no match) leaves it plain."""
         if not self.decode_row_steps:
             return "no decode step"
         return (

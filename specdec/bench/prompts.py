@@ -79,6 +79,13 @@ def _jsonl(path: Path) -> list[BenchPrompt]:
                 f"{path} line {i + 1}: each line is a JSON object with 'prompt' (text) or "
                 "'messages' (a list of chat messages)"
             )
+        for key in ("category", "id"):
+            if key in row and not isinstance(row[key], (str, int) if key == "id" else str):
+                raise InvalidInputError(
+                    f"{path} line {i + 1}: '{key}' must be "
+                    + ("text or a number" if key == "id" else "text")
+                    + f", got {row[key]!r}"
+                )
         if "messages" in row:
             prompt = BenchPrompt(
                 id=str(row.get("id", i)),
@@ -100,9 +107,13 @@ def _jsonl(path: Path) -> list[BenchPrompt]:
 PROMPT_SETS = {"mt-bench": _mt_bench, "humaneval": _humaneval}
 
 
-def load_prompt_set(source: str, *, per_category: int | None = None) -> list[BenchPrompt]:
+def load_prompt_set(
+    source: str, *, per_category: int | None = None, limit: int | None = None
+) -> list[BenchPrompt]:
     """``"mt-bench"``, ``"humaneval"`` or a JSONL path; ``per_category`` keeps the first n of each
-    category."""
+    category, then ``limit`` the first n of those."""
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+        raise InvalidInputError(f"--limit must be an integer >= 1, got {limit!r}")
     if source in PROMPT_SETS:
         prompts = PROMPT_SETS[source]()
     elif Path(source).is_file():
@@ -112,11 +123,9 @@ def load_prompt_set(source: str, *, per_category: int | None = None) -> list[Ben
             f"unknown prompt set {source!r}: use one of {sorted(PROMPT_SETS)} or a JSONL file of "
             "{{\"prompt\": ...}} or {{\"messages\": [...]}} lines"
         )
-    if per_category is None:
-        return prompts
     kept, seen = [], {}
     for p in prompts:
         seen[p.category] = seen.get(p.category, 0) + 1
-        if seen[p.category] <= per_category:
+        if per_category is None or seen[p.category] <= per_category:
             kept.append(p)
-    return kept
+    return kept[:limit]

@@ -28,7 +28,7 @@ def cmd_bench(args) -> int:
     require("matplotlib", extra="bench", feature="specdec bench (its plots)")  # before any run
     # an unwritable --out fails before the runs, not after
     Path(args.out).mkdir(parents=True, exist_ok=True)
-    prompts = load_prompt_set(args.prompts, per_category=args.per_category)
+    prompts = load_prompt_set(args.prompts, per_category=args.per_category, limit=args.limit)
     methods = [parse_method(m) for m in args.methods]
     grid = [(item.partition(":")[0], item.partition(":")[2] or None) for item in args.backends]
     for backend, _ in grid:  # each method's drafter and options checked before any model loads
@@ -237,13 +237,27 @@ def cmd_tune(args) -> int:
 
 
 def add_parsers(sub) -> None:
-    bench = sub.add_parser("bench", help="measure methods side by side on a prompt set")
+    bench = sub.add_parser(
+        "bench",
+        help="measure methods side by side on a prompt set",
+        description="Measure methods side by side (interleaved) and write bench.json, bench.md "
+        "and plots. Table columns: tok/s (new tokens per second, decoding only); speedup vs "
+        "plain (our plain decoding in the same grid row); tokens/step (emitted per target "
+        "forward, bonus counted: plain is 1.00); verified/step (tree nodes the target "
+        "verified per step); no-draft steps (steps a row decoded plainly: auto declined, or "
+        "the drafter proposed nothing); tree reduction (nodes saved by merging the beams' "
+        "shared prefixes); draft / verify / other (where a step's time went); identical to "
+        "plain (tokens equal to plain decoding's, greedy).",
+    )
     bench.add_argument(
         "--model", required=True, help="a bundled name (smollm2-135m), folder or .gguf"
     )
     bench.add_argument("--prompts", default="mt-bench", help="mt-bench | humaneval | a JSONL file")
     bench.add_argument(
         "--per-category", type=int, default=None, help="first N prompts of each category"
+    )
+    bench.add_argument(
+        "--limit", type=int, default=None, help="then the first N prompts (e.g. 2 for a quick run)"
     )
     bench.add_argument(
         "--methods",
@@ -273,19 +287,35 @@ def add_parsers(sub) -> None:
         "plan",
         help="choose a drafter's beams (ReDrafter) or tree (EAGLE, EAGLE-3) for this machine",
     )
-    planner.add_argument("--model", required=True)
+    planner.add_argument(
+        "--model", required=True, help="a bundled name (smollm2-135m), folder or .gguf"
+    )
     planner.add_argument(
         "--drafter",
         default="redrafter",
         help="redrafter, eagle, eagle3 (the shipped ones) or a checkpoint folder",
     )
-    planner.add_argument("--backend", default="torch")
-    planner.add_argument("--dtype", default=None)
-    planner.add_argument("--prompts", default="mt-bench")
-    planner.add_argument("--per-category", type=int, default=1)
-    planner.add_argument("--widths", nargs="+", type=int, default=[1, 2, 4, 8])
-    planner.add_argument("--lengths", nargs="+", type=int, default=[2, 3, 4, 5, 6])
-    planner.add_argument("--max-new-tokens", type=int, default=64)
+    planner.add_argument("--backend", default="torch", help="the backend it plans for")
+    planner.add_argument(
+        "--dtype", default=None, help="default: the fastest measured here, as generate"
+    )
+    planner.add_argument(
+        "--prompts",
+        default="mt-bench",
+        help="mt-bench | humaneval | a JSONL file as bench takes (plan on prompts like your own)",
+    )
+    planner.add_argument(
+        "--per-category", type=int, default=1, help="first N prompts of each category"
+    )
+    planner.add_argument(
+        "--widths", nargs="+", type=int, default=[1, 2, 4, 8], help="beam widths W to try"
+    )
+    planner.add_argument(
+        "--lengths", nargs="+", type=int, default=[2, 3, 4, 5, 6], help="beam lengths L to try"
+    )
+    planner.add_argument(
+        "--max-new-tokens", type=int, default=64, help="tokens decoded per prompt and setting"
+    )
     planner.add_argument(
         "--measure-top", type=int, default=3, help="run the best N for real and compare"
     )
@@ -297,7 +327,8 @@ def add_parsers(sub) -> None:
     planner.add_argument(
         "--no-save",
         action="store_true",
-        help="do not keep the recommendation (by default generate uses it when no beams are given)",
+        help="do not keep the recommendation (by default generate uses it when no beams are "
+        "given; a recommendation measured while other work shared the machine is never kept)",
     )
     planner.set_defaults(func=cmd_plan, on_compute_thread=True)
     tune = sub.add_parser(

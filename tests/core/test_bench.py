@@ -233,3 +233,23 @@ def test_a_methods_unknown_option_is_refused_before_any_run(monkeypatch, tmp_pat
     err = capsys.readouterr().err
     assert status == 2 and not ran and len(err.strip().splitlines()) == 1, err
     assert "does not take option(s) ['q']" in err and "beam_width" in err and "verifier" in err
+
+
+def test_prompt_files_check_category_and_id_and_limit_keeps_the_first(tmp_path):
+    """A prompt file's "category" is text and "id" text or a number, refused naming the line;
+    ``limit`` keeps the first N prompts (after ``per_category``)."""
+    from specdec.bench.prompts import load_prompt_set
+    from specdec.errors import InvalidInputError
+
+    good = tmp_path / "good.jsonl"
+    good.write_text(
+        "\n".join(
+            json.dumps({"prompt": f"p{i}", "category": "ab"[i % 2], "id": i}) for i in range(6)
+        )
+    )
+    assert [p.id for p in load_prompt_set(str(good), limit=2)] == ["0", "1"]
+    assert [p.id for p in load_prompt_set(str(good), per_category=1, limit=5)] == ["0", "1"]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "x", "category": 3}\n')
+    with pytest.raises(InvalidInputError, match=r"line 1: 'category' must be text, got 3"):
+        load_prompt_set(str(bad))
