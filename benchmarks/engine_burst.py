@@ -45,13 +45,13 @@ def run(model, prompts, mode: str, burst: int, tokens: int, slots: int) -> dict:
         ]
         results = [handle.result() for handle in handles]
         seconds = time.perf_counter() - start
-        policy = getattr(engine._decoder, "speculation", None)
+        policy = engine.speculation
         return {
             "tokens_per_second": sum(len(r.tokens) for r in results) / seconds,
             "steps_per_request": sum(r.steps for r in results) / len(results),
             "drafted_per_request": sum(r.drafted_tokens for r in results) / len(results),
             "accepted_per_request": sum(r.accepted_tokens for r in results) / len(results),
-            "realized": policy.realized.describe() if policy is not None else {},
+            "realized": policy.realized.describe(),
         }
 
 

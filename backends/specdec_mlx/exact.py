@@ -24,10 +24,10 @@ import mlx.core as mx
 __all__ = [
     "SMALL_PRODUCT",
     "TAIL",
-    "SplitPlan",
+    "SplitOrder",
     "attend_split",
     "min_rows",
-    "plan_split",
+    "split_order",
     "rows_invariant",
 ]
 
@@ -53,7 +53,7 @@ def rows_invariant(fn, x: mx.array, rows: int = 2) -> mx.array:
 
 
 @attrs.frozen
-class SplitPlan:
+class SplitOrder:
     """tail_slots (B, 1, 1, n, TAIL) int32: each query's tail keys in position order (0 where
     padding); masked (B, 1, 1, n, TAIL + S) bool: entries of the row ``[tail | slots]`` that are
     not the query's keys."""
@@ -62,7 +62,7 @@ class SplitPlan:
     masked: mx.array
 
 
-def plan_split(mask: mx.array, tail: int = TAIL) -> SplitPlan:
+def split_order(mask: mx.array, tail: int = TAIL) -> SplitOrder:
     """The split of every query's keys for mask (B, 1, n, S) bool (slot order = position order)."""
     allowed = mask[:, 0]
     batch, n, size = allowed.shape
@@ -78,11 +78,11 @@ def plan_split(mask: mx.array, tail: int = TAIL) -> SplitPlan:
         order = mx.concatenate([order, mx.zeros((batch, n, tail - size), dtype=mx.int32)], axis=-1)
     padding = mx.arange(tail)[None, None, :] >= (count - split)
     masked = mx.concatenate([padding, ~(allowed & ~in_tail)], axis=-1)
-    return SplitPlan(tail_slots=order[:, None, None], masked=masked[:, None, None])
+    return SplitOrder(tail_slots=order[:, None, None], masked=masked[:, None, None])
 
 
 def attend_split(
-    query: mx.array, keys: mx.array, values: mx.array, plan: SplitPlan, scale: float
+    query: mx.array, keys: mx.array, values: mx.array, plan: SplitOrder, scale: float
 ) -> mx.array:
     """query (B, Hq, n, Dh); keys, values (B, Hkv, S, Dh) -> (B, n, Hq * Dh), each query's bits
     independent of the other queries, keys and rows (where the kernels keep their promise)."""

@@ -15,7 +15,7 @@ import numpy as np
 from specdec.tuning.exactness import InvarianceCheck, cached_check
 from specdec_mlx.blas import _state
 from specdec_mlx.device import describe_device
-from specdec_mlx.exact import TAIL, attend_split, plan_split
+from specdec_mlx.exact import TAIL, attend_split, split_order
 
 __all__ = ["check_row_invariance", "check_target_kernels"]
 
@@ -74,7 +74,7 @@ def _attention_agrees(target) -> bool:
         queries,
         tree_keys[0, :, :, :size],
         tree_keys[1, :, :, :size],
-        plan_split(mx.array(mask)),
+        split_order(mx.array(mask)),
         target._scale,
     )[0]
     for depth, node in enumerate(path):
@@ -85,7 +85,7 @@ def _attention_agrees(target) -> bool:
             queries[:1, :, node : node + 1],
             cache[0, 1:2, :, :width],
             cache[1, 1:2, :, :width],
-            plan_split(mx.array(alone)),
+            split_order(mx.array(alone)),
             target._scale,
         )
         if not _equal(out[0, 0], tree[node]):

@@ -6,14 +6,10 @@ fingerprint computed exactly as ``specdec.reference.model.ReferenceTarget.finger
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 import os
 from pathlib import Path
 from typing import Any
 
-import mlx.core as mx
-import numpy as np
 
 from specdec.errors import InvalidInputError
 from specdec.models.llama import LlamaConfig, load_tokenizer

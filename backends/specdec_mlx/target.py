@@ -31,7 +31,7 @@ from specdec.slots import SlotTarget, check_commit, check_forward, check_slot_ar
 from specdec.types import DraftTree, TargetOutput, Verdict
 from specdec_mlx.arrays import to_mx
 from specdec_mlx.invariance import check_row_invariance
-from specdec_mlx.exact import SplitPlan, attend_split, min_rows, plan_split, rows_invariant
+from specdec_mlx.exact import SplitOrder, attend_split, min_rows, split_order, rows_invariant
 from specdec_mlx.kvcache import MlxKVCache
 from specdec_mlx.packing import pack, unpack
 from specdec_mlx.weights import fingerprint_of
@@ -273,7 +273,7 @@ class MlxTarget(SlotTarget):
             positions,
             allowed[:, None],
             store,
-            plan_split(allowed[:, None]) if self.exact else None,
+            split_order(allowed[:, None]) if self.exact else None,
         )
 
     def _tree_segment(self, place, tree: DraftTree, slots: np.ndarray) -> "_Segment":
@@ -319,7 +319,7 @@ class MlxTarget(SlotTarget):
             positions,
             allowed[:, None],
             store,
-            plan_split(allowed[:, None]) if self.exact else None,
+            split_order(allowed[:, None]) if self.exact else None,
         )
 
     def _window(
@@ -430,4 +430,4 @@ class _Segment:
     positions: mx.array
     mask: mx.array
     store: Callable
-    plan: SplitPlan | None = None
+    plan: SplitOrder | None = None

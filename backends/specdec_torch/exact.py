@@ -33,7 +33,7 @@ process, ``specdec_torch.kernels``):
   masked slots after them). One softmax over ``[tail | slots]`` (trees and one-token forwards
   then differ only by trailing masked entries, which the softmax ignores bitwise), then ``prefix
   probs @ V`` over the slot layout plus ``tail probs @ V_tail`` over the gathered values, added
-  in float32 and rounded once. ``plan_split`` builds the index tensors.
+  in float32 and rounded once. ``split_order`` builds the index tensors.
 
 A plan is built once per forward from the mask; every layer reuses it.
 """
@@ -48,13 +48,13 @@ import torch.nn.functional as F
 
 __all__ = [
     "TAIL",
-    "KernelPlan",
-    "SplitPlan",
+    "KernelChoice",
+    "SplitOrder",
     "attend_kernel",
     "attend_split",
     "linear_rows",
     "plan_kernel",
-    "plan_split",
+    "split_order",
 ]
 
 TAIL = 16  # keys gathered per query: a tree path of up to TAIL - 1 drafted tokens is bit-exact
@@ -73,7 +73,7 @@ def linear_rows(
 
 
 @attrs.frozen
-class SplitPlan:
+class SplitOrder:
     """Index tensors of one mask (B, 1, n, S), shared by every layer of a forward.
 
     tail_slots (B, 1, 1, n, TAIL): the slot of each query's tail keys in position order (0 where
@@ -88,7 +88,7 @@ class SplitPlan:
         return int(self.tail_slots.shape[-1])
 
 
-def plan_split(mask: torch.Tensor, tail: int = TAIL) -> SplitPlan:
+def split_order(mask: torch.Tensor, tail: int = TAIL) -> SplitOrder:
     """The canonical split of every query's keys (module docstring). mask (B, 1, n, S) bool, True
     where a query may attend; a query's allowed slots, in slot order, are its keys in position
     order (committed positions first, then its tree path: parents are stored before children)."""
@@ -104,13 +104,13 @@ def plan_split(mask: torch.Tensor, tail: int = TAIL) -> SplitPlan:
     tail_slots = tail_slots.scatter_(-1, column, slots)[..., :tail]
     padding = torch.arange(tail, device=mask.device) >= (count - split)  # (B, n, tail)
     masked = torch.cat([padding, ~(allowed & ~in_tail)], dim=-1)  # (B, n, tail + S)
-    return SplitPlan(
+    return SplitOrder(
         tail_slots=tail_slots[:, None, None].contiguous(), masked=masked[:, None, None]
     )
 
 
 def attend_split(
-    query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, plan: SplitPlan
+    query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, plan: SplitOrder
 ) -> torch.Tensor:
     """Grouped-query attention in the split form. query (B, Hq, n, Dh); keys, values (B, Hkv,
     S, Dh); ``plan`` of the mask (B, 1, n, S). -> (B, n, Hq * Dh), like
@@ -141,7 +141,7 @@ def attend_split(
 
 
 @attrs.frozen
-class KernelPlan:
+class KernelChoice:
     """Each query's keys for the kernel: slots ``lo .. hi - 1`` of its row's cache slot, then
     ``extra[..., :extra_count]`` (its tree path), in position order. rows (B,) the rows' cache
     slots; lo, hi, extra_count (B, n); extra (B, n, E); all int64."""
@@ -153,7 +153,7 @@ class KernelPlan:
     extra_count: torch.Tensor
 
 
-def plan_kernel(mask: torch.Tensor, rows: torch.Tensor) -> KernelPlan:
+def plan_kernel(mask: torch.Tensor, rows: torch.Tensor) -> KernelChoice:
     """A query's allowed slots of mask (B, 1, n, S), in slot order (its keys in position order):
     the leading run of consecutive slots, then the rest; ``rows`` (B,) the rows' cache slots."""
     allowed = mask[:, 0]
@@ -167,7 +167,7 @@ def plan_kernel(mask: torch.Tensor, rows: torch.Tensor) -> KernelPlan:
     column = torch.where(rest, rest.cumsum(-1) - 1, most)
     extra = torch.zeros((batch, n, most + 1), dtype=torch.int64, device=mask.device)
     extra = extra.scatter_(-1, column, index.expand(batch, n, size))[..., :most].contiguous()
-    return KernelPlan(
+    return KernelChoice(
         rows=rows.to(torch.int64).contiguous(),
         lo=lo,
         hi=lo + in_run.sum(-1),
@@ -177,7 +177,7 @@ def plan_kernel(mask: torch.Tensor, rows: torch.Tensor) -> KernelPlan:
 
 
 def attend_kernel(
-    kernel, query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, plan: KernelPlan
+    kernel, query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, plan: KernelChoice
 ) -> torch.Tensor:
     """Grouped-query attention by the compiled kernel (``specdec_torch.kernels``). query (B, Hq,
     n, Dh); keys, values (slots, Hkv, capacity, Dh): a layer of the cache. -> (B, n, Hq * Dh)."""

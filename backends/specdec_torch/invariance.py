@@ -32,7 +32,7 @@ from specdec_torch.exact import (
     attend_split,
     linear_rows,
     plan_kernel,
-    plan_split,
+    split_order,
 )
 from specdec_torch.kernels import SOURCE
 from specdec_torch.layers import apply_rotary, rms_norm, rotary_cos_sin
@@ -150,7 +150,7 @@ def _attend(target, query, cache, rows, mask) -> torch.Tensor:
         return attend_kernel(target._kernel, query, cache[0], cache[1], plan_kernel(mask, rows))
     size = mask.shape[-1]
     keys, values = cache[0][rows][:, :, :size], cache[1][rows][:, :, :size]
-    return attend_split(query, keys, values, plan_split(mask))
+    return attend_split(query, keys, values, split_order(mask))
 
 
 def check_target_kernels(target) -> InvarianceCheck:

@@ -26,13 +26,13 @@ from specdec.slots import SlotTarget, check_commit, check_forward, check_slot_ar
 from specdec.types import DraftTree, TargetOutput, Verdict
 from specdec_torch.device import device_memory
 from specdec_torch.exact import (
-    KernelPlan,
-    SplitPlan,
+    KernelChoice,
+    SplitOrder,
     attend_kernel,
     attend_split,
     linear_rows,
     plan_kernel,
-    plan_split,
+    split_order,
 )
 from specdec_torch.invariance import check_row_invariance
 from specdec_torch.kernels import attention_kernel
@@ -277,7 +277,7 @@ class TorchTarget(SlotTarget):
         q, k = apply_rotary(q, segment.cos, segment.sin), apply_rotary(k, segment.cos, segment.sin)
         rows = segment.rows
         self.cache.write(index, rows.slots, rows.positions, k, v, rows.block)
-        if isinstance(segment.plan, KernelPlan):  # the kernel reads the cache itself
+        if isinstance(segment.plan, KernelChoice):  # the kernel reads the cache itself
             data = self.cache.data[index]
             return attend_kernel(self._kernel, q, data[0], data[1], segment.plan).reshape(
                 batch * n, -1
@@ -317,7 +317,7 @@ class TorchTarget(SlotTarget):
         mask = mask[:, None]
         plan = None
         if self.exact:
-            plan = plan_kernel(mask, rows.slots) if self._kernel is not None else plan_split(mask)
+            plan = plan_kernel(mask, rows.slots) if self._kernel is not None else split_order(mask)
         return _Segment(
             start=place.offset,
             end=place.end,
@@ -504,7 +504,7 @@ class _Segment:
     rows: "_Rows"
     mask: torch.Tensor
     key_size: int
-    plan: KernelPlan | SplitPlan | None = None
+    plan: KernelChoice | SplitOrder | None = None
 
 
 @attrs.frozen

@@ -85,7 +85,7 @@ __all__ = [
     "BUDGETS",
     "MODES",
     "Speculation",
-    "StepPlan",
+    "StepBudgets",
     "check_speculation",
     "make_speculation",
     "speculation_mode",
@@ -118,7 +118,7 @@ _PREVIOUS = np.concatenate([[0.0], _LIMITS[:-1]])  # the budget below each (0 be
 
 
 @attrs.frozen
-class StepPlan:
+class StepBudgets:
     """The budgets of one step: ``budgets`` {request id: drafted nodes (0: plain; None: the whole
     tree)}, and what the plan expects: ``tokens`` in the forward besides prompt chunks, ``drafting``
     requests that call the drafter, ``seconds`` of the step."""
@@ -267,23 +267,23 @@ class Speculation:
 
     # -- the choice --------------------------------------------------------------------------
 
-    def plan(self, request_ids: Sequence[int], chunk_tokens: int = 0) -> StepPlan:
+    def step_budgets(self, request_ids: Sequence[int], chunk_tokens: int = 0) -> StepBudgets:
         """Budgets for the requests decoded this step, beside ``chunk_tokens`` prompt tokens."""
         self._step_rows, self._step_tokens = 0, 0  # a step begins: its rows are counted anew
         ids = list(request_ids)
         if not ids:
-            return StepPlan({}, 0, 0)
+            return StepBudgets({}, 0, 0)
         if self.mode == "never":
-            return StepPlan(dict.fromkeys(ids, 0), len(ids), 0)
+            return StepBudgets(dict.fromkeys(ids, 0), len(ids), 0)
         if self.mode == "always" or self.costs is None:
-            return StepPlan(
+            return StepBudgets(
                 dict.fromkeys(ids, None),
                 int(round(len(ids) * (self._estimates(ids)[1][:, -1].max() + 1.0))),
                 len(ids),
             )
         return self.choose(ids, chunk_tokens)
 
-    def choose(self, ids: list[int], chunk_tokens: int) -> StepPlan:
+    def choose(self, ids: list[int], chunk_tokens: int) -> StepBudgets:
         """The budget and drafting set of the best predicted tokens per second (module docstring):
         every budget (columns) and every prefix of the requests ranked by their gain at it (rows).
         Among the choices within the cost fit's error of the best, the largest budget (then the
@@ -291,7 +291,7 @@ class Speculation:
         step that carries prompt tokens decodes plainly (module docstring)."""
         costs, batch = self.costs, len(ids)
         plain_time = float(costs.target(chunk_tokens + batch, batch + (chunk_tokens > 0)))
-        chosen = StepPlan(dict.fromkeys(ids, 0), batch, 0, plain_time)
+        chosen = StepBudgets(dict.fromkeys(ids, 0), batch, 0, plain_time)
         if chunk_tokens or self._since_plain >= PLAIN_EVERY:
             return chosen
         tokens, kept = self._estimates(ids)  # (B, budgets) each
@@ -312,13 +312,13 @@ class Speculation:
             budgets = dict.fromkeys(ids, 0)
             budgets.update({ids[i]: BUDGETS[j] for i in order[: m + 1, j]})
             seconds = plain_time + float(extra[m, j])
-            chosen = StepPlan(budgets, int(batch * width[m, j]), m + 1, seconds)
+            chosen = StepBudgets(budgets, int(batch * width[m, j]), m + 1, seconds)
         plan = self._explore(ids, kept[:, -1] + 1.0, chosen)
         if plan.drafting and not self.realized.allows(batch):  # drafting lost at this row count
-            return StepPlan(dict.fromkeys(ids, 0), batch, 0, plain_time)
+            return StepBudgets(dict.fromkeys(ids, 0), batch, 0, plain_time)
         return plan
 
-    def _explore(self, ids: list[int], nodes: np.ndarray, chosen: StepPlan) -> StepPlan:
+    def _explore(self, ids: list[int], nodes: np.ndarray, chosen: StepBudgets) -> StepBudgets:
         """``chosen`` with the request whose whole tree was verified longest ago (``EXPLORE_EVERY``
         steps at least) drafting its whole tree: its estimate is old. At most one such step in
         ``EXPLORE_EVERY``, and only when its extra seconds spread over them are at most
@@ -339,7 +339,7 @@ class Speculation:
         if seconds - chosen.seconds > EXPLORE_COST * EXPLORE_EVERY * max(chosen.seconds, 1e-9):
             return chosen
         budgets[ids[b]] = None
-        return StepPlan(budgets, int(batch * wider), drafting, seconds)
+        return StepBudgets(budgets, int(batch * wider), drafting, seconds)
 
     def prefill_tokens(self, request_ids: Sequence[int], setting, queued: int = 0) -> int | None:
         """Prompt tokens this step may carry: ``setting`` when it is a number or None, else

@@ -15,12 +15,12 @@ from typing import Sequence
 
 from specdec.slots import PREFILL_CHUNK
 
-__all__ = ["plan_chunks"]
+__all__ = ["choose_chunks"]
 
 RESERVED_SHARE = 4  # the oldest unfinished prompt keeps budget // RESERVED_SHARE of a step
 
 
-def plan_chunks(
+def choose_chunks(
     prefilling: Sequence[int], waiting: Sequence[int], budget: float
 ) -> list[tuple[str, int, int]]:
     """This step's chunks as (kind, index, tokens): kind "prefilling" for ``prefilling[index]``

@@ -15,7 +15,7 @@ import itertools
 import attrs
 
 from specdec.decode.budget import Speculation
-from specdec.decode.prefill import plan_chunks
+from specdec.decode.prefill import choose_chunks
 from specdec.decode.slot_table import SlotTable
 from specdec.errors import InvalidInputError
 
@@ -26,7 +26,7 @@ __all__ = ["Scheduler", "StepWork", "check_prefill_setting"]
 class StepWork:
     """One step's work: ``chunks`` (slot, start, end) of prompts going in; ``groups``
     ((sampling, drafts), slots) of decoding requests; ``budgets``: request id -> tree nodes
-    (``specdec.decode.budget.StepPlan.budgets``; 0 does not draft)."""
+    (``specdec.decode.budget.StepBudgets.budgets``; 0 does not draft)."""
 
     chunks: tuple = ()
     groups: tuple = ()
@@ -69,7 +69,7 @@ class Scheduler:
         cursor = list(table.cursor.items())
         waiting = list(itertools.islice(table.waiting, len(table.free)))
         chunks = []
-        for kind, index, take in plan_chunks(
+        for kind, index, take in choose_chunks(
             [len(table.active[s][1].request.prompt) - start for s, start in cursor],
             [len(request.prompt) for _, request in waiting],
             float("inf") if budget is None else budget,
@@ -99,7 +99,7 @@ class Scheduler:
         """The step's work: ``chunks`` and the decoding requests grouped, with their budgets."""
         table = self.table
         decoding = table.decoding()
-        budgets = self.speculation.plan(
+        budgets = self.speculation.step_budgets(
             [table.active[s][0] for s in decoding], sum(end - start for _, start, end in chunks)
         ).budgets
         groups: dict = {}  # (sampling, drafts) -> slots

@@ -346,6 +346,13 @@ class Engine:
         """``submit(prompt, **settings).result()``."""
         return self.submit(prompt, **settings).result()
 
+    @property
+    def speculation(self):
+        """The engine's speculation policy (``specdec.decode.budget.Speculation``): what "auto"
+        has measured and chosen so far (its ``realized`` rates per row count, say); read it
+        between bursts, not to change it."""
+        return self._dispatch.decoder.speculation
+
     def stats(self) -> dict:
         """{"slots", "running", "waiting", "free_slots", "closing", "alive", "step_seconds"} now;
         step_seconds: how long the step in progress has run (0.0 between steps), which a step

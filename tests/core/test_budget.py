@@ -25,12 +25,12 @@ from specdec.decode.budget import (
     MIN_PREFILL,
     REQUEST_DECAY,
     Speculation,
-    StepPlan,
+    StepBudgets,
     check_speculation,
 )
 from specdec.tuning.costs import CostCurve, StepCosts, _Fit, increasing
 from specdec.errors import InvalidInputError
-from specdec.decode.prefill import plan_chunks
+from specdec.decode.prefill import choose_chunks
 from specdec.reference.tree import build_prefix_tree
 from specdec.decode.requests import Request, RequestState
 from specdec.slots import PREFILL_CHUNK
@@ -76,9 +76,9 @@ def test_one_request_that_accepts_drafts_and_a_full_batch_decodes_plainly():
         teach(
             speculation, i, 3.0, accepted_nodes=(6, 8)
         )  # accepted deep in the tree: it takes 8 nodes
-    alone = speculation.plan([0])
+    alone = speculation.step_budgets([0])
     assert alone.budgets[0] == 8 and alone.drafting == 1
-    batch = speculation.plan(
+    batch = speculation.step_budgets(
         list(range(32))
     )  # 32 x 9 nodes cost 6x the plain step; 3 tokens do not pay
     assert set(batch.budgets.values()) == {0} and batch.drafting == 0
@@ -87,7 +87,7 @@ def test_one_request_that_accepts_drafts_and_a_full_batch_decodes_plainly():
 def test_a_request_that_accepts_nothing_decodes_plainly_even_alone():
     speculation = policy()
     teach(speculation, 0, 1.0)
-    assert speculation.plan([0]).budgets == {0: 0}
+    assert speculation.step_budgets([0]).budgets == {0: 0}
 
 
 def test_free_tokens_make_every_request_draft_its_whole_tree():
@@ -96,7 +96,7 @@ def test_free_tokens_make_every_request_draft_its_whole_tree():
     )  # a forward costs the same at any size
     for i in range(8):
         teach(speculation, i, 4.0, nodes=9)
-    plan = speculation.plan(list(range(8)))
+    plan = speculation.step_budgets(list(range(8)))
     assert plan.drafting == 8 and min(plan.budgets.values()) >= 3  # every token it accepts
 
 
@@ -104,14 +104,14 @@ def test_the_budget_is_cut_where_extra_nodes_stop_paying():
     """Tokens past the first beam never come: a budget of the first beam's 3 nodes wins over 9."""
     speculation = policy()
     teach(speculation, 0, 4.0, nodes=10)  # accepts 3 drafted tokens, nodes 1-3
-    plan = speculation.plan([0])
+    plan = speculation.step_budgets([0])
     assert plan.budgets[0] == 3
 
 
 def test_modes_always_and_never():
-    assert set(Speculation("always").plan([0, 1]).budgets.values()) == {None}
-    assert set(Speculation("never").plan([0, 1]).budgets.values()) == {0}
-    assert Speculation("never").plan([]) == StepPlan({}, 0, 0)
+    assert set(Speculation("always").step_budgets([0, 1]).budgets.values()) == {None}
+    assert set(Speculation("never").step_budgets([0, 1]).budgets.values()) == {0}
+    assert Speculation("never").step_budgets([]) == StepBudgets({}, 0, 0)
 
 
 def test_speculation_option_is_checked(monkeypatch):
@@ -253,7 +253,7 @@ def test_gains_past_a_cut_are_learnt_from_the_trees_that_reach_there():
     assert 0.15 < reach < 0.35
     assert tokens[BUDGETS.index(8)] == pytest.approx(2.0 + 4 * reach, abs=1e-3)  # 5-8 when there
     assert nodes == pytest.approx(5.0 + 10 * reach, abs=1e-3)
-    assert speculation.plan([0]).budgets == {0: 8}
+    assert speculation.step_budgets([0]).budgets == {0: 8}
 
 
 def test_a_cut_tree_tells_nothing_about_larger_budgets():
@@ -296,10 +296,10 @@ def test_a_request_idle_for_a_while_drafts_again_where_that_is_cheap(curve, trie
     plain = (np.array([1]), np.array([1]), np.array([[0]]), np.array([0]))
     for _ in range(EXPLORE_EVERY - 1):
         speculation.observe_rows([0], [0], *plain)
-    assert speculation.plan([0]).budgets == {0: 0}
+    assert speculation.step_budgets([0]).budgets == {0: 0}
     speculation.observe_rows([0], [0], *plain)
     # a 3-node tree: +10% on the line, +200% on the steep curve (more than 16 steps x 5%)
-    assert speculation.plan([0]).budgets == ({0: None} if tried else {0: 0})
+    assert speculation.step_budgets([0]).budgets == ({0: None} if tried else {0: 0})
 
 
 def test_requests_are_tried_again_at_most_once_in_so_many_steps():
@@ -309,7 +309,7 @@ def test_requests_are_tried_again_at_most_once_in_so_many_steps():
     plain = (np.array([1, 1]), np.array([1, 1]), np.array([[0], [0]]), np.array([0, 0]))
     for _ in range(EXPLORE_EVERY):
         speculation.observe_rows([0, 1], [0, 0], *plain)
-    first = speculation.plan([0, 1]).budgets
+    first = speculation.step_budgets([0, 1]).budgets
     assert sorted(first.values(), key=str) == [0, None]  # one of the two, not both
     tried = next(r for r, budget in first.items() if budget is None)
     speculation.observe_rows(
@@ -321,9 +321,11 @@ def test_requests_are_tried_again_at_most_once_in_so_many_steps():
         np.array([0, 0]),
     )
     for step in range(EXPLORE_EVERY):
-        assert speculation.plan([0, 1]).budgets == {0: 0, 1: 0}, step  # the other waits its turn
+        assert speculation.step_budgets([0, 1]).budgets == {0: 0, 1: 0}, (
+            step
+        )  # the other waits its turn
         speculation.observe_step(2, 0.021, 0, 0.0)
-    assert speculation.plan([0, 1]).budgets == {tried: 0, 1 - tried: None}
+    assert speculation.step_budgets([0, 1]).budgets == {tried: 0, 1 - tried: None}
 
 
 def test_step_costs_fit_a_fixed_cost_and_a_scale():
@@ -392,7 +394,7 @@ def test_the_choice_decodes_plainly_where_trees_cost_more_than_the_curve_says():
 
     drafted = []
     for step in range(60):
-        planned = speculation.plan(ids)
+        planned = speculation.step_budgets(ids)
         drafted.append(planned.drafting > 0)
         speculation.observe_step(
             planned.tokens, step_seconds(planned.tokens), planned.drafting, 0.0, 8, 8
@@ -401,7 +403,7 @@ def test_the_choice_decodes_plainly_where_trees_cost_more_than_the_curve_says():
     # so plain decoding (8 tokens in 30.8 ms) is chosen once a drafting step has been seen, and
     # the plain steps that follow do not reprice what trees add
     assert drafted[0] and sum(drafted) <= 2
-    assert speculation.plan(ids).budgets == dict.fromkeys(ids, 0)
+    assert speculation.step_budgets(ids).budgets == dict.fromkeys(ids, 0)
 
 
 @given(st.lists(st.integers(1, 1000), min_size=1, max_size=12))
@@ -462,7 +464,7 @@ def test_a_row_costing_more_than_its_token_makes_drafting_pay_sooner():
             for step in range(62):
                 teach(speculation, i, 2.0 if step % 5 == 0 else 1.0, nodes=2, steps=1)
         assert 1.2 < speculation.estimate(0)[0][0] < 1.25
-        chosen[name] = speculation.plan(list(range(8))).drafting
+        chosen[name] = speculation.step_budgets(list(range(8))).drafting
     assert chosen == {"chain": 0, "rows": 8}
 
 
@@ -477,8 +479,8 @@ def test_a_step_that_carries_prompt_tokens_decodes_plainly(accepting, drafts):
         for step in range(64):
             hit = accepting or step % 5 == 0
             teach(speculation, i, 2.0 if hit else 1.0, nodes=2, steps=1)
-    assert speculation.plan(list(range(4)), 500).budgets == dict.fromkeys(range(4), 0)
-    assert speculation.plan(list(range(4)), 0).drafting == drafts
+    assert speculation.step_budgets(list(range(4)), 500).budgets == dict.fromkeys(range(4), 0)
+    assert speculation.step_budgets(list(range(4)), 0).drafting == drafts
 
 
 class ErrorCosts(StepCosts):
@@ -503,7 +505,7 @@ def test_a_larger_budget_is_taken_within_the_cost_fits_error(error, budget):
         hit = step % 3 == 0
         teach(speculation, 0, 3.0 if hit else 2.0, 7, 1, (1, 6) if hit else (1,))
     assert 2.35 < speculation.estimate(0)[0][BUDGETS.index(6)] < 2.45
-    assert speculation.plan([0]).budgets == {0: budget}
+    assert speculation.step_budgets([0]).budgets == {0: budget}
 
 
 def test_the_cost_fits_error_is_its_scatter_over_the_root_of_its_weight():
@@ -601,25 +603,30 @@ def test_the_prefill_budget_is_sized_to_the_rows_plain_step_whether_or_not_they_
     for i in range(4):
         teach(drafting, i, 3.0, accepted_nodes=(6, 8))
         teach(plain, i, 1.0)
-    assert drafting.plan([0, 1, 2, 3]).drafting == 4 and plain.plan([0, 1, 2, 3]).drafting == 0
+    assert (
+        drafting.step_budgets([0, 1, 2, 3]).drafting == 4
+        and plain.step_budgets([0, 1, 2, 3]).drafting == 0
+    )
     assert drafting.prefill_tokens([0, 1, 2, 3], "auto") == plain.prefill_tokens(
         [0, 1, 2, 3], "auto"
     )
 
 
 def test_a_short_prompt_goes_before_a_long_one_and_the_long_one_keeps_a_share():
-    chunks = plan_chunks([2000], [12, 900, 30], 128)
+    chunks = choose_chunks([2000], [12, 900, 30], 128)
     assert chunks[:2] == [
         ("waiting", 0, 12),
         ("waiting", 2, 30),
     ]  # whole: their first tokens come now
     assert chunks[2] == ("prefilling", 0, 128 - 12 - 30)
-    assert plan_chunks([2000], [90, 10], 128) == [
+    assert choose_chunks([2000], [90, 10], 128) == [
         ("waiting", 0, 90),
         ("prefilling", 0, 38),
     ]  # 32 kept for it
-    assert plan_chunks([2000], [100], 128) == [("prefilling", 0, 128)]  # the rest goes oldest first
-    assert plan_chunks([600, 10], [5], float("inf")) == [
+    assert choose_chunks([2000], [100], 128) == [
+        ("prefilling", 0, 128)
+    ]  # the rest goes oldest first
+    assert choose_chunks([600, 10], [5], float("inf")) == [
         ("prefilling", 1, 10),
         ("waiting", 0, 5),
         ("prefilling", 0, PREFILL_CHUNK),
@@ -632,7 +639,7 @@ def test_a_short_prompt_goes_before_a_long_one_and_the_long_one_keeps_a_share():
     budget=st.integers(1, 1024),
 )
 def test_chunks_respect_the_budget_and_take_each_prompt_at_most_once(prefilling, waiting, budget):
-    chunks = plan_chunks(prefilling, waiting, budget)
+    chunks = choose_chunks(prefilling, waiting, budget)
     assert sum(t for *_, t in chunks) <= budget
     assert len({(k, i) for k, i, _ in chunks}) == len(chunks)
     sizes = {"prefilling": prefilling, "waiting": waiting}
@@ -710,8 +717,8 @@ class Drawn(Speculation):
         super().__init__("always")
         self.draws = itertools.cycle(budgets)
 
-    def plan(self, request_ids, chunk_tokens=0):
-        return StepPlan({i: next(self.draws) for i in request_ids}, len(request_ids), 0)
+    def step_budgets(self, request_ids, chunk_tokens=0):
+        return StepBudgets({i: next(self.draws) for i in request_ids}, len(request_ids), 0)
 
 
 BUDGET_DRAWS = st.lists(st.sampled_from([0, 0, 1, 2, 3, 5, None]), min_size=1, max_size=12)
@@ -794,7 +801,7 @@ def test_drafting_that_delivers_less_than_plain_stops_within_a_few_steps(rows):
         teach(speculation, i, 3.0)
     drafted = []
     for step in range(RETRY + 20):
-        plan = speculation.plan(ids)
+        plan = speculation.step_budgets(ids)
         budgets = [plan.budgets[i] for i in ids]
         drafting = sum(b != 0 for b in budgets)
         accepted = np.full(rows, 1 if drafting else 0)
@@ -817,7 +824,7 @@ def test_drafting_that_delivers_more_than_plain_goes_on():
     teach(speculation, 0, 3.0)
     drafted = []
     for _ in range(40):
-        plan = speculation.plan([0])
+        plan = speculation.step_budgets([0])
         drafting = int(plan.budgets[0] != 0)
         accepted = np.array([2 if drafting else 0])
         path = np.zeros((1, 9), dtype=np.int64)

@@ -23,7 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import specdec
-from specdec.decode.budget import Speculation, StepPlan
+from specdec.decode.budget import Speculation, StepBudgets
 from specdec.serving.engine import Engine
 from specdec.testing import make_random_drafter
 
@@ -204,8 +204,8 @@ class DrawnBudgets(Speculation):
         super().__init__("always")
         self.draws = itertools.cycle(budgets)
 
-    def plan(self, request_ids, chunk_tokens=0):
-        return StepPlan({i: next(self.draws) for i in request_ids}, len(request_ids), 0)
+    def step_budgets(self, request_ids, chunk_tokens=0):
+        return StepBudgets({i: next(self.draws) for i in request_ids}, len(request_ids), 0)
 
 
 @pytest.fixture(scope="module")
