@@ -88,9 +88,26 @@ class TrainSettings:
         return min(1.0, max(fractions))
 
 
-def learning_rate(settings: TrainSettings, progress: float) -> float:
+def resumed_segment(settings: TrainSettings, state: dict, last_lr: float):
+    """(progress now, ``last_lr``) when a resumed run's schedule would raise the learning rate
+    above the one it stopped at (its budget, ``--minutes`` or ``--steps``, grew): the rest of the
+    budget then decays from ``last_lr`` instead of climbing back up the longer schedule; None
+    otherwise."""
+    now = settings.progress(state["step"], state["train_seconds"])
+    if state["step"] and now < 1.0 and learning_rate(settings, now) > last_lr * (1 + 1e-6):
+        return now, float(last_lr)
+    return None
+
+
+def learning_rate(settings: TrainSettings, progress: float, segment=None) -> float:
     """Linear warmup over the first ``warmup`` of the budget, then cosine decay to
-    ``lr * final_lr``."""
+    ``lr * final_lr``; with a ``segment`` (``resumed_segment``), cosine decay from its learning
+    rate at its progress to the same end."""
+    final = settings.lr * settings.final_lr
+    if segment is not None:
+        start, rate = segment
+        part = (progress - start) / max(1e-9, 1.0 - start)
+        return final + (rate - final) * 0.5 * (1.0 + math.cos(math.pi * min(1.0, max(0.0, part))))
     if settings.warmup > 0 and progress < settings.warmup:
         return settings.lr * max(progress / settings.warmup, 1e-3)
     decay = (progress - settings.warmup) / max(1e-9, 1.0 - settings.warmup)
@@ -277,8 +294,10 @@ def train(
         "marks_done": 0,
         "best": None,
     }
+    segment = None  # a resumed run whose budget grew: (progress then, the learning rate then)
     if resume and has_state(out):
         _resume(out / STATE_FILE, state, module, optimizer, rng)
+        segment = resumed_segment(settings, state, optimizer.param_groups[0]["lr"])
     marks = sorted(
         m for m in settings.eval_minutes if settings.minutes is None or m < settings.minutes
     )
@@ -369,10 +388,11 @@ def train(
                     "with --resume"
                 )
             began = time.perf_counter()
+            rate = learning_rate(
+                settings, settings.progress(state["step"], state["train_seconds"]), segment
+            )
             for group in optimizer.param_groups:
-                group["lr"] = learning_rate(
-                    settings, settings.progress(state["step"], state["train_seconds"])
-                )
+                group["lr"] = rate
             indices = torch.from_numpy(
                 rng.integers(0, data.num_positions, size=settings.batch_size)
             )
