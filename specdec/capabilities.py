@@ -72,10 +72,13 @@ class DrafterCaps:
 class VerifierCaps:
     """needs_draft_probs: the verifier reads ``Draft.draft_probs`` (the loop asks the drafter for
     them, ``DraftContext.want_draft_probs``). needs_sampled_draft: it is exact only for beams
-    drawn from ``draft_probs`` (``Draft.sampled``)."""
+    drawn from ``draft_probs`` (``Draft.sampled``). samples: it draws sampled requests' tokens
+    (False: greedy only, temperature, top-k and top-p ignored; ``generate`` and the engine then
+    refuse sampled requests)."""
 
     needs_draft_probs: bool = False
     needs_sampled_draft: bool = False
+    samples: bool = True
 
 
 class VerifierRule:
@@ -95,7 +98,9 @@ class VerifierRule:
     def caps(self) -> VerifierCaps:
         """What the loop reads: whether this rule needs the drafter's distributions."""
         return VerifierCaps(
-            needs_draft_probs=self.needs_draft_probs, needs_sampled_draft=self.needs_sampled_draft
+            needs_draft_probs=self.needs_draft_probs,
+            needs_sampled_draft=self.needs_sampled_draft,
+            samples=self.uses_uniforms,  # a rule that reads no uniforms cannot sample
         )
 
 

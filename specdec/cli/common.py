@@ -25,6 +25,13 @@ def add_generation_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--beam-length", type=int, default=None)
     parser.add_argument("--verifier", default=None)
     parser.add_argument(
+        "--speculation",
+        choices=("auto", "always", "never"),
+        default=None,
+        help="auto (default): each step drafts what this machine's measured costs and the "
+        "request's acceptance say pays; always: every step; never: plain decoding",
+    )
+    parser.add_argument(
         "--lookup",
         action=argparse.BooleanOptionalAction,
         default=None,

@@ -127,6 +127,11 @@ def cmd_plan(args) -> int:
         "plain decoding, decode phase"
         f"{f', with the prompt-lookup beam of {DEFAULT_DRAFT_LENGTH} tokens' if lookup else ''})"
     )
+    if best.measured_speedup is not None and best.measured_speedup < 1.0:
+        print(
+            "note: no setting measured here beat plain decoding; generate's auto speculation "
+            "decodes plainly where drafting does not pay"
+        )
     line = busy_line(clock)
     if line:
         print(line)
@@ -247,7 +252,10 @@ def add_parsers(sub) -> None:
         "verified per step); no-draft steps (steps a row decoded plainly: auto declined, or "
         "the drafter proposed nothing); tree reduction (nodes saved by merging the beams' "
         "shared prefixes); draft / verify / other (where a step's time went); identical to "
-        "plain (tokens equal to plain decoding's, greedy).",
+        "plain (tokens equal to plain decoding's, greedy); vs peer's plain (a peer's speedup over "
+        "its own library's plain decoding); exact (our target's exact mode); T (temperature); "
+        "peak RSS MB (the process's peak memory so far). A method also takes exact=true|false "
+        "(ours) and dtype= (peers), beside the drafter's own options.",
     )
     bench.add_argument(
         "--model", required=True, help="a bundled name (smollm2-135m), folder or .gguf"

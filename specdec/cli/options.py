@@ -6,8 +6,9 @@ from specdec.errors import InvalidInputError
 from specdec.generation.options import ALIASES, checkpoint_of, parse_options
 
 DRAFTER_HELP = (
-    "an installed drafter (redrafter, medusa, eagle, lookup, draft_model, none; "
-    "`specdec plugins` lists them) or a checkpoint folder, with options after a colon: "
+    "an installed drafter (redrafter, medusa, eagle, eagle3, lookup, draft_model, none, and "
+    "plugins' own: `specdec plugins` lists them) or a checkpoint folder, with options after a "
+    "colon: "
     "redrafter:w=4,l=5 (beam width and length), eagle:total_tokens=8, lookup:k=10 (its "
     "length), draft_model:draft=MODEL, or any of the drafter's own keywords by name (a "
     "wrong one lists them)"

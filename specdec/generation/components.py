@@ -111,6 +111,12 @@ def _decode_plan(target, drafter, backend_obj, greedy, exact, registry, options)
         )
     checker = resolve("verifier", verifier_choice, registry, backend_obj.name)
     verifier = build(checker, registry, backend_obj.name, {})
+    if not greedy and not verifier_caps(verifier, checker.source).samples:
+        raise InvalidInputError(
+            f"verifier {verifier_choice!r} decodes greedily (it ignores temperature, top_k and "
+            "top_p); for sampling leave verifier= out (exact tree sampling) or use 'exact' or "
+            "'rejection'"
+        )
     if lookup and verifier_caps(verifier, checker.source).needs_draft_probs:
         raise InvalidInputError(
             f"verifier {verifier_choice!r} needs the draft distribution of every beam, and lookup "

@@ -330,7 +330,9 @@ def export(
     if dtype != "float32" and dtype != stored:
         more.append(f"weights were stored as {dtype}, rounding the float32 values")
     elif dtype != "float32":
-        more.append(f"weights stored as {dtype}, the checkpoint's own type (dtype= to choose)")
+        more.append(
+            f"weights stored as {dtype}, the checkpoint's own type (--dtype, or dtype=, to choose)"
+        )
     return ExportResult(
         path=folder,
         drafter=kind,

@@ -55,6 +55,7 @@ class RequestForm:
     eos_token_ids: tuple = ()
     tokenizer: Any = None
     chat_template: str | None = None
+    samples: bool = True  # the verifier draws sampled requests' tokens (VerifierCaps.samples)
 
     def encode(self, prompt: Any) -> list[int]:
         """Token ids of one prompt: text, token ids, or a chat (rendered with the model's
@@ -111,6 +112,12 @@ class RequestForm:
         checked already), prompt and max_new_tokens within ``context_length``."""
         if not request.prompt:
             raise InvalidInputError("the prompt is empty: it needs at least one token")
+        if not self.samples and not request.sampling.greedy:
+            raise InvalidInputError(
+                "this engine's verifier decodes greedily (it ignores temperature, top_k and "
+                "top_p): send temperature 0, or build the engine with the 'exact' verifier (its "
+                "default)"
+            )
         bad = [] if encoded else [t for t in request.prompt if not 0 <= t < self.vocab_size]
         if bad:
             raise InvalidInputError(

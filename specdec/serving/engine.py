@@ -32,6 +32,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from specdec import compute
+from specdec.capabilities import verifier_caps
 from specdec.decode import lease
 from specdec.errors import InvalidInputError
 from specdec.decode.plan import DecodePlan
@@ -263,6 +264,7 @@ class Engine:
             eos_token_ids=tuple(plan.eos_token_ids or getattr(target, "eos_token_ids", ())),
             tokenizer=self.tokenizer,
             chat_template=self.chat_template,
+            samples=verifier_caps(plan.verifier, plan.source("verifier")).samples,
         )
         self.metrics = EngineMetrics()
         self._cond = threading.Condition()

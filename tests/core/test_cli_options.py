@@ -167,3 +167,14 @@ def test_a_checkpoint_written_as_bench_writes_it(model_dir, redrafter, capsys):
     assert main([*common, "--drafter", f"medusa:drafter={redrafter}"]) == 2
     err = capsys.readouterr().err
     assert "holds a checkpoint of redrafter, not medusa" in err and len(err.splitlines()) == 1
+
+
+def test_generate_takes_speculation_as_its_own_flag(model_dir, redrafter, capsys):
+    """``specdec generate --speculation never`` (as the README and ``serve`` spell it) decodes
+    plainly; given also in --drafter it is refused as given twice."""
+    common = ["generate", "--model", str(model_dir), "--prompt-ids", "[1, 2, 3, 1, 2, 3]"]
+    common += ["--backend", "numpy", "--max-new-tokens", "6", "--drafter", "lookup"]
+    assert main([*common, "--speculation", "never"]) == 0
+    assert "1.00 tokens/step" in capsys.readouterr().err
+    assert main([*common[:-1], "lookup:speculation=always", "--speculation", "never"]) == 2
+    assert "speculation is given twice" in capsys.readouterr().err

@@ -207,3 +207,26 @@ def test_lossy_verifiers_are_detected(world, drafter, verifier):
     assert statistic > quantile, (
         f"drafter={drafter} verifier={verifier}: chi-square {statistic:.1f} < {quantile:.1f}"
     )
+
+
+def test_a_greedy_verifier_is_refused_for_sampled_requests(model_dir):
+    """verifier="greedy" ignores temperature: asking it to sample was silently greedy; generate
+    refuses it (naming the verifiers that sample), and so does an engine built on it."""
+    import pytest
+
+    import specdec
+    from specdec.errors import InvalidInputError
+
+    with pytest.raises(InvalidInputError, match="decodes greedily"):
+        specdec.generate(
+            model_dir, [1, 2, 3], drafter="lookup", backend="numpy", max_new_tokens=4,
+            temperature=1.0, seed=1, verifier="greedy",
+        )  # fmt: skip
+    greedy = specdec.generate(
+        model_dir, [1, 2, 3], drafter="lookup", backend="numpy", max_new_tokens=4, verifier="greedy"
+    )
+    assert len(greedy.tokens) == 4
+    with specdec.Engine(model_dir, drafter="lookup", backend="numpy", verifier="greedy") as engine:
+        assert len(engine.generate([1, 2, 3], max_new_tokens=3).tokens) == 3
+        with pytest.raises(InvalidInputError, match="verifier decodes greedily"):
+            engine.submit([1, 2, 3], max_new_tokens=3, temperature=0.7, seed=2)
