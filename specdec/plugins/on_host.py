@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import warnings
+from collections.abc import Mapping
 from typing import Any
 
 import attrs
@@ -53,7 +54,7 @@ def _host(value, backend) -> Any:
     """A backend array (or a mapping of them) copied to the host; host values as they are."""
     if value is None or isinstance(value, (bool, int, float, str, tuple, np.ndarray, np.generic)):
         return value
-    if isinstance(value, dict):
+    if isinstance(value, Mapping):
         return {k: _host(v, backend) for k, v in value.items()}
     return backend.to_numpy(value)
 
