@@ -214,9 +214,13 @@ def add_parsers(sub) -> None:
     demo = sub.add_parser(
         "demo", help="answer a prompt with each drafter and with plain decoding, side by side"
     )
-    demo.add_argument("--model", default="smollm2-135m")
+    demo.add_argument(
+        "--model",
+        default="smollm2-135m",
+        help="a bundled name, folder or .gguf (default %(default)s)",
+    )
     demo.add_argument("--backend", default=None, help="default: torch when installed, else numpy")
-    demo.add_argument("--dtype", default=None)
+    demo.add_argument("--dtype", default=None, help="default: the fastest measured on this machine")
     add_exact_arg(demo)
     demo.add_argument(
         "--prompt",
@@ -224,12 +228,17 @@ def add_parsers(sub) -> None:
         default=None,
         help="a chat prompt (repeatable); default: an open question and a code edit",
     )
-    demo.add_argument("--max-new-tokens", type=int, default=128)
+    demo.add_argument(
+        "--max-new-tokens", type=int, default=128, help="per prompt (default %(default)s)"
+    )
     demo.add_argument(
         "--random", action="store_true", help="a small random model and untrained drafters instead"
     )
     demo.add_argument(
-        "--repeats", type=int, default=3, help="interleaved runs of each method; medians reported"
+        "--repeats",
+        type=int,
+        default=3,
+        help="interleaved runs of each method; medians reported (default %(default)s)",
     )
     demo.set_defaults(func=cmd_demo, on_compute_thread=True)
     gen = sub.add_parser("generate", help="generate from a model folder")

@@ -68,7 +68,8 @@ def cmd_bench(args) -> int:
 def cmd_plan(args) -> int:
     """Predict the speedup of every beam configuration, recommend one, and check the best few;
     or, for a tree drafter, decode with its tree settings and recommend the fastest."""
-    prompts = [p.prompt for p in load_prompt_set(args.prompts, per_category=args.per_category)]
+    prompts = load_prompt_set(args.prompts, per_category=args.per_category, limit=args.limit)
+    prompts = [p.prompt for p in prompts]
     registry = default_registry()
     named = resolve("drafter", args.drafter, registry, args.backend)
     if named.spec is not None and named.spec.tree_options:
@@ -314,6 +315,9 @@ def add_parsers(sub) -> None:
     )
     planner.add_argument(
         "--per-category", type=int, default=1, help="first N prompts of each category"
+    )
+    planner.add_argument(
+        "--limit", type=int, default=None, help="then the first N prompts (a quick plan)"
     )
     planner.add_argument(
         "--widths", nargs="+", type=int, default=[1, 2, 4, 8], help="beam widths W to try"

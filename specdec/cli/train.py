@@ -102,7 +102,7 @@ def cmd_train(args) -> int:
         shortlist=(args.spec.default_shortlist if args.shortlist is None else args.shortlist),
         keep_init_shortlist=args.shortlist is None,
         init=args.init,
-        progress=not args.quiet,
+        progress=not args.quiet and sys.stderr.isatty(),  # else a line per stage
     )
     options.update({option.dest: getattr(args, option.dest) for option in args.spec.train_options})
     report = args.spec.train(args.model, args.out, **options)

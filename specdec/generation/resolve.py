@@ -71,7 +71,7 @@ def resolve(kind: str, choice, registry: PluginRegistry, on_backend: str) -> Res
         isinstance(choice, Path)
         or (
             isinstance(choice, str)
-            and (Path(choice).expanduser().is_dir() or is_checkpoint_file(choice, registry))
+            and (_checkpoint_folder(choice, registry) or is_checkpoint_file(choice, registry))
         )
     ):
         checkpoint = Path(choice).expanduser()
@@ -87,6 +87,16 @@ def resolve(kind: str, choice, registry: PluginRegistry, on_backend: str) -> Res
     return Resolved(
         kind=kind, choice=choice, name=name, checkpoint=checkpoint, spec=spec, source=source
     )
+
+
+def _checkpoint_folder(choice: str, registry: PluginRegistry) -> bool:
+    """``choice`` names a folder read as a checkpoint: any folder, but one that only shares an
+    installed drafter's name (``copy/`` in the working folder, beside a plugin ``copy``) and
+    holds no config.json leaves the name to the plugin."""
+    folder = Path(choice).expanduser()
+    if not folder.is_dir():
+        return False
+    return choice not in registry.names("drafter") or (folder / "config.json").is_file()
 
 
 def with_lookup(drafter: Resolved) -> Resolved:

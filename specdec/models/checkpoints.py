@@ -153,8 +153,9 @@ def require_checkpoint(name: str, checkpoint, target, *, package: str):
         return shipped
     raise InvalidInputError(
         f"drafter {name!r} needs a checkpoint trained for this model, and none ships for "
-        f"{getattr(target, 'name', None)!r}: pass drafter='path/to/checkpoint' (a folder with "
-        f"config.json and model.safetensors), or train one with `specdec train {name}`"
+        f"{getattr(target, 'name', None)!r}: give a checkpoint folder (config.json and "
+        f"model.safetensors) as the drafter (drafter='runs/{name}'; on the command line --drafter "
+        f"runs/{name} or {name}:drafter=runs/{name}), or train one with `specdec train {name}`"
     )
 
 

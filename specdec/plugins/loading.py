@@ -29,7 +29,9 @@ HOOKS = tuple(sorted(name for name in vars(hookspecs) if name.startswith(HOOK_PR
 
 
 class PluginWarning(UserWarning):
-    """An installed plugin was skipped; the message names it, its distribution and why."""
+    """About a plugin: an installed one was skipped (the message names it, its distribution and
+    why), or one runs its NumPy reference on a backend it has no implementation for; the
+    command line prints it as one line."""
 
 
 @attrs.frozen(kw_only=True)

@@ -21,6 +21,7 @@ import attrs
 import numpy as np
 
 from specdec.capabilities import request_end
+from specdec.plugins.loading import PluginWarning
 from specdec.slots import on_target
 from specdec.types import Accepted, Draft, DraftContext, PromptOutput
 
@@ -35,7 +36,7 @@ __all__ = [
 HOST_BACKEND = "numpy"  # where the references run
 
 
-class ReferenceOnHostWarning(UserWarning):
+class ReferenceOnHostWarning(PluginWarning):
     """A drafter or tree builder runs its NumPy reference on a backend that has none of its own."""
 
 

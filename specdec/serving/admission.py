@@ -115,8 +115,8 @@ class RequestForm:
         if not self.samples and not request.sampling.greedy:
             raise InvalidInputError(
                 "this engine's verifier decodes greedily (it ignores temperature, top_k and "
-                "top_p): send temperature 0, or build the engine with the 'exact' verifier (its "
-                "default)"
+                "top_p): send temperature 0, or give the engine a plan with the 'exact' verifier "
+                "(specdec.decode_plan(..., verifier='exact'), what specdec.Engine(...) builds)"
             )
         bad = [] if encoded else [t for t in request.prompt if not 0 <= t < self.vocab_size]
         if bad:

@@ -168,3 +168,16 @@ def test_a_plugin_module_installed_and_passed_in_too_registers_once():
     registry = PluginRegistry([builtin], entry_points=True)
     assert registry.get("backend", "numpy").factory().name == "numpy"
     assert sum(r.kind == "backend" and r.name == "numpy" for r in registry.registrations) == 1
+
+
+def test_a_folder_named_like_a_drafter_leaves_the_name_to_the_plugin(tmp_path, monkeypatch):
+    """A plugin author's own folder ``copy/`` (no config.json) in the working folder does not hide
+    the installed drafter ``copy``; a folder that is a checkpoint still reads as one."""
+    from specdec.generation.resolve import resolve
+
+    registry = specdec.default_registry()
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "lookup").mkdir()
+    (tmp_path / "lookup" / "pyproject.toml").write_text("[project]\n")
+    named = resolve("drafter", "lookup", registry, "numpy")
+    assert named.name == "lookup" and named.checkpoint is None
