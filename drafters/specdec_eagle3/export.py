@@ -39,7 +39,7 @@ from safetensors.numpy import load_file, save_file
 
 from specdec.errors import CorruptFileError, InvalidInputError
 from specdec.models.bundled import BUNDLED
-from specdec.models.files import read_json, read_torch_tensors
+from specdec.models.files import read_json, read_torch_tensors, readable
 from specdec_eagle3.config import (
     Eagle3Config,
     check_weights,
@@ -122,6 +122,7 @@ def _tensors(
 def _save(folder: Path, arrays: dict, config_json: dict) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     save_file(arrays, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    readable(folder / "model.safetensors")
     (folder / "config.json").write_text(json.dumps(config_json, indent=2) + "\n")
 
 

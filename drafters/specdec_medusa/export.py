@@ -41,7 +41,7 @@ import numpy as np
 from safetensors.numpy import load_file, save_file
 
 from specdec.errors import InvalidInputError
-from specdec.models.files import read_json, read_torch_tensors
+from specdec.models.files import read_json, read_torch_tensors, readable
 from specdec_medusa.config import MedusaConfig
 from specdec_medusa.reference import check_weights
 
@@ -143,6 +143,7 @@ def _save(folder: Path, arrays: dict, config_json: dict, filename: str, dtype: s
         name: np.ascontiguousarray(array, dtype=DTYPES[dtype]) for name, array in arrays.items()
     }
     save_file(arrays, str(folder / filename), metadata={"format": "pt"})
+    readable(folder / filename)
     (folder / "config.json").write_text(json.dumps(config_json, indent=2) + "\n")
     return folder
 

@@ -41,7 +41,7 @@ import numpy as np
 from safetensors.numpy import load_file, save_file
 
 from specdec.errors import InvalidInputError
-from specdec.models.files import read_json, read_torch_tensors
+from specdec.models.files import read_json, read_torch_tensors, readable
 from specdec_redrafter.config import RedrafterConfig, check_weights
 
 __all__ = [
@@ -216,6 +216,7 @@ def export_apple(
     folder.mkdir(parents=True, exist_ok=True)
     arrays = {name: np.ascontiguousarray(full[name], dtype=DTYPES[dtype]) for name in shapes}
     save_file(arrays, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    readable(folder / "model.safetensors")
     (folder / "config.json").write_text(
         json.dumps(apple_config(config, dtype=dtype), indent=2) + "\n"
     )

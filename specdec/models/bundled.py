@@ -27,7 +27,7 @@ from specdec.models.cache import cache_dir
 from specdec.models.hf_loading import from_pretrained_quietly
 from specdec.errors import CacheError, CorruptFileError, InvalidInputError, SpecdecError, require
 from specdec.models.checkpoints import write_json_atomic
-from specdec.models.files import read_json
+from specdec.models.files import read_json, readable
 from specdec.models.gguf_header import check_gguf
 
 COMPLETE = cache.COMPLETE
@@ -304,6 +304,7 @@ def convert_gguf(gguf: Path, folder: Path, *, source: str) -> None:
         if model.config.tie_word_embeddings:
             state.pop("lm_head.weight", None)
         save_file(state, str(partial / "model.safetensors"), metadata={"format": "pt"})
+        readable(partial / "model.safetensors")
         config = classic_rope_keys(model.config.to_dict())
         for key in ("quantization_config", "_model_name_or_path"):
             config.pop(key, None)

@@ -13,7 +13,7 @@ import numpy as np
 from safetensors.numpy import load_file, save_file
 
 from specdec.errors import IncompatibleDrafterError, InvalidInputError
-from specdec.models.files import read_json
+from specdec.models.files import read_json, readable
 
 
 CONFIG_FILE = "config.json"
@@ -39,6 +39,7 @@ def save_checkpoint(
     save_file(
         arrays, str(partial), metadata={"format": "np", "model_type": str(config.get("model_type"))}
     )
+    readable(partial)
     partial.replace(folder / WEIGHTS_FILE)
     write_json_atomic(folder / CONFIG_FILE, config)
     return folder

@@ -13,6 +13,8 @@ lives in ``specdec.models.gguf_header``.)
 
 from __future__ import annotations
 
+import os
+
 import contextlib
 import json
 import math
@@ -355,3 +357,11 @@ def damaged_checkpoint(folder):
             f"drafter checkpoint {folder} could not be read: {detail}; fix its config.json or "
             "restore the checkpoint (specdec train or specdec import writes a sound one)"
         ) from exc
+
+
+def readable(path) -> None:
+    """Give a written file the mode a plain ``open`` would (0666 less the umask): safetensors'
+    writer makes its files 0600, which a server running as another user cannot read."""
+    mask = os.umask(0)
+    os.umask(mask)
+    os.chmod(path, 0o666 & ~mask)

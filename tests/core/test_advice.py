@@ -126,3 +126,21 @@ def test_train_help_lists_shortlist_only_for_drafters_that_take_it(capsys):
             main(["train", drafter, "--help"])
         listed[drafter] = "--shortlist" in capsys.readouterr().out
     assert listed == {"eagle3": False, "redrafter": True}
+
+
+def test_written_weights_are_readable_by_others_as_the_umask_allows(model_dir, tmp_path):
+    """safetensors' writer makes 0600 files; a checkpoint and an export get the mode a plain
+    open gives (0666 less the umask), so a server running as another user can read them."""
+    import os
+    import stat
+
+    mask = os.umask(0o022)
+    try:
+        source = make_random_drafter(
+            tmp_path / "eagle3", model_dir, kind="eagle3", seed=2, hidden_layers=(0, 0, 1)
+        )
+        result = export(str(source), "speculators", tmp_path / "out")
+        for path in (source / "model.safetensors", result.path / "model.safetensors"):
+            assert stat.S_IMODE(os.stat(path).st_mode) == 0o644, path
+    finally:
+        os.umask(mask)
