@@ -64,6 +64,10 @@ def _humaneval() -> list[BenchPrompt]:
     ]
 
 
+TOTAL = "all"  # the report's row over every prompt (specdec.bench.report)
+UNCATEGORISED = "uncategorised"  # the category of a prompt that names none
+
+
 def _jsonl(path: Path) -> list[BenchPrompt]:
     prompts = []
     for number, line in jsonl_lines(path, what=str(path), fix="write the prompt file in UTF-8"):
@@ -79,6 +83,11 @@ def _jsonl(path: Path) -> list[BenchPrompt]:
                 f"{path} line {i + 1}: each line is a JSON object with 'prompt' (text) or "
                 "'messages' (a list of chat messages)"
             )
+        if row.get("category") == TOTAL:
+            raise InvalidInputError(
+                f"{path} line {i + 1}: 'category' {TOTAL!r} is the name of the table's total row; "
+                "name the category otherwise"
+            )
         for key in ("category", "id"):
             if key in row and not isinstance(row[key], (str, int) if key == "id" else str):
                 raise InvalidInputError(
@@ -89,12 +98,14 @@ def _jsonl(path: Path) -> list[BenchPrompt]:
         if "messages" in row:
             prompt = BenchPrompt(
                 id=str(row.get("id", i)),
-                category=row.get("category", "all"),
+                category=row.get("category", UNCATEGORISED),
                 messages=tuple(row["messages"]),
             )
         elif "prompt" in row:
             prompt = BenchPrompt(
-                id=str(row.get("id", i)), category=row.get("category", "all"), text=row["prompt"]
+                id=str(row.get("id", i)),
+                category=row.get("category", UNCATEGORISED),
+                text=row["prompt"],
             )
         else:
             raise InvalidInputError(

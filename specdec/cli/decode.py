@@ -241,7 +241,9 @@ def add_parsers(sub) -> None:
         help="interleaved runs of each method; medians reported (default %(default)s)",
     )
     demo.set_defaults(func=cmd_demo, on_compute_thread=True)
-    gen = sub.add_parser("generate", help="generate from a model folder")
+    gen = sub.add_parser(
+        "generate", help="generate from a model (a bundled name, a folder or a .gguf file)"
+    )
     gen.add_argument("--model", required=True)
     group = gen.add_mutually_exclusive_group(required=True)
     group.add_argument(

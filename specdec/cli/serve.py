@@ -45,7 +45,9 @@ def add_parser(sub) -> None:
     parser.add_argument(
         "--port", type=_port, default=8000, help="TCP port, 1-65535 (0: any free one)"
     )
-    parser.add_argument("--slots", type=int, default=8, help="requests decoded at once")
+    parser.add_argument(
+        "--slots", type=int, default=8, help="requests decoded at once (default %(default)s)"
+    )
     parser.add_argument(
         "--capacity",
         type=int,

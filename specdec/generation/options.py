@@ -129,8 +129,15 @@ def check_drafter_options(drafter: Resolved, registry, on_backend: str, options)
     ``load_drafter``, which refuses any option for it."""
     if drafter.name is None:
         return
+    takes = inspect.signature(registry.get("drafter", drafter.name, on_backend).factory).parameters
+    short = tuple(f"{alias} ({name})" for alias, name in ALIASES.items() if name in takes)
     check_options(
-        drafter, registry, on_backend, options, passed=FACTORY_ARGUMENTS, also=GENERATE_OPTIONS
+        drafter,
+        registry,
+        on_backend,
+        options,
+        passed=FACTORY_ARGUMENTS,
+        also=GENERATE_OPTIONS + (f"short names {', '.join(short)}",) * bool(short),
     )
     least = {}
     if drafter.spec is not None:

@@ -31,7 +31,7 @@ def test_jsonl_prompts(tmp_path):
         + "\n"
     )
     prompts = load_prompt_set(str(path))
-    assert [p.category for p in prompts] == ["x", "all"] and prompts[0].prompt == "hi"
+    assert [p.category for p in prompts] == ["x", "uncategorised"] and prompts[0].prompt == "hi"
 
 
 def test_parse_method():
@@ -252,4 +252,16 @@ def test_prompt_files_check_category_and_id_and_limit_keeps_the_first(tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"prompt": "x", "category": 3}\n')
     with pytest.raises(InvalidInputError, match=r"line 1: 'category' must be text, got 3"):
+        load_prompt_set(str(bad))
+
+
+def test_an_uncategorised_prompt_is_counted_once_in_the_total_row(tmp_path):
+    """A prompt file's line without "category" was put in category "all", the total row's name,
+    and counted twice there; it is "uncategorised" now, and "all" is refused as a category."""
+    good = tmp_path / "p.jsonl"
+    good.write_text('{"prompt": "a", "category": "x"}\n{"prompt": "b"}\n')
+    assert [p.category for p in load_prompt_set(str(good))] == ["x", "uncategorised"]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "a", "category": "all"}\n')
+    with pytest.raises(InvalidInputError, match="total row"):
         load_prompt_set(str(bad))
