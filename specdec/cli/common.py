@@ -24,13 +24,7 @@ def add_generation_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--beam-width", type=int, default=None)
     parser.add_argument("--beam-length", type=int, default=None)
     parser.add_argument("--verifier", default=None)
-    parser.add_argument(
-        "--speculation",
-        choices=("auto", "always", "never"),
-        default=None,
-        help="auto (default): each step drafts what this machine's measured costs and the "
-        "request's acceptance say pays; always: every step; never: plain decoding",
-    )
+    add_speculation_arg(parser)
     parser.add_argument(
         "--lookup",
         action=argparse.BooleanOptionalAction,
@@ -45,6 +39,16 @@ def add_generation_args(parser: argparse.ArgumentParser) -> None:
         metavar="N",
         help="tokens the prompt-lookup beam drafts, whatever the beam length (default 10; with "
         "--drafter lookup, the length of prompt lookup alone)",
+    )
+
+
+def add_speculation_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--speculation",
+        choices=("auto", "always", "never"),
+        default=None,
+        help="auto (default): each step, each request drafts what this machine's measured costs "
+        "and its acceptance say pays (none under load); always: every step; never: plain decoding",
     )
 
 

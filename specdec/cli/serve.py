@@ -6,6 +6,7 @@ import argparse
 import os
 import sys
 
+from specdec.cli.common import add_speculation_arg
 from specdec.cli.options import DRAFTER_HELP, drafter_options
 from specdec.errors import InvalidInputError, require
 from specdec.serving import limits as bounds
@@ -77,13 +78,7 @@ def add_parser(sub) -> None:
         help="prompt tokens a step carries beside the running requests (default auto: the most "
         "that keep their step within twice its time, from this machine's measured costs)",
     )
-    parser.add_argument(
-        "--speculation",
-        choices=("auto", "always", "never"),
-        default=None,
-        help="auto (default): each step, each request drafts what this machine's measured costs "
-        "and its acceptance say pays (none under load); always: every step; never: plain decoding",
-    )
+    add_speculation_arg(parser)
     parser.add_argument(
         "--served-model-name", default=None, help="the model name clients use (default: --model)"
     )

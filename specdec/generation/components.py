@@ -181,25 +181,16 @@ def load_drafter(drafter: Resolved, target, backend, registry: PluginRegistry, o
                 f"options {sorted(options)} cannot be applied to a Drafter object"
             )
         return drafter.choice
-    if drafter.checkpoint is None:
-        with _options_named(drafter, options):
-            return build(
-                drafter,
-                registry,
-                backend.name,
-                options,
-                target=target,
-                checkpoint=None,
-                backend=backend,
-            )
-    with damaged_checkpoint(drafter.checkpoint), _options_named(drafter, options):
+    checkpoint = drafter.checkpoint
+    damaged = contextlib.nullcontext() if checkpoint is None else damaged_checkpoint(checkpoint)
+    with damaged, _options_named(drafter, options):
         return build(
             drafter,
             registry,
             backend.name,
             options,
             target=target,
-            checkpoint=drafter.checkpoint,
+            checkpoint=checkpoint,
             backend=backend,
         )
 

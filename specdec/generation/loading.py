@@ -35,14 +35,8 @@ class ModelFolder:
 
     @classmethod
     def read(cls, folder) -> "ModelFolder":
-        config = check_model_folder(folder)
-        vocab = config.get("vocab_size", 1)
-        if isinstance(vocab, bool) or not isinstance(vocab, int) or vocab < 1:
-            raise InvalidInputError(
-                f"{Path(folder) / 'config.json'}: vocab_size must be a positive integer, got "
-                f"{vocab!r}; fix config.json"
-            )
-        return cls(path=Path(folder), config=config)
+        # check_model_folder refuses sizes (vocab_size included) that are not positive integers
+        return cls(path=Path(folder), config=check_model_folder(folder))
 
     @property
     def vocab_size(self) -> int:

@@ -131,6 +131,7 @@ def check_drafter_options(drafter: Resolved, registry, on_backend: str, options)
         return
     takes = inspect.signature(registry.get("drafter", drafter.name, on_backend).factory).parameters
     short = tuple(f"{alias} ({name})" for alias, name in ALIASES.items() if name in takes)
+    defaults = {name: parameter.default for name, parameter in takes.items()}
     check_options(
         drafter,
         registry,
@@ -144,10 +145,6 @@ def check_drafter_options(drafter: Resolved, registry, on_backend: str, options)
         least = {key: 1 for key in drafter.spec.tree_options}
         if drafter.spec.beam_options:
             least.update(beam_width=1, beam_length=2)
-    factory = registry.get("drafter", drafter.name, on_backend).factory
-    defaults = {
-        name: parameter.default for name, parameter in inspect.signature(factory).parameters.items()
-    }
     for key, value in options.items():
         where = f"drafter {drafter.name!r}: option {key}"
         if key in least and value is not None:
