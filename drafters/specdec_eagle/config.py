@@ -29,7 +29,7 @@ import numpy as np
 from specdec.models.checkpoints import check_weight_shapes, config_from_dict
 from specdec.drafting.shortlist import check_shortlist
 
-__all__ = ["MODEL_TYPE", "EagleConfig", "check_weights", "tree_size"]
+__all__ = ["MODEL_TYPE", "EagleConfig", "check_weights", "product_weights", "tree_size"]
 
 MODEL_TYPE = "specdec_eagle"
 
@@ -161,6 +161,12 @@ def check_weights(config: EagleConfig, weights: dict[str, Any]) -> None:
         check_shortlist(
             np.asarray(weights["vocab_shortlist"]), config.vocab_size, config.shortlist_size
         )
+
+
+def product_weights(config: EagleConfig) -> list[str]:
+    """The weights a drafter multiplies by (the fc and the layer's projections): what int8
+    drafting rounds (``specdec.reference.quantize``), besides the head rows."""
+    return [n for n in config.weight_shapes() if n == "fc.weight" or n.endswith("_proj.weight")]
 
 
 def tree_size(config: EagleConfig) -> int:

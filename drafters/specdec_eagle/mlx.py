@@ -153,7 +153,9 @@ class MlxEagleNet(nn.Module):
 
 class MlxEagleDrafter:
     """EAGLE as a stateful ``specdec.protocols.Drafter`` on the mlx backend (same options as the
-    reference's ``EagleDrafter``); each slot's draft cache is an (Hkv, T, Dh) pair of arrays."""
+    reference's ``EagleDrafter``); each slot's draft cache is an (Hkv, T, Dh) pair of arrays.
+    int8: as on torch, but MLX computes in the weights' dtype, so only None and False are taken
+    (``ops.draft_weight``)."""
 
     @property
     def caps(self) -> DrafterCaps:
@@ -171,7 +173,9 @@ class MlxEagleDrafter:
         top_k: int | None = None,
         depth: int | None = None,
         total_tokens: int | None = None,
+        int8: bool | None = None,
     ):
+        ops.draft_weight(ops.as_array(lm_head), int8=int8)  # refuses int8=True with the reason
         embed_tokens, lm_head = ops.as_array(embed_tokens), ops.as_array(lm_head)
         check_target_arrays(config, embed_tokens, lm_head)
         self.config, self.embed_tokens = config, embed_tokens

@@ -18,10 +18,18 @@ CLASSES = {
 
 def _factory(backend_name: str):
     def eagle(
-        target, checkpoint=None, *, backend=None, tree_top_k=None, depth=None, total_tokens=None
+        target,
+        checkpoint=None,
+        *,
+        backend=None,
+        tree_top_k=None,
+        depth=None,
+        total_tokens=None,
+        int8=None,
     ):
         """``tree_top_k``: the children each expanded node proposes
-        (``top_k`` is generate's sampling option)."""
+        (``top_k`` is generate's sampling option); ``int8``: the drafter's products with int8
+        weights where measured faster (None), always (True, torch on a CPU) or never (False)."""
         drafter_class = backend_class(backend_name, CLASSES, feature="the EAGLE drafter")
         config, weights = load_trained(
             "eagle", "EAGLE", "specdec_eagle", load_eagle_checkpoint, checkpoint, target
@@ -34,6 +42,7 @@ def _factory(backend_name: str):
             top_k=tree_top_k,
             depth=depth,
             total_tokens=total_tokens,
+            int8=int8,
         )
 
     return eagle

@@ -40,9 +40,15 @@ import numpy as np
 from specdec.capabilities import DrafterCaps
 from specdec.errors import InvalidInputError
 from specdec.reference.model import apply_rotary, attend, rms_norm, rotary_cos_sin, silu
+from specdec.reference.quantize import (
+    check_int8_option,
+    dequantize_rows,
+    quantize_rows,
+    quantized_weights,
+)
 from specdec.drafting.shortlist import restrict_logits
 from specdec.types import Accepted, Draft, DraftContext, PromptOutput
-from specdec_eagle.config import EagleConfig, check_weights
+from specdec_eagle.config import EagleConfig, check_weights, product_weights
 
 __all__ = [
     "EagleDrafter",
@@ -405,6 +411,9 @@ class EagleDrafter:
     embed_tokens, lm_head (V, H): the target's. top_k, depth, total_tokens override the config's
     tree defaults. Drafts are deterministic (the exact verifier serves sampled decoding); every
     row is computed alone, so a request's draft does not depend on the rest of its batch.
+    int8: True computes with the fc's, the layer's and the head's weights rounded to int8 per row
+    (``specdec.reference.quantize``), the twin of the torch drafter's int8 weights; None and False
+    keep them (the reference has no faster kernel to measure).
     """
 
     @property
@@ -423,9 +432,11 @@ class EagleDrafter:
         top_k: int | None = None,
         depth: int | None = None,
         total_tokens: int | None = None,
+        int8: bool | None = None,
     ):
         check_weights(config, weights)
         check_target_arrays(config, embed_tokens, lm_head)
+        check_int8_option(int8)
         self.config = config
         self.weights = {
             name: np.asarray(array, dtype=np.int64 if name == "vocab_shortlist" else np.float64)
@@ -433,6 +444,9 @@ class EagleDrafter:
         }
         self.embed_tokens = np.asarray(embed_tokens, dtype=np.float64)
         self.lm_head = np.asarray(lm_head, dtype=np.float64)
+        if int8:  # rows are rounded one by one, so the shortlisted rows round as they do alone
+            self.weights = quantized_weights(self.weights, product_weights(config))
+            self.lm_head = dequantize_rows(*quantize_rows(self.lm_head))
         self.top_k, self.depth, self.total_tokens = tree_options(config, top_k, depth, total_tokens)
         self.slots: dict[int, SlotCache] = {}
 

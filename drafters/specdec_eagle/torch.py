@@ -28,7 +28,7 @@ from specdec.types import Accepted, Draft, DraftContext, PromptOutput
 from specdec_eagle.config import EagleConfig, check_weights
 from specdec_eagle.reference import check_propose_context, check_target_arrays, tree_options
 from specdec_eagle.search import extended_beams
-from specdec_torch.ops import compute_dtype, top_k_lowest_index
+from specdec_torch.ops import compute_dtype, draft_weight, top_k_lowest_index
 
 __all__ = [
     "DraftAttention",
@@ -37,6 +37,7 @@ __all__ = [
     "EagleNet",
     "TorchEagleDrafter",
     "TreeSearch",
+    "draft_products",
     "rotate",
 ]
 
@@ -89,6 +90,31 @@ class _Layer(torch.nn.Module):
         self.self_attn = DraftAttention(config)
         self.post_attention_layernorm = DraftNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = DraftMLP(config)
+
+
+class _Product(torch.nn.Module):
+    """A ``torch.nn.Linear`` of a drafter at inference, computed by ``ops.draft_weight`` (its
+    weight in int8 where that was asked for or measured faster); ``weight`` stays the Linear's."""
+
+    def __init__(self, linear: torch.nn.Linear, int8: bool | None):
+        super().__init__()
+        self.weight, self.bias = linear.weight, linear.bias
+        bias = None if linear.bias is None else linear.bias.detach()
+        self.product = draft_weight(linear.weight.detach(), bias, int8=int8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.product(x)
+
+
+def draft_products(module: torch.nn.Module, *, int8: bool | None) -> None:
+    """Put every ``torch.nn.Linear`` inside ``module`` (an inference copy, its weights loaded)
+    behind ``ops.draft_weight``: ``int8`` True rounds the weights to int8 per row, None measures
+    (half-precision weights on a CPU), False keeps them (``specdec_torch.int8``)."""
+    for name, child in list(module.named_children()):
+        if isinstance(child, torch.nn.Linear):
+            setattr(module, name, _Product(child, int8))
+        else:
+            draft_products(child, int8=int8)
 
 
 def rotate(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor) -> torch.Tensor:
@@ -180,7 +206,9 @@ class EagleNet(torch.nn.Module):
 class TorchEagleDrafter:
     """EAGLE as a stateful ``specdec.protocols.Drafter`` on torch (same options as the reference's
     ``EagleDrafter``). Draft caches live per slot in the target's dtype and device, grown by
-    doubling; rows of a step run together."""
+    doubling; rows of a step run together. int8: the layer's products and the head rows with
+    their weights in int8 per row (True), as they are (False), or int8 where measured faster
+    (None: bfloat16 and float16 weights on a CPU; ``draft_products``)."""
 
     @property
     def caps(self) -> DrafterCaps:
@@ -200,6 +228,7 @@ class TorchEagleDrafter:
         top_k: int | None = None,
         depth: int | None = None,
         total_tokens: int | None = None,
+        int8: bool | None = None,
     ):
         check_weights(config, weights)
         check_target_arrays(config, embed_tokens, lm_head)
@@ -210,12 +239,16 @@ class TorchEagleDrafter:
         )
         self.net.load_weights(weights)
         self.net.eval().requires_grad_(False)
+        draft_products(self.net, int8=int8)
         self.shortlist = None
         if config.shortlist_size is not None:
             self.shortlist = torch.as_tensor(
                 np.asarray(weights["vocab_shortlist"]), dtype=torch.int64, device=self.device
             )
-        self.head_rows = lm_head if self.shortlist is None else lm_head[self.shortlist]  # (S, H)
+        # (S, H) -> x @ rows.T
+        self.head = draft_weight(
+            lm_head if self.shortlist is None else lm_head[self.shortlist], int8=int8
+        )
         self.top_k, self.depth, self.total_tokens = tree_options(config, top_k, depth, total_tokens)
         # slot -> {"keys", "values": (Hkv, capacity, Dh), "length", "pending" (H,)}
         self.slots: dict[int, dict] = {}
@@ -301,7 +334,7 @@ class TorchEagleDrafter:
 
     def log_probs(self, out: torch.Tensor) -> torch.Tensor:
         """Draft log-probs over the drafted vocabulary: out (..., H) -> (..., S)."""
-        return torch.log_softmax(F.linear(out, self.head_rows).to(compute_dtype(out.dtype)), dim=-1)
+        return torch.log_softmax(self.head(out).to(compute_dtype(out.dtype)), dim=-1)
 
     def to_vocab(self, local: torch.Tensor) -> torch.Tensor:
         return local if self.shortlist is None else self.shortlist[local]

@@ -49,6 +49,7 @@ __all__ = [
     "check_weights",
     "default_hidden_layers",
     "draft_to_target",
+    "product_weights",
     "resolve_layers",
     "tree_size",
 ]
@@ -211,6 +212,16 @@ class Eagle3Config:
             "lm_head.weight": (self.draft_vocab_size, hidden),
             "d2t": (self.draft_vocab_size,),
         }
+
+
+def product_weights(config: Eagle3Config) -> list[str]:
+    """The weights a drafter multiplies by (the fc, the layer's projections and the head): what
+    int8 drafting rounds (``specdec.reference.quantize``)."""
+    return [
+        n
+        for n in config.weight_shapes()
+        if n in ("fc.weight", "lm_head.weight") or n.endswith("_proj.weight")
+    ]
 
 
 def resolve_layers(config: Eagle3Config, num_layers: int) -> Eagle3Config:

@@ -132,7 +132,8 @@ class MlxEagle3Net(nn.Module):
 
 class MlxEagle3Drafter:
     """EAGLE-3 as a stateful ``specdec.protocols.Drafter`` on the mlx backend (same options as the
-    reference's ``Eagle3Drafter``); each slot's draft cache is an (Hkv, T, Dh) pair of arrays."""
+    reference's ``Eagle3Drafter``); each slot's draft cache is an (Hkv, T, Dh) pair of arrays.
+    int8: only None and False, as for ``MlxEagleDrafter``."""
 
     def __init__(
         self,
@@ -143,8 +144,10 @@ class MlxEagle3Drafter:
         top_k: int | None = None,
         depth: int | None = None,
         total_tokens: int | None = None,
+        int8: bool | None = None,
     ):
         embed_tokens = ops.as_array(embed_tokens)
+        ops.draft_weight(embed_tokens, int8=int8)  # refuses int8=True with the reason
         check_embedding(config, embed_tokens)
         check_layers_resolved(config)
         self.config, self.embed_tokens = config, embed_tokens

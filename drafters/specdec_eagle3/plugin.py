@@ -20,10 +20,17 @@ CLASSES = {
 
 def _factory(backend_name: str):
     def eagle3(
-        target, checkpoint=None, *, backend=None, tree_top_k=None, depth=None, total_tokens=None
+        target,
+        checkpoint=None,
+        *,
+        backend=None,
+        tree_top_k=None,
+        depth=None,
+        total_tokens=None,
+        int8=None,
     ):
         """``tree_top_k``: the children each expanded node proposes
-        (``top_k`` is generate's sampling option)."""
+        (``top_k`` is generate's sampling option); ``int8``: as EAGLE's."""
         drafter_class = backend_class(backend_name, CLASSES, feature="the EAGLE-3 drafter")
         config, weights = load_trained(
             "eagle3", "EAGLE-3", "specdec_eagle3", load_eagle3_checkpoint, checkpoint, target
@@ -36,6 +43,7 @@ def _factory(backend_name: str):
             top_k=tree_top_k,
             depth=depth,
             total_tokens=total_tokens,
+            int8=int8,
         )
 
     return eagle3

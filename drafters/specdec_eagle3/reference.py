@@ -37,6 +37,7 @@ import numpy as np
 from specdec.capabilities import DrafterCaps
 from specdec.errors import InvalidInputError
 from specdec.reference.model import apply_rotary, attend, rms_norm, rotary_cos_sin, silu
+from specdec.reference.quantize import check_int8_option, quantized_weights
 from specdec.types import Accepted, Draft, DraftContext, PromptOutput
 from specdec_eagle.reference import (
     SlotCache,
@@ -46,7 +47,7 @@ from specdec_eagle.reference import (
     top_indices,
 )
 from specdec_eagle.reference import tree_options as eagle_tree_options
-from specdec_eagle3.config import Eagle3Config, check_weights, draft_to_target
+from specdec_eagle3.config import Eagle3Config, check_weights, draft_to_target, product_weights
 
 __all__ = [
     "Eagle3Drafter",
@@ -303,6 +304,8 @@ class Eagle3Drafter:
     total_tokens override the config's tree
     defaults. ``caps.hidden_layers`` asks the target for the config's three layers. The root's
     feature is the drafter's own pending fused feature (``context.hidden`` is not read).
+    int8: True computes with the fc's, the layer's and the head's weights rounded to int8 per row
+    (``specdec.reference.quantize``), the torch drafter's int8 twin; None and False keep them.
     """
 
     def __init__(
@@ -314,15 +317,19 @@ class Eagle3Drafter:
         top_k: int | None = None,
         depth: int | None = None,
         total_tokens: int | None = None,
+        int8: bool | None = None,
     ):
         check_weights(config, weights)
         check_embedding(config, embed_tokens)
         check_layers_resolved(config)
+        check_int8_option(int8)
         self.config = config
         self.weights = {
             name: np.asarray(array, dtype=np.int64 if name == "d2t" else np.float64)
             for name, array in weights.items()
         }
+        if int8:
+            self.weights = quantized_weights(self.weights, product_weights(config))
         self.embed_tokens = (
             self.weights["embed_tokens.weight"]
             if config.own_embedding

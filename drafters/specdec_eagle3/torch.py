@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from specdec.capabilities import DrafterCaps
 from specdec.errors import InvalidInputError
 from specdec.types import Accepted, Draft, DraftContext, PromptOutput
-from specdec_eagle.torch import TreeSearch, rotate
+from specdec_eagle.torch import TreeSearch, draft_products, rotate
 from specdec_eagle.torch import DraftAttention, DraftMLP, DraftNorm
 from specdec_eagle3.config import Eagle3Config, check_weights, draft_to_target
 from specdec_eagle3.reference import (
@@ -168,7 +168,8 @@ class Eagle3Net(torch.nn.Module):
 
 class TorchEagle3Drafter:
     """EAGLE-3 as a stateful ``specdec.protocols.Drafter`` on torch (same options as the
-    reference's ``Eagle3Drafter``). Draft caches live per slot in the target's dtype and device."""
+    reference's ``Eagle3Drafter``). Draft caches live per slot in the target's dtype and device.
+    int8: as ``TorchEagleDrafter``'s (the fc, the layer's products and the head)."""
 
     PREFILL_CHUNK = 256
 
@@ -181,6 +182,7 @@ class TorchEagle3Drafter:
         top_k: int | None = None,
         depth: int | None = None,
         total_tokens: int | None = None,
+        int8: bool | None = None,
     ):
         check_weights(config, weights)
         check_embedding(config, embed_tokens)
@@ -192,6 +194,7 @@ class TorchEagle3Drafter:
         )
         self.net.load_weights(weights)
         self.net.eval().requires_grad_(False)
+        draft_products(self.net, int8=int8)
         # (N,) target ids
         self.ids = torch.as_tensor(draft_to_target(weights["d2t"]), device=self.device)
         self.top_k, self.depth, self.total_tokens = tree_options(config, top_k, depth, total_tokens)

@@ -15,6 +15,7 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 import specdec
+from specdec.errors import InvalidInputError
 from specdec.testing import checks, make_random_drafter, make_random_model
 from specdec.types import Accepted, DraftContext, PromptOutput
 from specdec_eagle3.checkpoint import random_eagle3_weights
@@ -64,8 +65,9 @@ def float32_exact(array):
     return np.asarray(array, dtype=np.float32).astype(np.float64)
 
 
-def make_pair(backend: str, overrides: dict, tree: dict, seed: int, dtype: str):
-    """A reference EAGLE-3 and its twin on ``backend`` on the same float32-exact weights."""
+def make_pair(backend: str, overrides: dict, tree: dict, seed: int, dtype: str, **options):
+    """A reference EAGLE-3 and its twin on ``backend`` on the same float32-exact weights
+    (``options``: int8, given to both)."""
     rng = np.random.default_rng(seed)
     config = Eagle3Config(vocab_size=V, hidden_size=H, hidden_layers=LAYERS, **overrides)
     embed = float32_exact(rng.normal(size=(V, H)))
@@ -73,21 +75,24 @@ def make_pair(backend: str, overrides: dict, tree: dict, seed: int, dtype: str):
         k: v if k == "d2t" else float32_exact(v)
         for k, v in random_eagle3_weights(config, rng).items()
     }
-    ref = Eagle3Drafter(config, weights, embed_tokens=embed, **tree)
+    ref = Eagle3Drafter(config, weights, embed_tokens=embed, **tree, **options)
     if backend == "torch":
         torch = pytest.importorskip("torch")
         from specdec_eagle3.torch import TorchEagle3Drafter
 
         to = lambda a: torch.as_tensor(np.asarray(a, dtype=dtype))  # noqa: E731
         ints = lambda a: torch.as_tensor(np.asarray(a, dtype=np.int64))  # noqa: E731
-        twin = TorchEagle3Drafter(config, weights, embed_tokens=to(embed), **tree)
+        twin = TorchEagle3Drafter(config, weights, embed_tokens=to(embed), **tree, **options)
     else:
         mx = pytest.importorskip("mlx.core")
         from specdec_eagle3.mlx import MlxEagle3Drafter
 
         to = lambda a: mx.array(np.asarray(a, dtype=np.float32))  # noqa: E731
         ints = lambda a: mx.array(np.asarray(a, dtype=np.int32))  # noqa: E731
-        twin = MlxEagle3Drafter(config, weights, embed_tokens=to(embed), **tree)
+        twin = MlxEagle3Drafter(config, weights, embed_tokens=to(embed), **tree, **options)
+    if options.get("int8"):  # the rounding must change the weights, or the test is blind
+        for name in ("fc.weight", "lm_head.weight"):
+            assert not np.array_equal(ref.weights[name], weights[name])
     return ref, twin, to, ints, rng
 
 
@@ -96,9 +101,16 @@ def host(array) -> np.ndarray:
 
 
 def check_against_reference(
-    backend: str, dtype: str, overrides: dict, tree: dict, seed: int, margin: float, tolerance: dict
+    backend: str,
+    dtype: str,
+    overrides: dict,
+    tree: dict,
+    seed: int,
+    margin: float,
+    tolerance: dict,
+    **options,
 ):
-    ref, twin, to, ints, rng = make_pair(backend, overrides, tree, seed, dtype)
+    ref, twin, to, ints, rng = make_pair(backend, overrides, tree, seed, dtype, **options)
     slots, lengths = [2, 0, 1], [5, 1, 9]
     for slot, length in zip(slots, lengths, strict=True):
         prompt = rng.integers(0, V, length)
@@ -190,6 +202,25 @@ def test_torch_float64_matches_reference(overrides, tree, seed):
 @given(seed=st.integers(0, 2**32 - 1))
 def test_torch_float32_matches_reference(overrides, seed):
     check_against_reference("torch", "float32", overrides, TREES[0], seed, 1e-4, checks.FLOAT32)
+
+
+@pytest.mark.parametrize("overrides", [CONFIGS[0], CONFIGS[3]], ids=[IDS[0], IDS[3]])
+@given(seed=st.integers(0, 2**32 - 1))
+def test_torch_int8_matches_reference_int8(overrides, seed):
+    """int8=True on both sides: torch's int8 kernel (float32 activations) against the reference's
+    products with the same per-row rounding in float64."""
+    torch = pytest.importorskip("torch")
+    if not hasattr(torch.ops.aten, "_weight_int8pack_mm"):
+        pytest.skip("this torch has no int8 weight-only kernel")
+    check_against_reference(
+        "torch", "float32", overrides, TREES[0], seed, 1e-4, checks.FLOAT32, int8=True
+    )
+
+
+def test_mlx_refuses_int8_weights():
+    pytest.importorskip("mlx.core")
+    with pytest.raises(InvalidInputError, match="int8=None or False"):
+        make_pair("mlx", CONFIGS[0], TREES[0], 0, "float32", int8=True)
 
 
 @pytest.mark.parametrize(
