@@ -15,3 +15,18 @@ OMP_NUM_THREADS=1 "$SPECDEC" train eagle3 --model smollm2-135m --out runs/record
 OMP_NUM_THREADS=1 "$SPECDEC" train eagle --model smollm2-135m --out runs/eg3 "${FILES[@]}" --init runs/eg2 \
     --max-positions 1400000 --minutes 40 --threads 1 --lr 5e-4 --batch-size 512 --top-k 4 --depth 4 \
     --total-tokens 16 --save-dtype float16
+# 3. Then on all records with the training-time test (the shipped EAGLE).
+OMP_NUM_THREADS=2 "$SPECDEC" train eagle --model smollm2-135m --out runs/eg4 "${FILES[@]}" --init runs/eg3 \
+    --minutes 48 --threads 2 --lr 5e-4 --batch-size 512 --top-k 4 --depth 4 --total-tokens 16 --unroll 3 \
+    --save-dtype float16
+# 4. Side by side (both cores, nothing else running).
+E=runs/eg4
+"$SPECDEC" bench --model smollm2-135m --prompts mt-bench --per-category 2 --backends torch --repeats 1 \
+    --max-new-tokens 128 --categories --out "$OUT/teacher_data/mtbench_all_records" --methods plain redrafter eagle \
+    "eagle:drafter=$E,total_tokens=4,depth=3,tree_top_k=2" "eagle:drafter=$E,total_tokens=6,depth=3,tree_top_k=2" \
+    "eagle:drafter=$E,total_tokens=6,depth=3,tree_top_k=2,speculation=always" \
+    "eagle:drafter=$E,total_tokens=3,depth=3,tree_top_k=1"
+"$SPECDEC" bench --model smollm2-135m --prompts humaneval --per-category 16 --backends torch --repeats 1 \
+    --max-new-tokens 128 --out "$OUT/teacher_data/humaneval_all_records" --methods plain redrafter \
+    redrafter:speculation=always "eagle:drafter=$E,total_tokens=6,depth=3,tree_top_k=2" \
+    "eagle:drafter=$E,total_tokens=6,depth=3,tree_top_k=2,speculation=always"
