@@ -175,8 +175,8 @@ class MlxEagleDrafter:
         total_tokens: int | None = None,
         int8: bool | None = None,
     ):
-        ops.draft_weight(ops.as_array(lm_head), int8=int8)  # refuses int8=True with the reason
         embed_tokens, lm_head = ops.as_array(embed_tokens), ops.as_array(lm_head)
+        ops.draft_weight(lm_head, int8=int8)  # refuses int8=True with the reason
         check_target_arrays(config, embed_tokens, lm_head)
         self.config, self.embed_tokens = config, embed_tokens
         self.net = MlxEagleNet.from_weights(config, weights, dtype=embed_tokens.dtype)
