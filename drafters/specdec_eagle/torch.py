@@ -23,10 +23,14 @@ import torch
 import torch.nn.functional as F
 
 from specdec.capabilities import DrafterCaps
-from specdec.errors import InvalidInputError
 from specdec.types import Accepted, Draft, DraftContext, PromptOutput
 from specdec_eagle.config import EagleConfig, check_weights
-from specdec_eagle.reference import check_propose_context, check_target_arrays, tree_options
+from specdec_eagle.reference import (
+    check_propose_context,
+    check_target_arrays,
+    missing_slot,
+    tree_options,
+)
 from specdec_eagle.search import extended_beams
 from specdec_torch.ops import compute_dtype, draft_weight, top_k_lowest_index
 
@@ -257,10 +261,7 @@ class TorchEagleDrafter:
 
     def _slot(self, slot: int) -> dict:
         if slot not in self.slots:
-            raise InvalidInputError(
-                f"EAGLE has no request in slot {slot}: a stateful drafter needs begin(slot, ...) "
-                "before propose/observe (the decode loop calls it when it admits a request)"
-            )
+            raise missing_slot(slot)
         return self.slots[slot]
 
     def _reserve(self, state: dict, size: int) -> None:

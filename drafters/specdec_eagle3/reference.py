@@ -46,6 +46,7 @@ from specdec_eagle.reference import (
     grown_cache,
     top_indices,
 )
+from specdec_eagle.reference import missing_slot as eagle_missing_slot
 from specdec_eagle.reference import tree_options as eagle_tree_options
 from specdec_eagle3.config import Eagle3Config, check_weights, draft_to_target, product_weights
 
@@ -289,10 +290,7 @@ def check_propose_context(context: DraftContext, batch: int) -> None:
 
 
 def missing_slot(slot: int) -> InvalidInputError:
-    return InvalidInputError(
-        f"EAGLE-3 has no request in slot {slot}: a stateful drafter needs begin(slot, ...) before "
-        "propose/observe (the decode loop calls it when it admits a request)"
-    )
+    return eagle_missing_slot(slot, "EAGLE-3")
 
 
 class Eagle3Drafter:

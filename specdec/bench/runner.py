@@ -4,7 +4,6 @@ repeats."""
 from __future__ import annotations
 
 import time
-from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
 import attrs
@@ -25,7 +24,6 @@ from specdec.generation.components import (
 from specdec.generation.encoding import encode_prompts
 from specdec.generation.loading import ModelFolder
 from specdec.generation.resolve import resolve
-from specdec.models.bundled import resolve_model
 from specdec.plugins.registry import default_registry
 from specdec.slots import TREE_ROOM
 
@@ -154,9 +152,9 @@ def run_bench(
     records: list[BenchRecord] = []
     grid = list(grid)
     total = len(grid) * len(temperatures) * repeats * len(prompts) * len(methods)
-    folder = resolve_model(model)  # prompts first: the target's one slot is sized to the longest
-    # its files parse before the tokenizer and template are read
-    read = ModelFolder.read(folder) if isinstance(folder, (str, Path)) else None
+    # prompts first: the target's one slot is sized to the longest
+    read = ModelFolder.of(model)
+    folder = model if read is None else read.path
     bar = tqdm(total=total, desc="bench", disable=not progress)
     tokenizer = read.tokenizer if read else getattr(folder, "tokenizer", None)
     template = read.chat_template if read else getattr(folder, "chat_template", None)

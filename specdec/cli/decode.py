@@ -53,7 +53,8 @@ def cmd_generate(args) -> int:
 
 def _demo_models(args, tmp: Path):
     """(model, {label: (drafter, options)}) for the demo: the bundled model and its shipped
-    drafters, or with --random a small random model and untrained drafters. The first entry is
+    drafters (ReDrafter, EAGLE, Medusa), or with --random a small random model and untrained
+    drafters. The first entry is
     the default path: ``generate``'s own defaults (ReDrafter with its prompt-lookup beam)."""
     if args.random:
         model = make_random_model(
@@ -68,11 +69,13 @@ def _demo_models(args, tmp: Path):
         )
         redrafter = make_random_drafter(tmp / "redrafter", model, kind="redrafter", seed=1)
         medusa = make_random_drafter(tmp / "medusa", model, kind="medusa", seed=2)
+        eagle = make_random_drafter(tmp / "eagle", model, kind="eagle", seed=3)
     else:
-        model, redrafter, medusa = args.model, "redrafter", "medusa"
+        model, redrafter, medusa, eagle = args.model, "redrafter", "medusa", "eagle"
     return model, {
         "default": (redrafter, {}),
         "redrafter": (redrafter, {"lookup": False}),
+        "eagle": (eagle, {}),
         "medusa": (medusa, {}),
     }
 

@@ -42,9 +42,9 @@ def add_parser(sub) -> None:
         help="exact mode: every request's tokens bit-identical to decoding it alone, at any dtype "
         "(default: on where this machine's check holds)",
     )
-    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (127.0.0.1)")
     parser.add_argument(
-        "--port", type=_port, default=8000, help="TCP port, 1-65535 (0: any free one)"
+        "--port", type=_port, default=8000, help="TCP port, 1-65535 (0: any free one; 8000)"
     )
     parser.add_argument(
         "--slots", type=int, default=8, help="requests decoded at once (default %(default)s)"
@@ -255,6 +255,7 @@ def cmd_serve(args) -> int:
     )
     api_key = api_key_of(args.api_key)
     drafter, options = drafter_options(args)
+    print(f"specdec: loading {args.model} and the drafter {args.drafter} ...", file=sys.stderr)
     engine = Engine(
         args.model,
         drafter=drafter,
@@ -273,7 +274,8 @@ def cmd_serve(args) -> int:
     print(
         f"specdec: serving {name!r} on http://{args.host}:{args.port}/v1 ({args.slots} slots of "
         f"{engine.context_length} tokens, drafter {args.drafter}, speculation "
-        f"{engine.plan.speculation or 'auto'}; {describe_exactness(engine.target)})",
+        f"{engine.plan.speculation or 'auto'}; {describe_exactness(engine.target)}; "
+        f"{'an API key required' if api_key else 'no API key'}; Ctrl-C stops it)",
         file=sys.stderr,
     )
     warning = exposure_warning(args.host, api_key)

@@ -124,7 +124,9 @@ def _add_train_parser(train: argparse.ArgumentParser, spec) -> None:
     train.add_argument(
         "--out", required=True, help="checkpoint folder (config.json, model.safetensors, state)"
     )
-    train.add_argument("--minutes", type=float, default=None, help="training-time budget")
+    train.add_argument(
+        "--minutes", type=float, default=None, help="training-time budget (fractions allowed)"
+    )
     train.add_argument("--steps", type=int, default=None, help="optimiser-step budget")
     train.add_argument(
         "--resume",
@@ -190,7 +192,9 @@ def _add_train_parser(train: argparse.ArgumentParser, spec) -> None:
         default=None,
         help="teacher continuation length (default 128)",
     )
-    train.add_argument("--batch-size", type=int, default=64, help="positions per optimiser step")
+    train.add_argument(
+        "--batch-size", type=int, default=64, help="positions per optimiser step (default 64)"
+    )
     train.add_argument(
         "--teacher-dtype",
         default=None,
@@ -210,7 +214,7 @@ def _add_train_parser(train: argparse.ArgumentParser, spec) -> None:
         "corpus=0.3,self_instruct=0.15,general=0.35,plain=0.2 (the default) or general=1; "
         "'corpus' alone for the corpus's chat requests",
     )
-    train.add_argument("--lr", type=float, default=1e-3)
+    train.add_argument("--lr", type=float, default=1e-3, help="learning rate (default 1e-3)")
     train.add_argument(
         "--weight-decay", type=float, default=0.0, help="AdamW decoupled weight decay"
     )

@@ -51,8 +51,9 @@ met a burst of 16 requests and drafted every step at half plain decoding's throu
 tokens per second that decode steps actually delivered are kept per row count, plain and drafting
 apart (``specdec.decode.realized``): at a row count drafting takes at most ``PROBE`` steps on
 the prediction alone, and then stops where its steps clearly delivered less than plain ones
-(below ``LOSS`` of their tokens per second), to be tried again after ``RETRY`` plain steps there
-(twice as many after each probe that loses again).
+(below ``LOSS`` of their tokens per second), to be tried again after as many plain steps there
+as keep a probe's lost time within ``RETRY_COST`` of them (twice as many after each probe that
+loses again).
 
 **Lossless.** A budget only cuts a tree before verification; the verifier accepts what the target
 itself would produce at every node it is given (greedy, and the exact tree walk whose uniforms are
@@ -154,10 +155,14 @@ def speculation_mode(value, caps, needs_draft_probs: bool) -> str:
     return "never" if mode == "auto" and caps.max_tree_size == 1 else mode
 
 
-def make_speculation(value) -> "Speculation":
-    """A fresh policy for a decoder: a mode name makes one, an object is used as it is."""
-    value = check_speculation(value)
-    return value if isinstance(value, Speculation) else Speculation(value)
+def make_speculation(value, caps, needs_draft_probs: bool) -> "Speculation":
+    """The policy of a decoder whose drafter has ``caps``: a mode name makes one (in the mode
+    ``speculation_mode`` says), an object is used as it is; either is told the drafter's largest
+    tree (``Speculation.use_tree_size``)."""
+    value = speculation_mode(value, caps, needs_draft_probs)
+    speculation = value if isinstance(value, Speculation) else Speculation(value)
+    speculation.use_tree_size(caps.max_tree_size)
+    return speculation
 
 
 class _Acceptance:
@@ -174,14 +179,20 @@ class _Acceptance:
     starts at); ``stale``: steps since its whole tree was last verified (it did not draft, or its
     budget cut the tree)."""
 
-    def __init__(self, decay: float):
+    def __init__(self, decay: float, most: float = float(BUDGETS[-1])):
         self.decay = decay
         self.gain = np.diff(GUESS, prepend=1.0)
         self.known = np.zeros(len(BUDGETS), dtype=bool)
-        self.reach = np.ones(len(BUDGETS))
-        self.width = np.asarray(BUDGETS, dtype=np.float64)
         self.drafted = False  # reach and width observed
         self.stale = 0
+        self.bound(most)
+
+    def bound(self, most: float) -> None:
+        """Trees of at most ``most`` drafted nodes (the drafter's caps): before any tree was
+        seen, they reach as far as that and a budget keeps at most that many nodes."""
+        if not self.drafted:
+            self.reach = (most > _PREVIOUS).astype(np.float64)
+            self.width = np.minimum(_LIMITS, most)
 
     @property
     def tokens(self) -> np.ndarray:
@@ -240,6 +251,15 @@ class Speculation:
 
     def use_costs(self, costs: StepCosts) -> None:
         self.costs = costs
+
+    def use_tree_size(self, nodes: int | None) -> None:
+        """The drafter's largest tree (``DrafterCaps.max_tree_size``, its root counted; None:
+        unknown): what a request is expected to draft before its first tree is seen. Without it
+        a fresh engine priced every request's tree at the largest budget (64 drafted nodes), so
+        a request whose first few trees accepted little was never tried again (trying it looked
+        dear) and one that accepted priced its trees wider than they are."""
+        if nodes is not None:
+            self._prior.bound(float(max(int(nodes) - 1, 0)))
 
     # -- estimates ---------------------------------------------------------------------------
 

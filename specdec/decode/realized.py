@@ -14,26 +14,36 @@ plain decode steps and drafting steps apart, as decaying sums of committed token
 - after that, a bucket whose drafting steps delivered less than ``LOSS`` times the plain steps'
   tokens per second decodes plainly (a clear loss: one request's steps vary too much from step to
   step, with what each accepts, for a finer verdict on a few steps; smaller losses are the
-  prediction's to correct, from the same steps), and probes again after ``RETRY`` plain steps
-  there, twice as many after each probe that loses again (up to ``MAX_RETRY``), back to
-  ``RETRY`` after one that wins (acceptance changes with the requests, costs with the load).
+  prediction's to correct, from the same steps), and probes again after as many plain steps
+  there as make the probe's lost time at most ``RETRY_COST`` of them (``retry_steps``: what
+  ``PROBE`` drafting steps at the measured rates cost beyond plain decoding, in plain steps,
+  over ``RETRY_COST``; at least ``MIN_RETRY``), twice as many after each probe that loses again
+  (up to ``MAX_RETRY``), sized afresh after one that wins (acceptance changes with the
+  requests, costs with the load). A fixed 64 steps was too long where a probe costs little and
+  too short where it costs much: one request whose first three drafting steps accepted nothing
+  (the start of an answer) then decoded up to 64 steps plainly (the default path on the demo's
+  first prompt drafted in 12 of 77 steps, 1.13 tokens per step, against 1.42 where the probes
+  were luckier), while at 16 rows, where a drafting step delivers 0.43x of a plain one, three
+  probes cost 4.8 plain steps.
 
 So a drafter that clearly does not pay at some row count costs at most ``PROBE`` steps there
-(and one plain step to measure against) before plain decoding takes over, whatever the drafter,
-the model or the arrival pattern. Steps that carry prompt tokens are not counted (their time is
-the prompts'), nor the first plain and the first drafting step (one-off costs). Budgets never
-change which tokens are accepted, so this only moves speed.
+(and one plain step to measure against) before plain decoding takes over, and then at most
+``RETRY_COST`` of the steps, whatever the drafter, the model or the arrival pattern. Steps that
+carry prompt tokens are not counted (their time is the prompts'), nor the first plain and the
+first drafting step (one-off costs). Budgets never change which tokens are accepted, so this
+only moves speed.
 """
 
 from __future__ import annotations
 
 import math
 
-__all__ = ["LOSS", "MAX_RETRY", "PROBE", "RETRY", "RealizedRates", "bucket"]
+__all__ = ["LOSS", "MAX_RETRY", "MIN_RETRY", "PROBE", "RETRY_COST", "RealizedRates", "bucket"]
 
 PROBE = 3  # drafting steps a bucket takes on the prediction alone
 LOSS = 0.8  # drafting that delivered less than this share of plain's tokens/s lost clearly
-RETRY = 64  # plain steps in a bucket where drafting lost, before it probes again ...
+RETRY_COST = 0.05  # a probe's lost time, over the plain steps before it, at most this share ...
+MIN_RETRY = 8  # ... of at least this many plain steps ...
 MAX_RETRY = 1024  # ... doubled after each probe that loses again, up to this
 DECAY = 0.2  # weight of a bucket's newest step in its sums
 
@@ -69,7 +79,7 @@ class RealizedRates:
         self._plain: dict[int, _Rate] = {}
         self._draft: dict[int, _Rate] = {}
         self._lost: dict[int, int] = {}  # bucket -> plain steps since drafting was found to lose
-        self._retry: dict[int, int] = {}  # bucket -> plain steps before the next probe
+        self._losses: dict[int, int] = {}  # bucket -> probes lost in a row (the doubling)
         self._first = {True, False}  # kinds (drafted or not) whose first step is yet to come
 
     def losing(self, b: int) -> bool:
@@ -88,13 +98,26 @@ class RealizedRates:
         if b not in self._plain:
             return False  # a plain step to measure against
         if not self.losing(b):
-            self._retry[b] = RETRY  # it wins (or loses too little to tell): probes start over
+            self._losses[b] = 0  # it wins (or loses too little to tell): probes start over
             return True
-        if self._lost.get(b, 0) >= self._retry.get(b, RETRY):  # probe again from scratch
-            self._retry[b] = min(2 * self._retry.get(b, RETRY), MAX_RETRY)
+        if self._lost.get(b, 0) >= self.retry_steps(b):  # probe again from scratch
+            self._losses[b] = self._losses.get(b, 0) + 1
             self._draft[b], self._lost[b] = _Rate(), 0
             return True
         return False
+
+    def retry_steps(self, b: int) -> int:
+        """Plain steps in bucket ``b``, where drafting lost, before it probes again: ``PROBE``
+        drafting steps at the measured rates cost (draft tokens / plain tokens) * (plain rate /
+        draft rate - 1) plain steps each beyond plain decoding, and the steps between probes
+        keep that within ``RETRY_COST`` of them (at least ``MIN_RETRY``), doubled for each probe
+        lost in a row before (up to ``MAX_RETRY``)."""
+        plain, draft = self._plain[b], self._draft[b]
+        if draft.rate <= 0 or plain.tokens <= 0:
+            return MAX_RETRY
+        lost = PROBE * (draft.tokens / plain.tokens) * max(plain.rate / draft.rate - 1.0, 0.0)
+        steps = max(math.ceil(lost / RETRY_COST), MIN_RETRY) * 2 ** self._losses.get(b, 0)
+        return int(min(steps, MAX_RETRY))
 
     def observe(self, rows: int, tokens: int, seconds: float, drafted: bool) -> None:
         """A decode step of ``rows`` rows committed ``tokens`` in ``seconds`` (its target part

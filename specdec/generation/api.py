@@ -54,12 +54,14 @@ def generate(
 ) -> GenerationResult:
     """Generate with speculative decoding; greedy output equals plain greedy decoding.
 
-    model: a local Hugging Face-format folder, a loaded target (``specdec.load``) or a
-        backend-native model object. prompt: a string (needs a tokenizer), a list of token ids,
-        or a list of those (a batch); a 1-D NumPy integer array is token ids, a 2-D one a batch.
-        drafter: a name ("redrafter", "medusa", "none"), a path to a drafter checkpoint, or a
-        Drafter object. backend: "numpy", "torch", "mlx" or any
-        installed plugin; None picks torch when installed, else numpy.
+    model: a bundled name ("smollm2-135m", ...), a local Hugging Face-format folder, a ``.gguf``
+        file, a loaded target (``specdec.load``) or a backend-native model object.
+        prompt: a string (needs a tokenizer), a chat, a list of token ids, or a list of those (a
+        batch); a 1-D NumPy integer array is token ids, a 2-D one a batch.
+        drafter: a name ("redrafter", "eagle", "medusa", "lookup", "draft_model", "none", or an
+        installed plugin's), a path to a drafter checkpoint, or a Drafter object.
+        backend: "numpy", "torch", "mlx" or any installed plugin; None picks torch when
+        installed, else numpy. Every argument and result: docs/api.md.
     options: ``verifier`` and ``tree_builder`` (names or objects), ``stop_at_eos`` (default
         True), ``speculation`` ("auto", the default: each step drafts what the measured costs and
         each request's acceptance say pays, ``specdec.decode.budget``; "always"; "never"),

@@ -38,6 +38,13 @@ class ModelFolder:
         # check_model_folder refuses sizes (vocab_size included) that are not positive integers
         return cls(path=Path(folder), config=check_model_folder(folder))
 
+    @classmethod
+    def of(cls, model) -> "ModelFolder | None":
+        """``model`` resolved (a bundled name or a GGUF file converted once) and read; None for
+        a loaded target or a framework's model object."""
+        folder = resolve_model(model)
+        return cls.read(folder) if isinstance(folder, (str, Path)) else None
+
     @property
     def vocab_size(self) -> int:
         return int(self.config.get("vocab_size", 0)) or 2**62
@@ -201,29 +208,30 @@ def _load_choosing_dtype(
 
 def load_for_prompts(backend, model, prompt, max_new_tokens: int, *, dtype, device, exact):
     """(target, token prompts, batched, tokenizer) for ``generate``: a model folder (or bundled
-    name) read once, the prompts encoded with its tokenizer and chat template and checked against
-    its context, then loaded with one slot per prompt sized to fit them, ``max_new_tokens`` and a
-    draft tree; a loaded target or a model object loaded as it is, the prompts encoded with its
-    own tokenizer."""
-    model = resolve_model(model)
-    if isinstance(model, (str, Path)):
-        folder = ModelFolder.read(model)
-        tokenizer, vocab, template = folder.tokenizer, folder.vocab_size, folder.chat_template
-        prompts, batched = encode_prompts(prompt, tokenizer, vocab, chat_template=template)
-        check_fits_context(prompts, max_new_tokens, folder.context, batched=batched)
-        capacity = max(map(len, prompts)) + max_new_tokens + TREE_ROOM
+    name, or GGUF file) read once, the prompts encoded with its tokenizer and chat template and
+    checked against its context, then loaded with one slot per prompt sized to fit them,
+    ``max_new_tokens`` and a draft tree; a loaded target or a model object is loaded as it is
+    first, and the prompts encoded with its own tokenizer."""
+    folder, target = ModelFolder.of(model), None
+    if folder is None:
+        target, _ = load_with_choice(backend, model, dtype=dtype, device=device, exact=exact)
+        tokenizer, template = (
+            getattr(target, name, None) for name in ("tokenizer", "chat_template")
+        )
+        vocab, context = target.vocab_size, context_length(target)
+    else:
+        tokenizer, template = folder.tokenizer, folder.chat_template
+        vocab, context = folder.vocab_size, folder.context
+    prompts, batched = encode_prompts(prompt, tokenizer, vocab, chat_template=template)
+    check_fits_context(prompts, max_new_tokens, context, batched=batched)
+    if target is None:
         target, _ = load_with_choice(
             backend,
             folder,
             dtype=dtype,
             device=device,
             slots=len(prompts),
-            capacity=capacity,
+            capacity=max(map(len, prompts)) + max_new_tokens + TREE_ROOM,
             exact=exact,
         )
-        return target, prompts, batched, tokenizer
-    target, _ = load_with_choice(backend, model, dtype=dtype, device=device, exact=exact)
-    tokenizer, template = getattr(target, "tokenizer", None), getattr(target, "chat_template", None)
-    prompts, batched = encode_prompts(prompt, tokenizer, target.vocab_size, chat_template=template)
-    check_fits_context(prompts, max_new_tokens, context_length(target), batched=batched)
     return target, prompts, batched, tokenizer

@@ -118,7 +118,7 @@ def check_options(
     valid = sorted(k for k in accepted if k not in passed)
     unknown = sorted(set(options) - set(valid) - set(also))
     if unknown:
-        beside = f"; and {', '.join(also)}" if also else ""
+        beside = f"; every generation also takes: {', '.join(also)}" if also else ""
         raise InvalidInputError(
             f"{kind.replace('_', ' ')} {choice!r} does not take option(s) {unknown}; "
             f"it takes: {', '.join(valid) or 'none'}{beside}"

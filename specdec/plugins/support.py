@@ -14,7 +14,7 @@ from typing import Callable
 import numpy as np
 
 from specdec.models.checkpoints import check_trained_for, require_checkpoint
-from specdec.errors import CorruptFileError, require
+from specdec.errors import CorruptFileError, install_command, require
 
 # backend -> (framework modules to import first, the specdec extra that installs them)
 FRAMEWORKS = {"torch": (("torch", "transformers"), "torch"), "mlx": (("mlx.core", "mlx_lm"), "mlx")}
@@ -38,7 +38,7 @@ def missing_framework(backend: str | None) -> str | None:
     modules, extra = FRAMEWORKS[backend]
     if all(importlib.util.find_spec(module.partition(".")[0]) is not None for module in modules):
         return None
-    return f"pip install 'specdec[{extra}]'"
+    return install_command(extra)
 
 
 def backend_class(backend: str, classes: dict[str, str], *, feature: str):

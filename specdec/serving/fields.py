@@ -5,6 +5,7 @@ not OpenAI's). Nothing is silently ignored."""
 
 from __future__ import annotations
 
+import json
 import math
 
 from specdec.serving.errors import bad
@@ -94,8 +95,10 @@ def check_fields(body: dict, *, chat: bool) -> None:
             continue
         if field in unsupported:
             if not _neutral(value, unsupported[field]):
+                neutral = ", ".join(json.dumps(a) for a in unsupported[field] if a is not None)
                 raise bad(
-                    f"{field} is not supported by this server (leave it out, or null)",
+                    f"{field} is not supported by this server (leave it out, or give null"
+                    f"{', ' + neutral if neutral else ''})",
                     field,
                     "unsupported_parameter",
                 )

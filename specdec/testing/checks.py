@@ -15,6 +15,7 @@ computes in float64); see docs/writing-a-backend.md and docs/writing-a-drafter.m
 
 from __future__ import annotations
 
+import warnings
 from typing import Sequence
 
 import numpy as np
@@ -151,7 +152,9 @@ def check_generation(
 ) -> None:
     """``generate`` on ``backend_name`` in ``dtype`` emits the same tokens as on the numpy reference
     (same seed). ``drafter`` must be available on both backends: a name registered for every
-    backend ("none", "lookup"), or one (or a checkpoint of one) registered for both."""
+    backend ("none", "lookup"), or one (or a checkpoint of one) registered for both. ``dtype``
+    applies to every backend but numpy (float64 only). Returns None; raises AssertionError
+    naming the tokens that differ."""
     expected = generate(
         model_path,
         prompts,
@@ -166,13 +169,14 @@ def check_generation(
         prompts,
         drafter=drafter,
         backend=backend_name,
-        dtype=dtype,
+        dtype=None if backend_name == "numpy" else dtype,
         max_new_tokens=max_new_tokens,
         registry=registry,
         **options,
     ).tokens
     assert actual == expected, (
-        f"check_generation({backend_name!r}, drafter={drafter}, dtype={dtype}, {options}): tokens "
+        f"check_generation({backend_name!r}, drafter={drafter}, dtype={dtype}"
+        f"{_listed(options)}): tokens "
         f"differ\nreference {expected}\nbackend   {actual}"
     )
 
@@ -210,7 +214,9 @@ def check_drafter(
         registry=registry,
     ).tokens
     for backend in backends:
-        where = f"check_drafter({drafter!s}, backend={backend!r}, dtype={dtype!r}, {options})"
+        where = (
+            f"check_drafter({drafter!s}, backend={backend!r}, dtype={dtype!r}{_listed(options)})"
+        )
         run = dict(
             backend=backend,
             dtype=None if backend == "numpy" else dtype,
@@ -263,11 +269,18 @@ def check_drafter(
 
     for temperature in (0.0, 1.0):
         runs = {slots: decode(slots, temperature) for slots in (1, len(prompts))}
-        assert runs[1] == runs[len(prompts)], (
-            f"check_drafter({drafter!s}, {options}): at temperature {temperature} the prompts "
-            "decoded one after another in one slot differ from decoding them side by side (tokens, "
-            f"drafted tokens, accepted tokens)\none slot {runs[1]}\n"
-            f"side by side {runs[len(prompts)]}"
+        differ = [
+            f"{name}: {a} in one slot, {b} side by side"
+            for name, a, b in zip(
+                ("tokens", "drafted tokens", "accepted tokens"), runs[1], runs[len(prompts)]
+            )
+            if a != b
+        ]
+        assert not differ, (
+            f"check_drafter({drafter!s}{_listed(options)}): at temperature {temperature} the "
+            "prompts decoded one after another in one slot differ from decoding them side by "
+            "side, so the drafter keeps something of a request past its end (look at begin, "
+            "which must start the slot afresh, and end): " + "; ".join(differ)
         )
     check_slot_views(
         drafter,
@@ -316,11 +329,22 @@ def check_slot_views(
     named = resolve("drafter", drafter, registry, backend.name)
     inner = load_drafter(named, target, backend, registry, drafter_options)
     caps = drafter_caps(inner, named.source)
-    if not caps.stateful or not callable(getattr(inner, "slot_tokens", None)):
+    shows_view = callable(getattr(inner, "slot_tokens", None))
+    if caps.stateful and not shows_view:
+        warnings.warn(
+            f"check_slot_views({drafter!s}): a stateful drafter without slot_tokens: its per-slot "
+            "state is judged only by the drafts it changes, which on a small random model may "
+            "be none; give it slot_tokens(slot) (docs/writing-a-drafter.md) to have the state "
+            "itself compared",
+            stacklevel=2,
+        )
+    if not caps.stateful or not shows_view:
         return 0
+    # named after the drafter's class: an error the decode loop raises names the drafter
+    watcher_class = type(type(inner).__name__, (_ViewWatcher,), {})
     compared = 0
     for temperature in (0.0, 1.0):
-        watcher = _ViewWatcher(inner, f"check_slot_views({drafter!s}, {options})")
+        watcher = watcher_class(inner, f"check_slot_views({drafter!s}{_listed(options)})")
         generate(
             target,
             [list(p) for p in prompts],
@@ -334,6 +358,11 @@ def check_slot_views(
         )
         compared += watcher.compared
     return compared
+
+
+def _listed(options: dict) -> str:
+    """``options`` as a call's keywords after the ones before them (nothing when there are none)."""
+    return "".join(f", {name}={value!r}" for name, value in options.items())
 
 
 class _ViewWatcher:
@@ -361,9 +390,10 @@ class _ViewWatcher:
                 f"{self.where}: {when}, slot_tokens({slot}) holds {len(view)} tokens where the "
                 f"request has {len(expected)}, first differing at position {first}: view "
                 f"{view[first : first + 4]}..., request {expected[first : first + 4]}...; the "
-                "drafter's per-slot state no longer follows the request (look at begin and "
-                "observe: observe gets the root and the accepted drafted tokens, "
-                "accepted.tokens[b, : num_accepted[b] + 1], and not the bonus token)"
+                "drafter's per-slot state no longer follows the request (look at begin, which "
+                "starts the slot afresh, end, which drops it, and observe, which gets the root "
+                "and the accepted drafted tokens, accepted.tokens[b, : num_accepted[b] + 1], and "
+                "not the bonus token)"
             )
         self.compared += 1
 

@@ -432,7 +432,9 @@ def build_teacher_data(
             )
         times[f"teacher_{name}"] = time.perf_counter() - began
         if not progress:
-            say(f"teacher {name}: {count} prompts in {times[f'teacher_{name}'] / 60:.1f} min")
+            minutes, stats = times[f"teacher_{name}"] / 60, teacher_stats[name]
+            cached = f"{stats['shards_reused']} shards from the cache, {stats['shards_made']} made"
+            say(f"teacher {name}: {count} prompts in {minutes:.1f} min ({cached})")
     # prompts made in this run (cached shards need none)
     if isinstance(decoded_source, MixedPrompts):
         teacher_stats["prompt_kinds_made"] = dict(decoded_source.stats)

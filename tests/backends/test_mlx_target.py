@@ -20,7 +20,7 @@ pytest.importorskip(
 
 import mlx.core as mx  # noqa: E402
 
-from specdec.errors import InvalidInputError, MissingDependencyError  # noqa: E402
+from specdec.errors import InvalidInputError, MissingDependencyError, install_command  # noqa: E402
 from specdec.reference.model import load_target as load_reference  # noqa: E402
 from specdec.reference.tree import build_prefix_tree  # noqa: E402
 from specdec.testing import checks, make_random_model  # noqa: E402
@@ -68,7 +68,7 @@ def test_missing_mlx_names_the_extra():
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     ).stdout
-    assert "pip install 'specdec[mlx]'" in out, f"mlx backend factory without mlx said: {out!r}"
+    assert install_command("mlx") in out, f"mlx backend factory without mlx said: {out!r}"
     assert issubclass(MissingDependencyError, ImportError)
 
 

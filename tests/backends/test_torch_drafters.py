@@ -21,6 +21,7 @@ from specdec_redrafter.checkpoint import random_redrafter_weights
 from specdec_redrafter.config import RedrafterConfig
 from specdec_redrafter.reference import RedrafterDrafter, draft_log_probs, drafter_logits, rnn_step
 from specdec_redrafter.torch import TorchRedrafterDrafter
+from specdec_torch.int8 import int8_kernel
 
 DEVICE = torch.device(os.environ.get("SPECDEC_TORCH_DEVICE", "cpu"))
 DTYPES = {"float64": torch.float64, "float32": torch.float32}
@@ -111,7 +112,7 @@ redrafter_configs = st.builds(
 def test_redrafter_beam_search_matches_reference(config, seed, width, length, dtype):
     """float32 int8: both drafters with every product's weight rounded to int8
     (the torch one by its kernel)."""
-    if dtype.endswith("int8") and not hasattr(torch.ops.aten, "_weight_int8pack_mm"):
+    if dtype.endswith("int8") and not int8_kernel():
         pytest.skip("this torch has no int8 weight-only kernel")
     int8 = dict(int8=True) if dtype.endswith("int8") else {}
     dtype = dtype.split()[0]

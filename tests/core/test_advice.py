@@ -5,12 +5,15 @@ the export's stored type, and train options the drafter takes."""
 from __future__ import annotations
 
 import json
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 from safetensors import safe_open
 
 import specdec
+from specdec.errors import install_command
 from specdec.cli.main import main
 from specdec.plugins import support
 from specdec.plugins.export import export, import_drafter, stored_dtype
@@ -70,13 +73,13 @@ def test_plugins_lists_a_backend_whose_framework_is_missing_with_the_extra(monke
     mlx = [r for r in rows if r["kind"] == "backend" and r["name"] == "mlx"]
     if not mlx:
         pytest.skip("the mlx backend plugin is not registered here")
-    assert mlx[0]["install"] == "pip install 'specdec[mlx]'"
+    assert mlx[0]["install"] == install_command("mlx")
     numpy_rows = [r for r in rows if r["kind"] == "backend" and r["name"] == "numpy"]
     assert numpy_rows[0]["install"] is None
     assert main(["plugins"]) == 0
     lines = capsys.readouterr().out.splitlines()
     listed = [line for line in lines if line.strip().startswith("mlx ")]
-    assert listed and listed[0].endswith("NOT INSTALLED: pip install 'specdec[mlx]'"), lines
+    assert listed and listed[0].endswith(f"NOT INSTALLED: {install_command('mlx')}"), lines
     assert all("NOT INSTALLED" not in line for line in lines if "[numpy]" in line), lines
 
 
@@ -144,3 +147,13 @@ def test_written_weights_are_readable_by_others_as_the_umask_allows(model_dir, t
             assert stat.S_IMODE(os.stat(path).st_mode) == 0o644, path
     finally:
         os.umask(mask)
+
+
+def test_the_install_hint_is_the_setup_script_in_a_checkouts_own_venv(monkeypatch):
+    """In a source checkout's .venv the setup script (which pins torch's CPU build) installs an
+    extra; anywhere else pip does."""
+    root = Path(specdec.errors.__file__).resolve().parents[1]
+    monkeypatch.setattr(sys, "prefix", str(root / ".venv"))
+    assert install_command("serve") == f"bash scripts/setup.sh serve (in {root})"
+    monkeypatch.setattr(sys, "prefix", "/somewhere/else")
+    assert install_command("serve") == "pip install 'specdec[serve]'"

@@ -11,6 +11,7 @@ drafter (stateless and stateful), greedy and sampled, gives the tokens of plain 
 from __future__ import annotations
 
 import itertools
+import math
 
 import numpy as np
 import pytest
@@ -300,6 +301,23 @@ def test_a_request_idle_for_a_while_drafts_again_where_that_is_cheap(curve, trie
     speculation.observe_rows([0], [0], *plain)
     # a 3-node tree: +10% on the line, +200% on the steep curve (more than 16 steps x 5%)
     assert speculation.step_budgets([0]).budgets == ({0: None} if tried else {0: 0})
+
+
+def test_a_fresh_engine_prices_the_drafters_own_tree_and_tries_a_poor_start_again():
+    """The drafter's largest tree bounds what a request is expected to draft before its trees
+    are seen: a request of a 7-node drafter whose first trees accepted nothing is tried again
+    after ``EXPLORE_EVERY`` plain steps (priced as 64 nodes, it never was)."""
+    speculation = policy(CostCurve(tokens=(1, 1024), seconds=(0.021, 0.021 + 0.002 * 1023)))
+    speculation.use_tree_size(7)
+    tokens, nodes = speculation.estimate(0)
+    assert nodes == 7.0 and np.all(tokens[BUDGETS.index(6) :] == tokens[BUDGETS.index(6)])
+    teach(speculation, 0, 1.0, nodes=7, steps=30)  # a poor start
+    plain = (np.array([1]), np.array([1]), np.array([[0]]), np.array([0]))
+    for _ in range(EXPLORE_EVERY):
+        assert speculation.step_budgets([0]).budgets == {0: 0}
+        speculation.observe_rows([0], [0], *plain)
+        speculation.observe_step(1, 0.021, 0, 0.0)
+    assert speculation.step_budgets([0]).budgets == {0: None}
 
 
 def test_requests_are_tried_again_at_most_once_in_so_many_steps():
@@ -790,9 +808,12 @@ def test_drafting_that_delivers_less_than_plain_stops_within_a_few_steps(rows):
     """Whatever the prediction says (here a cost model that prices trees at almost nothing and
     never corrects itself), a row count whose drafting steps deliver fewer tokens per second
     than its plain steps decodes plainly after at most PROBE drafting steps (and the first, left
-    out as one-off costs), and tries drafting again only after RETRY plain steps there
-    (specdec.decode.realized)."""
-    from specdec.decode.realized import PROBE, RETRY
+    out as one-off costs), and tries drafting again only after the plain steps that keep its
+    probes' lost time within RETRY_COST of them (specdec.decode.realized): three drafting steps
+    of twice the tokens at four times the seconds lose 3 * 2 * (2 - 1) = 6 plain steps."""
+    from specdec.decode.realized import PROBE, RETRY_COST
+
+    RETRY = math.ceil(PROBE * 2 * (2 - 1) / RETRY_COST)
 
     speculation = Speculation("auto")
     speculation.use_costs(_FrozenCosts(CostCurve(tokens=(1, 1024), seconds=(0.02, 0.0201))))
@@ -816,6 +837,40 @@ def test_drafting_that_delivers_less_than_plain_stops_within_a_few_steps(rows):
     first = PROBE + 1  # the first drafting step is not counted
     assert all(drafted[:first]) and not any(drafted[first : first + RETRY])
     assert any(drafted[first + RETRY :])  # tried again, once its losses are old
+
+
+def test_a_probe_that_loses_little_is_retried_sooner_than_one_that_loses_much():
+    """The plain steps before drafting is probed again are sized by what the probes cost: a row
+    count whose drafting steps delivered 0.7x of plain decoding's tokens/s is tried again after
+    fewer plain steps than one whose drafting steps delivered 0.25x, and each probe lost in a row
+    doubles the wait (specdec.decode.realized.retry_steps)."""
+    from specdec.decode.realized import MIN_RETRY, PROBE, RETRY_COST, RealizedRates
+
+    def waits(draft_seconds: float) -> tuple[int, int]:
+        rates = RealizedRates()
+        rates.observe(1, 1, 0.02, drafted=False)  # the first of each kind: one-off costs
+        rates.observe(1, 2, draft_seconds, drafted=True)
+        for _ in range(PROBE):
+            assert rates.allows(1)
+            rates.observe(1, 2, draft_seconds, drafted=True)
+        rates.observe(1, 1, 0.02, drafted=False)  # the yardstick
+        first = rates.retry_steps(0)
+        steps = 1
+        while not rates.allows(1):
+            rates.observe(1, 1, 0.02, drafted=False)
+            steps += 1
+        for _ in range(PROBE):  # the second probe loses too
+            rates.observe(1, 2, draft_seconds, drafted=True)
+        return first, steps, rates.retry_steps(0)
+
+    # 2 tokens in 0.057 s: 0.7x of plain's 50 tokens/s; in 0.16 s: 0.25x
+    little, little_steps, little_again = waits(0.057)
+    much, much_steps, much_again = waits(0.16)
+    assert little == max(math.ceil(PROBE * 2 * (1 / 0.7 - 1) / RETRY_COST), MIN_RETRY)
+    assert little < much == math.ceil(PROBE * 2 * (4 - 1) / RETRY_COST)
+    # the yardstick step counts among them: drafting was found to lose with it
+    assert little_steps == little and much_steps == much
+    assert little_again == 2 * little and much_again == 2 * much
 
 
 def test_drafting_that_delivers_more_than_plain_goes_on():

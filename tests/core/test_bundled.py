@@ -75,7 +75,8 @@ def test_failed_conversion_leaves_nothing_in_the_cache(tmp_path):
     cache = tmp_path / "cache" / "models"
     with pytest.raises(ValueError, match="not a GGUF file"):
         convert_gguf(bad, cache / "broken", source="test")
-    assert not (cache / "broken").exists() and list(cache.iterdir()) == [], list(cache.iterdir())
+    # refused before anything is written: no folder, not even the cache's models/
+    assert not cache.exists() or list(cache.iterdir()) == [], list(cache.iterdir())
 
 
 def test_unknown_model_name_lists_bundled_models():

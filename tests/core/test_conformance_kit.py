@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+import specdec
 from specdec import Draft, DrafterCaps, PluginRegistry, hookimpl
 from specdec.plugins.specs import DrafterSpec
 from specdec.testing import checks, make_random_drafter
@@ -67,10 +68,19 @@ class LeakyPlugin:
 
 def test_check_drafter_catches_state_kept_across_requests(model_dir):
     registry = PluginRegistry([LeakyPlugin], entry_points=True)
-    with pytest.raises(AssertionError, match="one after another in one slot differ"):
+    with pytest.raises(AssertionError, match="one after another in one slot differ") as raised:
         checks.check_drafter(
             "leaky", model_dir, backends=["numpy"], max_new_tokens=10, registry=registry
         )
+    # it names what differs (the drafts; tokens never do)
+    assert "drafted tokens: " in str(raised.value) and "tokens: [" not in str(raised.value)
+
+
+def test_a_stateful_drafter_without_a_slot_view_is_warned_about(model_dir):
+    """Without slot_tokens its state is judged only by the drafts it changes: the kit says so."""
+    registry = PluginRegistry([LeakyPlugin], entry_points=True)
+    with pytest.warns(UserWarning, match="stateful drafter without slot_tokens"):
+        assert checks.check_slot_views("leaky", model_dir, registry=registry) == 0
 
 
 class TextDrafter:
@@ -181,3 +191,28 @@ def test_shipped_stateful_drafters_show_their_slot_view(kind, model_dir, tmp_pat
 
     head = make_random_drafter(tmp_path / kind, model_dir, kind=kind, seed=3)
     assert checks.check_slot_views(str(head), model_dir, max_new_tokens=10) > 0
+
+
+def test_check_generation_runs_on_the_reference_with_its_own_dtype(model_dir):
+    """numpy computes in float64 only: check_generation, like check_drafter, does not ask it for
+    the float32 it asks the other backends for."""
+    checks.check_generation("numpy", model_dir, "lookup", prompts=[[1, 2, 3, 1, 2, 3]])
+
+
+class OutOfVocabularyDrafter(TextDrafter):
+    """Proposes a token past any vocabulary."""
+
+    def propose(self, context):
+        draft = super().propose(context)
+        beams = np.asarray(draft.beams).copy()
+        beams[:, 0, 1] = 10**6
+        return Draft(root_tokens=context.root_tokens, beams=beams)
+
+
+def test_check_slot_views_names_the_drafter_in_a_bad_drafts_error(model_dir):
+    """The decode loop's error on a bad draft names the drafter's own class, not the kit's
+    watcher around it."""
+    with pytest.raises(specdec.PluginOutputError) as raised:
+        checks.check_slot_views(OutOfVocabularyDrafter(), model_dir, max_new_tokens=6)
+    message = str(raised.value)
+    assert "OutOfVocabularyDrafter" in message and "Watcher" not in message, message

@@ -157,6 +157,7 @@ KNOWN = {
     ("specdec/serving/engine.py", "redrafter"): "Engine's default drafter",
     ("specdec/cli/decode.py", "redrafter"): "the CLI's default drafter and the demo's drafters",
     ("specdec/cli/decode.py", "medusa"): "the demo's second drafter",
+    ("specdec/cli/decode.py", "eagle"): "the demo's third drafter",
     ("specdec/cli/measure.py", "redrafter"): "bench's and plan's default drafter",
     ("specdec/cli/measure.py", "medusa"): "bench's second default method",
     ("specdec/cli/serve.py", "redrafter"): "specdec serve's default drafter",
