@@ -23,6 +23,7 @@ from specdec_eagle.config import EagleConfig, check_weights
 from specdec_eagle.reference import (
     check_propose_context,
     check_target_arrays,
+    inverse_frequencies,
     missing_slot,
     tree_options,
 )
@@ -35,6 +36,7 @@ __all__ = [
     "DraftNorm",
     "MlxEagleDrafter",
     "MlxEagleNet",
+    "SlotDrafter",
     "TreeSearch",
 ]
 
@@ -68,6 +70,39 @@ class DraftAttention(nn.Module):
         self.k_proj = nn.Linear(inputs, kv_out, bias=False)
         self.v_proj = nn.Linear(inputs, kv_out, bias=False)
         self.o_proj = nn.Linear(q_out, hidden, bias=False)
+        self.heads, self.kv_heads, self.head_dim = (
+            config.num_heads,
+            config.num_kv_heads,
+            config.head_dim,
+        )
+        self._inv_freq = mx.array(inverse_frequencies(config), dtype=mx.float32)  # not a weight
+
+    def _rotate(self, x: mx.array, positions: mx.array) -> mx.array:
+        angles = positions[:, None, :, None].astype(mx.float32) * self._inv_freq  # (B, 1, m, Dh/2)
+        angles = mx.concatenate([angles, angles], axis=-1)
+        cos, sin = mx.cos(angles).astype(x.dtype), mx.sin(angles).astype(x.dtype)
+        half = x.shape[-1] // 2
+        return x * cos + mx.concatenate([-x[..., half:], x[..., :half]], axis=-1) * sin
+
+    def attend(self, y: mx.array, positions: mx.array, past_keys, past_values, mask: mx.array):
+        """As ``specdec_eagle.torch.DraftAttention.attend``: y (B, m, inputs), positions (B, m),
+        past keys and values (B, Hkv, S, Dh) or None, mask (B, m, S + m) -> o_proj(attention)
+        (B, m, H), new keys, new values (B, Hkv, m, Dh)."""
+        batch, m, _ = y.shape
+        heads, kv_heads, dim = self.heads, self.kv_heads, self.head_dim
+        q = self.q_proj(y).reshape(batch, m, heads, dim).transpose(0, 2, 1, 3)
+        k = self.k_proj(y).reshape(batch, m, kv_heads, dim).transpose(0, 2, 1, 3)
+        v = self.v_proj(y).reshape(batch, m, kv_heads, dim).transpose(0, 2, 1, 3)
+        q, k = self._rotate(q, positions), self._rotate(k, positions)
+        keys = k if past_keys is None else mx.concatenate([past_keys, k], axis=2)
+        values = v if past_values is None else mx.concatenate([past_values, v], axis=2)
+        group = heads // kv_heads
+        keys, values = mx.repeat(keys, group, axis=1), mx.repeat(values, group, axis=1)
+        scores = (q @ keys.transpose(0, 1, 3, 2)) / math.sqrt(dim)  # (B, Hq, m, S + m)
+        scores = mx.where(mask[:, None], scores.astype(mx.float32), float("-inf"))
+        weights = mx.softmax(scores, axis=-1).astype(y.dtype)
+        context = (weights @ values).transpose(0, 2, 1, 3).reshape(batch, m, heads * dim)
+        return self.o_proj(context), k, v
 
 
 class DraftMLP(nn.Module):
@@ -97,11 +132,6 @@ class MlxEagleNet(nn.Module):
         self.config = config
         self.fc = nn.Linear(2 * config.hidden_size, config.hidden_size, bias=config.fc_bias)
         self.layers = [_Layer(config)]
-        dim = config.head_dim
-        self._inv_freq = mx.array(
-            1.0 / config.rope_theta ** (np.arange(0, dim, 2, dtype=np.float64) / dim),
-            dtype=mx.float32,
-        )
 
     @classmethod
     def from_weights(cls, config: EagleConfig, weights: dict, *, dtype=mx.float32) -> MlxEagleNet:
@@ -124,38 +154,95 @@ class MlxEagleNet(nn.Module):
             mx.concatenate([embed_tokens[tokens], features.astype(embed_tokens.dtype)], axis=-1)
         )
 
-    def _rotate(self, x: mx.array, positions: mx.array) -> mx.array:
-        angles = positions[:, None, :, None].astype(mx.float32) * self._inv_freq  # (B, 1, m, Dh/2)
-        angles = mx.concatenate([angles, angles], axis=-1)
-        cos, sin = mx.cos(angles).astype(x.dtype), mx.sin(angles).astype(x.dtype)
-        half = x.shape[-1] // 2
-        return x * cos + mx.concatenate([-x[..., half:], x[..., :half]], axis=-1) * sin
-
     def layer(self, x: mx.array, positions: mx.array, past_keys, past_values, mask: mx.array):
         """As ``specdec_eagle.torch.EagleNet.layer``: x (B, m, H), positions (B, m), past keys
         and values (B, Hkv, S, Dh) or None, mask (B, m, S + m) -> out, new keys, new values."""
-        cfg, layer = self.config, self.layers[0]
-        batch, m, _ = x.shape
-        attn = layer.self_attn
-        q = attn.q_proj(x).reshape(batch, m, cfg.num_heads, cfg.head_dim).transpose(0, 2, 1, 3)
-        k = attn.k_proj(x).reshape(batch, m, cfg.num_kv_heads, cfg.head_dim).transpose(0, 2, 1, 3)
-        v = attn.v_proj(x).reshape(batch, m, cfg.num_kv_heads, cfg.head_dim).transpose(0, 2, 1, 3)
-        q, k = self._rotate(q, positions), self._rotate(k, positions)
-        keys = k if past_keys is None else mx.concatenate([past_keys, k], axis=2)
-        values = v if past_values is None else mx.concatenate([past_values, v], axis=2)
-        group = cfg.num_heads // cfg.num_kv_heads
-        keys, values = mx.repeat(keys, group, axis=1), mx.repeat(values, group, axis=1)
-        scores = (q @ keys.transpose(0, 1, 3, 2)) / math.sqrt(cfg.head_dim)  # (B, Hq, m, S + m)
-        scores = mx.where(mask[:, None], scores.astype(mx.float32), float("-inf"))
-        weights = mx.softmax(scores, axis=-1).astype(x.dtype)
-        context = (
-            (weights @ values).transpose(0, 2, 1, 3).reshape(batch, m, cfg.num_heads * cfg.head_dim)
-        )
-        h = x + attn.o_proj(context)
+        layer = self.layers[0]
+        attended, k, v = layer.self_attn.attend(x, positions, past_keys, past_values, mask)
+        h = x + attended
         return h + layer.mlp(layer.post_attention_layernorm(h)), k, v
 
 
-class MlxEagleDrafter:
+class SlotDrafter:
+    """EAGLE's and EAGLE-3's request lifecycle on MLX (``reference.SlotDrafter``'s twin): per
+    slot ``keys``, ``values`` (Hkv, T, Dh), ``length``, the ``pending`` feature and the
+    ``tokens`` the cache stands for. A subclass sets ``NAME``, ``config``, ``embed_tokens``
+    (the table tokens are embedded with), ``net`` (``fuse``, ``layer``) and ``slots`` (an empty
+    dict), and gives ``step_features(result)``: the per-position features of a ``PromptOutput``
+    (P, H) or an ``Accepted`` (B, A, H)."""
+
+    NAME = "EAGLE"
+
+    def begin(self, slot: int, prompt, output: PromptOutput) -> None:
+        """Run the layer over the prompt's entries; keep its last feature pending."""
+        host = np.asarray(prompt, dtype=np.int64)
+        features = self.step_features(output)  # (P, H)
+        cfg = self.config
+        empty = mx.zeros((cfg.num_kv_heads, 0, cfg.head_dim), dtype=self.embed_tokens.dtype)
+        state = {
+            "keys": empty,
+            "values": empty,
+            "length": 0,
+            "pending": features[-1],
+            "tokens": [int(host[0])],
+        }
+        if len(host) > 1:
+            self._append(state, host[1:], features[:-1])
+        self.slots[int(slot)] = state
+
+    def observe(self, accepted: Accepted) -> None:
+        """Append each row's root entry and accepted entries; the last accepted feature is
+        pending."""
+        features = self.step_features(accepted)  # (B, A, H)
+        tokens = np.asarray(accepted.tokens, dtype=np.int64)
+        for b, slot in enumerate(np.asarray(accepted.slots).tolist()):
+            count = int(accepted.num_accepted[b]) + 1  # the root and the accepted drafted tokens
+            state = self._slot(slot)
+            entry_features = mx.concatenate([state["pending"][None], features[b, : count - 1]])
+            self._append(state, tokens[b, :count], entry_features)
+            state["pending"] = features[b, count - 1]
+
+    def end(self, slot: int, reason: str) -> None:
+        """The request in ``slot`` ended (any ``reason``): drop its state."""
+        self.slots.pop(int(slot), None)
+
+    def slot_tokens(self, slot: int) -> tuple:
+        """The tokens the draft cache of ``slot`` stands for (``specdec.protocols.SlotView``)."""
+        return tuple(self._slot(slot)["tokens"])
+
+    def _slot(self, slot: int) -> dict:
+        if slot not in self.slots:
+            raise missing_slot(slot, self.NAME)
+        return self.slots[slot]
+
+    def _append(self, state: dict, tokens: np.ndarray, features: mx.array) -> None:
+        """Run entries of host ``tokens`` (n,) with (n, H) features after the cache, causally."""
+        length, n = state["length"], len(tokens)
+        positions = mx.arange(length, length + n)[None]
+        mask = mx.array(np.tril(np.ones((n, length + n), dtype=bool), k=length))[None]
+        x = self.net.fuse(
+            self.embed_tokens, mx.array(tokens.astype(np.int32))[None], features[None]
+        )
+        _, k, v = self.net.layer(x, positions, state["keys"][None], state["values"][None], mask)
+        state["keys"] = mx.concatenate([state["keys"], k[0]], axis=1)
+        state["values"] = mx.concatenate([state["values"], v[0]], axis=1)
+        state["length"] = length + n
+        state["tokens"] += tokens.tolist()
+        mx.eval(state["keys"], state["values"])
+
+    def context(self, slots) -> tuple[list[dict], tuple]:
+        """The states of ``slots`` and (keys, values (B, Hkv, span, Dh) padded to the longest,
+        a mask (B, span) of the real positions, lengths (B,)): ``TreeSearch``'s context."""
+        states = [self._slot(int(s)) for s in np.asarray(slots).tolist()]
+        span = max(s["length"] for s in states)
+        pad = lambda a: mx.pad(a, [(0, 0), (0, span - a.shape[1]), (0, 0)])  # noqa: E731
+        keys = mx.stack([pad(s["keys"]) for s in states])
+        values = mx.stack([pad(s["values"]) for s in states])
+        lengths = mx.array([s["length"] for s in states], dtype=mx.int32)
+        return states, (keys, values, mx.arange(span)[None] < lengths[:, None], lengths)
+
+
+class MlxEagleDrafter(SlotDrafter):
     """EAGLE as a stateful ``specdec.protocols.Drafter`` on the mlx backend (same options as the
     reference's ``EagleDrafter``); each slot's draft cache is an (Hkv, T, Dh) pair of arrays.
     int8: as on torch, but MLX computes in the weights' dtype, so only None and False are taken
@@ -191,45 +278,9 @@ class MlxEagleDrafter:
         self.top_k, self.depth, self.total_tokens = tree_options(config, top_k, depth, total_tokens)
         self.slots: dict[int, dict] = {}
 
-    def _slot(self, slot: int) -> dict:
-        if slot not in self.slots:
-            raise missing_slot(slot)
-        return self.slots[slot]
-
-    def _append(self, slot: int, tokens: mx.array, features: mx.array) -> None:
-        state = self.slots[slot]
-        length, n = state["length"], int(tokens.shape[0])
-        positions = mx.arange(length, length + n)[None]
-        mask = mx.array(np.tril(np.ones((n, length + n), dtype=bool), k=length))[None]
-        x = self.net.fuse(self.embed_tokens, tokens[None], features[None])
-        _, k, v = self.net.layer(x, positions, state["keys"][None], state["values"][None], mask)
-        state["keys"] = mx.concatenate([state["keys"], k[0]], axis=1)
-        state["values"] = mx.concatenate([state["values"], v[0]], axis=1)
-        state["length"] = length + n
-        mx.eval(state["keys"], state["values"])
-
-    def begin(self, slot: int, prompt, output: PromptOutput) -> None:
-        prompt = mx.array(np.asarray(prompt, dtype=np.int32))
-        hidden = ops.as_array(output.hidden).astype(self.embed_tokens.dtype)  # (P, H)
-        cfg = self.config
-        empty = mx.zeros((cfg.num_kv_heads, 0, cfg.head_dim), dtype=self.embed_tokens.dtype)
-        self.slots[int(slot)] = {"keys": empty, "values": empty, "length": 0, "pending": hidden[-1]}
-        if prompt.shape[0] > 1:
-            self._append(int(slot), prompt[1:], hidden[:-1])
-
-    def observe(self, accepted: Accepted) -> None:
-        hidden = ops.as_array(accepted.hidden).astype(self.embed_tokens.dtype)  # (B, A, H)
-        tokens = np.asarray(accepted.tokens)
-        for b, slot in enumerate(np.asarray(accepted.slots).tolist()):
-            count = int(accepted.num_accepted[b]) + 1
-            state = self._slot(slot)
-            features = mx.concatenate([state["pending"][None], hidden[b, : count - 1]])
-            self._append(slot, mx.array(tokens[b, :count].astype(np.int32)), features)
-            state["pending"] = hidden[b, count - 1]
-
-    def end(self, slot: int, reason: str) -> None:
-        """The request in ``slot`` ended (any ``reason``): drop its state."""
-        self.slots.pop(int(slot), None)
+    def step_features(self, result) -> mx.array:
+        """The target's last hidden states: (P, H) of a prompt, (B, A, H) of a step."""
+        return ops.as_array(result.hidden).astype(self.embed_tokens.dtype)
 
     def log_probs(self, out: mx.array) -> mx.array:
         return ops.log_softmax(out @ self.head_rows.T)
@@ -242,14 +293,8 @@ class MlxEagleDrafter:
         roots = ops.as_array(context.root_tokens, dtype=mx.int32)
         hidden = ops.as_array(context.hidden).astype(self.embed_tokens.dtype)
         check_propose_context(self.config, context, roots, hidden.shape)
-        states = [self._slot(int(s)) for s in np.asarray(context.slots).tolist()]
-        span = max(s["length"] for s in states)
-        pad = lambda a: mx.pad(a, [(0, 0), (0, span - a.shape[1]), (0, 0)])  # noqa: E731
-        ctx_keys = mx.stack([pad(s["keys"]) for s in states])
-        ctx_values = mx.stack([pad(s["values"]) for s in states])
-        lengths = mx.array([s["length"] for s in states], dtype=mx.int32)
-        ctx_mask = mx.arange(span)[None] < lengths[:, None]
-        beams = TreeSearch(self, ctx_keys, ctx_values, ctx_mask, lengths).run(roots, hidden)
+        _, tree_context = self.context(context.slots)
+        beams = TreeSearch(self, *tree_context).run(roots, hidden)
         return Draft(root_tokens=roots, beams=beams, sampled=False)
 
 

@@ -101,23 +101,38 @@ def draft_layer(
     (Hkv, S, Dh), rotary applied; past_allowed (n, S), new_allowed (n, n) bool: what each new
     entry attends to. Returns out (n, H) and the new keys, values (Hkv, n, Dh).
     """
-    n, heads, kv_heads, dim = x.shape[0], config.num_heads, config.num_kv_heads, config.head_dim
-    attn, mlp = "layers.0.self_attn.", "layers.0.mlp."
-    q = (x @ weights[attn + "q_proj.weight"].T).reshape(n, heads, dim).transpose(1, 0, 2)
-    k = (x @ weights[attn + "k_proj.weight"].T).reshape(n, kv_heads, dim).transpose(1, 0, 2)
-    v = (x @ weights[attn + "v_proj.weight"].T).reshape(n, kv_heads, dim).transpose(1, 0, 2)
+    attn_out, k, v = self_attention(
+        config, weights, "layers.0.", x, positions, past, past_allowed, new_allowed
+    )
+    h = x + attn_out
+    return h + mlp_block(config, weights, "layers.0.", h), k, v
+
+
+def self_attention(
+    config, weights: dict, prefix: str, y, positions, past, past_allowed, new_allowed
+):
+    """The draft layer's attention (EAGLE's and EAGLE-3's; weights under ``prefix``): y (n, I)
+    the projections' input, the rest as ``draft_layer``'s -> (o_proj(attention) (n, H), the new
+    keys and values (Hkv, n, Dh), rotary applied)."""
+    n, heads, kv_heads, dim = len(y), config.num_heads, config.num_kv_heads, config.head_dim
+    attn = prefix + "self_attn."
+    q = (y @ weights[attn + "q_proj.weight"].T).reshape(n, heads, dim).transpose(1, 0, 2)
+    k = (y @ weights[attn + "k_proj.weight"].T).reshape(n, kv_heads, dim).transpose(1, 0, 2)
+    v = (y @ weights[attn + "v_proj.weight"].T).reshape(n, kv_heads, dim).transpose(1, 0, 2)
     # (n, Dh)
     cos, sin = rotary_cos_sin(np.asarray(positions, dtype=np.float64), inverse_frequencies(config))
     q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-    h = x + attend(q, past, (k, v), past_allowed, new_allowed) @ weights[attn + "o_proj.weight"].T
-    normed = rms_norm(h, weights["layers.0.post_attention_layernorm.weight"], config.rms_norm_eps)
-    gate = silu(normed @ weights[mlp + "gate_proj.weight"].T)
-    out = (
-        h
-        + (gate * (normed @ weights[mlp + "up_proj.weight"].T))
-        @ weights[mlp + "down_proj.weight"].T
-    )
-    return out, k, v
+    context = attend(q, past, (k, v), past_allowed, new_allowed)
+    return context @ weights[attn + "o_proj.weight"].T, k, v
+
+
+def mlp_block(config, weights: dict, prefix: str, h):
+    """down(silu(gate(n)) * up(n)) of n = post_attention_layernorm(h): the layer's MLP branch
+    (weights under ``prefix``)."""
+    normed = rms_norm(h, weights[prefix + "post_attention_layernorm.weight"], config.rms_norm_eps)
+    gate = silu(normed @ weights[prefix + "mlp.gate_proj.weight"].T)
+    up = normed @ weights[prefix + "mlp.up_proj.weight"].T
+    return (gate * up) @ weights[prefix + "mlp.down_proj.weight"].T
 
 
 def draft_log_probs(weights: dict, lm_head: np.ndarray, out: np.ndarray) -> np.ndarray:
@@ -412,7 +427,56 @@ def missing_slot(slot: int, drafter: str = "EAGLE") -> InvalidInputError:
     )
 
 
-class EagleDrafter:
+class SlotDrafter:
+    """The request lifecycle EAGLE and EAGLE-3 share (the stateful ``Drafter``'s ``begin``,
+    ``observe`` and ``end``, and ``SlotView``'s ``slot_tokens``): one ``SlotCache`` per slot.
+
+    A subclass sets ``NAME`` (for errors), ``config`` and ``slots`` (an empty dict), and gives
+    ``step_features(result)``, the per-position features of a ``PromptOutput`` (P, H) or an
+    ``Accepted`` (B, A, H), and ``append(cache, tokens, features)``, the cache with the draft
+    layer run over new entries after it (``run_entries``)."""
+
+    NAME = "EAGLE"
+
+    def begin(self, slot: int, prompt, output: PromptOutput) -> None:
+        """Run the layer over the prompt's entries; keep its last feature pending."""
+        prompt = np.asarray(prompt, dtype=np.int64)
+        features = self.step_features(output)  # (P, H)
+        empty = np.zeros((self.config.num_kv_heads, 0, self.config.head_dim))
+        cache = SlotCache(
+            keys=empty, values=empty.copy(), pending=features[-1], tokens=(int(prompt[0]),)
+        )
+        if len(prompt) > 1:
+            cache = self.append(cache, prompt[1:], features[:-1])
+        self.slots[int(slot)] = cache
+
+    def observe(self, accepted: Accepted) -> None:
+        """Append each row's root entry and accepted entries; the last accepted feature is
+        pending."""
+        features = self.step_features(accepted)  # (B, A, H)
+        for b, slot in enumerate(np.asarray(accepted.slots).tolist()):
+            count = int(accepted.num_accepted[b]) + 1  # the root and the accepted drafted tokens
+            cache = self._cache(slot)
+            entry_features = np.concatenate([cache.pending[None], features[b, : count - 1]])
+            cache = self.append(cache, np.asarray(accepted.tokens[b, :count]), entry_features)
+            cache.pending = features[b, count - 1]
+            self.slots[slot] = cache
+
+    def end(self, slot: int, reason: str) -> None:
+        """The request in ``slot`` ended (any ``reason``): drop its state."""
+        self.slots.pop(int(slot), None)
+
+    def slot_tokens(self, slot: int) -> tuple:
+        """The tokens the draft cache of ``slot`` stands for (``specdec.protocols.SlotView``)."""
+        return self._cache(slot).tokens
+
+    def _cache(self, slot: int) -> SlotCache:
+        if slot not in self.slots:
+            raise missing_slot(slot, self.NAME)
+        return self.slots[slot]
+
+
+class EagleDrafter(SlotDrafter):
     """EAGLE as a stateful ``specdec.protocols.Drafter`` (NumPy reference).
 
     weights: name -> array as in ``specdec_eagle.config`` (checked, kept as float64).
@@ -458,51 +522,12 @@ class EagleDrafter:
         self.top_k, self.depth, self.total_tokens = tree_options(config, top_k, depth, total_tokens)
         self.slots: dict[int, SlotCache] = {}
 
-    def begin(self, slot: int, prompt, output: PromptOutput) -> None:
-        """Run the layer over the prompt's entries; keep its last feature pending."""
-        prompt = np.asarray(prompt, dtype=np.int64)
-        hidden = np.asarray(output.hidden, dtype=np.float64)  # (P, H)
-        empty = np.zeros((self.config.num_kv_heads, 0, self.config.head_dim))
-        cache = SlotCache(
-            keys=empty, values=empty.copy(), pending=hidden[-1], tokens=(int(prompt[0]),)
-        )
-        if len(prompt) > 1:
-            _, cache = run_entries(
-                self.config, self.weights, self.embed_tokens, cache, prompt[1:], hidden[:-1]
-            )
-        self.slots[int(slot)] = cache
+    def step_features(self, result) -> np.ndarray:
+        """The target's last hidden states: (P, H) of a prompt, (B, A, H) of a step."""
+        return np.asarray(result.hidden, dtype=np.float64)
 
-    def observe(self, accepted: Accepted) -> None:
-        """Append each row's root entry and accepted entries; the last accepted feature is
-        pending."""
-        hidden = np.asarray(accepted.hidden, dtype=np.float64)  # (B, A, H)
-        for b, slot in enumerate(np.asarray(accepted.slots).tolist()):
-            count = int(accepted.num_accepted[b]) + 1  # the root and the accepted drafted tokens
-            cache = self._cache(slot)
-            features = np.concatenate([cache.pending[None], hidden[b, : count - 1]])
-            _, cache = run_entries(
-                self.config,
-                self.weights,
-                self.embed_tokens,
-                cache,
-                np.asarray(accepted.tokens[b, :count]),
-                features,
-            )
-            cache.pending = hidden[b, count - 1]
-            self.slots[slot] = cache
-
-    def end(self, slot: int, reason: str) -> None:
-        """The request in ``slot`` ended (any ``reason``): drop its state."""
-        self.slots.pop(int(slot), None)
-
-    def slot_tokens(self, slot: int) -> tuple:
-        """The tokens the draft cache of ``slot`` stands for (``specdec.protocols.SlotView``)."""
-        return self._cache(slot).tokens
-
-    def _cache(self, slot: int) -> SlotCache:
-        if slot not in self.slots:
-            raise missing_slot(slot)
-        return self.slots[slot]
+    def append(self, cache: SlotCache, tokens, features) -> SlotCache:
+        return run_entries(self.config, self.weights, self.embed_tokens, cache, tokens, features)[1]
 
     def propose(self, context: DraftContext) -> Draft:
         """Beams (B, W = total_tokens, L = depth + 1), one dynamic tree per row."""

@@ -28,6 +28,7 @@ from specdec_eagle.config import EagleConfig, check_weights
 from specdec_eagle.reference import (
     check_propose_context,
     check_target_arrays,
+    inverse_frequencies,
     missing_slot,
     tree_options,
 )
@@ -38,8 +39,11 @@ __all__ = [
     "DraftAttention",
     "DraftMLP",
     "DraftNorm",
+    "DraftSlot",
     "EagleNet",
+    "SlotDrafter",
     "TorchEagleDrafter",
+    "TreeContext",
     "TreeSearch",
     "draft_products",
     "rotate",
@@ -75,6 +79,36 @@ class DraftAttention(torch.nn.Module):
         self.k_proj = torch.nn.Linear(inputs, kv_out, bias=False)
         self.v_proj = torch.nn.Linear(inputs, kv_out, bias=False)
         self.o_proj = torch.nn.Linear(q_out, hidden, bias=False)
+        self.heads, self.kv_heads, self.head_dim = (
+            config.num_heads,
+            config.num_kv_heads,
+            config.head_dim,
+        )
+        self.register_buffer(
+            "inv_freq", torch.from_numpy(inverse_frequencies(config)), persistent=False
+        )
+
+    def attend(self, y, positions, past_keys, past_values, mask):
+        """Attention over m new entries per row: y (B, m, inputs), positions (B, m), past keys
+        and values (B, Hkv, S, Dh) or None, mask (B, m, S + m) bool (what each entry attends to)
+        -> o_proj(attention) (B, m, H) and the new keys and values (B, Hkv, m, Dh), rotary
+        applied."""
+        batch, m, _ = y.shape
+        heads, dim = self.heads, self.head_dim
+        q = self.q_proj(y).view(batch, m, heads, dim).transpose(1, 2)
+        k = self.k_proj(y).view(batch, m, self.kv_heads, dim).transpose(1, 2)
+        v = self.v_proj(y).view(batch, m, self.kv_heads, dim).transpose(1, 2)
+        inv_freq = self.inv_freq.to(compute_dtype(y.dtype))
+        q, k = rotate(q, positions, inv_freq), rotate(k, positions, inv_freq)
+        keys = k if past_keys is None else torch.cat([past_keys, k], dim=2)
+        values = v if past_values is None else torch.cat([past_values, v], dim=2)
+        group = heads // self.kv_heads
+        keys, values = keys.repeat_interleave(group, dim=1), values.repeat_interleave(group, dim=1)
+        scores = (q @ keys.transpose(-1, -2)) / math.sqrt(dim)  # (B, Hq, m, S + m)
+        scores = scores.masked_fill(~mask[:, None], float("-inf"))
+        weights = torch.softmax(scores.to(compute_dtype(y.dtype)), dim=-1).to(y.dtype)
+        context = (weights @ values).transpose(1, 2).reshape(batch, m, heads * dim)
+        return self.o_proj(context), k, v
 
 
 class DraftMLP(torch.nn.Module):
@@ -142,12 +176,6 @@ class EagleNet(torch.nn.Module):
         self.embed_tokens, self.lm_head = embed_tokens.detach(), lm_head.detach()
         self.fc = torch.nn.Linear(2 * config.hidden_size, config.hidden_size, bias=config.fc_bias)
         self.layers = torch.nn.ModuleList([_Layer(config)])
-        dim = config.head_dim
-        self.register_buffer(
-            "inv_freq",
-            1.0 / config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim),
-            persistent=False,
-        )
 
     def load_weights(self, weights: dict) -> None:
         """Set the layer weights from name -> array (the shortlist, if any, is ignored here)."""
@@ -186,28 +214,135 @@ class EagleNet(torch.nn.Module):
         """The draft layer on m new entries per row. x (B, m, H); positions (B, m); past keys and
         values (B, Hkv, S, Dh) or None; mask (B, m, S + m) bool (what each entry attends to).
         -> out (B, m, H), keys and values (B, Hkv, m, Dh) of the new entries (rotary applied)."""
-        cfg, layer = self.config, self.layers[0]
-        batch, m, _ = x.shape
-        attn = layer.self_attn
-        q = attn.q_proj(x).view(batch, m, cfg.num_heads, cfg.head_dim).transpose(1, 2)
-        k = attn.k_proj(x).view(batch, m, cfg.num_kv_heads, cfg.head_dim).transpose(1, 2)
-        v = attn.v_proj(x).view(batch, m, cfg.num_kv_heads, cfg.head_dim).transpose(1, 2)
-        inv_freq = self.inv_freq.to(compute_dtype(x.dtype))
-        q, k = rotate(q, positions, inv_freq), rotate(k, positions, inv_freq)
-        keys = k if past_keys is None else torch.cat([past_keys, k], dim=2)
-        values = v if past_values is None else torch.cat([past_values, v], dim=2)
-        group = cfg.num_heads // cfg.num_kv_heads
-        keys, values = keys.repeat_interleave(group, dim=1), values.repeat_interleave(group, dim=1)
-        scores = (q @ keys.transpose(-1, -2)) / math.sqrt(cfg.head_dim)  # (B, Hq, m, S + m)
-        scores = scores.masked_fill(~mask[:, None], float("-inf"))
-        weights = torch.softmax(scores.to(compute_dtype(x.dtype)), dim=-1).to(x.dtype)
-        context = (weights @ values).transpose(1, 2).reshape(batch, m, cfg.num_heads * cfg.head_dim)
-        h = x + attn.o_proj(context)
+        layer = self.layers[0]
+        attended, k, v = layer.self_attn.attend(x, positions, past_keys, past_values, mask)
+        h = x + attended
         out = h + layer.mlp(layer.post_attention_layernorm(h))
         return out, k, v
 
 
-class TorchEagleDrafter:
+@attrs.define
+class DraftSlot:
+    """One request's draft KV cache on torch: keys, values (Hkv, capacity, Dh) whose first
+    ``length`` positions hold its entries (grown by doubling), the pending feature (H,) the
+    next root joins, and the tokens the cache stands for (as ``reference.SlotCache.tokens``)."""
+
+    keys: torch.Tensor
+    values: torch.Tensor
+    pending: torch.Tensor
+    tokens: list
+    length: int = 0
+
+
+class SlotDrafter:
+    """EAGLE's and EAGLE-3's request lifecycle on torch (``reference.SlotDrafter``'s twin): one
+    ``DraftSlot`` per slot. A subclass sets ``NAME``, ``config``, ``dtype``, ``device``, ``net``
+    (with ``fuse(tokens, features)`` and ``layer``) and ``slots`` (an empty dict), and gives
+    ``step_features(result)``: the per-position features of a ``PromptOutput`` (P, H) or an
+    ``Accepted`` (B, A, H) in the drafter's dtype."""
+
+    NAME = "EAGLE"
+    PREFILL_CHUNK = 256  # prompt entries per layer forward in ``begin``
+
+    @torch.inference_mode()
+    def begin(self, slot: int, prompt, output: PromptOutput) -> None:
+        """Run the layer over the prompt's entries; keep its last feature pending."""
+        host = np.asarray(prompt, dtype=np.int64)
+        prompt = torch.as_tensor(host, device=self.device)
+        features = self.step_features(output)  # (P, H)
+        cfg = self.config
+        shape = (cfg.num_kv_heads, max(64, len(prompt) + 64), cfg.head_dim)
+        empty = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        state = DraftSlot(
+            keys=empty, values=empty.clone(), pending=features[-1].clone(), tokens=[int(host[0])]
+        )
+        for start in range(0, len(prompt) - 1, self.PREFILL_CHUNK):
+            stop = min(start + self.PREFILL_CHUNK, len(prompt) - 1)
+            self._append(state, prompt[start + 1 : stop + 1], features[start:stop])
+        state.tokens += host[1:].tolist()
+        self.slots[int(slot)] = state
+
+    @torch.inference_mode()
+    def observe(self, accepted: Accepted) -> None:
+        """Append each row's root entry and accepted entries; the last accepted feature is
+        pending."""
+        features = self.step_features(accepted)  # (B, A, H)
+        host = np.asarray(accepted.tokens, dtype=np.int64)
+        tokens = torch.as_tensor(host, device=self.device)
+        for b, slot in enumerate(np.asarray(accepted.slots).tolist()):
+            count = int(accepted.num_accepted[b]) + 1  # the root and the accepted drafted tokens
+            state = self._slot(slot)
+            entry_features = torch.cat([state.pending[None], features[b, : count - 1]])
+            self._append(state, tokens[b, :count], entry_features)
+            state.tokens += host[b, :count].tolist()
+            state.pending = features[b, count - 1].clone()
+
+    def end(self, slot: int, reason: str) -> None:
+        """The request in ``slot`` ended (any ``reason``): drop its state."""
+        self.slots.pop(int(slot), None)
+
+    def slot_tokens(self, slot: int) -> tuple:
+        """The tokens the draft cache of ``slot`` stands for (``specdec.protocols.SlotView``)."""
+        return tuple(self._slot(slot).tokens)
+
+    def _slot(self, slot: int) -> DraftSlot:
+        if slot not in self.slots:
+            raise missing_slot(slot, self.NAME)
+        return self.slots[slot]
+
+    def _append(self, state: DraftSlot, tokens: torch.Tensor, features: torch.Tensor) -> None:
+        """Run entries (n,) tokens with (n, H) features after the cache, causally; store them."""
+        length, n = state.length, int(tokens.shape[0])
+        if length + n > state.keys.shape[1]:
+            grown = max(length + n, 2 * state.keys.shape[1])
+            for name in ("keys", "values"):
+                old = getattr(state, name)
+                setattr(state, name, old.new_zeros((old.shape[0], grown, old.shape[2])))
+                getattr(state, name)[:, :length] = old[:, :length]
+        positions = torch.arange(length, length + n, device=self.device)[None]
+        mask = torch.ones(n, length + n, dtype=torch.bool, device=self.device)
+        mask = mask.tril(diagonal=length)[None]
+        x = self.net.fuse(tokens[None], features[None])
+        past = state.keys[None, :, :length], state.values[None, :, :length]
+        _, k, v = self.net.layer(x, positions, *past, mask)
+        state.keys[:, length : length + n] = k[0]
+        state.values[:, length : length + n] = v[0]
+        state.length = length + n
+
+    def context(self, slots) -> tuple[list[DraftSlot], TreeContext]:
+        """The states of ``slots`` (a step's rows) and their caches side by side, padded to the
+        longest: keys, values (B, Hkv, span, Dh), a mask (B, span) of the real positions, and
+        the lengths (B,)."""
+        states = [self._slot(int(s)) for s in np.asarray(slots).tolist()]
+        lengths = torch.tensor([s.length for s in states], device=self.device)
+        span = int(lengths.max())
+
+        def side_by_side(name: str) -> torch.Tensor:
+            arrays = [getattr(s, name) for s in states]
+            if len(arrays) == 1:
+                return arrays[0][None, :, :span]
+            return torch.stack(
+                [
+                    a[:, :span] if a.shape[1] >= span else F.pad(a, (0, 0, 0, span - a.shape[1]))
+                    for a in arrays
+                ]
+            )
+
+        mask = torch.arange(span, device=self.device)[None] < lengths[:, None]  # (B, span)
+        return states, TreeContext(side_by_side("keys"), side_by_side("values"), mask, lengths)
+
+
+@attrs.frozen
+class TreeContext:
+    """A step's draft caches side by side (``SlotDrafter.context``)."""
+
+    keys: torch.Tensor
+    values: torch.Tensor
+    mask: torch.Tensor
+    lengths: torch.Tensor
+
+
+class TorchEagleDrafter(SlotDrafter):
     """EAGLE as a stateful ``specdec.protocols.Drafter`` on torch (same options as the reference's
     ``EagleDrafter``). Draft caches live per slot in the target's dtype and device, grown by
     doubling; rows of a step run together. int8: the layer's products and the head rows with
@@ -219,8 +354,6 @@ class TorchEagleDrafter:
         return DrafterCaps(
             stateful=True, tree_builder=("prefix_tree", {}), max_tree_size=self.total_tokens + 1
         )
-
-    PREFILL_CHUNK = 256
 
     def __init__(
         self,
@@ -254,82 +387,11 @@ class TorchEagleDrafter:
             lm_head if self.shortlist is None else lm_head[self.shortlist], int8=int8
         )
         self.top_k, self.depth, self.total_tokens = tree_options(config, top_k, depth, total_tokens)
-        # slot -> {"keys", "values": (Hkv, capacity, Dh), "length", "pending" (H,)}
-        self.slots: dict[int, dict] = {}
+        self.slots: dict[int, DraftSlot] = {}
 
-    # ----------------------------------------------------------------------------- request state
-
-    def _slot(self, slot: int) -> dict:
-        if slot not in self.slots:
-            raise missing_slot(slot)
-        return self.slots[slot]
-
-    def _reserve(self, state: dict, size: int) -> None:
-        capacity = state["keys"].shape[1]
-        if size > capacity:
-            grown = max(size, 2 * capacity)
-            for name in ("keys", "values"):
-                old = state[name]
-                state[name] = old.new_zeros((old.shape[0], grown, old.shape[2]))
-                state[name][:, :capacity] = old
-
-    def _append(self, slot: int, tokens: torch.Tensor, features: torch.Tensor) -> None:
-        """Run entries (n,) tokens with (n, H) features after the slot's cache, causally; store
-        them."""
-        state = self.slots[slot]
-        length, n = state["length"], int(tokens.shape[0])
-        self._reserve(state, length + n)
-        positions = torch.arange(length, length + n, device=self.device)[None]
-        mask = torch.ones(n, length + n, dtype=torch.bool, device=self.device).tril(
-            diagonal=length
-        )[None]
-        x = self.net.fuse(tokens[None], features[None])
-        _, k, v = self.net.layer(
-            x, positions, state["keys"][None, :, :length], state["values"][None, :, :length], mask
-        )
-        state["keys"][:, length : length + n] = k[0]
-        state["values"][:, length : length + n] = v[0]
-        state["length"] = length + n
-
-    @torch.inference_mode()
-    def begin(self, slot: int, prompt, output: PromptOutput) -> None:
-        """Run the layer over the prompt's entries; keep its last feature pending."""
-        prompt = torch.as_tensor(np.asarray(prompt), dtype=torch.int64, device=self.device)
-        hidden = torch.as_tensor(output.hidden, device=self.device).to(self.dtype)  # (P, H)
-        cfg = self.config
-        empty = torch.zeros(
-            cfg.num_kv_heads,
-            max(64, len(prompt) + 64),
-            cfg.head_dim,
-            dtype=self.dtype,
-            device=self.device,
-        )
-        self.slots[int(slot)] = {
-            "keys": empty,
-            "values": empty.clone(),
-            "length": 0,
-            "pending": hidden[-1].clone(),
-        }
-        for start in range(0, len(prompt) - 1, self.PREFILL_CHUNK):
-            stop = min(start + self.PREFILL_CHUNK, len(prompt) - 1)
-            self._append(int(slot), prompt[start + 1 : stop + 1], hidden[start:stop])
-
-    @torch.inference_mode()
-    def observe(self, accepted: Accepted) -> None:
-        """Append each row's root entry and accepted entries; the last accepted feature is
-        pending."""
-        hidden = torch.as_tensor(accepted.hidden, device=self.device).to(self.dtype)  # (B, A, H)
-        tokens = torch.as_tensor(np.asarray(accepted.tokens), dtype=torch.int64, device=self.device)
-        for b, slot in enumerate(np.asarray(accepted.slots).tolist()):
-            count = int(accepted.num_accepted[b]) + 1
-            state = self._slot(slot)
-            features = torch.cat([state["pending"][None], hidden[b, : count - 1]])
-            self._append(slot, tokens[b, :count], features)
-            state["pending"] = hidden[b, count - 1].clone()
-
-    def end(self, slot: int, reason: str) -> None:
-        """The request in ``slot`` ended (any ``reason``): drop its state."""
-        self.slots.pop(int(slot), None)
+    def step_features(self, result) -> torch.Tensor:
+        """The target's last hidden states: (P, H) of a prompt, (B, A, H) of a step."""
+        return torch.as_tensor(result.hidden, device=self.device).to(self.dtype)
 
     # ----------------------------------------------------------------------------- drafting
 
@@ -346,35 +408,8 @@ class TorchEagleDrafter:
         roots = torch.as_tensor(context.root_tokens, device=self.device).to(torch.int64)
         hidden = torch.as_tensor(context.hidden, device=self.device).to(self.dtype)
         check_propose_context(self.config, context, roots, hidden.shape)
-        slots = [int(s) for s in np.asarray(context.slots).tolist()]
-        states = [self._slot(s) for s in slots]
-        lengths = torch.tensor([s["length"] for s in states], device=self.device)
-        span = int(lengths.max())
-        if len(slots) == 1:
-            ctx_keys, ctx_values = (
-                states[0]["keys"][None, :, :span],
-                states[0]["values"][None, :, :span],
-            )
-        else:
-            ctx_keys = torch.stack(
-                [
-                    s["keys"][:, :span]
-                    if s["keys"].shape[1] >= span
-                    else F.pad(s["keys"], (0, 0, 0, span - s["keys"].shape[1]))
-                    for s in states
-                ]
-            )
-            ctx_values = torch.stack(
-                [
-                    s["values"][:, :span]
-                    if s["values"].shape[1] >= span
-                    else F.pad(s["values"], (0, 0, 0, span - s["values"].shape[1]))
-                    for s in states
-                ]
-            )
-        ctx_mask = torch.arange(span, device=self.device)[None] < lengths[:, None]  # (B, span)
-        search = TreeSearch(self, ctx_keys, ctx_values, ctx_mask, lengths)
-        beams = search.run(roots, hidden)
+        _, tree_context = self.context(context.slots)
+        beams = TreeSearch(self, tree_context).run(roots, hidden)
         return Draft(root_tokens=roots, beams=beams, sampled=False)
 
 
@@ -387,14 +422,10 @@ class TreeSearch:
     child (a drafted-vocabulary index).
     """
 
-    def __init__(self, drafter: TorchEagleDrafter, ctx_keys, ctx_values, ctx_mask, lengths):
+    def __init__(self, drafter, context: TreeContext):
         self.drafter, self.net = drafter, drafter.net
-        self.ctx_keys, self.ctx_values, self.ctx_mask, self.lengths = (
-            ctx_keys,
-            ctx_values,
-            ctx_mask,
-            lengths,
-        )
+        self.ctx_keys, self.ctx_values = context.keys, context.values
+        self.ctx_mask, self.lengths = context.mask, context.lengths
         self.keys = self.values = self.anc = self.outs = self.top1 = None
 
     def _run(

@@ -40,7 +40,7 @@ from specdec.training.loop import sampled_soft_cross_entropy, soft_cross_entropy
 from specdec.training.run import train_drafter
 from specdec_eagle.checkpoint import config_for_target
 from specdec_eagle.config import EagleConfig
-from specdec_eagle.torch import EagleNet, TorchEagleDrafter, TreeSearch
+from specdec_eagle.torch import EagleNet, TorchEagleDrafter, TreeContext, TreeSearch
 
 __all__ = ["EagleTask", "default_config", "init_weights", "train_eagle", "tree_acceptance"]
 
@@ -377,7 +377,7 @@ def tree_acceptance(
     ctx_keys = keys[:, where].permute(1, 0, 2, 3)  # (B, Hkv, span, Dh)
     ctx_values = values[:, where].permute(1, 0, 2, 3)
     with torch.no_grad():
-        search = TreeSearch(drafter, ctx_keys, ctx_values, ctx_mask, lengths)
+        search = TreeSearch(drafter, TreeContext(ctx_keys, ctx_values, ctx_mask, lengths))
         beams = search.run(data.next_tokens[indices], features)
     window = gather_window(data, indices, drafter.depth, labels=False)
     return beam_acceptance(beams, window.tokens[:, 1:], window.valid)

@@ -36,22 +36,25 @@ import numpy as np
 
 from specdec.capabilities import DrafterCaps
 from specdec.errors import InvalidInputError
-from specdec.reference.model import apply_rotary, attend, rms_norm, rotary_cos_sin, silu
+from specdec.reference.model import rms_norm
 from specdec.reference.quantize import check_int8_option, quantized_weights
-from specdec.types import Accepted, Draft, DraftContext, PromptOutput
+from specdec.types import Draft, DraftContext
 from specdec_eagle.reference import (
     SlotCache,
+    SlotDrafter,
     TreeDraft,
     finish_tree,
     grown_cache,
+    mlp_block,
+    self_attention,
     top_indices,
 )
-from specdec_eagle.reference import missing_slot as eagle_missing_slot
 from specdec_eagle.reference import tree_options as eagle_tree_options
 from specdec_eagle3.config import Eagle3Config, check_weights, draft_to_target, product_weights
 
 __all__ = [
     "Eagle3Drafter",
+    "check_layers_given",
     "check_tree_options",
     "draft_layer",
     "draft_log_probs",
@@ -66,12 +69,7 @@ def features(config: Eagle3Config, weights: dict, layers) -> np.ndarray:
     """g = fc([low ; mid ; high]) (the concatenation RMS-normed by ``input_norm`` first when
     ``config.norm_before_fc``): layers maps each of ``config.hidden_layers`` to (..., H) ->
     (..., H)."""
-    missing = [i for i in config.hidden_layers if i not in layers]
-    if missing:
-        raise InvalidInputError(
-            f"EAGLE-3 needs the outputs of target layers {list(config.hidden_layers)}, missing "
-            f"{missing}: the target must return the layers named in DrafterCaps.hidden_layers"
-        )
+    check_layers_given(config, layers)
     # (..., 3H)
     fused = np.concatenate(
         [np.asarray(layers[i], dtype=np.float64) for i in config.hidden_layers], axis=-1
@@ -79,6 +77,16 @@ def features(config: Eagle3Config, weights: dict, layers) -> np.ndarray:
     if config.norm_before_fc:
         fused = rms_norm(fused, weights["input_norm.weight"], config.rms_norm_eps)
     return fused @ weights["fc.weight"].T
+
+
+def check_layers_given(config: Eagle3Config, layers) -> None:
+    """``layers`` (a ``PromptOutput``'s or ``Accepted``'s) holds each of the config's three."""
+    missing = [i for i in config.hidden_layers if layers is None or i not in layers]
+    if missing:
+        raise InvalidInputError(
+            f"EAGLE-3 needs the outputs of target layers {list(config.hidden_layers)}, missing "
+            f"{missing}: the target must return the layers named in DrafterCaps.hidden_layers"
+        )
 
 
 def draft_layer(
@@ -96,33 +104,15 @@ def draft_layer(
     positions (n,) rotary positions; past = (keys, values) each (Hkv, S, Dh), rotary applied;
     past_allowed (n, S), new_allowed (n, n) bool. -> out (n, H) (before ``norm``), keys, values
     (Hkv, n, Dh)."""
-    n, heads, kv_heads, dim = len(tokens), config.num_heads, config.num_kv_heads, config.head_dim
-    eps, attn, mlp = config.rms_norm_eps, "midlayer.self_attn.", "midlayer.mlp."
+    eps = config.rms_norm_eps
     normed_g = rms_norm(g, weights["midlayer.hidden_norm.weight"], eps)
-    # (n, 2H)
-    y = np.concatenate(
-        [rms_norm(embed_tokens[tokens], weights["midlayer.input_layernorm.weight"], eps), normed_g],
-        axis=-1,
+    embedded = rms_norm(embed_tokens[tokens], weights["midlayer.input_layernorm.weight"], eps)
+    y = np.concatenate([embedded, normed_g], axis=-1)  # (n, 2H)
+    attn_out, k, v = self_attention(
+        config, weights, "midlayer.", y, positions, past, past_allowed, new_allowed
     )
-    q = (y @ weights[attn + "q_proj.weight"].T).reshape(n, heads, dim).transpose(1, 0, 2)
-    k = (y @ weights[attn + "k_proj.weight"].T).reshape(n, kv_heads, dim).transpose(1, 0, 2)
-    v = (y @ weights[attn + "v_proj.weight"].T).reshape(n, kv_heads, dim).transpose(1, 0, 2)
-    inv_freq = 1.0 / config.rope_theta ** (np.arange(0, dim, 2, dtype=np.float64) / dim)
-    cos, sin = rotary_cos_sin(np.asarray(positions, dtype=np.float64), inv_freq)  # (n, Dh)
-    q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-    residual = normed_g if config.norm_before_residual else g
-    h = (
-        residual
-        + attend(q, past, (k, v), past_allowed, new_allowed) @ weights[attn + "o_proj.weight"].T
-    )
-    normed = rms_norm(h, weights["midlayer.post_attention_layernorm.weight"], eps)
-    gate = silu(normed @ weights[mlp + "gate_proj.weight"].T)
-    out = (
-        h
-        + (gate * (normed @ weights[mlp + "up_proj.weight"].T))
-        @ weights[mlp + "down_proj.weight"].T
-    )
-    return out, k, v
+    h = (normed_g if config.norm_before_residual else g) + attn_out
+    return h + mlp_block(config, weights, "midlayer.", h), k, v
 
 
 def draft_log_probs(config: Eagle3Config, weights: dict, out: np.ndarray) -> np.ndarray:
@@ -289,11 +279,7 @@ def check_propose_context(context: DraftContext, batch: int) -> None:
         )
 
 
-def missing_slot(slot: int) -> InvalidInputError:
-    return eagle_missing_slot(slot, "EAGLE-3")
-
-
-class Eagle3Drafter:
+class Eagle3Drafter(SlotDrafter):
     """EAGLE-3 as a stateful ``specdec.protocols.Drafter`` (NumPy reference).
 
     weights: name -> array as in ``specdec_eagle3.config`` (checked; float64, ``d2t`` int64).
@@ -342,49 +328,15 @@ class Eagle3Drafter:
         )
         self.slots: dict[int, SlotCache] = {}
 
-    def begin(self, slot: int, prompt, output: PromptOutput) -> None:
-        """Run the layer over the prompt's entries; keep its last fused feature pending."""
-        prompt = np.asarray(prompt, dtype=np.int64)
-        g = features(self.config, self.weights, output.layers)  # (P, H)
-        empty = np.zeros((self.config.num_kv_heads, 0, self.config.head_dim))
-        cache = SlotCache(keys=empty, values=empty.copy(), pending=g[-1], tokens=(int(prompt[0]),))
-        if len(prompt) > 1:
-            _, cache = run_entries(
-                self.config, self.weights, self.embed_tokens, cache, prompt[1:], g[:-1]
-            )
-        self.slots[int(slot)] = cache
+    NAME = "EAGLE-3"
 
-    def observe(self, accepted: Accepted) -> None:
-        """Append each row's root entry and accepted entries; the last accepted feature is
-        pending."""
-        g = features(self.config, self.weights, accepted.layers)  # (B, A, H)
-        for b, slot in enumerate(np.asarray(accepted.slots).tolist()):
-            count = int(accepted.num_accepted[b]) + 1  # the root and the accepted drafted tokens
-            cache = self._cache(slot)
-            entry_features = np.concatenate([cache.pending[None], g[b, : count - 1]])
-            _, cache = run_entries(
-                self.config,
-                self.weights,
-                self.embed_tokens,
-                cache,
-                np.asarray(accepted.tokens[b, :count]),
-                entry_features,
-            )
-            cache.pending = g[b, count - 1]
-            self.slots[slot] = cache
+    def step_features(self, result) -> np.ndarray:
+        """The fused features g of the config's three target layers: (P, H) of a prompt,
+        (B, A, H) of a step."""
+        return features(self.config, self.weights, result.layers)
 
-    def end(self, slot: int, reason: str) -> None:
-        """The request in ``slot`` ended (any ``reason``): drop its state."""
-        self.slots.pop(int(slot), None)
-
-    def slot_tokens(self, slot: int) -> tuple:
-        """The tokens the draft cache of ``slot`` stands for (``specdec.protocols.SlotView``)."""
-        return self._cache(slot).tokens
-
-    def _cache(self, slot: int) -> SlotCache:
-        if slot not in self.slots:
-            raise missing_slot(slot)
-        return self.slots[slot]
+    def append(self, cache: SlotCache, tokens, g) -> SlotCache:
+        return run_entries(self.config, self.weights, self.embed_tokens, cache, tokens, g)[1]
 
     def propose(self, context: DraftContext) -> Draft:
         """Beams (B, W = total_tokens, L = depth + 1), one dynamic tree per row."""

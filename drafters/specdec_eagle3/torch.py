@@ -12,23 +12,21 @@ ids to target ids.
 
 from __future__ import annotations
 
-import math
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
 from specdec.capabilities import DrafterCaps
-from specdec.errors import InvalidInputError
-from specdec.types import Accepted, Draft, DraftContext, PromptOutput
-from specdec_eagle.torch import TreeSearch, draft_products, rotate
-from specdec_eagle.torch import DraftAttention, DraftMLP, DraftNorm
+from specdec.types import Draft, DraftContext
+from specdec_eagle.torch import DraftAttention, DraftMLP, DraftNorm, DraftSlot, SlotDrafter
+from specdec_eagle.torch import TreeSearch, draft_products
 from specdec_eagle3.config import Eagle3Config, check_weights, draft_to_target
 from specdec_eagle3.reference import (
     check_embedding,
+    check_layers_given,
     check_layers_resolved,
     check_propose_context,
-    missing_slot,
     tree_options,
 )
 from specdec_torch.ops import compute_dtype
@@ -77,12 +75,6 @@ class Eagle3Net(torch.nn.Module):
         self.midlayer = _MidLayer(config)
         self.norm = DraftNorm(config.hidden_size, config.rms_norm_eps)
         self.lm_head = torch.nn.Linear(config.hidden_size, config.draft_vocab_size, bias=False)
-        dim = config.head_dim
-        self.register_buffer(
-            "inv_freq",
-            1.0 / config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim),
-            persistent=False,
-        )
 
     def load_weights(self, weights: dict) -> None:
         """Set the float weights from name -> array (``d2t`` is checked and ignored here)."""
@@ -139,25 +131,11 @@ class Eagle3Net(torch.nn.Module):
         past keys and values (B, Hkv, S, Dh) or None; mask (B, m, S + m) bool.
         -> out (B, m, H) before ``norm``, keys and values (B, Hkv, m, Dh) (rotary applied)."""
         cfg, layer = self.config, self.midlayer
-        batch, m, _ = x.shape
         embedded, g = x[..., : cfg.hidden_size], x[..., cfg.hidden_size :]
         normed_g = layer.hidden_norm(g)
         y = torch.cat([embedded, normed_g], dim=-1)  # (B, m, 2H)
-        attn = layer.self_attn
-        q = attn.q_proj(y).view(batch, m, cfg.num_heads, cfg.head_dim).transpose(1, 2)
-        k = attn.k_proj(y).view(batch, m, cfg.num_kv_heads, cfg.head_dim).transpose(1, 2)
-        v = attn.v_proj(y).view(batch, m, cfg.num_kv_heads, cfg.head_dim).transpose(1, 2)
-        inv_freq = self.inv_freq.to(compute_dtype(x.dtype))
-        q, k = rotate(q, positions, inv_freq), rotate(k, positions, inv_freq)
-        keys = k if past_keys is None else torch.cat([past_keys, k], dim=2)
-        values = v if past_values is None else torch.cat([past_values, v], dim=2)
-        group = cfg.num_heads // cfg.num_kv_heads
-        keys, values = keys.repeat_interleave(group, dim=1), values.repeat_interleave(group, dim=1)
-        scores = (q @ keys.transpose(-1, -2)) / math.sqrt(cfg.head_dim)  # (B, Hq, m, S + m)
-        scores = scores.masked_fill(~mask[:, None], float("-inf"))
-        weights = torch.softmax(scores.to(compute_dtype(x.dtype)), dim=-1).to(x.dtype)
-        context = (weights @ values).transpose(1, 2).reshape(batch, m, cfg.num_heads * cfg.head_dim)
-        h = (normed_g if cfg.norm_before_residual else g) + attn.o_proj(context)
+        attended, k, v = layer.self_attn.attend(y, positions, past_keys, past_values, mask)
+        h = (normed_g if cfg.norm_before_residual else g) + attended
         out = h + layer.mlp(layer.post_attention_layernorm(h))
         return out, k, v
 
@@ -166,12 +144,12 @@ class Eagle3Net(torch.nn.Module):
         return self.lm_head(self.norm(out))
 
 
-class TorchEagle3Drafter:
+class TorchEagle3Drafter(SlotDrafter):
     """EAGLE-3 as a stateful ``specdec.protocols.Drafter`` on torch (same options as the
     reference's ``Eagle3Drafter``). Draft caches live per slot in the target's dtype and device.
     int8: as ``TorchEagleDrafter``'s (the fc, the layer's products and the head)."""
 
-    PREFILL_CHUNK = 256
+    NAME = "EAGLE-3"
 
     def __init__(
         self,
@@ -204,79 +182,19 @@ class TorchEagle3Drafter:
             hidden_layers=config.hidden_layers,
             max_tree_size=self.total_tokens + 1,
         )
-        # slot -> {"keys", "values": (Hkv, T, Dh), "length", "pending" (H,)}
-        self.slots: dict[int, dict] = {}
+        self.slots: dict[int, DraftSlot] = {}
 
-    def _features(self, layers) -> torch.Tensor:
-        missing = [i for i in self.config.hidden_layers if i not in layers]
-        if missing:
-            raise InvalidInputError(
-                f"EAGLE-3 needs the outputs of target layers {list(self.config.hidden_layers)}, "
-                f"missing {missing}: the target must return the layers in DrafterCaps.hidden_layers"
-            )
+    def step_features(self, result) -> torch.Tensor:
+        """The fused features g of the config's three target layers: (P, H) of a prompt,
+        (B, A, H) of a step."""
+        check_layers_given(self.config, result.layers)
+        layers = result.layers
         return self.net.features(
             [
                 torch.as_tensor(layers[i], device=self.device).to(self.dtype)
                 for i in self.config.hidden_layers
             ]
         )
-
-    def _append(self, slot: int, tokens: torch.Tensor, g: torch.Tensor) -> None:
-        """Run entries (n,) tokens with (n, H) features after the slot's cache, causally; store
-        them."""
-        state = self.slots[slot]
-        length, n = state["length"], int(tokens.shape[0])
-        positions = torch.arange(length, length + n, device=self.device)[None]
-        mask = torch.ones(n, length + n, dtype=torch.bool, device=self.device).tril(
-            diagonal=length
-        )[None]
-        x = self.net.fuse(tokens[None], g[None])
-        _, k, v = self.net.layer(x, positions, state["keys"][None], state["values"][None], mask)
-        state["keys"], state["values"] = (
-            torch.cat([state["keys"], k[0]], dim=1),
-            torch.cat([state["values"], v[0]], dim=1),
-        )
-        state["length"] = length + n
-
-    @torch.inference_mode()
-    def begin(self, slot: int, prompt, output: PromptOutput) -> None:
-        """Run the layer over the prompt's entries; keep its last fused feature pending."""
-        prompt = torch.as_tensor(np.asarray(prompt), dtype=torch.int64, device=self.device)
-        g = self._features(output.layers)  # (P, H)
-        cfg = self.config
-        empty = torch.zeros(cfg.num_kv_heads, 0, cfg.head_dim, dtype=self.dtype, device=self.device)
-        self.slots[int(slot)] = {
-            "keys": empty,
-            "values": empty.clone(),
-            "length": 0,
-            "pending": g[-1].clone(),
-        }
-        for start in range(0, len(prompt) - 1, self.PREFILL_CHUNK):
-            stop = min(start + self.PREFILL_CHUNK, len(prompt) - 1)
-            self._append(int(slot), prompt[start + 1 : stop + 1], g[start:stop])
-
-    @torch.inference_mode()
-    def observe(self, accepted: Accepted) -> None:
-        """Append each row's root entry and accepted entries; the last accepted feature is
-        pending."""
-        g = self._features(accepted.layers)  # (B, A, H)
-        tokens = torch.as_tensor(np.asarray(accepted.tokens), dtype=torch.int64, device=self.device)
-        for b, slot in enumerate(np.asarray(accepted.slots).tolist()):
-            count = int(accepted.num_accepted[b]) + 1
-            state = self._slot(slot)
-            self._append(
-                slot, tokens[b, :count], torch.cat([state["pending"][None], g[b, : count - 1]])
-            )
-            state["pending"] = g[b, count - 1].clone()
-
-    def end(self, slot: int, reason: str) -> None:
-        """The request in ``slot`` ended (any ``reason``): drop its state."""
-        self.slots.pop(int(slot), None)
-
-    def _slot(self, slot: int) -> dict:
-        if slot not in self.slots:
-            raise missing_slot(slot)
-        return self.slots[slot]
 
     def log_probs(self, out: torch.Tensor) -> torch.Tensor:
         """Draft log-probs over the draft vocabulary: out (..., H) -> (..., N)."""
@@ -290,14 +208,7 @@ class TorchEagle3Drafter:
         """Beams (B, W = total_tokens, L = depth + 1), one dynamic tree per row."""
         roots = torch.as_tensor(context.root_tokens, device=self.device).to(torch.int64)
         check_propose_context(context, len(roots))
-        states = [self._slot(int(s)) for s in np.asarray(context.slots).tolist()]
-        lengths = torch.tensor([s["length"] for s in states], device=self.device)
-        span = int(lengths.max())
-        ctx_keys = torch.stack([F.pad(s["keys"], (0, 0, 0, span - s["length"])) for s in states])
-        ctx_values = torch.stack(
-            [F.pad(s["values"], (0, 0, 0, span - s["length"])) for s in states]
-        )
-        ctx_mask = torch.arange(span, device=self.device)[None] < lengths[:, None]  # (B, span)
-        pending = torch.stack([s["pending"] for s in states])  # (B, H)
-        beams = TreeSearch(self, ctx_keys, ctx_values, ctx_mask, lengths).run(roots, pending)
+        states, tree_context = self.context(context.slots)
+        pending = torch.stack([s.pending for s in states])  # (B, H)
+        beams = TreeSearch(self, tree_context).run(roots, pending)
         return Draft(root_tokens=roots, beams=beams, sampled=False)

@@ -9,6 +9,7 @@ cannot flip it (float64: 1e-7, float32: 1e-4). Draft caches agree within 1e-9 (f
 
 from __future__ import annotations
 
+import attrs
 import numpy as np
 import pytest
 from hypothesis import assume, given
@@ -177,7 +178,9 @@ def check_against_reference(
         )
     for slot in slots:
         expected, state = ref.slots[slot], twin.slots[slot]
+        state = state if isinstance(state, dict) else attrs.asdict(state, recurse=False)
         assert state["length"] == expected.length
+        assert twin.slot_tokens(slot) == ref.slot_tokens(slot)
         np.testing.assert_allclose(
             host(state["keys"])[:, : expected.length], expected.keys, **tolerance
         )
