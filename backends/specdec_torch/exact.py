@@ -13,6 +13,10 @@ math library picks its kernel (and so the order of those additions) by the shape
 the project's CPU (oneDNN, bfloat16): every product of two or more rows gives each row the same
 bits, a one-row product runs a matrix-vector kernel that rounds some outputs differently. So
 ``linear_rows`` computes a one-row product as two rows (the row twice) and keeps the first.
+Where the library also changes its order with the row count above some size (oneDNN's AMX
+kernels on two threads: a call of more than 32 rows rounds rows otherwise than calls of 2 to 32),
+the self-test finds the largest block of rows that keeps every product invariant and the products
+then run in calls of at most that many rows (``in_row_blocks``; the target's ``row_block``).
 
 **Attention.** Three things change a query's attention with what shares the forward: a fused
 kernel's blocking follows the number of keys; a tree node's keys sit among its siblings' slots,
@@ -52,6 +56,7 @@ __all__ = [
     "SplitOrder",
     "attend_kernel",
     "attend_split",
+    "in_row_blocks",
     "linear_rows",
     "plan_kernel",
     "split_order",
@@ -62,14 +67,33 @@ _LOW_PRECISION = (torch.float16, torch.bfloat16)
 
 
 def linear_rows(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    block: int | None = None,
 ) -> torch.Tensor:
     """``F.linear(x, weight, bias)`` with a one-row product computed as a two-row one (the row
-    twice, the copy dropped): every row count then runs the same kind of kernel."""
+    twice, the copy dropped): every row count then runs the same kind of kernel; in calls of at
+    most ``block`` rows where given (``in_row_blocks``)."""
+    return in_row_blocks(lambda rows: _linear_rows(rows, weight, bias), x, block)
+
+
+def _linear_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None):
     if x.numel() != x.shape[-1]:
         return F.linear(x, weight, bias)
     row = x.reshape(1, -1)
     return F.linear(torch.cat([row, row]), weight, bias)[:1].reshape(*x.shape[:-1], weight.shape[0])
+
+
+def in_row_blocks(product, x: torch.Tensor, block: int | None) -> torch.Tensor:
+    """``product(x)`` for a row-wise ``product`` (rows (M, K) -> (M, N)) over x (..., K), in calls
+    of at most ``block`` rows (None: one call), so that a row's bits do not depend on how many
+    rows share it where the library's order changes above that many."""
+    rows = x.reshape(-1, x.shape[-1])
+    if block is None or rows.shape[0] <= block:
+        return product(x)
+    out = torch.cat([product(rows[start : start + block]) for start in range(0, len(rows), block)])
+    return out.reshape(*x.shape[:-1], out.shape[-1])
 
 
 @attrs.frozen

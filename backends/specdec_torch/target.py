@@ -30,6 +30,7 @@ from specdec_torch.exact import (
     SplitOrder,
     attend_kernel,
     attend_split,
+    in_row_blocks,
     linear_rows,
     plan_kernel,
     split_order,
@@ -148,6 +149,7 @@ class TorchTarget(SlotTarget):
     ):
         self.model = model
         self._kernel = None
+        self.row_block: int | None = None  # exact mode's largest product call (None: any)
         self.config = config
         self.tokenizer = tokenizer
         self.name = name
@@ -210,8 +212,11 @@ class TorchTarget(SlotTarget):
 
     def check_row_invariance(self):
         """Whether this machine's kernels keep exact mode's promise for this target's shapes and
-        dtype (``specdec_torch.invariance``; measured once, then cached)."""
-        return check_row_invariance(self)
+        dtype (``specdec_torch.invariance``; measured once, then cached); products then run in
+        the blocks of rows it found invariant (``row_block``)."""
+        check = check_row_invariance(self)
+        self.row_block = check.row_block
+        return check
 
     @property
     def exact_form(self) -> str | None:
@@ -237,7 +242,9 @@ class TorchTarget(SlotTarget):
         """``x @ W.T + b`` of a projection module or a weight, one row as two in exact mode."""
         if isinstance(projection, torch.nn.Module):
             projection, bias = projection.weight, projection.bias
-        return linear_rows(x, projection, bias) if self.exact else F.linear(x, projection, bias)
+        if not self.exact:
+            return F.linear(x, projection, bias)
+        return linear_rows(x, projection, bias, self.row_block)
 
     def _layer(self, index: int, x: torch.Tensor, segments: list["_Segment"]) -> torch.Tensor:
         """One decoder layer on the packed new tokens x (T, H); each segment's keys and values
@@ -403,7 +410,10 @@ class TorchTarget(SlotTarget):
     def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
         # the formulation measured fastest here (specdec_torch.products), one for every row count
         # when exact
-        return head_product(hidden, self.lm_head, exact=self.exact)
+        if not self.exact:
+            return head_product(hidden, self.lm_head)
+        product = lambda rows: head_product(rows, self.lm_head, exact=True)  # noqa: E731
+        return in_row_blocks(product, hidden, self.row_block)
 
     # ------------------------------------------------------------------------------------
     # TargetModel

@@ -47,7 +47,7 @@ __all__ = [
     "describe",
 ]
 
-CHECK_VERSION = 1
+CHECK_VERSION = 2  # 2: row_block
 
 
 @attrs.frozen(kw_only=True)
@@ -56,12 +56,15 @@ class InvarianceCheck:
 
     holds: every kernel gave each row the same bits alone and among others; failed: the first
     kernel that did not, in words (None when it holds); checked: what was checked; source:
-    "measured" (now) or "cached" (earlier, on this machine and software)."""
+    "measured" (now) or "cached" (earlier, on this machine and software); row_block: the most
+    rows a product may take in one call for that to hold (None: any number), which the target
+    then keeps to in exact mode."""
 
     holds: bool
     failed: str | None = None
     checked: tuple[str, ...] = ()
     source: str = "measured"
+    row_block: int | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -106,6 +109,7 @@ def cached_check(key: dict, run: Callable[[], InvarianceCheck]) -> InvarianceChe
             failed=saved.get("failed"),
             checked=tuple(saved.get("checked", ())),
             source="cached",
+            row_block=saved.get("row_block"),
         )
     except (OSError, ValueError, KeyError, TypeError):
         pass  # absent or damaged: measure

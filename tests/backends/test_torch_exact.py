@@ -267,13 +267,40 @@ def test_the_self_test_refuses_a_row_variant_product(target, monkeypatch):
     (what a matrix-vector kernel does) fails the self-test, naming the product."""
     exact_linear = invariance.linear_rows
 
-    def variant(x, weight, bias=None):
-        out = exact_linear(x, weight, bias)
+    def variant(x, weight, bias=None, block=None):
+        out = exact_linear(x, weight, bias, block)
         return out.nextafter(out + 1) if x.shape[0] == 1 else out
 
     monkeypatch.setattr(invariance, "linear_rows", variant)
     check = invariance.check_target_kernels(target)
     assert not check.holds and check.failed == "q/k/v projection (960, 576)", check
+
+
+def test_products_that_round_otherwise_above_some_rows_run_in_blocks(target, monkeypatch):
+    """A product whose rows round otherwise in calls of more than 40 rows (what oneDNN's AMX
+    kernels do on two threads above 32): the self-test finds the largest block of rows that keeps
+    every product invariant (32 of 64, 32, 16, 8), and the target computes in those blocks."""
+    from specdec_torch import exact
+    from specdec_torch import target as torch_target
+
+    one_call = exact._linear_rows
+
+    def variant(x, weight, bias=None):
+        out = one_call(x, weight, bias)
+        return out.nextafter(out + 1) if x.reshape(-1, x.shape[-1]).shape[0] > 40 else out
+
+    monkeypatch.setattr(exact, "_linear_rows", variant)
+    check = invariance.check_target_kernels(target)
+    assert check.holds and check.row_block == 32, check
+    assert "q/k/v projection (960, 576) in calls of at most 32 rows" in check.checked, check
+    rows = torch.randn((100, 576)).to(torch.bfloat16)
+    weight = target._packed[0][0]
+    whole = torch.cat([exact.linear_rows(rows[i : i + 2], weight) for i in range(0, 100, 2)])
+    assert not torch.equal(exact.linear_rows(rows, weight), whole)  # the variant bites
+    assert torch.equal(exact.linear_rows(rows, weight, block=32), whole)
+    monkeypatch.setattr(torch_target, "check_row_invariance", lambda _: check)
+    monkeypatch.setattr(target, "row_block", target.row_block)  # restored after the test
+    assert target.check_row_invariance() is check and target.row_block == 32
 
 
 def test_a_failed_self_test_turns_exact_mode_off_or_refuses(target, monkeypatch):
@@ -322,8 +349,8 @@ def test_the_guard_refuses_a_product_that_rounds_otherwise_at_one_row_count(targ
 
     exact_linear = torch_target.linear_rows
 
-    def variant(x, weight, bias=None):
-        out = exact_linear(x, weight, bias)
+    def variant(x, weight, bias=None, block=None):
+        out = exact_linear(x, weight, bias, block)
         return out.nextafter(out + 1) if x.shape[0] == 6 else out
 
     monkeypatch.setattr(torch_target, "linear_rows", variant)
