@@ -71,13 +71,15 @@ def chain_tree(tokens: np.ndarray, lengths: np.ndarray | None = None) -> DraftTr
 
 class _Request:
     """A request's draft state: ``length`` positions committed in the draft's cache, ``pending``
-    tokens the target committed that the draft has not yet run, and, between a propose and its
-    observe, the committed ``root`` and its logits (a repeated propose reuses them)."""
+    tokens the target committed that the draft has not yet run, between a propose and its
+    observe the committed ``root`` and its logits (a repeated propose reuses them), and
+    ``tokens``: the prompt and every token the target committed since (``slot_tokens``)."""
 
-    __slots__ = ("length", "pending", "root", "root_logits")
+    __slots__ = ("length", "pending", "root", "root_logits", "tokens")
 
-    def __init__(self, length: int):
-        self.length, self.pending, self.root, self.root_logits = length, [], None, None
+    def __init__(self, tokens: list[int]):
+        self.length, self.pending, self.root, self.root_logits = len(tokens), [], None, None
+        self.tokens = list(tokens)
 
 
 class DraftModelDrafter:
@@ -140,7 +142,7 @@ class DraftModelDrafter:
     def begin(self, slot: int, prompt, output) -> None:
         tokens = [int(t) for t in np.asarray(prompt).reshape(-1)]
         self.draft.admit(int(slot), tokens)
-        self._requests[int(slot)] = _Request(len(tokens))
+        self._requests[int(slot)] = _Request(tokens)
 
     def observe(self, accepted) -> None:
         """Record, per row, the drafted tokens the target accepted (any beam's): they are run and
@@ -155,6 +157,7 @@ class DraftModelDrafter:
             # a step in which this row did not draft: its root waits too
             if request.root is None and count == 0:
                 request.pending.append(int(tokens[b, 0]))
+                request.tokens.append(int(tokens[b, 0]))
                 continue
             if request.root is None or int(tokens[b, 0]) != request.root:
                 raise PluginOutputError(
@@ -163,6 +166,7 @@ class DraftModelDrafter:
                     "propose of the same step"
                 )
             request.pending = tokens[b, 1 : 1 + int(count)].tolist()
+            request.tokens += tokens[b, : 1 + int(count)].tolist()  # the root and accepted tokens
             request.root = request.root_logits = None
 
     def end(self, slot: int, reason: str) -> None:
@@ -170,6 +174,12 @@ class DraftModelDrafter:
         # a request whose begin failed holds no draft slot
         if self._requests.pop(int(slot), None) is not None:
             self.draft.release(int(slot))
+
+    def slot_tokens(self, slot: int) -> tuple:
+        """The text the draft state of ``slot`` stands for: the prompt and every token the target
+        committed since (``specdec.protocols.SlotView``); the draft model runs the last of them
+        with the next root."""
+        return tuple(self._request(int(slot), "slot_tokens").tokens)
 
     @property
     def open_slots(self) -> tuple[int, ...]:

@@ -32,12 +32,32 @@ from tqdm.auto import tqdm
 import specdec
 from specdec.capabilities import drafter_caps
 from specdec.drafting.none import PassLifecycle
-from specdec.generation.components import add_lookup, load_drafter
+from specdec.generation.components import (
+    add_lookup,
+    load_drafter,
+    lookup_by_default,
+    planned_options,
+)
 from specdec.generation.encoding import encode_prompts
 from specdec.generation.resolve import resolve
 from specdec.plugins.registry import default_registry
 from specdec.bench.trust import Measured, impossible, reasons_not_to_keep
 from specdec.tuning.dtype import save_drafter_plan
+
+
+@attrs.frozen(kw_only=True)
+class Current:
+    """What ``generate`` uses for the drafter now (its checkpoint's beams, or a plan kept
+    before) and its measured speedup over plain decoding, decoded as the candidates are."""
+
+    beam_width: int
+    beam_length: int
+    lookup: bool
+    speedup: float
+
+    def describe(self) -> str:
+        lookup = ", with the prompt-lookup beam" if self.lookup else ""
+        return f"beam_width={self.beam_width} beam_length={self.beam_length}{lookup}"
 
 
 @attrs.frozen(kw_only=True)
@@ -121,7 +141,9 @@ def tree_size(
 def median_step_seconds(
     target, drafter, prompt, *, backend: str, steps: int = 12
 ) -> tuple[float, float, float]:
-    """Median seconds of (draft, verify, other) per decode step of ``drafter`` on this machine."""
+    """Median seconds of (draft, verify, other) per decode step of ``drafter`` on this machine,
+    every step drafting (the policy of ``speculation="auto"`` would leave some plain)."""
+    always = {} if drafter == "none" else {"speculation": "always"}
     records = list(
         specdec.stream(
             target,
@@ -130,6 +152,7 @@ def median_step_seconds(
             backend=backend,
             max_new_tokens=steps,
             stop_at_eos=False,
+            **always,
         )
     )[1:]
     return tuple(
@@ -211,8 +234,20 @@ def _record(target, ids, recorder, widths, lengths, accepted, sizes, backend, to
     for prompt in ids:
         recorder.beams.clear()
         steps = list(
-            specdec.stream(target, prompt, drafter=recorder, backend=backend, max_new_tokens=tokens)
+            specdec.stream(
+                target,
+                prompt,
+                drafter=recorder,
+                backend=backend,
+                max_new_tokens=tokens,
+                speculation="always",  # a recorded step for every decode step
+            )
         )
+        if len(recorder.beams) != len(steps) - 1:
+            raise RuntimeError(
+                f"the planner recorded {len(recorder.beams)} drafts over {len(steps) - 1} decode "
+                "steps; each step must draft for its beams to be compared with its tokens"
+            )
         for step, (beams, beam_lengths) in zip(steps[1:], recorder.beams):
             row_lengths = None if beam_lengths is None else beam_lengths[0]
             for w in widths:
@@ -233,9 +268,11 @@ def keep(
     dtype,
     lookup: bool,
     prompts: int,
+    current: "Current | None" = None,
 ) -> list[str]:
     """Save ``row`` for ``generate`` unless it cannot be trusted; returns why not ([] when
-    saved)."""
+    saved). ``current``: what generate used before, measured beside it; a row that measured
+    no faster is not kept (re-planning never replaces a setting with a slower one)."""
     measured = row.measured_speedup
     reasons = reasons_not_to_keep(
         clock,
@@ -245,6 +282,12 @@ def keep(
     )
     if measured is None and row.impossible:
         reasons = reasons or ["its prediction is above its tokens per step"]
+    if current is not None and (measured is None or measured <= current.speedup):
+        figure = "was not decoded" if measured is None else f"measured {measured:.2f}x"
+        reasons.append(
+            f"it {figure}, no faster than the {current.speedup:.2f}x of what generate uses now "
+            f"({current.describe()})"
+        )
     if reasons:
         return reasons
     backend_obj = default_registry().get("backend", backend).factory()
@@ -283,26 +326,61 @@ def measure(
     on the same target and prompts, inside ``clock``."""
     target = specdec.load(model, backend=backend, dtype=dtype)
     clock = clock if clock is not None else Measured()
-
-    def decode_rate(drafter_choice, options) -> float:
-        tokens, seconds = 0, 0.0
-        for prompt in prompts:
-            with clock:
-                stats = specdec.generate(
-                    target,
-                    prompt,
-                    drafter=drafter_choice,
-                    backend=backend,
-                    max_new_tokens=max_new_tokens,
-                    **options,
-                ).stats
-            tokens += stats.new_tokens - 1
-            seconds += stats.time_draft + stats.time_verify + stats.time_other
-        return tokens / seconds
-
+    rate = lambda choice, options: _decode_rate(  # noqa: E731
+        target, prompts, choice, options, backend=backend, tokens=max_new_tokens, clock=clock
+    )
     checked = []
     for row in tqdm(rows, disable=not progress, desc="decoding the best shapes", unit="shape"):
-        plain = decode_rate("none", {})  # beside each setting: the same prompts, just before
+        plain = rate("none", {})  # beside each setting: the same prompts, just before
         options = dict(beam_width=row.beam_width, beam_length=row.beam_length, lookup=lookup)
-        checked.append(attrs.evolve(row, measured_speedup=decode_rate(drafter, options) / plain))
+        checked.append(attrs.evolve(row, measured_speedup=rate(drafter, options) / plain))
     return checked
+
+
+def measure_current(
+    model,
+    drafter: str,
+    prompts: Sequence,
+    *,
+    backend: str,
+    dtype: str | None,
+    max_new_tokens: int = 64,
+    clock: Measured | None = None,
+) -> Current:
+    """What ``generate`` uses for ``drafter`` when no beams are given (the checkpoint's, or a
+    plan kept before), decoded as ``measure`` decodes a candidate, beside plain decoding."""
+    registry = default_registry()
+    backend_obj = registry.get("backend", backend).factory()
+    target = specdec.load(model, backend=backend, dtype=dtype)
+    named = resolve("drafter", drafter, registry, backend_obj.name)
+    options, planned = planned_options(backend_obj, target, named, {})
+    built = load_drafter(named, target, backend_obj, registry, options)
+    clock = clock if clock is not None else Measured()
+    rate = lambda choice: _decode_rate(  # noqa: E731
+        target, prompts, choice, {}, backend=backend, tokens=max_new_tokens, clock=clock
+    )
+    plain = rate("none")
+    return Current(
+        beam_width=int(getattr(built, "beam_width", 1)),
+        beam_length=int(getattr(built, "beam_length", 1)),
+        lookup=lookup_by_default(named, built, None, planned),
+        speedup=rate(drafter) / plain,
+    )
+
+
+def _decode_rate(target, prompts, drafter_choice, options, *, backend, tokens, clock) -> float:
+    """Decode-phase tokens per second (prefill excluded) of ``generate`` over ``prompts``."""
+    emitted, seconds = 0, 0.0
+    for prompt in prompts:
+        with clock:
+            stats = specdec.generate(
+                target,
+                prompt,
+                drafter=drafter_choice,
+                backend=backend,
+                max_new_tokens=tokens,
+                **options,
+            ).stats
+        emitted += stats.new_tokens - 1
+        seconds += stats.time_draft + stats.time_verify + stats.time_other
+    return emitted / seconds

@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 from specdec.bench import load_prompt_set, parse_method, run_bench, tree_planner
-from specdec.bench.planner import keep, measure, plan
+from specdec.bench.planner import keep, measure, measure_current, plan
 from specdec.bench.prompts import PROMPT_SETS
 from specdec.bench.report import markdown, write_outputs
 from specdec.bench.tree_planner import plan_tree
@@ -103,6 +103,11 @@ def cmd_plan(args) -> int:
         if args.measure_top and plausible
         else []
     )
+    current = (
+        measure_current(args.model, args.drafter, prompts, clock=clock, **options)
+        if checked and not args.no_save
+        else None
+    )
     measured = {(r.beam_width, r.beam_length): r.measured_speedup for r in checked}
     print(
         "| W | L | tokens/step (est.) | tree size | draft ms | verify ms | predicted speedup | "
@@ -128,6 +133,11 @@ def cmd_plan(args) -> int:
         "plain decoding, decode phase"
         f"{f', with the prompt-lookup beam of {DEFAULT_DRAFT_LENGTH} tokens' if lookup else ''})"
     )
+    if current is not None:
+        print(
+            f"generate's setting now: {current.describe()} (measured {current.speedup:.2f}x, "
+            "decoded the same way)"
+        )
     if best.measured_speedup is not None and best.measured_speedup < 1.0:
         print(
             "note: no setting measured here beat plain decoding; generate's auto speculation "
@@ -146,6 +156,7 @@ def cmd_plan(args) -> int:
             dtype=args.dtype,
             lookup=lookup,
             prompts=len(prompts),
+            current=current,
         )
         print(
             "saved: generate uses it for this drafter on this machine when no beams are given"

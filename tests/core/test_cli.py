@@ -229,6 +229,7 @@ def test_plan_recommends_a_configuration(model_dir, tmp_path, monkeypatch, capsy
     when ``specdec.bench.trust`` finds nothing against it (its rules: tests/core/test_tuning.py;
     pinned here, as this machine may be busy and a random drafter's figures are noise)."""
     from specdec.bench import planner
+    from specdec.cli import measure as measure_cli
     from specdec.cli.main import main
     from specdec.testing import make_random_drafter
 
@@ -239,6 +240,9 @@ def test_plan_recommends_a_configuration(model_dir, tmp_path, monkeypatch, capsy
     monkeypatch.setenv("SPECDEC_CACHE", str(cache))
     reasons = [] if trusted else ["the machine was made busy by this test"]
     monkeypatch.setattr(planner, "reasons_not_to_keep", lambda *a, **k: list(reasons))
+    # what generate uses now, measured slower than any candidate (the rule: test_tuning.py)
+    now = planner.Current(beam_width=4, beam_length=5, lookup=True, speedup=0.0)
+    monkeypatch.setattr(measure_cli, "measure_current", lambda *a, **k: now)
     status = main(
         [
             "plan",
@@ -272,6 +276,7 @@ def test_plan_recommends_a_configuration(model_dir, tmp_path, monkeypatch, capsy
         return
     (kept,) = kept
     assert json.loads(kept.read_text())["options"]["beam_width"] == int(recommended.group(1))
+    assert "generate's setting now: beam_width=4 beam_length=5" in out
     assert "plan with --prompts" not in err  # the user's own prompts: no hint
 
 

@@ -448,3 +448,61 @@ def test_the_beam_planner_keeps_nothing_it_cannot_trust(model_dir, tmp_path, cac
         keep(model_dir, drafter, far, QuietClock(), **options)
     )
     assert keep(model_dir, drafter, row, QuietClock(), **options) == []
+
+
+def test_the_beam_planner_never_replaces_a_setting_with_a_slower_one(model_dir, tmp_path, cache):
+    """``keep`` with what generate uses now measured beside the candidates: a candidate that
+    measured no faster (or was not decoded) is refused, naming both; a faster one is kept."""
+    from specdec.bench.planner import Current, PlanRow, keep
+    from specdec.testing import make_random_drafter
+
+    drafter = str(make_random_drafter(tmp_path / "rd", model_dir, kind="redrafter", seed=2))
+    row = PlanRow(
+        beam_width=8,
+        beam_length=5,
+        tokens_per_step=1.3,
+        tree_size=18.0,
+        verify_ms=1.0,
+        draft_ms=1.0,
+        predicted_speedup=1.18,
+        measured_speedup=1.15,
+    )
+    now = Current(beam_width=2, beam_length=3, lookup=True, speedup=1.63)
+    options = dict(backend="numpy", dtype=None, lookup=True, prompts=2)
+    (reason,) = keep(model_dir, drafter, row, QuietClock(), current=now, **options)
+    assert "measured 1.15x, no faster than the 1.63x" in reason, reason
+    assert "beam_width=2 beam_length=3, with the prompt-lookup beam" in reason, reason
+    untried = attrs.evolve(row, measured_speedup=None)
+    assert "was not decoded" in " ".join(
+        keep(model_dir, drafter, untried, QuietClock(), current=now, **options)
+    )
+    slower_now = attrs.evolve(now, speedup=1.05)
+    assert keep(model_dir, drafter, row, QuietClock(), current=slower_now, **options) == []
+
+
+def test_the_beam_planner_records_and_times_steps_that_all_draft(model_dir, tmp_path, monkeypatch):
+    """Under speculation="auto" a step may decode plainly; the planner's recorded run (each
+    step's beams against that step's tokens) and its step timings must draft at every step, or
+    its drafts pair with other steps' tokens and its draft times with plain steps."""
+    from specdec.bench import planner
+    from specdec.testing import make_random_drafter
+
+    drafter = make_random_drafter(tmp_path / "d", model_dir, kind="redrafter", seed=1)
+    calls, real = [], planner.specdec.stream
+
+    def stream(*args, **kwargs):
+        calls.append((kwargs.get("drafter"), kwargs.get("speculation")))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(planner.specdec, "stream", stream)
+    planner.plan(
+        model_dir,
+        str(drafter),
+        [[1, 2, 3]],
+        backend="numpy",
+        widths=(1, 2),
+        lengths=(2, 3),
+        max_new_tokens=6,
+    )
+    drafting = [speculation for choice, speculation in calls if choice != "none"]
+    assert drafting and set(drafting) == {"always"}, calls
