@@ -145,18 +145,29 @@ def check_group(plan, draft, tree, cause: Exception | None = None):
     """Host copies (beams or None, tree tokens, parents, num_nodes) of a group's draft and tree,
     after checking them; an error names the plugin that made the value (from ``cause``)."""
     host, vocab = plan.backend.to_numpy, int(plan.target.vocab_size)
-    beams = None if draft.beams is None else host(draft.beams)
+    beams = checked_draft(plan, draft, cause)
     tree_arrays = host(tree.tokens), host(tree.parents), host(tree.num_nodes)
+    try:
+        check_tree_output(plan.source("tree_builder"), *tree_arrays, vocab)
+    except PluginOutputError as error:
+        raise error from cause
+    return (beams, *tree_arrays)
+
+
+def checked_draft(plan, draft, cause: Exception | None = None):
+    """The host copy of a draft's beams (or None), after ``check_draft``; an error names the
+    drafter (from ``cause``: what failed on the draft first, a tree builder's error, say)."""
+    host = plan.backend.to_numpy
+    beams = None if draft.beams is None else host(draft.beams)
     try:
         check_draft(
             plan.source("drafter"),
             host(draft.root_tokens),
             beams,
             None if draft.head_tokens is None else host(draft.head_tokens),
-            vocab,
+            int(plan.target.vocab_size),
             draft.beam_lengths,
         )
-        check_tree_output(plan.source("tree_builder"), *tree_arrays, vocab)
     except PluginOutputError as error:
         raise error from cause
-    return (beams, *tree_arrays)
+    return beams

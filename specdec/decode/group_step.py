@@ -57,7 +57,12 @@ def draft_group(
     )
     draft = plan.drafter.propose(context)
     cut = tuple(budgets.get(i) for i in ids)
-    tree, full = cut_to_budgets(plan.tree_builder.build(draft), cut, backend, target)
+    try:
+        built = plan.tree_builder.build(draft)
+    except Exception as exc:  # a bad draft fails in the tree builder first: name the drafter
+        step_checks.checked_draft(plan, draft, cause=exc)
+        raise
+    tree, full = cut_to_budgets(built, cut, backend, target)
     return Group(
         sampling=sampling,
         slots=slots,

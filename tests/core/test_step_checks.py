@@ -124,6 +124,20 @@ def test_a_draft_outside_the_vocabulary_names_the_drafter(target):
         )
 
 
+def test_a_negative_draft_token_names_the_drafter_before_the_tree_builder_fails(target):
+    """A negative id (a drafter proposing its own -1 padding, say) fails in the tree builder
+    first, as a ValueError of its own; the error still blames the drafter, as a plugin error."""
+    with pytest.raises(
+        PluginOutputError,
+        match=r"^drafter ChainDrafter \(an object passed in\) returned "
+        r"Draft.beams\[0, 0, 1\] = -1, outside the vocabulary",
+    ) as caught:
+        specdec.generate(
+            target, [5, 6], drafter=ChainDrafter(tokens=-1), backend="numpy", max_new_tokens=6
+        )
+    assert isinstance(caught.value.__cause__, ValueError), "the tree builder's error is kept"
+
+
 def test_good_plugins_pass_the_checks(target):
     plain = specdec.generate(target, [5, 6], drafter="none", backend="numpy", max_new_tokens=6)
     chained = specdec.generate(
