@@ -25,9 +25,9 @@ from specdec_eagle.reference import (
     check_target_arrays,
     inverse_frequencies,
     missing_slot,
-    tree_options,
 )
 from specdec_eagle.search import extended_beams
+from specdec_eagle.tree import tree_options
 from specdec_mlx import ops
 
 __all__ = [

@@ -9,7 +9,7 @@ from typing import Callable
 
 import numpy as np
 
-from specdec_eagle.reference import select_nodes, tree_beams
+from specdec_eagle.tree import select_nodes, tree_beams
 
 __all__ = ["extended_beams"]
 

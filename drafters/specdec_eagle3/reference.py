@@ -39,17 +39,9 @@ from specdec.errors import InvalidInputError
 from specdec.reference.model import rms_norm
 from specdec.reference.quantize import check_int8_option, quantized_weights
 from specdec.types import Draft, DraftContext
-from specdec_eagle.reference import (
-    SlotCache,
-    SlotDrafter,
-    TreeDraft,
-    finish_tree,
-    grown_cache,
-    mlp_block,
-    self_attention,
-    top_indices,
-)
-from specdec_eagle.reference import tree_options as eagle_tree_options
+from specdec_eagle.reference import SlotCache, SlotDrafter, grown_cache, mlp_block, self_attention
+from specdec_eagle.tree import TreeDraft, finish_tree, top_indices
+from specdec_eagle.tree import tree_options as eagle_tree_options
 from specdec_eagle3.config import Eagle3Config, check_weights, draft_to_target, product_weights
 
 __all__ = [

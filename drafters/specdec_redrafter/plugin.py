@@ -88,6 +88,12 @@ SPEC = DrafterSpec(
         CliOption(
             flag="--beam-length", type=int, default=5, help="ReDrafter beam length, root included"
         ),
+        CliOption(
+            flag="--draft-layers",
+            type=int,
+            default=1,
+            help="residual blocks between the recurrence and the head (more data carries more)",
+        ),
     ),
     default_shortlist=8192,
     beam_options=True,

@@ -322,12 +322,14 @@ def train_redrafter(
     *,
     beam_width: int = 4,
     beam_length: int = 5,
+    draft_layers: int = 1,
     config_overrides: dict | None = None,
     negatives: int | None = None,
     **options,
 ) -> dict:
     """Distil a ReDrafter for ``model`` (a bundled name or a model folder) into folder ``out``.
 
+    ``draft_layers``: residual blocks (``num_draft_layers``; ``config_overrides`` wins).
     ``negatives``: sampled-softmax loss (``RedrafterTask``). ``options`` go to
     ``specdec.training.run.train_drafter`` (budget, data sizes, resume ...).
     """
@@ -346,7 +348,7 @@ def train_redrafter(
             },
             beam_width=beam_width,
             beam_length=beam_length,
-            **(config_overrides or {}),
+            **{"num_draft_layers": draft_layers, **(config_overrides or {})},
         )
         return RedrafterTask(
             config,
@@ -360,6 +362,7 @@ def train_redrafter(
     options["run_settings"] = {
         "beam_width": beam_width,
         "beam_length": beam_length,
+        "draft_layers": draft_layers,
         "negatives": negatives,
         "config_overrides": config_overrides,
         **options.get("run_settings", {}),
