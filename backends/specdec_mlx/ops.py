@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 import mlx.core as mx
+import numpy as np
 
 from specdec.errors import InvalidInputError
 from specdec.reference.quantize import check_int8_option
@@ -33,6 +34,7 @@ __all__ = [
     "first_argmax",
     "head_product",
     "log_softmax",
+    "placed",
     "sample_from",
     "softmax",
     "stable_descending_order",
@@ -43,6 +45,16 @@ __all__ = [
 ]
 
 _NEG_INF = float("-inf")
+
+
+def placed(array: Any, like: mx.array, *, index: bool = False) -> mx.array:
+    """A drafter's weight (a host array) as this backend keeps it: in ``like``'s dtype (the
+    target's; read through float32, MLX's widest), or as int32 with ``index`` (a shortlist, a
+    vocabulary map: ids, whatever dtype the checkpoint stored them in). Every MLX drafter places
+    its weights through this."""
+    if index:
+        return mx.array(np.asarray(array).astype(np.int32))
+    return mx.array(np.asarray(array, dtype=np.float32)).astype(like.dtype)
 
 
 def as_array(array: Any, *, dtype=None) -> mx.array:

@@ -42,6 +42,7 @@ __all__ = [
     "first_argmax",
     "head_product",
     "log_softmax",
+    "placed",
     "sample_from",
     "softmax",
     "stable_descending_order",
@@ -50,6 +51,15 @@ __all__ = [
     "top_k_lowest_index",
     "top_k_mask",
 ]
+
+
+def placed(array: Any, like: torch.Tensor, *, index: bool = False) -> torch.Tensor:
+    """A drafter's weight (a host array) where and as this backend keeps it: on ``like``'s device
+    (the target's), in ``like``'s dtype, or as int64 with ``index`` (a shortlist, a vocabulary
+    map: ids, whatever dtype the checkpoint stored them in). Every torch drafter places its
+    weights through this."""
+    dtype = torch.int64 if index else like.dtype
+    return torch.as_tensor(np.asarray(array), dtype=dtype, device=like.device)
 
 
 def as_array(

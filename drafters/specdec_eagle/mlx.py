@@ -134,12 +134,12 @@ class MlxEagleNet(nn.Module):
         self.layers = [_Layer(config)]
 
     @classmethod
-    def from_weights(cls, config: EagleConfig, weights: dict, *, dtype=mx.float32) -> MlxEagleNet:
+    def from_weights(cls, config: EagleConfig, weights: dict, *, like: mx.array) -> MlxEagleNet:
         check_weights(config, weights)
         net = cls(config)
         net.load_weights(
             [
-                (name, mx.array(np.asarray(w, dtype=np.float32)).astype(dtype))
+                (name, ops.placed(w, like))
                 for name, w in weights.items()
                 if name != "vocab_shortlist"
             ],
@@ -270,10 +270,10 @@ class MlxEagleDrafter(SlotDrafter):
         ops.draft_weight(lm_head, int8=int8)  # refuses int8=True with the reason
         check_target_arrays(config, embed_tokens, lm_head)
         self.config, self.embed_tokens = config, embed_tokens
-        self.net = MlxEagleNet.from_weights(config, weights, dtype=embed_tokens.dtype)
+        self.net = MlxEagleNet.from_weights(config, weights, like=embed_tokens)
         self.shortlist = None
         if config.shortlist_size is not None:
-            self.shortlist = mx.array(np.asarray(weights["vocab_shortlist"], dtype=np.int32))
+            self.shortlist = ops.placed(weights["vocab_shortlist"], embed_tokens, index=True)
         self.head_rows = lm_head if self.shortlist is None else lm_head[self.shortlist]  # (S, H)
         self.top_k, self.depth, self.total_tokens = tree_options(config, top_k, depth, total_tokens)
         self.slots: dict[int, dict] = {}

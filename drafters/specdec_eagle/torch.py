@@ -33,7 +33,7 @@ from specdec_eagle.reference import (
 )
 from specdec_eagle.torch_search import TreeContext, TreeSearch
 from specdec_eagle.tree import tree_options
-from specdec_torch.ops import compute_dtype, draft_weight
+from specdec_torch.ops import compute_dtype, draft_weight, placed
 
 __all__ = [
     "DraftAttention",
@@ -183,12 +183,8 @@ class EagleNet(torch.nn.Module):
             name: array for name, array in weights.items() if name != "vocab_shortlist"
         }
         check_weights(attrs.evolve(self.config, shortlist_size=None), layer_weights)
-        dtype = self.fc.weight.dtype
         self.load_state_dict(
-            {
-                name: torch.as_tensor(np.asarray(array), dtype=dtype)
-                for name, array in layer_weights.items()
-            }
+            {name: placed(array, self.fc.weight) for name, array in layer_weights.items()}
         )
 
     def weights(self) -> dict[str, np.ndarray]:
@@ -369,9 +365,7 @@ class TorchEagleDrafter(SlotDrafter):
         draft_products(self.net, int8=int8)
         self.shortlist = None
         if config.shortlist_size is not None:
-            self.shortlist = torch.as_tensor(
-                np.asarray(weights["vocab_shortlist"]), dtype=torch.int64, device=self.device
-            )
+            self.shortlist = placed(weights["vocab_shortlist"], embed_tokens, index=True)
         # (S, H) -> x @ rows.T
         self.head = draft_weight(
             lm_head if self.shortlist is None else lm_head[self.shortlist], int8=int8

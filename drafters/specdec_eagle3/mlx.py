@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import mlx.core as mx
 import mlx.nn as nn
-import numpy as np
 
 from specdec.capabilities import DrafterCaps
 from specdec.types import Draft, DraftContext
@@ -59,15 +58,11 @@ class MlxEagle3Net(nn.Module):
         self.lm_head = nn.Linear(config.hidden_size, config.draft_vocab_size, bias=False)
 
     @classmethod
-    def from_weights(cls, config: Eagle3Config, weights: dict, *, dtype=mx.float32) -> MlxEagle3Net:
+    def from_weights(cls, config: Eagle3Config, weights: dict, *, like: mx.array) -> MlxEagle3Net:
         check_weights(config, weights)
         net = cls(config)
         net.load_weights(
-            [
-                (name, mx.array(np.asarray(w, dtype=np.float32)).astype(dtype))
-                for name, w in weights.items()
-                if name != "d2t"
-            ],
+            [(name, ops.placed(w, like)) for name, w in weights.items() if name != "d2t"],
             strict=True,
         )
         mx.eval(net.parameters())
@@ -123,10 +118,11 @@ class MlxEagle3Drafter(SlotDrafter):
         check_embedding(config, embed_tokens)
         check_layers_resolved(config)
         self.config, self.embed_tokens = config, embed_tokens
-        self.net = MlxEagle3Net.from_weights(config, weights, dtype=embed_tokens.dtype)
+        self.net = MlxEagle3Net.from_weights(config, weights, like=embed_tokens)
         if config.own_embedding:  # the head's table, in the target's dtype, instead of the target's
             self.embed_tokens = self.net.embed_tokens.weight
-        self.ids = mx.array(draft_to_target(weights["d2t"]).astype(np.int32))  # (N,) target ids
+        # (N,) target ids
+        self.ids = ops.placed(draft_to_target(weights["d2t"]), embed_tokens, index=True)
         self.top_k, self.depth, self.total_tokens = tree_options(config, top_k, depth, total_tokens)
         self.caps = DrafterCaps(
             stateful=True,

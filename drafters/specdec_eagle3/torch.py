@@ -29,7 +29,7 @@ from specdec_eagle3.reference import (
     check_propose_context,
     tree_options,
 )
-from specdec_torch.ops import compute_dtype
+from specdec_torch.ops import compute_dtype, placed
 
 __all__ = ["Eagle3Net", "TorchEagle3Drafter"]
 
@@ -79,11 +79,10 @@ class Eagle3Net(torch.nn.Module):
     def load_weights(self, weights: dict) -> None:
         """Set the float weights from name -> array (``d2t`` is checked and ignored here)."""
         check_weights(self.config, weights)
-        dtype = self.fc.weight.dtype
         self.load_state_dict(
             {
-                ("head_embedding.weight" if name == OWN_EMBEDDING else name): torch.as_tensor(
-                    np.asarray(array), dtype=dtype
+                ("head_embedding.weight" if name == OWN_EMBEDDING else name): placed(
+                    array, self.fc.weight
                 )
                 for name, array in weights.items()
                 if name != "d2t"
@@ -174,7 +173,7 @@ class TorchEagle3Drafter(SlotDrafter):
         self.net.eval().requires_grad_(False)
         draft_products(self.net, int8=int8)
         # (N,) target ids
-        self.ids = torch.as_tensor(draft_to_target(weights["d2t"]), device=self.device)
+        self.ids = placed(draft_to_target(weights["d2t"]), embed_tokens, index=True)
         self.top_k, self.depth, self.total_tokens = tree_options(config, top_k, depth, total_tokens)
         self.caps = DrafterCaps(
             stateful=True,

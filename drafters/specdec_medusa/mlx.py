@@ -51,12 +51,11 @@ class MedusaHeads(nn.Module):
         # borrowed from the target: not a parameter of this module
         object.__setattr__(self, "lm_head", lm_head)
 
+        like = mx.zeros((0,), dtype=dtype)  # where and as the target's arrays are
+
         def stacked(name: str) -> mx.array:  # one array per head -> (K, ...)
-            arrays = [
-                np.asarray(weights[name.format(k=k)], dtype=np.float32)
-                for k in range(config.num_heads)
-            ]
-            return mx.array(np.stack(arrays)).astype(dtype)
+            arrays = [np.asarray(weights[name.format(k=k)]) for k in range(config.num_heads)]
+            return ops.placed(np.stack(arrays), like)
 
         layers = range(config.num_layers)
         # (K, H, H) each

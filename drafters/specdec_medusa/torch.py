@@ -22,7 +22,7 @@ from specdec.types import Draft, DraftContext, DraftTree
 from specdec_medusa.config import MedusaConfig, tree_size
 from specdec_medusa.reference import check_weights
 from specdec_medusa.tree import StaticTreeBuilder
-from specdec_torch.ops import top_k_lowest_index
+from specdec_torch.ops import placed, top_k_lowest_index
 
 __all__ = ["MedusaHeads", "TorchMedusaDrafter", "TorchStaticTreeBuilder"]
 
@@ -54,9 +54,11 @@ class MedusaHeads(torch.nn.Module):
         self.config = config
         self.lm_head = lm_head
 
+        like = torch.empty(0, dtype=dtype, device=device)  # where and as the target's arrays are
+
         def stacked(name: str) -> torch.Tensor:  # one array per head -> (K, ...)
             arrays = [np.asarray(weights[name.format(k=k)]) for k in range(config.num_heads)]
-            return torch.as_tensor(np.stack(arrays), dtype=dtype, device=device)
+            return placed(np.stack(arrays), like)
 
         layers = range(config.num_layers)
         # (layers, K, H, H)

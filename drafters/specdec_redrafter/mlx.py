@@ -53,7 +53,8 @@ class _Block(nn.Module):
 
 class RedrafterModule(nn.Module):
     """The drafter's own weights, named as in ``specdec_redrafter.config``; ``from_weights``
-    loads a checkpoint's arrays (checked against the config) in ``dtype``."""
+    loads a checkpoint's arrays (checked against the config) as ``like``, a target array
+    (``specdec_mlx.ops.placed``)."""
 
     def __init__(self, config: RedrafterConfig):
         super().__init__()
@@ -75,7 +76,7 @@ class RedrafterModule(nn.Module):
 
     @classmethod
     def from_weights(
-        cls, config: RedrafterConfig, weights: dict, *, dtype=mx.float32
+        cls, config: RedrafterConfig, weights: dict, *, like: mx.array
     ) -> RedrafterModule:
         check_weights(config, weights)
         module = cls(config)
@@ -85,10 +86,7 @@ class RedrafterModule(nn.Module):
         if shortlist is not None and full in weights:  # a full head keeps only the shortlisted rows
             weights[full] = np.asarray(weights[full])[np.asarray(shortlist, dtype=np.int64)]
         module.load_weights(
-            [
-                (name, mx.array(np.asarray(w, dtype=np.float32)).astype(dtype))
-                for name, w in weights.items()
-            ],
+            [(name, ops.placed(w, like)) for name, w in weights.items()],
             strict=True,
         )
         mx.eval(module.parameters())
@@ -151,11 +149,11 @@ class MlxRedrafterDrafter(BeamSettings):
         lm_head = None if lm_head is None else ops.as_array(lm_head)
         check_target_arrays(config, embed_tokens, lm_head)
         self.config = config
-        self.module = RedrafterModule.from_weights(config, weights, dtype=embed_tokens.dtype)
+        self.module = RedrafterModule.from_weights(config, weights, like=embed_tokens)
         self.embed_tokens, self.lm_head = embed_tokens, lm_head
         self.shortlist = None
         if config.shortlist_size is not None:
-            self.shortlist = mx.array(np.asarray(weights["vocab_shortlist"], dtype=np.int32))
+            self.shortlist = ops.placed(weights["vocab_shortlist"], embed_tokens, index=True)
         # (S, H)
         self.head_rows = (
             lm_head if lm_head is None or self.shortlist is None else lm_head[self.shortlist]

@@ -30,6 +30,7 @@ from specdec_redrafter.reference import BeamSettings, check_target_arrays
 from specdec_torch.ops import (
     compute_dtype,
     draft_weight,
+    placed,
     sample_from,
     target_probs,
     top_k_lowest_index,
@@ -48,15 +49,12 @@ def draft_log_probs(logits: torch.Tensor, *, top_k: int | None = None) -> torch.
     return torch.log_softmax(z, dim=-1)
 
 
-def _product(weights: dict, name: str, dtype, device, bias: bool, int8: bool | None):
-    """``x -> x @ W.T (+ b)`` for ``weights[name + ".weight"]`` (and ``.bias``), held in ``dtype``
-    or, where ``int8`` says so, rounded to int8 per row (``specdec_torch.ops.draft_weight``)."""
-    as_tensor = lambda key: torch.as_tensor(  # noqa: E731
-        np.asarray(weights[key]), dtype=dtype, device=device
-    )
-    return draft_weight(
-        as_tensor(f"{name}.weight"), as_tensor(f"{name}.bias") if bias else None, int8=int8
-    )
+def _product(weights: dict, name: str, like: torch.Tensor, bias: bool, int8: bool | None):
+    """``x -> x @ W.T (+ b)`` for ``weights[name + ".weight"]`` (and ``.bias``), held as ``like``
+    (``placed``) or, where ``int8`` says so, rounded to int8 per row
+    (``specdec_torch.ops.draft_weight``)."""
+    weight = placed(weights[f"{name}.weight"], like)
+    return draft_weight(weight, placed(weights[f"{name}.bias"], like) if bias else None, int8=int8)
 
 
 class RedrafterModule(torch.nn.Module):
@@ -83,25 +81,16 @@ class RedrafterModule(torch.nn.Module):
         check_target_arrays(config, embed_tokens, lm_head)
         self.config = config
         self.embed_tokens, self.lm_head = embed_tokens, lm_head
-        dtype, device = embed_tokens.dtype, embed_tokens.device
-        product = lambda name, bias: _product(  # noqa: E731
-            weights, name, dtype, device, bias, int8
-        )
+        product = lambda name, bias: _product(weights, name, embed_tokens, bias, int8)  # noqa: E731
         self.input_proj = (
             product("input_proj", True) if config.exit_dim != 2 * config.hidden_size else None
         )
         self.blocks = [product(f"lm_head.{i}.linear", True) for i in range(config.num_draft_layers)]
         self.shortlist = None
         if config.shortlist_size is not None:
-            self.shortlist = torch.as_tensor(
-                np.asarray(weights["vocab_shortlist"]), dtype=torch.int64, device=device
-            )
+            self.shortlist = placed(weights["vocab_shortlist"], embed_tokens, index=True)
         if config.head == "full":
-            rows = torch.as_tensor(
-                np.asarray(weights[f"lm_head.{config.num_draft_layers}.weight"]),
-                dtype=dtype,
-                device=device,
-            )
+            rows = placed(weights[f"lm_head.{config.num_draft_layers}.weight"], embed_tokens)
         else:
             self.head_proj = product("head_proj", False)
             rows = lm_head

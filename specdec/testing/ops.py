@@ -27,6 +27,7 @@ OPS = (
     "first_argmax",
     "head_product",
     "log_softmax",
+    "placed",
     "sample_from",
     "softmax",
     "stable_descending_order",
@@ -57,7 +58,8 @@ def check_ops(
     """Raise AssertionError, naming the operation and its input, where a backend's ``ops`` module
     lacks a name of ``OPS`` or a docstring, or differs from NumPy on random integer logits
     (2, rows, vocab) in float32: rankings and masks must be identical (ties to the lowest index),
-    probabilities within float32 rounding, samples identical for uniforms away from a cdf step.
+    probabilities within float32 rounding, samples identical for uniforms away from a cdf step;
+    ``placed`` must keep a drafter's weights in the target array's dtype and ids as integers.
     ``backend_name``'s ``to_numpy`` reads the results."""
     exported = set(getattr(ops, "__all__", ()))
     missing = [name for name in OPS if name not in exported]
@@ -162,3 +164,13 @@ def check_ops(
             product(ops.as_array(inputs)),
             (inputs @ weight.T + bias).astype(np.float32),
         )
+    # a drafter's weights as the backend keeps them: in the target array's dtype, ids as integers
+    for like in (x, ops.as_array(logits.astype(np.float64))):
+        host = rng.integers(-3, 3, size=(rows, vocab)).astype(np.float64)  # exact in any dtype
+        placed = ops.placed(host, like)
+        assert placed.dtype == like.dtype, (
+            f"{ops.__name__}.placed: dtype {placed.dtype}, expected the target array's {like.dtype}"
+        )
+        same(f"placed(dtype {like.dtype})", placed, host.astype(np.asarray(to_numpy(like)).dtype))
+        ids = np.arange(vocab, dtype=np.float32)  # ids a checkpoint stored as floats
+        same("placed(index=True)", ops.placed(ids, like, index=True), np.arange(vocab))
