@@ -31,9 +31,11 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 from pathlib import Path
 from typing import Any, Mapping
 
+import attrs
 import numpy as np
 from safetensors.numpy import load_file, save_file
 
@@ -142,8 +144,10 @@ def write_specforge(
     dtype: str = "float32",
     choices=None,
     drop_shortlist: bool = False,
+    model=None,
 ):
-    """The EAGLE / SpecForge layout (SGLang, TensorRT-LLM) -> (notes, the ``sglang`` command)."""
+    """The EAGLE / SpecForge layout (SGLang, TensorRT-LLM) -> (notes, the ``sglang`` command).
+    model: the target as the caller named it (or None), for the command (``verifier_name``)."""
     _no_options(choices, drop_shortlist)
     if config.norm_before_residual:
         raise InvalidInputError(
@@ -171,8 +175,9 @@ def write_specforge(
         )
     _save(Path(out), _tensors(config, weights, dtype, "midlayer."), data)
     steps, topk = config.depth, config.top_k
+    target = _command_target(config, model, notes)
     return notes, (
-        "python -m sglang.launch_server --model-path TARGET_HF_FOLDER --speculative-algorithm "
+        f"python -m sglang.launch_server --model-path {target} --speculative-algorithm "
         f"EAGLE3 --speculative-draft-model-path {out} --speculative-num-steps {steps} "
         f"--speculative-eagle-topk {topk} --speculative-num-draft-tokens {config.total_tokens + 1}",
     )
@@ -237,9 +242,20 @@ def write_speculators(
     spec = json.dumps(
         {"method": "eagle3", "model": str(out), "num_speculative_tokens": config.depth}
     )
-    return [note for note in notes if note], (
-        f"vllm serve TARGET_HF_FOLDER --speculative-config '{spec}'",
+    target = _command_target(config, model, notes)
+    return [note for note in notes if note], (f"vllm serve {target} --speculative-config '{spec}'",)
+
+
+def _command_target(config: Eagle3Config, model, notes: list) -> str:
+    """The target as the printed engine command names it: its hub id or folder where known
+    (``verifier_name``), else TARGET_HF_FOLDER with a note saying what goes there."""
+    if model is not None or config.target.get("name") in BUNDLED:
+        return shlex.quote(verifier_name(config, model)[0])
+    notes.append(
+        "TARGET_HF_FOLDER in the command: the target's Hugging Face folder or hub id (export with "
+        "--model to have it written)"
     )
+    return "TARGET_HF_FOLDER"
 
 
 def _embedding_note(config: Eagle3Config) -> str:
@@ -347,7 +363,7 @@ def _check_file_tensors(folder: Path, config: Eagle3Config, raw: Mapping, prefix
 
 
 def _read(
-    folder, layer: dict, top: dict, prefix: str, layers_from
+    folder, layer: dict, top: dict, prefix: str, layer_ids: _LayerIds
 ) -> tuple[Eagle3Config, dict, list[str]]:
     folder = Path(folder)
     eagle = top.get("eagle_config") if isinstance(top.get("eagle_config"), dict) else {}
@@ -398,7 +414,7 @@ def _read(
         vocab_size=vocab,
         hidden_size=hidden,
         draft_vocab_size=int(draft_vocab),
-        hidden_layers=layers_from(block),
+        hidden_layers=block["hidden_layers"] if "hidden_layers" in block else layer_ids.read(top),
         num_heads=int(layer["num_attention_heads"]),
         num_kv_heads=int(layer.get("num_key_value_heads", layer["num_attention_heads"])),
         head_dim=int(layer.get("head_dim") or hidden // int(layer["num_attention_heads"])),
@@ -421,6 +437,12 @@ def _read(
     try:
         config = Eagle3Config(**fields)
     except ValueError as exc:  # a value the config cannot take, named by its field
+        if "hidden_layers" in str(exc) and "hidden_layers" not in block:
+            raise CorruptFileError(
+                f"{folder}/config.json: {layer_ids.key} {layer_ids.written(top)} must name "
+                f"three ascending target layers (low, middle, high), {layer_ids.convention}; "
+                "fix that value"
+            ) from exc
         raise CorruptFileError(f"{folder}/config.json: {exc}; fix that value") from exc
     _check_file_tensors(folder, config, raw, prefix)
     weights = {
@@ -430,11 +452,7 @@ def _read(
         for name, array in raw.items()
         if name not in ("d2t", "t2d")
     }
-    if "d2t" in raw:
-        weights["d2t"] = np.asarray(raw["d2t"], dtype=np.int64)
-    else:
-        weights["d2t"] = np.zeros(int(draft_vocab), dtype=np.int64)
-        notes.append("no d2t: the draft vocabulary is the target's")
+    weights["d2t"] = _draft_offsets(folder, raw, int(draft_vocab), vocab, notes)
     try:
         check_weights(config, weights)  # the names and shapes are checked: d2t's values are left
     except ValueError as exc:
@@ -444,28 +462,79 @@ def _read(
     return config, weights, notes
 
 
+def _draft_offsets(folder: Path, raw: Mapping, draft_vocab: int, vocab: int, notes: list):
+    """The head's ``d2t`` (draft id i is target id i + d2t[i]): the file's own; else from its
+    ``t2d`` mask (the draft ids are the masked target ids in order, as speculators and SpecForge
+    build both from one sorted id list); else, for a draft vocabulary as large as the target's,
+    zeros (the identity). A smaller draft vocabulary with neither cannot be read."""
+    if "d2t" in raw:
+        return np.asarray(raw["d2t"], dtype=np.int64)
+    if "t2d" in raw:
+        ids = np.flatnonzero(np.asarray(raw["t2d"]).astype(bool))
+        if len(ids) != draft_vocab:
+            raise CorruptFileError(
+                f"{folder}: t2d marks {len(ids)} target tokens but draft_vocab_size is "
+                f"{draft_vocab}, and there is no d2t to say which tokens are drafted; write d2t "
+                "(int64 offsets: draft id i is target id i + d2t[i]) or a t2d that marks "
+                f"{draft_vocab} tokens"
+            )
+        notes.append("no d2t: the draft vocabulary is read from t2d (its marked ids, in order)")
+        return ids - np.arange(draft_vocab, dtype=np.int64)
+    if draft_vocab != vocab:
+        raise CorruptFileError(
+            f"{folder}: the head drafts {draft_vocab} of the target's {vocab} tokens "
+            "(draft_vocab_size) but holds neither d2t nor t2d to say which; write d2t (int64 "
+            "offsets: draft id i is target id i + d2t[i]) or t2d (a mask over the target "
+            "vocabulary)"
+        )
+    notes.append("no d2t: the draft vocabulary is the target's")
+    return np.zeros(draft_vocab, dtype=np.int64)
+
+
+@attrs.frozen
+class _LayerIds:
+    """Where a layout keeps the fused layers' ids, and its convention: ``read`` turns the ids
+    as written into specdec's 0-based output-of-layer ``hidden_layers`` (None: not written;
+    a ``specdec`` block's own ``hidden_layers`` wins over them)."""
+
+    key: str
+    convention: str
+    path: tuple
+    offset: int
+
+    def written(self, top: Mapping):
+        value = top
+        for part in self.path:
+            value = value.get(part) if isinstance(value, Mapping) else None
+        return value
+
+    def read(self, top: Mapping):
+        ids = self.written(top)
+        return None if ids is None else [int(i) - self.offset for i in ids]
+
+
+SPECFORGE_LAYERS = _LayerIds(
+    key="eagle_config.eagle_aux_hidden_state_layer_ids",
+    convention="SGLang's 0-based output-of-layer ids (0: the first layer's output)",
+    path=("eagle_config", "eagle_aux_hidden_state_layer_ids"),
+    offset=0,
+)
+SPECULATORS_LAYERS = _LayerIds(
+    key="eagle_aux_hidden_state_layer_ids",
+    convention="vLLM's input-of-layer ids, from 1 (1: the first layer's output)",
+    path=("eagle_aux_hidden_state_layer_ids",),
+    offset=1,
+)
+
+
 def read_specforge(folder) -> tuple[Eagle3Config, dict[str, np.ndarray], list[str]]:
     top = read_json(Path(folder) / "config.json", what="drafter config")
-
-    def layers(block):
-        if "hidden_layers" in block:
-            return block["hidden_layers"]
-        # SGLang: output-of-layer
-        return (top.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
-
-    return _read(folder, top, top, "midlayer.", layers)
+    return _read(folder, top, top, "midlayer.", SPECFORGE_LAYERS)
 
 
 def read_speculators(folder) -> tuple[Eagle3Config, dict[str, np.ndarray], list[str]]:
     top = read_json(Path(folder) / "config.json", what="drafter config")
-
-    def layers(block):
-        if "hidden_layers" in block:
-            return block["hidden_layers"]
-        ids = top.get("eagle_aux_hidden_state_layer_ids")  # vLLM: input-of-layer
-        return None if ids is None else [int(i) - 1 for i in ids]
-
-    return _read(folder, top["transformer_layer_config"], top, "layers.0.", layers)
+    return _read(folder, top["transformer_layer_config"], top, "layers.0.", SPECULATORS_LAYERS)
 
 
 def detect_specforge(folder: Path, config: Mapping[str, Any]) -> bool:
@@ -477,4 +546,10 @@ def detect_specforge(folder: Path, config: Mapping[str, Any]) -> bool:
 
 
 def detect_speculators(folder: Path, config: Mapping[str, Any]) -> bool:
-    return config.get("speculators_model_type") == "eagle3"
+    """speculators names its EAGLE-3 configs by ``speculators_model_type``; a config that lacks it
+    but has the architecture and the nested layer config is read as one too."""
+    if config.get("speculators_model_type") == "eagle3":
+        return True
+    return config.get("architectures") == [SPECULATORS_ARCHITECTURE] and isinstance(
+        config.get("transformer_layer_config"), dict
+    )

@@ -32,12 +32,13 @@ The draft takes the target's token embedding, as specdec's EAGLE-3 does: no ``to
 from __future__ import annotations
 
 import json
+import shlex
 from pathlib import Path
 from typing import Any, Mapping
 
 import numpy as np
 
-from specdec.errors import CorruptFileError, InvalidInputError
+from specdec.errors import CorruptFileError, InvalidInputError, require
 from specdec.models.bundled import resolve_model
 from specdec.models.checkpoints import check_compatible
 from specdec.models.files import parse_json, read_json
@@ -90,13 +91,7 @@ FILE_TYPES = {"float32": "ALL_F32", "float16": "MOSTLY_F16", "bfloat16": "MOSTLY
 
 
 def _gguf():
-    try:
-        import gguf  # optional: gguf (hf extra)
-    except ImportError as exc:
-        raise InvalidInputError(
-            "reading or writing llama.cpp's GGUF needs the gguf package: install specdec[hf]"
-        ) from exc
-    return gguf
+    return require("gguf", extra="hf", feature="reading or writing llama.cpp's GGUF")
 
 
 def permute(weights: np.ndarray, heads: int) -> np.ndarray:
@@ -177,14 +172,9 @@ def _hf_vocab(folder: Path, vocab_size: int, writer) -> None:
     defined, merges, special ids and the chat template from ``gguf.SpecialVocab`` (the
     converter's ``get_vocab_base`` and ``_set_vocab_gpt2``)."""
     gguf = _gguf()
-    try:
-        from transformers import AutoTokenizer  # optional: transformers (hf extra)
-    except ImportError as exc:
-        raise InvalidInputError(
-            "writing the target's vocabulary from its folder needs transformers: install "
-            "specdec[hf], or pass the target's GGUF file as the model"
-        ) from exc
-    tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    feature = "writing the target's vocabulary from its folder (or pass the target's GGUF file)"
+    transformers = require("transformers", extra="hf", feature=feature)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(folder))
     by_id = {index: token for token, index in tokenizer.get_vocab().items()}
     if by_id and max(by_id) >= vocab_size:
         raise InvalidInputError(
@@ -385,8 +375,18 @@ def write_gguf(
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
+    given = Path(str(model)).expanduser()
+    if given.suffix == ".gguf" and given.is_file():
+        target_gguf = shlex.quote(str(given.resolve()))
+    else:
+        target_gguf = "TARGET.gguf"
+        notes.append(
+            "TARGET.gguf in the command: the target's own GGUF (llama.cpp's convert_hf_to_gguf.py "
+            "makes it from the Hugging Face folder; export with that file as --model to have it "
+            "written)"
+        )
     command = (
-        f"llama-server -m TARGET.gguf -md {path} --spec-type draft-eagle3 "
+        f"llama-server -m {target_gguf} -md {path} --spec-type draft-eagle3 "
         f"--spec-draft-n-max {config.depth}"
     )
     return notes, (command,)

@@ -111,6 +111,7 @@ LAYOUTS = (
         detect=lazy_call("specdec_eagle3.export", "detect_specforge"),
         read=lazy_call("specdec_eagle3.export", "read_specforge"),
         write=lazy_call("specdec_eagle3.export", "write_specforge"),
+        takes_model=True,  # optional: names the target in the printed sglang command
     ),
     Layout(
         name="speculators",

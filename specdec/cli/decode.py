@@ -48,6 +48,8 @@ def cmd_generate(args) -> int:
     )
     print(result.text if result.text is not None else result.tokens)
     print(report_line(str(args.drafter), result), file=sys.stderr)
+    if str(args.drafter) != "none":  # what speculation (auto by default) chose
+        print(f"{'':>10}  {result.stats.describe_speculation()}", file=sys.stderr)
     return 0
 
 

@@ -190,15 +190,17 @@ def looks_like_path(value) -> bool:
     )
 
 
-def check_drafter_path(drafter: Any) -> None:
+def check_drafter_path(drafter: Any, names: list[str] | None = None) -> None:
     """A drafter given as a path must be an existing checkpoint folder, or a file that a
-    drafter's layout reads (``specdec.plugins.export.is_checkpoint_file``)."""
+    drafter's layout reads (``specdec.plugins.export.is_checkpoint_file``); ``names``: the
+    installed drafters, offered instead."""
     if looks_like_path(drafter):
         path = Path(drafter).expanduser()
         if not path.exists():
+            offered = f" ({', '.join(names)})" if names else ""
             raise InvalidInputError(
                 f"drafter checkpoint folder {path} does not exist; pass a folder with config.json "
-                "and model.safetensors, or a drafter name (redrafter, medusa, lookup, none)"
+                f"and model.safetensors, or an installed drafter's name{offered}"
             )
         if not path.is_dir() and not is_checkpoint_file(path):
             raise InvalidInputError(

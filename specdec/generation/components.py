@@ -40,7 +40,7 @@ def resolve_drafter(drafter: Any, backend: str, options: dict, registry=None) ->
     registry = registry or default_registry()
     if isinstance(drafter, Resolved):
         return drafter
-    check_drafter_path(drafter)
+    check_drafter_path(drafter, registry.names("drafter"))
     named = resolve("drafter", drafter, registry, backend)
     check_drafter_options(named, registry, backend, options)
     return named

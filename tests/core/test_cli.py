@@ -65,6 +65,24 @@ def test_generate_from_token_ids(model_dir):
     assert "1.00 tokens/step" in done.stderr, done.stderr
 
 
+def test_generate_says_what_speculation_chose(model_dir):
+    done = run(
+        "generate",
+        "--model",
+        str(model_dir),
+        "--prompt-ids",
+        "[1, 2, 3, 1, 2, 3, 1, 2]",
+        "--drafter",
+        "lookup",
+        "--backend",
+        "numpy",
+        "--max-new-tokens",
+        "6",
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "decode steps" in done.stderr and "tokens per step" in done.stderr, done.stderr
+
+
 def test_generate_a_chat_turn(model_dir, monkeypatch, capsys):
     import specdec
     from specdec.cli import main as cli

@@ -358,6 +358,7 @@ def test_a_target_gguf_gives_its_vocabulary_as_it_is(tmp_path, deep_model):
     assert tokenizer and {k: fields[k] for k in tokenizer} == tokenizer
     assert any("copied as they are" in note for note in result.notes)
     assert fields["eagle3.extract_layers"][1] == [1, 3, 6]  # the target's 6 layers
+    assert f"-m {target.resolve()} " in result.commands[0], result.commands  # llama-server's target
 
 
 def test_the_cli_exports_and_imports_a_gguf(tmp_path, deep_model, capsys):

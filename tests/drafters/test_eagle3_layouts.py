@@ -486,3 +486,56 @@ def test_the_speculators_export_names_the_verifier_as_vllm_resolves_it(tmp_path)
     raw = json.loads((result.path / "config.json").read_text())
     assert raw["speculators_config"]["verifier"]["name_or_path"] == "local-llama"
     assert any("--model" in note for note in result.notes), result.notes
+
+
+# ---------------------------------------------------------------------------------------------
+# What a hand-written or partly saved head may lack.
+
+
+def rewrite_config(folder: Path, change) -> None:
+    config = json.loads((folder / "config.json").read_text())
+    change(config)
+    (folder / "config.json").write_text(json.dumps(config))
+
+
+def test_a_speculators_head_without_its_model_type_key_is_read_by_its_architecture(tmp_path):
+    folder = speculators_folder(tmp_path)
+    rewrite_config(folder, lambda config: config.pop("speculators_model_type"))
+    assert detect_layout(folder) == ("eagle3", "speculators")
+    config, weights = load_eagle3_checkpoint(folder)
+    assert config.hidden_layers == (0, 2, 5)
+    np.testing.assert_array_equal(weights["d2t"], upstream_tensors(0, "x")["d2t"])
+
+
+def test_layer_ids_out_of_range_are_named_by_the_files_own_key_and_convention(tmp_path):
+    folder = speculators_folder(tmp_path, layer_ids=(0, 3, 6))  # SGLang's ids in vLLM's key
+    with pytest.raises(SpecdecError) as raised:
+        load_eagle3_checkpoint(folder)
+    message = str(raised.value)
+    assert "eagle_aux_hidden_state_layer_ids [0, 3, 6]" in message, message
+    assert "input-of-layer" in message and "hidden_layers" not in message, message
+
+
+def test_a_head_without_d2t_reads_its_draft_vocabulary_from_t2d(tmp_path):
+    from safetensors.numpy import load_file, save_file
+
+    folder = speculators_folder(tmp_path)
+    tensors = load_file(str(folder / "model.safetensors"))
+    expected = tensors.pop("d2t")
+    save_file(tensors, str(folder / "model.safetensors"))
+    config, weights = load_eagle3_checkpoint(folder)
+    np.testing.assert_array_equal(weights["d2t"], expected)
+    del tensors["t2d"]  # neither: which 40 of the 96 target tokens are drafted is unknown
+    save_file(tensors, str(folder / "model.safetensors"))
+    with pytest.raises(SpecdecError, match="neither d2t nor t2d"):
+        load_eagle3_checkpoint(folder)
+
+
+def test_export_commands_name_the_target_where_it_is_known(tmp_path, deep_model):
+    head = make_random_eagle3(tmp_path / "head", deep_model, seed=3, hidden_layers=(1, 2, 4))
+    for layout in ("speculators", "specforge"):
+        named = export(str(head), layout, tmp_path / f"{layout}-named", model=str(deep_model))
+        assert str(deep_model.resolve()) in named.commands[0], named.commands
+        unnamed = export(str(head), layout, tmp_path / f"{layout}-unnamed")
+        assert "TARGET_HF_FOLDER" in unnamed.commands[0], unnamed.commands
+        assert any("TARGET_HF_FOLDER in the command" in note for note in unnamed.notes)
