@@ -132,7 +132,7 @@ def load_prompt_set(
     else:
         raise InvalidInputError(
             f"unknown prompt set {source!r}: use one of {sorted(PROMPT_SETS)} or a JSONL file of "
-            "{{\"prompt\": ...}} or {{\"messages\": [...]}} lines"
+            '{"prompt": ...} or {"messages": [...]} lines (docs/bench.md)'
         )
     kept, seen = [], {}
     for p in prompts:

@@ -287,7 +287,7 @@ def add_parsers(sub) -> None:
         "lookup=true], medusa[:choices=cpu16], eagle[:total_tokens=8], draft_model:draft=M, "
         "lookup[:k=10]) and checkpoints (eagle3:drafter=runs/e3,total_tokens=16), "
         "third-party drafters too (`specdec plugins` lists them); peers: hf, hf-pld[:n=10], "
-        "hf-assisted:draft=M, mlx-lm, mlx-lm-draft:draft=M (docs: benchmarks/README.md)",
+        "hf-assisted:draft=M, mlx-lm, mlx-lm-draft:draft=M (docs/bench.md)",
     )
     bench.add_argument(
         "--backends",
