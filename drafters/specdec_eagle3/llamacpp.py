@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import json
 import shlex
+import struct
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -42,7 +43,7 @@ from specdec.errors import CorruptFileError, InvalidInputError, require
 from specdec.models.bundled import resolve_model
 from specdec.models.checkpoints import check_compatible
 from specdec.models.files import parse_json, read_json
-from specdec.models.gguf_header import check_gguf
+from specdec.models.gguf_header import check_gguf, gguf_architecture
 from specdec_eagle3.config import (
     Eagle3Config,
     check_weights,
@@ -420,14 +421,9 @@ def gguf_file(path) -> Path | None:
 
 def _architecture(file: Path) -> str | None:
     try:
-        gguf = _gguf()
-    except InvalidInputError:
-        return ARCH  # without the package, a GGUF file is read (and refused) as one of ours
-    try:
-        field = gguf.GGUFReader(str(file)).get_field("general.architecture")
-    except (ValueError, OSError):
+        return gguf_architecture(file)  # the header alone: no second parse of the vocabulary
+    except (ValueError, OSError, struct.error):
         return None
-    return None if field is None else str(field.contents())
 
 
 def detect_gguf(folder: Path, config: Mapping[str, Any]) -> bool:
