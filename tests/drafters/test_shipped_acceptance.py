@@ -12,9 +12,10 @@ steps, pinned in ROW_STEPS. On this project's 2-core x86-64 CPU (torch 2.13 CPU 
 are deterministic run to run, the same decoding the prompts in one batch or one at a time, and
 the same before and after the torch backend's exact-mode and attention changes. The drafters'
 next-root hidden state taken one node early (the node before the last accepted one, in
-``specdec.decode.loop``) costs ReDrafter 4 row steps (154 -> 158), Medusa 16 (165 -> 181) and EAGLE
-13 (129 -> 142). The bound is one row step either way (SLACK), under a third of the smallest of
-those slips; ReDrafter runs at W=4, L=3, where its slip is largest (at W=2, L=3 it is 2 steps),
+``specdec.decode.loop``) costs ReDrafter 8 row steps (154 -> 162; the head retrained on the
+target's own answers, measured with every step drafting; the head before it: 4), Medusa 16
+(165 -> 181) and EAGLE 13 (129 -> 142). The bound is one row step either way (SLACK), under a third
+of the smallest of those slips; ReDrafter runs at W=4, L=3 (at W=2, L=3 its slip is 9 steps),
 EAGLE at k=4, D=3, N=12 (where the slip was measured; the head retrained on the target's own
 answers, whose config defaults to a smaller tree, drafts within the same bound there). A
 change of the target's forwards or of a drafter that moves a count by more is a change to look at,
