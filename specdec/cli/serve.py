@@ -9,11 +9,8 @@ import sys
 from specdec.cli.common import add_speculation_arg
 from specdec.cli.options import DRAFTER_HELP, drafter_options
 from specdec.errors import InvalidInputError, require
-from specdec.generation.components import DRAFTING_OPTIONS, resolve_drafter
-from specdec.generation.loading import load_backend
-from specdec.plugins.registry import default_registry
 from specdec.serving import limits as bounds
-from specdec.serving.engine import Engine
+from specdec.serving.engine import Engine, engine_drafter
 from specdec.serving.limits import Limits, check_api_key, exposure_warning
 from specdec.slots import TREE_ROOM
 from specdec.tuning.exactness import describe as describe_exactness
@@ -259,11 +256,7 @@ def cmd_serve(args) -> int:
     api_key = api_key_of(args.api_key)
     drafter, options = drafter_options(args)
     # the drafter and its options checked before the start line: a refusal is the only line
-    backend = load_backend(args.backend, default_registry()).name
-    checked = {"verifier": "exact", **options}
-    for key in DRAFTING_OPTIONS:
-        checked.pop(key, None)
-    drafter = resolve_drafter(drafter, backend, checked)
+    drafter = engine_drafter(drafter, args.backend, options)[1]
     print(f"specdec: loading {args.model} and the drafter {args.drafter} ...", file=sys.stderr)
     engine = Engine(
         args.model,

@@ -117,10 +117,7 @@ class Engine:
             raise InvalidInputError(
                 f"capacity must be an integer >= 2 (positions per request), got {capacity!r}"
             )
-        backend = load_backend(backend, _registry(registry)).name
-        options = {"verifier": "exact", **options}  # it serves greedy and sampled requests alike
-        drafting = {k: options.pop(k) for k in DRAFTING_OPTIONS if k in options}
-        named = resolve_drafter(drafter, backend, options, _registry(registry))  # before loading
+        backend, named, options, drafting = engine_drafter(drafter, backend, options, registry)
 
         def build():
             if hasattr(model, "num_slots"):
@@ -477,6 +474,20 @@ class Engine:
             return False
         dispatch.step()
         return True
+
+
+def engine_drafter(drafter, backend, options: dict, registry=None):
+    """(backend name, resolved drafter, its options, the drafting options) as an Engine takes
+    them, checked before any model loads (``specdec serve`` checks a command line with it)."""
+    backend = load_backend(backend, _registry(registry)).name
+    options = {"verifier": "exact", **options}  # it serves greedy and sampled requests alike
+    drafting = {k: options.pop(k) for k in DRAFTING_OPTIONS if k in options}
+    return (
+        backend,
+        resolve_drafter(drafter, backend, options, _registry(registry)),
+        options,
+        drafting,
+    )
 
 
 def _registry(registry):
