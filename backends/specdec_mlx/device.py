@@ -6,7 +6,7 @@ from __future__ import annotations
 import mlx.core as mx
 
 from specdec.errors import InvalidInputError
-from specdec.tuning.dtype import cpu_description
+from specdec.tuning.machine import cpu_description
 
 __all__ = ["DEVICES", "DTYPES", "describe_device", "parse_dtype", "select_device"]
 

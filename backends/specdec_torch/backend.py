@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from specdec.tuning.dtype import cpu_flags
+from specdec.tuning.machine import cpu_flags
 from specdec_torch.device import check_device, default_device, describe_device
 from specdec_torch.loading import load_torch_target
 

@@ -7,7 +7,7 @@ import torch
 
 from specdec.errors import InvalidInputError
 from specdec.slots import machine_memory
-from specdec.tuning.dtype import cpu_description
+from specdec.tuning.machine import cpu_description
 
 __all__ = ["DEVICE_TYPES", "check_device", "default_device", "describe_device", "device_memory"]
 

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from specdec.tuning.dtype import cpu_description
+from specdec.tuning.machine import cpu_description
 
 __all__ = ["KERNEL_VARIABLE", "attention_kernel", "kernel_status"]
 

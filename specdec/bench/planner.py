@@ -15,7 +15,7 @@ listed last, flagged. With ``lookup`` (the default, as in ``generate``), every
 configuration also carries the prompt-lookup beam: it is recorded as the last beam of each step
 and counted, at its own length, beside the first W beams cut to L.
 
-``keep`` saves a recommendation in the user cache (``specdec.tuning.dtype``), where
+``keep`` saves a recommendation in the user cache (``specdec.tuning.plans``), where
 ``generate`` finds it when the caller names no beams, only when it can be trusted
 (``specdec.bench.trust``): measured on a quiet machine, a prediction no higher than the tokens
 per step it rests on, and, where it was checked by decoding, a measured speedup near it.
@@ -42,7 +42,7 @@ from specdec.generation.encoding import encode_prompts
 from specdec.generation.resolve import resolve
 from specdec.plugins.registry import default_registry
 from specdec.bench.trust import Measured, impossible, reasons_not_to_keep
-from specdec.tuning.dtype import save_drafter_plan
+from specdec.tuning.plans import save_drafter_plan
 
 
 @attrs.frozen(kw_only=True)

@@ -17,7 +17,7 @@ best so far (the checkpoint's own before an option is reached); then the prompt-
 riding along or not, where the drafter takes one. That is the sum of the candidate counts in
 runs, not their product: 15 runs for EAGLE-3's grid instead of 90. Every run names a setting,
 so a plan kept before does not stand in for the checkpoint's own. ``save`` keeps the best for
-``generate`` (``specdec.tuning.dtype.save_drafter_plan``), which uses it when the caller names
+``generate`` (``specdec.tuning.plans.save_drafter_plan``), which uses it when the caller names
 none of the settings.
 """
 
@@ -34,7 +34,7 @@ from specdec.generation.encoding import encode_prompts
 from specdec.generation.resolve import resolve
 from specdec.plugins.registry import default_registry
 from specdec.bench.trust import Measured, impossible, reasons_not_to_keep
-from specdec.tuning.dtype import save_drafter_plan
+from specdec.tuning.plans import save_drafter_plan
 
 __all__ = ["TreePlanRow", "plan_tree"]
 

@@ -3,7 +3,7 @@
 Timings taken while other work shared the cores have the wrong proportions, not only the wrong
 scale: a plain step slowed by a neighbour's burst and a drafting step timed in a quiet moment
 made the beam planner predict 6.5x at 1.25 tokens per step. The engine's cost curve already
-refuses such measurements (``specdec.tuning.dtype.machine_share``: the share of the machine's
+refuses such measurements (``specdec.tuning.machine.machine_share``: the share of the machine's
 cores the process computed on, measured again below ``QUIET_SHARE``); the planners, ``specdec
 bench`` and the demo use the same rule here:
 
@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import os
 
-from specdec.tuning.dtype import QUIET_SHARE, CpuClock
+from specdec.tuning.machine import QUIET_SHARE, CpuClock
 
 __all__ = ["FAR", "SLACK", "Measured", "busy_line", "far_from", "impossible", "reasons_not_to_keep"]
 

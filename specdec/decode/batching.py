@@ -1,6 +1,6 @@
 """Host-side pieces of a decode step over many requests (``specdec.decode.loop.Decoder``): joining
 the trees of several sampling groups into one forward and splitting its output back, the verdict
-that commits them together, and the bookkeeping of per-row results.
+that commits them together (the step's records: ``specdec.decode.step_results``).
 
 Requests that share sampling settings form a group: one draft, one tree, one verifier call.
 Every group's tree rides the same target forward: ``merge_trees`` pads their rows to the widest
@@ -30,7 +30,6 @@ from specdec.types import (
     DraftTree,
     PromptOutput,
     SamplingConfig,
-    StepResult,
     TargetOutput,
     Verdict,
 )
@@ -40,16 +39,11 @@ __all__ = [
     "commit_verdict",
     "drafted_counts",
     "Group",
-    "admissions",
     "cut_to_budgets",
     "cut_tree",
     "draw",
     "drafted_tokens",
-    "empty_step",
-    "full_batch",
     "group_output",
-    "join_admissions",
-    "join_steps",
     "last_position",
     "merge_trees",
     "merge_verdicts",
@@ -159,62 +153,6 @@ def commit_verdict(checked: Sequence[Checked], backend, target) -> Verdict:
         path=backend.from_numpy(merged.path, target),
         num_accepted=backend.from_numpy(merged.num_accepted, target),
         bonus_tokens=backend.from_numpy(merged.bonus_tokens, target),
-    )
-
-
-def empty_step(step: int) -> StepResult:
-    """A decode step whose every row failed (``Decoder.step`` with ``failures``)."""
-    zeros = np.zeros(0, dtype=np.int64)
-    return StepResult(
-        step=step,
-        requests=(),
-        new_tokens=[],
-        num_accepted=zeros,
-        num_drafted=zeros,
-        num_verified=zeros,
-    )
-
-
-def join_steps(step: int, parts: Sequence[StepResult]) -> StepResult:
-    """One StepResult of the rows of ``parts`` (decode steps of the same step) in order."""
-    if not parts:
-        return empty_step(step)
-    if len(parts) == 1:
-        return parts[0]
-    join = lambda name: np.concatenate([getattr(p, name) for p in parts])  # noqa: E731
-    return StepResult(
-        step=step,
-        requests=tuple(r for p in parts for r in p.requests),
-        new_tokens=[t for p in parts for t in p.new_tokens],
-        num_accepted=join("num_accepted"),
-        num_drafted=join("num_drafted"),
-        num_verified=join("num_verified"),
-        time_draft=sum(p.time_draft for p in parts),
-        time_verify=sum(p.time_verify for p in parts),
-        time_other=sum(p.time_other for p in parts),
-    )
-
-
-def full_batch(result: StepResult, batch_size: int) -> StepResult:
-    """``result`` with one row per request 0 .. batch_size - 1."""
-    rows = np.asarray(result.requests, dtype=np.int64)
-    tokens: list[list[int]] = [[] for _ in range(batch_size)]
-    for row, new in zip(rows, result.new_tokens):
-        tokens[row] = new
-
-    def spread(values, dtype=np.int64):
-        out = np.zeros(batch_size, dtype=dtype)
-        out[rows] = values
-        return out
-
-    return attrs.evolve(
-        result,
-        requests=tuple(range(batch_size)),
-        new_tokens=tokens,
-        num_accepted=spread(result.num_accepted),
-        num_drafted=spread(result.num_drafted),
-        num_verified=spread(result.num_verified),
-        prefilled=None if result.prefilled is None else spread(result.prefilled, bool),
     )
 
 
@@ -380,30 +318,6 @@ def step_tree(groups: list[Group], backend, target) -> tuple[DraftTree | None, n
         num_nodes=on_target(merged.num_nodes),
     )
     return tree, np.concatenate([g.slots for g in groups])
-
-
-def admissions(step: int, ids: list[int], tokens: list[list[int]], seconds: float) -> StepResult:
-    """The StepResult of requests whose prompts were prefilled: their first tokens."""
-    zeros = np.zeros(len(ids), dtype=np.int64)
-    return StepResult(
-        step=step,
-        requests=tuple(ids),
-        new_tokens=tokens,
-        num_accepted=zeros,
-        num_drafted=zeros,
-        num_verified=zeros + 1,
-        time_prefill=seconds,
-        prefilled=np.ones(len(ids), dtype=bool),
-    )
-
-
-def join_admissions(parts: list[StepResult]) -> StepResult:
-    return admissions(
-        parts[0].step,
-        [r for p in parts for r in p.requests],
-        [t for p in parts for t in p.new_tokens],
-        sum(p.time_prefill for p in parts),
-    )
 
 
 def last_position(output: PromptOutput) -> PromptOutput:

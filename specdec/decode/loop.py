@@ -33,13 +33,9 @@ from specdec.decode import lease
 from specdec.decode.batching import (
     Checked,
     Group,
-    admissions,
     commit_verdict,
     drafted_counts,
-    full_batch,
     group_output,
-    join_admissions,
-    join_steps,
     last_position,
     observe_accepted,
     step_tree,
@@ -51,6 +47,7 @@ from specdec.decode.plan import DecodePlan
 from specdec.decode.requests import Request, RequestState, check_fits_slots
 from specdec.decode.scheduler import Scheduler, check_prefill_setting
 from specdec.decode.slot_table import SlotTable
+from specdec.decode.step_results import admissions, full_batch, join_admissions, join_steps
 from specdec.reference.sampling import sample_from, target_probs
 from specdec.tuning.costs import step_costs
 from specdec.types import PromptOutput, StepResult

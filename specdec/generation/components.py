@@ -26,7 +26,7 @@ from specdec.models.files import damaged_checkpoint
 from specdec.plugins.on_host import HostTreeBuilder
 from specdec.plugins.registry import PluginRegistry, default_registry
 from specdec.slots import TREE_ROOM, lower_options
-from specdec.tuning.dtype import cached_drafter_plan
+from specdec.tuning.plans import cached_drafter_plan
 from specdec.tuning.guard import GUARD_NODES, guard_exact_mode
 
 
@@ -162,7 +162,7 @@ def planned_keys(drafter: Resolved) -> tuple[str, ...]:
 
 def planned_options(backend, target, drafter: Resolved, options: dict):
     """(``options``, the lookup choice) that ``specdec plan`` made for this drafter on this
-    machine (``specdec.tuning.dtype.cached_drafter_plan``), when the caller named none of its
+    machine (``specdec.tuning.plans.cached_drafter_plan``), when the caller named none of its
     settings: ``options`` with those settings, and whether the prompt-lookup beam rode along
     (measured together; ``lookup_by_default``'s ``planned``); else ``options`` and None."""
     keys = planned_keys(drafter)

@@ -9,7 +9,8 @@ import time
 
 from specdec.decode.loop import Decoder
 from specdec.decode.plan import DecodePlan
-from specdec.serving.handle import EngineMetrics, Handle
+from specdec.serving.handle import Handle
+from specdec.serving.metrics import EngineMetrics
 from specdec.types import StepResult
 
 __all__ = ["Dispatch"]

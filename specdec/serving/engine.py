@@ -43,10 +43,10 @@ from specdec.generation.loading import load, load_backend
 from specdec.plugins.registry import default_registry
 from specdec.serving.admission import RequestForm, check_stops
 from specdec.serving.dispatch import Dispatch
+from specdec.serving.metrics import EngineMetrics
 from specdec.serving.handle import (
     Completion,
     EngineClosedError,
-    EngineMetrics,
     Handle,
     QueueFullError,
     RequestFailedError,

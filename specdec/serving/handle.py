@@ -1,20 +1,18 @@
 """What a caller of ``specdec.Engine`` holds: a ``Handle`` per request (its tokens and text as
-steps accept them, ``Chunk`` by ``Chunk``, and its ``Completion``), and the engine's errors and
-metrics (``EngineMetrics``, ``Histogram``)."""
+steps accept them, ``Chunk`` by ``Chunk``, and its ``Completion``), and the engine's errors."""
 
 from __future__ import annotations
 
 import asyncio
-import math
 import threading
 import time
 from typing import AsyncIterator, Callable, Iterator, Sequence
 
 import attrs
-import numpy as np
 
 from specdec.errors import InvalidInputError, SpecdecError
-from specdec.decode.requests import FINISH_REASONS, Request
+from specdec.decode.requests import Request
+from specdec.serving.metrics import EngineMetrics
 from specdec.serving.text import IncrementalText, StopStrings
 
 
@@ -77,135 +75,6 @@ class Completion:
         decoding 1.0; the first token, from the prompt's forward, not counted; 0.0 before a
         step)."""
         return (self.steps + self.accepted_tokens) / self.steps if self.steps else 0.0
-
-
-class Histogram:
-    """Counts of observations per upper bound (cumulative on read), their sum and count."""
-
-    def __init__(self, buckets: Sequence[float]):
-        self.buckets = tuple(sorted(float(b) for b in buckets))
-        self.counts = [0] * (len(self.buckets) + 1)  # the last: above every bound
-        self.sum = 0.0
-        self.count = 0
-
-    def observe(self, value: float, times: int = 1) -> None:
-        index = next(
-            (i for i, bound in enumerate(self.buckets) if value <= bound), len(self.buckets)
-        )
-        self.counts[index] += times
-        self.sum += value * times
-        self.count += times
-
-    def cumulative(self) -> list[tuple[float, int]]:
-        """(upper bound, observations <= it) for every bound and +Inf."""
-        total, out = 0, []
-        for bound, count in zip(self.buckets + (math.inf,), self.counts):
-            total += count
-            out.append((bound, total))
-        return out
-
-
-LATENCY_BUCKETS = (
-    0.001,
-    0.0025,
-    0.005,
-    0.01,
-    0.025,
-    0.05,
-    0.075,
-    0.1,
-    0.15,
-    0.2,
-    0.3,
-    0.5,
-    0.75,
-    1.0,
-    2.5,
-    5.0,
-    10.0,
-    20.0,
-    40.0,
-    80.0,
-)
-
-
-class EngineMetrics:
-    """Counters and histograms of an engine, updated by its scheduler thread; read with
-    ``snapshot``."""
-
-    COUNTERS = {
-        "requests_submitted": "requests accepted by submit",
-        "requests_rejected": "requests refused because the queue was full",
-        "prompt_tokens": "prompt tokens admitted",
-        "generation_tokens": "tokens emitted",
-        "prefilled_prompts": "prompts whose prefill finished (their last chunk ran)",
-        "decode_steps": (
-            "steps that decoded (one target forward each, with the prompt chunks of that step)"
-        ),
-        "decode_row_steps": "request rows in decode steps",
-        "decode_tokens": "tokens emitted by decode steps (bonus tokens counted)",
-        "draft_tokens": "drafted tokens verified (distinct beams)",
-        "accepted_tokens": "drafted tokens accepted",
-        "draft_nodes": (
-            "drafted tree nodes verified (past the root, after each request's budget cut its tree)"
-        ),
-        "drafting_row_steps": "request rows in decode steps that drafted (a tree budget above 0)",
-        "plain_steps": "decode steps in which no request drafted",
-        "engine_resets": "steps that raised for no request in particular (every slot freed)",
-    }
-
-    def __init__(self):
-        self.lock = threading.Lock()
-        self.counters = dict.fromkeys(self.COUNTERS, 0)
-        self.finished = dict.fromkeys(FINISH_REASONS, 0)
-        self.histograms = {
-            "time_to_first_token_seconds": Histogram(LATENCY_BUCKETS),
-            "inter_token_latency_seconds": Histogram(LATENCY_BUCKETS),
-            "request_latency_seconds": Histogram(LATENCY_BUCKETS),
-            "queue_time_seconds": Histogram(LATENCY_BUCKETS),
-            "step_seconds": Histogram(LATENCY_BUCKETS),
-            "tokens_per_step": Histogram(tuple(range(1, 17))),
-            "draft_nodes_per_row_step": Histogram((0, 1, 2, 4, 8, 16, 32, 64)),
-        }
-        self.prefill_budget = 0  # prompt tokens the last step could carry
-
-    def account_step(self, result, prefill_budget) -> None:
-        """Count a decode step: its rows, drafts, acceptance and the budgets chosen."""
-        # drafted nodes each row verified
-        nodes = np.asarray(result.num_verified, dtype=np.int64) - 1
-        with self.lock:
-            counters = self.counters
-            counters["decode_steps"] += 1
-            counters["decode_row_steps"] += len(result.requests)
-            counters["draft_tokens"] += int(result.num_drafted.sum())
-            counters["accepted_tokens"] += int(result.num_accepted.sum())
-            counters["draft_nodes"] += int(nodes.sum())
-            counters["drafting_row_steps"] += int(np.count_nonzero(nodes))
-            counters["plain_steps"] += int(not nodes.any())
-            for count in nodes.tolist():
-                self.histograms["draft_nodes_per_row_step"].observe(count)
-            self.prefill_budget = prefill_budget if isinstance(prefill_budget, int) else 0
-
-    def add(self, name: str, value: int = 1) -> None:
-        with self.lock:
-            self.counters[name] += value
-
-    def observe(self, name: str, value: float, times: int = 1) -> None:
-        with self.lock:
-            self.histograms[name].observe(value, times)
-
-    def snapshot(self) -> dict:
-        """{"counters", "finished" (per finish reason), "prefill_budget", "histograms": {name:
-        (cumulative buckets, sum, count)}}."""
-        with self.lock:
-            return {
-                "counters": dict(self.counters),
-                "finished": dict(self.finished),
-                "prefill_budget": self.prefill_budget,
-                "histograms": {
-                    name: (h.cumulative(), h.sum, h.count) for name, h in self.histograms.items()
-                },
-            }
 
 
 class Handle:

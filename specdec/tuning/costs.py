@@ -12,7 +12,7 @@ reads its own slot of the cache and attends on its own, so 16 rows of one token 
 chain of 16 (on SmolLM2-135M on a 2-core CPU, 58 ms against 44), while the width a row adds
 costs what the chain's tokens cost (within 2 ms over 1-16 rows of 1-16 tokens). The curve is
 cached under ``<specdec cache>/tuning/`` beside the dtype choice
-(``specdec.tuning.dtype``), keyed by the backend and its device, the target's shape, dtype and
+(``specdec.tuning.store``), keyed by the backend and its device, the target's shape, dtype and
 exact mode, so a later start reads it instead of measuring (several seconds for SmolLM2-135M on
 a 2-core CPU, once; again, up to three times, where other work shared the cores:
 ``curve_for``).
@@ -40,15 +40,9 @@ import time
 import attrs
 import numpy as np
 
-from specdec.tuning.dtype import (
-    CpuClock,
-    _digest,
-    _read,
-    _tuning_dir,
-    _write,
-    chain_tree,
-    settled,
-)
+from specdec.tuning.dtype import chain_tree
+from specdec.tuning.machine import CpuClock
+from specdec.tuning.store import digest, read_entry, settled, tuning_dir, write_entry
 
 __all__ = ["CostCurve", "StepCosts", "curve_for", "measure_curve", "plain_share", "step_costs"]
 
@@ -332,7 +326,7 @@ def _cache_file(backend, target, free_slots: int):
         "rows": [r for r in ROWS if r <= free_slots],
         "row_widths": list(ROW_WIDTHS),
     }
-    return _tuning_dir() / f"costs-{backend.name}-{_digest(key)}.json"
+    return tuning_dir() / f"costs-{backend.name}-{digest(key)}.json"
 
 
 def measure_curve(backend, target, slots=(0,), *, repeats: int = REPEATS) -> CostCurve | None:
@@ -414,7 +408,7 @@ def curve_for(backend, target, slots=(0,)) -> CostCurve | None:
     online fits correct: it is measured again at later starts, up to three times in all, and the
     curve measured with the largest share of the cores is kept."""
     file = _cache_file(backend, target, len(slots))
-    cached = _read(file) or {}
+    cached = read_entry(file) or {}
     curve = CostCurve.from_json(cached) if cached else None
     if curve is not None and settled(cached):
         return curve
@@ -429,7 +423,7 @@ def curve_for(backend, target, slots=(0,)) -> CostCurve | None:
     new_share = clock.share
     if curve is None or new_share > share:
         curve, share = measured, new_share
-    _write(
+    write_entry(
         file,
         {
             **curve.to_json(),

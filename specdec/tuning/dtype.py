@@ -1,6 +1,6 @@
-"""Choices measured on the machine at hand: the fastest dtype of a target, and the beam plan.
+"""The fastest dtype of a target, measured on the machine at hand.
 
-**The dtype.** Which precision runs fastest depends on the machine, not on the model: on a CPU
+Which precision runs fastest depends on the machine, not on the model: on a CPU
 with bfloat16 matrix instructions (AVX-512 BF16, AMX) bfloat16 halves the bytes a decode step
 reads and runs a small tree almost for free; on a CPU with only AVX2 the same bfloat16 kernels
 run several times slower than float32. So ``dtype=None`` is not a fixed default: the first time
@@ -15,14 +15,10 @@ the fastest and caches the choice under ``<specdec cache>/tuning/``, keyed by
 The weights' values do not change the speed, so two models of one shape share a measurement and
 no fingerprint of the weights is computed. Later loads read the cache and load once.
 
-**The drafter's plan.** ``specdec plan`` measures which settings decode fastest for a drafter on
-this machine (a beam drafter's width and length, a tree drafter's tree, and whether the
-prompt-lookup beam rides along); ``save_drafter_plan`` keeps its recommendation and ``generate``
-uses it when the caller names none of those settings (``cached_drafter_plan``).
-
-Everything here is a speed choice, never a correctness one: a stale or deleted cache file only
-costs a measurement. A measurement taken while other work shared the cores (``machine_share``)
-is taken again at later starts, ``MEASURES`` times in all at most, and the quietest decides.
+The choice is kept in the tuning cache (``specdec.tuning.store``: a stale or deleted file only
+costs a measurement); one taken while other work shared the cores
+(``specdec.tuning.machine.machine_share``) is taken again at later starts, three times in all at
+most, and the quietest decides.
 ``specdec tune`` re-measures and prints the table; ``$SPECDEC_DTYPE``
 (e.g. ``float32``) names the dtype to use instead of measuring, for runs that must not depend
 on timing.
@@ -30,11 +26,7 @@ on timing.
 
 from __future__ import annotations
 
-import functools
-import hashlib
-import json
 import os
-import platform
 import time
 from pathlib import Path
 from typing import Any, Sequence
@@ -42,26 +34,23 @@ from typing import Any, Sequence
 import attrs
 import numpy as np
 
-from specdec.models.cache import cache_dir, cache_entry
-from specdec.models.checkpoints import write_json_atomic
 from specdec.models.files import read_json
 from specdec.reference.tree import build_prefix_tree
 from specdec.slots import on_target
+from specdec.tuning.machine import CpuClock, cpu_description, cpu_flags
+from specdec.tuning.store import digest, read_entry, settled, tuning_dir, write_entry
 from specdec.types import DraftTree
 
 __all__ = [
-    "CpuClock",
     "DtypeChoice",
     "architecture_key",
-    "cached_drafter_plan",
-    "cpu_description",
+    "chain_tree",
+    "cpu_description",  # specdec.tuning.machine's, importable here as before
     "cpu_flags",
     "dtype_cache_file",
+    "dtype_name",
     "load_fastest",
-    "machine_share",
     "measure_forward",
-    "save_drafter_plan",
-    "settled",
 ]
 
 DTYPE_VARIABLE = "SPECDEC_DTYPE"  # when set (e.g. float32), the dtype used instead of measuring
@@ -69,10 +58,6 @@ TREE_SIZES = (1, 8)  # a one-token decode step and a typical verification tree
 PROMPT_TOKENS = 64
 REPEATS = 5
 CACHE_VERSION = 1
-# a measurement whose process got less of the cores' time than this shared them with other work
-# (``machine_share``), and is taken again at later starts, this many times in all at most
-QUIET_SHARE = 0.85
-MEASURES = 3
 SHAPE_FIELDS = (
     "model_type",
     "hidden_size",
@@ -117,38 +102,6 @@ class DtypeChoice:
         )
 
 
-@functools.lru_cache(maxsize=1)
-def _cpuinfo() -> tuple[str, frozenset]:
-    """(model name, instruction-set flags) of the CPU, from /proc/cpuinfo where there is one."""
-    model, flags = "", frozenset()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            key = key.strip()
-            if key in ("model name", "Model", "cpu model") and not model:
-                model = value.strip()
-            elif key in ("flags", "Features") and not flags:
-                flags = frozenset(value.split())
-    except OSError:
-        pass
-    return model or platform.processor() or platform.machine(), flags
-
-
-def cpu_flags() -> frozenset:
-    """The CPU's instruction-set flags (empty where the system does not list them)."""
-    return _cpuinfo()[1]
-
-
-def cpu_description() -> str:
-    """The CPU's model name and a digest of its flags: two machines with the same name but other
-    instruction sets (AVX-512 BF16 or only AVX2) are told apart."""
-    model, flags = _cpuinfo()
-    digest = (
-        hashlib.sha256(" ".join(sorted(flags)).encode()).hexdigest()[:12] if flags else "no flags"
-    )
-    return f"{model} [flags {digest}]"
-
-
 def architecture_key(source: Any) -> dict | None:
     """The shape fields of a model folder's config.json, or None for anything else (a model object
     or a loaded target, whose dtype is the caller's)."""
@@ -167,14 +120,6 @@ def architecture_key(source: Any) -> dict | None:
     return {field: text.get(field) for field in SHAPE_FIELDS}
 
 
-def _digest(value: Any) -> str:
-    return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:20]
-
-
-def _tuning_dir() -> Path:
-    return cache_dir() / "tuning"
-
-
 def dtype_cache_file(backend, device: str | None, architecture: dict) -> Path:
     """Where the dtype choice of this backend, device and model shape is kept."""
     key = {
@@ -183,24 +128,7 @@ def dtype_cache_file(backend, device: str | None, architecture: dict) -> Path:
         "device": backend.describe_device(device),
         "architecture": architecture,
     }
-    return _tuning_dir() / f"dtype-{backend.name}-{_digest(key)}.json"
-
-
-def _read(file: Path) -> dict | None:
-    try:
-        return read_json(file, what="tuning cache file")
-    except (OSError, ValueError):  # CorruptFileError included
-        return None  # absent or damaged: measure again
-
-
-def _write(file: Path, value: dict) -> None:
-    try:
-        if file.parent == _tuning_dir():
-            cache_entry("tuning")
-        file.parent.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(file, value)
-    except OSError:
-        pass  # a read-only cache only costs a measurement next time
+    return tuning_dir() / f"dtype-{backend.name}-{digest(key)}.json"
 
 
 def chain_tree(backend, target, rows: int, width: int) -> DraftTree:
@@ -261,11 +189,9 @@ def load_fastest(backend, source, *, device: str | None = None, remeasure: bool 
             device=device,
             **slots,
         )
-        return target, DtypeChoice(
-            dtype=_dtype_name(target, candidates[0]), source="only candidate"
-        )
+        return target, DtypeChoice(dtype=dtype_name(target, candidates[0]), source="only candidate")
     file = dtype_cache_file(backend, device, architecture)
-    cached = None if remeasure else _read(file)
+    cached = None if remeasure else read_entry(file)
     busy = bool(cached) and not settled(cached)  # taken beside other work: measured again
     if cached and cached.get("dtype") in candidates and not busy:
         target = backend.load_target(source, dtype=cached["dtype"], device=device, **slots)
@@ -295,7 +221,7 @@ def load_fastest(backend, source, *, device: str | None = None, remeasure: bool 
                 del target, best
                 target = backend.load_target(source, dtype=dtype, device=device, **slots)
     described = backend.describe_device(device)
-    _write(
+    write_entry(
         file,
         {
             "dtype": dtype,
@@ -311,111 +237,6 @@ def load_fastest(backend, source, *, device: str | None = None, remeasure: bool 
     return target, DtypeChoice(dtype=dtype, source="measured", timings=timings, device=described)
 
 
-def machine_share(wall: float, cpu: float) -> float:
-    """The share of this machine's cores the process computed on over ``wall`` seconds in which it
-    used ``cpu`` seconds of CPU time: about 1 where a measurement had the cores to itself (0.99
-    for SmolLM2-135M's forwards on 2 cores), 0.63 beside one busy process, 0.50 beside two. A
-    measurement below ``QUIET_SHARE`` shared the cores with other work: its timings have the
-    wrong proportions, not only the wrong scale. (A device whose work is not CPU time, a GPU,
-    reads as busy and is measured ``MEASURES`` times, once.)"""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cores = os.cpu_count() or 1
-    return cpu / max(wall * cores, 1e-9)
-
-
-def settled(cached: dict) -> bool:
-    """Whether a cached measurement stands: its process had the cores (a share of at least
-    ``QUIET_SHARE``; a file from before shares were recorded counts as quiet), or it has been
-    taken ``MEASURES`` times already."""
-    return (
-        float(cached.get("share", 1.0)) >= QUIET_SHARE or int(cached.get("measures", 1)) >= MEASURES
-    )
-
-
-class CpuClock:
-    """The wall and CPU seconds of the process inside ``with clock:`` blocks, and the share of
-    the machine's cores they amount to (``machine_share``)."""
-
-    def __init__(self):
-        self.wall = self.cpu = 0.0
-
-    def __enter__(self) -> "CpuClock":
-        self._start = (time.perf_counter(), time.process_time())
-        return self
-
-    def __exit__(self, *exc) -> None:
-        wall, cpu = self._start
-        self.wall += time.perf_counter() - wall
-        self.cpu += time.process_time() - cpu
-
-    @property
-    def share(self) -> float:
-        return machine_share(self.wall, self.cpu)
-
-
-def _dtype_name(target, fallback: str) -> str:
+def dtype_name(target, fallback: str) -> str:
     dtype = getattr(target, "dtype", None)
     return str(dtype).rpartition(".")[2] if dtype is not None else fallback
-
-
-# ------------------------------------------------------------------------------------------
-# Drafter plans
-
-
-def _plan_file(backend, target, drafter: str) -> Path:
-    key = {
-        "version": CACHE_VERSION,
-        "backend": backend.name,
-        "device": backend.describe_device(getattr(target, "device", None))
-        if hasattr(backend, "describe_device")
-        else "",
-        "dtype": _dtype_name(target, ""),
-        "target": getattr(target, "name", ""),
-        "drafter": _drafter_identity(drafter),
-    }
-    return _tuning_dir() / f"plan-{backend.name}-{_digest(key)}.json"
-
-
-def _drafter_identity(drafter: str) -> str:
-    """A drafter name as given, or a checkpoint folder with its weights' size and time (so a
-    retrained checkpoint in the same folder is planned again)."""
-    folder = Path(drafter)
-    if folder.is_dir():
-        weights = folder / "model.safetensors"
-        stat = weights.stat() if weights.is_file() else None
-        return f"{folder.resolve()}:{stat.st_size if stat else 0}:{stat.st_mtime_ns if stat else 0}"
-    return str(drafter)
-
-
-def save_drafter_plan(backend, target, drafter: str, *, options: dict, details: dict) -> Path:
-    """Keep ``specdec plan``'s recommendation (``options``: the drafter's settings, each an int;
-    ``details["lookup"]``: whether the prompt-lookup beam rides along) for this backend, device,
-    dtype, target and drafter."""
-    file = _plan_file(backend, target, drafter)
-    _write(
-        file,
-        {
-            "options": {str(k): int(v) for k, v in options.items()},
-            **details,
-            "planned_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
-        },
-    )
-    return file
-
-
-def cached_drafter_plan(backend, target, drafter) -> dict | None:
-    """{"options": {name: int >= 1}, "lookup": bool or absent, ...} planned for this setting, or
-    None (none kept, or a file that is not a whole plan)."""
-    if not isinstance(drafter, (str, Path)):
-        return None
-    plan = _read(_plan_file(backend, target, str(drafter)))
-    options = plan.get("options") if plan else None
-    if not isinstance(options, dict) or not all(
-        isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in options.values()
-    ):
-        return None
-    if "lookup" in plan and not isinstance(plan["lookup"], bool):
-        return None
-    return plan

@@ -558,7 +558,7 @@ def test_a_curve_measured_beside_other_work_is_measured_again_and_the_quietest_k
     tmp_path, monkeypatch
 ):
     from specdec.tuning import costs
-    from specdec.tuning import dtype as tuning
+    from specdec.tuning import machine
 
     monkeypatch.setattr(costs, "_cache_file", lambda *args: tmp_path / "costs.json")
     made = iter(
@@ -566,14 +566,14 @@ def test_a_curve_measured_beside_other_work_is_measured_again_and_the_quietest_k
     )
     shares = iter([0.5, 0.7, 0.6, 0.99])
     monkeypatch.setattr(costs, "measure_curve", lambda *args, **kwargs: next(made))
-    monkeypatch.setattr(tuning, "machine_share", lambda wall, cpu: next(shares))
+    monkeypatch.setattr(machine, "machine_share", lambda wall, cpu: next(shares))
     first = [costs.curve_for(None, None).seconds[0] for _ in range(4)]
     # measured at a share of 0.5, again (0.7: kept), again (0.6: not kept), then read: three in all
     assert first == [0.03, 0.02, 0.02, 0.02]
     assert next(made).seconds[0] == 0.01  # the fourth was never measured
 
     (tmp_path / "costs.json").unlink()
-    monkeypatch.setattr(tuning, "machine_share", lambda wall, cpu: 0.95)
+    monkeypatch.setattr(machine, "machine_share", lambda wall, cpu: 0.95)
     made = iter([costs.CostCurve(tokens=(1, 2), seconds=(s, 2 * s)) for s in (0.04, 0.05)])
     assert [costs.curve_for(None, None).seconds[0] for _ in range(3)] == [0.04] * 3  # quiet: read
 

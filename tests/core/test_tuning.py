@@ -1,4 +1,4 @@
-"""Measured choices (``specdec.tuning.dtype``): the fastest dtype, cached per machine and model
+"""Measured choices (``specdec.tuning``): the fastest dtype, cached per machine and model
 shape; the beam plan of ``specdec plan`` used by ``generate``; the prompt-lookup beam by default.
 
 A fake backend over the numpy reference offers two "dtypes", one of which sleeps in every
@@ -16,6 +16,7 @@ import pytest
 
 import specdec
 from specdec.tuning import dtype as tuning
+from specdec.tuning import machine, plans
 from specdec.generation.api import prepare
 from specdec.generation.loading import load_with_choice
 from specdec.plugins.hookspecs import hookimpl
@@ -69,7 +70,7 @@ def cache(tmp_path, monkeypatch):
         "SPECDEC_DTYPE", raising=False
     )  # measured here (conftest pins it for other tests)
     # the slow dtype sleeps, which would read as a machine shared with other work
-    monkeypatch.setattr(tuning, "machine_share", lambda wall, cpu: 1.0)
+    monkeypatch.setattr(machine, "machine_share", lambda wall, cpu: 1.0)
     return tmp_path / "cache"
 
 
@@ -140,7 +141,7 @@ def test_a_choice_measured_beside_other_work_is_measured_again_and_the_quietest_
     )  # per dtype, in candidate order ("slow", "fast")
     monkeypatch.setattr(tuning, "measure_forward", lambda backend, target: next(measured))
     shares = iter([0.5, 0.4, 0.7])
-    monkeypatch.setattr(tuning, "machine_share", lambda wall, cpu: next(shares))
+    monkeypatch.setattr(machine, "machine_share", lambda wall, cpu: next(shares))
     backend = TwoDtypeBackend()
     chosen = []
     for _ in range(4):
@@ -214,7 +215,9 @@ def test_the_torch_backend_offers_float32_and_bfloat16_on_the_cpu():
     backend = TorchBackend()
     assert {"float32", "bfloat16"} <= set(backend.dtype_candidates("cpu"))
     described = backend.describe_device("cpu")
-    assert "threads" in described and "torch" in described and tuning.cpu_description() in described
+    assert (
+        "threads" in described and "torch" in described and machine.cpu_description() in described
+    )
 
 
 @pytest.fixture(scope="module")
@@ -244,7 +247,7 @@ def _drafter_of(target, drafter, **options):
 
 def test_a_saved_beam_plan_is_used_when_no_beams_are_given(target, model_dir, redrafter, cache):
     default = _drafter_of(target, redrafter).inner
-    tuning.save_drafter_plan(
+    plans.save_drafter_plan(
         NumpyBackend(),
         target,
         str(redrafter),

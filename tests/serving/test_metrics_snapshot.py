@@ -8,7 +8,7 @@ import math
 import re
 from pathlib import Path
 
-from specdec.serving.handle import EngineMetrics
+from specdec.serving.metrics import EngineMetrics
 
 ROOT = Path(__file__).resolve().parents[2]
 SECTION = "### The metrics snapshot"

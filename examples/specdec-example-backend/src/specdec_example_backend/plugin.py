@@ -42,7 +42,7 @@ class Numpy32Backend:
         return ("float32",)
 
     def describe_device(self, device=None):
-        from specdec.tuning.dtype import cpu_description
+        from specdec.tuning.machine import cpu_description
 
         return f"cpu {cpu_description()}, numpy {np.__version__}"
 

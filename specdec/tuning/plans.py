@@ -1,0 +1,77 @@
+"""The drafter's plan: ``specdec plan`` measures which settings decode fastest for a drafter on
+this machine (a beam drafter's width and length, a tree drafter's tree, and whether the
+prompt-lookup beam rides along); ``save_drafter_plan`` keeps its recommendation in the tuning cache
+(``specdec.tuning.store``) and ``generate`` uses it when the caller names none of those settings
+(``cached_drafter_plan``). Plans are keyed by the backend and its device, the target's dtype and
+name, and the drafter (a checkpoint folder by its weights' size and time, so a retrained
+checkpoint in the same folder is planned again).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from specdec.tuning.dtype import dtype_name
+from specdec.tuning.store import digest, read_entry, tuning_dir, write_entry
+
+__all__ = ["cached_drafter_plan", "save_drafter_plan"]
+
+CACHE_VERSION = 1
+
+
+def _plan_file(backend, target, drafter: str) -> Path:
+    key = {
+        "version": CACHE_VERSION,
+        "backend": backend.name,
+        "device": backend.describe_device(getattr(target, "device", None))
+        if hasattr(backend, "describe_device")
+        else "",
+        "dtype": dtype_name(target, ""),
+        "target": getattr(target, "name", ""),
+        "drafter": _drafter_identity(drafter),
+    }
+    return tuning_dir() / f"plan-{backend.name}-{digest(key)}.json"
+
+
+def _drafter_identity(drafter: str) -> str:
+    """A drafter name as given, or a checkpoint folder with its weights' size and time (so a
+    retrained checkpoint in the same folder is planned again)."""
+    folder = Path(drafter)
+    if folder.is_dir():
+        weights = folder / "model.safetensors"
+        stat = weights.stat() if weights.is_file() else None
+        return f"{folder.resolve()}:{stat.st_size if stat else 0}:{stat.st_mtime_ns if stat else 0}"
+    return str(drafter)
+
+
+def save_drafter_plan(backend, target, drafter: str, *, options: dict, details: dict) -> Path:
+    """Keep ``specdec plan``'s recommendation (``options``: the drafter's settings, each an int;
+    ``details["lookup"]``: whether the prompt-lookup beam rides along) for this backend, device,
+    dtype, target and drafter."""
+    file = _plan_file(backend, target, drafter)
+    write_entry(
+        file,
+        {
+            "options": {str(k): int(v) for k, v in options.items()},
+            **details,
+            "planned_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        },
+    )
+    return file
+
+
+def cached_drafter_plan(backend, target, drafter) -> dict | None:
+    """{"options": {name: int >= 1}, "lookup": bool or absent, ...} planned for this setting, or
+    None (none kept, or a file that is not a whole plan)."""
+    if not isinstance(drafter, (str, Path)):
+        return None
+    plan = read_entry(_plan_file(backend, target, str(drafter)))
+    options = plan.get("options") if plan else None
+    if not isinstance(options, dict) or not all(
+        isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in options.values()
+    ):
+        return None
+    if "lookup" in plan and not isinstance(plan["lookup"], bool):
+        return None
+    return plan
