@@ -17,8 +17,8 @@ from specdec.models.llama import LlamaConfig
 from specdec.plugins.export import detect_layout
 
 from specdec_eagle3.config import Eagle3Config, check_weights, default_hidden_layers
-from specdec_eagle3.export import read_specforge, read_speculators
-from specdec_eagle3.llamacpp import read_gguf
+from specdec_eagle3.export_read import read_specforge, read_speculators
+from specdec_eagle3.llamacpp_read import read_gguf
 
 __all__ = [
     "config_for_target",

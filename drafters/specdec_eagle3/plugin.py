@@ -108,25 +108,25 @@ LAYOUTS = (
     Layout(
         name="specforge",
         aliases=("sglang", "tensorrt-llm", "trtllm"),
-        detect=lazy_call("specdec_eagle3.export", "detect_specforge"),
-        read=lazy_call("specdec_eagle3.export", "read_specforge"),
+        detect=lazy_call("specdec_eagle3.export_read", "detect_specforge"),
+        read=lazy_call("specdec_eagle3.export_read", "read_specforge"),
         write=lazy_call("specdec_eagle3.export", "write_specforge"),
         takes_model=True,  # optional: names the target in the printed sglang command
     ),
     Layout(
         name="speculators",
         aliases=("vllm",),
-        detect=lazy_call("specdec_eagle3.export", "detect_speculators"),
-        read=lazy_call("specdec_eagle3.export", "read_speculators"),
+        detect=lazy_call("specdec_eagle3.export_read", "detect_speculators"),
+        read=lazy_call("specdec_eagle3.export_read", "read_speculators"),
         write=lazy_call("specdec_eagle3.export", "write_speculators"),
         takes_model=True,  # optional: names the target in verifier.name_or_path
     ),
     Layout(
         name="gguf",
         aliases=("llama.cpp", "llamacpp"),
-        detect=lazy_call("specdec_eagle3.llamacpp", "detect_gguf"),
-        read=lazy_call("specdec_eagle3.llamacpp", "read_gguf"),
-        write=lazy_call("specdec_eagle3.llamacpp", "write_gguf"),
+        detect=lazy_call("specdec_eagle3.llamacpp_read", "detect_gguf"),
+        read=lazy_call("specdec_eagle3.llamacpp_read", "read_gguf"),
+        write=lazy_call("specdec_eagle3.llamacpp_write", "write_gguf"),
         takes_model=True,
         dtypes=("float32", "float16", "bfloat16"),
     ),

@@ -20,7 +20,8 @@ from specdec.plugins.export import detect_layout, export, import_drafter
 from specdec.testing import make_random_model
 from specdec_eagle3.checkpoint import load_eagle3_checkpoint, make_random_eagle3
 from specdec_eagle3.config import default_hidden_layers
-from specdec_eagle3.llamacpp import default_extract_layers, read_gguf
+from specdec_eagle3.llamacpp import default_extract_layers
+from specdec_eagle3.llamacpp_read import read_gguf
 
 gguf = pytest.importorskip("gguf", reason="llama.cpp's GGUF needs the 'hf' extra")
 
@@ -196,11 +197,11 @@ def test_an_upstream_gguf_loads_and_decodes_losslessly(tmp_path, deep_model):
 def test_a_gguf_drafter_is_detected_once_per_version_of_the_file(tmp_path, deep_model, monkeypatch):
     """generate checks the path, resolves the drafter and loads it: one header read, not three;
     a file written again is read again."""
-    import specdec_eagle3.llamacpp as llamacpp
+    import specdec_eagle3.llamacpp_read as llamacpp_read
 
     file = write_upstream_gguf(tmp_path / "eagle3.gguf")
-    reads, real = [], llamacpp._architecture
-    monkeypatch.setattr(llamacpp, "_architecture", lambda f: reads.append(f) or real(f))
+    reads, real = [], llamacpp_read._architecture
+    monkeypatch.setattr(llamacpp_read, "_architecture", lambda f: reads.append(f) or real(f))
     for _ in range(2):
         specdec.generate(
             deep_model, PROMPTS[0], drafter=str(file), backend="numpy", max_new_tokens=2
