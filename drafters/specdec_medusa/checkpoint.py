@@ -12,7 +12,7 @@ from specdec.models.checkpoints import read_checkpoint, read_target_config, save
 from specdec.plugins.export import detect_layout
 
 from specdec_medusa.config import MedusaConfig
-from specdec_medusa.export import read_fasterdecoding, read_vllm
+from specdec_medusa.export_read import read_fasterdecoding, read_vllm
 from specdec_medusa.reference import check_weights, init_random_weights
 
 
@@ -27,7 +27,7 @@ def save_medusa(
 
 def load_medusa_checkpoint(path: str | Path) -> tuple[MedusaConfig, dict[str, np.ndarray]]:
     """Read a folder written by ``save_medusa``, or one in FasterDecoding's or vLLM's layout
-    (``specdec_medusa.export``). -> (config, weights as float64 arrays)."""
+    (``specdec_medusa.export_read``). -> (config, weights as float64 arrays)."""
     layout = detect_layout(path)
     if layout in (("medusa", "fasterdecoding"), ("medusa", "vllm")):
         config, weights, _ = (read_fasterdecoding if layout[1] == "fasterdecoding" else read_vllm)(

@@ -64,14 +64,14 @@ LAYOUTS = (
     Layout(
         name="fasterdecoding",
         aliases=("tensorrt-llm", "trtllm"),
-        detect=lazy_call("specdec_medusa.export", "detect_fasterdecoding"),
-        read=lazy_call("specdec_medusa.export", "read_fasterdecoding"),
+        detect=lazy_call("specdec_medusa.export_read", "detect_fasterdecoding"),
+        read=lazy_call("specdec_medusa.export_read", "read_fasterdecoding"),
         write=lazy_call("specdec_medusa.export", "write_fasterdecoding"),
     ),
     Layout(
         name="vllm",
-        detect=lazy_call("specdec_medusa.export", "detect_vllm"),
-        read=lazy_call("specdec_medusa.export", "read_vllm"),
+        detect=lazy_call("specdec_medusa.export_read", "detect_vllm"),
+        read=lazy_call("specdec_medusa.export_read", "read_vllm"),
         write=lazy_call("specdec_medusa.export", "write_vllm"),
     ),
 )
