@@ -403,7 +403,7 @@ def curve_for(backend, target, slots=(0,)) -> CostCurve | None:
     measured now in the free ``slots`` (and cached); None when it cannot be measured (no
     positions, or the forward raised).
 
-    A measurement taken while other work shared the cores (``specdec.tuning.dtype.settled``: a
+    A measurement taken while other work shared the cores (``specdec.tuning.store.settled``: a
     first start beside a build, say) has the wrong shape, not only the wrong scale, which the
     online fits correct: it is measured again at later starts, up to three times in all, and the
     curve measured with the largest share of the cores is kept."""
