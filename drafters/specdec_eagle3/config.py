@@ -229,9 +229,14 @@ def resolve_layers(config: Eagle3Config, num_layers: int) -> Eagle3Config:
     (the default three when it names none)."""
     layers = config.hidden_layers or default_hidden_layers(num_layers)
     if max(layers) >= num_layers:
+        plus_one = [int(i) + 1 for i in layers]
         raise InvalidInputError(
-            f"this EAGLE-3 drafter fuses target layers {list(layers)}, but the target has "
-            f"{num_layers} decoder layers; use a drafter trained for this target"
+            f"this EAGLE-3 drafter fuses target layers {list(layers)} (0-based output-of-layer "
+            f"ids; a speculators config.json writes them as eagle_aux_hidden_state_layer_ids "
+            f"{plus_one}, llama.cpp's GGUF as eagle3.extract_layers {plus_one}, SpecForge's "
+            f"config as eagle_config.eagle_aux_hidden_state_layer_ids {list(layers)}), but the "
+            f"target has {num_layers} decoder layers (ids 0-{num_layers - 1}); use a drafter "
+            "trained for this target"
         )
     return attrs.evolve(config, hidden_layers=layers)
 

@@ -208,7 +208,7 @@ def _layout(spec, name: str):
         f"{layout.name}" + (f" ({'/'.join(layout.aliases)})" if layout.aliases else "")
         for layout in spec.layouts
     )
-    raise InvalidInputError(f"a {spec.name} drafter exports to {names}, not {name!r}")
+    raise InvalidInputError(f"the {spec.name} drafter exports to {names}, not {name!r}")
 
 
 def _resolve_drafter(drafter, model) -> Path:

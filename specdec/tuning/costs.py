@@ -42,7 +42,14 @@ import numpy as np
 
 from specdec.tuning.dtype import chain_tree
 from specdec.tuning.machine import CpuClock
-from specdec.tuning.store import digest, read_entry, settled, tuning_dir, write_entry
+from specdec.tuning.store import (
+    digest,
+    read_entry,
+    say_measuring,
+    settled,
+    tuning_dir,
+    write_entry,
+)
 
 __all__ = ["CostCurve", "StepCosts", "curve_for", "measure_curve", "plain_share", "step_costs"]
 
@@ -410,9 +417,10 @@ def curve_for(backend, target, slots=(0,)) -> CostCurve | None:
     file = _cache_file(backend, target, len(slots))
     cached = read_entry(file) or {}
     curve = CostCurve.from_json(cached) if cached else None
-    if curve is not None and settled(cached):
+    if curve is not None and settled(cached, file):
         return curve
     share, measures = float(cached.get("share", 1.0)), int(cached.get("measures", 1))
+    say_measuring(f"what a step of {getattr(target, 'name', None) or 'this model'} costs")
     try:
         with CpuClock() as clock:
             measured = measure_curve(backend, target, slots)

@@ -38,7 +38,14 @@ from specdec.models.files import read_json
 from specdec.reference.tree import build_prefix_tree
 from specdec.slots import on_target
 from specdec.tuning.machine import CpuClock, cpu_description, cpu_flags
-from specdec.tuning.store import digest, read_entry, settled, tuning_dir, write_entry
+from specdec.tuning.store import (
+    digest,
+    read_entry,
+    say_measuring,
+    settled,
+    tuning_dir,
+    write_entry,
+)
 from specdec.types import DraftTree
 
 __all__ = [
@@ -192,7 +199,7 @@ def load_fastest(backend, source, *, device: str | None = None, remeasure: bool 
         return target, DtypeChoice(dtype=dtype_name(target, candidates[0]), source="only candidate")
     file = dtype_cache_file(backend, device, architecture)
     cached = None if remeasure else read_entry(file)
-    busy = bool(cached) and not settled(cached)  # taken beside other work: measured again
+    busy = bool(cached) and not settled(cached, file)  # taken beside other work: again
     if cached and cached.get("dtype") in candidates and not busy:
         target = backend.load_target(source, dtype=cached["dtype"], device=device, **slots)
         return target, DtypeChoice(
@@ -201,6 +208,7 @@ def load_fastest(backend, source, *, device: str | None = None, remeasure: bool 
             timings=cached.get("timings", {}),
             device=cached.get("device", ""),
         )
+    say_measuring(f"which of {', '.join(candidates)} runs {Path(str(source)).name} fastest")
     best, best_score, timings, clock = None, float("inf"), {}, CpuClock()
     if slots.get("capacity") is not None:  # room for the measurement's prompt and trees
         slots = {**slots, "capacity": max(int(slots["capacity"]), PROMPT_TOKENS + max(TREE_SIZES))}

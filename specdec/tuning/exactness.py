@@ -24,8 +24,6 @@ outcome.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import re
 import time
 import warnings
@@ -35,8 +33,7 @@ from typing import Any, Callable
 import attrs
 
 from specdec.errors import InvalidInputError
-from specdec.models.cache import cache_dir, cache_entry
-from specdec.models.checkpoints import write_json_atomic
+from specdec.tuning.store import digest, read_entry, say_measuring, tuning_dir, write_entry
 
 __all__ = [
     "Exactness",
@@ -88,22 +85,16 @@ def check_exact_option(exact: Any) -> bool | None:
 
 
 def _check_file(key: dict) -> Path:
-    digest = hashlib.sha256(
-        json.dumps({"version": CHECK_VERSION, **key}, sort_keys=True, default=str).encode()
-    )
-    return (
-        cache_dir()
-        / "tuning"
-        / f"exact-{key.get('backend', 'target')}-{digest.hexdigest()[:20]}.json"
-    )
+    name = f"exact-{key.get('backend', 'target')}-{digest({'version': CHECK_VERSION, **key})}.json"
+    return tuning_dir() / name
 
 
 def cached_check(key: dict, run: Callable[[], InvarianceCheck]) -> InvarianceCheck:
     """``run()``'s result for ``key`` (backend, device, dtype, shapes, software: what the kernels'
     rounding depends on), measured once and kept beside the dtype choice in the tuning cache."""
     file = _check_file(key)
+    saved = read_entry(file)
     try:
-        saved = json.loads(file.read_text())
         return InvarianceCheck(
             holds=bool(saved["holds"]),
             failed=saved.get("failed"),
@@ -111,17 +102,13 @@ def cached_check(key: dict, run: Callable[[], InvarianceCheck]) -> InvarianceChe
             source="cached",
             row_block=saved.get("row_block"),
         )
-    except (OSError, ValueError, KeyError, TypeError):
+    except (KeyError, TypeError, ValueError):
         pass  # absent or damaged: measure
+    say_measuring("whether exact mode holds")
     check = run()
-    try:
-        cache_entry("tuning")
-        write_json_atomic(
-            file,
-            {**attrs.asdict(check), "key": key, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S")},
-        )
-    except OSError:
-        pass  # a read-only cache only costs a check next time
+    write_entry(
+        file, {**attrs.asdict(check), "key": key, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    )
     return check
 
 

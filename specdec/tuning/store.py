@@ -4,13 +4,16 @@ Everything kept here is a speed choice, never a correctness one: a missing, stal
 only costs a measurement (``read_entry`` returns None), and a read-only cache only costs one next
 time (``write_entry`` gives up quietly). ``settled`` is the rule every cached measurement follows:
 one taken while other work shared the cores (``specdec.tuning.machine.QUIET_SHARE``) is taken
-again at later starts, ``MEASURES`` times in all at most, and the quietest decides.
+again at later starts of the process, ``MEASURES`` times in all at most, and the quietest decides;
+within one process a file written is not measured again (``write_entry`` remembers it), so a
+busy machine costs each measurement once per start, not once per call.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -19,9 +22,19 @@ from specdec.models.checkpoints import write_json_atomic
 from specdec.models.files import read_json
 from specdec.tuning.machine import QUIET_SHARE
 
-__all__ = ["MEASURES", "digest", "read_entry", "settled", "tuning_dir", "write_entry"]
+__all__ = [
+    "MEASURES",
+    "digest",
+    "forget_this_process",
+    "say_measuring",
+    "read_entry",
+    "settled",
+    "tuning_dir",
+    "write_entry",
+]
 
 MEASURES = 3  # a measurement taken beside other work is taken this many times in all at most
+_WRITTEN_HERE: set[str] = set()  # the files this process wrote (measured)
 
 
 def digest(value: Any) -> str:
@@ -45,14 +58,32 @@ def write_entry(file: Path, value: dict) -> None:
             cache_entry("tuning")
         file.parent.mkdir(parents=True, exist_ok=True)
         write_json_atomic(file, value)
+        _WRITTEN_HERE.add(str(file))
     except OSError:
         pass  # a read-only cache only costs a measurement next time
 
 
-def settled(cached: dict) -> bool:
+def settled(cached: dict, file: Path | None = None) -> bool:
     """Whether a cached measurement stands: its process had the cores (a share of at least
-    ``QUIET_SHARE``; a file from before shares were recorded counts as quiet), or it has been
-    taken ``MEASURES`` times already."""
+    ``QUIET_SHARE``; a file from before shares were recorded counts as quiet), it has been taken
+    ``MEASURES`` times already, or this process measured it (``file``: taken again at the next
+    start, not at every call)."""
     return (
-        float(cached.get("share", 1.0)) >= QUIET_SHARE or int(cached.get("measures", 1)) >= MEASURES
+        float(cached.get("share", 1.0)) >= QUIET_SHARE
+        or int(cached.get("measures", 1)) >= MEASURES
+        or (file is not None and str(file) in _WRITTEN_HERE)
     )
+
+
+def forget_this_process() -> None:
+    """Act as a new start: measurements this process took are again open to being taken anew."""
+    _WRITTEN_HERE.clear()
+
+
+def say_measuring(what: str) -> None:
+    """One line on a terminal's stderr as a measurement of ``what`` starts (seconds to a minute,
+    once per machine): a person waiting sees why; pipes and logs stay as they were."""
+    if getattr(sys.stderr, "isatty", lambda: False)():
+        print(
+            f"specdec: measuring {what} on this machine (once; cached)", file=sys.stderr, flush=True
+        )

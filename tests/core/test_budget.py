@@ -558,7 +558,7 @@ def test_a_curve_measured_beside_other_work_is_measured_again_and_the_quietest_k
     tmp_path, monkeypatch
 ):
     from specdec.tuning import costs
-    from specdec.tuning import machine
+    from specdec.tuning import machine, store
 
     monkeypatch.setattr(costs, "_cache_file", lambda *args: tmp_path / "costs.json")
     made = iter(
@@ -567,7 +567,12 @@ def test_a_curve_measured_beside_other_work_is_measured_again_and_the_quietest_k
     shares = iter([0.5, 0.7, 0.6, 0.99])
     monkeypatch.setattr(costs, "measure_curve", lambda *args, **kwargs: next(made))
     monkeypatch.setattr(machine, "machine_share", lambda wall, cpu: next(shares))
-    first = [costs.curve_for(None, None).seconds[0] for _ in range(4)]
+
+    def start():  # a new start of the process, then the curve
+        store.forget_this_process()
+        return costs.curve_for(None, None).seconds[0]
+
+    first = [start() for _ in range(4)]
     # measured at a share of 0.5, again (0.7: kept), again (0.6: not kept), then read: three in all
     assert first == [0.03, 0.02, 0.02, 0.02]
     assert next(made).seconds[0] == 0.01  # the fourth was never measured
@@ -575,7 +580,13 @@ def test_a_curve_measured_beside_other_work_is_measured_again_and_the_quietest_k
     (tmp_path / "costs.json").unlink()
     monkeypatch.setattr(machine, "machine_share", lambda wall, cpu: 0.95)
     made = iter([costs.CostCurve(tokens=(1, 2), seconds=(s, 2 * s)) for s in (0.04, 0.05)])
-    assert [costs.curve_for(None, None).seconds[0] for _ in range(3)] == [0.04] * 3  # quiet: read
+    assert [start() for _ in range(3)] == [0.04] * 3  # quiet: read
+    (tmp_path / "costs.json").unlink()
+    monkeypatch.setattr(machine, "machine_share", lambda wall, cpu: 0.5)
+    made = iter([costs.CostCurve(tokens=(1, 2), seconds=(s, 2 * s)) for s in (0.06, 0.07)])
+    store.forget_this_process()
+    # busy, but measured by this process: read until the next start
+    assert [costs.curve_for(None, None).seconds[0] for _ in range(3)] == [0.06] * 3
 
 
 # ---------------------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ import pytest
 
 import specdec
 from specdec.tuning import dtype as tuning
-from specdec.tuning import machine, plans
+from specdec.tuning import machine, plans, store
 from specdec.generation.api import prepare
 from specdec.generation.loading import load_with_choice
 from specdec.plugins.hookspecs import hookimpl
@@ -145,6 +145,7 @@ def test_a_choice_measured_beside_other_work_is_measured_again_and_the_quietest_
     backend = TwoDtypeBackend()
     chosen = []
     for _ in range(4):
+        store.forget_this_process()  # each load a new start
         target, choice = tuning.load_fastest(backend, model_dir)
         assert target.dtype == choice.dtype
         chosen.append((choice.dtype, choice.source))
@@ -157,6 +158,21 @@ def test_a_choice_measured_beside_other_work_is_measured_again_and_the_quietest_
     ]
     (file,) = (cache / "tuning").glob("dtype-*.json")
     assert json.loads(file.read_text())["measures"] == 3
+
+
+def test_a_choice_measured_beside_other_work_is_not_measured_again_in_the_same_process(
+    model_dir, cache, monkeypatch
+):
+    """Taken again at the next start, not at every load: a busy machine pays it once per start."""
+    measured = []
+    real = tuning.measure_forward
+    monkeypatch.setattr(tuning, "measure_forward", lambda b, t: measured.append(1) or real(b, t))
+    monkeypatch.setattr(machine, "machine_share", lambda wall, cpu: 0.5)
+    store.forget_this_process()
+    sources = [tuning.load_fastest(TwoDtypeBackend(), model_dir)[1].source for _ in range(3)]
+    assert sources == ["measured", "cached", "cached"] and len(measured) == 2  # two dtypes, once
+    store.forget_this_process()  # a new start measures it again
+    assert tuning.load_fastest(TwoDtypeBackend(), model_dir)[1].source == "measured"
 
 
 def test_a_damaged_or_stale_cache_file_is_measured_again(model_dir, cache):

@@ -334,7 +334,9 @@ def test_a_drafter_for_another_target_is_refused(model_dir, eagle3):
 
     with pytest.raises(
         InvalidInputError,
-        match=r"fuses target layers \[0, 2, 5\], but the target has 2 decoder layers",
+        match=r"fuses target layers \[0, 2, 5\] \(0-based output-of-layer ids; a speculators "
+        r"config.json writes them as eagle_aux_hidden_state_layer_ids \[1, 3, 6\].*\), but the "
+        r"target has 2 decoder layers \(ids 0-1\)",
     ):
         specdec.generate(
             model_dir, [[1, 2]], drafter=str(eagle3), backend="numpy", max_new_tokens=2
