@@ -23,7 +23,9 @@ def add_parser(sub) -> None:
         "serve", help="serve a model over an OpenAI-compatible HTTP API (needs specdec[serve])"
     )
     parser.add_argument(
-        "--model", default="smollm2-135m", help="a bundled name, model folder or .gguf"
+        "--model",
+        default="smollm2-135m",
+        help="a bundled name, model folder or .gguf (default smollm2-135m)",
     )
     parser.add_argument(
         "--drafter", default="redrafter", metavar="NAME[:key=value,...]", help=DRAFTER_HELP
@@ -53,7 +55,8 @@ def add_parser(sub) -> None:
         "--capacity",
         type=int,
         default=2048,
-        help="positions per request, prompt and completion (the context length served)",
+        help="positions per request, prompt and completion (the context length served; "
+        "default 2048)",
     )
     parser.add_argument(
         "--tree-room",

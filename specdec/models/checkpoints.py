@@ -156,7 +156,9 @@ def require_checkpoint(name: str, checkpoint, target, *, package: str):
         f"drafter {name!r} needs a checkpoint trained for this model, and none ships for "
         f"{getattr(target, 'name', None)!r}: give a checkpoint folder (config.json and "
         f"model.safetensors) as the drafter (drafter='runs/{name}'; on the command line --drafter "
-        f"runs/{name} or {name}:drafter=runs/{name}), or train one with `specdec train {name}`"
+        f"runs/{name} or {name}:drafter=runs/{name}), train one with `specdec train {name}`, "
+        "or use a drafter that needs no training: drafter='lookup' (prompt lookup), or "
+        "drafter='draft_model' with draft_model= a smaller model sharing the tokenizer"
     )
 
 
