@@ -126,7 +126,7 @@ def prepare(model, prompt, drafter, backend, **kwargs):
     If loading fails and the model comes from the specdec cache, the cache folder's hashes are
     checked; a damaged folder is converted again and the load retried once.
     """
-    backend_obj = load_backend(backend, kwargs.get("registry") or default_registry())
+    backend_obj = load_backend(backend, kwargs.get("registry") or default_registry(), model)
     return compute.run_for(
         backend_obj, _prepare_or_repair, model, prompt, drafter, backend_obj, **kwargs
     )

@@ -70,7 +70,9 @@ def decode_plan(
     of greedy requests of 128 tokens that stop at the model's end tokens; callers set their own
     (``attrs.evolve``) or make requests of their own."""
     registry = registry or default_registry()
-    backend_obj = backend if hasattr(backend, "load_target") else load_backend(backend, registry)
+    backend_obj = (
+        backend if hasattr(backend, "load_target") else load_backend(backend, registry, target)
+    )
     return compute.run_for(
         backend_obj, _decode_plan, target, drafter, backend_obj, greedy, exact, registry, options
     )

@@ -63,8 +63,11 @@ class ModelFolder:
         return load_chat_template(self.path)
 
 
-def load_backend(name: str | None, registry: PluginRegistry):
-    """The backend object for ``name`` (None: torch when it is installed, else numpy)."""
+def load_backend(name: str | None, registry: PluginRegistry, model: Any = None):
+    """The backend object for ``name`` (None: the backend that loaded ``model`` when it is a target
+    ``specdec.load`` returned, else torch when it is installed, else numpy)."""
+    if name is None:
+        name = getattr(model, "backend_name", None)
     if name is None:
         name = (
             "torch"
@@ -122,6 +125,7 @@ def _load(backend_obj, model, *, dtype, device, slots, capacity, exact):
         )
     try:
         target.dtype_choice = choice
+        target.backend_name = backend_obj.name  # what generate(target) uses when given none
     except AttributeError:  # a frozen target class
         pass
     if isinstance(model, (str, Path)) and getattr(target, "chat_template", None) is None:

@@ -117,7 +117,9 @@ class Engine:
             raise InvalidInputError(
                 f"capacity must be an integer >= 2 (positions per request), got {capacity!r}"
             )
-        backend, named, options, drafting = engine_drafter(drafter, backend, options, registry)
+        backend, named, options, drafting = engine_drafter(
+            drafter, backend, options, registry, model
+        )
 
         def build():
             if hasattr(model, "num_slots"):
@@ -476,10 +478,11 @@ class Engine:
         return True
 
 
-def engine_drafter(drafter, backend, options: dict, registry=None):
+def engine_drafter(drafter, backend, options: dict, registry=None, model=None):
     """(backend name, resolved drafter, its options, the drafting options) as an Engine takes
-    them, checked before any model loads (``specdec serve`` checks a command line with it)."""
-    backend = load_backend(backend, _registry(registry)).name
+    them, checked before any model loads (``specdec serve`` checks a command line with it);
+    ``model``: a loaded target, whose backend serves when ``backend`` is None."""
+    backend = load_backend(backend, _registry(registry), model).name
     options = {"verifier": "exact", **options}  # it serves greedy and sampled requests alike
     drafting = {k: options.pop(k) for k in DRAFTING_OPTIONS if k in options}
     return (

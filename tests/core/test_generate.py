@@ -302,3 +302,14 @@ def test_stats_say_how_often_the_rows_drafted(target):
     stats = drafting.stats
     assert 0 < stats.drafting_row_steps <= stats.decode_row_steps
     assert stats.drafting_share == stats.drafting_row_steps / stats.decode_row_steps
+
+
+def test_a_loaded_target_decodes_on_the_backend_that_loaded_it(model_dir):
+    """generate(target) with no backend uses the backend ``specdec.load`` loaded it on; before,
+    it took torch whenever torch was installed and refused a numpy target."""
+    target = specdec.load(model_dir, backend="numpy")
+    given = specdec.generate(target, [1, 2, 3], drafter="lookup", backend="numpy", max_new_tokens=6)
+    default = specdec.generate(target, [1, 2, 3], drafter="lookup", max_new_tokens=6)
+    assert default.tokens == given.tokens
+    with specdec.Engine(target, drafter="lookup", max_new_tokens=6) as engine:
+        assert list(engine.submit([1, 2, 3]).result().tokens) == list(given.tokens)
