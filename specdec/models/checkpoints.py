@@ -157,8 +157,9 @@ def require_checkpoint(name: str, checkpoint, target, *, package: str):
         f"{getattr(target, 'name', None)!r}: give a checkpoint folder (config.json and "
         f"model.safetensors) as the drafter (drafter='runs/{name}'; on the command line --drafter "
         f"runs/{name} or {name}:drafter=runs/{name}), train one with `specdec train {name}`, "
-        "or use a drafter that needs no training: drafter='lookup' (prompt lookup), or "
-        "drafter='draft_model' with draft_model= a smaller model sharing the tokenizer"
+        "or use a drafter that needs no training: drafter='lookup' (prompt lookup; --drafter "
+        "lookup), or drafter='draft_model' with draft_model= a smaller model sharing the "
+        "tokenizer (--drafter draft_model:draft=MODEL)"
     )
 
 
