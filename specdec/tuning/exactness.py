@@ -93,17 +93,18 @@ def cached_check(key: dict, run: Callable[[], InvarianceCheck]) -> InvarianceChe
     """``run()``'s result for ``key`` (backend, device, dtype, shapes, software: what the kernels'
     rounding depends on), measured once and kept beside the dtype choice in the tuning cache."""
     file = _check_file(key)
-    saved = read_entry(file)
-    try:
-        return InvarianceCheck(
-            holds=bool(saved["holds"]),
-            failed=saved.get("failed"),
-            checked=tuple(saved.get("checked", ())),
-            source="cached",
-            row_block=saved.get("row_block"),
-        )
-    except (KeyError, TypeError, ValueError):
-        pass  # absent or damaged: measure
+    saved = read_entry(file)  # None: absent or unreadable
+    if saved is not None:
+        try:
+            return InvarianceCheck(
+                holds=bool(saved["holds"]),
+                failed=saved.get("failed"),
+                checked=tuple(saved.get("checked", ())),
+                source="cached",
+                row_block=saved.get("row_block"),
+            )
+        except (KeyError, TypeError, ValueError):
+            pass  # a file of another shape: measure
     say_measuring("whether exact mode holds")
     check = run()
     write_entry(
