@@ -50,8 +50,8 @@ a few bad steps is tried again, and a large batch is not slowed to try it.
 met a burst of 16 requests and drafted every step at half plain decoding's throughput), so the
 tokens per second that decode steps actually delivered are kept per row count, plain and drafting
 apart (``specdec.decode.realized``): at a row count drafting takes at most ``PROBE`` steps on
-the prediction alone, and then stops where its steps clearly delivered less than plain ones
-(below ``LOSS`` of their tokens per second), to be tried again after as many plain steps there
+the prediction alone, and then stops where its steps delivered less than plain ones (below
+``LOSS`` of their tokens per second, or by more than their scatter explains), to be tried again after as many plain steps there
 as keep a probe's lost time within ``RETRY_COST`` of them (twice as many after each probe that
 loses again).
 

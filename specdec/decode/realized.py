@@ -9,16 +9,23 @@ plain decode steps and drafting steps apart, as decaying sums of committed token
 (target and drafting). In a bucket:
 
 - at most ``PROBE`` drafting steps are taken on the prediction alone;
-- then, until a plain decode step there has been seen (the yardstick), the bucket decodes
-  plainly;
-- after that, a bucket whose drafting steps delivered less than ``LOSS`` times the plain steps'
-  tokens per second decodes plainly (a clear loss: one request's steps vary too much from step to
-  step, with what each accepts, for a finer verdict on a few steps; smaller losses are the
-  prediction's to correct, from the same steps), and probes again after as many plain steps
-  there as make the probe's lost time at most ``RETRY_COST`` of them (``retry_steps``: what
-  ``PROBE`` drafting steps at the measured rates cost beyond plain decoding, in plain steps,
-  over ``RETRY_COST``; at least ``MIN_RETRY``), twice as many after each probe that loses again
-  (up to ``MAX_RETRY``), sized afresh after one that wins (acceptance changes with the
+- then, until ``YARDSTICK`` plain decode steps there have been seen (the yardstick: one tells
+  their rate, two their scatter), the bucket decodes plainly (one is enough where drafting
+  clearly lost);
+- after that, a bucket decodes plainly where its drafting steps delivered fewer tokens per second
+  than its plain steps, beyond what their scatter explains: below ``LOSS`` times the plain
+  steps' rate (a clear loss, told from a few steps whatever they accepted), or below the plain
+  rate by more than ``CONFIDENCE`` standard errors of the two rates (each from the scatter of
+  its steps' own tokens per second). A drafter whose steps vary with what they accept (one
+  request's steps commit 1 to 5 tokens) is stopped only by a large loss; one whose steps all
+  commit alike (a drafter that accepts nothing) is stopped by a small one: before, only the
+  clear loss counted, and such a drafter, costing little, drafted in 70% of one request's steps
+  at 0.93x of plain decoding, its prediction held just above plain by the engine's prior. A
+  verdict wrong from noise is a near tie, so it costs little either way. The bucket then
+  probes again after as many plain steps there as make the probe's lost time at most
+  ``RETRY_COST`` of them (``retry_steps``: what ``PROBE`` drafting steps at the measured rates
+  cost beyond plain decoding, in plain steps, over ``RETRY_COST``; at least ``MIN_RETRY``),
+  twice as many after each probe that loses again (up to ``MAX_RETRY``), sized afresh after one that wins (acceptance changes with the
   requests, costs with the load). A fixed 64 steps was too long where a probe costs little and
   too short where it costs much: one request whose first three drafting steps accepted nothing
   (the start of an answer) then decoded up to 64 steps plainly (the default path on the demo's
@@ -26,8 +33,8 @@ plain decode steps and drafting steps apart, as decaying sums of committed token
   were luckier), while at 16 rows, where a drafting step delivers 0.43x of a plain one, three
   probes cost 4.8 plain steps.
 
-So a drafter that clearly does not pay at some row count costs at most ``PROBE`` steps there
-(and one plain step to measure against) before plain decoding takes over, and then at most
+So a drafter that does not pay at some row count costs at most ``PROBE`` steps there (and
+two plain steps to measure against) before plain decoding takes over, and then at most
 ``RETRY_COST`` of the steps, whatever the drafter, the model or the arrival pattern. Steps that
 carry prompt tokens are not counted (their time is the prompts'), nor the first plain and the
 first drafting step (one-off costs). Budgets never change which tokens are accepted, so this
@@ -38,10 +45,22 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["LOSS", "MAX_RETRY", "MIN_RETRY", "PROBE", "RETRY_COST", "RealizedRates", "bucket"]
+__all__ = [
+    "CONFIDENCE",
+    "LOSS",
+    "MAX_RETRY",
+    "MIN_RETRY",
+    "PROBE",
+    "RETRY_COST",
+    "RealizedRates",
+    "YARDSTICK",
+    "bucket",
+]
 
 PROBE = 3  # drafting steps a bucket takes on the prediction alone
 LOSS = 0.8  # drafting that delivered less than this share of plain's tokens/s lost clearly
+CONFIDENCE = 2.0  # ... or less than plain's by this many standard errors of the two rates
+YARDSTICK = 2  # plain steps in a bucket before its drafting is weighed against them
 RETRY_COST = 0.05  # a probe's lost time, over the plain steps before it, at most this share ...
 MIN_RETRY = 8  # ... of at least this many plain steps ...
 MAX_RETRY = 1024  # ... doubled after each probe that loses again, up to this
@@ -54,22 +73,38 @@ def bucket(rows: int) -> int:
 
 
 class _Rate:
-    """Decaying averages of committed tokens and seconds of one kind of step in one bucket."""
+    """Decaying averages of committed tokens and seconds of one kind of step in one bucket, and
+    of each step's own tokens per second and its square (their scatter)."""
 
     def __init__(self):
         self.tokens, self.seconds, self.count = 0.0, 0.0, 0
+        self.mean, self.square = 0.0, 0.0  # of the steps' own tokens/s
 
     def observe(self, tokens: float, seconds: float) -> None:
+        rate = tokens / seconds
         if self.count == 0:
             self.tokens, self.seconds = tokens, seconds
+            self.mean, self.square = rate, rate * rate
         else:
             self.tokens += DECAY * (tokens - self.tokens)
             self.seconds += DECAY * (seconds - self.seconds)
+            self.mean += DECAY * (rate - self.mean)
+            self.square += DECAY * (rate * rate - self.square)
         self.count += 1
 
     @property
     def rate(self) -> float:
         return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def variance(self) -> float:
+        """The squared standard error of ``rate``: the steps' scatter over the steps the
+        decaying average holds (``count``, at most (2 - DECAY) / DECAY), less one; infinite
+        from a single step."""
+        steps = min(float(self.count), (2.0 - DECAY) / DECAY)
+        if steps <= 1.0:
+            return math.inf
+        return max(self.square - self.mean * self.mean, 0.0) / (steps - 1.0)
 
 
 class RealizedRates:
@@ -87,7 +122,9 @@ class RealizedRates:
         plain, draft = self._plain.get(b), self._draft.get(b)
         if draft is None or draft.count < PROBE or plain is None:
             return False
-        return draft.rate < LOSS * plain.rate
+        if draft.rate < LOSS * plain.rate:
+            return True
+        return draft.rate + CONFIDENCE * math.sqrt(draft.variance + plain.variance) < plain.rate
 
     def allows(self, rows: int) -> bool:
         """Whether a drafting step may be taken with ``rows`` decode rows."""
@@ -97,6 +134,8 @@ class RealizedRates:
             return True  # probing on the prediction
         if b not in self._plain:
             return False  # a plain step to measure against
+        if self._plain[b].count < YARDSTICK and not self.losing(b):
+            return False  # and one more, for its scatter (a clear loss needs none)
         if not self.losing(b):
             self._losses[b] = 0  # it wins (or loses too little to tell): probes start over
             return True

@@ -900,3 +900,35 @@ def test_drafting_that_delivers_more_than_plain_goes_on():
         speculation.observe_step(int(nodes[0]), 0.025 if drafting else 0.02, drafting, 0.0, 1, 1)
         drafted.append(bool(drafting))
     assert sum(drafted) >= 35  # 3 tokens in 1.25 steps' time: it keeps drafting
+
+
+def test_drafting_that_loses_a_little_at_every_step_stops_within_a_few_steps():
+    """A drafter that accepts nothing and costs little: every drafting step commits the one token
+    a plain step does in 7% more time (0.93x), steps scattered by +-3% around that. Its estimate
+    stays just above plain (a fresh request drifts back toward the engine's prior while it decodes
+    plainly), so the prediction keeps choosing it; a loss that small is not a clear one (below
+    LOSS), but every drafting step shows it alike, and the realized check stops drafting after
+    PROBE steps (and the first) and two plain steps to weigh them against, then probes again at
+    most every MIN_RETRY plain steps (doubling). Before, it drafted in about 60% of the steps."""
+    from specdec.decode.realized import MIN_RETRY, PROBE, YARDSTICK
+
+    speculation = Speculation("auto")
+    speculation.use_costs(_FrozenCosts(CostCurve(tokens=(1, 1024), seconds=(0.02, 0.0201))))
+    speculation.use_tree_size(4)  # a chain of three drafted tokens
+    drafted = []
+    for step in range(96):
+        plan = speculation.step_budgets([0])
+        drafting = int(plan.budgets[0] != 0)
+        nodes = np.array([4 if drafting else 1])
+        path = np.array([[0, -1, -1, -1]])
+        speculation.observe_rows([0], [plan.budgets[0]], nodes, np.array([4]), path, np.zeros(1))
+        scatter = 1.0 + 0.03 * math.sin(1.7 * step)  # deterministic, far from a tie
+        seconds = (0.02 / 0.93 if drafting else 0.02) * scatter
+        speculation.observe_step(int(nodes[0]), seconds, drafting, 0.0, 1, 1)
+        drafted.append(bool(drafting))
+    # the first plain run of MIN_RETRY steps starts once the probes and the yardstick are done
+    runs = "".join("d" if d else "p" for d in drafted)
+    assert runs.find("p" * MIN_RETRY) <= PROBE + 1 + YARDSTICK + 2, runs
+    # then at most PROBE drafting steps per retry, the retries at least MIN_RETRY, 2 MIN_RETRY,
+    # 4 MIN_RETRY ... plain steps apart
+    assert sum(drafted) <= PROBE + 1 + PROBE * 3, runs
