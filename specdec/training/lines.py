@@ -1,5 +1,7 @@
-"""What a ``--quiet`` training run prints in place of its progress bars: one line on stderr per
-stage of the data and per evaluation, so a quiet run is never silent for minutes."""
+"""What a ``--quiet`` training run (or one whose stderr is not a terminal) prints in place of its
+progress bars: one line on stderr per stage of the data and per evaluation, and between
+evaluations one at least every two minutes (``specdec.training.loop.HEARTBEAT_SECONDS``), so such
+a run is never silent for minutes."""
 
 from __future__ import annotations
 

@@ -49,6 +49,8 @@ __all__ = [
     "train",
 ]
 
+HEARTBEAT_SECONDS = 120.0  # without progress bars, a line at least this often between evaluations
+
 
 @attrs.frozen(kw_only=True)
 class TrainSettings:
@@ -377,6 +379,7 @@ def train(
         desc="training",
     )
     running = None
+    last_line = time.monotonic()
     with deferred_signals() as caught:
         while settings.progress(state["step"], state["train_seconds"]) < 1.0:
             if caught:
@@ -423,12 +426,21 @@ def train(
                 while state["marks_done"] < len(marks) and minutes >= marks[state["marks_done"]]:
                     state["marks_done"] += 1
                 run_eval(running, final=False)
+                last_line = time.monotonic()
                 bar.set_postfix(
                     loss=f"{running:.3f}",
                     tokens_per_step=f"{state['history'][-1]['tokens_per_step']:.2f}",
                 )
             if time.monotonic() - last_save[0] >= 60.0 * save_minutes:
                 save_state(False)
+            if not progress and time.monotonic() - last_line >= HEARTBEAT_SECONDS:
+                last_line = time.monotonic()
+                done = settings.progress(state["step"], state["train_seconds"])
+                say(
+                    f"training: step {state['step']}, {minutes:.1f} min, {100 * done:.0f}% of "
+                    f"the budget, {state['positions'] / state['train_seconds']:.0f} positions/s, "
+                    f"loss {running:.3f}"
+                )
         bar.close()
         if (
             not state["history"]

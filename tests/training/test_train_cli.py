@@ -6,6 +6,7 @@ import json
 
 from specdec.cli import main as cli
 from specdec.training import corpus as corpus_module
+from specdec.training import loop as loop_module
 from specdec_medusa.checkpoint import load_medusa_checkpoint
 from specdec_redrafter.checkpoint import load_redrafter_checkpoint
 
@@ -55,8 +56,13 @@ def test_train_redrafter_then_resume(tiny_model, tmp_path, monkeypatch, capsys):
     assert config.target["name"] == tiny_model.name and len(config.target["fingerprint"]) == 64
     report = json.loads((out / "training_report.json").read_text())
     assert report["training"]["steps"] == 4 and report["teacher"]["train"]["positions"] > 0
+    assert "% of the budget" not in said.err  # four quick steps: no heartbeat between evals
+    # between evaluations a line at least every HEARTBEAT_SECONDS (here: after every step)
+    monkeypatch.setattr(loop_module, "HEARTBEAT_SECONDS", 0.0)
     assert cli.main(args[:7] + ["8"] + args[8:] + ["--resume"]) == 0
     assert json.loads((out / "training_log.json").read_text())["step"] == 8
+    beats = [line for line in capsys.readouterr().err.splitlines() if "% of the budget" in line]
+    assert [line.split(",")[0] for line in beats] == [f"training: step {i}" for i in (5, 6, 7, 8)]
 
     medusa = tmp_path / "medusa"
     assert (
