@@ -12,4 +12,4 @@ if [[ ",$extras," == *",torch,"* ]]; then
   .venv/bin/pip install --quiet --disable-pip-version-check "torch==2.13.0"
 fi
 .venv/bin/pip install --quiet --disable-pip-version-check -e ".[$extras]"
-echo "specdec is set up in $(pwd)/.venv with the extras: $extras (run again with others to add them)"
+echo "specdec is set up in $(pwd)/.venv with the extras: $extras, besides any installed before (run again with others to add them)"

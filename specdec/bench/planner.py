@@ -27,9 +27,9 @@ from typing import Sequence
 
 import attrs
 import numpy as np
-from tqdm.auto import tqdm
 
 import specdec
+from specdec.bench.progress import progress as progress_bar
 from specdec.capabilities import drafter_caps
 from specdec.drafting.none import PassLifecycle
 from specdec.generation.components import (
@@ -205,7 +205,7 @@ def plan(
             target, ids, recorder, widths, lengths, accepted, sizes, backend, max_new_tokens, lookup
         )
     rows = []
-    grid = tqdm(accepted.items(), disable=not progress, desc="timing beam shapes", unit="shape")
+    grid = progress_bar(accepted.items(), desc="timing beam shapes", unit="shape", enabled=progress)
     for (w, l), values in grid:
         with clock:  # each shape beside a plain step timed just before it
             plain_step = sum(median_step_seconds(target, "none", ids[0], backend=backend))
@@ -330,7 +330,7 @@ def measure(
         target, prompts, choice, options, backend=backend, tokens=max_new_tokens, clock=clock
     )
     checked = []
-    for row in tqdm(rows, disable=not progress, desc="decoding the best shapes", unit="shape"):
+    for row in progress_bar(rows, desc="decoding the best shapes", unit="shape", enabled=progress):
         plain = rate("none", {})  # beside each setting: the same prompts, just before
         options = dict(beam_width=row.beam_width, beam_length=row.beam_length, lookup=lookup)
         checked.append(attrs.evolve(row, measured_speedup=rate(drafter, options) / plain))

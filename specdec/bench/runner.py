@@ -8,9 +8,9 @@ from typing import Callable, Iterable, Sequence
 
 import attrs
 import numpy as np
-from tqdm.auto import tqdm
 
 import specdec
+from specdec.bench.progress import progress as progress_bar
 from specdec.bench.methods import Method
 from specdec.bench.peers import peer_runner
 from specdec.bench.prompts import BenchPrompt
@@ -155,7 +155,7 @@ def run_bench(
     # prompts first: the target's one slot is sized to the longest
     read = ModelFolder.of(model)
     folder = model if read is None else read.path
-    bar = tqdm(total=total, desc="bench", disable=not progress)
+    bar = progress_bar(total=total, desc="bench", enabled=progress)
     tokenizer = read.tokenizer if read else getattr(folder, "tokenizer", None)
     template = read.chat_template if read else getattr(folder, "chat_template", None)
     encoded = [

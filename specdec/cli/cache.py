@@ -25,7 +25,19 @@ def add_parser(sub) -> None:
         help="clear: remove everything specdec keeps in the cache (models, teacher data, tuning "
         "...)",
     )
+    for name, what in CLEARABLE.items():
+        parser.add_argument(
+            f"--{name}", action="store_true", help=f"clear: remove the {name}/ folder ({what})"
+        )
     parser.set_defaults(func=cmd_cache)
+
+
+# the folders besides converted models that `clear --NAME` removes alone, and what they hold
+CLEARABLE = {
+    "tuning": "this machine's measurements: the dtype choice, the exactness self-test, the "
+    "step-cost curves, `specdec plan`'s choices; measured again on next use",
+    "teacher": "training's teacher records; made again by the next training run that needs them",
+}
 
 
 def _size(n: int) -> str:
@@ -80,11 +92,27 @@ def cmd_cache(args) -> int:
             repair(folder)
             print(f"{row['name']}: repaired (converted again)")
         return status
-    if not args.names and not args.all:
+    folders = [name for name in CLEARABLE if getattr(args, name)]
+    if not args.names and not args.all and not folders:
         raise InvalidInputError(
-            f"specdec cache clear: name the models to remove ({', '.join(known) or 'none'}) "
-            f"or pass --all to remove the whole cache {root}"
+            f"specdec cache clear: name the models to remove ({', '.join(known) or 'none'}), "
+            f"or pass {' or '.join('--' + n for n in CLEARABLE)} to remove that folder, or --all "
+            f"to remove the whole cache {root}"
         )
+    for name in folders:
+        path = root / name
+        if not path.exists():
+            print(f"nothing to remove: {path} does not exist")
+        elif not cache.is_own(path):
+            raise InvalidInputError(
+                f"{path} was not made by specdec (no {cache.ENTRY_MARK} mark, or a link): "
+                "left in place; remove it yourself if it is yours to remove"
+            )
+        else:
+            cache.remove_entry(path)
+            print(f"removed {path}")
+    if folders and not args.names and not args.all:
+        return 0
     if args.all:
         removed, others = cache.clear_all(root)
         for path in removed:

@@ -76,7 +76,7 @@ def _demo_models(args, tmp: Path):
         model, redrafter, medusa, eagle = args.model, "redrafter", "medusa", "eagle"
     return model, {
         "default": (redrafter, {}),
-        "redrafter": (redrafter, {"lookup": False}),
+        "redrafter:lookup=false": (redrafter, {"lookup": False}),
         "eagle": (eagle, {}),
         "medusa": (medusa, {}),
     }
@@ -172,12 +172,13 @@ def cmd_demo(args) -> int:
                         runs.setdefault(name, []).append(run(text, drafter, options))
             results = {name: _median(found) for name, found in runs.items()}
             plain = results["plain"]
+            width = max(len(name) for name in results)
             print(f"\nuser: {text}\nassistant: {results['default'].text}\n")
             for name, result in results.items():
                 totals[name][0] += result.stats.new_tokens
                 totals[name][1] += result.stats.time_total
                 if name == "plain":
-                    print(report_line(name, result))
+                    print(report_line(name.rjust(width), result))
                     continue
                 same = _same_prefix(result.tokens, plain.tokens)
                 if result.tokens == plain.tokens:
@@ -190,7 +191,8 @@ def cmd_demo(args) -> int:
                         f"identical to plain decoding: {same} of {len(plain.tokens)} tokens (exact "
                         "mode is off: tree and one-token forwards round differently)"
                     )
-                print(report_line(name, result, plain.stats.tokens_per_second) + f"; {note}")
+                line = report_line(name.rjust(width), result, plain.stats.tokens_per_second)
+                print(f"{line}; {note}")
         if len(args.prompt) > 1:
             rate = {name: tokens / seconds for name, (tokens, seconds) in totals.items()}
             print(
@@ -202,8 +204,8 @@ def cmd_demo(args) -> int:
                 )
             )
         print(
-            "(default: generate()'s defaults, ReDrafter with a prompt-lookup beam; redrafter: "
-            "lookup=False)"
+            "(default: generate()'s defaults, ReDrafter with a prompt-lookup beam; "
+            "redrafter:lookup=false: the same without it)"
         )
         if busy_line(clock):
             print(busy_line(clock))

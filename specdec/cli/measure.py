@@ -272,7 +272,11 @@ def add_parsers(sub) -> None:
     bench.add_argument(
         "--model", required=True, help="a bundled name (smollm2-135m), folder or .gguf"
     )
-    bench.add_argument("--prompts", default="mt-bench", help="mt-bench | humaneval | a JSONL file")
+    bench.add_argument(
+        "--prompts",
+        default="mt-bench",
+        help="mt-bench | humaneval | a JSONL file (default mt-bench)",
+    )
     bench.add_argument(
         "--per-category", type=int, default=None, help="first N prompts of each category"
     )
@@ -287,21 +291,33 @@ def add_parsers(sub) -> None:
         "lookup=true], medusa[:choices=cpu16], eagle[:total_tokens=8], draft_model:draft=M, "
         "lookup[:k=10]) and checkpoints (eagle3:drafter=runs/e3,total_tokens=16), "
         "third-party drafters too (`specdec plugins` lists them); peers: hf, hf-pld[:n=10], "
-        "hf-assisted:draft=M, mlx-lm, mlx-lm-draft:draft=M (docs/bench.md)",
+        "hf-assisted:draft=M, mlx-lm, mlx-lm-draft:draft=M (docs/bench.md); default: plain "
+        "redrafter medusa",
     )
     bench.add_argument(
         "--backends",
         nargs="+",
         default=["torch"],
-        help="backend[:dtype] ... (no dtype: the one measured fastest here, as generate)",
+        help="backend[:dtype] ... (no dtype: the one measured fastest here, as generate; "
+        "default torch)",
     )
-    bench.add_argument("--temperatures", nargs="+", type=float, default=[0.0])
-    bench.add_argument("--max-new-tokens", type=int, default=128)
-    bench.add_argument("--repeats", type=int, default=3)
-    bench.add_argument("--warmup", type=int, default=1)
-    bench.add_argument("--seed", type=int, default=0)
+    bench.add_argument(
+        "--temperatures", nargs="+", type=float, default=[0.0], help="default 0 (greedy)"
+    )
+    bench.add_argument("--max-new-tokens", type=int, default=128, help="per prompt (default 128)")
+    bench.add_argument(
+        "--repeats", type=int, default=3, help="interleaved passes; medians over them (default 3)"
+    )
+    bench.add_argument(
+        "--warmup", type=int, default=1, help="untimed runs per method first (default 1)"
+    )
+    bench.add_argument("--seed", type=int, default=0, help="default 0")
     bench.add_argument("--categories", action="store_true", help="print per-category rows too")
-    bench.add_argument("--out", default="bench-out")
+    bench.add_argument(
+        "--out",
+        default="bench-out",
+        help="folder for bench.md, bench.json, plots (default bench-out)",
+    )
     bench.set_defaults(func=cmd_bench, on_compute_thread=True)
     planner = sub.add_parser(
         "plan",

@@ -269,3 +269,26 @@ def test_an_uncategorised_prompt_is_counted_once_in_the_total_row(tmp_path):
     bad.write_text('{"prompt": "a", "category": "all"}\n')
     with pytest.raises(InvalidInputError, match="total row"):
         load_prompt_set(str(bad))
+
+
+def test_progress_is_lines_where_stderr_is_not_a_terminal(monkeypatch, capsys):
+    """A log file gets lines (no carriage returns), at most one every LINE_SECONDS; a run that is
+    not to show progress gets nothing."""
+    from specdec.bench import progress as progress_module
+
+    monkeypatch.setattr(progress_module, "LINE_SECONDS", 0.0)
+    bar = progress_module.progress(total=3, desc="bench")
+    for _ in range(3):
+        bar.update(1)
+    bar.close()
+    assert list(progress_module.progress([1, 2], desc="timing", unit="shape")) == [1, 2]
+    err = capsys.readouterr().err
+    assert "\r" not in err
+    lines = [line.split(",")[0] for line in err.splitlines()]
+    assert lines == [f"bench: {i} of 3 runs" for i in (1, 2, 3)] + [
+        f"timing: {i} of 2 shapes" for i in (1, 2)
+    ]
+    monkeypatch.setattr(progress_module, "LINE_SECONDS", 3600.0)
+    list(progress_module.progress(range(5), desc="quiet"))  # within the minute: silent
+    list(progress_module.progress(range(5), desc="off", enabled=False))
+    assert capsys.readouterr().err == ""

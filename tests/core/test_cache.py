@@ -316,3 +316,27 @@ def test_a_marker_naming_a_source_that_is_not_gguf_is_not_converted(
     )
     with pytest.raises(specdec.CacheError, match="is damaged"):
         bundled.repair(folder)
+
+
+def test_clear_tuning_removes_the_measurements_alone(tiny_bundle, tmp_path, capsys):
+    """`clear --tuning` removes the measurements folder specdec made and nothing else; a tuning
+    folder that is a link is refused, its target kept."""
+    from specdec.models.cache import cache_entry
+
+    folder, _ = tiny_bundle
+    bundled.resolve_model("tiny")
+    root = folder.parent.parent
+    (cache_entry("tuning", root) / "costs-x.json").write_text("{}")
+    (cache_entry("teacher", root) / "sequences-x.safetensors").write_bytes(b"1")
+    assert cli.main(["cache", "clear", "--tuning"]) == 0
+    assert not (root / "tuning").exists() and (root / "teacher" / "sequences-x.safetensors").exists()
+    assert folder.is_dir() and f"removed {root / 'tuning'}" in capsys.readouterr().out
+    assert cli.main(["cache", "clear", "--tuning"]) == 0  # nothing there: said, not an error
+    assert "nothing to remove" in capsys.readouterr().out
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "keep.bin").write_bytes(b"1")
+    (root / "tuning").symlink_to(elsewhere)
+    assert cli.main(["cache", "clear", "--tuning"]) == 2
+    assert "not made by specdec" in capsys.readouterr().err and (elsewhere / "keep.bin").is_file()
+    assert cli.main(["cache", "clear", "--teacher"]) == 0 and not (root / "teacher").exists()
