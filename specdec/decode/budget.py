@@ -51,9 +51,9 @@ met a burst of 16 requests and drafted every step at half plain decoding's throu
 tokens per second that decode steps actually delivered are kept per row count, plain and drafting
 apart (``specdec.decode.realized``): at a row count drafting takes at most ``PROBE`` steps on
 the prediction alone, and then stops where its steps delivered less than plain ones (below
-``LOSS`` of their tokens per second, or by more than their scatter explains), to be tried again after as many plain steps there
-as keep a probe's lost time within ``RETRY_COST`` of them (twice as many after each probe that
-loses again).
+``LOSS`` of their tokens per second, or by more than their scatter explains), to be tried again
+after as many plain steps there as keep a probe's lost time within ``RETRY_COST`` of them
+(twice as many after each probe that loses again).
 
 **Lossless.** A budget only cuts a tree before verification; the verifier accepts what the target
 itself would produce at every node it is given (greedy, and the exact tree walk whose uniforms are

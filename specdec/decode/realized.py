@@ -25,13 +25,13 @@ plain decode steps and drafting steps apart, as decaying sums of committed token
   probes again after as many plain steps there as make the probe's lost time at most
   ``RETRY_COST`` of them (``retry_steps``: what ``PROBE`` drafting steps at the measured rates
   cost beyond plain decoding, in plain steps, over ``RETRY_COST``; at least ``MIN_RETRY``),
-  twice as many after each probe that loses again (up to ``MAX_RETRY``), sized afresh after one that wins (acceptance changes with the
-  requests, costs with the load). A fixed 64 steps was too long where a probe costs little and
-  too short where it costs much: one request whose first three drafting steps accepted nothing
-  (the start of an answer) then decoded up to 64 steps plainly (the default path on the demo's
-  first prompt drafted in 12 of 77 steps, 1.13 tokens per step, against 1.42 where the probes
-  were luckier), while at 16 rows, where a drafting step delivers 0.43x of a plain one, three
-  probes cost 4.8 plain steps.
+  twice as many after each probe that loses again (up to ``MAX_RETRY``), sized afresh after one
+  that wins (acceptance changes with the requests, costs with the load). A fixed 64 steps was
+  too long where a probe costs little and too short where it costs much: one request whose
+  first three drafting steps accepted nothing (the start of an answer) then decoded up to 64
+  steps plainly (the default path on the demo's first prompt drafted in 12 of 77 steps, 1.13
+  tokens per step, against 1.42 where the probes were luckier), while at 16 rows, where a
+  drafting step delivers 0.43x of a plain one, three probes cost 4.8 plain steps.
 
 So a drafter that does not pay at some row count costs at most ``PROBE`` steps there (and
 two plain steps to measure against) before plain decoding takes over, and then at most
