@@ -142,8 +142,6 @@ def cmd_demo(args) -> int:
                 **options,
             )
 
-        for drafter, options in methods.values():  # warm-up: first calls pay one-off costs
-            run(args.prompt[0], drafter, options, max_new_tokens=4)
         label = (
             "random untrained drafters: expect no acceptance" if args.random else "shipped drafters"
         )
@@ -152,8 +150,11 @@ def cmd_demo(args) -> int:
         print(describe_exactness(target))
         print(
             "default drafting: "
-            f"{_describe_default(target, drafters['default'][0], backend, registry)}"
+            f"{_describe_default(target, drafters['default'][0], backend, registry)}",
+            flush=True,
         )
+        for drafter, options in methods.values():  # warm-up: first calls pay one-off costs
+            run(args.prompt[0], drafter, options, max_new_tokens=4)
         exact = bool(getattr(target, "exact", False)) or str(getattr(target, "dtype", "")).endswith(
             "float64"
         )
@@ -163,7 +164,13 @@ def cmd_demo(args) -> int:
             {name: [0, 0.0] for name in methods},
         )
         clock = Measured()
-        for text in args.prompt:
+        for number, text in enumerate(args.prompt, 1):
+            print(
+                f"prompt {number} of {len(args.prompt)}: {len(methods)} methods, "
+                f"{args.repeats} run{'s' if args.repeats > 1 else ''} each, interleaved ...",
+                file=sys.stderr,
+                flush=True,
+            )
             runs: dict[str, list] = {}
             # plain and speculative decoding interleaved; the median is reported
             for _ in range(args.repeats):
@@ -173,7 +180,7 @@ def cmd_demo(args) -> int:
             results = {name: _median(found) for name, found in runs.items()}
             plain = results["plain"]
             width = max(len(name) for name in results)
-            print(f"\nuser: {text}\nassistant: {results['default'].text}\n")
+            print(f"\nuser: {text}\nassistant: {results['default'].text}\n", flush=True)
             for name, result in results.items():
                 totals[name][0] += result.stats.new_tokens
                 totals[name][1] += result.stats.time_total
@@ -192,7 +199,7 @@ def cmd_demo(args) -> int:
                         "mode is off: tree and one-token forwards round differently)"
                     )
                 line = report_line(name.rjust(width), result, plain.stats.tokens_per_second)
-                print(f"{line}; {note}")
+                print(f"{line}; {note}", flush=True)
         if len(args.prompt) > 1:
             rate = {name: tokens / seconds for name, (tokens, seconds) in totals.items()}
             print(
