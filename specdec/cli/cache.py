@@ -35,7 +35,8 @@ def add_parser(sub) -> None:
 # the folders besides converted models that `clear --NAME` removes alone, and what they hold
 CLEARABLE = {
     "tuning": "this machine's measurements: the dtype choice, the exactness self-test, the "
-    "step-cost curves, `specdec plan`'s choices; measured again on next use",
+    "step-cost curves, `specdec plan`'s choices; measured again on next use, plans when "
+    "`specdec plan` runs again",
     "teacher": "training's teacher records; made again by the next training run that needs them",
 }
 
