@@ -77,6 +77,8 @@ def cmd_cache(args) -> int:
             print(f"  {path.name + '/':<24} {_size(cache.folder_size(path)):>10}  ({path}{owner})")
         for path in cache.leftovers(root):
             print(f"  leftover of a killed run (`specdec cache clear` removes it): {path}")
+        if not rows and not others:
+            print("  (empty: no converted model, measurement or training data yet)")
         return 0
     if args.action == "verify":
         status = 0

@@ -150,7 +150,7 @@ def test_cache_command_shows_verifies_repairs_and_clears(tiny_bundle, capsys):
     bundled.resolve_model("tiny")
     assert cli.main(["cache"]) == 0
     out = capsys.readouterr().out
-    assert "tiny" in out and "ok" in out and str(folder) in out
+    assert "tiny" in out and "ok" in out and str(folder) in out and "(empty" not in out
     data = bytearray((folder / "model.safetensors").read_bytes())
     data[-8:] = b"\x01" * 8
     (folder / "model.safetensors").write_bytes(bytes(data))
@@ -341,3 +341,9 @@ def test_clear_tuning_removes_the_measurements_alone(tiny_bundle, tmp_path, caps
     assert cli.main(["cache", "clear", "--tuning"]) == 2
     assert "not made by specdec" in capsys.readouterr().err and (elsewhere / "keep.bin").is_file()
     assert cli.main(["cache", "clear", "--teacher"]) == 0 and not (root / "teacher").exists()
+
+
+def test_cache_command_says_when_the_cache_is_empty(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "nothing-yet"))
+    assert cli.main(["cache"]) == 0
+    assert "(empty: no converted model" in capsys.readouterr().out
