@@ -131,6 +131,7 @@ def cmd_demo(args) -> int:
         target = specdec.load(model, backend=backend, dtype=args.dtype, exact=args.exact)
         choice = getattr(target, "dtype_choice", None)
         methods = {"plain": ("none", {}), **drafters}
+        width = max(map(len, methods))  # the labels, right-aligned
 
         def run(text, drafter, options, max_new_tokens=args.max_new_tokens):
             return specdec.generate(
@@ -179,7 +180,6 @@ def cmd_demo(args) -> int:
                         runs.setdefault(name, []).append(run(text, drafter, options))
             results = {name: _median(found) for name, found in runs.items()}
             plain = results["plain"]
-            width = max(len(name) for name in results)
             print(f"\nuser: {text}\nassistant: {results['default'].text}\n", flush=True)
             for name, result in results.items():
                 totals[name][0] += result.stats.new_tokens

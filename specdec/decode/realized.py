@@ -118,7 +118,8 @@ class RealizedRates:
         self._first = {True, False}  # kinds (drafted or not) whose first step is yet to come
 
     def losing(self, b: int) -> bool:
-        """Whether drafting has clearly lost in bucket ``b`` (probed, and measured against)."""
+        """Whether drafting has lost in bucket ``b`` (probed, and measured against): clearly
+        (below ``LOSS``), or by more than the two rates' scatter explains."""
         plain, draft = self._plain.get(b), self._draft.get(b)
         if draft is None or draft.count < PROBE or plain is None:
             return False
@@ -134,9 +135,9 @@ class RealizedRates:
             return True  # probing on the prediction
         if b not in self._plain:
             return False  # a plain step to measure against
-        if self._plain[b].count < YARDSTICK and not self.losing(b):
-            return False  # and one more, for its scatter (a clear loss needs none)
         if not self.losing(b):
+            if self._plain[b].count < YARDSTICK:
+                return False  # one more plain step, for its scatter (a clear loss needs none)
             self._losses[b] = 0  # it wins (or loses too little to tell): probes start over
             return True
         if self._lost.get(b, 0) >= self.retry_steps(b):  # probe again from scratch
