@@ -424,6 +424,33 @@ def test_the_choice_decodes_plainly_where_trees_cost_more_than_the_curve_says():
     assert speculation.step_budgets(ids).budgets == dict.fromkeys(ids, 0)
 
 
+def test_a_tree_far_larger_than_any_drafted_is_priced_at_least_at_the_curve():
+    """A fresh engine of a 1.5B model drafted a short request at one row, where a tree's 13
+    tokens cost what one does and the plain step ran faster than the curve (measured under
+    load) said: those steps fitted what trees add at 0.01 of the curve, and the burst's first
+    drafting step at 16 rows, 400 tokens, was priced 0.27 s and took 3.3 s (the curve: 3.0).
+    The fit is trusted only as far as its steps reached; beyond, at least the curve's slope."""
+    curve = CostCurve(
+        tokens=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512),
+        seconds=(0.241, 0.241, 0.241, 0.246, 0.263, 0.293, 0.612, 1.123, 2.156, 4.144),
+        rows=(1, 2, 4, 8, 16),
+        row_seconds=(0.0, 0.009, 0.009, 0.009, 0.009),
+    )
+    costs = StepCosts(curve)
+    costs.observe(1, 0.5, 0, 0.0)  # the first step: left out
+    for step in range(12):  # the warm-up request: drafting steps and plain ones, one row
+        if step % 3:
+            costs.observe(13, 0.176 + 0.004 * (step % 2), 1, 0.015, rows=1, plain_tokens=1)
+        else:
+            costs.observe(1, 0.170 + 0.004 * (step % 2), 0, 0.0, rows=1)
+    increment = (curve.at(400, 16) - curve.at(16, 16)).item()
+    seen = (curve.at(13) - curve.at(1)).item()  # the largest increment the fit saw
+    added = (costs.target(400, 16, 16) - costs.target(16, 16)).item()
+    assert added >= increment - seen  # 0.0 before: 24 tokens a row priced as one
+    # within what the steps saw, the fit still rules: a 13-token tree at one row adds little
+    assert (costs.target(13, 1, 1) - costs.target(1, 1)).item() < 0.02
+
+
 @given(st.lists(st.integers(1, 1000), min_size=1, max_size=12))
 def test_a_measured_curve_is_pooled_into_the_closest_non_decreasing_one(values):
     pooled = increasing(values)
