@@ -10,6 +10,7 @@ import torch
 from specdec.tuning.machine import cpu_flags
 from specdec_torch.device import check_device, default_device, describe_device
 from specdec_torch.loading import load_torch_target
+from specdec_torch.threads import fit_threads
 
 __all__ = ["TorchBackend"]
 
@@ -23,6 +24,10 @@ class TorchBackend:
     compute_thread = (
         True  # OpenMP keeps a worker team per calling thread: one thread for all (specdec.compute)
     )
+
+    def __init__(self):
+        if default_device().type == "cpu":
+            fit_threads()  # before any work: threads for the cores other processes leave free
 
     def load_target(
         self,

@@ -60,5 +60,6 @@ def describe_device(device: str | None = None) -> str:
     elif resolved.type == "mps":
         where = f"mps {cpu_description()}"
     else:
-        where = f"cpu {cpu_description()}, {torch.get_num_threads()} threads"
+        threads = torch.get_num_threads()
+        where = f"cpu {cpu_description()}, {threads} thread{'' if threads == 1 else 's'}"
     return f"{where}, torch {torch.__version__}"

@@ -8,8 +8,8 @@ cores the process computed on, measured again below ``QUIET_SHARE``); the planne
 bench`` and the demo use the same rule here:
 
 - ``Measured`` is a ``CpuClock`` over the whole measurement that also reads, on Linux, what
-  the whole machine computed meanwhile (``/proc/stat``), so the share of the cores that *other*
-  work took is known: a process that uses fewer threads than there are cores (the NumPy
+  the whole machine computed meanwhile (``specdec.tuning.machine.machine_busy_seconds``), so
+  the share of the cores that *other* work took is known: a process that uses fewer threads than there are cores (the NumPy
   reference, ``OMP_NUM_THREADS=1``) is not mistaken for a busy machine. ``busy_line`` is the
   line printed with a table when other work took more than ``1 - QUIET_SHARE`` of the cores
   (elsewhere: when the process computed on less than ``QUIET_SHARE`` of them);
@@ -24,33 +24,13 @@ A choice is kept for ``generate`` only when none of these apply (``reasons_not_t
 
 from __future__ import annotations
 
-import os
 
-from specdec.tuning.machine import QUIET_SHARE, CpuClock
+from specdec.tuning.machine import QUIET_SHARE, CpuClock, cores, machine_busy_seconds
 
 __all__ = ["FAR", "SLACK", "Measured", "busy_line", "far_from", "impossible", "reasons_not_to_keep"]
 
 SLACK = 1.05  # a speedup up to 5% above tokens/step is timing noise, not an impossibility
 FAR = 1.5  # a measured speedup this many times below (or above) its prediction is far from it
-
-
-def _machine_busy_seconds() -> float | None:
-    """CPU seconds the whole machine has computed since boot (``/proc/stat``), or None."""
-    try:
-        with open("/proc/stat") as handle:
-            fields = [int(v) for v in handle.readline().split()[1:]]
-    except (OSError, ValueError, IndexError):
-        return None
-    # every state but idle and iowait (user, nice, system, irq, softirq, steal)
-    busy = sum(fields[:8]) - fields[3] - (fields[4] if len(fields) > 4 else 0)
-    return busy / os.sysconf("SC_CLK_TCK")
-
-
-def _cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
 
 
 class Measured(CpuClock):
@@ -61,12 +41,12 @@ class Measured(CpuClock):
         self.machine: float | None = 0.0
 
     def __enter__(self) -> "Measured":
-        self._machine = _machine_busy_seconds()
+        self._machine = machine_busy_seconds()
         return super().__enter__()
 
     def __exit__(self, *exc) -> None:
         super().__exit__(*exc)
-        end = _machine_busy_seconds()
+        end = machine_busy_seconds()
         if end is None or self._machine is None or self.machine is None:
             self.machine = None
         else:
@@ -78,7 +58,7 @@ class Measured(CpuClock):
         say)."""
         if self.machine is None or self.wall <= 0:
             return None
-        return max(self.machine - self.cpu, 0.0) / (self.wall * _cores())
+        return max(self.machine - self.cpu, 0.0) / (self.wall * cores())
 
     @property
     def quiet(self) -> bool:

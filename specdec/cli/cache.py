@@ -29,7 +29,7 @@ def add_parser(sub) -> None:
         parser.add_argument(
             f"--{name}", action="store_true", help=f"clear: remove the {name}/ folder ({what})"
         )
-    parser.set_defaults(func=cmd_cache)
+    parser.set_defaults(func=cmd_cache, late_names="names")
 
 
 # the folders besides converted models that `clear --NAME` removes alone, and what they hold

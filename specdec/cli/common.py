@@ -11,19 +11,38 @@ def add_generation_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--backend", default=None, help="numpy | torch | mlx | any installed backend"
     )
-    parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--temperature", type=float, default=0.0)
-    parser.add_argument("--top-k", type=int, default=None)
-    parser.add_argument("--top-p", type=float, default=None)
-    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--max-new-tokens", type=int, default=64, help="default 64")
+    parser.add_argument(
+        "--temperature",
+        type=float,
+        default=0.0,
+        help="0 (default): greedy, identical to plain decoding; above 0: sampled, distributed as "
+        "plain decoding's",
+    )
+    parser.add_argument("--top-k", type=int, default=None, help="sample among the k likeliest")
+    parser.add_argument(
+        "--top-p", type=float, default=None, help="sample within this probability mass"
+    )
+    parser.add_argument("--seed", type=int, default=None, help="sampling seed (default: random)")
     parser.add_argument(
         "--dtype", default=None, help="default: the fastest measured on this machine (specdec tune)"
     )
-    parser.add_argument("--device", default=None)
+    parser.add_argument(
+        "--device",
+        default=None,
+        help="torch: cpu, cuda, mps (default: the first available of cuda, mps, cpu)",
+    )
     add_exact_arg(parser)
-    parser.add_argument("--beam-width", type=int, default=None)
-    parser.add_argument("--beam-length", type=int, default=None)
-    parser.add_argument("--verifier", default=None)
+    parser.add_argument(
+        "--beam-width", type=int, default=None, help="ReDrafter: beams (default: the drafter's)"
+    )
+    parser.add_argument(
+        "--beam-length",
+        type=int,
+        default=None,
+        help="ReDrafter: tokens per beam (default: the drafter's)",
+    )
+    parser.add_argument("--verifier", default=None, help="default: the drafter's")
     add_speculation_arg(parser)
     parser.add_argument(
         "--lookup",

@@ -94,7 +94,12 @@ def main(argv=None) -> int:
             raise
         print(f"specdec: error: {one_line(exc)}", file=sys.stderr)
         return 2
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    late = getattr(args, "late_names", None)  # a command whose names may follow its options
+    if extra and (late is None or any(word.startswith("-") for word in extra)):
+        parser.parse_args(argv)  # exits with argparse's own message for what it does not know
+    if extra:  # `specdec cache verify --no-repair NAME`: argparse had closed the names already
+        getattr(args, late).extend(extra)
     try:
         if getattr(args, "on_compute_thread", False):  # one OpenMP team: specdec.compute
             return compute.run(args.func, args)

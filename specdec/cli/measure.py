@@ -12,7 +12,7 @@ from specdec.bench.report import markdown, write_outputs
 from specdec.bench.tree_planner import plan_tree
 from specdec.bench.trust import Measured, busy_line, impossible
 from specdec.drafting.lookup import DEFAULT_DRAFT_LENGTH
-from specdec.errors import require
+from specdec.errors import InvalidInputError, require
 from specdec.generation.components import resolve_drafter
 from specdec.generation.loading import load_backend
 from specdec.generation.resolve import resolve
@@ -74,6 +74,12 @@ def cmd_plan(args) -> int:
     named = resolve("drafter", args.drafter, registry, args.backend)
     if named.spec is not None and named.spec.tree_options:
         return _plan_tree(args, prompts)
+    if named.spec is None or not named.spec.beam_options:
+        raise InvalidInputError(
+            f"specdec plan chooses a drafter's beams (a spec with beam_options=True, as "
+            f"redrafter's) or its tree settings (tree_options, as eagle's and eagle3's); "
+            f"drafter {args.drafter!r} declares neither, so there is nothing to plan"
+        )
     lookup = not args.no_lookup
     clock = Measured()
     options = dict(backend=args.backend, dtype=args.dtype, max_new_tokens=args.max_new_tokens)
@@ -105,7 +111,7 @@ def cmd_plan(args) -> int:
     )
     current = (
         measure_current(args.model, args.drafter, prompts, clock=clock, **options)
-        if checked and not args.no_save
+        if checked
         else None
     )
     measured = {(r.beam_width, r.beam_length): r.measured_speedup for r in checked}

@@ -89,8 +89,8 @@ def check_out(out, *, overwrite: bool, sources: Iterable = (), flag: str = "--ou
         return folder
     if not overwrite:
         raise InvalidInputError(
-            f"{flag} {folder} is not empty; choose an empty folder or pass overwrite=True "
-            "(`--overwrite`) to replace what an earlier export or import wrote there"
+            f"{flag} {folder} is not empty; choose an empty folder or pass --overwrite "
+            "(overwrite=True in Python) to replace what an earlier export or import wrote there"
         )
     ours = written_by_specdec(folder)
     foreign = [name for name in entries if name != WRITTEN and name not in (ours or set())]

@@ -44,6 +44,11 @@ RUN_FILES = (
 )
 
 
+def _a(word: str) -> str:
+    """``word`` with its indefinite article ("an eagle3", "a medusa")."""
+    return f"{'an' if word[:1].lower() in 'aeiou' else 'a'} {word}"
+
+
 def _model_types() -> dict[str, str]:
     """Drafter name -> the model_type of its checkpoints, for every installed drafter spec."""
     return {
@@ -188,12 +193,12 @@ def claim_out(
             )
         if run is not None and run["kind"] != kind and not overwrite:
             raise TrainingOutputError(
-                f"--out {folder} holds a {run['kind']} training run, not a {kind} one: choose "
+                f"--out {folder} holds {_a(run['kind'])} training run, not {_a(kind)} one: choose "
                 "another folder, or pass --overwrite to replace it"
             )
         if run is not None and run["kind"] == kind and has_work(folder) and not overwrite:
             raise TrainingOutputError(
-                f"--out {folder} already holds a {kind} training run "
+                f"--out {folder} already holds {_a(kind)} training run "
                 f"({describe_progress(folder)}): pass --resume to continue it, choose a new "
                 "folder, or pass --overwrite to start again and replace it"
             )

@@ -6,6 +6,8 @@ apart), for the keys under which speed measurements are cached and for the backe
 descriptions. ``machine_share`` and ``CpuClock`` say what share of the cores a timed block computed
 on: a measurement below ``QUIET_SHARE`` shared the cores with other work, and every measured
 choice (the dtype, the cost curve, the planner, the benchmarks) treats it as such.
+``machine_busy_seconds`` reads what the whole machine computed (Linux), and ``busy_cores`` how
+many cores other work keeps busy now: what a backend's thread count should leave alone.
 """
 
 from __future__ import annotations
@@ -17,7 +19,16 @@ import platform
 import time
 from pathlib import Path
 
-__all__ = ["QUIET_SHARE", "CpuClock", "cpu_description", "cpu_flags", "machine_share"]
+__all__ = [
+    "QUIET_SHARE",
+    "CpuClock",
+    "busy_cores",
+    "cores",
+    "cpu_description",
+    "cpu_flags",
+    "machine_busy_seconds",
+    "machine_share",
+]
 
 # a measurement whose process got less of the cores' time than this shared them with other work
 QUIET_SHARE = 0.85
@@ -62,11 +73,41 @@ def machine_share(wall: float, cpu: float) -> float:
     measurement below ``QUIET_SHARE`` shared the cores with other work: its timings have the
     wrong proportions, not only the wrong scale. (A device whose work is not CPU time, a GPU,
     reads as busy.)"""
+    return cpu / max(wall * cores(), 1e-9)
+
+
+def cores() -> int:
+    """The cores this process may run on."""
     try:
-        cores = len(os.sched_getaffinity(0))
+        return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
-        cores = os.cpu_count() or 1
-    return cpu / max(wall * cores, 1e-9)
+        return os.cpu_count() or 1
+
+
+def machine_busy_seconds() -> float | None:
+    """CPU seconds the whole machine has computed since boot (``/proc/stat``), or None."""
+    try:
+        with open("/proc/stat") as handle:
+            fields = [int(v) for v in handle.readline().split()[1:]]
+    except (OSError, ValueError, IndexError):
+        return None
+    # every state but idle and iowait (user, nice, system, irq, softirq, steal)
+    busy = sum(fields[:8]) - fields[3] - (fields[4] if len(fields) > 4 else 0)
+    return busy / os.sysconf("SC_CLK_TCK")
+
+
+def busy_cores(seconds: float = 0.3) -> float | None:
+    """How many cores other processes computed on over the next ``seconds`` (the machine's CPU
+    time less this process's, over the wall time), or None where the system does not say."""
+    start, own, wall = machine_busy_seconds(), time.process_time(), time.perf_counter()
+    if start is None:
+        return None
+    time.sleep(seconds)
+    end = machine_busy_seconds()
+    if end is None:
+        return None
+    others = (end - start) - (time.process_time() - own)
+    return max(others, 0.0) / max(time.perf_counter() - wall, 1e-9)
 
 
 class CpuClock:

@@ -347,3 +347,14 @@ def test_cache_command_says_when_the_cache_is_empty(tmp_path, monkeypatch, capsy
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "nothing-yet"))
     assert cli.main(["cache"]) == 0
     assert "(empty: no converted model" in capsys.readouterr().out
+
+
+def test_cache_names_may_follow_the_options(tmp_path, monkeypatch, capsys):
+    """`specdec cache verify --no-repair NAME` was refused ("unrecognized arguments: NAME"):
+    argparse had closed the names before the option; now they are the command's names."""
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
+    assert cli.main(["cache", "verify", "--no-repair", "no-such-model"]) == 2
+    assert "no model named no-such-model in the cache" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # an unknown option is still argparse's error
+        cli.main(["cache", "verify", "--no-such-flag", "no-such-model"])
+    assert "unrecognized arguments: --no-such-flag" in capsys.readouterr().err

@@ -331,6 +331,19 @@ def test_plan_decodes_a_tree_drafters_settings(model_dir, tmp_path, monkeypatch,
     assert recommended.group(1) == given
 
 
+def test_plan_of_a_drafter_without_beams_or_tree_settings_says_so(model_dir, tmp_path, capsys):
+    """It said "drafter 'lookup' does not take option(s) ['beam_length', 'beam_width']": true, but
+    not that plan chooses beams or tree settings only."""
+    from specdec.cli.main import main
+
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "bada beda bida"}\n')
+    args = ["plan", "--model", str(model_dir), "--drafter", "lookup", "--backend", "numpy"]
+    assert main([*args, "--prompts", str(prompts)]) == 2
+    err = capsys.readouterr().err
+    assert "beam_options=True" in err and "tree_options" in err and "'lookup'" in err
+
+
 def test_plan_on_a_shipped_prompt_set_says_to_plan_on_ones_own(model_dir, tmp_path):
     from specdec.testing import make_random_drafter
 

@@ -1,0 +1,53 @@
+"""Torch's CPU threads fitted to the cores that other work leaves free.
+
+PyTorch computes on as many OpenMP threads as the machine has cores. Where another process keeps
+a core busy, every parallel region (thousands per forward) waits for the worker that the kernel
+has set aside for that process: on a 2-core machine with one core busy elsewhere, SmolLM2-135M
+decoded plainly at 1.1 tokens/s on two threads and at 19-20 on one, 18x apart, and nothing
+said why. So before the torch backend first computes, unless ``OMP_NUM_THREADS`` chose the
+count, ``fit_threads`` measures how many cores other processes keep busy
+(``specdec.tuning.machine.busy_cores``, a fraction of a second) and, where fewer are free than
+torch would use, gives torch the free ones (at least one) and says so in one line on stderr.
+The count is part of the device description, so measured speeds are cached per count.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import torch
+
+from specdec.tuning.machine import busy_cores, cores
+
+__all__ = ["VARIABLE", "fit_threads"]
+
+VARIABLE = "OMP_NUM_THREADS"  # a count the user chose: left as it is
+_fitted = False
+
+
+def fit_threads(measure=busy_cores) -> int | None:
+    """Once per process: torch's thread count lowered to the free cores when other processes
+    keep some busy (module docstring). Returns the new count, or None where it was left."""
+    global _fitted
+    if _fitted:
+        return None
+    _fitted = True
+    if os.environ.get(VARIABLE, "").strip():
+        return None
+    threads = torch.get_num_threads()
+    busy = measure()
+    if busy is None:
+        return None
+    free = max(cores() - int(round(busy)), 1)
+    if free >= threads:
+        return None
+    torch.set_num_threads(free)
+    print(
+        f"specdec: other processes keep {busy:.1f} of {cores()} cores busy, so torch computes on "
+        f"{free} thread{'s' if free > 1 else ''}, not {threads} (threads beyond the free cores "
+        f"can slow every step many times over); set {VARIABLE}=N to choose",
+        file=sys.stderr,
+        flush=True,
+    )
+    return free

@@ -1,0 +1,45 @@
+"""Torch's threads fitted to the free cores: lowered (with a line saying so) where other
+processes keep cores busy, left where the user chose a count or the cores are free."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")  # required when SPECDEC_TEST_BACKENDS names torch (conftest)
+
+from specdec_torch import threads  # noqa: E402
+
+
+@pytest.fixture
+def fresh(monkeypatch):
+    """fit_threads as in a new process on a 2-core machine whose torch uses 2 threads; the
+    process's thread count is put back afterwards."""
+    before = torch.get_num_threads()
+    monkeypatch.setattr(threads, "_fitted", False)
+    monkeypatch.setattr(threads, "cores", lambda: 2)
+    monkeypatch.delenv(threads.VARIABLE, raising=False)
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(before)
+
+
+def test_a_busy_core_leaves_torch_one_thread_and_says_so(fresh, capsys):
+    assert threads.fit_threads(measure=lambda: 0.97) == 1
+    assert torch.get_num_threads() == 1
+    line = capsys.readouterr().err
+    assert "1.0 of 2 cores busy" in line and "1 thread, not 2" in line
+    assert "OMP_NUM_THREADS" in line
+    assert threads.fit_threads(measure=lambda: 0.0) is None  # once per process
+
+
+@pytest.mark.parametrize("busy", [0.0, 0.4, None])
+def test_free_cores_or_no_reading_leave_the_count(fresh, capsys, busy):
+    assert threads.fit_threads(measure=lambda: busy) is None
+    assert torch.get_num_threads() == 2
+    assert capsys.readouterr().err == ""
+
+
+def test_a_count_the_user_chose_is_left(fresh, monkeypatch, capsys):
+    monkeypatch.setenv(threads.VARIABLE, "2")
+    assert threads.fit_threads(measure=lambda: 1.0) is None
+    assert torch.get_num_threads() == 2 and capsys.readouterr().err == ""
