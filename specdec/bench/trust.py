@@ -9,8 +9,9 @@ bench`` and the demo use the same rule here:
 
 - ``Measured`` is a ``CpuClock`` over the whole measurement that also reads, on Linux, what
   the whole machine computed meanwhile (``specdec.tuning.machine.machine_busy_seconds``), so
-  the share of the cores that *other* work took is known: a process that uses fewer threads than there are cores (the NumPy
-  reference, ``OMP_NUM_THREADS=1``) is not mistaken for a busy machine. ``busy_line`` is the
+  the share of the cores that *other* work took is known: a process that uses fewer threads
+  than there are cores (the NumPy reference, ``OMP_NUM_THREADS=1``) is not mistaken for a busy
+  machine. ``busy_line`` is the
   line printed with a table when other work took more than ``1 - QUIET_SHARE`` of the cores
   (elsewhere: when the process computed on less than ``QUIET_SHARE`` of them);
 - ``impossible`` flags a speedup above the tokens per step it rests on (a drafting step costs at
