@@ -3,7 +3,7 @@
 A log file or a pipe does not take a bar's carriage returns (each redraw would be a line of its
 own, or junk), nor should a run sent there be silent for minutes; so where stderr is not a
 terminal each ``update`` says, at most every ``LINE_SECONDS``, how far it is: "bench: 12 of 48
-runs, 2.3 min"."""
+runs done, 2.3 min"."""
 
 from __future__ import annotations
 
@@ -33,8 +33,9 @@ class _Lines:
         if now - self.said >= LINE_SECONDS:
             self.said = now
             of = f" of {self.total}" if self.total else ""
+            minutes = (now - self.began) / 60
             print(
-                f"{self.desc}: {self.done}{of} {self.unit}s, {(now - self.began) / 60:.1f} min",
+                f"{self.desc}: {self.done}{of} {self.unit}s done, {minutes:.1f} min",
                 file=sys.stderr,
                 flush=True,
             )

@@ -285,8 +285,8 @@ def test_progress_is_lines_where_stderr_is_not_a_terminal(monkeypatch, capsys):
     err = capsys.readouterr().err
     assert "\r" not in err
     lines = [line.split(",")[0] for line in err.splitlines()]
-    assert lines == [f"bench: {i} of 3 runs" for i in (1, 2, 3)] + [
-        f"timing: {i} of 2 shapes" for i in (1, 2)
+    assert lines == [f"bench: {i} of 3 runs done" for i in (1, 2, 3)] + [
+        f"timing: {i} of 2 shapes done" for i in (1, 2)
     ]
     monkeypatch.setattr(progress_module, "LINE_SECONDS", 3600.0)
     list(progress_module.progress(range(5), desc="quiet"))  # within the minute: silent
