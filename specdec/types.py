@@ -269,7 +269,9 @@ class StepResult:
     Times in seconds: draft (drafter + tree building), verify (target forward + verifier),
     other (commit, host transfer, bookkeeping), prefill (admitting prompts into slots).
     ``prefilled`` (B,) bool: rows whose request was admitted in this step (their first token
-    comes from the prompt's forward, not from a tree).
+    comes from the prompt's forward, not from a tree). ``plain_reasons``: per row of a decode
+    step, None where it drafted (verified more than its root), else why it decoded plainly (one
+    of ``specdec.decode.budget.PLAIN_REASONS``); empty where not told.
     """
 
     step: int
@@ -283,6 +285,7 @@ class StepResult:
     time_prefill: float = 0.0
     prefilled: Any = None
     requests: tuple[int, ...] = ()
+    plain_reasons: tuple = ()
 
     @property
     def is_prefill(self) -> bool:
@@ -296,7 +299,9 @@ class GenerationStats:
     """Aggregates over a generation; ``tokens_per_step`` counts the bonus token
     (plain decoding = 1.0). ``drafting_row_steps``: the decode row-steps in which a row drafted
     (verified more than its root): what ``speculation="auto"`` chose, ``drafting_share`` of the
-    decode row-steps (``describe_speculation`` says it in words)."""
+    decode row-steps (``describe_speculation`` says it in words); ``plain_reasons``: the others,
+    counted by why they decoded plainly ({reason: row-steps}, ``PLAIN_REASONS`` of
+    ``specdec.decode.budget``)."""
 
     steps: int
     new_tokens: int
@@ -310,6 +315,7 @@ class GenerationStats:
     time_prefill: float
     drafting_row_steps: int = 0
     decode_row_steps: int = 0
+    plain_reasons: dict = attrs.field(factory=dict)
 
     @property
     def drafting_share(self) -> float:
@@ -322,10 +328,12 @@ class GenerationStats:
         proposes nothing for a step (prompt lookup where the text has no match) leaves it plain."""
         if not self.decode_row_steps:
             return "no decode step"
+        plain = ", ".join(f"{n} {why}" for why, n in sorted(self.plain_reasons.items()))
         return (
             f"drafted in {self.drafting_row_steps} of {self.decode_row_steps} decode steps "
             f"({self.drafting_share:.0%}); {self.accepted_tokens} of {self.drafted_tokens} drafted "
             f"tokens accepted; {self.tokens_per_step:.2f} tokens per step"
+            + (f"; plain steps by reason: {plain}" if plain else "")
         )
 
     @property

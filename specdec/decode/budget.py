@@ -77,7 +77,7 @@ from typing import Sequence
 import attrs
 import numpy as np
 
-from specdec.decode.realized import RealizedRates
+from specdec.decode.realized import RealizedRates, bucket
 from specdec.errors import InvalidInputError
 from specdec.tuning.costs import StepCosts, plain_share
 from specdec.slots import PREFILL_CHUNK
@@ -85,6 +85,7 @@ from specdec.slots import PREFILL_CHUNK
 __all__ = [
     "BUDGETS",
     "MODES",
+    "PLAIN_REASONS",
     "Speculation",
     "StepBudgets",
     "check_speculation",
@@ -112,6 +113,9 @@ EXPLORE_COST = 0.05  # ... when its extra cost spread over them is at most this 
 # a step decoded plainly after this many steps without one: the plain step's price is learnt from
 # plain steps alone (``specdec.tuning.costs``), and a price left too dear would never be tested
 PLAIN_EVERY = 64
+# why a request's row decoded plainly in a step (``Speculation.reasons``; the decode loop adds
+# "no draft" for a row whose drafter proposed nothing)
+PLAIN_REASONS = ("prompt", "measuring", "prediction", "realized", "never", "no draft")
 # tokens per step before any was seen
 GUESS = 1.0 + 0.4 * np.sqrt(np.asarray(BUDGETS, dtype=np.float64))
 _LIMITS = np.asarray(BUDGETS, dtype=np.float64)
@@ -244,6 +248,7 @@ class Speculation:
         self._since_plain = 0  # decode steps since the last one decoded plainly
         self.realized = RealizedRates()  # what steps delivered, per row count
         self._step_rows, self._step_tokens = 0, 0  # the decode rows of this step and their tokens
+        self.reasons: dict[int, str] = {}  # this step's: request id -> why it decodes plainly
 
     @property
     def needs_costs(self) -> bool:
@@ -290,10 +295,12 @@ class Speculation:
     def step_budgets(self, request_ids: Sequence[int], chunk_tokens: int = 0) -> StepBudgets:
         """Budgets for the requests decoded this step, beside ``chunk_tokens`` prompt tokens."""
         self._step_rows, self._step_tokens = 0, 0  # a step begins: its rows are counted anew
+        self.reasons = {}
         ids = list(request_ids)
         if not ids:
             return StepBudgets({}, 0, 0)
         if self.mode == "never":
+            self.reasons = dict.fromkeys(ids, "never")
             return StepBudgets(dict.fromkeys(ids, 0), len(ids), 0)
         if self.mode == "always" or self.costs is None:
             return StepBudgets(
@@ -301,7 +308,10 @@ class Speculation:
                 int(round(len(ids) * (self._estimates(ids)[1][:, -1].max() + 1.0))),
                 len(ids),
             )
-        return self.choose(ids, chunk_tokens)
+        plan = self.choose(ids, chunk_tokens)
+        if not self.reasons:  # a subclass's choice: what it left plain, it left on its prediction
+            self.reasons = {i: "prediction" for i in ids if plan.budgets.get(i) == 0}
+        return plan
 
     def choose(self, ids: list[int], chunk_tokens: int) -> StepBudgets:
         """The budget and drafting set of the best predicted tokens per second (module docstring):
@@ -313,6 +323,7 @@ class Speculation:
         plain_time = float(costs.target(chunk_tokens + batch, batch + (chunk_tokens > 0)))
         chosen = StepBudgets(dict.fromkeys(ids, 0), batch, 0, plain_time)
         if chunk_tokens or self._since_plain >= PLAIN_EVERY:
+            self.reasons = dict.fromkeys(ids, "prompt" if chunk_tokens else "measuring")
             return chosen
         tokens, kept = self._estimates(ids)  # (B, budgets) each
         gain = tokens - 1.0
@@ -335,7 +346,10 @@ class Speculation:
             chosen = StepBudgets(budgets, int(batch * width[m, j]), m + 1, seconds)
         plan = self._explore(ids, kept[:, -1] + 1.0, chosen)
         if plan.drafting and not self.realized.allows(batch):  # drafting lost at this row count
+            why = "realized" if self.realized.losing(bucket(batch)) else "measuring"
+            self.reasons = dict.fromkeys(ids, why)
             return StepBudgets(dict.fromkeys(ids, 0), batch, 0, plain_time)
+        self.reasons = {i: "prediction" for i in ids if plan.budgets[i] == 0}
         return plan
 
     def _explore(self, ids: list[int], nodes: np.ndarray, chosen: StepBudgets) -> StepBudgets:

@@ -318,6 +318,8 @@ class Decoder:
         for state in group.states:
             if state.done:
                 self._finish(state.slot, state.finish_reason)
+        reasons = getattr(self.speculation, "reasons", {})
+        budgets = group.budgets or (None,) * len(group.ids)
         return StepResult(
             step=self.steps,
             requests=group.ids,
@@ -325,6 +327,12 @@ class Decoder:
             num_accepted=num_accepted,
             num_drafted=drafted_counts(group, checked),
             num_verified=num_nodes.astype(np.int64),
+            plain_reasons=tuple(
+                None
+                if num_nodes[b] > 1
+                else ("no draft" if budget != 0 else reasons.get(request_id, "prediction"))
+                for b, (request_id, budget) in enumerate(zip(group.ids, budgets))
+            ),
         )
 
     def advance_chunks(

@@ -200,6 +200,7 @@ def collect(steps, batch_size: int, *, batched: bool, tokenizer=None) -> Generat
         steps=0, row_steps=0, drafted=0, verified=0, accepted=0, draft=0.0, verify=0.0, other=0.0
     )
     drafting = decoding = 0  # row-steps that drafted, of those that decoded
+    reasons: dict = {}  # the others, by why they decoded plainly
     prefill = 0.0
     admitted = False
     for result in steps:
@@ -214,6 +215,9 @@ def collect(steps, batch_size: int, *, batched: bool, tokenizer=None) -> Generat
         totals["row_steps"] += int(np.count_nonzero(result.num_verified))
         decoding += int(np.count_nonzero(result.num_verified))
         drafting += int(np.count_nonzero(np.asarray(result.num_verified) > 1))
+        for why in result.plain_reasons:
+            if why is not None:
+                reasons[why] = reasons.get(why, 0) + 1
         totals["drafted"] += int(np.sum(result.num_drafted))
         totals["verified"] += int(np.sum(result.num_verified))
         totals["accepted"] += int(np.sum(result.num_accepted))
@@ -233,6 +237,7 @@ def collect(steps, batch_size: int, *, batched: bool, tokenizer=None) -> Generat
         time_prefill=prefill,
         drafting_row_steps=drafting,
         decode_row_steps=decoding,
+        plain_reasons=reasons,
     )
     text = [tokenizer.decode(t) for t in tokens] if tokenizer is not None else None
     if not batched:

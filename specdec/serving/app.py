@@ -72,6 +72,7 @@ def _usage(completion) -> dict:
             "drafting_steps": completion.drafting_steps,
             "drafted_tokens": completion.drafted_tokens,
             "accepted_tokens": completion.accepted_tokens,
+            "plain_reasons": dict(completion.plain_reasons),
         },
     }
 

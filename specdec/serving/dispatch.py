@@ -115,8 +115,12 @@ class Dispatch:
                 metrics.observe("tokens_per_step", len(tokens))
             chunk = handle.take(list(tokens), now, metrics)
             if not prefill:
+                why = result.plain_reasons[row] if result.plain_reasons else None
                 handle.count_step(
-                    int(result.num_drafted[row]), int(result.num_accepted[row]), len(chunk.tokens)
+                    int(result.num_drafted[row]),
+                    int(result.num_accepted[row]),
+                    len(chunk.tokens),
+                    why,
                 )
             # ended by a stop string: the decoder does not know yet
             if chunk.finish_reason is not None:

@@ -64,6 +64,8 @@ class Completion:
     drafted_tokens: int = 0
     accepted_tokens: int = 0
     drafting_steps: int = 0  # the steps in which it drafted (what speculation="auto" chose)
+    # the steps in which it decoded plainly, by why (``specdec.decode.budget.PLAIN_REASONS``)
+    plain_reasons: dict = attrs.field(factory=dict)
 
     @property
     def completion_tokens(self) -> int:
@@ -99,6 +101,7 @@ class Handle:
         self.steps = self.drafted_tokens = self.accepted_tokens = self.drafting_steps = (
             0  # its speculation (``Completion``)
         )
+        self.plain_reasons: dict[str, int] = {}  # its plain steps by why (``Completion``)
         self._chunks: list[Chunk] = []
         self._cond = threading.Condition()
         self._waiters: list[tuple[asyncio.AbstractEventLoop, asyncio.Future]] = []
@@ -216,6 +219,7 @@ class Handle:
             drafted_tokens=self.drafted_tokens,
             accepted_tokens=self.accepted_tokens,
             drafting_steps=self.drafting_steps,
+            plain_reasons=dict(self.plain_reasons),
         )
 
     # -- writing (the scheduler thread) --
@@ -259,11 +263,13 @@ class Handle:
         self._text.append("".join(text))
         return Chunk(tokens=tuple(kept), text="".join(text), finish_reason=finish)
 
-    def count_step(self, drafted: int, accepted: int, kept: int) -> None:
+    def count_step(self, drafted: int, accepted: int, kept: int, plain: str | None = None) -> None:
         """Count a decode step of this request: ``drafted`` tokens verified, ``accepted`` of them
         by the verifier, ``kept`` tokens of the step in its output (``take``): the accepted ones
-        kept are those past the step's first."""
+        kept are those past the step's first; ``plain``: why it decoded plainly, if it did."""
         self.steps += 1
+        if plain is not None:
+            self.plain_reasons[plain] = self.plain_reasons.get(plain, 0) + 1
         self.drafting_steps += drafted > 0
         self.drafted_tokens += drafted
         self.accepted_tokens += max(0, min(accepted, kept - 1))

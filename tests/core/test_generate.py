@@ -302,6 +302,36 @@ def test_stats_say_how_often_the_rows_drafted(target):
     stats = drafting.stats
     assert 0 < stats.drafting_row_steps <= stats.decode_row_steps
     assert stats.drafting_share == stats.drafting_row_steps / stats.decode_row_steps
+    # and why the others decoded plainly, each counted once
+    plain_steps = stats.decode_row_steps - stats.drafting_row_steps
+    assert sum(stats.plain_reasons.values()) == plain_steps
+    assert set(stats.plain_reasons) <= {"no draft"}  # "always": only where lookup found nothing
+
+
+def test_stats_say_why_steps_decoded_plainly(target):
+    """Per request: each decode row-step that did not draft, by why (it was not reported)."""
+    import specdec
+    from specdec.decode.budget import PLAIN_REASONS
+
+    never = specdec.generate(
+        target,
+        [5, 6, 7, 5, 6, 7],
+        drafter="lookup",
+        backend="numpy",
+        max_new_tokens=8,
+        speculation="never",
+    ).stats
+    assert never.plain_reasons == {"never": never.decode_row_steps}
+    assert "plain steps by reason: 7 never" in never.describe_speculation()
+    auto = specdec.generate(
+        target,
+        [[5, 6, 7, 5, 6, 7], [1, 2, 3]],
+        drafter="lookup",
+        backend="numpy",
+        max_new_tokens=12,
+    ).stats
+    assert sum(auto.plain_reasons.values()) == auto.decode_row_steps - auto.drafting_row_steps
+    assert set(auto.plain_reasons) <= set(PLAIN_REASONS)
 
 
 def test_a_loaded_target_decodes_on_the_backend_that_loaded_it(model_dir):

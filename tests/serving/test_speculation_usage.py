@@ -23,6 +23,8 @@ def consistent(completion):
     assert completion.completion_tokens == 1 + steps + accepted, completion
     assert 0 <= accepted <= completion.drafted_tokens, completion
     assert completion.tokens_per_step == (steps + accepted) / steps
+    # every step that did not draft, counted once by why
+    assert sum(completion.plain_reasons.values()) == steps - completion.drafting_steps, completion
 
 
 def test_speculative_requests_count_their_steps_and_accepted_tokens(make_engine):
@@ -46,6 +48,7 @@ def test_plain_decoding_takes_a_step_per_token(make_engine):
     completion = engine.generate([1, 2, 3], max_new_tokens=7)
     assert (completion.steps, completion.drafted_tokens, completion.accepted_tokens) == (6, 0, 0)
     assert completion.drafting_steps == 0
+    assert completion.plain_reasons == {"no draft": 6}  # "always", but the drafter drafts nothing
     assert completion.tokens_per_step == 1.0
     one = engine.generate([1, 2, 3], max_new_tokens=1)  # its token comes from the prompt's forward
     assert (one.steps, one.completion_tokens, one.tokens_per_step) == (0, 1, 0.0)
@@ -63,8 +66,16 @@ def test_the_server_reports_speculation_in_usage(serve):
     body = {"model": "tiny", "prompt": [1, 2, 3], "max_tokens": 20, "temperature": 0}
     usage = httpx.post(base + "/completions", json=body, timeout=60).json()["usage"]
     speculation = usage["speculation"]
-    assert set(speculation) == {"steps", "drafting_steps", "drafted_tokens", "accepted_tokens"}
+    assert set(speculation) == {
+        "steps",
+        "drafting_steps",
+        "drafted_tokens",
+        "accepted_tokens",
+        "plain_reasons",
+    }
     assert 0 < speculation["drafting_steps"] <= speculation["steps"]  # "always": it drafted
+    plain = speculation["steps"] - speculation["drafting_steps"]
+    assert sum(speculation["plain_reasons"].values()) == plain
     assert usage["completion_tokens"] == 1 + speculation["steps"] + speculation["accepted_tokens"]
     assert 0 < speculation["accepted_tokens"] <= speculation["drafted_tokens"]
     events = []
