@@ -7,12 +7,11 @@ refuses such measurements (``specdec.tuning.machine.machine_share``: the share o
 cores the process computed on, measured again below ``QUIET_SHARE``); the planners, ``specdec
 bench`` and the demo use the same rule here:
 
-- ``Measured`` is a ``CpuClock`` over the whole measurement that also reads, on Linux, what
-  the whole machine computed meanwhile (``specdec.tuning.machine.machine_busy_seconds``), so
-  the share of the cores that *other* work took is known: a process that uses fewer threads
-  than there are cores (the NumPy reference, ``OMP_NUM_THREADS=1``) is not mistaken for a busy
-  machine. ``busy_line`` is the
-  line printed with a table when other work took more than ``1 - QUIET_SHARE`` of the cores
+- ``Measured`` (``specdec.tuning.machine``) is a ``CpuClock`` over the whole measurement that
+  also reads, on Linux, what the whole machine computed meanwhile, so the share of the cores
+  that *other* work took is known: a process that uses fewer threads than there are cores (the
+  NumPy reference, ``OMP_NUM_THREADS=1``) is not mistaken for a busy machine. ``busy_line`` is
+  the line printed with a table when other work took more than ``1 - QUIET_SHARE`` of the cores
   (elsewhere: when the process computed on less than ``QUIET_SHARE`` of them);
 - ``impossible`` flags a speedup above the tokens per step it rests on (a drafting step costs at
   least a plain one: its forward carries at least the plain token, and drafting comes on top),
@@ -25,48 +24,12 @@ A choice is kept for ``generate`` only when none of these apply (``reasons_not_t
 
 from __future__ import annotations
 
-
-from specdec.tuning.machine import QUIET_SHARE, CpuClock, cores, machine_busy_seconds
+from specdec.tuning.machine import QUIET_SHARE, CpuClock, Measured
 
 __all__ = ["FAR", "SLACK", "Measured", "busy_line", "far_from", "impossible", "reasons_not_to_keep"]
 
 SLACK = 1.05  # a speedup up to 5% above tokens/step is timing noise, not an impossibility
 FAR = 1.5  # a measured speedup this many times below (or above) its prediction is far from it
-
-
-class Measured(CpuClock):
-    """A ``CpuClock`` that also knows what share of the cores other work took meanwhile."""
-
-    def __init__(self):
-        super().__init__()
-        self.machine: float | None = 0.0
-
-    def __enter__(self) -> "Measured":
-        self._machine = machine_busy_seconds()
-        return super().__enter__()
-
-    def __exit__(self, *exc) -> None:
-        super().__exit__(*exc)
-        end = machine_busy_seconds()
-        if end is None or self._machine is None or self.machine is None:
-            self.machine = None
-        else:
-            self.machine += end - self._machine
-
-    @property
-    def others(self) -> float | None:
-        """The share of the cores other processes computed on (None where the system does not
-        say)."""
-        if self.machine is None or self.wall <= 0:
-            return None
-        return max(self.machine - self.cpu, 0.0) / (self.wall * cores())
-
-    @property
-    def quiet(self) -> bool:
-        if self.wall <= 0:
-            return True
-        others = self.others
-        return self.share >= QUIET_SHARE if others is None else others <= 1 - QUIET_SHARE
 
 
 def busy_line(clock: CpuClock) -> str | None:

@@ -6,8 +6,10 @@ apart), for the keys under which speed measurements are cached and for the backe
 descriptions. ``machine_share`` and ``CpuClock`` say what share of the cores a timed block computed
 on: a measurement below ``QUIET_SHARE`` shared the cores with other work, and every measured
 choice (the dtype, the cost curve, the planner, the benchmarks) treats it as such.
-``machine_busy_seconds`` reads what the whole machine computed (Linux), and ``busy_cores`` how
-many cores other work keeps busy now: what a backend's thread count should leave alone.
+``machine_busy_seconds`` reads what the whole machine computed (Linux); ``Measured``, a
+``CpuClock`` that reads it too, says what share of the cores other work took meanwhile, and
+``busy_cores`` how many cores other work keeps busy now: what a backend's thread count should
+leave alone.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from pathlib import Path
 __all__ = [
     "QUIET_SHARE",
     "CpuClock",
+    "Measured",
     "busy_cores",
     "cores",
     "cpu_description",
@@ -97,17 +100,13 @@ def machine_busy_seconds() -> float | None:
 
 
 def busy_cores(seconds: float = 0.3) -> float | None:
-    """How many cores other processes computed on over the next ``seconds`` (the machine's CPU
-    time less this process's, over the wall time), or None where the system does not say."""
-    start, own, wall = machine_busy_seconds(), time.process_time(), time.perf_counter()
-    if start is None:
-        return None
-    time.sleep(seconds)
-    end = machine_busy_seconds()
-    if end is None:
-        return None
-    others = (end - start) - (time.process_time() - own)
-    return max(others, 0.0) / max(time.perf_counter() - wall, 1e-9)
+    """How many cores other processes computed on over the next ``seconds`` (``Measured``), or
+    None where the system does not say."""
+    clock = Measured()
+    with clock:
+        time.sleep(seconds)
+    others = clock.others
+    return None if others is None else others * cores()
 
 
 class CpuClock:
@@ -129,3 +128,38 @@ class CpuClock:
     @property
     def share(self) -> float:
         return machine_share(self.wall, self.cpu)
+
+
+class Measured(CpuClock):
+    """A ``CpuClock`` that also knows what share of the cores other work took meanwhile."""
+
+    def __init__(self):
+        super().__init__()
+        self.machine: float | None = 0.0
+
+    def __enter__(self) -> "Measured":
+        self._machine = machine_busy_seconds()
+        return super().__enter__()
+
+    def __exit__(self, *exc) -> None:
+        super().__exit__(*exc)
+        end = machine_busy_seconds()
+        if end is None or self._machine is None or self.machine is None:
+            self.machine = None
+        else:
+            self.machine += end - self._machine
+
+    @property
+    def others(self) -> float | None:
+        """The share of the cores other processes computed on (None where the system does not
+        say)."""
+        if self.machine is None or self.wall <= 0:
+            return None
+        return max(self.machine - self.cpu, 0.0) / (self.wall * cores())
+
+    @property
+    def quiet(self) -> bool:
+        if self.wall <= 0:
+            return True
+        others = self.others
+        return self.share >= QUIET_SHARE if others is None else others <= 1 - QUIET_SHARE
