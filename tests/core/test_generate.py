@@ -282,6 +282,18 @@ def test_stop_at_eos(model_dir, tmp_path):
     assert stopped == tokens[: tokens.index(eos) + 1]
 
 
+def _lookup_stats(target, prompts, max_new_tokens, speculation):
+    """The stats of prompt lookup decoding ``prompts`` on the numpy reference."""
+    return specdec.generate(
+        target,
+        prompts,
+        drafter="lookup",
+        backend="numpy",
+        max_new_tokens=max_new_tokens,
+        speculation=speculation,
+    ).stats
+
+
 def test_stats_say_how_often_the_rows_drafted(target):
     """What speculation chose is in the result: decode row-steps that drafted, of all of them."""
     import specdec
@@ -291,15 +303,7 @@ def test_stats_say_how_often_the_rows_drafted(target):
     )
     assert plain.stats.drafting_row_steps == 0 and plain.stats.decode_row_steps == 7
     assert plain.stats.describe_speculation().startswith("drafted in 0 of 7 decode steps")
-    drafting = specdec.generate(
-        target,
-        [5, 6, 7, 5, 6, 7],
-        drafter="lookup",
-        backend="numpy",
-        max_new_tokens=8,
-        speculation="always",
-    )
-    stats = drafting.stats
+    stats = _lookup_stats(target, [5, 6, 7, 5, 6, 7], 8, "always")
     assert 0 < stats.drafting_row_steps <= stats.decode_row_steps
     assert stats.drafting_share == stats.drafting_row_steps / stats.decode_row_steps
     # and why the others decoded plainly, each counted once
@@ -310,26 +314,13 @@ def test_stats_say_how_often_the_rows_drafted(target):
 
 def test_stats_say_why_steps_decoded_plainly(target):
     """Per request: each decode row-step that did not draft, by why (it was not reported)."""
-    import specdec
     from specdec.decode.budget import PLAIN_REASONS
 
-    never = specdec.generate(
-        target,
-        [5, 6, 7, 5, 6, 7],
-        drafter="lookup",
-        backend="numpy",
-        max_new_tokens=8,
-        speculation="never",
-    ).stats
+    never = _lookup_stats(target, [5, 6, 7, 5, 6, 7], 8, "never")
     assert never.plain_reasons == {"never": never.decode_row_steps}
     assert "plain steps by reason: 7 never" in never.describe_speculation()
-    auto = specdec.generate(
-        target,
-        [[5, 6, 7, 5, 6, 7], [1, 2, 3]],
-        drafter="lookup",
-        backend="numpy",
-        max_new_tokens=12,
-    ).stats
+    # named: the suite's default is "always" (tests/conftest.py)
+    auto = _lookup_stats(target, [[5, 6, 7, 5, 6, 7], [1, 2, 3]], 12, "auto")
     assert sum(auto.plain_reasons.values()) == auto.decode_row_steps - auto.drafting_row_steps
     assert set(auto.plain_reasons) <= set(PLAIN_REASONS)
 
