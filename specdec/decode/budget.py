@@ -254,6 +254,15 @@ class Speculation:
     def needs_costs(self) -> bool:
         return self.mode == "auto"
 
+    def resume(self) -> None:
+        """A new decoder takes this policy over (``specdec.decode.memory``): what it learnt over
+        requests stays; each request's acceptance is gone with the request, and the first plain
+        and drafting steps are timed as one-off costs again (a new drafter's first call)."""
+        self._rows.clear()
+        self.reasons = {}
+        self._step_rows, self._step_tokens = 0, 0
+        self.realized.restart()
+
     def use_costs(self, costs: StepCosts) -> None:
         self.costs = costs
 

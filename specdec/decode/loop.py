@@ -40,9 +40,9 @@ from specdec.decode.batching import (
     observe_accepted,
     step_tree,
 )
-from specdec.decode.budget import make_speculation
 from specdec.decode.group_step import draft_group, verify_group
 from specdec.decode.isolation import StepProgress, run_isolated
+from specdec.decode.memory import speculation_for
 from specdec.decode.plan import DecodePlan
 from specdec.decode.requests import Request, RequestState, check_fits_slots
 from specdec.decode.scheduler import Scheduler, check_prefill_setting
@@ -74,7 +74,7 @@ class Decoder:
         self._hidden = None  # (num_slots, H) backend array: each slot's hidden state at its root
         self.progress = StepProgress()
         self.steps = 0
-        self.speculation = make_speculation(plan.speculation, self.caps, self.needs_draft_probs)
+        self.speculation = speculation_for(plan, self.caps, self.needs_draft_probs)
         self._budgets: dict = {}  # this step's, request id -> tree nodes (StepWork.budgets)
         self._draft = functools.partial(
             draft_group,

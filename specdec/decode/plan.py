@@ -37,6 +37,9 @@ class DecodePlan:
     speculation: object = None
     # how to make the drafter's trees smaller in its own settings (specdec.slots.lower_options)
     smaller_trees: str = LOWER_OPTIONS
+    # how the drafter, tree builder and verifier were made (hashable; None: the drafter object
+    # itself): "auto" keeps what it learnt per target and setting (specdec.decode.memory)
+    setting: object = None
 
     def check_tree_room(self, room: int, fix: str = "") -> None:
         """The drafter's trees (``DrafterCaps.max_tree_size``) fit the ``room`` positions a slot

@@ -117,6 +117,10 @@ class RealizedRates:
         self._losses: dict[int, int] = {}  # bucket -> probes lost in a row (the doubling)
         self._first = {True, False}  # kinds (drafted or not) whose first step is yet to come
 
+    def restart(self) -> None:
+        """A new decoder: its first plain and first drafting step are one-off costs again."""
+        self._first = {True, False}
+
     def losing(self, b: int) -> bool:
         """Whether drafting has lost in bucket ``b`` (probed, and measured against): clearly
         (below ``LOSS``), or by more than the two rates' scatter explains."""

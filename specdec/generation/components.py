@@ -90,6 +90,22 @@ def _decode_plan(target, drafter, backend_obj, greedy, exact, registry, options)
     if lookup is None:
         lookup = lookup_by_default(named, drafter_obj, verifier_choice, planned)
     spec = named.spec
+    # what "auto" remembers its learning under (specdec.decode.memory); None: the drafter object
+    setting = (
+        None
+        if named.name is None
+        else repr(
+            (
+                named.name,
+                str(named.checkpoint),
+                sorted(options.items()),
+                lookup,
+                verifier_choice,
+                tree_choice,
+                greedy,
+            )
+        )
+    )
     if lookup:
         drafter_obj = add_lookup(drafter_obj, lookup, backend_obj, target)
         named = with_lookup(named)
@@ -135,6 +151,7 @@ def _decode_plan(target, drafter, backend_obj, greedy, exact, registry, options)
         sources={c.kind: c.source for c in (named, tree, checker)},
         speculation=speculation,
         smaller_trees=lower_options(spec, lookup=bool(lookup)),
+        setting=setting,
     )
 
 
