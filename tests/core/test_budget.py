@@ -451,6 +451,24 @@ def test_a_tree_far_larger_than_any_drafted_is_priced_at_least_at_the_curve():
     assert (costs.target(13, 1, 1) - costs.target(1, 1)).item() < 0.02
 
 
+def test_a_plain_step_faster_than_the_curve_is_priced_at_what_it_took():
+    """A 1.5B model's plain steps at 4 rows took 0.185 s where the curve (measured beside other
+    work) said 0.24: the fit's line then runs through the origin, and the prior's slope, pulled
+    at full weight, held the price at 0.206 s after three such steps, so drafting steps that only
+    broke even looked 10% better than plain decoding."""
+    costs = StepCosts(CostCurve(tokens=(1, 4, 16, 64), seconds=(0.22, 0.24, 0.30, 0.60)))
+    costs.observe(4, 0.5, 0, 0.0, rows=4)  # the first step: left out
+    for step in range(3):
+        costs.observe(4, 0.185, 0, 0.0, rows=4)
+    assert costs.target(4, 4).item() == pytest.approx(0.185, rel=0.02)  # 0.204 before
+    # steps slower than the curve keep both the fixed cost and the scale they show
+    slow = StepCosts(CostCurve(tokens=(1, 4, 16, 64), seconds=(0.22, 0.24, 0.30, 0.60)))
+    slow.observe(4, 0.5, 0, 0.0, rows=4)
+    for step in range(3):
+        slow.observe(4, 0.26, 0, 0.0, rows=4)
+    assert slow.target(4, 4).item() == pytest.approx(0.26, rel=0.02)
+
+
 @given(st.lists(st.integers(1, 1000), min_size=1, max_size=12))
 def test_a_measured_curve_is_pooled_into_the_closest_non_decreasing_one(values):
     pooled = increasing(values)
