@@ -16,7 +16,7 @@ from specdec.types import SamplingConfig
 __all__ = ["DecodePlan"]
 
 
-@attrs.frozen(kw_only=True)
+@attrs.frozen(kw_only=True, repr=False)
 class DecodePlan:
     """Everything a generation needs besides its requests; ``sampling``, ``max_new_tokens`` and
     ``eos_token_ids`` are the settings of requests made from bare prompts (``decode_steps``);
@@ -40,6 +40,27 @@ class DecodePlan:
     # how the drafter, tree builder and verifier were made (hashable; None: the drafter object
     # itself): "auto" keeps what it learnt per target and setting (specdec.decode.memory)
     setting: object = None
+
+    def __repr__(self) -> str:
+        """What the plan decodes with, in words (its components' sources and settings)."""
+        inner = getattr(self.drafter, "inner", None)  # a drafter beside a prompt-lookup beam
+        beams = [
+            f"{name}={getattr(inner or self.drafter, name)}"
+            for name in ("beam_width", "beam_length", "draft_length")
+            if isinstance(getattr(inner or self.drafter, name, None), int)
+        ]
+        if inner is not None and isinstance(getattr(self.drafter, "draft_length", None), int):
+            beams.append(f"lookup draft_length={self.drafter.draft_length}")
+        parts = [
+            self.source("drafter") + (f" ({', '.join(beams)})" if beams else ""),
+            self.source("tree_builder"),
+            self.source("verifier"),
+            f"speculation={self.speculation!r}",
+            f"sampling={self.sampling!r}",
+            f"max_new_tokens={self.max_new_tokens}",
+            f"on backend {getattr(self.backend, 'name', type(self.backend).__name__)!r}",
+        ]
+        return f"DecodePlan({'; '.join(parts)})"
 
     def check_tree_room(self, room: int, fix: str = "") -> None:
         """The drafter's trees (``DrafterCaps.max_tree_size``) fit the ``room`` positions a slot

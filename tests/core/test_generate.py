@@ -334,3 +334,12 @@ def test_a_loaded_target_decodes_on_the_backend_that_loaded_it(model_dir):
     assert default.tokens == given.tokens
     with specdec.Engine(target, drafter="lookup", max_new_tokens=6) as engine:
         assert list(engine.submit([1, 2, 3]).result().tokens) == list(given.tokens)
+
+
+def test_a_plan_says_what_it_decodes_with(target):
+    """repr(decode_plan(...)) named object addresses and the lookup wrapper's class."""
+    plan = specdec.decode_plan(target, "lookup", "numpy", draft_length=4)
+    text = repr(plan)
+    assert "object at 0x" not in text
+    assert "drafter 'lookup'" in text and "draft_length=4" in text
+    assert "verifier 'greedy'" in text and "speculation=" in text
