@@ -30,14 +30,14 @@ def cmd_plugins(args) -> int:
         return 0
     for kind in ("backend", "drafter", "tree_builder", "verifier"):
         print(f"{kind.replace('_', ' ')}s:")
-        for row in (r for r in rows if r["kind"] == kind):
-            backend = "" if row["backend"] is None else f" [{row['backend']}]"
+        for row, backends, plugins in _grouped(r for r in rows if r["kind"] == kind):
+            where = "" if not backends else f" [{', '.join(backends)}]"
             flag = "" if row["lossless"] is None else (" lossless" if row["lossless"] else " LOSSY")
             conflict = "  CONFLICT: registered by another plugin too" if row["conflict"] else ""
             missing = f"  NOT INSTALLED: {row['install']}" if row.get("install") else ""
             print(
-                f"  {row['name']}{backend}{flag}  ({row['package']}, plugin "
-                f"{row['plugin']}){conflict}{missing}"
+                f"  {row['name']}{where}{flag}  ({row['package']}, plugin"
+                f"{'s' if len(plugins) > 1 else ''} {', '.join(plugins)}){conflict}{missing}"
             )
     for kind in ("broken", "disabled"):
         listed = [r for r in rows if r["kind"] == kind]
@@ -47,6 +47,19 @@ def cmd_plugins(args) -> int:
             why = "" if kind == "disabled" else f": {row['error']}"
             print(f"  {row['name']}  ({row['package']}){why}")
     return 0
+
+
+def _grouped(rows):
+    """(first row, backends, plugins) per component name, flag and distribution: one line for
+    a drafter that one package registers for several backends."""
+    groups: dict = {}
+    for row in rows:
+        key = (row["name"], row["lossless"], row["package"], row["conflict"], row.get("install"))
+        first, backends, plugins = groups.setdefault(key, (row, [], []))
+        for value, into in ((row["backend"], backends), (row["plugin"], plugins)):
+            if value is not None and value not in into:
+                into.append(value)
+    return list(groups.values())
 
 
 def build_parser() -> argparse.ArgumentParser:
