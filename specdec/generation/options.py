@@ -4,6 +4,7 @@ options; and the check that a drafter takes the options it is given, made before
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 from pathlib import Path
 
@@ -72,6 +73,7 @@ def parse_options(
     -> ("redrafter", {"beam_width": 4, "beam_length": 5, "lookup": False}). Keys are ``aliases``
     or option names as ``generate`` takes them, values typed by ``option_value``. An existing
     folder, or a checkpoint file a layout reads, is a name whole (":" in its path and all).
+    A key the drafter's factory takes itself (a plugin's ``k``) is its own, not a short name.
     ``own``: keys refused because the command sets them itself (``generate``'s and ``Engine``'s
     own arguments); ``what`` names the spec in errors. Whether the drafter takes the options is
     ``check_drafter_options``'."""
@@ -83,7 +85,7 @@ def parse_options(
         raise InvalidInputError(
             f"{what} {spec!r} names no drafter: NAME[:key=value,...], e.g. redrafter:w=4,l=5"
         )
-    options = {}
+    options, own_keywords = {}, _factory_keywords(name)
     for item in filter(None, rest.split(",")):
         key, eq, value = (part.strip() for part in item.partition("="))
         if not eq or not key.isidentifier():
@@ -91,7 +93,7 @@ def parse_options(
                 f"{what} {spec!r}: bad option {item!r}; write key=value pairs "
                 f"separated by commas, e.g. {name}:beam_width=4"
             )
-        key = aliases.get(key, key)
+        key = key if key in own_keywords else aliases.get(key, key)  # a plugin's own k stays k
         if key in own:
             raise InvalidInputError(
                 f"{what} {spec!r}: {key} is not a drafter option but an "
@@ -101,6 +103,18 @@ def parse_options(
             raise InvalidInputError(f"{what} {spec!r} gives {key} twice")
         options[key] = option_value(value)
     return name, options
+
+
+def _factory_keywords(name: str) -> set[str]:
+    """The keyword arguments that drafter ``name``'s factories take on any backend (none for a
+    name no installed drafter has): a short name such as ``k`` is that drafter's own option where
+    its factory takes one by that name, not ``draft_length``."""
+    keywords: set[str] = set()
+    for registration in default_registry().registrations:
+        if registration.kind == "drafter" and registration.name == name:
+            with contextlib.suppress(TypeError, ValueError):  # a factory with no signature
+                keywords.update(inspect.signature(registration.factory).parameters)
+    return keywords
 
 
 def checkpoint_of(kind: str, folder) -> str:

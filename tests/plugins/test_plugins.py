@@ -185,3 +185,26 @@ def test_a_folder_named_like_a_drafter_leaves_the_name_to_the_plugin(tmp_path, m
     (tmp_path / "lookup" / "pyproject.toml").write_text("[project]\n")
     named = resolve("drafter", "lookup", registry, "numpy")
     assert named.name == "lookup" and named.checkpoint is None
+
+
+def test_a_plugins_own_option_is_not_taken_for_a_short_name(monkeypatch):
+    """A plugin whose factory takes ``k`` (or ``w``) was handed ``draft_length`` (``beam_width``)
+    from ``--drafter bigram:k=6`` and ``--methods bigram:k=6``, and refused it."""
+    from specdec.bench.methods import parse_method
+    from specdec.generation import options
+
+    plugin = types.ModuleType("bigram_plugin")
+
+    @specdec.hookimpl
+    def specdec_register_drafters(register):
+        register("bigram", "*", lambda target, checkpoint=None, *, backend, k=2, w=1: None)
+
+    plugin.specdec_register_drafters = specdec_register_drafters
+    registry = PluginRegistry([numpy_plugin, plugin])
+    monkeypatch.setattr(options, "default_registry", lambda: registry)
+    monkeypatch.setattr("specdec.bench.methods.default_registry", lambda: registry)
+    assert options.parse_options("bigram:k=6,w=3") == ("bigram", {"k": 6, "w": 3})
+    assert parse_method("bigram:k=6").options == {"k": 6}
+    # a drafter that takes no k of its own still reads k as the lookup chain's length
+    assert options.parse_options("lookup:k=6") == ("lookup", {"draft_length": 6})
+    assert options.parse_options("redrafter:w=4,l=5")[1] == {"beam_width": 4, "beam_length": 5}
