@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 import tempfile
 from pathlib import Path
@@ -28,11 +29,13 @@ from specdec.tuning.exactness import describe as describe_exactness
 def cmd_generate(args) -> int:
     if args.prompt is not None:
         prompt = text_argument(args.prompt, "--prompt")
+    elif re.fullmatch(r"\s*\d+(\s*,\s*\d+)*\s*", args.prompt_ids):  # 1,2,3
+        prompt = [int(t) for t in args.prompt_ids.split(",")]
     else:
         prompt = parse_json(
             args.prompt_ids,
             what=f"--prompt-ids {args.prompt_ids!r:.40}",
-            fix="give a JSON list of token ids such as '[1, 2, 3]'",
+            fix="give token ids as 1,2,3 or a JSON list such as '[1, 2, 3]'",
             error=InvalidInputError,
         )
     if args.chat:
@@ -263,7 +266,7 @@ def add_parsers(sub) -> None:
     group.add_argument(
         "--prompt", help="text the model continues as it is (with --chat: one user turn)"
     )
-    group.add_argument("--prompt-ids", help="JSON list of token ids")
+    group.add_argument("--prompt-ids", help="token ids: 1,2,3 or a JSON list [1, 2, 3]")
     gen.add_argument(
         "--chat",
         action="store_true",

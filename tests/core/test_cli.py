@@ -63,6 +63,22 @@ def test_generate_from_token_ids(model_dir):
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert "1.00 tokens/step" in done.stderr, done.stderr
+    # the README's 1,2,3 (refused as "not valid JSON" before)
+    commas = run(
+        "generate",
+        "--model",
+        str(model_dir),
+        "--prompt-ids",
+        "1,2,3",
+        "--drafter",
+        "none",
+        "--backend",
+        "numpy",
+        "--max-new-tokens",
+        "4",
+    )
+    assert commas.returncode == 0, commas.stderr[-2000:]
+    assert commas.stdout == done.stdout
 
 
 def test_generate_says_what_speculation_chose(model_dir):
