@@ -265,7 +265,9 @@ class StepResult:
     prompt).
     new_tokens: per row, the tokens emitted by this step (empty for finished rows).
     num_accepted (B,), num_drafted (B,), num_verified (B,): per-row counts (numpy int64);
-    num_drafted counts the distinct beams' tokens past the root, each beam at its own length.
+    num_accepted counts the drafted tokens accepted and kept in ``new_tokens`` (a step that the
+    request's end cut short, at a stop token or its length, counts what it kept less the one
+    token each step gives of its own, as an engine's ``Completion`` does); num_drafted counts the distinct beams' tokens past the root, each beam at its own length.
     Times in seconds: draft (drafter + tree building), verify (target forward + verifier),
     other (commit, host transfer, bookkeeping), prefill (admitting prompts into slots).
     ``prefilled`` (B,) bool: rows whose request was admitted in this step (their first token

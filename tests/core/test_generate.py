@@ -147,6 +147,36 @@ def test_self_drafting_accepts_everything(target):
     )
 
 
+def test_a_cut_last_step_counts_only_the_accepted_tokens_it_kept(target):
+    """A step that the request's length (or a stop token) cut short counted every drafted token
+    the verifier accepted, emitted or not: "2 of 6 drafted tokens accepted" over 13 tokens in 13
+    steps, where the engine said 0. Now tokens = 1 + steps + accepted, as the engine counts."""
+    prompts, length, new = [[1, 2, 3]], 4, 11  # 1 + 4 + 4 + 2: the last step keeps 2 of 4
+    truth = greedy_continuations(target, prompts, new + length)
+    oracle = OracleDrafter(
+        truth,
+        prompts=prompts,
+        vocab_size=target.vocab_size,
+        backend=NumpyBackend(),
+        target=target,
+        beam_width=1,
+        beam_length=length,
+        corruption=0.0,
+    )
+    steps = list(
+        specdec.stream(target, prompts, oracle, "numpy", max_new_tokens=new, stop_at_eos=False)
+    )
+    assert [int(s.num_accepted[0]) for s in steps[1:]] == [3, 3, 1]  # [3, 3, 3] before
+    result = specdec.generate(
+        target, prompts[0], oracle, "numpy", max_new_tokens=new, stop_at_eos=False
+    )
+    stats = result.stats
+    assert len(result.tokens) == new == 1 + stats.decode_row_steps + stats.accepted_tokens
+    with specdec.Engine(target, drafter=oracle, backend="numpy") as engine:
+        done = engine.submit(prompts[0], max_new_tokens=new, ignore_eos=True).result()
+    assert done.accepted_tokens == stats.accepted_tokens
+
+
 def test_tokens_per_step_counts_bonus_token(target):
     plain = specdec.generate(target, [5, 6], drafter="none", backend="numpy", max_new_tokens=6)
     assert plain.stats.tokens_per_step == 1.0
