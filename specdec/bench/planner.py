@@ -55,6 +55,14 @@ class Current:
     lookup: bool
     speedup: float
 
+    def same_as(self, row: "PlanRow", lookup: bool) -> bool:
+        """Whether ``row`` (decoded with the lookup beam when ``lookup``) is this setting."""
+        return (row.beam_width, row.beam_length, bool(lookup)) == (
+            self.beam_width,
+            self.beam_length,
+            bool(self.lookup),
+        )
+
     def describe(self) -> str:
         lookup = ", with the prompt-lookup beam" if self.lookup else ""
         return f"beam_width={self.beam_width} beam_length={self.beam_length}{lookup}"
@@ -70,6 +78,7 @@ class PlanRow:
     draft_ms: float
     predicted_speedup: float
     measured_speedup: float | None = None
+    busy: bool = False  # timed (or decoded) while other work took the cores (specdec.bench.trust)
 
     @property
     def impossible(self) -> bool:
@@ -207,7 +216,8 @@ def plan(
     rows = []
     grid = progress_bar(accepted.items(), desc="timing beam shapes", unit="shape", enabled=progress)
     for (w, l), values in grid:
-        with clock:  # each shape beside a plain step timed just before it
+        shape = Measured()  # this shape's own: a burst of other work spoils a few shapes only
+        with clock, shape:  # each shape beside a plain step timed just before it
             plain_step = sum(median_step_seconds(target, "none", ids[0], backend=backend))
             draft_s, verify_s, other_s = median_step_seconds(
                 target, drafter_with(w, l), ids[0], backend=backend
@@ -222,6 +232,7 @@ def plan(
                 verify_ms=verify_s * 1e3,
                 draft_ms=draft_s * 1e3,
                 predicted_speedup=tau * plain_step / (draft_s + verify_s + other_s),
+                busy=not shape.quiet,
             )
         )
     rows.sort(key=lambda r: (r.impossible, -r.predicted_speedup))
@@ -274,6 +285,8 @@ def keep(
     saved). ``current``: what generate used before, measured beside it; a row that measured
     no faster is not kept (re-planning never replaces a setting with a slower one)."""
     measured = row.measured_speedup
+    if current is not None and current.same_as(row, lookup):
+        return [f"it is what generate uses now ({current.describe()})"]
     reasons = reasons_not_to_keep(
         clock,
         measured if measured is not None else row.predicted_speedup,
@@ -282,6 +295,8 @@ def keep(
     )
     if measured is None and row.impossible:
         reasons = reasons or ["its prediction is above its tokens per step"]
+    if row.busy:
+        reasons.append("it was timed while other work took the cores")
     if current is not None and (measured is None or measured <= current.speedup):
         figure = "was not decoded" if measured is None else f"measured {measured:.2f}x"
         reasons.append(
@@ -331,9 +346,14 @@ def measure(
     )
     checked = []
     for row in progress_bar(rows, desc="decoding the best shapes", unit="shape", enabled=progress):
-        plain = rate("none", {})  # beside each setting: the same prompts, just before
-        options = dict(beam_width=row.beam_width, beam_length=row.beam_length, lookup=lookup)
-        checked.append(attrs.evolve(row, measured_speedup=rate(drafter, options) / plain))
+        shape = Measured()
+        with shape:
+            plain = rate("none", {})  # beside each setting: the same prompts, just before
+            options = dict(beam_width=row.beam_width, beam_length=row.beam_length, lookup=lookup)
+            speedup = rate(drafter, options) / plain
+        checked.append(
+            attrs.evolve(row, measured_speedup=speedup, busy=row.busy or not shape.quiet)
+        )
     return checked
 
 

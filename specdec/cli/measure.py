@@ -94,7 +94,7 @@ def cmd_plan(args) -> int:
         progress=True,
         **options,
     )
-    plausible = [r for r in rows if not r.impossible][: args.measure_top]
+    plausible = [r for r in rows if not r.impossible and not r.busy][: args.measure_top]
     checked = (
         measure(
             args.model,
@@ -123,12 +123,18 @@ def cmd_plan(args) -> int:
     for r in rows:
         m = measured.get((r.beam_width, r.beam_length))
         flag = " (impossible: above its tokens/step)" if r.impossible else ""
+        flag += " (busy: timed while other work took the cores)" if r.busy else ""
         print(
             f"| {r.beam_width} | {r.beam_length} | {r.tokens_per_step:.2f} | {r.tree_size:.1f} | "
             f"{r.draft_ms:.1f} | {r.verify_ms:.1f} | {r.predicted_speedup:.2f}x{flag} | "
             f"{'-' if m is None else f'{m:.2f}x'} |"
         )
-    best = max(checked, key=lambda r: r.measured_speedup) if checked else rows[0]
+    trusted = [r for r in checked if not r.busy] or checked  # a busy decode: left out if others
+    best = (
+        max(trusted, key=lambda r: r.measured_speedup)
+        if trusted
+        else next((r for r in rows if not r.busy and not r.impossible), rows[0])
+    )
     figure = (
         f"measured {best.measured_speedup:.2f}x, predicted {best.predicted_speedup:.2f}x"
         if best.measured_speedup is not None
@@ -152,6 +158,12 @@ def cmd_plan(args) -> int:
     line = busy_line(clock)
     if line:
         print(line)
+    spoilt = sum(r.busy for r in rows) + sum(r.busy for r in checked)
+    if spoilt and not line:
+        print(
+            f"note: {spoilt} of the figures above (marked busy) were timed while other work took "
+            "the cores, and were left out of the choice; plan again on a quiet machine"
+        )
     if not args.no_save:
         reasons = keep(
             args.model,
@@ -164,9 +176,12 @@ def cmd_plan(args) -> int:
             prompts=len(prompts),
             current=current,
         )
+        already = current is not None and current.same_as(best, lookup)
         print(
             "saved: generate uses it for this drafter on this machine when no beams are given"
             if not reasons
+            else f"nothing to save: {reasons[0]}"
+            if already
             else f"not saved: {'; '.join(reasons)} (generate keeps what it used before)",
             file=sys.stderr,
         )

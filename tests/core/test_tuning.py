@@ -525,3 +525,50 @@ def test_the_beam_planner_records_and_times_steps_that_all_draft(model_dir, tmp_
     )
     drafting = [speculation for choice, speculation in calls if choice != "none"]
     assert drafting and set(drafting) == {"always"}, calls
+
+
+def test_a_shape_timed_while_other_work_ran_is_marked_and_never_kept(
+    model_dir, tmp_path, monkeypatch, cache
+):
+    """One plan row timed during a burst of other work read 0.08x (verify 588 ms) beside rows of
+    1.4x, and nothing said so, since the whole run's share of the cores stayed high. Each shape
+    now has its own clock: a busy one is marked, and such a row is not kept; a plan that
+    recommends what generate uses already says there is nothing to save."""
+    from specdec.bench import planner
+    from specdec.bench.planner import Current, PlanRow, keep
+    from specdec.testing import make_random_drafter
+
+    drafter = str(make_random_drafter(tmp_path / "d", model_dir, kind="redrafter", seed=1))
+    clocks = iter([QuietClock(), BusyClock(), QuietClock(), QuietClock()])
+    monkeypatch.setattr(planner, "Measured", lambda: next(clocks, QuietClock()))
+    rows = planner.plan(
+        model_dir,
+        drafter,
+        [[1, 2, 3]],
+        backend="numpy",
+        widths=(1, 2),
+        lengths=(2, 3),
+        max_new_tokens=6,
+        clock=QuietClock(),
+    )
+    busy = [(r.beam_width, r.beam_length) for r in rows if r.busy]
+    assert busy == [(1, 3)], rows  # the second shape timed, (1, 2) (1, 3) (2, 2) (2, 3)
+    row = PlanRow(
+        beam_width=2,
+        beam_length=3,
+        tokens_per_step=2.0,
+        tree_size=5.0,
+        verify_ms=1.0,
+        draft_ms=1.0,
+        predicted_speedup=1.6,
+        busy=True,
+    )
+    options = dict(backend="numpy", dtype=None, lookup=True, prompts=2)
+    assert "timed while other work" in " ".join(
+        keep(model_dir, drafter, row, QuietClock(), **options)
+    )
+    now = Current(beam_width=2, beam_length=3, lookup=True, speedup=1.5)
+    quiet = attrs.evolve(row, busy=False, measured_speedup=1.6)
+    assert keep(model_dir, drafter, quiet, QuietClock(), current=now, **options) == [
+        "it is what generate uses now (beam_width=2 beam_length=3, with the prompt-lookup beam)"
+    ]
