@@ -81,9 +81,7 @@ def forget_this_process() -> None:
 
 
 def say_measuring(what: str) -> None:
-    """One line on a terminal's stderr as a measurement of ``what`` starts (seconds to a minute,
-    once per machine): a person waiting sees why; pipes and logs stay as they were."""
-    if getattr(sys.stderr, "isatty", lambda: False)():
-        print(
-            f"specdec: measuring {what} on this machine (once; cached)", file=sys.stderr, flush=True
-        )
+    """One line on stderr as a measurement of ``what`` starts (seconds to a minute, once per
+    machine and model): whoever waits sees why the call is slow. Said on a terminal only before,
+    so a notebook or a script's log showed calls of 17-36 s with no word."""
+    print(f"specdec: measuring {what} on this machine (once; cached)", file=sys.stderr, flush=True)

@@ -572,3 +572,14 @@ def test_a_shape_timed_while_other_work_ran_is_marked_and_never_kept(
     assert keep(model_dir, drafter, quiet, QuietClock(), current=now, **options) == [
         "it is what generate uses now (beam_width=2 beam_length=3, with the prompt-lookup beam)"
     ]
+
+
+def test_a_measurement_says_so_wherever_stderr_goes(capsys):
+    """A first call that measures (seconds to a minute) said why on a terminal only: in a
+    notebook or a script's log, calls of 17-36 s came with no word."""
+    from specdec.tuning.store import say_measuring
+
+    say_measuring("what a step of m costs")
+    assert capsys.readouterr().err == (
+        "specdec: measuring what a step of m costs on this machine (once; cached)\n"
+    )
