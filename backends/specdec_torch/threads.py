@@ -44,9 +44,8 @@ def fit_threads(measure=busy_cores) -> int | None:
         return None
     torch.set_num_threads(free)
     print(
-        f"specdec: other processes keep {busy:.1f} of {cores()} cores busy, so torch computes on "
-        f"{free} thread{'s' if free > 1 else ''}, not {threads} (threads beyond the free cores "
-        f"can slow every step many times over); set {VARIABLE}=N to choose",
+        f"specdec: {busy:.1f} of {cores()} cores busy elsewhere: torch on {free} "
+        f"thread{'s' if free > 1 else ''}, not {threads} ({VARIABLE}=N to choose)",
         file=sys.stderr,
         flush=True,
     )

@@ -28,6 +28,7 @@ def test_a_busy_core_leaves_torch_one_thread_and_says_so(fresh, capsys):
     assert torch.get_num_threads() == 1
     line = capsys.readouterr().err
     assert "1.0 of 2 cores busy" in line and "1 thread, not 2" in line
+    assert len(line) < 100  # one short line: it comes with most commands on a shared machine
     assert "OMP_NUM_THREADS" in line
     assert threads.fit_threads(measure=lambda: 0.0) is None  # once per process
 
