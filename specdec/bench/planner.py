@@ -292,11 +292,10 @@ def keep(
         measured if measured is not None else row.predicted_speedup,
         row.tokens_per_step,
         predicted=row.predicted_speedup if measured is not None else None,
+        busy=row.busy,
     )
     if measured is None and row.impossible:
         reasons = reasons or ["its prediction is above its tokens per step"]
-    if row.busy:
-        reasons.append("it was timed while other work took the cores")
     if current is not None and (measured is None or measured <= current.speedup):
         figure = "was not decoded" if measured is None else f"measured {measured:.2f}x"
         reasons.append(

@@ -62,12 +62,21 @@ def far_from(measured: float, predicted: float) -> bool:
 
 
 def reasons_not_to_keep(
-    clock: CpuClock, speedup: float, tokens_per_step: float, predicted: float | None = None
+    clock: CpuClock,
+    speedup: float,
+    tokens_per_step: float,
+    predicted: float | None = None,
+    *,
+    busy: bool = False,
 ) -> list[str]:
-    """Why a choice measured under ``clock`` must not be kept for ``generate`` ([] to keep)."""
+    """Why a choice measured under ``clock`` must not be kept for ``generate`` ([] to keep).
+    ``busy``: the choice's own measurement (one row of a plan, on its own clock) was taken while
+    other work took the cores, though the whole run's share was fine."""
     reasons = []
     if busy_line(clock) is not None:
         reasons.append("other work shared the machine while it was measured")
+    elif busy:
+        reasons.append("it was timed while other work took the cores")
     if impossible(predicted if predicted is not None else speedup, tokens_per_step):
         what = "predicted" if predicted is not None else "measured"
         value = predicted if predicted is not None else speedup

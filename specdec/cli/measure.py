@@ -216,7 +216,7 @@ def _plan_tree(args, prompts) -> int:
             " (impossible: above its tokens/step)"
             if impossible(r.speedup, r.tokens_per_step)
             else ""
-        )
+        ) + (" (busy: decoded while other work took the cores)" if r.busy else "")
         print(
             f"| {settings} | {'yes' if r.lookup else 'no'} | {r.tokens_per_step:.2f} | "
             f"{r.nodes_per_step:.1f} | {r.speedup:.2f}x{flag} |"
@@ -232,7 +232,9 @@ def _plan_tree(args, prompts) -> int:
         print(line)
     if not args.no_save:
         # the tree planner's own verdict (it saved, or not, by the same rule)
-        reasons = tree_planner.reasons_not_to_keep(clock, best.speedup, best.tokens_per_step)
+        reasons = tree_planner.reasons_not_to_keep(
+            clock, best.speedup, best.tokens_per_step, busy=best.busy
+        )
         print(
             "saved: generate uses it for this drafter on this machine when no tree settings "
             "are given"

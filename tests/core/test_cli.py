@@ -339,6 +339,7 @@ def test_plan_decodes_a_tree_drafters_settings(model_dir, tmp_path, monkeypatch,
     monkeypatch.setenv("SPECDEC_CACHE", str(cache))
     # the trust rules are tests/core/test_tuning.py's; here the machine may be busy
     monkeypatch.setattr(tree_planner, "reasons_not_to_keep", lambda *a, **k: [])
+    monkeypatch.setattr(tree_planner, "Measured", _QuietShapeClock)  # each setting's own clock
     args = ["plan", "--model", str(model_dir), "--drafter", str(drafter), "--backend", "numpy"]
     status = main([*args, "--prompts", str(prompts), "--max-new-tokens", "4"])
     out, err = capsys.readouterr()

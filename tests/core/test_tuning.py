@@ -416,6 +416,16 @@ class BusyClock(QuietClock):
     wall, cpu, share, others, quiet = 1.0, 0.5, 0.5, 0.5, False
 
 
+@pytest.fixture(autouse=True)
+def quiet_rows(monkeypatch):
+    """Each planned row's own clock reads as quiet: the machine running the tests may be busy,
+    and the rules for a busy row are tested by name below."""
+    from specdec.bench import planner, tree_planner
+
+    monkeypatch.setattr(planner, "Measured", QuietClock)
+    monkeypatch.setattr(tree_planner, "Measured", QuietClock)
+
+
 @pytest.mark.parametrize("case", ["busy", "impossible"])
 def test_the_tree_planner_keeps_nothing_it_cannot_trust(
     target, model_dir, eagle3, cache, monkeypatch, case
@@ -583,3 +593,41 @@ def test_a_measurement_says_so_wherever_stderr_goes(capsys):
     assert capsys.readouterr().err == (
         "specdec: measuring what a step of m costs on this machine (once; cached)\n"
     )
+
+
+def test_a_tree_setting_decoded_while_other_work_ran_is_marked_and_not_chosen(
+    target, model_dir, eagle3, cache, monkeypatch
+):
+    """The tree planner times each setting on its own clock too: the fastest-looking setting,
+    decoded during a burst of other work, is marked busy, ranked after the sound ones and not
+    kept."""
+    from specdec.bench import tree_planner
+
+    decoding = {}  # the setting being decoded
+
+    def made_up(target_, prompts, drafter, options, lookup, backend, tokens):
+        decoding["total_tokens"] = options.get("total_tokens")
+        if drafter == "none":
+            return 1.0, 1.0, 1.0
+        return 1.5 + (0.5 if options.get("total_tokens") == 16 else 0.0), 2.0, 9.0
+
+    class Clock(QuietClock):  # busy exactly while total_tokens=16 was decoded
+        @property
+        def quiet(self):
+            return decoding.get("total_tokens") != 16
+
+    monkeypatch.setattr(tree_planner, "_decode", made_up)
+    monkeypatch.setattr(tree_planner, "Measured", Clock)
+    rows = tree_planner.plan_tree(
+        model_dir,
+        str(eagle3),
+        ["a b c"],
+        backend="numpy",
+        max_new_tokens=4,
+        save=True,
+        clock=QuietClock(),
+    )
+    busy = [r for r in rows if r.busy]
+    assert busy and all(r.options.get("total_tokens") == 16 for r in busy), rows
+    assert not rows[0].busy and rows[-1].busy
+    assert _drafter_of(target, eagle3).total_tokens != 16  # the busy setting was not kept
