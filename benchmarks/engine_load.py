@@ -1,11 +1,12 @@
 """Closed-loop clients on ``specdec.Engine`` in one process (no HTTP): throughput of plain decoding
 and of the default drafter under ``--speculation`` modes as the number of concurrent requests
 grows. Each client submits its next request (an MT-Bench first turn of 32-96 tokens, the same
-lengths as ``load_test.py``) when its last one ends; a fresh engine per run on one loaded target
-(leased by one engine at a time), so what "auto" learnt in the runs before carries over, as on a
-server that has run a while (``specdec.decode.memory``; ``engine_burst.py`` loads the model
-afresh per run for a start from nothing); the modes interleaved per round, their order alternating. Prints per
-concurrency the median tokens/s of each mode and the median of the per-round ratios to plain.
+lengths as ``load_test.py``) when its last one ends; a fresh engine per run on one loaded
+target (leased by one engine at a time), so what "auto" learnt in the runs before carries
+over, as on a server that has run a while (``specdec.decode.memory``; ``engine_burst.py``
+loads the model afresh per run for a start from nothing); the modes interleaved per round,
+their order alternating. Prints per concurrency the median tokens/s of each mode and the median
+of the per-round ratios to plain.
 
     python benchmarks/engine_load.py --concurrency 8 32 --rounds 2 --modes plain auto
 """

@@ -265,9 +265,10 @@ class StepResult:
     prompt).
     new_tokens: per row, the tokens emitted by this step (empty for finished rows).
     num_accepted (B,), num_drafted (B,), num_verified (B,): per-row counts (numpy int64);
-    num_accepted counts the drafted tokens accepted and kept in ``new_tokens`` (a step that the
-    request's end cut short, at a stop token or its length, counts what it kept less the one
-    token each step gives of its own, as an engine's ``Completion`` does); num_drafted counts the distinct beams' tokens past the root, each beam at its own length.
+    num_accepted counts the drafted tokens the verifier accepted, also where the request's end
+    (a stop token, its length) cut the step short and ``new_tokens`` keeps fewer
+    (``GenerationStats.accepted_tokens`` counts only those kept, as an engine's ``Completion``
+    does); num_drafted counts the distinct beams' tokens past the root, each beam at its own length.
     Times in seconds: draft (drafter + tree building), verify (target forward + verifier),
     other (commit, host transfer, bookkeeping), prefill (admitting prompts into slots).
     ``prefilled`` (B,) bool: rows whose request was admitted in this step (their first token
@@ -303,7 +304,9 @@ class GenerationStats:
     (verified more than its root): what ``speculation="auto"`` chose, ``drafting_share`` of the
     decode row-steps (``describe_speculation`` says it in words); ``plain_reasons``: the others,
     counted by why they decoded plainly ({reason: row-steps}, ``PLAIN_REASONS`` of
-    ``specdec.decode.budget``)."""
+    ``specdec.decode.budget``). ``accepted_tokens``: drafted tokens accepted and kept (a step
+    that a request's end cut short counts what it kept), so per request new tokens = 1 + decode
+    steps + accepted tokens, as an engine's ``Completion`` counts."""
 
     steps: int
     new_tokens: int

@@ -320,14 +320,11 @@ class Decoder:
                 self._finish(state.slot, state.finish_reason)
         reasons = getattr(self.speculation, "reasons", {})
         budgets = group.budgets or (None,) * len(group.ids)
-        # accepted and kept: a step the request's end cut short (a stop token, the length) counts
-        # what it kept less its own one token, as the engine's Completion counts
-        kept = np.array([max(len(tokens) - 1, 0) for tokens in new_tokens], dtype=np.int64)
         return StepResult(
             step=self.steps,
             requests=group.ids,
             new_tokens=new_tokens,
-            num_accepted=np.minimum(num_accepted, kept),
+            num_accepted=num_accepted,
             num_drafted=drafted_counts(group, checked),
             num_verified=num_nodes.astype(np.int64),
             plain_reasons=tuple(

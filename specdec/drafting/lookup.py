@@ -273,10 +273,14 @@ class LookupDrafter(PassLifecycle):
             beams = beams[:, :, :1]  # (B, 1, 1): nothing to draft, a plain step
         # When sampling, the draft keeps its shape: a shorter draft would change how many random
         # numbers each row draws, and so a row's sample would depend on the rest of the batch.
+        # A row without a match drafts nothing (its beam's length is 1) whatever the others
+        # found: its root repeated, verified where another row's chain made the draft long,
+        # made a request's drafts depend on what shared its step.
         return Draft(
             root_tokens=context.root_tokens,
             beams=self.backend.from_numpy(beams, self.target),
             sampled=False,
+            beam_lengths=np.where(found, beams.shape[2], 1)[:, None].astype(np.int64),
         )
 
 

@@ -220,7 +220,10 @@ def collect(steps, batch_size: int, *, batched: bool, tokenizer=None) -> Generat
                 reasons[why] = reasons.get(why, 0) + 1
         totals["drafted"] += int(np.sum(result.num_drafted))
         totals["verified"] += int(np.sum(result.num_verified))
-        totals["accepted"] += int(np.sum(result.num_accepted))
+        totals["accepted"] += sum(  # kept: a step cut short by the request's end counts less
+            min(int(accepted), max(len(new) - 1, 0))
+            for accepted, new in zip(result.num_accepted, result.new_tokens)
+        )
         totals["draft"] += result.time_draft
         totals["verify"] += result.time_verify
         totals["other"] += result.time_other

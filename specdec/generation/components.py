@@ -19,6 +19,7 @@ from specdec.drafting.lookup import LookupDrafter
 from specdec.drafting.none import NoDrafter
 from specdec.errors import InvalidInputError, SpecdecError
 from specdec.generation.arguments import check_drafter_path, is_int
+from specdec.generation.built import built_drafter
 from specdec.generation.loading import load_backend
 from specdec.generation.options import check_drafter_options
 from specdec.generation.resolve import Resolved, build, resolve, with_lookup
@@ -86,7 +87,7 @@ def _decode_plan(target, drafter, backend_obj, greedy, exact, registry, options)
     lookup = options.pop("lookup", None)
     named = resolve_drafter(drafter, backend_obj.name, options, registry)
     options, planned = planned_options(backend_obj, target, named, options)
-    drafter_obj = load_drafter(named, target, backend_obj, registry, options)
+    drafter_obj = _drafter(named, target, backend_obj, registry, options)
     if lookup is None:
         lookup = lookup_by_default(named, drafter_obj, verifier_choice, planned)
     spec = named.spec
@@ -190,6 +191,20 @@ def planned_options(backend, target, drafter: Resolved, options: dict):
         return options, None
     options = {**options, **{k: v for k, v in plan["options"].items() if k in keys}}
     return options, plan.get("lookup")
+
+
+def _drafter(named: Resolved, target, backend, registry: PluginRegistry, options: dict):
+    """``load_drafter``'s, or the one built for the same target, factory, checkpoint and options
+    before (``specdec.generation.built``)."""
+    build = lambda: load_drafter(named, target, backend, registry, options)  # noqa: E731
+    if named.name is None:
+        return build()
+    try:
+        factory = registry.get("drafter", named.name, backend.name).factory
+    except SpecdecError:
+        return build()  # load_drafter says what is wrong
+    key = (backend.name, named.name, repr(sorted(options.items())))
+    return built_drafter(target, key, factory, named.checkpoint, build)
 
 
 def load_drafter(drafter: Resolved, target, backend, registry: PluginRegistry, options: dict):

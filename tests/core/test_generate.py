@@ -150,7 +150,8 @@ def test_self_drafting_accepts_everything(target):
 def test_a_cut_last_step_counts_only_the_accepted_tokens_it_kept(target):
     """A step that the request's length (or a stop token) cut short counted every drafted token
     the verifier accepted, emitted or not: "2 of 6 drafted tokens accepted" over 13 tokens in 13
-    steps, where the engine said 0. Now tokens = 1 + steps + accepted, as the engine counts."""
+    steps, where the engine said 0. generate's stats now count what was kept, as the engine's
+    Completion does: tokens = 1 + steps + accepted."""
     prompts, length, new = [[1, 2, 3]], 4, 11  # 1 + 4 + 4 + 2: the last step keeps 2 of 4
     truth = greedy_continuations(target, prompts, new + length)
     oracle = OracleDrafter(
@@ -166,7 +167,8 @@ def test_a_cut_last_step_counts_only_the_accepted_tokens_it_kept(target):
     steps = list(
         specdec.stream(target, prompts, oracle, "numpy", max_new_tokens=new, stop_at_eos=False)
     )
-    assert [int(s.num_accepted[0]) for s in steps[1:]] == [3, 3, 1]  # [3, 3, 3] before
+    assert [int(s.num_accepted[0]) for s in steps[1:]] == [3, 3, 3]  # what the verifier accepted
+    assert [len(s.new_tokens[0]) for s in steps] == [1, 4, 4, 2]
     result = specdec.generate(
         target, prompts[0], oracle, "numpy", max_new_tokens=new, stop_at_eos=False
     )

@@ -48,8 +48,8 @@ def test_another_setting_target_or_mode_starts_afresh(target, model_dir):
 
 def test_a_drafter_object_is_its_own_setting(target):
     plans = []
-    for _ in range(2):
-        drafter = specdec.decode_plan(target, "lookup", "numpy").drafter
+    for length in (3, 4):  # two drafter objects (one name and options build one, kept)
+        drafter = specdec.decode_plan(target, "lookup", "numpy", draft_length=length).drafter
         plans.append(specdec.decode_plan(target, drafter, "numpy", speculation="auto"))
     assert plans[0].setting is None
     first = Decoder(plans[0]).speculation
