@@ -360,3 +360,45 @@ def test_drafted_tokens_counts_each_repeated_beam_once_and_only_within_its_lengt
     # ends at the root (nothing drafted) and beam 2 repeats beam 0
     lengths = np.array([[3, 3, 2], [3, 1, 3]])
     assert drafted_tokens(beams, lengths).tolist() == [5, 2]
+
+
+def test_a_rows_lookup_drafts_do_not_depend_on_its_batch(tmp_path):
+    """A row without a match drafted its root repeated whenever another row's chain made the
+    draft long, and verified it: prompt (4, 5, 6) took one drafting step fewer beside the other
+    two prompts than alone in a slot, so a request's drafts depended on what shared its step (the
+    conformance kit's one-slot check tripped on it). It now drafts nothing until it has a match."""
+    import specdec
+    from specdec.testing import make_random_model
+
+    path = make_random_model(
+        tmp_path / "m",
+        vocab_size=64,
+        hidden_size=32,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        seed=0,
+    )
+    prompts = [[1, 2, 3, 1, 2, 3, 1, 2], [4, 5, 6], [7]]
+
+    def verified(slots):
+        target = specdec.load(path, backend="numpy", slots=slots)
+        steps = specdec.stream(
+            target,
+            prompts,
+            drafter="lookup",
+            backend="numpy",
+            max_new_tokens=16,
+            stop_at_eos=False,
+            speculation="always",
+        )
+        rows = [[] for _ in prompts]
+        for step in steps:
+            for b, new in enumerate(step.new_tokens):
+                if new and not (step.prefilled is not None and step.prefilled[b]):
+                    rows[b].append(int(step.num_verified[b]))
+        return rows
+
+    alone, together = verified(1), verified(3)
+    assert together == alone
+    assert together[1][:3] == [1, 1, 1]  # no match yet: plain steps, beside rows that drafted
