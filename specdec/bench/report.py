@@ -21,6 +21,7 @@ import attrs
 import numpy as np
 
 from specdec.bench.runner import BenchRecord
+from specdec.bench.trust import impossible
 
 PEER_BASELINE = {"torch": "hf", "mlx": "mlx-lm"}
 
@@ -172,6 +173,15 @@ def _fmt(value, spec: str) -> str:
     )
 
 
+def _impossible(row: dict) -> str:
+    """A flag for a speedup above the tokens per step it rests on (``specdec.bench.trust``): its
+    plain decoding was timed slower than it runs, by other work on the machine."""
+    speedup, tau = row.get("speedup"), row.get("tokens_per_step")
+    if speedup is None or tau is None or np.isnan(speedup) or np.isnan(tau):
+        return ""
+    return " (impossible: above its tokens/step)" if impossible(speedup, tau) else ""
+
+
 def markdown(rows: Sequence[dict], *, categories: bool = True) -> str:
     """A Markdown table of ``summarize`` rows."""
     header = (
@@ -191,7 +201,7 @@ def markdown(rows: Sequence[dict], *, categories: bool = True) -> str:
         lines.append(
             f"| {r['backend']} | {r['dtype']} | {r.get('exact') or '-'} | {r['temperature']:g} | "
             f"{r['category']} | {r['method']} | {_fmt(r['tokens_per_second'], '.1f')} | "
-            f"{_fmt(r['speedup'], '.2f')} | {_fmt(r['speedup_vs_peer'], '.2f')} | "
+            f"{_fmt(r['speedup'], '.2f')}{_impossible(r)} | {_fmt(r['speedup_vs_peer'], '.2f')} | "
             f"{_fmt(r['tokens_per_step'], '.2f')} | {_fmt(r['verified_per_step'], '.1f')} | "
             f"{_fmt(r.get('plain_step_share', float('nan')), '.0%')} | "
             f"{_fmt(r['tree_reduction'], '.0%')} | {split} | {identity_line(r)} | "

@@ -3,6 +3,7 @@ repeats."""
 
 from __future__ import annotations
 
+import sys
 import time
 from typing import Callable, Iterable, Sequence
 
@@ -155,6 +156,14 @@ def run_bench(
     # prompts first: the target's one slot is sized to the longest
     read = ModelFolder.of(model)
     folder = model if read is None else read.path
+    if progress:  # before anything loads: the first run waits on loading and warm-up
+        print(
+            f"bench: {total} runs to do ({len(methods)} methods x {len(prompts)} prompts x "
+            f"{repeats} repeats x {len(grid) * len(temperatures)} settings), after loading and "
+            f"{warmup} warm-up run of each method (a first use here measures the machine once)",
+            file=sys.stderr,
+            flush=True,
+        )
     bar = progress_bar(total=total, desc="bench", enabled=progress)
     tokenizer = read.tokenizer if read else getattr(folder, "tokenizer", None)
     template = read.chat_template if read else getattr(folder, "chat_template", None)

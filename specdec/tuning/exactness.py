@@ -105,7 +105,12 @@ def cached_check(key: dict, run: Callable[[], InvarianceCheck]) -> InvarianceChe
             )
         except (KeyError, TypeError, ValueError):
             pass  # a file of another shape: measure
-    say_measuring("whether exact mode holds")
+    what = (
+        f"trees of up to {key['max_nodes']} nodes in {key.get('rows', 1)} rows"
+        if "max_nodes" in key
+        else "the model's kernels"
+    )
+    say_measuring(f"whether exact mode holds in {key.get('dtype', 'this dtype')} for {what}")
     check = run()
     write_entry(
         file, {**attrs.asdict(check), "key": key, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S")}

@@ -82,6 +82,11 @@ def forget_this_process() -> None:
 
 def say_measuring(what: str) -> None:
     """One line on stderr as a measurement of ``what`` starts (seconds to a minute, once per
-    machine and model): whoever waits sees why the call is slow. Said on a terminal only before,
+    machine, model and shape measured; a measurement taken on a busy machine may be taken again
+    at a later start): whoever waits sees why the call is slow. Said on a terminal only before,
     so a notebook or a script's log showed calls of 17-36 s with no word."""
-    print(f"specdec: measuring {what} on this machine (once; cached)", file=sys.stderr, flush=True)
+    print(
+        f"specdec: measuring {what} on this machine (kept for later runs)",
+        file=sys.stderr,
+        flush=True,
+    )

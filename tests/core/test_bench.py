@@ -292,3 +292,30 @@ def test_progress_is_lines_where_stderr_is_not_a_terminal(monkeypatch, capsys):
     list(progress_module.progress(range(5), desc="quiet"))  # within the minute: silent
     list(progress_module.progress(range(5), desc="off", enabled=False))
     assert capsys.readouterr().err == ""
+
+
+def test_a_speedup_above_its_tokens_per_step_is_flagged_in_the_table():
+    """A bench run whose plain decoding was slowed by other work printed 7.81x at 1.27 tokens per
+    step with no word (plan flagged such figures; bench did not)."""
+    from specdec.bench.report import markdown
+
+    row = dict(
+        backend="torch",
+        dtype="bfloat16",
+        exact="on",
+        temperature=0.0,
+        category="all",
+        method="redrafter",
+        tokens_per_second=50.0,
+        speedup_vs_peer=float("nan"),
+        verified_per_step=5.0,
+        tree_reduction=0.1,
+        draft_share=0.1,
+        verify_share=0.8,
+        other_share=0.1,
+        identical=None,
+    )
+    sound = markdown([{**row, "speedup": 1.2, "tokens_per_step": 1.27}])
+    spoilt = markdown([{**row, "speedup": 7.81, "tokens_per_step": 1.27}])
+    assert "impossible" not in sound
+    assert "7.81 (impossible: above its tokens/step)" in spoilt

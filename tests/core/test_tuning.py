@@ -591,7 +591,7 @@ def test_a_measurement_says_so_wherever_stderr_goes(capsys):
 
     say_measuring("what a step of m costs")
     assert capsys.readouterr().err == (
-        "specdec: measuring what a step of m costs on this machine (once; cached)\n"
+        "specdec: measuring what a step of m costs on this machine (kept for later runs)\n"
     )
 
 
