@@ -99,6 +99,8 @@ def summarize(records: Sequence[BenchRecord], *, plain: str = "plain") -> list[d
             repeats=len(repeats),
             exact=exact_of[method],
             tokens_per_second=float(np.median(tps)),
+            busy_runs=sum(r.busy for r in group),  # runs while other work took the cores
+            runs=len(group),
             speedup=ratio(baseline),
             speedup_vs_peer=ratio(PEER_BASELINE.get(backend, "")),
             tokens_per_step=sum(r.new_tokens for r in group) / steps if steps else float("nan"),
@@ -173,6 +175,12 @@ def _fmt(value, spec: str) -> str:
     )
 
 
+def _busy(row: dict) -> str:
+    """A mark for a row some of whose runs other work slowed (their own clocks said so)."""
+    busy = row.get("busy_runs") or 0
+    return f" (busy: {busy} of {row.get('runs', '?')} runs)" if busy else ""
+
+
 def _impossible(row: dict) -> str:
     """A flag for a speedup above the tokens per step it rests on (``specdec.bench.trust``): its
     plain decoding was timed slower than it runs, by other work on the machine."""
@@ -200,7 +208,7 @@ def markdown(rows: Sequence[dict], *, categories: bool = True) -> str:
         )
         lines.append(
             f"| {r['backend']} | {r['dtype']} | {r.get('exact') or '-'} | {r['temperature']:g} | "
-            f"{r['category']} | {r['method']} | {_fmt(r['tokens_per_second'], '.1f')} | "
+            f"{r['category']} | {r['method']} | {_fmt(r['tokens_per_second'], '.1f')}{_busy(r)} | "
             f"{_fmt(r['speedup'], '.2f')}{_impossible(r)} | {_fmt(r['speedup_vs_peer'], '.2f')} | "
             f"{_fmt(r['tokens_per_step'], '.2f')} | {_fmt(r['verified_per_step'], '.1f')} | "
             f"{_fmt(r.get('plain_step_share', float('nan')), '.0%')} | "

@@ -15,6 +15,7 @@ from specdec.bench.progress import progress as progress_bar
 from specdec.bench.methods import Method
 from specdec.bench.peers import peer_runner
 from specdec.bench.prompts import BenchPrompt
+from specdec.bench.trust import Measured
 from specdec.generation.api import stream
 from specdec.generation.components import (
     add_lookup,
@@ -59,6 +60,7 @@ class BenchRecord:
     tokens: tuple = attrs.field(default=(), repr=False)
     peak_rss_mb: float = float("nan")  # the process's peak resident memory during this generation
     exact: str = ""  # the target's exact mode: "on", "off" ("" for peers)
+    busy: bool = False  # other work took the cores while it ran (specdec.bench.trust)
 
     @property
     def steps(self) -> int:
@@ -207,7 +209,8 @@ def run_bench(
                 for index, (prompt, ids) in enumerate(zip(prompts, encoded)):
                     for label, run in runners.items():
                         reset_peak_rss()
-                        measured = run(ids, temperature, seed + 1000 * repeat + index)
+                        with Measured() as clock:  # this run's own: a burst spoils a few runs
+                            measured = run(ids, temperature, seed + 1000 * repeat + index)
                         records.append(
                             BenchRecord(
                                 method=label,
@@ -219,6 +222,7 @@ def run_bench(
                                 repeat=repeat,
                                 peak_rss_mb=peak_rss_mb(),
                                 exact=getattr(run, "exact", ""),
+                                busy=not clock.quiet,
                                 **measured,
                             )
                         )
