@@ -79,6 +79,7 @@ class PlanRow:
     predicted_speedup: float
     measured_speedup: float | None = None
     busy: bool = False  # timed (or decoded) while other work took the cores (specdec.bench.trust)
+    plain_ms: float = float("nan")  # the plain step timed just before this shape
 
     @property
     def impossible(self) -> bool:
@@ -233,6 +234,7 @@ def plan(
                 draft_ms=draft_s * 1e3,
                 predicted_speedup=tau * plain_step / (draft_s + verify_s + other_s),
                 busy=not shape.quiet,
+                plain_ms=plain_step * 1e3,
             )
         )
     rows.sort(key=lambda r: (r.impossible, -r.predicted_speedup))

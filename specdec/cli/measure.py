@@ -116,17 +116,18 @@ def cmd_plan(args) -> int:
     )
     measured = {(r.beam_width, r.beam_length): r.measured_speedup for r in checked}
     print(
-        "| W | L | tokens/step (est.) | tree size | draft ms | verify ms | predicted speedup | "
-        "measured |"
+        "| W | L | tokens/step (est.) | tree size | plain ms | draft ms | verify ms | "
+        "predicted speedup | measured |"
     )
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         m = measured.get((r.beam_width, r.beam_length))
         flag = " (impossible: above its tokens/step)" if r.impossible else ""
         flag += " (busy: timed while other work took the cores)" if r.busy else ""
         print(
             f"| {r.beam_width} | {r.beam_length} | {r.tokens_per_step:.2f} | {r.tree_size:.1f} | "
-            f"{r.draft_ms:.1f} | {r.verify_ms:.1f} | {r.predicted_speedup:.2f}x{flag} | "
+            f"{r.plain_ms:.1f} | {r.draft_ms:.1f} | {r.verify_ms:.1f} | "
+            f"{r.predicted_speedup:.2f}x{flag} | "
             f"{'-' if m is None else f'{m:.2f}x'} |"
         )
     trusted = [r for r in checked if not r.busy] or checked  # a busy decode: left out if others
