@@ -14,24 +14,22 @@ which is the caller's own memory) takes the policy that the last decoder left wi
 target, drafting setting (``DecodePlan.setting``: the drafter's name, checkpoint and options,
 lookup, tree builder and verifier; or the drafter object itself) and sampling. What is kept is
 what the policy learnt over requests; what each request learnt ends with it
-(``Speculation.resume``). At most ``SETTINGS`` settings are kept per target, the oldest dropped;
-they go with the target. A second process, or a target loaded again, starts afresh. Budgets
-never change which tokens are accepted, so what is remembered moves only speed.
+(``Speculation.resume``). At most ``SETTINGS`` settings are kept per target, the least recently
+used dropped; they go with the target (``specdec.decode.kept``). A second process, or a target
+loaded again, starts afresh. Budgets never change which tokens are accepted, so what is
+remembered moves only speed.
 """
 
 from __future__ import annotations
 
-import threading
-import weakref
-
 from specdec.decode.budget import Speculation, make_speculation, speculation_mode
+from specdec.decode.kept import KeptWithTarget
 
 __all__ = ["SETTINGS", "speculation_for"]
 
 SETTINGS = 8  # drafting settings remembered per target
 
-_guard = threading.Lock()
-_kept: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # target -> {key: Speculation}
+_kept = KeptWithTarget(SETTINGS)  # target -> {(setting, sampling): Speculation}
 
 
 def speculation_for(plan, caps, needs_draft_probs: bool) -> Speculation:
@@ -40,19 +38,11 @@ def speculation_for(plan, caps, needs_draft_probs: bool) -> Speculation:
     value = plan.speculation
     if isinstance(value, Speculation) or speculation_mode(value, caps, needs_draft_probs) != "auto":
         return make_speculation(value, caps, needs_draft_probs)
-    setting = plan.setting if plan.setting is not None else plan.drafter
-    key = (setting, plan.sampling)
-    with _guard:
-        try:
-            kept = _kept.setdefault(plan.target, {})
-            speculation = kept.pop(key, None)
-        except TypeError:  # a target that cannot be referred to weakly, or an unhashable drafter
-            return make_speculation(value, caps, needs_draft_probs)
-        if speculation is None:
-            speculation = make_speculation(value, caps, needs_draft_probs)
-        else:
-            speculation.resume()
-        kept[key] = speculation  # the newest last
-        while len(kept) > SETTINGS:
-            del kept[next(iter(kept))]
+    key = (plan.setting if plan.setting is not None else plan.drafter, plan.sampling)
+    speculation = _kept.get(plan.target, key)
+    if speculation is None:
+        speculation = make_speculation(value, caps, needs_draft_probs)
+    else:
+        speculation.resume()
+    _kept.put(plan.target, key, speculation)
     return speculation

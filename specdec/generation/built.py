@@ -8,7 +8,7 @@ model is a whole model loaded again. So a drafter built by name for a target is 
 (compared by identity, so a registry with another plugin of that name builds its own), the
 checkpoint and the time its files were last written (a head trained again into the same folder
 is read again), and the options, the planned ones included. At most ``KEEP`` per target, the
-oldest dropped. A drafter object passed in is the caller's and is used as it is.
+least recently used dropped. A drafter object passed in is the caller's and is used as it is.
 
 Reuse is what an ``Engine`` does with its drafter over all its requests: a stateful drafter is
 told each request's end (``end``), after which its slot starts afresh (the conformance kit checks
@@ -17,17 +17,16 @@ it), so one object serves one generation after another.
 
 from __future__ import annotations
 
-import threading
-import weakref
 from pathlib import Path
 from typing import Any, Callable
+
+from specdec.decode.kept import KeptWithTarget
 
 __all__ = ["KEEP", "built_drafter"]
 
 KEEP = 4  # drafters kept per target
 
-_guard = threading.Lock()
-_kept: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # target -> {key: (factory, obj)}
+_kept = KeptWithTarget(KEEP)  # target -> {key: (factory, drafter)}
 
 
 def _written(checkpoint: Path | None) -> float | None:
@@ -47,18 +46,9 @@ def built_drafter(target, key: tuple, factory: Any, checkpoint, build: Callable[
     (backend, name, options) with the same ``factory`` and ``checkpoint`` files (module
     docstring)."""
     full = (*key, None if checkpoint is None else str(checkpoint), _written(checkpoint))
-    try:
-        with _guard:
-            kept = _kept.setdefault(target, {})
-            found = kept.get(full)
-    except TypeError:  # a target that cannot be referred to weakly, or an unhashable key
-        return build()
+    found = _kept.get(target, full)
     if found is not None and found[0] is factory:
         return found[1]
     drafter = build()
-    with _guard:
-        kept.pop(full, None)
-        kept[full] = (factory, drafter)
-        while len(kept) > KEEP:
-            del kept[next(iter(kept))]
+    _kept.put(target, full, (factory, drafter))
     return drafter
