@@ -48,35 +48,25 @@ def test_demo_on_a_random_model():
 
 
 def test_generate_from_token_ids(model_dir):
-    done = run(
-        "generate",
-        "--model",
-        str(model_dir),
-        "--prompt-ids",
-        "[1, 2, 3]",
-        "--drafter",
-        "none",
-        "--backend",
-        "numpy",
-        "--max-new-tokens",
-        "4",
-    )
+    def generate(ids: str):
+        return run(
+            "generate",
+            "--model",
+            str(model_dir),
+            "--prompt-ids",
+            ids,
+            "--drafter",
+            "none",
+            "--backend",
+            "numpy",
+            "--max-new-tokens",
+            "4",
+        )
+
+    done = generate("[1, 2, 3]")
     assert done.returncode == 0, done.stderr[-2000:]
     assert "1.00 tokens/step" in done.stderr, done.stderr
-    # the README's 1,2,3 (refused as "not valid JSON" before)
-    commas = run(
-        "generate",
-        "--model",
-        str(model_dir),
-        "--prompt-ids",
-        "1,2,3",
-        "--drafter",
-        "none",
-        "--backend",
-        "numpy",
-        "--max-new-tokens",
-        "4",
-    )
+    commas = generate("1,2,3")  # the README's spelling (refused as "not valid JSON" before)
     assert commas.returncode == 0, commas.stderr[-2000:]
     assert commas.stdout == done.stdout
 

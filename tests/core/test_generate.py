@@ -123,9 +123,9 @@ def test_greedy_parity_with_oracle_drafter(target, prompts, width, length, corru
         assert spec.stats.accepted_tokens == 0, spec.stats
 
 
-def test_self_drafting_accepts_everything(target):
-    """A drafter that proposes the target's own continuation has every drafted token accepted."""
-    prompts, length, new = [[1, 2, 3], [7]], 4, 13
+def _perfect_oracle(target, prompts, *, width: int, length: int, new: int):
+    """(a drafter proposing the target's own greedy continuation, the steps of streaming
+    ``prompts`` with it for ``new`` tokens each)."""
     truth = greedy_continuations(target, prompts, new + length)
     oracle = OracleDrafter(
         truth,
@@ -133,13 +133,18 @@ def test_self_drafting_accepts_everything(target):
         vocab_size=target.vocab_size,
         backend=NumpyBackend(),
         target=target,
-        beam_width=2,
+        beam_width=width,
         beam_length=length,
         corruption=0.0,
     )
-    steps = list(
-        specdec.stream(target, prompts, oracle, "numpy", max_new_tokens=new, stop_at_eos=False)
-    )
+    steps = specdec.stream(target, prompts, oracle, "numpy", max_new_tokens=new, stop_at_eos=False)
+    return oracle, list(steps)
+
+
+def test_self_drafting_accepts_everything(target):
+    """A drafter that proposes the target's own continuation has every drafted token accepted."""
+    prompts, length, new = [[1, 2, 3], [7]], 4, 13
+    oracle, steps = _perfect_oracle(target, prompts, width=2, length=length, new=new)
     # Prefill emits 1 token, each later step L (3 accepted + bonus): 1 + 3*4 = 13 tokens in 4 steps.
     assert [list(s.num_accepted) for s in steps[1:]] == [[3, 3]] * 3
     assert all(
@@ -153,20 +158,7 @@ def test_a_cut_last_step_counts_only_the_accepted_tokens_it_kept(target):
     steps, where the engine said 0. generate's stats now count what was kept, as the engine's
     Completion does: tokens = 1 + steps + accepted."""
     prompts, length, new = [[1, 2, 3]], 4, 11  # 1 + 4 + 4 + 2: the last step keeps 2 of 4
-    truth = greedy_continuations(target, prompts, new + length)
-    oracle = OracleDrafter(
-        truth,
-        prompts=prompts,
-        vocab_size=target.vocab_size,
-        backend=NumpyBackend(),
-        target=target,
-        beam_width=1,
-        beam_length=length,
-        corruption=0.0,
-    )
-    steps = list(
-        specdec.stream(target, prompts, oracle, "numpy", max_new_tokens=new, stop_at_eos=False)
-    )
+    oracle, steps = _perfect_oracle(target, prompts, width=1, length=length, new=new)
     assert [int(s.num_accepted[0]) for s in steps[1:]] == [3, 3, 3]  # what the verifier accepted
     assert [len(s.new_tokens[0]) for s in steps] == [1, 4, 4, 2]
     result = specdec.generate(

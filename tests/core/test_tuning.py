@@ -325,15 +325,7 @@ def test_a_tree_drafter_is_planned_one_setting_at_a_time_and_generate_uses_the_p
         return 2.0 - 0.01 * distance + 0.05 * lookup, 3.0, nodes  # 3 tokens/step allow 2x
 
     monkeypatch.setattr(tree_planner, "_decode", made_up)
-    rows = tree_planner.plan_tree(
-        model_dir,
-        str(eagle3),
-        ["a b c"],
-        backend="numpy",
-        max_new_tokens=4,
-        save=True,
-        clock=QuietClock(),
-    )
+    rows = _plan_eagle3(model_dir, eagle3)
     best = rows[0]
     assert best.options == {"total_tokens": 6, "depth": 3, "tree_top_k": 2} and best.lookup
     assert best.speedup == pytest.approx(2.05) and rows[-1].speedup < best.speedup
@@ -416,6 +408,21 @@ class BusyClock(QuietClock):
     wall, cpu, share, others, quiet = 1.0, 0.5, 0.5, 0.5, False
 
 
+def _plan_eagle3(model_dir, eagle3, clock=None):
+    """The tree planner on the EAGLE-3 head over one short prompt, saving its choice."""
+    from specdec.bench import tree_planner
+
+    return tree_planner.plan_tree(
+        model_dir,
+        str(eagle3),
+        ["a b c"],
+        backend="numpy",
+        max_new_tokens=4,
+        save=True,
+        clock=clock if clock is not None else QuietClock(),
+    )
+
+
 @pytest.fixture(autouse=True)
 def quiet_rows(monkeypatch):
     """Each planned row's own clock reads as quiet: the machine running the tests may be busy,
@@ -442,9 +449,7 @@ def test_the_tree_planner_keeps_nothing_it_cannot_trust(
 
     monkeypatch.setattr(tree_planner, "_decode", made_up)
     clock = BusyClock() if case == "busy" else QuietClock()
-    rows = tree_planner.plan_tree(
-        model_dir, str(eagle3), ["a b c"], backend="numpy", max_new_tokens=4, save=True, clock=clock
-    )
+    rows = _plan_eagle3(model_dir, eagle3, clock)
     assert rows[0].speedup > 2.0
     kept = _drafter_of(target, eagle3)
     assert (kept.total_tokens, kept.depth, kept.top_k) == (12, 4, 4), case
@@ -618,15 +623,7 @@ def test_a_tree_setting_decoded_while_other_work_ran_is_marked_and_not_chosen(
 
     monkeypatch.setattr(tree_planner, "_decode", made_up)
     monkeypatch.setattr(tree_planner, "Measured", Clock)
-    rows = tree_planner.plan_tree(
-        model_dir,
-        str(eagle3),
-        ["a b c"],
-        backend="numpy",
-        max_new_tokens=4,
-        save=True,
-        clock=QuietClock(),
-    )
+    rows = _plan_eagle3(model_dir, eagle3)
     busy = [r for r in rows if r.busy]
     assert busy and all(r.options.get("total_tokens") == 16 for r in busy), rows
     assert not rows[0].busy and rows[-1].busy
