@@ -1,7 +1,8 @@
 """The records of a decode step (``StepResult``) as the decoder makes and joins them: a step with no
 rows (``empty_step``), the rows of several groups' steps in one (``join_steps``), one row per
-request of a batch (``full_batch``), and the first tokens of prompts prefilled (``admissions``,
-``join_admissions``)."""
+request of a batch (``full_batch``), the first tokens of prompts prefilled (``admissions``,
+``join_admissions``), and how many of a row's accepted tokens its output kept
+(``accepted_kept``)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,22 @@ import numpy as np
 
 from specdec.types import StepResult
 
-__all__ = ["admissions", "empty_step", "full_batch", "join_admissions", "join_steps"]
+__all__ = [
+    "accepted_kept",
+    "admissions",
+    "empty_step",
+    "full_batch",
+    "join_admissions",
+    "join_steps",
+]
+
+
+def accepted_kept(accepted: int, kept: int) -> int:
+    """Of a row's ``accepted`` drafted tokens (``StepResult.num_accepted``), those its output
+    kept when the step emitted ``kept`` tokens: all but the step's own one, fewer where the
+    request's end (a stop token, its length) cut the step short. So a request's new tokens are
+    1 + its decode steps + its accepted tokens, in ``GenerationStats`` as in ``Completion``."""
+    return max(0, min(int(accepted), int(kept) - 1))
 
 
 def empty_step(step: int) -> StepResult:

@@ -15,6 +15,7 @@ import numpy as np
 
 from specdec import compute
 from specdec.decode.loop import decode_steps
+from specdec.decode.step_results import accepted_kept
 from specdec.errors import (
     InvalidInputError,
     MissingDependencyError,
@@ -220,8 +221,8 @@ def collect(steps, batch_size: int, *, batched: bool, tokenizer=None) -> Generat
                 reasons[why] = reasons.get(why, 0) + 1
         totals["drafted"] += int(np.sum(result.num_drafted))
         totals["verified"] += int(np.sum(result.num_verified))
-        totals["accepted"] += sum(  # kept: a step cut short by the request's end counts less
-            min(int(accepted), max(len(new) - 1, 0))
+        totals["accepted"] += sum(
+            accepted_kept(accepted, len(new))
             for accepted, new in zip(result.num_accepted, result.new_tokens)
         )
         totals["draft"] += result.time_draft

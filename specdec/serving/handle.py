@@ -12,6 +12,7 @@ import attrs
 
 from specdec.errors import InvalidInputError, SpecdecError
 from specdec.decode.requests import Request
+from specdec.decode.step_results import accepted_kept
 from specdec.serving.metrics import EngineMetrics
 from specdec.serving.text import IncrementalText, StopStrings
 
@@ -272,7 +273,7 @@ class Handle:
             self.plain_reasons[plain] = self.plain_reasons.get(plain, 0) + 1
         self.drafting_steps += drafted > 0
         self.drafted_tokens += drafted
-        self.accepted_tokens += max(0, min(accepted, kept - 1))
+        self.accepted_tokens += accepted_kept(accepted, kept)
 
     def finish(self, reason: str, error: BaseException | None, now: float) -> None:
         text = ""
