@@ -159,10 +159,11 @@ def cmd_plan(args) -> int:
     line = busy_line(clock)
     if line:
         print(line)
-    spoilt = sum(r.busy for r in rows) + sum(r.busy for r in checked)
+    # a shape timed busy and then decoded is one shape, not two
+    spoilt = len({(r.beam_width, r.beam_length) for r in (*rows, *checked) if r.busy})
     if spoilt and not line:
         print(
-            f"note: {spoilt} of the figures above (marked busy) were timed while other work took "
+            f"note: {spoilt} of the shapes above (marked busy) were timed while other work took "
             "the cores, and were left out of the choice; plan again on a quiet machine"
         )
     if not args.no_save:
