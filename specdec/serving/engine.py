@@ -382,10 +382,13 @@ class Engine:
     def closed(self) -> bool:
         return self._stopped
 
-    def stop_accepting(self) -> None:
-        """Refuse new requests (EngineClosedError) and let those submitted finish."""
+    def stop_accepting(self, drain: bool = True) -> None:
+        """Refuse new requests (EngineClosedError) and let those submitted finish; with
+        ``drain=False`` cancel them at the next step instead. Returns at once (``close`` then
+        waits for the scheduler)."""
         with self._cond:
             self._closing = True
+            self._drain = self._drain and drain
             self._cond.notify_all()
 
     def close(self, drain: bool = True, timeout: float | None = None) -> bool:
@@ -395,10 +398,7 @@ class Engine:
         timed out, what is left is cancelled and the scheduler gets as long again. Returns False
         when it still runs then (a step that does not end: the engine stays closed to requests and
         keeps its slots and the target's lease), True once closed."""
-        with self._cond:
-            self._closing = True
-            self._drain = self._drain and drain
-            self._cond.notify_all()
+        self.stop_accepting(drain)
         if threading.current_thread() is not self._thread:
             self._thread.join(timeout)
             if self._thread.is_alive() and drain:

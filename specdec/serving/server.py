@@ -139,6 +139,9 @@ class Server:
                 "cancelling them",
                 self.shutdown_timeout,
             )
+            # the cancellation is asked for before it is announced: a step that ends after the
+            # announcement already cancels (the close thread only waits for the scheduler)
+            self.engine.stop_accepting(drain=False)
             self.drain_expired.set()
             threading.Thread(target=self.engine.close, args=(False,), daemon=True).start()
 
