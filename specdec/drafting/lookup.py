@@ -33,13 +33,21 @@ DEFAULT_MIN_NGRAM = 2
 DEFAULT_DRAFT_LENGTH = (
     10  # measured: benchmarks/README.md, "The prompt-lookup beam at its own length"
 )
+# tokens drafted when only the last token occurred before (no match of min_ngram or more);
+# measured: benchmarks/README.md, "A short chain where only the last token matches"
+DEFAULT_UNIGRAM_LENGTH = 3
+
+
+def check_length(name: str, value: Any, *, least: int) -> None:
+    """Raise InvalidInputError unless ``value`` is an integer >= ``least``."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < least:
+        raise InvalidInputError(f"lookup {name} must be an integer >= {least}, got {value!r}")
 
 
 def check_ngram_sizes(max_ngram: int, min_ngram: int) -> None:
     """Raise InvalidInputError unless 1 <= min_ngram <= max_ngram."""
     for name, value in (("max_ngram", max_ngram), ("min_ngram", min_ngram)):
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-            raise InvalidInputError(f"lookup {name} must be an integer >= 1, got {value!r}")
+        check_length(name, value, least=1)
     if min_ngram > max_ngram:
         raise InvalidInputError(
             f"lookup min_ngram ({min_ngram}) must not exceed max_ngram ({max_ngram})"
@@ -124,29 +132,52 @@ def lookup_chain_reference(
     return np.array(chain, dtype=np.int64)
 
 
+def row_chain(
+    history: np.ndarray, length: int, *, max_ngram: int, min_ngram: int, unigram_length: int
+) -> np.ndarray:
+    """A row's lookup chain: ``length`` tokens where the history's last ``min_ngram`` or more
+    tokens occurred before; else, where its last token did, ``min(unigram_length, length)``
+    tokens by the same rule down to one-token suffixes (a guess that is right less often, so
+    kept short); else none.
+
+    Example: history [7, 8, 9, 7] with min_ngram=2: no earlier "9 7", but 7 occurred at 0, so
+    the chain follows it: 8, 9, 7, ... cut at unigram_length tokens.
+    """
+    chain = lookup_chain(history, length, max_ngram=max_ngram, min_ngram=min_ngram)
+    if len(chain) or min_ngram == 1 or unigram_length == 0:
+        return chain
+    return lookup_chain(history, min(unigram_length, length), max_ngram=max_ngram, min_ngram=1)
+
+
 def lookup_beams(
     histories: Sequence[np.ndarray],
     length: int,
     *,
     max_ngram: int,
     min_ngram: int,
+    unigram_length: int,
     fallback: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """One lookup beam per row: (B, 1, length) int64 beams, and (B,) bool, whether the row found a
-    full chain. ``fallback`` (B, length): each row's beam when it finds none (the root
-    repeated); its first column is the root. A row whose history does
-    not end with its root has finished (the loop stopped recording its tokens) and keeps its
-    fallback."""
+    """One lookup beam per row: (B, 1, length) int64 beams, and (B,) int64 their lengths (the
+    root counted; 1 where the row found nothing). ``fallback`` (B, length): each row's beam
+    where its chain does not reach (the root repeated); its first column is the root. A row
+    whose history does not end with its root has finished (the loop stopped recording its
+    tokens) and keeps its fallback."""
     beams = np.array(fallback, dtype=np.int64, copy=True)[:, None, :]  # (B, 1, L)
-    found = np.zeros(len(histories), dtype=bool)
+    lengths = np.ones(len(histories), dtype=np.int64)
     for b, history in enumerate(histories):
         if len(history) == 0 or history[-1] != beams[b, 0, 0]:
             continue
-        chain = lookup_chain(history, length - 1, max_ngram=max_ngram, min_ngram=min_ngram)
-        if len(chain) == length - 1:
-            beams[b, 0, 1:] = chain
-            found[b] = True
-    return beams, found
+        chain = row_chain(
+            history,
+            length - 1,
+            max_ngram=max_ngram,
+            min_ngram=min_ngram,
+            unigram_length=unigram_length,
+        )
+        beams[b, 0, 1 : 1 + len(chain)] = chain
+        lengths[b] = 1 + len(chain)
+    return beams, lengths
 
 
 class LookupDrafter(PassLifecycle):
@@ -161,6 +192,8 @@ class LookupDrafter(PassLifecycle):
         nothing (the root alone, a plain step), and rows without a match otherwise repeat their
         root (so a row's seeded sample does not depend on whether other rows of its batch found
         a match).
+    unigram_length: the chain's length where only the last token occurred before (``row_chain``;
+        0: no chain there).
     """
 
     def __init__(
@@ -172,16 +205,11 @@ class LookupDrafter(PassLifecycle):
         draft_length: int = DEFAULT_DRAFT_LENGTH,
         max_ngram: int = DEFAULT_MAX_NGRAM,
         min_ngram: int = DEFAULT_MIN_NGRAM,
+        unigram_length: int = DEFAULT_UNIGRAM_LENGTH,
     ):
         check_ngram_sizes(max_ngram, min_ngram)
-        if (
-            isinstance(draft_length, bool)
-            or not isinstance(draft_length, (int, np.integer))
-            or draft_length < 1
-        ):
-            raise InvalidInputError(
-                f"lookup draft_length must be an integer >= 1, got {draft_length!r}"
-            )
+        check_length("draft_length", draft_length, least=1)
+        check_length("unigram_length", unigram_length, least=0)
         inner_caps = None if inner is None else drafter_caps(inner)
         if inner_caps is not None and inner_caps.sampled_proposals:
             raise InvalidInputError(
@@ -191,10 +219,11 @@ class LookupDrafter(PassLifecycle):
                 "lossless) or drop lookup"
             )
         self.backend, self.target, self.inner = backend, target, inner
-        self.draft_length, self.max_ngram, self.min_ngram = (
+        self.draft_length, self.max_ngram, self.min_ngram, self.unigram_length = (
             int(draft_length),
             int(max_ngram),
             int(min_ngram),
+            int(unigram_length),
         )
         # beams per draft, and their length (for reports)
         self.beam_width = 1 + getattr(inner, "beam_width", 0)
@@ -233,25 +262,15 @@ class LookupDrafter(PassLifecycle):
 
     def _join(self, draft: Draft, context: DraftContext) -> Draft:
         """``draft``'s beams (B, W, L) and the lookup chain as beam W: (B, W + 1, L') beams with
-        their lengths, L' = max(L, draft_length + 1) (L when no row found a chain and decoding is
-        greedy; when sampling the shape never depends on the batch, see the class docstring)."""
+        their lengths, L' = max(L, the longest chain + 1) greedy, max(L, draft_length + 1) when
+        sampling (the shape never depends on the batch then, see ``_chains``)."""
         beams = self.backend.to_numpy(draft.beams)  # (B, W, L)
         length = beams.shape[2]
         lengths = check_beam_lengths(draft.beam_lengths, beams.shape)  # (B, W): L each when None
-        chain_length = self.draft_length + 1
-        roots = beams[:, 0, 0]
-        chains, found = lookup_beams(
-            context.history,
-            chain_length,
-            max_ngram=self.max_ngram,
-            min_ngram=self.min_ngram,
-            fallback=np.repeat(roots[:, None], chain_length, axis=1),
-        )
-        if not found.any() and context.sampling.greedy:
-            chains, chain_length = chains[:, :, :1], 1
-        size = max(length, chain_length)
+        chains, chain_lengths = self._chains(context, beams[:, 0, 0])
+        size = max(length, chains.shape[2])
         joined = np.concatenate([_pad(beams, size), _pad(chains, size)], axis=1)  # (B, W + 1, size)
-        lengths = np.concatenate([lengths, np.where(found, chain_length, 1)[:, None]], axis=1)
+        lengths = np.concatenate([lengths, chain_lengths[:, None]], axis=1)
         return Draft(
             root_tokens=draft.root_tokens,
             beams=self.backend.from_numpy(joined, self.target),
@@ -259,28 +278,34 @@ class LookupDrafter(PassLifecycle):
             beam_lengths=lengths,
         )
 
-    def _propose_alone(self, context: DraftContext) -> Draft:
-        roots = np.asarray(self.backend.to_numpy(context.root_tokens), dtype=np.int64)  # (B,)
+    def _chains(self, context: DraftContext, roots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Every row's chain as a beam (B, 1, L) and its length (B,) (1: no chain). Greedy, L is
+        the longest chain's; when sampling, the draft keeps its shape (``draft_length + 1``): a
+        shorter draft would change how many random numbers each row draws, and so a row's sample
+        would depend on the rest of the batch. A row's beam length is its own chain's whatever
+        the others found: its root repeated, verified where another row's chain made the draft
+        long, made a request's drafts depend on what shared its step."""
         length = self.draft_length + 1
-        beams, found = lookup_beams(
+        beams, lengths = lookup_beams(
             context.history,
             length,
             max_ngram=self.max_ngram,
             min_ngram=self.min_ngram,
+            unigram_length=self.unigram_length,
             fallback=np.repeat(roots[:, None], length, axis=1),
         )
-        if not found.any() and context.sampling.greedy:
-            beams = beams[:, :, :1]  # (B, 1, 1): nothing to draft, a plain step
-        # When sampling, the draft keeps its shape: a shorter draft would change how many random
-        # numbers each row draws, and so a row's sample would depend on the rest of the batch.
-        # A row without a match drafts nothing (its beam's length is 1) whatever the others
-        # found: its root repeated, verified where another row's chain made the draft long,
-        # made a request's drafts depend on what shared its step.
+        if context.sampling.greedy:
+            beams = beams[:, :, : lengths.max(initial=1)]  # (B, 1, 1) where no row found any
+        return beams, lengths
+
+    def _propose_alone(self, context: DraftContext) -> Draft:
+        roots = np.asarray(self.backend.to_numpy(context.root_tokens), dtype=np.int64)  # (B,)
+        beams, lengths = self._chains(context, roots)
         return Draft(
             root_tokens=context.root_tokens,
             beams=self.backend.from_numpy(beams, self.target),
             sampled=False,
-            beam_lengths=np.where(found, beams.shape[2], 1)[:, None].astype(np.int64),
+            beam_lengths=lengths[:, None],
         )
 
 

@@ -272,9 +272,10 @@ def add_lookup(drafter, lookup, backend, target):
         lookup = {}
     elif is_int(lookup):
         lookup = {"draft_length": lookup}
-    if not isinstance(lookup, dict) or set(lookup) - {"max_ngram", "min_ngram", "draft_length"}:
+    keys = {"max_ngram", "min_ngram", "draft_length", "unigram_length"}
+    if not isinstance(lookup, dict) or set(lookup) - keys:
         raise InvalidInputError(
             "lookup must be True, the lookup chain's length in drafted tokens (an int), or a dict "
-            f"of draft_length / max_ngram / min_ngram, got {lookup!r}"
+            f"of draft_length / max_ngram / min_ngram / unigram_length, got {lookup!r}"
         )
     return LookupDrafter(backend, target, inner=drafter, **lookup)

@@ -47,7 +47,14 @@ def _no_drafter(target, checkpoint=None, *, backend=None):
 
 
 def _lookup_drafter(
-    target, checkpoint=None, *, backend, draft_length=None, max_ngram=None, min_ngram=None
+    target,
+    checkpoint=None,
+    *,
+    backend,
+    draft_length=None,
+    max_ngram=None,
+    min_ngram=None,
+    unigram_length=None,
 ):
     if checkpoint is not None:
         raise InvalidInputError("drafter 'lookup' (prompt lookup) takes no checkpoint")
@@ -57,6 +64,7 @@ def _lookup_drafter(
         draft_length=lookup.DEFAULT_DRAFT_LENGTH if draft_length is None else draft_length,
         max_ngram=lookup.DEFAULT_MAX_NGRAM if max_ngram is None else max_ngram,
         min_ngram=lookup.DEFAULT_MIN_NGRAM if min_ngram is None else min_ngram,
+        unigram_length=lookup.DEFAULT_UNIGRAM_LENGTH if unigram_length is None else unigram_length,
     )
 
 

@@ -18,6 +18,7 @@ from specdec.drafting.lookup import (
     check_ngram_sizes,
     lookup_chain,
     next_token_by_lookup,
+    row_chain,
 )
 from specdec.plugins.builtin import NumpyBackend
 from specdec.testing import make_random_drafter
@@ -391,6 +392,7 @@ def test_a_rows_lookup_drafts_do_not_depend_on_its_batch(tmp_path):
             max_new_tokens=16,
             stop_at_eos=False,
             speculation="always",
+            unigram_length=0,  # a row drafts only once its last two tokens repeat
         )
         rows = [[] for _ in prompts]
         for step in steps:
@@ -402,3 +404,33 @@ def test_a_rows_lookup_drafts_do_not_depend_on_its_batch(tmp_path):
     alone, together = verified(1), verified(3)
     assert together == alone
     assert together[1][:3] == [1, 1, 1]  # no match yet: plain steps, beside rows that drafted
+
+
+def test_where_only_the_last_token_occurred_before_the_chain_is_short():
+    history = tokens(7, 8, 9, 5, 7)  # no earlier "5 7"; 7 occurred at 0, followed by 8
+    options = dict(max_ngram=3, min_ngram=2)
+    assert lookup_chain(history, 6, **options).tolist() == []
+    assert row_chain(history, 6, unigram_length=2, **options).tolist() == [8, 9]
+    assert row_chain(history, 6, unigram_length=0, **options).tolist() == []
+    assert row_chain(history, 1, unigram_length=2, **options).tolist() == [8]  # at most length
+    # a match of min_ngram tokens keeps the whole length
+    assert row_chain(tokens(7, 8, 9, 7, 8), 4, unigram_length=2, **options).tolist() == [9, 7, 8, 9]
+
+
+def test_the_lookup_drafter_gives_a_short_chain_its_own_length():
+    drafter = LookupDrafter(NumpyBackend(), None, draft_length=5, unigram_length=2)
+    context = DraftContext(
+        root_tokens=np.array([7, 3]),
+        hidden=np.zeros((2, 1)),
+        history=[tokens(7, 8, 9, 5, 7), tokens(1, 2, 3)],
+    )
+    draft = drafter.propose(context)
+    assert draft.beam_lengths.tolist() == [[3], [1]]  # root + 8, 9; the root alone
+    assert np.asarray(draft.beams)[0, 0, :3].tolist() == [7, 8, 9]
+    assert np.asarray(draft.beams).shape == (2, 1, 3)  # greedy: as long as the longest chain
+
+
+@pytest.mark.parametrize("value", [-1, 1.0, True])
+def test_a_bad_unigram_length_is_refused(value):
+    with pytest.raises(InvalidInputError, match="unigram_length must be an integer >= 0"):
+        LookupDrafter(NumpyBackend(), None, unigram_length=value)
