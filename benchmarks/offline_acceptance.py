@@ -5,15 +5,19 @@ it; cached under --cache), then each drafter checkpoint's acceptance is replayed
 continuations exactly as ``specdec train`` evaluates held-out data
 (``specdec.training.loop.evaluate``: accept a, emit a + 1, jump a + 1; bonus token counted). With
 --lookup it also replays, per position, the best of ReDrafter's accepted tokens
-(the first checkpoint), the prompt-lookup chain (``specdec.drafting.lookup.lookup_chain``, 10
-tokens) and, where the chain finds nothing, a chain from an n-gram store of the target's own
-training continuations (most frequent follower of the last 3, 2 tokens, seen at least twice): what a
-third beam drawn from such a store would add. With --prune, the first checkpoint's W=2, L=4 beams
+(the first checkpoint at the first --beams pair), the prompt-lookup chain
+(``specdec.drafting.lookup.row_chain``, 10 tokens; where only the last token occurred before, a
+chain of --unigram-lengths tokens, with the tree nodes the chains add per step) and, where the
+chain finds nothing, a chain from an n-gram store of the target's own training continuations
+(most frequent follower of the last 3, 2 tokens, seen at least twice): what a third beam drawn
+from such a store would add. With --prune, the first checkpoint's W=2, L=4 beams
 cut at the first drafted token whose conditional probability under the drafter is below a threshold:
 tokens per step against tree nodes per step.
 
     python benchmarks/offline_acceptance.py --prompts mt-bench --per-category 2 \
         drafters/specdec_redrafter/weights/smollm2-135m runs/rd-gen --lookup
+    python benchmarks/offline_acceptance.py --prompts humaneval --per-category 16 --beams 2x3 \
+        drafters/specdec_redrafter/weights/smollm2-135m --lookup --store-prompts 0
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ import numpy as np
 import torch
 
 from specdec.bench import load_prompt_set
-from specdec.drafting.lookup import lookup_chain
+from specdec.drafting.lookup import row_chain
 from specdec.plugins.registry import default_registry
 from specdec.training.evaluate import gather_window
 from specdec.training.loop import evaluate
@@ -81,15 +85,16 @@ def accepted(chain, future) -> int:
     return count
 
 
-def replay(sequences, prompts, accept_at) -> float:
-    tokens = steps = 0
+def replay(sequences, prompts, accept_at) -> tuple[float, float]:
+    """Tokens per step, and chain nodes per step; ``accept_at`` returns (accepted, chain nodes)."""
+    tokens = steps = nodes = 0
     for index, (seq, prompt) in enumerate(zip(sequences, prompts)):
         seq, j = seq.tolist(), 0
         while j < len(seq):
-            j += accept_at(index, j, prompt + seq[: j + 1], seq[j + 1 :]) + 1
-            steps += 1
+            count, chain_nodes = accept_at(index, j, prompt + seq[: j + 1], seq[j + 1 :])
+            j, steps, nodes = j + count + 1, steps + 1, nodes + chain_nodes
         tokens += len(seq)
-    return tokens / steps
+    return tokens / steps, nodes / steps
 
 
 def pruned(checkpoint, target, data, thresholds=(0.0, 0.05, 0.1, 0.2, 0.3)) -> dict:
@@ -151,7 +156,12 @@ def main() -> None:
         "--store-prompts",
         type=int,
         default=3200,
-        help="training prompts whose continuations fill the store",
+        help="training prompts whose continuations fill the store (0: no store)",
+    )
+    parser.add_argument(
+        "--unigram-lengths",
+        default="0,2,3,4",
+        help="lookup chain lengths where only the last token occurred before, to replay",
     )
     parser.add_argument("--cache", default=str(Path.home() / ".cache/specdec/offline"))
     args = parser.parse_args()
@@ -186,7 +196,7 @@ def main() -> None:
             report["drafters"][f"{checkpoint} W={width} L={length}"] = round(
                 evaluate(task, data, sequences=None)["tokens_per_step"], 3
             )
-            if first is None and (width, length) == (2, 4):
+            if first is None:
                 with torch.no_grad():
                     first = np.asarray(task.accept(data, torch.arange(data.num_positions))).reshape(
                         -1
@@ -195,32 +205,42 @@ def main() -> None:
         report["pruned beams (first checkpoint)"] = pruned(args.checkpoints[0], target, data)
     if args.lookup and first is not None:
         sequences, starts = continuations(data), data.starts().tolist()
-        encoded = [target.encode(list(p.messages)) for p in prompts]
-        train = build_teacher_data(
-            target, prompts=args.store_prompts, heldout_prompts=64, progress=False
-        )[0]["train"]
-        store = ngram_store(continuations(train))
+        encoded = [target.encode(p.prompt) for p in prompts]
+        store = None
+        if args.store_prompts:
+            train = build_teacher_data(
+                target, prompts=args.store_prompts, heldout_prompts=64, progress=False
+            )[0]["train"]
+            store = ngram_store(continuations(train))
 
-        def best(index, j, history, future, *, drafter=True, lookup=True, from_store=False):
+        def best(index, j, history, future, *, drafter=True, unigram=None, from_store=False):
             found = [int(first[starts[index] + j])] if drafter else []
-            chain = lookup_chain(np.array(history), 10).tolist() if lookup else []
-            found.append(accepted(chain, future))
+            chain = []
+            if unigram is not None:
+                chain = row_chain(
+                    np.array(history), 10, max_ngram=3, min_ngram=2, unigram_length=unigram
+                ).tolist()
+                found.append(accepted(chain, future))
             if from_store and not chain:
                 found.append(accepted(store_chain(store, history), future))
-            return max(found)
+            return max(found), len(chain)
 
-        replayed = {
-            "redrafter": replay(sequences, encoded, lambda *a: best(*a, lookup=False)),
-            "redrafter + lookup": replay(sequences, encoded, best),
-            "redrafter + lookup + store where lookup finds nothing": replay(
-                sequences, encoded, lambda *a: best(*a, from_store=True)
-            ),
-            "lookup alone": replay(sequences, encoded, lambda *a: best(*a, drafter=False)),
-        }
-        report["replayed (first checkpoint W=2 L=4)"] = {
-            k: round(v, 3) for k, v in replayed.items()
-        }
-        report["store_ngrams"] = len(store)
+        replayed = {"redrafter": replay(sequences, encoded, best)}
+        for unigram in (int(v) for v in args.unigram_lengths.split(",")):
+            replayed[f"redrafter + lookup, unigram {unigram}"] = replay(
+                sequences, encoded, lambda *a, u=unigram: best(*a, unigram=u)
+            )
+            replayed[f"lookup alone, unigram {unigram}"] = replay(
+                sequences, encoded, lambda *a, u=unigram: best(*a, drafter=False, unigram=u)
+            )
+        if store is not None:
+            replayed["redrafter + lookup + store where lookup finds nothing"] = replay(
+                sequences, encoded, lambda *a: best(*a, unigram=0, from_store=True)
+            )
+            report["store_ngrams"] = len(store)
+        report[
+            f"replayed (first checkpoint, {args.beams.split(',')[0]}): tokens/step, chain nodes/step"
+        ] = {k: [round(v, 3) for v in pair] for k, pair in replayed.items()}
     print(json.dumps(report, indent=1))
 
 

@@ -298,6 +298,7 @@ def cmd_serve(args) -> int:
         allowed_hosts=tuple(args.allowed_host),
         limits=limits,
         stall_timeout=args.stall_timeout,
+        announce=lambda line: print(f"specdec: {line}", file=sys.stderr, flush=True),
     )
     server.run()
     # the scheduler still inside a step, or a worker thread inside a preparation: exit without

@@ -67,11 +67,12 @@ def generate(
         True), ``speculation`` ("auto", the default: each step drafts what the measured costs and
         each request's acceptance say pays, ``specdec.decode.budget``; "always"; "never"),
         ``lookup`` (True, the chain's length in drafted tokens, or a dict of
-        ``draft_length`` / ``max_ngram`` / ``min_ngram``: add a prompt-lookup beam of its own length
-        to a beam drafter's draft, ``specdec.drafting.lookup``; None, the default, adds it beside
-        drafters that pair with it (ReDrafter) when the verifier allows; False never); everything
-        else goes to the drafter (e.g. ``beam_width``, ``beam_length``; when both are left out, the
-        ones ``specdec plan`` chose on this machine, if it ran).
+        ``draft_length`` / ``max_ngram`` / ``min_ngram`` / ``unigram_length``: add a prompt-lookup
+        beam of its own length to a beam drafter's draft, ``specdec.drafting.lookup``; None, the
+        default, adds it beside drafters that pair with it (ReDrafter) when the verifier allows;
+        False never); everything else goes to the drafter (e.g. ``beam_width``,
+        ``beam_length``; when both are left out, the ones ``specdec plan`` chose on this machine,
+        if it ran).
     dtype: None (or "auto") loads a model folder in the dtype measured fastest on this machine
         (``specdec.tuning.dtype``).
     exact: the target's exact mode (``specdec.tuning.exactness``): its rows computed so that they do

@@ -21,6 +21,7 @@ import contextlib
 import logging
 import signal
 import threading
+from typing import Callable
 
 from specdec.serving.app import STALL_TIMEOUT, create_app
 from specdec.serving.engine import Engine
@@ -40,7 +41,8 @@ class Server:
     (``Authorization: Bearer``) on every route but /health, trimmed of surrounding whitespace
     (``specdec.serving.limits.check_api_key``); ``allowed_hosts``: names the ``Host``
     header may give beside the loopback names and ``host`` (``"*"``: any); ``limits``:
-    ``specdec.serving.guard.Limits``."""
+    ``specdec.serving.guard.Limits``; ``announce``: called with a line saying what the shutdown
+    does with the requests in flight when it begins (``specdec serve`` prints it)."""
 
     def __init__(
         self,
@@ -57,6 +59,7 @@ class Server:
         allowed_hosts: tuple[str, ...] = (),
         limits: Limits | None = None,
         stall_timeout: float | None = None,
+        announce: Callable[[str], None] | None = None,
     ):
         uvicorn = require("uvicorn", extra="serve", feature="specdec serve")
         require("starlette", extra="serve", feature="specdec serve")
@@ -65,6 +68,7 @@ class Server:
         self.engine = engine
         self.drain = drain
         self.shutdown_timeout = shutdown_timeout
+        self.announce = announce
         self.limits = limits or Limits()
         # set when the drain timed out and what was left got cancelled
         self.drain_expired = threading.Event()
@@ -127,6 +131,8 @@ class Server:
     def _begin_shutdown(self) -> asyncio.Task | None:
         """Stop taking requests; cancel those in flight now (no drain) or once the drain times
         out."""
+        if self.announce is not None:
+            self.announce(self.shutdown_line())
         if not self.drain:
             threading.Thread(target=self.engine.close, args=(False,), daemon=True).start()
             return None
@@ -146,6 +152,19 @@ class Server:
             threading.Thread(target=self.engine.close, args=(False,), daemon=True).start()
 
         return asyncio.get_running_loop().create_task(expire())
+
+    def shutdown_line(self) -> str:
+        """What a shutdown beginning now does with the requests in flight, in one line."""
+        stats = self.engine.stats()
+        count = stats["running"] + stats["waiting"]
+        if count == 0:
+            return "shutting down: no request in flight"
+        if not self.drain:
+            return f"shutting down: cancelling the {count} request(s) in flight"
+        return (
+            f"shutting down: new requests get 503; the {count} request(s) in flight may finish "
+            f"within {self.shutdown_timeout:g} s, then what is left is cancelled"
+        )
 
     @property
     def port(self) -> int:

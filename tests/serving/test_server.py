@@ -485,7 +485,8 @@ def test_while_listening_a_closing_engine_makes_health_and_new_requests_503(serv
 
 
 def test_shutdown_without_drain_cancels_streams_with_an_error_event(serve, gate):
-    server, base = serve(gate, slots=1, drain=False)
+    said = []
+    server, base = serve(gate, slots=1, drain=False, server_options=dict(announce=said.append))
     gate.open.clear()
     with httpx.stream(
         "POST",
@@ -502,6 +503,7 @@ def test_shutdown_without_drain_cancels_streams_with_an_error_event(serve, gate)
     events = [json.loads(e[6:]) for e in body.split("\n\n") if e.startswith("data: {")]
     assert events[-1]["error"]["code"] == "cancelled" and body.endswith("data: [DONE]\n\n")
     assert server.engine.closed and not server.engine.target.cache.admitted.any()
+    assert said == ["shutting down: cancelling the 1 request(s) in flight"]
 
 
 def test_serve_command_line(monkeypatch, model_dir):

@@ -135,6 +135,11 @@ def test_a_drained_shutdown_at_sigterm_exits_0(model_dir, wait_for):
             rest = "\n".join(lines)
         assert rest.rstrip().endswith("data: [DONE]") and '"finish_reason": "length"' in rest
         assert process.wait(60) == 0, process.stderr.read().decode()
+        said = process.stderr.read().decode()
+        assert (
+            "specdec: shutting down: new requests get 503; the 1 request(s) in flight may finish "
+            "within 30 s, then what is left is cancelled" in said
+        ), said
     finally:
         if process.poll() is None:
             process.kill()
