@@ -190,7 +190,11 @@ class RedrafterNet(torch.nn.Module):
         }
 
     def load_weights(self, weights: dict[str, Any]) -> None:
-        """Inverse of ``weights`` (checked against the config)."""
+        """Inverse of ``weights`` (checked against the config). Weights with fewer residual blocks
+        than the config (a checkpoint trained with a smaller ``--draft-layers``) get the extra
+        blocks at zero, which is the identity (x + SiLU(0) = x): the net computes what the
+        checkpoint did, and training grows it from there."""
+        weights = self._grown(dict(weights))
         check_weights(self.config, weights)
         self.load_state_dict(
             {
@@ -198,6 +202,20 @@ class RedrafterNet(torch.nn.Module):
                 for name, a in weights.items()
             }
         )
+
+    def _grown(self, weights: dict[str, Any]) -> dict[str, Any]:
+        """``weights`` with the residual blocks they lack, at zero (``load_weights``)."""
+        blocks = self.config.num_draft_layers
+        given = sum(f"lm_head.{i}.linear.weight" in weights for i in range(blocks))
+        if given in (0, blocks) or f"lm_head.{given}.linear.weight" in weights:
+            return weights
+        if self.config.head == "full" and f"lm_head.{given}.weight" in weights:
+            weights[f"lm_head.{blocks}.weight"] = weights.pop(f"lm_head.{given}.weight")
+        width = self.config.exit_dim
+        for i in range(given, blocks):
+            weights[f"lm_head.{i}.linear.weight"] = np.zeros((width, width))
+            weights[f"lm_head.{i}.linear.bias"] = np.zeros(width)
+        return weights
 
 
 def default_config(

@@ -87,6 +87,34 @@ def test_initial_drafter_reads_the_target_distribution():
     torch.testing.assert_close(logits[:, 0], hidden @ embed.T, atol=0.2, rtol=0.05)
 
 
+@pytest.mark.parametrize("head", ["tied", "full"])
+def test_a_checkpoint_with_fewer_blocks_starts_a_deeper_net_where_it_stopped(head):
+    """``--init`` from a net of 1 block into one of 3: the extra blocks start at zero (the
+    identity), so the deeper net's logits are the checkpoint's."""
+    rng = np.random.default_rng(2)
+    embed, lm_head = (
+        torch.from_numpy(rng.normal(size=(V, H))),
+        torch.from_numpy(rng.normal(size=(V, H))),
+    )
+    small, deep = (
+        make_config(head=head, num_draft_layers=1),
+        make_config(head=head, num_draft_layers=3),
+    )
+    weights = random_redrafter_weights(small, rng)
+    before = RedrafterNet(small, embed_tokens=embed, target_lm_head=lm_head).double()
+    before.load_weights(weights)
+    after = RedrafterNet(deep, embed_tokens=embed, target_lm_head=lm_head).double()
+    after.load_weights(weights)
+    hidden, tokens = (
+        torch.from_numpy(rng.normal(size=(3, H))),
+        torch.from_numpy(rng.integers(0, V, size=(3, 4))),
+    )
+    torch.testing.assert_close(after(hidden, tokens), before(hidden, tokens), rtol=0, atol=0)
+    assert not after.lm_head[2].linear.weight.detach().any()
+    with pytest.raises(ValueError, match="ReDrafter"):  # more blocks than the net: refused
+        before.load_weights(random_redrafter_weights(deep, rng))
+
+
 def test_soft_cross_entropy_is_kl_plus_entropy():
     logits = torch.randn(2, 3, 7)
     ids = torch.tensor([[[0, 1], [2, 3], [4, 5]], [[6, 0], [1, 2], [3, 4]]])
