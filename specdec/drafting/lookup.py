@@ -188,10 +188,10 @@ class LookupDrafter(PassLifecycle):
         tokens becomes beam W, of its own length (``Draft.beam_lengths``): a long chain beside
         short model beams costs only its own nodes. A row without a match gets a beam of the
         root alone, which the prefix tree folds away. Without ``inner`` the draft is the chain
-        alone, (B, 1, draft_length + 1); a greedy step in which no row finds a match drafts
-        nothing (the root alone, a plain step), and rows without a match otherwise repeat their
-        root (so a row's seeded sample does not depend on whether other rows of its batch found
-        a match).
+        alone, (B, 1, longest chain + 1) greedy and (B, 1, draft_length + 1) when sampling; a
+        greedy step in which no row finds a match drafts nothing (the root alone, a plain step),
+        and rows without a match otherwise repeat their root (so a row's seeded sample does not
+        depend on whether other rows of its batch found a match).
     unigram_length: the chain's length where only the last token occurred before (``row_chain``;
         0: no chain there).
     """
