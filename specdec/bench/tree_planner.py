@@ -78,6 +78,14 @@ def _decode(target, prompts, drafter, options: dict, lookup: bool, backend, toke
     return np.array(rates), emitted / max(steps, 1), verified / max(steps, 1)
 
 
+def _better(row: TreePlanRow | None, best: TreePlanRow | None) -> TreePlanRow | None:
+    """The search's best so far: a row timed on a quiet machine before any timed beside other
+    work (whose speedups say little), then the faster; None (a refused setting) never."""
+    if row is None or best is None:
+        return row or best
+    return row if (row.busy, -row.speedup) < (best.busy, -best.speedup) else best
+
+
 def plan_tree(
     model,
     drafter: str,
@@ -145,15 +153,11 @@ def plan_tree(
     for name, candidates in spec.tree_options.items():
         for value in candidates:
             options = {**(best.options if best else {}), name: int(value)}
-            row = run(options, best.lookup if best else start_lookup)
-            if row is not None and not row.busy and (best is None or row.speedup > best.speedup):
-                best = row
+            best = _better(run(options, best.lookup if best else start_lookup), best)
     if best is None:
         raise InvalidInputError(f"drafter {drafter!r} refused every tree setting tried")
     if lookup is None:
-        row = run(best.options, not best.lookup)
-        if row is not None and not row.busy and row.speedup > best.speedup:
-            best = row
+        best = _better(run(best.options, not best.lookup), best)
     with clock:
         plain.append(_decode(target, ids, "none", {}, False, backend, max_new_tokens)[0])
     plain_rate = (plain[0] + plain[1]) / 2  # each prompt's, before and after

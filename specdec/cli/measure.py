@@ -156,6 +156,11 @@ def cmd_plan(args) -> int:
             "note: no setting measured here beat plain decoding; generate's auto speculation "
             "decodes plainly where drafting does not pay"
         )
+    if args.measure_top and not plausible:
+        print(
+            "note: no shape was decoded (--measure-top), so the measured column is empty: each "
+            "was timed while other work took the cores, or predicted above its tokens/step"
+        )
     line = busy_line(clock)
     if line:
         print(line)

@@ -317,6 +317,29 @@ def test_plan_recommends_a_configuration(model_dir, tmp_path, monkeypatch, capsy
     assert "plan with --prompts" not in err  # the user's own prompts: no hint
 
 
+def test_plan_with_every_shape_timed_busy_says_why_none_was_decoded(
+    model_dir, tmp_path, monkeypatch, capsys
+):
+    from specdec.bench import planner
+    from specdec.cli.main import main
+    from specdec.testing import make_random_drafter
+
+    class BusyShapeClock(_QuietShapeClock):
+        quiet = False
+
+    drafter = make_random_drafter(tmp_path / "d", model_dir, kind="redrafter", seed=1)
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(planner, "Measured", BusyShapeClock)
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "bada beda bida"}\n')
+    argv = ["plan", "--model", str(model_dir), "--drafter", str(drafter), "--backend", "numpy"]
+    argv += ["--prompts", str(prompts), "--widths", "1", "--lengths", "2", "--max-new-tokens", "4"]
+    assert main(argv + ["--no-save"]) == 0
+    out = capsys.readouterr().out
+    assert "(busy: timed while other work took the cores)" in out
+    assert "note: no shape was decoded (--measure-top), so the measured column is empty" in out
+
+
 def test_plan_decodes_a_tree_drafters_settings(model_dir, tmp_path, monkeypatch, capsys):
     from specdec.bench import tree_planner
     from specdec.cli.main import main

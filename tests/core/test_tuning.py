@@ -455,6 +455,30 @@ def test_the_tree_planner_keeps_nothing_it_cannot_trust(
     assert (kept.total_tokens, kept.depth, kept.top_k) == (12, 4, 4), case
 
 
+def test_the_tree_planner_on_a_machine_busy_throughout_ranks_its_rows_and_keeps_none(
+    target, model_dir, eagle3, cache, monkeypatch
+):
+    """Every setting timed beside other work: the search goes on by the busy figures, the rows
+    come back marked (not "refused every tree setting", as when only quiet rows could lead the
+    search), and nothing is kept."""
+    from specdec.bench import tree_planner
+
+    def made_up(target_, prompts, drafter, options, lookup, backend, tokens):
+        if drafter == "none":
+            return 1.0, 1.0, 1.0
+        return 1.0 + 0.01 * options.get("total_tokens", 12), 2.0, 9.0
+
+    monkeypatch.setattr(tree_planner, "_decode", made_up)
+    monkeypatch.setattr(tree_planner, "Measured", BusyClock)
+    rows = _plan_eagle3(model_dir, eagle3, BusyClock())
+    assert rows and all(r.busy for r in rows)
+    assert rows[0].options.get("total_tokens") == max(
+        r.options.get("total_tokens", 12) for r in rows
+    )
+    kept = _drafter_of(target, eagle3)
+    assert (kept.total_tokens, kept.depth, kept.top_k) == (12, 4, 4)
+
+
 def test_the_beam_planner_keeps_nothing_it_cannot_trust(model_dir, tmp_path, cache):
     """``keep``: a busy machine, an impossible prediction, a measured speedup far from its
     prediction: each refused with its reason, nothing saved; a sound choice is saved."""
