@@ -316,4 +316,11 @@ def cmd_serve(args) -> int:
         sys.stderr.flush()
         sys.stdout.flush()
         os._exit(1)
+    finished = engine.metrics.snapshot()["finished"]
+    ended = ", ".join(f"{count} {reason}" for reason, count in finished.items() if count)
+    print(
+        f"specdec: stopped; {sum(finished.values())} request(s) ended"
+        + (f" ({ended})" if ended else ""),
+        file=sys.stderr,
+    )
     return 0

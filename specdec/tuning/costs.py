@@ -440,7 +440,10 @@ def curve_for(backend, target, slots=(0,)) -> CostCurve | None:
     if curve is not None and settled(cached, file):
         return curve
     share, measures = float(cached.get("share", 1.0)), int(cached.get("measures", 1))
-    say_measuring(f"what a step of {getattr(target, 'name', None) or 'this model'} costs")
+    say_measuring(
+        f"what a step of {getattr(target, 'name', None) or 'this model'} costs",
+        again=cached if curve is not None else None,
+    )
     try:
         with CpuClock() as clock:
             measured = measure_curve(backend, target, slots)

@@ -208,7 +208,10 @@ def load_fastest(backend, source, *, device: str | None = None, remeasure: bool 
             timings=cached.get("timings", {}),
             device=cached.get("device", ""),
         )
-    say_measuring(f"which of {', '.join(candidates)} runs {Path(str(source)).name} fastest")
+    say_measuring(
+        f"which of {', '.join(candidates)} runs {Path(str(source)).name} fastest",
+        again=cached if busy else None,
+    )
     best, best_score, timings, clock = None, float("inf"), {}, CpuClock()
     if slots.get("capacity") is not None:  # room for the measurement's prompt and trees
         slots = {**slots, "capacity": max(int(slots["capacity"]), PROMPT_TOKENS + max(TREE_SIZES))}

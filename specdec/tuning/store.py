@@ -80,13 +80,22 @@ def forget_this_process() -> None:
     _WRITTEN_HERE.clear()
 
 
-def say_measuring(what: str) -> None:
+def say_measuring(what: str, *, again: dict | None = None) -> None:
     """One line on stderr as a measurement of ``what`` starts (seconds to a minute, once per
     machine, model and shape measured; a measurement taken on a busy machine may be taken again
     at a later start): whoever waits sees why the call is slow. Said on a terminal only before,
-    so a notebook or a script's log showed calls of 17-36 s with no word."""
+    so a notebook or a script's log showed calls of 17-36 s with no word. ``again``: the cached
+    entry being measured anew because it was taken beside other work (``settled``), which the
+    line says, so that it does not read as a cache that does not work."""
+    why = ""
+    if again:
+        share = float(again.get("share", 1.0))
+        why = (
+            f" again: the last time other work held {1 - share:.0%} of the cores (measure "
+            f"{int(again.get('measures', 1)) + 1} of at most {MEASURES})"
+        )
     print(
-        f"specdec: measuring {what} on this machine (kept for later runs)",
+        f"specdec: measuring {what} on this machine{why} (kept for later runs)",
         file=sys.stderr,
         flush=True,
     )

@@ -161,9 +161,10 @@ def test_a_choice_measured_beside_other_work_is_measured_again_and_the_quietest_
 
 
 def test_a_choice_measured_beside_other_work_is_not_measured_again_in_the_same_process(
-    model_dir, cache, monkeypatch
+    model_dir, cache, monkeypatch, capsys
 ):
-    """Taken again at the next start, not at every load: a busy machine pays it once per start."""
+    """Taken again at the next start, not at every load: a busy machine pays it once per start,
+    and the line says why it measures again (it read as a cache that does not work)."""
     measured = []
     real = tuning.measure_forward
     monkeypatch.setattr(tuning, "measure_forward", lambda b, t: measured.append(1) or real(b, t))
@@ -171,8 +172,13 @@ def test_a_choice_measured_beside_other_work_is_not_measured_again_in_the_same_p
     store.forget_this_process()
     sources = [tuning.load_fastest(TwoDtypeBackend(), model_dir)[1].source for _ in range(3)]
     assert sources == ["measured", "cached", "cached"] and len(measured) == 2  # two dtypes, once
+    assert "again" not in capsys.readouterr().err
     store.forget_this_process()  # a new start measures it again
     assert tuning.load_fastest(TwoDtypeBackend(), model_dir)[1].source == "measured"
+    assert (
+        "on this machine again: the last time other work held 50% of the cores (measure 2 of at "
+        "most 3) (kept for later runs)" in capsys.readouterr().err
+    )
 
 
 def test_a_damaged_or_stale_cache_file_is_measured_again(model_dir, cache):

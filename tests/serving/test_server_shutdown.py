@@ -140,6 +140,7 @@ def test_a_drained_shutdown_at_sigterm_exits_0(model_dir, wait_for):
             "specdec: shutting down: new requests get 503; the 1 request(s) in flight may finish "
             "within 30 s, then what is left is cancelled" in said
         ), said
+        assert "specdec: stopped; 1 request(s) ended (1 length)" in said, said
     finally:
         if process.poll() is None:
             process.kill()
