@@ -202,7 +202,9 @@ def cmd_demo(args) -> int:
                         "mode is off: tree and one-token forwards round differently)"
                     )
                 line = report_line(name.rjust(width), result, plain.stats.tokens_per_second)
-                print(f"{line}; {note}", flush=True)
+                stats = result.stats  # what speculation="auto" chose for this answer
+                drafted = f"drafted in {stats.drafting_row_steps} of {stats.decode_row_steps} steps"
+                print(f"{line}; {drafted}; {note}", flush=True)
         if len(args.prompt) > 1:
             rate = {name: tokens / seconds for name, (tokens, seconds) in totals.items()}
             print(

@@ -29,6 +29,7 @@ def test_demo_on_a_random_model():
         done.stdout.count("assistant:") == 2
         and done.stdout.count("identical to plain decoding") == 8
     ), done.stdout
+    assert len(re.findall(r"; drafted in \d+ of \d+ steps; identical", done.stdout)) == 8
     assert re.search(
         r"all 2 prompts: plain [\d.]+ tokens/s, default [\d.]+ tokens/s \([\d.]+x\)", done.stdout
     ), done.stdout
