@@ -11,9 +11,7 @@ on every backend and device:
    prompt, then one-node trees, each committed) gives the reference logits, hidden states and
    decoder-layer outputs of every position;
 2. **trees of every node count** the decoder can issue, 1 to ``max_nodes`` (the largest tree
-   the drafter's settings allow, rounded up to a power of two: settings of nearby sizes, as a
-   planner tries one after another, share one verdict and one measurement), in every one of
-   ``rows`` slots at once (the rows a step
+   the drafter's settings allow), in every one of ``rows`` slots at once (the rows a step
    packs): even rows a chain, odd rows a branched tree whose path to check is its second beam
    (decoys first), all over the same prefix; every node on the path must equal the reference
    at its position, bit for bit;
@@ -301,8 +299,7 @@ def guard_exact_mode(backend, target, *, max_nodes: int, rows: int, insist: bool
     The guard uses every slot: never call it while a generation holds the target."""
     if not getattr(target, "exact", False) or not hasattr(target, "forward_tree"):
         return None
-    nodes = 1 << max(0, int(max_nodes) - 1).bit_length()  # the power of two at or above
-    check = guarded(backend, target, max_nodes=nodes, rows=rows)
+    check = guarded(backend, target, max_nodes=max_nodes, rows=rows)
     if check.holds:
         outcome = getattr(target, "exactness", None)
         if outcome is not None and "decoding checked" not in outcome.reason:

@@ -384,18 +384,3 @@ def test_the_guard_never_runs_on_a_target_a_generation_holds(target, monkeypatch
     finally:
         lease.release(target)
     assert not ran
-
-
-def test_the_guard_checks_trees_up_to_the_power_of_two_at_or_above_the_largest(target, monkeypatch):
-    """Settings of nearby tree sizes share one verdict: a planner trying trees of 5, 7 and 8
-    nodes measures once (trees up to 8), where each size was a measurement and a line."""
-    from specdec.tuning import guard
-
-    asked = []
-    holds = InvarianceCheck(holds=True)
-    monkeypatch.setattr(
-        guard, "guarded", lambda b, t, max_nodes, rows: asked.append(max_nodes) or holds
-    )
-    for nodes in (5, 7, 8, 9, 1):
-        assert guard.guard_exact_mode(None, target, max_nodes=nodes, rows=1) is holds
-    assert asked == [8, 8, 8, 16, 1]
