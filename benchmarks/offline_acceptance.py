@@ -238,9 +238,10 @@ def main() -> None:
                 sequences, encoded, lambda *a: best(*a, unigram=0, from_store=True)
             )
             report["store_ngrams"] = len(store)
-        report[
-            f"replayed (first checkpoint, {args.beams.split(',')[0]}): tokens/step, chain nodes/step"
-        ] = {k: [round(v, 3) for v in pair] for k, pair in replayed.items()}
+        beams = args.beams.split(",")[0]
+        report[f"replayed (first checkpoint, {beams}): tokens/step, chain nodes/step"] = {
+            k: [round(v, 3) for v in pair] for k, pair in replayed.items()
+        }
     print(json.dumps(report, indent=1))
 
 
