@@ -11,12 +11,15 @@ same target; a setting's speedup is the median over the prompts of those ratios,
 slowed by other work on the machine moves less than a total would (and which, unlike a median
 step, counts the large trees' slower steps with the tokens they bring).
 
-The settings are searched one option at a time (coordinate ascent), in the order the drafter's
-spec lists them (``DrafterSpec.tree_options``): each option's candidates with the others at their
-best so far (the checkpoint's own before an option is reached); then the prompt-lookup beam
-riding along or not, where the drafter takes one. That is the sum of the candidate counts in
-runs, not their product: 15 runs for EAGLE-3's grid instead of 90. Every run names a setting,
-so a plan kept before does not stand in for the checkpoint's own. ``save`` keeps the best for
+What ``generate`` decodes now, naming no setting (the checkpoint's own tree, or a plan kept
+before), is decoded first and shown beside the others (``TreePlanRow.current``); it is never the
+choice. The settings are searched one option at a time (coordinate ascent), in the order the
+drafter's spec lists them (``DrafterSpec.tree_options``): each option's candidates with the
+others at their best so far (the checkpoint's own before an option is reached); then the
+prompt-lookup beam riding along or not, where the drafter takes one. That is the sum of the
+candidate counts in runs, not their product: 15 runs for EAGLE-3's grid instead of 90. Every
+run of the search names a setting, so a plan kept before does not stand in for the
+checkpoint's own. ``save`` keeps the best for
 ``generate`` (``specdec.tuning.plans.save_drafter_plan``), which uses it when the caller names
 none of the settings.
 """
@@ -47,11 +50,14 @@ class TreePlanRow:
     (decode-phase tokens/s over plain decoding's)."""
 
     options: dict
-    lookup: bool
+    lookup: bool | None
     tokens_per_step: float
     nodes_per_step: float
     speedup: float
     busy: bool = False  # decoded while other work took the cores (specdec.bench.trust)
+    # what generate decodes now, naming no setting (the checkpoint's own, or a plan kept before;
+    # lookup None: its default): shown beside the others, never chosen or kept
+    current: bool = False
 
 
 def _decode(target, prompts, drafter, options: dict, lookup: bool, backend, tokens: int):
@@ -125,7 +131,7 @@ def plan_tree(
     rows: dict[tuple, TreePlanRow] = {}
     rates: dict[tuple, np.ndarray] = {}  # each prompt's tokens/s
 
-    def run(options: dict, with_lookup: bool) -> TreePlanRow | None:
+    def run(options: dict, with_lookup: bool | None, current=False) -> TreePlanRow | None:
         key = (tuple(sorted(options.items())), with_lookup)
         if key not in rows:
             setting = Measured()  # its own clock: a burst of other work spoils a few settings
@@ -143,8 +149,11 @@ def plan_tree(
                 nodes_per_step=nodes,
                 speedup=float(np.median(rates[key] / plain[0])),  # against plain timed before
                 busy=not setting.quiet,
+                current=current,
             )
         return rows[key]
+
+    run({}, None, current=True)
 
     start_lookup = bool(spec.pairs_with_lookup) if lookup is None else lookup
     # every run names a setting: generate then uses the checkpoint's own for the others, never
@@ -168,7 +177,7 @@ def plan_tree(
         ),
         key=lambda r: (r.busy, impossible(r.speedup, r.tokens_per_step), -r.speedup),
     )
-    top = ranked[0]
+    top = next(row for row in ranked if not row.current)
     if save and not reasons_not_to_keep(clock, top.speedup, top.tokens_per_step, busy=top.busy):
         save_drafter_plan(
             backend_obj,

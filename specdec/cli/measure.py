@@ -189,8 +189,7 @@ def cmd_plan(args) -> int:
             if not reasons
             else f"nothing to save: {reasons[0]}"
             if already
-            else f"not saved: {'; '.join(reasons)} (generate keeps what it used before)",
-            file=sys.stderr,
+            else f"not saved: {'; '.join(reasons)} (generate keeps what it used before)"
         )
     if args.prompts in PROMPT_SETS:
         print(
@@ -218,17 +217,20 @@ def _plan_tree(args, prompts) -> int:
     print("| settings | lookup | tokens/step | nodes/step | measured speedup |")
     print("|---|---|---|---|---|")
     for r in rows:
-        settings = " ".join(f"{k}={v}" for k, v in sorted(r.options.items())) or "its defaults"
+        settings = " ".join(f"{k}={v}" for k, v in sorted(r.options.items()))
+        if r.current:
+            settings = "generate's setting now (none named)"
         flag = (
             " (impossible: above its tokens/step)"
             if impossible(r.speedup, r.tokens_per_step)
             else ""
         ) + (" (busy: decoded while other work took the cores)" if r.busy else "")
+        lookup = "as now" if r.lookup is None else "yes" if r.lookup else "no"
         print(
-            f"| {settings} | {'yes' if r.lookup else 'no'} | {r.tokens_per_step:.2f} | "
+            f"| {settings} | {lookup} | {r.tokens_per_step:.2f} | "
             f"{r.nodes_per_step:.1f} | {r.speedup:.2f}x{flag} |"
         )
-    best = rows[0]
+    best = next(r for r in rows if not r.current)
     settings = " ".join(f"{k}={v}" for k, v in sorted(best.options.items())) or "its defaults"
     print(
         f"recommended: {settings}, lookup {'on' if best.lookup else 'off'} (measured "
@@ -246,8 +248,7 @@ def _plan_tree(args, prompts) -> int:
             "saved: generate uses it for this drafter on this machine when no tree settings "
             "are given"
             if not reasons
-            else f"not saved: {'; '.join(reasons)} (generate keeps what it used before)",
-            file=sys.stderr,
+            else f"not saved: {'; '.join(reasons)} (generate keeps what it used before)"
         )
     return 0
 

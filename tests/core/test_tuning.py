@@ -328,7 +328,7 @@ def test_a_tree_drafter_is_planned_one_setting_at_a_time_and_generate_uses_the_p
             options.get("tree_top_k", 4),
         )
         distance = sum(abs(a - b) for a, b in zip(settings, (6, 3, 2)))
-        return 2.0 - 0.01 * distance + 0.05 * lookup, 3.0, nodes  # 3 tokens/step allow 2x
+        return 2.0 - 0.01 * distance + 0.05 * bool(lookup), 3.0, nodes  # 3 tokens/step: 2x
 
     monkeypatch.setattr(tree_planner, "_decode", made_up)
     rows = _plan_eagle3(model_dir, eagle3)
@@ -337,9 +337,13 @@ def test_a_tree_drafter_is_planned_one_setting_at_a_time_and_generate_uses_the_p
     assert best.speedup == pytest.approx(2.05) and rows[-1].speedup < best.speedup
     tried = [d for d in decoded if d[0] != "none"]
     assert len(tried) == len({(tuple(sorted(o.items())), lk) for _, o, lk in tried}) == len(rows)
-    assert len(tried) == 6 + 5 + 3 + 1  # not 6 x 5 x 3 x 2
-    # each names a setting, so that no plan kept before stands in for the checkpoint's own
-    assert all(options for _, options, _ in tried)
+    assert len(tried) == 1 + 6 + 5 + 3 + 1  # not 6 x 5 x 3 x 2
+    # first what generate decodes now, shown and never chosen; then each names a setting, so
+    # that no plan kept before stands in for the checkpoint's own
+    (now,) = [r for r in rows if r.current]
+    assert tried[0][1:] == ({}, None) and (now.options, now.lookup) == ({}, None)
+    assert now.speedup == pytest.approx(1.91)  # the checkpoint's own (12, 4, 4), not chosen
+    assert all(options for _, options, _ in tried[1:])
     assert [d[0] for d in decoded].count("none") == 2  # plain before and after
 
     planned = _drafter_of(target, eagle3)
