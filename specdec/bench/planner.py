@@ -370,22 +370,29 @@ def measure_current(
 ) -> Current:
     """What ``generate`` uses for ``drafter`` when no beams are given (the checkpoint's, or a
     plan kept before), decoded as ``measure`` decodes a candidate, beside plain decoding."""
-    registry = default_registry()
-    backend_obj = registry.get("backend", backend).factory()
     target = specdec.load(model, backend=backend, dtype=dtype)
-    named = resolve("drafter", drafter, registry, backend_obj.name)
-    options, planned = planned_options(backend_obj, target, named, {})
-    built = load_drafter(named, target, backend_obj, registry, options)
+    now = current_beams(target, drafter, backend=backend)
     clock = clock if clock is not None else Measured()
     rate = lambda choice: _decode_rate(  # noqa: E731
         target, prompts, choice, {}, backend=backend, tokens=max_new_tokens, clock=clock
     )
     plain = rate("none")
+    return attrs.evolve(now, speedup=rate(drafter) / plain)
+
+
+def current_beams(target, drafter: str, *, backend: str) -> Current:
+    """What ``generate`` uses for ``drafter`` on ``target`` when no beams are given (the
+    checkpoint's, or a plan kept before), not decoded (speedup 0)."""
+    registry = default_registry()
+    backend_obj = registry.get("backend", backend).factory()
+    named = resolve("drafter", drafter, registry, backend_obj.name)
+    options, planned = planned_options(backend_obj, target, named, {})
+    built = load_drafter(named, target, backend_obj, registry, options)
     return Current(
         beam_width=int(getattr(built, "beam_width", 1)),
         beam_length=int(getattr(built, "beam_length", 1)),
         lookup=lookup_by_default(named, built, None, planned),
-        speedup=rate(drafter) / plain,
+        speedup=0.0,
     )
 
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import specdec
 from specdec.bench import load_prompt_set, parse_method, run_bench, tree_planner
-from specdec.bench.planner import keep, measure, measure_current, plan
+from specdec.bench.planner import current_beams, keep, measure, measure_current, plan
 from specdec.bench.prompts import PROMPT_SETS
 from specdec.bench.report import markdown, write_outputs
 from specdec.bench.tree_planner import plan_tree
@@ -115,6 +116,11 @@ def cmd_plan(args) -> int:
         else None
     )
     measured = {(r.beam_width, r.beam_length): r.measured_speedup for r in checked}
+    now = current or current_beams(
+        specdec.load(args.model, backend=args.backend, dtype=args.dtype),
+        args.drafter,
+        backend=args.backend,
+    )
     print(
         "| W | L | tokens/step (est.) | tree size | plain ms | draft ms | verify ms | "
         "predicted speedup | measured |"
@@ -124,6 +130,7 @@ def cmd_plan(args) -> int:
         m = measured.get((r.beam_width, r.beam_length))
         flag = " (impossible: above its tokens/step)" if r.impossible else ""
         flag += " (busy: timed while other work took the cores)" if r.busy else ""
+        flag += " (generate's now)" if now.same_as(r, lookup) else ""
         print(
             f"| {r.beam_width} | {r.beam_length} | {r.tokens_per_step:.2f} | {r.tree_size:.1f} | "
             f"{r.plain_ms:.1f} | {r.draft_ms:.1f} | {r.verify_ms:.1f} | "

@@ -322,6 +322,7 @@ def test_plan_with_every_shape_timed_busy_says_why_none_was_decoded(
     model_dir, tmp_path, monkeypatch, capsys
 ):
     from specdec.bench import planner
+    from specdec.cli import measure as measure_cli
     from specdec.cli.main import main
     from specdec.testing import make_random_drafter
 
@@ -331,13 +332,16 @@ def test_plan_with_every_shape_timed_busy_says_why_none_was_decoded(
     drafter = make_random_drafter(tmp_path / "d", model_dir, kind="redrafter", seed=1)
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(planner, "Measured", BusyShapeClock)
+    # what generate uses now (not decoded when nothing is): its row is marked
+    now = planner.Current(beam_width=1, beam_length=2, lookup=True, speedup=0.0)
+    monkeypatch.setattr(measure_cli, "current_beams", lambda *a, **k: now)
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text('{"prompt": "bada beda bida"}\n')
     argv = ["plan", "--model", str(model_dir), "--drafter", str(drafter), "--backend", "numpy"]
     argv += ["--prompts", str(prompts), "--widths", "1", "--lengths", "2", "--max-new-tokens", "4"]
     assert main(argv + ["--no-save"]) == 0
     out = capsys.readouterr().out
-    assert "(busy: timed while other work took the cores)" in out
+    assert "(busy: timed while other work took the cores) (generate's now)" in out
     assert "note: no shape was decoded (--measure-top), so the measured column is empty" in out
 
 
