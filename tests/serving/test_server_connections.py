@@ -127,6 +127,7 @@ def test_api_key_none_on_the_command_line_is_no_key(monkeypatch, model_dir, flag
             statuses.append(httpx.post(url, json=ONE, timeout=60).status_code)
         finally:
             self.stop()
+            thread.join(60)  # its shutdown line is said before the next test's capture begins
 
     monkeypatch.setattr(server_module.Server, "run", fake_run)
     monkeypatch.setenv("SPECDEC_API_KEY", "from-env")

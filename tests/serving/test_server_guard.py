@@ -132,6 +132,7 @@ def test_the_key_from_the_environment_is_enforced(monkeypatch, model_dir, wait_f
             ).status_code
         finally:
             self.stop()
+            thread.join(60)  # its shutdown line is said before the next test's capture begins
 
     monkeypatch.setattr(server_module.Server, "run", fake_run)
     monkeypatch.setenv("SPECDEC_API_KEY", "env-key")
