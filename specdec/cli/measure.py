@@ -149,8 +149,8 @@ def cmd_plan(args) -> int:
         else f"predicted {best.predicted_speedup:.2f}x"
     )
     print(
-        f"recommended: beam_width={best.beam_width} beam_length={best.beam_length} ({figure} over "
-        "plain decoding, decode phase"
+        f"{_recommended(best.busy)}: beam_width={best.beam_width} beam_length={best.beam_length} "
+        f"({figure} over plain decoding, decode phase"
         f"{f', with the prompt-lookup beam of {DEFAULT_DRAFT_LENGTH} tokens' if lookup else ''})"
     )
     if current is not None:
@@ -208,6 +208,11 @@ def cmd_plan(args) -> int:
     return 0
 
 
+def _recommended(busy: bool) -> str:
+    """The recommendation's label: a choice timed beside other work is only the best guess."""
+    return "best guess (timed while other work took the cores)" if busy else "recommended"
+
+
 def _plan_tree(args, prompts) -> int:
     clock = Measured()
     rows = plan_tree(
@@ -240,7 +245,7 @@ def _plan_tree(args, prompts) -> int:
     best = next(r for r in rows if not r.current)
     settings = " ".join(f"{k}={v}" for k, v in sorted(best.options.items())) or "its defaults"
     print(
-        f"recommended: {settings}, lookup {'on' if best.lookup else 'off'} (measured "
+        f"{_recommended(best.busy)}: {settings}, lookup {'on' if best.lookup else 'off'} (measured "
         f"{best.speedup:.2f}x over plain decoding, decode phase, {len(rows)} settings decoded)"
     )
     line = busy_line(clock)

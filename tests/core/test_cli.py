@@ -342,6 +342,7 @@ def test_plan_with_every_shape_timed_busy_says_why_none_was_decoded(
     assert main(argv + ["--no-save"]) == 0
     out = capsys.readouterr().out
     assert "(busy: timed while other work took the cores) (generate's now)" in out
+    assert "best guess (timed while other work took the cores): beam_width=1" in out
     assert "note: no shape was decoded (--measure-top), so the measured column is empty" in out
 
 
