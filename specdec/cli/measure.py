@@ -84,8 +84,9 @@ def cmd_plan(args) -> int:
     lookup = not args.no_lookup
     clock = Measured()
     options = dict(backend=args.backend, dtype=args.dtype, max_new_tokens=args.max_new_tokens)
+    target = specdec.load(args.model, backend=args.backend, dtype=args.dtype)  # once for all
     rows = plan(
-        args.model,
+        target,
         args.drafter,
         prompts,
         widths=args.widths,
@@ -98,7 +99,7 @@ def cmd_plan(args) -> int:
     plausible = [r for r in rows if not r.impossible and not r.busy][: args.measure_top]
     checked = (
         measure(
-            args.model,
+            target,
             args.drafter,
             prompts,
             plausible,
@@ -111,16 +112,10 @@ def cmd_plan(args) -> int:
         else []
     )
     current = (
-        measure_current(args.model, args.drafter, prompts, clock=clock, **options)
-        if checked
-        else None
+        measure_current(target, args.drafter, prompts, clock=clock, **options) if checked else None
     )
     measured = {(r.beam_width, r.beam_length): r.measured_speedup for r in checked}
-    now = current or current_beams(
-        specdec.load(args.model, backend=args.backend, dtype=args.dtype),
-        args.drafter,
-        backend=args.backend,
-    )
+    now = current or current_beams(target, args.drafter, backend=args.backend)
     print(
         "| W | L | tokens/step (est.) | tree size | plain ms | draft ms | verify ms | "
         "predicted speedup | measured |"
@@ -180,7 +175,7 @@ def cmd_plan(args) -> int:
         )
     if not args.no_save:
         reasons = keep(
-            args.model,
+            target,
             args.drafter,
             best,
             clock,

@@ -187,7 +187,11 @@ def add_parser(sub) -> None:
         "(default 64)",
     )
     parser.add_argument(
-        "--log-level", default="info", choices=("critical", "error", "warning", "info", "debug")
+        "--log-level",
+        default="warning",
+        choices=("critical", "error", "warning", "info", "debug"),
+        help="uvicorn's own lines: warning (the default) shows only its warnings and errors "
+        "beside specdec's lines; info adds its start and stop lines; debug each request",
     )
     parser.set_defaults(func=cmd_serve)
 

@@ -53,7 +53,7 @@ class Server:
         port: int = 8000,
         drain: bool = True,
         shutdown_timeout: float = 30.0,
-        log_level: str = "info",
+        log_level: str = "warning",
         aliases: tuple[str, ...] = (),
         api_key: str | None = None,
         allowed_hosts: tuple[str, ...] = (),

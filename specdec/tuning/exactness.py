@@ -89,6 +89,9 @@ def _check_file(key: dict) -> Path:
     return tuning_dir() / name
 
 
+_SAID: set[tuple] = set()  # the kinds of check this process announced (cached_check)
+
+
 def cached_check(key: dict, run: Callable[[], InvarianceCheck]) -> InvarianceCheck:
     """``run()``'s result for ``key`` (backend, device, dtype, shapes, software: what the kernels'
     rounding depends on), measured once and kept beside the dtype choice in the tuning cache."""
@@ -110,7 +113,12 @@ def cached_check(key: dict, run: Callable[[], InvarianceCheck]) -> InvarianceChe
         if "max_nodes" in key
         else "the model's kernels"
     )
-    say_measuring(f"whether exact mode holds in {key.get('dtype', 'this dtype')} for {what}")
+    # one line per process for trees of a dtype and row count: a plan that tries several tree
+    # sizes measures each (seconds apiece) but says so once
+    said = (key.get("backend"), key.get("dtype"), key.get("rows"), "max_nodes" in key)
+    if not ("max_nodes" in key and said in _SAID):
+        say_measuring(f"whether exact mode holds in {key.get('dtype', 'this dtype')} for {what}")
+        _SAID.add(said)
     check = run()
     write_entry(
         file, {**attrs.asdict(check), "key": key, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S")}

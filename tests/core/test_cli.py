@@ -281,6 +281,12 @@ def test_plan_recommends_a_configuration(model_dir, tmp_path, monkeypatch, capsy
     # what generate uses now, measured slower than any candidate (the rule: test_tuning.py)
     now = planner.Current(beam_width=4, beam_length=5, lookup=True, speedup=0.0)
     monkeypatch.setattr(measure_cli, "measure_current", lambda *a, **k: now)
+    import specdec
+
+    loads, load = [], specdec.load
+    monkeypatch.setattr(
+        specdec, "load", lambda model, *a, **k: loads.append(model) or load(model, *a, **k)
+    )
     status = main(
         [
             "plan",
@@ -308,6 +314,8 @@ def test_plan_recommends_a_configuration(model_dir, tmp_path, monkeypatch, capsy
     assert status == 0, err[-2000:]
     recommended = re.search(r"recommended: beam_width=(\d+) beam_length=(\d+)", out)
     assert recommended and recommended.group(1) in ("1", "2") and recommended.group(2) in ("2", "3")
+    # the model read from its folder once (each step of the plan loaded it again before)
+    assert [m for m in loads if isinstance(m, (str, type(model_dir)))] == [str(model_dir)]
     kept = list((cache / "tuning").glob("plan-numpy-*.json"))
     if not trusted:
         assert not kept and "not saved: the machine was made busy by this test" in out

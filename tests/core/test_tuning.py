@@ -634,6 +634,31 @@ def test_a_measurement_says_so_wherever_stderr_goes(capsys):
     )
 
 
+def test_exact_mode_checked_at_several_tree_sizes_says_so_once(cache, capsys, monkeypatch):
+    """A tree plan tries several tree sizes, each checked by the decoding guard (seconds
+    apiece): each is measured, but the line saying so came once per size, a column of near
+    copies; it now comes once per dtype and row count in a process."""
+    from specdec.tuning import exactness
+
+    monkeypatch.setattr(exactness, "_SAID", set())
+    runs = []
+
+    def run():
+        runs.append(1)
+        return exactness.InvarianceCheck(holds=True)
+
+    key = {"backend": "torch", "dtype": "torch.bfloat16", "rows": 1}
+    for nodes in (7, 11, 17):
+        assert exactness.cached_check({**key, "max_nodes": nodes}, run).holds
+    exactness.cached_check({**key, "rows": 4, "max_nodes": 7}, run)
+    assert len(runs) == 4  # every size measured
+    lines = capsys.readouterr().err.splitlines()
+    assert [line.split(" for ", 1)[1] for line in lines] == [
+        "trees of up to 7 nodes in 1 rows on this machine (kept for later runs)",
+        "trees of up to 7 nodes in 4 rows on this machine (kept for later runs)",
+    ]
+
+
 def test_a_tree_setting_decoded_while_other_work_ran_is_marked_and_not_chosen(
     target, model_dir, eagle3, cache, monkeypatch
 ):
