@@ -192,6 +192,9 @@ def cmd_plan(args) -> int:
             else f"nothing to save: {reasons[0]}"
             if already
             else f"not saved: {'; '.join(reasons)} (generate keeps what it used before)"
+            + _by_hand(
+                args.drafter, {"beam_width": best.beam_width, "beam_length": best.beam_length}
+            )
         )
     if args.prompts in PROMPT_SETS:
         print(
@@ -223,6 +226,7 @@ def _plan_tree(args, prompts) -> int:
     )
     print("| settings | lookup | tokens/step | nodes/step | measured speedup |")
     print("|---|---|---|---|---|")
+    seen: dict[tuple, str] = {}  # a row's counts -> the first (fastest) row with them
     for r in rows:
         settings = " ".join(f"{k}={v}" for k, v in sorted(r.options.items()))
         if r.current:
@@ -232,6 +236,12 @@ def _plan_tree(args, prompts) -> int:
             if impossible(r.speedup, r.tokens_per_step)
             else ""
         ) + (" (busy: decoded while other work took the cores)" if r.busy else "")
+        # the same tokens and nodes over every prompt: most often the same trees (a tree_top_k
+        # and depth that cap the tree below total_tokens), whose speeds differ by noise alone
+        counts = (r.tokens_per_step, r.nodes_per_step)
+        if counts in seen:
+            flag += f" (the same tokens and nodes per step as {seen[counts]})"
+        seen.setdefault(counts, settings)
         lookup = "as now" if r.lookup is None else "yes" if r.lookup else "no"
         print(
             f"| {settings} | {lookup} | {r.tokens_per_step:.2f} | "
@@ -256,8 +266,20 @@ def _plan_tree(args, prompts) -> int:
             "are given"
             if not reasons
             else f"not saved: {'; '.join(reasons)} (generate keeps what it used before)"
+            + _by_hand(args.drafter, {**best.options, "lookup": bool(best.lookup)})
         )
     return 0
+
+
+def _by_hand(drafter: str, options: dict) -> str:
+    """How to decode with a choice the planner did not keep: the settings named per call."""
+    short = {"beam_width": "w", "beam_length": "l"}
+    cli = ",".join(f"{short.get(k, k)}={str(v).lower()}" for k, v in options.items())
+    python = ", ".join(f"{k}={v!r}" for k, v in options.items())
+    return (
+        f"; to decode with it anyway, name it per call: --drafter {drafter}:{cli} "
+        f"(generate(..., {python}))"
+    )
 
 
 def cmd_tune(args) -> int:

@@ -17,7 +17,7 @@ from specdec.decode.budget import check_speculation
 from specdec.decode.plan import DecodePlan
 from specdec.drafting.lookup import LookupDrafter
 from specdec.drafting.none import NoDrafter
-from specdec.errors import InvalidInputError, SpecdecError
+from specdec.errors import InvalidInputError, PluginError, SpecdecError
 from specdec.generation.arguments import check_drafter_path, is_int
 from specdec.generation.built import built_drafter
 from specdec.generation.loading import load_backend
@@ -216,7 +216,7 @@ def load_drafter(drafter: Resolved, target, backend, registry: PluginRegistry, o
             )
         return drafter.choice
     checkpoint = drafter.checkpoint
-    damaged = contextlib.nullcontext() if checkpoint is None else damaged_checkpoint(checkpoint)
+    damaged = _factory_failed(drafter) if checkpoint is None else damaged_checkpoint(checkpoint)
     with damaged, _options_named(drafter, options):
         return build(
             drafter,
@@ -227,6 +227,23 @@ def load_drafter(drafter: Resolved, target, backend, registry: PluginRegistry, o
             checkpoint=checkpoint,
             backend=backend,
         )
+
+
+@contextlib.contextmanager
+def _factory_failed(drafter: Resolved):
+    """A drafter factory's own failure (a bug in a plugin, not a refused option) reported with
+    the drafter and the distribution it came from; the original stays chained (its traceback
+    under ``specdec --debug``), so the reader knows whose code to look at."""
+    try:
+        yield
+    except SpecdecError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - whatever the plugin's code raised
+        raise PluginError(
+            f"{drafter.source} failed while building its drafter: {type(exc).__name__}: {exc} "
+            "(an error in the plugin's factory; its traceback is chained below, or shown by "
+            "specdec --debug)"
+        ) from exc
 
 
 @contextlib.contextmanager

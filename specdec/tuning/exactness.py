@@ -89,6 +89,10 @@ def _check_file(key: dict) -> Path:
     return tuning_dir() / name
 
 
+def _count(number, noun: str) -> str:
+    return f"{number} {noun}{'' if number == 1 else 's'}"
+
+
 _SAID: set[tuple] = set()  # the kinds of check this process announced (cached_check)
 
 
@@ -109,7 +113,7 @@ def cached_check(key: dict, run: Callable[[], InvarianceCheck]) -> InvarianceChe
         except (KeyError, TypeError, ValueError):
             pass  # a file of another shape: measure
     what = (
-        f"trees of up to {key['max_nodes']} nodes in {key.get('rows', 1)} rows"
+        f"trees of up to {_count(key['max_nodes'], 'node')} in {_count(key.get('rows', 1), 'row')}"
         if "max_nodes" in key
         else "the model's kernels"
     )

@@ -61,3 +61,31 @@ def test_another_registry_with_that_name_builds_its_own(target):
     for registry in (one, one, two, two):
         specdec.decode_plan(target, "mine", "numpy", registry=registry)
     assert made == ["one", "two"]
+
+
+def test_a_plugin_factory_that_fails_is_named_with_its_distribution(target):
+    """A bug in a third-party drafter's factory came out as a bare TypeError some twelve frames
+    deep in specdec, naming neither the drafter nor whose code raised it."""
+    import types
+
+    import pytest
+
+    from specdec.errors import PluginError
+    from specdec.plugins import builtin as numpy_plugin
+
+    plugin = types.ModuleType("broken_plugin")
+
+    @specdec.hookimpl
+    def specdec_register_drafters(register):
+        def factory(target, checkpoint=None, *, backend):
+            raise TypeError("'tokenizers.Encoding' object is not iterable")  # the plugin's bug
+
+        register("broken", "numpy", factory)
+
+    plugin.specdec_register_drafters = specdec_register_drafters
+    registry = specdec.PluginRegistry([numpy_plugin, plugin])
+    with pytest.raises(PluginError) as raised:
+        specdec.decode_plan(target, "broken", "numpy", registry=registry)
+    message = str(raised.value)
+    assert "drafter 'broken' (plugin 'broken_plugin'" in message, message
+    assert "failed while building its drafter: " in message and raised.value.__cause__ is not None

@@ -654,7 +654,7 @@ def test_exact_mode_checked_at_several_tree_sizes_says_so_once(cache, capsys, mo
     assert len(runs) == 4  # every size measured
     lines = capsys.readouterr().err.splitlines()
     assert [line.split(" for ", 1)[1] for line in lines] == [
-        "trees of up to 7 nodes in 1 rows on this machine (kept for later runs)",
+        "trees of up to 7 nodes in 1 row on this machine (kept for later runs)",
         "trees of up to 7 nodes in 4 rows on this machine (kept for later runs)",
     ]
 
