@@ -5,6 +5,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import attrs
+
 import specdec
 from specdec.bench import load_prompt_set, parse_method, run_bench, tree_planner
 from specdec.bench.planner import current_beams, keep, measure, measure_current, plan
@@ -111,11 +113,17 @@ def cmd_plan(args) -> int:
         if args.measure_top and plausible
         else []
     )
-    current = (
-        measure_current(target, args.drafter, prompts, clock=clock, **options) if checked else None
-    )
+    now = current_beams(target, args.drafter, backend=args.backend)
+    current = None
+    if checked:  # generate's setting decoded beside them: once, reused where it was a candidate
+        decoded = next((r for r in checked if now.same_as(r, lookup)), None)
+        current = (
+            attrs.evolve(now, speedup=decoded.measured_speedup)
+            if decoded is not None
+            else measure_current(target, args.drafter, prompts, clock=clock, **options)
+        )
+        now = current
     measured = {(r.beam_width, r.beam_length): r.measured_speedup for r in checked}
-    now = current or current_beams(target, args.drafter, backend=args.backend)
     print(
         "| W | L | tokens/step (est.) | tree size | plain ms | draft ms | verify ms | "
         "predicted speedup | measured |"
@@ -143,16 +151,28 @@ def cmd_plan(args) -> int:
         if best.measured_speedup is not None
         else f"predicted {best.predicted_speedup:.2f}x"
     )
-    print(
-        f"{_recommended(best.busy)}: beam_width={best.beam_width} beam_length={best.beam_length} "
-        f"({figure} over plain decoding, decode phase"
-        f"{f', with the prompt-lookup beam of {DEFAULT_DRAFT_LENGTH} tokens' if lookup else ''})"
+    shape = f"beam_width={best.beam_width} beam_length={best.beam_length}"
+    with_lookup = (
+        f", with the prompt-lookup beam of {DEFAULT_DRAFT_LENGTH} tokens" if lookup else ""
     )
-    if current is not None:
+    if current is not None and now.same_as(best, lookup):
+        print(f"{_recommended(best.busy)}: {shape} ({figure}{with_lookup}): generate's setting now")
+    elif current is not None and not best.busy and best.measured_speedup <= current.speedup:
         print(
-            f"generate's setting now: {current.describe()} (measured {current.speedup:.2f}x, "
-            "decoded the same way)"
+            f"recommended: keep generate's setting now, {current.describe()} (measured "
+            f"{current.speedup:.2f}x); the best other shape decoded: {shape} ({figure}"
+            f"{with_lookup})"
         )
+    else:
+        print(
+            f"{_recommended(best.busy)}: {shape} ({figure} over plain decoding, decode phase"
+            f"{with_lookup})"
+        )
+        if current is not None:
+            print(
+                f"generate's setting now: {current.describe()} (measured "
+                f"{current.speedup:.2f}x, decoded the same way)"
+            )
     if best.measured_speedup is not None and best.measured_speedup < 1.0:
         print(
             "note: no setting measured here beat plain decoding; generate's auto speculation "
@@ -257,10 +277,7 @@ def _plan_tree(args, prompts) -> int:
     if line:
         print(line)
     if not args.no_save:
-        # the tree planner's own verdict (it saved, or not, by the same rule)
-        reasons = tree_planner.reasons_not_to_keep(
-            clock, best.speedup, best.tokens_per_step, busy=best.busy
-        )
+        reasons = tree_planner.why_not_kept(rows, clock)  # the rule plan_tree saved by
         print(
             "saved: generate uses it for this drafter on this machine when no tree settings "
             "are given"

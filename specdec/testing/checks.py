@@ -192,12 +192,17 @@ def check_drafter(
     seed: int = 0,
     registry: PluginRegistry | None = None,
     **options,
-) -> None:
+) -> dict[str, tuple[int, int]]:
     """Drafter ``drafter`` (a name or a checkpoint folder) is lossless on each of ``backends``: its
     greedy tokens equal plain decoding's (``drafter="none"``) on that backend and the numpy
     reference's, and a seeded sampled generation (temperature 1) runs, every draft checked by the
-    decode loop. On the reference, the prompts decoded on a target with one slot (one request
-    after another, the slot reused) and with one slot per prompt give the same tokens and draft
+    decode loop. Every step drafts (``speculation="always"`` unless ``options`` names another):
+    under "auto" a drafter that does not pay on the kit's random model would be checked on
+    few drafts. A drafter that drafts no token in the greedy runs fails: nothing of it was
+    checked (give ``prompts`` on which it drafts). Returns each backend's greedy
+    ``(drafted tokens, accepted tokens)``. On the reference, the prompts decoded on a target with
+    one slot (one request after another, the slot reused) and with one slot per prompt give the
+    same tokens and draft
     the same (the drafted and accepted token counts, every request drafting every step), greedy
     and sampled with per-prompt seeds: what a stateful drafter keeps per slot must start afresh
     with each request. Tokens alone cannot show it: a kept state changes the drafts, and drafts
@@ -213,6 +218,8 @@ def check_drafter(
         stop_at_eos=False,
         registry=registry,
     ).tokens
+    options = {"speculation": "always", **options}
+    counts = {}
     for backend in backends:
         where = (
             f"check_drafter({drafter!s}, backend={backend!r}, dtype={dtype!r}{_listed(options)})"
@@ -232,11 +239,17 @@ def check_drafter(
         assert baseline == plain, (
             f"{where}: plain decoding differs from the reference's; check the backend first"
         )
-        tokens = generate(
-            model_path, [list(p) for p in prompts], drafter=drafter, **run, **options
-        ).tokens
+        greedy = generate(model_path, [list(p) for p in prompts], drafter=drafter, **run, **options)
+        tokens = greedy.tokens
         assert tokens == plain, (
             f"{where}: greedy tokens differ from plain decoding\nplain   {plain}\ndrafted {tokens}"
+        )
+        counts[backend] = (greedy.stats.drafted_tokens, greedy.stats.accepted_tokens)
+        assert greedy.stats.drafted_tokens > 0, (
+            f"{where}: the drafter drafted no token in {greedy.stats.steps} steps over "
+            f"{len(prompts)} prompts, so nothing of it was checked (a drafter that never "
+            "proposes is lossless whatever its code does); fix its propose, or pass prompts= "
+            "on which it drafts"
         )
         sampled = generate(
             model_path,
@@ -263,7 +276,7 @@ def check_drafter(
             temperature=temperature,
             seed=seeds,
             registry=registry,
-            **{"speculation": "always", **options},
+            **options,
         )
         return result.tokens, result.stats.drafted_tokens, result.stats.accepted_tokens
 
@@ -291,6 +304,7 @@ def check_drafter(
         registry=registry,
         **options,
     )
+    return counts
 
 
 # generate's own options; the others in a check's ``options`` go to the drafter's factory

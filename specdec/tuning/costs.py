@@ -41,7 +41,7 @@ import attrs
 import numpy as np
 
 from specdec.tuning.dtype import chain_tree
-from specdec.tuning.machine import CpuClock
+from specdec.tuning.machine import Measured
 from specdec.tuning.store import (
     digest,
     read_entry,
@@ -445,13 +445,13 @@ def curve_for(backend, target, slots=(0,)) -> CostCurve | None:
         again=cached if curve is not None else None,
     )
     try:
-        with CpuClock() as clock:
+        with Measured() as clock:
             measured = measure_curve(backend, target, slots)
     except Exception:  # noqa: BLE001 - a speed choice: without a curve the costs are learned online
         return curve
     if measured is None or CostCurve.from_json(measured.to_json()) is None:
         return curve
-    new_share = clock.share
+    new_share = clock.free
     if curve is None or new_share > share:
         curve, share = measured, new_share
     write_entry(

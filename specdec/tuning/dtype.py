@@ -17,7 +17,7 @@ no fingerprint of the weights is computed. Later loads read the cache and load o
 
 The choice is kept in the tuning cache (``specdec.tuning.store``: a stale or deleted file only
 costs a measurement); one taken while other work shared the cores
-(``specdec.tuning.machine.machine_share``) is taken again at later starts, three times in all at
+(``specdec.tuning.machine.free_share``) is taken again at later starts, three times in all at
 most, and the quietest decides.
 ``specdec tune`` re-measures and prints the table; ``$SPECDEC_DTYPE``
 (e.g. ``float32``) names the dtype to use instead of measuring, for runs that must not depend
@@ -37,7 +37,7 @@ import numpy as np
 from specdec.models.files import read_json
 from specdec.reference.tree import build_prefix_tree
 from specdec.slots import on_target
-from specdec.tuning.machine import CpuClock, cpu_description, cpu_flags
+from specdec.tuning.machine import Measured, cpu_description, cpu_flags
 from specdec.tuning.store import (
     digest,
     read_entry,
@@ -212,7 +212,7 @@ def load_fastest(backend, source, *, device: str | None = None, remeasure: bool 
         f"which of {', '.join(candidates)} runs {Path(str(source)).name} fastest",
         again=cached if busy else None,
     )
-    best, best_score, timings, clock = None, float("inf"), {}, CpuClock()
+    best, best_score, timings, clock = None, float("inf"), {}, Measured()
     if slots.get("capacity") is not None:  # room for the measurement's prompt and trees
         slots = {**slots, "capacity": max(int(slots["capacity"]), PROMPT_TOKENS + max(TREE_SIZES))}
     for dtype in candidates:
@@ -223,7 +223,7 @@ def load_fastest(backend, source, *, device: str | None = None, remeasure: bool 
             best, best_score = (dtype, target), _score(timings[dtype])
         del target  # at most two targets are held at once: the best so far and this one
     dtype, target = best
-    share, measures = clock.share, 1
+    share, measures = clock.free, 1
     if busy:  # measured again: the quieter of the two measurements decides
         measures = int(cached.get("measures", 1)) + 1
         if share < float(cached.get("share", 0.0)) and cached["dtype"] in candidates:

@@ -30,6 +30,7 @@ __all__ = [
     "cpu_description",
     "cpu_flags",
     "machine_busy_seconds",
+    "free_share",
     "machine_share",
 ]
 
@@ -77,6 +78,20 @@ def machine_share(wall: float, cpu: float) -> float:
     wrong proportions, not only the wrong scale. (A device whose work is not CPU time, a GPU,
     reads as busy.)"""
     return cpu / max(wall * cores(), 1e-9)
+
+
+def free_share(wall: float, cpu: float, machine: float | None) -> float:
+    """The share of the machine's cores that other work left to a block of ``wall`` seconds in
+    which this process used ``cpu`` seconds of CPU time and the whole machine ``machine`` (every
+    process's, ``machine_busy_seconds``): 1 less the share the other processes computed on.
+    Where the system does not say (``machine`` None), the block's own share (``machine_share``).
+
+    A measurement is judged by this, not by its own share: a block that runs one thread (a small
+    model's forwards are Python more than arithmetic) computes on half of two cores of an idle
+    machine, and by its own share read as taken beside other work at every start."""
+    if machine is None:
+        return machine_share(wall, cpu)
+    return 1.0 - max(machine - cpu, 0.0) / max(wall * cores(), 1e-9)
 
 
 def cores() -> int:
@@ -156,6 +171,11 @@ class Measured(CpuClock):
         if self.machine is None or self.wall <= 0:
             return None
         return max(self.machine - self.cpu, 0.0) / (self.wall * cores())
+
+    @property
+    def free(self) -> float:
+        """The share of the cores other work left this process (``free_share``)."""
+        return free_share(self.wall, self.cpu, self.machine)
 
     @property
     def quiet(self) -> bool:

@@ -611,7 +611,7 @@ def test_a_curve_measured_beside_other_work_is_measured_again_and_the_quietest_k
     )
     shares = iter([0.5, 0.7, 0.6, 0.99])
     monkeypatch.setattr(costs, "measure_curve", lambda *args, **kwargs: next(made))
-    monkeypatch.setattr(machine, "machine_share", lambda wall, cpu: next(shares))
+    monkeypatch.setattr(machine, "free_share", lambda wall, cpu, others: next(shares))
 
     def start():  # a new start of the process, then the curve
         store.forget_this_process()
@@ -623,11 +623,11 @@ def test_a_curve_measured_beside_other_work_is_measured_again_and_the_quietest_k
     assert next(made).seconds[0] == 0.01  # the fourth was never measured
 
     (tmp_path / "costs.json").unlink()
-    monkeypatch.setattr(machine, "machine_share", lambda wall, cpu: 0.95)
+    monkeypatch.setattr(machine, "free_share", lambda wall, cpu, others: 0.95)
     made = iter([costs.CostCurve(tokens=(1, 2), seconds=(s, 2 * s)) for s in (0.04, 0.05)])
     assert [start() for _ in range(3)] == [0.04] * 3  # quiet: read
     (tmp_path / "costs.json").unlink()
-    monkeypatch.setattr(machine, "machine_share", lambda wall, cpu: 0.5)
+    monkeypatch.setattr(machine, "free_share", lambda wall, cpu, others: 0.5)
     made = iter([costs.CostCurve(tokens=(1, 2), seconds=(s, 2 * s)) for s in (0.06, 0.07)])
     store.forget_this_process()
     # busy, but measured by this process: read until the next start

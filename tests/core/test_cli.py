@@ -7,6 +7,7 @@ import re
 import subprocess
 import sys
 
+import attrs
 import pytest
 
 
@@ -329,6 +330,52 @@ def test_plan_recommends_a_configuration(model_dir, tmp_path, monkeypatch, capsy
     assert "plan with --prompts" not in err  # the user's own prompts: no hint
 
 
+def test_plan_decodes_generates_shape_once_and_keeps_it_when_no_other_is_faster(
+    model_dir, tmp_path, monkeypatch, capsys
+):
+    """generate's shape among the candidates was decoded twice, its row saying 1.57x and the
+    summary 1.59x; then "recommended: beam_width=4 ..." was followed by "not saved", as it was
+    no faster than generate's."""
+    from specdec.bench import planner
+    from specdec.cli import measure as measure_cli
+    from specdec.cli.main import main
+
+    def row(width, speedup):
+        return planner.PlanRow(
+            beam_width=width, beam_length=3, tokens_per_step=2.0, tree_size=5.0, verify_ms=30.0,
+            draft_ms=3.0, predicted_speedup=1.5, measured_speedup=speedup,
+        )  # fmt: skip
+
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(measure_cli, "plan", lambda *a, **k: [row(4, None), row(2, None)])
+    monkeypatch.setattr(measure_cli, "measure", lambda *a, **k: [row(4, 1.58), row(2, 1.59)])
+    now = planner.Current(beam_width=2, beam_length=3, lookup=True, speedup=0.0)
+    monkeypatch.setattr(measure_cli, "current_beams", lambda *a, **k: now)
+    monkeypatch.setattr(measure_cli, "measure_current", lambda *a, **k: pytest.fail("again"))
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "bada beda bida"}\n')
+    argv = ["plan", "--model", str(model_dir), "--drafter", "redrafter", "--backend", "numpy"]
+    assert main(argv + ["--prompts", str(prompts), "--measure-top", "2", "--no-save"]) == 0
+    out = capsys.readouterr().out
+    assert "| 2 | 3 |" in out and "(generate's now) | 1.59x |" in out, out
+    assert (
+        "recommended: beam_width=2 beam_length=3 (measured 1.59x, predicted 1.50x, with the "
+        "prompt-lookup beam of 10 tokens): generate's setting now" in out
+    ), out
+
+    monkeypatch.setattr(measure_cli, "measure", lambda *a, **k: [row(4, 1.58), row(1, 1.2)])
+    monkeypatch.setattr(
+        measure_cli, "measure_current", lambda *a, **k: attrs.evolve(now, speedup=1.6)
+    )
+    assert main(argv + ["--prompts", str(prompts), "--measure-top", "2", "--no-save"]) == 0
+    out = capsys.readouterr().out
+    assert (
+        "recommended: keep generate's setting now, beam_width=2 beam_length=3, with the "
+        "prompt-lookup beam (measured 1.60x); the best other shape decoded: beam_width=4 "
+        "beam_length=3 (measured 1.58x" in out
+    ), out
+
+
 def test_plan_with_every_shape_timed_busy_says_why_none_was_decoded(
     model_dir, tmp_path, monkeypatch, capsys
 ):
@@ -368,7 +415,7 @@ def test_plan_decodes_a_tree_drafters_settings(model_dir, tmp_path, monkeypatch,
     cache = tmp_path / "cache"
     monkeypatch.setenv("SPECDEC_CACHE", str(cache))
     # the trust rules are tests/core/test_tuning.py's; here the machine may be busy
-    monkeypatch.setattr(tree_planner, "reasons_not_to_keep", lambda *a, **k: [])
+    monkeypatch.setattr(tree_planner, "why_not_kept", lambda *a, **k: [])
     monkeypatch.setattr(tree_planner, "Measured", _QuietShapeClock)  # each setting's own clock
     args = ["plan", "--model", str(model_dir), "--drafter", str(drafter), "--backend", "numpy"]
     status = main([*args, "--prompts", str(prompts), "--max-new-tokens", "4"])

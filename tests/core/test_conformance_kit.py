@@ -13,11 +13,22 @@ from specdec.plugins.specs import DrafterSpec
 from specdec.testing import checks, make_random_drafter
 
 
-@pytest.mark.parametrize("drafter", ["none", "lookup", "redrafter", "medusa"])
+@pytest.mark.parametrize("drafter", ["lookup", "redrafter", "medusa"])
 def test_check_drafter_passes_for_the_built_in_drafters(model_dir, tmp_path, drafter):
     if drafter in ("redrafter", "medusa"):
         drafter = make_random_drafter(tmp_path / drafter, model_dir, kind=drafter, seed=11)
-    checks.check_drafter(drafter, model_dir, backends=["numpy"], max_new_tokens=10)
+    counts = checks.check_drafter(drafter, model_dir, backends=["numpy"], max_new_tokens=10)
+    drafted, accepted = counts["numpy"]
+    assert drafted > 0 and 0 <= accepted <= drafted
+
+
+def test_check_drafter_fails_a_drafter_that_never_drafts(model_dir, monkeypatch):
+    """A plugin whose propose never matched drafted nothing in every step, and the kit passed it:
+    lossless, as a drafter that never proposes always is, with nothing of it checked. It
+    decodes every step drafting (under "auto" a drafter may be left idle on the random model)."""
+    monkeypatch.delenv("SPECDEC_SPECULATION", raising=False)  # the user's default, auto
+    with pytest.raises(AssertionError, match=r"drafted no token in \d+ steps over 3 prompts"):
+        checks.check_drafter("none", model_dir, backends=["numpy"], max_new_tokens=10)
 
 
 class LeakyDrafter:
