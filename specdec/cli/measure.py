@@ -124,6 +124,8 @@ def cmd_plan(args) -> int:
         )
         now = current
     measured = {(r.beam_width, r.beam_length): r.measured_speedup for r in checked}
+    if current is not None:  # generate's shape, decoded beside them: its row shows the figure
+        measured.setdefault((current.beam_width, current.beam_length), current.speedup)
     print(
         "| W | L | tokens/step (est.) | tree size | plain ms | draft ms | verify ms | "
         "predicted speedup | measured |"

@@ -374,6 +374,7 @@ def test_plan_decodes_generates_shape_once_and_keeps_it_when_no_other_is_faster(
         "prompt-lookup beam (measured 1.60x); the best other shape decoded: beam_width=4 "
         "beam_length=3 (measured 1.58x" in out
     ), out
+    assert "(generate's now) | 1.60x |" in out, out  # the figure the advice rests on, in its row
 
 
 def test_plan_with_every_shape_timed_busy_says_why_none_was_decoded(
