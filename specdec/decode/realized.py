@@ -36,8 +36,9 @@ plain decode steps and drafting steps apart, as decaying sums of committed token
 So a drafter that does not pay at some row count costs at most ``PROBE`` steps there (and
 two plain steps to measure against) before plain decoding takes over, and then at most
 ``RETRY_COST`` of the steps, whatever the drafter, the model or the arrival pattern. Steps that
-carry prompt tokens are not counted (their time is the prompts'), nor the first plain and the
-first drafting step (one-off costs). Budgets never change which tokens are accepted, so this
+carry prompt tokens are not counted (their time is the prompts'), nor a decoder's first plain
+and first drafting step at each row count (one-off costs: a kernel's first run at a new row
+count took four steps' time). Budgets never change which tokens are accepted, so this
 only moves speed.
 """
 
@@ -115,11 +116,12 @@ class RealizedRates:
         self._draft: dict[int, _Rate] = {}
         self._lost: dict[int, int] = {}  # bucket -> plain steps since drafting was found to lose
         self._losses: dict[int, int] = {}  # bucket -> probes lost in a row (the doubling)
-        self._first = {True, False}  # kinds (drafted or not) whose first step is yet to come
+        self._seen: set[tuple[int, bool]] = set()  # (bucket, drafted) whose first step came
 
     def restart(self) -> None:
-        """A new decoder: its first plain and first drafting step are one-off costs again."""
-        self._first = {True, False}
+        """A new decoder: its first plain and first drafting step at each row count are one-off
+        costs again."""
+        self._seen = set()
 
     def losing(self, b: int) -> bool:
         """Whether drafting has lost in bucket ``b`` (probed, and measured against): clearly
@@ -168,10 +170,14 @@ class RealizedRates:
         and its drafting); ``drafted``: some row drafted."""
         if rows <= 0 or seconds <= 0:
             return
-        if drafted in self._first:  # one-off costs (allocation, a drafter's first call): left out
-            self._first.discard(drafted)
-            return
         b = bucket(rows)
+        # one-off costs (allocation, a drafter's first call, a kernel's first run at a new row
+        # count): left out. A batch's first drafting step at one row, when its other request
+        # ended, took 205 ms where the next took 50-59, and judged drafting lost at one row
+        # for the next 70 plain steps, the next requests' included
+        if (b, drafted) not in self._seen:
+            self._seen.add((b, drafted))
+            return
         kinds = self._draft if drafted else self._plain
         kinds.setdefault(b, _Rate()).observe(float(tokens), float(seconds))
         if not drafted and self.losing(b):

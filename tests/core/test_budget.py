@@ -977,3 +977,22 @@ def test_drafting_that_loses_a_little_at_every_step_stops_within_a_few_steps():
     # then at most PROBE drafting steps per retry, the retries at least MIN_RETRY, 2 MIN_RETRY,
     # 4 MIN_RETRY ... plain steps apart
     assert sum(drafted) <= PROBE + 1 + PROBE * 3, runs
+
+
+def test_the_first_step_at_a_new_row_count_is_not_priced():
+    """A batch of two whose other request ended took its first drafting step at one row in 205
+    ms (a kernel's first run at that row count) where the next took 50: counted, it judged
+    drafting lost at one row, and the next 70 plain steps there, the following requests'
+    included, decoded plainly."""
+    from specdec.decode.realized import PROBE, RealizedRates
+
+    rates = RealizedRates()
+    for rows, tokens, seconds, drafted in [(2, 4, 0.18, True), (2, 2, 0.043, False)] * 2:
+        rates.observe(rows, tokens, seconds, drafted)
+    rates.observe(1, 2, 0.205, True)  # the first drafting step at one row
+    for _ in range(PROBE):
+        rates.observe(1, 2, 0.05, True)  # 40 tokens/s
+    for _ in range(3):
+        rates.observe(1, 1, 0.042, False)  # 24 tokens/s
+    assert rates.describe()["1"] == {"plain": 23.8, "draft": 40.0}
+    assert not rates.losing(0) and rates.allows(1)

@@ -23,7 +23,7 @@ def test_a_generation_takes_over_what_the_last_one_on_the_target_learnt(target):
     assert second is first
     assert second.realized.describe() == learnt
     assert 99 not in second._rows
-    assert second.realized._first == {True, False}  # a new drafter's first call is not priced
+    assert second.realized._seen == set()  # a new drafter's first calls are not priced
     # a plan made again with the same names and options is the same setting
     again = specdec.decode_plan(target, "lookup", "numpy", speculation="auto")
     assert Decoder(again).speculation is first
