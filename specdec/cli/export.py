@@ -52,8 +52,8 @@ def add_parser(sub) -> None:
         "--dtype",
         default=None,
         choices=("float32", "float16", "bfloat16"),
-        help="the stored weights' type (bfloat16: the gguf layout); default: the checkpoint's own "
-        "where the layout stores it, else float32",
+        help="the stored weights' type (bfloat16 is taken by the gguf layout only); default: the "
+        "checkpoint's own where the layout stores it, else float32",
     )
     export.add_argument("--overwrite", action="store_true", help="replace what --out holds")
     export.set_defaults(func=cmd_export)
