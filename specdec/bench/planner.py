@@ -367,11 +367,13 @@ def measure_current(
     dtype: str | None,
     max_new_tokens: int = 64,
     clock: Measured | None = None,
+    now: Current | None = None,
 ) -> Current:
     """What ``generate`` uses for ``drafter`` when no beams are given (the checkpoint's, or a
-    plan kept before), decoded as ``measure`` decodes a candidate, beside plain decoding."""
+    plan kept before; ``now``: ``current_beams`` already taken), decoded as ``measure`` decodes
+    a candidate, beside plain decoding."""
     target = specdec.load(model, backend=backend, dtype=dtype)
-    now = current_beams(target, drafter, backend=backend)
+    now = current_beams(target, drafter, backend=backend) if now is None else now
     clock = clock if clock is not None else Measured()
     rate = lambda choice: _decode_rate(  # noqa: E731
         target, prompts, choice, {}, backend=backend, tokens=max_new_tokens, clock=clock

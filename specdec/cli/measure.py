@@ -120,7 +120,7 @@ def cmd_plan(args) -> int:
         current = (
             attrs.evolve(now, speedup=decoded.measured_speedup)
             if decoded is not None
-            else measure_current(target, args.drafter, prompts, clock=clock, **options)
+            else measure_current(target, args.drafter, prompts, clock=clock, now=now, **options)
         )
         now = current
     measured = {(r.beam_width, r.beam_length): r.measured_speedup for r in checked}

@@ -32,6 +32,7 @@ __all__ = [
     "machine_busy_seconds",
     "free_share",
     "machine_share",
+    "others_share",
 ]
 
 # a measurement whose process got less of the cores' time than this shared them with other work
@@ -89,9 +90,16 @@ def free_share(wall: float, cpu: float, machine: float | None) -> float:
     A measurement is judged by this, not by its own share: a block that runs one thread (a small
     model's forwards are Python more than arithmetic) computes on half of two cores of an idle
     machine, and by its own share read as taken beside other work at every start."""
-    if machine is None:
-        return machine_share(wall, cpu)
-    return 1.0 - max(machine - cpu, 0.0) / max(wall * cores(), 1e-9)
+    others = others_share(wall, cpu, machine)
+    return machine_share(wall, cpu) if others is None else 1.0 - others
+
+
+def others_share(wall: float, cpu: float, machine: float | None) -> float | None:
+    """The share of the cores the other processes computed on over a block (``free_share``'s
+    arguments); None where the system does not say or the block took no time."""
+    if machine is None or wall <= 0:
+        return None
+    return max(machine - cpu, 0.0) / (wall * cores())
 
 
 def cores() -> int:
@@ -168,9 +176,7 @@ class Measured(CpuClock):
     def others(self) -> float | None:
         """The share of the cores other processes computed on (None where the system does not
         say)."""
-        if self.machine is None or self.wall <= 0:
-            return None
-        return max(self.machine - self.cpu, 0.0) / (self.wall * cores())
+        return others_share(self.wall, self.cpu, self.machine)
 
     @property
     def free(self) -> float:
