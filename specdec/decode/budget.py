@@ -248,6 +248,7 @@ class Speculation:
         self._since_plain = 0  # decode steps since the last one decoded plainly
         self.realized = RealizedRates()  # what steps delivered, per row count
         self._step_rows, self._step_tokens = 0, 0  # the decode rows of this step and their tokens
+        self._step_drafted: set[int] = set()  # the requests that drafted this step
         self.reasons: dict[int, str] = {}  # this step's: request id -> why it decodes plainly
 
     @property
@@ -261,6 +262,7 @@ class Speculation:
         self._rows.clear()
         self.reasons = {}
         self._step_rows, self._step_tokens = 0, 0
+        self._step_drafted = set()
         self.realized.restart()
 
     def use_costs(self, costs: StepCosts) -> None:
@@ -304,6 +306,7 @@ class Speculation:
     def step_budgets(self, request_ids: Sequence[int], chunk_tokens: int = 0) -> StepBudgets:
         """Budgets for the requests decoded this step, beside ``chunk_tokens`` prompt tokens."""
         self._step_rows, self._step_tokens = 0, 0  # a step begins: its rows are counted anew
+        self._step_drafted = set()
         self.reasons = {}
         ids = list(request_ids)
         if not ids:
@@ -438,6 +441,7 @@ class Speculation:
                 row.drift(prior, FORGET)
                 row.stale += 1
                 continue
+            self._step_drafted.add(request_id)
             drafted, kept = int(full_nodes[b]) - 1, int(verified[b]) - 1
             cut = kept < drafted
             if not cut and row.stale >= EXPLORE_EVERY:  # tried again (_explore)
@@ -469,11 +473,14 @@ class Speculation:
         self._since_plain = 0 if plain else self._since_plain + 1
         if self.costs is not None:
             self.costs.observe(tokens, seconds, drafting, draft_seconds, rows, plain_tokens)
-        decode_rows, committed = self._step_rows, self._step_tokens
-        self._step_rows, self._step_tokens = 0, 0
+        decode_rows, committed, drafted = self._step_rows, self._step_tokens, self._step_drafted
+        self._step_rows, self._step_tokens, self._step_drafted = 0, 0, set()
         if decode_rows and plain_share(tokens, plain_tokens) == decode_rows:  # no prompt tokens
-            self.realized.observe(decode_rows, committed, seconds + draft_seconds, drafting > 0)
+            self.realized.observe(
+                decode_rows, committed, seconds + draft_seconds, drafting > 0, drafted
+            )
 
     def forget(self, request_id: int) -> None:
         """A request ended."""
         self._rows.pop(request_id, None)
+        self.realized.forget(request_id)

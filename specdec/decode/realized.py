@@ -31,11 +31,17 @@ plain decode steps and drafting steps apart, as decaying sums of committed token
   first three drafting steps accepted nothing (the start of an answer) then decoded up to 64
   steps plainly (the default path on the demo's first prompt drafted in 12 of 77 steps, 1.13
   tokens per step, against 1.42 where the probes were luckier), while at 16 rows, where a
-  drafting step delivers 0.43x of a plain one, three probes cost 4.8 plain steps.
+  drafting step delivers 0.43x of a plain one, three probes cost 4.8 plain steps. A verdict
+  also lapses, and the bucket probes again at once, when every request its drafting steps drew
+  on has ended: it spoke of their acceptance as much as of the costs (one request whose first
+  three steps at one row accepted nothing judged drafting lost there, and the next request,
+  which accepts two tokens a step, decoded 36 of its 58 steps plainly; probed afresh, it
+  drafted in all 30 of its steps at 2.06 tokens per step).
 
 So a drafter that does not pay at some row count costs at most ``PROBE`` steps there (and
 two plain steps to measure against) before plain decoding takes over, and then at most
-``RETRY_COST`` of the steps, whatever the drafter, the model or the arrival pattern. Steps that
+``RETRY_COST`` of the steps (and ``PROBE`` for each set of requests that follows the
+ones probed), whatever the drafter, the model or the arrival pattern. Steps that
 carry prompt tokens are not counted (their time is the prompts'), nor a decoder's first plain
 and first drafting step at each row count (one-off costs: a kernel's first run at a new row
 count took four steps' time). Budgets never change which tokens are accepted, so this
@@ -45,6 +51,7 @@ only moves speed.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 
 __all__ = [
     "CONFIDENCE",
@@ -117,11 +124,19 @@ class RealizedRates:
         self._lost: dict[int, int] = {}  # bucket -> plain steps since drafting was found to lose
         self._losses: dict[int, int] = {}  # bucket -> probes lost in a row (the doubling)
         self._seen: set[tuple[int, bool]] = set()  # (bucket, drafted) whose first step came
+        self._probed: dict[int, set[int]] = {}  # bucket -> the requests its drafting steps drew on
 
     def restart(self) -> None:
         """A new decoder: its first plain and first drafting step at each row count are one-off
-        costs again."""
+        costs again, and the requests the verdicts were measured on have ended."""
         self._seen = set()
+        for requests in self._probed.values():
+            requests.clear()
+
+    def forget(self, request_id: int) -> None:
+        """A request ended."""
+        for requests in self._probed.values():
+            requests.discard(request_id)
 
     def losing(self, b: int) -> bool:
         """Whether drafting has lost in bucket ``b`` (probed, and measured against): clearly
@@ -146,9 +161,12 @@ class RealizedRates:
                 return False  # one more plain step, for its scatter (a clear loss needs none)
             self._losses[b] = 0  # it wins (or loses too little to tell): probes start over
             return True
-        if self._lost.get(b, 0) >= self.retry_steps(b):  # probe again from scratch
+        # probe again from scratch after the retry's plain steps, or at once when every request
+        # the verdict was measured on has ended: it spoke of their acceptance
+        if self._lost.get(b, 0) >= self.retry_steps(b) or not self._probed.get(b, True):
             self._losses[b] = self._losses.get(b, 0) + 1
             self._draft[b], self._lost[b] = _Rate(), 0
+            self._probed.pop(b, None)
             return True
         return False
 
@@ -165,12 +183,22 @@ class RealizedRates:
         steps = max(math.ceil(lost / RETRY_COST), MIN_RETRY) * 2 ** self._losses.get(b, 0)
         return int(min(steps, MAX_RETRY))
 
-    def observe(self, rows: int, tokens: int, seconds: float, drafted: bool) -> None:
+    def observe(
+        self,
+        rows: int,
+        tokens: int,
+        seconds: float,
+        drafted: bool,
+        requests: Iterable[int] = (),
+    ) -> None:
         """A decode step of ``rows`` rows committed ``tokens`` in ``seconds`` (its target part
-        and its drafting); ``drafted``: some row drafted."""
+        and its drafting); ``drafted``: some row drafted, those of ``requests`` (ids)."""
         if rows <= 0 or seconds <= 0:
             return
         b = bucket(rows)
+        requests = set(requests)
+        if drafted and requests:
+            self._probed.setdefault(b, set()).update(requests)
         # one-off costs (allocation, a drafter's first call, a kernel's first run at a new row
         # count): left out. A batch's first drafting step at one row, when its other request
         # ended, took 205 ms where the next took 50-59, and judged drafting lost at one row

@@ -247,7 +247,10 @@ class StepCosts:
     whole 26-client run of plain decoding on SmolLM2-135M here, 13 ms a step too cheap, so the
     chunks were held to a limit 26 ms tighter than meant). The first step and the first drafting
     call are left out: they pay one-off costs (allocation, kernel choice) that would otherwise
-    price the step (4.4x the curve, seen) or drafting out until the fit forgets them."""
+    price the step (4.4x the curve, seen) or drafting out until the fit forgets them; so are the
+    first drafting step and drafting call at each further row count (a batch of two whose other
+    request ended drafted its first step at one row in 205 ms, the next in 50: fitted, it priced
+    trees out at one row for the requests that followed)."""
 
     def __init__(self, curve: CostCurve | None):
         self.curve = curve
@@ -258,8 +261,9 @@ class StepCosts:
         self._chunks = _Fit(0.0, slope, reference)  # plain steps that carry prompt tokens
         self._trees = _Fit(0.0, slope, max(growth, 1e-6))
         self._draft = _Fit(0.0, 0.0, 1.0)
-        self._drafted = False  # a drafting step seen (the first is left out)
         self._stepped = False  # a step seen (the first is left out: one-off costs)
+        self._tree_rows: set[int] = set()  # row counts a drafting step was seen at
+        self._draft_rows: set[int] = set()  # drafting-row counts drafting was seen at
 
     def _x(self, tokens, rows=1) -> np.ndarray:
         tokens = np.asarray(tokens, dtype=np.float64)
@@ -308,9 +312,12 @@ class StepCosts:
         decoded plainly; None: ``tokens``); target part ``seconds``; drafting ``draft_seconds``
         for ``drafting_rows`` requests."""
         first, self._stepped = not self._stepped, True
+        plain = plain_share(tokens, plain_tokens)
+        if plain != tokens:  # the first drafting step at each row count: one-off costs
+            first = first or rows not in self._tree_rows
+            self._tree_rows.add(rows)
         if tokens > 0 and seconds > 0 and not first:
             x = float(self._x(tokens, rows))
-            plain = plain_share(tokens, plain_tokens)
             if plain == tokens:
                 decode = plain <= rows
                 fit, other = (
@@ -322,9 +329,9 @@ class StepCosts:
                 base = float(self._x(plain, rows))
                 self._trees.observe(x - base, seconds - float(self._plain(base, plain, rows)))
         if drafting_rows > 0:
-            if self._drafted:
+            if drafting_rows in self._draft_rows:
                 self._draft.observe(float(drafting_rows), draft_seconds)
-            self._drafted = True
+            self._draft_rows.add(drafting_rows)
 
 
 # ------------------------------------------------------------------------------------------

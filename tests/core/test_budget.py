@@ -451,6 +451,22 @@ def test_a_tree_far_larger_than_any_drafted_is_priced_at_least_at_the_curve():
     assert (costs.target(13, 1, 1) - costs.target(1, 1)).item() < 0.02
 
 
+def test_the_first_drafting_step_at_a_further_row_count_does_not_price_trees():
+    """A batch of two whose other request ended drafted its first step at one row in 205 ms (a
+    kernel's first run at that shape), the next in 50: fitted, it priced trees out at one row
+    for the requests that followed (a single chat after a two-request batch never drafted)."""
+    costs = StepCosts(LINE)
+    costs.observe(2, 0.5, 0, 0.0, rows=2)  # the first step: left out
+    for _ in range(4):  # two rows: drafting steps of 8 tokens and plain ones
+        costs.observe(8, 0.045, 2, 0.004, rows=2, plain_tokens=2)
+        costs.observe(2, 0.040, 0, 0.0, rows=2)
+    costs.observe(1, 0.030, 0, 0.0, rows=1)
+    costs.observe(4, 0.205, 1, 0.060, rows=1, plain_tokens=1)  # one row's first: one-off
+    costs.observe(4, 0.034, 1, 0.002, rows=1, plain_tokens=1)
+    assert (costs.target(4, 1, 1) - costs.target(1, 1)).item() < 0.02  # 0.035 when fitted
+    assert costs.draft(1).item() < 0.01
+
+
 def test_a_plain_step_faster_than_the_curve_is_priced_at_what_it_took():
     """A 1.5B model's plain steps at 4 rows took 0.185 s where the curve (measured beside other
     work) said 0.24: the fit's line then runs through the origin, and the prior's slope, pulled
@@ -995,4 +1011,27 @@ def test_the_first_step_at_a_new_row_count_is_not_priced():
     for _ in range(3):
         rates.observe(1, 1, 0.042, False)  # 24 tokens/s
     assert rates.describe()["1"] == {"plain": 23.8, "draft": 40.0}
+    assert not rates.losing(0) and rates.allows(1)
+
+
+def test_a_verdict_lapses_when_the_requests_it_was_measured_on_have_ended():
+    """One request whose first three drafting steps at one row accepted nothing (the start of an
+    answer) judged drafting lost there; the next request, which accepts 2 tokens a step, decoded
+    36 of its 58 steps plainly on that verdict. A verdict speaks of its requests' acceptance:
+    when they have all ended, the row count is probed afresh."""
+    from specdec.decode.realized import PROBE, RealizedRates
+
+    rates = RealizedRates()
+    for _ in range(PROBE + 1):  # the first: a one-off, left out
+        rates.observe(1, 1, 0.05, True, [7])  # accepted nothing: 20 tokens/s
+    for _ in range(3):
+        rates.observe(1, 1, 0.04, False)  # 25 tokens/s
+    assert rates.losing(0) and not rates.allows(1)
+    rates.forget(8)  # another request ended: the verdict stands
+    assert not rates.allows(1)
+    rates.forget(7)
+    assert rates.allows(1)  # probing again from scratch
+    for _ in range(PROBE):
+        rates.observe(1, 3, 0.05, True, [9])  # 60 tokens/s
+    rates.observe(1, 1, 0.04, False)
     assert not rates.losing(0) and rates.allows(1)
