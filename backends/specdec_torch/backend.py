@@ -9,6 +9,7 @@ import torch
 
 from specdec.tuning.machine import cpu_flags
 from specdec_torch.device import check_device, default_device, describe_device
+from specdec_torch.forms import choose_layer_forms
 from specdec_torch.loading import load_torch_target
 from specdec_torch.threads import fit_threads
 
@@ -41,7 +42,12 @@ class TorchBackend:
         """A ``TorchTarget`` from a local Hugging Face-format folder, a ``transformers``
         Llama-family model object or a TorchTarget (see
         ``specdec_torch.loading.load_torch_target``)."""
-        return load_torch_target(source, dtype=dtype, device=device, slots=slots, capacity=capacity)
+        target = load_torch_target(
+            source, dtype=dtype, device=device, slots=slots, capacity=capacity
+        )
+        if not target.transposed_rows:  # a target passed in keeps its own
+            target.transposed_rows = choose_layer_forms(self, target)
+        return target
 
     def dtype_candidates(self, device: str | None = None) -> tuple[str, ...]:
         """The dtypes worth measuring on ``device`` (``specdec.tuning.dtype``): float32 and bfloat16

@@ -40,6 +40,7 @@ from specdec_torch.kernels import attention_kernel
 from specdec_torch.kvcache import TorchKVCache
 from specdec_torch.layers import apply_rotary, attend, inverse_frequencies, rms_norm, rotary_cos_sin
 from specdec_torch.packing import pack as pack_stream, unpack as unpack_stream
+from specdec_torch.forms import describe_forms, layer_product
 from specdec_torch.products import head_product
 
 __all__ = ["PREFILL_CHUNK", "TorchTarget", "pack_layer", "tree_attention_mask"]
@@ -150,6 +151,8 @@ class TorchTarget(SlotTarget):
         self.model = model
         self._kernel = None
         self.row_block: int | None = None  # exact mode's largest product call (None: any)
+        # row classes whose products run transposed outside exact mode (specdec_torch.forms)
+        self.transposed_rows: frozenset[int] = frozenset()
         self.config = config
         self.tokenizer = tokenizer
         self.name = name
@@ -225,6 +228,12 @@ class TorchTarget(SlotTarget):
         return None if not self._exact else "kernel" if self._kernel is not None else "split"
 
     @property
+    def product_forms(self) -> str:
+        """How the layers' products run outside exact mode (``specdec_torch.forms``), in words:
+        what a measured step cost depends on besides the dtype and exact mode."""
+        return describe_forms(self.transposed_rows)
+
+    @property
     def _prefill_chunk(self) -> int:
         return PREFILL_CHUNK
 
@@ -239,11 +248,12 @@ class TorchTarget(SlotTarget):
     def _product(
         self, x: torch.Tensor, projection: torch.nn.Module | torch.Tensor, bias=None
     ) -> torch.Tensor:
-        """``x @ W.T + b`` of a projection module or a weight, one row as two in exact mode."""
+        """``x @ W.T + b`` of a projection module or a weight, one row as two in exact mode,
+        else in the form measured fastest for its row count (``specdec_torch.forms``)."""
         if isinstance(projection, torch.nn.Module):
             projection, bias = projection.weight, projection.bias
         if not self.exact:
-            return F.linear(x, projection, bias)
+            return layer_product(x, projection, bias, self.transposed_rows)
         return linear_rows(x, projection, bias, self.row_block)
 
     def _layer(self, index: int, x: torch.Tensor, segments: list["_Segment"]) -> torch.Tensor:

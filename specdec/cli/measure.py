@@ -325,6 +325,9 @@ def cmd_tune(args) -> int:
         describe_exactness(target)
         + (f" (checked: {', '.join(check.checked)})" if check and check.checked else "")
     )
+    forms = getattr(target, "product_forms", None)  # a backend's kernel forms, where it has them
+    if forms is not None and not getattr(target, "exact", False):
+        print(f"layer products: {forms}")
 
     arch = architecture_key(resolve_model(args.model))
     if arch is not None and choice.timings:

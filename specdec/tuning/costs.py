@@ -62,9 +62,9 @@ REPEATS = 5
 # per observation, the weight of the earlier ones in the online fits (a memory of ~20 steps)
 FORGET = 0.95
 PRIOR_WEIGHT = 1.0  # the starting point of a fit counts as this many observations
-# 3: rows measured beside the chain; 2: the fastest of the repeats, pooled into a non-decreasing
-# curve (1 took medians, a running max)
-CACHE_VERSION = 3
+# 4: keyed by the target's product forms too; 3: rows measured beside the chain; 2: the fastest
+# of the repeats, pooled into a non-decreasing curve (1 took medians, a running max)
+CACHE_VERSION = 4
 
 
 def _piecewise(x, xs, ys) -> np.ndarray:
@@ -352,6 +352,7 @@ def _cache_file(backend, target, free_slots: int):
         "target": type(target).__name__,
         "dtype": str(getattr(target, "dtype", "")),
         "exact": bool(getattr(exactness, "on", False)),
+        "forms": str(getattr(target, "product_forms", "")),  # the backend's kernel forms
         "shape": [
             int(getattr(target, name, 0) or 0)
             for name in ("vocab_size", "hidden_size", "num_layers")

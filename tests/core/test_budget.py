@@ -1035,3 +1035,33 @@ def test_a_verdict_lapses_when_the_requests_it_was_measured_on_have_ended():
         rates.observe(1, 3, 0.05, True, [9])  # 60 tokens/s
     rates.observe(1, 1, 0.04, False)
     assert not rates.losing(0) and rates.allows(1)
+
+
+def test_a_request_after_one_that_accepted_nothing_tries_a_dear_tree_again():
+    """Where a tree step costs twice a plain one (float32 on an AVX2-only CPU), a first request
+    that accepted nothing left the engine's average too low for the next: predicted to lose, it
+    never drafted, and exploring its tree was refused as too dear (over EXPLORE_COST spread over
+    EXPLORE_EVERY steps), so it never learnt that it accepts three tokens a step (0 of 127 steps
+    drafted on each MT-Bench prompt after the first). Exploring is spaced out instead."""
+    from specdec.decode.budget import EXPLORE_COST
+
+    curve = CostCurve(tokens=(1, 2, 1024), seconds=(0.04, 0.08, 0.09))  # any tree: 2x plain
+    speculation = Speculation("auto")
+    speculation.use_costs(_FrozenCosts(curve))
+    teach(speculation, 0, 1.0, steps=30)  # the first request accepted nothing
+    speculation.forget(0)
+    drafted = []
+    for step in range(80):
+        plan = speculation.step_budgets([1])
+        drafting = plan.budgets[1] != 0
+        nodes = np.array([9 if drafting else 1])
+        path = np.array([[0, 1, 2] + [-1] * 6])
+        accepted = np.array([2 if drafting else 0])
+        speculation.observe_rows([1], [plan.budgets[1]], nodes, np.array([9]), path, accepted)
+        seconds = 0.08 if drafting else 0.04
+        speculation.observe_step(int(nodes[0]), seconds, int(drafting), 0.0, 1, 1)
+        drafted.append(drafting)
+    every = math.ceil((0.08 - 0.04) / (EXPLORE_COST * 0.04))  # 20 steps
+    first = drafted.index(True)
+    assert first <= every + 1, drafted  # never, before
+    assert sum(drafted[first:]) >= 0.8 * len(drafted[first:])  # 3 tokens in 2 steps' time: on
