@@ -25,14 +25,14 @@ import torch.nn.functional as F
 
 from specdec_torch.timing import second_is_faster
 
-__all__ = ["head_product", "head_product_choices"]
+__all__ = ["head_product", "head_product_choices", "transposed_product"]
 
 MEASURED_ROWS = 32  # the largest row count whose formulation is measured (a draft tree's nodes)
 # (weight shape, dtype, several rows) -> True when the transposed product was measured faster.
 _TRANSPOSED: dict[tuple, bool] = {}
 
 
-def _transposed(rows: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+def transposed_product(rows: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """(W @ x.T).T for rows (M, K); a single row is doubled (a matrix-vector product would run
     the kernel this avoids) and the copy dropped."""
     if rows.shape[0] == 1:
@@ -70,9 +70,9 @@ def head_product(x: torch.Tensor, weight: torch.Tensor, *, exact: bool = False) 
             else rows.expand(8, -1).contiguous()
         )
         transposed = _TRANSPOSED[key] = second_is_faster(
-            lambda: plain(sample, weight), lambda: _transposed(sample, weight)
+            lambda: plain(sample, weight), lambda: transposed_product(sample, weight)
         )
-    out = _transposed(rows, weight) if transposed else plain(rows, weight)
+    out = transposed_product(rows, weight) if transposed else plain(rows, weight)
     return out.reshape(*x.shape[:-1], weight.shape[0])
 
 
