@@ -24,7 +24,7 @@ from specdec_torch import products
 def product_ms(weight: torch.Tensor, rows: int, transposed: bool, repeats: int = 15) -> float:
     x = torch.randn(rows, weight.shape[1], dtype=weight.dtype)
     run = (
-        (lambda: products._transposed(x, weight))
+        (lambda: products.transposed_product(x, weight))
         if transposed
         else (lambda: torch.nn.functional.linear(x, weight))
     )
