@@ -58,8 +58,8 @@ def cmd_generate(args) -> int:
 
 def _demo_models(args, tmp: Path):
     """(model, {label: (drafter, options)}) for the demo: the bundled model and its shipped
-    drafters (ReDrafter, EAGLE, Medusa), or with --random a small random model and untrained
-    drafters. The first entry is
+    drafters (ReDrafter, EAGLE, Medusa) and prompt lookup (with the model's answer store), or with
+    --random a small random model and untrained drafters. The first entry is
     the default path: ``generate``'s own defaults (ReDrafter with its prompt-lookup beam)."""
     if args.random:
         model = make_random_model(
@@ -82,6 +82,7 @@ def _demo_models(args, tmp: Path):
         "redrafter:lookup=false": (redrafter, {"lookup": False}),
         "eagle": (eagle, {}),
         "medusa": (medusa, {}),
+        "lookup": ("lookup", {}),
     }
 
 
@@ -217,7 +218,8 @@ def cmd_demo(args) -> int:
             )
         print(
             "(default: generate()'s defaults, ReDrafter with a prompt-lookup beam; "
-            "redrafter:lookup=false: the same without it)"
+            "redrafter:lookup=false: the same without it; lookup: prompt lookup alone, continued "
+            "from the model's answer store where one ships)"
         )
         if busy_line(clock):
             print(busy_line(clock))

@@ -16,6 +16,7 @@ from specdec.cli.decode import add_parsers as add_decode_parsers
 from specdec.cli.export import add_parser as add_export_parsers
 from specdec.cli.measure import add_parsers as add_measure_parsers
 from specdec.cli.serve import add_parser as add_serve_parser
+from specdec.cli.store import add_parser as add_store_parser
 from specdec.cli.teacher import add_parser as add_teacher_parser
 from specdec.cli.train import add_parsers as add_train_parsers
 from specdec.errors import SpecdecError, TrainingInterrupted
@@ -83,6 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_export_parsers(sub)
     add_serve_parser(sub)
     add_teacher_parser(sub)
+    add_store_parser(sub)
     plugins = sub.add_parser(
         "plugins", help="list installed backends, drafters, tree builders and verifiers"
     )

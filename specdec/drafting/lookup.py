@@ -7,6 +7,10 @@ token that followed them then is a good guess now. ``lookup_chain`` is that gues
 token at a time over the text plus what it already drafted (an n-gram model with back-off from
 ``max_ngram`` to ``min_ngram``, the most recent occurrence winning). It costs no model call.
 
+Where the row's text has no match, a store of the model's own answers (``specdec.drafting.store``,
+``store=``; shipped for some models and used by default) continues it instead: what the target
+tends to say after the same words.
+
 ``LookupDrafter`` drafts the chain alone (``drafter="lookup"``) or adds it as one more beam to a
 beam drafter's draft (``specdec.generate(..., lookup=True)``): the prefix tree shares whatever
 the chain has in common with the model's beams, and verification keeps the output lossless
@@ -133,17 +137,26 @@ def lookup_chain_reference(
 
 
 def row_chain(
-    history: np.ndarray, length: int, *, max_ngram: int, min_ngram: int, unigram_length: int
+    history: np.ndarray,
+    length: int,
+    *,
+    max_ngram: int,
+    min_ngram: int,
+    unigram_length: int,
+    store=None,
 ) -> np.ndarray:
     """A row's lookup chain: ``length`` tokens where the history's last ``min_ngram`` or more
-    tokens occurred before; else, where its last token did, ``min(unigram_length, length)``
-    tokens by the same rule down to one-token suffixes (a guess that is right less often, so
-    kept short); else none.
+    tokens occurred before; else, with an answer ``store``, its chain (``AnswerStore.chain``,
+    up to ``length`` tokens) where it finds one; else, where the history's last token occurred
+    before, ``min(unigram_length, length)`` tokens by the same rule down to one-token suffixes
+    (a guess that is right less often, so kept short); else none.
 
     Example: history [7, 8, 9, 7] with min_ngram=2: no earlier "9 7", but 7 occurred at 0, so
     the chain follows it: 8, 9, 7, ... cut at unigram_length tokens.
     """
     chain = lookup_chain(history, length, max_ngram=max_ngram, min_ngram=min_ngram)
+    if len(chain) == 0 and store is not None:
+        chain = store.chain(history, length)
     if len(chain) or min_ngram == 1 or unigram_length == 0:
         return chain
     return lookup_chain(history, min(unigram_length, length), max_ngram=max_ngram, min_ngram=1)
@@ -157,6 +170,7 @@ def lookup_beams(
     min_ngram: int,
     unigram_length: int,
     fallback: np.ndarray,
+    store=None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """One lookup beam per row: (B, 1, length) int64 beams, and (B,) int64 their lengths (the
     root counted; 1 where the row found nothing). ``fallback`` (B, length): each row's beam
@@ -174,6 +188,7 @@ def lookup_beams(
             max_ngram=max_ngram,
             min_ngram=min_ngram,
             unigram_length=unigram_length,
+            store=store,
         )
         beams[b, 0, 1 : 1 + len(chain)] = chain
         lengths[b] = 1 + len(chain)
@@ -194,6 +209,8 @@ class LookupDrafter(PassLifecycle):
         depend on whether other rows of its batch found a match).
     unigram_length: the chain's length where only the last token occurred before (``row_chain``;
         0: no chain there).
+    store: an ``AnswerStore`` that continues a row whose text has no match (``row_chain``), or
+        None.
     """
 
     def __init__(
@@ -206,6 +223,7 @@ class LookupDrafter(PassLifecycle):
         max_ngram: int = DEFAULT_MAX_NGRAM,
         min_ngram: int = DEFAULT_MIN_NGRAM,
         unigram_length: int = DEFAULT_UNIGRAM_LENGTH,
+        store=None,
     ):
         check_ngram_sizes(max_ngram, min_ngram)
         check_length("draft_length", draft_length, least=1)
@@ -225,6 +243,7 @@ class LookupDrafter(PassLifecycle):
             int(min_ngram),
             int(unigram_length),
         )
+        self.store = store
         # beams per draft, and their length (for reports)
         self.beam_width = 1 + getattr(inner, "beam_width", 0)
         self.beam_length = getattr(inner, "beam_length", self.draft_length + 1)
@@ -293,6 +312,7 @@ class LookupDrafter(PassLifecycle):
             min_ngram=self.min_ngram,
             unigram_length=self.unigram_length,
             fallback=np.repeat(roots[:, None], length, axis=1),
+            store=self.store,
         )
         if context.sampling.greedy:
             beams = beams[:, :, : lengths.max(initial=1)]  # (B, 1, 1) where no row found any

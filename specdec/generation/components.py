@@ -17,6 +17,7 @@ from specdec.decode.budget import check_speculation
 from specdec.decode.plan import DecodePlan
 from specdec.drafting.lookup import LookupDrafter
 from specdec.drafting.none import NoDrafter
+from specdec.drafting.store import resolve_store
 from specdec.errors import InvalidInputError, PluginError, SpecdecError
 from specdec.generation.arguments import check_drafter_path, is_int
 from specdec.generation.built import built_drafter
@@ -289,10 +290,13 @@ def add_lookup(drafter, lookup, backend, target):
         lookup = {}
     elif is_int(lookup):
         lookup = {"draft_length": lookup}
-    keys = {"max_ngram", "min_ngram", "draft_length", "unigram_length"}
+    keys = {"max_ngram", "min_ngram", "draft_length", "unigram_length", "store"}
     if not isinstance(lookup, dict) or set(lookup) - keys:
         raise InvalidInputError(
             "lookup must be True, the lookup chain's length in drafted tokens (an int), or a dict "
-            f"of draft_length / max_ngram / min_ngram / unigram_length, got {lookup!r}"
+            f"of draft_length / max_ngram / min_ngram / unigram_length / store, got {lookup!r}"
         )
+    # beside a model drafter no store by default: its chain's nodes cost more than they return
+    # there (docs/algorithms/lookup.md, "From a store of the model's answers")
+    lookup = {**lookup, "store": resolve_store(lookup.get("store", False), target)}
     return LookupDrafter(backend, target, inner=drafter, **lookup)

@@ -8,6 +8,7 @@ import numpy as np
 
 from specdec.drafting import lookup
 from specdec.drafting.none import NoDrafter
+from specdec.drafting.store import resolve_store
 from specdec.errors import InvalidInputError
 from specdec.plugins.hookspecs import hookimpl
 from specdec.plugins.support import lazy_factory, register_verifiers
@@ -55,6 +56,7 @@ def _lookup_drafter(
     max_ngram=None,
     min_ngram=None,
     unigram_length=None,
+    store="auto",
 ):
     if checkpoint is not None:
         raise InvalidInputError("drafter 'lookup' (prompt lookup) takes no checkpoint")
@@ -65,6 +67,7 @@ def _lookup_drafter(
         max_ngram=lookup.DEFAULT_MAX_NGRAM if max_ngram is None else max_ngram,
         min_ngram=lookup.DEFAULT_MIN_NGRAM if min_ngram is None else min_ngram,
         unigram_length=lookup.DEFAULT_UNIGRAM_LENGTH if unigram_length is None else unigram_length,
+        store=resolve_store(store, target),
     )
 
 

@@ -126,6 +126,10 @@ class TeacherTarget:
     def lm_head(self) -> torch.Tensor:
         return self.model.lm_head.weight  # (V, H)
 
+    @property
+    def vocab_size(self) -> int:
+        return int(self.embed_tokens.shape[0])
+
     def encode(self, messages) -> list[int]:
         """Token ids of a chat prompt, rendered and encoded exactly as ``specdec.generate`` does."""
         text = (
