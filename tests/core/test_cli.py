@@ -25,12 +25,12 @@ def run(*args, env=None):
 def test_demo_on_a_random_model():
     done = run("demo", "--random", "--backend", "numpy", "--max-new-tokens", "6", "--repeats", "1")
     assert done.returncode == 0, done.stderr[-2000:]
-    # two prompts by default, four drafting methods each, then all prompts together
+    # two prompts by default, five drafting methods each, then all prompts together
     assert (
         done.stdout.count("assistant:") == 2
-        and done.stdout.count("identical to plain decoding") == 8
+        and done.stdout.count("identical to plain decoding") == 10
     ), done.stdout
-    assert len(re.findall(r"; drafted in \d+ of \d+ steps; identical", done.stdout)) == 8
+    assert len(re.findall(r"; drafted in \d+ of \d+ steps; identical", done.stdout)) == 10
     assert re.search(
         r"all 2 prompts: plain [\d.]+ tokens/s, default [\d.]+ tokens/s \([\d.]+x\)", done.stdout
     ), done.stdout
