@@ -112,7 +112,11 @@ def _decode_plan(target, drafter, backend_obj, greedy, exact, registry, options)
         drafter_obj = add_lookup(drafter_obj, lookup, backend_obj, target)
         named = with_lookup(named)
     caps = drafter_caps(drafter_obj, named.source)
-    if not lease.is_busy(target):  # it uses every slot; a busy target is refused when it decodes
+    # The guard uses every slot, so not on a busy target (refused when it decodes), and measures
+    # nothing for a tree larger than a whole slot, which the caller's room check refuses
+    # (generate, Engine: ``DecodePlan.check_tree_room``) before any step.
+    fits = caps.max_tree_size is None or caps.max_tree_size <= int(target.capacity)
+    if fits and not lease.is_busy(target):
         guard_exact_mode(
             backend_obj,
             target,

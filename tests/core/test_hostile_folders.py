@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import pytest
 
+import specdec
 from specdec.cli.main import main
+from specdec.errors import InvalidInputError
 from specdec.testing import make_random_drafter
 from specdec.testing.hostile import DRAFTER_CASES, MODEL_CASES, hostile_drafters, hostile_models
 
@@ -133,3 +135,21 @@ def test_import_of_a_hostile_drafter_folder_is_one_line(folders, capsys, case):
     err = one_line_error(capsys, ["import", str(folders[1][case]), "--out", str(out)])
     assert IMPORT_SAYS[case] in err, err
     assert not out.exists()
+
+
+def test_a_tree_larger_than_a_slot_is_refused_before_anything_is_measured(
+    target, folders, monkeypatch
+):
+    """Beams of 100,000 can never fit a slot: refused before exact mode's decoding guard measures
+    trees (which printed a "measuring ..." line before the error on a machine without that
+    measurement cached)."""
+    import specdec.generation.components as components
+
+    def measured(*args, **kwargs):
+        raise AssertionError("the guard measured before the tree size was refused")
+
+    monkeypatch.setattr(components, "guard_exact_mode", measured)
+    with pytest.raises(InvalidInputError, match="drafts trees of up to .* larger capacity"):
+        specdec.generate(
+            target, [1, 2], drafter=str(folders[1]["beams of 100,000"]), max_new_tokens=2
+        )

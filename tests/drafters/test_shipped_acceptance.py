@@ -92,7 +92,8 @@ def test_shipped_drafter_accepts_as_pinned(real_target, kind):
 # The answer store shipped for the model (``specdec.drafting.store``) beside prompt lookup,
 # drafter="lookup" alone: row steps over PROMPTS with the store (1.64 tokens per step) and without
 # it (1.20), pinned as the drafters above (measured on an AVX2-only CPU, where the drafters'
-# pins above hold too). A store that follows each match one token late drafts in 219 row steps, worse than no store.
+# pins above hold too). A store that follows each match one token late drafts in 219 row
+# steps, worse than no store.
 LOOKUP_ROW_STEPS = {"auto": 156, False: 213}
 
 
