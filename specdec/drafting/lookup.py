@@ -8,8 +8,8 @@ token at a time over the text plus what it already drafted (an n-gram model with
 ``max_ngram`` to ``min_ngram``, the most recent occurrence winning). It costs no model call.
 
 Where the row's text has no match, a store of the model's own answers (``specdec.drafting.store``,
-``store=``; shipped for some models and used by default) continues it instead: what the target
-tends to say after the same words.
+``store=``; shipped for some models, used by default when lookup drafts alone) continues it
+instead: what the target tends to say after the same words.
 
 ``LookupDrafter`` drafts the chain alone (``drafter="lookup"``) or adds it as one more beam to a
 beam drafter's draft (``specdec.generate(..., lookup=True)``): the prefix tree shares whatever
