@@ -53,12 +53,13 @@ class _Vocabulary:
 
 def cmd_store(args) -> int:
     folder = ModelFolder.of(args.model)
+    config = LlamaConfig.from_folder(folder.path)
     model = _Vocabulary(
         name=folder.path.resolve().name,
-        vocab_size=int(folder.config["vocab_size"]),
+        vocab_size=config.vocab_size,
         tokenizer=folder.tokenizer,
         chat_template=folder.chat_template,
-        eos_token_ids=LlamaConfig.from_folder(folder.path).eos_token_ids,
+        eos_token_ids=config.eos_token_ids,
     )
     start = time.perf_counter()
     sequences = read_sequences(args.data, model)

@@ -104,33 +104,26 @@ def test_the_store_continues_only_where_the_text_has_no_match():
 
 
 def test_decoding_with_a_store_is_lossless_and_drafts_from_it(target, tmp_path):
-    plain = specdec.generate(
-        target, [1, 2], drafter="none", backend="numpy", max_new_tokens=24, stop_at_eos=False
-    )
+    def decode(drafter, **options):
+        return specdec.generate(
+            target,
+            [1, 2],
+            drafter=drafter,
+            backend="numpy",
+            max_new_tokens=24,
+            stop_at_eos=False,
+            **options,
+        )
+
+    plain = decode("none")
     # a store of the target's own answer: its continuation is accepted
     path = build_store([[1, 2]], [plain.tokens], vocab_size=96).save(tmp_path / "own.npz")
-    looked = specdec.generate(
-        target,
-        [1, 2],
-        drafter="lookup",
-        backend="numpy",
-        max_new_tokens=24,
-        stop_at_eos=False,
-        store=str(path),
-    )
+    looked = decode("lookup", store=str(path))
     assert looked.tokens == plain.tokens
     assert looked.stats.accepted_tokens > 0 and looked.stats.steps < plain.stats.steps
     # a store of other text: drafts are refused, the output is the same
     noise = build_store([[3]], [np.arange(90) % 7], vocab_size=96).save(tmp_path / "noise.npz")
-    other = specdec.generate(
-        target,
-        [1, 2],
-        drafter="lookup",
-        backend="numpy",
-        max_new_tokens=24,
-        stop_at_eos=False,
-        store=str(noise),
-    )
+    other = decode("lookup", store=str(noise))
     assert other.tokens == plain.tokens
 
 

@@ -63,16 +63,15 @@ def real_target(shipped_model):
     )
 
 
-def row_steps(target, kind: str) -> int:
-    drafter = resources.files(f"specdec_{kind}") / "weights" / NAME
+def row_steps(target, drafter: str, **options) -> int:
     result = specdec.generate(
         target,
         PROMPTS,
-        drafter=str(drafter),
+        drafter=drafter,
         backend="torch",
         max_new_tokens=NEW,
         stop_at_eos=False,
-        **OPTIONS[kind],
+        **options,
     )
     assert [len(row) for row in result.tokens] == [NEW] * len(PROMPTS)
     assert result.stats.new_tokens == NEW * len(PROMPTS)
@@ -81,7 +80,8 @@ def row_steps(target, kind: str) -> int:
 
 @pytest.mark.parametrize("kind", sorted(ROW_STEPS))
 def test_shipped_drafter_accepts_as_pinned(real_target, kind):
-    got, pinned = row_steps(real_target, kind), ROW_STEPS[kind]
+    shipped = str(resources.files(f"specdec_{kind}") / "weights" / NAME)
+    got, pinned = row_steps(real_target, shipped, **OPTIONS[kind]), ROW_STEPS[kind]
     assert abs(got - pinned) <= SLACK, (
         f"{kind}: {NEW * len(PROMPTS) / got:.3f} tokens per step ({got} row steps), pinned "
         f"{NEW * len(PROMPTS) / pinned:.3f} ({pinned} +- {SLACK} row steps; the module docstring "
@@ -99,15 +99,5 @@ LOOKUP_ROW_STEPS = {"auto": 156, False: 213}
 
 @pytest.mark.parametrize("store", ["auto", False])
 def test_the_shipped_answer_store_drafts_as_pinned(real_target, store):
-    result = specdec.generate(
-        real_target,
-        PROMPTS,
-        drafter="lookup",
-        backend="torch",
-        max_new_tokens=NEW,
-        stop_at_eos=False,
-        store=store,
-    )
-    assert result.stats.new_tokens == NEW * len(PROMPTS)
-    got, pinned = result.stats.row_steps, LOOKUP_ROW_STEPS[store]
+    got, pinned = row_steps(real_target, "lookup", store=store), LOOKUP_ROW_STEPS[store]
     assert abs(got - pinned) <= SLACK, f"lookup, store={store!r}: {got} row steps, pinned {pinned}"
