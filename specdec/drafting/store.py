@@ -244,8 +244,8 @@ def load_store(path, target=None) -> AnswerStore:
     path = Path(path).expanduser()
     if not path.is_file():
         raise InvalidInputError(
-            f"answer store {path} is not a file: give a store made by `specdec store`, or "
-            "store=False for prompt lookup alone"
+            f"answer store {path} is not a file: give a store made by `specdec store` (or "
+            "none: store=False)"
         )
     store = _read(str(path.resolve()), path.stat().st_mtime)
     vocab = getattr(target, "vocab_size", None)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+from pathlib import Path
 from typing import Any
 
 from specdec import compute
@@ -294,11 +295,15 @@ def add_lookup(drafter, lookup, backend, target):
         lookup = {}
     elif is_int(lookup):
         lookup = {"draft_length": lookup}
+    elif isinstance(lookup, (str, Path)):  # the CLI's redrafter:lookup=store or =FILE.npz
+        lookup = {"store": True if str(lookup) == "store" else lookup}
     keys = {"max_ngram", "min_ngram", "draft_length", "unigram_length", "store"}
     if not isinstance(lookup, dict) or set(lookup) - keys:
         raise InvalidInputError(
-            "lookup must be True, the lookup chain's length in drafted tokens (an int), or a dict "
-            f"of draft_length / max_ngram / min_ngram / unigram_length / store, got {lookup!r}"
+            "lookup must be True, the lookup chain's length in drafted tokens (an int), 'store' "
+            "(with the answer store shipped for the model), the path of an answer store, or a "
+            "dict of draft_length / max_ngram / min_ngram / unigram_length / store, got "
+            f"{lookup!r}"
         )
     # beside a model drafter no store by default: its chain's nodes cost more than they return
     # there (docs/algorithms/lookup.md, "From a store of the model's answers")
