@@ -172,6 +172,7 @@ class SlotDrafter:
     (P, H) or an ``Accepted`` (B, A, H)."""
 
     NAME = "EAGLE"
+    CATCH_UP = 32  # entries observed are run when the slot next drafts or this many wait
 
     def begin(self, slot: int, prompt, output: PromptOutput) -> None:
         """Run the layer over the prompt's entries; keep its last feature pending."""
@@ -185,22 +186,35 @@ class SlotDrafter:
             "length": 0,
             "pending": features[-1],
             "tokens": [int(host[0])],
+            "waiting": [],  # (tokens (n,), features (n, H)) observed, not yet run
         }
         if len(host) > 1:
             self._append(state, host[1:], features[:-1])
+            state["tokens"] += host[1:].tolist()
         self.slots[int(slot)] = state
 
     def observe(self, accepted: Accepted) -> None:
-        """Append each row's root entry and accepted entries; the last accepted feature is
-        pending."""
+        """Queue each row's root entry and accepted entries, run through the layer in one
+        forward when the slot next drafts (``context``) or ``CATCH_UP`` wait (torch's
+        ``SlotDrafter.observe``); the last accepted feature is pending."""
         features = self.step_features(accepted)  # (B, A, H)
         tokens = np.asarray(accepted.tokens, dtype=np.int64)
         for b, slot in enumerate(np.asarray(accepted.slots).tolist()):
             count = int(accepted.num_accepted[b]) + 1  # the root and the accepted drafted tokens
             state = self._slot(slot)
             entry_features = mx.concatenate([state["pending"][None], features[b, : count - 1]])
-            self._append(state, tokens[b, :count], entry_features)
+            state["waiting"].append((tokens[b, :count], entry_features))
+            state["tokens"] += tokens[b, :count].tolist()
             state["pending"] = features[b, count - 1]
+            if sum(len(t) for t, _ in state["waiting"]) >= self.CATCH_UP:
+                self._catch_up(state)
+
+    def _catch_up(self, state: dict) -> None:
+        """Run the slot's waiting entries through the layer, in one forward."""
+        if state["waiting"]:
+            tokens, features = zip(*state["waiting"])
+            self._append(state, np.concatenate(tokens), mx.concatenate(features))
+            state["waiting"] = []
 
     def end(self, slot: int, reason: str) -> None:
         """The request in ``slot`` ended (any ``reason``): drop its state."""
@@ -227,13 +241,14 @@ class SlotDrafter:
         state["keys"] = mx.concatenate([state["keys"], k[0]], axis=1)
         state["values"] = mx.concatenate([state["values"], v[0]], axis=1)
         state["length"] = length + n
-        state["tokens"] += tokens.tolist()
         mx.eval(state["keys"], state["values"])
 
     def context(self, slots) -> tuple[list[dict], tuple]:
         """The states of ``slots`` and (keys, values (B, Hkv, span, Dh) padded to the longest,
         a mask (B, span) of the real positions, lengths (B,)): ``TreeSearch``'s context."""
         states = [self._slot(int(s)) for s in np.asarray(slots).tolist()]
+        for state in states:
+            self._catch_up(state)
         span = max(s["length"] for s in states)
         pad = lambda a: mx.pad(a, [(0, 0), (0, span - a.shape[1]), (0, 0)])  # noqa: E731
         keys = mx.stack([pad(s["keys"]) for s in states])

@@ -220,14 +220,18 @@ class EagleNet(torch.nn.Module):
 @attrs.define
 class DraftSlot:
     """One request's draft KV cache on torch: keys, values (Hkv, capacity, Dh) whose first
-    ``length`` positions hold its entries (grown by doubling), the pending feature (H,) the
-    next root joins, and the tokens the cache stands for (as ``reference.SlotCache.tokens``)."""
+    ``length`` positions hold its entries (grown by doubling), the entries observed but not yet
+    run through the layer (``waiting``: (tokens (n,), features (n, H)) pairs), the pending
+    feature (H,) the next root joins, and the tokens the cache stands for with its waiting
+    entries (as ``reference.SlotCache.tokens``)."""
 
     keys: torch.Tensor
     values: torch.Tensor
     pending: torch.Tensor
     tokens: list
     length: int = 0
+    waiting: list = attrs.field(factory=list)
+    waiting_entries: int = 0
 
 
 class SlotDrafter:
@@ -239,6 +243,9 @@ class SlotDrafter:
 
     NAME = "EAGLE"
     PREFILL_CHUNK = 256  # prompt entries per layer forward in ``begin``
+    # Entries observed are run through the layer when the slot next drafts, or once this many
+    # wait: a step that does not draft (auto's plain steps) runs no layer forward for its row
+    CATCH_UP = 32
 
     @torch.inference_mode()
     def begin(self, slot: int, prompt, output: PromptOutput) -> None:
@@ -260,8 +267,12 @@ class SlotDrafter:
 
     @torch.inference_mode()
     def observe(self, accepted: Accepted) -> None:
-        """Append each row's root entry and accepted entries; the last accepted feature is
-        pending."""
+        """Queue each row's root entry and accepted entries (the layer runs over them in one
+        forward when the slot next drafts, ``context``, or when ``CATCH_UP`` wait); the last
+        accepted feature is pending. The cache then holds what running each step's entries at
+        once would give: the layer is causal, so entries run together or apart are the same
+        entries (a one-token forward here cost what a step's drafting does, 3 ms on a 2-core
+        CPU: 5% of a SmolLM2-135M step that did not draft)."""
         features = self.step_features(accepted)  # (B, A, H)
         host = np.asarray(accepted.tokens, dtype=np.int64)
         tokens = torch.as_tensor(host, device=self.device)
@@ -269,9 +280,20 @@ class SlotDrafter:
             count = int(accepted.num_accepted[b]) + 1  # the root and the accepted drafted tokens
             state = self._slot(slot)
             entry_features = torch.cat([state.pending[None], features[b, : count - 1]])
-            self._append(state, tokens[b, :count], entry_features)
+            state.waiting.append((tokens[b, :count], entry_features))
+            state.waiting_entries += count
             state.tokens += host[b, :count].tolist()
             state.pending = features[b, count - 1].clone()
+            if state.waiting_entries >= self.CATCH_UP:
+                self._catch_up(state)
+
+    def _catch_up(self, state: DraftSlot) -> None:
+        """Run the slot's waiting entries through the layer, in one forward."""
+        if state.waiting:
+            tokens, features = zip(*state.waiting)
+            self._append(state, torch.cat(tokens), torch.cat(features))
+            state.waiting.clear()
+            state.waiting_entries = 0
 
     def end(self, slot: int, reason: str) -> None:
         """The request in ``slot`` ended (any ``reason``): drop its state."""
@@ -305,11 +327,14 @@ class SlotDrafter:
         state.values[:, length : length + n] = v[0]
         state.length = length + n
 
+    @torch.inference_mode()
     def context(self, slots) -> tuple[list[DraftSlot], TreeContext]:
         """The states of ``slots`` (a step's rows) and their caches side by side, padded to the
         longest: keys, values (B, Hkv, span, Dh), a mask (B, span) of the real positions, and
         the lengths (B,)."""
         states = [self._slot(int(s)) for s in np.asarray(slots).tolist()]
+        for state in states:
+            self._catch_up(state)
         lengths = torch.tensor([s.length for s in states], device=self.device)
         span = int(lengths.max())
 

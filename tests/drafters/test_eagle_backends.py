@@ -106,32 +106,33 @@ def check_against_reference(
         prompt, hidden = rng.integers(0, V, length), float32_exact(rng.normal(size=(length, H)))
         ref.begin(slot, prompt, PromptOutput(logits=np.zeros(V), hidden=hidden))
         twin.begin(slot, prompt, PromptOutput(logits=to(np.zeros(V)), hidden=to(hidden)))
-    for step in range(3):
+    for step in range(4):  # steps 1 and 2 do not draft: their entries wait for step 3
         roots, hidden = rng.integers(0, V, 3), float32_exact(rng.normal(size=(3, H)))
-        trees = [
-            dynamic_tree(
-                ref.config,
-                ref.weights,
-                ref.embed_tokens,
-                ref.lm_head,
-                ref.slots[s],
-                int(roots[b]),
-                hidden[b],
-                top_k=ref.top_k,
-                depth=ref.depth,
-                total_tokens=ref.total_tokens,
+        if step in (0, 3):
+            trees = [
+                dynamic_tree(
+                    ref.config,
+                    ref.weights,
+                    ref.embed_tokens,
+                    ref.lm_head,
+                    ref.slots[s],
+                    int(roots[b]),
+                    hidden[b],
+                    top_k=ref.top_k,
+                    depth=ref.depth,
+                    total_tokens=ref.total_tokens,
+                )
+                for b, s in enumerate(slots)
+            ]
+            assume(min(t.margin for t in trees) > margin)
+            expected = ref.propose(
+                DraftContext(root_tokens=roots, hidden=hidden, slots=np.array(slots))
             )
-            for b, s in enumerate(slots)
-        ]
-        assume(min(t.margin for t in trees) > margin)
-        expected = ref.propose(
-            DraftContext(root_tokens=roots, hidden=hidden, slots=np.array(slots))
-        )
-        actual = twin.propose(
-            DraftContext(root_tokens=ints(roots), hidden=to(hidden), slots=np.array(slots))
-        )
-        where = f"{type(twin).__name__}.propose({overrides}, {tree}, seed={seed}, step {step})"
-        np.testing.assert_array_equal(host(actual.beams), expected.beams, err_msg=where)
+            actual = twin.propose(
+                DraftContext(root_tokens=ints(roots), hidden=to(hidden), slots=np.array(slots))
+            )
+            where = f"{type(twin).__name__}.propose({overrides}, {tree}, seed={seed}, step {step})"
+            np.testing.assert_array_equal(host(actual.beams), expected.beams, err_msg=where)
         counts = rng.integers(0, 3, 3)
         tokens = np.full((3, counts.max() + 1), -1)
         for b in range(3):
@@ -145,6 +146,7 @@ def check_against_reference(
         )
         ref.observe(Accepted(hidden=step_hidden, **fields))
         twin.observe(Accepted(hidden=to(step_hidden), **fields))
+    twin.context(np.array(slots))  # the last step's entries wait until a slot drafts
     for slot in slots:
         expected, state = ref.slots[slot], twin.slots[slot]
         state = state if isinstance(state, dict) else attrs.asdict(state, recurse=False)
@@ -188,6 +190,39 @@ def test_torch_int8_matches_reference_int8(overrides, seed):
     check_against_reference(
         "torch", "float32", overrides, TREES[0], seed, 1e-4, checks.FLOAT32, int8=True
     )
+
+
+@pytest.mark.parametrize("backend", ["torch", "mlx"])
+def test_entries_of_steps_that_do_not_draft_wait_for_one_forward(backend):
+    ref, twin, to, _, rng = make_pair(backend, CONFIGS[0], TREES[0], 0, "float32")
+    length = lambda: twin.slots[0]["length"] if backend == "mlx" else twin.slots[0].length  # noqa: E731
+    prompt = rng.integers(0, V, 4)
+    twin.begin(0, prompt, PromptOutput(logits=to(np.zeros(V)), hidden=to(np.zeros((4, H)))))
+    calls = []
+    forward = twin._append
+    twin._append = lambda *args: calls.append(len(args[1])) or forward(*args)
+
+    def observe(accepted_per_step):
+        tokens = rng.integers(0, V, (1, accepted_per_step + 1))
+        hidden = to(rng.normal(size=(1, accepted_per_step + 1, H)))
+        twin.observe(
+            Accepted(
+                hidden=hidden,
+                slots=np.array([0]),
+                tokens=tokens,
+                num_accepted=np.array([accepted_per_step]),
+                bonus_tokens=np.array([0]),
+            )
+        )
+
+    for _ in range(5):  # five plain steps: no layer forward, the tokens still the request's
+        observe(0)
+    assert calls == [] and length() == 3 and len(twin.slot_tokens(0)) == 4 + 5
+    twin.context(np.array([0]))  # the slot drafts: its five entries run in one forward
+    assert calls == [5] and length() == 3 + 5
+    for _ in range(twin.CATCH_UP // 2):  # 2 entries a step: at CATCH_UP they run unasked
+        observe(1)
+    assert calls == [5, twin.CATCH_UP] and length() == 8 + twin.CATCH_UP
 
 
 def test_mlx_refuses_int8_weights():
