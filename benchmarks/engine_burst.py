@@ -1,5 +1,6 @@
 """Bursts on a fresh engine: N requests submitted at once to a new ``specdec.Engine``, plain
-decoding against the default drafter under ``--speculation auto`` and ``always``. A server that
+decoding against a drafter (``--drafter``, ReDrafter by default) under ``--speculation auto`` and
+``always`` (``never``: the drafter attached, every step plain). A server that
 starts and meets a burst, or a batch job on the engine, meets exactly this: the choice of how
 much to draft has seen nothing yet.
 
@@ -19,6 +20,7 @@ round's ratio, and for auto the steps, the drafting steps and what the realized-
 
     python benchmarks/engine_burst.py --bursts 1 4 16 32 --rounds 3
     python benchmarks/engine_burst.py --model qwen2.5-coder-1.5b --bursts 1 4 16 --rounds 3
+    python benchmarks/engine_burst.py --drafter eagle --bursts 16 --modes plain never auto
 """
 
 from __future__ import annotations
@@ -33,12 +35,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def run(model, prompts, mode: str, burst: int, tokens: int, slots: int, first: int = 0) -> dict:
+def run(
+    model, drafter, prompts, mode: str, burst: int, tokens: int, slots: int, first: int = 0
+) -> dict:
     """One fresh engine, one burst: tokens/s and what the speculation policy did."""
     from specdec.serving.engine import Engine
 
     plain = mode == "plain"
-    drafter, speculation = ("none", None) if plain else ("redrafter", mode)
+    drafter, speculation = ("none", None) if plain else (drafter, mode)
     with Engine(model, drafter=drafter, speculation=speculation, slots=slots) as engine:
         engine.submit("Hello", max_new_tokens=8).result()
         start = time.perf_counter()
@@ -65,6 +69,9 @@ def run(model, prompts, mode: str, burst: int, tokens: int, slots: int, first: i
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument(
+        "--drafter", default="redrafter", help="the drafter of every mode but plain"
+    )
     parser.add_argument("--bursts", nargs="+", type=int, default=[1, 4, 16, 32])
     parser.add_argument("--modes", nargs="+", default=["plain", "auto", "always"])
     parser.add_argument("--rounds", type=int, default=3)
@@ -90,7 +97,14 @@ def main() -> int:
             for mode in args.modes if round_ % 2 == 0 else args.modes[::-1]:
                 start = round_ * burst  # each round its own prompts, the same for every mode
                 result = run(
-                    args.model, prompts, mode, burst, args.max_new_tokens, args.slots, start
+                    args.model,
+                    args.drafter,
+                    prompts,
+                    mode,
+                    burst,
+                    args.max_new_tokens,
+                    args.slots,
+                    start,
                 )
                 runs[mode].append(result)
                 every.append({"burst": burst, "mode": mode, "round": round_, **result})
