@@ -339,6 +339,12 @@ class GenerationStats:
             f"({self.drafting_share:.0%}); {self.accepted_tokens} of {self.drafted_tokens} drafted "
             f"tokens accepted; {self.tokens_per_step:.2f} tokens per step"
             + (f"; plain steps by reason: {plain}" if plain else "")
+            + (
+                " (prediction: auto judged drafting would not pay, from what it learnt on this "
+                "target, earlier calls included; speculation='always' drafts every step)"
+                if "prediction" in self.plain_reasons
+                else ""
+            )
         )
 
     @property

@@ -190,8 +190,9 @@ def _impossible(row: dict) -> str:
     return " (impossible: above its tokens/step)" if impossible(speedup, tau) else ""
 
 
-def markdown(rows: Sequence[dict], *, categories: bool = True) -> str:
-    """A Markdown table of ``summarize`` rows."""
+def markdown(rows: Sequence[dict], *, categories: bool = True, busy: str | None = None) -> str:
+    """A Markdown table of ``summarize`` rows (``busy``: the busy machine's note, after it)."""
+    nan = float("nan")
     header = (
         "| backend | dtype | exact | T | category | method | tok/s | speedup vs plain (x) | vs "
         "peer's plain (x) | tokens/step | verified/step | no-draft steps | tree reduction | draft "
@@ -211,11 +212,11 @@ def markdown(rows: Sequence[dict], *, categories: bool = True) -> str:
             f"{r['category']} | {r['method']} | {_fmt(r['tokens_per_second'], '.1f')}{_busy(r)} | "
             f"{_fmt(r['speedup'], '.2f')}{_impossible(r)} | {_fmt(r['speedup_vs_peer'], '.2f')} | "
             f"{_fmt(r['tokens_per_step'], '.2f')} | {_fmt(r['verified_per_step'], '.1f')} | "
-            f"{_fmt(r.get('plain_step_share', float('nan')), '.0%')} | "
+            f"{'-' if r['method'] == 'plain' else _fmt(r.get('plain_step_share', nan), '.0%')} | "
             f"{_fmt(r['tree_reduction'], '.0%')} | {split} | {identity_line(r)} | "
             f"{_fmt(r.get('peak_rss_mb', float('nan')), '.0f')} |"
         )
-    return "\n".join(lines)
+    return "\n".join(lines + ([f"\n{busy}"] if busy else []))
 
 
 def accepted_histogram(records: Sequence[BenchRecord]) -> dict[str, dict[int, int]]:
@@ -253,13 +254,16 @@ def write_outputs(records: Sequence[BenchRecord], out: Path, *, meta: dict) -> d
         accepted_histogram=accepted_histogram(records),
     )
     (out / "bench.json").write_text(json.dumps(_finite(report), indent=1, allow_nan=False))
-    (out / "bench.md").write_text(markdown(rows) + "\n")
-    plot(rows, records, out)
+    (out / "bench.md").write_text(markdown(rows, busy=meta.get("busy")) + "\n")
+    plot(rows, records, out, busy=bool(meta.get("busy")))
     return dict(summary=rows)
 
 
-def plot(rows: Sequence[dict], records: Sequence[BenchRecord], out: Path) -> None:
-    """Speedup by category (bars per method) and the distribution of accepted lengths."""
+def plot(
+    rows: Sequence[dict], records: Sequence[BenchRecord], out: Path, *, busy: bool = False
+) -> None:
+    """Speedup by category (bars per method) and the distribution of accepted lengths; ``busy``:
+    measured while other work shared the machine, which the speedup plot's title says."""
     import matplotlib  # optional: matplotlib (bench extra)
 
     matplotlib.use("Agg")
@@ -300,7 +304,10 @@ def plot(rows: Sequence[dict], records: Sequence[BenchRecord], out: Path) -> Non
             np.arange(len(categories)) + width * (len(methods) - 1) / 2, categories, rotation=30
         )
         ax.set_ylabel("speedup vs plain")
-        ax.set_title(f"{backend} {dtype} T={temperature:g}")
+        ax.set_title(
+            f"{backend} {dtype} T={temperature:g}"
+            + ("  (measured on a busy machine: unreliable)" if busy else "")
+        )
         # beside the bars, not over them (it covered the last category's)
         ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
     fig.tight_layout()

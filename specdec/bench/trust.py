@@ -86,4 +86,6 @@ def reasons_not_to_keep(
         )
     if predicted is not None and speedup > 0 and far_from(speedup, predicted):
         reasons.append(f"measured {speedup:.2f}x, far from the predicted {predicted:.2f}x")
+    if 0 < speedup < 1.0:
+        reasons.append(f"its {speedup:.2f}x is slower than plain decoding")
     return reasons

@@ -157,8 +157,10 @@ def cmd_plan(args) -> int:
     with_lookup = (
         f", with the prompt-lookup beam of {DEFAULT_DRAFT_LENGTH} tokens" if lookup else ""
     )
+    speedup = best.measured_speedup if best.measured_speedup is not None else best.predicted_speedup
+    label = _recommended(best.busy, speedup)
     if current is not None and now.same_as(best, lookup):
-        print(f"{_recommended(best.busy)}: {shape} ({figure}{with_lookup}): generate's setting now")
+        print(f"{label}: {shape} ({figure}{with_lookup}): generate's setting now")
     elif current is not None and not best.busy and best.measured_speedup <= current.speedup:
         print(
             f"recommended: keep generate's setting now, {current.describe()} (measured "
@@ -166,20 +168,14 @@ def cmd_plan(args) -> int:
             f"{with_lookup})"
         )
     else:
-        print(
-            f"{_recommended(best.busy)}: {shape} ({figure} over plain decoding, decode phase"
-            f"{with_lookup})"
-        )
+        print(f"{label}: {shape} ({figure} over plain decoding, decode phase{with_lookup})")
         if current is not None:
             print(
                 f"generate's setting now: {current.describe()} (measured "
                 f"{current.speedup:.2f}x, decoded the same way)"
             )
     if best.measured_speedup is not None and best.measured_speedup < 1.0:
-        print(
-            "note: no setting measured here beat plain decoding; generate's auto speculation "
-            "decodes plainly where drafting does not pay"
-        )
+        print(NOTHING_PAYS)
     if args.measure_top and not plausible:
         print(
             "note: no shape was decoded (--measure-top), so the measured column is empty: each "
@@ -195,7 +191,9 @@ def cmd_plan(args) -> int:
             f"note: {spoilt} of the shapes above (marked busy) were timed while other work took "
             "the cores, and were left out of the choice; plan again on a quiet machine"
         )
-    if not args.no_save:
+    if args.no_save:
+        print("not saved (--no-save)")
+    else:
         reasons = keep(
             target,
             args.drafter,
@@ -228,9 +226,20 @@ def cmd_plan(args) -> int:
     return 0
 
 
-def _recommended(busy: bool) -> str:
-    """The recommendation's label: a choice timed beside other work is only the best guess."""
-    return "best guess (timed while other work took the cores)" if busy else "recommended"
+def _recommended(busy: bool, speedup: float | None = None) -> str:
+    """The recommendation's label: a choice slower than plain decoding is only the fastest one
+    tried, a choice timed beside other work only the best guess."""
+    if busy:
+        return "best guess (timed while other work took the cores)"
+    if speedup is not None and speedup < 1.0:
+        return "fastest found, but slower than plain decoding"
+    return "recommended"
+
+
+NOTHING_PAYS = (
+    "note: no setting measured here beat plain decoding; generate's auto speculation decodes "
+    "plainly where drafting does not pay (speculation=\"never\" turns drafting off)"
+)
 
 
 def _plan_tree(args, prompts) -> int:
@@ -272,13 +281,18 @@ def _plan_tree(args, prompts) -> int:
     best = next(r for r in rows if not r.current)
     settings = " ".join(f"{k}={v}" for k, v in sorted(best.options.items())) or "its defaults"
     print(
-        f"{_recommended(best.busy)}: {settings}, lookup {'on' if best.lookup else 'off'} (measured "
-        f"{best.speedup:.2f}x over plain decoding, decode phase, {len(rows)} settings decoded)"
+        f"{_recommended(best.busy, best.speedup)}: {settings}, lookup "
+        f"{'on' if best.lookup else 'off'} (measured {best.speedup:.2f}x over plain decoding, "
+        f"decode phase, {len(rows)} settings decoded)"
     )
+    if best.speedup < 1.0:
+        print(NOTHING_PAYS)
     line = busy_line(clock)
     if line:
         print(line)
-    if not args.no_save:
+    if args.no_save:
+        print("not saved (--no-save)")
+    else:
         reasons = tree_planner.why_not_kept(rows, clock)  # the rule plan_tree saved by
         print(
             "saved: generate uses it for this drafter on this machine when no tree settings "

@@ -161,6 +161,14 @@ def test_run_bench_and_outputs(model_dir, tmp_path):
         "the sampled rows' identity (a greedy check) is null, not NaN"
     )
     assert len(data["records"]) == len(records) and data["meta"] == {"test": True}
+    table = (tmp_path / "out" / "bench.md").read_text()
+    assert "note:" not in table
+    plain_row = next(line for line in table.splitlines() if "| plain |" in line)
+    assert plain_row.split("|")[12].strip() == "-", plain_row  # no-draft steps: none to draft
+    # the busy machine's note goes with the file, which is shared without the terminal's lines
+    note = "note: measured while other work shared the machine (a test)"
+    write_outputs(records, tmp_path / "busy", meta={"busy": note})
+    assert (tmp_path / "busy" / "bench.md").read_text().rstrip().endswith(note)
 
 
 def test_planner_predicts_and_measures(model_dir, tmp_path):

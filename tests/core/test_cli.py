@@ -431,13 +431,46 @@ def test_plan_decodes_a_tree_drafters_settings(model_dir, tmp_path, monkeypatch,
     assert flagged == sorted(flagged), "impossible figures last"
     plausible = [v for v, f in zip(speedups, flagged) if not f]
     assert plausible == sorted(plausible, reverse=True), "best first"
-    recommended = re.search(r"recommended: (.*), lookup (on|off)", out)
+    recommended = re.search(
+        r"(?:recommended|fastest found, but slower than plain decoding): (.*), lookup (on|off)", out
+    )
     (kept,) = (cache / "tuning").glob("plan-numpy-*.json")
     plan = json.loads(kept.read_text())
     assert recommended and plan["lookup"] == (recommended.group(2) == "on"), out
     assert set(plan["options"]) <= {"total_tokens", "depth", "tree_top_k"}
     given = " ".join(f"{k}={v}" for k, v in sorted(plan["options"].items())) or "its defaults"
     assert recommended.group(1) == given
+
+
+def test_plan_where_nothing_beats_plain_decoding_recommends_nothing_and_keeps_nothing(
+    model_dir, tmp_path, monkeypatch, capsys
+):
+    """Every setting decoded slower than plain decoding (an AVX2-only CPU): the plan printed
+    "recommended: depth=2 ... (measured 0.68x ...)"."""
+    from specdec.bench import trust
+    from specdec.bench.tree_planner import TreePlanRow
+    from specdec.cli import measure as measure_cli
+    from specdec.cli.main import main
+    from specdec.testing import make_random_drafter
+
+    rows = [
+        TreePlanRow(options={"depth": 2}, lookup=False, tokens_per_step=1.1, nodes_per_step=5.0,
+                    speedup=0.68),
+        TreePlanRow(options={}, lookup=None, tokens_per_step=1.1, nodes_per_step=9.0,
+                    speedup=0.6, current=True),
+    ]  # fmt: skip
+    monkeypatch.setattr(measure_cli, "plan_tree", lambda *a, **k: rows)
+    drafter = make_random_drafter(tmp_path / "e3", model_dir, kind="eagle3", seed=1)
+    args = ["plan", "--model", str(model_dir), "--drafter", str(drafter), "--backend", "numpy"]
+    assert main([*args, "--no-save"]) == 0
+    out = capsys.readouterr().out
+    assert "recommended" not in out, out
+    assert "fastest found, but slower than plain decoding: depth=2, lookup off" in out, out
+    assert "note: no setting measured here beat plain decoding" in out
+    assert "not saved (--no-save)" in out
+    assert "its 0.68x is slower than plain decoding" in trust.reasons_not_to_keep(
+        trust.Measured(), 0.68, 1.1
+    )
 
 
 def test_plan_marks_tree_settings_that_decoded_the_same_trees(
