@@ -195,7 +195,11 @@ def test_torch_int8_matches_reference_int8(overrides, seed):
 @pytest.mark.parametrize("backend", ["torch", "mlx"])
 def test_entries_of_steps_that_do_not_draft_wait_for_one_forward(backend):
     ref, twin, to, _, rng = make_pair(backend, CONFIGS[0], TREES[0], 0, "float32")
-    length = lambda: twin.slots[0]["length"] if backend == "mlx" else twin.slots[0].length  # noqa: E731
+
+    def length():
+        state = twin.slots[0]
+        return state["length"] if backend == "mlx" else state.length
+
     prompt = rng.integers(0, V, 4)
     twin.begin(0, prompt, PromptOutput(logits=to(np.zeros(V)), hidden=to(np.zeros((4, H)))))
     calls = []
