@@ -213,19 +213,28 @@ def markdown(rows: Sequence[dict], *, categories: bool = True, busy: str | None 
             f"{_fmt(r['speedup'], '.2f')}{_impossible(r)} | {_fmt(r['speedup_vs_peer'], '.2f')} | "
             f"{_fmt(r['tokens_per_step'], '.2f')} | {_fmt(r['verified_per_step'], '.1f')} | "
             f"{'-' if r['method'] == 'plain' else _fmt(r.get('plain_step_share', nan), '.0%')} | "
-            f"{_fmt(r['tree_reduction'], '.0%')} | {split} | {identity_line(r)} | "
+            f"{_fmt(r['tree_reduction'], '.0%')} | {split} | "
+            f"{'-' if r['method'] == 'plain' else identity_line(r)} | "
             f"{_fmt(r.get('peak_rss_mb', float('nan')), '.0f')} |"
         )
     return "\n".join(lines + ([f"\n{busy}"] if busy else []))
 
 
 def accepted_histogram(records: Sequence[BenchRecord]) -> dict[str, dict[int, int]]:
-    """Per method, how many steps accepted 0, 1, 2, ... drafted tokens."""
+    """Per method, how many drafting steps accepted 0, 1, 2, ... drafted tokens: the steps that
+    decoded plainly (``plain_steps``: auto declined, or nothing was drafted) are left out, or
+    under auto the bar at 0 would say how often it declined, not how well the drafter accepts.
+    A method that drafted in no step has no entry."""
     hist: dict[str, dict[int, int]] = defaultdict(lambda: defaultdict(int))
     for r in records:
         for n in r.accepted:
             hist[r.method][n] += 1
-    return {m: dict(sorted(h.items())) for m, h in hist.items()}
+        hist[r.method][0] -= r.plain_steps  # each accepted 0 drafted tokens
+    return {
+        m: {n: c for n, c in sorted(h.items()) if c > 0}
+        for m, h in hist.items()
+        if sum(h.values()) > 0
+    }
 
 
 def _finite(value):
@@ -325,8 +334,8 @@ def plot(
             label=method,
             color=colour.get(method),
         )
-    ax.set_xlabel("drafted tokens accepted per step")
-    ax.set_ylabel("share of steps")
+    ax.set_xlabel("drafted tokens accepted per drafting step")
+    ax.set_ylabel("share of drafting steps")
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(out / "accepted.png", dpi=110)

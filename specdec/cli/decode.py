@@ -105,6 +105,7 @@ def _describe_default(target, drafter, backend, registry) -> str:
     inner = getattr(plan.drafter, "inner", None) or plan.drafter
     lookup = (
         f" + a prompt-lookup beam of {plan.drafter.draft_length} tokens"
+        + (" (with the answer store)" if plan.drafter.store is not None else " (no answer store)")
         if inner is not plan.drafter
         else ""
     )

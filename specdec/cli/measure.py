@@ -174,7 +174,7 @@ def cmd_plan(args) -> int:
                 f"generate's setting now: {current.describe()} (measured "
                 f"{current.speedup:.2f}x, decoded the same way)"
             )
-    if best.measured_speedup is not None and best.measured_speedup < 1.0:
+    if speedup < 1.0:
         print(NOTHING_PAYS)
     if args.measure_top and not plausible:
         print(
@@ -229,16 +229,17 @@ def cmd_plan(args) -> int:
 def _recommended(busy: bool, speedup: float | None = None) -> str:
     """The recommendation's label: a choice slower than plain decoding is only the fastest one
     tried, a choice timed beside other work only the best guess."""
+    slower = speedup is not None and speedup < 1.0
     if busy:
-        return "best guess (timed while other work took the cores)"
-    if speedup is not None and speedup < 1.0:
-        return "fastest found, but slower than plain decoding"
-    return "recommended"
+        return "best guess (timed while other work took the cores)" + (
+            ", and slower than plain decoding" if slower else ""
+        )
+    return "fastest found, but slower than plain decoding" if slower else "recommended"
 
 
 NOTHING_PAYS = (
-    "note: no setting measured here beat plain decoding; generate's auto speculation decodes "
-    "plainly where drafting does not pay (speculation=\"never\" turns drafting off)"
+    "note: no setting here beat plain decoding; generate's auto speculation decodes plainly "
+    "where drafting does not pay (speculation=\"never\" turns drafting off)"
 )
 
 
@@ -425,7 +426,8 @@ def add_parsers(sub) -> None:
     planner.add_argument(
         "--drafter",
         default="redrafter",
-        help="redrafter, eagle, eagle3 (the shipped ones) or a checkpoint folder",
+        help="redrafter or eagle (the heads shipped for the model), or a checkpoint folder of "
+        "redrafter, eagle or eagle3 (none ships for eagle3)",
     )
     planner.add_argument("--backend", default="torch", help="the backend it plans for")
     planner.add_argument(

@@ -276,7 +276,8 @@ def add_lookup(drafter, lookup, backend, target):
     if isinstance(drafter, (NoDrafter, LookupDrafter)):
         alone = (
             "drafter='lookup' is prompt lookup alone: give its chain's length as draft_length=N "
-            "(CLI: --lookup-length N)"
+            "(CLI: --lookup-length N); it continues from the answer store shipped for the model "
+            "by default (store='auto'; CLI lookup:store=FILE for one of your own)"
             if isinstance(drafter, LookupDrafter)
             else "for prompt lookup alone use drafter='lookup'"
         )

@@ -330,3 +330,21 @@ def test_a_speedup_above_its_tokens_per_step_is_flagged_in_the_table():
     # rows some of whose runs other work slowed say how many (each run has its own clock)
     busy = markdown([{**row, "speedup": 7.81, "tokens_per_step": 1.27, "busy_runs": 3, "runs": 16}])
     assert "| 50.0 (busy: 3 of 16 runs) |" in busy
+
+
+def test_the_accepted_histogram_counts_drafting_steps_alone():
+    """Under auto most steps decode plainly, and they read as "0 accepted": the plot showed how
+    often auto declined, not how well the drafter accepts."""
+    from specdec.bench.report import accepted_histogram
+    from specdec.bench.runner import BenchRecord
+
+    common = dict(
+        backend="torch", dtype="float32", temperature=0.0, prompt_id="p", category="c", repeat=0,
+        new_tokens=9, seconds=1.0,
+    )  # fmt: skip
+    records = [
+        BenchRecord(method="plain", accepted=(0,) * 8, plain_steps=8, **common),
+        # 5 plain steps, then drafting steps that accepted 0, 2 and 1
+        BenchRecord(method="auto", accepted=(0,) * 5 + (0, 2, 1), plain_steps=5, **common),
+    ]
+    assert accepted_histogram(records) == {"auto": {0: 1, 1: 1, 2: 1}}

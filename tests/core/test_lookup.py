@@ -317,6 +317,7 @@ def test_sampling_with_lookup_uses_the_exact_verifier(target, redrafter):
             dict(lookup=5),
             r"lookup=5 adds .* prompt lookup alone: give its chain's length as draft_length=N",
         ),
+        ("lookup", dict(lookup="store"), r"shipped for the model by default \(store='auto'"),
         ("redrafter", dict(sample=True, temperature=0.7), "samples its beams"),
         (
             "redrafter",
