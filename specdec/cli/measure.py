@@ -227,8 +227,8 @@ def cmd_plan(args) -> int:
 
 
 def _recommended(busy: bool, speedup: float | None = None) -> str:
-    """The recommendation's label: a choice slower than plain decoding is only the fastest one
-    tried, a choice timed beside other work only the best guess."""
+    """The recommendation's label: a choice timed beside other work is only the best guess, a
+    choice slower than plain decoding only the fastest found (``speedup``: its figure)."""
     slower = speedup is not None and speedup < 1.0
     if busy:
         return "best guess (timed while other work took the cores)" + (
