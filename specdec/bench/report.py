@@ -264,7 +264,7 @@ def write_outputs(records: Sequence[BenchRecord], out: Path, *, meta: dict) -> d
     )
     (out / "bench.json").write_text(json.dumps(_finite(report), indent=1, allow_nan=False))
     (out / "bench.md").write_text(markdown(rows, busy=meta.get("busy")) + "\n")
-    plot(rows, records, out, busy=bool(meta.get("busy")))
+    plot(rows, records, out, busy=any(r.busy for r in records))
     return dict(summary=rows)
 
 
@@ -272,11 +272,12 @@ def plot(
     rows: Sequence[dict], records: Sequence[BenchRecord], out: Path, *, busy: bool = False
 ) -> None:
     """Speedup by category (bars per method) and the distribution of accepted lengths; ``busy``:
-    measured while other work shared the machine, which the speedup plot's title says."""
+    timed runs were slowed by other work on the machine, which the speedup plot's title says."""
     import matplotlib  # optional: matplotlib (bench extra)
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # optional: matplotlib (bench extra)
+    import matplotlib.ticker  # optional: matplotlib (bench extra)
 
     methods_all = [m for m in dict.fromkeys(r["method"] for r in rows) if m != "plain"]
     methods_all += [m for m in accepted_histogram(records) if m not in methods_all]
@@ -328,12 +329,13 @@ def plot(
         total = sum(counts.values())
         keys = np.array(list(counts))
         ax.bar(
-            keys + i * 0.8 / max(len(hist), 1),
+            keys + (i - (len(hist) - 1) / 2) * 0.8 / max(len(hist), 1),  # centred on the count
             [c / total for c in counts.values()],
             0.8 / max(len(hist), 1),
-            label=method,
+            label=f"{method} ({total} drafting steps)",
             color=colour.get(method),
         )
+    ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))  # whole tokens
     ax.set_xlabel("drafted tokens accepted per drafting step")
     ax.set_ylabel("share of drafting steps")
     ax.legend(fontsize=8)

@@ -32,8 +32,10 @@ SLACK = 1.05  # a speedup up to 5% above tokens/step is timing noise, not an imp
 FAR = 1.5  # a measured speedup this many times below (or above) its prediction is far from it
 
 
-def busy_line(clock: CpuClock) -> str | None:
-    """The line that goes with figures measured on a busy machine, or None when it was quiet."""
+def busy_line(clock: CpuClock, runs_spoilt: bool = True) -> str | None:
+    """The line that goes with figures measured on a busy machine, or None when it was quiet.
+    ``runs_spoilt`` False: the timed runs, each on its own clock, were all quiet, so the other
+    work fell outside them (loading, warm-up) and the figures stand, which the line says."""
     quiet = clock.quiet if isinstance(clock, Measured) else clock.share >= QUIET_SHARE
     if clock.wall <= 0 or quiet:
         return None
@@ -43,6 +45,12 @@ def busy_line(clock: CpuClock) -> str | None:
         if others is not None
         else f"this process computed on {clock.share:.0%} of the cores"
     )
+    if not runs_spoilt:
+        return (
+            f"note: other work shared the machine while the command ran ({what}), but none of "
+            "the timed runs was slowed (each has its own clock): it fell outside them (loading, "
+            "warm-up), and the figures stand"
+        )
     return (
         f"note: measured while other work shared the machine ({what}): speeds and ratios are "
         "unreliable; measure again on a quiet machine"

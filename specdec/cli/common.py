@@ -16,8 +16,8 @@ def add_generation_args(parser: argparse.ArgumentParser) -> None:
         "--temperature",
         type=float,
         default=0.0,
-        help="0 (default): greedy, identical to plain decoding; above 0: sampled, distributed as "
-        "plain decoding's",
+        help="0 (default): greedy, identical to plain decoding (bit for bit where exact mode is "
+        "on); above 0: sampled, distributed as plain decoding's",
     )
     parser.add_argument("--top-k", type=int, default=None, help="sample among the k likeliest")
     parser.add_argument(

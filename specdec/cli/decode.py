@@ -53,6 +53,13 @@ def cmd_generate(args) -> int:
     print(report_line(str(args.drafter), result), file=sys.stderr)
     if str(args.drafter) != "none":  # what speculation (auto by default) chose
         print(f"{'':>10}  {result.stats.describe_speculation()}", file=sys.stderr)
+    ended_at_once = result.stats.new_tokens <= 1 < args.max_new_tokens
+    if ended_at_once and not args.chat and args.prompt is not None:
+        print(
+            "note: the model ended at once; an instruct model answers a chat: add --chat to wrap "
+            "the prompt in its chat template",
+            file=sys.stderr,
+        )
     return 0
 
 

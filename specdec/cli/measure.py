@@ -58,12 +58,16 @@ def cmd_bench(args) -> int:
         prompts=args.prompts,
         per_category=args.per_category,
         max_new_tokens=args.max_new_tokens,
-        busy=busy_line(clock),
+        busy=busy_line(clock, runs_spoilt=any(r.busy for r in records)),
+        quiet_runs=sum(not r.busy for r in records),
+        runs=len(records),
     )
     out = write_outputs(records, Path(args.out), meta=meta)
     print(markdown(out["summary"], categories=args.categories))
-    if meta["busy"]:
-        print(meta["busy"])
+    print(
+        meta["busy"]
+        or "note: the machine was quiet while it measured (docs/bench.md, \"A busy machine\")"
+    )
     print(f"wrote {args.out}/bench.json, bench.md, speedup.png, accepted.png", file=sys.stderr)
     return 0
 
@@ -142,6 +146,7 @@ def cmd_plan(args) -> int:
             f"{r.predicted_speedup:.2f}x{flag} | "
             f"{'-' if m is None else f'{m:.2f}x'} |"
         )
+    print(MODE_LINE)
     trusted = [r for r in checked if not r.busy] or checked  # a busy decode: left out if others
     best = (
         max(trusted, key=lambda r: r.measured_speedup)
@@ -191,8 +196,9 @@ def cmd_plan(args) -> int:
             f"note: {spoilt} of the shapes above (marked busy) were timed while other work took "
             "the cores, and were left out of the choice; plan again on a quiet machine"
         )
+    chosen = {"beam_width": best.beam_width, "beam_length": best.beam_length}
     if args.no_save:
-        print("not saved (--no-save)")
+        print("not saved (--no-save)" + _by_hand(args.drafter, chosen, anyway=False))
     else:
         reasons = keep(
             target,
@@ -212,18 +218,39 @@ def cmd_plan(args) -> int:
             else f"nothing to save: {reasons[0]}"
             if already
             else f"not saved: {'; '.join(reasons)} (generate keeps what it used before)"
-            + _by_hand(
-                args.drafter, {"beam_width": best.beam_width, "beam_length": best.beam_length}
-            )
+            + _by_hand(args.drafter, chosen)
         )
+    _afterword(args, prompts)
+    return 0
+
+
+MODE_LINE = (
+    "every setting above was decoded with speculation=\"always\" (each step drafting), so its "
+    "figure is what its trees give; generate's default, \"auto\", drafts only in the steps "
+    "where that pays, so it runs near the larger of that figure and 1.00x"
+)
+FEW_PROMPTS = 8  # below this many prompts, one run's noise can move a setting by tens of percent
+
+
+def _afterword(args, prompts) -> None:
+    """What every plan says after its choice: how to check it, and what its prompts were."""
+    if len(prompts) < FEW_PROMPTS:
+        print(
+            f"note: planned on {len(prompts)} prompt(s): one run's noise can move a setting's "
+            "figure by tens of percent; plan on more (--per-category 1 or more) before keeping a "
+            "choice"
+        )
+    print(
+        "check a choice as generate runs it: specdec bench --methods plain "
+        f"{args.drafter} {args.drafter}:SETTINGS (docs/bench.md)"
+    )
     if args.prompts in PROMPT_SETS:
         print(
-            f"planned on the {args.prompts} prompts; the best beams depend on the text: for "
+            f"planned on the {args.prompts} prompts; the best settings depend on the text: for "
             "another kind of use (code, say) plan with --prompts FILE.jsonl of prompts like your "
             "own",
             file=sys.stderr,
         )
-    return 0
 
 
 def _recommended(busy: bool, speedup: float | None = None) -> str:
@@ -279,6 +306,7 @@ def _plan_tree(args, prompts) -> int:
             f"| {settings} | {lookup} | {r.tokens_per_step:.2f} | "
             f"{r.nodes_per_step:.1f} | {r.speedup:.2f}x{flag} |"
         )
+    print(MODE_LINE)
     best = next(r for r in rows if not r.current)
     settings = " ".join(f"{k}={v}" for k, v in sorted(best.options.items())) or "its defaults"
     print(
@@ -291,8 +319,9 @@ def _plan_tree(args, prompts) -> int:
     line = busy_line(clock)
     if line:
         print(line)
+    chosen = {**best.options, "lookup": bool(best.lookup)}
     if args.no_save:
-        print("not saved (--no-save)")
+        print("not saved (--no-save)" + _by_hand(args.drafter, chosen, anyway=False))
     else:
         reasons = tree_planner.why_not_kept(rows, clock)  # the rule plan_tree saved by
         print(
@@ -300,19 +329,20 @@ def _plan_tree(args, prompts) -> int:
             "are given"
             if not reasons
             else f"not saved: {'; '.join(reasons)} (generate keeps what it used before)"
-            + _by_hand(args.drafter, {**best.options, "lookup": bool(best.lookup)})
+            + _by_hand(args.drafter, chosen)
         )
+    _afterword(args, prompts)
     return 0
 
 
-def _by_hand(drafter: str, options: dict) -> str:
+def _by_hand(drafter: str, options: dict, *, anyway: bool = True) -> str:
     """How to decode with a choice the planner did not keep: the settings named per call."""
     short = {"beam_width": "w", "beam_length": "l"}
     cli = ",".join(f"{short.get(k, k)}={str(v).lower()}" for k, v in options.items())
     python = ", ".join(f"{k}={v!r}" for k, v in options.items())
     return (
-        f"; to decode with it anyway, name it per call: --drafter {drafter}:{cli} "
-        f"(generate(..., {python}))"
+        f"; to decode with it{' anyway' if anyway else ''}, name it per call: --drafter "
+        f"{drafter}:{cli} (generate(..., {python}))"
     )
 
 

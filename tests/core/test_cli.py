@@ -122,6 +122,25 @@ def test_generate_a_chat_turn(model_dir, monkeypatch, capsys):
     ), refused.stderr
 
 
+def test_generate_suggests_chat_where_a_text_prompt_ends_at_once(model_dir, monkeypatch, capsys):
+    """An instruct model given plain text often ends at once; nothing said why."""
+    import specdec
+    from specdec.cli import main as cli
+
+    real = specdec.generate
+    # the model ends after one token (as an instruct model on plain text does)
+    monkeypatch.setattr(
+        specdec,
+        "generate",
+        lambda model, prompt, **kw: real(model, prompt, **{**kw, "max_new_tokens": 1}),
+    )
+    common = ["--model", str(model_dir), "--drafter", "none", "--backend", "numpy"]
+    assert cli.main(["generate", "--prompt", "hello", *common, "--max-new-tokens", "8"]) == 0
+    assert "add --chat" in capsys.readouterr().err
+    assert cli.main(["generate", "--prompt", "hello", "--chat", *common]) == 0
+    assert "add --chat" not in capsys.readouterr().err
+
+
 def test_errors_are_reported_without_a_traceback(model_dir):
     done = run(
         "generate",
@@ -408,6 +427,7 @@ def test_plan_with_every_shape_timed_busy_says_why_none_was_decoded(
     )
     assert "note: no setting here beat plain decoding" in out
     assert "note: no shape was decoded (--measure-top), so the measured column is empty" in out
+    assert "note: planned on 1 prompt(s): one run's noise can move" in out
 
 
 def test_plan_decodes_a_tree_drafters_settings(model_dir, tmp_path, monkeypatch, capsys):
@@ -472,7 +492,9 @@ def test_plan_where_nothing_beats_plain_decoding_recommends_nothing_and_keeps_no
     assert "recommended" not in out, out
     assert "fastest found, but slower than plain decoding: depth=2, lookup off" in out, out
     assert "note: no setting here beat plain decoding" in out
-    assert "not saved (--no-save)" in out
+    assert "not saved (--no-save); to decode with it, name it per call: --drafter " in out
+    # what the figures are (always drafting) and how to check a choice as generate runs it
+    assert 'decoded with speculation="always"' in out and "specdec bench --methods plain" in out
     assert "its 0.68x is slower than plain decoding" in trust.reasons_not_to_keep(
         trust.Measured(), 0.68, 1.1
     )
