@@ -220,7 +220,7 @@ def cmd_plan(args) -> int:
             else f"not saved: {'; '.join(reasons)} (generate keeps what it used before)"
             + _by_hand(args.drafter, chosen)
         )
-    _afterword(args, prompts)
+    _afterword(args, prompts, chosen)
     return 0
 
 
@@ -232,8 +232,9 @@ MODE_LINE = (
 FEW_PROMPTS = 8  # below this many prompts, one run's noise can move a setting by tens of percent
 
 
-def _afterword(args, prompts) -> None:
-    """What every plan says after its choice: how to check it, and what its prompts were."""
+def _afterword(args, prompts, chosen: dict) -> None:
+    """What every plan says after its choice (``chosen``: its settings): how to check it, and
+    what its prompts were."""
     if len(prompts) < FEW_PROMPTS:
         print(
             f"note: planned on {len(prompts)} prompt(s): one run's noise can move a setting's "
@@ -242,7 +243,7 @@ def _afterword(args, prompts) -> None:
         )
     print(
         "check a choice as generate runs it: specdec bench --methods plain "
-        f"{args.drafter} {args.drafter}:SETTINGS (docs/bench.md)"
+        f"{args.drafter} {args.drafter}:{_per_call(chosen)} (docs/bench.md)"
     )
     if args.prompts in PROMPT_SETS:
         print(
@@ -331,14 +332,19 @@ def _plan_tree(args, prompts) -> int:
             else f"not saved: {'; '.join(reasons)} (generate keeps what it used before)"
             + _by_hand(args.drafter, chosen)
         )
-    _afterword(args, prompts)
+    _afterword(args, prompts, chosen)
     return 0
+
+
+def _per_call(options: dict) -> str:
+    """A choice's settings as a method's options: w=2,l=5 or depth=2,total_tokens=4,..."""
+    short = {"beam_width": "w", "beam_length": "l"}
+    return ",".join(f"{short.get(k, k)}={str(v).lower()}" for k, v in options.items())
 
 
 def _by_hand(drafter: str, options: dict, *, anyway: bool = True) -> str:
     """How to decode with a choice the planner did not keep: the settings named per call."""
-    short = {"beam_width": "w", "beam_length": "l"}
-    cli = ",".join(f"{short.get(k, k)}={str(v).lower()}" for k, v in options.items())
+    cli = _per_call(options)
     python = ", ".join(f"{k}={v!r}" for k, v in options.items())
     return (
         f"; to decode with it{' anyway' if anyway else ''}, name it per call: --drafter "
