@@ -13,7 +13,7 @@ plain method of the same exact mode (``plain`` or ``plain:exact=false``).
 from __future__ import annotations
 
 import json
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Sequence
 
@@ -112,6 +112,7 @@ def summarize(records: Sequence[BenchRecord], *, plain: str = "plain") -> list[d
             plain_step_share=sum(r.plain_steps for r in group) / decode_steps
             if decode_steps
             else float("nan"),
+            plain_reasons=dict(sum((Counter(r.plain_reasons) for r in group), Counter())),
             # share of the beams' drafted tokens that deduplication into the tree did not verify
             tree_reduction=1 - (sum(r.verified for r in group) - decode_steps) / drafted
             if drafted

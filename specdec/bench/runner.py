@@ -52,6 +52,8 @@ class BenchRecord:
     plain_steps: int = (
         0  # decode steps that verified the root alone (a budget of 0, or nothing drafted)
     )
+    # those steps by why they decoded plainly ({reason: steps}, specdec.decode.budget)
+    plain_reasons: dict = attrs.field(factory=dict)
     time_draft: float = 0.0
     time_verify: float = 0.0
     time_other: float = 0.0
@@ -106,6 +108,7 @@ def specdec_runner(
             **loop_options,
         )
         accepted, verified, drafted, plain_steps, generated = [], 0, 0, 0, []
+        reasons: dict = {}
         times = dict(time_draft=0.0, time_verify=0.0, time_other=0.0, time_prefill=0.0)
         start = time.perf_counter()
         for step in steps:
@@ -116,6 +119,9 @@ def specdec_runner(
             accepted.append(int(step.num_accepted[0]))
             verified += int(step.num_verified[0])
             plain_steps += int(step.num_verified[0]) == 1
+            why = step.plain_reasons[0] if len(step.plain_reasons) else None
+            if why is not None:
+                reasons[why] = reasons.get(why, 0) + 1
             if beam_drafter:  # tokens of the beams before deduplication into the tree
                 drafted += int(step.num_drafted[0])
             times["time_draft"] += step.time_draft
@@ -129,6 +135,7 @@ def specdec_runner(
             verified=verified,
             drafted=drafted,
             plain_steps=plain_steps,
+            plain_reasons=reasons,
             tokens=tuple(generated),
             **times,
         )

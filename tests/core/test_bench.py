@@ -132,6 +132,10 @@ def test_run_bench_and_outputs(model_dir, tmp_path):
     assert all(0.0 <= r["tree_reduction"] < 1.0 and r["verified_per_step"] <= 15 for r in spec), (
         spec
     )
+    # every plain step is counted by its reason (plain decoding: its drafter drafts nothing)
+    for r in records:
+        assert sum(r.plain_reasons.values()) == r.plain_steps, r
+    assert all(set(r["plain_reasons"]) == {"no draft"} for r in plain), plain
     greedy = [r for r in rows if r["temperature"] == 0]
     assert all(r["identical"] == 1.0 for r in greedy), (
         "greedy speculative output differs from plain decoding"
