@@ -210,12 +210,30 @@ def plan(
     recorder = RecordingDrafter(drafter_with(wide, long), backend_obj)
     accepted = {(w, l): [] for w in widths for l in lengths}
     sizes = {(w, l): [] for w in widths for l in lengths}
+    recording = progress_bar(
+        ids, desc="plan: recording the beams", unit="prompt", enabled=progress, announce=True
+    )
     with clock:
         _record(
-            target, ids, recorder, widths, lengths, accepted, sizes, backend, max_new_tokens, lookup
+            target,
+            recording,
+            recorder,
+            widths,
+            lengths,
+            accepted,
+            sizes,
+            backend,
+            max_new_tokens,
+            lookup,
         )
     rows = []
-    grid = progress_bar(accepted.items(), desc="timing beam shapes", unit="shape", enabled=progress)
+    grid = progress_bar(
+        accepted.items(),
+        desc="plan: timing beam shapes",
+        unit="shape",
+        enabled=progress,
+        announce=True,
+    )
     for (w, l), values in grid:
         shape = Measured()  # this shape's own: a burst of other work spoils a few shapes only
         with clock, shape:  # each shape beside a plain step timed just before it
@@ -346,7 +364,10 @@ def measure(
         target, prompts, choice, options, backend=backend, tokens=max_new_tokens, clock=clock
     )
     checked = []
-    for row in progress_bar(rows, desc="decoding the best shapes", unit="shape", enabled=progress):
+    best = progress_bar(
+        rows, desc="plan: decoding the best shapes", unit="shape", enabled=progress, announce=True
+    )
+    for row in best:
         shape = Measured()
         with shape:
             plain = rate("none", {})  # beside each setting: the same prompts, just before

@@ -21,11 +21,14 @@ LINE_SECONDS = 60.0
 class _Lines:
     """``tqdm``'s ``update`` / ``close`` / iteration, as lines on stderr."""
 
-    def __init__(self, iterable, total: int | None, desc: str, unit: str):
+    def __init__(self, iterable, total: int | None, desc: str, unit: str, announce: bool):
         self.iterable, self.desc, self.unit = iterable, desc, unit
         self.total = len(iterable) if total is None and hasattr(iterable, "__len__") else total
         self.done, self.began = 0, time.monotonic()
         self.said = self.began
+        if announce:  # a stage whose first line would otherwise come a minute or more later
+            count = f"{self.total} {unit}{'' if self.total == 1 else 's'}" if self.total else "?"
+            print(f"{desc}: {count} to do", file=sys.stderr, flush=True)
 
     def update(self, n: int = 1) -> None:
         self.done += n
@@ -56,9 +59,10 @@ def progress(
     desc: str,
     unit: str = "run",
     enabled: bool = True,
+    announce: bool = False,
 ):
     """A progress bar (``tqdm``) where stderr is a terminal, lines otherwise; nothing when not
-    ``enabled``."""
+    ``enabled``. ``announce``: the lines begin with one saying how many units there are to do."""
     if enabled and not sys.stderr.isatty():
-        return _Lines(iterable if iterable is not None else (), total, desc, unit)
+        return _Lines(iterable if iterable is not None else (), total, desc, unit, announce)
     return tqdm(iterable, total=total, desc=desc, unit=unit, disable=not enabled)

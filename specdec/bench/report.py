@@ -333,7 +333,7 @@ def plot(
             keys + (i - (len(hist) - 1) / 2) * 0.8 / max(len(hist), 1),  # centred on the count
             [c / total for c in counts.values()],
             0.8 / max(len(hist), 1),
-            label=f"{method} ({total} drafting steps)",
+            label=f"{method} ({total} drafting step{'' if total == 1 else 's'})",
             color=colour.get(method),
         )
     ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))  # whole tokens

@@ -36,6 +36,7 @@ from specdec.errors import InvalidInputError
 from specdec.generation.encoding import encode_prompts
 from specdec.generation.resolve import resolve
 from specdec.plugins.registry import default_registry
+from specdec.bench.progress import progress as progress_bar
 from specdec.bench.trust import Measured, impossible, reasons_not_to_keep
 from specdec.tuning.plans import save_drafter_plan
 
@@ -103,6 +104,7 @@ def plan_tree(
     lookup: bool | None = None,
     save: bool = False,
     clock: Measured | None = None,
+    progress: bool = False,
 ) -> list[TreePlanRow]:
     """Every setting decoded, best first (module docstring), timed inside ``clock``. ``lookup``:
     None tries the prompt-lookup beam on and off (where the drafter takes it), True or False
@@ -130,6 +132,11 @@ def plan_tree(
         plain = [_decode(target, ids, "none", {}, False, backend, max_new_tokens)[0]]
     rows: dict[tuple, TreePlanRow] = {}
     rates: dict[tuple, np.ndarray] = {}  # each prompt's tokens/s
+    most = 1 + sum(map(len, spec.tree_options.values())) + (lookup is None)  # settings at most
+    bar = progress_bar(
+        total=most, desc="plan: decoding tree settings", unit="setting", enabled=progress,
+        announce=True,
+    )  # fmt: skip
 
     def run(options: dict, with_lookup: bool | None, current=False) -> TreePlanRow | None:
         key = (tuple(sorted(options.items())), with_lookup)
@@ -142,6 +149,8 @@ def plan_tree(
                     )
             except InvalidInputError:  # a setting the drafter or the lookup beam refuses
                 return None
+            finally:
+                bar.update(1)
             rows[key] = TreePlanRow(
                 options=dict(options),
                 lookup=with_lookup,
@@ -171,6 +180,7 @@ def plan_tree(
         raise InvalidInputError(f"drafter {drafter!r} refused every tree setting tried")
     if lookup is None:
         best = _better(run(best.options, not best.lookup), best)
+    bar.close()
     with clock:
         plain.append(_decode(target, ids, "none", {}, False, backend, max_new_tokens)[0])
     plain_rate = (plain[0] + plain[1]) / 2  # each prompt's, before and after

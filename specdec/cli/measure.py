@@ -68,6 +68,12 @@ def cmd_bench(args) -> int:
         meta["busy"]
         or "note: the machine was quiet while it measured (docs/bench.md, \"A busy machine\")"
     )
+    if len(prompts) * args.repeats < FEW_PROMPTS:
+        print(
+            f"note: {len(prompts)} prompt(s) x {args.repeats} repeat(s): one run's noise can move "
+            "a method's figure by tens of percent; measure on more (--per-category 2, --repeats "
+            "3) before you rely on a difference"
+        )
     print(f"wrote {args.out}/bench.json, bench.md, speedup.png, accepted.png", file=sys.stderr)
     return 0
 
@@ -227,7 +233,8 @@ def cmd_plan(args) -> int:
 MODE_LINE = (
     "every setting above was decoded with speculation=\"always\" (each step drafting), so its "
     "figure is what its trees give; generate's default, \"auto\", drafts only in the steps "
-    "where that pays, so it runs near the larger of that figure and 1.00x"
+    "where that pays, so it runs near the larger of that figure and 1.00x (a few percent below "
+    "1.00x where drafting does not pay: it drafts a step now and then to find out)"
 )
 FEW_PROMPTS = 8  # below this many prompts, one run's noise can move a setting by tens of percent
 
@@ -283,6 +290,7 @@ def _plan_tree(args, prompts) -> int:
         lookup=False if args.no_lookup else None,
         save=not args.no_save,
         clock=clock,
+        progress=True,
     )
     print("| settings | lookup | tokens/step | nodes/step | measured speedup |")
     print("|---|---|---|---|---|")

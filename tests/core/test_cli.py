@@ -266,6 +266,9 @@ def test_bench_writes_its_outputs(model_dir, tmp_path):
     methods = sorted({r["method"] for r in data["records"]})
     assert methods == ["plain", f"redrafter:drafter={drafter},w=2,l=3"], methods
     assert len(data["records"]) == 2 * 2 and (tmp_path / "out" / "bench.md").stat().st_size > 0
+    # two prompts once each: a figure one run's noise can move, which it says
+    assert "note: 2 prompt(s) x 1 repeat(s): one run's noise" in done.stdout, done.stdout
+    assert data["meta"]["runs"] == 4 and 0 <= data["meta"]["quiet_runs"] <= 4
 
 
 class _QuietShapeClock:
@@ -418,7 +421,9 @@ def test_plan_with_every_shape_timed_busy_says_why_none_was_decoded(
     argv = ["plan", "--model", str(model_dir), "--drafter", str(drafter), "--backend", "numpy"]
     argv += ["--prompts", str(prompts), "--widths", "1", "--lengths", "2", "--max-new-tokens", "4"]
     assert main(argv + ["--no-save"]) == 0
-    out = capsys.readouterr().out
+    out, err = capsys.readouterr()
+    assert "plan: recording the beams: 1 prompt to do" in err, err
+    assert "plan: timing beam shapes: 1 shape to do" in err, err
     assert "(busy: timed while other work took the cores) (generate's now)" in out
     # a random drafter's shapes are all predicted below plain decoding
     assert (
@@ -447,6 +452,8 @@ def test_plan_decodes_a_tree_drafters_settings(model_dir, tmp_path, monkeypatch,
     status = main([*args, "--prompts", str(prompts), "--max-new-tokens", "4"])
     out, err = capsys.readouterr()
     assert status == 0, err[-2000:]
+    # a log or a pipe sees what the plan is doing from its start (it said nothing for minutes)
+    assert re.search(r"plan: decoding tree settings: \d+ settings to do", err), err
     table = [line for line in out.splitlines() if line.startswith("| ")][1:]  # header left out
     # what generate uses now, then one option at a time, then lookup (levels past the verified
     # nodes chosen are skipped: all 5 are tried where the 24-node tree measured fastest)
