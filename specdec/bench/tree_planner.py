@@ -134,7 +134,7 @@ def plan_tree(
     rates: dict[tuple, np.ndarray] = {}  # each prompt's tokens/s
     most = 1 + sum(map(len, spec.tree_options.values())) + (lookup is None)  # settings at most
     bar = progress_bar(
-        total=most, desc="plan: decoding tree settings", unit="setting", enabled=progress,
+        total=most, desc="plan: decoding tree settings (at most)", unit="setting", enabled=progress,
         announce=True,
     )  # fmt: skip
 

@@ -203,8 +203,12 @@ def cmd_plan(args) -> int:
             "the cores, and were left out of the choice; plan again on a quiet machine"
         )
     chosen = {"beam_width": best.beam_width, "beam_length": best.beam_length}
+    is_now = current is not None and now.same_as(best, lookup)  # nothing to name or check
     if args.no_save:
-        print("not saved (--no-save)" + _by_hand(args.drafter, chosen, anyway=False))
+        print(
+            "not saved (--no-save)"
+            + ("" if is_now else _by_hand(args.drafter, chosen, anyway=False))
+        )
     else:
         reasons = keep(
             target,
@@ -226,7 +230,7 @@ def cmd_plan(args) -> int:
             else f"not saved: {'; '.join(reasons)} (generate keeps what it used before)"
             + _by_hand(args.drafter, chosen)
         )
-    _afterword(args, prompts, chosen)
+    _afterword(args, prompts, None if is_now else chosen)
     return 0
 
 
@@ -239,19 +243,29 @@ MODE_LINE = (
 FEW_PROMPTS = 8  # below this many prompts, one run's noise can move a setting by tens of percent
 
 
-def _afterword(args, prompts, chosen: dict) -> None:
-    """What every plan says after its choice (``chosen``: its settings): how to check it, and
-    what its prompts were."""
+def _afterword(args, prompts, chosen: dict | None) -> None:
+    """What every plan says after its choice (``chosen``: its settings; None: what generate uses
+    already, nothing to check): how to check it, and what its prompts were."""
     if len(prompts) < FEW_PROMPTS:
         print(
             f"note: planned on {len(prompts)} prompt(s): one run's noise can move a setting's "
             "figure by tens of percent; plan on more (--per-category 1 or more) before keeping a "
             "choice"
         )
-    print(
-        "check a choice as generate runs it: specdec bench --methods plain "
-        f"{args.drafter} {args.drafter}:{_per_call(chosen)} (docs/bench.md)"
-    )
+    same = chosen is not None and [
+        f"--model {args.model}",
+        f"--prompts {args.prompts}",
+        f"--per-category {args.per_category}" if args.per_category is not None else "",
+        f"--limit {args.limit}" if args.limit is not None else "",
+        f"--backends {args.backend}",
+        f"--max-new-tokens {args.max_new_tokens}",
+    ]
+    if same:
+        print(
+            "check a choice as generate runs it, on the same prompts: specdec bench "
+            f"{' '.join(filter(None, same))} --methods plain {args.drafter} "
+            f"{args.drafter}:{_per_call(chosen)} (docs/bench.md)"
+        )
     if args.prompts in PROMPT_SETS:
         print(
             f"planned on the {args.prompts} prompts; the best settings depend on the text: for "
