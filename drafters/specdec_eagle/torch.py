@@ -231,7 +231,6 @@ class DraftSlot:
     tokens: list
     length: int = 0
     waiting: list = attrs.field(factory=list)
-    waiting_entries: int = 0
 
 
 class SlotDrafter:
@@ -281,10 +280,9 @@ class SlotDrafter:
             state = self._slot(slot)
             entry_features = torch.cat([state.pending[None], features[b, : count - 1]])
             state.waiting.append((tokens[b, :count], entry_features))
-            state.waiting_entries += count
             state.tokens += host[b, :count].tolist()
             state.pending = features[b, count - 1].clone()
-            if state.waiting_entries >= self.CATCH_UP:
+            if sum(len(t) for t, _ in state.waiting) >= self.CATCH_UP:
                 self._catch_up(state)
 
     def _catch_up(self, state: DraftSlot) -> None:
@@ -293,7 +291,6 @@ class SlotDrafter:
             tokens, features = zip(*state.waiting)
             self._append(state, torch.cat(tokens), torch.cat(features))
             state.waiting.clear()
-            state.waiting_entries = 0
 
     def end(self, slot: int, reason: str) -> None:
         """The request in ``slot`` ended (any ``reason``): drop its state."""

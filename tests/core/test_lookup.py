@@ -11,7 +11,6 @@ from hypothesis import strategies as st
 
 import specdec
 from specdec.drafting.none import NoDrafter
-from specdec.drafting.store import build_store
 from specdec.errors import InvalidInputError
 from specdec.generation.api import prepare
 from specdec.drafting.lookup import (
@@ -436,29 +435,3 @@ def test_the_lookup_drafter_gives_a_short_chain_its_own_length():
 def test_a_bad_unigram_length_is_refused(value):
     with pytest.raises(InvalidInputError, match="unigram_length must be an integer >= 0"):
         LookupDrafter(NumpyBackend(), None, unigram_length=value)
-
-
-def test_a_store_joins_a_model_drafters_lookup_beam_by_name_or_path(target, redrafter, tmp_path):
-    def decode(**options):
-        return specdec.generate(
-            target,
-            [1, 2],
-            drafter=redrafter,
-            backend="numpy",
-            max_new_tokens=24,
-            stop_at_eos=False,
-            speculation="always",
-            **options,
-        )
-
-    plain = specdec.generate(
-        target, [1, 2], drafter="none", backend="numpy", max_new_tokens=24, stop_at_eos=False
-    )
-    own = build_store([[1, 2]], [plain.tokens], vocab_size=96).save(tmp_path / "own.npz")
-    alone, stored = decode(lookup=True), decode(lookup=str(own))  # CLI: lookup=own.npz
-    assert stored.tokens == alone.tokens == plain.tokens
-    assert stored.stats.accepted_tokens > alone.stats.accepted_tokens
-    with pytest.raises(specdec.InvalidInputError, match="no answer store ships"):
-        decode(lookup="store")  # none ships for a random model
-    with pytest.raises(specdec.InvalidInputError, match="nothing.npz is not a file"):
-        decode(lookup="nothing.npz")

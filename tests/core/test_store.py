@@ -21,6 +21,7 @@ from specdec.drafting.store import (
     store_chain_reference,
 )
 from specdec.errors import IncompatibleDrafterError, InvalidInputError
+from specdec.testing import make_random_drafter
 
 sequences_strategy = st.lists(
     st.lists(st.integers(0, 4), min_size=1, max_size=14), min_size=1, max_size=6
@@ -103,28 +104,41 @@ def test_the_store_continues_only_where_the_text_has_no_match():
     assert row_chain(np.array([3, 4, 5]), 3, **options).tolist() == []
 
 
-def test_decoding_with_a_store_is_lossless_and_drafts_from_it(target, tmp_path):
-    def decode(drafter, **options):
-        return specdec.generate(
-            target,
-            [1, 2],
-            drafter=drafter,
-            backend="numpy",
-            max_new_tokens=24,
-            stop_at_eos=False,
-            **options,
-        )
+def _decode(target, drafter, **options):
+    return specdec.generate(
+        target, [1, 2], drafter=drafter, backend="numpy", max_new_tokens=24, stop_at_eos=False,
+        **options,
+    )  # fmt: skip
 
-    plain = decode("none")
+
+def test_decoding_with_a_store_is_lossless_and_drafts_from_it(target, tmp_path):
+    plain = _decode(target, "none")
     # a store of the target's own answer: its continuation is accepted
     path = build_store([[1, 2]], [plain.tokens], vocab_size=96).save(tmp_path / "own.npz")
-    looked = decode("lookup", store=str(path))
+    looked = _decode(target, "lookup", store=str(path))
     assert looked.tokens == plain.tokens
     assert looked.stats.accepted_tokens > 0 and looked.stats.steps < plain.stats.steps
     # a store of other text: drafts are refused, the output is the same
     noise = build_store([[3]], [np.arange(90) % 7], vocab_size=96).save(tmp_path / "noise.npz")
-    other = decode("lookup", store=str(noise))
+    other = _decode(target, "lookup", store=str(noise))
     assert other.tokens == plain.tokens
+
+
+def test_a_store_joins_a_model_drafters_lookup_beam_by_name_or_path(model_dir, target, tmp_path):
+    redrafter = make_random_drafter(tmp_path / "rd", model_dir, kind="redrafter", seed=3)
+
+    def decode(**options):
+        return _decode(target, redrafter, speculation="always", **options)
+
+    plain = _decode(target, "none")
+    own = build_store([[1, 2]], [plain.tokens], vocab_size=96).save(tmp_path / "own.npz")
+    alone, stored = decode(lookup=True), decode(lookup=str(own))  # CLI: lookup=own.npz
+    assert stored.tokens == alone.tokens == plain.tokens
+    assert stored.stats.accepted_tokens > alone.stats.accepted_tokens
+    with pytest.raises(specdec.InvalidInputError, match="no answer store ships"):
+        decode(lookup="store")  # none ships for a random model
+    with pytest.raises(specdec.InvalidInputError, match="nothing.npz is not a file"):
+        decode(lookup="nothing.npz")
 
 
 def test_specdec_store_builds_a_store_from_token_sequences(model_dir, tmp_path, capsys):
