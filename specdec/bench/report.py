@@ -191,8 +191,9 @@ def _impossible(row: dict) -> str:
     return " (impossible: above its tokens/step)" if impossible(speedup, tau) else ""
 
 
-def markdown(rows: Sequence[dict], *, categories: bool = True, busy: str | None = None) -> str:
-    """A Markdown table of ``summarize`` rows (``busy``: the busy machine's note, after it)."""
+def markdown(rows: Sequence[dict], *, categories: bool = True, notes: Sequence[str] = ()) -> str:
+    """A Markdown table of ``summarize`` rows, and ``notes`` after it (whether the machine was
+    busy, whether the prompts were too few to trust a difference)."""
     nan = float("nan")
     header = (
         "| backend | dtype | exact | T | category | method | tok/s | speedup vs plain (x) | vs "
@@ -218,7 +219,7 @@ def markdown(rows: Sequence[dict], *, categories: bool = True, busy: str | None 
             f"{'-' if r['method'] == 'plain' else identity_line(r)} | "
             f"{_fmt(r.get('peak_rss_mb', float('nan')), '.0f')} |"
         )
-    return "\n".join(lines + ([f"\n{busy}"] if busy else []))
+    return "\n".join(lines + [f"\n{note}" for note in notes])
 
 
 def accepted_histogram(records: Sequence[BenchRecord]) -> dict[str, dict[int, int]]:
@@ -264,7 +265,7 @@ def write_outputs(records: Sequence[BenchRecord], out: Path, *, meta: dict) -> d
         accepted_histogram=accepted_histogram(records),
     )
     (out / "bench.json").write_text(json.dumps(_finite(report), indent=1, allow_nan=False))
-    (out / "bench.md").write_text(markdown(rows, busy=meta.get("busy")) + "\n")
+    (out / "bench.md").write_text(markdown(rows, notes=meta.get("notes", ())) + "\n")
     plot(rows, records, out, busy=any(r.busy for r in records))
     return dict(summary=rows)
 

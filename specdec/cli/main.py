@@ -63,10 +63,36 @@ def _grouped(rows):
     return list(groups.values())
 
 
+class _DefaultsShown(argparse.HelpFormatter):
+    """Help that states each option's default where its own words do not and the default is
+    a value (not None, not a flag's False)."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        default = action.default
+        if (
+            "default" in text.lower()
+            or default in (None, False, argparse.SUPPRESS)
+            or default == []
+            or not action.option_strings
+        ):
+            return text
+        if isinstance(default, (list, tuple)):
+            default = " ".join(str(value) for value in default)
+        return f"{text} (default {default})"
+
+
+class _Parser(argparse.ArgumentParser):
+    """Every command's parser shows its defaults (its subcommands' parsers are this class too:
+    argparse makes them of the parent's class)."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", _DefaultsShown)
+        super().__init__(*args, **kwargs)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="specdec", description="Speculative decoding with pluggable backends."
-    )
+    parser = _Parser(prog="specdec", description="Speculative decoding with pluggable backends.")
     parser.add_argument("--debug", action="store_true", help="show the full traceback of an error")
     parser.add_argument(
         "--disable-plugin",

@@ -51,6 +51,16 @@ def cmd_bench(args) -> int:
             warmup=args.warmup,
             seed=args.seed,
         )
+    busy = busy_line(clock, runs_spoilt=any(r.busy for r in records))
+    notes = [
+        busy or "note: the machine was quiet while it measured (docs/bench.md, \"A busy machine\")"
+    ]
+    if len(prompts) * args.repeats < FEW_PROMPTS:
+        notes.append(
+            f"note: {len(prompts)} prompt(s) x {args.repeats} repeat(s): one run's noise can move "
+            "a method's figure by tens of percent; measure on more (--per-category 2, --repeats "
+            "3) before you rely on a difference"
+        )
     meta = dict(
         command=" ".join(sys.argv),
         versions=installed_distributions(),
@@ -58,22 +68,14 @@ def cmd_bench(args) -> int:
         prompts=args.prompts,
         per_category=args.per_category,
         max_new_tokens=args.max_new_tokens,
-        busy=busy_line(clock, runs_spoilt=any(r.busy for r in records)),
+        busy=busy,
         quiet_runs=sum(not r.busy for r in records),
         runs=len(records),
+        notes=notes,
     )
     out = write_outputs(records, Path(args.out), meta=meta)
     print(markdown(out["summary"], categories=args.categories))
-    print(
-        meta["busy"]
-        or "note: the machine was quiet while it measured (docs/bench.md, \"A busy machine\")"
-    )
-    if len(prompts) * args.repeats < FEW_PROMPTS:
-        print(
-            f"note: {len(prompts)} prompt(s) x {args.repeats} repeat(s): one run's noise can move "
-            "a method's figure by tens of percent; measure on more (--per-category 2, --repeats "
-            "3) before you rely on a difference"
-        )
+    print("\n".join(notes))
     print(f"wrote {args.out}/bench.json, bench.md, speedup.png, accepted.png", file=sys.stderr)
     return 0
 

@@ -157,3 +157,18 @@ def test_the_install_hint_is_the_setup_script_in_a_checkouts_own_venv(monkeypatc
     assert install_command("serve") == f"bash scripts/setup.sh serve (in {root})"
     monkeypatch.setattr(sys, "prefix", "/somewhere/else")
     assert install_command("serve") == "pip install 'specdec[serve]'"
+
+
+def test_help_states_each_valued_default_once(capsys, monkeypatch):
+    """Every option with a value for its default says it in --help (plan's widths, lengths
+    and top N had none), and an option whose own words give the default is not told twice."""
+    monkeypatch.setenv("COLUMNS", "300")  # argparse wraps to the terminal: one line per option
+    with pytest.raises(SystemExit):
+        main(["plan", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for shown in ("to try (default 1 2 4 8)", "to try (default 2 3 4 5 6)", "compare (default 3)"):
+        assert shown in text, shown
+    with pytest.raises(SystemExit):
+        main(["bench", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert text.count("default bench-out") == 1 and "(default False)" not in text

@@ -169,10 +169,10 @@ def test_run_bench_and_outputs(model_dir, tmp_path):
     assert "note:" not in table
     plain_row = next(line for line in table.splitlines() if "| plain |" in line)
     assert plain_row.split("|")[12].strip() == "-", plain_row  # no-draft steps: none to draft
-    # the busy machine's note goes with the file, which is shared without the terminal's lines
-    note = "note: measured while other work shared the machine (a test)"
-    write_outputs(records, tmp_path / "busy", meta={"busy": note})
-    assert (tmp_path / "busy" / "bench.md").read_text().rstrip().endswith(note)
+    # the notes go with the file, which is shared without the terminal's lines
+    notes = ["note: measured while other work shared the machine (a test)", "note: few (a test)"]
+    write_outputs(records, tmp_path / "busy", meta={"notes": notes})
+    assert (tmp_path / "busy" / "bench.md").read_text().rstrip().endswith("\n\n".join(notes))
 
 
 def test_planner_predicts_and_measures(model_dir, tmp_path):

@@ -268,6 +268,7 @@ def test_bench_writes_its_outputs(model_dir, tmp_path):
     assert len(data["records"]) == 2 * 2 and (tmp_path / "out" / "bench.md").stat().st_size > 0
     # two prompts once each: a figure one run's noise can move, which it says
     assert "note: 2 prompt(s) x 1 repeat(s): one run's noise" in done.stdout, done.stdout
+    assert "note: 2 prompt(s) x 1 repeat(s)" in (tmp_path / "out" / "bench.md").read_text()
     assert data["meta"]["runs"] == 4 and 0 <= data["meta"]["quiet_runs"] <= 4
 
 
