@@ -9,16 +9,16 @@ cannot flip it (float64: 1e-7, float32: 1e-4). Draft caches agree within 1e-9 (f
 
 from __future__ import annotations
 
-import attrs
 import numpy as np
 import pytest
-from hypothesis import assume, given
+from hypothesis import given
 from hypothesis import strategies as st
 
 import specdec
+from eagle_twins import Inputs, float32_exact
+from eagle_twins import check_against_reference as check_slots
 from specdec.errors import InvalidInputError
 from specdec.testing import checks, make_random_drafter, make_random_model
-from specdec.types import Accepted, DraftContext, PromptOutput
 from specdec_eagle3.checkpoint import random_eagle3_weights
 from specdec_eagle3.config import Eagle3Config
 from specdec_eagle3.reference import Eagle3Drafter, dynamic_tree
@@ -62,10 +62,6 @@ TREES = [
 ]
 
 
-def float32_exact(array):
-    return np.asarray(array, dtype=np.float32).astype(np.float64)
-
-
 def make_pair(backend: str, overrides: dict, tree: dict, seed: int, dtype: str, **options):
     """A reference EAGLE-3 and its twin on ``backend`` on the same float32-exact weights
     (``options``: int8, given to both)."""
@@ -97,10 +93,6 @@ def make_pair(backend: str, overrides: dict, tree: dict, seed: int, dtype: str, 
     return ref, twin, to, ints, rng
 
 
-def host(array) -> np.ndarray:
-    return np.array(array.tolist()) if not isinstance(array, np.ndarray) else array
-
-
 def check_against_reference(
     backend: str,
     dtype: str,
@@ -111,85 +103,36 @@ def check_against_reference(
     tolerance: dict,
     **options,
 ):
-    ref, twin, to, ints, rng = make_pair(backend, overrides, tree, seed, dtype, **options)
-    slots, lengths = [2, 0, 1], [5, 1, 9]
-    for slot, length in zip(slots, lengths, strict=True):
-        prompt = rng.integers(0, V, length)
-        layers = {i: float32_exact(rng.normal(size=(length, H))) for i in LAYERS}
-        ref.begin(
-            slot,
-            prompt,
-            PromptOutput(logits=np.zeros(V), hidden=np.zeros((length, H)), layers=layers),
-        )
-        twin.begin(
-            slot,
-            prompt,
-            PromptOutput(
-                logits=to(np.zeros(V)),
-                hidden=to(np.zeros((length, H))),
-                layers={i: to(a) for i, a in layers.items()},
-            ),
-        )
-    for step in range(4):  # steps 1 and 2 do not draft: their entries wait for step 3
-        roots = rng.integers(0, V, 3)
-        if step in (0, 3):
-            trees = [
-                dynamic_tree(
-                    ref.config,
-                    ref.weights,
-                    ref.embed_tokens,
-                    ref.slots[s],
-                    int(roots[b]),
-                    ref.slots[s].pending,
-                    top_k=ref.top_k,
-                    depth=ref.depth,
-                    total_tokens=ref.total_tokens,
-                )
-                for b, s in enumerate(slots)
-            ]
-            assume(min(t.margin for t in trees) > margin)
-            expected = ref.propose(
-                DraftContext(root_tokens=roots, hidden=np.zeros((3, H)), slots=np.array(slots))
-            )
-            actual = twin.propose(
-                DraftContext(
-                    root_tokens=ints(roots), hidden=to(np.zeros((3, H))), slots=np.array(slots)
-                )
-            )
-            where = f"{type(twin).__name__}.propose({overrides}, {tree}, seed={seed}, step {step})"
-            np.testing.assert_array_equal(host(actual.beams), expected.beams, err_msg=where)
-        counts = rng.integers(0, 3, 3)
-        tokens = np.full((3, counts.max() + 1), -1)
-        for b in range(3):
-            tokens[b, : counts[b] + 1] = [roots[b], *rng.integers(0, V, counts[b])]
-        layers = {i: float32_exact(rng.normal(size=(3, counts.max() + 1, H))) for i in LAYERS}
-        fields = dict(
-            slots=np.array(slots),
-            tokens=tokens,
-            num_accepted=counts,
-            bonus_tokens=rng.integers(0, V, 3),
-        )
-        ref.observe(Accepted(hidden=np.zeros((3, counts.max() + 1, H)), layers=layers, **fields))
-        twin.observe(
-            Accepted(
-                hidden=to(np.zeros((3, counts.max() + 1, H))),
-                layers={i: to(a) for i, a in layers.items()},
-                **fields,
-            )
-        )
-    twin.context(np.array(slots))  # the last step's entries wait until a slot drafts
-    for slot in slots:
-        expected, state = ref.slots[slot], twin.slots[slot]
-        state = state if isinstance(state, dict) else attrs.asdict(state, recurse=False)
-        assert state["length"] == expected.length
-        assert twin.slot_tokens(slot) == ref.slot_tokens(slot)
-        np.testing.assert_allclose(
-            host(state["keys"])[:, : expected.length], expected.keys, **tolerance
-        )
-        np.testing.assert_allclose(
-            host(state["values"])[:, : expected.length], expected.values, **tolerance
-        )
-        np.testing.assert_allclose(host(state["pending"]), expected.pending, **tolerance)
+    pair = make_pair(backend, overrides, tree, seed, dtype, **options)
+    check_slots(pair, INPUTS, vocab=V, margin=margin, tolerance=tolerance)
+
+
+def _tree(ref, slot, root, hidden):
+    state = ref.slots[slot]
+    return dynamic_tree(
+        ref.config,
+        ref.weights,
+        ref.embed_tokens,
+        state,
+        root,
+        state.pending,
+        top_k=ref.top_k,
+        depth=ref.depth,
+        total_tokens=ref.total_tokens,
+    )
+
+
+# EAGLE-3 reads the target's fused layers (its hidden state is unused: zeros), and the slot's
+# pending fused feature is compared besides its cache
+INPUTS = Inputs(
+    outputs=lambda rng, shape: dict(
+        hidden=np.zeros((*shape, H)),
+        layers={i: float32_exact(rng.normal(size=(*shape, H))) for i in LAYERS},
+    ),
+    root_hidden=lambda rng, rows: np.zeros((rows, H)),
+    tree=_tree,
+    cache=("pending",),
+)
 
 
 @pytest.mark.parametrize(

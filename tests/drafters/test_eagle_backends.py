@@ -9,16 +9,17 @@ float32: 1e-4). Draft caches agree within 1e-9 (float64) and ``checks.FLOAT32`` 
 
 from __future__ import annotations
 
-import attrs
 import numpy as np
 import pytest
-from hypothesis import assume, given
+from hypothesis import given
 from hypothesis import strategies as st
 
 import specdec
+from eagle_twins import Inputs, float32_exact
+from eagle_twins import check_against_reference as check_slots
 from specdec.errors import InvalidInputError
 from specdec.testing import checks, make_random_drafter
-from specdec.types import Accepted, DraftContext, PromptOutput
+from specdec.types import Accepted, PromptOutput
 from specdec_eagle.checkpoint import random_eagle_weights
 from specdec_eagle.config import EagleConfig
 from specdec_eagle.reference import EagleDrafter, dynamic_tree
@@ -42,10 +43,6 @@ TREES = [
     dict(top_k=4, depth=3, total_tokens=30),
     dict(top_k=1, depth=3, total_tokens=3),
 ]
-
-
-def float32_exact(array):
-    return np.asarray(array, dtype=np.float32).astype(np.float64)
 
 
 def make_pair(backend: str, overrides: dict, tree: dict, seed: int, dtype: str, **options):
@@ -86,10 +83,6 @@ def make_pair(backend: str, overrides: dict, tree: dict, seed: int, dtype: str, 
     return ref, twin, to, ints, rng
 
 
-def host(array) -> np.ndarray:
-    return np.array(array.tolist()) if not isinstance(array, np.ndarray) else array
-
-
 def check_against_reference(
     backend: str,
     dtype: str,
@@ -100,64 +93,31 @@ def check_against_reference(
     tolerance: dict,
     **options,
 ):
-    ref, twin, to, ints, rng = make_pair(backend, overrides, tree, seed, dtype, **options)
-    slots, lengths = [2, 0, 1], [5, 1, 9]
-    for slot, length in zip(slots, lengths, strict=True):
-        prompt, hidden = rng.integers(0, V, length), float32_exact(rng.normal(size=(length, H)))
-        ref.begin(slot, prompt, PromptOutput(logits=np.zeros(V), hidden=hidden))
-        twin.begin(slot, prompt, PromptOutput(logits=to(np.zeros(V)), hidden=to(hidden)))
-    for step in range(4):  # steps 1 and 2 do not draft: their entries wait for step 3
-        roots, hidden = rng.integers(0, V, 3), float32_exact(rng.normal(size=(3, H)))
-        if step in (0, 3):
-            trees = [
-                dynamic_tree(
-                    ref.config,
-                    ref.weights,
-                    ref.embed_tokens,
-                    ref.lm_head,
-                    ref.slots[s],
-                    int(roots[b]),
-                    hidden[b],
-                    top_k=ref.top_k,
-                    depth=ref.depth,
-                    total_tokens=ref.total_tokens,
-                )
-                for b, s in enumerate(slots)
-            ]
-            assume(min(t.margin for t in trees) > margin)
-            expected = ref.propose(
-                DraftContext(root_tokens=roots, hidden=hidden, slots=np.array(slots))
-            )
-            actual = twin.propose(
-                DraftContext(root_tokens=ints(roots), hidden=to(hidden), slots=np.array(slots))
-            )
-            where = f"{type(twin).__name__}.propose({overrides}, {tree}, seed={seed}, step {step})"
-            np.testing.assert_array_equal(host(actual.beams), expected.beams, err_msg=where)
-        counts = rng.integers(0, 3, 3)
-        tokens = np.full((3, counts.max() + 1), -1)
-        for b in range(3):
-            tokens[b, : counts[b] + 1] = [roots[b], *rng.integers(0, V, counts[b])]
-        step_hidden = float32_exact(rng.normal(size=(3, counts.max() + 1, H)))
-        fields = dict(
-            slots=np.array(slots),
-            tokens=tokens,
-            num_accepted=counts,
-            bonus_tokens=rng.integers(0, V, 3),
-        )
-        ref.observe(Accepted(hidden=step_hidden, **fields))
-        twin.observe(Accepted(hidden=to(step_hidden), **fields))
-    twin.context(np.array(slots))  # the last step's entries wait until a slot drafts
-    for slot in slots:
-        expected, state = ref.slots[slot], twin.slots[slot]
-        state = state if isinstance(state, dict) else attrs.asdict(state, recurse=False)
-        assert state["length"] == expected.length
-        assert twin.slot_tokens(slot) == ref.slot_tokens(slot)
-        np.testing.assert_allclose(
-            host(state["keys"])[:, : expected.length], expected.keys, **tolerance
-        )
-        np.testing.assert_allclose(
-            host(state["values"])[:, : expected.length], expected.values, **tolerance
-        )
+    pair = make_pair(backend, overrides, tree, seed, dtype, **options)
+    check_slots(pair, INPUTS, vocab=V, margin=margin, tolerance=tolerance)
+
+
+def _tree(ref, slot, root, hidden):
+    return dynamic_tree(
+        ref.config,
+        ref.weights,
+        ref.embed_tokens,
+        ref.lm_head,
+        ref.slots[slot],
+        root,
+        hidden,
+        top_k=ref.top_k,
+        depth=ref.depth,
+        total_tokens=ref.total_tokens,
+    )
+
+
+# EAGLE reads the target's last hidden state, at the prompt, each accepted token and the root
+INPUTS = Inputs(
+    outputs=lambda rng, shape: dict(hidden=float32_exact(rng.normal(size=(*shape, H)))),
+    root_hidden=lambda rng, rows: float32_exact(rng.normal(size=(rows, H))),
+    tree=_tree,
+)
 
 
 @pytest.mark.parametrize(
