@@ -2,10 +2,10 @@
 
 A drafter's weights need not be exact: what it proposes is verified by the target. On a CPU its
 products are bound by reading the weights (SmolLM2-135M's shipped ReDrafter reads 17.4 MB per
-drafted token, half of it the 8,192 shortlisted rows of the LM head), and torch's int8
-weight-only kernel (``torch._weight_int8pack_mm``: x in its dtype, int8 weights, one scale per
-output row) reads half of what bfloat16 does. The weights are rounded as ``specdec.reference.quantize`` says (on the host,
-in float64, by that very function), so the product is the reference's ``x @ dequantize_rows(q,
+drafted token, half of it the 8,192 shortlisted rows of the LM head), and torch's int8 weight-only
+kernel (``torch._weight_int8pack_mm``: x in its dtype, int8 weights, one scale per output row) reads
+half of what bfloat16 does. The weights are rounded as ``specdec.reference.quantize`` says (on the
+host, in float64, by that very function), so the product is the reference's ``x @ dequantize_rows(q,
 scale).T`` up to the kernel's accumulation.
 
 Nothing is assumed about speed or support. With ``int8=None`` a bfloat16 or float16 drafter's
