@@ -218,7 +218,8 @@ def cmd_plan(args) -> int:
             "the cores, and were left out of the choice; plan again on a quiet machine"
         )
     chosen = {"beam_width": best.beam_width, "beam_length": best.beam_length}
-    is_now = keep_now or (current is not None and now.same_as(best, lookup))  # nothing to name
+    # nothing to name per call or check: what generate uses already, or slower than plain
+    is_now = keep_now or (current is not None and now.same_as(best, lookup)) or speedup < 1.0
     if args.no_save:
         print(
             "not saved (--no-save)"
@@ -243,7 +244,7 @@ def cmd_plan(args) -> int:
             else f"nothing to save: {reasons[0]}"
             if already
             else f"not saved: {'; '.join(reasons)} (generate keeps what it used before)"
-            + _by_hand(args.drafter, chosen)
+            + ("" if is_now else _by_hand(args.drafter, chosen))
         )
     _afterword(args, prompts, None if is_now else chosen)
     return 0
@@ -378,8 +379,12 @@ def _plan_tree(args, prompts) -> int:
     if line:
         print(line)
     chosen = {**best.options, "lookup": bool(best.lookup)}
+    slower = best.speedup < 1.0  # nothing to name per call or check
     if args.no_save:
-        print("not saved (--no-save)" + _by_hand(args.drafter, chosen, anyway=False))
+        print(
+            "not saved (--no-save)"
+            + ("" if slower else _by_hand(args.drafter, chosen, anyway=False))
+        )
     else:
         reasons = tree_planner.why_not_kept(rows, clock)  # the rule plan_tree saved by
         print(
@@ -387,9 +392,9 @@ def _plan_tree(args, prompts) -> int:
             "are given"
             if not reasons
             else f"not saved: {'; '.join(reasons)} (generate keeps what it used before)"
-            + _by_hand(args.drafter, chosen)
+            + ("" if slower else _by_hand(args.drafter, chosen))
         )
-    _afterword(args, prompts, chosen)
+    _afterword(args, prompts, None if slower else chosen)
     return 0
 
 
