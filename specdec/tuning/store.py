@@ -4,9 +4,12 @@ Everything kept here is a speed choice, never a correctness one: a missing, stal
 only costs a measurement (``read_entry`` returns None), and a read-only cache only costs one next
 time (``write_entry`` gives up quietly). ``settled`` is the rule every cached measurement follows:
 one taken while other work shared the cores (``specdec.tuning.machine.QUIET_SHARE``) is taken
-again at later starts of the process, ``MEASURES`` times in all at most, and the quietest decides;
-within one process a file written is not measured again (``write_entry`` remembers it), so a
-busy machine costs each measurement once per start, not once per call.
+again at later starts of the process, ``MEASURES`` times, and the quietest decides; after that,
+again only at a start that finds the machine quiet (``quiet_now``, a probe of a fraction of a
+second), so a machine busy at every start so far is measured right once it is free, and one busy
+always is not measured at every start. Within one process a file written is not measured again
+(``write_entry`` remembers it), so a busy machine costs each measurement once per start, not
+once per call.
 """
 
 from __future__ import annotations
@@ -14,18 +17,20 @@ from __future__ import annotations
 import hashlib
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 from specdec.models.cache import cache_dir, cache_entry
 from specdec.models.checkpoints import write_json_atomic
 from specdec.models.files import read_json
-from specdec.tuning.machine import QUIET_SHARE
+from specdec.tuning.machine import QUIET_SHARE, Measured
 
 __all__ = [
     "MEASURES",
     "digest",
     "forget_this_process",
+    "quiet_now",
     "say_measuring",
     "read_entry",
     "settled",
@@ -33,8 +38,10 @@ __all__ = [
     "write_entry",
 ]
 
-MEASURES = 3  # a measurement taken beside other work is taken this many times in all at most
+MEASURES = 3  # a measurement taken beside other work is taken this many times at later starts
+PROBE_SECONDS = 0.3  # how long ``quiet_now`` watches the machine
 _WRITTEN_HERE: set[str] = set()  # the files this process wrote (measured)
+_QUIET_NOW: list[bool] = []  # the probe's answer, once per process
 
 
 def digest(value: Any) -> str:
@@ -65,19 +72,32 @@ def write_entry(file: Path, value: dict) -> None:
 
 def settled(cached: dict, file: Path | None = None) -> bool:
     """Whether a cached measurement stands: its process had the cores (a share of at least
-    ``QUIET_SHARE``; a file from before shares were recorded counts as quiet), it has been taken
-    ``MEASURES`` times already, or this process measured it (``file``: taken again at the next
-    start, not at every call)."""
-    return (
-        float(cached.get("share", 1.0)) >= QUIET_SHARE
-        or int(cached.get("measures", 1)) >= MEASURES
-        or (file is not None and str(file) in _WRITTEN_HERE)
-    )
+    ``QUIET_SHARE``; a file from before shares were recorded counts as quiet), this process
+    measured it (``file``: taken again at the next start, not at every call), or it has been
+    taken ``MEASURES`` times already and the machine is busy now (``quiet_now``)."""
+    if float(cached.get("share", 1.0)) >= QUIET_SHARE:
+        return True
+    if file is not None and str(file) in _WRITTEN_HERE:
+        return True
+    return int(cached.get("measures", 1)) >= MEASURES and not quiet_now()
+
+
+def quiet_now() -> bool:
+    """Whether other work leaves the cores free now: what the machine computed over
+    ``PROBE_SECONDS`` while this process waited, probed once per process (False where the system
+    does not say)."""
+    if not _QUIET_NOW:
+        with Measured() as probe:
+            time.sleep(PROBE_SECONDS)
+        _QUIET_NOW.append(probe.others is not None and probe.quiet)
+    return _QUIET_NOW[0]
 
 
 def forget_this_process() -> None:
-    """Act as a new start: measurements this process took are again open to being taken anew."""
+    """Act as a new start: measurements this process took are again open to being taken anew,
+    and the machine's load is probed again."""
     _WRITTEN_HERE.clear()
+    _QUIET_NOW.clear()
 
 
 def say_measuring(what: str, *, again: dict | None = None) -> None:
@@ -89,10 +109,11 @@ def say_measuring(what: str, *, again: dict | None = None) -> None:
     line says, so that it does not read as a cache that does not work."""
     why = ""
     if again:
-        share = float(again.get("share", 1.0))
-        why = (
-            f" again: the last time other work held {1 - share:.0%} of the cores (measure "
-            f"{int(again.get('measures', 1)) + 1} of at most {MEASURES})"
+        share, measures = float(again.get("share", 1.0)), int(again.get("measures", 1))
+        why = f" again: the quietest time so far other work held {1 - share:.0%} of the cores " + (
+            f"(measure {measures + 1} of {MEASURES})"
+            if measures < MEASURES
+            else "(the machine is quiet now)"
         )
     print(
         f"specdec: measuring {what} on this machine{why} (kept for later runs)",
