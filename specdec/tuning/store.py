@@ -17,14 +17,13 @@ from __future__ import annotations
 import hashlib
 import json
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 from specdec.models.cache import cache_dir, cache_entry
 from specdec.models.checkpoints import write_json_atomic
 from specdec.models.files import read_json
-from specdec.tuning.machine import QUIET_SHARE, Measured
+from specdec.tuning.machine import QUIET_SHARE, busy_cores, cores
 
 __all__ = [
     "MEASURES",
@@ -87,9 +86,8 @@ def quiet_now() -> bool:
     ``PROBE_SECONDS`` while this process waited, probed once per process (False where the system
     does not say)."""
     if not _QUIET_NOW:
-        with Measured() as probe:
-            time.sleep(PROBE_SECONDS)
-        _QUIET_NOW.append(probe.others is not None and probe.quiet)
+        busy = busy_cores(PROBE_SECONDS)
+        _QUIET_NOW.append(busy is not None and busy <= (1 - QUIET_SHARE) * cores())
     return _QUIET_NOW[0]
 
 

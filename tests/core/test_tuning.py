@@ -184,29 +184,18 @@ def test_a_choice_measured_busy_every_time_is_measured_again_at_a_start_that_fin
 
 
 def test_the_quiet_probe_reads_the_machine_once_per_start(monkeypatch):
-    """``quiet_now`` watches what other processes computed while this one waits: a share of
-    the cores taken by others above 1 - QUIET_SHARE reads busy; it is probed once per start."""
-    probes = []
-
-    class Probe:
-        others = 0.5
-        quiet = False
-
-        def __enter__(self):
-            probes.append(self)
-            return self
-
-        def __exit__(self, *exc):
-            return None
-
-    monkeypatch.setattr(store, "Measured", Probe)
-    monkeypatch.setattr(store, "PROBE_SECONDS", 0.0)
+    """``quiet_now`` reads how many cores other processes keep busy (``busy_cores``, as the
+    torch backend fits its threads): more than 1 - QUIET_SHARE of them reads busy; it is probed
+    once per start."""
+    probes, busy = [], [1.0]
+    monkeypatch.setattr(store, "busy_cores", lambda seconds: probes.append(seconds) or busy[0])
+    monkeypatch.setattr(store, "cores", lambda: 2)
     store.forget_this_process()
     assert store.quiet_now() is False and store.quiet_now() is False and len(probes) == 1
-    Probe.others, Probe.quiet = 0.05, True
+    busy[0] = 0.1  # 5% of two cores
     store.forget_this_process()
     assert store.quiet_now() is True and len(probes) == 2
-    Probe.others = None  # a system that does not say: busy, as nothing can be known
+    busy[0] = None  # a system that does not say: busy, as nothing can be known
     store.forget_this_process()
     assert store.quiet_now() is False
 
