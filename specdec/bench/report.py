@@ -222,6 +222,44 @@ def markdown(rows: Sequence[dict], *, categories: bool = True, notes: Sequence[s
     return "\n".join(lines + [f"\n{note}" for note in notes])
 
 
+# why a method's steps decoded plainly, in words (the reasons of specdec.decode.budget)
+WHY_PLAIN = {
+    "prediction": "auto judged drafting would not pay, from the drafter's acceptance so far and "
+    "this machine's step costs",
+    "realized": "its drafting steps delivered fewer tokens per second than plain steps here",
+    "no draft": "the drafter proposed nothing (prompt lookup finds no match in new text)",
+    "measuring": "plain steps that auto times to price drafting against",
+    "prompt": "steps that carried prompt tokens",
+}
+MOSTLY_PLAIN = 0.5  # a method whose steps decoded plainly this often gets a note saying why
+
+
+def plain_notes(rows: Sequence[dict]) -> list[str]:
+    """A note per method (its total row) that decoded most of its steps plainly, other than by
+    ``speculation="never"``: how often, the main reason in words, and how to see what drafting
+    every step gives (the table shows only the share)."""
+    notes = []
+    for r in rows:
+        reasons = {k: v for k, v in r.get("plain_reasons", {}).items() if k != "never"}
+        if r["category"] != "all" or r["method"] == "plain" or not reasons:
+            continue
+        if not r["plain_step_share"] >= MOSTLY_PLAIN:
+            continue
+        why, steps = max(reasons.items(), key=lambda item: item[1])
+        counts = ", ".join(f"{n} {k}" for k, n in sorted(reasons.items(), key=lambda i: -i[1]))
+        always = (
+            f"; `{r['method']}:speculation=always` shows what drafting every step gives"
+            if "speculation=" not in r["method"] and why in ("prediction", "realized")
+            else ""
+        )
+        notes.append(
+            f"note: {r['method']} ({r['backend']}, T={r['temperature']:g}) decoded "
+            f"{r['plain_step_share']:.0%} of its steps plainly (by reason: {counts}): mostly "
+            f"{WHY_PLAIN.get(why, why)}{always}"
+        )
+    return notes
+
+
 def accepted_histogram(records: Sequence[BenchRecord]) -> dict[str, dict[int, int]]:
     """Per method, how many drafting steps accepted 0, 1, 2, ... drafted tokens: the steps that
     decoded plainly (``plain_steps``: auto declined, or nothing was drafted) are left out, or

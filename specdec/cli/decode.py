@@ -241,7 +241,9 @@ def _median(results):
 
 def add_parsers(sub) -> None:
     demo = sub.add_parser(
-        "demo", help="answer a prompt with each drafter and with plain decoding, side by side"
+        "demo",
+        help="answer two chat prompts (or your own) with each drafter and with plain decoding, "
+        "side by side",
     )
     demo.add_argument(
         "--model",

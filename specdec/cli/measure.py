@@ -11,7 +11,7 @@ import specdec
 from specdec.bench import load_prompt_set, parse_method, run_bench, tree_planner
 from specdec.bench.planner import current_beams, keep, measure, measure_current, plan
 from specdec.bench.prompts import PROMPT_SETS
-from specdec.bench.report import markdown, write_outputs
+from specdec.bench.report import markdown, plain_notes, summarize, write_outputs
 from specdec.bench.tree_planner import plan_tree
 from specdec.bench.trust import Measured, busy_line, impossible
 from specdec.drafting.lookup import DEFAULT_DRAFT_LENGTH
@@ -24,6 +24,7 @@ from specdec.plugins.registry import default_registry, installed_distributions
 from specdec.tuning.dtype import architecture_key, dtype_cache_file, load_fastest
 from specdec.tuning.exactness import configure
 from specdec.tuning.exactness import describe as describe_exactness
+from specdec.tuning.machine import cores as machine_cores
 
 
 def cmd_bench(args) -> int:
@@ -55,11 +56,12 @@ def cmd_bench(args) -> int:
     notes = [
         busy or "note: the machine was quiet while it measured (docs/bench.md, \"A busy machine\")"
     ]
+    notes += plain_notes(summarize(records)) + thread_notes()
     if len(prompts) * args.repeats < FEW_PROMPTS:
         notes.append(
             f"note: {len(prompts)} prompt(s) x {args.repeats} repeat(s): one run's noise can move "
-            "a method's figure by tens of percent; measure on more (--per-category 2, --repeats "
-            "3) before you rely on a difference"
+            f"a method's figure by tens of percent; measure on more ({_more_prompts(args)}, or "
+            "--repeats 3) before you rely on a difference"
         )
     meta = dict(
         command=" ".join(sys.argv),
@@ -72,6 +74,7 @@ def cmd_bench(args) -> int:
         quiet_runs=sum(not r.busy for r in records),
         runs=len(records),
         notes=notes,
+        threads=torch_threads(),
     )
     out = write_outputs(records, Path(args.out), meta=meta)
     print(markdown(out["summary"], categories=args.categories))
@@ -256,6 +259,38 @@ MODE_LINE = (
     "where that pays, so it runs near the larger of that figure and 1.00x (a few percent below "
     "1.00x where drafting does not pay: it drafts a step now and then to find out)"
 )
+
+
+def _more_prompts(args) -> str:
+    """How to take more prompts, by what kept them few: --limit, the set's own size, or the
+    prompts per category."""
+    if args.limit is not None:
+        return f"drop --limit {args.limit}"
+    if args.prompts not in PROMPT_SETS:
+        return f"add prompts to {args.prompts}"
+    return f"--per-category {(args.per_category or 1) + 1}"
+
+
+def torch_threads() -> int | None:
+    """The threads torch computed on in this process (None where torch was not loaded)."""
+    torch = sys.modules.get("torch")
+    return None if torch is None else int(torch.get_num_threads())
+
+
+def thread_notes() -> list[str]:
+    """A note where torch computed on fewer threads than the machine has cores: it chose them at
+    its start from the cores other work left free, and figures taken on another count (a run
+    on a quiet machine) do not compare, nor share the tuning cache's measurements."""
+    threads, total = torch_threads(), machine_cores()
+    if threads is None or threads >= total:
+        return []
+    return [
+        f"note: torch computed on {threads} thread(s) of {total} cores, chosen at its start from "
+        "the cores other work left free: runs on another thread count do not compare with "
+        f"these, and measure this machine anew (OMP_NUM_THREADS={total} pins the count)"
+    ]
+
+
 OFF = 0.15  # decoded figures this far from their predictions get a note on reading the table
 
 
@@ -285,7 +320,7 @@ def _afterword(args, prompts, chosen: dict | None) -> None:
     if len(prompts) < FEW_PROMPTS:
         print(
             f"note: planned on {len(prompts)} prompt(s): one run's noise can move a setting's "
-            "figure by tens of percent; plan on more (--per-category 1 or more) before keeping a "
+            f"figure by tens of percent; plan on more ({_more_prompts(args)}) before keeping a "
             "choice"
         )
     same = chosen is not None and [

@@ -19,7 +19,7 @@ def add_parser(sub) -> None:
     parser = sub.add_parser(
         "store",
         help="index a model's own answers (.npz token sequences or .jsonl chats) as an answer "
-        "store for the prompt-lookup beam (docs/performance.md)",
+        "store for the prompt-lookup beam (docs/algorithms/lookup.md)",
     )
     parser.add_argument("--model", required=True, help="a bundled name or a model folder")
     parser.add_argument(

@@ -263,5 +263,6 @@ def add_parsers(sub) -> None:
     )
     for spec in trainable:
         _add_train_parser(
-            train_sub.add_parser(spec.name, help=f"distil a {spec.name} drafter"), spec
+            train_sub.add_parser(spec.name, help=f"distil the {spec.name} drafter from a model"),
+            spec,
         )

@@ -352,3 +352,70 @@ def test_the_accepted_histogram_counts_drafting_steps_alone():
         BenchRecord(method="auto", accepted=(0,) * 5 + (0, 2, 1), plain_steps=5, **common),
     ]
     assert accepted_histogram(records) == {"auto": {0: 1, 1: 1, 2: 1}}
+
+
+def test_a_method_that_mostly_decoded_plainly_gets_a_note_saying_why():
+    """Auto declined 97% of a method's steps on a machine whose cost curve was measured busy,
+    and only bench.json's plain_reasons said why: the notes under the table say it, with how to
+    see what drafting every step gives."""
+    from specdec.bench.report import plain_notes
+
+    def row(method, share, reasons, category="all"):
+        return dict(method=method, backend="torch", temperature=0, category=category,
+                    plain_step_share=share, plain_reasons=reasons)  # fmt: skip
+
+    rows = [
+        row("plain", float("nan"), {}),
+        row("redrafter", 0.97, {"prediction": 200, "measuring": 6}),
+        row("lookup", 0.6, {"no draft": 50, "measuring": 3}),
+        row("eagle", 0.3, {"prediction": 10}),  # drafted most steps: nothing to say
+        row("medusa:speculation=never", 1.0, {"never": 90}),  # asked for: nothing to say
+        row("redrafter", 0.97, {"prediction": 20}, category="writing"),  # the total row speaks
+    ]
+    notes = plain_notes(rows)
+    assert notes == [
+        "note: redrafter (torch, T=0) decoded 97% of its steps plainly (by reason: 200 "
+        "prediction, 6 measuring): mostly auto judged drafting would not pay, from the "
+        "drafter's acceptance so far and this machine's step costs; "
+        "`redrafter:speculation=always` shows what drafting every step gives",
+        "note: lookup (torch, T=0) decoded 60% of its steps plainly (by reason: 50 no draft, "
+        "3 measuring): mostly the drafter proposed nothing (prompt lookup finds no match in new "
+        "text)",
+    ], notes
+
+
+def test_bench_and_plan_name_what_kept_the_prompts_few():
+    """The few-prompts note told a run with --limit 4 to use --per-category 1 (the default
+    already) and one on a file of one's own to use --per-category 2."""
+    from types import SimpleNamespace
+
+    from specdec.cli.measure import _more_prompts
+
+    def args(**given):
+        return SimpleNamespace(**{"limit": None, "prompts": "mt-bench", "per_category": 1, **given})
+
+    assert _more_prompts(args(limit=4)) == "drop --limit 4"
+    assert _more_prompts(args(prompts="mine.jsonl")) == "add prompts to mine.jsonl"
+    assert _more_prompts(args(per_category=1)) == "--per-category 2"
+
+
+def test_a_torch_run_on_fewer_threads_than_cores_says_so(monkeypatch):
+    import sys
+
+    from specdec.cli import measure
+
+    class Torch:
+        threads = 1
+
+        def get_num_threads(self):
+            return self.threads
+
+    torch = Torch()
+    monkeypatch.setitem(sys.modules, "torch", torch)
+    monkeypatch.setattr(measure, "machine_cores", lambda: 2)
+    (note,) = measure.thread_notes()
+    assert note.startswith("note: torch computed on 1 thread(s) of 2 cores") and (
+        "OMP_NUM_THREADS=2" in note
+    )
+    torch.threads = 2
+    assert measure.thread_notes() == [] and measure.torch_threads() == 2
