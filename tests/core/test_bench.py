@@ -306,6 +306,32 @@ def test_progress_is_lines_where_stderr_is_not_a_terminal(monkeypatch, capsys):
     assert capsys.readouterr().err == ""
 
 
+def test_progress_lines_come_while_a_unit_takes_longer_than_a_line(monkeypatch, capsys):
+    """A tree plan's settings took up to four minutes each on a busy machine, and its lines came
+    at 1.0, 3.3, 7.3 and 11.3 minutes against "at least every minute": a heartbeat says how far
+    it is (and, once a unit is done, how long the rest should take) while a unit runs, and stops
+    at close."""
+    import time
+
+    from specdec.bench import progress as progress_module
+
+    monkeypatch.setattr(progress_module, "LINE_SECONDS", 3600.0)
+    monkeypatch.setattr(progress_module, "BEAT_SECONDS", 0.05)
+    bar = progress_module.progress(total=4, desc="plan: decoding tree settings", unit="setting")
+    time.sleep(0.5)  # the first setting decodes
+    bar.update(1)
+    time.sleep(0.5)  # the second
+    bar.close()
+    time.sleep(0.2)
+    lines = capsys.readouterr().err.splitlines()
+    assert lines and lines[0].startswith("plan: decoding tree settings: 0 of 4 settings done"), (
+        lines
+    )
+    assert any("1 of 4 settings done" in line and "min left" in line for line in lines), lines
+    time.sleep(0.2)
+    assert capsys.readouterr().err == ""  # closed: silent
+
+
 def test_a_speedup_above_its_tokens_per_step_is_flagged_in_the_table():
     """A bench run whose plain decoding was slowed by other work printed 7.81x at 1.27 tokens per
     step with no word (plan flagged such figures; bench did not)."""
