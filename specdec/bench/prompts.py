@@ -129,6 +129,16 @@ def load_prompt_set(
         prompts = PROMPT_SETS[source]()
     elif Path(source).is_file():
         prompts = _jsonl(Path(source))
+    elif Path(source).exists():
+        raise InvalidInputError(
+            f"--prompts {source!r} is a folder, not a file: give a JSONL file of "
+            '{"prompt": ...} or {"messages": [...]} lines (docs/bench.md)'
+        )
+    elif "/" in source or source.endswith((".jsonl", ".json")):
+        raise InvalidInputError(
+            f"--prompts {source!r}: no such file (a JSONL file of {{\"prompt\": ...}} or "
+            f"{{\"messages\": [...]}} lines, or one of {sorted(PROMPT_SETS)})"
+        )
     else:
         raise InvalidInputError(
             f"unknown prompt set {source!r}: use one of {sorted(PROMPT_SETS)} or a JSONL file of "

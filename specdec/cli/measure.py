@@ -30,8 +30,7 @@ from specdec.tuning.machine import cores as machine_cores
 def cmd_bench(args) -> int:
     """Run a benchmark grid and write bench.json, bench.md and plots to --out."""
     require("matplotlib", extra="bench", feature="specdec bench (its plots)")  # before any run
-    # an unwritable --out fails before the runs, not after
-    Path(args.out).mkdir(parents=True, exist_ok=True)
+    _bench_out(Path(args.out))  # an unwritable --out fails before the runs, not after
     prompts = load_prompt_set(args.prompts, per_category=args.per_category, limit=args.limit)
     methods = [parse_method(m) for m in args.methods]
     grid = [(item.partition(":")[0], item.partition(":")[2] or None) for item in args.backends]
@@ -259,6 +258,22 @@ MODE_LINE = (
     "where that pays, so it runs near the larger of that figure and 1.00x (a few percent below "
     "1.00x where drafting does not pay: it drafts a step now and then to find out)"
 )
+
+
+def _bench_out(out: Path) -> None:
+    """``--out`` made a folder bench can write into, or an error that names ``--out`` and why."""
+    if out.exists() and not out.is_dir():
+        raise InvalidInputError(f"--out {str(out)!r} is a file: give a folder for bench's outputs")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / ".specdec-bench-write-check"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise InvalidInputError(
+            f"--out {str(out)!r} cannot be written ({exc.strerror or exc}): give a folder you "
+            "can write"
+        ) from None
 
 
 def _more_prompts(args) -> str:

@@ -445,3 +445,26 @@ def test_a_torch_run_on_fewer_threads_than_cores_says_so(monkeypatch):
     )
     torch.threads = 2
     assert measure.thread_notes() == [] and measure.torch_threads() == 2
+
+
+def test_a_missing_prompt_file_or_an_unwritable_out_is_named_as_such(tmp_path):
+    """A missing file was "unknown prompt set ...", and --out's errors were the system's own
+    ("/etc/passwd: File exists") without naming --out."""
+    from specdec.bench.prompts import load_prompt_set
+    from specdec.cli.measure import _bench_out
+    from specdec.errors import InvalidInputError
+
+    with pytest.raises(InvalidInputError, match=r"--prompts '\S+nope.jsonl': no such file"):
+        load_prompt_set(str(tmp_path / "nope.jsonl"))
+    with pytest.raises(InvalidInputError, match=r"is a folder, not a file"):
+        load_prompt_set(str(tmp_path))
+    with pytest.raises(InvalidInputError, match=r"unknown prompt set 'mtbench'"):
+        load_prompt_set("mtbench")
+    file = tmp_path / "a-file"
+    file.write_text("")
+    with pytest.raises(InvalidInputError, match=r"--out '\S+a-file' is a file"):
+        _bench_out(file)
+    with pytest.raises(InvalidInputError, match=r"--out '\S+' cannot be written"):
+        _bench_out(file / "under")
+    _bench_out(tmp_path / "new" / "out")
+    assert list((tmp_path / "new" / "out").iterdir()) == []  # its write check leaves nothing
