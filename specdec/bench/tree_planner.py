@@ -148,9 +148,8 @@ def plan_tree(
                         target, ids, drafter, options, with_lookup, backend, max_new_tokens
                     )
             except InvalidInputError:  # a setting the drafter or the lookup beam refuses
-                return None
-            finally:
-                bar.update(1)
+                return None  # not counted: the bar counts settings decoded, as plan's line does
+            bar.update(1)
             rows[key] = TreePlanRow(
                 options=dict(options),
                 lookup=with_lookup,
