@@ -1,24 +1,19 @@
-"""``specdec bench``, ``specdec plan`` and ``specdec tune``: measurements on this machine."""
+"""``specdec bench`` and ``specdec tune``, and the parsers of those and ``specdec plan`` (its code:
+``specdec.cli.plan``): measurements on this machine."""
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
-import attrs
 
-import specdec
-from specdec.bench import load_prompt_set, parse_method, run_bench, tree_planner
-from specdec.bench.planner import current_beams, keep, measure, measure_current, plan
-from specdec.bench.prompts import PROMPT_SETS
+from specdec.bench import load_prompt_set, parse_method, run_bench
 from specdec.bench.report import markdown, plain_notes, summarize, write_outputs
-from specdec.bench.tree_planner import plan_tree
-from specdec.bench.trust import Measured, busy_line, impossible
-from specdec.drafting.lookup import DEFAULT_DRAFT_LENGTH
+from specdec.bench.trust import Measured, busy_line
+from specdec.cli.plan import FEW_PROMPTS, cmd_plan, more_prompts
 from specdec.errors import InvalidInputError, require
 from specdec.generation.components import resolve_drafter
 from specdec.generation.loading import load_backend
-from specdec.generation.resolve import resolve
 from specdec.models.bundled import resolve_model
 from specdec.plugins.registry import default_registry, installed_distributions
 from specdec.tuning.dtype import architecture_key, dtype_cache_file, load_fastest
@@ -59,7 +54,7 @@ def cmd_bench(args) -> int:
     if len(prompts) * args.repeats < FEW_PROMPTS:
         notes.append(
             f"note: {len(prompts)} prompt(s) x {args.repeats} repeat(s): one run's noise can move "
-            f"a method's figure by tens of percent; measure on more ({_more_prompts(args)}, or "
+            f"a method's figure by tens of percent; measure on more ({more_prompts(args)}, or "
             "--repeats 3) before you rely on a difference"
         )
     meta = dict(
@@ -82,184 +77,6 @@ def cmd_bench(args) -> int:
     return 0
 
 
-def cmd_plan(args) -> int:
-    """Predict the speedup of every beam configuration, recommend one, and check the best few;
-    or, for a tree drafter, decode with its tree settings and recommend the fastest."""
-    prompts = load_prompt_set(args.prompts, per_category=args.per_category, limit=args.limit)
-    prompts = [p.prompt for p in prompts]
-    registry = default_registry()
-    named = resolve("drafter", args.drafter, registry, args.backend)
-    if named.spec is not None and named.spec.tree_options:
-        return _plan_tree(args, prompts)
-    if named.spec is None or not named.spec.beam_options:
-        raise InvalidInputError(
-            f"specdec plan chooses a drafter's beams (a spec with beam_options=True, as "
-            f"redrafter's) or its tree settings (tree_options, as eagle's and eagle3's); "
-            f"drafter {args.drafter!r} declares neither, so there is nothing to plan"
-        )
-    lookup = not args.no_lookup
-    clock = Measured()
-    options = dict(backend=args.backend, dtype=args.dtype, max_new_tokens=args.max_new_tokens)
-    target = specdec.load(args.model, backend=args.backend, dtype=args.dtype)  # once for all
-    rows = plan(
-        target,
-        args.drafter,
-        prompts,
-        widths=args.widths,
-        lengths=args.lengths,
-        lookup=lookup,
-        clock=clock,
-        progress=True,
-        **options,
-    )
-    # the best shapes timed quiet; where every one was timed busy, the best anyway: decoded
-    # beside plain decoding, a figure that other work slows on both sides (never kept)
-    possible = [r for r in rows if not r.impossible]
-    plausible = ([r for r in possible if not r.busy] or possible)[: args.measure_top]
-    checked = (
-        measure(
-            target,
-            args.drafter,
-            prompts,
-            plausible,
-            lookup=lookup,
-            clock=clock,
-            progress=True,
-            **options,
-        )
-        if args.measure_top and plausible
-        else []
-    )
-    now = current_beams(target, args.drafter, backend=args.backend)
-    current = None
-    if checked:  # generate's setting decoded beside them: once, reused where it was a candidate
-        decoded = next((r for r in checked if now.same_as(r, lookup)), None)
-        current = (
-            attrs.evolve(now, speedup=decoded.measured_speedup)
-            if decoded is not None
-            else measure_current(target, args.drafter, prompts, clock=clock, now=now, **options)
-        )
-        now = current
-    measured = {(r.beam_width, r.beam_length): r.measured_speedup for r in checked}
-    if current is not None:  # generate's shape, decoded beside them: its row shows the figure
-        measured.setdefault((current.beam_width, current.beam_length), current.speedup)
-    print(
-        "| W | L | tokens/step (est.) | tree size | plain ms | draft ms | verify ms | "
-        "predicted speedup | measured |"
-    )
-    print("|---|---|---|---|---|---|---|---|---|")
-    for r in rows:
-        m = measured.get((r.beam_width, r.beam_length))
-        flag = " (impossible: above its tokens/step)" if r.impossible else ""
-        flag += " (busy: timed while other work took the cores)" if r.busy else ""
-        flag += " (generate's now)" if now.same_as(r, lookup) else ""
-        print(
-            f"| {r.beam_width} | {r.beam_length} | {r.tokens_per_step:.2f} | {r.tree_size:.1f} | "
-            f"{r.plain_ms:.1f} | {r.draft_ms:.1f} | {r.verify_ms:.1f} | "
-            f"{r.predicted_speedup:.2f}x{flag} | "
-            f"{'-' if m is None else f'{m:.2f}x'} |"
-        )
-    print(MODE_LINE)
-    _prediction_note(rows, measured)
-    trusted = [r for r in checked if not r.busy] or checked  # a busy decode: left out if others
-    best = (
-        max(trusted, key=lambda r: r.measured_speedup)
-        if trusted
-        else next((r for r in rows if not r.busy and not r.impossible), rows[0])
-    )
-    figure = (
-        f"measured {best.measured_speedup:.2f}x, predicted {best.predicted_speedup:.2f}x"
-        if best.measured_speedup is not None
-        else f"predicted {best.predicted_speedup:.2f}x"
-    )
-    shape = f"beam_width={best.beam_width} beam_length={best.beam_length}"
-    with_lookup = (
-        f", with the prompt-lookup beam of {DEFAULT_DRAFT_LENGTH} tokens" if lookup else ""
-    )
-    speedup = best.measured_speedup if best.measured_speedup is not None else best.predicted_speedup
-    # generate's setting decoded at least as fast as every other: the choice is to keep it
-    keep_now = (
-        current is not None
-        and not now.same_as(best, lookup)
-        and not best.busy
-        and best.measured_speedup <= current.speedup
-    )
-    if keep_now:
-        speedup = current.speedup
-    label = _recommended(best.busy, speedup)
-    if current is not None and now.same_as(best, lookup):
-        print(f"{label}: {shape} ({figure}{with_lookup}): generate's setting now")
-    elif keep_now:
-        print(
-            f"{label}: keep generate's setting now, {current.describe()} (measured "
-            f"{current.speedup:.2f}x); the best other shape decoded: {shape} ({figure}"
-            f"{with_lookup})"
-        )
-    else:
-        print(f"{label}: {shape} ({figure} over plain decoding, decode phase{with_lookup})")
-        if current is not None:
-            print(
-                f"generate's setting now: {current.describe()} (measured "
-                f"{current.speedup:.2f}x, decoded the same way)"
-            )
-    if speedup < 1.0:
-        print(NOTHING_PAYS)
-    if args.measure_top and not plausible:
-        print(
-            "note: no shape was decoded (--measure-top), so the measured column is empty: each "
-            "was predicted above its tokens/step (its timing was spoilt: plan again)"
-        )
-    line = busy_line(clock)
-    if line:
-        print(line)
-    # a shape timed busy and then decoded is one shape, not two
-    spoilt = len({(r.beam_width, r.beam_length) for r in (*rows, *checked) if r.busy})
-    if spoilt and not line:
-        print(
-            f"note: {spoilt} of the shapes above (marked busy) were timed while other work took "
-            "the cores, and were left out of the choice; plan again on a quiet machine"
-        )
-    chosen = {"beam_width": best.beam_width, "beam_length": best.beam_length}
-    # nothing to name per call or check: what generate uses already, or slower than plain
-    is_now = keep_now or (current is not None and now.same_as(best, lookup)) or speedup < 1.0
-    if args.no_save:
-        print(
-            "not saved (--no-save)"
-            + ("" if is_now else _by_hand(args.drafter, chosen, anyway=False))
-        )
-    else:
-        reasons = keep(
-            target,
-            args.drafter,
-            best,
-            clock,
-            backend=args.backend,
-            dtype=args.dtype,
-            lookup=lookup,
-            prompts=len(prompts),
-            current=current,
-        )
-        already = current is not None and current.same_as(best, lookup)
-        print(
-            "saved: generate uses it for this drafter on this machine when no beams are given"
-            if not reasons
-            else f"nothing to save: {reasons[0]}"
-            if already
-            else f"not saved: {'; '.join(reasons)} (generate keeps what it used before)"
-            + ("" if is_now else _by_hand(args.drafter, chosen))
-        )
-    _afterword(args, prompts, None if is_now else chosen)
-    return 0
-
-
-MODE_LINE = (
-    "every setting above was decoded with speculation=\"always\" (each step drafting), so its "
-    "figure is what its trees give; generate's default, \"auto\", drafts only in the steps "
-    "where that pays, so it runs near the larger of that figure and 1.00x (a few percent below "
-    "1.00x where drafting does not pay: it drafts a step now and then to find out)"
-)
-
-
 def _bench_out(out: Path) -> None:
     """``--out`` made a folder bench can write into, or an error that names ``--out`` and why."""
     if out.exists() and not out.is_dir():
@@ -274,16 +91,6 @@ def _bench_out(out: Path) -> None:
             f"--out {str(out)!r} cannot be written ({exc.strerror or exc}): give a folder you "
             "can write"
         ) from None
-
-
-def _more_prompts(args) -> str:
-    """How to take more prompts, by what kept them few: --limit, the set's own size, or the
-    prompts per category."""
-    if args.limit is not None:
-        return f"drop --limit {args.limit}"
-    if args.prompts not in PROMPT_SETS:
-        return f"add prompts to {args.prompts}"
-    return f"--per-category {(args.per_category or 1) + 1}"
 
 
 def torch_threads() -> int | None:
@@ -304,164 +111,6 @@ def thread_notes() -> list[str]:
         "the cores other work left free: runs on another thread count do not compare with "
         f"these, and measure this machine anew (OMP_NUM_THREADS={total} pins the count)"
     ]
-
-
-OFF = 0.15  # decoded figures this far from their predictions get a note on reading the table
-
-
-def _prediction_note(rows, measured: dict) -> None:
-    """A note when a decoded shape's figure is far from its prediction: the prediction ranks
-    the shapes, the decoded figure is the one to go by."""
-    ratios = [
-        measured[(r.beam_width, r.beam_length)] / r.predicted_speedup
-        for r in rows
-        if measured.get((r.beam_width, r.beam_length)) and r.predicted_speedup > 0
-    ]
-    if ratios and max(abs(x - 1.0) for x in ratios) > OFF:
-        print(
-            f"note: the shapes decoded measured {min(ratios):.2f}-{max(ratios):.2f} times their "
-            "predictions: a prediction times 12 steps of the first prompt and estimates tokens "
-            "per step from the widest beams' recording, so it ranks the shapes; the measured "
-            "column, decoded over every prompt, is the figure to go by"
-        )
-
-
-FEW_PROMPTS = 8  # below this many prompts, one run's noise can move a setting by tens of percent
-
-
-def _afterword(args, prompts, chosen: dict | None) -> None:
-    """What every plan says after its choice (``chosen``: its settings; None: what generate uses
-    already, nothing to check): how to check it, and what its prompts were."""
-    if len(prompts) < FEW_PROMPTS:
-        print(
-            f"note: planned on {len(prompts)} prompt(s): one run's noise can move a setting's "
-            f"figure by tens of percent; plan on more ({_more_prompts(args)}) before keeping a "
-            "choice"
-        )
-    same = chosen is not None and [
-        f"--model {args.model}",
-        f"--prompts {args.prompts}",
-        f"--per-category {args.per_category}" if args.per_category is not None else "",
-        f"--limit {args.limit}" if args.limit is not None else "",
-        f"--backends {args.backend}",
-        f"--max-new-tokens {args.max_new_tokens}",
-    ]
-    if same:
-        print(
-            "check a choice as generate runs it, on the same prompts: specdec bench "
-            f"{' '.join(filter(None, same))} --methods plain {args.drafter} "
-            f"{args.drafter}:{_per_call(chosen)} (docs/bench.md)"
-        )
-    if args.prompts in PROMPT_SETS:
-        print(
-            f"planned on the {args.prompts} prompts; the best settings depend on the text: for "
-            "another kind of use (code, say) plan with --prompts FILE.jsonl of prompts like your "
-            "own",
-            file=sys.stderr,
-        )
-
-
-def _recommended(busy: bool, speedup: float | None = None) -> str:
-    """The recommendation's label: a choice timed beside other work is only the best guess, a
-    choice slower than plain decoding only the fastest found (``speedup``: its figure)."""
-    slower = speedup is not None and speedup < 1.0
-    if busy:
-        return "best guess (timed while other work took the cores)" + (
-            ", and slower than plain decoding" if slower else ""
-        )
-    return "fastest found, but slower than plain decoding" if slower else "recommended"
-
-
-NOTHING_PAYS = (
-    "note: no setting here beat plain decoding; generate's auto speculation decodes plainly "
-    "where drafting does not pay (speculation=\"never\" turns drafting off)"
-)
-
-
-def _plan_tree(args, prompts) -> int:
-    clock = Measured()
-    rows = plan_tree(
-        args.model,
-        args.drafter,
-        prompts,
-        backend=args.backend,
-        dtype=args.dtype,
-        max_new_tokens=args.max_new_tokens,
-        lookup=False if args.no_lookup else None,
-        save=not args.no_save,
-        clock=clock,
-        progress=True,
-    )
-    print("| settings | lookup | tokens/step | nodes/step | measured speedup |")
-    print("|---|---|---|---|---|")
-    seen: dict[tuple, str] = {}  # a row's counts -> the first (fastest) row with them
-    for r in rows:
-        settings = " ".join(f"{k}={v}" for k, v in sorted(r.options.items()))
-        if r.current:
-            settings = "generate's setting now (none named)"
-        flag = (
-            " (impossible: above its tokens/step)"
-            if impossible(r.speedup, r.tokens_per_step)
-            else ""
-        ) + (" (busy: decoded while other work took the cores)" if r.busy else "")
-        # the same tokens and nodes over every prompt: most often the same trees (a tree_top_k
-        # and depth that cap the tree below total_tokens), whose speeds differ by noise alone
-        counts = (r.tokens_per_step, r.nodes_per_step)
-        if counts in seen:
-            flag += f" (the same tokens and nodes per step as {seen[counts]})"
-        seen.setdefault(counts, settings)
-        lookup = "as now" if r.lookup is None else "yes" if r.lookup else "no"
-        print(
-            f"| {settings} | {lookup} | {r.tokens_per_step:.2f} | "
-            f"{r.nodes_per_step:.1f} | {r.speedup:.2f}x{flag} |"
-        )
-    print(MODE_LINE)
-    best = next(r for r in rows if not r.current)
-    settings = " ".join(f"{k}={v}" for k, v in sorted(best.options.items())) or "its defaults"
-    print(
-        f"{_recommended(best.busy, best.speedup)}: {settings}, lookup "
-        f"{'on' if best.lookup else 'off'} (measured {best.speedup:.2f}x over plain decoding, "
-        f"decode phase, {len(rows)} settings decoded)"
-    )
-    if best.speedup < 1.0:
-        print(NOTHING_PAYS)
-    line = busy_line(clock)
-    if line:
-        print(line)
-    chosen = {**best.options, "lookup": bool(best.lookup)}
-    slower = best.speedup < 1.0  # nothing to name per call or check
-    if args.no_save:
-        print(
-            "not saved (--no-save)"
-            + ("" if slower else _by_hand(args.drafter, chosen, anyway=False))
-        )
-    else:
-        reasons = tree_planner.why_not_kept(rows, clock)  # the rule plan_tree saved by
-        print(
-            "saved: generate uses it for this drafter on this machine when no tree settings "
-            "are given"
-            if not reasons
-            else f"not saved: {'; '.join(reasons)} (generate keeps what it used before)"
-            + ("" if slower else _by_hand(args.drafter, chosen))
-        )
-    _afterword(args, prompts, None if slower else chosen)
-    return 0
-
-
-def _per_call(options: dict) -> str:
-    """A choice's settings as a method's options: w=2,l=5 or depth=2,total_tokens=4,..."""
-    short = {"beam_width": "w", "beam_length": "l"}
-    return ",".join(f"{short.get(k, k)}={str(v).lower()}" for k, v in options.items())
-
-
-def _by_hand(drafter: str, options: dict, *, anyway: bool = True) -> str:
-    """How to decode with a choice the planner did not keep: the settings named per call."""
-    cli = _per_call(options)
-    python = ", ".join(f"{k}={v!r}" for k, v in options.items())
-    return (
-        f"; to decode with it{' anyway' if anyway else ''}, name it per call: --drafter "
-        f"{drafter}:{cli} (generate(..., {python}))"
-    )
 
 
 def cmd_tune(args) -> int:

@@ -415,14 +415,14 @@ def test_bench_and_plan_name_what_kept_the_prompts_few():
     already) and one on a file of one's own to use --per-category 2."""
     from types import SimpleNamespace
 
-    from specdec.cli.measure import _more_prompts
+    from specdec.cli.plan import more_prompts
 
     def args(**given):
         return SimpleNamespace(**{"limit": None, "prompts": "mt-bench", "per_category": 1, **given})
 
-    assert _more_prompts(args(limit=4)) == "drop --limit 4"
-    assert _more_prompts(args(prompts="mine.jsonl")) == "add prompts to mine.jsonl"
-    assert _more_prompts(args(per_category=1)) == "--per-category 2"
+    assert more_prompts(args(limit=4)) == "drop --limit 4"
+    assert more_prompts(args(prompts="mine.jsonl")) == "add prompts to mine.jsonl"
+    assert more_prompts(args(per_category=1)) == "--per-category 2"
 
 
 def test_a_torch_run_on_fewer_threads_than_cores_says_so(monkeypatch):

@@ -290,7 +290,7 @@ def test_plan_recommends_a_configuration(model_dir, tmp_path, monkeypatch, capsy
     when ``specdec.bench.trust`` finds nothing against it (its rules: tests/core/test_tuning.py;
     pinned here, as this machine may be busy and a random drafter's figures are noise)."""
     from specdec.bench import planner
-    from specdec.cli import measure as measure_cli
+    from specdec.cli import plan as plan_cli
     from specdec.cli.main import main
     from specdec.testing import make_random_drafter
 
@@ -304,7 +304,7 @@ def test_plan_recommends_a_configuration(model_dir, tmp_path, monkeypatch, capsy
     monkeypatch.setattr(planner, "Measured", _QuietShapeClock)  # each shape's own clock
     # what generate uses now, measured slower than any candidate (the rule: test_tuning.py)
     now = planner.Current(beam_width=4, beam_length=5, lookup=True, speedup=0.0)
-    monkeypatch.setattr(measure_cli, "measure_current", lambda *a, **k: now)
+    monkeypatch.setattr(plan_cli, "measure_current", lambda *a, **k: now)
     import specdec
 
     loads, load = [], specdec.load
@@ -360,7 +360,7 @@ def test_plan_decodes_generates_shape_once_and_keeps_it_when_no_other_is_faster(
     summary 1.59x; then "recommended: beam_width=4 ..." was followed by "not saved", as it was
     no faster than generate's."""
     from specdec.bench import planner
-    from specdec.cli import measure as measure_cli
+    from specdec.cli import plan as plan_cli
     from specdec.cli.main import main
 
     def row(width, speedup):
@@ -370,11 +370,11 @@ def test_plan_decodes_generates_shape_once_and_keeps_it_when_no_other_is_faster(
         )  # fmt: skip
 
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(measure_cli, "plan", lambda *a, **k: [row(4, None), row(2, None)])
-    monkeypatch.setattr(measure_cli, "measure", lambda *a, **k: [row(4, 1.58), row(2, 1.59)])
+    monkeypatch.setattr(plan_cli, "plan", lambda *a, **k: [row(4, None), row(2, None)])
+    monkeypatch.setattr(plan_cli, "measure", lambda *a, **k: [row(4, 1.58), row(2, 1.59)])
     now = planner.Current(beam_width=2, beam_length=3, lookup=True, speedup=0.0)
-    monkeypatch.setattr(measure_cli, "current_beams", lambda *a, **k: now)
-    monkeypatch.setattr(measure_cli, "measure_current", lambda *a, **k: pytest.fail("again"))
+    monkeypatch.setattr(plan_cli, "current_beams", lambda *a, **k: now)
+    monkeypatch.setattr(plan_cli, "measure_current", lambda *a, **k: pytest.fail("again"))
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text('{"prompt": "bada beda bida"}\n')
     argv = ["plan", "--model", str(model_dir), "--drafter", "redrafter", "--backend", "numpy"]
@@ -386,10 +386,8 @@ def test_plan_decodes_generates_shape_once_and_keeps_it_when_no_other_is_faster(
         "prompt-lookup beam of 10 tokens): generate's setting now" in out
     ), out
 
-    monkeypatch.setattr(measure_cli, "measure", lambda *a, **k: [row(4, 1.58), row(1, 1.2)])
-    monkeypatch.setattr(
-        measure_cli, "measure_current", lambda *a, **k: attrs.evolve(now, speedup=1.6)
-    )
+    monkeypatch.setattr(plan_cli, "measure", lambda *a, **k: [row(4, 1.58), row(1, 1.2)])
+    monkeypatch.setattr(plan_cli, "measure_current", lambda *a, **k: attrs.evolve(now, speedup=1.6))
     assert main(argv + ["--prompts", str(prompts), "--measure-top", "2", "--no-save"]) == 0
     out = capsys.readouterr().out
     assert (
@@ -403,9 +401,9 @@ def test_plan_decodes_generates_shape_once_and_keeps_it_when_no_other_is_faster(
 
     # every other shape below plain decoding, generate's above it: keep it, and say nothing of
     # drafting not paying, nor how to use a slower shape per call (both were said)
-    monkeypatch.setattr(measure_cli, "measure", lambda *a, **k: [row(1, 0.98), row(4, 0.92)])
+    monkeypatch.setattr(plan_cli, "measure", lambda *a, **k: [row(1, 0.98), row(4, 0.92)])
     monkeypatch.setattr(
-        measure_cli, "measure_current", lambda *a, **k: attrs.evolve(now, speedup=1.05)
+        plan_cli, "measure_current", lambda *a, **k: attrs.evolve(now, speedup=1.05)
     )
     assert main(argv + ["--prompts", str(prompts), "--measure-top", "2", "--no-save"]) == 0
     out = capsys.readouterr().out
@@ -423,7 +421,7 @@ def test_plan_with_every_shape_timed_busy_decodes_the_best_anyway_and_keeps_noth
     still decoded beside plain decoding (before, none was, and the measured column stayed
     empty), flagged, and nothing is kept."""
     from specdec.bench import planner
-    from specdec.cli import measure as measure_cli
+    from specdec.cli import plan as plan_cli
     from specdec.cli.main import main
     from specdec.testing import make_random_drafter
 
@@ -439,13 +437,11 @@ def test_plan_with_every_shape_timed_busy_decodes_the_best_anyway_and_keeps_noth
         decoded.extend(rows)
         return [attrs.evolve(r, measured_speedup=0.9, busy=True) for r in rows]
 
-    monkeypatch.setattr(measure_cli, "measure", measure)
+    monkeypatch.setattr(plan_cli, "measure", measure)
     # what generate uses now, not among the shapes: decoded beside them
     now = planner.Current(beam_width=4, beam_length=4, lookup=True, speedup=0.0)
-    monkeypatch.setattr(measure_cli, "current_beams", lambda *a, **k: now)
-    monkeypatch.setattr(
-        measure_cli, "measure_current", lambda *a, **k: attrs.evolve(now, speedup=0.8)
-    )
+    monkeypatch.setattr(plan_cli, "current_beams", lambda *a, **k: now)
+    monkeypatch.setattr(plan_cli, "measure_current", lambda *a, **k: attrs.evolve(now, speedup=0.8))
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text('{"prompt": "bada beda bida"}\n')
     argv = ["plan", "--model", str(model_dir), "--drafter", str(drafter), "--backend", "numpy"]
@@ -512,7 +508,7 @@ def test_plan_where_nothing_beats_plain_decoding_recommends_nothing_and_keeps_no
     "recommended: depth=2 ... (measured 0.68x ...)"."""
     from specdec.bench import trust
     from specdec.bench.tree_planner import TreePlanRow
-    from specdec.cli import measure as measure_cli
+    from specdec.cli import plan as plan_cli
     from specdec.cli.main import main
     from specdec.testing import make_random_drafter
 
@@ -522,7 +518,7 @@ def test_plan_where_nothing_beats_plain_decoding_recommends_nothing_and_keeps_no
         TreePlanRow(options={}, lookup=None, tokens_per_step=1.1, nodes_per_step=9.0,
                     speedup=0.6, current=True),
     ]  # fmt: skip
-    monkeypatch.setattr(measure_cli, "plan_tree", lambda *a, **k: rows)
+    monkeypatch.setattr(plan_cli, "plan_tree", lambda *a, **k: rows)
     drafter = make_random_drafter(tmp_path / "e3", model_dir, kind="eagle3", seed=1)
     args = ["plan", "--model", str(model_dir), "--drafter", str(drafter), "--backend", "numpy"]
     assert main([*args, "--no-save"]) == 0
@@ -546,7 +542,7 @@ def test_plan_marks_tree_settings_that_decoded_the_same_trees(
     """total_tokens=12, 16 and 24 decoded the same 14.2 nodes a step where the tree's top-k and
     depth capped it, and measured speeds 8% apart: rows a reader took for different settings."""
     from specdec.bench.tree_planner import TreePlanRow
-    from specdec.cli import measure as measure_cli
+    from specdec.cli import plan as plan_cli
     from specdec.cli.main import main
     from specdec.testing import make_random_drafter
 
@@ -558,7 +554,7 @@ def test_plan_marks_tree_settings_that_decoded_the_same_trees(
 
     rows = [row(1.52, 1.92, total_tokens=16), row(1.45, 1.80, total_tokens=8)]
     rows.append(row(1.40, 1.92, total_tokens=24))
-    monkeypatch.setattr(measure_cli, "plan_tree", lambda *a, **k: rows)
+    monkeypatch.setattr(plan_cli, "plan_tree", lambda *a, **k: rows)
     drafter = make_random_drafter(tmp_path / "e3", model_dir, kind="eagle3", seed=1)
     args = ["plan", "--model", str(model_dir), "--drafter", str(drafter), "--backend", "numpy"]
     assert main([*args, "--no-save"]) == 0
