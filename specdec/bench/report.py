@@ -304,15 +304,27 @@ def write_outputs(records: Sequence[BenchRecord], out: Path, *, meta: dict) -> d
     )
     (out / "bench.json").write_text(json.dumps(_finite(report), indent=1, allow_nan=False))
     (out / "bench.md").write_text(markdown(rows, notes=meta.get("notes", ())) + "\n")
-    plot(rows, records, out, busy=any(r.busy for r in records))
+    spoilt = sum(r.busy for r in records)
+    plot(rows, records, out, busy=f"{spoilt} of {len(records)} runs" if spoilt else "")
     return dict(summary=rows)
 
 
+def _bar_flag(row: dict | None) -> str:
+    """A bar's mark: ``*`` where other work slowed some of its runs, ``!`` where its speedup is
+    above its tokens per step (what the table says in words)."""
+    if row is None:
+        return ""
+    flag = "*" if row.get("busy_runs") else ""
+    return flag + ("!" if _impossible(row) else "")
+
+
 def plot(
-    rows: Sequence[dict], records: Sequence[BenchRecord], out: Path, *, busy: bool = False
+    rows: Sequence[dict], records: Sequence[BenchRecord], out: Path, *, busy: str = ""
 ) -> None:
     """Speedup by category (bars per method) and the distribution of accepted lengths; ``busy``:
-    timed runs were slowed by other work on the machine, which the speedup plot's title says."""
+    how many timed runs other work on the machine slowed ("3 of 16 runs"), which the speedup
+    plot's title says, and where each bar rests on such runs or cannot be (a speedup above its
+    tokens per step), its label says."""
     import matplotlib  # optional: matplotlib (bench extra)
 
     matplotlib.use("Agg")
@@ -342,13 +354,20 @@ def plot(
                 )
                 for c in categories
             ]
-            ax.bar(
+            flags = [
+                _bar_flag(
+                    next((r for r in sub if (r["category"], r["method"]) == (c, method)), None)
+                )
+                for c in categories
+            ]
+            bars = ax.bar(
                 np.arange(len(categories)) + i * width,
                 values,
                 width,
                 label=method,
                 color=colour[method],
             )
+            ax.bar_label(bars, labels=flags, fontsize=7, rotation=90, padding=2)
         ax.axhline(1.0, color="black", linewidth=0.8)
         ax.set_xticks(
             np.arange(len(categories)) + width * (len(methods) - 1) / 2, categories, rotation=30
@@ -356,7 +375,7 @@ def plot(
         ax.set_ylabel("speedup vs plain")
         ax.set_title(
             f"{backend} {dtype} T={temperature:g}"
-            + ("  (measured on a busy machine: unreliable)" if busy else "")
+            + (f"  ({busy} slowed by other work: * unreliable, ! impossible)" if busy else "")
         )
         # beside the bars, not over them (it covered the last category's)
         ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)

@@ -468,3 +468,21 @@ def test_a_missing_prompt_file_or_an_unwritable_out_is_named_as_such(tmp_path):
         _bench_out(file / "under")
     _bench_out(tmp_path / "new" / "out")
     assert list((tmp_path / "new" / "out").iterdir()) == []  # its write check leaves nothing
+
+
+def test_the_busy_note_never_calls_quiet_a_run_whose_rows_say_busy():
+    """The whole command's share of the cores was fine, so the note said "the machine was
+    quiet", while a burst had slowed one run of plain decoding, whose row said (busy: 1 of 3
+    runs) and made another method's speedup impossible."""
+    from types import SimpleNamespace
+
+    from specdec.bench.trust import CpuClock
+    from specdec.cli.measure import busy_note
+    from specdec.tuning.machine import cores
+
+    quiet = CpuClock()
+    quiet.wall, quiet.cpu = 10.0, 10.0 * cores()  # all of the cores, all the time
+    runs = [SimpleNamespace(busy=b) for b in (False, True, False, False)]
+    note = busy_note(quiet, runs)
+    assert note.startswith("note: other work slowed 1 of 4 timed runs"), note
+    assert busy_note(quiet, [SimpleNamespace(busy=False)] * 4) is None
