@@ -97,7 +97,7 @@ def cmd_plan(args) -> int:
             f"{r.predicted_speedup:.2f}x{flag} | "
             f"{'-' if m is None else f'{m:.2f}x'} |"
         )
-    print(MODE_LINE)
+    print(BEAM_MODE_LINE)
     _prediction_note(rows, measured)
     trusted = [r for r in checked if not r.busy] or checked  # a busy decode: left out if others
     best = (
@@ -152,10 +152,11 @@ def cmd_plan(args) -> int:
         print(line)
     # a shape timed busy and then decoded is one shape, not two
     spoilt = len({(r.beam_width, r.beam_length) for r in (*rows, *checked) if r.busy})
-    if spoilt and not line:
+    if spoilt and any(not r.busy for r in rows):
         print(
             f"note: {spoilt} of the shapes above (marked busy) were timed while other work took "
-            "the cores, and were left out of the choice; plan again on a quiet machine"
+            "the cores: a shape timed busy was not decoded, and was left out of the choice, "
+            "however high its prediction; plan again on a quiet machine"
         )
     chosen = {"beam_width": best.beam_width, "beam_length": best.beam_length}
     # nothing to name per call or check: what generate uses already, or slower than plain
@@ -190,11 +191,18 @@ def cmd_plan(args) -> int:
     return 0
 
 
+AUTO = (
+    "generate's default, \"auto\", drafts only in the steps where that pays, so it runs near "
+    "the larger of that figure and 1.00x (a few percent below 1.00x where drafting does not "
+    "pay: it drafts a step now and then to find out)"
+)
 MODE_LINE = (
     "every setting above was decoded with speculation=\"always\" (each step drafting), so its "
-    "figure is what its trees give; generate's default, \"auto\", drafts only in the steps "
-    "where that pays, so it runs near the larger of that figure and 1.00x (a few percent below "
-    "1.00x where drafting does not pay: it drafts a step now and then to find out)"
+    f"figure is what its trees give; {AUTO}"
+)
+BEAM_MODE_LINE = (
+    "the predicted column assumes drafting every step, and the measured one was decoded with "
+    f"speculation=\"always\" (each step drafting), so a figure is what its beams give; {AUTO}"
 )
 
 

@@ -413,6 +413,16 @@ def test_plan_decodes_generates_shape_once_and_keeps_it_when_no_other_is_faster(
     assert "note: the shapes decoded measured 0.61-0.70 times their predictions" in out, out
     assert "name it per call" not in out and "redrafter:w=1,l=3" not in out, out
 
+    # the best prediction timed busy: not decoded, and the note says why it is missing
+    busy = attrs.evolve(row(4, None), predicted_speedup=1.9, busy=True)
+    monkeypatch.setattr(plan_cli, "plan", lambda *a, **k: [busy, row(2, None)])
+    monkeypatch.setattr(plan_cli, "measure", lambda *a, **k: [row(2, 1.3)])
+    assert main(argv + ["--prompts", str(prompts), "--measure-top", "1", "--no-save"]) == 0
+    out = capsys.readouterr().out
+    assert "note: 1 of the shapes above (marked busy) were timed while other work" in out, out
+    assert "a shape timed busy was not decoded" in out, out
+    assert "the predicted column assumes drafting every step" in out, out
+
 
 def test_plan_with_every_shape_timed_busy_decodes_the_best_anyway_and_keeps_nothing(
     model_dir, tmp_path, monkeypatch, capsys
