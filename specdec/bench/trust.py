@@ -26,7 +26,16 @@ from __future__ import annotations
 
 from specdec.tuning.machine import QUIET_SHARE, CpuClock, Measured
 
-__all__ = ["FAR", "SLACK", "Measured", "busy_line", "far_from", "impossible", "reasons_not_to_keep"]
+__all__ = [
+    "FAR",
+    "SLACK",
+    "Measured",
+    "busy_line",
+    "busy_note",
+    "far_from",
+    "impossible",
+    "reasons_not_to_keep",
+]
 
 SLACK = 1.05  # a speedup up to 5% above tokens/step is timing noise, not an impossibility
 FAR = 1.5  # a measured speedup this many times below (or above) its prediction is far from it
@@ -55,6 +64,21 @@ def busy_line(clock: CpuClock, runs_spoilt: bool = True) -> str | None:
         f"note: measured while other work shared the machine ({what}): speeds and ratios are "
         "unreliable; measure again on a quiet machine"
     )
+
+
+def busy_note(clock: CpuClock, spoilt: int, runs: int) -> str | None:
+    """The note on other work for a command of ``runs`` timed runs, each on its own clock, of
+    which ``spoilt`` were slowed: the command's (``busy_line``), or, where its share of the cores
+    was fine but bursts slowed some runs, how many, so the note never calls quiet a run whose
+    rows say busy; None when every run was quiet."""
+    line = busy_line(clock, runs_spoilt=bool(spoilt))
+    if line is None and spoilt:
+        return (
+            f"note: other work slowed {spoilt} of {runs} timed runs (each run has its own clock; "
+            "their methods say busy): those methods' figures are unreliable; measure again on a "
+            "quiet machine"
+        )
+    return line
 
 
 def impossible(speedup: float, tokens_per_step: float) -> bool:

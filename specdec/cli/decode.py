@@ -8,7 +8,7 @@ import tempfile
 from pathlib import Path
 
 import specdec
-from specdec.bench.trust import Measured, busy_line
+from specdec.bench.trust import Measured, busy_note, impossible
 from specdec.cli.common import (
     add_exact_arg,
     add_generation_args,
@@ -172,10 +172,7 @@ def cmd_demo(args) -> int:
             "float64"
         )
         # new tokens, seconds (prefill included)
-        status, totals = (
-            0,
-            {name: [0, 0.0] for name in methods},
-        )
+        status, totals, spoilt = 0, {name: [0, 0.0] for name in methods}, 0
         clock = Measured()
         for number, text in enumerate(args.prompt, 1):
             print(
@@ -185,19 +182,23 @@ def cmd_demo(args) -> int:
                 flush=True,
             )
             runs: dict[str, list] = {}
+            slowed = dict.fromkeys(methods, 0)  # runs that other work slowed (each its own clock)
             # plain and speculative decoding interleaved; the median is reported
             for _ in range(args.repeats):
                 for name, (drafter, options) in methods.items():
-                    with clock:
+                    with clock, Measured() as own:
                         runs.setdefault(name, []).append(run(text, drafter, options))
+                    slowed[name] += not own.quiet
             results = {name: _median(found) for name, found in runs.items()}
             plain = results["plain"]
             print(f"\nuser: {text}\nassistant: {results['default'].text}\n", flush=True)
             for name, result in results.items():
                 totals[name][0] += result.stats.new_tokens
                 totals[name][1] += result.stats.time_total
+                flags = _flags(result, plain, slowed[name], args.repeats)
+                spoilt += slowed[name]
                 if name == "plain":
-                    print(report_line(name.rjust(width), result))
+                    print(report_line(name.rjust(width), result) + flags)
                     continue
                 same = _same_prefix(result.tokens, plain.tokens)
                 if result.tokens == plain.tokens:
@@ -213,7 +214,7 @@ def cmd_demo(args) -> int:
                 line = report_line(name.rjust(width), result, plain.stats.tokens_per_second)
                 stats = result.stats  # what speculation="auto" chose for this answer
                 drafted = f"drafted in {stats.drafting_row_steps} of {stats.decode_row_steps} steps"
-                print(f"{line}; {drafted}; {note}", flush=True)
+                print(f"{line}{flags}; {drafted}; {note}", flush=True)
         if len(args.prompt) > 1:
             rate = {name: tokens / seconds for name, (tokens, seconds) in totals.items()}
             print(
@@ -229,9 +230,21 @@ def cmd_demo(args) -> int:
             "redrafter:lookup=false: the same without it; lookup: prompt lookup alone, continued "
             "from the model's answer store where one ships)"
         )
-        if busy_line(clock):
-            print(busy_line(clock))
+        note = busy_note(clock, spoilt, len(args.prompt) * len(methods) * args.repeats)
+        if note:
+            print(note)
     return int(status)
+
+
+def _flags(result, plain, slowed: int, repeats: int) -> str:
+    """A method's marks, as bench's table gives them: runs that other work slowed, and a speedup
+    above the tokens per step it rests on (a drafting step costs at least a plain one: plain
+    decoding was slowed)."""
+    flags = f" (busy: {slowed} of {repeats} runs)" if slowed else ""
+    speedup = result.stats.tokens_per_second / max(plain.stats.tokens_per_second, 1e-9)
+    if result is not plain and impossible(speedup, result.stats.tokens_per_step):
+        flags += " (impossible: above its tokens/step)"
+    return flags
 
 
 def _median(results):

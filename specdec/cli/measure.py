@@ -9,7 +9,7 @@ from pathlib import Path
 
 from specdec.bench import load_prompt_set, parse_method, run_bench
 from specdec.bench.report import markdown, plain_notes, summarize, write_outputs
-from specdec.bench.trust import Measured, busy_line
+from specdec.bench.trust import Measured, busy_note
 from specdec.cli.plan import FEW_PROMPTS, cmd_plan, more_prompts
 from specdec.errors import InvalidInputError, require
 from specdec.generation.components import resolve_drafter
@@ -46,7 +46,7 @@ def cmd_bench(args) -> int:
             warmup=args.warmup,
             seed=args.seed,
         )
-    busy = busy_note(clock, records)
+    busy = busy_note(clock, sum(r.busy for r in records), len(records))
     notes = [
         busy or "note: the machine was quiet while it measured (docs/bench.md, \"A busy machine\")"
     ]
@@ -75,21 +75,6 @@ def cmd_bench(args) -> int:
     print("\n".join(notes))
     print(f"wrote {args.out}/bench.json, bench.md, speedup.png, accepted.png", file=sys.stderr)
     return 0
-
-
-def busy_note(clock, records) -> str | None:
-    """The note on other work: the command's (``busy_line``), or, where its share of the cores
-    was fine but bursts slowed some timed runs (each run has its own clock), how many, so the
-    note never calls quiet a run whose rows say busy; None when every run was quiet."""
-    spoilt = sum(r.busy for r in records)
-    line = busy_line(clock, runs_spoilt=bool(spoilt))
-    if line is None and spoilt:
-        return (
-            f"note: other work slowed {spoilt} of {len(records)} timed runs (each run has its own "
-            "clock; their methods' tok/s say busy): those methods' figures are unreliable; "
-            "measure again on a quiet machine"
-        )
-    return line
 
 
 def _bench_out(out: Path) -> None:

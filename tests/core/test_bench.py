@@ -474,15 +474,12 @@ def test_the_busy_note_never_calls_quiet_a_run_whose_rows_say_busy():
     """The whole command's share of the cores was fine, so the note said "the machine was
     quiet", while a burst had slowed one run of plain decoding, whose row said (busy: 1 of 3
     runs) and made another method's speedup impossible."""
-    from types import SimpleNamespace
 
-    from specdec.bench.trust import CpuClock
-    from specdec.cli.measure import busy_note
+    from specdec.bench.trust import CpuClock, busy_note
     from specdec.tuning.machine import cores
 
     quiet = CpuClock()
     quiet.wall, quiet.cpu = 10.0, 10.0 * cores()  # all of the cores, all the time
-    runs = [SimpleNamespace(busy=b) for b in (False, True, False, False)]
-    note = busy_note(quiet, runs)
+    note = busy_note(quiet, 1, 4)
     assert note.startswith("note: other work slowed 1 of 4 timed runs"), note
-    assert busy_note(quiet, [SimpleNamespace(busy=False)] * 4) is None
+    assert busy_note(quiet, 0, 4) is None

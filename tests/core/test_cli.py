@@ -622,3 +622,21 @@ def test_plan_on_a_shipped_prompt_set_says_to_plan_on_ones_own(model_dir, tmp_pa
     assert (
         "planned on the mt-bench prompts" in done.stderr and "--prompts FILE.jsonl" in done.stderr
     )
+
+
+def test_the_demo_marks_a_method_slowed_by_other_work_or_faster_than_it_can_be():
+    """On a busy machine the demo printed "eagle: 1.00 tokens/step ... 1.18x plain; drafted in 0
+    of 83 steps" and "medusa: ... 0.16x plain" with one note at the very end: each line now
+    carries bench's marks."""
+    from types import SimpleNamespace
+
+    from specdec.cli.decode import _flags
+
+    def result(tps, tau):
+        return SimpleNamespace(stats=SimpleNamespace(tokens_per_second=tps, tokens_per_step=tau))
+
+    plain = result(10.0, 1.0)
+    assert _flags(result(11.8, 1.0), plain, 0, 3) == " (impossible: above its tokens/step)"
+    assert _flags(result(1.6, 1.02), plain, 2, 3) == " (busy: 2 of 3 runs)"
+    assert _flags(result(15.0, 1.9), plain, 0, 3) == ""
+    assert _flags(plain, plain, 1, 3) == " (busy: 1 of 3 runs)"
