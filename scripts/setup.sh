@@ -8,6 +8,14 @@ if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
 extras=${1:-dev}
+# an extra pip does not know is only a warning there: refuse it here, naming the ones there are
+known=$(.venv/bin/python -c 'import tomllib; print(" ".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]))')
+for extra in ${extras//,/ }; do
+  if [[ " $known " != *" $extra "* ]]; then
+    echo "setup.sh: unknown extra '$extra'; the extras are: ${known// /, }" >&2
+    exit 2
+  fi
+done
 if [[ ",$extras," == *",torch,"* ]]; then
   .venv/bin/pip install --quiet --disable-pip-version-check "torch==2.13.0"
 fi

@@ -8,7 +8,10 @@ said why. So before the torch backend first computes, unless ``OMP_NUM_THREADS``
 count, ``fit_threads`` measures how many cores other processes keep busy
 (``specdec.tuning.machine.busy_cores``, a fraction of a second) and, where fewer are free than
 torch would use, gives torch the free ones (at least one) and says so in one line on stderr.
-The count is part of the device description, so measured speeds are cached per count.
+A count the user chose is kept, but where other work leaves fewer cores free than it asks, one
+line says what that costs (a user pinned 2 threads beside a busy core: every call 4x slower, and
+nothing said why). The count is part of the device description, so measured speeds are cached per
+count.
 """
 
 from __future__ import annotations
@@ -33,14 +36,23 @@ def fit_threads(measure=busy_cores) -> int | None:
     if _fitted:
         return None
     _fitted = True
-    if os.environ.get(VARIABLE, "").strip():
-        return None
-    threads = torch.get_num_threads()
+    threads, chosen = torch.get_num_threads(), os.environ.get(VARIABLE, "").strip()
+    if chosen and threads <= 1:
+        return None  # one thread waits on no other: nothing to warn of
     busy = measure()
     if busy is None:
         return None
     free = max(cores() - int(round(busy)), 1)
     if free >= threads:
+        return None
+    if chosen:
+        print(
+            f"specdec: {busy:.1f} of {cores()} cores busy elsewhere, and {VARIABLE}={chosen} "
+            f"asks for {threads} threads: each waits on the busy cores (several times slower; "
+            f"{VARIABLE}={free} or unset fits them)",
+            file=sys.stderr,
+            flush=True,
+        )
         return None
     torch.set_num_threads(free)
     print(

@@ -40,7 +40,20 @@ def test_free_cores_or_no_reading_leave_the_count(fresh, capsys, busy):
     assert capsys.readouterr().err == ""
 
 
-def test_a_count_the_user_chose_is_left(fresh, monkeypatch, capsys):
+def test_a_count_the_user_chose_is_left_with_a_line_where_cores_are_busy(
+    fresh, monkeypatch, capsys
+):
+    """OMP_NUM_THREADS=2 beside a busy core made every call 4x slower with no word."""
     monkeypatch.setenv(threads.VARIABLE, "2")
     assert threads.fit_threads(measure=lambda: 1.0) is None
+    line = capsys.readouterr().err
+    assert torch.get_num_threads() == 2
+    assert "1.0 of 2 cores busy elsewhere, and OMP_NUM_THREADS=2 asks for 2 threads" in line
+    assert "OMP_NUM_THREADS=1 or unset fits them" in line
+
+
+@pytest.mark.parametrize("busy", [0.0, None])
+def test_a_count_the_user_chose_on_free_cores_is_left_quietly(fresh, monkeypatch, capsys, busy):
+    monkeypatch.setenv(threads.VARIABLE, "2")
+    assert threads.fit_threads(measure=lambda: busy) is None
     assert torch.get_num_threads() == 2 and capsys.readouterr().err == ""
