@@ -26,6 +26,15 @@ from specdec_eagle3.export import (
 __all__ = ["detect_specforge", "detect_speculators", "read_specforge", "read_speculators"]
 
 
+def _speculative_tokens(top: dict) -> int | None:
+    """The tokens a speculators config's first proposal method drafts
+    (``speculators_config.proposal_methods[0].speculative_tokens``; vLLM's chain length), or
+    None where it says none."""
+    methods = (top.get("speculators_config") or {}).get("proposal_methods") or [{}]
+    value = methods[0].get("speculative_tokens") if isinstance(methods[0], dict) else None
+    return int(value) if isinstance(value, int) and value > 0 else None
+
+
 def _load_tensors(folder: Path) -> dict[str, np.ndarray]:
     if (folder / "model.safetensors").is_file():
         return load_file(str(folder / "model.safetensors"))
@@ -151,6 +160,13 @@ def _read(
         target=block.get("target", {}),
     )
     fields.update({k: block[k] for k in ("top_k", "depth", "total_tokens") if k in block})
+    proposed = _speculative_tokens(top)
+    if "depth" not in block and proposed is not None:
+        fields["depth"] = proposed
+        notes.append(
+            f"depth {proposed}: speculators_config's speculative_tokens (the tokens a chain "
+            "drafts; the tree's other settings are specdec's defaults unless given per call)"
+        )
     if layer.get("rope_scaling"):
         raise InvalidInputError(
             f"{folder} uses rope_scaling {layer['rope_scaling']}; specdec's EAGLE-3 layer has "

@@ -539,3 +539,19 @@ def test_export_commands_name_the_target_where_it_is_known(tmp_path, deep_model)
         unnamed = export(str(head), layout, tmp_path / f"{layout}-unnamed")
         assert "TARGET_HF_FOLDER" in unnamed.commands[0], unnamed.commands
         assert any("TARGET_HF_FOLDER in the command" in note for note in unnamed.notes)
+
+
+def test_a_speculators_head_drafts_as_deep_as_its_speculative_tokens(tmp_path):
+    """A hand-written speculators head (no specdec block) drafted at depth 4, specdec's default,
+    while its config said speculative_tokens 3 (what vLLM's chain drafts, and what the
+    speculators export writes): its acceptance differed from the same head exported."""
+    from specdec_eagle3.export_read import read_speculators
+
+    folder = speculators_folder(tmp_path)
+    config, _, notes = read_speculators(folder)
+    assert config.depth == 3
+    assert any("depth 3: speculators_config's speculative_tokens" in n for n in notes), notes
+    rewrite_config(
+        folder, lambda c: c["speculators_config"]["proposal_methods"][0].pop("speculative_tokens")
+    )
+    assert read_speculators(folder)[0].depth == 4  # the default where it says none
