@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from specdec.bench.trust import Measured
 from specdec.errors import InvalidInputError, require
 from specdec.plugins.registry import default_registry
 from specdec.training.selfinstruct import check_mix
@@ -32,6 +33,18 @@ def _parse_mix(text: str | None):
     except InvalidInputError as exc:
         raise InvalidInputError(f"--prompt-mix {text!r}: {exc}") from None
     return tuple(pairs)
+
+
+def busy_training_note(clock) -> str | None:
+    """The line for a training run that other processes slowed (what they took: a run on fewer
+    threads than cores is not busy by itself), or None."""
+    if clock.others is None or clock.quiet:
+        return None
+    return (
+        f"note: other work shared the cores while it trained (other processes computed on "
+        f"{clock.others:.0%} of them): its positions/s are below what this machine gives alone, "
+        "and a --minutes budget bought fewer steps"
+    )
 
 
 def cmd_train(args) -> int:
@@ -105,12 +118,21 @@ def cmd_train(args) -> int:
         progress=not args.quiet and sys.stderr.isatty(),  # else a line per stage
     )
     options.update({option.dest: getattr(args, option.dest) for option in args.spec.train_options})
-    report = args.spec.train(args.model, args.out, **options)
+    with Measured() as clock:
+        report = args.spec.train(args.model, args.out, **options)
     for row in report["history"]:
         print(
             f"step {row['step']:>6}  {row['minutes']:7.2f} min  loss {row['loss']:.3f}  held-out "
             f"{row['tokens_per_step']:.2f} tokens/step (bonus token counted)"
         )
+    print(
+        "(loss: the drafter's training loss, comparable only within one drafter and data; "
+        "held-out tokens/step is what decoding gains, docs/training.md)",
+        file=sys.stderr,
+    )
+    note = busy_training_note(clock)
+    if note:
+        print(note, file=sys.stderr)
     print(f"saved {args.drafter} drafter to {args.out}", file=sys.stderr)
     return 0
 

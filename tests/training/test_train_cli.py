@@ -153,3 +153,17 @@ def test_train_eagle3_then_resume(tiny_model, tmp_path, monkeypatch, capsys):
     capsys.readouterr()
     assert cli.main(args + ["--out", str(tmp_path / "other"), "--shortlist", "16"]) == 2
     assert "--draft-vocab" in capsys.readouterr().err
+
+
+def test_a_training_run_slowed_by_other_work_says_so():
+    """A run at 24 positions/s against the 564 the docs give said nothing of the other work
+    that slowed it."""
+    from types import SimpleNamespace
+
+    from specdec.cli.train import busy_training_note
+
+    note = busy_training_note(SimpleNamespace(others=0.55, quiet=False))
+    assert note.startswith("note: other work shared the cores while it trained (other processes "
+                           "computed on 55% of them)")  # fmt: skip
+    assert busy_training_note(SimpleNamespace(others=0.02, quiet=True)) is None
+    assert busy_training_note(SimpleNamespace(others=None, quiet=False)) is None  # unknown
