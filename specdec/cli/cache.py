@@ -8,6 +8,8 @@ from specdec.errors import InvalidInputError
 from specdec.models import cache
 from specdec.models.bundled import repair
 from specdec.models.cache import cache_dir
+from specdec.tuning.machine import QUIET_SHARE
+from specdec.tuning.store import MEASURES, read_entry
 
 
 def add_parser(sub) -> None:
@@ -39,6 +41,28 @@ CLEARABLE = {
     "`specdec plan` runs again",
     "teacher": "training's teacher records; made again by the next training run that needs them",
 }
+
+
+def _busy_measurements(folder) -> list[str]:
+    """A line per measurement of this machine taken while other work shared its cores (its
+    ``share`` below ``QUIET_SHARE``): such a figure has the wrong proportions, and is taken again
+    at a later start (``specdec.tuning.store.settled``)."""
+    lines = []
+    for file in sorted(folder.glob("*.json")):
+        entry = read_entry(file) or {}
+        share = entry.get("share")
+        if isinstance(share, (int, float)) and share < QUIET_SHARE:
+            taken = int(entry.get("measures", 1))
+            again = (
+                f"measured again at the next start ({taken + 1} of {MEASURES})"
+                if taken < MEASURES
+                else "measured again at a start that finds the machine quiet"
+            )
+            lines.append(
+                f"{file.name}: taken while other work held {1 - share:.0%} of the cores, "
+                f"{taken} time(s); {again} (`specdec cache clear --tuning`: all at once)"
+            )
+    return lines
 
 
 def _size(n: int) -> str:
@@ -75,6 +99,9 @@ def cmd_cache(args) -> int:
         for path in others:
             owner = "" if cache.is_own(path) else ", not made by specdec: clear leaves it"
             print(f"  {path.name + '/':<24} {_size(cache.folder_size(path)):>10}  ({path}{owner})")
+            if path.name == "tuning":
+                for line in _busy_measurements(path):
+                    print(f"    {line}")
         for path in cache.leftovers(root):
             print(f"  leftover of a killed run (`specdec cache clear` removes it): {path}")
         if not rows and not others:

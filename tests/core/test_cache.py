@@ -358,3 +358,25 @@ def test_cache_names_may_follow_the_options(tmp_path, monkeypatch, capsys):
     with pytest.raises(SystemExit):  # an unknown option is still argparse's error
         cli.main(["cache", "verify", "--no-such-flag", "no-such-model"])
     assert "unrecognized arguments: --no-such-flag" in capsys.readouterr().err
+
+
+def test_cache_show_names_measurements_taken_beside_other_work(tmp_path, monkeypatch, capsys):
+    """A cost curve taken busy three times kept auto from drafting, and nothing but the file's
+    own fields said so: `specdec cache` lists such measurements and when they are taken again."""
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
+    tuning = tmp_path / "tuning"
+    tuning.mkdir()
+    (tuning / "costs-torch-a.json").write_text(json.dumps({"share": 0.498, "measures": 3}))
+    (tuning / "costs-torch-b.json").write_text(json.dumps({"share": 0.5, "measures": 1}))
+    (tuning / "dtype-torch-c.json").write_text(json.dumps({"share": 0.99, "measures": 1}))
+    assert cli.main(["cache"]) == 0
+    out = capsys.readouterr().out
+    assert (
+        "costs-torch-a.json: taken while other work held 50% of the cores, 3 time(s); measured "
+        "again at a start that finds the machine quiet" in out
+    ), out
+    assert (
+        "costs-torch-b.json: taken while other work held 50% of the cores, 1 time(s); measured "
+        "again at the next start (2 of 3)" in out
+    ), out
+    assert "dtype-torch-c.json" not in out
