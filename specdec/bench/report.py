@@ -239,6 +239,7 @@ def plain_notes(rows: Sequence[dict]) -> list[str]:
     ``speculation="never"``: how often, the main reason in words, and how to see what drafting
     every step gives (the table shows only the share)."""
     notes = []
+    methods = {r["method"] for r in rows}
     for r in rows:
         reasons = {k: v for k, v in r.get("plain_reasons", {}).items() if k != "never"}
         if r["category"] != "all" or r["method"] == "plain" or not reasons:
@@ -247,9 +248,12 @@ def plain_notes(rows: Sequence[dict]) -> list[str]:
             continue
         why, steps = max(reasons.items(), key=lambda item: item[1])
         counts = ", ".join(f"{n} {k}" for k, n in sorted(reasons.items(), key=lambda i: -i[1]))
+        always = f"{r['method']}:speculation=always"
         always = (
-            f"; `{r['method']}:speculation=always` shows what drafting every step gives"
-            if "speculation=" not in r["method"] and why in ("prediction", "realized")
+            f"; `{always}` shows what drafting every step gives"
+            if "speculation=" not in r["method"]
+            and why in ("prediction", "realized")
+            and always not in methods
             else ""
         )
         notes.append(

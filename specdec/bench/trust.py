@@ -24,7 +24,9 @@ A choice is kept for ``generate`` only when none of these apply (``reasons_not_t
 
 from __future__ import annotations
 
-from specdec.tuning.machine import QUIET_SHARE, CpuClock, Measured
+import sys
+
+from specdec.tuning.machine import QUIET_SHARE, CpuClock, Measured, cores
 
 __all__ = [
     "FAR",
@@ -35,6 +37,8 @@ __all__ = [
     "far_from",
     "impossible",
     "reasons_not_to_keep",
+    "thread_notes",
+    "torch_threads",
 ]
 
 SLACK = 1.05  # a speedup up to 5% above tokens/step is timing noise, not an impossibility
@@ -79,6 +83,26 @@ def busy_note(clock: CpuClock, spoilt: int, runs: int) -> str | None:
             "quiet machine"
         )
     return line
+
+
+def torch_threads() -> int | None:
+    """The threads torch computed on in this process (None where torch was not loaded)."""
+    torch = sys.modules.get("torch")
+    return None if torch is None else int(torch.get_num_threads())
+
+
+def thread_notes() -> list[str]:
+    """A note where torch computed on fewer threads than the machine has cores: it chose them at
+    its start from the cores other work left free, and figures taken on another count (a run
+    on a quiet machine) do not compare, nor share the tuning cache's measurements."""
+    threads, total = torch_threads(), cores()
+    if threads is None or threads >= total:
+        return []
+    return [
+        f"note: torch computed on {threads} thread(s) of {total} cores, chosen at its start from "
+        "the cores other work left free: runs on another thread count do not compare with "
+        f"these, and measure this machine anew (OMP_NUM_THREADS={total} pins the count)"
+    ]
 
 
 def impossible(speedup: float, tokens_per_step: float) -> bool:

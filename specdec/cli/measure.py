@@ -3,13 +3,14 @@
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
 
 from specdec.bench import load_prompt_set, parse_method, run_bench
 from specdec.bench.report import markdown, plain_notes, summarize, write_outputs
-from specdec.bench.trust import Measured, busy_note
+from specdec.bench.trust import Measured, busy_note, thread_notes, torch_threads
 from specdec.cli.plan import FEW_PROMPTS, cmd_plan, more_prompts
 from specdec.errors import InvalidInputError, require
 from specdec.generation.components import resolve_drafter
@@ -19,7 +20,6 @@ from specdec.plugins.registry import default_registry, installed_distributions
 from specdec.tuning.dtype import architecture_key, dtype_cache_file, load_fastest
 from specdec.tuning.exactness import configure
 from specdec.tuning.exactness import describe as describe_exactness
-from specdec.tuning.machine import cores as machine_cores
 
 
 def cmd_bench(args) -> int:
@@ -93,26 +93,6 @@ def _bench_out(out: Path) -> None:
         ) from None
 
 
-def torch_threads() -> int | None:
-    """The threads torch computed on in this process (None where torch was not loaded)."""
-    torch = sys.modules.get("torch")
-    return None if torch is None else int(torch.get_num_threads())
-
-
-def thread_notes() -> list[str]:
-    """A note where torch computed on fewer threads than the machine has cores: it chose them at
-    its start from the cores other work left free, and figures taken on another count (a run
-    on a quiet machine) do not compare, nor share the tuning cache's measurements."""
-    threads, total = torch_threads(), machine_cores()
-    if threads is None or threads >= total:
-        return []
-    return [
-        f"note: torch computed on {threads} thread(s) of {total} cores, chosen at its start from "
-        "the cores other work left free: runs on another thread count do not compare with "
-        f"these, and measure this machine anew (OMP_NUM_THREADS={total} pins the count)"
-    ]
-
-
 def cmd_tune(args) -> int:
     """Measure every dtype the backend offers for this model here, print the table, keep the
     fastest."""
@@ -147,6 +127,18 @@ def cmd_tune(args) -> int:
     return 0
 
 
+def positive(text: str) -> int:
+    """An argparse type: a whole number of 1 or more (``--repeats 0`` ran the whole warm-up and
+    then failed in the plot with a traceback)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be 1 or more, got {value}")
+    return value
+
+
 def add_parsers(sub) -> None:
     bench = sub.add_parser(
         "bench",
@@ -172,10 +164,13 @@ def add_parsers(sub) -> None:
         help="mt-bench | humaneval | a JSONL file (default mt-bench)",
     )
     bench.add_argument(
-        "--per-category", type=int, default=None, help="first N prompts of each category"
+        "--per-category", type=positive, default=None, help="first N prompts of each category"
     )
     bench.add_argument(
-        "--limit", type=int, default=None, help="then the first N prompts (e.g. 2 for a quick run)"
+        "--limit",
+        type=positive,
+        default=None,
+        help="then the first N prompts (e.g. 2 for a quick run)",
     )
     bench.add_argument(
         "--methods",
@@ -198,9 +193,14 @@ def add_parsers(sub) -> None:
     bench.add_argument(
         "--temperatures", nargs="+", type=float, default=[0.0], help="default 0 (greedy)"
     )
-    bench.add_argument("--max-new-tokens", type=int, default=128, help="per prompt (default 128)")
     bench.add_argument(
-        "--repeats", type=int, default=3, help="interleaved passes; medians over them (default 3)"
+        "--max-new-tokens", type=positive, default=128, help="per prompt (default 128)"
+    )
+    bench.add_argument(
+        "--repeats",
+        type=positive,
+        default=3,
+        help="interleaved passes; medians over them (default 3)",
     )
     bench.add_argument(
         "--warmup", type=int, default=1, help="untimed runs per method first (default 1)"
@@ -236,19 +236,19 @@ def add_parsers(sub) -> None:
         help="mt-bench | humaneval | a JSONL file as bench takes (plan on prompts like your own)",
     )
     planner.add_argument(
-        "--per-category", type=int, default=1, help="first N prompts of each category"
+        "--per-category", type=positive, default=1, help="first N prompts of each category"
     )
     planner.add_argument(
-        "--limit", type=int, default=None, help="then the first N prompts (a quick plan)"
+        "--limit", type=positive, default=None, help="then the first N prompts (a quick plan)"
     )
     planner.add_argument(
-        "--widths", nargs="+", type=int, default=[1, 2, 4, 8], help="beam widths W to try"
+        "--widths", nargs="+", type=positive, default=[1, 2, 4, 8], help="beam widths W to try"
     )
     planner.add_argument(
-        "--lengths", nargs="+", type=int, default=[2, 3, 4, 5, 6], help="beam lengths L to try"
+        "--lengths", nargs="+", type=positive, default=[2, 3, 4, 5, 6], help="beam lengths L to try"
     )
     planner.add_argument(
-        "--max-new-tokens", type=int, default=64, help="tokens decoded per prompt and setting"
+        "--max-new-tokens", type=positive, default=64, help="tokens decoded per prompt and setting"
     )
     planner.add_argument(
         "--measure-top", type=int, default=3, help="run the best N for real and compare"

@@ -13,7 +13,7 @@ from specdec.bench import load_prompt_set, tree_planner
 from specdec.bench.planner import current_beams, keep, measure, measure_current, plan
 from specdec.bench.prompts import PROMPT_SETS
 from specdec.bench.tree_planner import plan_tree
-from specdec.bench.trust import Measured, busy_line, impossible
+from specdec.bench.trust import Measured, busy_line, impossible, thread_notes
 from specdec.drafting.lookup import DEFAULT_DRAFT_LENGTH
 from specdec.errors import InvalidInputError
 from specdec.generation.resolve import resolve
@@ -150,6 +150,8 @@ def cmd_plan(args) -> int:
     line = busy_line(clock)
     if line:
         print(line)
+    for note in thread_notes():
+        print(note)
     # a shape timed busy and then decoded is one shape, not two
     spoilt = len({(r.beam_width, r.beam_length) for r in (*rows, *checked) if r.busy})
     if spoilt and any(not r.busy for r in rows):
@@ -335,11 +337,23 @@ def _plan_tree(args, prompts) -> int:
     )
     if best.speedup < 1.0:
         print(NOTHING_PAYS)
+    now = next((r for r in rows if r.current), None)
+    same = now is not None and (now.tokens_per_step, now.nodes_per_step) == (
+        best.tokens_per_step,
+        best.nodes_per_step,
+    )
+    if same:  # its lead over generate's setting is noise: the same trees, timed twice
+        print(
+            "note: it decoded the same tokens and nodes per step as generate's setting now, so "
+            "the same trees: keep generate's setting (their speeds differ by noise alone)"
+        )
     line = busy_line(clock)
     if line:
         print(line)
+    for note in thread_notes():
+        print(note)
     chosen = {**best.options, "lookup": bool(best.lookup)}
-    slower = best.speedup < 1.0  # nothing to name per call or check
+    slower = best.speedup < 1.0 or same  # nothing to name per call or check
     if args.no_save:
         print(
             "not saved (--no-save)"

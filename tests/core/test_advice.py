@@ -172,3 +172,22 @@ def test_help_states_each_valued_default_once(capsys, monkeypatch):
         main(["bench", "--help"])
     text = " ".join(capsys.readouterr().out.split())
     assert text.count("default bench-out") == 1 and "(default False)" not in text
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["bench", "--model", "x", "--repeats", "0"],
+        ["bench", "--model", "x", "--max-new-tokens", "-1"],
+        ["bench", "--model", "x", "--limit", "0"],
+        ["plan", "--model", "x", "--widths", "0"],
+        ["plan", "--model", "x", "--per-category", "0"],
+    ],
+)
+def test_counts_below_one_are_refused_by_their_flag_before_any_work(argv, capsys):
+    """``bench --repeats 0`` loaded, warmed up, then died in the plot with a traceback;
+    ``plan --widths 0`` loaded the model before refusing ``beam_width=0``."""
+    with pytest.raises(SystemExit) as raised:
+        main(argv)
+    err = capsys.readouterr().err
+    assert raised.value.code == 2 and f"argument {argv[3]}: must be 1 or more" in err, err

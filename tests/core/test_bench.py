@@ -428,7 +428,7 @@ def test_bench_and_plan_name_what_kept_the_prompts_few():
 def test_a_torch_run_on_fewer_threads_than_cores_says_so(monkeypatch):
     import sys
 
-    from specdec.cli import measure
+    from specdec.bench import trust
 
     class Torch:
         threads = 1
@@ -438,13 +438,13 @@ def test_a_torch_run_on_fewer_threads_than_cores_says_so(monkeypatch):
 
     torch = Torch()
     monkeypatch.setitem(sys.modules, "torch", torch)
-    monkeypatch.setattr(measure, "machine_cores", lambda: 2)
-    (note,) = measure.thread_notes()
+    monkeypatch.setattr(trust, "cores", lambda: 2)
+    (note,) = trust.thread_notes()
     assert note.startswith("note: torch computed on 1 thread(s) of 2 cores") and (
         "OMP_NUM_THREADS=2" in note
     )
     torch.threads = 2
-    assert measure.thread_notes() == [] and measure.torch_threads() == 2
+    assert trust.thread_notes() == [] and trust.torch_threads() == 2
 
 
 def test_a_missing_prompt_file_or_an_unwritable_out_is_named_as_such(tmp_path):

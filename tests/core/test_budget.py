@@ -1068,3 +1068,38 @@ def test_a_request_after_one_that_accepted_nothing_tries_a_dear_tree_again():
     first = drafted.index(True)
     assert first <= every + 1, drafted  # never, before
     assert sum(drafted[first:]) >= 0.8 * len(drafted[first:])  # 3 tokens in 2 steps' time: on
+
+
+def test_requests_shorter_than_the_exploring_spacing_are_tried_again():
+    """A tree dear enough that exploring is spaced 40 steps apart, and requests of 26 steps: each
+    request had to be stale for 40 of its own steps before it was tried again, so none ever was.
+    After a first request that accepted nothing, requests that repeat code (6 tokens a step when
+    they draft) decoded plainly in every step. The engine's spacing bounds the cost; a
+    request waits EXPLORE_EVERY of its own steps."""
+    from specdec.decode.budget import EXPLORE_COST, EXPLORE_EVERY
+
+    curve = CostCurve(tokens=(1, 2, 1024), seconds=(0.04, 0.12, 0.13))  # any tree: 3x plain
+    every = math.ceil((0.12 - 0.04) / (EXPLORE_COST * 0.04))
+    assert every == 40 and EXPLORE_EVERY < 26 < every
+    speculation = Speculation("auto")
+    speculation.use_costs(_FrozenCosts(curve))
+    teach(speculation, 0, 1.0, steps=30)  # the first request accepted nothing
+    speculation.forget(0)
+    drafted = {}
+    for request in range(1, 6):
+        for step in range(26):
+            plan = speculation.step_budgets([request])
+            drafting = plan.budgets[request] != 0
+            nodes = np.array([9 if drafting else 1])
+            path = np.array([[0, 1, 2, 3, 4, 5] + [-1] * 3])
+            accepted = np.array([5 if drafting else 0])
+            speculation.observe_rows(
+                [request], [plan.budgets[request]], nodes, np.array([9]), path, accepted
+            )
+            speculation.observe_step(
+                int(nodes[0]), 0.12 if drafting else 0.04, int(drafting), 0.0, 1, 1
+            )
+            drafted.setdefault(request, []).append(drafting)
+        speculation.forget(request)
+    assert any(drafted[1]), drafted  # tried again, though shorter than the spacing
+    assert sum(drafted[5]) >= 0.8 * 26, drafted  # 6 tokens in 3 steps' time: drafting on

@@ -648,3 +648,28 @@ def test_the_demo_marks_a_method_slowed_by_other_work_or_faster_than_it_can_be()
     assert _flags(result(1.6, 1.02), plain, 2, 3) == " (busy: 2 of 3 runs)"
     assert _flags(result(15.0, 1.9), plain, 0, 3) == ""
     assert _flags(plain, plain, 1, 3) == " (busy: 1 of 3 runs)"
+
+
+def test_a_tree_plan_whose_best_decodes_generates_own_trees_says_keep_them(
+    model_dir, tmp_path, monkeypatch, capsys
+):
+    """The best setting (1.08x) decoded the same tokens and nodes per step as generate's own
+    (0.71x): the same trees, apart by noise; the plan still told the user to switch to it."""
+    from specdec.bench.tree_planner import TreePlanRow
+    from specdec.cli import plan as plan_cli
+    from specdec.cli.main import main
+    from specdec.testing import make_random_drafter
+
+    rows = [
+        TreePlanRow(options={"total_tokens": 6}, lookup=True, tokens_per_step=1.62,
+                    nodes_per_step=8.1, speedup=1.08),
+        TreePlanRow(options={}, lookup=None, tokens_per_step=1.62, nodes_per_step=8.1,
+                    speedup=0.71, current=True),
+    ]  # fmt: skip
+    monkeypatch.setattr(plan_cli, "plan_tree", lambda *a, **k: rows)
+    drafter = make_random_drafter(tmp_path / "e3", model_dir, kind="eagle3", seed=1)
+    args = ["plan", "--model", str(model_dir), "--drafter", str(drafter), "--backend", "numpy"]
+    assert main([*args, "--no-save"]) == 0
+    out = capsys.readouterr().out
+    assert "the same trees: keep generate's setting" in out, out
+    assert "name it per call" not in out and "specdec bench" not in out, out
