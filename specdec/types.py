@@ -341,7 +341,8 @@ class GenerationStats:
             + (f"; plain steps by reason: {plain}" if plain else "")
             + (
                 " (prediction: auto judged drafting would not pay, from what it learnt on this "
-                "target, earlier calls included; speculation='always' drafts every step)"
+                "target, earlier calls too where there were any; speculation='always' drafts "
+                "every step)"
                 if "prediction" in self.plain_reasons
                 else ""
             )
