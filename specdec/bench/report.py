@@ -246,7 +246,7 @@ def plain_notes(rows: Sequence[dict]) -> list[str]:
             continue
         if not r["plain_step_share"] >= MOSTLY_PLAIN:
             continue
-        why, steps = max(reasons.items(), key=lambda item: item[1])
+        why = max(reasons.items(), key=lambda item: item[1])[0]
         counts = ", ".join(f"{n} {k}" for k, n in sorted(reasons.items(), key=lambda i: -i[1]))
         always = f"{r['method']}:speculation=always"
         always = (
