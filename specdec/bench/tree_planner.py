@@ -60,6 +60,15 @@ class TreePlanRow:
     # lookup None: its default): shown beside the others, never chosen or kept
     current: bool = False
 
+    def same_trees(self, other: "TreePlanRow") -> bool:
+        """Whether ``other`` decoded the same tokens and nodes per step over every prompt: most
+        often the same trees (a ``tree_top_k`` and ``depth`` that cap the tree below
+        ``total_tokens``), whose speeds differ by noise alone."""
+        return (self.tokens_per_step, self.nodes_per_step) == (
+            other.tokens_per_step,
+            other.nodes_per_step,
+        )
+
 
 def _decode(target, prompts, drafter, options: dict, lookup: bool, backend, tokens: int):
     """(decode-phase tokens per second of each prompt, tokens per step, nodes per step) over
@@ -217,7 +226,7 @@ def why_not_kept(ranked: Sequence[TreePlanRow], clock: Measured) -> list[str]:
     now = next((row for row in ranked if row.current), None)
     if now is None or now.busy:
         return reasons
-    if (top.tokens_per_step, top.nodes_per_step) == (now.tokens_per_step, now.nodes_per_step):
+    if top.same_trees(now):
         reasons.append(
             "it decoded the same tokens and nodes per step as generate's setting now (most often "
             f"the same trees: {top.speedup:.2f}x against {now.speedup:.2f}x is noise)"

@@ -147,11 +147,7 @@ def cmd_plan(args) -> int:
             "note: no shape was decoded (--measure-top), so the measured column is empty: each "
             "was predicted above its tokens/step (its timing was spoilt: plan again)"
         )
-    line = busy_line(clock)
-    if line:
-        print(line)
-    for note in thread_notes():
-        print(note)
+    _machine_notes(clock)
     # a shape timed busy and then decoded is one shape, not two
     spoilt = len({(r.beam_width, r.beam_length) for r in (*rows, *checked) if r.busy})
     if spoilt and any(not r.busy for r in rows):
@@ -273,6 +269,16 @@ def _afterword(args, prompts, chosen: dict | None) -> None:
         )
 
 
+def _machine_notes(clock) -> None:
+    """The lines on the machine the plan ran on: other work beside it (``busy_line``), and
+    torch's threads where fewer than the cores (``thread_notes``)."""
+    line = busy_line(clock)
+    if line:
+        print(line)
+    for note in thread_notes():
+        print(note)
+
+
 def _recommended(busy: bool, speedup: float | None = None) -> str:
     """The recommendation's label: a choice timed beside other work is only the best guess, a
     choice slower than plain decoding only the fastest found (``speedup``: its figure)."""
@@ -316,8 +322,7 @@ def _plan_tree(args, prompts) -> int:
             if impossible(r.speedup, r.tokens_per_step)
             else ""
         ) + (" (busy: decoded while other work took the cores)" if r.busy else "")
-        # the same tokens and nodes over every prompt: most often the same trees (a tree_top_k
-        # and depth that cap the tree below total_tokens), whose speeds differ by noise alone
+        # rows with the same trees (TreePlanRow.same_trees), keyed by what they decoded
         counts = (r.tokens_per_step, r.nodes_per_step)
         if counts in seen:
             flag += f" (the same tokens and nodes per step as {seen[counts]})"
@@ -338,20 +343,13 @@ def _plan_tree(args, prompts) -> int:
     if best.speedup < 1.0:
         print(NOTHING_PAYS)
     now = next((r for r in rows if r.current), None)
-    same = now is not None and (now.tokens_per_step, now.nodes_per_step) == (
-        best.tokens_per_step,
-        best.nodes_per_step,
-    )
+    same = now is not None and best.same_trees(now)
     if same:  # its lead over generate's setting is noise: the same trees, timed twice
         print(
             "note: it decoded the same tokens and nodes per step as generate's setting now, so "
             "the same trees: keep generate's setting (their speeds differ by noise alone)"
         )
-    line = busy_line(clock)
-    if line:
-        print(line)
-    for note in thread_notes():
-        print(note)
+    _machine_notes(clock)
     chosen = {**best.options, "lookup": bool(best.lookup)}
     slower = best.speedup < 1.0 or same  # nothing to name per call or check
     if args.no_save:

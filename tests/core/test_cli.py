@@ -519,6 +519,20 @@ def test_plan_decodes_a_tree_drafters_settings(model_dir, tmp_path, monkeypatch,
     assert recommended.group(1) == given
 
 
+def _plan_tree_printing(rows, model_dir, tmp_path, monkeypatch, capsys) -> str:
+    """What ``specdec plan --no-save`` prints for an EAGLE-3 checkpoint whose tree plan decoded
+    ``rows`` (the planner pinned to them: its figures, not this machine's)."""
+    from specdec.cli import plan as plan_cli
+    from specdec.cli.main import main
+    from specdec.testing import make_random_drafter
+
+    monkeypatch.setattr(plan_cli, "plan_tree", lambda *a, **k: rows)
+    drafter = make_random_drafter(tmp_path / "e3", model_dir, kind="eagle3", seed=1)
+    args = ["plan", "--model", str(model_dir), "--drafter", str(drafter), "--backend", "numpy"]
+    assert main([*args, "--no-save"]) == 0
+    return capsys.readouterr().out
+
+
 def test_plan_where_nothing_beats_plain_decoding_recommends_nothing_and_keeps_nothing(
     model_dir, tmp_path, monkeypatch, capsys
 ):
@@ -526,9 +540,6 @@ def test_plan_where_nothing_beats_plain_decoding_recommends_nothing_and_keeps_no
     "recommended: depth=2 ... (measured 0.68x ...)"."""
     from specdec.bench import trust
     from specdec.bench.tree_planner import TreePlanRow
-    from specdec.cli import plan as plan_cli
-    from specdec.cli.main import main
-    from specdec.testing import make_random_drafter
 
     rows = [
         TreePlanRow(options={"depth": 2}, lookup=False, tokens_per_step=1.1, nodes_per_step=5.0,
@@ -536,11 +547,7 @@ def test_plan_where_nothing_beats_plain_decoding_recommends_nothing_and_keeps_no
         TreePlanRow(options={}, lookup=None, tokens_per_step=1.1, nodes_per_step=9.0,
                     speedup=0.6, current=True),
     ]  # fmt: skip
-    monkeypatch.setattr(plan_cli, "plan_tree", lambda *a, **k: rows)
-    drafter = make_random_drafter(tmp_path / "e3", model_dir, kind="eagle3", seed=1)
-    args = ["plan", "--model", str(model_dir), "--drafter", str(drafter), "--backend", "numpy"]
-    assert main([*args, "--no-save"]) == 0
-    out = capsys.readouterr().out
+    out = _plan_tree_printing(rows, model_dir, tmp_path, monkeypatch, capsys)
     assert "recommended" not in out, out
     assert "fastest found, but slower than plain decoding: depth=2, lookup off" in out, out
     assert "note: no setting here beat plain decoding" in out
@@ -656,9 +663,6 @@ def test_a_tree_plan_whose_best_decodes_generates_own_trees_says_keep_them(
     """The best setting (1.08x) decoded the same tokens and nodes per step as generate's own
     (0.71x): the same trees, apart by noise; the plan still told the user to switch to it."""
     from specdec.bench.tree_planner import TreePlanRow
-    from specdec.cli import plan as plan_cli
-    from specdec.cli.main import main
-    from specdec.testing import make_random_drafter
 
     rows = [
         TreePlanRow(options={"total_tokens": 6}, lookup=True, tokens_per_step=1.62,
@@ -666,10 +670,6 @@ def test_a_tree_plan_whose_best_decodes_generates_own_trees_says_keep_them(
         TreePlanRow(options={}, lookup=None, tokens_per_step=1.62, nodes_per_step=8.1,
                     speedup=0.71, current=True),
     ]  # fmt: skip
-    monkeypatch.setattr(plan_cli, "plan_tree", lambda *a, **k: rows)
-    drafter = make_random_drafter(tmp_path / "e3", model_dir, kind="eagle3", seed=1)
-    args = ["plan", "--model", str(model_dir), "--drafter", str(drafter), "--backend", "numpy"]
-    assert main([*args, "--no-save"]) == 0
-    out = capsys.readouterr().out
+    out = _plan_tree_printing(rows, model_dir, tmp_path, monkeypatch, capsys)
     assert "the same trees: keep generate's setting" in out, out
     assert "name it per call" not in out and "specdec bench" not in out, out
