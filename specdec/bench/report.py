@@ -176,13 +176,13 @@ def _fmt(value, spec: str) -> str:
     )
 
 
-def _busy(row: dict) -> str:
+def busy_mark(row: dict) -> str:
     """A mark for a row some of whose runs other work slowed (their own clocks said so)."""
     busy = row.get("busy_runs") or 0
     return f" (busy: {busy} of {row.get('runs', '?')} runs)" if busy else ""
 
 
-def _impossible(row: dict) -> str:
+def impossible_mark(row: dict) -> str:
     """A flag for a speedup above the tokens per step it rests on (``specdec.bench.trust``): its
     plain decoding was timed slower than it runs, by other work on the machine."""
     speedup, tau = row.get("speedup"), row.get("tokens_per_step")
@@ -211,8 +211,10 @@ def markdown(rows: Sequence[dict], *, categories: bool = True, notes: Sequence[s
         )
         lines.append(
             f"| {r['backend']} | {r['dtype']} | {r.get('exact') or '-'} | {r['temperature']:g} | "
-            f"{r['category']} | {r['method']} | {_fmt(r['tokens_per_second'], '.1f')}{_busy(r)} | "
-            f"{_fmt(r['speedup'], '.2f')}{_impossible(r)} | {_fmt(r['speedup_vs_peer'], '.2f')} | "
+            f"{r['category']} | {r['method']} | "
+            f"{_fmt(r['tokens_per_second'], '.1f')}{busy_mark(r)} | "
+            f"{_fmt(r['speedup'], '.2f')}{impossible_mark(r)} | "
+            f"{_fmt(r['speedup_vs_peer'], '.2f')} | "
             f"{_fmt(r['tokens_per_step'], '.2f')} | {_fmt(r['verified_per_step'], '.1f')} | "
             f"{'-' if r['method'] == 'plain' else _fmt(r.get('plain_step_share', nan), '.0%')} | "
             f"{_fmt(r['tree_reduction'], '.0%')} | {split} | "
@@ -319,7 +321,7 @@ def _bar_flag(row: dict | None) -> str:
     if row is None:
         return ""
     flag = "*" if row.get("busy_runs") else ""
-    return flag + ("!" if _impossible(row) else "")
+    return flag + ("!" if impossible_mark(row) else "")
 
 
 def plot(

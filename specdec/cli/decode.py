@@ -8,7 +8,8 @@ import tempfile
 from pathlib import Path
 
 import specdec
-from specdec.bench.trust import Measured, busy_note, impossible
+from specdec.bench.report import busy_mark, impossible_mark
+from specdec.bench.trust import Measured, busy_note
 from specdec.cli.common import (
     add_exact_arg,
     add_generation_args,
@@ -237,14 +238,17 @@ def cmd_demo(args) -> int:
 
 
 def _flags(result, plain, slowed: int, repeats: int) -> str:
-    """A method's marks, as bench's table gives them: runs that other work slowed, and a speedup
-    above the tokens per step it rests on (a drafting step costs at least a plain one: plain
-    decoding was slowed)."""
-    flags = f" (busy: {slowed} of {repeats} runs)" if slowed else ""
-    speedup = result.stats.tokens_per_second / max(plain.stats.tokens_per_second, 1e-9)
-    if result is not plain and impossible(speedup, result.stats.tokens_per_step):
-        flags += " (impossible: above its tokens/step)"
-    return flags
+    """A method's marks, bench's table's own (``specdec.bench.report``): runs that other work
+    slowed, and a speedup above the tokens per step it rests on (a drafting step costs at least
+    a plain one: plain decoding was slowed)."""
+    stats = result.stats
+    row = dict(
+        busy_runs=slowed,
+        runs=repeats,
+        speedup=stats.tokens_per_second / max(plain.stats.tokens_per_second, 1e-9),
+        tokens_per_step=stats.tokens_per_step,
+    )
+    return busy_mark(row) + impossible_mark(row)
 
 
 def _median(results):
