@@ -149,7 +149,10 @@ def choose_layer_forms(backend, target) -> frozenset[int]:
         return frozenset(int(k) for k in cached.get("transposed", []))
     if bool(target.cache.admitted[0]) or int(target.capacity) < PROMPT_TOKENS + ROW_CLASSES[-1]:
         return frozenset()  # no room to measure in (a cached choice is read where there is one)
-    say_measuring("which form of the layers' products is fastest", again=cached if busy else None)
+    dtype = str(target.dtype).removeprefix("torch.")  # the dtype choice loads one per dtype
+    say_measuring(
+        f"which form of the layers' products is fastest in {dtype}", again=cached if busy else None
+    )
     clock = Measured()
     with clock, torch.inference_mode():
         timings = _measure(backend, target)

@@ -9,7 +9,7 @@ from specdec.models import cache
 from specdec.models.bundled import repair
 from specdec.models.cache import cache_dir
 from specdec.tuning.machine import QUIET_SHARE
-from specdec.tuning.store import MEASURES, read_entry
+from specdec.tuning.store import read_entry
 
 
 def add_parser(sub) -> None:
@@ -53,14 +53,10 @@ def _busy_measurements(folder) -> list[str]:
         share = entry.get("share")
         if isinstance(share, (int, float)) and share < QUIET_SHARE:
             taken = int(entry.get("measures", 1))
-            again = (
-                f"measured again at the next start ({taken + 1} of {MEASURES})"
-                if taken < MEASURES
-                else "measured again at a start that finds the machine quiet"
-            )
             lines.append(
-                f"{file.name}: taken while other work held {1 - share:.0%} of the cores, "
-                f"{taken} time(s); {again} (`specdec cache clear --tuning`: all at once)"
+                f"{file.name}: taken while other work held {1 - share:.0%} of the cores "
+                f"({taken} time(s)); measured again at a start that finds the machine quiet "
+                "(`specdec cache clear --tuning`: all at the next start)"
             )
     return lines
 

@@ -24,7 +24,7 @@ import attrs
 
 from specdec.models import cache
 from specdec.models.cache import cache_dir
-from specdec.models.hf_loading import from_pretrained_quietly
+from specdec.models.hf_loading import from_pretrained_quietly, quiet_loading
 from specdec.errors import CacheError, CorruptFileError, InvalidInputError, SpecdecError, require
 from specdec.models.checkpoints import write_json_atomic
 from specdec.models.files import read_json, readable
@@ -277,7 +277,10 @@ def convert_gguf(gguf: Path, folder: Path, *, source: str) -> None:
     partial = cache.work_folder(folder.parent, f".{folder.name}.partial")
     try:
         try:
-            tokenizer = transformers.AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+            with quiet_loading(transformers):
+                tokenizer = transformers.AutoTokenizer.from_pretrained(
+                    gguf.parent, gguf_file=gguf.name
+                )
             model = from_pretrained_quietly(
                 transformers, gguf.parent, gguf_file=gguf.name, dtype=torch.float32
             )

@@ -14,8 +14,8 @@ costs what the chain's tokens cost (within 2 ms over 1-16 rows of 1-16 tokens). 
 cached under ``<specdec cache>/tuning/`` beside the dtype choice
 (``specdec.tuning.store``), keyed by the backend and its device, the target's shape, dtype and
 exact mode, so a later start reads it instead of measuring (several seconds for SmolLM2-135M on
-a 2-core CPU, once; again, up to three times, where other work shared the cores:
-``curve_for``).
+a 2-core CPU, once; again at a later start that finds the machine quiet where other work
+shared the cores: ``curve_for``).
 
 **Corrected online.** A decode step costs more than its forward (verification, commit, the
 loop's bookkeeping) and the machine's load changes, so ``StepCosts`` prices a step as its plain
@@ -440,8 +440,8 @@ def curve_for(backend, target, slots=(0,)) -> CostCurve | None:
 
     A measurement taken while other work shared the cores (``specdec.tuning.store.settled``: a
     first start beside a build, say) has the wrong shape, not only the wrong scale, which the
-    online fits correct: it is measured again at later starts, up to three times in all, and the
-    curve measured with the largest share of the cores is kept."""
+    online fits correct: it is measured again at a later start that finds the machine quiet, and
+    the curve measured with the larger share of the cores is kept."""
     file = _cache_file(backend, target, len(slots))
     cached = read_entry(file) or {}
     curve = CostCurve.from_json(cached) if cached else None

@@ -17,8 +17,8 @@ no fingerprint of the weights is computed. Later loads read the cache and load o
 
 The choice is kept in the tuning cache (``specdec.tuning.store``: a stale or deleted file only
 costs a measurement); one taken while other work shared the cores
-(``specdec.tuning.machine.free_share``) is taken again at later starts, three times in all at
-most, and the quietest decides.
+(``specdec.tuning.machine.free_share``) is taken again at a later start that finds the machine
+quiet, and the quieter decides.
 ``specdec tune`` re-measures and prints the table; ``$SPECDEC_DTYPE``
 (e.g. ``float32``) names the dtype to use instead of measuring, for runs that must not depend
 on timing.

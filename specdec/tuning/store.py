@@ -4,12 +4,11 @@ Everything kept here is a speed choice, never a correctness one: a missing, stal
 only costs a measurement (``read_entry`` returns None), and a read-only cache only costs one next
 time (``write_entry`` gives up quietly). ``settled`` is the rule every cached measurement follows:
 one taken while other work shared the cores (``specdec.tuning.machine.QUIET_SHARE``) is taken
-again at later starts of the process, ``MEASURES`` times, and the quietest decides; after that,
-again only at a start that finds the machine quiet (``quiet_now``, a probe of a fraction of a
-second), so a machine busy at every start so far is measured right once it is free, and one busy
-always is not measured at every start. Within one process a file written is not measured again
-(``write_entry`` remembers it), so a busy machine costs each measurement once per start, not
-once per call.
+again at a later start of the process that finds the machine quiet (``quiet_now``, a probe of a
+fraction of a second), and the quieter of the two decides: a machine busy at its first start is
+measured right once it is free, and one busy at every start pays the probe, not the measurement
+(measuring again at busy starts cost up to a minute per start and gave another busy figure).
+Within one process a file written is not measured again (``write_entry`` remembers it).
 """
 
 from __future__ import annotations
@@ -26,7 +25,6 @@ from specdec.models.files import read_json
 from specdec.tuning.machine import QUIET_SHARE, busy_cores, cores
 
 __all__ = [
-    "MEASURES",
     "digest",
     "forget_this_process",
     "quiet_now",
@@ -37,7 +35,6 @@ __all__ = [
     "write_entry",
 ]
 
-MEASURES = 3  # a measurement taken beside other work is taken this many times at later starts
 PROBE_SECONDS = 0.3  # how long ``quiet_now`` watches the machine
 _WRITTEN_HERE: set[str] = set()  # the files this process wrote (measured)
 _QUIET_NOW: list[bool] = []  # the probe's answer, once per process
@@ -72,13 +69,13 @@ def write_entry(file: Path, value: dict) -> None:
 def settled(cached: dict, file: Path | None = None) -> bool:
     """Whether a cached measurement stands: its process had the cores (a share of at least
     ``QUIET_SHARE``; a file from before shares were recorded counts as quiet), this process
-    measured it (``file``: taken again at the next start, not at every call), or it has been
-    taken ``MEASURES`` times already and the machine is busy now (``quiet_now``)."""
+    measured it (``file``: not taken again within one process), or the machine is busy now
+    (``quiet_now``: measuring again would give another busy figure)."""
     if float(cached.get("share", 1.0)) >= QUIET_SHARE:
         return True
     if file is not None and str(file) in _WRITTEN_HERE:
         return True
-    return int(cached.get("measures", 1)) >= MEASURES and not quiet_now()
+    return not quiet_now()
 
 
 def quiet_now() -> bool:
@@ -100,18 +97,17 @@ def forget_this_process() -> None:
 
 def say_measuring(what: str, *, again: dict | None = None) -> None:
     """One line on stderr as a measurement of ``what`` starts (seconds to a minute, once per
-    machine, model and shape measured; a measurement taken on a busy machine may be taken again
-    at a later start): whoever waits sees why the call is slow. Said on a terminal only before,
-    so a notebook or a script's log showed calls of 17-36 s with no word. ``again``: the cached
-    entry being measured anew because it was taken beside other work (``settled``), which the
-    line says, so that it does not read as a cache that does not work."""
+    machine, model and shape measured; one taken on a busy machine is taken again at a later
+    start that finds it quiet): whoever waits sees why the call is slow. Said on a terminal only
+    before, so a notebook or a script's log showed calls of 17-36 s with no word. ``again``: the
+    cached entry being measured anew because it was taken beside other work (``settled``), which
+    the line says, so that it does not read as a cache that does not work."""
     why = ""
     if again:
-        share, measures = float(again.get("share", 1.0)), int(again.get("measures", 1))
-        why = f" again: the quietest time so far other work held {1 - share:.0%} of the cores " + (
-            f"(measure {measures + 1} of {MEASURES})"
-            if measures < MEASURES
-            else "(the machine is quiet now)"
+        share = float(again.get("share", 1.0))
+        why = (
+            f" again: other work held {1 - share:.0%} of the cores when it was measured, "
+            "and the machine is quiet now"
         )
     print(
         f"specdec: measuring {what} on this machine{why} (kept for later runs)",

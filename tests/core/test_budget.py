@@ -615,7 +615,7 @@ def test_the_curve_is_measured_for_rows_and_leaves_the_slots_free(model_dir):
     assert len(result.tokens) == 4  # every slot free again
 
 
-def test_a_curve_measured_beside_other_work_is_measured_again_and_the_quietest_kept(
+def test_a_curve_measured_beside_other_work_is_measured_again_and_the_quieter_kept(
     tmp_path, monkeypatch
 ):
     from specdec.tuning import costs
@@ -628,23 +628,23 @@ def test_a_curve_measured_beside_other_work_is_measured_again_and_the_quietest_k
     shares = iter([0.5, 0.7, 0.6, 0.99])
     monkeypatch.setattr(costs, "measure_curve", lambda *args, **kwargs: next(made))
     monkeypatch.setattr(machine, "free_share", lambda wall, cpu, others: next(shares))
-    monkeypatch.setattr(store, "quiet_now", lambda: False)  # each start finds the machine busy
+    quiet = [False]
+    monkeypatch.setattr(store, "quiet_now", lambda: quiet[0])
 
-    def start():  # a new start of the process, then the curve
+    def start(now_quiet):  # a new start of the process (its probe says ``now_quiet``), the curve
+        quiet[0] = now_quiet
         store.forget_this_process()
         return costs.curve_for(None, None).seconds[0]
 
-    first = [start() for _ in range(4)]
-    # measured at a share of 0.5, again (0.7: kept), again (0.6: not kept), then read: three in all
-    assert first == [0.03, 0.02, 0.02, 0.02]
-    # a start that finds the machine quiet measures the busy curve again (0.99: kept)
-    monkeypatch.setattr(store, "quiet_now", lambda: True)
-    assert start() == 0.01
+    # measured at a share of 0.5, read at busy starts; at quiet starts measured again: 0.7 is
+    # kept, 0.6 is not, 0.99 is
+    seen = [start(q) for q in (False, False, True, True, False, True)]
+    assert seen == [0.03, 0.03, 0.02, 0.02, 0.02, 0.01]
 
     (tmp_path / "costs.json").unlink()
     monkeypatch.setattr(machine, "free_share", lambda wall, cpu, others: 0.95)
     made = iter([costs.CostCurve(tokens=(1, 2), seconds=(s, 2 * s)) for s in (0.04, 0.05)])
-    assert [start() for _ in range(3)] == [0.04] * 3  # quiet: read
+    assert [start(True) for _ in range(3)] == [0.04] * 3  # measured quiet: read
     (tmp_path / "costs.json").unlink()
     monkeypatch.setattr(machine, "free_share", lambda wall, cpu, others: 0.5)
     made = iter([costs.CostCurve(tokens=(1, 2), seconds=(s, 2 * s)) for s in (0.06, 0.07)])

@@ -79,7 +79,9 @@ def write_gguf(folder: Path, out: Path, *, eos: int) -> None:
     writer.close()
 
 
-def test_a_gguf_file_converts_back_to_the_model_it_came_from(tmp_path, monkeypatch):
+def test_a_gguf_file_converts_back_to_the_model_it_came_from(tmp_path, monkeypatch, capfd):
+    """... and prints no bar of transformers' own: its GGUF reader's bar, outside transformers'
+    switch for bars, wrote a line of carriage returns into every first run's log."""
     from safetensors.numpy import load_file
 
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
@@ -95,7 +97,9 @@ def test_a_gguf_file_converts_back_to_the_model_it_came_from(tmp_path, monkeypat
         eos_token_id=3,
     )
     write_gguf(Path(original), tmp_path / "tiny.gguf", eos=3)
+    capfd.readouterr()
     converted = specdec.models.bundled.resolve_model(str(tmp_path / "tiny.gguf"))
+    assert "GGUF tensors" not in capfd.readouterr().err
     assert Path(converted).parent == tmp_path / "cache" / "models"
     before = load_file(str(Path(original) / "model.safetensors"))
     after = load_file(str(Path(converted) / "model.safetensors"))
