@@ -7,6 +7,7 @@ import mlx.core as mx
 
 from specdec.errors import InvalidInputError
 from specdec.tuning.machine import cpu_description
+from specdec_mlx.blas import blas_threads
 
 __all__ = ["DEVICES", "DTYPES", "describe_device", "parse_dtype", "select_device"]
 
@@ -47,6 +48,9 @@ def select_device(device: str | None) -> None:
 
 
 def describe_device(device: str | None = None) -> str:
-    """The device, the CPU (model and flags) and the MLX version a measured speed depends on."""
+    """The device, the CPU (model and flags), the MLX version and, on the CPU, the OpenBLAS's
+    thread count (``specdec_mlx.blas.fit_blas_threads``) a measured speed depends on."""
     where = DEVICES.get(device, "gpu" if mx.default_device() == mx.gpu else "cpu")
-    return f"mlx {mx.__version__} {where}, {cpu_description()}"
+    threads = blas_threads() if where == "cpu" else None
+    blas = "" if threads is None else f", OpenBLAS on {threads} thread{'s' * (threads != 1)}"
+    return f"mlx {mx.__version__} {where}, {cpu_description()}{blas}"

@@ -21,7 +21,7 @@ import sys
 
 import torch
 
-from specdec.tuning.machine import busy_cores, cores
+from specdec.tuning.machine import busy_cores, cores, free_cores
 
 __all__ = ["VARIABLE", "fit_threads"]
 
@@ -42,7 +42,7 @@ def fit_threads(measure=busy_cores) -> int | None:
     busy = measure()
     if busy is None:
         return None
-    free = max(cores() - int(round(busy)), 1)
+    free = free_cores(busy, cores())
     if free >= threads:
         return None
     if chosen:

@@ -30,6 +30,7 @@ __all__ = [
     "cpu_description",
     "cpu_flags",
     "machine_busy_seconds",
+    "free_cores",
     "free_share",
     "machine_share",
     "others_share",
@@ -130,6 +131,12 @@ def busy_cores(seconds: float = 0.3) -> float | None:
         time.sleep(seconds)
     others = clock.others
     return None if others is None else others * cores()
+
+
+def free_cores(busy: float, total: int) -> int:
+    """The cores of ``total`` that other processes leave free when they keep ``busy`` cores busy
+    (at least one): the thread count a backend's math library should compute on."""
+    return max(total - int(round(busy)), 1)
 
 
 class CpuClock:
