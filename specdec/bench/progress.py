@@ -5,13 +5,15 @@ own, or junk), nor should a run sent there be silent for minutes; so where stder
 terminal a line says, every ``LINE_SECONDS``, how far it is and how long the rest should take at
 the pace so far: "bench: 12 of 48 runs done, 2.3 min, about 6.9 min left". A heartbeat thread
 says it when no unit finishes within the minute (a tree plan's setting decoded on a busy machine
-took four), so the lines come every minute whatever a unit costs."""
+took four), so the lines come every minute whatever a unit costs. A caller that loads and warms
+up before its first unit calls ``reset`` when the units begin, so the time left is paced by the
+units alone."""
 
 from __future__ import annotations
 
 import sys
 import threading
-import time
+from time import monotonic
 from typing import Iterable
 
 from tqdm.auto import tqdm
@@ -28,7 +30,7 @@ class _Lines:
     def __init__(self, iterable, total: int | None, desc: str, unit: str, announce: bool):
         self.iterable, self.desc, self.unit = iterable, desc, unit
         self.total = len(iterable) if total is None and hasattr(iterable, "__len__") else total
-        self.done, self.began = 0, time.monotonic()
+        self.done, self.began = 0, monotonic()
         self.said = self.began
         self._lock, self._closed = threading.Lock(), threading.Event()
         if announce:  # a stage whose first line would otherwise come a minute or more later
@@ -42,7 +44,7 @@ class _Lines:
 
     def _say_if_due(self, after: float) -> None:
         with self._lock:
-            now = time.monotonic()
+            now = monotonic()
             if now - self.said < after or self._closed.is_set():
                 return
             self.said = now
@@ -58,6 +60,12 @@ class _Lines:
                 file=sys.stderr,
                 flush=True,
             )
+
+    def reset(self) -> None:
+        """Count the time from now (as ``tqdm.reset``): loading and warm-up before the first unit
+        made the first estimate of the time left 14 times too long."""
+        with self._lock:
+            self.began = monotonic()
 
     def update(self, n: int = 1) -> None:
         with self._lock:

@@ -306,6 +306,24 @@ def test_progress_is_lines_where_stderr_is_not_a_terminal(monkeypatch, capsys):
     assert capsys.readouterr().err == ""
 
 
+def test_the_time_left_is_paced_from_the_reset_not_from_the_loading(monkeypatch, capsys):
+    """bench said "about 35 min left" of a run that took 2.5: its first run's time held the
+    loading and warm-up. The clock restarts when the timed runs begin (``reset``)."""
+    from specdec.bench import progress as progress_module
+
+    clock = [0.0]
+    monkeypatch.setattr(progress_module, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(progress_module, "LINE_SECONDS", 0.0)
+    monkeypatch.setattr(progress_module, "BEAT_SECONDS", 3600.0)
+    bar = progress_module.progress(total=11, desc="bench")
+    clock[0] = 600.0  # ten minutes of loading and warm-up
+    bar.reset()
+    clock[0] = 660.0  # the first run: one minute
+    bar.update(1)
+    bar.close()
+    assert "bench: 1 of 11 runs done, 1.0 min, about 10.0 min left" in capsys.readouterr().err
+
+
 def test_progress_lines_come_while_a_unit_takes_longer_than_a_line(monkeypatch, capsys):
     """A tree plan's settings took up to four minutes each on a busy machine, and its lines came
     at 1.0, 3.3, 7.3 and 11.3 minutes against "at least every minute": a heartbeat says how far
