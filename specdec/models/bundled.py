@@ -152,6 +152,13 @@ def _usable(folder: Path) -> bool:
 def convert(origin, folder: Path) -> None:
     """Convert ``origin`` (a ``BundledModel``, downloaded into a work folder first, or a GGUF
     file's path) into ``folder``, replacing what is there."""
+    name = origin.name if isinstance(origin, BundledModel) else str(origin)
+    print(  # a minute or so, once: whoever waits sees why (transformers' own bar is off)
+        f"specdec: converting {name} to a float32 model folder under {folder.parent}, once "
+        "(a minute or so; kept for later runs)",
+        file=sys.stderr,
+        flush=True,
+    )
     if isinstance(origin, BundledModel):
         work = cache.work_folder(cache.cache_entry("tmp"), "fetch")
         try:

@@ -99,7 +99,9 @@ def test_a_gguf_file_converts_back_to_the_model_it_came_from(tmp_path, monkeypat
     write_gguf(Path(original), tmp_path / "tiny.gguf", eos=3)
     capfd.readouterr()
     converted = specdec.models.bundled.resolve_model(str(tmp_path / "tiny.gguf"))
-    assert "GGUF tensors" not in capfd.readouterr().err
+    err = capfd.readouterr().err
+    assert "GGUF tensors" not in err and "\r" not in err
+    assert f"specdec: converting {tmp_path / 'tiny.gguf'} to a float32 model folder" in err
     assert Path(converted).parent == tmp_path / "cache" / "models"
     before = load_file(str(Path(original) / "model.safetensors"))
     after = load_file(str(Path(converted) / "model.safetensors"))
