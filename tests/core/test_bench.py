@@ -215,6 +215,32 @@ def test_planner_predicts_and_measures(model_dir, tmp_path):
     assert checked[0].measured_speedup > 0
 
 
+def test_the_planner_decodes_its_shapes_drafting_every_step(model_dir, tmp_path, monkeypatch):
+    """The measured column and the comparison with generate's setting draft every step, as the
+    prediction and the tree planner do: decoded under auto, a shape whose drafts did not pay
+    decoded mostly plainly and measured near 1.00x whatever its beams."""
+    import specdec
+    from specdec.bench.planner import Current, PlanRow, measure, measure_current
+
+    monkeypatch.delenv("SPECDEC_SPECULATION", raising=False)  # generate's own default: auto
+    seen, real = [], specdec.generate
+    monkeypatch.setattr(
+        specdec,
+        "generate",
+        lambda *a, **k: seen.append((k["drafter"], k.get("speculation"))) or real(*a, **k),
+    )
+    drafter = str(make_random_drafter(tmp_path / "d", model_dir, kind="redrafter", seed=1))
+    row = PlanRow(
+        beam_width=1, beam_length=2, tokens_per_step=1.5, tree_size=3.0, verify_ms=1.0,
+        draft_ms=1.0, predicted_speedup=1.2,
+    )  # fmt: skip
+    options = dict(backend="numpy", dtype=None, max_new_tokens=4)
+    measure(model_dir, drafter, [[1, 2, 3]], [row], **options)
+    now = Current(beam_width=1, beam_length=2, lookup=True, speedup=0.0)
+    measure_current(model_dir, drafter, [[1, 2, 3]], now=now, **options)
+    assert seen == [("none", None), (drafter, "always")] * 2
+
+
 def test_bench_without_its_extra_stops_before_any_run(monkeypatch, tmp_path, capsys):
     """matplotlib missing: one line naming the extra, before a single prompt is decoded."""
     import sys
