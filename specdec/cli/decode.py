@@ -267,7 +267,12 @@ def add_parsers(sub) -> None:
         default="smollm2-135m",
         help="a bundled name, folder or .gguf (default %(default)s)",
     )
-    demo.add_argument("--backend", default=None, help="default: torch when installed, else numpy")
+    demo.add_argument(
+        "--backend",
+        default=None,
+        help="default: torch when installed, else numpy; with --random numpy, the reference "
+        "(the small model decodes as fast there)",
+    )
     demo.add_argument("--dtype", default=None, help="default: the fastest measured on this machine")
     add_exact_arg(demo)
     demo.add_argument(
