@@ -7,6 +7,18 @@ import argparse
 from specdec.errors import InvalidInputError
 
 
+def positive(text: str) -> int:
+    """An argparse type: a whole number of 1 or more (``--repeats 0`` ran the whole warm-up and
+    then failed in the plot with a traceback)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be 1 or more, got {value}")
+    return value
+
+
 def add_generation_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--backend", default=None, help="numpy | torch | mlx | any installed backend"

@@ -3,14 +3,13 @@
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
-
 
 from specdec.bench import load_prompt_set, parse_method, run_bench
 from specdec.bench.report import markdown, plain_notes, summarize, write_outputs
 from specdec.bench.trust import Measured, busy_note, thread_notes, torch_threads
+from specdec.cli.common import positive
 from specdec.cli.plan import FEW_PROMPTS, cmd_plan, more_prompts
 from specdec.errors import InvalidInputError, require
 from specdec.generation.components import resolve_drafter
@@ -125,18 +124,6 @@ def cmd_tune(args) -> int:
     if arch is not None and choice.timings:
         print(f"kept in {dtype_cache_file(backend, args.device, arch)}", file=sys.stderr)
     return 0
-
-
-def positive(text: str) -> int:
-    """An argparse type: a whole number of 1 or more (``--repeats 0`` ran the whole warm-up and
-    then failed in the plot with a traceback)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be 1 or more, got {value}")
-    return value
 
 
 def add_parsers(sub) -> None:

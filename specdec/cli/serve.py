@@ -6,7 +6,7 @@ import argparse
 import os
 import sys
 
-from specdec.cli.common import add_speculation_arg
+from specdec.cli.common import add_speculation_arg, positive
 from specdec.cli.options import DRAFTER_HELP, drafter_options
 from specdec.errors import InvalidInputError, require
 from specdec.serving import limits as bounds
@@ -197,17 +197,13 @@ def add_parser(sub) -> None:
 
 
 def _prefill_tokens(value: str):
+    """``--prefill-tokens``: ``auto`` or a whole number of 1 or more (``positive``)."""
     if value == "auto":
         return value
     try:
-        number = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected 'auto' or a positive integer, got {value!r}"
-        ) from None
-    if number < 1:
-        raise argparse.ArgumentTypeError(f"expected 'auto' or a positive integer, got {value!r}")
-    return number
+        return positive(value)
+    except argparse.ArgumentTypeError as exc:
+        raise argparse.ArgumentTypeError(f"expected 'auto' or a count: {exc}") from None
 
 
 def _port(value: str) -> int:
