@@ -373,8 +373,9 @@ def plot(
                 label=method,
                 color=colour[method],
             )
-            ax.bar_label(bars, labels=flags, fontsize=7, rotation=90, padding=2)
+            ax.bar_label(bars, labels=flags, fontsize=9, padding=1)  # upright: "!" read as "-"
         ax.axhline(1.0, color="black", linewidth=0.8)
+        ax.margins(y=0.08)  # room above the tallest bar for its mark
         ax.set_xticks(
             np.arange(len(categories)) + width * (len(methods) - 1) / 2, categories, rotation=30
         )

@@ -175,6 +175,37 @@ def test_run_bench_and_outputs(model_dir, tmp_path):
     assert (tmp_path / "busy" / "bench.md").read_text().rstrip().endswith("\n\n".join(notes))
 
 
+def test_the_plots_marks_stand_upright_inside_the_axes(tmp_path, monkeypatch):
+    """A bar resting on slowed runs (``*``) whose speedup is also above its tokens per step
+    (``!``) was labelled "*!" turned on its side, where "!" read as "-" and ran into the title."""
+    pytest.importorskip("matplotlib")
+    import matplotlib.figure
+
+    from specdec.bench import report
+
+    base = dict(backend="torch", dtype="float32", temperature=0.0, category="all")
+    rows = [
+        {**base, "method": "plain", "speedup": 1.0, "tokens_per_step": 1.0},
+        {**base, "method": "a", "speedup": 2.5, "tokens_per_step": 2.0, "busy_runs": 3},
+        {**base, "method": "b", "speedup": 1.1, "tokens_per_step": 1.5, "busy_runs": 1},
+    ]
+    figures = []
+    monkeypatch.setattr(
+        matplotlib.figure.Figure, "savefig", lambda fig, *a, **k: figures.append(fig)
+    )
+    report.plot(rows, [], tmp_path, busy="4 of 6 runs")
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    ax = figures[0].axes[0]
+    renderer = FigureCanvasAgg(figures[0]).get_renderer()  # the figure is closed once saved
+    inside = ax.get_window_extent(renderer)
+    marks = [t for t in ax.texts if t.get_text()]
+    assert sorted(t.get_text() for t in marks) == ["*", "*!"]
+    for mark in marks:
+        box = mark.get_window_extent(renderer)
+        assert mark.get_rotation() == 0 and box.y1 <= inside.y1, mark.get_text()
+
+
 def test_planner_predicts_and_measures(model_dir, tmp_path):
     from specdec.bench.planner import accepted_length, measure, plan, tree_size
     import numpy as np
