@@ -86,16 +86,20 @@ def cmd_plan(args) -> int:
         "predicted speedup | measured |"
     )
     print("|---|---|---|---|---|---|---|---|---|")
+    # a shape timed quiet but decoded while other work took the cores: its figure's own mark
+    decoded_busy = {(r.beam_width, r.beam_length) for r in checked if r.busy}
     for r in rows:
         m = measured.get((r.beam_width, r.beam_length))
         flag = " (impossible: above its tokens/step)" if r.impossible else ""
         flag += " (busy: timed while other work took the cores)" if r.busy else ""
         flag += " (generate's now)" if now.same_as(r, lookup) else ""
+        late = (r.beam_width, r.beam_length) in decoded_busy and not r.busy
         print(
             f"| {r.beam_width} | {r.beam_length} | {r.tokens_per_step:.2f} | {r.tree_size:.1f} | "
             f"{r.plain_ms:.1f} | {r.draft_ms:.1f} | {r.verify_ms:.1f} | "
             f"{r.predicted_speedup:.2f}x{flag} | "
-            f"{'-' if m is None else f'{m:.2f}x'} |"
+            f"{'-' if m is None else f'{m:.2f}x'}"
+            f"{' (busy: decoded while other work took the cores)' if late else ''} |"
         )
     print(BEAM_MODE_LINE)
     _prediction_note(rows, measured)

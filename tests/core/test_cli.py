@@ -361,6 +361,38 @@ def test_plan_recommends_a_configuration(model_dir, tmp_path, monkeypatch, capsy
     assert "plan with --prompts" not in err  # the user's own prompts: no hint
 
 
+def test_a_beam_shape_decoded_busy_is_marked_in_the_measured_column(
+    model_dir, tmp_path, monkeypatch, capsys
+):
+    """A shape timed quiet and then decoded while other work took the cores had its figure shown
+    bare in the measured column: it carries its own mark."""
+    from specdec.bench import planner
+    from specdec.cli import plan as plan_cli
+    from specdec.cli.main import main
+    from specdec.testing import make_random_drafter
+
+    drafter = make_random_drafter(tmp_path / "d", model_dir, kind="redrafter", seed=1)
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "bada beda bida"}\n')
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(planner, "Measured", _QuietShapeClock)  # every shape timed quiet
+    now = planner.Current(beam_width=4, beam_length=5, lookup=True, speedup=0.0)
+    monkeypatch.setattr(plan_cli, "measure_current", lambda *a, **k: now)
+    decode = plan_cli.measure
+    monkeypatch.setattr(
+        plan_cli,
+        "measure",
+        lambda *a, **k: [attrs.evolve(r, measured_speedup=1.3, busy=True) for r in decode(*a, **k)],
+    )
+    args = ["plan", "--model", str(model_dir), "--drafter", str(drafter), "--backend", "numpy"]
+    args += ["--prompts", str(prompts), "--widths", "1", "--lengths", "2", "3"]
+    assert main([*args, "--max-new-tokens", "6", "--measure-top", "1", "--no-save"]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| 1 |")]
+    decoded = [line for line in rows if "1.30x" in line]
+    assert len(rows) == 2 and len(decoded) == 1, rows
+    assert decoded[0].endswith("| 1.30x (busy: decoded while other work took the cores) |")
+
+
 def test_plan_decodes_generates_shape_once_and_keeps_it_when_no_other_is_faster(
     model_dir, tmp_path, monkeypatch, capsys
 ):
