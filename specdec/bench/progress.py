@@ -7,7 +7,7 @@ the pace so far: "bench: 12 of 48 runs done, 2.3 min, about 6.9 min left". A hea
 says it when no unit finishes within the minute (a tree plan's setting decoded on a busy machine
 took four), so the lines come every minute whatever a unit costs. A caller that loads and warms
 up before its first unit calls ``reset`` when the units begin, so the time left is paced by the
-units alone."""
+units alone (the minutes said so far still count from the start)."""
 
 from __future__ import annotations
 
@@ -31,6 +31,7 @@ class _Lines:
         self.iterable, self.desc, self.unit = iterable, desc, unit
         self.total = len(iterable) if total is None and hasattr(iterable, "__len__") else total
         self.done, self.began = 0, monotonic()
+        self.paced_from, self.done_then = self.began, 0  # where the time left is paced from
         self.said = self.began
         self._lock, self._closed = threading.Lock(), threading.Event()
         if announce:  # a stage whose first line would otherwise come a minute or more later
@@ -49,10 +50,11 @@ class _Lines:
                 return
             self.said = now
             of = f" of {self.total}" if self.total else ""
-            minutes = (now - self.began) / 60
+            minutes, paced = (now - self.began) / 60, self.done - self.done_then
+            pace = (now - self.paced_from) / 60 / max(paced, 1)
             left = (
-                f", about {minutes / self.done * (self.total - self.done):.1f} min left"
-                if self.total and 0 < self.done < self.total
+                f", about {pace * (self.total - self.done):.1f} min left"
+                if self.total and paced > 0 and self.done < self.total
                 else ""
             )
             print(
@@ -62,10 +64,10 @@ class _Lines:
             )
 
     def reset(self) -> None:
-        """Count the time from now (as ``tqdm.reset``): loading and warm-up before the first unit
-        made the first estimate of the time left 14 times too long."""
+        """Pace the time left from now (loading and warm-up before the first unit made the first
+        estimate 14 times too long); the time spent so far still counts from the start."""
         with self._lock:
-            self.began = monotonic()
+            self.paced_from, self.done_then = monotonic(), self.done
 
     def update(self, n: int = 1) -> None:
         with self._lock:

@@ -213,7 +213,7 @@ def run_bench(
                 for _ in range(warmup):
                     run(encoded[0], temperature, seed)
             if not records:
-                bar.reset()  # the pace (and the time left) from the timed runs, not the loading
+                bar.reset()  # the time left paced from the timed runs, not the loading
             for repeat in range(repeats):
                 for index, (prompt, ids) in enumerate(zip(prompts, encoded)):
                     for label, run in runners.items():
