@@ -313,6 +313,7 @@ def keep(
         row.tokens_per_step,
         predicted=row.predicted_speedup if measured is not None else None,
         busy=row.busy,
+        prompts=prompts,
     )
     if measured is None and row.impossible:
         reasons = reasons or ["its prediction is above its tokens per step"]

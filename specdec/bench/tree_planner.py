@@ -200,7 +200,7 @@ def plan_tree(
         key=lambda r: (r.busy, impossible(r.speedup, r.tokens_per_step), -r.speedup),
     )
     top = next(row for row in ranked if not row.current)
-    if save and not why_not_kept(ranked, clock):
+    if save and not why_not_kept(ranked, clock, prompts=len(ids)):
         save_drafter_plan(
             backend_obj,
             target,
@@ -216,13 +216,17 @@ def plan_tree(
     return ranked
 
 
-def why_not_kept(ranked: Sequence[TreePlanRow], clock: Measured) -> list[str]:
+def why_not_kept(
+    ranked: Sequence[TreePlanRow], clock: Measured, *, prompts: int | None = None
+) -> list[str]:
     """Why the best setting of ``plan_tree``'s rows is not kept for ``generate`` (none: it is):
     ``specdec.bench.trust``'s reasons, and a best that decoded the same tokens and nodes per
     step as generate's setting now (most often the same trees: its lead is noise) or no faster
     than it."""
     top = next(row for row in ranked if not row.current)
-    reasons = reasons_not_to_keep(clock, top.speedup, top.tokens_per_step, busy=top.busy)
+    reasons = reasons_not_to_keep(
+        clock, top.speedup, top.tokens_per_step, busy=top.busy, prompts=prompts
+    )
     now = next((row for row in ranked if row.current), None)
     if now is None or now.busy:
         return reasons

@@ -28,6 +28,8 @@ import sys
 
 from specdec.tuning.machine import QUIET_SHARE, CpuClock, Measured, cores
 
+FEW_PROMPTS = 8  # below this many prompts, one run's noise can move a setting by tens of percent
+
 __all__ = [
     "FAR",
     "SLACK",
@@ -124,11 +126,19 @@ def reasons_not_to_keep(
     predicted: float | None = None,
     *,
     busy: bool = False,
+    prompts: int | None = None,
 ) -> list[str]:
     """Why a choice measured under ``clock`` must not be kept for ``generate`` ([] to keep).
     ``busy``: the choice's own measurement (one row of a plan, on its own clock) was taken while
-    other work took the cores, though the whole run's share was fine."""
+    other work took the cores, though the whole run's share was fine. ``prompts``: how many it
+    was measured on; fewer than ``FEW_PROMPTS`` keep nothing (a plan on two prompts kept beams
+    that measured 1.26x against generate's 1.22x: one run's noise)."""
     reasons = []
+    if prompts is not None and prompts < FEW_PROMPTS:
+        reasons.append(
+            f"it was measured on {prompts} prompt(s), fewer than {FEW_PROMPTS}, where one run's "
+            "noise moves a setting by tens of percent"
+        )
     if busy_line(clock) is not None:
         reasons.append("other work shared the machine while it was measured")
     elif busy:

@@ -8,9 +8,9 @@ from pathlib import Path
 
 from specdec.bench import load_prompt_set, parse_method, run_bench
 from specdec.bench.report import markdown, plain_notes, summarize, write_outputs
-from specdec.bench.trust import Measured, busy_note, thread_notes, torch_threads
+from specdec.bench.trust import FEW_PROMPTS, Measured, busy_note, thread_notes, torch_threads
 from specdec.cli.common import positive
-from specdec.cli.plan import FEW_PROMPTS, cmd_plan, more_prompts
+from specdec.cli.plan import cmd_plan, more_prompts
 from specdec.errors import InvalidInputError, require
 from specdec.generation.components import resolve_drafter
 from specdec.generation.loading import load_backend
@@ -50,12 +50,7 @@ def cmd_bench(args) -> int:
         busy or "note: the machine was quiet while it measured (docs/bench.md, \"A busy machine\")"
     ]
     notes += plain_notes(summarize(records)) + thread_notes()
-    if len(prompts) * args.repeats < FEW_PROMPTS:
-        notes.append(
-            f"note: {len(prompts)} prompt(s) x {args.repeats} repeat(s): one run's noise can move "
-            f"a method's figure by tens of percent; measure on more ({more_prompts(args)}, or "
-            "--repeats 3) before you rely on a difference"
-        )
+    notes += few_runs_note(len(prompts), args)
     meta = dict(
         command=" ".join(sys.argv),
         versions=installed_distributions(),
@@ -74,6 +69,20 @@ def cmd_bench(args) -> int:
     print("\n".join(notes))
     print(f"wrote {args.out}/bench.json, bench.md, speedup.png, accepted.png", file=sys.stderr)
     return 0
+
+
+def few_runs_note(prompts: int, args) -> list[str]:
+    """The note when bench measured too few runs to tell methods apart, with what to change:
+    more prompts, and more repeats where it took fewer than 3 (it said "--repeats 3" to a run
+    of --repeats 3)."""
+    if prompts * args.repeats >= FEW_PROMPTS:
+        return []
+    repeats = ", or --repeats 3" if args.repeats < 3 else ""
+    return [
+        f"note: {prompts} prompt(s) x {args.repeats} repeat(s): one run's noise can move a "
+        f"method's figure by tens of percent; measure on more ({more_prompts(args)}{repeats}) "
+        "before you rely on a difference"
+    ]
 
 
 def _bench_out(out: Path) -> None:

@@ -13,7 +13,7 @@ from specdec.bench import load_prompt_set, tree_planner
 from specdec.bench.planner import current_beams, keep, measure, measure_current, plan
 from specdec.bench.prompts import PROMPT_SETS
 from specdec.bench.tree_planner import plan_tree
-from specdec.bench.trust import Measured, busy_line, impossible, thread_notes
+from specdec.bench.trust import FEW_PROMPTS, Measured, busy_line, impossible, thread_notes
 from specdec.drafting.lookup import DEFAULT_DRAFT_LENGTH
 from specdec.errors import InvalidInputError
 from specdec.generation.resolve import resolve
@@ -163,6 +163,7 @@ def cmd_plan(args) -> int:
     chosen = {"beam_width": best.beam_width, "beam_length": best.beam_length}
     # nothing to name per call or check: what generate uses already, or slower than plain
     is_now = keep_now or (current is not None and now.same_as(best, lookup)) or speedup < 1.0
+    reasons = ["--no-save"]
     if args.no_save:
         print(
             "not saved (--no-save)"
@@ -189,7 +190,7 @@ def cmd_plan(args) -> int:
             else f"not saved: {'; '.join(reasons)} (generate keeps what it used before)"
             + ("" if is_now else _by_hand(args.drafter, chosen))
         )
-    _afterword(args, prompts, None if is_now else chosen)
+    _afterword(args, prompts, None if is_now else chosen, saved=not reasons)
     return 0
 
 
@@ -238,17 +239,15 @@ def _prediction_note(rows, measured: dict) -> None:
         )
 
 
-FEW_PROMPTS = 8  # below this many prompts, one run's noise can move a setting by tens of percent
-
-
-def _afterword(args, prompts, chosen: dict | None) -> None:
+def _afterword(args, prompts, chosen: dict | None, *, saved: bool = False) -> None:
     """What every plan says after its choice (``chosen``: its settings; None: what generate uses
-    already, nothing to check): how to check it, and what its prompts were."""
+    already, nothing to check; ``saved``: generate now decodes with it when none is named): how
+    to check it, and what its prompts were."""
     if len(prompts) < FEW_PROMPTS:
         print(
             f"note: planned on {len(prompts)} prompt(s): one run's noise can move a setting's "
-            f"figure by tens of percent; plan on more ({more_prompts(args)}) before keeping a "
-            "choice"
+            f"figure by tens of percent, so nothing is kept; plan on more ({more_prompts(args)}) "
+            "to keep a choice"
         )
     same = chosen is not None and [
         f"--model {args.model}",
@@ -258,11 +257,13 @@ def _afterword(args, prompts, chosen: dict | None) -> None:
         f"--backends {args.backend}",
         f"--max-new-tokens {args.max_new_tokens}",
     ]
-    if same:
+    if same:  # once saved, the drafter's name alone decodes with the choice
+        methods = f"plain {args.drafter}" + (
+            "" if saved else f" {args.drafter}:{_per_call(chosen)}"
+        )
         print(
             "check a choice as generate runs it, on the same prompts: specdec bench "
-            f"{' '.join(filter(None, same))} --methods plain {args.drafter} "
-            f"{args.drafter}:{_per_call(chosen)} (docs/bench.md)"
+            f"{' '.join(filter(None, same))} --methods {methods} (docs/bench.md)"
         )
     if args.prompts in PROMPT_SETS:
         print(
@@ -362,7 +363,9 @@ def _plan_tree(args, prompts) -> int:
             + ("" if slower else _by_hand(args.drafter, chosen, anyway=False))
         )
     else:
-        reasons = tree_planner.why_not_kept(rows, clock)  # the rule plan_tree saved by
+        # the rule plan_tree saved by
+        reasons = tree_planner.why_not_kept(rows, clock, prompts=len(prompts))
+        saved = not reasons
         print(
             "saved: generate uses it for this drafter on this machine when no tree settings "
             "are given"
@@ -370,7 +373,7 @@ def _plan_tree(args, prompts) -> int:
             else f"not saved: {'; '.join(reasons)} (generate keeps what it used before)"
             + ("" if slower else _by_hand(args.drafter, chosen))
         )
-    _afterword(args, prompts, None if slower else chosen)
+    _afterword(args, prompts, None if slower else chosen, saved=not args.no_save and saved)
     return 0
 
 
