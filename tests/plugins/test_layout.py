@@ -16,6 +16,8 @@ import subprocess
 import textwrap
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -271,3 +273,18 @@ def test_without_git_the_line_check_walks_the_folders(monkeypatch):
     files = python_files()
     assert ROOT / "specdec" / "decode" / "loop.py" in files, f"{len(files)} files found"
     assert not [p for p in files if {".venv", "build", "__pycache__"} & set(p.parts)]
+
+
+def test_no_tracked_file_is_one_the_repository_ignores():
+    """Run records under ``runs/`` (ignored) were committed with a blanket add: a file git
+    tracks though ``.gitignore`` names it is a stray."""
+    try:
+        done = subprocess.run(
+            ["git", "-C", str(ROOT), "ls-files", "--cached", "--ignored", "--exclude-standard"],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+    except (OSError, subprocess.CalledProcessError):
+        pytest.skip("not a git checkout (or no git)")
+    assert done.stdout.split() == [], done.stdout
