@@ -9,6 +9,7 @@ from specdec.models import cache
 from specdec.models.bundled import repair
 from specdec.models.cache import cache_dir
 from specdec.tuning.machine import QUIET_SHARE
+from specdec.tuning.plans import describe_plan
 from specdec.tuning.store import read_entry
 
 
@@ -31,6 +32,12 @@ def add_parser(sub) -> None:
         parser.add_argument(
             f"--{name}", action="store_true", help=f"clear: remove the {name}/ folder ({what})"
         )
+    parser.add_argument(
+        "--plans",
+        action="store_true",
+        help="clear: remove only `specdec plan`'s kept choices (generate then uses each "
+        "drafter's own settings; the machine's measurements stay)",
+    )
     parser.set_defaults(func=cmd_cache, late_names="names")
 
 
@@ -59,6 +66,15 @@ def _busy_measurements(folder) -> list[str]:
                 "(`specdec cache clear --tuning`: all at the next start)"
             )
     return lines
+
+
+def _plans(folder) -> list[str]:
+    """A line per choice ``specdec plan`` kept (``generate`` uses it when no setting is named)."""
+    return [
+        f"{file.name}: plan kept for generate: {describe_plan(read_entry(file) or {})} "
+        "(`specdec cache clear --plans` removes the plans)"
+        for file in sorted(folder.glob("plan-*.json"))
+    ]
 
 
 def _size(n: int) -> str:
@@ -96,7 +112,7 @@ def cmd_cache(args) -> int:
             owner = "" if cache.is_own(path) else ", not made by specdec: clear leaves it"
             print(f"  {path.name + '/':<24} {_size(cache.folder_size(path)):>10}  ({path}{owner})")
             if path.name == "tuning":
-                for line in _busy_measurements(path):
+                for line in _busy_measurements(path) + _plans(path):
                     print(f"    {line}")
         for path in cache.leftovers(root):
             print(f"  leftover of a killed run (`specdec cache clear` removes it): {path}")
@@ -119,7 +135,17 @@ def cmd_cache(args) -> int:
             print(f"{row['name']}: repaired (converted again)")
         return status
     folders = [name for name in CLEARABLE if getattr(args, name)]
-    if not args.names and not args.all and not folders:
+    if args.plans and not args.tuning:  # a part of tuning/: its plan files alone
+        plans = sorted((root / "tuning").glob("plan-*.json"))
+        for path in plans:
+            what = describe_plan(read_entry(path) or {})
+            path.unlink()
+            print(f"removed {path} ({what})")
+        if not plans:
+            print(f"nothing to remove: no plan kept in {root / 'tuning'}")
+        if not args.names and not args.all and not folders:
+            return 0
+    if not args.names and not args.all and not folders and not args.plans:
         raise InvalidInputError(
             f"specdec cache clear: name the models to remove ({', '.join(known) or 'none'}), "
             f"or pass {' or '.join('--' + n for n in CLEARABLE)} to remove that folder, or --all "

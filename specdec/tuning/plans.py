@@ -15,7 +15,7 @@ from pathlib import Path
 from specdec.tuning.dtype import dtype_name
 from specdec.tuning.store import digest, read_entry, tuning_dir, write_entry
 
-__all__ = ["cached_drafter_plan", "save_drafter_plan"]
+__all__ = ["cached_drafter_plan", "describe_plan", "save_drafter_plan"]
 
 CACHE_VERSION = 1
 
@@ -55,10 +55,29 @@ def save_drafter_plan(backend, target, drafter: str, *, options: dict, details: 
         {
             "options": {str(k): int(v) for k, v in options.items()},
             **details,
+            # what it was planned for, in words (``describe_plan``; the file's name is a digest)
+            "drafter": str(drafter),
+            "target": getattr(target, "name", "") or "",
+            "backend": backend.name,
+            "dtype": dtype_name(target, ""),
             "planned_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
         },
     )
     return file
+
+
+def describe_plan(plan: dict) -> str:
+    """A kept plan in one line: what it is for, its settings, and what it measured."""
+    where = ", ".join(str(plan[k]) for k in ("backend", "dtype") if plan.get(k))
+    target = f" on {plan['target']}" if plan.get("target") else ""
+    what = f"{plan.get('drafter', 'a drafter')}{target}" + (f" ({where})" if where else "")
+    settings = " ".join(f"{k}={v}" for k, v in (plan.get("options") or {}).items())
+    if isinstance(plan.get("lookup"), bool):
+        settings += f", lookup {'on' if plan['lookup'] else 'off'}"
+    measured = plan.get("measured_speedup")
+    figure = f"measured {measured:.2f}x" if isinstance(measured, (int, float)) else "kept"
+    prompts = f" on {plan['prompts']} prompts" if plan.get("prompts") else ""
+    return f"{what}: {settings}; {figure}{prompts}, {plan.get('planned_at', '')}".rstrip(", ")
 
 
 def cached_drafter_plan(backend, target, drafter) -> dict | None:

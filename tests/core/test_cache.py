@@ -39,7 +39,7 @@ def tiny_bundle(model_dir, tmp_path, monkeypatch):
         (workdir / "tiny.gguf").write_bytes(b"GGUF")
         return workdir / "tiny.gguf"
 
-    def fake_convert(gguf, folder, *, source):
+    def fake_convert(gguf, folder, *, source, label=None):
         conversions.append(folder)
         partial = cache.work_folder(folder.parent, f".{folder.name}.partial")
         for path in model_dir.iterdir():
@@ -377,3 +377,35 @@ def test_cache_show_names_measurements_taken_beside_other_work(tmp_path, monkeyp
     ), out
     assert "costs-torch-b.json: taken while other work held 50% of the cores (1 time(s))" in out
     assert "dtype-torch-c.json" not in out
+
+
+def test_cache_shows_the_plans_kept_and_clears_them_alone(tmp_path, monkeypatch, capsys):
+    """A plan kept for generate could be seen only by reading its JSON, and removed only with
+    every measurement (`clear --tuning`): `specdec cache` names each, `clear --plans` removes
+    them and nothing else."""
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path))
+    tuning = tmp_path / "tuning"
+    tuning.mkdir()
+    plan = {
+        "options": {"beam_width": 2, "beam_length": 2},
+        "lookup": True,
+        "measured_speedup": 1.262,
+        "prompts": 8,
+        "drafter": "redrafter",
+        "target": "smollm2-135m",
+        "backend": "torch",
+        "dtype": "float32",
+        "planned_at": "2026-12-07T09:35:01",
+    }
+    (tuning / "plan-torch-a.json").write_text(json.dumps(plan))
+    (tuning / "costs-torch-b.json").write_text(json.dumps({"share": 0.99, "measures": 1}))
+    assert cli.main(["cache"]) == 0
+    assert (
+        "plan-torch-a.json: plan kept for generate: redrafter on smollm2-135m (torch, float32): "
+        "beam_width=2 beam_length=2, lookup on; measured 1.26x on 8 prompts, 2026-12-07T09:35:01"
+    ) in capsys.readouterr().out
+    assert cli.main(["cache", "clear", "--plans"]) == 0
+    assert "removed" in capsys.readouterr().out
+    assert sorted(p.name for p in tuning.iterdir()) == ["costs-torch-b.json"]
+    assert cli.main(["cache", "clear", "--plans"]) == 0
+    assert "nothing to remove: no plan kept" in capsys.readouterr().out
