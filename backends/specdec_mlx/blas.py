@@ -51,7 +51,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from specdec.tuning.machine import busy_cores, cores, free_cores
+from specdec.tuning.machine import cores, free_cores, steady_busy_cores
 
 __all__ = [
     "blas_hint",
@@ -203,15 +203,15 @@ def blas_threads() -> int | None:
 
 def fit_blas_threads(measure=None) -> int | None:
     """The loaded OpenBLAS's threads lowered to the cores other processes leave free (module
-    docstring; ``measure``: what counts the busy cores, ``busy_cores`` by default); the new count,
-    or None where it was left."""
+    docstring; ``measure``: what counts the busy cores, ``steady_busy_cores`` by default); the
+    new count, or None where it was left."""
     calls = _openblas_calls()
     if calls is None or any(os.environ.get(name, "").strip() for name in THREAD_VARIABLES):
         return None
     threads = int(calls[0]())
     if threads <= 1:
         return None
-    busy = (measure or busy_cores)()
+    busy = (measure or steady_busy_cores)()
     if busy is None:
         return None
     free = free_cores(busy, cores())

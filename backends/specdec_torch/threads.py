@@ -6,7 +6,8 @@ has set aside for that process: on a 2-core machine with one core busy elsewhere
 decoded plainly at 1.1 tokens/s on two threads and at 19-20 on one, 18x apart, and nothing
 said why. So before the torch backend first computes, unless ``OMP_NUM_THREADS`` chose the
 count, ``fit_threads`` measures how many cores other processes keep busy
-(``specdec.tuning.machine.busy_cores``, a fraction of a second) and, where fewer are free than
+(``specdec.tuning.machine.steady_busy_cores``, a fraction of a second, twice where the first
+probe finds a core busy, so that a passing burst does not count) and, where fewer are free than
 torch would use, gives torch the free ones (at least one) and says so in one line on stderr.
 A count the user chose is kept, but where other work leaves fewer cores free than it asks, one
 line says what that costs (a user pinned 2 threads beside a busy core: every call 4x slower, and
@@ -21,7 +22,7 @@ import sys
 
 import torch
 
-from specdec.tuning.machine import busy_cores, cores, free_cores
+from specdec.tuning.machine import cores, free_cores, steady_busy_cores
 
 __all__ = ["VARIABLE", "fit_threads"]
 
@@ -29,7 +30,7 @@ VARIABLE = "OMP_NUM_THREADS"  # a count the user chose: left as it is
 _fitted = False
 
 
-def fit_threads(measure=busy_cores) -> int | None:
+def fit_threads(measure=steady_busy_cores) -> int | None:
     """Once per process: torch's thread count lowered to the free cores when other processes
     keep some busy (module docstring). Returns the new count, or None where it was left."""
     global _fitted

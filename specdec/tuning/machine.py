@@ -26,6 +26,7 @@ __all__ = [
     "CpuClock",
     "Measured",
     "busy_cores",
+    "steady_busy_cores",
     "cores",
     "cpu_description",
     "cpu_flags",
@@ -137,6 +138,17 @@ def free_cores(busy: float, total: int) -> int:
     """The cores of ``total`` that other processes leave free when they keep ``busy`` cores busy
     (at least one): the thread count a backend's math library should compute on."""
     return max(total - int(round(busy)), 1)
+
+
+def steady_busy_cores(seconds: float = 0.3) -> float | None:
+    """``busy_cores``, probed again where the first probe found a core or more busy, the lesser
+    kept: a burst of other work (a package install's tail) that one probe caught set torch to one
+    thread for a whole run on a machine then idle."""
+    first = busy_cores(seconds)
+    if first is None or first < 0.5:
+        return first
+    second = busy_cores(seconds)
+    return first if second is None else min(first, second)
 
 
 class CpuClock:

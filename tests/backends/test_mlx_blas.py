@@ -76,7 +76,7 @@ BUSY = """
 import specdec.plugins.registry
 from specdec.tuning.machine import cores
 from specdec_mlx import blas
-blas.busy_cores = lambda: cores() - 1  # every core but one busy elsewhere
+blas.steady_busy_cores = lambda: cores() - 1  # every core but one busy elsewhere
 specdec.plugins.registry.default_registry().get("backend", "mlx").factory()
 print(repr((blas.blas_threads(), cores())))
 """

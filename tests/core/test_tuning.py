@@ -180,6 +180,17 @@ def test_a_choice_measured_busy_is_read_while_busy_and_measured_again_once_quiet
     assert "and the machine is quiet now" in capsys.readouterr().err
 
 
+def test_a_busy_reading_is_probed_again_and_the_lesser_kept(monkeypatch):
+    """One probe caught a passing burst and torch ran a whole demo on one of two idle cores."""
+    readings = iter([1.0, 0.1])
+    monkeypatch.setattr(machine, "busy_cores", lambda seconds: next(readings))
+    assert machine.steady_busy_cores() == 0.1
+    readings = iter([0.2])  # below half a core: one probe is enough
+    assert machine.steady_busy_cores() == 0.2
+    readings = iter([1.0, 0.97])
+    assert machine.steady_busy_cores() == 0.97
+
+
 def test_the_quiet_probe_reads_the_machine_once_per_start(monkeypatch):
     """``quiet_now`` reads how many cores other processes keep busy (``busy_cores``, as the
     torch backend fits its threads): more than 1 - QUIET_SHARE of them reads busy; it is probed
