@@ -236,10 +236,10 @@ WHY_PLAIN = {
 MOSTLY_PLAIN = 0.5  # a method whose steps decoded plainly this often gets a note saying why
 
 
-def plain_notes(rows: Sequence[dict]) -> list[str]:
+def plain_notes(rows: Sequence[dict], *, hint: bool = True) -> list[str]:
     """A note per method (its total row) that decoded most of its steps plainly, other than by
-    ``speculation="never"``: how often, the main reason in words, and how to see what drafting
-    every step gives (the table shows only the share)."""
+    ``speculation="never"``: how often, the main reason in words, and (``hint``) how to see what
+    drafting every step gives (the table shows only the share)."""
     notes = []
     methods = {r["method"] for r in rows}
     for r in rows:
@@ -253,7 +253,8 @@ def plain_notes(rows: Sequence[dict]) -> list[str]:
         always = f"{r['method']}:speculation=always"
         always = (
             f"; `{always}` shows what drafting every step gives"
-            if "speculation=" not in r["method"]
+            if hint
+            and "speculation=" not in r["method"]
             and why in ("prediction", "realized")
             and always not in methods
             else ""

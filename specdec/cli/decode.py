@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import re
 import sys
+from collections import Counter
 import tempfile
 from pathlib import Path
 
 import specdec
-from specdec.bench.report import busy_mark, impossible_mark
+from specdec.bench.report import busy_mark, impossible_mark, plain_notes
 from specdec.bench.trust import Measured, busy_note
 from specdec.cli.common import (
     add_exact_arg,
@@ -174,6 +175,7 @@ def cmd_demo(args) -> int:
         )
         # new tokens, seconds (prefill included)
         status, totals, spoilt = 0, {name: [0, 0.0] for name in methods}, 0
+        steps = {name: Counter() for name in methods}  # decode steps, drafting ones, plain reasons
         clock = Measured()
         for number, text in enumerate(args.prompt, 1):
             print(
@@ -196,6 +198,8 @@ def cmd_demo(args) -> int:
             for name, result in results.items():
                 totals[name][0] += result.stats.new_tokens
                 totals[name][1] += result.stats.time_total
+                steps[name].update(result.stats.plain_reasons)
+                steps[name]["decode steps"] += result.stats.decode_row_steps
                 flags = _flags(result, plain, slowed[name], args.repeats)
                 spoilt += slowed[name]
                 if name == "plain":
@@ -232,9 +236,39 @@ def cmd_demo(args) -> int:
             "from the model's answer store where one ships)"
         )
         note = busy_note(clock, spoilt, len(args.prompt) * len(methods) * args.repeats)
-        if note:
-            print(note)
+        model_name = None if args.random else args.model
+        for line in ([note] if note else []) + _plain_notes(steps, backend, model_name):
+            print(line)
     return int(status)
+
+
+def _plain_notes(steps: dict, backend: str, model: str | None) -> list[str]:
+    """bench's note for each method that decoded most of its steps plainly, and why (the demo's
+    lines said "drafted in 7 of 80 steps", and nothing of why), with the bench command that
+    shows what drafting every step gives on ``model`` (None: no such command)."""
+    rows = []
+    for name, counts in steps.items():
+        total = counts.pop("decode steps", 0)
+        if name == "plain" or not total:
+            continue
+        rows.append(
+            dict(
+                method=name,
+                backend=backend,
+                temperature=0.0,
+                category="all",
+                plain_reasons=dict(counts),
+                plain_step_share=sum(counts.values()) / total,
+            )
+        )
+    notes = plain_notes(rows, hint=False)  # the demo's labels are not bench's methods
+    if notes and model is not None:
+        notes.append(
+            f"note: to see what drafting every step gives on this machine: specdec bench --model "
+            f"{model} --limit 4 --repeats 1 --methods plain redrafter redrafter:speculation=always "
+            f"--backends {backend} (docs/bench.md)"
+        )
+    return notes
 
 
 def _flags(result, plain, slowed: int, repeats: int) -> str:

@@ -702,6 +702,32 @@ def test_the_demo_marks_a_method_slowed_by_other_work_or_faster_than_it_can_be()
     assert _flags(plain, plain, 1, 3) == " (busy: 1 of 3 runs)"
 
 
+def test_the_demo_says_why_a_method_decoded_mostly_plainly():
+    """The demo's lines said "drafted in 7 of 80 steps" and nothing of why; bench's note says it,
+    with the bench command that shows what drafting every step gives."""
+    from collections import Counter
+
+    from specdec.cli.decode import _plain_notes
+
+    steps = {
+        "plain": Counter({"decode steps": 80}),
+        "default": Counter({"prediction": 60, "measuring": 13, "decode steps": 80}),
+        "lookup": Counter({"no draft": 10, "decode steps": 80}),  # drafted in most: no note
+    }
+    notes = _plain_notes(steps, "torch", "smollm2-135m")
+    assert notes[0].startswith(
+        "note: default (torch, T=0) decoded 91% of its steps plainly (by reason: 60 prediction, "
+        "13 measuring): mostly auto judged drafting would not pay"
+    ), notes
+    assert "default:speculation=always" not in notes[0]  # not a method bench knows
+    assert notes[1].endswith(
+        "specdec bench --model smollm2-135m --limit 4 --repeats 1 --methods plain redrafter "
+        "redrafter:speculation=always --backends torch (docs/bench.md)"
+    ) and len(notes) == 2, notes
+    quiet = {"default": Counter({"prediction": 3, "decode steps": 80})}
+    assert _plain_notes(quiet, "torch", "smollm2-135m") == []
+
+
 def test_a_tree_plan_whose_best_decodes_generates_own_trees_says_keep_them(
     model_dir, tmp_path, monkeypatch, capsys
 ):
