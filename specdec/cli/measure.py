@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import sys
+from collections import Counter
 from pathlib import Path
 
 from specdec.bench import load_prompt_set, parse_method, run_bench
@@ -51,6 +52,7 @@ def cmd_bench(args) -> int:
     ]
     notes += plain_notes(summarize(records)) + thread_notes()
     notes += few_runs_note(len(prompts), args)
+    notes += category_note([p.category for p in prompts], args.repeats)
     meta = dict(
         command=" ".join(sys.argv),
         versions=installed_distributions(),
@@ -82,6 +84,19 @@ def few_runs_note(prompts: int, args) -> list[str]:
         f"note: {prompts} prompt(s) x {args.repeats} repeat(s): one run's noise can move a "
         f"method's figure by tens of percent; measure on more ({more_prompts(args)}{repeats}) "
         "before you rely on a difference"
+    ]
+
+
+def category_note(categories: list, repeats: int) -> list[str]:
+    """The note when bench.md's rows per category rest on few runs each (``--per-category 1``:
+    one prompt each, a "roleplay 1.69x" beside a "humanities 0.95x" with no word)."""
+    counts = Counter(categories)
+    fewest = min(counts.values(), default=0) * repeats
+    if len(counts) < 2 or fewest >= FEW_PROMPTS:
+        return []
+    return [
+        f"note: a row per category rests on as few as {fewest} run(s) (bench.md has them): read "
+        "those as examples, the total row as the figure"
     ]
 
 

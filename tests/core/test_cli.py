@@ -272,6 +272,16 @@ def test_bench_writes_its_outputs(model_dir, tmp_path):
     assert data["meta"]["runs"] == 4 and 0 <= data["meta"]["quiet_runs"] <= 4
 
 
+def test_rows_per_category_on_few_runs_get_a_note():
+    """--per-category 1: each category's row rested on one run, with no word."""
+    from specdec.cli.measure import category_note
+
+    (note,) = category_note(["writing", "roleplay", "writing"], 1)
+    assert "a row per category rests on as few as 1 run(s)" in note
+    assert category_note(["writing", "roleplay"], 8) == []
+    assert category_note(["writing"] * 3, 1) == []  # one category: its row is the total's
+
+
 def test_the_few_runs_note_asks_for_what_the_run_lacked():
     """Two prompts, three repeats: the note asked for --repeats 3 all the same."""
     import types
@@ -720,10 +730,13 @@ def test_the_demo_says_why_a_method_decoded_mostly_plainly():
         "13 measuring): mostly auto judged drafting would not pay"
     ), notes
     assert "default:speculation=always" not in notes[0]  # not a method bench knows
-    assert notes[1].endswith(
-        "specdec bench --model smollm2-135m --limit 4 --repeats 1 --methods plain redrafter "
-        "redrafter:speculation=always --backends torch (docs/bench.md)"
-    ) and len(notes) == 2, notes
+    assert (
+        notes[1].endswith(
+            "specdec bench --model smollm2-135m --limit 4 --repeats 1 --methods plain redrafter "
+            "redrafter:speculation=always --backends torch (docs/bench.md)"
+        )
+        and len(notes) == 2
+    ), notes
     quiet = {"default": Counter({"prediction": 3, "decode steps": 80})}
     assert _plain_notes(quiet, "torch", "smollm2-135m") == []
 
