@@ -331,8 +331,9 @@ def _plan_tree(args, prompts) -> int:
         counts = (r.tokens_per_step, r.nodes_per_step)
         if counts in seen:
             flag += f" (the same tokens and nodes per step as {seen[counts]})"
-        seen.setdefault(counts, settings)
         lookup = "as now" if r.lookup is None else "yes" if r.lookup else "no"
+        # named with its lookup: two rows can share the settings and differ by it alone
+        seen.setdefault(counts, settings if r.lookup is None else f"{settings}, lookup {lookup}")
         print(
             f"| {settings} | {lookup} | {r.tokens_per_step:.2f} | "
             f"{r.nodes_per_step:.1f} | {r.speedup:.2f}x{flag} |"

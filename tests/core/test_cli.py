@@ -640,12 +640,13 @@ def test_plan_marks_tree_settings_that_decoded_the_same_trees(
     assert main([*args, "--no-save"]) == 0
     table = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| total")]
     assert [
-        ("the same tokens and nodes per step as total_tokens=16" in line) for line in table
+        ("the same tokens and nodes per step as total_tokens=16, lookup yes)" in line)
+        for line in table
     ] == [
         False,
         False,
         True,
-    ], table
+    ], table  # named with its lookup: rows of the same settings can differ by it alone
 
 
 def test_plan_of_a_drafter_without_beams_or_tree_settings_says_so(model_dir, tmp_path, capsys):
