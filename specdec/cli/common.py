@@ -46,13 +46,17 @@ def add_generation_args(parser: argparse.ArgumentParser) -> None:
     )
     add_exact_arg(parser)
     parser.add_argument(
-        "--beam-width", type=int, default=None, help="ReDrafter: beams (default: the drafter's)"
+        "--beam-width",
+        type=int,
+        default=None,
+        help="ReDrafter: beams (default: the plan `specdec plan` kept here, else the drafter's; "
+        "`specdec cache` lists the plans)",
     )
     parser.add_argument(
         "--beam-length",
         type=int,
         default=None,
-        help="ReDrafter: tokens per beam (default: the drafter's)",
+        help="ReDrafter: tokens per beam (default: as --beam-width's)",
     )
     parser.add_argument("--verifier", default=None, help="default: the drafter's")
     add_speculation_arg(parser)
