@@ -405,7 +405,10 @@ def plot(
     ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))  # whole tokens
     ax.set_xlabel("drafted tokens accepted per drafting step")
     ax.set_ylabel("share of drafting steps")
-    ax.legend(fontsize=8)
+    if hist:
+        ax.legend(fontsize=8)
+    else:  # no method drafted in any step (auto declined every one): say so, not an empty legend
+        ax.text(0.5, 0.5, "no drafting step", ha="center", va="center", transform=ax.transAxes)
     fig.tight_layout()
     fig.savefig(out / "accepted.png", dpi=110)
     plt.close(fig)

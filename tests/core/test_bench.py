@@ -193,7 +193,11 @@ def test_the_plots_marks_stand_upright_inside_the_axes(tmp_path, monkeypatch):
     monkeypatch.setattr(
         matplotlib.figure.Figure, "savefig", lambda fig, *a, **k: figures.append(fig)
     )
-    report.plot(rows, [], tmp_path, busy="4 of 6 runs")
+    import warnings
+
+    with warnings.catch_warnings():  # no drafting step recorded: no empty legend's warning
+        warnings.simplefilter("error")
+        report.plot(rows, [], tmp_path, busy="4 of 6 runs")
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
     ax = figures[0].axes[0]
