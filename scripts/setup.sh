@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Create .venv (if missing) and install specdec with the extras given as arguments.
-# torch is pinned to the CPU build 2.13.0 so that no multi-GB CUDA build is pulled.
+# torch is pinned to 2.13.0, the version the project is tested on. Where pip's index holds a CPU
+# wheel of it, that one is taken; from stock PyPI on Linux it is the multi-GB CUDA build, so
+# TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu takes the CPU build from PyTorch's index.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
@@ -17,7 +19,8 @@ for extra in ${extras//,/ }; do
   fi
 done
 if [[ ",$extras," == *",torch,"* ]]; then
-  .venv/bin/pip install --quiet --disable-pip-version-check "torch==2.13.0"
+  .venv/bin/pip install --quiet --disable-pip-version-check "torch==2.13.0" \
+    ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"}
 fi
 .venv/bin/pip install --quiet --disable-pip-version-check -e ".[$extras]"
 echo "specdec is set up in $(pwd)/.venv with the extras: $extras, besides any installed before (run again with others to add them)"

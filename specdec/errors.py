@@ -29,7 +29,7 @@ class IncompatibleDrafterError(SpecdecError, ValueError):
 
 def install_command(extra: str) -> str:
     """The command that installs ``extra``: the checkout's setup script where specdec runs from
-    a source checkout's own ``.venv`` (the script pins torch to its CPU build and adds to what
+    a source checkout's own ``.venv`` (the script pins torch's version and adds to what
     ``.venv`` holds), else pip."""
     root = Path(__file__).resolve().parents[1]
     if (root / "scripts" / "setup.sh").is_file() and Path(sys.prefix).resolve() == (

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 
-from specdec.errors import InvalidInputError
+from specdec.errors import InvalidInputError, install_command
 
 
 def positive(text: str) -> int:
@@ -17,6 +18,18 @@ def positive(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be 1 or more, got {value}")
     return value
+
+
+def numpy_fallback_note(backend: str | None) -> str | None:
+    """A line when no backend was named and torch is not installed, so a command runs on the
+    numpy reference (float64: seconds a token on a real model); a server installed with only
+    its own extra sat silent on it for minutes."""
+    if backend is not None or importlib.util.find_spec("torch") is not None:
+        return None
+    return (
+        "specdec: torch is not installed, so this runs on the numpy reference (float64, exact, "
+        f"seconds a token on a real model): {install_command('torch,hf')} (or name --backend)"
+    )
 
 
 def add_generation_args(parser: argparse.ArgumentParser) -> None:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import re
 import sys
-from collections import Counter
 import tempfile
+from collections import Counter
 from pathlib import Path
 
 import specdec
@@ -15,6 +15,7 @@ from specdec.cli.common import (
     add_exact_arg,
     add_generation_args,
     generation_kwargs,
+    numpy_fallback_note,
     report_line,
     text_argument,
 )
@@ -48,6 +49,9 @@ def cmd_generate(args) -> int:
             )
         prompt = [{"role": "user", "content": args.prompt}]
     drafter, options = drafter_options(args)
+    fallback = numpy_fallback_note(args.backend)
+    if fallback:
+        print(fallback, file=sys.stderr, flush=True)
     result = specdec.generate(
         args.model, prompt, drafter=drafter, **generation_kwargs(args), **options
     )

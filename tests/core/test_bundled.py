@@ -100,3 +100,20 @@ def test_classic_rope_key_is_written_for_other_readers(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(newer))
     _upgrade_config(tmp_path)
     assert json.loads((tmp_path / "config.json").read_text())["rope_theta"] == 100000.0
+
+
+def test_a_missing_conversion_extra_is_named_before_the_download(tmp_path, monkeypatch, capfd):
+    """A server installed with its own extra alone printed "converting ..." and then that the
+    conversion needs the hf extra: the extra is named first, before any download or line."""
+    from specdec.errors import MissingDependencyError
+    from specdec.models import bundled
+
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setitem(bundled.BUNDLED, "tiny", spec_for(b"gguf"))
+    monkeypatch.setitem(__import__("sys").modules, "gguf", None)  # the hf extra's package
+    fetched = []
+    monkeypatch.setattr(bundled, "fetch_gguf", lambda *a, **k: fetched.append(a))
+    capfd.readouterr()
+    with pytest.raises(MissingDependencyError, match="hf"):
+        resolve_model("tiny")
+    assert not fetched and "converting" not in capfd.readouterr().err

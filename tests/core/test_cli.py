@@ -272,6 +272,25 @@ def test_bench_writes_its_outputs(model_dir, tmp_path):
     assert data["meta"]["runs"] == 4 and 0 <= data["meta"]["quiet_runs"] <= 4
 
 
+def test_a_command_on_the_numpy_fallback_says_so(monkeypatch):
+    """A server installed with its own extra alone measured on the float64 reference for minutes
+    with no word: where torch is missing and no backend is named, one line says so."""
+    import importlib.util
+
+    from specdec.cli.common import numpy_fallback_note
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "torch" else real(name, *a)
+    )
+    note = numpy_fallback_note(None)
+    assert note.startswith("specdec: torch is not installed, so this runs on the numpy reference")
+    assert "torch,hf" in note
+    assert numpy_fallback_note("numpy") is None  # named: the user chose it
+    monkeypatch.setattr(importlib.util, "find_spec", real)
+    assert numpy_fallback_note(None) is None
+
+
 def test_rows_per_category_on_few_runs_get_a_note():
     """--per-category 1: each category's row rested on one run, with no word."""
     from specdec.cli.measure import category_note
