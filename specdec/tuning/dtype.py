@@ -27,6 +27,7 @@ on timing.
 from __future__ import annotations
 
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any, Sequence
@@ -231,6 +232,14 @@ def load_fastest(backend, source, *, device: str | None = None, remeasure: bool 
             if dtype != best[0]:
                 del target, best
                 target = backend.load_target(source, dtype=dtype, device=device, **slots)
+    if busy and cached.get("dtype") != dtype:  # a choice taken busy, measured anew, replaced
+        print(
+            f"specdec: the dtype measured fastest here is now {dtype}, not {cached.get('dtype')} "
+            "(measured while other work shared the cores): greedy outputs can differ from earlier "
+            f"runs' where they rounded apart; dtype={cached.get('dtype')!r} pins the old one",
+            file=sys.stderr,
+            flush=True,
+        )
     described = backend.describe_device(device)
     write_entry(
         file,

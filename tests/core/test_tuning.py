@@ -134,7 +134,7 @@ def test_the_cache_key_is_the_shape_not_the_weights(model_dir, cache, tmp_path):
 
 
 def test_a_choice_measured_beside_other_work_is_measured_again_and_the_quieter_decides(
-    model_dir, cache, monkeypatch
+    model_dir, cache, monkeypatch, capsys
 ):
     """A start whose probe finds the machine quiet measures a busy choice again, and the quieter
     of the two measurements decides (the probe can be quiet while the measurement is not)."""
@@ -156,6 +156,14 @@ def test_a_choice_measured_beside_other_work_is_measured_again_and_the_quieter_d
         chosen.append((choice.dtype, choice.source))
     # 0.5: fast; 0.4 says slow but 0.5 was quieter: fast; 0.7 says slow: slow
     assert chosen == [("fast", "measured"), ("fast", "measured"), ("slow", "measured")]
+    # the choice changed under a process that ran before: said once, with how to pin the old one
+    # (a later process's greedy text differed from an earlier one's, with no word)
+    lines = [line for line in capsys.readouterr().err.splitlines() if "is now" in line]
+    assert lines == [
+        "specdec: the dtype measured fastest here is now slow, not fast (measured while other "
+        "work shared the cores): greedy outputs can differ from earlier runs' where they rounded "
+        "apart; dtype='fast' pins the old one"
+    ]
     (file,) = (cache / "tuning").glob("dtype-*.json")
     assert json.loads(file.read_text())["measures"] == 3
 
