@@ -323,6 +323,12 @@ class GenerationStats:
     plain_reasons: dict = attrs.field(factory=dict)
 
     @property
+    def verified_drafts(self) -> int:
+        """Drafted nodes the target verified (roots not counted): what the steps' trees held
+        after any budget cut them."""
+        return max(self.verified_tokens - self.decode_row_steps, 0)
+
+    @property
     def drafting_share(self) -> float:
         """The share of the decode row-steps in which the row drafted."""
         return self.drafting_row_steps / self.decode_row_steps if self.decode_row_steps else 0.0
@@ -337,7 +343,13 @@ class GenerationStats:
         return (
             f"drafted in {self.drafting_row_steps} of {self.decode_row_steps} decode steps "
             f"({self.drafting_share:.0%}); {self.accepted_tokens} of {self.drafted_tokens} drafted "
-            f"tokens accepted; {self.tokens_per_step:.2f} tokens per step"
+            f"tokens accepted"
+            + (
+                f" ({self.verified_drafts / self.drafting_row_steps:.1f} verified a drafting step)"
+                if self.drafting_row_steps
+                else ""
+            )
+            + f"; {self.tokens_per_step:.2f} tokens per step"
             + (f"; plain steps by reason: {plain}" if plain else "")
             + (
                 " (prediction: auto judged drafting would not pay, from what it learnt on this "

@@ -166,6 +166,9 @@ def test_a_cut_last_step_counts_only_the_accepted_tokens_it_kept(target):
     )
     stats = result.stats
     assert len(result.tokens) == new == 1 + stats.decode_row_steps + stats.accepted_tokens
+    # a beam of 4 (root and 3 drafted) a step: how far auto cut the trees is said in words
+    assert stats.verified_drafts == 3 * stats.drafting_row_steps == 9
+    assert "(3.0 verified a drafting step)" in stats.describe_speculation()
     with specdec.Engine(target, drafter=oracle, backend="numpy") as engine:
         done = engine.submit(prompts[0], max_new_tokens=new, ignore_eos=True).result()
     assert done.accepted_tokens == stats.accepted_tokens
