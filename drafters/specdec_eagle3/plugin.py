@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import math
+import sys
+
 import attrs
 
 from specdec.models.llama import LlamaConfig
@@ -36,6 +39,8 @@ def _factory(backend_name: str):
             "eagle3", "EAGLE-3", "specdec_eagle3", load_eagle3_checkpoint, checkpoint, target
         )
         config = resolve_layers(config, int(target.num_layers))
+        for line in layer_constant_notes(config, getattr(target, "config", None)):
+            print(line, file=sys.stderr, flush=True)
         return drafter_class(
             config,
             weights,
@@ -47,6 +52,27 @@ def _factory(backend_name: str):
         )
 
     return eagle3
+
+
+def layer_constant_notes(config, target_config) -> list[str]:
+    """A line per constant of the head's decoder layer (rotary base, norm epsilon) that differs
+    from the target's: a hand-written head that left them out of its config.json read
+    transformers' defaults (10000, 1e-6) where SmolLM2 has 100000 and 1e-5, with no word."""
+    notes = []
+    for name, default in (("rope_theta", 10000.0), ("rms_norm_eps", 1e-6)):
+        head, target = getattr(config, name), getattr(target_config, name, None)
+        if target is None or math.isclose(head, float(target), rel_tol=1e-6):
+            continue
+        why = (
+            f" (a config.json without {name} reads {default:g}, transformers' default)"
+            if math.isclose(head, default)
+            else ""
+        )
+        notes.append(
+            f"specdec: the EAGLE-3 head's {name} is {head:g} and the target's {target:g}{why}: "
+            "give the value the head was trained with in its config.json"
+        )
+    return notes
 
 
 def _evaluation_task(checkpoint, target, overrides):

@@ -555,3 +555,30 @@ def test_a_speculators_head_drafts_as_deep_as_its_speculative_tokens(tmp_path):
         folder, lambda c: c["speculators_config"]["proposal_methods"][0].pop("speculative_tokens")
     )
     assert read_speculators(folder)[0].depth == 4  # the default where it says none
+
+
+def test_a_head_whose_layer_constants_differ_from_the_targets_is_named():
+    """A hand-written head that left rope_theta and rms_norm_eps out of its config.json read
+    transformers' defaults (10000, 1e-6) against SmolLM2's 100000 and 1e-5, with no word."""
+    from specdec.models.llama import LlamaConfig
+    from specdec_eagle3.config import Eagle3Config
+    from specdec_eagle3.plugin import layer_constant_notes
+
+    shape = dict(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=4)
+    shape.update(num_attention_heads=4, num_key_value_heads=2, model_type="llama", head_dim=8)
+    target = LlamaConfig(**shape, rope_theta=100000.0, rms_norm_eps=1e-5)
+    head = Eagle3Config(
+        vocab_size=64, hidden_size=32, draft_vocab_size=64, hidden_layers=(0, 1, 2),
+        num_heads=4, num_kv_heads=2, head_dim=8, intermediate_size=48,
+    )  # fmt: skip
+    notes = layer_constant_notes(head, target)
+    assert notes == [
+        "specdec: the EAGLE-3 head's rope_theta is 10000 and the target's 100000 (a config.json "
+        "without rope_theta reads 10000, transformers' default): give the value the head was "
+        "trained with in its config.json",
+        "specdec: the EAGLE-3 head's rms_norm_eps is 1e-06 and the target's 1e-05 (a config.json "
+        "without rms_norm_eps reads 1e-06, transformers' default): give the value the head was "
+        "trained with in its config.json",
+    ]
+    same = attrs.evolve(head, rope_theta=100000.0, rms_norm_eps=1e-5)
+    assert layer_constant_notes(same, target) == []
