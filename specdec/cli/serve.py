@@ -281,8 +281,9 @@ def cmd_serve(args) -> int:
     name = args.served_model_name or str(args.model)
     print(
         f"specdec: serving {name!r} on http://{args.host}:{args.port}/v1 ({args.slots} "
-        f"slot{'s' * (args.slots != 1)} of {engine.context_length} tokens, drafter {args.drafter}, speculation "
-        f"{engine.plan.speculation or 'auto'}; {describe_exactness(engine.target)}; "
+        f"slot{'s' * (args.slots != 1)} of {engine.context_length} tokens, drafter "
+        f"{args.drafter}, speculation {engine.plan.speculation or 'auto'}; "
+        f"{describe_exactness(engine.target)}; "
         f"{'an API key required' if api_key else 'no API key'}; Ctrl-C stops it)",
         file=sys.stderr,
     )
