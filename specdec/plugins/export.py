@@ -323,8 +323,9 @@ def export(
             drop_shortlist=drop_shortlist,
             **options,
         )
-        folder = Path(out).expanduser()
-        # the writers name the folder they wrote in their commands: the one swapped in
+        folder = Path(out).expanduser().absolute()
+        # the writers name the folder they wrote in their commands: the one swapped in, whole
+        # (a relative path broke a command pasted on another machine or in another folder)
         commands = tuple(command.replace(str(work), str(folder)) for command in commands)
     more = list(more)
     if dtype != "float32" and dtype != stored:

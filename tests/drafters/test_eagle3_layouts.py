@@ -582,3 +582,15 @@ def test_a_head_whose_layer_constants_differ_from_the_targets_is_named():
     ]
     same = attrs.evolve(head, rope_theta=100000.0, rms_norm_eps=1e-5)
     assert layer_constant_notes(same, target) == []
+
+
+def test_export_commands_name_the_written_folder_by_its_whole_path(
+    tmp_path, deep_model, monkeypatch
+):
+    """The printed engine commands named a relative --out as given ("eagle3/try-speculators"),
+    which breaks once pasted in another folder or on another machine."""
+    head = make_random_eagle3(tmp_path / "head", deep_model, seed=3, hidden_layers=(1, 2, 4))
+    monkeypatch.chdir(tmp_path)
+    for layout in ("speculators", "specforge"):
+        done = export(str(head), layout, f"out/{layout}", model=str(deep_model))
+        assert str(tmp_path / "out" / layout) in done.commands[0], done.commands
