@@ -29,9 +29,15 @@ def cmd_plugins(args) -> int:
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
+    # a backend whose framework is missing says how to install it on its own line; the
+    # components registered for it say "not installed" in their backend list, on one line with
+    # the others (they took a line each, 11 of them for mlx, each with the install command)
+    absent = {r["name"] for r in rows if r["kind"] == "backend" and r.get("install")}
+    rows = [r if r["kind"] == "backend" else {**r, "install": None} for r in rows]
     for kind in ("backend", "drafter", "tree_builder", "verifier"):
         print(f"{kind.replace('_', ' ')}s:")
         for row, backends, plugins in _grouped(r for r in rows if r["kind"] == kind):
+            backends = [f"{b} (not installed)" if b in absent else b for b in backends]
             where = "" if not backends else f" [{', '.join(backends)}]"
             flag = "" if row["lossless"] is None else (" lossless" if row["lossless"] else " LOSSY")
             conflict = "  CONFLICT: registered by another plugin too" if row["conflict"] else ""

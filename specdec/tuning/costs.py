@@ -448,8 +448,9 @@ def curve_for(backend, target, slots=(0,)) -> CostCurve | None:
     if curve is not None and settled(cached, file):
         return curve
     share, measures = float(cached.get("share", 1.0)), int(cached.get("measures", 1))
-    say_measuring(
-        f"what a step of {getattr(target, 'name', None) or 'this model'} costs",
+    rows = f" with up to {len(slots)} requests at once" if len(slots) > 1 else ""
+    say_measuring(  # once per slot count a target is loaded with: the rows change the costs
+        f"what a step of {getattr(target, 'name', None) or 'this model'} costs{rows}",
         again=cached if curve is not None else None,
     )
     try:

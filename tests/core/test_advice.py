@@ -81,6 +81,11 @@ def test_plugins_lists_a_backend_whose_framework_is_missing_with_the_extra(monke
     listed = [line for line in lines if line.strip().startswith("mlx ")]
     assert listed and listed[0].endswith(f"NOT INSTALLED: {install_command('mlx')}"), lines
     assert all("NOT INSTALLED" not in line for line in lines if "[numpy]" in line), lines
+    # the components registered for it: no line of their own, the backend marked in their list
+    # (each took a line with the install command: 11 lines for mlx)
+    assert sum("NOT INSTALLED" in line for line in lines) == 1, lines
+    redrafter = [line for line in lines if line.strip().startswith("redrafter [")]
+    assert len(redrafter) == 1 and "mlx (not installed)" in redrafter[0], lines
 
 
 def _dtypes(folder) -> set[str]:

@@ -615,6 +615,21 @@ def test_the_curve_is_measured_for_rows_and_leaves_the_slots_free(model_dir):
     assert len(result.tokens) == 4  # every slot free again
 
 
+def test_the_curve_line_says_how_many_requests_it_measures_for(tmp_path, monkeypatch, capsys):
+    """The kit printed "measuring what a step of tiny costs" three times in a row, once per slot
+    count, which read as a loop: the line names the count."""
+    from specdec.tuning import costs
+
+    monkeypatch.setattr(costs, "_cache_file", lambda b, t, n: tmp_path / f"costs-{n}.json")
+    made = costs.CostCurve(tokens=(1, 2), seconds=(0.01, 0.02))
+    monkeypatch.setattr(costs, "measure_curve", lambda *args, **kwargs: made)
+    costs.curve_for(None, None)
+    costs.curve_for(None, None, slots=(0, 1, 2))
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith("specdec: measuring what a step of this model costs on this machine")
+    assert "costs with up to 3 requests at once on this machine" in err[1], err
+
+
 def test_a_curve_measured_beside_other_work_is_measured_again_and_the_quieter_kept(
     tmp_path, monkeypatch
 ):
