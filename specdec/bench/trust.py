@@ -24,6 +24,7 @@ A choice is kept for ``generate`` only when none of these apply (``reasons_not_t
 
 from __future__ import annotations
 
+import os
 import sys
 
 from specdec.tuning.machine import QUIET_SHARE, CpuClock, Measured, cores
@@ -100,10 +101,16 @@ def thread_notes() -> list[str]:
     threads, total = torch_threads(), cores()
     if threads is None or threads >= total:
         return []
+    chosen = os.environ.get("OMP_NUM_THREADS", "").strip()
+    how = (
+        f"as OMP_NUM_THREADS={chosen} asks"
+        if chosen
+        else "chosen at its start from the cores other work left free "
+        f"(OMP_NUM_THREADS={threads} pins it so for every run)"
+    )
     return [
-        f"note: torch computed on {threads} thread(s) of {total} cores, chosen at its start from "
-        "the cores other work left free: runs on another thread count do not compare with "
-        f"these, and measure this machine anew (OMP_NUM_THREADS={total} pins the count)"
+        f"note: torch computed on {threads} thread(s) of {total} cores, {how}: runs on another "
+        "thread count do not compare with these, and measure this machine anew"
     ]
 
 

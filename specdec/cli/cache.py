@@ -15,7 +15,9 @@ from specdec.tuning.store import read_entry
 
 def add_parser(sub) -> None:
     parser = sub.add_parser(
-        "cache", help="show, verify or clear the specdec cache (converted models, teacher data)"
+        "cache",
+        help="show, verify or clear the specdec cache (converted models, this machine's "
+        "measurements and kept plans, teacher data)",
     )
     parser.add_argument("action", nargs="?", default="show", choices=("show", "verify", "clear"))
     parser.add_argument("names", nargs="*", help="model names in the cache (default: all of them)")

@@ -20,7 +20,7 @@ from specdec.cli.common import (
     text_argument,
 )
 from specdec.cli.options import DRAFTER_HELP, drafter_options
-from specdec.errors import InvalidInputError
+from specdec.errors import InvalidInputError, install_command
 from specdec.generation.components import planned_options, resolve_drafter
 from specdec.generation.loading import load_backend
 from specdec.models.files import parse_json
@@ -270,7 +270,8 @@ def _plain_notes(steps: dict, backend: str, model: str | None) -> list[str]:
         notes.append(
             f"note: to see what drafting every step gives on this machine: specdec bench --model "
             f"{model} --limit 4 --repeats 1 --methods plain redrafter redrafter:speculation=always "
-            f"--backends {backend} (docs/bench.md)"
+            f"--backends {backend} (docs/bench.md; bench needs the bench extra: "
+            f"{install_command('bench')})"
         )
     return notes
 
@@ -335,7 +336,9 @@ def add_parsers(sub) -> None:
     gen = sub.add_parser(
         "generate", help="generate from a model (a bundled name, a folder or a .gguf file)"
     )
-    gen.add_argument("--model", required=True)
+    gen.add_argument(
+        "--model", required=True, help="a bundled name (smollm2-135m), a model folder or a .gguf"
+    )
     group = gen.add_mutually_exclusive_group(required=True)
     group.add_argument(
         "--prompt", help="text the model continues as it is (with --chat: one user turn)"

@@ -122,6 +122,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     plugins.add_argument("--json", action="store_true")
     plugins.set_defaults(func=cmd_plugins)
+    for listed in sub._choices_actions:  # `specdec X --help` opens with the line the list gives
+        command = sub.choices[listed.dest]
+        if command.description is None and listed.help:
+            command.description = listed.help[0].upper() + listed.help[1:] + "."
     return parser
 
 

@@ -272,8 +272,9 @@ def add_parsers(sub) -> None:
     planner.add_argument(
         "--no-save",
         action="store_true",
-        help="do not keep the recommendation (by default generate uses it when no beams are "
-        "given; a recommendation measured while other work shared the machine is never kept)",
+        help="do not keep the recommendation (by default generate uses it when the call names "
+        "no beams or tree settings; one measured while other work shared the machine, or on "
+        "fewer than 8 prompts, is never kept; `specdec cache` lists the plans kept)",
     )
     planner.set_defaults(func=cmd_plan, on_compute_thread=True)
     tune = sub.add_parser(

@@ -738,6 +738,7 @@ def test_the_demo_says_why_a_method_decoded_mostly_plainly():
     from collections import Counter
 
     from specdec.cli.decode import _plain_notes
+    from specdec.errors import install_command
 
     steps = {
         "plain": Counter({"decode steps": 80}),
@@ -753,7 +754,8 @@ def test_the_demo_says_why_a_method_decoded_mostly_plainly():
     assert (
         notes[1].endswith(
             "specdec bench --model smollm2-135m --limit 4 --repeats 1 --methods plain redrafter "
-            "redrafter:speculation=always --backends torch (docs/bench.md)"
+            "redrafter:speculation=always --backends torch (docs/bench.md; bench needs the "
+            f"bench extra: {install_command('bench')})"  # the demo's setup has torch, hf only
         )
         and len(notes) == 2
     ), notes
