@@ -8,7 +8,13 @@ from collections import Counter
 from pathlib import Path
 
 from specdec.bench import load_prompt_set, parse_method, run_bench
-from specdec.bench.report import markdown, plain_notes, summarize, write_outputs
+from specdec.bench.report import (
+    impossible_mark,
+    markdown,
+    plain_notes,
+    summarize,
+    write_outputs,
+)
 from specdec.bench.trust import FEW_PROMPTS, Measured, busy_note, thread_notes, torch_threads
 from specdec.cli.common import positive
 from specdec.cli.plan import cmd_plan, more_prompts
@@ -53,6 +59,7 @@ def cmd_bench(args) -> int:
     notes += plain_notes(summarize(records)) + thread_notes()
     notes += few_runs_note(len(prompts), args)
     notes += category_note([p.category for p in prompts], args.repeats)
+    notes += impossible_note(summarize(records))
     meta = dict(
         command=" ".join(sys.argv),
         versions=installed_distributions(),
@@ -84,6 +91,22 @@ def few_runs_note(prompts: int, args) -> list[str]:
         f"note: {prompts} prompt(s) x {args.repeats} repeat(s): one run's noise can move a "
         f"method's figure by tens of percent; measure on more ({more_prompts(args)}{repeats}) "
         "before you rely on a difference"
+    ]
+
+
+def impossible_note(rows) -> list[str]:
+    """The note when rows stand above their tokens per step (marked in bench.md and the plot, not
+    in the terminal's total table): their plain decoding was slowed, and a total over the same
+    runs is lifted by it too (a medusa total of 1.07x at 1.02 tokens a step)."""
+    flagged = [r for r in rows if r["method"] != "plain" and impossible_mark(r)]
+    if not flagged:
+        return []
+    where = sorted({f"{r['category']}: {r['method']}" for r in flagged})
+    shown = ", ".join(where[:4]) + (f" and {len(where) - 4} more" if len(where) > 4 else "")
+    return [
+        f"note: {len(where)} row(s) measured above their tokens/step ({shown}; marked "
+        "impossible in bench.md): plain decoding's runs there were slowed by other work, and "
+        "the totals over the same runs are lifted by them too; measure again on a quiet machine"
     ]
 
 

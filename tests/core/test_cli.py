@@ -291,6 +291,22 @@ def test_a_command_on_the_numpy_fallback_says_so(monkeypatch):
     assert numpy_fallback_note(None) is None
 
 
+def test_rows_above_their_tokens_per_step_get_a_note_on_the_terminal():
+    """bench.md flagged rows "impossible" where a slowed plain run lifted them, and the terminal,
+    showing only the totals (lifted too), said nothing."""
+    from specdec.cli.measure import impossible_note
+
+    rows = [
+        dict(method="plain", category="extraction", speedup=1.0, tokens_per_step=1.0),
+        dict(method="medusa", category="extraction", speedup=2.2, tokens_per_step=1.02),
+        dict(method="medusa", category="all", speedup=1.07, tokens_per_step=1.02),
+        dict(method="redrafter", category="all", speedup=1.15, tokens_per_step=1.5),
+    ]
+    (note,) = impossible_note(rows)
+    assert note.startswith("note: 1 row(s) measured above their tokens/step (extraction: medusa;")
+    assert impossible_note(rows[2:]) == []
+
+
 def test_rows_per_category_on_few_runs_get_a_note():
     """--per-category 1: each category's row rested on one run, with no word."""
     from specdec.cli.measure import category_note
