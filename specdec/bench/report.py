@@ -298,11 +298,14 @@ def _finite(value):
     return value
 
 
-def write_outputs(records: Sequence[BenchRecord], out: Path, *, meta: dict) -> dict:
+def write_outputs(
+    records: Sequence[BenchRecord], out: Path, *, meta: dict, summary: list | None = None
+) -> dict:
     """bench.json (records, summary, meta; valid JSON: a missing figure is null), bench.md, and
-    plots speedup.png, accepted.png (each method in the same colour in both)."""
+    plots speedup.png, accepted.png (each method in the same colour in both). ``summary``:
+    ``summarize(records)`` where the caller has it already."""
     out.mkdir(parents=True, exist_ok=True)
-    rows = summarize(records)
+    rows = summarize(records) if summary is None else summary
     report = dict(
         meta=meta,
         summary=rows,

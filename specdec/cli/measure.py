@@ -56,10 +56,11 @@ def cmd_bench(args) -> int:
     notes = [
         busy or "note: the machine was quiet while it measured (docs/bench.md, \"A busy machine\")"
     ]
-    notes += plain_notes(summarize(records)) + thread_notes()
+    summary = summarize(records)  # once: the notes read it, and the files and table show it
+    notes += plain_notes(summary) + thread_notes()
     notes += few_runs_note(len(prompts), args)
     notes += category_note([p.category for p in prompts], args.repeats)
-    notes += impossible_note(summarize(records))
+    notes += impossible_note(summary)
     meta = dict(
         command=" ".join(sys.argv),
         versions=installed_distributions(),
@@ -73,8 +74,8 @@ def cmd_bench(args) -> int:
         notes=notes,
         threads=torch_threads(),
     )
-    out = write_outputs(records, Path(args.out), meta=meta)
-    print(markdown(out["summary"], categories=args.categories))
+    write_outputs(records, Path(args.out), meta=meta, summary=summary)
+    print(markdown(summary, categories=args.categories))
     print("\n".join(notes))
     print(f"wrote {args.out}/bench.json, bench.md, speedup.png, accepted.png", file=sys.stderr)
     return 0
