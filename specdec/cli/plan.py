@@ -163,7 +163,7 @@ def cmd_plan(args) -> int:
     chosen = {"beam_width": best.beam_width, "beam_length": best.beam_length}
     # nothing to name per call or check: what generate uses already, or slower than plain
     is_now = keep_now or (current is not None and now.same_as(best, lookup)) or speedup < 1.0
-    reasons = ["--no-save"]
+    saved = False
     if args.no_save:
         print(
             "not saved (--no-save)"
@@ -190,7 +190,8 @@ def cmd_plan(args) -> int:
             else f"not saved: {'; '.join(reasons)} (generate keeps what it used before)"
             + ("" if is_now else _by_hand(args.drafter, chosen))
         )
-    _afterword(args, prompts, None if is_now else chosen, saved=not reasons)
+        saved = not reasons
+    _afterword(args, prompts, None if is_now else chosen, saved=saved)
     return 0
 
 
@@ -358,6 +359,7 @@ def _plan_tree(args, prompts) -> int:
     _machine_notes(clock)
     chosen = {**best.options, "lookup": bool(best.lookup)}
     slower = best.speedup < 1.0 or same  # nothing to name per call or check
+    saved = False
     if args.no_save:
         print(
             "not saved (--no-save)"
@@ -374,7 +376,7 @@ def _plan_tree(args, prompts) -> int:
             else f"not saved: {'; '.join(reasons)} (generate keeps what it used before)"
             + ("" if slower else _by_hand(args.drafter, chosen))
         )
-    _afterword(args, prompts, None if slower else chosen, saved=not args.no_save and saved)
+    _afterword(args, prompts, None if slower else chosen, saved=saved)
     return 0
 
 
