@@ -343,35 +343,44 @@ class _QuietShapeClock:
         return None
 
 
+def _beam_plan_pinned(model_dir, tmp_path, monkeypatch, **decoded):
+    """(a random ReDrafter, a one-prompt file) for `specdec plan`, with the figures a random
+    drafter would make noise of pinned: every shape timed quiet, generate's W=4 L=5 slower than
+    any candidate (the rule: test_tuning.py), the shapes decoded for real but measured 1.3x (one
+    below 1.0 is rightly not "recommended": test_plan_where_nothing_beats_plain_decoding...) and
+    with ``decoded``'s fields; the cache under ``tmp_path``."""
+    from specdec.bench import planner
+    from specdec.cli import plan as plan_cli
+    from specdec.testing import make_random_drafter
+
+    drafter = make_random_drafter(tmp_path / "d", model_dir, kind="redrafter", seed=1)
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "bada beda bida"}\n')
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(planner, "Measured", _QuietShapeClock)  # each shape's own clock
+    now = planner.Current(beam_width=4, beam_length=5, lookup=True, speedup=0.0)
+    monkeypatch.setattr(plan_cli, "measure_current", lambda *a, **k: now)
+    decode = plan_cli.measure
+    monkeypatch.setattr(
+        plan_cli,
+        "measure",
+        lambda *a, **k: [attrs.evolve(r, measured_speedup=1.3, **decoded) for r in decode(*a, **k)],
+    )
+    return drafter, prompts
+
+
 @pytest.mark.parametrize("trusted", [True, False])
 def test_plan_recommends_a_configuration(model_dir, tmp_path, monkeypatch, capsys, trusted):
     """The command's plumbing: a table, a recommendation, and the choice kept for generate only
     when ``specdec.bench.trust`` finds nothing against it (its rules: tests/core/test_tuning.py;
     pinned here, as this machine may be busy and a random drafter's figures are noise)."""
     from specdec.bench import planner
-    from specdec.cli import plan as plan_cli
     from specdec.cli.main import main
-    from specdec.testing import make_random_drafter
 
-    drafter = make_random_drafter(tmp_path / "d", model_dir, kind="redrafter", seed=1)
-    prompts = tmp_path / "prompts.jsonl"
-    prompts.write_text('{"prompt": "bada beda bida"}\n')
     cache = tmp_path / "cache"  # the recommendation is kept there, not in the user's cache
-    monkeypatch.setenv("SPECDEC_CACHE", str(cache))
+    drafter, prompts = _beam_plan_pinned(model_dir, tmp_path, monkeypatch)
     reasons = [] if trusted else ["the machine was made busy by this test"]
     monkeypatch.setattr(planner, "reasons_not_to_keep", lambda *a, **k: list(reasons))
-    monkeypatch.setattr(planner, "Measured", _QuietShapeClock)  # each shape's own clock
-    # what generate uses now, measured slower than any candidate (the rule: test_tuning.py)
-    now = planner.Current(beam_width=4, beam_length=5, lookup=True, speedup=0.0)
-    monkeypatch.setattr(plan_cli, "measure_current", lambda *a, **k: now)
-    # decoded for real, its figure pinned: a random drafter's speedup is noise about 1.0, and one
-    # below it is (rightly) not "recommended" (test_plan_where_nothing_beats_plain_decoding...)
-    decode = plan_cli.measure
-    monkeypatch.setattr(
-        plan_cli,
-        "measure",
-        lambda *a, **k: [attrs.evolve(r, measured_speedup=1.3) for r in decode(*a, **k)],
-    )
     import specdec
 
     loads, load = [], specdec.load
@@ -425,24 +434,9 @@ def test_a_beam_shape_decoded_busy_is_marked_in_the_measured_column(
 ):
     """A shape timed quiet and then decoded while other work took the cores had its figure shown
     bare in the measured column: it carries its own mark."""
-    from specdec.bench import planner
-    from specdec.cli import plan as plan_cli
     from specdec.cli.main import main
-    from specdec.testing import make_random_drafter
 
-    drafter = make_random_drafter(tmp_path / "d", model_dir, kind="redrafter", seed=1)
-    prompts = tmp_path / "prompts.jsonl"
-    prompts.write_text('{"prompt": "bada beda bida"}\n')
-    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(planner, "Measured", _QuietShapeClock)  # every shape timed quiet
-    now = planner.Current(beam_width=4, beam_length=5, lookup=True, speedup=0.0)
-    monkeypatch.setattr(plan_cli, "measure_current", lambda *a, **k: now)
-    decode = plan_cli.measure
-    monkeypatch.setattr(
-        plan_cli,
-        "measure",
-        lambda *a, **k: [attrs.evolve(r, measured_speedup=1.3, busy=True) for r in decode(*a, **k)],
-    )
+    drafter, prompts = _beam_plan_pinned(model_dir, tmp_path, monkeypatch, busy=True)
     args = ["plan", "--model", str(model_dir), "--drafter", str(drafter), "--backend", "numpy"]
     args += ["--prompts", str(prompts), "--widths", "1", "--lengths", "2", "3"]
     assert main([*args, "--max-new-tokens", "6", "--measure-top", "1", "--no-save"]) == 0
