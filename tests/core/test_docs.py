@@ -110,3 +110,37 @@ def test_design_citations_name_existing_sections():
                         f"{path.relative_to(ROOT)}: docs/design.md section {n} does not exist"
                     )
     assert not bad, "\n".join(bad)
+
+
+def heading_anchors(path: Path) -> set[str]:
+    """The anchors GitHub gives a Markdown file's headings (lower case, punctuation dropped,
+    spaces as hyphens, a repeated heading numbered)."""
+    found, seen, fenced = set(), {}, False
+    for line in path.read_text().splitlines():
+        if line.startswith("```"):
+            fenced = not fenced
+        heading = None if fenced else re.match(r"#+ (.*)", line)
+        if heading:
+            slug = re.sub(r"[^\w\- ]", "", heading.group(1).strip().lower()).replace(" ", "-")
+            count = seen.get(slug, 0)
+            seen[slug] = count + 1
+            found.add(slug if count == 0 else f"{slug}-{count}")
+    return found
+
+
+def test_every_relative_link_names_an_existing_file_and_heading():
+    bad = []
+    for path in tracked_text_files():
+        if path.suffix != ".md":
+            continue
+        for target in re.findall(r"\]\(([^)\s]+)\)", path.read_text()):
+            if re.match(r"\w+://|mailto:", target):
+                continue
+            name, _, anchor = target.partition("#")
+            linked = (path.parent / name).resolve() if name else path
+            where = f"{path.relative_to(ROOT)}: ({target})"
+            if not linked.exists():
+                bad.append(f"{where}: no such file")
+            elif anchor and linked.suffix == ".md" and anchor not in heading_anchors(linked):
+                bad.append(f"{where}: no such heading")
+    assert not bad, "\n".join(bad)
