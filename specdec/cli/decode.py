@@ -21,6 +21,7 @@ from specdec.cli.common import (
 )
 from specdec.cli.options import DRAFTER_HELP, drafter_options
 from specdec.errors import InvalidInputError, install_command
+from specdec.generation.api import begin, collect
 from specdec.generation.components import planned_options, resolve_drafter
 from specdec.generation.loading import load_backend
 from specdec.models.files import parse_json
@@ -52,9 +53,18 @@ def cmd_generate(args) -> int:
     fallback = numpy_fallback_note(args.backend)
     if fallback:
         print(fallback, file=sys.stderr, flush=True)
-    result = specdec.generate(
-        args.model, prompt, drafter=drafter, **generation_kwargs(args), **options
+    settings = generation_kwargs(args)
+    steps, size, batched, tokenizer, plan = begin(
+        args.model,
+        prompt,
+        drafter,
+        settings.pop("backend"),
+        registry=None,
+        options=options,
+        **settings,
     )
+    print(_setup_line(plan, drafter, options), file=sys.stderr, flush=True)
+    result = collect(steps, size, batched=batched, tokenizer=tokenizer)
     print(result.text if result.text is not None else result.tokens)
     print(report_line(str(args.drafter), result), file=sys.stderr)
     if str(args.drafter) != "none":  # what speculation (auto by default) chose
@@ -104,6 +114,33 @@ def _same_prefix(a: list, b: list) -> int:
     while n < min(len(a), len(b)) and a[n] == b[n]:
         n += 1
     return n
+
+
+DTYPE_SOURCES = {
+    "measured": "measured fastest here",
+    "cached": "measured fastest here earlier",
+    "only candidate": "the backend's only one here",
+    "$SPECDEC_DTYPE": "from $SPECDEC_DTYPE",
+}
+
+
+def _setup_line(plan, drafter, options: dict) -> str:
+    """What ``specdec generate`` decodes with: the dtype and why, exact mode, and the drafter
+    with its beams, saying when a plan ``specdec plan`` kept chose them."""
+    target = plan.target
+    choice = getattr(target, "dtype_choice", None)
+    if choice is None or choice.source == "the backend's default":
+        dtype = f"the {plan.backend.name} backend's own dtype"
+    else:
+        dtype = f"dtype {choice.dtype} ({DTYPE_SOURCES.get(choice.source, choice.source)})"
+    line = f"specdec: {dtype}; {describe_exactness(target)}"
+    if drafter == "none":
+        return line
+    named = resolve_drafter(drafter, plan.backend.name, dict(options), default_registry())
+    kept = planned_options(plan.backend, target, named, dict(options))[0] != options
+    return f"{line}\nspecdec: {plan.describe_drafter()}" + (
+        "; its beams chosen by `specdec plan` here (`specdec cache` lists it)" if kept else ""
+    )
 
 
 def _describe_default(target, drafter, backend, registry) -> str:

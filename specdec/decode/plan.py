@@ -43,16 +43,8 @@ class DecodePlan:
 
     def __repr__(self) -> str:
         """What the plan decodes with, in words (its components' sources and settings)."""
-        inner = getattr(self.drafter, "inner", None)  # a drafter beside a prompt-lookup beam
-        beams = [
-            f"{name}={getattr(inner or self.drafter, name)}"
-            for name in ("beam_width", "beam_length", "draft_length")
-            if isinstance(getattr(inner or self.drafter, name, None), int)
-        ]
-        if inner is not None and isinstance(getattr(self.drafter, "draft_length", None), int):
-            beams.append(f"lookup draft_length={self.drafter.draft_length}")
         parts = [
-            self.source("drafter") + (f" ({', '.join(beams)})" if beams else ""),
+            self.describe_drafter(),
             self.source("tree_builder"),
             self.source("verifier"),
             f"speculation={self.speculation!r}",
@@ -61,6 +53,18 @@ class DecodePlan:
             f"on backend {getattr(self.backend, 'name', type(self.backend).__name__)!r}",
         ]
         return f"DecodePlan({'; '.join(parts)})"
+
+    def describe_drafter(self) -> str:
+        """The drafter's source, with its beams' sizes where it has them."""
+        inner = getattr(self.drafter, "inner", None)  # a drafter beside a prompt-lookup beam
+        beams = [
+            f"{name}={getattr(inner or self.drafter, name)}"
+            for name in ("beam_width", "beam_length", "draft_length")
+            if isinstance(getattr(inner or self.drafter, name, None), int)
+        ]
+        if inner is not None and isinstance(getattr(self.drafter, "draft_length", None), int):
+            beams.append(f"lookup draft_length={self.drafter.draft_length}")
+        return self.source("drafter") + (f" ({', '.join(beams)})" if beams else "")
 
     def check_tree_room(self, room: int, fix: str = "") -> None:
         """The drafter's trees (``DrafterCaps.max_tree_size``) fit the ``room`` positions a slot

@@ -81,7 +81,7 @@ def generate(
         kernels holds; True insists (an error where it cannot hold); False turns it off. For a
         loaded target, None keeps what it was loaded with.
     """
-    steps, size, batched, tokenizer = _begin(**locals())
+    steps, size, batched, tokenizer, _ = begin(**locals())
     return collect(steps, size, batched=batched, tokenizer=tokenizer)
 
 
@@ -106,18 +106,19 @@ def stream(
 
     Arguments are checked when this is called, before the first step runs.
     """
-    return _begin(**locals())[0]
+    return begin(**locals())[0]
 
 
-def _begin(model, prompt, drafter, backend, *, seed, options, **settings):
-    """(the step generator, the number of prompts, whether they were a batch, the tokenizer):
-    ``generate``'s and ``stream``'s arguments checked and their plan made."""
+def begin(model, prompt, drafter, backend, *, seed, options, **settings):
+    """(the step generator, the number of prompts, whether they were a batch, the tokenizer, the
+    plan): ``generate``'s and ``stream``'s arguments checked and their plan made; no step has run
+    (the generator runs them as it is read, ``collect`` gathers them into a result)."""
     check_seed(seed)
     plan, prompts, batched, tokenizer = prepare(
         model, prompt, drafter, backend, options=options, **settings
     )
     check_seed(seed, len(prompts))
-    return decode_steps(plan, prompts, seed=seed), len(prompts), batched, tokenizer
+    return decode_steps(plan, prompts, seed=seed), len(prompts), batched, tokenizer, plan
 
 
 def prepare(model, prompt, drafter, backend, **kwargs):

@@ -124,7 +124,6 @@ def _load(backend_obj, model, *, dtype, device, slots, capacity, exact):
             backend_obj, resolve_model(model), dtype=dtype, device=device, **sized
         )
     try:
-        target.dtype_choice = choice
         target.backend_name = backend_obj.name  # what generate(target) uses when given none
     except AttributeError:  # a frozen target class
         pass
@@ -155,6 +154,10 @@ def load_with_choice(
     )
     if exact is not None or getattr(target, "exactness", None) is None:
         configure(target, exact, backend=backend.name)
+    try:
+        target.dtype_choice = choice  # what its users print (the demo, bench, generate)
+    except AttributeError:  # a frozen target class
+        pass
     return target, choice
 
 

@@ -89,18 +89,22 @@ def test_generate_says_what_speculation_chose(model_dir):
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert "decode steps" in done.stderr and "tokens per step" in done.stderr, done.stderr
+    # what it decoded with, before it decodes: the dtype, exact mode, the drafter's settings
+    setup = done.stderr.splitlines()[:2]
+    assert setup[0].startswith("specdec: the numpy backend's own dtype; exact mode"), setup
+    assert "drafter 'lookup'" in setup[1] and "draft_length=" in setup[1], setup
 
 
 def test_generate_a_chat_turn(model_dir, monkeypatch, capsys):
-    import specdec
+    from specdec.cli import decode
     from specdec.cli import main as cli
 
     asked = []
-    real = specdec.generate
+    real = decode.begin
     monkeypatch.setattr(
-        specdec,
-        "generate",
-        lambda model, prompt, **kw: asked.append(prompt) or real(model, prompt, **kw),
+        decode,
+        "begin",
+        lambda model, prompt, *a, **kw: asked.append(prompt) or real(model, prompt, *a, **kw),
     )
     common = [
         "--model",
@@ -124,16 +128,12 @@ def test_generate_a_chat_turn(model_dir, monkeypatch, capsys):
 
 def test_generate_suggests_chat_where_a_text_prompt_ends_at_once(model_dir, monkeypatch, capsys):
     """An instruct model given plain text often ends at once; nothing said why."""
-    import specdec
+    from specdec.cli import decode
     from specdec.cli import main as cli
 
-    real = specdec.generate
+    real = decode.begin
     # the model ends after one token (as an instruct model on plain text does)
-    monkeypatch.setattr(
-        specdec,
-        "generate",
-        lambda model, prompt, **kw: real(model, prompt, **{**kw, "max_new_tokens": 1}),
-    )
+    monkeypatch.setattr(decode, "begin", lambda *a, **kw: real(*a, **{**kw, "max_new_tokens": 1}))
     common = ["--model", str(model_dir), "--drafter", "none", "--backend", "numpy"]
     assert cli.main(["generate", "--prompt", "hello", *common, "--max-new-tokens", "8"]) == 0
     assert "add --chat" in capsys.readouterr().err
@@ -427,6 +427,12 @@ def test_plan_recommends_a_configuration(model_dir, tmp_path, monkeypatch, capsy
     assert json.loads(kept.read_text())["options"]["beam_width"] == int(recommended.group(1))
     assert "generate's setting now: beam_width=4 beam_length=5" in out
     assert "plan with --prompts" not in err  # the user's own prompts: no hint
+    # generate says that the kept plan set its beams
+    args = ["generate", "--model", str(model_dir), "--drafter", str(drafter), "--backend", "numpy"]
+    assert main([*args, "--prompt-ids", "1,2,3", "--max-new-tokens", "2"]) == 0
+    err = capsys.readouterr().err
+    shape = f"beam_width={recommended.group(1)}, beam_length={recommended.group(2)}"
+    assert shape in err and "its beams chosen by `specdec plan` here" in err, err
 
 
 def test_a_beam_shape_decoded_busy_is_marked_in_the_measured_column(
