@@ -72,7 +72,15 @@ def _load():
     name = _build_name()
     folder = Path(cpp_extension._get_build_directory(name, verbose=False))
     built = any(folder.glob(f"{name}*.so"))
-    if not built:
+    lock = folder / "lock"  # torch's: held while a process builds into the folder
+    if lock.exists():
+        print(
+            "specdec: waiting for another process compiling the exact attention kernel into "
+            f"{folder} (if none is, a build stopped part way left {lock}: delete it)",
+            file=sys.stderr,
+            flush=True,
+        )
+    elif not built:
         print(
             "specdec: compiling the exact attention kernel for this machine (once, about a minute)",
             file=sys.stderr,
