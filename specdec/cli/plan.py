@@ -88,10 +88,11 @@ def cmd_plan(args) -> int:
     print("|---|---|---|---|---|---|---|---|---|")
     # a shape timed quiet but decoded while other work took the cores: its figure's own mark
     decoded_busy = {(r.beam_width, r.beam_length) for r in checked if r.busy}
+    timed_busy = _busy_mark(rows, "timed")
     for r in rows:
         m = measured.get((r.beam_width, r.beam_length))
         flag = " (impossible: above its tokens/step)" if r.impossible else ""
-        flag += " (busy: timed while other work took the cores)" if r.busy else ""
+        flag += timed_busy if r.busy else ""
         flag += " (generate's now)" if now.same_as(r, lookup) else ""
         late = (r.beam_width, r.beam_length) in decoded_busy and not r.busy
         print(
@@ -160,6 +161,8 @@ def cmd_plan(args) -> int:
             "the cores: a shape timed busy was not decoded, and was left out of the choice, "
             "however high its prediction; plan again on a quiet machine"
         )
+    elif spoilt:
+        print(EVERY_ROW_BUSY.format(rows="shape above", what="timed"))
     chosen = {"beam_width": best.beam_width, "beam_length": best.beam_length}
     # nothing to name per call or check: what generate uses already, or slower than plain
     is_now = keep_now or (current is not None and now.same_as(best, lookup)) or speedup < 1.0
@@ -285,6 +288,14 @@ def _machine_notes(clock) -> None:
         print(note)
 
 
+def _busy_mark(rows, what: str) -> str:
+    """The mark of a row ``what`` ("timed", "decoded") while other work took the cores: in
+    words, or "(busy)" alone where every row has it (the note under the table says it once)."""
+    if rows and all(r.busy for r in rows):
+        return " (busy)"
+    return f" (busy: {what} while other work took the cores)"
+
+
 def _recommended(busy: bool, speedup: float | None = None) -> str:
     """The recommendation's label: a choice timed beside other work is only the best guess, a
     choice slower than plain decoding only the fastest found (``speedup``: its figure)."""
@@ -296,6 +307,10 @@ def _recommended(busy: bool, speedup: float | None = None) -> str:
     return "fastest found, but slower than plain decoding" if slower else "recommended"
 
 
+EVERY_ROW_BUSY = (
+    "note: every {rows} was {what} while other work took the cores (marked busy): its figures "
+    "are that work's noise as much as its own; plan again on a quiet machine"
+)
 NOTHING_PAYS = (
     "note: no setting here beat plain decoding; generate's auto speculation decodes plainly "
     "where drafting does not pay (speculation=\"never\" turns drafting off)"
@@ -319,6 +334,7 @@ def _plan_tree(args, prompts) -> int:
     print("| settings | lookup | tokens/step | nodes/step | measured speedup |")
     print("|---|---|---|---|---|")
     seen: dict[tuple, str] = {}  # a row's counts -> the first (fastest) row with them
+    busy = _busy_mark(rows, "decoded")
     for r in rows:
         settings = " ".join(f"{k}={v}" for k, v in sorted(r.options.items()))
         if r.current:
@@ -327,7 +343,7 @@ def _plan_tree(args, prompts) -> int:
             " (impossible: above its tokens/step)"
             if impossible(r.speedup, r.tokens_per_step)
             else ""
-        ) + (" (busy: decoded while other work took the cores)" if r.busy else "")
+        ) + (busy if r.busy else "")
         # rows with the same trees (TreePlanRow.same_trees), keyed by what they decoded
         counts = (r.tokens_per_step, r.nodes_per_step)
         if counts in seen:
@@ -340,6 +356,8 @@ def _plan_tree(args, prompts) -> int:
             f"{r.nodes_per_step:.1f} | {r.speedup:.2f}x{flag} |"
         )
     print(MODE_LINE)
+    if all(r.busy for r in rows):
+        print(EVERY_ROW_BUSY.format(rows="setting above", what="decoded"))
     best = next(r for r in rows if not r.current)
     settings = " ".join(f"{k}={v}" for k, v in sorted(best.options.items())) or "its defaults"
     print(

@@ -559,7 +559,11 @@ def test_plan_with_every_shape_timed_busy_decodes_the_best_anyway_and_keeps_noth
     assert "plan: recording the beams: 1 prompt to do" in err, err
     assert "plan: timing beam shapes: 2 shapes to do" in err, err
     assert len(decoded) == 1 and decoded[0].busy, decoded
-    assert "(busy: timed while other work took the cores)" in out and "| 0.90x |" in out, out
+    # every row busy: the mark is short, and one note says what it means
+    rows = [line for line in out.splitlines() if line.startswith("| 1 |")]
+    assert len(rows) == 2 and all("x (busy) |" in line for line in rows), rows
+    assert "| 0.90x |" in out and "while other work" not in "".join(rows), out
+    assert "note: every shape above was timed while other work took the cores" in out, out
     assert (
         "best guess (timed while other work took the cores), and slower than plain decoding: "
         in out
@@ -649,6 +653,31 @@ def test_plan_where_nothing_beats_plain_decoding_recommends_nothing_and_keeps_no
     assert "its 0.68x is slower than plain decoding" in trust.reasons_not_to_keep(
         trust.Measured(), 0.68, 1.1
     )
+
+
+@pytest.mark.parametrize("every", [True, False])
+def test_tree_rows_decoded_busy_say_so_once_where_every_row_is(
+    model_dir, tmp_path, monkeypatch, capsys, every
+):
+    """A tree plan run beside other work repeated "(busy: decoded while other work took the
+    cores)" on each of its rows: where every row is busy, the mark is short and one note says it;
+    where some are, each busy row says it in words."""
+    from specdec.bench.tree_planner import TreePlanRow
+
+    rows = [
+        TreePlanRow(options={"depth": d}, lookup=False, tokens_per_step=1.5, nodes_per_step=d,
+                    speedup=1.2 - d / 100, busy=every or d == 3)
+        for d in (2, 3)
+    ]  # fmt: skip
+    out = _plan_tree_printing(rows, model_dir, tmp_path, monkeypatch, capsys)
+    table = [line for line in out.splitlines() if line.startswith("| depth")]
+    marks = ["(busy: decoded while other work took the cores)" in line for line in table]
+    assert marks == ([False, False] if every else [False, True]), table
+    assert [line.endswith("x (busy) |") for line in table] == (
+        [True, True] if every else [False] * 2
+    )
+    note = "note: every setting above was decoded while other work took the cores"
+    assert (note in out) == every, out
 
 
 def test_plan_marks_tree_settings_that_decoded_the_same_trees(
