@@ -4,11 +4,14 @@ prompt-lookup beam rides along); ``save_drafter_plan`` keeps its recommendation 
 (``specdec.tuning.store``) and ``generate`` uses it when the caller names none of those settings
 (``cached_drafter_plan``). Plans are keyed by the backend and its device, the target's dtype and
 name, and the drafter (a checkpoint folder by its weights' size and time, so a retrained
-checkpoint in the same folder is planned again).
+checkpoint in the same folder is planned again). The device is its description without a thread
+count: a process that took fewer threads (other work beside it at its start) uses the plan made on
+this machine, whose file says the device it was made on (``describe_plan``).
 """
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 
@@ -17,16 +20,24 @@ from specdec.tuning.store import digest, read_entry, tuning_dir, write_entry
 
 __all__ = ["cached_drafter_plan", "describe_plan", "save_drafter_plan"]
 
-CACHE_VERSION = 1
+CACHE_VERSION = 2  # 2: the device without its thread count
+# a thread count in a backend's device description: torch's ", 2 threads", MLX's ", OpenBLAS on 1
+# thread"
+THREADS = re.compile(r",? (?:OpenBLAS on )?(\d+) threads?\b")
+
+
+def _device(backend, target) -> str:
+    """The backend's description of the target's device ("" where it gives none)."""
+    if not hasattr(backend, "describe_device"):
+        return ""
+    return backend.describe_device(getattr(target, "device", None))
 
 
 def _plan_file(backend, target, drafter: str) -> Path:
     key = {
         "version": CACHE_VERSION,
         "backend": backend.name,
-        "device": backend.describe_device(getattr(target, "device", None))
-        if hasattr(backend, "describe_device")
-        else "",
+        "device": THREADS.sub("", _device(backend, target)),
         "dtype": dtype_name(target, ""),
         "target": getattr(target, "name", ""),
         "drafter": _drafter_identity(drafter),
@@ -60,6 +71,7 @@ def save_drafter_plan(backend, target, drafter: str, *, options: dict, details: 
             "target": getattr(target, "name", "") or "",
             "backend": backend.name,
             "dtype": dtype_name(target, ""),
+            "device": _device(backend, target),
             "planned_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
         },
     )
@@ -68,7 +80,11 @@ def save_drafter_plan(backend, target, drafter: str, *, options: dict, details: 
 
 def describe_plan(plan: dict) -> str:
     """A kept plan in one line: what it is for, its settings, and what it measured."""
-    where = ", ".join(str(plan[k]) for k in ("backend", "dtype") if plan.get(k))
+    threads = THREADS.search(str(plan.get("device", "")))
+    where = ", ".join(
+        [str(plan[k]) for k in ("backend", "dtype") if plan.get(k)]
+        + [f"made on {threads.group(1)} thread{'s' * (threads.group(1) != '1')}"] * bool(threads)
+    )
     target = f" on {plan['target']}" if plan.get("target") else ""
     what = f"{plan.get('drafter', 'a drafter')}{target}" + (f" ({where})" if where else "")
     settings = " ".join(f"{k}={v}" for k, v in (plan.get("options") or {}).items())

@@ -349,6 +349,35 @@ def test_a_saved_beam_plan_is_used_when_no_beams_are_given(target, model_dir, re
     )
 
 
+@pytest.mark.parametrize(
+    "made_on, used_on",
+    [
+        ("cpu X, 2 threads, torch 2.13", "cpu X, 1 thread, torch 2.13"),
+        ("mlx 0.29 cpu, X, OpenBLAS on 2 threads", "mlx 0.29 cpu, X, OpenBLAS on 1 thread"),
+    ],
+)
+def test_a_plan_serves_a_process_that_took_fewer_threads(cache, made_on, used_on):
+    """A plan made on 2 threads was not found by a process whose start took 1 (other work beside
+    it): generate used the checkpoint's beams with no word. The plan is the machine's, and says
+    the count it was made on; another device or version is another plan."""
+
+    class Backend:
+        name = "torch"
+        device = made_on
+
+        def describe_device(self, device=None):
+            return self.device
+
+    backend, target = Backend(), types.SimpleNamespace(name="m", dtype="float32")
+    plans.save_drafter_plan(backend, target, "rd", options={"beam_width": 2}, details={})
+    backend.device = used_on
+    found = plans.cached_drafter_plan(backend, target, "rd")
+    assert found and found["options"] == {"beam_width": 2}
+    assert "(torch, float32, made on 2 threads)" in plans.describe_plan(found)
+    backend.device = used_on.replace("X", "Y")  # another CPU
+    assert plans.cached_drafter_plan(backend, target, "rd") is None
+
+
 @pytest.fixture(scope="module")
 def eagle3(model_dir, tmp_path_factory):
     return make_random_drafter(
