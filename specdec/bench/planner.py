@@ -41,7 +41,7 @@ from specdec.generation.components import (
 from specdec.generation.encoding import encode_prompts
 from specdec.generation.resolve import resolve
 from specdec.plugins.registry import default_registry
-from specdec.bench.trust import Measured, impossible, reasons_not_to_keep
+from specdec.bench.trust import Measured, behind, impossible, leads, reasons_not_to_keep
 from specdec.tuning.plans import save_drafter_plan
 
 
@@ -79,7 +79,7 @@ class PlanRow:
     predicted_speedup: float
     measured_speedup: float | None = None
     busy: bool = False  # timed (or decoded) while other work took the cores (specdec.bench.trust)
-    plain_ms: float = float("nan")  # the plain step timed just before this shape
+    plain_ms: float = float("nan")  # the plain step every prediction divides by (``plan``)
 
     @property
     def impossible(self) -> bool:
@@ -226,7 +226,7 @@ def plan(
             max_new_tokens,
             lookup,
         )
-    rows = []
+    timed = []  # (shape, tokens per step, its step's three times, the plain step, busy)
     grid = progress_bar(
         accepted.items(),
         desc="plan: timing beam shapes",
@@ -238,23 +238,27 @@ def plan(
         shape = Measured()  # this shape's own: a burst of other work spoils a few shapes only
         with clock, shape:  # each shape beside a plain step timed just before it
             plain_step = sum(median_step_seconds(target, "none", ids[0], backend=backend))
-            draft_s, verify_s, other_s = median_step_seconds(
-                target, drafter_with(w, l), ids[0], backend=backend
-            )
+            times = median_step_seconds(target, drafter_with(w, l), ids[0], backend=backend)
         tau = 1.0 + float(np.mean(values)) if values else 1.0
-        rows.append(
-            PlanRow(
-                beam_width=w,
-                beam_length=l,
-                tokens_per_step=tau,
-                tree_size=float(np.mean(sizes[(w, l)])),
-                verify_ms=verify_s * 1e3,
-                draft_ms=draft_s * 1e3,
-                predicted_speedup=tau * plain_step / (draft_s + verify_s + other_s),
-                busy=not shape.quiet,
-                plain_ms=plain_step * 1e3,
-            )
+        timed.append(((w, l), tau, times, plain_step, not shape.quiet))
+    # One plain step for every prediction: the median of those timed beside the shapes (the
+    # quiet ones, where there are any). Each shape's own plain timing moved its prediction by
+    # up to half again on a quiet machine (41-63 ms for one and the same step).
+    plain = float(np.median([p for *_, p, busy in timed if not busy] or [p for *_, p, _ in timed]))
+    rows = [
+        PlanRow(
+            beam_width=w,
+            beam_length=l,
+            tokens_per_step=tau,
+            tree_size=float(np.mean(sizes[(w, l)])),
+            verify_ms=verify_s * 1e3,
+            draft_ms=draft_s * 1e3,
+            predicted_speedup=tau * plain / (draft_s + verify_s + other_s),
+            busy=busy,
+            plain_ms=plain * 1e3,
         )
+        for (w, l), tau, (draft_s, verify_s, other_s), _, busy in timed
+    ]
     rows.sort(key=lambda r: (r.impossible, -r.predicted_speedup))
     return rows
 
@@ -317,12 +321,13 @@ def keep(
     )
     if measured is None and row.impossible:
         reasons = reasons or ["its prediction is above its tokens per step"]
-    if current is not None and (measured is None or measured <= current.speedup):
-        figure = "was not decoded" if measured is None else f"measured {measured:.2f}x"
-        reasons.append(
-            f"it {figure}, no faster than the {current.speedup:.2f}x of what generate uses now "
-            f"({current.describe()})"
+    if current is not None and (measured is None or not leads(measured, current.speedup)):
+        figure, how = (
+            ("was not decoded", f"so not shown faster than the {current.speedup:.2f}x")
+            if measured is None
+            else (f"measured {measured:.2f}x", behind(measured, current.speedup))
         )
+        reasons.append(f"it {figure}, {how} of what generate uses now ({current.describe()})")
     if reasons:
         return reasons
     backend_obj = default_registry().get("backend", backend).factory()

@@ -37,7 +37,7 @@ from specdec.generation.encoding import encode_prompts
 from specdec.generation.resolve import resolve
 from specdec.plugins.registry import default_registry
 from specdec.bench.progress import progress as progress_bar
-from specdec.bench.trust import Measured, impossible, reasons_not_to_keep
+from specdec.bench.trust import Measured, behind, impossible, leads, reasons_not_to_keep
 from specdec.tuning.plans import save_drafter_plan
 
 __all__ = ["TreePlanRow", "plan_tree", "why_not_kept"]
@@ -235,9 +235,9 @@ def why_not_kept(
             "it decoded the same tokens and nodes per step as generate's setting now (most often "
             f"the same trees: {top.speedup:.2f}x against {now.speedup:.2f}x is noise)"
         )
-    elif top.speedup <= now.speedup:
+    elif not leads(top.speedup, now.speedup):
         reasons.append(
-            f"it measured {top.speedup:.2f}x, no faster than the {now.speedup:.2f}x of "
-            "generate's setting now"
+            f"it measured {top.speedup:.2f}x, {behind(top.speedup, now.speedup)} of generate's "
+            "setting now"
         )
     return reasons

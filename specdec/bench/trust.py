@@ -17,7 +17,10 @@ bench`` and the demo use the same rule here:
   least a plain one: its forward carries at least the plain token, and drafting comes on top),
   beyond ``SLACK`` for timing noise;
 - ``far_from`` flags a measured speedup far from its prediction (``FAR``): the prediction's
-  inputs did not hold when it was checked.
+  inputs did not hold when it was checked;
+- ``leads`` says whether a new choice measured far enough ahead of what ``generate`` uses now to
+  replace it (``LEAD``): the planners decoded the very same trees twice in one plan 6-10% apart,
+  so a lead of a percent or two is noise, and replacing a setting on it only churns the default.
 
 A choice is kept for ``generate`` only when none of these apply (``reasons_not_to_keep``).
 """
@@ -33,19 +36,43 @@ FEW_PROMPTS = 8  # below this many prompts, one run's noise can move a setting b
 
 __all__ = [
     "FAR",
+    "LEAD",
+    "QUIET_LINE",
     "SLACK",
     "Measured",
+    "behind",
     "busy_line",
     "busy_note",
     "far_from",
     "impossible",
+    "leads",
     "reasons_not_to_keep",
     "thread_notes",
     "torch_threads",
 ]
 
 SLACK = 1.05  # a speedup up to 5% above tokens/step is timing noise, not an impossibility
+LEAD = 1.05  # a new choice replaces generate's setting only when it measured 5% faster or more
 FAR = 1.5  # a measured speedup this many times below (or above) its prediction is far from it
+
+
+def leads(measured: float, now: float) -> bool:
+    """Whether a choice that ``measured`` this speedup is far enough ahead of the ``now`` of
+    generate's setting, measured beside it, to replace it (``LEAD``)."""
+    return measured >= now * LEAD
+
+
+def behind(measured: float, now: float) -> str:
+    """Why a choice that ``measured`` this speedup does not replace one that measured ``now``."""
+    if measured <= now:
+        return f"no faster than the {now:.2f}x"
+    return (
+        f"within {LEAD - 1:.0%} of the {now:.2f}x (a lead that small is one plan's noise: the "
+        "same trees decoded twice measure farther apart)"
+    )
+
+
+QUIET_LINE = 'note: the machine was quiet while it measured (docs/bench.md, "A busy machine")'
 
 
 def busy_line(clock: CpuClock, runs_spoilt: bool = True) -> str | None:

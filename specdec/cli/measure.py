@@ -15,7 +15,14 @@ from specdec.bench.report import (
     summarize,
     write_outputs,
 )
-from specdec.bench.trust import FEW_PROMPTS, Measured, busy_note, thread_notes, torch_threads
+from specdec.bench.trust import (
+    FEW_PROMPTS,
+    QUIET_LINE,
+    Measured,
+    busy_note,
+    thread_notes,
+    torch_threads,
+)
 from specdec.cli.common import positive
 from specdec.cli.plan import cmd_plan, more_prompts
 from specdec.errors import InvalidInputError, require
@@ -53,9 +60,7 @@ def cmd_bench(args) -> int:
             seed=args.seed,
         )
     busy = busy_note(clock, sum(r.busy for r in records), len(records))
-    notes = [
-        busy or "note: the machine was quiet while it measured (docs/bench.md, \"A busy machine\")"
-    ]
+    notes = [busy or QUIET_LINE]
     summary = summarize(records)  # once: the notes read it, and the files and table show it
     notes += plain_notes(summary) + thread_notes()
     notes += few_runs_note(len(prompts), args)

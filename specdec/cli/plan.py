@@ -13,7 +13,16 @@ from specdec.bench import load_prompt_set, tree_planner
 from specdec.bench.planner import current_beams, keep, measure, measure_current, plan
 from specdec.bench.prompts import PROMPT_SETS
 from specdec.bench.tree_planner import plan_tree
-from specdec.bench.trust import FEW_PROMPTS, Measured, busy_line, impossible, thread_notes
+from specdec.bench.trust import (
+    FEW_PROMPTS,
+    QUIET_LINE,
+    Measured,
+    behind,
+    busy_line,
+    impossible,
+    leads,
+    thread_notes,
+)
 from specdec.drafting.lookup import DEFAULT_DRAFT_LENGTH
 from specdec.errors import InvalidInputError
 from specdec.generation.resolve import resolve
@@ -82,10 +91,14 @@ def cmd_plan(args) -> int:
     if current is not None:  # generate's shape, decoded beside them: its row shows the figure
         measured.setdefault((current.beam_width, current.beam_length), current.speedup)
     print(
-        "| W | L | tokens/step (est.) | tree size | plain ms | draft ms | verify ms | "
+        f"plain step: {rows[0].plain_ms:.1f} ms (the median of the plain steps timed beside the "
+        "shapes); predicted speedup = tokens/step x plain step / the shape's step"
+    )
+    print(
+        "| W | L | tokens/step (est.) | tree size | draft ms | verify ms | "
         "predicted speedup | measured |"
     )
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|")
     # a shape timed quiet but decoded while other work took the cores: its figure's own mark
     decoded_busy = {(r.beam_width, r.beam_length) for r in checked if r.busy}
     timed_busy = _busy_mark(rows, "timed")
@@ -97,7 +110,7 @@ def cmd_plan(args) -> int:
         late = (r.beam_width, r.beam_length) in decoded_busy and not r.busy
         print(
             f"| {r.beam_width} | {r.beam_length} | {r.tokens_per_step:.2f} | {r.tree_size:.1f} | "
-            f"{r.plain_ms:.1f} | {r.draft_ms:.1f} | {r.verify_ms:.1f} | "
+            f"{r.draft_ms:.1f} | {r.verify_ms:.1f} | "
             f"{r.predicted_speedup:.2f}x{flag} | "
             f"{'-' if m is None else f'{m:.2f}x'}"
             f"{' (busy: decoded while other work took the cores)' if late else ''} |"
@@ -120,12 +133,13 @@ def cmd_plan(args) -> int:
         f", with the prompt-lookup beam of {DEFAULT_DRAFT_LENGTH} tokens" if lookup else ""
     )
     speedup = best.measured_speedup if best.measured_speedup is not None else best.predicted_speedup
-    # generate's setting decoded at least as fast as every other: the choice is to keep it
+    # no other shape decoded far enough ahead of generate's setting (trust.leads): keep it
     keep_now = (
         current is not None
         and not now.same_as(best, lookup)
         and not best.busy
-        and best.measured_speedup <= current.speedup
+        and best.measured_speedup is not None
+        and not leads(best.measured_speedup, current.speedup)
     )
     if keep_now:
         speedup = current.speedup
@@ -136,7 +150,7 @@ def cmd_plan(args) -> int:
         print(
             f"{label}: keep generate's setting now, {current.describe()} (measured "
             f"{current.speedup:.2f}x); the best other shape decoded: {shape} ({figure}"
-            f"{with_lookup})"
+            f"{with_lookup}), {behind(best.measured_speedup, current.speedup)}"
         )
     else:
         print(f"{label}: {shape} ({figure} over plain decoding, decode phase{with_lookup})")
@@ -199,9 +213,10 @@ def cmd_plan(args) -> int:
 
 
 AUTO = (
-    "generate's default, \"auto\", drafts only in the steps where that pays, so it runs near "
-    "the larger of that figure and 1.00x (a few percent below 1.00x where drafting does not "
-    "pay: it drafts a step now and then to find out)"
+    "generate's default, \"auto\", drafts only in the steps where that is predicted to pay, so "
+    "it often runs above that figure (it drafts where the text is predictable and decodes the "
+    "rest plainly), and at worst a few percent below 1.00x (it drafts a step now and then to "
+    "find out)"
 )
 MODE_LINE = (
     "every setting above was decoded with speculation=\"always\" (each step drafting), so its "
@@ -279,11 +294,9 @@ def _afterword(args, prompts, chosen: dict | None, *, saved: bool = False) -> No
 
 
 def _machine_notes(clock) -> None:
-    """The lines on the machine the plan ran on: other work beside it (``busy_line``), and
-    torch's threads where fewer than the cores (``thread_notes``)."""
-    line = busy_line(clock)
-    if line:
-        print(line)
+    """The lines on the machine the plan ran on: whether other work shared it (``busy_line``,
+    else ``QUIET_LINE``), and torch's threads where fewer than the cores (``thread_notes``)."""
+    print(busy_line(clock) or QUIET_LINE)
     for note in thread_notes():
         print(note)
 
