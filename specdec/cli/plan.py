@@ -39,10 +39,13 @@ def cmd_plan(args) -> int:
     if named.spec is not None and named.spec.tree_options:
         return _plan_tree(args, prompts)
     if named.spec is None or not named.spec.beam_options:
+        specs = [registry.drafter_spec(n) for n in registry.names("drafter_spec")]
+        plannable = sorted(s.name for s in specs if s.beam_options or s.tree_options)
         raise InvalidInputError(
-            f"specdec plan chooses a drafter's beams (a spec with beam_options=True, as "
-            f"redrafter's) or its tree settings (tree_options, as eagle's and eagle3's); "
-            f"drafter {args.drafter!r} declares neither, so there is nothing to plan"
+            f"specdec plan chooses a drafter's beams or its tree settings, and drafter "
+            f"{args.drafter!r} has neither, so there is nothing to plan; give one of "
+            f"{', '.join(plannable)} or a checkpoint folder of one (a plugin's drafter is "
+            "planned when its spec sets beam_options or tree_options)"
         )
     lookup = not args.no_lookup
     clock = Measured()

@@ -728,7 +728,9 @@ def test_plan_of_a_drafter_without_beams_or_tree_settings_says_so(model_dir, tmp
     args = ["plan", "--model", str(model_dir), "--drafter", "lookup", "--backend", "numpy"]
     assert main([*args, "--prompts", str(prompts)]) == 2
     err = capsys.readouterr().err
-    assert "beam_options=True" in err and "tree_options" in err and "'lookup'" in err
+    # the drafters it can plan, by name (it named spec fields, as redrafter's and eagle's)
+    assert "drafter 'lookup' has neither" in err, err
+    assert "give one of eagle, eagle3, " in err and "redrafter" in err, err
 
 
 def test_plan_on_a_shipped_prompt_set_says_to_plan_on_ones_own(model_dir, tmp_path):
