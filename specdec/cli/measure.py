@@ -38,7 +38,6 @@ from specdec.tuning.exactness import describe as describe_exactness
 def cmd_bench(args) -> int:
     """Run a benchmark grid and write bench.json, bench.md and plots to --out."""
     require("matplotlib", extra="bench", feature="specdec bench (its plots)")  # before any run
-    _bench_out(Path(args.out))  # an unwritable --out fails before the runs, not after
     prompts = load_prompt_set(args.prompts, per_category=args.per_category, limit=args.limit)
     methods = [parse_method(m) for m in args.methods]
     grid = [(item.partition(":")[0], item.partition(":")[2] or None) for item in args.backends]
@@ -46,6 +45,7 @@ def cmd_bench(args) -> int:
         for method in methods:
             if not method.is_peer:
                 resolve_drafter(method.drafter, backend, dict(method.generate_options))
+    _bench_out(Path(args.out))  # an unwritable --out fails before the runs, not after
     clock = Measured()
     with clock:
         records = run_bench(
@@ -130,9 +130,12 @@ def category_note(categories: list, repeats: int) -> list[str]:
 
 
 def _bench_out(out: Path) -> None:
-    """``--out`` made a folder bench can write into, or an error that names ``--out`` and why."""
+    """That bench can write its outputs into ``--out``, or an error that names ``--out`` and why.
+    The folders the check makes are removed again: ``write_outputs`` makes them after the runs,
+    so a run refused or stopped before then leaves no empty folder behind."""
     if out.exists() and not out.is_dir():
         raise InvalidInputError(f"--out {str(out)!r} is a file: give a folder for bench's outputs")
+    made = [folder for folder in (out, *out.parents) if not folder.exists()]
     try:
         out.mkdir(parents=True, exist_ok=True)
         probe = out / ".specdec-bench-write-check"
@@ -143,6 +146,12 @@ def _bench_out(out: Path) -> None:
             f"--out {str(out)!r} cannot be written ({exc.strerror or exc}): give a folder you "
             "can write"
         ) from None
+    finally:
+        for folder in made:  # innermost first; only the ones this check made, and only empty
+            try:
+                folder.rmdir()
+            except OSError:
+                break
 
 
 def cmd_tune(args) -> int:

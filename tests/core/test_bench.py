@@ -551,8 +551,22 @@ def test_a_missing_prompt_file_or_an_unwritable_out_is_named_as_such(tmp_path):
         _bench_out(file)
     with pytest.raises(InvalidInputError, match=r"--out '\S+' cannot be written"):
         _bench_out(file / "under")
+    # the check leaves nothing: not its probe, nor the folders it made (a refused bench left an
+    # empty --out behind); a folder that was there stays
     _bench_out(tmp_path / "new" / "out")
-    assert list((tmp_path / "new" / "out").iterdir()) == []  # its write check leaves nothing
+    assert not (tmp_path / "new").exists()
+    (tmp_path / "there").mkdir()
+    _bench_out(tmp_path / "there")
+    assert list((tmp_path / "there").iterdir()) == []
+
+
+def test_a_refused_bench_leaves_no_out_folder(tmp_path, capsys):
+    from specdec.cli.main import main
+
+    out = tmp_path / "y"
+    argv = ["bench", "--model", "smollm2-135m", "--methods", "plain", "redrafter:foo=1"]
+    assert main([*argv, "--limit", "1", "--out", str(out)]) == 2
+    assert "foo" in capsys.readouterr().err and not out.exists()
 
 
 def test_the_busy_note_never_calls_quiet_a_run_whose_rows_say_busy():
