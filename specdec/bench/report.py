@@ -236,6 +236,16 @@ WHY_PLAIN = {
 MOSTLY_PLAIN = 0.5  # a method whose steps decoded plainly this often gets a note saying why
 
 
+def settings_note(records: Sequence[BenchRecord]) -> list[str]:
+    """One line: the beam or tree sizes each method drafted with, where it has them, and whether
+    a plan kept by ``specdec plan`` set them (the same method line runs other beams once a plan
+    is kept)."""
+    found = {r.method: r.settings for r in records if r.settings}
+    if not found:
+        return []
+    return ["note: the methods drafted with " + "; ".join(f"{m}: {s}" for m, s in found.items())]
+
+
 def plain_notes(rows: Sequence[dict], *, hint: bool = True) -> list[str]:
     """A note per method (its total row) that decoded most of its steps plainly, other than by
     ``speculation="never"``: how often, the main reason in words, and (``hint``) how to see what

@@ -16,6 +16,7 @@ from specdec.bench.methods import Method
 from specdec.bench.peers import peer_runner
 from specdec.bench.prompts import BenchPrompt
 from specdec.bench.trust import Measured
+from specdec.decode.plan import drafter_settings
 from specdec.generation.api import stream
 from specdec.generation.components import (
     add_lookup,
@@ -63,6 +64,9 @@ class BenchRecord:
     peak_rss_mb: float = float("nan")  # the process's peak resident memory during this generation
     exact: str = ""  # the target's exact mode: "on", "off" ("" for peers)
     busy: bool = False  # other work took the cores while it ran (specdec.bench.trust)
+    # the drafter's beam or tree sizes ("beam_width=2, beam_length=3, ..."), and whether a plan
+    # set them; "" for plain decoding and peers
+    settings: str = ""
 
     @property
     def steps(self) -> int:
@@ -83,6 +87,7 @@ def specdec_runner(
     lookup = options.pop("lookup", None)
     named = resolve("drafter", method.drafter, registry, backend_obj.name)
     # as generate: what specdec plan chose, where the method names nothing
+    given = dict(options)
     options, planned = planned_options(backend_obj, target, named, options)
     drafter = load_drafter(named, target, backend_obj, registry, options)
     if lookup is None:
@@ -141,6 +146,10 @@ def specdec_runner(
         )
 
     run.drafter = drafter  # what the method drafts with, for reports and tests
+    # its sizes, and whether a plan kept by specdec plan set them (the same method line runs
+    # other beams once a plan is kept)
+    sizes = ", ".join(drafter_settings(drafter))
+    run.settings = sizes + (" (chosen by `specdec plan` here)" if options != given else "")
     return run
 
 
@@ -231,6 +240,7 @@ def run_bench(
                                 repeat=repeat,
                                 peak_rss_mb=peak_rss_mb(),
                                 exact=getattr(run, "exact", ""),
+                                settings=getattr(run, "settings", ""),
                                 busy=not clock.quiet,
                                 **measured,
                             )

@@ -12,6 +12,7 @@ from specdec.bench.report import (
     impossible_mark,
     markdown,
     plain_notes,
+    settings_note,
     summarize,
     write_outputs,
 )
@@ -62,7 +63,7 @@ def cmd_bench(args) -> int:
     busy = busy_note(clock, sum(r.busy for r in records), len(records))
     notes = [busy or QUIET_LINE]
     summary = summarize(records)  # once: the notes read it, and the files and table show it
-    notes += plain_notes(summary) + thread_notes()
+    notes += settings_note(records) + plain_notes(summary) + thread_notes()
     notes += few_runs_note(len(prompts), args)
     notes += category_note([p.category for p in prompts], args.repeats)
     notes += impossible_note(summary)

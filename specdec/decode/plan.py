@@ -16,6 +16,32 @@ from specdec.types import SamplingConfig
 __all__ = ["DecodePlan"]
 
 
+# a drafter's sizes that its options set, by attribute: (attribute, the option's name)
+SIZES = (
+    ("beam_width", "beam_width"),
+    ("beam_length", "beam_length"),
+    ("draft_length", "draft_length"),
+    ("top_k", "tree_top_k"),
+    ("depth", "depth"),
+    ("total_tokens", "total_tokens"),
+)
+
+
+def drafter_settings(drafter) -> list[str]:
+    """A drafter object's beam or tree sizes as options ("beam_width=2", ...), and the
+    prompt-lookup beam's length where one rides beside it ("lookup draft_length=10")."""
+    inner = getattr(drafter, "inner", None)  # a drafter beside a prompt-lookup beam
+    own = inner or drafter
+    found = [
+        f"{name}={getattr(own, attribute)}"
+        for attribute, name in SIZES
+        if type(getattr(own, attribute, None)) is int
+    ]
+    if inner is not None and type(getattr(drafter, "draft_length", None)) is int:
+        found.append(f"lookup draft_length={drafter.draft_length}")
+    return found
+
+
 @attrs.frozen(kw_only=True, repr=False)
 class DecodePlan:
     """Everything a generation needs besides its requests; ``sampling``, ``max_new_tokens`` and
@@ -55,16 +81,9 @@ class DecodePlan:
         return f"DecodePlan({'; '.join(parts)})"
 
     def describe_drafter(self) -> str:
-        """The drafter's source, with its beams' sizes where it has them."""
-        inner = getattr(self.drafter, "inner", None)  # a drafter beside a prompt-lookup beam
-        beams = [
-            f"{name}={getattr(inner or self.drafter, name)}"
-            for name in ("beam_width", "beam_length", "draft_length")
-            if isinstance(getattr(inner or self.drafter, name, None), int)
-        ]
-        if inner is not None and isinstance(getattr(self.drafter, "draft_length", None), int):
-            beams.append(f"lookup draft_length={self.drafter.draft_length}")
-        return self.source("drafter") + (f" ({', '.join(beams)})" if beams else "")
+        """The drafter's source, with its beams' or tree's sizes where it has them."""
+        sizes = drafter_settings(self.drafter)
+        return self.source("drafter") + (f" ({', '.join(sizes)})" if sizes else "")
 
     def check_tree_room(self, room: int, fix: str = "") -> None:
         """The drafter's trees (``DrafterCaps.max_tree_size``) fit the ``room`` positions a slot

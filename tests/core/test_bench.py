@@ -68,6 +68,38 @@ def test_a_drafters_own_option_reaches_its_factory(model_dir, target, tmp_path):
         specdec_runner(wrong, model_dir, target, "numpy", 8)
 
 
+def test_the_bench_records_each_methods_sizes_and_whether_a_plan_set_them(
+    model_dir, target, tmp_path, monkeypatch
+):
+    """After `specdec plan` kept W=1 L=2, the same `redrafter` method ran those beams and
+    neither bench.md nor bench.json said so: the same command meant other beams."""
+    from specdec.bench.report import settings_note
+    from specdec.bench.runner import BenchRecord, specdec_runner
+    from specdec.plugins.builtin import NumpyBackend
+    from specdec.tuning import plans
+
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
+    drafter = make_random_drafter(tmp_path / "d", model_dir, kind="redrafter", seed=1)
+    method = parse_method(f"redrafter:drafter={drafter}")
+    own = specdec_runner(method, model_dir, target, "numpy", 8).settings
+    assert own.startswith("beam_width=") and "lookup draft_length=10" in own, own
+    assert "specdec plan" not in own
+    options = {"beam_width": 1, "beam_length": 2}
+    plans.save_drafter_plan(NumpyBackend(), target, str(drafter), options=options, details={})
+    planned = specdec_runner(method, model_dir, target, "numpy", 8).settings
+    assert planned.startswith("beam_width=1, beam_length=2, ") and planned.endswith(
+        " (chosen by `specdec plan` here)"
+    ), planned
+    named = parse_method(f"redrafter:drafter={drafter},w=2,l=3")  # the caller's beams win
+    assert "plan" not in specdec_runner(named, model_dir, target, "numpy", 8).settings
+    record = dict(backend="numpy", dtype="", temperature=0.0, prompt_id="1", category="c")
+    records = [
+        BenchRecord(method=m, repeat=0, new_tokens=1, seconds=1.0, settings=s, **record)
+        for m, s in (("plain", ""), ("redrafter", planned))
+    ]
+    assert settings_note(records) == [f"note: the methods drafted with redrafter: {planned}"]
+
+
 def test_the_bench_runs_the_default_path_and_records_peak_memory(model_dir, target, tmp_path):
     """``redrafter`` in a bench is generate's default (with the lookup beam); lookup=false is
     ReDrafter alone."""
