@@ -125,12 +125,16 @@ def generation_kwargs(args) -> dict:
     )
 
 
-def report_line(label: str, result, baseline_tps: float | None = None) -> str:
+def report_line(
+    label: str, result, baseline_tps: float | None = None, *, counted: bool = True
+) -> str:
+    """A result's one line; ``counted`` False leaves "(bonus token counted)" to a legend."""
     stats = result.stats
     speed = f", {stats.tokens_per_second / baseline_tps:.2f}x plain" if baseline_tps else ""
+    bonus = " (bonus token counted)" if counted else ""
     return (
-        f"{label:>10}: {stats.new_tokens} tokens, {stats.tokens_per_step:.2f} tokens/step (bonus "
-        f"token counted), {stats.tokens_per_second:.1f} tokens/s{speed}"
+        f"{label:>10}: {stats.new_tokens} tokens, {stats.tokens_per_step:.2f} tokens/step{bonus}, "
+        f"{stats.tokens_per_second:.1f} tokens/s{speed}"
     )
 
 

@@ -216,7 +216,7 @@ def cmd_demo(args) -> int:
         )
         # new tokens, seconds (prefill included)
         status, totals, spoilt = 0, {name: [0, 0.0] for name in methods}, 0
-        steps = {name: Counter() for name in methods}  # decode steps, drafting ones, plain reasons
+        hinted = False  # a note said why a method decoded plainly: the bench command follows
         clock = Measured()
         for number, text in enumerate(args.prompt, 1):
             print(
@@ -235,6 +235,7 @@ def cmd_demo(args) -> int:
                     slowed[name] += not own.quiet
             results = {name: _median(found) for name, found in runs.items()}
             plain = results["plain"]
+            steps = {name: Counter() for name in methods}  # decode steps, plain ones by reason
             print(f"\nuser: {text}\nassistant: {results['default'].text}\n", flush=True)
             for name, result in results.items():
                 totals[name][0] += result.stats.new_tokens
@@ -244,7 +245,7 @@ def cmd_demo(args) -> int:
                 flags = _flags(result, plain, slowed[name], args.repeats)
                 spoilt += slowed[name]
                 if name == "plain":
-                    print(report_line(name.rjust(width), result) + flags)
+                    print(report_line(name.rjust(width), result, counted=False) + flags)
                     continue
                 same = _same_prefix(result.tokens, plain.tokens)
                 if result.tokens == plain.tokens:
@@ -257,10 +258,17 @@ def cmd_demo(args) -> int:
                         f"identical to plain decoding: {same} of {len(plain.tokens)} tokens (exact "
                         "mode is off: tree and one-token forwards round differently)"
                     )
-                line = report_line(name.rjust(width), result, plain.stats.tokens_per_second)
+                line = report_line(
+                    name.rjust(width), result, plain.stats.tokens_per_second, counted=False
+                )
                 stats = result.stats  # what speculation="auto" chose for this answer
                 drafted = f"drafted in {stats.drafting_row_steps} of {stats.decode_row_steps} steps"
                 print(f"{line}{flags}; {drafted}; {note}", flush=True)
+            # why a method decoded this prompt's steps plainly, under its own lines (over both
+            # prompts, a method fastest on one read as losing: its plain steps were the other's)
+            for line in _plain_notes(steps, backend):
+                print(line)
+                hinted = True
         if len(args.prompt) > 1:
             rate = {name: tokens / seconds for name, (tokens, seconds) in totals.items()}
             print(
@@ -274,19 +282,19 @@ def cmd_demo(args) -> int:
         print(
             "(default: generate()'s defaults, ReDrafter with a prompt-lookup beam; "
             "redrafter:lookup=false: the same without it; lookup: prompt lookup alone, continued "
-            "from the model's answer store where one ships)"
+            "from the model's answer store where one ships; tokens/step counts the bonus token)"
         )
         note = busy_note(clock, spoilt, len(args.prompt) * len(methods) * args.repeats)
-        model_name = None if args.random else args.model
-        for line in ([note] if note else []) + _plain_notes(steps, backend, model_name):
-            print(line)
+        if note:
+            print(note)
+        if hinted and not args.random:
+            print(_bench_hint(backend, args.model))
     return int(status)
 
 
-def _plain_notes(steps: dict, backend: str, model: str | None) -> list[str]:
-    """bench's note for each method that decoded most of its steps plainly, and why (the demo's
-    lines said "drafted in 7 of 80 steps", and nothing of why), with the bench command that
-    shows what drafting every step gives on ``model`` (None: no such command)."""
+def _plain_notes(steps: dict, backend: str) -> list[str]:
+    """bench's note for each method that decoded most of a prompt's steps plainly, and why (the
+    demo's lines said "drafted in 7 of 80 steps", and nothing of why)."""
     rows = []
     for name, counts in steps.items():
         total = counts.pop("decode steps", 0)
@@ -302,15 +310,17 @@ def _plain_notes(steps: dict, backend: str, model: str | None) -> list[str]:
                 plain_step_share=sum(counts.values()) / total,
             )
         )
-    notes = plain_notes(rows, hint=False)  # the demo's labels are not bench's methods
-    if notes and model is not None:
-        notes.append(
-            f"note: to see what drafting every step gives on this machine: specdec bench --model "
-            f"{model} --limit 4 --repeats 1 --methods plain redrafter redrafter:speculation=always "
-            f"--backends {backend} (docs/bench.md; bench needs the bench extra: "
-            f"{install_command('bench')})"
-        )
-    return notes
+    return plain_notes(rows, hint=False)  # the demo's labels are not bench's methods
+
+
+def _bench_hint(backend: str, model: str) -> str:
+    """The bench command that shows what drafting every step gives on ``model``."""
+    return (
+        f"note: to see what drafting every step gives on this machine: specdec bench --model "
+        f"{model} --limit 4 --repeats 1 --methods plain redrafter redrafter:speculation=always "
+        f"--backends {backend} (docs/bench.md; bench needs the bench extra: "
+        f"{install_command('bench')})"
+    )
 
 
 def _flags(result, plain, slowed: int, repeats: int) -> str:
