@@ -18,9 +18,11 @@ from specdec.bench.report import (
 )
 from specdec.bench.trust import (
     FEW_PROMPTS,
+    LEAD,
     QUIET_LINE,
     Measured,
     busy_note,
+    leads,
     thread_notes,
     torch_threads,
 )
@@ -66,7 +68,7 @@ def cmd_bench(args) -> int:
     notes += settings_note(records) + plain_notes(summary) + thread_notes()
     notes += few_runs_note(len(prompts), args)
     notes += category_note([p.category for p in prompts], args.repeats)
-    notes += impossible_note(summary)
+    notes += ties_note(summary) + impossible_note(summary)
     meta = dict(
         command=" ".join(sys.argv),
         versions=installed_distributions(),
@@ -98,6 +100,36 @@ def few_runs_note(prompts: int, args) -> list[str]:
         f"note: {prompts} prompt(s) x {args.repeats} repeat(s): one run's noise can move a "
         f"method's figure by tens of percent; measure on more ({more_prompts(args)}{repeats}) "
         "before you rely on a difference"
+    ]
+
+
+def ties_note(rows) -> list[str]:
+    """The note naming methods whose totals lie within ``LEAD`` (5%) of the next one's: a lead
+    that small is within what one run's noise moves a figure, so their order is not a finding
+    (a reader took redrafter's 1.25x over lookup's 1.24x for one)."""
+    totals = [
+        r
+        for r in rows
+        if r["category"] == "all"
+        and r["method"] != "plain"
+        and r.get("speedup") == r.get("speedup")
+    ]
+    ties = []
+    for setting in dict.fromkeys((r["backend"], r["temperature"]) for r in totals):
+        ranked = sorted(
+            (r for r in totals if (r["backend"], r["temperature"]) == setting),
+            key=lambda r: -r["speedup"],
+        )
+        ties += [
+            f"{a['method']} {a['speedup']:.2f}x and {b['method']} {b['speedup']:.2f}x"
+            for a, b in zip(ranked, ranked[1:])
+            if b["speedup"] > 0 and not leads(a["speedup"], b["speedup"])
+        ]
+    if not ties:
+        return []
+    return [
+        f"note: within {LEAD - 1:.0%} of each other: {'; '.join(ties)}; read each pair as tied "
+        "unless more prompts and --repeats keep its order"
     ]
 
 

@@ -601,6 +601,25 @@ def test_a_refused_bench_leaves_no_out_folder(tmp_path, capsys):
     assert "foo" in capsys.readouterr().err and not out.exists()
 
 
+def test_methods_within_five_percent_of_each_other_are_named_as_tied():
+    """redrafter 1.25x over lookup 1.24x read as a finding: nothing said that one run's noise
+    moves a figure more than that."""
+    from specdec.cli.measure import ties_note
+
+    def row(method, speedup, backend="torch", category="all"):
+        return dict(method=method, speedup=speedup, backend=backend, temperature=0.0,
+                    category=category)  # fmt: skip
+
+    rows = [row("plain", 1.0), row("redrafter", 1.25), row("lookup", 1.24), row("eagle", 1.03)]
+    rows += [row("medusa", 0.99), row("x", 1.24, category="writing")]
+    (note,) = ties_note(rows)
+    assert note == (
+        "note: within 5% of each other: redrafter 1.25x and lookup 1.24x; eagle 1.03x and medusa "
+        "0.99x; read each pair as tied unless more prompts and --repeats keep its order"
+    ), note
+    assert ties_note([row("plain", 1.0), row("redrafter", 1.3), row("eagle", 1.1)]) == []
+
+
 def test_the_busy_note_never_calls_quiet_a_run_whose_rows_say_busy():
     """The whole command's share of the cores was fine, so the note said "the machine was
     quiet", while a burst had slowed one run of plain decoding, whose row said (busy: 1 of 3
