@@ -215,7 +215,10 @@ def _add_train_parser(train: argparse.ArgumentParser, spec) -> None:
         help="teacher continuation length (default 128)",
     )
     train.add_argument(
-        "--batch-size", type=int, default=64, help="positions per optimiser step (default 64)"
+        "--batch-size",
+        type=int,
+        default=64,
+        help="positions per optimiser step (default 64; the docs' EAGLE and EAGLE-3 runs take 512)",
     )
     train.add_argument(
         "--teacher-dtype",
@@ -262,10 +265,11 @@ def _add_train_parser(train: argparse.ArgumentParser, spec) -> None:
     train.add_argument(
         "--init",
         default=None,
-        help="start from this checkpoint's weights (and its shortlist, unless --shortlist is "
-        "given), e.g. the shipped drafter"
+        help="start from this checkpoint folder's weights (and its shortlist, unless --shortlist "
+        "is given): one trained before, or a shipped drafter's where one ships"
         if spec.takes_shortlist
-        else "start from this checkpoint's weights, e.g. the shipped drafter",
+        else "start from this checkpoint folder's weights: one trained before, or a shipped "
+        "drafter's where one ships",
     )
     train.add_argument("--quiet", action="store_true", help="no progress bars")
     for option in spec.train_options:
