@@ -18,9 +18,20 @@ for extra in ${extras//,/ }; do
     exit 2
   fi
 done
+# pip's own output goes to a log (a machine's pip configuration can warn on every line); its end
+# is shown where pip fails
+log=.venv/setup.log
+install() {
+  echo "setup.sh: installing $1 (pip's output: $(pwd)/$log)"
+  shift
+  if ! .venv/bin/pip install --disable-pip-version-check "$@" >>"$log" 2>&1; then
+    echo "setup.sh: pip failed; the end of its output ($(pwd)/$log):" >&2
+    tail -n 30 "$log" >&2
+    exit 1
+  fi
+}
 if [[ ",$extras," == *",torch,"* ]]; then
-  .venv/bin/pip install --quiet --disable-pip-version-check "torch==2.13.0" \
-    ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"}
+  install "torch 2.13.0" "torch==2.13.0" ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"}
 fi
-.venv/bin/pip install --quiet --disable-pip-version-check -e ".[$extras]"
+install "specdec with the extras $extras" -e ".[$extras]"
 echo "specdec is set up in $(pwd)/.venv with the extras: $extras, besides any installed before (run again with others to add them)"

@@ -81,10 +81,8 @@ def save_drafter_plan(backend, target, drafter: str, *, options: dict, details: 
 def describe_plan(plan: dict) -> str:
     """A kept plan in one line: what it is for, its settings, and what it measured."""
     threads = THREADS.search(str(plan.get("device", "")))
-    where = ", ".join(
-        [str(plan[k]) for k in ("backend", "dtype") if plan.get(k)]
-        + [f"made on {threads.group(1)} thread{'s' * (threads.group(1) != '1')}"] * bool(threads)
-    )
+    made_on = [] if threads is None else [f"made on {threads.group(1)} thread(s)"]
+    where = ", ".join([str(plan[k]) for k in ("backend", "dtype") if plan.get(k)] + made_on)
     target = f" on {plan['target']}" if plan.get("target") else ""
     what = f"{plan.get('drafter', 'a drafter')}{target}" + (f" ({where})" if where else "")
     settings = " ".join(f"{k}={v}" for k, v in (plan.get("options") or {}).items())

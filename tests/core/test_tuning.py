@@ -373,7 +373,7 @@ def test_a_plan_serves_a_process_that_took_fewer_threads(cache, made_on, used_on
     backend.device = used_on
     found = plans.cached_drafter_plan(backend, target, "rd")
     assert found and found["options"] == {"beam_width": 2}
-    assert "(torch, float32, made on 2 threads)" in plans.describe_plan(found)
+    assert "(torch, float32, made on 2 thread(s))" in plans.describe_plan(found)
     backend.device = used_on.replace("X", "Y")  # another CPU
     assert plans.cached_drafter_plan(backend, target, "rd") is None
 
