@@ -297,6 +297,19 @@ class StepResult:
         return self.prefilled is not None
 
 
+# what each reason a step decoded plainly means (``specdec.decode.budget.PLAIN_REASONS``), as
+# ``GenerationStats.describe_speculation`` says it
+REASON_WORDS = {
+    "prompt": "it carried a prompt's tokens",
+    "measuring": "plain steps auto times drafting against",
+    "prediction": "auto judged drafting would not pay, from what it learnt on this target, "
+    "earlier calls too where there were any",
+    "realized": "drafting steps had delivered fewer tokens per second than plain ones",
+    "never": "speculation='never'",
+    "no draft": "the drafter proposed nothing",
+}
+
+
 @attrs.frozen(kw_only=True)
 class GenerationStats:
     """Aggregates over a generation; ``tokens_per_step`` counts the bonus token
@@ -339,7 +352,10 @@ class GenerationStats:
         proposes nothing for a step (prompt lookup where the text has no match) leaves it plain."""
         if not self.decode_row_steps:
             return "no decode step"
-        plain = ", ".join(f"{n} {why}" for why, n in sorted(self.plain_reasons.items()))
+        plain = ", ".join(
+            f"{n} {why}" + (f" ({REASON_WORDS[why]})" if why in REASON_WORDS else "")
+            for why, n in sorted(self.plain_reasons.items())
+        )
         return (
             f"drafted in {self.drafting_row_steps} of {self.decode_row_steps} decode steps "
             f"({self.drafting_share:.0%}); {self.accepted_tokens} of {self.drafted_tokens} drafted "
@@ -352,10 +368,9 @@ class GenerationStats:
             + f"; {self.tokens_per_step:.2f} tokens per step"
             + (f"; plain steps by reason: {plain}" if plain else "")
             + (
-                " (prediction: auto judged drafting would not pay, from what it learnt on this "
-                "target, earlier calls too where there were any; speculation='always' drafts "
-                "every step)"
-                if "prediction" in self.plain_reasons
+                "; speculation='always' drafts every step (where a tree forward costs much more "
+                "than a one-token one, as on a CPU without AVX-512, auto drafts in few steps)"
+                if "prediction" in self.plain_reasons or "realized" in self.plain_reasons
                 else ""
             )
         )

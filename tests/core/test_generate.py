@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import attrs
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -345,7 +346,16 @@ def test_stats_say_why_steps_decoded_plainly(target):
 
     never = _lookup_stats(target, [5, 6, 7, 5, 6, 7], 8, "never")
     assert never.plain_reasons == {"never": never.decode_row_steps}
-    assert "plain steps by reason: 7 never" in never.describe_speculation()
+    assert "plain steps by reason: 7 never (speculation='never')" in never.describe_speculation()
+    # each reason in words where it is counted (only "prediction" was explained there)
+    from specdec.types import REASON_WORDS
+
+    assert set(REASON_WORDS) == set(PLAIN_REASONS)
+    said = attrs.evolve(never, plain_reasons={"measuring": 3, "realized": 4}).describe_speculation()
+    assert (
+        "3 measuring (plain steps auto times drafting against), 4 realized (drafting steps " in said
+    )
+    assert said.endswith("auto drafts in few steps)"), said
     # named: the suite's default is "always" (tests/conftest.py)
     auto = _lookup_stats(target, [[5, 6, 7, 5, 6, 7], [1, 2, 3]], 12, "auto")
     assert sum(auto.plain_reasons.values()) == auto.decode_row_steps - auto.drafting_row_steps
