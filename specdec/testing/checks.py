@@ -251,6 +251,17 @@ def check_drafter(
             "proposes is lossless whatever its code does); fix its propose, or pass prompts= "
             "on which it drafts"
         )
+        drafting = greedy.stats.drafting_row_steps
+        if greedy.stats.drafted_tokens <= drafting:
+            warnings.warn(
+                f"{where}: the drafter proposed one token a step at most "
+                f"({greedy.stats.drafted_tokens} tokens in {drafting} drafting steps), so its "
+                "longer drafts, and any option that sets their length, went unchecked; the "
+                "kit's random model repeats its last token, where a drafter that copies what "
+                "followed the latest match finds one token: pass prompts= on which it drafts "
+                "more",
+                stacklevel=2,
+            )
         sampled = generate(
             model_path,
             [list(p) for p in prompts],

@@ -31,6 +31,38 @@ def test_check_drafter_fails_a_drafter_that_never_drafts(model_dir, monkeypatch)
         checks.check_drafter("none", model_dir, backends=["numpy"], max_new_tokens=10)
 
 
+class OneTokenDrafter:
+    """Drafts the root repeated once, whatever its ``length`` option says (a drafter copying what
+    followed the latest match does that on the kit's random model, whose text repeats)."""
+
+    caps = DrafterCaps()
+
+    def propose(self, context):
+        roots = np.asarray(context.root_tokens).astype(np.int64)
+        return Draft(root_tokens=context.root_tokens, beams=np.repeat(roots[:, None, None], 2, 2))
+
+
+class OneTokenPlugin:
+    @hookimpl
+    def specdec_register_drafter_specs(register):
+        register(
+            DrafterSpec(
+                name="one",
+                implementations={
+                    "*": lambda target, checkpoint=None, *, backend: OneTokenDrafter()
+                },
+            )
+        )
+
+
+def test_the_kit_says_when_a_drafter_never_drafted_more_than_a_token(model_dir):
+    """A plugin whose length option had no effect on the kit's model passed at every length with
+    the same counts, and nothing said its longer drafts were never checked."""
+    registry = PluginRegistry([OneTokenPlugin], entry_points=True)
+    with pytest.warns(UserWarning, match=r"one token a step at most \(\d+ tokens in \d+ drafting"):
+        checks.check_drafter("one", model_dir, max_new_tokens=6, registry=registry)
+
+
 class LeakyDrafter:
     """Keeps a per-slot count of the requests the slot has served and never resets it: a slot's
     first request is drafted a token the target does not choose, later ones the root repeated
