@@ -449,8 +449,14 @@ def curve_for(backend, target, slots=(0,)) -> CostCurve | None:
         return curve
     share, measures = float(cached.get("share", 1.0)), int(cached.get("measures", 1))
     rows = f" with up to {len(slots)} requests at once" if len(slots) > 1 else ""
+    # what the key holds besides the model: two targets of one model (another dtype, exact mode
+    # on and off) each measure, and read as one measurement said twice without it
+    dtype = getattr(target, "dtype", None)
+    form = [str(dtype).rpartition(".")[2]] if dtype is not None else []
+    form += ["exact mode"] if getattr(getattr(target, "exactness", None), "on", False) else []
+    form_text = f" ({', '.join(form)})" if form else ""
     say_measuring(  # once per slot count a target is loaded with: the rows change the costs
-        f"what a step of {getattr(target, 'name', None) or 'this model'} costs{rows}",
+        f"what a step of {getattr(target, 'name', None) or 'this model'}{form_text} costs{rows}",
         again=cached if curve is not None else None,
     )
     try:

@@ -628,6 +628,15 @@ def test_the_curve_line_says_how_many_requests_it_measures_for(tmp_path, monkeyp
     err = capsys.readouterr().err.splitlines()
     assert err[0].startswith("specdec: measuring what a step of this model costs on this machine")
     assert "costs with up to 3 requests at once on this machine" in err[1], err
+    # two targets of one model in other forms measure apart: the line names the form (the
+    # same line twice read as one measurement repeated)
+    import types
+
+    exact = types.SimpleNamespace(
+        name="m", dtype="torch.float32", exactness=types.SimpleNamespace(on=True)
+    )
+    costs.curve_for(None, exact, slots=(0, 1, 2, 3))
+    assert "what a step of m (float32, exact mode) costs with up to 4" in capsys.readouterr().err
 
 
 def test_a_curve_measured_beside_other_work_is_measured_again_and_the_quieter_kept(
