@@ -39,7 +39,9 @@ def _factory(backend_name: str):
             "eagle3", "EAGLE-3", "specdec_eagle3", load_eagle3_checkpoint, checkpoint, target
         )
         config = resolve_layers(config, int(target.num_layers))
-        for line in layer_constant_notes(config, getattr(target, "config", None)):
+        for line in layer_constant_notes(config, getattr(target, "config", None)) + part_notes(
+            config
+        ):
             print(line, file=sys.stderr, flush=True)
         return drafter_class(
             config,
@@ -73,6 +75,21 @@ def layer_constant_notes(config, target_config) -> list[str]:
             "give the value the head was trained with in its config.json"
         )
     return notes
+
+
+def part_notes(config) -> list[str]:
+    """A line per optional part of a published head that changes how it drafts (its own token
+    embedding, a norm before its fc): `specdec import` said so, a head loaded by `drafter=` did
+    not, so a user could not tell that the head's own embedding was read."""
+    parts = [
+        text
+        for flag, text in (
+            ("own_embedding", "its own token embedding (embed_tokens.weight), not the target's"),
+            ("norm_before_fc", "a norm on the fused features before its fc (input_norm.weight)"),
+        )
+        if getattr(config, flag, False)
+    ]
+    return [f"specdec: the EAGLE-3 head drafts with {' and '.join(parts)}"] if parts else []
 
 
 def _evaluation_task(checkpoint, target, overrides):

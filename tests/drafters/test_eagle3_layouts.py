@@ -582,6 +582,14 @@ def test_a_head_whose_layer_constants_differ_from_the_targets_is_named():
     ]
     same = attrs.evolve(head, rope_theta=100000.0, rms_norm_eps=1e-5)
     assert layer_constant_notes(same, target) == []
+    # a head's optional parts, said where drafter= loads it (only `specdec import` said them)
+    from specdec_eagle3.plugin import part_notes
+
+    assert part_notes(head) == []
+    assert part_notes(attrs.evolve(head, own_embedding=True)) == [
+        "specdec: the EAGLE-3 head drafts with its own token embedding (embed_tokens.weight), "
+        "not the target's"
+    ]
 
 
 def test_export_commands_name_the_written_folder_by_its_whole_path(
