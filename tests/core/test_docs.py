@@ -1,5 +1,5 @@
-"""The docs a third party follows: their code snippets run, and every citation of the design
-document points at one of its sections.
+"""The docs a third party follows: their code snippets run, every citation of the design
+document points at one of its sections, and every relative link at a file and heading that exist.
 
 Snippets: in docs/writing-a-drafter.md and docs/writing-a-backend.md, a ```python block whose
 first line is ``# file: NAME`` is written to that file, one whose first line is ``# signatures``
