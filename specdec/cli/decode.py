@@ -139,7 +139,7 @@ def _setup_line(plan, drafter, options: dict) -> str:
     named = resolve_drafter(drafter, plan.backend.name, dict(options), default_registry())
     kept = planned_options(plan.backend, target, named, dict(options))[0] != options
     return f"{line}\nspecdec: {plan.describe_drafter()}" + (
-        "; its beams chosen by `specdec plan` here (`specdec cache` lists it)" if kept else ""
+        "; its settings chosen by `specdec plan` here (`specdec cache` lists it)" if kept else ""
     )
 
 

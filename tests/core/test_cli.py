@@ -432,7 +432,7 @@ def test_plan_recommends_a_configuration(model_dir, tmp_path, monkeypatch, capsy
     assert main([*args, "--prompt-ids", "1,2,3", "--max-new-tokens", "2"]) == 0
     err = capsys.readouterr().err
     shape = f"beam_width={recommended.group(1)}, beam_length={recommended.group(2)}"
-    assert shape in err and "its beams chosen by `specdec plan` here" in err, err
+    assert shape in err and "its settings chosen by `specdec plan` here" in err, err
 
 
 def test_a_beam_shape_decoded_busy_is_marked_in_the_measured_column(
