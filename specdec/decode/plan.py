@@ -37,6 +37,8 @@ def drafter_settings(drafter) -> list[str]:
         for attribute, name in SIZES
         if type(getattr(own, attribute, None)) is int
     ]
+    if type(getattr(own, "draft_length", None)) is int:  # a chain: its beams follow its length
+        found = [f"draft_length={own.draft_length}"]
     if inner is not None and type(getattr(drafter, "draft_length", None)) is int:
         found.append(f"lookup draft_length={drafter.draft_length}")
     return found

@@ -90,6 +90,10 @@ def test_the_bench_records_each_methods_sizes_and_whether_a_plan_set_them(
     assert planned.startswith("beam_width=1, beam_length=2, ") and planned.endswith(
         " (chosen by `specdec plan` here)"
     ), planned
+    # a chain says its length alone (its beam shape follows from it)
+    assert specdec_runner(parse_method("lookup"), model_dir, target, "numpy", 8).settings == (
+        "draft_length=10"
+    )
     named = parse_method(f"redrafter:drafter={drafter},w=2,l=3")  # the caller's beams win
     assert "plan" not in specdec_runner(named, model_dir, target, "numpy", 8).settings
     record = dict(backend="numpy", dtype="", temperature=0.0, prompt_id="1", category="c")
