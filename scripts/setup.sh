@@ -7,6 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
+  echo "setup.sh: creating $(pwd)/.venv"
   "$PYTHON" -m venv .venv
 fi
 extras=${1:-dev}

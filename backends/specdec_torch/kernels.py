@@ -3,8 +3,9 @@
 ``csrc/exact_attention.cpp`` is built for this machine the first time exact mode runs on a CPU
 (``torch.utils.cpp_extension``, about 40 seconds, with the C++ compiler torch extensions use and
 ``-march=native``) and kept in torch's extension cache (``$TORCH_EXTENSIONS_DIR``, by default
-``~/.cache/torch_extensions``) under a name that changes with the source, the flags, the CPU and
-the torch version, so a stale build is never loaded. Where it cannot be built (no compiler, a
+``~/.cache/torch_extensions``) under a name that changes with the source, the flags, the CPU,
+the torch version and the environment torch is installed in, so a stale build is never loaded
+and two environments do not rebuild one folder in turn. Where it cannot be built (no compiler, a
 failed build, ``SPECDEC_TORCH_KERNEL=0``) exact mode computes the same canonical attention from
 torch operations (``specdec_torch.exact.attend_split``), exact too but slower; ``kernel_status``
 says which and why.
@@ -37,7 +38,12 @@ _STATE: dict[str, Any] = {}
 
 
 def _build_name() -> str:
-    key = "|".join([SOURCE.read_text(), " ".join(FLAGS), cpu_description(), torch.__version__])
+    # torch's own folder too: its build file names the environment's include paths, so two
+    # environments sharing one folder rebuilt it in turn (each waiting on the other's lock)
+    torch_folder = str(Path(torch.__file__).resolve().parent)
+    key = "|".join(
+        [SOURCE.read_text(), " ".join(FLAGS), cpu_description(), torch.__version__, torch_folder]
+    )
     return "specdec_exact_attention_" + hashlib.sha256(key.encode()).hexdigest()[:16]
 
 

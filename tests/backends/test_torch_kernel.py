@@ -43,3 +43,14 @@ def test_a_process_says_whether_it_builds_waits_or_loads_the_kernel(
         assert f"{build_folder / 'lock'}: delete it" in err
     cached = any(name.endswith(".so") for name in there)
     assert status.endswith("(cached)" if cached else "(built now)"), status
+
+
+def test_each_environment_builds_into_its_own_folder(monkeypatch):
+    """Two virtual environments sharing torch's extension cache rebuilt one folder in turn (its
+    build file names each one's include paths), each waiting on the other's lock: the folder's
+    name carries where torch is installed."""
+    import torch
+
+    here = kernels._build_name()
+    monkeypatch.setattr(torch, "__file__", "/elsewhere/.venv/lib/torch/__init__.py")
+    assert kernels._build_name() != here
