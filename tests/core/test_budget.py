@@ -625,7 +625,8 @@ def test_the_curve_line_says_how_many_requests_it_measures_for(tmp_path, monkeyp
     monkeypatch.setattr(costs, "measure_curve", lambda *args, **kwargs: made)
     costs.curve_for(None, None)
     costs.curve_for(None, None, slots=(0, 1, 2))
-    err = capsys.readouterr().err.splitlines()
+    # the measuring lines (a busy machine adds its own line after each)
+    err = [line for line in capsys.readouterr().err.splitlines() if "measuring" in line]
     assert err[0].startswith("specdec: measuring what a step of this model costs on this machine")
     assert "costs with up to 3 requests at once on this machine" in err[1], err
     # two targets of one model in other forms measure apart: the line names the form (the
@@ -675,6 +676,35 @@ def test_a_curve_measured_beside_other_work_is_measured_again_and_the_quieter_ke
     store.forget_this_process()
     # busy, but measured by this process: read until the next start
     assert [costs.curve_for(None, None).seconds[0] for _ in range(3)] == [0.06] * 3
+
+
+def test_a_curve_taken_beside_other_work_says_so_once_where_auto_prices_with_it(
+    tmp_path, monkeypatch, capsys
+):
+    """Auto drafted in 2 of 15 steps on a curve measured while other work held 83% of the
+    cores, and nothing said why its prediction held drafting back."""
+    from specdec.tuning import costs, machine, store
+
+    monkeypatch.setattr(costs, "_cache_file", lambda *args: tmp_path / "costs.json")
+    monkeypatch.setattr(costs, "_SAID_BUSY", set())
+    made = costs.CostCurve(tokens=(1, 2), seconds=(0.03, 0.06))
+    monkeypatch.setattr(costs, "measure_curve", lambda *args, **kwargs: made)
+    monkeypatch.setattr(machine, "free_share", lambda wall, cpu, others: 0.17)
+    monkeypatch.setattr(store, "quiet_now", lambda: False)
+    for _ in range(3):  # measured, then read: one line
+        costs.curve_for(None, None)
+    said = [line for line in capsys.readouterr().err.splitlines() if "step costs" in line]
+    assert said == [
+        "specdec: the step costs speculation='auto' prices drafting with were measured while "
+        "other work held 83% of the cores, so auto may draft in fewer steps than this machine "
+        "pays for; they are measured again at a start that finds the machine quiet "
+        "(speculation='always' drafts every step meanwhile)"
+    ]
+    (tmp_path / "costs.json").unlink()
+    monkeypatch.setattr(costs, "_SAID_BUSY", set())
+    monkeypatch.setattr(machine, "free_share", lambda wall, cpu, others: 0.97)
+    costs.curve_for(None, None)
+    assert "step costs" not in capsys.readouterr().err  # quiet: nothing to say
 
 
 # ---------------------------------------------------------------------------------------------
