@@ -260,7 +260,9 @@ def plain_notes(rows: Sequence[dict], *, hint: bool = True) -> list[str]:
             continue
         why = max(reasons.items(), key=lambda item: item[1])[0]
         counts = ", ".join(f"{n} {k}" for k, n in sorted(reasons.items(), key=lambda i: -i[1]))
-        always = f"{r['method']}:speculation=always"
+        # one method's options follow one colon, comma separated (w=2,l=3:speculation=always
+        # was refused)
+        always = r["method"] + ("," if ":" in r["method"] else ":") + "speculation=always"
         always = (
             f"; `{always}` shows what drafting every step gives"
             if hint

@@ -15,6 +15,7 @@ from specdec.bench.prompts import PROMPT_SETS
 from specdec.bench.tree_planner import plan_tree
 from specdec.bench.trust import (
     FEW_PROMPTS,
+    LEAD,
     QUIET_LINE,
     Measured,
     behind,
@@ -320,7 +321,11 @@ def _recommended(busy: bool, speedup: float | None = None) -> str:
         return "best guess (timed while other work took the cores)" + (
             ", and slower than plain decoding" if slower else ""
         )
-    return "fastest found, but slower than plain decoding" if slower else "recommended"
+    if slower:
+        return "fastest found, but slower than plain decoding"
+    if speedup is not None and not leads(speedup, 1.0):  # a 1.02x "recommended" was noise
+        return f"fastest found, but within {LEAD - 1:.0%} of plain decoding"
+    return "recommended"
 
 
 EVERY_ROW_BUSY = (

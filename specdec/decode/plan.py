@@ -39,6 +39,8 @@ def drafter_settings(drafter) -> list[str]:
     ]
     if type(getattr(own, "draft_length", None)) is int:  # a chain: its beams follow its length
         found = [f"draft_length={own.draft_length}"]
+        if getattr(own, "store", None) is not None:
+            found.append("with the answer store")
     if inner is not None and type(getattr(drafter, "draft_length", None)) is int:
         found.append(f"lookup draft_length={drafter.draft_length}")
     return found

@@ -90,10 +90,16 @@ def test_the_bench_records_each_methods_sizes_and_whether_a_plan_set_them(
     assert planned.startswith("beam_width=1, beam_length=2, ") and planned.endswith(
         " (chosen by `specdec plan` here)"
     ), planned
-    # a chain says its length alone (its beam shape follows from it)
+    # a chain says its length alone (its beam shape follows from it), and its answer store
     assert specdec_runner(parse_method("lookup"), model_dir, target, "numpy", 8).settings == (
         "draft_length=10"
     )
+    import types
+
+    from specdec.decode.plan import drafter_settings
+
+    stored = types.SimpleNamespace(beam_width=1, beam_length=11, draft_length=10, store=object())
+    assert drafter_settings(stored) == ["draft_length=10", "with the answer store"]
     named = parse_method(f"redrafter:drafter={drafter},w=2,l=3")  # the caller's beams win
     assert "plan" not in specdec_runner(named, model_dir, target, "numpy", 8).settings
     record = dict(backend="numpy", dtype="", temperature=0.0, prompt_id="1", category="c")
@@ -524,6 +530,9 @@ def test_a_method_that_mostly_decoded_plainly_gets_a_note_saying_why():
         "3 measuring): mostly the drafter proposed nothing (prompt lookup finds no match in new "
         "text)",
     ], notes
+    # a method with options: the mode joins them (a second colon was refused as a bad option)
+    (note,) = plain_notes([row("redrafter:w=2,l=3", 0.9, {"prediction": 90})])
+    assert "`redrafter:w=2,l=3,speculation=always` shows" in note, note
 
 
 def test_bench_and_plan_name_what_kept_the_prompts_few():
