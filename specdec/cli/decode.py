@@ -28,6 +28,7 @@ from specdec.models.files import parse_json
 from specdec.plugins.registry import default_registry
 from specdec.testing import make_random_drafter, make_random_model
 from specdec.tuning.exactness import describe as describe_exactness
+from specdec.tuning.machine import cores, cpu_class
 
 
 def cmd_generate(args) -> int:
@@ -202,6 +203,8 @@ def cmd_demo(args) -> int:
             "random untrained drafters: expect no acceptance" if args.random else "shipped drafters"
         )
         print(f"model {model}, backend {backend}; {label}")
+        if cpu_class():  # the README's figures name their machines so
+            print(f"cpu: {cores()} cores, {cpu_class()}")
         print(f"dtype: {choice.describe() if choice else args.dtype}")
         print(describe_exactness(target))
         print(

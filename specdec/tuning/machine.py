@@ -63,6 +63,19 @@ def cpu_flags() -> frozenset:
     return _cpuinfo()[1]
 
 
+def cpu_class(flags: frozenset | None = None) -> str:
+    """The CPU's instruction sets as the docs' figures name their machines ("AVX-512 BF16 and
+    AMX", "AVX2 only"), "" where the system lists no flags (``flags``: these, not this CPU's)."""
+    flags = cpu_flags() if flags is None else flags
+    if not flags:
+        return ""
+    if "avx512_bf16" in flags:
+        return "AVX-512 BF16 and AMX" if "amx_bf16" in flags else "AVX-512 BF16, no AMX"
+    if "avx512f" in flags:
+        return "AVX-512 without BF16"
+    return "AVX2 only" if "avx2" in flags else "no AVX2"
+
+
 def cpu_description() -> str:
     """The CPU's model name and a digest of its flags: two machines with the same name but other
     instruction sets (AVX-512 BF16 or only AVX2) are told apart."""

@@ -852,3 +852,17 @@ def test_a_one_thread_measurement_on_an_idle_machine_reads_as_quiet(monkeypatch)
     assert machine.free_share(1.0, 1.0, 2.0) == 0.5
     # where the system does not say, its own share
     assert machine.free_share(1.0, 1.0, None) == 0.5
+
+
+def test_the_cpu_class_names_the_machines_as_the_docs_figures_do():
+    """The demo's header named the CPU by model and a digest of its flags, and a reader grepped
+    /proc/cpuinfo to learn which of the README's rows (AVX-512 BF16 and AMX, AVX2 only) was
+    theirs."""
+    assert machine.cpu_class(frozenset({"avx2", "avx512f", "avx512_bf16", "amx_bf16"})) == (
+        "AVX-512 BF16 and AMX"
+    )
+    assert machine.cpu_class(frozenset({"avx2", "avx512f", "avx512_bf16"})) == (
+        "AVX-512 BF16, no AMX"
+    )
+    assert machine.cpu_class(frozenset({"avx2", "fma"})) == "AVX2 only"
+    assert machine.cpu_class(frozenset()) == ""
