@@ -22,7 +22,6 @@ from specdec.cli.common import (
 from specdec.cli.options import DRAFTER_HELP, drafter_options
 from specdec.errors import InvalidInputError, install_command
 from specdec.generation.api import begin, collect
-from specdec.generation.components import planned_options, resolve_drafter
 from specdec.generation.loading import load_backend
 from specdec.models.files import parse_json
 from specdec.plugins.registry import default_registry
@@ -64,7 +63,7 @@ def cmd_generate(args) -> int:
         options=options,
         **settings,
     )
-    print(_setup_line(plan, drafter, options), file=sys.stderr, flush=True)
+    print(_setup_line(plan, drafter), file=sys.stderr, flush=True)
     result = collect(steps, size, batched=batched, tokenizer=tokenizer)
     print(result.text if result.text is not None else result.tokens)
     print(report_line(str(args.drafter), result), file=sys.stderr)
@@ -125,7 +124,7 @@ DTYPE_SOURCES = {
 }
 
 
-def _setup_line(plan, drafter, options: dict) -> str:
+def _setup_line(plan, drafter) -> str:
     """What ``specdec generate`` decodes with: the dtype and why, exact mode, and the drafter
     with its beams, saying when a plan ``specdec plan`` kept chose them."""
     target = plan.target
@@ -137,22 +136,20 @@ def _setup_line(plan, drafter, options: dict) -> str:
     line = f"specdec: {dtype}; {describe_exactness(target)}"
     if drafter == "none":
         return line
-    named = resolve_drafter(drafter, plan.backend.name, dict(options), default_registry())
-    kept = planned_options(plan.backend, target, named, dict(options))[0] != options
     return f"{line}\nspecdec: {plan.describe_drafter()}" + (
-        "; its settings chosen by `specdec plan` here (`specdec cache` lists it)" if kept else ""
+        "; its settings chosen by `specdec plan` here (`specdec cache` lists it)"
+        if plan.planned
+        else ""
     )
 
 
 def _describe_default(target, drafter, backend, registry) -> str:
     """How the default path drafts here: the beams and where they come from."""
-    backend_obj = load_backend(backend, registry)
-    named = resolve_drafter(drafter, backend_obj.name, {}, registry)
-    if planned_options(backend_obj, target, named, {})[0]:
+    plan = specdec.decode_plan(target, drafter, load_backend(backend, registry), registry=registry)
+    if plan.planned:
         where = "chosen by `specdec plan` on this machine"
     else:
         where = "the checkpoint's default; `specdec plan` chooses for this machine"
-    plan = specdec.decode_plan(target, named, backend_obj, registry=registry)
     inner = getattr(plan.drafter, "inner", None) or plan.drafter
     lookup = (
         f" + a prompt-lookup beam of {plan.drafter.draft_length} tokens"
@@ -203,8 +200,9 @@ def cmd_demo(args) -> int:
             "random untrained drafters: expect no acceptance" if args.random else "shipped drafters"
         )
         print(f"model {model}, backend {backend}; {label}")
-        if cpu_class():  # the README's figures name their machines so
-            print(f"cpu: {cores()} cores, {cpu_class()}")
+        cpu = cpu_class()
+        if cpu:  # the README's figures name their machines so
+            print(f"cpu: {cores()} cores, {cpu}")
         print(f"dtype: {choice.describe() if choice else args.dtype}")
         print(describe_exactness(target))
         print(

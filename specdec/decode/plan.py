@@ -70,6 +70,8 @@ class DecodePlan:
     # how the drafter, tree builder and verifier were made (hashable; None: the drafter object
     # itself): "auto" keeps what it learnt per target and setting (specdec.decode.memory)
     setting: object = None
+    # the drafter's settings came from a plan ``specdec plan`` kept (the caller named none)
+    planned: bool = False
 
     def __repr__(self) -> str:
         """What the plan decodes with, in words (its components' sources and settings)."""

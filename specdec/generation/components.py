@@ -88,6 +88,7 @@ def _decode_plan(target, drafter, backend_obj, greedy, exact, registry, options)
     tree_choice = options.pop("tree_builder", None)
     lookup = options.pop("lookup", None)
     named = resolve_drafter(drafter, backend_obj.name, options, registry)
+    given = options
     options, planned = planned_options(backend_obj, target, named, options)
     drafter_obj = _drafter(named, target, backend_obj, registry, options)
     if lookup is None:
@@ -159,6 +160,7 @@ def _decode_plan(target, drafter, backend_obj, greedy, exact, registry, options)
         speculation=speculation,
         smaller_trees=lower_options(spec, lookup=bool(lookup)),
         setting=setting,
+        planned=options != given,
     )
 
 
