@@ -29,7 +29,7 @@ import attrs
 import numpy as np
 
 import specdec
-from specdec.bench.progress import progress as progress_bar
+from specdec.progress import progress as progress_bar
 from specdec.capabilities import drafter_caps
 from specdec.drafting.none import PassLifecycle
 from specdec.generation.components import (
@@ -369,6 +369,14 @@ def measure(
     rate = lambda choice, options: _decode_rate(  # noqa: E731
         target, prompts, choice, options, backend=backend, tokens=max_new_tokens, clock=clock
     )
+    if rows:  # untimed, a whole prompt: a first decode pays what a first call pays (the
+        # first forwards at each tree size and position), which counted against the first row
+        first = rows[0]
+        _decode_rate(
+            target, prompts[:1], drafter,
+            dict(beam_width=first.beam_width, beam_length=first.beam_length, lookup=lookup),
+            backend=backend, tokens=max_new_tokens, clock=Measured(),
+        )  # fmt: skip
     checked = []
     best = progress_bar(
         rows, desc="plan: decoding the best shapes", unit="shape", enabled=progress, announce=True

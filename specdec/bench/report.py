@@ -191,14 +191,36 @@ def impossible_mark(row: dict) -> str:
     return " (impossible: above its tokens/step)" if impossible(speedup, tau) else ""
 
 
+RSS_SPREAD = 0.05  # peak memory figures this close together are one figure: said once
+
+
+def rss_note(rows: Sequence[dict]) -> str | None:
+    """One line for the peak resident memory where every row's is within ``RSS_SPREAD`` of the
+    others (the table then leaves its column out: a column of one figure read as each method's
+    own memory, while it is the process's, the target and every method's drafter loaded); None
+    where the rows differ (another backend or dtype in the grid), and the column stays."""
+    values = [r.get("peak_rss_mb", float("nan")) for r in rows]
+    values = [v for v in values if not np.isnan(v)]
+    if not values:
+        return "note: peak memory not measured (it is read from /proc, on Linux)"
+    if max(values) > (1 + RSS_SPREAD) * min(values):
+        return None
+    return (
+        f"note: peak memory {max(values):.0f} MB for every method: the process's, with the "
+        "target and every method's drafter loaded (bench.json has each run's)"
+    )
+
+
 def markdown(rows: Sequence[dict], *, categories: bool = True, notes: Sequence[str] = ()) -> str:
     """A Markdown table of ``summarize`` rows, and ``notes`` after it (whether the machine was
-    busy, whether the prompts were too few to trust a difference)."""
+    busy, whether the prompts were too few to trust a difference). The peak-memory column is
+    one line instead where every row's figure is the same (``rss_note``)."""
     nan = float("nan")
+    memory = rss_note(rows)
     header = (
         "| backend | dtype | exact | T | category | method | tok/s | speedup vs plain (x) | vs "
         "peer's plain (x) | tokens/step | verified/step | no-draft steps | tree reduction | draft "
-        "/ verify / other | identical to plain | peak RSS MB |"
+        "/ verify / other | identical to plain |" + (" peak RSS MB |" if memory is None else "")
     )
     lines = [header, "|" + "---|" * (header.count("|") - 1)]
     for r in rows:
@@ -218,9 +240,10 @@ def markdown(rows: Sequence[dict], *, categories: bool = True, notes: Sequence[s
             f"{_fmt(r['tokens_per_step'], '.2f')} | {_fmt(r['verified_per_step'], '.1f')} | "
             f"{'-' if r['method'] == 'plain' else _fmt(r.get('plain_step_share', nan), '.0%')} | "
             f"{_fmt(r['tree_reduction'], '.0%')} | {split} | "
-            f"{'-' if r['method'] == 'plain' else identity_line(r)} | "
-            f"{_fmt(r.get('peak_rss_mb', float('nan')), '.0f')} |"
+            f"{'-' if r['method'] == 'plain' else identity_line(r)} |"
+            + ("" if memory else f" {_fmt(r.get('peak_rss_mb', nan), '.0f')} |")
         )
+    notes = list(notes) + ([memory] if memory else [])
     return "\n".join(lines + [f"\n{note}" for note in notes])
 
 
@@ -392,8 +415,11 @@ def plot(
             ax.bar_label(bars, labels=flags, fontsize=9, padding=1)  # upright: "!" read as "-"
         ax.axhline(1.0, color="black", linewidth=0.8)
         ax.margins(y=0.08)  # room above the tallest bar for its mark
-        ax.set_xticks(
-            np.arange(len(categories)) + width * (len(methods) - 1) / 2, categories, rotation=30
+        runs = {c: max(r["runs"] for r in sub if r["category"] == c) for c in categories}
+        ax.set_xticks(  # each category's runs: one run's bar is an example, not a figure
+            np.arange(len(categories)) + width * (len(methods) - 1) / 2,
+            [f"{c}\n{runs[c]} run{'' if runs[c] == 1 else 's'}" for c in categories],
+            rotation=30,
         )
         ax.set_ylabel("speedup vs plain")
         ax.set_title(

@@ -11,7 +11,7 @@ import attrs
 import numpy as np
 
 import specdec
-from specdec.bench.progress import progress as progress_bar
+from specdec.progress import progress as progress_bar
 from specdec.bench.methods import Method
 from specdec.bench.peers import peer_runner
 from specdec.bench.prompts import BenchPrompt

@@ -234,7 +234,8 @@ def add_parsers(sub) -> None:
         "shared prefixes); draft / verify / other (where a step's time went); identical to "
         "plain (tokens equal to plain decoding's, greedy); vs peer's plain (a peer's speedup over "
         "its own library's plain decoding); exact (our target's exact mode); T (temperature); "
-        "peak RSS MB (the process's peak memory so far). A method also takes exact=true|false "
+        "peak RSS MB (the process's peak memory so far; one note instead where every row's is "
+        "the same). A method also takes exact=true|false "
         "(ours) and dtype= (peers), beside the drafter's own options.",
     )
     bench.add_argument(

@@ -41,6 +41,7 @@ import time
 import attrs
 import numpy as np
 
+from specdec.progress import progress
 from specdec.tuning.dtype import chain_tree
 from specdec.tuning.machine import QUIET_SHARE, Measured
 from specdec.tuning.store import (
@@ -397,12 +398,16 @@ def measure_curve(backend, target, slots=(0,), *, repeats: int = REPEATS) -> Cos
             backend.to_numpy(target.forward_tree(trees[shape], where).logits[:, -1:, :1])
             return time.perf_counter() - start
 
-        for shape in shapes:  # warm-up: first calls allocate and pick kernels
-            once(shape)
+        # a line a minute where it outlasts one (minutes beside other work, with no word before)
+        rounds = progress(
+            range(repeats + 1), desc="specdec: measuring step costs", unit="round", bar=False
+        )
         times = {shape: [] for shape in shapes}
-        for _ in range(repeats):
-            for shape in shapes:
-                times[shape].append(once(shape))
+        for repeat in rounds:
+            for shape in shapes:  # round 0 warms up: first calls allocate and pick kernels
+                seconds = once(shape)
+                if repeat:
+                    times[shape].append(seconds)
     finally:
         for slot in admitted:
             target.release(slot)

@@ -615,6 +615,24 @@ def test_the_curve_is_measured_for_rows_and_leaves_the_slots_free(model_dir):
     assert len(result.tokens) == 4  # every slot free again
 
 
+def test_a_slow_curve_measurement_says_how_far_it_is(model_dir, monkeypatch, capsys):
+    """The first drafting generate on a busy machine measured step costs for ten minutes after
+    its one line, with no word of progress: rounds are said as they end past a minute (here
+    every round, the minute set to nothing)."""
+    from specdec import progress
+    from specdec.generation.loading import load_backend
+    from specdec.plugins.registry import default_registry
+    from specdec.tuning.costs import measure_curve
+
+    monkeypatch.setattr(progress, "LINE_SECONDS", 0.0)
+    target = specdec.load(model_dir, backend="numpy", slots=1, capacity=64)
+    backend = load_backend("numpy", default_registry())
+    assert measure_curve(backend, target, [0], repeats=2) is not None
+    err = capsys.readouterr().err
+    assert "specdec: measuring step costs: 1 of 3 rounds done" in err
+    assert "specdec: measuring step costs: 3 of 3 rounds done" in err
+
+
 def test_the_curve_line_says_how_many_requests_it_measures_for(tmp_path, monkeypatch, capsys):
     """The kit printed "measuring what a step of tiny costs" three times in a row, once per slot
     count, which read as a loop: the line names the count."""

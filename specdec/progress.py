@@ -94,9 +94,12 @@ def progress(
     unit: str = "run",
     enabled: bool = True,
     announce: bool = False,
+    bar: bool = True,
 ):
     """A progress bar (``tqdm``) where stderr is a terminal, lines otherwise; nothing when not
-    ``enabled``. ``announce``: the lines begin with one saying how many units there are to do."""
-    if enabled and not sys.stderr.isatty():
+    ``enabled``. ``announce``: the lines begin with one saying how many units there are to do.
+    ``bar=False``: lines on a terminal too (a measurement inside a library call, silent unless
+    it outlasts a minute)."""
+    if enabled and (not bar or not sys.stderr.isatty()):
         return _Lines(iterable if iterable is not None else (), total, desc, unit, announce)
     return tqdm(iterable, total=total, desc=desc, unit=unit, disable=not enabled)
