@@ -8,7 +8,7 @@ that ship with Python (``zoneinfo``), asked about through a request template (``
 through ``selfinstruct``, by the target itself. A topic's split is a hash of its name, like a
 document's, so held-out prompts ask about topics that no training prompt names.
 (Whether topics explain the gap between held-out and MT-Bench tokens per step was measured: they do
-not; docs/training.md, "Everyday topics".)
+not; docs/training-results.md, "Everyday topics".)
 """
 
 from __future__ import annotations
