@@ -315,12 +315,14 @@ def _plain_notes(steps: dict, backend: str) -> list[str]:
 
 
 def _bench_hint(backend: str, model: str) -> str:
-    """The bench command that shows what drafting every step gives on ``model``."""
+    """The bench command that shows what drafting every step gives on ``model``, over a prompt
+    of each MT-Bench category (the first four prompts were all of one, the least predictable:
+    writing)."""
     return (
-        f"note: to see what drafting every step gives on this machine: specdec bench --model "
-        f"{model} --limit 4 --repeats 1 --methods plain redrafter redrafter:speculation=always "
-        f"--backends {backend} (docs/bench.md; bench needs the bench extra: "
-        f"{install_command('bench')})"
+        "note: two prompts say little; over a prompt of each kind, and what drafting every step "
+        f"gives on this machine: specdec bench --model {model} --per-category 1 --max-new-tokens "
+        "64 --repeats 1 --methods plain redrafter redrafter:speculation=always --backends "
+        f"{backend} (docs/bench.md; bench needs the bench extra: {install_command('bench')})"
     )
 
 

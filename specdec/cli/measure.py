@@ -9,6 +9,7 @@ from pathlib import Path
 
 from specdec.bench import load_prompt_set, parse_method, run_bench
 from specdec.bench.report import (
+    auto_behind_notes,
     impossible_mark,
     markdown,
     plain_notes,
@@ -65,7 +66,8 @@ def cmd_bench(args) -> int:
     busy = busy_note(clock, sum(r.busy for r in records), len(records))
     notes = [busy or QUIET_LINE]
     summary = summarize(records)  # once: the notes read it, and the files and table show it
-    notes += settings_note(records) + plain_notes(summary) + thread_notes()
+    notes += settings_note(records) + plain_notes(summary) + auto_behind_notes(summary)
+    notes += thread_notes()
     notes += few_runs_note(len(prompts), args)
     notes += category_note([p.category for p in prompts], args.repeats)
     notes += ties_note(summary) + impossible_note(summary)
@@ -123,7 +125,8 @@ def ties_note(rows) -> list[str]:
         ties += [
             f"{a['method']} {a['speedup']:.2f}x and {b['method']} {b['speedup']:.2f}x"
             for a, b in zip(ranked, ranked[1:])
-            if b["speedup"] > 0 and not leads(a["speedup"], b["speedup"])
+            # on the figures as printed: 1.0502 apart read as 1.15x and 1.10x, untied
+            if b["speedup"] > 0 and not leads(round(a["speedup"], 2), round(b["speedup"], 2))
         ]
     if not ties:
         return []

@@ -11,7 +11,7 @@ import attrs
 import specdec
 from specdec.bench import load_prompt_set, tree_planner
 from specdec.bench.planner import current_beams, keep, measure, measure_current, plan
-from specdec.bench.prompts import PROMPT_SETS
+from specdec.bench.prompts import PROMPT_SETS, UNCATEGORISED
 from specdec.bench.tree_planner import plan_tree
 from specdec.bench.trust import (
     FEW_PROMPTS,
@@ -266,11 +266,17 @@ def _afterword(args, prompts, chosen: dict | None, *, saved: bool = False) -> No
     """What every plan says after its choice (``chosen``: its settings; None: what generate uses
     already, nothing to check; ``saved``: generate now decodes with it when none is named): how
     to check it, and what its prompts were."""
-    if len(prompts) < FEW_PROMPTS:
+    if len(prompts) < FEW_PROMPTS:  # which kinds of text: two prompts are two categories
+        loaded = load_prompt_set(args.prompts, per_category=args.per_category, limit=args.limit)
+        kinds = [c for c in dict.fromkeys(p.category for p in loaded) if c != UNCATEGORISED]
+        of = f" ({', '.join(kinds)})" if kinds else ""
         print(
-            f"note: planned on {len(prompts)} prompt(s): one run's noise can move a setting's "
-            f"figure by tens of percent, so nothing is kept; plan on more ({more_prompts(args)}) "
-            "to keep a choice"
+            f"note: planned on {len(prompts)} prompt(s){of}: one run's noise can move a "
+            f"setting's figure by tens of percent, so nothing is kept; plan on more "
+            f"({more_prompts(args)}) to keep a choice"
+            if args.no_save
+            else f"note: planned on {len(prompts)} prompt(s){of}; to keep a choice, plan on "
+            f"more ({more_prompts(args)})"  # the "not saved" line said why: said once
         )
     same = chosen is not None and [
         f"--model {args.model}",

@@ -24,7 +24,11 @@ SIZES = (
     ("top_k", "tree_top_k"),
     ("depth", "depth"),
     ("total_tokens", "total_tokens"),
+    ("top_t", "top_t"),
 )
+
+
+TREE_SIZES = {"beam_width", "beam_length", "draft_length", "depth", "total_tokens"}
 
 
 def drafter_settings(drafter) -> list[str]:
@@ -41,6 +45,9 @@ def drafter_settings(drafter) -> list[str]:
         found = [f"draft_length={own.draft_length}"]
         if getattr(own, "store", None) is not None:
             found.append("with the answer store")
+    most = getattr(getattr(own, "caps", None), "max_tree_size", None)
+    if type(most) is int and not any(f.split("=")[0] in TREE_SIZES for f in found):
+        found.append(f"trees of at most {most} nodes")  # Medusa's: no option sizes its tree
     if inner is not None and type(getattr(drafter, "draft_length", None)) is int:
         found.append(f"lookup draft_length={drafter.draft_length}")
     return found

