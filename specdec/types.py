@@ -305,7 +305,7 @@ REASON_WORDS = {
     "prediction": "auto judged drafting would not pay, from what it learnt on this target, "
     "earlier calls too where there were any",
     "realized": "drafting steps had delivered fewer tokens per second than plain ones",
-    "never": "speculation='never'",
+    "never": "speculation='never', or plain decoding asked for (drafter='none')",
     "no draft": "the drafter proposed nothing",
 }
 

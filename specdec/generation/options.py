@@ -153,6 +153,7 @@ def check_drafter_options(drafter: Resolved, registry, on_backend: str, options)
         options,
         passed=FACTORY_ARGUMENTS,
         also=GENERATE_OPTIONS + (f"short names {', '.join(short)}",) * bool(short),
+        aliases=ALIASES,
     )
     least = {}
     if drafter.spec is not None:

@@ -106,11 +106,20 @@ def with_lookup(drafter: Resolved) -> Resolved:
 
 
 def check_options(
-    component: Resolved, registry: PluginRegistry, on_backend: str, options, *, passed=(), also=()
+    component: Resolved,
+    registry: PluginRegistry,
+    on_backend: str,
+    options,
+    *,
+    passed=(),
+    also=(),
+    aliases: dict | None = None,
 ) -> None:
     """Refuse ``options`` that the factory of ``component`` does not take, naming those it takes:
     its keywords but ``passed`` (which its caller gives it), and ``also`` (options its caller
-    takes for it)."""
+    takes for it); ``aliases`` (short name -> option), the short names a refused option may
+    have been written as."""
+    aliases = aliases or {}
     kind, choice = component.kind, component.name
     accepted = inspect.signature(registry.get(kind, choice, on_backend).factory).parameters
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in accepted.values()):
@@ -119,8 +128,11 @@ def check_options(
     unknown = sorted(set(options) - set(valid) - set(also))
     if unknown:
         beside = f"; every generation also takes: {', '.join(also)}" if also else ""
+        # an option string's short name reaches here as its long one (w=2: beam_width)
+        short = [f"{a} is short for {n}" for a, n in aliases.items() if n in unknown]
+        written = f" ({'; '.join(short)})" if short else ""
         raise InvalidInputError(
-            f"{kind.replace('_', ' ')} {choice!r} does not take option(s) {unknown}; "
+            f"{kind.replace('_', ' ')} {choice!r} does not take option(s) {unknown}{written}; "
             f"it takes: {', '.join(valid) or 'none'}{beside}"
         )
 

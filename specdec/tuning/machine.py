@@ -159,9 +159,21 @@ def steady_busy_cores(seconds: float = 0.3) -> float | None:
     thread for a whole run on a machine then idle."""
     first = busy_cores(seconds)
     if first is None or first < 0.5:
+        _STEADY[:] = [first] if first is not None else []
         return first
     second = busy_cores(seconds)
-    return first if second is None else min(first, second)
+    reading = first if second is None else min(first, second)
+    _STEADY[:] = [reading]
+    return reading
+
+
+_STEADY: list[float] = []  # this process's last steady_busy_cores reading
+
+
+def steady_reading() -> float | None:
+    """The busy cores this process's last ``steady_busy_cores`` found (the torch backend fits
+    its threads by it as it loads), None before any."""
+    return _STEADY[0] if _STEADY else None
 
 
 class CpuClock:

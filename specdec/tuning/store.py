@@ -22,6 +22,7 @@ from typing import Any
 from specdec.models.cache import cache_dir, cache_entry
 from specdec.models.checkpoints import write_json_atomic
 from specdec.models.files import read_json
+from specdec.tuning import machine
 from specdec.tuning.machine import QUIET_SHARE, busy_cores, cores
 
 __all__ = [
@@ -84,6 +85,9 @@ def quiet_now() -> bool:
     does not say)."""
     if not _QUIET_NOW:
         busy = busy_cores(PROBE_SECONDS)
+        seen = machine.steady_reading()  # the threads' probe at this start: one word for both
+        if busy is not None and seen is not None:  # ("1.0 of 2 cores busy elsewhere", then
+            busy = max(busy, seen)  # "measuring again: the machine is quiet now")
         _QUIET_NOW.append(busy is not None and busy <= (1 - QUIET_SHARE) * cores())
     return _QUIET_NOW[0]
 
@@ -93,6 +97,7 @@ def forget_this_process() -> None:
     and the machine's load is probed again."""
     _WRITTEN_HERE.clear()
     _QUIET_NOW.clear()
+    machine._STEADY.clear()
 
 
 def say_measuring(what: str, *, again: dict | None = None) -> None:

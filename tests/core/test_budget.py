@@ -1175,3 +1175,48 @@ def test_requests_shorter_than_the_exploring_spacing_are_tried_again():
         speculation.forget(request)
     assert any(drafted[1]), drafted  # tried again, though shorter than the spacing
     assert sum(drafted[5]) >= 0.8 * 26, drafted  # 6 tokens in 3 steps' time: drafting on
+
+
+def _run_requests(speculation, ids, steps, accepted_when_drafting, nodes=15):
+    """Decode ``ids`` together for ``steps`` steps: a row's tree of ``nodes``, cut at its
+    budget, accepts up to ``accepted_when_drafting`` drafted tokens along its first beam. Each
+    row's budget, per step (0: plain, None: the whole tree)."""
+    budgets = []
+    along = list(range(1, accepted_when_drafting + 1))
+    path = np.array([[0] + along + [-1] * (nodes - 1 - len(along))] * len(ids))
+    for _ in range(steps):
+        plan = speculation.step_budgets(ids)
+        rows = [plan.budgets[i] for i in ids]
+        verified = np.array([nodes if b is None else min(b + 1, nodes) for b in rows])
+        accepted = np.minimum(accepted_when_drafting, verified - 1)
+        speculation.observe_rows(ids, rows, verified, np.array([nodes] * len(ids)), path, accepted)
+        drafting = sum(b != 0 for b in rows)
+        seconds = float(speculation.costs.target(int(verified.max()) * len(ids), len(ids)))
+        speculation.observe_step(int(verified.max()) * len(ids), seconds, drafting, 0.0, len(ids))
+        budgets.append(rows)
+    return budgets
+
+
+def test_a_lone_request_verifies_a_whole_tree_of_its_own_at_once():
+    """After requests that accepted little, an extraction prompt (its answer copies the prompt)
+    was predicted from their average to lose, and decoded plainly until it was stale and the
+    engine's spacing allowed a try (16-28 steps), then 31 more after an unlucky first tree:
+    1.05x under auto against 2.01x drafting every step. A lone request's first decode step now
+    verifies its whole tree; in a batch, where that tree would widen every row, the spacing
+    still rules."""
+    # a tree of 15 nodes: 2.5x a plain step of one row, as is one of two rows padded to 15 each
+    curve = CostCurve(tokens=(1, 2, 15, 1024), seconds=(0.04, 0.042, 0.10, 0.11))
+    speculation = Speculation("auto")
+    speculation.use_costs(_FrozenCosts(curve))
+    teach(speculation, 0, 1.0, nodes=15, steps=30)  # the requests before accepted nothing
+    speculation.forget(0)
+    budgets = [rows[0] for rows in _run_requests(speculation, [1], 20, 8)]
+    assert budgets[0] is None, budgets  # its first step: its own whole tree
+    # 9 tokens in at most 2.5 steps' time: drafting on (a few plain steps to measure against)
+    assert sum(b != 0 for b in budgets) >= 0.8 * len(budgets), budgets
+    speculation = Speculation("auto")
+    speculation.use_costs(_FrozenCosts(curve))
+    teach(speculation, 0, 1.0, nodes=15, steps=30)
+    speculation.forget(0)
+    batch = _run_requests(speculation, [3, 4], 4, 8)
+    assert None not in sum(batch, []), batch  # two at once: no first-step tree

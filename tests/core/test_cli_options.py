@@ -178,3 +178,14 @@ def test_generate_takes_speculation_as_its_own_flag(model_dir, redrafter, capsys
     assert "1.00 tokens/step" in capsys.readouterr().err
     assert main([*common[:-1], "lookup:speculation=always", "--speculation", "never"]) == 2
     assert "speculation is given twice" in capsys.readouterr().err
+
+
+def test_a_short_option_name_a_drafter_does_not_take_is_named_as_written(model_dir, capsys):
+    """`--drafter multicopy:w=2` was refused as "does not take option(s) ['beam_width']": the
+    user typed w, and the message did not say that w stands for beam_width."""
+    from specdec.cli.main import main
+
+    argv = ["generate", "--model", str(model_dir), "--prompt", "hi", "--backend", "numpy"]
+    assert main([*argv, "--drafter", "lookup:w=2"]) == 2
+    err = capsys.readouterr().err
+    assert "does not take option(s) ['beam_width'] (w is short for beam_width); it takes:" in err

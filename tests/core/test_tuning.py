@@ -214,6 +214,15 @@ def test_the_quiet_probe_reads_the_machine_once_per_start(monkeypatch):
     busy[0] = None  # a system that does not say: busy, as nothing can be known
     store.forget_this_process()
     assert store.quiet_now() is False
+    # the torch threads' probe at this start found a core busy: not "quiet now" a moment later
+    # (two stderr lines in a row said "1.0 of 2 cores busy elsewhere" and "the machine is quiet")
+    from specdec.tuning import machine
+
+    busy[0] = 0.1
+    store.forget_this_process()
+    monkeypatch.setattr(machine, "busy_cores", lambda seconds=0.3: 1.0)
+    assert machine.steady_busy_cores() == 1.0
+    assert store.quiet_now() is False
 
 
 def test_a_choice_measured_beside_other_work_is_not_measured_again_in_the_same_process(
