@@ -45,8 +45,7 @@ request verifies its whole tree once more (a prompt-lookup match, say, appears o
 repeats itself), at most one such step in ``EXPLORE_EVERY``, or in as many more as keep the step's
 extra cost, spread over them, within ``EXPLORE_COST`` of a step: a request that stopped drafting
 on a few bad steps is tried again, however dear its tree, and a large batch is not slowed to try
-it. A request decoding alone verifies a whole tree of its own at its first decode step, whatever
-the spacing: the engine's averages may be other text's (``_first_tree``).
+it.
 
 **What steps delivered.** A prediction can be wrong where it was never tested (a fresh engine
 met a burst of 16 requests and drafted every step at half plain decoding's throughput), so the
@@ -197,7 +196,6 @@ class _Acceptance:
         self.known = np.zeros(len(BUDGETS), dtype=bool)
         self.drafted = False  # reach and width observed
         self.stale = 0
-        self.tried = False  # a whole tree of its own was verified (``Speculation._explore``)
         self.bound(most)
 
     def bound(self, most: float) -> None:
@@ -388,9 +386,6 @@ class Speculation:
         repeat code decoded plainly in every step where drafting gave 4 tokens a step."""
         batch, budgets = len(ids), dict(chosen.budgets)
         width = chosen.tokens / batch if batch else 1.0
-        first = self._first_tree(ids, nodes, chosen)
-        if first is not None:
-            return first
         stale = [
             b
             for b, i in enumerate(ids)
@@ -408,24 +403,6 @@ class Speculation:
             return chosen  # EXPLORE_EVERY of its own steps (one shorter than ``every`` never did)
         budgets[ids[b]] = None
         return StepBudgets(budgets, int(batch * wider), drafting, seconds)
-
-    def _first_tree(self, ids: list[int], nodes: np.ndarray, chosen: StepBudgets):
-        """``chosen`` with a lone request that has not had a whole tree of its own verified
-        drafting its whole tree now, whatever the engine's spacing (None: no such request). Its
-        estimate is the average over the requests before it, which may be other text: after five
-        MT-Bench prompts that accepted little, an extraction prompt (its answer copies the
-        prompt) decoded plainly until it was stale and the spacing allowed, 16-28 steps, and on
-        an unlucky first tree for 31 more (1.05x under auto against 2.01x drafting every step).
-        One request alone only: it costs that request one dear step, where in a batch the tree
-        would widen every row's (the spacing keeps that rare)."""
-        if len(ids) != 1 or chosen.budgets[ids[0]] is None:
-            return None
-        row = self._rows.get(ids[0])
-        if row is not None and row.tried:
-            return None
-        wider = max(chosen.tokens, float(np.ceil(nodes[0])))
-        seconds = float(self.costs.target(wider, 1, 1) + self.costs.draft(1))
-        return StepBudgets({ids[0]: None}, int(wider), 1, seconds)
 
     def prefill_tokens(self, request_ids: Sequence[int], setting, queued: int = 0) -> int | None:
         """Prompt tokens this step may carry: ``setting`` when it is a number or None, else
@@ -486,7 +463,6 @@ class Speculation:
             cut = kept < drafted
             if not cut and row.stale >= EXPLORE_EVERY:  # tried again (_explore)
                 self._quiet = 0
-            row.tried = row.tried or not cut
             row.stale = row.stale + 1 if cut else 0
             # accepted drafted nodes (their indices): what a tree cut at each budget accepts
             nodes = np.sort(path[b, 1 : int(num_accepted[b]) + 1])
