@@ -336,10 +336,10 @@ def auto_behind_notes(rows: Sequence[dict]) -> list[str]:
         notes.append(
             f"note: in {r['category']}, {method} ran {r['speedup']:.2f}x against {base}'s "
             f"{auto['speedup']:.2f}x under auto ({auto.get('plain_step_share', float('nan')):.0%} "
-            "of its steps plain): auto learns acceptance over the requests before, so text far "
-            "more predictable than they were drafts in few steps at first; for such a workload, "
-            "bench it on prompts of its own (--prompts FILE.jsonl) or decode with "
-            'speculation="always"'
+            "of its steps plain): auto judged drafting would not pay there, from the acceptance "
+            "it learnt over the requests before and this machine's step costs, and a kind of text "
+            "more predictable than those drafts in few steps at first; for such a workload, bench "
+            'it on prompts of its own (--prompts FILE.jsonl) or decode with speculation="always"'
         )
     return notes
 

@@ -46,7 +46,7 @@ def drafter_settings(drafter) -> list[str]:
         if getattr(own, "store", None) is not None:
             found.append("with the answer store")
     most = getattr(getattr(own, "caps", None), "max_tree_size", None)
-    if type(most) is int and not any(f.split("=")[0] in TREE_SIZES for f in found):
+    if type(most) is int and most > 1 and not any(f.split("=")[0] in TREE_SIZES for f in found):
         found.append(f"trees of at most {most} nodes")  # Medusa's: no option sizes its tree
     if inner is not None and type(getattr(drafter, "draft_length", None)) is int:
         found.append(f"lookup draft_length={drafter.draft_length}")

@@ -109,6 +109,8 @@ def test_the_bench_records_each_methods_sizes_and_whether_a_plan_set_them(
     assert re.fullmatch(r"top_t=\d+, trees of at most \d+ nodes", settings.settings), (
         settings.settings
     )
+    # plain decoding has no settings to name (it read "trees of at most 1 nodes")
+    assert specdec_runner(parse_method("plain"), model_dir, target, "numpy", 8).settings == ""
     named = parse_method(f"redrafter:drafter={drafter},w=2,l=3")  # the caller's beams win
     assert "plan" not in specdec_runner(named, model_dir, target, "numpy", 8).settings
     record = dict(backend="numpy", dtype="", temperature=0.0, prompt_id="1", category="c")
@@ -725,7 +727,8 @@ def test_a_category_where_drafting_every_step_ran_far_ahead_of_auto_gets_a_note(
     assert len(notes) == 2, notes
     assert notes[0].startswith(
         "note: in extraction, redrafter:speculation=always ran 2.01x against redrafter's 1.05x "
-        "under auto (93% of its steps plain): auto learns acceptance over the requests before"
+        "under auto (93% of its steps plain): auto judged drafting would not pay there, from the "
+        "acceptance it learnt over the requests before"
     ), notes[0]
     assert notes[1].startswith("note: in coding, eagle:w=2,speculation=always ran 1.30x"), notes
 
