@@ -88,7 +88,8 @@ def _load():
         )
     elif not built:
         print(
-            "specdec: compiling the exact attention kernel for this machine (once, about a minute)",
+            "specdec: compiling the exact attention kernel for this machine (once, about a "
+            "minute; exact mode's check runs on it, and where exact mode holds, so does attention)",
             file=sys.stderr,
             flush=True,
         )

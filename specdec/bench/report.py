@@ -303,6 +303,7 @@ def plain_notes(rows: Sequence[dict], *, hint: bool = True) -> list[str]:
 
 
 AUTO_BEHIND = 1.25  # a category where drafting every step ran this many times auto's gets a note
+FEW_RUNS = 8  # a category row on fewer runs is an example, as bench's few-runs note says
 
 
 def auto_behind_notes(rows: Sequence[dict]) -> list[str]:
@@ -333,8 +334,10 @@ def auto_behind_notes(rows: Sequence[dict]) -> list[str]:
             or not r["speedup"] >= AUTO_BEHIND * auto["speedup"]
         ):
             continue
+        runs = min(r.get("runs", 0), auto.get("runs", 0))
+        few = f" ({runs} run{'' if runs == 1 else 's'}: an example)" if runs < FEW_RUNS else ""
         notes.append(
-            f"note: in {r['category']}, {method} ran {r['speedup']:.2f}x against {base}'s "
+            f"note: in {r['category']}{few}, {method} ran {r['speedup']:.2f}x against {base}'s "
             f"{auto['speedup']:.2f}x under auto ({auto.get('plain_step_share', float('nan')):.0%} "
             "of its steps plain): auto judged drafting would not pay there, from the acceptance "
             "it learnt over the requests before and this machine's step costs, and a kind of text "

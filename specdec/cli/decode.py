@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.util
+
 import re
 import sys
 import tempfile
@@ -289,7 +291,7 @@ def cmd_demo(args) -> int:
         if note:
             print(note)
         if hinted and not args.random:
-            print(_bench_hint(backend, args.model))
+            print(_bench_hint(backend, args.model, args.max_new_tokens))
     return int(status)
 
 
@@ -314,15 +316,18 @@ def _plain_notes(steps: dict, backend: str) -> list[str]:
     return plain_notes(rows, hint=False)  # the demo's labels are not bench's methods
 
 
-def _bench_hint(backend: str, model: str) -> str:
+def _bench_hint(backend: str, model: str, tokens: int) -> str:
     """The bench command that shows what drafting every step gives on ``model``, over a prompt
     of each MT-Bench category (the first four prompts were all of one, the least predictable:
-    writing)."""
+    writing), with answers as long as the demo's (a run shape compares only with its own); the
+    bench extra's install line where bench cannot run yet."""
+    missing = importlib.util.find_spec("matplotlib") is None
+    needs = f"; bench needs the bench extra: {install_command('bench')}" if missing else ""
     return (
         "note: two prompts say little; over a prompt of each kind, and what drafting every step "
         f"gives on this machine: specdec bench --model {model} --per-category 1 --max-new-tokens "
-        "64 --repeats 1 --methods plain redrafter redrafter:speculation=always --backends "
-        f"{backend} (docs/bench.md; bench needs the bench extra: {install_command('bench')})"
+        f"{tokens} --repeats 1 --methods plain redrafter redrafter:speculation=always --backends "
+        f"{backend} (docs/bench.md{needs})"
     )
 
 

@@ -85,6 +85,8 @@ def cmd_plan(args) -> int:
     current = None
     if checked:  # generate's setting decoded beside them: once, reused where it was a candidate
         decoded = next((r for r in checked if now.same_as(r, lookup)), None)
+        if decoded is None:  # one more than the best shapes' count said
+            print("plan: decoding generate's setting now, beside them", file=sys.stderr, flush=True)
         current = (
             attrs.evolve(now, speedup=decoded.measured_speedup)
             if decoded is not None
@@ -98,29 +100,6 @@ def cmd_plan(args) -> int:
         f"plain step: {rows[0].plain_ms:.1f} ms (the median of the plain steps timed beside the "
         "shapes); predicted speedup = tokens/step x plain step / the shape's step"
     )
-    print(
-        "| W | L | tokens/step (est.) | tree size | draft ms | verify ms | "
-        "predicted speedup | measured |"
-    )
-    print("|---|---|---|---|---|---|---|---|")
-    # a shape timed quiet but decoded while other work took the cores: its figure's own mark
-    decoded_busy = {(r.beam_width, r.beam_length) for r in checked if r.busy}
-    timed_busy = _busy_mark(rows, "timed")
-    for r in rows:
-        m = measured.get((r.beam_width, r.beam_length))
-        flag = " (impossible: above its tokens/step)" if r.impossible else ""
-        flag += timed_busy if r.busy else ""
-        flag += " (generate's now)" if now.same_as(r, lookup) else ""
-        late = (r.beam_width, r.beam_length) in decoded_busy and not r.busy
-        print(
-            f"| {r.beam_width} | {r.beam_length} | {r.tokens_per_step:.2f} | {r.tree_size:.1f} | "
-            f"{r.draft_ms:.1f} | {r.verify_ms:.1f} | "
-            f"{r.predicted_speedup:.2f}x{flag} | "
-            f"{'-' if m is None else f'{m:.2f}x'}"
-            f"{' (busy: decoded while other work took the cores)' if late else ''} |"
-        )
-    print(BEAM_MODE_LINE)
-    _prediction_note(rows, measured)
     trusted = [r for r in checked if not r.busy] or checked  # a busy decode: left out if others
     best = (
         max(trusted, key=lambda r: r.measured_speedup)
@@ -148,6 +127,40 @@ def cmd_plan(args) -> int:
     if keep_now:
         speedup = current.speedup
     label = _recommended(best.busy, speedup)
+    print(
+        "| W | L | tokens/step (est.) | tree size | draft ms | verify ms | "
+        "predicted speedup | measured |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    # a shape timed quiet but decoded while other work took the cores: its figure's own mark
+    decoded_busy = {(r.beam_width, r.beam_length) for r in checked if r.busy}
+    timed_busy = _busy_mark(rows, "timed")
+    for r in rows:
+        m = measured.get((r.beam_width, r.beam_length))
+        flag = " (impossible: above its tokens/step)" if r.impossible else ""
+        flag += timed_busy if r.busy else ""
+        flag += " (generate's now)" if now.same_as(r, lookup) else ""
+        # the row the choice line names: the measured figure chose it, not the table's order
+        chose = (
+            now.same_as(r, lookup)
+            if keep_now
+            else (r.beam_width, r.beam_length)
+            == (
+                best.beam_width,
+                best.beam_length,
+            )
+        )
+        flag += " (chosen)" if chose and label == "recommended" else ""
+        late = (r.beam_width, r.beam_length) in decoded_busy and not r.busy
+        print(
+            f"| {r.beam_width} | {r.beam_length} | {r.tokens_per_step:.2f} | {r.tree_size:.1f} | "
+            f"{r.draft_ms:.1f} | {r.verify_ms:.1f} | "
+            f"{r.predicted_speedup:.2f}x{flag} | "
+            f"{'-' if m is None else f'{m:.2f}x'}"
+            f"{' (busy: decoded while other work took the cores)' if late else ''} |"
+        )
+    print(BEAM_MODE_LINE)
+    _prediction_note(rows, measured)
     if current is not None and now.same_as(best, lookup):
         print(f"{label}: {shape} ({figure}{with_lookup}): generate's setting now")
     elif keep_now:

@@ -711,9 +711,9 @@ def test_a_category_where_drafting_every_step_ran_far_ahead_of_auto_gets_a_note(
     while the total row showed auto ahead; nothing said so."""
     from specdec.bench.report import auto_behind_notes
 
-    def row(method, category, speedup, plain=0.0):
+    def row(method, category, speedup, plain=0.0, runs=8):
         return dict(method=method, category=category, speedup=speedup, backend="torch",
-                    temperature=0.0, plain_step_share=plain)  # fmt: skip
+                    temperature=0.0, plain_step_share=plain, runs=runs)  # fmt: skip
 
     rows = [
         row("redrafter", "all", 1.15, 0.61), row("redrafter:speculation=always", "all", 1.10),
@@ -721,7 +721,8 @@ def test_a_category_where_drafting_every_step_ran_far_ahead_of_auto_gets_a_note(
         row("redrafter:speculation=always", "extraction", 2.01),
         row("redrafter", "writing", 0.95, 0.95),
         row("redrafter:speculation=always", "writing", 1.0),
-        row("eagle:w=2", "coding", 1.0, 0.9), row("eagle:w=2,speculation=always", "coding", 1.3),
+        row("eagle:w=2", "coding", 1.0, 0.9, runs=1),
+        row("eagle:w=2,speculation=always", "coding", 1.3, runs=1),
     ]  # fmt: skip
     notes = auto_behind_notes(rows)
     assert len(notes) == 2, notes
@@ -730,7 +731,10 @@ def test_a_category_where_drafting_every_step_ran_far_ahead_of_auto_gets_a_note(
         "under auto (93% of its steps plain): auto judged drafting would not pay there, from the "
         "acceptance it learnt over the requests before"
     ), notes[0]
-    assert notes[1].startswith("note: in coding, eagle:w=2,speculation=always ran 1.30x"), notes
+    # a row of one run is an example (the few-runs note says so of such rows)
+    assert notes[1].startswith(
+        "note: in coding (1 run: an example), eagle:w=2,speculation=always ran 1.30x"
+    ), notes
 
 
 def test_the_busy_note_never_calls_quiet_a_run_whose_rows_say_busy():

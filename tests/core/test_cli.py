@@ -478,7 +478,9 @@ def test_plan_decodes_generates_shape_once_and_keeps_it_when_no_other_is_faster(
     argv = ["plan", "--model", str(model_dir), "--drafter", "redrafter", "--backend", "numpy"]
     assert main(argv + ["--prompts", str(prompts), "--measure-top", "2", "--no-save"]) == 0
     out = capsys.readouterr().out
-    assert "| 2 | 3 |" in out and "(generate's now) | 1.59x |" in out, out
+    assert "| 2 | 3 |" in out and "(generate's now) (chosen) | 1.59x |" in out, out
+    # the row the choice names is marked: it was the second row, and hard to find
+    assert out.count("(chosen)") == 1 and "| 4 | 3 |" in out.split("(chosen)")[0], out
     assert (
         "recommended: beam_width=2 beam_length=3 (measured 1.59x, predicted 1.50x, with the "
         "prompt-lookup beam of 10 tokens): generate's setting now" in out
@@ -493,7 +495,9 @@ def test_plan_decodes_generates_shape_once_and_keeps_it_when_no_other_is_faster(
         "prompt-lookup beam (measured 1.60x); the best other shape decoded: beam_width=4 "
         "beam_length=3 (measured 1.58x" in out
     ), out
-    assert "(generate's now) | 1.60x |" in out, out  # the figure the advice rests on, in its row
+    assert "(generate's now) (chosen) | 1.60x |" in out, (
+        out
+    )  # the figure the advice rests on, in its row
     assert "times their predictions" not in out  # 1.05-1.07 times: close enough to say nothing
     assert "name it per call" not in out and "specdec bench" not in out  # nothing new to use
 
@@ -558,6 +562,9 @@ def test_plan_with_every_shape_timed_busy_decodes_the_best_anyway_and_keeps_noth
     out, err = capsys.readouterr()
     assert "plan: recording the beams: 1 prompt to do" in err, err
     assert "plan: timing beam shapes: 2 shapes to do" in err, err
+    # generate's shape, not among those decoded, is decoded too: a line says so (it counted 3 of
+    # 3 shapes and decoded 4)
+    assert "plan: decoding generate's setting now, beside them" in err, err
     assert len(decoded) == 1 and decoded[0].busy, decoded
     # every row busy: the mark is short, and one note says what it means
     rows = [line for line in out.splitlines() if line.startswith("| 1 |")]
@@ -797,7 +804,7 @@ def test_the_demo_marks_a_method_slowed_by_other_work_or_faster_than_it_can_be()
     assert _flags(plain, plain, 1, 3) == " (busy: 1 of 3 runs)"
 
 
-def test_the_demo_says_why_a_method_decoded_mostly_plainly():
+def test_the_demo_says_why_a_method_decoded_mostly_plainly(monkeypatch):
     """The demo's lines said "drafted in 7 of 80 steps" and nothing of why; bench's note says it,
     with the bench command that shows what drafting every step gives."""
     from collections import Counter
@@ -816,12 +823,18 @@ def test_the_demo_says_why_a_method_decoded_mostly_plainly():
         "13 measuring): mostly auto judged drafting would not pay"
     ), note
     assert "default:speculation=always" not in note  # not a method bench knows
-    assert _bench_hint("torch", "smollm2-135m").endswith(
-        "specdec bench --model smollm2-135m --per-category 1 --max-new-tokens 64 --repeats 1 "
-        "--methods plain redrafter redrafter:speculation=always --backends torch (docs/bench.md; "
-        "bench needs the "
-        f"bench extra: {install_command('bench')})"  # the demo's setup has torch, hf only
+    hint = "specdec bench --model smollm2-135m --per-category 1 --max-new-tokens 128 --repeats 1 "
+    hint += "--methods plain redrafter redrafter:speculation=always --backends torch (docs/bench.md"
+    import importlib.util
+
+    # the demo's answer length; the install line only where bench's extra is missing (the
+    # demo's setup has torch, hf only; it read so after the extra was installed too)
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    assert _bench_hint("torch", "smollm2-135m", 128).endswith(
+        f"{hint}; bench needs the bench extra: {install_command('bench')})"
     )
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: object())
+    assert _bench_hint("torch", "smollm2-135m", 128).endswith(f"{hint})")
     quiet = {"default": Counter({"prediction": 3, "decode steps": 80})}
     assert _plain_notes(quiet, "torch") == []
 
