@@ -62,12 +62,15 @@ def summarize(records: Sequence[BenchRecord], *, plain: str = "plain") -> list[d
             _throughput(cells[(backend, dtype, temperature, category, method, k)]) for k in repeats
         ]
 
-        def ratio(baseline: str) -> float:
-            values = [
+        def ratios(baseline: str) -> list[float]:  # one per repeat
+            return [
                 t / _throughput(cells[key])
                 for t, k in zip(tps, repeats)
                 if (key := (backend, dtype, temperature, category, baseline, k)) in cells
             ]
+
+        def ratio(baseline: str) -> float:
+            values = ratios(baseline)
             return float(np.median(values)) if values else float("nan")
 
         steps = sum(r.steps for r in group)
@@ -102,6 +105,7 @@ def summarize(records: Sequence[BenchRecord], *, plain: str = "plain") -> list[d
             busy_runs=sum(r.busy for r in group),  # runs while other work took the cores
             runs=len(group),
             speedup=ratio(baseline),
+            speedup_repeats=[round(v, 3) for v in ratios(baseline)],  # each repeat's, in order
             speedup_vs_peer=ratio(PEER_BASELINE.get(backend, "")),
             tokens_per_step=sum(r.new_tokens for r in group) / steps if steps else float("nan"),
             verified_per_step=sum(r.verified for r in group) / decode_steps
@@ -344,6 +348,27 @@ def auto_behind_notes(rows: Sequence[dict]) -> list[str]:
             "more predictable than those drafts in few steps at first; for such a workload, bench "
             'it on prompts of its own (--prompts FILE.jsonl) or decode with speculation="always"'
         )
+    return notes
+
+
+SPREAD = 1.10  # repeats of one method this far apart get a note: the spread a figure carries
+
+
+def spread_notes(rows: Sequence[dict]) -> list[str]:
+    """A note per method (its total row) whose repeats' speedups lie ``SPREAD`` or more apart:
+    the median the table shows hides how far one run moves it (under auto on a 2-core AVX2-only
+    CPU the same method ran 1.05x, 1.25x and 1.13x in three runs of the same prompts)."""
+    notes = []
+    for r in rows:
+        values = [v for v in r.get("speedup_repeats", []) if v > 0]
+        if r["category"] != "all" or r["method"] == "plain" or len(values) < 2:
+            continue
+        if max(values) >= SPREAD * min(values):
+            notes.append(
+                f"note: {r['method']} ({r['backend']}, T={r['temperature']:g}) ran "
+                f"{min(values):.2f}-{max(values):.2f}x over its {len(values)} repeats (the table "
+                "shows their median): read a difference smaller than that spread as noise"
+            )
     return notes
 
 

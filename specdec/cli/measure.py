@@ -14,6 +14,7 @@ from specdec.bench.report import (
     markdown,
     plain_notes,
     settings_note,
+    spread_notes,
     summarize,
     write_outputs,
 )
@@ -70,7 +71,7 @@ def cmd_bench(args) -> int:
     notes += thread_notes()
     notes += few_runs_note(len(prompts), args)
     notes += category_note([p.category for p in prompts], args.repeats)
-    notes += ties_note(summary) + impossible_note(summary)
+    notes += spread_notes(summary) + ties_note(summary) + impossible_note(summary)
     meta = dict(
         command=" ".join(sys.argv),
         versions=installed_distributions(),

@@ -750,3 +750,30 @@ def test_the_busy_note_never_calls_quiet_a_run_whose_rows_say_busy():
     note = busy_note(quiet, 1, 4)
     assert note.startswith("note: other work slowed 1 of 4 timed runs"), note
     assert busy_note(quiet, 0, 4) is None
+
+
+def test_repeats_far_apart_get_a_note_with_their_spread(model_dir, tmp_path):
+    """The same method ran 1.05x, 1.25x and 1.13x in three quiet runs of one prompt set, and
+    the table showed one figure each time: with --repeats, a spread of 10% or more is said."""
+    from specdec.bench.report import spread_notes
+
+    prompts = load_prompt_set("mt-bench", per_category=1)[:1]
+    records = run_bench(
+        model_dir, prompts, [parse_method("plain"), parse_method("lookup")],
+        grid=[("numpy", None)], max_new_tokens=4, repeats=2, progress=False,
+    )  # fmt: skip
+    total = next(
+        r for r in summarize(records) if r["method"] == "lookup" and r["category"] == "all"
+    )
+    assert len(total["speedup_repeats"]) == 2 and all(v > 0 for v in total["speedup_repeats"])
+
+    def row(values):
+        return dict(method="redrafter", category="all", backend="torch", temperature=0.0,
+                    speedup_repeats=values)  # fmt: skip
+
+    (note,) = spread_notes([row([1.05, 1.25, 1.13])])
+    assert note == (
+        "note: redrafter (torch, T=0) ran 1.05-1.25x over its 3 repeats (the table shows their "
+        "median): read a difference smaller than that spread as noise"
+    )
+    assert spread_notes([row([1.10, 1.15])]) == [] and spread_notes([row([1.2])]) == []
