@@ -356,8 +356,11 @@ class GenerationStats:
             f"{n} {why}" + (f" ({REASON_WORDS[why]})" if why in REASON_WORDS else "")
             for why, n in sorted(self.plain_reasons.items())
         )
+        # a batch's count is of row steps (each request's part of a step): 31 of 31 "decode
+        # steps" read wrong beside stats.steps of 29 for two rows
+        steps = "decode steps" if self.decode_row_steps <= self.steps else "decode row steps"
         return (
-            f"drafted in {self.drafting_row_steps} of {self.decode_row_steps} decode steps "
+            f"drafted in {self.drafting_row_steps} of {self.decode_row_steps} {steps} "
             f"({self.drafting_share:.0%}); {self.accepted_tokens} of {self.drafted_tokens} drafted "
             f"tokens accepted"
             + (

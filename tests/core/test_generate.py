@@ -331,6 +331,14 @@ def test_stats_say_how_often_the_rows_drafted(target):
     )
     assert plain.stats.drafting_row_steps == 0 and plain.stats.decode_row_steps == 7
     assert plain.stats.describe_speculation().startswith("drafted in 0 of 7 decode steps")
+    # a batch counts row steps, and says so (31 of 31 "decode steps" beside 29 steps read wrong)
+    batch = specdec.generate(
+        target, [[5, 6, 7], [7, 6, 5, 4]], drafter="none", backend="numpy", max_new_tokens=8
+    )
+    assert batch.stats.decode_row_steps > batch.stats.steps
+    assert batch.stats.describe_speculation().startswith(
+        f"drafted in 0 of {batch.stats.decode_row_steps} decode row steps"
+    )
     stats = _lookup_stats(target, [5, 6, 7, 5, 6, 7], 8, "always")
     assert 0 < stats.drafting_row_steps <= stats.decode_row_steps
     assert stats.drafting_share == stats.drafting_row_steps / stats.decode_row_steps

@@ -185,7 +185,11 @@ def test_a_choice_measured_busy_is_read_while_busy_and_measured_again_once_quiet
         store.forget_this_process()  # each load a new start
         sources.append(tuning.load_fastest(backend, model_dir)[1].source)
     assert sources == ["measured", "cached", "cached", "measured"]
-    assert "and the machine is quiet now" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "and the machine is quiet now" in err
+    # the busy choice in use says so, once (a busy first load chose bfloat16 on an AVX2-only CPU
+    # with no word, where only the step costs' line said the machine had been busy)
+    assert err.count("was chosen from timings taken while other work held 50% of the cores") == 1
 
 
 def test_a_busy_reading_is_probed_again_and_the_lesser_kept(monkeypatch):
@@ -237,7 +241,7 @@ def test_a_choice_measured_beside_other_work_is_not_measured_again_in_the_same_p
     store.forget_this_process()
     sources = [tuning.load_fastest(TwoDtypeBackend(), model_dir)[1].source for _ in range(3)]
     assert sources == ["measured", "cached", "cached"] and len(measured) == 2  # two dtypes, once
-    assert "again" not in capsys.readouterr().err
+    assert "on this machine again" not in capsys.readouterr().err  # no line of measuring again
     monkeypatch.setattr(store, "quiet_now", lambda: True)
     store.forget_this_process()  # a new start that finds the machine quiet measures it again
     assert tuning.load_fastest(TwoDtypeBackend(), model_dir)[1].source == "measured"
