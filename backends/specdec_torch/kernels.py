@@ -89,7 +89,7 @@ def _load():
     elif not built:
         print(
             "specdec: compiling the exact attention kernel for this machine (once, about a "
-            "minute; exact mode's check runs on it, and where exact mode holds, so does attention)",
+            "minute; exact mode's check runs on it, and so does attention where exact mode holds)",
             file=sys.stderr,
             flush=True,
         )
