@@ -77,6 +77,12 @@ class _Lines:
     def close(self) -> None:
         self._closed.set()
 
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
     def __iter__(self):
         try:
             for item in self.iterable:

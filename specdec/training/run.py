@@ -16,13 +16,13 @@ from pathlib import Path
 
 import attrs
 import numpy as np
-from tqdm.auto import tqdm
 
 from specdec.drafting.shortlist import choose_shortlist, shortlist_coverage
 from specdec.errors import IncompatibleDrafterError, InvalidInputError
 from specdec.generation.resolve import drafter_kind
 from specdec.models.bundled import resolve_model
 from specdec.models.cache import cache_dir, cache_entry
+from specdec.progress import progress as progress_bar
 from specdec.models.checkpoints import read_checkpoint, write_json_atomic
 from specdec.plugins.registry import default_registry
 from specdec.training.corpus import CORPUS_VERSION, build_prompts, default_corpus
@@ -413,10 +413,11 @@ def build_teacher_data(
             continue
         split = "heldout" if name == "heldout" else "train"
         began = time.perf_counter()
-        with tqdm(
+        # lines where stderr is not a terminal: a log showed nothing for minutes of decoding
+        with progress_bar(
             total=count * settings.max_new_tokens,
-            disable=not progress,
-            unit="tok",
+            enabled=progress,
+            unit="token",
             desc=f"teacher {name}",
         ) as bar:
             datasets[name], teacher_stats[name] = teacher_dataset(

@@ -454,6 +454,18 @@ def test_an_uncategorised_prompt_is_counted_once_in_the_total_row(tmp_path):
         load_prompt_set(str(bad))
 
 
+def test_progress_lines_work_as_a_context_manager(monkeypatch, capsys):
+    """Teacher decoding holds its bar in a with block: as lines (not a terminal) it said nothing
+    for minutes under tqdm, and the lines must close as the bar does."""
+    from specdec import progress as progress_module
+
+    monkeypatch.setattr(progress_module, "LINE_SECONDS", 0.0)
+    with progress_module.progress(total=4, desc="teacher train", unit="token") as bar:
+        bar.update(2)
+    assert bar._closed.is_set()
+    assert "teacher train: 2 of 4 tokens done" in capsys.readouterr().err
+
+
 def test_progress_is_lines_where_stderr_is_not_a_terminal(monkeypatch, capsys):
     """A log file gets lines (no carriage returns), at most one every LINE_SECONDS; a run that is
     not to show progress gets nothing."""
