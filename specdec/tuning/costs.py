@@ -35,7 +35,6 @@ verified, never which are accepted.
 from __future__ import annotations
 
 import math
-import sys
 import time
 
 import attrs
@@ -43,10 +42,11 @@ import numpy as np
 
 from specdec.progress import progress
 from specdec.tuning.dtype import chain_tree
-from specdec.tuning.machine import QUIET_SHARE, Measured
+from specdec.tuning.machine import Measured
 from specdec.tuning.store import (
     digest,
     read_entry,
+    say_if_busy,
     say_measuring,
     settled,
     tuning_dir,
@@ -452,7 +452,7 @@ def curve_for(backend, target, slots=(0,)) -> CostCurve | None:
     cached = read_entry(file) or {}
     curve = CostCurve.from_json(cached) if cached else None
     if curve is not None and settled(cached, file):
-        _say_if_busy(file, float(cached.get("share", 1.0)))
+        say_if_busy(file, float(cached.get("share", 1.0)), BUSY_LINE)
         return curve
     share, measures = float(cached.get("share", 1.0)), int(cached.get("measures", 1))
     rows = f" with up to {len(slots)} requests at once" if len(slots) > 1 else ""
@@ -476,7 +476,7 @@ def curve_for(backend, target, slots=(0,)) -> CostCurve | None:
     new_share = clock.free
     if curve is None or new_share > share:
         curve, share = measured, new_share
-    _say_if_busy(file, share)
+    say_if_busy(file, share, BUSY_LINE)
     write_entry(
         file,
         {
@@ -489,24 +489,12 @@ def curve_for(backend, target, slots=(0,)) -> CostCurve | None:
     return curve
 
 
-_SAID_BUSY: set[str] = set()  # the curves whose busy line this process printed
-
-
-def _say_if_busy(file, share: float) -> None:
-    """One line, once per process and curve, where the curve auto prices drafting with was taken
-    while other work shared the cores: auto then drafted in 2 of 15 steps with no word of why
-    its prediction held drafting back (``specdec cache`` said it, later)."""
-    if share >= QUIET_SHARE or str(file) in _SAID_BUSY:
-        return
-    _SAID_BUSY.add(str(file))
-    print(
-        f"specdec: the step costs speculation='auto' prices drafting with were measured while "
-        f"other work held {1 - share:.0%} of the cores, so auto may draft in fewer steps than "
-        "this machine pays for; they are measured again at a start that finds the machine quiet "
-        "(speculation='always' drafts every step meanwhile)",
-        file=sys.stderr,
-        flush=True,
-    )
+BUSY_LINE = (
+    "specdec: the step costs speculation='auto' prices drafting with were measured while other "
+    "work held {busy} of the cores, so auto may draft in fewer steps than this machine pays for; "
+    "they are measured again at a start that finds the machine quiet (speculation='always' "
+    "drafts every step meanwhile)"
+)
 
 
 def step_costs(backend, target, free_slots) -> StepCosts:

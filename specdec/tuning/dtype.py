@@ -38,10 +38,11 @@ import numpy as np
 from specdec.models.files import read_json
 from specdec.reference.tree import build_prefix_tree
 from specdec.slots import on_target
-from specdec.tuning.machine import QUIET_SHARE, Measured, cpu_description, cpu_flags
+from specdec.tuning.machine import Measured, cpu_description, cpu_flags
 from specdec.tuning.store import (
     digest,
     read_entry,
+    say_if_busy,
     say_measuring,
     settled,
     tuning_dir,
@@ -202,7 +203,7 @@ def load_fastest(backend, source, *, device: str | None = None, remeasure: bool 
     cached = None if remeasure else read_entry(file)
     busy = bool(cached) and not settled(cached, file)  # taken beside other work: again
     if cached and cached.get("dtype") in candidates and not busy:
-        _say_if_busy(file, float(cached.get("share", 1.0)), cached["dtype"])
+        say_if_busy(file, float(cached.get("share", 1.0)), BUSY_LINE, dtype=cached["dtype"])
         target = backend.load_target(source, dtype=cached["dtype"], device=device, **slots)
         return target, DtypeChoice(
             dtype=cached["dtype"],
@@ -241,7 +242,7 @@ def load_fastest(backend, source, *, device: str | None = None, remeasure: bool 
             file=sys.stderr,
             flush=True,
         )
-    _say_if_busy(file, share, dtype)
+    say_if_busy(file, share, BUSY_LINE, dtype=dtype)
     described = backend.describe_device(device)
     write_entry(
         file,
@@ -259,25 +260,11 @@ def load_fastest(backend, source, *, device: str | None = None, remeasure: bool 
     return target, DtypeChoice(dtype=dtype, source="measured", timings=timings, device=described)
 
 
-_SAID_BUSY: set[str] = set()  # the choices whose busy line this process printed
-
-
-def _say_if_busy(file, share: float, dtype: str) -> None:
-    """One line, once per process and choice, where the dtype in use was chosen from timings
-    taken while other work shared the cores: a busy first load chose bfloat16 on an AVX2-only
-    CPU (float32's one-token forward timed at 96.6 ms), where quiet timings choose float32, and
-    only the step costs' line said the machine had been busy."""
-    if share >= QUIET_SHARE or str(file) in _SAID_BUSY:
-        return
-    _SAID_BUSY.add(str(file))
-    print(
-        f"specdec: dtype {dtype} was chosen from timings taken while other work held "
-        f"{1 - share:.0%} of the cores, so it may not be this machine's fastest; it is measured "
-        "again at a start that finds the machine quiet, or now by `specdec tune` on a quiet "
-        "machine (dtype= pins one)",
-        file=sys.stderr,
-        flush=True,
-    )
+BUSY_LINE = (
+    "specdec: dtype {dtype} was chosen from timings taken while other work held {busy} of the "
+    "cores, so it may not be this machine's fastest; it is measured again at a start that finds "
+    "the machine quiet, or now by `specdec tune` on a quiet machine (dtype= pins one)"
+)
 
 
 def dtype_name(target, fallback: str) -> str:

@@ -100,6 +100,21 @@ def forget_this_process() -> None:
     machine._STEADY.clear()
 
 
+_SAID_BUSY: set[str] = set()  # the cached measurements whose busy line this process printed
+
+
+def say_if_busy(file, share: float, line: str, **fields) -> None:
+    """``line`` on stderr, once per process and cached measurement (``file``), where it was taken
+    while other work held more of the cores than ``QUIET_SHARE`` leaves (``{busy}`` in ``line``:
+    the share other work held; ``fields``: its other names). The step costs say so (auto drafted
+    in 2 of 15 steps on such a curve with no word), and the dtype choice (a busy first load chose
+    bfloat16 on an AVX2-only CPU, where quiet timings choose float32)."""
+    if share >= QUIET_SHARE or str(file) in _SAID_BUSY:
+        return
+    _SAID_BUSY.add(str(file))
+    print(line.format(busy=f"{1 - share:.0%}", **fields), file=sys.stderr, flush=True)
+
+
 def say_measuring(what: str, *, again: dict | None = None) -> None:
     """One line on stderr as a measurement of ``what`` starts (seconds to a minute, once per
     machine, model and shape measured; one taken on a busy machine is taken again at a later

@@ -704,7 +704,7 @@ def test_a_curve_taken_beside_other_work_says_so_once_where_auto_prices_with_it(
     from specdec.tuning import costs, machine, store
 
     monkeypatch.setattr(costs, "_cache_file", lambda *args: tmp_path / "costs.json")
-    monkeypatch.setattr(costs, "_SAID_BUSY", set())
+    monkeypatch.setattr(store, "_SAID_BUSY", set())
     made = costs.CostCurve(tokens=(1, 2), seconds=(0.03, 0.06))
     monkeypatch.setattr(costs, "measure_curve", lambda *args, **kwargs: made)
     monkeypatch.setattr(machine, "free_share", lambda wall, cpu, others: 0.17)
@@ -719,7 +719,7 @@ def test_a_curve_taken_beside_other_work_says_so_once_where_auto_prices_with_it(
         "(speculation='always' drafts every step meanwhile)"
     ]
     (tmp_path / "costs.json").unlink()
-    monkeypatch.setattr(costs, "_SAID_BUSY", set())
+    monkeypatch.setattr(store, "_SAID_BUSY", set())
     monkeypatch.setattr(machine, "free_share", lambda wall, cpu, others: 0.97)
     costs.curve_for(None, None)
     assert "step costs" not in capsys.readouterr().err  # quiet: nothing to say
