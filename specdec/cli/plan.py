@@ -33,12 +33,14 @@ from specdec.plugins.registry import default_registry
 def cmd_plan(args) -> int:
     """Predict the speedup of every beam configuration, recommend one, and check the best few;
     or, for a tree drafter, decode with its tree settings and recommend the fastest."""
-    prompts = load_prompt_set(args.prompts, per_category=args.per_category, limit=args.limit)
-    prompts = [p.prompt for p in prompts]
+    loaded = load_prompt_set(args.prompts, per_category=args.per_category, limit=args.limit)
+    prompts = [p.prompt for p in loaded]
+    # which kinds of text a few-prompt plan saw (two prompts are two categories)
+    kinds = [c for c in dict.fromkeys(p.category for p in loaded) if c != UNCATEGORISED]
     registry = default_registry()
     named = resolve("drafter", args.drafter, registry, args.backend)
     if named.spec is not None and named.spec.tree_options:
-        return _plan_tree(args, prompts)
+        return _plan_tree(args, prompts, kinds)
     if named.spec is None or not named.spec.beam_options:
         specs = [registry.drafter_spec(n) for n in registry.names("drafter_spec")]
         plannable = sorted(s.name for s in specs if s.beam_options or s.tree_options)
@@ -225,7 +227,7 @@ def cmd_plan(args) -> int:
             + ("" if is_now else _by_hand(args.drafter, chosen))
         )
         saved = not reasons
-    _afterword(args, prompts, None if is_now else chosen, saved=saved)
+    _afterword(args, prompts, None if is_now else chosen, saved=saved, kinds=kinds)
     return 0
 
 
@@ -275,13 +277,13 @@ def _prediction_note(rows, measured: dict) -> None:
         )
 
 
-def _afterword(args, prompts, chosen: dict | None, *, saved: bool = False) -> None:
+def _afterword(
+    args, prompts, chosen: dict | None, *, saved: bool = False, kinds: list = ()
+) -> None:
     """What every plan says after its choice (``chosen``: its settings; None: what generate uses
     already, nothing to check; ``saved``: generate now decodes with it when none is named): how
-    to check it, and what its prompts were."""
-    if len(prompts) < FEW_PROMPTS:  # which kinds of text: two prompts are two categories
-        loaded = load_prompt_set(args.prompts, per_category=args.per_category, limit=args.limit)
-        kinds = [c for c in dict.fromkeys(p.category for p in loaded) if c != UNCATEGORISED]
+    to check it, and what its prompts were (``kinds``: their categories)."""
+    if len(prompts) < FEW_PROMPTS:
         of = f" ({', '.join(kinds)})" if kinds else ""
         print(
             f"note: planned on {len(prompts)} prompt(s){of}: one run's noise can move a "
@@ -357,7 +359,7 @@ NOTHING_PAYS = (
 )
 
 
-def _plan_tree(args, prompts) -> int:
+def _plan_tree(args, prompts, kinds: list) -> int:
     clock = Measured()
     rows = plan_tree(
         args.model,
@@ -434,7 +436,7 @@ def _plan_tree(args, prompts) -> int:
             else f"not saved: {'; '.join(reasons)} (generate keeps what it used before)"
             + ("" if slower else _by_hand(args.drafter, chosen))
         )
-    _afterword(args, prompts, None if slower else chosen, saved=saved)
+    _afterword(args, prompts, None if slower else chosen, saved=saved, kinds=kinds)
     return 0
 
 
