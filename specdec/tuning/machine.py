@@ -170,6 +170,11 @@ def steady_busy_cores(seconds: float = 0.3) -> float | None:
 _STEADY: list[float] = []  # this process's last steady_busy_cores reading
 
 
+def forget_steady_reading() -> None:
+    """Act as a new start for ``steady_reading`` (``specdec.tuning.store.forget_this_process``)."""
+    _STEADY.clear()
+
+
 def steady_reading() -> float | None:
     """The busy cores this process's last ``steady_busy_cores`` found (the torch backend fits
     its threads by it as it loads), None before any."""

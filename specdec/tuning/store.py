@@ -97,7 +97,7 @@ def forget_this_process() -> None:
     and the machine's load is probed again."""
     _WRITTEN_HERE.clear()
     _QUIET_NOW.clear()
-    machine._STEADY.clear()
+    machine.forget_steady_reading()
 
 
 _SAID_BUSY: set[str] = set()  # the cached measurements whose busy line this process printed
