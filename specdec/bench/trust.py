@@ -72,7 +72,8 @@ def behind(measured: float, now: float) -> str:
     )
 
 
-QUIET_LINE = 'note: the machine was quiet while it measured (docs/bench.md, "A busy machine")'
+# (the timed runs: a line at load about other work covers the measurements made then, not these)
+QUIET_LINE = 'note: the machine was quiet during the timed runs (docs/bench.md, "A busy machine")'
 
 
 def busy_line(clock: CpuClock, runs_spoilt: bool = True) -> str | None:

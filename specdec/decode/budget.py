@@ -38,6 +38,10 @@ nothing of the budgets above the cut, and learning those from the small trees th
 whole would price the large trees' nodes at the small ones' (none) and keep cutting them; a gain no
 tree has shown yet is the first guess, so the first large trees are verified whole and teach it.
 While a request does not draft its estimates drift back toward the engine's (``FORGET`` per step).
+**Kinds:** a drafter may sort a request's coming step before it drafts (``step_kind``,
+``specdec.protocols.StepKinds``; the prompt-lookup beam: whether the text ends with an n-gram seen
+before); every average here, the request's and the engine's, is then kept apart per kind, and a
+step is decided on its kind's.
 The plain step's price is learnt from plain steps only, so after ``PLAIN_EVERY`` steps without one
 a step is decoded plainly (a price left too dear by a slow step would otherwise never be tested).
 After ``EXPLORE_EVERY`` steps without its whole tree verified (it did not draft, or drafted less) a
@@ -250,8 +254,10 @@ class Speculation:
         self.mode = mode
         self.stall = float(stall)
         self.costs: StepCosts | None = None
-        self._rows: dict[int, _Acceptance] = {}
-        self._prior = _Acceptance(PRIOR_DECAY)
+        self._rows: dict[tuple[int, int], _Acceptance] = {}  # (request id, kind) -> its own
+        self._priors: dict[int, _Acceptance] = {}  # kind -> the engine's, over all requests
+        self._kinds: dict[int, int] = {}  # this step's: request id -> the kind of its step
+        self._most: float | None = None  # the drafter's largest tree's drafted nodes
         self._quiet = EXPLORE_EVERY  # steps since a request was last tried again (_explore)
         self._since_plain = 0  # decode steps since the last one decoded plainly
         self.realized = RealizedRates()  # what steps delivered, per row count
@@ -268,6 +274,7 @@ class Speculation:
         requests stays; each request's acceptance is gone with the request, and the first plain
         and drafting steps are timed as one-off costs again (a new drafter's first call)."""
         self._rows.clear()
+        self._kinds = {}
         self.reasons = {}
         self._step_rows, self._step_tokens = 0, 0
         self._step_drafted = set()
@@ -283,7 +290,22 @@ class Speculation:
         a request whose first few trees accepted little was never tried again (trying it looked
         dear) and one that accepted priced its trees wider than they are."""
         if nodes is not None:
-            self._prior.bound(float(max(int(nodes) - 1, 0)))
+            self._most = float(max(int(nodes) - 1, 0))
+            for prior in self._priors.values():
+                prior.bound(self._most)
+
+    def _prior(self, kind: int) -> _Acceptance:
+        """The engine's acceptance over every request's steps of ``kind``."""
+        prior = self._priors.get(kind)
+        if prior is None:
+            prior = self._priors[kind] = _Acceptance(PRIOR_DECAY)
+            if self._most is not None:
+                prior.bound(self._most)
+        return prior
+
+    def _row(self, request_id: int) -> _Acceptance | None:
+        """A request's own acceptance in steps of this step's kind (None: none seen yet)."""
+        return self._rows.get((request_id, self._kinds.get(request_id, 0)))
 
     # -- estimates ---------------------------------------------------------------------------
 
@@ -295,10 +317,9 @@ class Speculation:
     def _estimates(self, ids: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
         """(B, budgets) tokens per step and drafted nodes kept expected of requests ``ids`` at
         each budget; what a request has not shown yet, the engine's average over all requests."""
-        prior = self._prior
         tokens, width = [], []
         for request_id in ids:
-            row = self._rows.get(request_id)
+            prior, row = self._prior(self._kinds.get(request_id, 0)), self._row(request_id)
             if row is None:
                 tokens.append(prior.tokens)
                 width.append(prior.width)
@@ -311,8 +332,12 @@ class Speculation:
 
     # -- the choice --------------------------------------------------------------------------
 
-    def step_budgets(self, request_ids: Sequence[int], chunk_tokens: int = 0) -> StepBudgets:
-        """Budgets for the requests decoded this step, beside ``chunk_tokens`` prompt tokens."""
+    def step_budgets(
+        self, request_ids: Sequence[int], chunk_tokens: int = 0, kinds: dict | None = None
+    ) -> StepBudgets:
+        """Budgets for the requests decoded this step, beside ``chunk_tokens`` prompt tokens;
+        ``kinds``: request id -> the kind of its step (``Drafter.step_kind``; 0 where absent)."""
+        self._kinds = dict(kinds or {})
         self._step_rows, self._step_tokens = 0, 0  # a step begins: its rows are counted anew
         self._step_drafted = set()
         self.reasons = {}
@@ -389,11 +414,11 @@ class Speculation:
         stale = [
             b
             for b, i in enumerate(ids)
-            if budgets[i] is not None and i in self._rows and self._rows[i].stale >= EXPLORE_EVERY
+            if budgets[i] is not None and (row := self._row(i)) and row.stale >= EXPLORE_EVERY
         ]
         if not stale or self._quiet < EXPLORE_EVERY:
             return chosen
-        b = max(stale, key=lambda b: self._rows[ids[b]].stale)
+        b = max(stale, key=lambda b: self._row(ids[b]).stale)
         wider = max(width, float(np.ceil(nodes[b])))
         drafting = chosen.drafting + (budgets[ids[b]] == 0)
         seconds = float(self.costs.target(batch * wider, batch, batch) + self.costs.draft(drafting))
@@ -447,13 +472,14 @@ class Speculation:
     ) -> None:
         """A group's rows were verified: ``verified`` nodes of trees of ``full_nodes`` (before
         their budgets cut them), accepted ``path`` (B, D+1) with ``num_accepted`` (B,)."""
-        prior = self._prior
         self._step_rows += len(request_ids)
         self._step_tokens += int(np.sum(np.asarray(num_accepted)[: len(request_ids)])) + len(
             request_ids
         )
         for b, request_id in enumerate(request_ids):
-            row = self._rows.setdefault(request_id, _Acceptance(REQUEST_DECAY, warm=True))
+            kind = self._kinds.get(request_id, 0)
+            prior = self._prior(kind)
+            row = self._rows.setdefault((request_id, kind), _Acceptance(REQUEST_DECAY, warm=True))
             if budgets[b] == 0:  # did not draft: drift back toward the engine's average
                 row.drift(prior, FORGET)
                 row.stale += 1
@@ -499,5 +525,6 @@ class Speculation:
 
     def forget(self, request_id: int) -> None:
         """A request ended."""
-        self._rows.pop(request_id, None)
+        for key in [key for key in self._rows if key[0] == request_id]:
+            del self._rows[key]
         self.realized.forget(request_id)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import itertools
 
 import attrs
+import numpy as np
 
 from specdec.decode.budget import Speculation
 from specdec.decode.prefill import choose_chunks
@@ -46,10 +47,12 @@ def check_prefill_setting(max_prefill_tokens) -> None:
 
 class Scheduler:
     """Chooses each step's work over ``table`` with the ``speculation`` policy;
-    ``prefill_budget``: the prompt tokens the last step with prompts to put in could carry."""
+    ``prefill_budget``: the prompt tokens the last step with prompts to put in could carry.
+    ``step_kind``: the drafter's ``step_kind(history) -> int`` (``specdec.protocols.Drafter``),
+    which sorts each request's step before it drafts, or None."""
 
-    def __init__(self, table: SlotTable, speculation: Speculation):
-        self.table, self.speculation = table, speculation
+    def __init__(self, table: SlotTable, speculation: Speculation, step_kind=None):
+        self.table, self.speculation, self.step_kind = table, speculation, step_kind
         self.prefill_budget: int | None = None
 
     def prompt_budget(self, max_prefill_tokens) -> int | None:
@@ -99,12 +102,26 @@ class Scheduler:
         """The step's work: ``chunks`` and the decoding requests grouped, with their budgets."""
         table = self.table
         decoding = table.decoding()
-        budgets = self.speculation.step_budgets(
-            [table.active[s][0] for s in decoding], sum(end - start for _, start, end in chunks)
-        ).budgets
+        ids, chunk_tokens = [table.active[s][0] for s in decoding], sum(e - s for _, s, e in chunks)
+        if self.step_kind is None:  # (a policy's own step_budgets may not take kinds)
+            budgets = self.speculation.step_budgets(ids, chunk_tokens).budgets
+        else:
+            kinds = {table.active[s][0]: self._kind(table.active[s][1]) for s in decoding}
+            budgets = self.speculation.step_budgets(ids, chunk_tokens, kinds=kinds).budgets
         groups: dict = {}  # (sampling, drafts) -> slots
         for slot in decoding:
             request_id, state = table.active[slot]
             key = (state.request.sampling, budgets[request_id] != 0)
             groups.setdefault(key, []).append(slot)
         return StepWork(chunks=chunks, groups=tuple(groups.items()), budgets=budgets)
+
+    def _kind(self, state) -> int:
+        """The drafter's kind of ``state``'s coming step: a small non-negative integer."""
+        kind = self.step_kind(state.history)
+        if isinstance(kind, bool) or not isinstance(kind, (int, np.integer)) or kind < 0:
+            owner = getattr(self.step_kind, "__self__", self.step_kind)
+            raise InvalidInputError(
+                f"{type(owner).__name__}.step_kind must return a non-negative integer (the kind "
+                f"of a request's coming step), got {kind!r}"
+            )
+        return int(kind)

@@ -206,7 +206,7 @@ def test_one_full_tree_tells_what_every_cut_would_have_accepted():
     speculation = policy()
     path = np.array([[0, 2, 5, -1]])  # accepted node 2 (depth 1), then node 5 (depth 2)
     speculation.observe_rows([7], [None], np.array([9]), np.array([9]), path, np.array([2]))
-    row = speculation._rows[7]
+    row = speculation._rows[7, 0]
     reached = BUDGETS.index(8) + 1  # the budgets up to the tree's 8 drafted nodes
     assert row.known[:reached].all() and not row.known[reached:].any()  # learnt from one step
     for _ in range(
@@ -250,7 +250,7 @@ def test_gains_past_a_cut_are_learnt_from_the_trees_that_reach_there():
     tokens, nodes = speculation.estimate(0)
     assert tokens[BUDGETS.index(4)] == pytest.approx(2.0, abs=0.01)
     assert tokens[BUDGETS.index(8)] == pytest.approx(before[BUDGETS.index(8)], abs=0.01)
-    reach = speculation._rows[0].reach[BUDGETS.index(6)]  # the recent share of large trees
+    reach = speculation._rows[0, 0].reach[BUDGETS.index(6)]  # the recent share of large trees
     assert 0.15 < reach < 0.35
     assert tokens[BUDGETS.index(8)] == pytest.approx(2.0 + 4 * reach, abs=1e-3)  # 5-8 when there
     assert nodes == pytest.approx(5.0 + 10 * reach, abs=1e-3)
@@ -263,7 +263,7 @@ def test_a_cut_tree_tells_nothing_about_larger_budgets():
     speculation.observe_rows(
         [3], [3], np.array([4]), np.array([9]), path, np.array([2])
     )  # cut to 3 drafted nodes
-    row = speculation._rows[3]
+    row = speculation._rows[3, 0]
     assert row.known[: BUDGETS.index(3) + 1].all() and not row.known[BUDGETS.index(4) :].any()
 
 

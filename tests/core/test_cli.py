@@ -690,7 +690,7 @@ def test_tree_rows_decoded_busy_say_so_once_where_every_row_is(
     monkeypatch.setattr(plan_cli, "busy_line", lambda clock: None)  # the whole run quiet
     out = _plan_tree_printing(rows, model_dir, tmp_path, monkeypatch, capsys)
     # plan says the machine was quiet, as bench does (it said nothing either way)
-    assert 'note: the machine was quiet while it measured (docs/bench.md, "A busy' in out, out
+    assert 'note: the machine was quiet during the timed runs (docs/bench.md, "A busy' in out, out
     table = [line for line in out.splitlines() if line.startswith("| depth")]
     marks = ["(busy: decoded while other work took the cores)" in line for line in table]
     assert marks == ([False, False] if every else [False, True]), table

@@ -18,11 +18,11 @@ def test_a_generation_takes_over_what_the_last_one_on_the_target_learnt(target):
     first = Decoder(plan).speculation
     learnt = first.realized.describe()
     assert learnt, "the generation's steps were not measured"
-    first._rows[99] = object()  # a request's own estimate is not carried
+    first._rows[99, 0] = object()  # a request's own estimate is not carried
     second = Decoder(plan).speculation
     assert second is first
     assert second.realized.describe() == learnt
-    assert 99 not in second._rows
+    assert (99, 0) not in second._rows
     assert second.realized._seen == set()  # a new drafter's first calls are not priced
     # a plan made again with the same names and options is the same setting
     again = specdec.decode_plan(target, "lookup", "numpy", speculation="auto")

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import specdec
+from specdec.protocols import StepKinds
 from specdec.testing import checks, make_random_model
 
 
@@ -81,6 +82,16 @@ def test_proposals():
     assert short.beams[0, 0, :4].tolist() == [2, 3, 1, 2] and short.beam_lengths.tolist() == [
         [4, 1]
     ]
+
+
+def test_step_kinds():
+    from specdec_example_drafter.drafter import NgramDrafter
+
+    backend = specdec.default_registry().get("backend", "numpy").factory()
+    drafter = NgramDrafter(backend, None, ngram=2)
+    assert drafter.step_kind(np.array([1, 2, 3, 1, 2])) == 1  # "1 2" occurred before
+    assert drafter.step_kind(np.array([1, 2, 3, 2, 1])) == 0
+    assert isinstance(drafter, StepKinds)
 
 
 def test_options_are_checked(model):

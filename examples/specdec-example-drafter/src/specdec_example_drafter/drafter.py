@@ -48,6 +48,12 @@ class NgramDrafter:
                 break
         return found
 
+    def step_kind(self, history: np.ndarray) -> int:
+        """Optional (``specdec.protocols.StepKinds``): 1 where the row's text has a continuation
+        to propose, else 0. ``speculation="auto"`` learns the two kinds' acceptance apart, so it
+        stops paying for trees in steps where this drafter proposes nothing."""
+        return int(bool(self.continuations(np.asarray(history))))
+
     def propose(self, context: specdec.DraftContext) -> specdec.Draft:
         roots = self.backend.to_numpy(context.root_tokens).astype(np.int64)  # (B,)
         beams = np.repeat(roots[:, None, None], self.beam_width * self.beam_length, axis=2)
