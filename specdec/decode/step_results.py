@@ -45,7 +45,9 @@ def empty_step(step: int) -> StepResult:
 
 
 def join_steps(step: int, parts: Sequence[StepResult]) -> StepResult:
-    """One StepResult of the rows of ``parts`` (decode steps of the same step) in order."""
+    """One StepResult of the rows of ``parts`` (decode steps of the same step) in order, their
+    plain steps' reasons too (a step of two groups, one drafting and one plain, once dropped them:
+    a request's reasons then summed short of its plain steps)."""
     if not parts:
         return empty_step(step)
     if len(parts) == 1:
@@ -61,6 +63,9 @@ def join_steps(step: int, parts: Sequence[StepResult]) -> StepResult:
         time_draft=sum(p.time_draft for p in parts),
         time_verify=sum(p.time_verify for p in parts),
         time_other=sum(p.time_other for p in parts),
+        plain_reasons=tuple(
+            why for p in parts for why in (p.plain_reasons or (None,) * len(p.requests))
+        ),
     )
 
 

@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import specdec
+from specdec.decode.budget import Speculation, StepBudgets
 from specdec.plugins.builtin import NumpyBackend
 from specdec.testing import OracleDrafter, greedy_continuations, make_random_drafter
 
@@ -371,6 +372,36 @@ def test_stats_say_why_steps_decoded_plainly(target):
     auto = _lookup_stats(target, [[5, 6, 7, 5, 6, 7], [1, 2, 3]], 12, "auto")
     assert sum(auto.plain_reasons.values()) == auto.decode_row_steps - auto.drafting_row_steps
     assert set(auto.plain_reasons) <= set(PLAIN_REASONS)
+
+
+class _HalfPlain(Speculation):
+    """Request 0 drafts its whole tree at every step, the others decode plainly: every step has
+    two groups of rows, one drafting and one plain."""
+
+    def __init__(self):
+        super().__init__("always")
+
+    def step_budgets(self, request_ids, chunk_tokens=0):
+        self.reasons = {i: "prediction" for i in request_ids if i != 0}
+        budgets = {i: (None if i == 0 else 0) for i in request_ids}
+        return StepBudgets(budgets, len(request_ids), 1)
+
+
+def test_a_step_of_a_drafting_and_a_plain_group_counts_every_rows_reason(target):
+    stats = specdec.generate(
+        target,
+        [[5, 6, 7, 5, 6, 7], [1, 2, 3, 1, 2, 3]],
+        drafter="lookup",
+        backend="numpy",
+        max_new_tokens=8,
+        speculation=_HalfPlain(),
+        stop_at_eos=False,
+    ).stats
+    plain = stats.decode_row_steps - stats.drafting_row_steps
+    assert (
+        stats.plain_reasons.get("prediction") == 7
+    )  # request 1's: its first token is the prompt's
+    assert sum(stats.plain_reasons.values()) == plain
 
 
 def test_a_loaded_target_decodes_on_the_backend_that_loaded_it(model_dir):
