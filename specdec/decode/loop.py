@@ -82,7 +82,7 @@ class Decoder:
             sample_shape=self.caps.sample_shape,
             want_draft_probs=self.needs_draft_probs,
         )
-        step_kind = getattr(plan.drafter, "step_kind", None)  # optional (protocols.Drafter)
+        step_kind = getattr(plan.drafter, "step_kind", None)  # optional (protocols.StepKinds)
         self.scheduler = Scheduler(
             self.table, self.speculation, step_kind if self.speculation.needs_costs else None
         )

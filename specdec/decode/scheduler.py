@@ -48,7 +48,7 @@ def check_prefill_setting(max_prefill_tokens) -> None:
 class Scheduler:
     """Chooses each step's work over ``table`` with the ``speculation`` policy;
     ``prefill_budget``: the prompt tokens the last step with prompts to put in could carry.
-    ``step_kind``: the drafter's ``step_kind(history) -> int`` (``specdec.protocols.Drafter``),
+    ``step_kind``: the drafter's ``step_kind(history) -> int`` (``specdec.protocols.StepKinds``),
     which sorts each request's step before it drafts, or None."""
 
     def __init__(self, table: SlotTable, speculation: Speculation, step_kind=None):

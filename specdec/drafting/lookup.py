@@ -291,7 +291,7 @@ class LookupDrafter(PassLifecycle):
         size = max(length, chains.shape[2])
         joined = np.concatenate([_pad(beams, size), _pad(chains, size)], axis=1)  # (B, W + 1, size)
         lengths = np.concatenate([lengths, chain_lengths[:, None]], axis=1)
-        leads = np.array([self.step_kind(h) == 1 for h in context.history], dtype=bool)
+        leads = np.array([self._matches(h) for h in context.history], dtype=bool)
         if leads.any():  # the chain first: a tree cut short keeps it (``step_kind``)
             width = joined.shape[1]
             order = np.where(leads[:, None], np.roll(np.arange(width), 1), np.arange(width))
@@ -310,9 +310,23 @@ class LookupDrafter(PassLifecycle):
         (``specdec.protocols.StepKinds``): over MT-Bench, ReDrafter's trees with the chain
         accepted 2.7 drafted tokens a step where it matched and 0.9 where it did not, and most
         of the first came from the chain, which a tree cut to a few nodes lost while it came
-        last."""
+        last. Beside a drafter that has kinds of its own, 2 x its kind + this one."""
+        matched = int(self._matches(history))
+        inner = getattr(self.inner, "step_kind", None)
+        if inner is None:
+            return matched
+        kind = inner(history)
+        if isinstance(kind, bool) or not isinstance(kind, (int, np.integer)) or kind < 0:
+            raise InvalidInputError(
+                f"{type(self.inner).__name__}.step_kind must return a non-negative integer (the "
+                f"kind of a request's coming step), got {kind!r}"
+            )
+        return 2 * int(kind) + matched
+
+    def _matches(self, history: np.ndarray) -> bool:
+        """Whether the row's chain is an n-gram match (``step_kind``)."""
         found = lookup_chain(history, 1, max_ngram=self.max_ngram, min_ngram=self.min_ngram)
-        return int(len(found) > 0)
+        return len(found) > 0
 
     def _chains(self, context: DraftContext, roots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Every row's chain as a beam (B, 1, L) and its length (B,) (1: no chain). Greedy, L is

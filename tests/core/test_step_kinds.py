@@ -115,6 +115,19 @@ def test_the_lookup_chain_leads_the_tree_where_it_is_an_ngram_match():
     assert np.asarray(draft.beam_lengths).tolist() == [[3, 3, 3], [3, 3, 3]]
 
 
+class KindsOfItsOwn(TwoBeams):
+    def step_kind(self, history):
+        return 1 if len(history) > 4 else 0
+
+
+def test_beside_a_drafter_with_kinds_of_its_own_the_lookup_beam_adds_its_own():
+    drafter = LookupDrafter(NumpyBackend(), None, inner=KindsOfItsOwn())
+    assert drafter.step_kind(tokens(1, 2, 3, 9, 2, 3)) == 3  # the inner's 1, and an n-gram match
+    assert drafter.step_kind(tokens(1, 2, 3, 9, 3)) == 2
+    assert drafter.step_kind(tokens(2, 3, 2, 3)) == 1
+    assert drafter.step_kind(tokens(6, 4, 5, 6)) == 0
+
+
 class BadKinds(LookupDrafter):
     def step_kind(self, history):
         return "repeats"
