@@ -7,7 +7,9 @@ tokens / drafted tokens of the distinct beams (roots not counted; the share dedu
 the prefix tree saved); identical (greedy only) = the share of
 generations whose tokens equal our plain decoding's for the same prompt and repeat, with the
 tokens up to the first difference of all tokens beside it; speedup and identity compare with the
-plain method of the same exact mode (``plain`` or ``plain:exact=false``).
+plain method of the same backend, dtype and exact mode (``plain`` or ``plain:exact=false``), and
+a plain method of another exact mode than ``plain``'s with ``plain`` (``plain:exact=false``: what
+exact mode costs).
 """
 
 from __future__ import annotations
@@ -38,20 +40,34 @@ def _throughput(records) -> float:
     return sum(r.new_tokens for r in records) / seconds if seconds > 0 else float("nan")
 
 
-def _plain_labels(records, plain: str) -> dict[str, str]:
-    """exact mode -> the label of the plain method that ran in it (``plain`` first)."""
-    labels: dict[str, str] = {}
+def _plain_labels(records, plain: str) -> dict[tuple, str]:
+    """(backend, dtype, exact mode) -> the label of the plain method that ran there (``plain``
+    first)."""
+    labels: dict[tuple, str] = {}
     for r in sorted(records, key=lambda r: r.method != plain):
-        if r.method == plain or r.method.startswith(plain + ":"):
-            labels.setdefault(r.exact, r.method)
+        if _is_plain(r.method, plain):
+            labels.setdefault((r.backend, r.dtype, r.exact), r.method)
     return labels
+
+
+def _is_plain(method: str, plain: str = "plain") -> bool:
+    return method == plain or method.startswith(plain + ":")
+
+
+def _baseline(method: str, where: tuple, plains: dict, plain: str) -> str:
+    """The plain method ``method``'s speedup and identity compare with, at ``where`` (backend,
+    dtype, exact mode): the plain of the same exact mode; for a plain method, ``plain`` itself
+    (``plain:exact=false`` beside ``plain`` shows what exact mode costs, not 1.00)."""
+    if _is_plain(method, plain):
+        return plain
+    return plains.get(where, plain)
 
 
 def summarize(records: Sequence[BenchRecord], *, plain: str = "plain") -> list[dict]:
     """One row per (backend, dtype, temperature, method, category), plus category "all"."""
     records = list(records) + [attrs.evolve(r, category="all") for r in records]
     plains = _plain_labels(records, plain)
-    exact_of = {r.method: r.exact for r in records}
+    exact_of = {(r.backend, r.dtype, r.method): r.exact for r in records}  # per backend and dtype
     cells = _group(records, ("backend", "dtype", "temperature", "category", "method", "repeat"))
     rows = []
     for (backend, dtype, temperature, category, method), group in _group(
@@ -74,7 +90,8 @@ def summarize(records: Sequence[BenchRecord], *, plain: str = "plain") -> list[d
             return float(np.median(values)) if values else float("nan")
 
         steps = sum(r.steps for r in group)
-        baseline = plains.get(exact_of[method], plain)
+        exact = exact_of[(backend, dtype, method)]
+        baseline = _baseline(method, (backend, dtype, exact), plains, plain)
         compared = (
             [
                 _compare(
@@ -100,7 +117,7 @@ def summarize(records: Sequence[BenchRecord], *, plain: str = "plain") -> list[d
             method=method,
             prompts=len({r.prompt_id for r in group}),
             repeats=len(repeats),
-            exact=exact_of[method],
+            exact=exact,
             tokens_per_second=float(np.median(tps)),
             busy_runs=sum(r.busy for r in group),  # runs while other work took the cores
             runs=len(group),
@@ -247,7 +264,7 @@ def markdown(rows: Sequence[dict], *, categories: bool = True, notes: Sequence[s
             f"{'-' if r['method'] == 'plain' else identity_line(r)} |"
             + ("" if memory else f" {_fmt(r.get('peak_rss_mb', nan), '.0f')} |")
         )
-    notes = list(notes) + ([memory] if memory else [])
+    notes = ([memory] if memory else []) + list(notes)  # as the terminal shows them
     return "\n".join(lines + [f"\n{note}" for note in notes])
 
 

@@ -71,6 +71,7 @@ def cmd_bench(args) -> int:
     notes += thread_notes()
     notes += few_runs_note(len(prompts), args)
     notes += category_note([p.category for p in prompts], args.repeats)
+    notes += auto_repeat_note(summary, args.repeats)
     notes += spread_notes(summary) + ties_note(summary) + impossible_note(summary)
     meta = dict(
         command=" ".join(sys.argv),
@@ -109,7 +110,9 @@ def few_runs_note(prompts: int, args) -> list[str]:
 def ties_note(rows) -> list[str]:
     """The note naming methods whose totals lie within ``LEAD`` (5%) of the next one's: a lead
     that small is within what one run's noise moves a figure, so their order is not a finding
-    (a reader took redrafter's 1.25x over lookup's 1.24x for one)."""
+    (a reader took redrafter's 1.25x over lookup's 1.24x for one). Methods are compared within
+    one backend, dtype and temperature, which a grid of several names ("redrafter 1.18x and
+    redrafter 1.18x" compared float32 with bfloat16)."""
     totals = [
         r
         for r in rows
@@ -118,13 +121,16 @@ def ties_note(rows) -> list[str]:
         and r.get("speedup") == r.get("speedup")
     ]
     ties = []
-    for setting in dict.fromkeys((r["backend"], r["temperature"]) for r in totals):
+    settings = list(dict.fromkeys((r["backend"], r["dtype"], r["temperature"]) for r in totals))
+    for setting in settings:
         ranked = sorted(
-            (r for r in totals if (r["backend"], r["temperature"]) == setting),
+            (r for r in totals if (r["backend"], r["dtype"], r["temperature"]) == setting),
             key=lambda r: -r["speedup"],
         )
+        # where the grid has several backends, dtypes or temperatures, each pair says which
+        where = f" ({setting[0]} {setting[1]}, T={setting[2]:g})" if len(settings) > 1 else ""
         ties += [
-            f"{a['method']} {a['speedup']:.2f}x and {b['method']} {b['speedup']:.2f}x"
+            f"{a['method']} {a['speedup']:.2f}x and {b['method']} {b['speedup']:.2f}x{where}"
             for a, b in zip(ranked, ranked[1:])
             # on the figures as printed: 1.0502 apart read as 1.15x and 1.10x, untied
             if b["speedup"] > 0 and not leads(round(a["speedup"], 2), round(b["speedup"], 2))
@@ -134,6 +140,33 @@ def ties_note(rows) -> list[str]:
     return [
         f"note: within {LEAD - 1:.0%} of each other: {'; '.join(ties)}; read each pair as tied "
         "unless more prompts and --repeats keep its order"
+    ]
+
+
+AUTO_MADE_CHOICES = (0.05, 0.95)  # a share of plain steps between these: auto chose per step
+
+
+def auto_repeat_note(rows, repeats: int) -> list[str]:
+    """The note where methods under auto rest on one repeat: which steps auto drafts rests on
+    what it has learnt so far, so its figure moves from run to run more than a method drafting
+    every step (docs/bench.md, "Auto's own spread"); ``--repeats 3`` shows how far."""
+    if repeats > 1:
+        return []
+    low, high = AUTO_MADE_CHOICES
+    auto = [
+        r["method"]
+        for r in rows
+        if r["category"] == "all"
+        and r["method"] != "plain"
+        and "speculation=" not in r["method"]
+        and low <= r.get("plain_step_share", 0.0) <= high
+    ]
+    if not auto:
+        return []
+    return [
+        f"note: {', '.join(dict.fromkeys(auto))} decoded under auto on one repeat: which steps "
+        "auto drafts rests on what it has learnt so far, so its figure moves from run to run "
+        "(docs/bench.md, \"Auto's own spread\"); --repeats 3 shows how far"
     ]
 
 

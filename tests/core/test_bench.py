@@ -175,6 +175,9 @@ def test_one_peak_memory_figure_is_a_note_and_several_a_column():
     text = markdown(same)
     assert "peak RSS MB" not in text and text.count("| 1390 |") == 0
     assert "note: peak memory 1402 MB for every method: the process's" in text
+    # first among the notes, in bench.md as in the terminal (the table, then it, then the rest)
+    notes = [line for line in markdown(same, notes=["note: quiet"]).splitlines() if line]
+    assert notes[-2:] == [notes[-2], "note: quiet"] and notes[-2].startswith("note: peak memory")
     apart = [row, {**row, "backend": "mlx", "peak_rss_mb": 2100.0}]
     text = markdown(apart)
     assert "peak RSS MB |" in text and "| 2100 |" in text and "note: peak memory" not in text
@@ -699,9 +702,9 @@ def test_methods_within_five_percent_of_each_other_are_named_as_tied():
     moves a figure more than that."""
     from specdec.cli.measure import ties_note
 
-    def row(method, speedup, backend="torch", category="all"):
+    def row(method, speedup, backend="torch", category="all", dtype="float32"):
         return dict(method=method, speedup=speedup, backend=backend, temperature=0.0,
-                    category=category)  # fmt: skip
+                    category=category, dtype=dtype)  # fmt: skip
 
     rows = [row("plain", 1.0), row("redrafter", 1.25), row("lookup", 1.24), row("eagle", 1.03)]
     rows += [row("medusa", 0.99), row("x", 1.24, category="writing")]
@@ -716,6 +719,57 @@ def test_methods_within_five_percent_of_each_other_are_named_as_tied():
         "note: within 5% of each other: redrafter 1.15x and always 1.10x; read each pair as "
         "tied unless more prompts and --repeats keep its order"
     ]
+    # two dtypes in one grid: compared within each, and each pair says which ("redrafter 1.18x
+    # and redrafter 1.18x" compared float32 with bfloat16)
+    grid = [row("redrafter", 1.18), row("lookup", 1.30), row("redrafter", 1.18, dtype="bfloat16")]
+    grid += [row("lookup", 1.16, dtype="bfloat16")]
+    assert ties_note(grid) == [
+        "note: within 5% of each other: redrafter 1.18x and lookup 1.16x (torch bfloat16, T=0); "
+        "read each pair as tied unless more prompts and --repeats keep its order"
+    ]
+
+
+def test_auto_on_one_repeat_gets_a_note_on_its_spread():
+    """A --repeats 1 run with 8 prompt runs had no caution, while auto's figure moves from run
+    to run (docs/bench.md, "Auto's own spread")."""
+    from specdec.cli.measure import auto_repeat_note
+
+    def row(method, share, category="all"):
+        return dict(method=method, category=category, plain_step_share=share)
+
+    rows = [row("plain", float("nan")), row("redrafter", 0.48), row("lookup", 0.81)]
+    rows += [row("redrafter:speculation=always", 0.0), row("eagle", 0.99), row("x", 0.5, "math")]
+    (note,) = auto_repeat_note(rows, repeats=1)
+    assert note.startswith("note: redrafter, lookup decoded under auto on one repeat: "), note
+    assert "--repeats 3 shows how far" in note
+    assert auto_repeat_note(rows, repeats=3) == []
+    assert auto_repeat_note([row("plain", float("nan")), row("eagle", 0.99)], repeats=1) == []
+
+
+def test_rows_of_two_dtypes_keep_their_exact_modes_and_plain_exact_false_shows_its_cost():
+    """With float32 (exact off) and bfloat16 (exact on) in one grid, both float32 rows said
+    "on"; and plain:exact=false beside plain read 1.00, its own baseline, where it ran 1.32x."""
+    from specdec.bench.report import summarize
+    from specdec.bench.runner import BenchRecord
+
+    def record(method, dtype, exact, seconds):
+        return BenchRecord(method=method, backend="torch", dtype=dtype, exact=exact,
+                           temperature=0.0, prompt_id="p", category="c", repeat=0,
+                           new_tokens=10, seconds=seconds, tokens=tuple(range(10)))  # fmt: skip
+
+    records = [
+        record("plain", "float32", "off", 1.0), record("redrafter", "float32", "off", 0.8),
+        record("plain", "bfloat16", "on", 1.32), record("redrafter", "bfloat16", "on", 1.0),
+        record("plain:exact=false", "bfloat16", "off", 1.0),
+        record("redrafter:exact=false", "bfloat16", "off", 0.5),
+    ]  # fmt: skip
+    rows = {(r["dtype"], r["method"]): r for r in summarize(records) if r["category"] == "all"}
+    assert [rows["float32", m]["exact"] for m in ("plain", "redrafter")] == ["off", "off"]
+    assert [rows["bfloat16", m]["exact"] for m in ("plain", "redrafter")] == ["on", "on"]
+    assert rows["bfloat16", "plain:exact=false"]["speedup"] == pytest.approx(1.32)
+    assert rows["bfloat16", "redrafter:exact=false"]["speedup"] == pytest.approx(2.0)
+    assert rows["bfloat16", "redrafter"]["speedup"] == pytest.approx(1.32)
+    assert rows["float32", "redrafter"]["speedup"] == pytest.approx(1.25)
 
 
 def test_a_category_where_drafting_every_step_ran_far_ahead_of_auto_gets_a_note():
