@@ -71,12 +71,13 @@ def _busy_measurements(folder) -> list[str]:
 
 
 def _plans(folder) -> list[str]:
-    """A line per choice ``specdec plan`` kept (``generate`` uses it when no setting is named)."""
+    """A line per choice ``specdec plan`` kept (``generate`` uses it when no setting is named),
+    or one line saying none is (a plan that said "not saved" left nothing to confirm it by)."""
     return [
         f"{file.name}: plan kept for generate: {describe_plan(read_entry(file) or {})} "
         "(`specdec cache clear --plans` removes the plans)"
         for file in sorted(folder.glob("plan-*.json"))
-    ]
+    ] or ["plans kept: none (generate uses the drafters' own settings)"]
 
 
 def _size(n: int) -> str:

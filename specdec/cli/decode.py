@@ -12,7 +12,7 @@ from pathlib import Path
 
 import specdec
 from specdec.bench.report import busy_mark, impossible_mark, plain_notes
-from specdec.bench.trust import Measured, busy_note
+from specdec.bench.trust import QUIET_LINE, Measured, busy_note
 from specdec.cli.common import (
     add_exact_arg,
     add_generation_args,
@@ -288,8 +288,7 @@ def cmd_demo(args) -> int:
             "from the model's answer store where one ships; tokens/step counts the bonus token)"
         )
         note = busy_note(clock, spoilt, len(args.prompt) * len(methods) * args.repeats)
-        if note:
-            print(note)
+        print(note or QUIET_LINE)  # as bench and plan say it: silence read as "not checked"
         if hinted and not args.random:
             print(_bench_hint(backend, args.model, args.max_new_tokens))
     return int(status)

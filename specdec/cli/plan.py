@@ -185,13 +185,18 @@ def cmd_plan(args) -> int:
             "note: no shape was decoded (--measure-top), so the measured column is empty: each "
             "was predicted above its tokens/step (its timing was spoilt: plan again)"
         )
-    _machine_notes(clock)
     # a shape timed busy and then decoded is one shape, not two
     spoilt = len({(r.beam_width, r.beam_length) for r in (*rows, *checked) if r.busy})
+    _machine_notes(clock, some_busy=bool(spoilt))
     if spoilt and any(not r.busy for r in rows):
+        shapes = (
+            "1 shape above (marked busy) was"
+            if spoilt == 1
+            else (f"{spoilt} shapes above (marked busy) were")
+        )
         print(
-            f"note: {spoilt} of the shapes above (marked busy) were timed while other work took "
-            "the cores: a shape timed busy was not decoded, and was left out of the choice, "
+            f"note: {shapes} timed while other work took the cores, though the plan as a whole "
+            "was quiet: a shape timed busy was not decoded, and was left out of the choice, "
             "however high its prediction; plan again on a quiet machine"
         )
     elif spoilt:
@@ -235,7 +240,8 @@ AUTO = (
     "generate's default, \"auto\", drafts only in the steps where that is predicted to pay, so "
     "it often runs above that figure (it drafts where the text is predictable and decodes the "
     "rest plainly), and at worst a few percent below 1.00x (it drafts a step now and then to "
-    "find out)"
+    "find out); auto also cuts trees to what pays, so a lead between two settings measured here "
+    "can shrink or vanish under auto (bench decodes settings as generate runs them)"
 )
 MODE_LINE = (
     "every setting above was decoded with speculation=\"always\" (each step drafting), so its "
@@ -318,10 +324,14 @@ def _afterword(
         )
 
 
-def _machine_notes(clock) -> None:
+def _machine_notes(clock, some_busy: bool = False) -> None:
     """The lines on the machine the plan ran on: whether other work shared it (``busy_line``,
-    else ``QUIET_LINE``), and torch's threads where fewer than the cores (``thread_notes``)."""
-    print(busy_line(clock) or QUIET_LINE)
+    else ``QUIET_LINE``, unless ``some_busy`` rows were timed in a burst: "quiet during the
+    timed runs" beside "1 of the shapes above (marked busy)" read as a contradiction), and
+    torch's threads where fewer than the cores (``thread_notes``)."""
+    line = busy_line(clock) or (None if some_busy else QUIET_LINE)
+    if line:
+        print(line)
     for note in thread_notes():
         print(note)
 

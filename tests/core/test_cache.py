@@ -407,5 +407,7 @@ def test_cache_shows_the_plans_kept_and_clears_them_alone(tmp_path, monkeypatch,
     assert cli.main(["cache", "clear", "--plans"]) == 0
     assert "removed" in capsys.readouterr().out
     assert sorted(p.name for p in tuning.iterdir()) == ["costs-torch-b.json"]
+    assert cli.main(["cache"]) == 0  # none kept is said, not left to silence
+    assert "plans kept: none (generate uses the drafters' own settings)" in capsys.readouterr().out
     assert cli.main(["cache", "clear", "--plans"]) == 0
     assert "nothing to remove: no plan kept" in capsys.readouterr().out

@@ -34,6 +34,8 @@ def test_demo_on_a_random_model():
     assert re.search(
         r"all 2 prompts: plain [\d.]+ tokens/s, default [\d.]+ tokens/s \([\d.]+x\)", done.stdout
     ), done.stdout
+    # quiet or busy, the demo says which, as bench and plan do (silence read as "not checked")
+    assert ("quiet during the timed runs" in done.stdout) != ("other work" in done.stdout)
     one = run(
         "demo",
         "--random",
@@ -521,7 +523,8 @@ def test_plan_decodes_generates_shape_once_and_keeps_it_when_no_other_is_faster(
     monkeypatch.setattr(plan_cli, "measure", lambda *a, **k: [row(2, 1.3)])
     assert main(argv + ["--prompts", str(prompts), "--measure-top", "1", "--no-save"]) == 0
     out = capsys.readouterr().out
-    assert "note: 1 of the shapes above (marked busy) were timed while other work" in out, out
+    assert "note: 1 shape above (marked busy) was timed while other work" in out, out
+    assert "quiet during the timed runs" not in out, out  # not beside a shape timed busy
     assert "a shape timed busy was not decoded" in out, out
     assert "the predicted column assumes drafting every step" in out, out
 
