@@ -107,6 +107,20 @@ def test_fastest_dtype_is_measured_once_then_read_from_the_cache(model_dir, cach
     assert "fast" in cached.describe() and "slow" in cached.describe()
 
 
+def test_a_dtype_faster_for_one_token_alone_says_why_it_lost():
+    """ "bfloat16 29.0 / 126.4 ms" beside float32's 48.8 / 70.7 read as bfloat16 decoding faster."""
+    from specdec.tuning.dtype import DtypeChoice
+
+    timings = {"float32": {1: 48.8, 8: 70.7}, "bfloat16": {1: 29.0, 8: 126.4}}
+    said = DtypeChoice(dtype="float32", source="measured", timings=timings, device="cpu")
+    assert said.describe().endswith(
+        "; bfloat16 forwards one token faster (29.0 ms), but 8 tokens slower (126.4 ms): trees "
+        "and prompts run the larger forwards"
+    ), said.describe()
+    won = DtypeChoice(dtype="bfloat16", source="measured", timings=timings, device="cpu")
+    assert won.describe().endswith("; on cpu)"), won.describe()  # nothing beat it at one token
+
+
 def test_the_cache_key_is_the_shape_not_the_weights(model_dir, cache, tmp_path):
     backend = TwoDtypeBackend()
     tuning.load_fastest(backend, model_dir)
