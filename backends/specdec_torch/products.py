@@ -8,7 +8,8 @@ project's AMD EPYC (torch 2.13 CPU, two threads), SmolLM2-135M's LM head (49152 
 padded to two) 2.5 ms for 1-4 rows; in bfloat16 the opposite, ``F.linear`` 1.8 ms against 3.5.
 So nothing is assumed: the first product with a given weight shape, dtype and row count class
 (one row, or 2 to ``MEASURED_ROWS`` rows: a decode step's tree) times both on the CPU
-(``specdec_torch.timing``: interleaved, medians, 10% margin) and keeps the faster for the process.
+(``specdec_torch.timing``: interleaved rounds, the fastest of each, 10% margin) and keeps the
+faster for the process.
 ``benchmarks/head_products.py`` measures what it buys end to end.
 
 More rows than that (a batch of prompts, teacher decoding) and other devices use ``F.linear``:

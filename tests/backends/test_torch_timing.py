@@ -57,3 +57,31 @@ def test_second_is_faster_is_fastest_of_two(monkeypatch):
     )  # this module's clock only
     assert timing.second_is_faster(clock.taking(1.0), clock.taking(0.5))
     assert not timing.second_is_faster(clock.taking(1.0), clock.taking(0.95))
+
+
+class Scripted:
+    """A clock whose candidates take, call by call, the listed seconds (the warm-up first)."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def taking(self, *seconds: float):
+        left = list(seconds)
+
+        def run():
+            self.now += left.pop(0)
+
+        return run
+
+
+def test_fastest_judges_each_formulation_by_its_fastest_round(monkeypatch):
+    """Other work only slows a round: a formulation whose rounds ran beside it three times in
+    five is still chosen by what it costs when it runs alone (a median would keep the default)."""
+    clock = Scripted()
+    monkeypatch.setattr(timing, "time", SimpleNamespace(perf_counter=clock))
+    default = clock.taking(1.0, 1.0, 1.0, 1.0, 1.0, 1.0)  # warm-up, then five rounds
+    other = clock.taking(0.5, 0.5, 3.0, 3.0, 0.5, 3.0)  # three rounds slowed by other work
+    assert timing.fastest({"default": default, "other": other}) == "other"
