@@ -302,10 +302,10 @@ class StepResult:
 REASON_WORDS = {
     "prompt": "it carried a prompt's tokens",
     "measuring": "plain steps auto times drafting against",
-    "prediction": "auto judged drafting would not pay, from what it learnt on this target, "
-    "earlier calls too where there were any",
+    "prediction": "auto judged drafting would not pay, from this machine's step costs and the "
+    "acceptance it had seen so far on this target (a fixed guess before any)",
     "realized": "drafting steps had delivered fewer tokens per second than plain ones",
-    "never": "speculation='never', or plain decoding asked for (drafter='none')",
+    "never": "plain decoding asked for: speculation='never' or drafter='none'",
     "no draft": "the drafter proposed nothing",
 }
 
@@ -359,10 +359,14 @@ class GenerationStats:
         # a batch's count is of row steps (each request's part of a step): 31 of 31 "decode
         # steps" read wrong beside stats.steps of 29 for two rows
         steps = "decode steps" if self.decode_row_steps <= self.steps else "decode row steps"
+        accepted = (
+            f"{self.accepted_tokens} of {self.drafted_tokens} drafted tokens accepted"
+            if self.drafted_tokens
+            else "nothing drafted"
+        )
         return (
             f"drafted in {self.drafting_row_steps} of {self.decode_row_steps} {steps} "
-            f"({self.drafting_share:.0%}); {self.accepted_tokens} of {self.drafted_tokens} drafted "
-            f"tokens accepted"
+            f"({self.drafting_share:.0%}); {accepted}"
             + (
                 f" ({self.verified_drafts / self.drafting_row_steps:.1f} verified a drafting step)"
                 if self.drafting_row_steps
@@ -370,10 +374,12 @@ class GenerationStats:
             )
             + f"; {self.tokens_per_step:.2f} tokens per step"
             + (f"; plain steps by reason: {plain}" if plain else "")
-            + (
+            + (  # where auto drafted in under half of the steps: drafting every step read as
+                # boilerplate beside 85% drafted on a CPU with AVX-512
                 "; speculation='always' drafts every step (where a tree forward costs much more "
                 "than a one-token one, as on a CPU without AVX-512, auto drafts in few steps)"
-                if "prediction" in self.plain_reasons or "realized" in self.plain_reasons
+                if ("prediction" in self.plain_reasons or "realized" in self.plain_reasons)
+                and self.drafting_share < 0.5
                 else ""
             )
         )

@@ -9,9 +9,9 @@ Prediction (greedy decoding): speedup(W, L) = tau(W, L) * t_plain / t_step(W, L)
               beams on this machine, t_plain the same for plain decoding (one token per step).
 Both sides are decode-phase costs (the prefill is excluded), each shape timed just after the
 plain step it is divided by, and ``measure`` reports measured speedups on the same footing
-(each shape decoded just after plain decoding of the same prompts). A prediction above the
-tokens per step it rests on is impossible (a drafting step costs at least a plain one) and is
-listed last, flagged. With ``lookup`` (the default, as in ``generate``), every
+(each shape and plain decoding take the prompts in turn, ``specdec.bench.side_by_side``). A
+prediction above the tokens per step it rests on is impossible (a drafting step costs at least
+a plain one) and is listed last, flagged. With ``lookup`` (the default, as in ``generate``), every
 configuration also carries the prompt-lookup beam: it is recorded as the last beam of each step
 and counted, at its own length, beside the first W beams cut to L.
 
@@ -41,6 +41,7 @@ from specdec.generation.components import (
 from specdec.generation.encoding import encode_prompts
 from specdec.generation.resolve import resolve
 from specdec.plugins.registry import default_registry
+from specdec.bench.side_by_side import PLAIN, decode_once, side_by_side
 from specdec.bench.trust import Measured, behind, impossible, leads, reasons_not_to_keep
 from specdec.tuning.plans import save_drafter_plan
 
@@ -362,35 +363,40 @@ def measure(
     progress: bool = False,
 ) -> list[PlanRow]:
     """Run the real decoder for ``rows``: measured speedup = decode-phase tokens/s
-    (prefill excluded, as in the prediction) over that of plain decoding decoded just before it,
-    on the same target and prompts, inside ``clock``."""
+    (prefill excluded, as in the prediction) over that of plain decoding, the two taking the
+    same prompts in turn on the same target (``_beside_plain``), inside ``clock``."""
     target = specdec.load(model, backend=backend, dtype=dtype)
     clock = clock if clock is not None else Measured()
-    rate = lambda choice, options: _decode_rate(  # noqa: E731
-        target, prompts, choice, options, backend=backend, tokens=max_new_tokens, clock=clock
-    )
     if rows:  # untimed, a whole prompt: a first decode pays what a first call pays (the
         # first forwards at each tree size and position), which counted against the first row
         first = rows[0]
-        _decode_rate(
-            target, prompts[:1], drafter,
+        decode_once(
+            target, prompts[0], drafter,
             dict(beam_width=first.beam_width, beam_length=first.beam_length, lookup=lookup),
-            backend=backend, tokens=max_new_tokens, clock=Measured(),
+            backend=backend, tokens=max_new_tokens, stop_at_eos=True,
         )  # fmt: skip
     checked = []
     best = progress_bar(
         rows, desc="plan: decoding the best shapes", unit="shape", enabled=progress, announce=True
     )
     for row in best:
-        shape = Measured()
-        with shape:
-            plain = rate("none", {})  # beside each setting: the same prompts, just before
-            options = dict(beam_width=row.beam_width, beam_length=row.beam_length, lookup=lookup)
-            speedup = rate(drafter, options) / plain
-        checked.append(
-            attrs.evolve(row, measured_speedup=speedup, busy=row.busy or not shape.quiet)
+        options = dict(beam_width=row.beam_width, beam_length=row.beam_length, lookup=lookup)
+        speedup, busy = _beside_plain(
+            target, prompts, drafter, options, backend, max_new_tokens, clock
         )
+        checked.append(attrs.evolve(row, measured_speedup=speedup, busy=row.busy or busy))
     return checked
+
+
+def _beside_plain(target, prompts, drafter, options, backend, tokens, clock) -> tuple[float, bool]:
+    """(decode-phase tokens/s over plain decoding's, busy) of ``drafter`` with ``options``, each
+    prompt decoded by both in turn (``specdec.bench.side_by_side``)."""
+    decoded = side_by_side(
+        target, prompts, {"plain": PLAIN, "setting": (drafter, options)}, backend=backend,
+        tokens=tokens, clock=clock,
+    )  # fmt: skip
+    plain, setting = decoded["plain"], decoded["setting"]
+    return setting.rate / plain.rate, setting.busy or plain.busy
 
 
 def measure_current(
@@ -410,11 +416,8 @@ def measure_current(
     target = specdec.load(model, backend=backend, dtype=dtype)
     now = current_beams(target, drafter, backend=backend) if now is None else now
     clock = clock if clock is not None else Measured()
-    rate = lambda choice: _decode_rate(  # noqa: E731
-        target, prompts, choice, {}, backend=backend, tokens=max_new_tokens, clock=clock
-    )
-    plain = rate("none")
-    return attrs.evolve(now, speedup=rate(drafter) / plain)
+    speedup, _ = _beside_plain(target, prompts, drafter, {}, backend, max_new_tokens, clock)
+    return attrs.evolve(now, speedup=speedup)
 
 
 def current_beams(target, drafter: str, *, backend: str) -> Current:
@@ -431,26 +434,3 @@ def current_beams(target, drafter: str, *, backend: str) -> Current:
         lookup=lookup_by_default(named, built, None, planned),
         speedup=0.0,
     )
-
-
-def _decode_rate(target, prompts, drafter_choice, options, *, backend, tokens, clock) -> float:
-    """Decode-phase tokens per second (prefill excluded) of ``generate`` over ``prompts``, every
-    step drafting (``speculation="always"``, as the prediction assumes and the tree planner
-    decodes: under "auto" a shape whose drafts do not pay decoded mostly plainly, measured near
-    1.00x whatever its beams, and stood 1.4 times above its prediction)."""
-    always = {} if drafter_choice == "none" else {"speculation": "always"}
-    emitted, seconds = 0, 0.0
-    for prompt in prompts:
-        with clock:
-            stats = specdec.generate(
-                target,
-                prompt,
-                drafter=drafter_choice,
-                backend=backend,
-                max_new_tokens=tokens,
-                **always,
-                **options,
-            ).stats
-        emitted += stats.new_tokens - 1
-        seconds += stats.time_draft + stats.time_verify + stats.time_other
-    return emitted / seconds

@@ -6,23 +6,25 @@ what a smaller one would have accepted, as a recorded run of the widest, longest
 beams cut narrower and shorter (``specdec.bench.planner``). Each setting is decoded for real over
 the prompts instead (greedy, every step drafting its whole tree: the per-step budgets of
 ``specdec.decode.budget`` cut it under load, not here), each prompt timed in the decode phase
-(prefill excluded) against plain decoding of the same prompt, timed before and after on the
-same target; a setting's speedup is the median over the prompts of those ratios, which a prompt
+(prefill excluded) against plain decoding of the same prompt decoded beside it
+(``specdec.bench.side_by_side``: a setting's candidates and plain decoding take each prompt in
+turn); a setting's speedup is the median over the prompts of those ratios, which a prompt
 slowed by other work on the machine moves less than a total would (and which, unlike a median
-step, counts the large trees' slower steps with the tokens they bring).
+step, counts the large trees' slower steps with the tokens they bring). Plain decoding timed
+before and after every setting had let a virtual machine's drift of minutes into the figures:
+settings decoding the same trees measured 1.98x and 1.72x, 1.67x and 1.35x in one plan.
 
 What ``generate`` decodes now, naming no setting (the checkpoint's own tree, or a plan kept
-before), is decoded first and shown beside the others (``TreePlanRow.current``); it is never the
-choice. The settings are searched one option at a time (coordinate ascent), in the order the
-drafter's spec lists them (``DrafterSpec.tree_options``): each option's candidates with the
-others at their best so far (the checkpoint's own before an option is reached); then the
-prompt-lookup beam riding along or not, where the drafter takes one. That is the sum of the
-candidate counts in runs, not their product: 15 runs for EAGLE-3's grid instead of 90. Every
-run of the search names a setting, so a plan kept before does not stand in for the
-checkpoint's own. ``save`` keeps the best for
+before), is decoded beside the first option's candidates and shown with the others
+(``TreePlanRow.current``); it is never the choice. The settings are searched one option at a
+time (coordinate ascent), in the order the drafter's spec lists them
+(``DrafterSpec.tree_options``): each option's candidates with the others at their best so far
+(the checkpoint's own before an option is reached); then the prompt-lookup beam riding along or
+not, where the drafter takes one. That is the sum of the candidate counts in runs, not their
+product: 15 runs for EAGLE-3's grid instead of 90. Every run of the search names a setting, so a
+plan kept before does not stand in for the checkpoint's own. ``save`` keeps the best for
 ``generate`` (``specdec.tuning.plans.save_drafter_plan``), which uses it when the caller names
-none of the settings.
-"""
+none of the settings."""
 
 from __future__ import annotations
 
@@ -37,6 +39,7 @@ from specdec.generation.encoding import encode_prompts
 from specdec.generation.resolve import resolve
 from specdec.plugins.registry import default_registry
 from specdec.progress import progress as progress_bar
+from specdec.bench.side_by_side import PLAIN, decode_once, side_by_side
 from specdec.bench.trust import Measured, behind, impossible, leads, reasons_not_to_keep
 from specdec.tuning.plans import save_drafter_plan
 
@@ -68,30 +71,6 @@ class TreePlanRow:
             other.tokens_per_step,
             other.nodes_per_step,
         )
-
-
-def _decode(target, prompts, drafter, options: dict, lookup: bool, backend, tokens: int):
-    """(decode-phase tokens per second of each prompt, tokens per step, nodes per step) over
-    ``prompts`` (the first token, from the prompt's forward, left out)."""
-    rates, emitted, steps, verified = [], 0, 0, 0
-    for prompt in prompts:
-        stats = specdec.generate(
-            target,
-            prompt,
-            drafter=drafter,
-            backend=backend,
-            max_new_tokens=tokens,
-            stop_at_eos=False,
-            speculation="always",
-            **({} if drafter == "none" else {"lookup": lookup}),
-            **options,
-        ).stats
-        seconds = stats.time_draft + stats.time_verify + stats.time_other
-        rates.append((stats.new_tokens - 1) / max(seconds, 1e-9))
-        emitted += stats.new_tokens - 1
-        steps += stats.steps - 1
-        verified += stats.verified_tokens
-    return np.array(rates), emitted / max(steps, 1), verified / max(steps, 1)
 
 
 def _better(row: TreePlanRow | None, best: TreePlanRow | None) -> TreePlanRow | None:
@@ -137,67 +116,72 @@ def plan_tree(
         encode_prompts(p, target.tokenizer, target.vocab_size, chat_template=template)[0][0]
         for p in prompts
     ]
-    with clock:
-        plain = [_decode(target, ids, "none", {}, False, backend, max_new_tokens)[0]]
-    rows: dict[tuple, TreePlanRow] = {}
-    rates: dict[tuple, np.ndarray] = {}  # each prompt's tokens/s
+    rows: dict[tuple, TreePlanRow | None] = {}  # None: a setting the drafter refused
     most = 1 + sum(map(len, spec.tree_options.values())) + (lookup is None)  # settings at most
-    bar = progress_bar(
-        total=most, desc="plan: decoding tree settings (at most)", unit="setting", enabled=progress,
-        announce=True,
+    bar = progress_bar(  # a prompt at a time: an option's settings decode side by side, minutes
+        total=most * len(ids), desc=f"plan: decoding at most {most} tree settings", unit="prompt",
+        enabled=progress, announce=True,
     )  # fmt: skip
 
-    def run(options: dict, with_lookup: bool | None, current=False) -> TreePlanRow | None:
-        key = (tuple(sorted(options.items())), with_lookup)
-        if key not in rows:
-            setting = Measured()  # its own clock: a burst of other work spoils a few settings
-            try:
-                with clock, setting:
-                    rates[key], tau, nodes = _decode(
-                        target, ids, drafter, options, with_lookup, backend, max_new_tokens
-                    )
-            except InvalidInputError:  # a setting the drafter or the lookup beam refuses
-                return None  # not counted: the bar counts settings decoded, as plan's line does
-            bar.update(1)
-            rows[key] = TreePlanRow(
-                options=dict(options),
-                lookup=with_lookup,
-                tokens_per_step=tau,
-                nodes_per_step=nodes,
-                speedup=float(np.median(rates[key] / plain[0])),  # against plain timed before
-                busy=not setting.quiet,
-                current=current,
-            )
-        return rows[key]
+    def key_of(options: dict, with_lookup: bool | None) -> tuple:
+        return (tuple(sorted(options.items())), with_lookup)
+
+    def run(wanted: list[tuple[dict, bool | None]]) -> list[TreePlanRow | None]:
+        """``wanted`` settings (options, lookup) decoded side by side with plain decoding, prompt
+        by prompt (``specdec.bench.side_by_side``), those decoded before not again."""
+        fresh = {key_of(*w): w for w in wanted if key_of(*w) not in rows}
+        settings = {
+            key: (drafter, {**options, "lookup": with_lookup})
+            for key, (options, with_lookup) in fresh.items()
+        }
+        if settings:
+            decoded = side_by_side(
+                target, ids, {"plain": PLAIN, **settings}, backend=backend,
+                tokens=max_new_tokens, clock=clock, stop_at_eos=False,
+                on_decode=lambda key: key == "plain" or bar.update(1),
+            )  # fmt: skip
+            plain = decoded["plain"]
+            for key, (options, with_lookup) in fresh.items():
+                one = decoded[key]
+                rows[key] = one and TreePlanRow(
+                    options=dict(options),
+                    lookup=with_lookup,
+                    tokens_per_step=one.tokens_per_step,
+                    nodes_per_step=one.nodes_per_step,
+                    # each prompt's against plain decoding of the same prompt, seconds apart
+                    speedup=float(np.median(one.rates / plain.rates)),
+                    busy=one.busy,
+                    current=key == key_of({}, None),  # generate's setting: no option named
+                )
+        return [rows[key_of(*w)] for w in wanted]
 
     # untimed, once, a whole prompt: the first decode with the drafter pays what a first call
     # pays (building it, its first forwards at each tree size and position), which counted
     # against generate's setting, decoded first: 1.06x against 1.49x for the same trees after
     # no warm-up, and still 17.2 against 18.9 tokens/s after a warm-up of 8 tokens
-    _decode(target, ids[:1], drafter, {}, None, backend, max_new_tokens)
-    run({}, None, current=True)
+    decode_once(
+        target, ids[0], drafter, {"lookup": None}, backend=backend, tokens=max_new_tokens,
+        stop_at_eos=False,
+    )  # fmt: skip
 
     start_lookup = bool(spec.pairs_with_lookup) if lookup is None else lookup
     # every run names a setting: generate then uses the checkpoint's own for the others, never
-    # a plan kept before (it applies one only where the caller names none)
-    best = None
+    # a plan kept before (it applies one only where the caller names none); an option's
+    # candidates, with the others at their best so far, are decoded side by side
+    best, now = None, [({}, None)]  # generate's setting, beside the first option's candidates
     for name, candidates in spec.tree_options.items():
-        for value in candidates:
-            options = {**(best.options if best else {}), name: int(value)}
-            best = _better(run(options, best.lookup if best else start_lookup), best)
+        base, with_lookup = (best.options, best.lookup) if best else ({}, start_lookup)
+        wanted = [({**base, name: int(value)}, with_lookup) for value in candidates]
+        for row in run(now + wanted)[len(now) :]:
+            best = _better(row, best)
+        now = []
     if best is None:
         raise InvalidInputError(f"drafter {drafter!r} refused every tree setting tried")
     if lookup is None:
-        best = _better(run(best.options, not best.lookup), best)
+        best = _better(run([(best.options, not best.lookup)])[0], best)
     bar.close()
-    with clock:
-        plain.append(_decode(target, ids, "none", {}, False, backend, max_new_tokens)[0])
-    plain_rate = (plain[0] + plain[1]) / 2  # each prompt's, before and after
     ranked = sorted(
-        (
-            attrs.evolve(row, speedup=float(np.median(rates[key] / plain_rate)))
-            for key, row in rows.items()
-        ),
+        (row for row in rows.values() if row is not None),
         key=lambda r: (r.busy, impossible(r.speedup, r.tokens_per_step), -r.speedup),
     )
     top = next(row for row in ranked if not row.current)

@@ -73,7 +73,9 @@ def behind(measured: float, now: float) -> str:
 
 
 # (the timed runs: a line at load about other work covers the measurements made then, not these)
-QUIET_LINE = 'note: the machine was quiet during the timed runs (docs/bench.md, "A busy machine")'
+QUIET_LINE = (
+    'note: no other work took the cores during the timed runs (docs/bench.md, "A busy machine")'
+)
 
 
 def busy_line(clock: CpuClock, runs_spoilt: bool = True) -> str | None:

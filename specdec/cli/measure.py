@@ -181,8 +181,9 @@ def impossible_note(rows) -> list[str]:
     shown = ", ".join(where[:4]) + (f" and {len(where) - 4} more" if len(where) > 4 else "")
     return [
         f"note: {len(where)} row(s) measured above their tokens/step ({shown}; marked "
-        "impossible in bench.md): plain decoding's runs there were slowed by other work, and "
-        "the totals over the same runs are lifted by them too; measure again on a quiet machine"
+        "impossible in bench.md): plain decoding's runs there ran slow (other work, or a virtual "
+        "machine's host, which the quiet note cannot see), and the totals over the same runs "
+        "are lifted by them too; --repeats 3 pools more runs"
     ]
 
 
@@ -263,8 +264,9 @@ def add_parsers(sub) -> None:
         "bench",
         help="measure methods side by side on a prompt set",
         description="Measure methods side by side (interleaved) and write bench.json, bench.md "
-        "and plots. Table columns: tok/s (new tokens per second, decoding only); speedup vs "
-        "plain (our plain decoding in the same grid row); tokens/step (emitted per target "
+        "and plots. Table columns: tok/s (new tokens per second over the whole answer, "
+        "the prompt's forward included, repeats pooled); speedup vs plain (the ratio to our "
+        "plain decoding's tok/s in the same grid row); tokens/step (emitted per target "
         "forward, bonus counted: plain is 1.00); verified/step (tree nodes the target "
         "verified per step); no-draft steps (steps a row decoded plainly: auto declined, or "
         "the drafter proposed nothing); tree reduction (nodes saved by merging the beams' "
@@ -320,7 +322,7 @@ def add_parsers(sub) -> None:
         "--repeats",
         type=positive,
         default=3,
-        help="interleaved passes; medians over them (default 3)",
+        help="interleaved passes; the table pools them (default 3)",
     )
     bench.add_argument(
         "--warmup", type=int, default=1, help="untimed runs per method first (default 1)"

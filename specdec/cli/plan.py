@@ -415,7 +415,7 @@ def _plan_tree(args, prompts, kinds: list) -> int:
     print(
         f"{_recommended(best.busy, best.speedup)}: {settings}, lookup "
         f"{'on' if best.lookup else 'off'} (measured {best.speedup:.2f}x over plain decoding, "
-        f"decode phase, {len(rows)} settings decoded)"
+        f"decode phase, {len(rows)} distinct settings decoded)"
     )
     if best.speedup < 1.0:
         print(NOTHING_PAYS)

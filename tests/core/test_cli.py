@@ -351,7 +351,7 @@ def _beam_plan_pinned(model_dir, tmp_path, monkeypatch, **decoded):
     any candidate (the rule: test_tuning.py), the shapes decoded for real but measured 1.3x (one
     below 1.0 is rightly not "recommended": test_plan_where_nothing_beats_plain_decoding...) and
     with ``decoded``'s fields; the cache under ``tmp_path``."""
-    from specdec.bench import planner
+    from specdec.bench import planner, side_by_side
     from specdec.cli import plan as plan_cli
     from specdec.testing import make_random_drafter
 
@@ -360,6 +360,7 @@ def _beam_plan_pinned(model_dir, tmp_path, monkeypatch, **decoded):
     prompts.write_text('{"prompt": "bada beda bida"}\n')
     monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(planner, "Measured", _QuietShapeClock)  # each shape's own clock
+    monkeypatch.setattr(side_by_side, "Measured", _QuietShapeClock)  # each decode's own clock
     now = planner.Current(beam_width=4, beam_length=5, lookup=True, speedup=0.0)
     monkeypatch.setattr(plan_cli, "measure_current", lambda *a, **k: now)
     decode = plan_cli.measure
@@ -587,7 +588,7 @@ def test_plan_with_every_shape_timed_busy_decodes_the_best_anyway_and_keeps_noth
 
 
 def test_plan_decodes_a_tree_drafters_settings(model_dir, tmp_path, monkeypatch, capsys):
-    from specdec.bench import tree_planner
+    from specdec.bench import side_by_side, tree_planner
     from specdec.cli.main import main
     from specdec.testing import make_random_drafter
 
@@ -598,13 +599,13 @@ def test_plan_decodes_a_tree_drafters_settings(model_dir, tmp_path, monkeypatch,
     monkeypatch.setenv("SPECDEC_CACHE", str(cache))
     # the trust rules are tests/core/test_tuning.py's; here the machine may be busy
     monkeypatch.setattr(tree_planner, "why_not_kept", lambda *a, **k: [])
-    monkeypatch.setattr(tree_planner, "Measured", _QuietShapeClock)  # each setting's own clock
+    monkeypatch.setattr(side_by_side, "Measured", _QuietShapeClock)  # each setting's clock
     args = ["plan", "--model", str(model_dir), "--drafter", str(drafter), "--backend", "numpy"]
     status = main([*args, "--prompts", str(prompts), "--max-new-tokens", "4"])
     out, err = capsys.readouterr()
     assert status == 0, err[-2000:]
     # a log or a pipe sees what the plan is doing from its start (it said nothing for minutes)
-    assert re.search(r"plan: decoding tree settings \(at most\): \d+ settings to do", err), err
+    assert re.search(r"plan: decoding at most \d+ tree settings: \d+ prompts to do", err), err
     table = [line for line in out.splitlines() if line.startswith("| ")][1:]  # header left out
     # what generate uses now, then one option at a time, then lookup (levels past the verified
     # nodes chosen are skipped: all 5 are tried where the 24-node tree measured fastest)
@@ -693,7 +694,7 @@ def test_tree_rows_decoded_busy_say_so_once_where_every_row_is(
     monkeypatch.setattr(plan_cli, "busy_line", lambda clock: None)  # the whole run quiet
     out = _plan_tree_printing(rows, model_dir, tmp_path, monkeypatch, capsys)
     # plan says the machine was quiet, as bench does (it said nothing either way)
-    assert 'note: the machine was quiet during the timed runs (docs/bench.md, "A busy' in out, out
+    assert 'note: no other work took the cores during the timed runs (docs/bench.md, "A' in out, out
     table = [line for line in out.splitlines() if line.startswith("| depth")]
     marks = ["(busy: decoded while other work took the cores)" in line for line in table]
     assert marks == ([False, False] if every else [False, True]), table
@@ -892,3 +893,34 @@ def test_a_tree_plan_whose_best_decodes_generates_own_trees_says_keep_them(
     out = _plan_tree_printing(rows, model_dir, tmp_path, monkeypatch, capsys)
     assert "the same trees: keep generate's setting" in out, out
     assert "name it per call" not in out and "specdec bench" not in out, out
+
+
+def test_the_demos_total_line_says_which_figures_a_row_marked_impossible_lifted(
+    monkeypatch, capsys
+):
+    """Plain decoding's one run of the first prompt ran slow: medusa's row there was marked
+    impossible (1.63x at 1.02 tokens/step), and the total line under both prompts still said
+    "medusa 43.5 tokens/s (1.28x)" with no word."""
+    import attrs
+
+    import specdec
+    from specdec.cli import main as cli
+    from specdec.cli.decode import IMPOSSIBLE_NOTE, REPEATS_HINT
+
+    real = specdec.generate
+
+    def generate(target, prompt, *, drafter, **kwargs):
+        result = real(target, prompt, drafter=drafter, **kwargs)
+        if drafter != "none" or prompt[0]["content"] != "one" or kwargs["max_new_tokens"] == 4:
+            return result
+        stats = attrs.evolve(result.stats, time_verify=100 * result.stats.time_total)  # slowed
+        return attrs.evolve(result, stats=stats)
+
+    monkeypatch.setattr(specdec, "generate", generate)
+    argv = ["demo", "--random", "--backend", "numpy", "--repeats", "1", "--max-new-tokens", "6"]
+    assert cli.main([*argv, "--prompt", "one", "--prompt", "two"]) == 0
+    out = capsys.readouterr().out
+    (total,) = [line for line in out.splitlines() if line.startswith("all 2 prompts:")]
+    assert "plain" in total and "lifted" not in total.split(",")[0], total
+    assert total.count(", lifted by a row marked impossible)") == total.count("x"), total
+    assert IMPOSSIBLE_NOTE + REPEATS_HINT in out, out

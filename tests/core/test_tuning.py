@@ -12,6 +12,7 @@ import time
 import types
 
 import attrs
+import numpy as np
 import pytest
 
 import specdec
@@ -421,36 +422,44 @@ def eagle3(model_dir, tmp_path_factory):
 def test_a_tree_drafter_is_planned_one_setting_at_a_time_and_generate_uses_the_plan(
     target, model_dir, eagle3, cache, monkeypatch
 ):
-    """The tree planner decodes each setting for real (``_decode``) and keeps the fastest; its
+    """The tree planner decodes each setting for real (``side_by_side``) and keeps the fastest; its
     rates are made up here (fastest at total_tokens=6, depth=3, tree_top_k=2, lookup on), so
     the search is tested, not the machine. Coordinate ascent, the checkpoint's own settings
     (12, 4, 4) until an option is reached: each option's candidates with the others at their
     best, then lookup on and off."""
     from specdec.bench import tree_planner
 
-    decoded, real = [], tree_planner._decode
+    decoded, real = [], tree_planner.side_by_side
 
-    def made_up(target_, prompts, drafter, options, lookup, backend, tokens):
-        rate, tau, nodes = real(target_, prompts, drafter, options, lookup, backend, tokens)
-        decoded.append((drafter, dict(options), lookup))
-        if drafter == "none":
-            return 1.0, tau, nodes
-        settings = (
-            options.get("total_tokens", 12),
-            options.get("depth", 4),
-            options.get("tree_top_k", 4),
-        )
-        distance = sum(abs(a - b) for a, b in zip(settings, (6, 3, 2)))
-        return 2.0 - 0.01 * distance + 0.05 * bool(lookup), 3.0, nodes  # 3 tokens/step: 2x
+    def made_up(target_, prompts, settings, **kw):
+        out = real(target_, prompts, settings, **kw)
+        made = {}
+        for key, one in out.items():
+            drafter, options = settings[key]
+            decoded.append((drafter, {k: v for k, v in options.items() if k != "lookup"},
+                            options.get("lookup")))  # fmt: skip
+            if drafter == "none":
+                made[key] = attrs.evolve(one, rates=np.ones_like(one.rates))
+                continue
+            settings_ = (
+                options.get("total_tokens", 12),
+                options.get("depth", 4),
+                options.get("tree_top_k", 4),
+            )
+            distance = sum(abs(a - b) for a, b in zip(settings_, (6, 3, 2)))
+            rate = 2.0 - 0.01 * distance + 0.05 * bool(options.get("lookup"))
+            made[key] = attrs.evolve(  # 3 tokens/step: 2x
+                one, rates=np.full_like(one.rates, rate), tokens_per_step=3.0
+            )
+        return made
 
-    monkeypatch.setattr(tree_planner, "_decode", made_up)
+    monkeypatch.setattr(tree_planner, "side_by_side", made_up)
     rows = _plan_eagle3(model_dir, eagle3)
     best = rows[0]
     assert best.options == {"total_tokens": 6, "depth": 3, "tree_top_k": 2} and best.lookup
     assert best.speedup == pytest.approx(2.05) and rows[-1].speedup < best.speedup
     # first, untimed, what generate decodes now: its first call's costs counted against it
-    warm, *tried = [d for d in decoded if d[0] != "none"]
-    assert warm[1:] == ({}, None)
+    tried = [d for d in decoded if d[0] != "none"]  # the warm-up is not among them: untimed
     assert len(tried) == len({(tuple(sorted(o.items())), lk) for _, o, lk in tried}) == len(rows)
     assert len(tried) == 1 + 6 + 5 + 3 + 1  # not 6 x 5 x 3 x 2
     # first what generate decodes now, shown and never chosen; then each names a setting, so
@@ -459,7 +468,9 @@ def test_a_tree_drafter_is_planned_one_setting_at_a_time_and_generate_uses_the_p
     assert tried[0][1:] == ({}, None) and (now.options, now.lookup) == ({}, None)
     assert now.speedup == pytest.approx(1.91)  # the checkpoint's own (12, 4, 4), not chosen
     assert all(options for _, options, _ in tried[1:])
-    assert [d[0] for d in decoded].count("none") == 2  # plain before and after
+    # plain decoding beside each option's candidates (generate's setting with the first's), and
+    # beside lookup's
+    assert [d[0] for d in decoded].count("none") == 3 + 1
 
     planned = _drafter_of(target, eagle3)
     assert isinstance(planned, LookupDrafter), "the plan's lookup beam rides along"
@@ -533,6 +544,30 @@ class BusyClock(QuietClock):
     wall, cpu, share, others, quiet = 1.0, 0.5, 0.5, 0.5, False
 
 
+def as_side_by_side(made_up):
+    """``side_by_side`` from a made-up decode, ``made_up(target, prompts, drafter, options,
+    lookup, backend, tokens) -> (tokens/s, tokens/step, nodes/step)``, so the search is tested,
+    not the machine; each setting's own clock is ``side_by_side.Measured``, read as it ends."""
+    from specdec.bench import side_by_side as sbs
+
+    def fake(
+        target, prompts, settings, *, backend, tokens, clock, stop_at_eos=True, on_decode=None
+    ):
+        out = {}
+        for key, (drafter, options) in settings.items():
+            options = dict(options)
+            lookup = options.pop("lookup", None)
+            rate, tau, nodes = made_up(target, prompts, drafter, options, lookup, backend, tokens)
+            out[key] = sbs.Decoded(
+                rates=np.full(len(prompts), float(rate)), emitted=len(prompts),
+                seconds=len(prompts) / float(rate), tokens_per_step=tau, nodes_per_step=nodes,
+                busy=not sbs.Measured().quiet,
+            )  # fmt: skip
+        return out
+
+    return fake
+
+
 def _plan_eagle3(model_dir, eagle3, clock=None, prompts=("a b c",) * FEW):
     """The tree planner on the EAGLE-3 head over short prompts (as many as a choice kept needs),
     saving its choice."""
@@ -553,10 +588,11 @@ def _plan_eagle3(model_dir, eagle3, clock=None, prompts=("a b c",) * FEW):
 def quiet_rows(monkeypatch):
     """Each planned row's own clock reads as quiet: the machine running the tests may be busy,
     and the rules for a busy row are tested by name below."""
-    from specdec.bench import planner, tree_planner
+    from specdec.bench import planner, side_by_side, tree_planner
 
     monkeypatch.setattr(planner, "Measured", QuietClock)
     monkeypatch.setattr(tree_planner, "Measured", QuietClock)
+    monkeypatch.setattr(side_by_side, "Measured", QuietClock)
 
 
 @pytest.mark.parametrize("case", ["busy", "impossible"])
@@ -573,7 +609,7 @@ def test_the_tree_planner_keeps_nothing_it_cannot_trust(
             return 1.0, 1.0, 1.0
         return 2.0 + 0.01 * options.get("total_tokens", 12), 3.0 if case == "busy" else 1.4, 9.0
 
-    monkeypatch.setattr(tree_planner, "_decode", made_up)
+    monkeypatch.setattr(tree_planner, "side_by_side", as_side_by_side(made_up))
     clock = BusyClock() if case == "busy" else QuietClock()
     rows = _plan_eagle3(model_dir, eagle3, clock)
     assert rows[0].speedup > 2.0
@@ -587,6 +623,7 @@ def test_the_tree_planner_on_a_machine_busy_throughout_ranks_its_rows_and_keeps_
     """Every setting timed beside other work: the search goes on by the busy figures, the rows
     come back marked (not "refused every tree setting", as when only quiet rows could lead the
     search), and nothing is kept."""
+    from specdec.bench import side_by_side as sbs
     from specdec.bench import tree_planner
 
     def made_up(target_, prompts, drafter, options, lookup, backend, tokens):
@@ -594,8 +631,8 @@ def test_the_tree_planner_on_a_machine_busy_throughout_ranks_its_rows_and_keeps_
             return 1.0, 1.0, 1.0
         return 1.0 + 0.01 * options.get("total_tokens", 12), 2.0, 9.0
 
-    monkeypatch.setattr(tree_planner, "_decode", made_up)
-    monkeypatch.setattr(tree_planner, "Measured", BusyClock)
+    monkeypatch.setattr(tree_planner, "side_by_side", as_side_by_side(made_up))
+    monkeypatch.setattr(sbs, "Measured", BusyClock)
     rows = _plan_eagle3(model_dir, eagle3, BusyClock())
     assert rows and all(r.busy for r in rows)
     assert rows[0].options.get("total_tokens") == max(
@@ -816,6 +853,7 @@ def test_a_tree_setting_decoded_while_other_work_ran_is_marked_and_not_chosen(
     """The tree planner times each setting on its own clock too: the fastest-looking setting,
     decoded during a burst of other work, is marked busy, ranked after the sound ones and not
     kept."""
+    from specdec.bench import side_by_side as sbs
     from specdec.bench import tree_planner
 
     decoding = {}  # the setting being decoded
@@ -831,8 +869,8 @@ def test_a_tree_setting_decoded_while_other_work_ran_is_marked_and_not_chosen(
         def quiet(self):
             return decoding.get("total_tokens") != 16
 
-    monkeypatch.setattr(tree_planner, "_decode", made_up)
-    monkeypatch.setattr(tree_planner, "Measured", Clock)
+    monkeypatch.setattr(tree_planner, "side_by_side", as_side_by_side(made_up))
+    monkeypatch.setattr(sbs, "Measured", Clock)
     rows = _plan_eagle3(model_dir, eagle3)
     busy = [r for r in rows if r.busy]
     assert busy and all(r.options.get("total_tokens") == 16 for r in busy), rows
