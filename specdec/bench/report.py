@@ -154,7 +154,8 @@ def summarize(records: Sequence[BenchRecord], *, plain: str = "plain") -> list[d
             other_share=sum(r.time_other for r in group) / decode_time
             if decode_time
             else float("nan"),
-            identical=float(np.mean(same)) if same else float("nan"),
+            # the plain method beside itself says nothing (the table shows "-")
+            identical=float(np.mean(same)) if same and method != baseline else float("nan"),
             identical_tokens=sum(m for m, _, _ in compared),
             compared_tokens=sum(t for _, t, _ in compared),
             peak_rss_mb=max(
@@ -427,6 +428,14 @@ def _finite(value):
     return value
 
 
+def _split_dtype(row: dict) -> dict:
+    """``row`` with a dtype label such as "bfloat16 (cached)" (the table's) as ``dtype``
+    "bfloat16" and ``dtype_source`` "cached", for filtering bench.json; a label without a source
+    (a dtype given, or a peer's) keeps ``dtype`` and has ``dtype_source`` null."""
+    name, _, source = str(row.get("dtype", "")).partition(" (")
+    return {**row, "dtype": name, "dtype_source": source.removesuffix(")") or None}
+
+
 def write_outputs(
     records: Sequence[BenchRecord], out: Path, *, meta: dict, summary: list | None = None
 ) -> dict:
@@ -437,8 +446,8 @@ def write_outputs(
     rows = summarize(records) if summary is None else summary
     report = dict(
         meta=meta,
-        summary=rows,
-        records=[attrs.asdict(r) for r in records],
+        summary=[_split_dtype(r) for r in rows],
+        records=[_split_dtype(attrs.asdict(r)) for r in records],
         accepted_histogram=accepted_histogram(records),
     )
     (out / "bench.json").write_text(json.dumps(_finite(report), indent=1, allow_nan=False))

@@ -211,7 +211,8 @@ def test_run_bench_and_outputs(model_dir, tmp_path):
     for r in records:
         assert sum(r.plain_reasons.values()) == r.plain_steps, r
     assert all(set(r["plain_reasons"]) == {"no draft"} for r in plain), plain
-    greedy = [r for r in rows if r["temperature"] == 0]
+    greedy = [r for r in rows if r["temperature"] == 0 and r["method"] != "plain"]
+    assert all(np.isnan(r["identical"]) for r in rows if r["method"] == "plain"), "itself"
     assert all(r["identical"] == 1.0 for r in greedy), (
         "greedy speculative output differs from plain decoding"
     )
@@ -240,6 +241,10 @@ def test_run_bench_and_outputs(model_dir, tmp_path):
         "the sampled rows' identity (a greedy check) is null, not NaN"
     )
     assert len(data["records"]) == len(records) and data["meta"] == {"test": True}
+    # a dtype label such as "float32 (measured)" is the table's: bench.json splits it to filter on
+    labels = {r.dtype for r in records}
+    for row in data["summary"] + data["records"]:
+        assert " (" not in row["dtype"] and f"{row['dtype']} ({row['dtype_source']})" in labels, row
     table = (tmp_path / "out" / "bench.md").read_text()
     said = [line for line in table.splitlines() if line.startswith("note:")]
     assert all(line.startswith("note: peak memory") for line in said), said  # no other notes
