@@ -376,8 +376,7 @@ class GenerationStats:
             + (f"; plain steps by reason: {plain}" if plain else "")
             + (  # where auto drafted in under half of the steps: drafting every step read as
                 # boilerplate beside 85% drafted on a CPU with AVX-512
-                "; speculation='always' drafts every step (where a tree forward costs much more "
-                "than a one-token one, as on a CPU without AVX-512, auto drafts in few steps)"
+                "; speculation='always' drafts every step, to compare with what auto chose"
                 if ("prediction" in self.plain_reasons or "realized" in self.plain_reasons)
                 and self.drafting_share < 0.5
                 else ""

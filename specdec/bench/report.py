@@ -365,13 +365,23 @@ def auto_behind_notes(rows: Sequence[dict]) -> list[str]:
             continue
         runs = min(r.get("runs", 0), auto.get("runs", 0))
         few = f" ({runs} run{'' if runs == 1 else 's'}: an example)" if runs < FEW_RUNS else ""
+        plain = auto.get("plain_step_share", float("nan"))
+        # auto drafted in (nearly) every step: it cut the trees rather than declining to draft
+        # ("0% of its steps plain: auto judged drafting would not pay" read as a contradiction)
+        how = (
+            f"auto drafted in nearly every step but cut its trees to what it judged would pay "
+            f"({auto.get('verified_per_step', float('nan')):.1f} nodes verified a step against "
+            f"{r.get('verified_per_step', float('nan')):.1f}), "
+            if plain < 0.05
+            else "auto judged drafting would not pay there, "
+        )
         notes.append(
             f"note: in {r['category']}{few}, {method} ran {r['speedup']:.2f}x against {base}'s "
-            f"{auto['speedup']:.2f}x under auto ({auto.get('plain_step_share', float('nan')):.0%} "
-            "of its steps plain): auto judged drafting would not pay there, from the acceptance "
-            "it learnt over the requests before and this machine's step costs, and a kind of text "
-            "more predictable than those drafts in few steps at first; for such a workload, bench "
-            'it on prompts of its own (--prompts FILE.jsonl) or decode with speculation="always"'
+            f"{auto['speedup']:.2f}x under auto ({plain:.0%} of its steps plain): {how}from the "
+            "acceptance it learnt over the requests before and this machine's step costs, and a "
+            "kind of text more predictable than those drafts in few steps at first; for such a "
+            'workload, bench it on prompts of its own (--prompts FILE.jsonl) or decode with '
+            'speculation="always"'
         )
     return notes
 

@@ -72,6 +72,31 @@ class TreePlanRow:
             other.nodes_per_step,
         )
 
+    def alike(self, other: "TreePlanRow") -> bool:
+        """Whether ``other`` decoded tokens and nodes per step within ``ALIKE`` of these: a
+        setting whose trees differ from generate's by a node now and then (2.15 against 2.17
+        tokens, 9.2 nodes per step) was kept at 1.53x over 1.35x, and bench measured them
+        tied."""
+        return all(
+            abs(a - b) <= ALIKE * max(a, b)
+            for a, b in (
+                (self.tokens_per_step, other.tokens_per_step),
+                (self.nodes_per_step, other.nodes_per_step),
+            )
+        )
+
+
+ALIKE = 0.02  # tokens and nodes per step this close: most often (nearly) the same trees
+
+
+def plan_noise(rows: Sequence[TreePlanRow]) -> float:
+    """How far apart this plan measured rows that decoded the same trees (the largest ratio of
+    two such rows' speedups, less 1; 0 where no two did): its own noise, measured."""
+    quiet = [r for r in rows if not r.busy and r.speedup > 0]
+    return max(
+        (a.speedup / b.speedup - 1 for a in quiet for b in quiet if a.same_trees(b)), default=0.0
+    )
+
 
 def _better(row: TreePlanRow | None, best: TreePlanRow | None) -> TreePlanRow | None:
     """The search's best so far: a row timed on a quiet machine before any timed beside other
@@ -215,14 +240,28 @@ def why_not_kept(
     now = next((row for row in ranked if row.current), None)
     if now is None or now.busy:
         return reasons
+    noise = plan_noise(ranked)
     if top.same_trees(now):
         reasons.append(
             "it decoded the same tokens and nodes per step as generate's setting now (most often "
             f"the same trees: {top.speedup:.2f}x against {now.speedup:.2f}x is noise)"
         )
+    elif top.alike(now):
+        reasons.append(
+            f"it decoded nearly the same tokens and nodes per step as generate's setting now "
+            f"({top.tokens_per_step:.2f} against {now.tokens_per_step:.2f} tokens, "
+            f"{top.nodes_per_step:.1f} against {now.nodes_per_step:.1f} nodes: most often the "
+            f"same trees, so {top.speedup:.2f}x against {now.speedup:.2f}x is noise)"
+        )
     elif not leads(top.speedup, now.speedup):
         reasons.append(
             f"it measured {top.speedup:.2f}x, {behind(top.speedup, now.speedup)} of generate's "
             "setting now"
+        )
+    elif top.speedup < (1 + noise) * now.speedup:
+        reasons.append(
+            f"it measured {top.speedup:.2f}x against generate's setting now at "
+            f"{now.speedup:.2f}x, a lead within this plan's own noise (rows that decoded the "
+            f"same trees measured up to {noise:.0%} apart)"
         )
     return reasons

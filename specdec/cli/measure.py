@@ -166,8 +166,9 @@ def auto_repeat_note(rows, repeats: int) -> list[str]:
     return [
         f"note: {', '.join(dict.fromkeys(auto))} decoded under auto on one repeat: which steps "
         "auto drafts rests on what it has learnt so far, so its figure moves from run to run "
-        "(docs/bench.md, \"Auto's own spread\"); --repeats 3 shows how far (a method that "
-        "drafted in nearly every step, or in nearly none, is not named: auto chose little there)"
+        "(docs/bench.md, \"Auto's own spread\"); --repeats 3 shows how far (a method is left "
+        "out where auto drafted in nearly all of its steps, or nearly none: there its figure rests "
+        "little on which steps auto drafts)"
     ]
 
 

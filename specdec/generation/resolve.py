@@ -128,8 +128,10 @@ def check_options(
     unknown = sorted(set(options) - set(valid) - set(also))
     if unknown:
         beside = f"; every generation also takes: {', '.join(also)}" if also else ""
-        # an option string's short name reaches here as its long one (w=2: beam_width)
-        short = [f"{a} is short for {n}" for a, n in aliases.items() if n in unknown]
+        # an option string's short name reaches here as its long one (w=2: beam_width), so the
+        # line names both, whichever was written ("w is short for beam_width" read as noise to
+        # whoever wrote beam_width)
+        short = [f"{n} or its short name {a}" for a, n in aliases.items() if n in unknown]
         written = f" ({'; '.join(short)})" if short else ""
         raise InvalidInputError(
             f"{kind.replace('_', ' ')} {choice!r} does not take option(s) {unknown}{written}; "

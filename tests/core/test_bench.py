@@ -819,6 +819,17 @@ def test_a_category_where_drafting_every_step_ran_far_ahead_of_auto_gets_a_note(
     assert notes[1].startswith(
         "note: in coding (1 run: an example), eagle:w=2,speculation=always ran 1.30x"
     ), notes
+    # auto drafted in every step but cut its trees: "0% of its steps plain: auto judged
+    # drafting would not pay" read as a contradiction
+    cut = [
+        dict(row("redrafter", "coding", 1.39, 0.0, runs=1), verified_per_step=3.8),
+        dict(row("redrafter:speculation=always", "coding", 1.91, runs=1), verified_per_step=6.4),
+    ]
+    (note,) = auto_behind_notes(cut)
+    assert (
+        "(0% of its steps plain): auto drafted in nearly every step but cut its trees to " in note
+    )
+    assert "(3.8 nodes verified a step against 6.4)" in note and "would not pay there" not in note
 
 
 def test_the_busy_note_never_calls_quiet_a_run_whose_rows_say_busy():

@@ -188,4 +188,6 @@ def test_a_short_option_name_a_drafter_does_not_take_is_named_as_written(model_d
     argv = ["generate", "--model", str(model_dir), "--prompt", "hi", "--backend", "numpy"]
     assert main([*argv, "--drafter", "lookup:w=2"]) == 2
     err = capsys.readouterr().err
-    assert "does not take option(s) ['beam_width'] (w is short for beam_width); it takes:" in err
+    assert (
+        "does not take option(s) ['beam_width'] (beam_width or its short name w); it takes:" in err
+    )

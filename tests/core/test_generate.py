@@ -369,7 +369,7 @@ def test_stats_say_why_steps_decoded_plainly(target):
     assert (
         "3 measuring (plain steps auto times drafting against), 4 realized (drafting steps " in said
     )
-    assert said.endswith("auto drafts in few steps)"), said  # it drafted in none of its steps
+    assert said.endswith("drafts every step, to compare with what auto chose"), said  # in none
     # drafting in most steps, the hint reads as boilerplate: only where auto drafted in few
     most = attrs.evolve(
         never,
