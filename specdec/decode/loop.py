@@ -385,9 +385,11 @@ def _decode_steps(plan: DecodePlan, prompts: Sequence[Sequence[int]], seed) -> I
         decoder = Decoder(plan)
         for request in plan.requests(prompts, seed):
             decoder.submit(request)
+        forwards = 0  # each result its own index: an admission once shared the step before's
         while not decoder.idle:
             for result in decoder.step():
-                yield full_batch(result, len(prompts))
+                yield attrs.evolve(full_batch(result, len(prompts)), step=forwards)
+                forwards += 1
     except Exception:
         reason = "error"
         raise

@@ -432,3 +432,12 @@ def test_a_plan_says_what_it_decodes_with(target):
     assert "object at 0x" not in text
     assert "drafter 'lookup'" in text and "draft_length=4" in text
     assert "verifier 'greedy'" in text and "speculation=" in text
+
+
+def test_each_streamed_forward_has_its_own_step_index(model_dir):
+    """With one slot, the second prompt's admission came with the index of the first prompt's
+    last decode step ("4 ... False" then "4 ... True"): two forwards, one index."""
+    target = specdec.load(model_dir, backend="numpy", slots=1)
+    steps = list(specdec.stream(target, [[5, 6, 7], [1, 2, 3]], drafter="lookup", max_new_tokens=4))
+    assert sum(s.is_prefill for s in steps) == 2, steps  # one admission per prompt, apart
+    assert [s.step for s in steps] == list(range(len(steps)))
