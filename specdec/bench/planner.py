@@ -149,11 +149,16 @@ def tree_size(
     )
 
 
-def median_step_seconds(
-    target, drafter, prompt, *, backend: str, steps: int = 12
-) -> tuple[float, float, float]:
-    """Median seconds of (draft, verify, other) per decode step of ``drafter`` on this machine,
-    every step drafting (the policy of ``speculation="auto"`` would leave some plain)."""
+TIMING_ROUNDS = 3  # rounds of each shape's steps, after an untimed one
+ROUND_STEPS = 4  # decode steps of each shape a round
+
+
+def step_seconds(
+    target, drafter, prompt, *, backend: str, steps: int = ROUND_STEPS
+) -> list[tuple[float, float, float]]:
+    """Seconds of (draft, verify, other) of each of the first ``steps`` decode steps of
+    ``drafter`` on ``prompt``, every step drafting (the policy of ``speculation="auto"`` would
+    leave some plain)."""
     always = {} if drafter == "none" else {"speculation": "always"}
     records = list(
         specdec.stream(
@@ -161,15 +166,12 @@ def median_step_seconds(
             prompt,
             drafter=drafter,
             backend=backend,
-            max_new_tokens=steps,
+            max_new_tokens=steps + 1,
             stop_at_eos=False,
             **always,
         )
     )[1:]
-    return tuple(
-        float(np.median([getattr(r, f"time_{part}") for r in records]))
-        for part in ("draft", "verify", "other")
-    )
+    return [(r.time_draft, r.time_verify, r.time_other) for r in records]
 
 
 def plan(
@@ -227,21 +229,36 @@ def plan(
             max_new_tokens,
             lookup,
         )
+    # Each shape's steps in rounds, every shape once a round (the order reversed every other
+    # round), beside a plain step timed just before it; a first round, untimed, warms up. Timed
+    # one shape after another, 12 steps each, the first shape paid the first forwards at its
+    # tree sizes and a virtual machine's drift moved the rest: a 3-node tree timed 31.7 ms beside
+    # a 3.4-node one at 18.6 ms in one plan, and the best predicted shape decoded the worst.
+    shapes = list(accepted)
+    drafters = {shape: drafter_with(*shape) for shape in shapes}
+    clocks = {shape: Measured() for shape in shapes}  # a burst of other work spoils a few only
+    steps = {shape: [] for shape in shapes}  # (draft, verify, other) seconds of each step timed
+    plain_steps = {shape: [] for shape in shapes}
+    bar = progress_bar(
+        total=len(shapes) * (TIMING_ROUNDS + 1), unit="timing", enabled=progress, announce=True,
+        desc=f"plan: timing {len(shapes)} beam shapes in {TIMING_ROUNDS + 1} rounds",
+    )  # fmt: skip
+    for round_ in range(TIMING_ROUNDS + 1):
+        for shape in shapes if round_ % 2 else shapes[::-1]:
+            with clock, clocks[shape]:
+                plain_times = step_seconds(target, "none", ids[0], backend=backend)
+                times = step_seconds(target, drafters[shape], ids[0], backend=backend)
+            bar.update(1)
+            if round_:
+                plain_steps[shape] += [sum(t) for t in plain_times]
+                steps[shape] += times
+    bar.close()
     timed = []  # (shape, tokens per step, its step's three times, the plain step, busy)
-    grid = progress_bar(
-        accepted.items(),
-        desc="plan: timing beam shapes",
-        unit="shape",
-        enabled=progress,
-        announce=True,
-    )
-    for (w, l), values in grid:
-        shape = Measured()  # this shape's own: a burst of other work spoils a few shapes only
-        with clock, shape:  # each shape beside a plain step timed just before it
-            plain_step = sum(median_step_seconds(target, "none", ids[0], backend=backend))
-            times = median_step_seconds(target, drafter_with(w, l), ids[0], backend=backend)
+    for shape, values in accepted.items():
         tau = 1.0 + float(np.mean(values)) if values else 1.0
-        timed.append(((w, l), tau, times, plain_step, not shape.quiet))
+        times = tuple(float(np.median([t[i] for t in steps[shape]])) for i in range(3))
+        plain_step = float(np.median(plain_steps[shape]))
+        timed.append((shape, tau, times, plain_step, not clocks[shape].quiet))
     # One plain step for every prediction: the median of those timed beside the shapes (the
     # quiet ones, where there are any). Each shape's own plain timing moved its prediction by
     # up to half again on a quiet machine (41-63 ms for one and the same step).

@@ -565,7 +565,7 @@ def test_plan_with_every_shape_timed_busy_decodes_the_best_anyway_and_keeps_noth
     assert main(argv + ["--max-new-tokens", "4", "--measure-top", "1"]) == 0
     out, err = capsys.readouterr()
     assert "plan: recording the beams: 1 prompt to do" in err, err
-    assert "plan: timing beam shapes: 2 shapes to do" in err, err
+    assert "plan: timing 2 beam shapes in 4 rounds: 8 timings to do" in err, err
     # generate's shape, not among those decoded, is decoded too: a line says so (it counted 3 of
     # 3 shapes and decoded 4)
     assert "plan: decoding generate's setting now, beside them" in err, err
