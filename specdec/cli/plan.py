@@ -139,7 +139,8 @@ def cmd_plan(args) -> int:
     timed_busy = _busy_mark(rows, "timed")
     for r in rows:
         m = measured.get((r.beam_width, r.beam_length))
-        flag = " (impossible: above its tokens/step)" if r.impossible else ""
+        # the prediction's own mark: a row decoded is judged (and may be chosen) by its measure
+        flag = " (prediction impossible: above its tokens/step)" if r.impossible else ""
         flag += timed_busy if r.busy else ""
         flag += " (generate's now)" if now.same_as(r, lookup) else ""
         # the row the choice line names: the measured figure chose it, not the table's order
