@@ -88,7 +88,7 @@ def test_a_drained_shutdown_at_sigterm_exits_0(model_dir, wait_for):
         "--slots",
         "1",
         "--capacity",
-        "256",
+        "2048",
         "--port",
         str(port),
         "--served-model-name",
@@ -121,7 +121,9 @@ def test_a_drained_shutdown_at_sigterm_exits_0(model_dir, wait_for):
             json={
                 "model": "tiny",
                 "prompt": [5, 6],
-                "max_tokens": 200,
+                # long enough to be in flight when SIGTERM lands: 200 tokens of the tiny model
+                # once ended before it did ("no request in flight") on a loaded machine
+                "max_tokens": 2000,
                 "stream": True,
                 "temperature": 0,
                 "ignore_eos": True,
