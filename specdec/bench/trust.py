@@ -39,6 +39,7 @@ __all__ = [
     "LEAD",
     "QUIET_LINE",
     "SLACK",
+    "SLOW_PLAIN",
     "Measured",
     "behind",
     "busy_line",
@@ -73,6 +74,10 @@ def behind(measured: float, now: float) -> str:
 
 
 # (the timed runs: a line at load about other work covers the measurements made then, not these)
+# why plain decoding's run can run slow on a machine the quiet note calls quiet (the demo's and
+# bench's notes on rows marked impossible)
+SLOW_PLAIN = "other work, or a virtual machine's host, which the quiet note cannot see"
+
 QUIET_LINE = (
     'note: no other work took the cores during the timed runs (docs/bench.md, "A busy machine")'
 )

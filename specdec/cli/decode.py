@@ -12,7 +12,7 @@ from pathlib import Path
 
 import specdec
 from specdec.bench.report import busy_mark, impossible_mark, plain_notes
-from specdec.bench.trust import QUIET_LINE, Measured, busy_note
+from specdec.bench.trust import QUIET_LINE, SLOW_PLAIN, Measured, busy_note
 from specdec.cli.common import (
     add_exact_arg,
     add_generation_args,
@@ -303,9 +303,8 @@ def cmd_demo(args) -> int:
 
 IMPOSSIBLE_NOTE = (
     "note: a row marked impossible ran faster than its tokens/step allow (a drafting step costs "
-    "at least a plain one): plain decoding's run of that prompt ran slow (other work, or a "
-    "virtual machine's host, which the quiet note cannot see), and the totals over it are "
-    "lifted too"
+    f"at least a plain one): plain decoding's run of that prompt ran slow ({SLOW_PLAIN}), and "
+    "the totals over it are lifted too"
 )
 REPEATS_HINT = "; --repeats 3 (the default) reports each method's median run"
 

@@ -22,6 +22,7 @@ from specdec.bench.trust import (
     FEW_PROMPTS,
     LEAD,
     QUIET_LINE,
+    SLOW_PLAIN,
     Measured,
     busy_note,
     leads,
@@ -183,9 +184,8 @@ def impossible_note(rows) -> list[str]:
     shown = ", ".join(where[:4]) + (f" and {len(where) - 4} more" if len(where) > 4 else "")
     return [
         f"note: {len(where)} row(s) measured above their tokens/step ({shown}; marked "
-        "impossible in bench.md): plain decoding's runs there ran slow (other work, or a virtual "
-        "machine's host, which the quiet note cannot see), and the totals over the same runs "
-        "are lifted by them too; --repeats 3 pools more runs"
+        f"impossible in bench.md): plain decoding's runs there ran slow ({SLOW_PLAIN}), and the "
+        "totals over the same runs are lifted by them too; --repeats 3 pools more runs"
     ]
 
 
